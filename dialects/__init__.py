@@ -1,0 +1,1 @@
+"""The xDSL dialects of logos-ir (installed as `logos_ir.dialects`): one dialect a module."""

@@ -1,0 +1,772 @@
+"""The `logos` dialect: a Llama-family model's computation at the tensor level, as the LOGOS author writes it.
+
+A LOGOS program is one `logos.program` op. Its body holds `func.func` definitions, one per `##` section of the text
+(`@main`, `@embedding`, `@layer_<n>`, `@head`), and, for a program split over chips, a `shard.grid @chips`. Inside a
+function every value is a tensor with a static shape: runtime inputs (`logos.input`, which backends turn into kernel
+arguments), named weights (`logos.weight`, the Hugging Face tensor name and full shape as attributes), KV caches as
+explicit state (`logos.cache`, a memref whose layout is heads x positions x head size), and the math. Collectives
+are xDSL's `shard.all_reduce`.
+
+Token ids and positions carried by `logos.input` count from 1, as LOGOS indices do; `logos.argmax` yields ids from 1.
+
+```mlir
+logos.program cut "decode ctx=64" chips 1 digest "5a1e..." model {...} {
+  func.func @layer_0(%x : tensor<1x64xf32>, %position : tensor<1xi64>) -> tensor<1x64xf32> {
+    %keys = logos.cache key layer 0 shape [2, 64, 16] : memref<2x64x16xf32>
+    %query_weight = logos.weight "model.layers.0.self_attn.q_proj.weight" shape [64, 64] : tensor<64x64xf32>
+    %query = logos.linear %normed, %query_weight : (tensor<1x64xf32>, tensor<64x64xf32>) -> tensor<1x64xf32>
+    ...
+```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar, cast
+
+from xdsl.dialects import func
+from xdsl.dialects.builtin import (
+    I64,
+    BoolAttr,
+    DenseArrayBase,
+    DictionaryAttr,
+    FlatSymbolRefAttr,
+    Float32Type,
+    FloatAttr,
+    IntegerAttr,
+    IntegerType,
+    MemRefType,
+    StringAttr,
+    TensorType,
+    f32,
+    f64,
+    i64,
+)
+from xdsl.dialects.shard import GridOp
+from xdsl.ir import Attribute, Dialect, Operation, Region, SSAValue
+from xdsl.irdl import (
+    IRDLOperation,
+    VarConstraint,
+    base,
+    irdl_op_definition,
+    opt_prop_def,
+    prop_def,
+    region_def,
+    result_def,
+    operand_def,
+    traits_def,
+)
+from xdsl.traits import IsolatedFromAbove, NoTerminator, Pure, SymbolTable
+from xdsl.utils.exceptions import VerifyException
+
+from logos_ir.spec import ModelSpec, RopeScaling
+
+F32Tensor = TensorType[Float32Type]
+
+INPUT_KINDS = ("token", "position", "hidden")
+CACHE_KINDS = ("key", "value")
+SPLITS = ("rows", "columns", "heads")
+
+
+# -- helpers ----------------------------------------------------------------------------------------------------
+
+
+def tensor_shape(value: SSAValue | Attribute) -> tuple[int, ...]:
+    """The static shape of a tensor or memref value (or type)."""
+    kind = value.type if isinstance(value, SSAValue) else value
+    assert isinstance(kind, TensorType | MemRefType)
+    return tuple(kind.get_shape())
+
+
+def i64_array(values: Sequence[int]) -> DenseArrayBase:
+    return DenseArrayBase.from_list(i64, list(values))
+
+
+def int_values(attr: DenseArrayBase) -> tuple[int, ...]:
+    return cast(tuple[int, ...], attr.get_values())
+
+
+def _fail(op: Operation, message: str) -> VerifyException:
+    return VerifyException(f"'{op.name}' op {message}")
+
+
+def _expect_rank(op: Operation, what: str, shape: tuple[int, ...], rank: int) -> None:
+    if len(shape) != rank:
+        raise _fail(op, f"expects {what} of rank {rank}, got shape {list(shape)}")
+
+
+def _expect_same(op: Operation, what: str, got: object, expected: object) -> None:
+    if got != expected:
+        raise _fail(op, f"{what} mismatch: got {got}, expected {expected}")
+
+
+def grid_size(op: Operation, grid: FlatSymbolRefAttr) -> int:
+    """The number of chips of the `shard.grid` that `grid` names, looked up from `op`."""
+    found = SymbolTable.lookup_symbol(op, grid)
+    if not isinstance(found, GridOp):
+        raise _fail(op, f"refers to {grid}, which is not a shard.grid")
+    shape = int_values(found.shape)
+    if len(shape) != 1:
+        raise _fail(op, f"expects a one-dimensional chip grid, got shape {list(shape)}")
+    return shape[0]
+
+
+class LogosOp(IRDLOperation):
+    """Base of the `logos` ops: `check_` holds an op's own checks (shapes, attributes), callable on an op that is not
+    yet inside a program (the parser checks each op as it reads its line); `verify_` runs them in xDSL's verifier."""
+
+    def check_(self) -> None:
+        pass
+
+    def verify_(self) -> None:
+        self.check_()
+
+
+# -- the program ------------------------------------------------------------------------------------------------
+
+MODEL_INT_KEYS = ("vocab", "hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate")
+
+
+def model_attr(spec: ModelSpec) -> DictionaryAttr:
+    """The spec as the `model` attribute of a `logos.program`."""
+    entries: dict[str, Attribute] = {key: IntegerAttr(getattr(spec, key), i64) for key in MODEL_INT_KEYS}
+    entries["rms_eps"] = FloatAttr(spec.rms_eps, f64)
+    entries["rope_theta"] = FloatAttr(spec.rope_theta, f64)
+    entries["tie_embeddings"] = BoolAttr.from_bool(spec.tie_embeddings)
+    if spec.rope_scaling is not None:
+        entries["rope_scaling"] = scaling_attr(spec.rope_scaling)
+    return DictionaryAttr(entries)
+
+
+def scaling_attr(scaling: RopeScaling) -> DictionaryAttr:
+    return DictionaryAttr(
+        {
+            "factor": FloatAttr(scaling.factor, f64),
+            "low_freq_factor": FloatAttr(scaling.low_freq_factor, f64),
+            "high_freq_factor": FloatAttr(scaling.high_freq_factor, f64),
+            "original_max_position_embeddings": IntegerAttr(scaling.original_max_position_embeddings, i64),
+        }
+    )
+
+
+def scaling_from_attr(attr: DictionaryAttr) -> RopeScaling:
+    data = attr.data
+
+    def number(key: str) -> float:
+        value = data.get(key)
+        if not isinstance(value, FloatAttr | IntegerAttr):
+            raise VerifyException(f"rope scaling needs a number '{key}'")
+        return float(value.value.data)
+
+    return RopeScaling(
+        factor=number("factor"),
+        low_freq_factor=number("low_freq_factor"),
+        high_freq_factor=number("high_freq_factor"),
+        original_max_position_embeddings=int(number("original_max_position_embeddings")),
+    )
+
+
+def spec_from_attr(attr: DictionaryAttr) -> ModelSpec:
+    """The spec a `logos.program`'s `model` attribute holds (VerifyException when it holds no valid spec)."""
+    data = attr.data
+    sizes: dict[str, int] = {}
+    for key in MODEL_INT_KEYS:
+        value = data.get(key)
+        if not isinstance(value, IntegerAttr):
+            raise VerifyException(f"model attribute needs an integer '{key}'")
+        sizes[key] = value.value.data
+    floats: dict[str, float] = {}
+    for key in ("rms_eps", "rope_theta"):
+        value = data.get(key)
+        if not isinstance(value, FloatAttr):
+            raise VerifyException(f"model attribute needs a float '{key}'")
+        floats[key] = value.value.data
+    tie = data.get("tie_embeddings")
+    if not isinstance(tie, IntegerAttr):
+        raise VerifyException("model attribute needs a boolean 'tie_embeddings'")
+    scaling = data.get("rope_scaling")
+    if scaling is not None and not isinstance(scaling, DictionaryAttr):
+        raise VerifyException("model attribute 'rope_scaling' must be a dictionary")
+    try:
+        return ModelSpec(
+            **sizes,
+            rms_eps=floats["rms_eps"],
+            rope_theta=floats["rope_theta"],
+            tie_embeddings=bool(tie.value.data),
+            rope_scaling=None if scaling is None else scaling_from_attr(scaling),
+        )
+    except Exception as error:  # SpecError: report it as the verifier's
+        raise VerifyException(f"model attribute is not a valid spec: {error}") from None
+
+
+@irdl_op_definition
+class ProgramOp(LogosOp):
+    """One LOGOS program: one cut of one model, with the identity of the text it was written as.
+
+    `cut` is the cut's option form (`decode ctx=64`), `chips` the number of chips it is split over (1 when it is
+    not), `digest` the SHA-256 (64 hex digits) of its LOGOS text, `model` the spec. The body holds the program's
+    `func.func` sections and, when split, its `shard.grid`.
+
+    ```mlir
+    logos.program cut "decode ctx=64" chips 1 digest "..." model {vocab = 256 : i64, ...} {
+      func.func @main() -> tensor<1xi64> { ... }
+    }
+    ```
+    """
+
+    name = "logos.program"
+
+    cut = prop_def(StringAttr)
+    chips = prop_def(IntegerAttr[I64])
+    digest = prop_def(StringAttr)
+    model = prop_def(DictionaryAttr)
+    body = region_def("single_block")
+
+    traits = traits_def(NoTerminator(), SymbolTable(), IsolatedFromAbove())
+
+    assembly_format = "`cut` $cut `chips` $chips `digest` $digest `model` $model $body attr-dict"
+
+    def __init__(self, cut: str, chips: int, digest: str, spec: ModelSpec, body: Region | None = None):
+        super().__init__(
+            properties={
+                "cut": StringAttr(cut),
+                "chips": IntegerAttr(chips, i64),
+                "digest": StringAttr(digest),
+                "model": model_attr(spec),
+            },
+            regions=[body if body is not None else Region(_empty_block())],
+        )
+
+    @property
+    def spec(self) -> ModelSpec:
+        return spec_from_attr(self.model)
+
+    def function(self, name: str) -> func.FuncOp | None:
+        """The section `@name` of this program, or None."""
+        for op in self.body.block.ops:
+            if isinstance(op, func.FuncOp) and op.sym_name.data == name:
+                return op
+        return None
+
+    def check_(self) -> None:
+        spec_from_attr(self.model)
+        if self.chips.value.data < 1:
+            raise _fail(self, f"expects at least 1 chip, got {self.chips.value.data}")
+        digest = self.digest.data
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise _fail(self, f"expects a digest of 64 lowercase hex digits, got '{digest}'")
+        if self.function("main") is None:
+            raise _fail(self, "has no @main section")
+
+
+def _empty_block():
+    from xdsl.ir import Block
+
+    return Block()
+
+
+# -- values that enter a function -------------------------------------------------------------------------------
+
+
+@irdl_op_definition
+class InputOp(LogosOp):
+    """A runtime input: token ids or positions (from 1, placeholder values that a run replaces), or a hidden state.
+
+    ```mlir
+    %token = logos.input token values array<i64: 1> : tensor<1xi64>
+    %x3 = logos.input hidden : tensor<1x64xf32>
+    ```
+    """
+
+    name = "logos.input"
+
+    kind = prop_def(StringAttr)
+    values = opt_prop_def(DenseArrayBase[I64])
+    result = result_def(TensorType)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$kind (`values` $values^)? attr-dict `:` type($result)"
+
+    def __init__(self, kind: str, result_type: TensorType, values: Sequence[int] | None = None):
+        super().__init__(
+            properties={"kind": StringAttr(kind), "values": None if values is None else i64_array(values)},
+            result_types=[result_type],
+        )
+
+    def check_(self) -> None:
+        kind = self.kind.data
+        shape = tensor_shape(self.result)
+        if kind not in INPUT_KINDS:
+            raise _fail(self, f"has unknown input kind '{kind}' (expected one of {', '.join(INPUT_KINDS)})")
+        if kind == "hidden":
+            _expect_rank(self, "a hidden state", shape, 2)
+            if self.values is not None:
+                raise _fail(self, "a hidden-state input carries no values")
+            return
+        _expect_rank(self, f"{kind}s", shape, 1)
+        element = cast(TensorType, self.result.type).element_type
+        if not isinstance(element, IntegerType) or element.width.data != 64:
+            raise _fail(self, f"expects {kind}s of type i64, got {element}")
+        if self.values is None:
+            raise _fail(self, f"a {kind} input needs its values")
+        values = int_values(self.values)
+        _expect_same(self, "number of values", len(values), shape[0])
+        if any(v < 1 for v in values):
+            raise _fail(self, f"{kind}s count from 1, got {list(values)}")
+
+
+class _Sharded:
+    """Shared by weights and caches: the full shape, and optionally how chips split it over a grid."""
+
+    def split_share(self, op: Operation, full: tuple[int, ...], split: StringAttr | None,
+                    grid: FlatSymbolRefAttr | None, axis_of: dict[str, int]) -> tuple[int, ...]:
+        if split is None:
+            if grid is not None:
+                raise _fail(op, "names a grid but no split")
+            return full
+        if grid is None:
+            raise _fail(op, "is split but names no grid")
+        if split.data not in axis_of:
+            raise _fail(op, f"cannot be split by {split.data} (expected one of {', '.join(axis_of)})")
+        axis = axis_of[split.data]
+        chips = grid_size(op, grid)
+        if full[axis] % chips:
+            raise _fail(op, f"{split.data} ({full[axis]}) do not divide over {chips} chips")
+        share = list(full)
+        share[axis] //= chips
+        return tuple(share)
+
+
+@irdl_op_definition
+class WeightOp(LogosOp, _Sharded):
+    """A named weight (its Hugging Face tensor name) with its full shape; when split over chips, this chip's share.
+
+    ```mlir
+    %w = logos.weight "model.layers.0.self_attn.q_proj.weight" shape [64, 64] : tensor<64x64xf32>
+    %w = logos.weight "model.layers.0.self_attn.q_proj.weight" shape [64, 64] split rows over @chips
+           : tensor<32x64xf32>
+    ```
+    """
+
+    name = "logos.weight"
+
+    tensor = prop_def(StringAttr)
+    shape = prop_def(DenseArrayBase[I64])
+    split = opt_prop_def(StringAttr)
+    grid = opt_prop_def(FlatSymbolRefAttr)
+    result = result_def(TensorType)
+
+    traits = traits_def(Pure())
+
+    assembly_format = (
+        "$tensor `shape` $shape (`split` $split^)? (`over` $grid^)? attr-dict `:` type($result)"
+    )
+
+    @property
+    def full_shape(self) -> tuple[int, ...]:
+        return int_values(self.shape)
+
+    def check_(self) -> None:
+        full = self.full_shape
+        if not full or any(d < 1 for d in full):
+            raise _fail(self, f"of '{self.tensor.data}' has an invalid shape {list(full)}")
+        axes = {"rows": 0, "columns": len(full) - 1}
+        share = self.split_share(self, full, self.split, self.grid, axes)
+        _expect_same(self, f"shape of '{self.tensor.data}'", tensor_shape(self.result), share)
+
+
+@irdl_op_definition
+class CacheOp(LogosOp, _Sharded):
+    """A layer's key or value cache: state that persists between steps, laid out [sequences x] heads x positions x
+    head size (the leading sequences axis only for a batch, where each sequence has its own cache).
+
+    ```mlir
+    %keys = logos.cache key layer 0 shape [2, 64, 16] : memref<2x64x16xf32>
+    ```
+    """
+
+    name = "logos.cache"
+
+    kind = prop_def(StringAttr)
+    layer = prop_def(IntegerAttr[I64])
+    shape = prop_def(DenseArrayBase[I64])
+    split = opt_prop_def(StringAttr)
+    grid = opt_prop_def(FlatSymbolRefAttr)
+    result = result_def(MemRefType)
+
+    assembly_format = (
+        "$kind `layer` $layer `shape` $shape (`split` $split^)? (`over` $grid^)? attr-dict `:` type($result)"
+    )
+
+    @property
+    def full_shape(self) -> tuple[int, ...]:
+        return int_values(self.shape)
+
+    @property
+    def per_sequence(self) -> bool:
+        """True for a batch's caches: one per sequence (a leading sequences axis)."""
+        return len(self.full_shape) == 4
+
+    def check_(self) -> None:
+        if self.kind.data not in CACHE_KINDS:
+            raise _fail(self, f"has unknown cache kind '{self.kind.data}' (expected key or value)")
+        full = self.full_shape
+        if len(full) not in (3, 4) or any(d < 1 for d in full):
+            raise _fail(self, f"expects a shape [sequences,] heads, positions, head size; got {list(full)}")
+        share = self.split_share(self, full, self.split, self.grid, {"heads": len(full) - 3})
+        _expect_same(self, "cache shape", tensor_shape(self.result), share)
+
+
+# -- the math ---------------------------------------------------------------------------------------------------
+
+
+@irdl_op_definition
+class EmbedOp(LogosOp):
+    """The rows of an embedding table at token ids (from 1).
+
+    ```mlir
+    %hidden = logos.embed %table, %token : (tensor<256x64xf32>, tensor<1xi64>) -> tensor<1x64xf32>
+    ```
+    """
+
+    name = "logos.embed"
+
+    table = operand_def(TensorType)
+    tokens = operand_def(TensorType)
+    result = result_def(TensorType)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$table `,` $tokens attr-dict `:` functional-type(operands, results)"
+
+    def check_(self) -> None:
+        table, tokens, out = tensor_shape(self.table), tensor_shape(self.tokens), tensor_shape(self.result)
+        _expect_rank(self, "a table", table, 2)
+        _expect_rank(self, "tokens", tokens, 1)
+        _expect_same(self, "result shape", out, (tokens[0], table[1]))
+
+
+@irdl_op_definition
+class RMSNormOp(LogosOp):
+    """RMS normalisation of each row, scaled by a weight: x / sqrt(mean(x^2) + epsilon) * weight.
+
+    ```mlir
+    %normed = logos.rms_norm %x, %w epsilon 1.0e-05 : (tensor<1x64xf32>, tensor<64xf32>) -> tensor<1x64xf32>
+    ```
+    """
+
+    name = "logos.rms_norm"
+
+    input = operand_def(TensorType)
+    weight = operand_def(TensorType)
+    epsilon = prop_def(FloatAttr)
+    result = result_def(TensorType)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$input `,` $weight `epsilon` $epsilon attr-dict `:` functional-type(operands, results)"
+
+    def check_(self) -> None:
+        x, weight = tensor_shape(self.input), tensor_shape(self.weight)
+        _expect_rank(self, "input", x, 2)
+        _expect_same(self, "weight shape", weight, (x[1],))
+        _expect_same(self, "result shape", tensor_shape(self.result), x)
+
+
+@irdl_op_definition
+class LinearOp(LogosOp):
+    """A linear projection by a weight in Hugging Face layout [out, in]: result = input @ weight^T.
+
+    ```mlir
+    %q = logos.linear %normed, %w : (tensor<1x64xf32>, tensor<64x64xf32>) -> tensor<1x64xf32>
+    ```
+    """
+
+    name = "logos.linear"
+
+    input = operand_def(TensorType)
+    weight = operand_def(TensorType)
+    result = result_def(TensorType)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$input `,` $weight attr-dict `:` functional-type(operands, results)"
+
+    def check_(self) -> None:
+        x, weight = tensor_shape(self.input), tensor_shape(self.weight)
+        _expect_rank(self, "input", x, 2)
+        _expect_rank(self, "weight", weight, 2)
+        if x[1] != weight[1]:
+            raise _fail(self, f"cannot apply a {weight[0]} by {weight[1]} weight to rows of {x[1]}")
+        _expect_same(self, "result shape", tensor_shape(self.result), (x[0], weight[0]))
+
+
+@irdl_op_definition
+class RopeOp(LogosOp):
+    """Rotary position embedding of each head of each row at that row's position (from 1), rotating the two halves
+    of each head (the Hugging Face Llama convention). `scaling` holds Llama 3's frequency scaling when the model has it.
+
+    ```mlir
+    %turned = logos.rope %q, %position head_dim 16 theta 1.0e+04 : (tensor<1x64xf32>, tensor<1xi64>) -> tensor<1x64xf32>
+    ```
+    """
+
+    name = "logos.rope"
+
+    input = operand_def(TensorType)
+    positions = operand_def(TensorType)
+    head_dim = prop_def(IntegerAttr[I64])
+    theta = prop_def(FloatAttr)
+    scaling = opt_prop_def(DictionaryAttr)
+    result = result_def(TensorType)
+
+    traits = traits_def(Pure())
+
+    assembly_format = (
+        "$input `,` $positions `head_dim` $head_dim `theta` $theta (`scaling` $scaling^)? attr-dict "
+        "`:` functional-type(operands, results)"
+    )
+
+    def check_(self) -> None:
+        x, positions = tensor_shape(self.input), tensor_shape(self.positions)
+        head_dim = self.head_dim.value.data
+        _expect_rank(self, "input", x, 2)
+        _expect_same(self, "number of positions", positions, (x[0],))
+        if head_dim < 2 or head_dim % 2 or x[1] % head_dim:
+            raise _fail(self, f"cannot rotate rows of {x[1]} in heads of {head_dim}")
+        _expect_same(self, "result shape", tensor_shape(self.result), x)
+
+
+@irdl_op_definition
+class CacheWriteOp(LogosOp):
+    """Write each row's keys (or values) into a cache at the row's position (from 1); for a per-sequence cache, row
+    r goes into sequence r's cache.
+
+    ```mlir
+    logos.cache_write %turned_key, %keys, %position : tensor<1x32xf32>, memref<2x64x16xf32>, tensor<1xi64>
+    ```
+    """
+
+    name = "logos.cache_write"
+
+    input = operand_def(TensorType)
+    cache = operand_def(MemRefType)
+    positions = operand_def(TensorType)
+
+    assembly_format = "$input `,` $cache `,` $positions attr-dict `:` type($input) `,` type($cache) `,` type($positions)"
+
+    def check_(self) -> None:
+        x, cache, positions = tensor_shape(self.input), tensor_shape(self.cache), tensor_shape(self.positions)
+        _expect_rank(self, "input", x, 2)
+        _expect_same(self, "number of positions", positions, (x[0],))
+        if len(cache) == 4 and cache[0] != x[0]:
+            raise _fail(self, f"writes {x[0]} rows into caches of {cache[0]} sequences")
+        heads, head_dim = cache[-3], cache[-1]
+        _expect_same(self, "row width", x[1], heads * head_dim)
+
+
+@irdl_op_definition
+class AttentionOp(LogosOp):
+    """Grouped-query attention of each row's query heads over the cached keys and values at positions 1 up to the
+    row's own position (causal); query head h reads KV head h // (query heads / KV heads).
+
+    ```mlir
+    %attended = logos.attention %q, %keys, %values, %position
+                  : (tensor<1x64xf32>, memref<2x64x16xf32>, memref<2x64x16xf32>, tensor<1xi64>) -> tensor<1x64xf32>
+    ```
+    """
+
+    name = "logos.attention"
+
+    query = operand_def(TensorType)
+    keys = operand_def(MemRefType)
+    values = operand_def(MemRefType)
+    positions = operand_def(TensorType)
+    result = result_def(TensorType)
+
+    assembly_format = (
+        "$query `,` $keys `,` $values `,` $positions attr-dict `:` functional-type(operands, results)"
+    )
+
+    def check_(self) -> None:
+        q, keys, values = tensor_shape(self.query), tensor_shape(self.keys), tensor_shape(self.values)
+        _expect_rank(self, "query", q, 2)
+        _expect_same(self, "value cache shape", values, keys)
+        _expect_same(self, "number of positions", tensor_shape(self.positions), (q[0],))
+        if len(keys) == 4 and keys[0] != q[0]:
+            raise _fail(self, f"attends {q[0]} rows over caches of {keys[0]} sequences")
+        _check_heads(self, q[1], keys[-3], keys[-1])
+        _expect_same(self, "result shape", tensor_shape(self.result), q)
+
+
+@irdl_op_definition
+class SelfAttentionOp(LogosOp):
+    """Grouped-query attention of each row over the keys and values of the rows up to itself, with no cache (the
+    forward of a token with no history).
+
+    ```mlir
+    %attended = logos.self_attention %q, %k, %v head_dim 16
+                  : (tensor<1x64xf32>, tensor<1x32xf32>, tensor<1x32xf32>) -> tensor<1x64xf32>
+    ```
+    """
+
+    name = "logos.self_attention"
+
+    query = operand_def(TensorType)
+    key = operand_def(TensorType)
+    value = operand_def(TensorType)
+    head_dim = prop_def(IntegerAttr[I64])
+    result = result_def(TensorType)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$query `,` $key `,` $value `head_dim` $head_dim attr-dict `:` functional-type(operands, results)"
+
+    def check_(self) -> None:
+        q, k, v = tensor_shape(self.query), tensor_shape(self.key), tensor_shape(self.value)
+        head_dim = self.head_dim.value.data
+        _expect_rank(self, "query", q, 2)
+        _expect_same(self, "value shape", v, k)
+        _expect_same(self, "number of key rows", k[0], q[0])
+        if head_dim < 1 or k[1] % head_dim:
+            raise _fail(self, f"cannot read keys of {k[1]} in heads of {head_dim}")
+        _check_heads(self, q[1], k[1] // head_dim, head_dim)
+        _expect_same(self, "result shape", tensor_shape(self.result), q)
+
+
+def _check_heads(op: Operation, query_width: int, kv_heads: int, head_dim: int) -> None:
+    if query_width % head_dim:
+        raise _fail(op, f"query rows of {query_width} are not whole heads of {head_dim}")
+    heads = query_width // head_dim
+    if heads % kv_heads:
+        raise _fail(op, f"{heads} query heads do not share {kv_heads} key-value heads evenly")
+
+
+class ElementwiseBinaryOp(LogosOp):
+    """Base of the elementwise ops of two same-shaped tensors."""
+
+    T: ClassVar = VarConstraint("T", base(TensorType))
+
+    lhs = operand_def(T)
+    rhs = operand_def(T)
+    result = result_def(T)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$lhs `,` $rhs attr-dict `:` type($result)"
+
+    def check_(self) -> None:
+        _expect_same(self, "operand shapes", tensor_shape(self.rhs), tensor_shape(self.lhs))
+        _expect_same(self, "result shape", tensor_shape(self.result), tensor_shape(self.lhs))
+
+
+@irdl_op_definition
+class AddOp(ElementwiseBinaryOp):
+    """Elementwise sum (the residual connections). `%mixed = logos.add %x, %projected : tensor<1x64xf32>`"""
+
+    name = "logos.add"
+
+
+@irdl_op_definition
+class MulOp(ElementwiseBinaryOp):
+    """Elementwise product (SwiGLU's gate times up). `%product = logos.mul %activated, %up : tensor<1x128xf32>`"""
+
+    name = "logos.mul"
+
+
+@irdl_op_definition
+class SiluOp(LogosOp):
+    """x * sigmoid(x), elementwise. `%activated = logos.silu %gate : tensor<1x128xf32>`"""
+
+    name = "logos.silu"
+
+    T: ClassVar = VarConstraint("T", base(TensorType))
+
+    input = operand_def(T)
+    result = result_def(T)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$input attr-dict `:` type($result)"
+
+    def check_(self) -> None:
+        _expect_same(self, "result shape", tensor_shape(self.result), tensor_shape(self.input))
+
+
+@irdl_op_definition
+class RowOp(LogosOp):
+    """One row (from 1) of a stack of rows, kept as a stack of one. `%last = logos.row %x index 4 : ...`"""
+
+    name = "logos.row"
+
+    input = operand_def(TensorType)
+    index = prop_def(IntegerAttr[I64])
+    result = result_def(TensorType)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$input `index` $index attr-dict `:` functional-type(operands, results)"
+
+    def check_(self) -> None:
+        x = tensor_shape(self.input)
+        _expect_rank(self, "input", x, 2)
+        index = self.index.value.data
+        if not 1 <= index <= x[0]:
+            raise _fail(self, f"row {index} does not exist in {x[0]} rows (rows count from 1)")
+        _expect_same(self, "result shape", tensor_shape(self.result), (1, x[1]))
+
+
+@irdl_op_definition
+class ArgmaxOp(LogosOp):
+    """The index (from 1) of each row's greatest value, the first on a tie: greedy decoding's next token.
+
+    `%next = logos.argmax %logits : (tensor<1x256xf32>) -> tensor<1xi64>`
+    """
+
+    name = "logos.argmax"
+
+    input = operand_def(TensorType)
+    result = result_def(TensorType)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$input attr-dict `:` functional-type(operands, results)"
+
+    def check_(self) -> None:
+        x = tensor_shape(self.input)
+        _expect_rank(self, "input", x, 2)
+        _expect_same(self, "result shape", tensor_shape(self.result), (x[0],))
+
+
+def f32_tensor(*shape: int) -> TensorType:
+    return TensorType(f32, list(shape))
+
+
+def i64_tensor(rows: int) -> TensorType:
+    return TensorType(i64, [rows])
+
+
+LOGOS = Dialect(
+    "logos",
+    [
+        ProgramOp,
+        InputOp,
+        WeightOp,
+        CacheOp,
+        EmbedOp,
+        RMSNormOp,
+        LinearOp,
+        RopeOp,
+        CacheWriteOp,
+        AttentionOp,
+        SelfAttentionOp,
+        AddOp,
+        MulOp,
+        SiluOp,
+        RowOp,
+        ArgmaxOp,
+    ],
+    [],
+)
+

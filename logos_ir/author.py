@@ -1,0 +1,291 @@
+"""The author: writes a model's computation as a LOGOS program, deterministically.
+
+For a spec and a cut the author builds the program's `logos` IR section by section (the main section, the
+embedding, each layer, the head) and prints it with the one LOGOS printer, so the same spec and cut always give the
+same bytes. The text holds every fact a backend needs: the spec's sizes, each weight by its tensor name and shape,
+the inputs (placeholders a run replaces), each layer's KV cache, and every step of the math. Each program comes with
+its weight manifest. Split programs (`tp` chips, Megatron-style) are written here too, for the cuts that split.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from xdsl.dialects import func
+from xdsl.dialects.builtin import TensorType, f32, i64
+from xdsl.ir import SSAValue
+
+from logos_ir import builder
+from logos_ir.builder import SectionBuilder
+from logos_ir.dialects import logos
+from logos_ir.errors import CutError, NotYet, SpecError
+from logos_ir.program import Cut
+from logos_ir.spec import ModelSpec
+
+NOT_YET_SPLIT = "a cut other than a decode step, a batch or a layer of either, split over chips"
+
+# The file a weight is read from, under the model's directory (a sharded model's index refines it).
+WEIGHTS_FILE = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class WeightEntry:
+    """One weight a program reads: its tensor name, the file it is read from, dtype and full shape; for a split
+    program, how it is split over the chips (`rows`, `columns`, or None when every chip holds all of it)."""
+
+    name: str
+    file: str
+    dtype: str
+    shape: tuple[int, ...]
+    split: str | None = None
+
+
+@dataclass(frozen=True)
+class Authored:
+    """A program as the author wrote it: its LOGOS text and its weight manifest."""
+
+    text: str
+    manifest: tuple[WeightEntry, ...]
+    cut: Cut
+    chips: int = 1
+
+
+def write(
+    spec: ModelSpec,
+    cut: Cut,
+    dir: str = "",
+    *,
+    tp: int | None = None,
+    tokens: Sequence[int] | None = None,
+    pos0: int = 1,
+) -> Authored:
+    """The program for `cut` of `spec`, its manifest under `dir`; split over `tp` chips when `tp` is given; inputs
+    at `tokens` and positions from `pos0` (ids and positions from 1) instead of the placeholders."""
+    if tp is not None:
+        _check_split(spec, cut, tp)
+    if cut.layer is not None:
+        _check_layer(spec, cut.layer)
+    plan = _Plan(spec, cut, chips=tp or 1, split=tp is not None, tokens=tokens, pos0=pos0)
+    program_op = plan.program()
+    from logos_ir.printer import print_program
+
+    text = print_program(program_op)
+    return Authored(text=text, manifest=manifest_of(program_op, dir), cut=cut, chips=tp or 1)
+
+
+def manifest_of(program_op: logos.ProgramOp, dir: str) -> tuple[WeightEntry, ...]:
+    """Every weight a program reads, once each, in the order the text first names it."""
+    entries: dict[str, WeightEntry] = {}
+    for op in program_op.walk():
+        if isinstance(op, logos.WeightOp) and op.tensor.data not in entries:
+            split = None if op.split is None else op.split.data
+            name = op.tensor.data
+            entries[name] = WeightEntry(name, os.path.join(dir, WEIGHTS_FILE), "f32", op.full_shape, split)
+    return tuple(entries.values())
+
+
+def _check_split(spec: ModelSpec, cut: Cut, tp: int) -> None:
+    if cut.kind not in Cut.SPLITTABLE:
+        raise NotYet(NOT_YET_SPLIT)
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise SpecError(f"a program is split over at least 1 chip, not {tp!r}")
+    width = spec.splits_over(tp)
+    if width is not None:
+        raise SpecError(f"the model does not split over {tp} chips: {width} ({getattr(spec, width)}) is not a multiple of {tp}")
+
+
+def _check_layer(spec: ModelSpec, layer: int) -> None:
+    if layer >= spec.layers:
+        raise CutError(f"layer {layer} does not exist: the model has layers 0 to {spec.layers - 1}")
+
+
+def layer_weights(layer: int) -> dict[str, str]:
+    """Hugging Face tensor names of one layer, by role."""
+    p = f"model.layers.{layer}."
+    return {
+        "attention_norm": p + "input_layernorm.weight",
+        "query": p + "self_attn.q_proj.weight",
+        "key": p + "self_attn.k_proj.weight",
+        "value": p + "self_attn.v_proj.weight",
+        "output": p + "self_attn.o_proj.weight",
+        "mlp_norm": p + "post_attention_layernorm.weight",
+        "gate": p + "mlp.gate_proj.weight",
+        "up": p + "mlp.up_proj.weight",
+        "down": p + "mlp.down_proj.weight",
+    }
+
+
+EMBEDDING = "model.embed_tokens.weight"
+FINAL_NORM = "model.norm.weight"
+LM_HEAD = "lm_head.weight"
+
+
+class _Plan:
+    """What one program is made of, derived from its cut: rows, inputs, which sections, and how state is held."""
+
+    def __init__(self, spec: ModelSpec, cut: Cut, chips: int, split: bool, tokens: Sequence[int] | None, pos0: int):
+        self.spec, self.cut, self.chips, self.split = spec, cut, chips, split
+        self.family = cut.kind.split("_")[0]
+        self.rows = cut.rows or 1
+        self.ctx = cut.ctx
+        self.tokens = list(tokens) if tokens is not None else [1] * self.rows
+        self.positions = self._positions(pos0)
+        self._check_inputs()
+
+    def _positions(self, pos0: int) -> list[int]:
+        if self.family == "prefill":
+            return list(range(pos0, pos0 + self.rows))
+        return [pos0] * self.rows
+
+    def _check_inputs(self) -> None:
+        if len(self.tokens) != self.rows:
+            raise CutError(f"{self.cut} takes {self.rows} token(s), got {len(self.tokens)}")
+        for token in self.tokens:
+            if not 1 <= token <= self.spec.vocab:
+                raise CutError(f"token {token} is outside the vocabulary (ids 1 to {self.spec.vocab}, from 1)")
+        limit = self.ctx or 1  # a forward has no history: its one token sits at position 1
+        if self.cut.kind.endswith(("_embed", "_head")):
+            return  # these parts take no positions
+        for position in self.positions:
+            if not 1 <= position <= limit:
+                raise CutError(f"position {position} is outside the cache (positions 1 to {limit})")
+
+    # -- names --------------------------------------------------------------------------------------------------
+
+    @property
+    def token_name(self) -> str:
+        return "token" if self.rows == 1 else "tokens"
+
+    @property
+    def position_name(self) -> str:
+        return "position" if self.rows == 1 else "positions"
+
+    @property
+    def returns_logits(self) -> bool:
+        return self.family == "forward"
+
+    # -- the program --------------------------------------------------------------------------------------------
+
+    def program(self):
+        main = self._main()
+        sections = [main]
+        part = self.cut.kind.partition("_")[2]
+        if part in ("", "embed"):
+            sections.append(self._embedding())
+        if part in ("", "layer"):
+            layers = [self.cut.layer] if part == "layer" else range(self.spec.layers)
+            sections += [self._layer(i) for i in layers if i is not None]
+        if part in ("", "head"):
+            sections.append(self._head())
+        return builder.program(self.cut.option(), self.spec, sections, self.chips, self.split)
+
+    def _section(self, sym: str, args: Sequence[tuple[str, object]]) -> SectionBuilder:
+        return SectionBuilder(sym, args, self.spec, self.chips)  # type: ignore[arg-type]
+
+    def _hidden_type(self, rows: int | None = None) -> TensorType:
+        return TensorType(f32, [rows or self.rows, self.spec.hidden])
+
+    def _head_type(self) -> TensorType:
+        if self.returns_logits:
+            return TensorType(f32, [self.rows, self.spec.vocab])
+        return TensorType(i64, [self.rows])
+
+    def _main(self) -> func.FuncOp:
+        main = self._section("main", [])
+        part = self.cut.kind.partition("_")[2]
+        layers = self.spec.layers
+        if part == "layer":
+            return self._main_layer(main)
+        if part == "head":
+            x = main.hidden_input(f"x{layers}", self.rows, self.spec.hidden)
+            return main.ret(main.call(self._head_name(), "head", [x], self._head_type()))
+        token = main.input(self.token_name, "token", self.tokens)
+        if part == "embed":
+            return main.ret(main.call("x0", "embedding", [token], self._hidden_type()))
+        position = main.input(self.position_name, "position", self.positions)
+        x = main.call("x0", "embedding", [token], self._hidden_type())
+        for layer in range(layers):
+            x = main.call(f"x{layer + 1}", f"layer_{layer}", [x, position], self._hidden_type())
+        return main.ret(main.call(self._head_name(), "head", [x], self._head_type()))
+
+    def _main_layer(self, main: SectionBuilder) -> func.FuncOp:
+        layer = self.cut.layer or 0
+        position = main.input(self.position_name, "position", self.positions)
+        x = main.hidden_input(f"x{layer}", self.rows, self.spec.hidden)
+        return main.ret(main.call(f"x{layer + 1}", f"layer_{layer}", [x, position], self._hidden_type()))
+
+    def _head_name(self) -> str:
+        return "logits" if self.returns_logits else "next"
+
+    def _embedding(self) -> func.FuncOp:
+        section = self._section("embedding", [(self.token_name, TensorType(i64, [self.rows]))])
+        table = self._weight(section, "table", EMBEDDING, (self.spec.vocab, self.spec.hidden))
+        return section.ret(section.embed("hidden", table, section.args[0]))
+
+    def _head(self) -> func.FuncOp:
+        spec = self.spec
+        section = self._section("head", [("x", self._hidden_type())])
+        x = section.args[0]
+        if self.family == "prefill":
+            x = section.row("last", x, self.rows)
+        norm = self._weight(section, "final_norm", FINAL_NORM, (spec.hidden,))
+        normed = section.rms_norm("normed", x, norm)
+        table = self._weight(section, "head_table", EMBEDDING if spec.tie_embeddings else LM_HEAD, (spec.vocab, spec.hidden))
+        logits = section.linear("logits", table, normed)
+        if self.returns_logits:
+            return section.ret(logits)
+        return section.ret(section.argmax("next", logits))
+
+    def _layer(self, layer: int) -> func.FuncOp:
+        spec, names = self.spec, layer_weights(layer)
+        section = self._section(
+            f"layer_{layer}", [("x", self._hidden_type()), (self.position_name, TensorType(i64, [self.rows]))]
+        )
+        x, position = section.args
+        split = self.split
+        w = self._weight
+        normed = section.rms_norm("normed", x, w(section, "attention_norm", names["attention_norm"], (spec.hidden,)))
+        query = section.linear("query", w(section, "query_weight", names["query"], (spec.q_dim, spec.hidden), "rows"), normed)
+        key = section.linear("key", w(section, "key_weight", names["key"], (spec.kv_dim, spec.hidden), "rows"), normed)
+        value = section.linear("value", w(section, "value_weight", names["value"], (spec.kv_dim, spec.hidden), "rows"), normed)
+        turned_query = section.rope("turned_query", query, position)
+        turned_key = section.rope("turned_key", key, position)
+        attended = self._attend(section, layer, turned_query, turned_key, value, position)
+        output = w(section, "output_weight", names["output"], (spec.hidden, spec.q_dim), "columns")
+        projected = self._reduced(section, "projected", section.linear(_part("projected", split), output, attended))
+        mixed = section.add("mixed", x, projected)
+        normed_mixed = section.rms_norm("normed_mixed", mixed, w(section, "mlp_norm", names["mlp_norm"], (spec.hidden,)))
+        gate = section.linear("gate", w(section, "gate_weight", names["gate"], (spec.intermediate, spec.hidden), "rows"), normed_mixed)
+        up = section.linear("up", w(section, "up_weight", names["up"], (spec.intermediate, spec.hidden), "rows"), normed_mixed)
+        product = section.mul("product", section.silu("activated", gate), up)
+        down_weight = w(section, "down_weight", names["down"], (spec.hidden, spec.intermediate), "columns")
+        down = self._reduced(section, "down", section.linear(_part("down", split), down_weight, product))
+        return section.ret(section.add("result", mixed, down))
+
+    def _attend(self, section: SectionBuilder, layer: int, query: SSAValue, key: SSAValue, value: SSAValue,
+                position: SSAValue) -> SSAValue:
+        if self.family == "forward":
+            return section.self_attention("attended", query, key, value)
+        spec = self.spec
+        shape = [spec.kv_heads, self.ctx or 1, spec.head_dim]
+        if self.family == "batch":
+            shape.insert(0, self.rows)
+        keys = section.cache("keys", "key", layer, shape, self.split)
+        values = section.cache("values", "value", layer, shape, self.split)
+        section.cache_write(key, keys, position)
+        section.cache_write(value, values, position)
+        return section.attention("attended", query, keys, values, position)
+
+    def _reduced(self, section: SectionBuilder, name: str, partial: SSAValue) -> SSAValue:
+        return section.all_reduce(name, partial) if self.split else partial
+
+    def _weight(self, section: SectionBuilder, name: str, tensor: str, shape: tuple[int, ...],
+                split: str | None = None) -> SSAValue:
+        return section.weight(name, tensor, shape, split if self.split else None)
+
+
+def _part(name: str, split: bool) -> str:
+    """The name of a partial sum before its all-reduce: the reduced value keeps the plain name."""
+    return f"{name}_part" if split else name

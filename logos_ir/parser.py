@@ -1,0 +1,779 @@
+"""The LOGOS parser: LOGOS text straight into `logos` IR, with a diagnostic `file:line:col` for every mistake.
+
+The text is read line by line: a `## Program:` header naming the cut, the model's facts, then `##` sections, each a
+`func.func`, one sentence an op. Sections other than `## Main` are read first so that calls know their callees'
+types; every op is verified as soon as it is built, so a shape error points at its own line. After each line is
+read, the parser prints the op back (`logos_ir.printer`) and refuses a line that differs from that canonical
+sentence: the grammar has one spelling for each program, so parsing then printing gives the same bytes and the
+identity of the source is the identity of the IR. The grammar is documented in `docs/logos.md`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from xdsl.dialects import func
+from xdsl.dialects.builtin import MemRefType, TensorType, f32, i64
+from xdsl.ir import Attribute, Operation, SSAValue
+from xdsl.utils.exceptions import VerifyException
+
+from logos_ir import builder
+from logos_ir.builder import SectionBuilder
+from logos_ir.dialects import logos
+from logos_ir.errors import CutError, LogosError, ParseError, SourceLocation, SpecError
+from logos_ir.printer import INDENT, fact_lines, section_header, sentence
+from logos_ir.program import Cut, Identity
+from logos_ir.spec import ModelSpec, RopeScaling
+
+NAME = re.compile(r"[a-z][a-z0-9_]*")
+_SUFFIX = re.compile(r"_[0-9]+$")
+
+
+@dataclass
+class _Line:
+    number: int  # from 1
+    text: str
+
+
+@dataclass
+class _Section:
+    header: _Line
+    body: list[_Line] = field(default_factory=list)
+
+
+class _Source:
+    """The text being parsed, for diagnostics."""
+
+    def __init__(self, text: str, filename: str):
+        self.filename = filename
+        self.lines = text.split("\n")
+
+    def error(self, line: int, column: int, message: str, hint: str | None = None) -> ParseError:
+        text = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
+        return ParseError(message, SourceLocation(self.filename, line, max(column, 1), text), hint)
+
+
+def parse_program(source: str | bytes, filename: str = "<logos>") -> logos.ProgramOp:
+    """Parse LOGOS text into a verified `logos.program`, its digest the SHA-256 of the text."""
+    text = _decode(source, filename)
+    src = _Source(text, filename)
+    lines = _check_layout(src, text)
+    cut, facts_end = _read_header(src, lines)
+    spec, chips = _read_facts(src, lines, facts_end)
+    sections = _split_sections(src, lines[facts_end:])
+    program = _Reader(src, cut, spec, chips).read(sections)
+    builder.set_digest(program, hashlib.sha256(text.encode("utf-8")).hexdigest())
+    return program
+
+
+def program_identity(program: logos.ProgramOp) -> Identity:
+    """The identity a program records (its cut, chips and digest)."""
+    return Identity(Cut.parse(program.cut.data), program.chips.value.data, bytes.fromhex(program.digest.data))
+
+
+# -- layout -----------------------------------------------------------------------------------------------------
+
+
+def _decode(source: str | bytes, filename: str) -> str:
+    if isinstance(source, str):
+        return source
+    try:
+        return source.decode("utf-8")
+    except UnicodeDecodeError as error:
+        before = source[: error.start]
+        line = before.count(b"\n") + 1
+        column = len(before) - (before.rfind(b"\n") + 1) + 1
+        raise ParseError(
+            f"the file is not UTF-8 text (byte 0x{source[error.start]:02x})", SourceLocation(filename, line, column)
+        ) from None
+
+
+def _check_layout(src: _Source, text: str) -> list[_Line]:
+    """Lines, after refusing what a canonical LOGOS file never has: tabs, carriage returns, trailing spaces, a
+    missing final newline, runs of blank lines."""
+    if not text:
+        raise src.error(1, 1, "the file is empty", "a LOGOS program starts with '## Program: <cut>'")
+    if not text.endswith("\n"):
+        last = len(src.lines)
+        raise src.error(last, len(src.lines[-1]) + 1, "the file does not end with a newline (is it truncated?)")
+    lines = []
+    for number, line in enumerate(src.lines[:-1], start=1):
+        for bad, what in (("\t", "a tab"), ("\r", "a carriage return")):
+            if bad in line:
+                raise src.error(number, line.index(bad) + 1, f"{what} in LOGOS text", "indent with four spaces")
+        if line != line.rstrip(" "):
+            raise src.error(number, len(line.rstrip(" ")) + 1, "trailing spaces")
+        if not line and lines and not lines[-1].text:
+            raise src.error(number, 1, "more than one blank line", "sections are separated by one blank line")
+        lines.append(_Line(number, line))
+    return lines
+
+
+def _read_header(src: _Source, lines: list[_Line]) -> tuple[Cut, int]:
+    first = lines[0]
+    prefix = "## Program: "
+    if not first.text.startswith(prefix):
+        raise src.error(1, 1, "a LOGOS program starts with '## Program: <cut>'", "e.g. '## Program: decode step, ctx 64'")
+    cut = Cut.from_display(first.text[len(prefix):])
+    if cut is None:
+        raise src.error(
+            1, len(prefix) + 1, f"unknown cut '{first.text[len(prefix):]}'",
+            "cuts read like 'decode step, ctx 64' or 'prefill chunk of 4 rows' layer 0, ctx 64'",
+        )
+    end = 1
+    while end < len(lines) and lines[end].text.startswith(INDENT):
+        end += 1
+    return cut, end
+
+
+# -- facts ------------------------------------------------------------------------------------------------------
+
+_N = r"(\S+)"
+_FACTS: list[tuple[str, re.Pattern[str]]] = [
+    ("vocab", re.compile(rf"The vocabulary has {_N} tokens?\.")),
+    ("hidden", re.compile(rf"The hidden state has {_N} numbers?\.")),
+    ("layers", re.compile(rf"The model has {_N} layers?\.")),
+    ("heads", re.compile(rf"Each layer has {_N} attention heads? and {_N} key-value heads? of {_N} numbers?\.")),
+    ("intermediate", re.compile(rf"The feed-forward network has {_N} numbers?\.")),
+    ("rms_eps", re.compile(rf"The RMS norm epsilon is {_N}\.")),
+    ("rope_theta", re.compile(rf"The rotary base is {_N}\.")),
+]
+_SCALING = re.compile(
+    rf"The rotary frequencies are scaled as in Llama 3 by {_N}, with low frequency factor {_N}, "
+    rf"high frequency factor {_N} and original context {_N}\."
+)
+_TIES = {"The head reads the embedding table.": True, "The head has its own table.": False}
+_CHIPS = re.compile(rf"The program runs on {_N} chips?\.")
+
+
+def _number(src: _Source, line: _Line, text: str, column: int, kind: type) -> int | float:
+    try:
+        value = kind(text)
+    except ValueError:
+        noun = "a whole number" if kind is int else "a number"
+        raise src.error(line.number, column, f"expected {noun}, got '{text}'") from None
+    if kind is int and (not text.isdigit() or not text.isascii()):
+        raise src.error(line.number, column, f"expected a whole number, got '{text}'")
+    return value
+
+
+def _read_facts(src: _Source, lines: list[_Line], end: int) -> tuple[ModelSpec, int | None]:
+    facts = iter(lines[1:end])
+    values: dict[str, int | float] = {}
+    last = lines[0]
+    for key, pattern in _FACTS:
+        line = next(facts, None)
+        if line is None:
+            raise src.error(last.number + 1, 1, f"the program's facts stop before its {_FACT_NAMES[key]}",
+                            f"write '{_FACT_EXAMPLES[key]}'")
+        last = line
+        values.update(_fact(src, line, key, pattern))
+    line = next(facts, None)
+    scaling = None
+    if line is not None and line.text.startswith(INDENT + "The rotary frequencies"):
+        scaling = _scaling(src, line)
+        line = next(facts, None)
+    if line is None or line.text[len(INDENT):] not in _TIES:
+        where = line or last
+        raise src.error(where.number, len(INDENT) + 1, "expected how the head reads its table",
+                        "write 'The head reads the embedding table.' or 'The head has its own table.'")
+    tie = _TIES[line.text[len(INDENT):]]
+    chips = None
+    line = next(facts, None)
+    if line is not None:
+        match = _CHIPS.fullmatch(line.text[len(INDENT):])
+        if not match:
+            raise src.error(line.number, len(INDENT) + 1, "unknown fact", "the last fact may only be 'The program runs on N chips.'")
+        chips = int(_number(src, line, match[1], len(INDENT) + match.start(1) + 1, int))
+        if chips < 1:
+            raise src.error(line.number, len(INDENT) + match.start(1) + 1, "a program runs on at least 1 chip")
+        rest = next(facts, None)
+        if rest is not None:
+            raise src.error(rest.number, len(INDENT) + 1, "unknown fact after the chips")
+    spec = _spec(src, lines[0], values, tie, scaling)
+    _check_canonical_facts(src, lines[1:end], spec, chips)
+    return spec, chips
+
+
+_FACT_NAMES = {
+    "vocab": "vocabulary", "hidden": "hidden size", "layers": "number of layers", "heads": "heads",
+    "intermediate": "feed-forward size", "rms_eps": "RMS norm epsilon", "rope_theta": "rotary base",
+}
+_FACT_EXAMPLES = {
+    "vocab": "The vocabulary has 256 tokens.", "hidden": "The hidden state has 64 numbers.",
+    "layers": "The model has 2 layers.",
+    "heads": "Each layer has 4 attention heads and 2 key-value heads of 16 numbers.",
+    "intermediate": "The feed-forward network has 128 numbers.", "rms_eps": "The RMS norm epsilon is 1e-05.",
+    "rope_theta": "The rotary base is 10000.0.",
+}
+
+
+def _fact(src: _Source, line: _Line, key: str, pattern: re.Pattern[str]) -> dict[str, int | float]:
+    text = line.text[len(INDENT):]
+    if not line.text.startswith(INDENT):
+        raise src.error(line.number, 1, "facts are indented by four spaces")
+    match = pattern.fullmatch(text)
+    if not match:
+        raise src.error(line.number, len(INDENT) + 1, f"expected the model's {_FACT_NAMES[key]}",
+                        f"write '{_FACT_EXAMPLES[key]}'")
+    kind = float if key in ("rms_eps", "rope_theta") else int
+    numbers = [
+        _number(src, line, match[i], len(INDENT) + match.start(i) + 1, kind) for i in range(1, pattern.groups + 1)
+    ]
+    if key == "heads":
+        return dict(zip(("heads", "kv_heads", "head_dim"), numbers))
+    return {key: numbers[0]}
+
+
+def _scaling(src: _Source, line: _Line) -> RopeScaling:
+    match = _SCALING.fullmatch(line.text[len(INDENT):])
+    if not match:
+        raise src.error(line.number, len(INDENT) + 1, "malformed rotary scaling fact",
+                        "write 'The rotary frequencies are scaled as in Llama 3 by 8.0, with low frequency factor "
+                        "1.0, high frequency factor 4.0 and original context 8192.'")
+    col = [len(INDENT) + match.start(i) + 1 for i in range(1, 5)]
+    try:
+        return RopeScaling(
+            factor=float(_number(src, line, match[1], col[0], float)),
+            low_freq_factor=float(_number(src, line, match[2], col[1], float)),
+            high_freq_factor=float(_number(src, line, match[3], col[2], float)),
+            original_max_position_embeddings=int(_number(src, line, match[4], col[3], int)),
+        )
+    except SpecError as error:
+        raise src.error(line.number, len(INDENT) + 1, error.message) from None
+
+
+def _spec(src: _Source, header: _Line, values: dict, tie: bool, scaling: RopeScaling | None) -> ModelSpec:
+    try:
+        return ModelSpec(**values, tie_embeddings=tie, rope_scaling=scaling)
+    except SpecError as error:
+        raise src.error(header.number + 1, len(INDENT) + 1, f"the model's facts do not make a model: {error.message}") from None
+
+
+def _check_canonical_facts(src: _Source, lines: list[_Line], spec: ModelSpec, chips: int | None) -> None:
+    for line, canonical in zip(lines, fact_lines(spec, chips)):
+        if line.text[len(INDENT):] != canonical:
+            raise src.error(line.number, len(INDENT) + 1, "this fact is not written the one LOGOS way",
+                            f"write '{canonical}'")
+
+
+# -- sections ---------------------------------------------------------------------------------------------------
+
+
+def _split_sections(src: _Source, lines: list[_Line]) -> list[_Section]:
+    sections: list[_Section] = []
+    expect_blank = True
+    for line in lines:
+        if expect_blank:
+            if line.text:
+                raise src.error(line.number, 1, "expected a blank line before the next section")
+            expect_blank = False
+            continue
+        if line.text.startswith("## "):
+            if sections and not sections[-1].body:
+                raise src.error(line.number, 1, "the section above has no statements")
+            sections.append(_Section(line))
+        elif not line.text:
+            expect_blank = False
+            if not sections or not sections[-1].body:
+                raise src.error(line.number, 1, "a blank line where a section's statements should be")
+            expect_blank = False
+            sections[-1].body.append(line)
+        elif not sections:
+            raise src.error(line.number, 1, "expected a section header ('## Main', '## Layer 0 of x at position', ...)")
+        elif not line.text.startswith(INDENT) or line.text[len(INDENT)] == " ":
+            raise src.error(line.number, 1, "statements are indented by exactly four spaces")
+        else:
+            sections[-1].body.append(line)
+    if not sections:
+        last = lines[-1].number if lines else len(src.lines) - 1
+        raise src.error(last, 1, "the program has no sections", "write '## Main' and its statements")
+    # A blank line separates sections; it is recorded as the end of the section before it.
+    for section in sections:
+        while section.body and not section.body[-1].text:
+            section.body.pop()
+        if not section.body:
+            raise src.error(section.header.number, 1, "this section has no statements")
+        if any(not line.text for line in section.body):
+            blank = next(line for line in section.body if not line.text)
+            raise src.error(blank.number, 1, "a blank line inside a section")
+    return sections
+
+
+_HEADERS: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"## Main"), "main"),
+    (re.compile(r"## Embedding of (\S+)"), "embedding"),
+    (re.compile(r"## Layer (\S+) of (\S+) at (\S+)"), "layer"),
+    (re.compile(r"## Head of (\S+)"), "head"),
+]
+
+
+class _Reader:
+    """Reads the sections of one program into `func.func` ops."""
+
+    def __init__(self, src: _Source, cut: Cut, spec: ModelSpec, chips: int | None):
+        self.src, self.cut, self.spec, self.chips = src, cut, spec, chips
+        self.rows = cut.rows or 1
+        self.functions: dict[str, func.FuncOp] = {}
+        self.expected = _expected_weights(spec)
+
+    def read(self, sections: list[_Section]) -> logos.ProgramOp:
+        plans = [self._plan(s) for s in sections]
+        if plans[0][0] != "main":
+            raise self.src.error(sections[0].header.number, 1, "the first section must be '## Main'")
+        seen: dict[str, int] = {}
+        for (sym, _), section in zip(plans, sections):
+            if sym in seen:
+                raise self.src.error(section.header.number, 1, f"a second section for {_sym_title(sym)}",
+                                     f"the first is on line {seen[sym]}")
+            seen[sym] = section.header.number
+        for (sym, args), section in zip(plans[1:], sections[1:]):
+            self.functions[sym] = self._section(sym, args, section)
+        main = self._section("main", [], sections[0])
+        ordered = [main] + [self.functions[sym] for sym, _ in plans[1:]]
+        split = self.chips is not None
+        return builder.program(self.cut.option(), self.spec, ordered, self.chips or 1, split)
+
+    # -- headers ----------------------------------------------------------------------------------------------
+
+    def _plan(self, section: _Section) -> tuple[str, list[tuple[str, Attribute]]]:
+        line = section.header
+        for pattern, kind in _HEADERS:
+            match = pattern.fullmatch(line.text)
+            if match:
+                return self._header_args(line, kind, match)
+        raise self.src.error(line.number, 1, f"unknown section '{line.text}'",
+                             "sections are '## Main', '## Embedding of token', '## Layer 0 of x at position' "
+                             "and '## Head of x'")
+
+    def _header_args(self, line: _Line, kind: str, match: re.Match[str]) -> tuple[str, list[tuple[str, Attribute]]]:
+        rows, hidden = self.rows, TensorType(f32, [self.rows, self.spec.hidden])
+        ids = TensorType(i64, [rows])
+        first = 2 if kind == "layer" else 1
+        names = [self._new_name(line, match[i], match.start(i) + 1) for i in range(first, match.re.groups + 1)]
+        if kind == "main":
+            return "main", []
+        if kind == "embedding":
+            return "embedding", [(names[0], ids)]
+        if kind == "head":
+            return "head", [(names[0], hidden)]
+        layer = self._int(line, match[1], match.start(1) + 1)
+        if layer >= self.spec.layers:
+            raise self.src.error(line.number, match.start(1) + 1,
+                                 f"layer {layer} does not exist: the model has layers 0 to {self.spec.layers - 1}")
+        return f"layer_{layer}", [(names[0], hidden), (names[1], ids)]
+
+    # -- statements -------------------------------------------------------------------------------------------
+
+    def _section(self, sym: str, args: list[tuple[str, Attribute]], section: _Section) -> func.FuncOp:
+        scope = _Scope(self, SectionBuilder(sym, args, self.spec, self.chips or 1))
+        for arg in scope.build.args:
+            scope.names[arg.name_hint or ""] = arg
+        canonical = section_header(_stub_function(sym, scope.build), lambda v: v.name_hint or "")
+        if canonical != section.header.text:
+            raise self.src.error(section.header.number, 1, "this header is not written the one LOGOS way",
+                                 f"write '{canonical}'")
+        body = section.body
+        for index, line in enumerate(body):
+            if line.text.startswith(INDENT + "Return "):
+                if index != len(body) - 1:
+                    raise self.src.error(body[index + 1].number, 5, "a statement after Return",
+                                         "Return ends its section")
+                return scope.return_(line)
+            scope.statement(line)
+        last = body[-1]
+        raise self.src.error(last.number, len(last.text) + 1, f"{_sym_title(sym)} ends without 'Return <name>.'",
+                             "is the file truncated?")
+
+    def _int(self, line: _Line, text: str, column: int) -> int:
+        return int(_number(self.src, line, text, column, int))
+
+    def _new_name(self, line: _Line, name: str, column: int) -> str:
+        if not NAME.fullmatch(name):
+            raise self.src.error(line.number, column, f"'{name}' is not a LOGOS name",
+                                 "names are lowercase letters, digits and '_', starting with a letter")
+        if _SUFFIX.search(name):
+            raise self.src.error(line.number, column, f"a name may not end in '_' and digits: '{name}'",
+                                 f"write e.g. '{_SUFFIX.sub(lambda m: m[0][1:], name)}'")
+        return name
+
+
+def _sym_title(sym: str) -> str:
+    if sym.startswith("layer_"):
+        return f"layer {sym[6:]}"
+    return f"the {sym}"
+
+
+def _stub_function(sym: str, build: SectionBuilder) -> func.FuncOp:
+    """A function with only the arguments of `build`, for printing its header."""
+    from xdsl.ir import Block, Region
+
+    block = Block(arg_types=[a.type for a in build.args])
+    for new, old in zip(block.args, build.args):
+        new.name_hint = old.name_hint
+    return func.FuncOp(sym, ([a.type for a in build.args], []), Region(block))
+
+
+def _expected_weights(spec: ModelSpec) -> Callable[[str], tuple[int, ...] | None]:
+    """The full shape of a tensor the model has, by its Hugging Face name, or None."""
+    layer_shapes = {
+        "input_layernorm.weight": (spec.hidden,),
+        "self_attn.q_proj.weight": (spec.q_dim, spec.hidden),
+        "self_attn.k_proj.weight": (spec.kv_dim, spec.hidden),
+        "self_attn.v_proj.weight": (spec.kv_dim, spec.hidden),
+        "self_attn.o_proj.weight": (spec.hidden, spec.q_dim),
+        "post_attention_layernorm.weight": (spec.hidden,),
+        "mlp.gate_proj.weight": (spec.intermediate, spec.hidden),
+        "mlp.up_proj.weight": (spec.intermediate, spec.hidden),
+        "mlp.down_proj.weight": (spec.hidden, spec.intermediate),
+    }
+    top = {"model.embed_tokens.weight": (spec.vocab, spec.hidden), "model.norm.weight": (spec.hidden,)}
+    if not spec.tie_embeddings:
+        top["lm_head.weight"] = (spec.vocab, spec.hidden)
+    layer_name = re.compile(r"model\.layers\.(0|[1-9][0-9]*)\.(.+)")
+
+    def shape_of(tensor: str) -> tuple[int, ...] | None:
+        if tensor in top:
+            return top[tensor]
+        match = layer_name.fullmatch(tensor)
+        if not match or int(match[1]) >= spec.layers:
+            return None
+        return layer_shapes.get(match[2])
+
+    return shape_of
+
+
+# -- one section's statements -----------------------------------------------------------------------------------
+
+_LET = re.compile(r"    Let (\S+) be (.+)\.")
+_WRITE = re.compile(r"    Write (\S+) into (\S+) at (\S+)\.")
+_RETURN = re.compile(r"    Return (\S+)\.")
+_SHAPE = r"(\S+(?: by \S+)*)"
+_EXPRESSIONS: dict[str, tuple[re.Pattern[str], str]] = {
+    "input": (re.compile(r"the input (token|tokens|position|positions) (\S+(?:, \S+)*)"),
+              "the input token 1 / the input positions 1, 2, 3"),
+    "hidden": (re.compile(rf"the input hidden state of {_SHAPE}"), "the input hidden state of 1 by 64"),
+    "embedding": (re.compile(r"the embedding of (\S+)"), "the embedding of token"),
+    "head": (re.compile(r"the head of (\S+)"), "the head of x2"),
+    "weight": (re.compile(rf'the weight "([^"]*)" of {_SHAPE}(?:, split by (\S+) over the chips)?'),
+               'the weight "model.norm.weight" of 64'),
+    "cache": (re.compile(r"the (key|value) cache of layer (\S+), with (.+?)(?:, split by (\S+) over the chips)?"),
+              "the key cache of layer 0, with 2 heads by 64 positions by 16 numbers"),
+    "rows": (re.compile(r"the rows of (\S+) at (\S+)"), "the rows of table at token"),
+    "RMS": (re.compile(r"the RMS norm of (\S+) with (\S+)"), "the RMS norm of x with attention_norm"),
+    "attention": (re.compile(r"the attention of (\S+) over (\S+) and (\S+?)(?: up to (\S+)|(, with no history))"),
+                  "the attention of turned_query over keys and values up to position"),
+    "SiLU": (re.compile(r"the SiLU of (\S+)"), "the SiLU of gate"),
+    "arg-max": (re.compile(r"the arg-max of (\S+)"), "the arg-max of logits"),
+    "sum": (re.compile(r"the sum over the chips of (\S+)"), "the sum over the chips of projected_part"),
+    "layer": (re.compile(r"layer (\S+) of (\S+) at (\S+)"), "layer 0 of x0 at position"),
+    "row": (re.compile(r"row (\S+) of (\S+)"), "row 4 of x"),
+    "applied": (re.compile(r"(\S+) applied to (\S+)"), "query_weight applied to normed"),
+    "rotated": (re.compile(r"(\S+) rotated to (\S+)"), "query rotated to position"),
+    "plus": (re.compile(r"(\S+) plus (\S+)"), "x plus projected"),
+    "times": (re.compile(r"(\S+) times (\S+)"), "activated times up"),
+}
+_LAYOUT = re.compile(r"(?:(\S+) sequences? by )?(\S+) heads? by (\S+) positions? by (\S+) numbers?")
+
+
+def _expression_kind(expr: str) -> str | None:
+    words = expr.split(" ", 3)
+    if words[0] == "the" and len(words) > 1:
+        if words[1] == "input":
+            return "hidden" if expr.startswith("the input hidden") else "input"
+        if words[1] in ("key", "value"):
+            return "cache"
+        return words[1] if words[1] in _EXPRESSIONS else None
+    if words[0] in ("layer", "row"):
+        return words[0]
+    if len(words) >= 3 and words[1] in ("applied", "rotated", "plus", "times"):
+        return words[1]
+    return None
+
+
+class _Scope:
+    """The names of one section and the builder its statements go into."""
+
+    def __init__(self, reader: _Reader, build: SectionBuilder):
+        self.reader, self.src, self.build, self.spec = reader, reader.src, build, reader.spec
+        self.names: dict[str, SSAValue] = {}
+        self.line: _Line = _Line(0, "")
+        self.offset = 0  # column (from 0) where the current expression starts
+
+    # -- entry points -----------------------------------------------------------------------------------------
+
+    def statement(self, line: _Line) -> None:
+        self.line = line
+        if line.text.startswith(INDENT + "Write "):
+            return self._write(line)
+        match = _LET.fullmatch(line.text)
+        if not match:
+            if not line.text.endswith("."):
+                raise self.src.error(line.number, len(line.text) + 1, "a statement ends with a period")
+            raise self.src.error(line.number, 5, "expected 'Let <name> be <expression>.', 'Write ...' or 'Return ...'")
+        name = self.reader._new_name(line, match[1], match.start(1) + 1)
+        if name in self.names:
+            raise self.src.error(line.number, match.start(1) + 1, f"'{name}' is already defined in this section",
+                                 "each name is given once (LOGOS values are never reassigned)")
+        self.offset = match.start(2)
+        value = self._expression(name, match[2])
+        self.names[name] = value
+        self._check_canonical(value.owner)  # type: ignore[arg-type]
+
+    def return_(self, line: _Line) -> func.FuncOp:
+        self.line = line
+        match = _RETURN.fullmatch(line.text)
+        if not match:
+            raise self.src.error(line.number, 5, "expected 'Return <name>.'")
+        value = self._use(match[1], match.start(1))
+        function = self.build.ret(value)
+        self._verify(function.body.block.last_op)  # type: ignore[arg-type]
+        return function
+
+    # -- expressions ------------------------------------------------------------------------------------------
+
+    def _expression(self, name: str, expr: str) -> SSAValue:
+        kind = _expression_kind(expr)
+        if kind is None:
+            raise self._here(0, f"unknown expression '{expr}'", "see docs/logos.md for the sentences LOGOS has")
+        pattern, usage = _EXPRESSIONS[kind]
+        match = pattern.fullmatch(expr)
+        if not match:
+            raise self._here(0, f"malformed '{kind}' expression", f"write e.g. '{usage}'")
+        value = getattr(self, "_" + kind.replace("-", "_"))(name, match)
+        self._verify(value.owner)  # type: ignore[arg-type]
+        return value
+
+    def _input(self, name: str, m: re.Match[str]) -> SSAValue:
+        noun = m[1].rstrip("s")
+        items = m[2].split(", ")
+        values, column = [], m.start(2)
+        for item in items:
+            values.append(self._int(item, column))
+            column += len(item) + 2
+        limit = self.spec.vocab if noun == "token" else (self.reader.cut.ctx or 1)
+        for value in values:
+            if not 1 <= value <= limit:
+                what = "the vocabulary" if noun == "token" else "the cache"
+                raise self._here(m.start(2), f"{noun} {value} is outside {what} ({noun}s 1 to {limit}, from 1)")
+        if len(values) != self.reader.rows:
+            raise self._here(m.start(2), f"{len(values)} {noun}(s), but a {self.reader.cut} has {self.reader.rows} row(s)")
+        return self.build.input(name, noun, values)
+
+    def _hidden(self, name: str, m: re.Match[str]) -> SSAValue:
+        shape = self._shape(m[1], m.start(1))
+        expected = (self.reader.rows, self.spec.hidden)
+        if shape != expected:
+            raise self._here(m.start(1), f"a hidden state here is {expected[0]} by {expected[1]}, not {_by(shape)}")
+        return self.build.hidden_input(name, *shape)
+
+    def _weight(self, name: str, m: re.Match[str]) -> SSAValue:
+        tensor, shape = m[1], self._shape(m[2], m.start(2))
+        expected = self.reader.expected(tensor)
+        if expected is None:
+            raise self._here(m.start(1) - 1, f"unknown weight \"{tensor}\": the model has no such tensor",
+                             "weights are named by their Hugging Face tensor names")
+        if shape != expected:
+            raise self._here(m.start(2), f"weight \"{tensor}\" is {_by(expected)} in this model, not {_by(shape)}")
+        split = m[3]
+        if split is not None:
+            self._check_split(split, ("rows", "columns"), m.start(3))
+            axis = 0 if split == "rows" else len(shape) - 1
+            if shape[axis] % (self.reader.chips or 1):
+                raise self._here(m.start(3), f"the {split} of \"{tensor}\" ({shape[axis]}) do not divide over "
+                                 f"{self.reader.chips} chips")
+        return self.build.weight(name, tensor, shape, split)
+
+    def _cache(self, name: str, m: re.Match[str]) -> SSAValue:
+        layer = self._int(m[2], m.start(2))
+        if self.build.sym != f"layer_{layer}":
+            raise self._here(m.start(2), f"the cache of layer {layer} is declared outside that layer's section")
+        layout = _LAYOUT.fullmatch(m[3])
+        if not layout:
+            raise self._here(m.start(3), "malformed cache layout",
+                             "write e.g. '2 heads by 64 positions by 16 numbers' (a batch: '4 sequences by ...')")
+        shape = tuple(self._int(layout[i], m.start(3) + layout.start(i)) for i in range(1, 5) if layout[i] is not None)
+        expected = self._cache_shape()
+        if shape != expected:
+            raise self._here(m.start(3), f"a {self.reader.cut} has caches of {_by(expected)}, not {_by(shape)}")
+        split = m[4]
+        if split is not None:
+            self._check_split(split, ("heads",), m.start(4))
+        return self.build.cache(name, m[1], layer, shape, split is not None)
+
+    def _cache_shape(self) -> tuple[int, ...]:
+        spec, cut = self.spec, self.reader.cut
+        shape = (spec.kv_heads, cut.ctx or 1, spec.head_dim)
+        return (self.reader.rows, *shape) if cut.kind.startswith("batch") else shape
+
+    def _check_split(self, split: str, allowed: tuple[str, ...], start: int) -> None:
+        if self.reader.chips is None:
+            raise self._here(start, "a split, but the program runs on no chips",
+                             "add the fact 'The program runs on N chips.'")
+        if split not in allowed:
+            raise self._here(start, f"cannot split by '{split}' here", f"split by {' or '.join(allowed)}")
+
+    def _embedding(self, name: str, m: re.Match[str]) -> SSAValue:
+        return self._call(name, "embedding", [(m[1], m.start(1))], m.start(0))
+
+    def _head(self, name: str, m: re.Match[str]) -> SSAValue:
+        return self._call(name, "head", [(m[1], m.start(1))], m.start(0))
+
+    def _layer(self, name: str, m: re.Match[str]) -> SSAValue:
+        layer = self._int(m[1], m.start(1))
+        return self._call(name, f"layer_{layer}", [(m[2], m.start(2)), (m[3], m.start(3))], m.start(1))
+
+    def _call(self, name: str, callee: str, args: list[tuple[str, int]], start: int) -> SSAValue:
+        if self.build.sym != "main":
+            raise self._here(start, "sections are called from '## Main' only")
+        function = self.reader.functions.get(callee)
+        if function is None:
+            raise self._here(start, f"no section defines {_sym_title(callee)}",
+                             f"add a section '## {_sym_title(callee).removeprefix('the ').capitalize()} ...'")
+        values = [self._use(arg, column) for arg, column in args]
+        for index, (value, expected) in enumerate(zip(values, function.function_type.inputs)):
+            if value.type != expected:
+                raise self._here(args[index][1], f"{_sym_title(callee)} takes {_type_text(expected)} here, "
+                                 f"but '{args[index][0]}' is {_type_text(value.type)}")
+        return self.build.call(name, callee, values, function.function_type.outputs.data[0])
+
+    def _rows(self, name: str, m: re.Match[str]) -> SSAValue:
+        table, tokens = self._tensor(m[1], m.start(1)), self._ids(m[2], m.start(2))
+        return self.build.embed(name, table, tokens)
+
+    def _RMS(self, name: str, m: re.Match[str]) -> SSAValue:
+        return self.build.rms_norm(name, self._tensor(m[1], m.start(1)), self._tensor(m[2], m.start(2)))
+
+    def _attention(self, name: str, m: re.Match[str]) -> SSAValue:
+        query = self._tensor(m[1], m.start(1))
+        if m[5] is not None:
+            return self.build.self_attention(name, query, self._tensor(m[2], m.start(2)), self._tensor(m[3], m.start(3)))
+        keys, values = self._cache_value(m[2], m.start(2)), self._cache_value(m[3], m.start(3))
+        return self.build.attention(name, query, keys, values, self._ids(m[4], m.start(4)))
+
+    def _SiLU(self, name: str, m: re.Match[str]) -> SSAValue:
+        return self.build.silu(name, self._tensor(m[1], m.start(1)))
+
+    def _arg_max(self, name: str, m: re.Match[str]) -> SSAValue:
+        return self.build.argmax(name, self._tensor(m[1], m.start(1)))
+
+    def _sum(self, name: str, m: re.Match[str]) -> SSAValue:
+        if self.reader.chips is None:
+            raise self._here(0, "a sum over the chips, but the program runs on no chips",
+                             "add the fact 'The program runs on N chips.'")
+        return self.build.all_reduce(name, self._tensor(m[1], m.start(1)))
+
+    def _row(self, name: str, m: re.Match[str]) -> SSAValue:
+        return self.build.row(name, self._tensor(m[2], m.start(2)), self._int(m[1], m.start(1)))
+
+    def _applied(self, name: str, m: re.Match[str]) -> SSAValue:
+        return self.build.linear(name, self._tensor(m[1], m.start(1)), self._tensor(m[2], m.start(2)))
+
+    def _rotated(self, name: str, m: re.Match[str]) -> SSAValue:
+        return self.build.rope(name, self._tensor(m[1], m.start(1)), self._ids(m[2], m.start(2)))
+
+    def _plus(self, name: str, m: re.Match[str]) -> SSAValue:
+        return self.build.add(name, self._tensor(m[1], m.start(1)), self._tensor(m[2], m.start(2)))
+
+    def _times(self, name: str, m: re.Match[str]) -> SSAValue:
+        return self.build.mul(name, self._tensor(m[1], m.start(1)), self._tensor(m[2], m.start(2)))
+
+    def _write(self, line: _Line) -> None:
+        match = _WRITE.fullmatch(line.text)
+        if not match:
+            raise self.src.error(line.number, 5, "malformed 'Write' statement",
+                                 "write e.g. 'Write turned_key into keys at position.'")
+        self.offset = 0
+        x = self._tensor(match[1], match.start(1))
+        cache = self._cache_value(match[2], match.start(2))
+        positions = self._ids(match[3], match.start(3))
+        self.build.cache_write(x, cache, positions)
+        op = self.build.block.last_op
+        assert op is not None
+        self._verify(op)
+        self._check_canonical(op)
+
+    # -- names and values -------------------------------------------------------------------------------------
+
+    def _use(self, name: str, start: int) -> SSAValue:
+        value = self.names.get(name)
+        if value is None:
+            hint = None
+            if not NAME.fullmatch(name):
+                hint = "names are lowercase letters, digits and '_'"
+            raise self._here(start, f"'{name}' is not defined in this section", hint)
+        return value
+
+    def _tensor(self, name: str, start: int) -> SSAValue:
+        value = self._use(name, start)
+        if isinstance(value.type, MemRefType):
+            raise self._here(start, f"'{name}' is a cache; only attention reads it and 'Write' fills it")
+        if isinstance(value.type, TensorType) and value.type.element_type != f32:
+            raise self._here(start, f"'{name}' holds token ids or positions, not numbers")
+        return value
+
+    def _ids(self, name: str, start: int) -> SSAValue:
+        value = self._use(name, start)
+        if not isinstance(value.type, TensorType) or value.type.element_type != i64:
+            raise self._here(start, f"'{name}' is not token ids or positions")
+        return value
+
+    def _cache_value(self, name: str, start: int) -> SSAValue:
+        value = self._use(name, start)
+        if not isinstance(value.type, MemRefType):
+            raise self._here(start, f"'{name}' is not a cache")
+        return value
+
+    def _int(self, text: str, start: int) -> int:
+        return int(_number(self.src, self.line, text, self.offset + start + 1, int))
+
+    def _shape(self, text: str, start: int) -> tuple[int, ...]:
+        dims, column = [], start
+        for item in text.split(" by "):
+            dim = self._int(item, column)
+            if dim < 1:
+                raise self._here(column, f"a size must be at least 1, not {dim}")
+            dims.append(dim)
+            column += len(item) + 4
+        return tuple(dims)
+
+    # -- checks -----------------------------------------------------------------------------------------------
+
+    def _here(self, start: int, message: str, hint: str | None = None) -> ParseError:
+        return self.src.error(self.line.number, self.offset + start + 1, message, hint)
+
+    def _verify(self, op: Operation) -> None:
+        if isinstance(op, func.CallOp) or "grid" in op.properties:
+            # Symbol lookups need the finished program: `_call` and `_check_split` check these here, and the
+            # program's verification after parsing checks them again.
+            return
+        if not isinstance(op, logos.LogosOp):
+            return  # a func.return: the section's type is made from what it returns
+        try:
+            op.check_()
+        except VerifyException as error:
+            raise self._here(0, str(error).replace(f"'{op.name}' op ", f"{op.name}: ")) from None
+        except LogosError:
+            raise
+        except (CutError, ValueError, IndexError) as error:
+            raise self._here(0, f"{op.name}: {error}") from None
+
+    def _check_canonical(self, op: Operation) -> None:
+        canonical = INDENT + sentence(op, lambda v: v.name_hint or "")
+        if canonical != self.line.text:
+            raise self.src.error(self.line.number, 5, "this statement is not written the one LOGOS way",
+                                 f"write '{canonical.strip()}'")
+
+
+def _by(shape: tuple[int, ...]) -> str:
+    return " by ".join(str(d) for d in shape)
+
+
+def _type_text(kind: Attribute) -> str:
+    if isinstance(kind, TensorType | MemRefType):
+        noun = "ids" if kind.element_type == i64 else "numbers"
+        return f"{_by(tuple(kind.get_shape()))} {noun}"
+    return str(kind)

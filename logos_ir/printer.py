@@ -1,0 +1,214 @@
+"""The LOGOS printer: `logos` IR back to LOGOS text, one sentence an op.
+
+The printer is the only place that knows how each op reads as English; the author builds IR and prints it here, and
+the parser (`logos_ir.parser`) reads exactly these sentences back. For every program the author writes, parsing and
+printing gives the same bytes, so the identity (the SHA-256 of the text) is computable from IR at any stage.
+Values print by their name hints; the grammar is documented in `docs/logos.md`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from xdsl.dialects import func
+from xdsl.dialects.shard import AllReduceOp, GridOp
+from xdsl.ir import Operation, SSAValue
+
+from logos_ir.dialects import logos
+from logos_ir.errors import PassError
+from logos_ir.program import Cut
+from logos_ir.spec import ModelSpec
+
+INDENT = "    "
+
+
+def count(n: int, noun: str) -> str:
+    """`1 layer`, `2 layers`: a number and its noun, in the plural unless it is one."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def shape_text(shape: tuple[int, ...] | list[int]) -> str:
+    """`64 by 128`."""
+    return " by ".join(str(d) for d in shape)
+
+
+def number_list(values: tuple[int, ...] | list[int]) -> str:
+    return ", ".join(str(v) for v in values)
+
+
+def fact_lines(spec: ModelSpec, chips: int | None) -> list[str]:
+    """The model's facts, one sentence each, in their fixed order (the grammar's `facts`)."""
+    lines = [
+        f"The vocabulary has {count(spec.vocab, 'token')}.",
+        f"The hidden state has {count(spec.hidden, 'number')}.",
+        f"The model has {count(spec.layers, 'layer')}.",
+        f"Each layer has {count(spec.heads, 'attention head')} and {count(spec.kv_heads, 'key-value head')} "
+        f"of {count(spec.head_dim, 'number')}.",
+        f"The feed-forward network has {count(spec.intermediate, 'number')}.",
+        f"The RMS norm epsilon is {spec.rms_eps!r}.",
+        f"The rotary base is {spec.rope_theta!r}.",
+    ]
+    if spec.rope_scaling is not None:
+        s = spec.rope_scaling
+        lines.append(
+            f"The rotary frequencies are scaled as in Llama 3 by {s.factor!r}, with low frequency factor "
+            f"{s.low_freq_factor!r}, high frequency factor {s.high_freq_factor!r} and original context "
+            f"{s.original_max_position_embeddings}."
+        )
+    lines.append("The head reads the embedding table." if spec.tie_embeddings else "The head has its own table.")
+    if chips is not None:
+        lines.append(f"The program runs on {count(chips, 'chip')}.")
+    return lines
+
+
+class _Names:
+    """Names of values as LOGOS prints them: their name hints, or a deterministic stand-in for unnamed values."""
+
+    def __init__(self) -> None:
+        self._given: dict[SSAValue, str] = {}
+
+    def __call__(self, value: SSAValue) -> str:
+        if value.name_hint is not None:
+            return value.name_hint
+        if value not in self._given:
+            self._given[value] = f"value{len(self._given) + 1}"
+        return self._given[value]
+
+
+def print_program(program: logos.ProgramOp) -> str:
+    """The LOGOS text of a `logos.program`."""
+    cut = Cut.parse(program.cut.data)
+    grid = any(isinstance(op, GridOp) for op in program.body.block.ops)
+    chips = program.chips.value.data if grid else None
+    lines = [f"## Program: {cut}"]
+    lines += [INDENT + line for line in fact_lines(program.spec, chips)]
+    names = _Names()
+    for op in program.body.block.ops:
+        if isinstance(op, func.FuncOp):
+            lines.append("")
+            lines += _section(op, names)
+        elif not isinstance(op, GridOp):
+            raise PassError(f"LOGOS printer: '{op.name}' cannot stand at the top of a program")
+    return "\n".join(lines) + "\n"
+
+
+def section_header(function: func.FuncOp, names: Callable[[SSAValue], str]) -> str:
+    args = [names(a) for a in function.body.block.args]
+    sym = function.sym_name.data
+    if sym == "main" and not args:
+        return "## Main"
+    if sym == "embedding" and len(args) == 1:
+        return f"## Embedding of {args[0]}"
+    if sym == "head" and len(args) == 1:
+        return f"## Head of {args[0]}"
+    layer = _layer_index(sym)
+    if layer is not None and len(args) == 2:
+        return f"## Layer {layer} of {args[0]} at {args[1]}"
+    raise PassError(f"LOGOS printer: function @{sym} is not a LOGOS section")
+
+
+def _layer_index(sym: str) -> int | None:
+    prefix, _, number = sym.partition("_")
+    if prefix == "layer" and number.isdigit() and str(int(number)) == number:
+        return int(number)
+    return None
+
+
+def _section(function: func.FuncOp, names: _Names) -> list[str]:
+    lines = [section_header(function, names)]
+    for op in function.body.block.ops:
+        lines.append(INDENT + sentence(op, names))
+    return lines
+
+
+def sentence(op: Operation, names: Callable[[SSAValue], str]) -> str:
+    """The one sentence that `op` reads as."""
+    printer = _SENTENCES.get(type(op))
+    if printer is None:
+        raise PassError(f"LOGOS printer: '{op.name}' has no LOGOS sentence")
+    return printer(op, names)
+
+
+def _let(op: Operation, names: Callable[[SSAValue], str], expression: str) -> str:
+    return f"Let {names(op.results[0])} be {expression}."
+
+
+def _input(op: logos.InputOp, n: Callable[[SSAValue], str]) -> str:
+    kind = op.kind.data
+    if kind == "hidden":
+        return _let(op, n, f"the input hidden state of {shape_text(logos.tensor_shape(op.result))}")
+    values = logos.int_values(op.values) if op.values is not None else ()
+    noun = kind if len(values) == 1 else kind + "s"
+    return _let(op, n, f"the input {noun} {number_list(values)}")
+
+
+def _split_clause(op: logos.WeightOp | logos.CacheOp) -> str:
+    return "" if op.split is None else f", split by {op.split.data} over the chips"
+
+
+def _weight(op: logos.WeightOp, n: Callable[[SSAValue], str]) -> str:
+    return _let(op, n, f'the weight "{op.tensor.data}" of {shape_text(op.full_shape)}{_split_clause(op)}')
+
+
+def _cache(op: logos.CacheOp, n: Callable[[SSAValue], str]) -> str:
+    full = op.full_shape
+    parts = [count(full[-3], "head"), count(full[-2], "position"), count(full[-1], "number")]
+    if len(full) == 4:
+        parts.insert(0, count(full[0], "sequence"))
+    layout = " by ".join(parts)
+    return _let(op, n, f"the {op.kind.data} cache of layer {op.layer.value.data}, with {layout}{_split_clause(op)}")
+
+
+def _call(op: func.CallOp, n: Callable[[SSAValue], str]) -> str:
+    callee = op.callee.root_reference.data
+    args = [n(a) for a in op.arguments]
+    if callee == "embedding" and len(args) == 1:
+        return _let(op, n, f"the embedding of {args[0]}")
+    if callee == "head" and len(args) == 1:
+        return _let(op, n, f"the head of {args[0]}")
+    layer = _layer_index(callee)
+    if layer is not None and len(args) == 2:
+        return _let(op, n, f"layer {layer} of {args[0]} at {args[1]}")
+    raise PassError(f"LOGOS printer: a call of @{callee} is not a LOGOS sentence")
+
+
+def _return(op: func.ReturnOp, n: Callable[[SSAValue], str]) -> str:
+    if len(op.arguments) != 1:
+        raise PassError("LOGOS printer: a section returns exactly one value")
+    return f"Return {n(op.arguments[0])}."
+
+
+def _write(op: logos.CacheWriteOp, n: Callable[[SSAValue], str]) -> str:
+    return f"Write {n(op.input)} into {n(op.cache)} at {n(op.positions)}."
+
+
+def _attention(op: logos.AttentionOp, n: Callable[[SSAValue], str]) -> str:
+    return _let(
+        op, n, f"the attention of {n(op.query)} over {n(op.keys)} and {n(op.values)} up to {n(op.positions)}"
+    )
+
+
+def _self_attention(op: logos.SelfAttentionOp, n: Callable[[SSAValue], str]) -> str:
+    return _let(op, n, f"the attention of {n(op.query)} over {n(op.key)} and {n(op.value)}, with no history")
+
+
+_SENTENCES: dict[type[Operation], Callable[..., str]] = {
+    logos.InputOp: _input,
+    logos.WeightOp: _weight,
+    logos.CacheOp: _cache,
+    func.CallOp: _call,
+    func.ReturnOp: _return,
+    logos.CacheWriteOp: _write,
+    logos.AttentionOp: _attention,
+    logos.SelfAttentionOp: _self_attention,
+    logos.EmbedOp: lambda op, n: _let(op, n, f"the rows of {n(op.table)} at {n(op.tokens)}"),
+    logos.RMSNormOp: lambda op, n: _let(op, n, f"the RMS norm of {n(op.input)} with {n(op.weight)}"),
+    logos.LinearOp: lambda op, n: _let(op, n, f"{n(op.weight)} applied to {n(op.input)}"),
+    logos.RopeOp: lambda op, n: _let(op, n, f"{n(op.input)} rotated to {n(op.positions)}"),
+    logos.AddOp: lambda op, n: _let(op, n, f"{n(op.lhs)} plus {n(op.rhs)}"),
+    logos.MulOp: lambda op, n: _let(op, n, f"{n(op.lhs)} times {n(op.rhs)}"),
+    logos.SiluOp: lambda op, n: _let(op, n, f"the SiLU of {n(op.input)}"),
+    logos.RowOp: lambda op, n: _let(op, n, f"row {op.index.value.data} of {n(op.input)}"),
+    logos.ArgmaxOp: lambda op, n: _let(op, n, f"the arg-max of {n(op.input)}"),
+    AllReduceOp: lambda op, n: _let(op, n, f"the sum over the chips of {n(op.input)}"),
+}

@@ -1,0 +1,269 @@
+"""The model specification: the sizes of a Llama-family transformer, validated once, on construction.
+
+A `ModelSpec` is everything the author needs to write a model's program besides the weights themselves. It is built
+from a preset (`ModelSpec.preset("llama-3.1-8b")`), from a Hugging Face `config.json` (`ModelSpec.from_hf_config`), or
+from GGUF metadata (`logos_ir.weights`). It is frozen and hashable, so it can key caches of authored programs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from logos_ir.errors import SpecError
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1/3.2 RoPE frequency scaling (`rope_type: llama3`)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+    rope_type: str = "llama3"
+
+    def __post_init__(self) -> None:
+        if self.rope_type != "llama3":
+            raise SpecError(f"rope scaling of type '{self.rope_type}' is not supported (only 'llama3')")
+        for name in ("factor", "low_freq_factor", "high_freq_factor"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise SpecError(f"rope scaling {name} must be a positive number, not {value!r}")
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise SpecError("rope scaling high_freq_factor must be greater than low_freq_factor")
+        if not (isinstance(self.original_max_position_embeddings, int) and self.original_max_position_embeddings >= 1):
+            raise SpecError("rope scaling original_max_position_embeddings must be a positive integer")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The sizes of a Llama-family decoder-only transformer."""
+
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    rms_eps: float
+    rope_theta: float
+    tie_embeddings: bool
+    rope_scaling: RopeScaling | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab", "hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise SpecError(f"model size '{name}' must be an integer, not {value!r}")
+            if value < 1:
+                raise SpecError(f"model size '{name}' must be at least 1, not {value}")
+        if self.heads % self.kv_heads:
+            raise SpecError(
+                f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads}) for grouped-query attention"
+            )
+        if self.head_dim % 2:
+            raise SpecError(f"head_dim ({self.head_dim}) must be even for rotary position embeddings")
+        for name in ("rms_eps", "rope_theta"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise SpecError(f"'{name}' must be a positive number, not {value!r}")
+        if not isinstance(self.tie_embeddings, bool):
+            raise SpecError(f"'tie_embeddings' must be true or false, not {self.tie_embeddings!r}")
+        # Floats are kept as floats so that printing them is one rule (`repr`) everywhere.
+        object.__setattr__(self, "rms_eps", float(self.rms_eps))
+        object.__setattr__(self, "rope_theta", float(self.rope_theta))
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the query projection: heads x head_dim."""
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the key and value projections: kv_heads x head_dim."""
+        return self.kv_heads * self.head_dim
+
+    def check_layer(self, layer: int) -> None:
+        """Refuse a layer index (from 0) the model does not have."""
+        if not 0 <= layer < self.layers:
+            raise SpecError(f"layer {layer} does not exist: the model has layers 0 to {self.layers - 1}")
+
+    def splits_over(self, tp: int) -> str | None:
+        """None when the model splits over `tp` chips, else the name of the first width that does not divide."""
+        for name in ("heads", "kv_heads", "intermediate"):
+            if getattr(self, name) % tp:
+                return name
+        return None
+
+    # -- construction -------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def presets() -> list[str]:
+        """The names of the built-in published configurations."""
+        return sorted(_PRESETS)
+
+    @staticmethod
+    def preset(name: str) -> ModelSpec:
+        """A built-in configuration by name (see `presets()`)."""
+        try:
+            return _PRESETS[name]
+        except KeyError:
+            raise SpecError(
+                f"unknown model preset '{name}'", hint=f"known presets: {', '.join(ModelSpec.presets())}"
+            ) from None
+
+    @staticmethod
+    def from_hf_config(source: str | Path | Mapping[str, Any]) -> ModelSpec:
+        """The spec of a Hugging Face `config.json` of the Llama family: a path to the file or to its folder, or the
+        parsed mapping. Reads rope settings both at the top level and under `rope_parameters`."""
+        config, where = _load_config(source)
+        return _spec_from_config(config, where)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as plain data (for JSON reports and manifests)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "rope_scaling"}
+        out["rope_scaling"] = None if self.rope_scaling is None else dict(vars(self.rope_scaling))
+        return out
+
+
+def _load_config(source: str | Path | Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
+    if isinstance(source, Mapping):
+        return source, "config"
+    path = Path(source)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise SpecError(f"{path}: cannot read: {error}") from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise SpecError(f"{path}:{error.lineno}:{error.colno}: error: invalid JSON: {error.msg}") from None
+    except RecursionError:
+        raise SpecError(f"{path}: invalid JSON: nested too deeply") from None
+    if not isinstance(config, dict):
+        raise SpecError(f"{path}: a config.json must hold a JSON object, not {type(config).__name__}")
+    return config, str(path)
+
+
+def _field(config: Mapping[str, Any], where: str, key: str, kind: type | tuple[type, ...], default: Any = None) -> Any:
+    if key not in config or config[key] is None:
+        if default is not None:
+            return default
+        raise SpecError(f"{where}: required field '{key}' is missing")
+    value = config[key]
+    if isinstance(value, bool) and kind is not bool:
+        raise SpecError(f"{where}: field '{key}' must be a number, not {value!r}")
+    if not isinstance(value, kind):
+        raise SpecError(f"{where}: field '{key}' has the wrong type: {value!r}")
+    return value
+
+
+def _rope_settings(config: Mapping[str, Any], where: str) -> tuple[float, RopeScaling | None]:
+    """rope_theta and rope_scaling, either at the top level (older files) or under `rope_parameters` (newer)."""
+    params = config.get("rope_parameters")
+    if params is not None and not isinstance(params, dict):
+        raise SpecError(f"{where}: field 'rope_parameters' must be an object")
+    if params:
+        theta = _field(params, where + " rope_parameters", "rope_theta", (int, float))
+        scaling = params if params.get("rope_type", "default") != "default" else None
+    else:
+        theta = _field(config, where, "rope_theta", (int, float), default=10000.0)
+        scaling = config.get("rope_scaling")
+    if scaling is None:
+        return float(theta), None
+    if not isinstance(scaling, dict):
+        raise SpecError(f"{where}: field 'rope_scaling' must be an object")
+    rope_type = scaling.get("rope_type", scaling.get("type"))
+    if rope_type in (None, "default"):
+        return float(theta), None
+    if rope_type != "llama3":
+        raise SpecError(f"{where}: rope scaling of type '{rope_type}' is not supported (only 'llama3')")
+    sub = where + " rope scaling"
+    return float(theta), RopeScaling(
+        factor=float(_field(scaling, sub, "factor", (int, float))),
+        low_freq_factor=float(_field(scaling, sub, "low_freq_factor", (int, float))),
+        high_freq_factor=float(_field(scaling, sub, "high_freq_factor", (int, float))),
+        original_max_position_embeddings=_field(scaling, sub, "original_max_position_embeddings", int),
+    )
+
+
+def _spec_from_config(config: Mapping[str, Any], where: str) -> ModelSpec:
+    model_type = config.get("model_type")
+    if model_type is None:
+        raise SpecError(f"{where}: required field 'model_type' is missing")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise SpecError(
+            f"{where}: model_type '{model_type}' is not supported",
+            hint=f"logos-ir writes programs for the Llama family: {', '.join(SUPPORTED_MODEL_TYPES)}",
+        )
+    hidden = _field(config, where, "hidden_size", int)
+    heads = _field(config, where, "num_attention_heads", int)
+    if heads < 1:
+        raise SpecError(f"{where}: field 'num_attention_heads' must be at least 1, not {heads}")
+    head_dim = config.get("head_dim")
+    if head_dim is None:
+        if hidden % heads:
+            raise SpecError(f"{where}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
+        head_dim = hidden // heads
+    head_dim = _field({"head_dim": head_dim}, where, "head_dim", int)
+    theta, scaling = _rope_settings(config, where)
+    return ModelSpec(
+        vocab=_field(config, where, "vocab_size", int),
+        hidden=hidden,
+        layers=_field(config, where, "num_hidden_layers", int),
+        heads=heads,
+        kv_heads=_field(config, where, "num_key_value_heads", int, default=heads),
+        head_dim=head_dim,
+        intermediate=_field(config, where, "intermediate_size", int),
+        rms_eps=float(_field(config, where, "rms_norm_eps", (int, float))),
+        rope_theta=theta,
+        tie_embeddings=bool(_field(config, where, "tie_word_embeddings", bool, default=False)),
+        rope_scaling=scaling,
+    )
+
+
+_LLAMA3_SCALING = RopeScaling(
+    factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
+)
+
+_PRESETS: dict[str, ModelSpec] = {
+    # Small enough to run anywhere; GQA with 2 KV heads so tp 2 splits it (tests use `tiny-tp8` for wider splits).
+    "tiny": ModelSpec(
+        vocab=256, hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=128,
+        rms_eps=1e-5, rope_theta=10000.0, tie_embeddings=False,
+    ),
+    # A tiny GQA model that splits over 2, 4 and 8 chips.
+    "tiny-tp8": ModelSpec(
+        vocab=256, hidden=64, layers=2, heads=16, kv_heads=8, head_dim=8, intermediate=128,
+        rms_eps=1e-5, rope_theta=10000.0, tie_embeddings=False,
+    ),
+    "smollm2-135m": ModelSpec(
+        vocab=49152, hidden=576, layers=30, heads=9, kv_heads=3, head_dim=64, intermediate=1536,
+        rms_eps=1e-5, rope_theta=100000.0, tie_embeddings=True,
+    ),
+    "llama-3.2-1b": ModelSpec(
+        vocab=128256, hidden=2048, layers=16, heads=32, kv_heads=8, head_dim=64, intermediate=8192,
+        rms_eps=1e-5, rope_theta=500000.0, tie_embeddings=True,
+        rope_scaling=RopeScaling(32.0, 1.0, 4.0, 8192),
+    ),
+    "llama-3.1-8b": ModelSpec(
+        vocab=128256, hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, intermediate=14336,
+        rms_eps=1e-5, rope_theta=500000.0, tie_embeddings=False, rope_scaling=_LLAMA3_SCALING,
+    ),
+    "llama-3.1-70b": ModelSpec(
+        vocab=128256, hidden=8192, layers=80, heads=64, kv_heads=8, head_dim=128, intermediate=28672,
+        rms_eps=1e-5, rope_theta=500000.0, tie_embeddings=False, rope_scaling=_LLAMA3_SCALING,
+    ),
+}

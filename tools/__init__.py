@@ -1,0 +1,1 @@
+"""The command-line drivers of logos-ir (installed as `logos_ir.tools`)."""
