@@ -47,19 +47,23 @@ class _Section:
 class _Source:
     """The text being parsed, for diagnostics."""
 
-    def __init__(self, text: str, filename: str):
+    def __init__(self, text: str, filename: str, line_offset: int = 0):
         self.filename = filename
         self.lines = text.split("\n")
+        self.line_offset = line_offset
 
     def error(self, line: int, column: int, message: str, hint: str | None = None) -> ParseError:
         text = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
-        return ParseError(message, SourceLocation(self.filename, line, max(column, 1), text), hint)
+        where = SourceLocation(self.filename, line + self.line_offset, max(column, 1), text)
+        return ParseError(message, where, hint)
 
 
-def parse_program(source: str | bytes, filename: str = "<logos>") -> logos.ProgramOp:
-    """Parse LOGOS text into a verified `logos.program`, its digest the SHA-256 of the text."""
+def parse_program(source: str | bytes, filename: str = "<logos>", line_offset: int = 0) -> logos.ProgramOp:
+    """Parse LOGOS text into a `logos.program`, its digest the SHA-256 of the text. Each op is checked as it is
+    read; the program as a whole verifies (`program.verify()`). `line_offset` is added to reported line numbers
+    (for a chunk of a larger file)."""
     text = _decode(source, filename)
-    src = _Source(text, filename)
+    src = _Source(text, filename, line_offset)
     lines = _check_layout(src, text)
     cut, facts_end = _read_header(src, lines)
     spec, chips = _read_facts(src, lines, facts_end)
@@ -402,9 +406,10 @@ class _Reader:
 
 
 def _sym_title(sym: str) -> str:
+    """How diagnostics name a section: 'layer 3', 'the embedding', 'the main section'."""
     if sym.startswith("layer_"):
         return f"layer {sym[6:]}"
-    return f"the {sym}"
+    return "the main section" if sym == "main" else f"the {sym}"
 
 
 def _stub_function(sym: str, build: SectionBuilder) -> func.FuncOp:
@@ -527,6 +532,8 @@ class _Scope:
         self.line = line
         match = _RETURN.fullmatch(line.text)
         if not match:
+            if not line.text.endswith("."):
+                raise self.src.error(line.number, len(line.text) + 1, "a statement ends with a period")
             raise self.src.error(line.number, 5, "expected 'Return <name>.'")
         value = self._use(match[1], match.start(1))
         function = self.build.ret(value)

@@ -1,0 +1,54 @@
+"""What every logos-ir command-line tool shares: how it reports errors and exits.
+
+A user's mistake (a `LogosError`, or xDSL's own parse and verify diagnostics) prints one clear message and exits 1;
+a usage mistake exits 2 (argparse's convention); anything else is a bug in logos-ir, reported in one line as an
+internal error (exit 70) with a request to rerun with `--debug`, which shows the traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+USER_ERROR = 1
+USAGE_ERROR = 2
+INTERNAL_ERROR = 70
+
+
+def run_tool(tool: str, body: Callable[[], int | None], argv: list[str] | None = None) -> int:
+    """Run a tool's `body`, turning errors into messages and exit codes. `--debug` lets tracebacks through."""
+    from xdsl.utils.exceptions import DiagnosticException, ParseError, VerifyException
+
+    from logos_ir.errors import LogosError
+
+    debug = "--debug" in (sys.argv[1:] if argv is None else argv)
+    try:
+        return body() or 0
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        print(f"{tool}: interrupted", file=sys.stderr)
+        return 130
+    except LogosError as error:
+        if debug:
+            raise
+        print(str(error) if error.location else f"{tool}: {error}", file=sys.stderr)
+        return USER_ERROR
+    except VerifyException as error:
+        if debug:
+            raise
+        print(f"{tool}: error: {error}", file=sys.stderr)
+        return USER_ERROR
+    except (ParseError, DiagnosticException) as error:  # these carry their own location
+        if debug:
+            raise
+        print(str(error), file=sys.stderr)
+        return USER_ERROR
+    except BrokenPipeError:
+        return USER_ERROR
+    except Exception as error:  # a bug in logos-ir, not the user's input
+        if debug:
+            raise
+        print(f"{tool}: internal error: {type(error).__name__}: {error} (rerun with --debug for a traceback)",
+              file=sys.stderr)
+        return INTERNAL_ERROR

@@ -1,0 +1,182 @@
+"""`logos-opt`: logos-ir's modular optimizer driver, as `mlir-opt` and `xdsl-opt` are.
+
+It is xDSL's `xDSLOptMain` with the project's dialects, passes, named pipelines and targets registered (see
+`logos_ir.registry`), a `.logos` frontend (LOGOS text, `-f logos` for standard input) and a `logos` target that
+prints LOGOS text. Everything `xdsl-opt` users know keeps working: `-p` pipelines with options, `-t`, `-o`,
+`--split-input-file`, `--verify-diagnostics`, `--print-op-generic`, `--print-between-passes` (alias
+`--print-ir-after-all`). A named pipeline in `-p` (`logos-middle-end{cut="decode_layer layer=3 ctx=128" tp=2}`)
+expands into its passes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Sequence
+from typing import IO, ClassVar
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.utils.exceptions import DiagnosticException
+from xdsl.utils.target import Target
+from xdsl.xdsl_opt_main import xDSLOptMain
+
+from logos_ir import registry
+from logos_ir.cli import USAGE_ERROR, run_tool
+from logos_ir.errors import LogosError
+
+
+@dataclasses.dataclass(frozen=True)
+class LogosTarget(Target):
+    """Prints each `logos.program` in the module as its LOGOS text."""
+
+    name: ClassVar[str] = "logos"
+
+    def emit(self, ctx: Context, module: ModuleOp, output: IO[str]) -> None:
+        from logos_ir.identity import programs
+        from logos_ir.printer import print_program
+
+        found = programs(module)
+        if not found:
+            raise DiagnosticException("logos target: the module holds no logos.program")
+        output.write("\n".join(print_program(p) for p in found))
+
+
+class LogosOptMain(xDSLOptMain):
+    version_format = "logos-opt (logos-ir) built on xdsl version {xdsl_version}"
+
+    def register_all_dialects(self) -> None:
+        super().register_all_dialects()
+        for name, factory in registry.dialects().items():
+            self.ctx.register_dialect(name, factory)
+
+    def register_all_frontends(self) -> None:
+        super().register_all_frontends()
+        self.available_frontends["logos"] = self._parse_logos
+
+    def _parse_logos(self, stream: IO[bytes], line_offset: int = 0) -> ModuleOp | None:
+        from logos_ir.parser import parse_program
+
+        data, skipped = skip_preamble(stream.read())
+        if not data and self.args.split_input_file and skipped:
+            return None  # a chunk of only `//` lines: a lit test's RUN and CHECK lines
+        return ModuleOp([parse_program(data, self.get_input_name(), line_offset=line_offset + skipped)])
+
+    def parse_chunk(  # type: ignore[override]
+        self, chunk: IO[bytes], file_extension: str, start_offset: int = 0
+    ) -> ModuleOp | None:
+        try:
+            if file_extension == "logos":
+                return self._parse_logos(chunk, start_offset)
+            return super().parse_chunk(chunk, file_extension, start_offset)
+        except LogosError as error:
+            raise DiagnosticException(str(error)) from None
+
+    def apply_passes(self, prog: ModuleOp) -> None:
+        try:
+            super().apply_passes(prog)
+            if self.args.verify_identity:
+                from logos_ir.identity import check, programs
+
+                for program in programs(prog):
+                    check(program)
+        except LogosError as error:
+            raise DiagnosticException(str(error)) from None
+
+    def register_all_passes(self) -> None:
+        super().register_all_passes()
+        for name, factory in registry.passes().items():
+            self.register_pass(name, factory)
+
+    def register_all_targets(self) -> None:
+        super().register_all_targets()
+        self.available_targets["logos"] = lambda: LogosTarget
+
+    def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
+        super().register_all_arguments(arg_parser)
+        arg_parser.add_argument("--print-ir-after-all", action="store_true",
+                                help="alias of --print-between-passes")
+        arg_parser.add_argument("--verify-identity", action="store_true",
+                                help="after the passes, check that each program's recorded identity is the SHA-256 "
+                                "of its own LOGOS print")
+        arg_parser.add_argument("--debug", action="store_true", help="show Python tracebacks of internal errors")
+        arg_parser.formatter_class = argparse.RawDescriptionHelpFormatter
+        arg_parser.epilog = self._listing()
+
+    def _listing(self) -> str:
+        ours = registry.passes()
+        lines = ["logos-ir passes:"]
+        lines += [f"  {name}" for name in ours]
+        lines.append("logos-ir pipelines:")
+        for pipeline in registry.pipelines().values():
+            options = " ".join(f"{o}=..." for o in pipeline.options)
+            lines.append(f"  {pipeline.name}{{{options}}}: {pipeline.description}")
+        lines.append("targets: " + ", ".join(sorted(self.available_targets)))
+        others = sorted(set(self.available_passes) - set(ours))
+        lines.append(f"xDSL passes ({len(others)}): " + ", ".join(others))
+        return "\n".join(lines)
+
+    def setup_pipeline(self) -> None:
+        if self.args.print_ir_after_all:
+            self.args.print_between_passes = True
+        self.args.passes = expand_pipelines(self.args.passes)
+        super().setup_pipeline()
+
+
+def skip_preamble(data: bytes) -> tuple[bytes, int]:
+    """LOGOS has no comments; a lit test's `//` lines (and the blank lines `--split-input-file` leaves) before the
+    program are skipped here, in the driver, so the program's text, and so its digest, stays exactly the program."""
+    skipped = 0
+    while data.startswith((b"\n", b"//")):
+        end = data.find(b"\n")
+        data = b"" if end < 0 else data[end + 1:]
+        skipped += 1
+    return data, skipped
+
+
+def expand_pipelines(spec: str) -> str:
+    """`-p` with each named pipeline replaced by the passes it runs."""
+    from xdsl.utils.arg_spec import parse_pipeline
+
+    if not spec:
+        return spec
+    named = registry.pipelines()
+    out: list[str] = []
+    for item in parse_pipeline(spec):
+        pipeline = named.get(item.name)
+        if pipeline is None:
+            out.append(str(item))
+            continue
+        unknown = set(item.parameters) - set(pipeline.options)
+        if unknown:
+            raise ValueError(f"pipeline {item.name} has no option {', '.join(sorted(unknown))}")
+        options = {key: _option_text(values) for key, values in item.parameters.items()}
+        out += pipeline.stages(options)
+    return ",".join(out)
+
+
+def _option_text(values: Sequence[object]) -> str:
+    value = values[0] if len(values) == 1 else values
+    if isinstance(value, str):
+        return '"' + value.replace('"', '\\"') + '"'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    def body() -> int:
+        try:
+            tool = LogosOptMain(description="logos-ir modular optimizer driver", args=argv)
+        except ValueError as error:  # an unknown pass or a malformed pipeline
+            print(f"logos-opt: {error}", file=sys.stderr)
+            return USAGE_ERROR
+        tool.run()
+        return 0
+
+    return run_tool("logos-opt", body, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
