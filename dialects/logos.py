@@ -59,6 +59,7 @@ from xdsl.irdl import (
 from xdsl.traits import IsolatedFromAbove, NoTerminator, Pure, SymbolTable
 from xdsl.utils.exceptions import VerifyException
 
+from logos_ir.errors import SpecError
 from logos_ir.spec import ModelSpec, RopeScaling
 
 F32Tensor = TensorType[Float32Type]
@@ -195,8 +196,8 @@ def spec_from_attr(attr: DictionaryAttr) -> ModelSpec:
             tie_embeddings=bool(tie.value.data),
             rope_scaling=None if scaling is None else scaling_from_attr(scaling),
         )
-    except Exception as error:  # SpecError: report it as the verifier's
-        raise VerifyException(f"model attribute is not a valid spec: {error}") from None
+    except SpecError as error:  # report it as the verifier's
+        raise VerifyException(f"'logos.program' op has a model attribute that is not a valid spec: {error.message}") from None
 
 
 @irdl_op_definition
