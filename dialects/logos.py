@@ -22,6 +22,7 @@ logos.program cut "decode ctx=64" chips 1 digest "5a1e..." model {...} {
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import ClassVar, cast
 
 from xdsl.dialects import func
@@ -74,7 +75,13 @@ SPLITS = ("rows", "columns", "heads")
 
 def tensor_shape(value: SSAValue | Attribute) -> tuple[int, ...]:
     """The static shape of a tensor or memref value (or type)."""
-    kind = value.type if isinstance(value, SSAValue) else value
+    return _shape_of(value.type if isinstance(value, SSAValue) else value)
+
+
+# Attributes are immutable and hashable: unpacking each distinct one once keeps verifying and printing an 80-layer
+# program from redoing the same work thousands of times.
+@lru_cache(maxsize=8192)
+def _shape_of(kind: Attribute) -> tuple[int, ...]:
     assert isinstance(kind, TensorType | MemRefType)
     return tuple(kind.get_shape())
 
@@ -83,6 +90,7 @@ def i64_array(values: Sequence[int]) -> DenseArrayBase:
     return DenseArrayBase.from_list(i64, list(values))
 
 
+@lru_cache(maxsize=8192)
 def int_values(attr: DenseArrayBase) -> tuple[int, ...]:
     return cast(tuple[int, ...], attr.get_values())
 
@@ -139,6 +147,7 @@ def model_attr(spec: ModelSpec) -> DictionaryAttr:
     return DictionaryAttr(entries)
 
 
+@lru_cache(maxsize=64)
 def scaling_attr(scaling: RopeScaling) -> DictionaryAttr:
     return DictionaryAttr(
         {
