@@ -50,11 +50,11 @@ from xdsl.irdl import (
     VarConstraint,
     base,
     irdl_op_definition,
+    operand_def,
     opt_prop_def,
     prop_def,
     region_def,
     result_def,
-    operand_def,
     traits_def,
 )
 from xdsl.traits import IsolatedFromAbove, NoTerminator, Pure, SymbolTable
@@ -206,7 +206,9 @@ def spec_from_attr(attr: DictionaryAttr) -> ModelSpec:
             rope_scaling=None if scaling is None else scaling_from_attr(scaling),
         )
     except SpecError as error:  # report it as the verifier's
-        raise VerifyException(f"'logos.program' op has a model attribute that is not a valid spec: {error.message}") from None
+        raise VerifyException(
+            f"'logos.program' op has a model attribute that is not a valid spec: {error.message}"
+        ) from None
 
 
 @irdl_op_definition
@@ -329,8 +331,14 @@ class InputOp(LogosOp):
 class _Sharded:
     """Shared by weights and caches: the full shape, and optionally how chips split it over a grid."""
 
-    def split_share(self, op: Operation, full: tuple[int, ...], split: StringAttr | None,
-                    grid: FlatSymbolRefAttr | None, axis_of: dict[str, int]) -> tuple[int, ...]:
+    def split_share(
+        self,
+        op: Operation,
+        full: tuple[int, ...],
+        split: StringAttr | None,
+        grid: FlatSymbolRefAttr | None,
+        axis_of: dict[str, int],
+    ) -> tuple[int, ...]:
         if split is None:
             if grid is not None:
                 raise _fail(op, "names a grid but no split")
@@ -369,9 +377,7 @@ class WeightOp(LogosOp, _Sharded):
 
     traits = traits_def(Pure())
 
-    assembly_format = (
-        "$tensor `shape` $shape (`split` $split^)? (`over` $grid^)? attr-dict `:` type($result)"
-    )
+    assembly_format = "$tensor `shape` $shape (`split` $split^)? (`over` $grid^)? attr-dict `:` type($result)"
 
     @property
     def full_shape(self) -> tuple[int, ...]:
@@ -564,7 +570,9 @@ class CacheWriteOp(LogosOp):
     cache = operand_def(MemRefType)
     positions = operand_def(TensorType)
 
-    assembly_format = "$input `,` $cache `,` $positions attr-dict `:` type($input) `,` type($cache) `,` type($positions)"
+    assembly_format = (
+        "$input `,` $cache `,` $positions attr-dict `:` type($input) `,` type($cache) `,` type($positions)"
+    )
 
     def check_(self) -> None:
         x, cache, positions = tensor_shape(self.input), tensor_shape(self.cache), tensor_shape(self.positions)
@@ -595,9 +603,7 @@ class AttentionOp(LogosOp):
     positions = operand_def(TensorType)
     result = result_def(TensorType)
 
-    assembly_format = (
-        "$query `,` $keys `,` $values `,` $positions attr-dict `:` functional-type(operands, results)"
-    )
+    assembly_format = "$query `,` $keys `,` $values `,` $positions attr-dict `:` functional-type(operands, results)"
 
     def check_(self) -> None:
         q, keys, values = tensor_shape(self.query), tensor_shape(self.keys), tensor_shape(self.values)
@@ -779,4 +785,3 @@ LOGOS = Dialect(
     ],
     [],
 )
-

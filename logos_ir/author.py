@@ -93,7 +93,9 @@ def _check_split(spec: ModelSpec, cut: Cut, tp: int) -> None:
         raise SpecError(f"a program is split over at least 1 chip, not {tp!r}")
     width = spec.splits_over(tp)
     if width is not None:
-        raise SpecError(f"the model does not split over {tp} chips: {width} ({getattr(spec, width)}) is not a multiple of {tp}")
+        raise SpecError(
+            f"the model does not split over {tp} chips: {width} ({getattr(spec, width)}) is not a multiple of {tp}"
+        )
 
 
 def _check_layer(spec: ModelSpec, layer: int) -> None:
@@ -232,7 +234,9 @@ class _Plan:
             x = section.row("last", x, self.rows)
         norm = self._weight(section, "final_norm", FINAL_NORM, (spec.hidden,))
         normed = section.rms_norm("normed", x, norm)
-        table = self._weight(section, "head_table", EMBEDDING if spec.tie_embeddings else LM_HEAD, (spec.vocab, spec.hidden))
+        table = self._weight(
+            section, "head_table", EMBEDDING if spec.tie_embeddings else LM_HEAD, (spec.vocab, spec.hidden)
+        )
         logits = section.linear("logits", table, normed)
         if self.returns_logits:
             return section.ret(logits)
@@ -247,25 +251,44 @@ class _Plan:
         split = self.split
         w = self._weight
         normed = section.rms_norm("normed", x, w(section, "attention_norm", names["attention_norm"], (spec.hidden,)))
-        query = section.linear("query", w(section, "query_weight", names["query"], (spec.q_dim, spec.hidden), "rows"), normed)
+        query = section.linear(
+            "query", w(section, "query_weight", names["query"], (spec.q_dim, spec.hidden), "rows"), normed
+        )
         key = section.linear("key", w(section, "key_weight", names["key"], (spec.kv_dim, spec.hidden), "rows"), normed)
-        value = section.linear("value", w(section, "value_weight", names["value"], (spec.kv_dim, spec.hidden), "rows"), normed)
+        value = section.linear(
+            "value", w(section, "value_weight", names["value"], (spec.kv_dim, spec.hidden), "rows"), normed
+        )
         turned_query = section.rope("turned_query", query, position)
         turned_key = section.rope("turned_key", key, position)
         attended = self._attend(section, layer, turned_query, turned_key, value, position)
         output = w(section, "output_weight", names["output"], (spec.hidden, spec.q_dim), "columns")
         projected = self._reduced(section, "projected", section.linear(_part("projected", split), output, attended))
         mixed = section.add("mixed", x, projected)
-        normed_mixed = section.rms_norm("normed_mixed", mixed, w(section, "mlp_norm", names["mlp_norm"], (spec.hidden,)))
-        gate = section.linear("gate", w(section, "gate_weight", names["gate"], (spec.intermediate, spec.hidden), "rows"), normed_mixed)
-        up = section.linear("up", w(section, "up_weight", names["up"], (spec.intermediate, spec.hidden), "rows"), normed_mixed)
+        normed_mixed = section.rms_norm(
+            "normed_mixed", mixed, w(section, "mlp_norm", names["mlp_norm"], (spec.hidden,))
+        )
+        gate = section.linear(
+            "gate",
+            w(section, "gate_weight", names["gate"], (spec.intermediate, spec.hidden), "rows"),
+            normed_mixed,
+        )
+        up = section.linear(
+            "up", w(section, "up_weight", names["up"], (spec.intermediate, spec.hidden), "rows"), normed_mixed
+        )
         product = section.mul("product", section.silu("activated", gate), up)
         down_weight = w(section, "down_weight", names["down"], (spec.hidden, spec.intermediate), "columns")
         down = self._reduced(section, "down", section.linear(_part("down", split), down_weight, product))
         return section.ret(section.add("result", mixed, down))
 
-    def _attend(self, section: SectionBuilder, layer: int, query: SSAValue, key: SSAValue, value: SSAValue,
-                position: SSAValue) -> SSAValue:
+    def _attend(
+        self,
+        section: SectionBuilder,
+        layer: int,
+        query: SSAValue,
+        key: SSAValue,
+        value: SSAValue,
+        position: SSAValue,
+    ) -> SSAValue:
         if self.family == "forward":
             return section.self_attention("attended", query, key, value)
         spec = self.spec
@@ -281,8 +304,14 @@ class _Plan:
     def _reduced(self, section: SectionBuilder, name: str, partial: SSAValue) -> SSAValue:
         return section.all_reduce(name, partial) if self.split else partial
 
-    def _weight(self, section: SectionBuilder, name: str, tensor: str, shape: tuple[int, ...],
-                split: str | None = None) -> SSAValue:
+    def _weight(
+        self,
+        section: SectionBuilder,
+        name: str,
+        tensor: str,
+        shape: tuple[int, ...],
+        split: str | None = None,
+    ) -> SSAValue:
         return section.weight(name, tensor, shape, split if self.split else None)
 
 

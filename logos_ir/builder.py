@@ -84,9 +84,7 @@ def _named(op: Operation, name: str | None) -> SSAValue:
 
 
 def grid_op(chips: int) -> GridOp:
-    return GridOp.create(
-        properties={"sym_name": string(GRID), "shape": i64_array((chips,))}
-    )
+    return GridOp.create(properties={"sym_name": string(GRID), "shape": i64_array((chips,))})
 
 
 def split_props(split: str | None) -> dict[str, Attribute]:
@@ -109,7 +107,7 @@ class SectionBuilder:
         self.spec = spec
         self.chips = chips
         self.block = Block(arg_types=[t for _, t in args])
-        for arg, (name, _) in zip(self.block.args, args):
+        for arg, (name, _) in zip(self.block.args, args, strict=True):
             arg.name_hint = name
         self.function: func.FuncOp | None = None
 
@@ -131,9 +129,7 @@ class SectionBuilder:
         return self._let(op, name)
 
     def hidden_input(self, name: str, rows: int, width: int) -> SSAValue:
-        op = logos.InputOp.create(
-            properties={"kind": string("hidden")}, result_types=[f32_tensor((rows, width))]
-        )
+        op = logos.InputOp.create(properties={"kind": string("hidden")}, result_types=[f32_tensor((rows, width))])
         return self._let(op, name)
 
     def weight(self, name: str, tensor: str, shape: Sequence[int], split: str | None = None) -> SSAValue:
@@ -224,9 +220,7 @@ class SectionBuilder:
         return self._let(op, name)
 
     def all_reduce(self, name: str, x: SSAValue) -> SSAValue:
-        op = AllReduceOp.create(
-            operands=[x], properties={"grid": grid_ref()}, result_types=[x.type]
-        )
+        op = AllReduceOp.create(operands=[x], properties={"grid": grid_ref()}, result_types=[x.type])
         return self._let(op, name)
 
     def call(self, name: str, callee: str, args: Sequence[SSAValue], result_type: Attribute) -> SSAValue:
@@ -242,7 +236,12 @@ class SectionBuilder:
 
 
 def program(
-    cut: str, spec: ModelSpec, sections: Sequence[func.FuncOp], chips: int = 1, split: bool = False, digest: str = ""
+    cut: str,
+    spec: ModelSpec,
+    sections: Sequence[func.FuncOp],
+    chips: int = 1,
+    split: bool = False,
+    digest: str = "",
 ) -> logos.ProgramOp:
     """A `logos.program` of `sections` (and a chip grid when `split`); `digest` may be filled in later."""
     body = Block()
@@ -263,4 +262,3 @@ def program(
 
 def set_digest(program_op: logos.ProgramOp, digest: str) -> None:
     program_op.digest = StringAttr(digest)
-

@@ -49,6 +49,8 @@ def run_tool(tool: str, body: Callable[[], int | None], argv: list[str] | None =
     except Exception as error:  # a bug in logos-ir, not the user's input
         if debug:
             raise
-        print(f"{tool}: internal error: {type(error).__name__}: {error} (rerun with --debug for a traceback)",
-              file=sys.stderr)
+        print(
+            f"{tool}: internal error: {type(error).__name__}: {error} (rerun with --debug for a traceback)",
+            file=sys.stderr,
+        )
         return INTERNAL_ERROR

@@ -91,7 +91,8 @@ def _decode(source: str | bytes, filename: str) -> str:
         line = before.count(b"\n") + 1
         column = len(before) - (before.rfind(b"\n") + 1) + 1
         raise ParseError(
-            f"the file is not UTF-8 text (byte 0x{source[error.start]:02x})", SourceLocation(filename, line, column)
+            f"the file is not UTF-8 text (byte 0x{source[error.start]:02x})",
+            SourceLocation(filename, line, column),
         ) from None
 
 
@@ -120,11 +121,15 @@ def _read_header(src: _Source, lines: list[_Line]) -> tuple[Cut, int]:
     first = lines[0]
     prefix = "## Program: "
     if not first.text.startswith(prefix):
-        raise src.error(1, 1, "a LOGOS program starts with '## Program: <cut>'", "e.g. '## Program: decode step, ctx 64'")
-    cut = Cut.from_display(first.text[len(prefix):])
+        raise src.error(
+            1, 1, "a LOGOS program starts with '## Program: <cut>'", "e.g. '## Program: decode step, ctx 64'"
+        )
+    cut = Cut.from_display(first.text[len(prefix) :])
     if cut is None:
         raise src.error(
-            1, len(prefix) + 1, f"unknown cut '{first.text[len(prefix):]}'",
+            1,
+            len(prefix) + 1,
+            f"unknown cut '{first.text[len(prefix) :]}'",
             "cuts read like 'decode step, ctx 64' or 'prefill chunk of 4 rows' layer 0, ctx 64'",
         )
     end = 1
@@ -140,7 +145,10 @@ _FACTS: list[tuple[str, re.Pattern[str]]] = [
     ("vocab", re.compile(rf"The vocabulary has {_N} tokens?\.")),
     ("hidden", re.compile(rf"The hidden state has {_N} numbers?\.")),
     ("layers", re.compile(rf"The model has {_N} layers?\.")),
-    ("heads", re.compile(rf"Each layer has {_N} attention heads? and {_N} key-value heads? of {_N} numbers?\.")),
+    (
+        "heads",
+        re.compile(rf"Each layer has {_N} attention heads? and {_N} key-value heads? of {_N} numbers?\."),
+    ),
     ("intermediate", re.compile(rf"The feed-forward network has {_N} numbers?\.")),
     ("rms_eps", re.compile(rf"The RMS norm epsilon is {_N}\.")),
     ("rope_theta", re.compile(rf"The rotary base is {_N}\.")),
@@ -171,8 +179,12 @@ def _read_facts(src: _Source, lines: list[_Line], end: int) -> tuple[ModelSpec, 
     for key, pattern in _FACTS:
         line = next(facts, None)
         if line is None:
-            raise src.error(last.number + 1, 1, f"the program's facts stop before its {_FACT_NAMES[key]}",
-                            f"write '{_FACT_EXAMPLES[key]}'")
+            raise src.error(
+                last.number + 1,
+                1,
+                f"the program's facts stop before its {_FACT_NAMES[key]}",
+                f"write '{_FACT_EXAMPLES[key]}'",
+            )
         last = line
         values.update(_fact(src, line, key, pattern))
     line = next(facts, None)
@@ -180,17 +192,26 @@ def _read_facts(src: _Source, lines: list[_Line], end: int) -> tuple[ModelSpec, 
     if line is not None and line.text.startswith(INDENT + "The rotary frequencies"):
         scaling = _scaling(src, line)
         line = next(facts, None)
-    if line is None or line.text[len(INDENT):] not in _TIES:
+    if line is None or line.text[len(INDENT) :] not in _TIES:
         where = line or last
-        raise src.error(where.number, len(INDENT) + 1, "expected how the head reads its table",
-                        "write 'The head reads the embedding table.' or 'The head has its own table.'")
-    tie = _TIES[line.text[len(INDENT):]]
+        raise src.error(
+            where.number,
+            len(INDENT) + 1,
+            "expected how the head reads its table",
+            "write 'The head reads the embedding table.' or 'The head has its own table.'",
+        )
+    tie = _TIES[line.text[len(INDENT) :]]
     chips = None
     line = next(facts, None)
     if line is not None:
-        match = _CHIPS.fullmatch(line.text[len(INDENT):])
+        match = _CHIPS.fullmatch(line.text[len(INDENT) :])
         if not match:
-            raise src.error(line.number, len(INDENT) + 1, "unknown fact", "the last fact may only be 'The program runs on N chips.'")
+            raise src.error(
+                line.number,
+                len(INDENT) + 1,
+                "unknown fact",
+                "the last fact may only be 'The program runs on N chips.'",
+            )
         chips = int(_number(src, line, match[1], len(INDENT) + match.start(1) + 1, int))
         if chips < 1:
             raise src.error(line.number, len(INDENT) + match.start(1) + 1, "a program runs on at least 1 chip")
@@ -203,41 +224,56 @@ def _read_facts(src: _Source, lines: list[_Line], end: int) -> tuple[ModelSpec, 
 
 
 _FACT_NAMES = {
-    "vocab": "vocabulary", "hidden": "hidden size", "layers": "number of layers", "heads": "heads",
-    "intermediate": "feed-forward size", "rms_eps": "RMS norm epsilon", "rope_theta": "rotary base",
+    "vocab": "vocabulary",
+    "hidden": "hidden size",
+    "layers": "number of layers",
+    "heads": "heads",
+    "intermediate": "feed-forward size",
+    "rms_eps": "RMS norm epsilon",
+    "rope_theta": "rotary base",
 }
 _FACT_EXAMPLES = {
-    "vocab": "The vocabulary has 256 tokens.", "hidden": "The hidden state has 64 numbers.",
+    "vocab": "The vocabulary has 256 tokens.",
+    "hidden": "The hidden state has 64 numbers.",
     "layers": "The model has 2 layers.",
     "heads": "Each layer has 4 attention heads and 2 key-value heads of 16 numbers.",
-    "intermediate": "The feed-forward network has 128 numbers.", "rms_eps": "The RMS norm epsilon is 1e-05.",
+    "intermediate": "The feed-forward network has 128 numbers.",
+    "rms_eps": "The RMS norm epsilon is 1e-05.",
     "rope_theta": "The rotary base is 10000.0.",
 }
 
 
 def _fact(src: _Source, line: _Line, key: str, pattern: re.Pattern[str]) -> dict[str, int | float]:
-    text = line.text[len(INDENT):]
+    text = line.text[len(INDENT) :]
     if not line.text.startswith(INDENT):
         raise src.error(line.number, 1, "facts are indented by four spaces")
     match = pattern.fullmatch(text)
     if not match:
-        raise src.error(line.number, len(INDENT) + 1, f"expected the model's {_FACT_NAMES[key]}",
-                        f"write '{_FACT_EXAMPLES[key]}'")
+        raise src.error(
+            line.number,
+            len(INDENT) + 1,
+            f"expected the model's {_FACT_NAMES[key]}",
+            f"write '{_FACT_EXAMPLES[key]}'",
+        )
     kind = float if key in ("rms_eps", "rope_theta") else int
     numbers = [
         _number(src, line, match[i], len(INDENT) + match.start(i) + 1, kind) for i in range(1, pattern.groups + 1)
     ]
     if key == "heads":
-        return dict(zip(("heads", "kv_heads", "head_dim"), numbers))
+        return dict(zip(("heads", "kv_heads", "head_dim"), numbers, strict=True))
     return {key: numbers[0]}
 
 
 def _scaling(src: _Source, line: _Line) -> RopeScaling:
-    match = _SCALING.fullmatch(line.text[len(INDENT):])
+    match = _SCALING.fullmatch(line.text[len(INDENT) :])
     if not match:
-        raise src.error(line.number, len(INDENT) + 1, "malformed rotary scaling fact",
-                        "write 'The rotary frequencies are scaled as in Llama 3 by 8.0, with low frequency factor "
-                        "1.0, high frequency factor 4.0 and original context 8192.'")
+        raise src.error(
+            line.number,
+            len(INDENT) + 1,
+            "malformed rotary scaling fact",
+            "write 'The rotary frequencies are scaled as in Llama 3 by 8.0, with low frequency factor "
+            "1.0, high frequency factor 4.0 and original context 8192.'",
+        )
     col = [len(INDENT) + match.start(i) + 1 for i in range(1, 5)]
     try:
         return RopeScaling(
@@ -254,14 +290,20 @@ def _spec(src: _Source, header: _Line, values: dict, tie: bool, scaling: RopeSca
     try:
         return ModelSpec(**values, tie_embeddings=tie, rope_scaling=scaling)
     except SpecError as error:
-        raise src.error(header.number + 1, len(INDENT) + 1, f"the model's facts do not make a model: {error.message}") from None
+        raise src.error(
+            header.number + 1, len(INDENT) + 1, f"the model's facts do not make a model: {error.message}"
+        ) from None
 
 
 def _check_canonical_facts(src: _Source, lines: list[_Line], spec: ModelSpec, chips: int | None) -> None:
-    for line, canonical in zip(lines, fact_lines(spec, chips)):
-        if line.text[len(INDENT):] != canonical:
-            raise src.error(line.number, len(INDENT) + 1, "this fact is not written the one LOGOS way",
-                            f"write '{canonical}'")
+    for line, canonical in zip(lines, fact_lines(spec, chips), strict=True):
+        if line.text[len(INDENT) :] != canonical:
+            raise src.error(
+                line.number,
+                len(INDENT) + 1,
+                "this fact is not written the one LOGOS way",
+                f"write '{canonical}'",
+            )
 
 
 # -- sections ---------------------------------------------------------------------------------------------------
@@ -329,12 +371,16 @@ class _Reader:
         if plans[0][0] != "main":
             raise self.src.error(sections[0].header.number, 1, "the first section must be '## Main'")
         seen: dict[str, int] = {}
-        for (sym, _), section in zip(plans, sections):
+        for (sym, _), section in zip(plans, sections, strict=True):
             if sym in seen:
-                raise self.src.error(section.header.number, 1, f"a second section for {_sym_title(sym)}",
-                                     f"the first is on line {seen[sym]}")
+                raise self.src.error(
+                    section.header.number,
+                    1,
+                    f"a second section for {_sym_title(sym)}",
+                    f"the first is on line {seen[sym]}",
+                )
             seen[sym] = section.header.number
-        for (sym, args), section in zip(plans[1:], sections[1:]):
+        for (sym, args), section in zip(plans[1:], sections[1:], strict=True):
             self.functions[sym] = self._section(sym, args, section)
         main = self._section("main", [], sections[0])
         ordered = [main] + [self.functions[sym] for sym, _ in plans[1:]]
@@ -349,9 +395,12 @@ class _Reader:
             match = pattern.fullmatch(line.text)
             if match:
                 return self._header_args(line, kind, match)
-        raise self.src.error(line.number, 1, f"unknown section '{line.text}'",
-                             "sections are '## Main', '## Embedding of token', '## Layer 0 of x at position' "
-                             "and '## Head of x'")
+        raise self.src.error(
+            line.number,
+            1,
+            f"unknown section '{line.text}'",
+            "sections are '## Main', '## Embedding of token', '## Layer 0 of x at position' and '## Head of x'",
+        )
 
     def _header_args(self, line: _Line, kind: str, match: re.Match[str]) -> tuple[str, list[tuple[str, Attribute]]]:
         rows, hidden = self.rows, TensorType(f32, [self.rows, self.spec.hidden])
@@ -366,8 +415,11 @@ class _Reader:
             return "head", [(names[0], hidden)]
         layer = self._int(line, match[1], match.start(1) + 1)
         if layer >= self.spec.layers:
-            raise self.src.error(line.number, match.start(1) + 1,
-                                 f"layer {layer} does not exist: the model has layers 0 to {self.spec.layers - 1}")
+            raise self.src.error(
+                line.number,
+                match.start(1) + 1,
+                f"layer {layer} does not exist: the model has layers 0 to {self.spec.layers - 1}",
+            )
         return f"layer_{layer}", [(names[0], hidden), (names[1], ids)]
 
     # -- statements -------------------------------------------------------------------------------------------
@@ -378,30 +430,47 @@ class _Reader:
             scope.names[arg.name_hint or ""] = arg
         canonical = section_header(_stub_function(sym, scope.build), lambda v: v.name_hint or "")
         if canonical != section.header.text:
-            raise self.src.error(section.header.number, 1, "this header is not written the one LOGOS way",
-                                 f"write '{canonical}'")
+            raise self.src.error(
+                section.header.number,
+                1,
+                "this header is not written the one LOGOS way",
+                f"write '{canonical}'",
+            )
         body = section.body
         for index, line in enumerate(body):
             if line.text.startswith(INDENT + "Return "):
                 if index != len(body) - 1:
-                    raise self.src.error(body[index + 1].number, 5, "a statement after Return",
-                                         "Return ends its section")
+                    raise self.src.error(
+                        body[index + 1].number, 5, "a statement after Return", "Return ends its section"
+                    )
                 return scope.return_(line)
             scope.statement(line)
         last = body[-1]
-        raise self.src.error(last.number, len(last.text) + 1, f"{_sym_title(sym)} ends without 'Return <name>.'",
-                             "is the file truncated?")
+        raise self.src.error(
+            last.number,
+            len(last.text) + 1,
+            f"{_sym_title(sym)} ends without 'Return <name>.'",
+            "is the file truncated?",
+        )
 
     def _int(self, line: _Line, text: str, column: int) -> int:
         return int(_number(self.src, line, text, column, int))
 
     def _new_name(self, line: _Line, name: str, column: int) -> str:
         if not NAME.fullmatch(name):
-            raise self.src.error(line.number, column, f"'{name}' is not a LOGOS name",
-                                 "names are lowercase letters, digits and '_', starting with a letter")
+            raise self.src.error(
+                line.number,
+                column,
+                f"'{name}' is not a LOGOS name",
+                "names are lowercase letters, digits and '_', starting with a letter",
+            )
         if _SUFFIX.search(name):
-            raise self.src.error(line.number, column, f"a name may not end in '_' and digits: '{name}'",
-                                 f"write e.g. '{_SUFFIX.sub(lambda m: m[0][1:], name)}'")
+            raise self.src.error(
+                line.number,
+                column,
+                f"a name may not end in '_' and digits: '{name}'",
+                f"write e.g. '{_SUFFIX.sub(lambda m: m[0][1:], name)}'",
+            )
         return name
 
 
@@ -417,7 +486,7 @@ def _stub_function(sym: str, build: SectionBuilder) -> func.FuncOp:
     from xdsl.ir import Block, Region
 
     block = Block(arg_types=[a.type for a in build.args])
-    for new, old in zip(block.args, build.args):
+    for new, old in zip(block.args, build.args, strict=True):
         new.name_hint = old.name_hint
     return func.FuncOp(sym, ([a.type for a in build.args], []), Region(block))
 
@@ -458,19 +527,27 @@ _WRITE = re.compile(r"    Write (\S+) into (\S+) at (\S+)\.")
 _RETURN = re.compile(r"    Return (\S+)\.")
 _SHAPE = r"(\S+(?: by \S+)*)"
 _EXPRESSIONS: dict[str, tuple[re.Pattern[str], str]] = {
-    "input": (re.compile(r"the input (token|tokens|position|positions) (\S+(?:, \S+)*)"),
-              "the input token 1 / the input positions 1, 2, 3"),
+    "input": (
+        re.compile(r"the input (token|tokens|position|positions) (\S+(?:, \S+)*)"),
+        "the input token 1 / the input positions 1, 2, 3",
+    ),
     "hidden": (re.compile(rf"the input hidden state of {_SHAPE}"), "the input hidden state of 1 by 64"),
     "embedding": (re.compile(r"the embedding of (\S+)"), "the embedding of token"),
     "head": (re.compile(r"the head of (\S+)"), "the head of x2"),
-    "weight": (re.compile(rf'the weight "([^"]*)" of {_SHAPE}(?:, split by (\S+) over the chips)?'),
-               'the weight "model.norm.weight" of 64'),
-    "cache": (re.compile(r"the (key|value) cache of layer (\S+), with (.+?)(?:, split by (\S+) over the chips)?"),
-              "the key cache of layer 0, with 2 heads by 64 positions by 16 numbers"),
+    "weight": (
+        re.compile(rf'the weight "([^"]*)" of {_SHAPE}(?:, split by (\S+) over the chips)?'),
+        'the weight "model.norm.weight" of 64',
+    ),
+    "cache": (
+        re.compile(r"the (key|value) cache of layer (\S+), with (.+?)(?:, split by (\S+) over the chips)?"),
+        "the key cache of layer 0, with 2 heads by 64 positions by 16 numbers",
+    ),
     "rows": (re.compile(r"the rows of (\S+) at (\S+)"), "the rows of table at token"),
     "RMS": (re.compile(r"the RMS norm of (\S+) with (\S+)"), "the RMS norm of x with attention_norm"),
-    "attention": (re.compile(r"the attention of (\S+) over (\S+) and (\S+?)(?: up to (\S+)|(, with no history))"),
-                  "the attention of turned_query over keys and values up to position"),
+    "attention": (
+        re.compile(r"the attention of (\S+) over (\S+) and (\S+?)(?: up to (\S+)|(, with no history))"),
+        "the attention of turned_query over keys and values up to position",
+    ),
     "SiLU": (re.compile(r"the SiLU of (\S+)"), "the SiLU of gate"),
     "arg-max": (re.compile(r"the arg-max of (\S+)"), "the arg-max of logits"),
     "sum": (re.compile(r"the sum over the chips of (\S+)"), "the sum over the chips of projected_part"),
@@ -521,8 +598,12 @@ class _Scope:
             raise self.src.error(line.number, 5, "expected 'Let <name> be <expression>.', 'Write ...' or 'Return ...'")
         name = self.reader._new_name(line, match[1], match.start(1) + 1)
         if name in self.names:
-            raise self.src.error(line.number, match.start(1) + 1, f"'{name}' is already defined in this section",
-                                 "each name is given once (LOGOS values are never reassigned)")
+            raise self.src.error(
+                line.number,
+                match.start(1) + 1,
+                f"'{name}' is already defined in this section",
+                "each name is given once (LOGOS values are never reassigned)",
+            )
         self.offset = match.start(2)
         value = self._expression(name, match[2])
         self.names[name] = value
@@ -567,7 +648,9 @@ class _Scope:
                 what = "the vocabulary" if noun == "token" else "the cache"
                 raise self._here(m.start(2), f"{noun} {value} is outside {what} ({noun}s 1 to {limit}, from 1)")
         if len(values) != self.reader.rows:
-            raise self._here(m.start(2), f"{len(values)} {noun}(s), but a {self.reader.cut} has {self.reader.rows} row(s)")
+            raise self._here(
+                m.start(2), f"{len(values)} {noun}(s), but a {self.reader.cut} has {self.reader.rows} row(s)"
+            )
         return self.build.input(name, noun, values)
 
     def _hidden(self, name: str, m: re.Match[str]) -> SSAValue:
@@ -581,17 +664,22 @@ class _Scope:
         tensor, shape = m[1], self._shape(m[2], m.start(2))
         expected = self.reader.expected(tensor)
         if expected is None:
-            raise self._here(m.start(1) - 1, f"unknown weight \"{tensor}\": the model has no such tensor",
-                             "weights are named by their Hugging Face tensor names")
+            raise self._here(
+                m.start(1) - 1,
+                f'unknown weight "{tensor}": the model has no such tensor',
+                "weights are named by their Hugging Face tensor names",
+            )
         if shape != expected:
-            raise self._here(m.start(2), f"weight \"{tensor}\" is {_by(expected)} in this model, not {_by(shape)}")
+            raise self._here(m.start(2), f'weight "{tensor}" is {_by(expected)} in this model, not {_by(shape)}')
         split = m[3]
         if split is not None:
             self._check_split(split, ("rows", "columns"), m.start(3))
             axis = 0 if split == "rows" else len(shape) - 1
             if shape[axis] % (self.reader.chips or 1):
-                raise self._here(m.start(3), f"the {split} of \"{tensor}\" ({shape[axis]}) do not divide over "
-                                 f"{self.reader.chips} chips")
+                raise self._here(
+                    m.start(3),
+                    f'the {split} of "{tensor}" ({shape[axis]}) do not divide over {self.reader.chips} chips',
+                )
         return self.build.weight(name, tensor, shape, split)
 
     def _cache(self, name: str, m: re.Match[str]) -> SSAValue:
@@ -600,8 +688,11 @@ class _Scope:
             raise self._here(m.start(2), f"the cache of layer {layer} is declared outside that layer's section")
         layout = _LAYOUT.fullmatch(m[3])
         if not layout:
-            raise self._here(m.start(3), "malformed cache layout",
-                             "write e.g. '2 heads by 64 positions by 16 numbers' (a batch: '4 sequences by ...')")
+            raise self._here(
+                m.start(3),
+                "malformed cache layout",
+                "write e.g. '2 heads by 64 positions by 16 numbers' (a batch: '4 sequences by ...')",
+            )
         shape = tuple(self._int(layout[i], m.start(3) + layout.start(i)) for i in range(1, 5) if layout[i] is not None)
         expected = self._cache_shape()
         if shape != expected:
@@ -618,8 +709,11 @@ class _Scope:
 
     def _check_split(self, split: str, allowed: tuple[str, ...], start: int) -> None:
         if self.reader.chips is None:
-            raise self._here(start, "a split, but the program runs on no chips",
-                             "add the fact 'The program runs on N chips.'")
+            raise self._here(
+                start,
+                "a split, but the program runs on no chips",
+                "add the fact 'The program runs on N chips.'",
+            )
         if split not in allowed:
             raise self._here(start, f"cannot split by '{split}' here", f"split by {' or '.join(allowed)}")
 
@@ -638,13 +732,19 @@ class _Scope:
             raise self._here(start, "sections are called from '## Main' only")
         function = self.reader.functions.get(callee)
         if function is None:
-            raise self._here(start, f"no section defines {_sym_title(callee)}",
-                             f"add a section '## {_sym_title(callee).removeprefix('the ').capitalize()} ...'")
+            raise self._here(
+                start,
+                f"no section defines {_sym_title(callee)}",
+                f"add a section '## {_sym_title(callee).removeprefix('the ').capitalize()} ...'",
+            )
         values = [self._use(arg, column) for arg, column in args]
-        for index, (value, expected) in enumerate(zip(values, function.function_type.inputs)):
+        for index, (value, expected) in enumerate(zip(values, function.function_type.inputs, strict=True)):
             if value.type != expected:
-                raise self._here(args[index][1], f"{_sym_title(callee)} takes {_type_text(expected)} here, "
-                                 f"but '{args[index][0]}' is {_type_text(value.type)}")
+                raise self._here(
+                    args[index][1],
+                    f"{_sym_title(callee)} takes {_type_text(expected)} here, "
+                    f"but '{args[index][0]}' is {_type_text(value.type)}",
+                )
         return self.build.call(name, callee, values, function.function_type.outputs.data[0])
 
     def _rows(self, name: str, m: re.Match[str]) -> SSAValue:
@@ -657,7 +757,9 @@ class _Scope:
     def _attention(self, name: str, m: re.Match[str]) -> SSAValue:
         query = self._tensor(m[1], m.start(1))
         if m[5] is not None:
-            return self.build.self_attention(name, query, self._tensor(m[2], m.start(2)), self._tensor(m[3], m.start(3)))
+            return self.build.self_attention(
+                name, query, self._tensor(m[2], m.start(2)), self._tensor(m[3], m.start(3))
+            )
         keys, values = self._cache_value(m[2], m.start(2)), self._cache_value(m[3], m.start(3))
         return self.build.attention(name, query, keys, values, self._ids(m[4], m.start(4)))
 
@@ -669,8 +771,11 @@ class _Scope:
 
     def _sum(self, name: str, m: re.Match[str]) -> SSAValue:
         if self.reader.chips is None:
-            raise self._here(0, "a sum over the chips, but the program runs on no chips",
-                             "add the fact 'The program runs on N chips.'")
+            raise self._here(
+                0,
+                "a sum over the chips, but the program runs on no chips",
+                "add the fact 'The program runs on N chips.'",
+            )
         return self.build.all_reduce(name, self._tensor(m[1], m.start(1)))
 
     def _row(self, name: str, m: re.Match[str]) -> SSAValue:
@@ -691,8 +796,12 @@ class _Scope:
     def _write(self, line: _Line) -> None:
         match = _WRITE.fullmatch(line.text)
         if not match:
-            raise self.src.error(line.number, 5, "malformed 'Write' statement",
-                                 "write e.g. 'Write turned_key into keys at position.'")
+            raise self.src.error(
+                line.number,
+                5,
+                "malformed 'Write' statement",
+                "write e.g. 'Write turned_key into keys at position.'",
+            )
         self.offset = 0
         x = self._tensor(match[1], match.start(1))
         cache = self._cache_value(match[2], match.start(2))
@@ -771,8 +880,12 @@ class _Scope:
     def _check_canonical(self, op: Operation) -> None:
         canonical = INDENT + sentence(op, lambda v: v.name_hint or "")
         if canonical != self.line.text:
-            raise self.src.error(self.line.number, 5, "this statement is not written the one LOGOS way",
-                                 f"write '{canonical.strip()}'")
+            raise self.src.error(
+                self.line.number,
+                5,
+                "this statement is not written the one LOGOS way",
+                f"write '{canonical.strip()}'",
+            )
 
 
 def _by(shape: tuple[int, ...]) -> str:

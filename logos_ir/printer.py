@@ -183,9 +183,7 @@ def _write(op: logos.CacheWriteOp, n: Callable[[SSAValue], str]) -> str:
 
 
 def _attention(op: logos.AttentionOp, n: Callable[[SSAValue], str]) -> str:
-    return _let(
-        op, n, f"the attention of {n(op.query)} over {n(op.keys)} and {n(op.values)} up to {n(op.positions)}"
-    )
+    return _let(op, n, f"the attention of {n(op.query)} over {n(op.keys)} and {n(op.values)} up to {n(op.positions)}")
 
 
 def _self_attention(op: logos.SelfAttentionOp, n: Callable[[SSAValue], str]) -> str:

@@ -174,7 +174,7 @@ class Cut:
         if len(args) != len(wanted):
             raise CutError(f"cut '{text}' needs {len(wanted)} argument(s)", hint=f"write '{usage}'")
         values: dict[str, int] = {}
-        for arg, name in zip(args, wanted):
+        for arg, name in zip(args, wanted, strict=True):
             key, eq, value = arg.partition("=")
             if key != name or not eq:
                 raise CutError(f"cut '{text}': expected '{name}=N', got '{arg}'", hint=f"write '{usage}'")
@@ -259,7 +259,9 @@ class Identity:
         over = "" if self.chips == 1 else f" over {self.chips} chips"
         return f"LOGOS program: {self.cut}{over}, sha256 {self.hex()}"
 
-    _LINE = re.compile(r"LOGOS program: (?P<cut>.+?)(?: over (?P<chips>[1-9][0-9]*) chips)?, sha256 (?P<hex>[0-9a-f]{64})")
+    _LINE = re.compile(
+        r"LOGOS program: (?P<cut>.+?)(?: over (?P<chips>[1-9][0-9]*) chips)?, sha256 (?P<hex>[0-9a-f]{64})"
+    )
 
     @classmethod
     def from_line(cls, line: str) -> Identity | None:

@@ -77,7 +77,7 @@ def pipelines() -> dict[str, Pipeline]:
     return {
         "logos-middle-end": Pipeline(
             "logos-middle-end",
-            "cut extraction (option cut=\"...\"), then tensor-parallel splitting (option tp=N), then the identity check",
+            'cut extraction (option cut="..."), then tensor-parallel splitting (option tp=N), then the identity check',
             ("cut", "tp"),
             _middle_end,
         ),

@@ -22,8 +22,11 @@ from logos_ir.cli import run_tool
 def _arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="logos-author", description="Write a model's LOGOS program for a cut.")
     parser.add_argument("--model", default="tiny", help="a preset name, a config.json, or a folder holding one")
-    parser.add_argument("--cut", default="decode ctx=64",
-                        help="the cut in option form, e.g. 'decode ctx=128', 'decode_layer layer=3 ctx=128'")
+    parser.add_argument(
+        "--cut",
+        default="decode ctx=64",
+        help="the cut in option form, e.g. 'decode ctx=128', 'decode_layer layer=3 ctx=128'",
+    )
     parser.add_argument("--tp", type=int, default=None, help="split over this many chips (Megatron-style)")
     parser.add_argument("--dir", default="", help="the weights' folder named in the manifest")
     parser.add_argument("-o", "--output", help="write the text to this file instead of standard output")
@@ -43,8 +46,10 @@ def load_spec(model: str):
     path = Path(model)
     if path.exists():
         return ModelSpec.from_hf_config(path)
-    raise SpecError(f"unknown model '{model}': neither a preset nor a config.json",
-                    hint=f"presets: {', '.join(ModelSpec.presets())}")
+    raise SpecError(
+        f"unknown model '{model}': neither a preset nor a config.json",
+        hint=f"presets: {', '.join(ModelSpec.presets())}",
+    )
 
 
 def write_atomically(path: str, text: str) -> None:

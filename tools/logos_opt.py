@@ -95,11 +95,12 @@ class LogosOptMain(xDSLOptMain):
 
     def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
         super().register_all_arguments(arg_parser)
-        arg_parser.add_argument("--print-ir-after-all", action="store_true",
-                                help="alias of --print-between-passes")
-        arg_parser.add_argument("--verify-identity", action="store_true",
-                                help="after the passes, check that each program's recorded identity is the SHA-256 "
-                                "of its own LOGOS print")
+        arg_parser.add_argument("--print-ir-after-all", action="store_true", help="alias of --print-between-passes")
+        arg_parser.add_argument(
+            "--verify-identity",
+            action="store_true",
+            help="after the passes, check that each program's recorded identity is the SHA-256 of its own LOGOS print",
+        )
         arg_parser.add_argument("--debug", action="store_true", help="show Python tracebacks of internal errors")
         arg_parser.formatter_class = argparse.RawDescriptionHelpFormatter
         arg_parser.epilog = self._listing()
@@ -130,7 +131,7 @@ def skip_preamble(data: bytes) -> tuple[bytes, int]:
     skipped = 0
     while data.startswith((b"\n", b"//")):
         end = data.find(b"\n")
-        data = b"" if end < 0 else data[end + 1:]
+        data = b"" if end < 0 else data[end + 1 :]
         skipped += 1
     return data, skipped
 

@@ -4,13 +4,13 @@ LOGOS and as MLIR; the identity of parsed IR is the identity of its text."""
 import io
 
 import pytest
+from logos_ir.dialects.logos import LOGOS
 from xdsl.context import Context
 from xdsl.dialects import builtin, func, shard
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.parser import Parser
 from xdsl.printer import Printer
 
-from logos_ir.dialects.logos import LOGOS
 from logos_ir.identity import check, identity
 from logos_ir.parser import parse_program
 from logos_ir.printer import print_program
@@ -23,16 +23,34 @@ SPECS = ["tiny", "smollm2-135m", "llama-3.2-1b", "llama-3.1-70b"]
 def every_cut(spec: ModelSpec) -> list[Cut]:
     last = spec.layers - 1
     return [
-        Cut.decode(32), Cut.prefill(3, 32), Cut.batch(2, 32), Cut.forward(), Cut.forward_layer(0),
-        Cut.forward_layer(last), Cut.forward_head(), Cut.decode_embed(), Cut.decode_layer(0, 32),
-        Cut.decode_layer(last, 32), Cut.decode_head(), Cut.batch_embed(2), Cut.batch_layer(last, 2, 32),
-        Cut.batch_head(2), Cut.prefill_layer(0, 3, 32), Cut.prefill_layer(last, 3, 32), Cut.prefill_head(3),
+        Cut.decode(32),
+        Cut.prefill(3, 32),
+        Cut.batch(2, 32),
+        Cut.forward(),
+        Cut.forward_layer(0),
+        Cut.forward_layer(last),
+        Cut.forward_head(),
+        Cut.decode_embed(),
+        Cut.decode_layer(0, 32),
+        Cut.decode_layer(last, 32),
+        Cut.decode_head(),
+        Cut.batch_embed(2),
+        Cut.batch_layer(last, 2, 32),
+        Cut.batch_head(2),
+        Cut.prefill_layer(0, 3, 32),
+        Cut.prefill_layer(last, 3, 32),
+        Cut.prefill_head(3),
     ]
 
 
 def split_programs(spec: ModelSpec) -> list[tuple[Cut, int]]:
     widths = [tp for tp in (1, 2, 3, 4, 8) if spec.splits_over(tp) is None]
-    cuts = [Cut.decode(32), Cut.batch(2, 32), Cut.decode_layer(spec.layers - 1, 32), Cut.batch_layer(0, 2, 32)]
+    cuts = [
+        Cut.decode(32),
+        Cut.batch(2, 32),
+        Cut.decode_layer(spec.layers - 1, 32),
+        Cut.batch_layer(0, 2, 32),
+    ]
     return [(cut, tp) for cut in cuts for tp in widths]
 
 

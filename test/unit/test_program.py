@@ -25,9 +25,17 @@ CUTS = [
     (Cut.decode_layer(3, 128), "decode step's layer 3, ctx 128", "decode_layer layer=3 ctx=128"),
     (Cut.decode_head(), "decode step's head", "decode_head"),
     (Cut.batch_embed(4), "batch of 4 sequences' embedding", "batch_embed rows=4"),
-    (Cut.batch_layer(3, 4, 128), "batch of 4 sequences' layer 3, ctx 128", "batch_layer layer=3 rows=4 ctx=128"),
+    (
+        Cut.batch_layer(3, 4, 128),
+        "batch of 4 sequences' layer 3, ctx 128",
+        "batch_layer layer=3 rows=4 ctx=128",
+    ),
     (Cut.batch_head(4), "batch of 4 sequences' head", "batch_head rows=4"),
-    (Cut.prefill_layer(3, 4, 128), "prefill chunk of 4 rows' layer 3, ctx 128", "prefill_layer layer=3 rows=4 ctx=128"),
+    (
+        Cut.prefill_layer(3, 4, 128),
+        "prefill chunk of 4 rows' layer 3, ctx 128",
+        "prefill_layer layer=3 rows=4 ctx=128",
+    ),
     (Cut.prefill_head(4), "prefill chunk of 4 rows' head", "prefill_head rows=4"),
 ]
 
@@ -36,9 +44,20 @@ def small_cuts(spec: ModelSpec) -> list[Cut]:
     """Every kind at small sizes, for writing programs."""
     last = spec.layers - 1
     return [
-        Cut.decode(16), Cut.prefill(3, 16), Cut.batch(2, 16), Cut.forward(), Cut.forward_layer(last),
-        Cut.forward_head(), Cut.decode_embed(), Cut.decode_layer(last, 16), Cut.decode_head(), Cut.batch_embed(2),
-        Cut.batch_layer(0, 2, 16), Cut.batch_head(2), Cut.prefill_layer(last, 3, 16), Cut.prefill_head(3),
+        Cut.decode(16),
+        Cut.prefill(3, 16),
+        Cut.batch(2, 16),
+        Cut.forward(),
+        Cut.forward_layer(last),
+        Cut.forward_head(),
+        Cut.decode_embed(),
+        Cut.decode_layer(last, 16),
+        Cut.decode_head(),
+        Cut.batch_embed(2),
+        Cut.batch_layer(0, 2, 16),
+        Cut.batch_head(2),
+        Cut.prefill_layer(last, 3, 16),
+        Cut.prefill_head(3),
     ]
 
 
@@ -154,8 +173,11 @@ def test_a_layer_past_the_last_is_refused():
         written(TINY, Cut.decode_layer(2, 64))
 
 
-@pytest.mark.parametrize("cut", [Cut.prefill(4, 64), Cut.forward(), Cut.decode_head(), Cut.prefill_layer(0, 2, 8),
-                                 Cut.batch_embed(2)], ids=str)
+@pytest.mark.parametrize(
+    "cut",
+    [Cut.prefill(4, 64), Cut.forward(), Cut.decode_head(), Cut.prefill_layer(0, 2, 8), Cut.batch_embed(2)],
+    ids=str,
+)
 def test_split_of_other_cuts_is_not_yet(cut):
     with pytest.raises(NotYet, match=NOT_YET_SPLIT):
         written_split(TINY, cut, "", 2)

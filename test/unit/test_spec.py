@@ -67,8 +67,15 @@ def test_presets_are_listed_and_real():
     assert (big.layers, big.hidden, big.heads, big.kv_heads, big.intermediate) == (80, 8192, 64, 8, 28672)
     assert big.rope_scaling == RopeScaling(8.0, 1.0, 4.0, 8192)
     tiny = ModelSpec.preset("tiny")
-    assert (tiny.vocab, tiny.hidden, tiny.layers, tiny.heads, tiny.kv_heads, tiny.head_dim, tiny.intermediate) == (
-        256, 64, 2, 4, 2, 16, 128)
+    assert (
+        tiny.vocab,
+        tiny.hidden,
+        tiny.layers,
+        tiny.heads,
+        tiny.kv_heads,
+        tiny.head_dim,
+        tiny.intermediate,
+    ) == (256, 64, 2, 4, 2, 16, 128)
 
 
 def test_unknown_preset_names_the_known_ones():
@@ -101,8 +108,17 @@ def test_rope_parameters_layout_of_newer_configs():
     assert ModelSpec.from_hf_config(plain) == ModelSpec.preset("smollm2-135m")
 
 
-@pytest.mark.parametrize("field", ["hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size",
-                                   "rms_norm_eps", "num_attention_heads"])
+@pytest.mark.parametrize(
+    "field",
+    [
+        "hidden_size",
+        "num_hidden_layers",
+        "vocab_size",
+        "intermediate_size",
+        "rms_norm_eps",
+        "num_attention_heads",
+    ],
+)
 def test_missing_field_is_named(field):
     config = {k: v for k, v in SMOLLM2_135M.items() if k != field}
     with pytest.raises(SpecError, match=f"required field '{field}' is missing"):
