@@ -92,7 +92,7 @@ def i64_array(values: Sequence[int]) -> DenseArrayBase:
 
 @lru_cache(maxsize=8192)
 def int_values(attr: DenseArrayBase) -> tuple[int, ...]:
-    return cast(tuple[int, ...], attr.get_values())
+    return cast(tuple[int, ...], cast(DenseArrayBase[IntegerType], attr).get_values())
 
 
 def _fail(op: Operation, message: str) -> VerifyException:

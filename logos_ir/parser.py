@@ -104,7 +104,7 @@ def _check_layout(src: _Source, text: str) -> list[_Line]:
     if not text.endswith("\n"):
         last = len(src.lines)
         raise src.error(last, len(src.lines[-1]) + 1, "the file does not end with a newline (is it truncated?)")
-    lines = []
+    lines: list[_Line] = []
     for number, line in enumerate(src.lines[:-1], start=1):
         for bad, what in (("\t", "a tab"), ("\r", "a carriage return")):
             if bad in line:

@@ -53,7 +53,7 @@ class LogosOptMain(xDSLOptMain):
 
     def register_all_frontends(self) -> None:
         super().register_all_frontends()
-        self.available_frontends["logos"] = self._parse_logos
+        self.available_frontends["logos"] = self._parse_logos  # type: ignore[assignment]  # may skip a chunk
 
     def _parse_logos(self, stream: IO[bytes], line_offset: int = 0) -> ModuleOp | None:
         from logos_ir.parser import parse_program
