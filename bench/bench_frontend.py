@@ -15,13 +15,13 @@ import platform
 import time
 from collections.abc import Callable
 
-from logos_ir.dialects.logos import LOGOS
 from xdsl.context import Context
 from xdsl.dialects import builtin, func, shard
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.parser import Parser
 from xdsl.printer import Printer
 
+from logos_ir.dialects.logos import LOGOS
 from logos_ir.parser import parse_program
 from logos_ir.printer import print_program
 from logos_ir.program import Cut, written

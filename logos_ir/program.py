@@ -197,15 +197,17 @@ class Cut:
     # -- what a cut is made of ------------------------------------------------------------------------------------
 
     @property
-    def whole(self) -> Cut:
-        """The whole program this cut is part of (itself for a whole program)."""
+    def whole(self) -> Cut | None:
+        """The whole program this cut is part of (itself for a whole program), or None when the part does not say
+        (a decode head has no ctx; a batch head has no ctx)."""
         family = self.kind.split("_")[0]
         if family == "forward":
             return Cut.forward()
         if family == "decode":
-            return Cut.decode(self.ctx or 1)
-        rows = self.rows or 1
-        return Cut(family, rows=rows, ctx=self.ctx or rows)
+            return None if self.ctx is None else Cut.decode(self.ctx)
+        if self.rows is None or self.ctx is None:
+            return None
+        return Cut(family, rows=self.rows, ctx=self.ctx)
 
     def part_of(self, whole: Cut) -> bool:
         """Whether `whole` contains this cut: same family, same rows, same ctx where this cut has them."""

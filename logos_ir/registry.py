@@ -59,13 +59,18 @@ class Pipeline:
     name: str
     description: str
     options: tuple[str, ...]
-    stages: Callable[[dict[str, str]], list[str]]
+    stages: Callable[[dict[str, str]], list[str]]  # the options' plain values -> pass specs
+
+
+def quoted(value: str) -> str:
+    """An option value in xDSL's pipeline syntax: a string in double quotes."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _middle_end(options: dict[str, str]) -> list[str]:
     stages = []
     if "cut" in options:
-        stages.append(f"cut-extract{{cut={options['cut']}}}")
+        stages.append(f"cut-extract{{cut={quoted(options['cut'])}}}")
     if "tp" in options:
         stages.append(f"tp-split{{tp={options['tp']}}}")
     stages.append("verify-identity")

@@ -152,6 +152,8 @@ def _load_config(source: str | Path | Mapping[str, Any]) -> tuple[Mapping[str, A
         raise SpecError(f"{path}:{error.lineno}:{error.colno}: error: invalid JSON: {error.msg}") from None
     except RecursionError:
         raise SpecError(f"{path}: invalid JSON: nested too deeply") from None
+    except ValueError:  # Python refuses to read an integer of more than 4300 digits
+        raise SpecError(f"{path}: invalid JSON: a number has too many digits") from None
     if not isinstance(config, dict):
         raise SpecError(f"{path}: a config.json must hold a JSON object, not {type(config).__name__}")
     return config, str(path)

@@ -152,15 +152,14 @@ def expand_pipelines(spec: str) -> str:
         unknown = set(item.parameters) - set(pipeline.options)
         if unknown:
             raise ValueError(f"pipeline {item.name} has no option {', '.join(sorted(unknown))}")
-        options = {key: _option_text(values) for key, values in item.parameters.items()}
+        options = {key: _option_text(values) for key, values in item.parameters.items()}  # plain values
         out += pipeline.stages(options)
     return ",".join(out)
 
 
 def _option_text(values: Sequence[object]) -> str:
-    value = values[0] if len(values) == 1 else values
-    if isinstance(value, str):
-        return '"' + value.replace('"', '\\"') + '"'
+    """An option's value as plain text (a pipeline quotes it where its passes need quotes)."""
+    value = values[0] if len(values) == 1 else " ".join(str(v) for v in values)
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)

@@ -4,13 +4,13 @@ LOGOS and as MLIR; the identity of parsed IR is the identity of its text."""
 import io
 
 import pytest
-from logos_ir.dialects.logos import LOGOS
 from xdsl.context import Context
 from xdsl.dialects import builtin, func, shard
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.parser import Parser
 from xdsl.printer import Printer
 
+from logos_ir.dialects.logos import LOGOS
 from logos_ir.identity import check, identity
 from logos_ir.parser import parse_program
 from logos_ir.printer import print_program
