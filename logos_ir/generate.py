@@ -1,0 +1,220 @@
+"""Greedy generation through the compiled LOGOS programs, on the reference interpreter.
+
+A `Generator` authors each program it needs once per shape (the prefill chunk of so many rows, the decode
+step), parses the author's text back into IR, compiles it once, and runs all of them over one shared
+`KVState`: the prompt goes through prefill chunks, then each new token through a decode step, greedily. Ids
+the caller sees count from 0, as the model's tokenizer does; inside the programs they count from 1.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from logos_ir.errors import LogosError
+from logos_ir.interpreter import Interpreter, KVState
+from logos_ir.program import Cut, Identity, written, written_split
+from logos_ir.weights import WeightStore
+
+__all__ = ["GenerationStats", "Generator", "default_ctx"]
+
+CTX_MULTIPLE = 64
+
+
+def default_ctx(prompt_length: int, max_new_tokens: int) -> int:
+    """A cache long enough for the prompt and every new token, rounded up to a multiple of 64 positions."""
+    need = max(1, prompt_length + max_new_tokens)
+    return -(-need // CTX_MULTIPLE) * CTX_MULTIPLE
+
+
+@dataclass
+class GenerationStats:
+    """Timings of the last `generate`: the prompt's (prefill) and the decode steps'."""
+
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    decode_steps: int = 0
+
+    @property
+    def total_s(self) -> float:
+        return self.prefill_s + self.decode_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        """New tokens per second of generation (prompt processing included)."""
+        return self.new_tokens / self.total_s if self.total_s > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Decode steps per second."""
+        return self.decode_steps / self.decode_s if self.decode_s > 0 else 0.0
+
+
+@dataclass
+class _Compiled:
+    interpreter: Interpreter
+    identity: Identity
+
+
+class Generator:
+    """Greedy generation for the model in `weights` over a cache of `ctx` positions (None: sized per call with
+    `default_ctx`), the prompt fed `prefill_rows` tokens at a time, split over `tp` chips when tp > 1. `stats`
+    holds the timings of the last `generate`."""
+
+    def __init__(self, weights: WeightStore, ctx: int | None = None, prefill_rows: int = 16, tp: int = 1):
+        if prefill_rows < 1:
+            raise LogosError(f"a prefill chunk has at least 1 row, not {prefill_rows}")
+        if tp < 1:
+            raise LogosError(f"generation runs on at least 1 chip, not {tp}")
+        if ctx is not None and ctx < 1:
+            raise LogosError(f"the cache holds at least 1 position, not {ctx}")
+        self.weights, self.spec = weights, weights.spec
+        self.ctx, self.prefill_rows, self.tp = ctx, prefill_rows, tp
+        self.stats = GenerationStats()
+        self._programs: dict[Cut, _Compiled] = {}
+        self._states: dict[int, KVState] = {}
+        self._used: dict[Cut, Identity] = {}
+
+    # -- programs --------------------------------------------------------------------------------------------
+
+    def program(self, cut: Cut) -> Interpreter:
+        """The compiled program for `cut` (split over `tp` chips when tp > 1), authored and parsed on first
+        use."""
+        compiled = self._programs.get(cut)
+        if compiled is None:
+            compiled = self._programs[cut] = self._compile(cut)
+        self._used[cut] = compiled.identity
+        return compiled.interpreter
+
+    def _compile(self, cut: Cut) -> _Compiled:
+        from logos_ir.parser import parse_program
+
+        if self.tp > 1:
+            authored, identity = written_split(self.spec, cut, "", self.tp)
+        else:
+            authored, identity = written(self.spec, cut)
+        program = parse_program(authored.text, f"<{cut.option()}>")
+        return _Compiled(Interpreter(program, self.weights, self._state(cut.ctx or 1)), identity)
+
+    def _state(self, ctx: int) -> KVState:
+        """One KV state per cache length: every program over that length shares it."""
+        state = self._states.get(ctx)
+        if state is None:
+            state = self._states[ctx] = KVState()
+        return state
+
+    @property
+    def identities(self) -> list[Identity]:
+        """The identities of the programs the last `generate` ran, in the order it first ran them."""
+        return list(self._used.values())
+
+    # -- generating ------------------------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        eos_id: int | None = None,
+        on_token: Callable[[int], None] | None = None,
+    ) -> list[int]:
+        """Greedy continuation of `prompt_ids` (ids from 0): up to `max_new_tokens` new ids (from 0), stopping
+        after `eos_id` (which is returned) or when the cache is full."""
+        prompt = self._checked_prompt(prompt_ids)
+        ctx = self.ctx or default_ctx(len(prompt), max_new_tokens)
+        if len(prompt) > ctx:
+            raise LogosError(
+                f"the prompt's {len(prompt)} tokens do not fit a cache of {ctx} positions",
+                hint="give the generator a longer ctx",
+            )
+        self.stats = GenerationStats(prompt_tokens=len(prompt))
+        self._used = {}
+        self._state(ctx).reset()
+        if max_new_tokens <= 0:
+            return []
+        self._prepare(len(prompt), ctx, max_new_tokens)
+        started = time.perf_counter()
+        token = self._prefill(prompt, ctx)
+        self.stats.prefill_s = time.perf_counter() - started
+        return self._decode(token, len(prompt) + 1, ctx, max_new_tokens, eos_id, on_token)
+
+    def _checked_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
+        prompt = [int(i) for i in prompt_ids]
+        if not prompt:
+            raise LogosError("the prompt is empty: generation needs at least one token")
+        bad = [i for i in prompt if not 0 <= i < self.spec.vocab]
+        if bad:
+            raise LogosError(
+                f"prompt ids {bad[:5]} are outside the vocabulary (ids 0 to {self.spec.vocab - 1})"
+            )
+        return prompt
+
+    def _prepare(self, prompt_length: int, ctx: int, max_new_tokens: int) -> None:
+        """Author and compile every program this call will run before the clock starts (and in running order,
+        so `identities` lists them as they run)."""
+        if self.tp == 1:
+            rows = {
+                min(self.prefill_rows, prompt_length - start)
+                for start in range(0, prompt_length, self.prefill_rows)
+            }
+            for count in sorted(rows, reverse=True):
+                self.program(Cut.prefill(count, ctx))
+        if self.tp > 1 or (max_new_tokens > 1 and prompt_length < ctx):
+            self.program(Cut.decode(ctx))
+
+    def _prefill(self, prompt: list[int], ctx: int) -> int:
+        """Run the prompt through the cache; the first new token, from 1."""
+        if self.tp > 1:
+            # Prefill is not splittable (only decode steps and batches are), so a split run feeds the prompt
+            # through the split decode step, one token at a time: the same cache, filled position by position.
+            step = self.program(Cut.decode(ctx))
+            for position, token in enumerate(prompt, start=1):
+                out = _run(step, [token + 1], [position])
+            return int(out[0])
+        for start in range(0, len(prompt), self.prefill_rows):
+            chunk = prompt[start : start + self.prefill_rows]
+            program = self.program(Cut.prefill(len(chunk), ctx))  # a shorter last chunk gets its own program
+            out = _run(program, [t + 1 for t in chunk], list(range(start + 1, start + len(chunk) + 1)))
+        return int(out[0])
+
+    def _decode(
+        self,
+        token: int,
+        position: int,
+        ctx: int,
+        max_new_tokens: int,
+        eos_id: int | None,
+        on_token: Callable[[int], None] | None,
+    ) -> list[int]:
+        """Emit `token` (from 1, predicted for `position`), then decode until a stop; the new ids from 0."""
+        new: list[int] = []
+        step = self.program(Cut.decode(ctx)) if max_new_tokens > 1 and position <= ctx else None
+        started = time.perf_counter()
+        while True:
+            new.append(token - 1)
+            if on_token is not None:
+                on_token(token - 1)
+            if len(new) >= max_new_tokens or token - 1 == eos_id or position > ctx or step is None:
+                break
+            token = int(_run(step, [token], [position])[0])
+            position += 1
+            self.stats.decode_steps += 1
+        self.stats.decode_s = time.perf_counter() - started
+        self.stats.new_tokens = len(new)
+        return new
+
+
+def _run(program: Interpreter, tokens: list[int], positions: list[int]) -> np.ndarray:
+    """Run a program on tokens and positions (from 1), bound to its inputs of those kinds, whatever their
+    names (`token` for one row, `tokens` for several)."""
+    names = {kind: name for name, kind in program.inputs.items()}
+    return program.run(
+        **{
+            names["token"]: np.array(tokens, dtype=np.int64),
+            names["position"]: np.array(positions, dtype=np.int64),
+        }
+    )
