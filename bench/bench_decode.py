@@ -157,9 +157,7 @@ def _machine() -> dict[str, str]:
     import numpy
 
     try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout.splitlines()[
-            :10
-        ]
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout.splitlines()[:10]
     except OSError:
         lscpu = []
     return {

@@ -44,6 +44,12 @@ def run_tool(tool: str, body: Callable[[], int | None], argv: list[str] | None =
             raise
         print(str(error), file=sys.stderr)
         return USER_ERROR
+    except UnicodeDecodeError as error:  # an input file that is not text (xDSL's parser decodes MLIR itself)
+        if debug:
+            raise
+        print(f"{tool}: error: the input is not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset "
+              f"{error.start})", file=sys.stderr)
+        return USER_ERROR
     except BrokenPipeError:
         return USER_ERROR
     except Exception as error:  # a bug in logos-ir, not the user's input

@@ -148,9 +148,7 @@ class Generator:
             raise LogosError("the prompt is empty: generation needs at least one token")
         bad = [i for i in prompt if not 0 <= i < self.spec.vocab]
         if bad:
-            raise LogosError(
-                f"prompt ids {bad[:5]} are outside the vocabulary (ids 0 to {self.spec.vocab - 1})"
-            )
+            raise LogosError(f"prompt ids {bad[:5]} are outside the vocabulary (ids 0 to {self.spec.vocab - 1})")
         return prompt
 
     def _prepare(self, prompt_length: int, ctx: int, max_new_tokens: int) -> None:
@@ -158,8 +156,7 @@ class Generator:
         so `identities` lists them as they run)."""
         if self.tp == 1:
             rows = {
-                min(self.prefill_rows, prompt_length - start)
-                for start in range(0, prompt_length, self.prefill_rows)
+                min(self.prefill_rows, prompt_length - start) for start in range(0, prompt_length, self.prefill_rows)
             }
             for count in sorted(rows, reverse=True):
                 self.program(Cut.prefill(count, ctx))

@@ -69,8 +69,7 @@ class KVState:
             raise LogosError(
                 f"the KV state holds a {kind} cache of shape {list(array.shape)} for layer {layer} on chip "
                 f"{chip}, but this program's is {list(shape)}",
-                hint="programs share a KVState only when their caches have the same shape; give this one its "
-                "own",
+                hint="programs share a KVState only when their caches have the same shape; give this one its own",
             )
         return array
 
@@ -261,17 +260,11 @@ def _attention(keys: np.ndarray, values: np.ndarray) -> Callable[..., Step]:
             k = keys[:, :length]
             v = values[:, :length]
             # Query head h = kv * group + g reads KV head kv: gather each KV head's queries of all rows.
-            qh = (
-                q.reshape(rows, kv_heads, group, head_dim)
-                .transpose(1, 0, 2, 3)
-                .reshape(kv_heads, -1, head_dim)
-            )
+            qh = q.reshape(rows, kv_heads, group, head_dim).transpose(1, 0, 2, 3).reshape(kv_heads, -1, head_dim)
             scores = matmul(qh, k.transpose(0, 2, 1))
             scores *= scale
             if rows > 1:  # a decode row attends every cached position up to its own: nothing to mask
-                scores.reshape(kv_heads, rows, group, length)[...] += _causal_bias(pos, length)[
-                    None, :, None, :
-                ]
+                scores.reshape(kv_heads, rows, group, length)[...] += _causal_bias(pos, length)[None, :, None, :]
             attended = matmul(_softmax_rows(scores), v)
             r[out] = attended.reshape(kv_heads, rows, group, head_dim).transpose(1, 0, 2, 3).reshape(rows, -1)
 
@@ -312,11 +305,7 @@ def _self_attention(head_dim: int) -> Callable[..., Step]:
             rows = q.shape[0]
             kv_heads = k.shape[1] // head_dim
             group = q.shape[1] // k.shape[1]
-            qh = (
-                q.reshape(rows, kv_heads, group, head_dim)
-                .transpose(1, 0, 2, 3)
-                .reshape(kv_heads, -1, head_dim)
-            )
+            qh = q.reshape(rows, kv_heads, group, head_dim).transpose(1, 0, 2, 3).reshape(kv_heads, -1, head_dim)
             kh = k.reshape(rows, kv_heads, head_dim).transpose(1, 2, 0)
             vh = v.reshape(rows, kv_heads, head_dim).transpose(1, 0, 2)
             scores = matmul(qh, kh)
@@ -658,9 +647,7 @@ class _ChipCompiler:
 
     def _all_reduce(self, op: AllReduceOp, env: dict[SSAValue, _Ref], section: str) -> None:
         if op.reduction.data != ReductionKind.SUM:
-            raise LogosError(
-                f"@{section}: the reference interpreter all-reduces by sum only, not {op.reduction.data}"
-            )
+            raise LogosError(f"@{section}: the reference interpreter all-reduces by sum only, not {op.reduction.data}")
         x = self._value(env[op.input], section, "the input")
         nbytes = math.prod(logos.tensor_shape(op.input)) * 4
         env[op.result] = self._emit(_copy, [x], section, reduce=True, nbytes=nbytes)
@@ -728,9 +715,7 @@ def _grid_chips(program: logos.ProgramOp) -> int:
         if isinstance(op, GridOp):
             shape = logos.int_values(op.shape)
             if len(shape) != 1:
-                raise LogosError(
-                    f"the reference interpreter runs one-dimensional chip grids, not {list(shape)}"
-                )
+                raise LogosError(f"the reference interpreter runs one-dimensional chip grids, not {list(shape)}")
             chips = shape[0]
     declared = program.chips.value.data
     if chips > 1 and chips != declared:
@@ -750,8 +735,7 @@ def check_weights(program: logos.ProgramOp, weights: WeightStore) -> None:
         got = tuple(weights.shape(name))
         if got != want:
             raise WeightError(
-                f"{weights.source}: tensor '{name}' has shape {list(got)}, but the program reads it as "
-                f"{list(want)}"
+                f"{weights.source}: tensor '{name}' has shape {list(got)}, but the program reads it as {list(want)}"
             )
 
 
@@ -781,9 +765,7 @@ class Interpreter:
         self.chips = _grid_chips(program)
         self._ropes: dict[tuple[Any, ...], _RopeTable] = {}
         self._plan, self._cache_length = self._compile(_rope_length(program))
-        self._fast = (
-            self._plan.segments[0].steps[0] if self.chips == 1 and len(self._plan.segments) == 1 else None
-        )
+        self._fast = self._plan.segments[0].steps[0] if self.chips == 1 and len(self._plan.segments) == 1 else None
         self._ran = False
 
     # -- compiling -------------------------------------------------------------------------------------------
@@ -791,9 +773,7 @@ class Interpreter:
     def _compile(self, rope_length: int) -> tuple[_Plan, int | None]:
         compilers = []
         for chip in range(self.chips):
-            compiler = _ChipCompiler(
-                self.program, self.weights, self.state, chip, self.chips, self._ropes, rope_length
-            )
+            compiler = _ChipCompiler(self.program, self.weights, self.state, chip, self.chips, self._ropes, rope_length)
             compilers.append(compiler.compile())
         first = compilers[0]
         pinned = sorted(
@@ -819,9 +799,7 @@ class Interpreter:
             slot=slot,
         )
         if len(first.cache_positions) > 1:
-            raise LogosError(
-                f"the program's caches disagree on their length: {sorted(first.cache_positions)}"
-            )
+            raise LogosError(f"the program's caches disagree on their length: {sorted(first.cache_positions)}")
         cache_length = next(iter(first.cache_positions)) if first.cache_positions else None
         return plan, cache_length
 
@@ -896,15 +874,11 @@ class Interpreter:
     def _check_input(self, spec: _Input, value: Any) -> np.ndarray:
         if value is None:
             if spec.default is None:
-                raise LogosError(
-                    f"input '{spec.name}' is a hidden state: give its value, run({spec.name}=...)"
-                )
+                raise LogosError(f"input '{spec.name}' is a hidden state: give its value, run({spec.name}=...)")
             value = spec.default
         array = np.asarray(value)
         if array.size != math.prod(spec.shape):
-            raise LogosError(
-                f"input '{spec.name}' takes {list(spec.shape)} values, got shape {list(array.shape)}"
-            )
+            raise LogosError(f"input '{spec.name}' takes {list(spec.shape)} values, got shape {list(array.shape)}")
         if spec.kind == "hidden":
             return np.ascontiguousarray(array, dtype=_F32).reshape(spec.shape)
         if array.dtype.kind not in "iu":
@@ -926,9 +900,7 @@ class Interpreter:
         limit = self._cache_length
         if limit is not None:
             if high > limit:
-                raise LogosError(
-                    f"input '{spec.name}': position {high} is outside the cache (positions 1 to {limit})"
-                )
+                raise LogosError(f"input '{spec.name}': position {high} is outside the cache (positions 1 to {limit})")
         else:
             for table in self._ropes.values():
                 table.ensure(high)
@@ -959,9 +931,7 @@ def _communication(nodes: Sequence[_Node], chips: int) -> Communication:
     return Communication(per_section, sum(per_section.values()))
 
 
-def run_text(
-    text: str, weights: WeightStore, state: KVState | None = None, filename: str = "<logos>"
-) -> np.ndarray:
+def run_text(text: str, weights: WeightStore, state: KVState | None = None, filename: str = "<logos>") -> np.ndarray:
     """Parse LOGOS text and run it once with the inputs it carries (its placeholders)."""
     from logos_ir.parser import parse_program
 

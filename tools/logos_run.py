@@ -64,9 +64,7 @@ def _arguments() -> argparse.ArgumentParser:
     prompt.add_argument("--prompt", help="the prompt text (default: a question in the model's chat template)")
     prompt.add_argument("--prompt-ids", type=_ids, help="the prompt as comma-separated token ids, from 0")
     parser.add_argument("--chat", action="store_true", help="apply the model's chat template to --prompt")
-    parser.add_argument(
-        "--max-new-tokens", type=_count, default=32, help="how many tokens to generate at most"
-    )
+    parser.add_argument("--max-new-tokens", type=_count, default=32, help="how many tokens to generate at most")
     parser.add_argument("--prefill-rows", type=_positive, default=16, help="prompt tokens per prefill chunk")
     parser.add_argument(
         "--ctx",
@@ -74,9 +72,7 @@ def _arguments() -> argparse.ArgumentParser:
         default=None,
         help="cache positions (default: prompt plus new tokens, rounded up to a multiple of 64)",
     )
-    parser.add_argument(
-        "--backend", choices=["reference"], default="reference", help="what runs the programs"
-    )
+    parser.add_argument("--backend", choices=["reference"], default="reference", help="what runs the programs")
     parser.add_argument("--tp", type=_positive, default=1, help="split the decode step over this many chips")
     parser.add_argument("--seed", type=_count, default=0, help="the seed of a preset's random weights")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")

@@ -32,9 +32,7 @@ def _openblas() -> ctypes.CDLL | None:
     """numpy's OpenBLAS, when it is the loaded BLAS (Linux: found through /proc/self/maps)."""
     try:
         with open("/proc/self/maps") as maps:
-            paths = {
-                line.split()[-1] for line in maps if "openblas" in line and line.rstrip().endswith(".so")
-            }
+            paths = {line.split()[-1] for line in maps if "openblas" in line and line.rstrip().endswith(".so")}
     except OSError:
         return None
     for path in sorted(paths):

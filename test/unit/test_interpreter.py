@@ -27,9 +27,7 @@ from logos_ir.weights import RandomWeights, llama3_rope_divisors, open_model, sa
 TINY = ModelSpec.preset("tiny")
 TP8 = ModelSpec.preset("tiny-tp8")
 CTX = 40
-FIRST = (
-    7  # a first token (from 1) whose greedy continuation on these seeds does not settle into one repeated id
-)
+FIRST = 7  # a first token (from 1) whose greedy continuation on these seeds does not settle into one repeated id
 EXACT = {"rtol": 1e-6, "atol": 1e-6}
 REORDERED = {"rtol": 1e-5, "atol": 1e-5}
 
@@ -116,9 +114,7 @@ def test_a_batch_of_rows_equals_separate_sequences(tiny: RandomWeights) -> None:
             single = alone[row].run(token=np.array([tokens[row]]), position=np.array([positions[row]]))
             assert int(together[row]) == int(single[0])
             for name in hidden_names(TINY):
-                np.testing.assert_allclose(
-                    batch.last_values[name][row], alone[row].last_values[name][0], **REORDERED
-                )
+                np.testing.assert_allclose(batch.last_values[name][row], alone[row].last_values[name][0], **REORDERED)
         tokens = [int(t) for t in together]
 
 
@@ -149,8 +145,7 @@ def test_weights_saved_as_safetensors_run_the_same(tiny: RandomWeights, tmp_path
     save_model(tiny, tmp_path)
     reopened = open_model(str(tmp_path))
     assert (
-        greedy(compiled(reopened, Cut.decode(CTX)), FIRST, 8)[0]
-        == greedy(compiled(tiny, Cut.decode(CTX)), FIRST, 8)[0]
+        greedy(compiled(reopened, Cut.decode(CTX)), FIRST, 8)[0] == greedy(compiled(tiny, Cut.decode(CTX)), FIRST, 8)[0]
     )
 
 
@@ -179,9 +174,7 @@ def test_split_programs_agree_with_the_unsplit_one(preset: str, seed: int, tp: i
     # Partial products summed over chips differ from whole products by float32 reordering only: measured up to
     # 2e-6 on logits of magnitude up to 4 (about 4e-7 relative); 1e-5 leaves room and still catches any real
     # error.
-    np.testing.assert_allclose(
-        logits_of(head, spec, split_values), logits_of(head, spec, values), **REORDERED
-    )
+    np.testing.assert_allclose(logits_of(head, spec, split_values), logits_of(head, spec, values), **REORDERED)
     # Each layer all-reduces the attention output and the MLP output: two rows of `hidden` float32 numbers.
     report = split.communication_bytes_per_run()
     assert report.per_section == {f"layer_{i}": 2 * spec.hidden * 4 for i in range(spec.layers)}
@@ -330,9 +323,7 @@ def test_generation_stops_at_eos_and_when_the_cache_is_full(tiny: RandomWeights)
 def test_logos_run_on_a_preset(capsys: pytest.CaptureFixture[str]) -> None:
     from logos_ir.tools import logos_run
 
-    assert (
-        logos_run.main(["--model", "tiny", "--prompt-ids", "6,99,2", "--max-new-tokens", "5", "--json"]) == 0
-    )
+    assert logos_run.main(["--model", "tiny", "--prompt-ids", "6,99,2", "--max-new-tokens", "5", "--json"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["prompt_ids"] == [6, 99, 2] and report["text"] is None
     assert report["new_ids"] == Generator(RandomWeights(TINY, 0), ctx=64).generate([6, 99, 2], 5)
