@@ -23,6 +23,7 @@ from logos_ir.dialects import logos
 from logos_ir.errors import CutError, NotYet, SpecError
 from logos_ir.program import Cut
 from logos_ir.spec import ModelSpec
+from logos_ir.tensor_parallel import weight_split
 
 NOT_YET_SPLIT = "a cut other than a decode step, a batch or a layer of either, split over chips"
 
@@ -251,17 +252,13 @@ class _Plan:
         split = self.split
         w = self._weight
         normed = section.rms_norm("normed", x, w(section, "attention_norm", names["attention_norm"], (spec.hidden,)))
-        query = section.linear(
-            "query", w(section, "query_weight", names["query"], (spec.q_dim, spec.hidden), "rows"), normed
-        )
-        key = section.linear("key", w(section, "key_weight", names["key"], (spec.kv_dim, spec.hidden), "rows"), normed)
-        value = section.linear(
-            "value", w(section, "value_weight", names["value"], (spec.kv_dim, spec.hidden), "rows"), normed
-        )
+        query = section.linear("query", w(section, "query_weight", names["query"], (spec.q_dim, spec.hidden)), normed)
+        key = section.linear("key", w(section, "key_weight", names["key"], (spec.kv_dim, spec.hidden)), normed)
+        value = section.linear("value", w(section, "value_weight", names["value"], (spec.kv_dim, spec.hidden)), normed)
         turned_query = section.rope("turned_query", query, position)
         turned_key = section.rope("turned_key", key, position)
         attended = self._attend(section, layer, turned_query, turned_key, value, position)
-        output = w(section, "output_weight", names["output"], (spec.hidden, spec.q_dim), "columns")
+        output = w(section, "output_weight", names["output"], (spec.hidden, spec.q_dim))
         projected = self._reduced(section, "projected", section.linear(_part("projected", split), output, attended))
         mixed = section.add("mixed", x, projected)
         normed_mixed = section.rms_norm(
@@ -269,14 +266,12 @@ class _Plan:
         )
         gate = section.linear(
             "gate",
-            w(section, "gate_weight", names["gate"], (spec.intermediate, spec.hidden), "rows"),
+            w(section, "gate_weight", names["gate"], (spec.intermediate, spec.hidden)),
             normed_mixed,
         )
-        up = section.linear(
-            "up", w(section, "up_weight", names["up"], (spec.intermediate, spec.hidden), "rows"), normed_mixed
-        )
+        up = section.linear("up", w(section, "up_weight", names["up"], (spec.intermediate, spec.hidden)), normed_mixed)
         product = section.mul("product", section.silu("activated", gate), up)
-        down_weight = w(section, "down_weight", names["down"], (spec.hidden, spec.intermediate), "columns")
+        down_weight = w(section, "down_weight", names["down"], (spec.hidden, spec.intermediate))
         down = self._reduced(section, "down", section.linear(_part("down", split), down_weight, product))
         return section.ret(section.add("result", mixed, down))
 
@@ -304,15 +299,8 @@ class _Plan:
     def _reduced(self, section: SectionBuilder, name: str, partial: SSAValue) -> SSAValue:
         return section.all_reduce(name, partial) if self.split else partial
 
-    def _weight(
-        self,
-        section: SectionBuilder,
-        name: str,
-        tensor: str,
-        shape: tuple[int, ...],
-        split: str | None = None,
-    ) -> SSAValue:
-        return section.weight(name, tensor, shape, split if self.split else None)
+    def _weight(self, section: SectionBuilder, name: str, tensor: str, shape: tuple[int, ...]) -> SSAValue:
+        return section.weight(name, tensor, shape, weight_split(tensor) if self.split else None)
 
 
 def _part(name: str, split: bool) -> str:

@@ -24,7 +24,6 @@ all.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -42,27 +41,9 @@ from logos_ir.dialects import logos
 from logos_ir.errors import CutError, LogosError, PassError
 from logos_ir.program import Cut
 from logos_ir.spec import ModelSpec
+from logos_ir.tensor_parallel import weight_split
 
 PASS = "tp-split"
-
-# Megatron-LM's split of a Llama layer: column-parallel projections (split by the output rows of the [out, in]
-# weight) feed the attention and the SwiGLU product; row-parallel ones (split by input columns) sum them back.
-_SPLIT_OF = {
-    "self_attn.q_proj": "rows",
-    "self_attn.k_proj": "rows",
-    "self_attn.v_proj": "rows",
-    "self_attn.o_proj": "columns",
-    "mlp.gate_proj": "rows",
-    "mlp.up_proj": "rows",
-    "mlp.down_proj": "columns",
-}
-_LAYER_WEIGHT = re.compile(r"model\.layers\.(?:0|[1-9][0-9]*)\.(?P<role>[a-z_]+\.[a-z_]+)\.weight")
-
-
-def weight_split(tensor: str) -> str | None:
-    """How tp-split splits the weight named `tensor`: `rows`, `columns`, or None (replicated)."""
-    match = _LAYER_WEIGHT.fullmatch(tensor)
-    return None if match is None else _SPLIT_OF.get(match["role"])
 
 
 @dataclass(frozen=True)

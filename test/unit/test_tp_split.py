@@ -21,10 +21,11 @@ from logos_ir import author, identity, registry
 from logos_ir.dialects import logos
 from logos_ir.errors import NotYet, PassError, SpecError
 from logos_ir.parser import parse_program
-from logos_ir.passes.tp_split import TpSplit, communication_report, weight_split
+from logos_ir.passes.tp_split import TpSplit, communication_report
 from logos_ir.printer import print_program
 from logos_ir.program import Cut, Identity, written, written_split
 from logos_ir.spec import ModelSpec
+from logos_ir.tensor_parallel import weight_split
 
 WIDTHS = (1, 2, 3, 4, 8)
 LEGAL = {"tiny": (1, 2), "tiny-tp8": (1, 2, 4, 8), "smollm2-135m": (1, 3), "llama-3.1-70b": (1, 2, 4, 8)}
