@@ -7,7 +7,9 @@ internal error (exit 70) with a request to rerun with `--debug`, which shows the
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from collections.abc import Callable
 
 USER_ERROR = 1
@@ -47,8 +49,11 @@ def run_tool(tool: str, body: Callable[[], int | None], argv: list[str] | None =
     except UnicodeDecodeError as error:  # an input file that is not text (xDSL's parser decodes MLIR itself)
         if debug:
             raise
-        print(f"{tool}: error: the input is not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset "
-              f"{error.start})", file=sys.stderr)
+        print(
+            f"{tool}: error: the input is not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset "
+            f"{error.start})",
+            file=sys.stderr,
+        )
         return USER_ERROR
     except BrokenPipeError:
         return USER_ERROR
@@ -60,3 +65,17 @@ def run_tool(tool: str, body: Callable[[], int | None], argv: list[str] | None =
             file=sys.stderr,
         )
         return INTERNAL_ERROR
+
+
+def write_atomically(path: str, text: str) -> None:
+    """Write `text` to `path` through a temporary file in the same folder, renamed into place: a failure leaves the
+    old file (or no file), never half of a new one."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, temporary = tempfile.mkstemp(dir=folder, prefix=".logos-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as stream:
+            stream.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise

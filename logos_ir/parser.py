@@ -114,6 +114,9 @@ def _check_layout(src: _Source, text: str) -> list[_Line]:
         if not line and lines and not lines[-1].text:
             raise src.error(number, 1, "more than one blank line", "sections are separated by one blank line")
         lines.append(_Line(number, line))
+    if not lines[-1].text:
+        raise src.error(lines[-1].number, 1, "a blank line at the end of the file",
+                        "a LOGOS file ends with the newline of its last statement")
     return lines
 
 

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
-from logos_ir.cli import run_tool
+from logos_ir.cli import run_tool, write_atomically
 
 
 def _arguments() -> argparse.ArgumentParser:
@@ -50,19 +48,6 @@ def load_spec(model: str):
         f"unknown model '{model}': neither a preset nor a config.json",
         hint=f"presets: {', '.join(ModelSpec.presets())}",
     )
-
-
-def write_atomically(path: str, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same folder, renamed into place."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, temporary = tempfile.mkstemp(dir=folder, prefix=".logos-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as stream:
-            stream.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
 
 
 def main(argv: list[str] | None = None) -> int:

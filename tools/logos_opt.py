@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import sys
 from collections.abc import Sequence
 from typing import IO, ClassVar
@@ -23,7 +24,7 @@ from xdsl.utils.target import Target
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from logos_ir import registry
-from logos_ir.cli import USAGE_ERROR, run_tool
+from logos_ir.cli import USAGE_ERROR, run_tool, write_atomically
 from logos_ir.errors import LogosError
 
 
@@ -43,8 +44,28 @@ class LogosTarget(Target):
         output.write("\n".join(print_program(p) for p in found))
 
 
+class _Held(io.StringIO):
+    """Output held in memory until the run succeeds (xDSL closes its output stream whatever happens)."""
+
+    def close(self) -> None:
+        pass
+
+
 class LogosOptMain(xDSLOptMain):
     version_format = "logos-opt (logos-ir) built on xdsl version {xdsl_version}"
+    _held: _Held | None = None
+
+    def prepare_output(self) -> IO[str]:
+        if self.args.output_file is None:
+            return sys.stdout
+        self._held = _Held()
+        return self._held
+
+    def run(self) -> None:
+        """Run, then write `-o` atomically: a failing run leaves no output file, or the old one, never half."""
+        super().run()
+        if self._held is not None:
+            write_atomically(self.args.output_file, self._held.getvalue())
 
     def register_all_dialects(self) -> None:
         super().register_all_dialects()
