@@ -125,7 +125,7 @@ class LogosOp(IRDLOperation):
     yet inside a program (the parser checks each op as it reads its line); `verify_` runs them in xDSL's verifier."""
 
     def check_(self) -> None:
-        pass
+        """The op's own checks (each op that has any overrides this); an op without them has nothing to check."""
 
     def verify_(self) -> None:
         self.check_()

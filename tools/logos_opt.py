@@ -48,7 +48,7 @@ class _Held(io.StringIO):
     """Output held in memory until the run succeeds (xDSL closes its output stream whatever happens)."""
 
     def close(self) -> None:
-        pass
+        """Kept open: `run` reads what was written once the whole run has succeeded."""
 
 
 class LogosOptMain(xDSLOptMain):
