@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from logos_ir.errors import SpecError
+from logos_ir.errors import SourceLocation, SpecError
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral")
 
@@ -144,12 +144,14 @@ def _load_config(source: str | Path | Mapping[str, Any]) -> tuple[Mapping[str, A
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise SpecError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as error:
+    except (OSError, UnicodeDecodeError, ValueError) as error:  # ValueError: a NUL in the path
         raise SpecError(f"{path}: cannot read: {error}") from None
     try:
         config = json.loads(text)
     except json.JSONDecodeError as error:
-        raise SpecError(f"{path}:{error.lineno}:{error.colno}: error: invalid JSON: {error.msg}") from None
+        line = text.split("\n")[error.lineno - 1] if len(text) < 1_000_000 else ""
+        where = SourceLocation(str(path), error.lineno, error.colno, line if len(line) <= 200 else "")
+        raise SpecError(f"invalid JSON: {error.msg}", where) from None
     except RecursionError:
         raise SpecError(f"{path}: invalid JSON: nested too deeply") from None
     except ValueError:  # Python refuses to read an integer of more than 4300 digits

@@ -1,0 +1,2 @@
+builtin.module attributes {a = array<i65: 1>} {
+}

@@ -1,0 +1,4 @@
+"func.func"() <{sym_name = "f", function_typg = () -> ()}> ({
+^bb0:
+  "func.return"() : () -> ()
+}) : () -> ()

@@ -1,0 +1,2 @@
+builtin.module attributes {a = 1 : i1099511627776} {
+}

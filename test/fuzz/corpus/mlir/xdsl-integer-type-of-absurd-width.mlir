@@ -1,0 +1,2 @@
+builtin.module attributes {a = 1 : i99999999999999999999} {
+}

@@ -1,0 +1,140 @@
+"""The command-line tools' exit codes and messages: 1 for a user error, 2 for a usage error, no traceback unless
+--debug (docs/errors.md). Each case runs the installed tool in a fresh process, as a user would; the processes
+run together, once per session, and each test checks one of them."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from logos_ir.cli import INTERNAL_ERROR, USAGE_ERROR, USER_ERROR, run_tool
+from logos_ir.errors import SpecError
+from logos_ir.program import Cut
+from logos_ir.spec import ModelSpec
+
+BIN = Path(sys.executable).parent
+
+
+def tool(name: str) -> str:
+    found = BIN / name
+    if found.exists():
+        return str(found)
+    which = shutil.which(name)
+    if which is None:
+        pytest.skip(f"{name} is not installed")
+    return which
+
+
+# name: (command, standard input, expected exit code, words the standard error must hold)
+CASES: dict[str, tuple[list[str], bytes, int, list[str]]] = {
+    "opt-bad-logos": (["logos-opt", "{dir}/bad.logos"], b"", USER_ERROR,
+                      ["bad.logos:2:24: error:", "expected a whole number, got 'many'", "^"]),
+    "opt-bad-logos-stdin": (["logos-opt", "-f", "logos"], b"## Program: nonsense\n", USER_ERROR,
+                            ["stdin:1:13: error: unknown cut 'nonsense'", "hint:"]),
+    "opt-unknown-pass": (["logos-opt", "{dir}/good.logos", "-p", "no-such-pass"], b"", USAGE_ERROR,
+                         ["no-such-pass"]),
+    "opt-unknown-option": (["logos-opt", "--no-such-option"], b"", USAGE_ERROR, ["unrecognized arguments"]),
+    "opt-bad-pass-option": (["logos-opt", "{dir}/good.logos", "-p", "tp-split{tp=3}"], b"", USER_ERROR,
+                            ["tp-split", "does not split over 3 chips"]),
+    "opt-not-utf8-mlir": (["logos-opt"], b"builtin.module {\n}\n\xff\n", USER_ERROR,
+                          ["not UTF-8 text", "0xff"]),
+    "opt-bad-mlir": (["logos-opt"], b"builtin.module {\n  %x = \"logos.nope\"() : () -> i32\n}\n", USER_ERROR,
+                     ["logos.nope"]),
+    "author-bad-cut": (["logos-author", "--cut", "decode_layer layer=1"], b"", USER_ERROR,
+                       ["cut 'decode_layer layer=1' needs 2 argument(s)", "hint: write 'decode_layer layer=N ctx=N'"]),
+    "author-cut-past-the-model": (["logos-author", "--cut", "decode_layer layer=9 ctx=64"], b"", USER_ERROR,
+                                  ["layer 9"]),
+    "author-unknown-option": (["logos-author", "--no-such-option"], b"", USAGE_ERROR, ["unrecognized arguments"]),
+    "author-bad-tp": (["logos-author", "--tp", "two"], b"", USAGE_ERROR, ["--tp", "invalid int value"]),
+    "author-config-missing-field": (["logos-author", "--model", "{dir}/config.json"], b"", USER_ERROR,
+                                    ["config.json: required field 'num_attention_heads' is missing"]),
+    "run-bad-model": (["logos-run", "--model", "{dir}/no-such-model", "--prompt-ids", "1"], b"", USER_ERROR,
+                      ["no-such-model", "hint:"]),
+    "run-bad-model-debug": (["logos-run", "--model", "{dir}/no-such-model", "--prompt-ids", "1", "--debug"], b"",
+                            USER_ERROR, ["Traceback", "WeightError"]),
+    "run-unknown-option": (["logos-run", "--no-such-option"], b"", USAGE_ERROR, ["unrecognized arguments"]),
+    "run-bad-count": (["logos-run", "--max-new-tokens", "-3"], b"", USAGE_ERROR, ["must not be negative"]),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess[bytes]]:
+    folder = tmp_path_factory.mktemp("cli")
+    good = Cut.parse("decode ctx=64").write(ModelSpec.preset("tiny")).text
+    (folder / "good.logos").write_text(good)
+    (folder / "bad.logos").write_text(good.replace("has 256 tokens", "has many tokens", 1))
+    (folder / "config.json").write_text('{"model_type": "llama", "hidden_size": 64}\n')
+
+    def run(case: str) -> subprocess.CompletedProcess[bytes]:
+        command, stdin, _, _ = CASES[case]
+        argv = [tool(command[0])] + [arg.replace("{dir}", str(folder)) for arg in command[1:]]
+        return subprocess.run(argv, input=stdin, capture_output=True, timeout=120, cwd=folder)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return dict(zip(CASES, pool.map(run, CASES), strict=True))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_exit_code_and_message(results, case):
+    _, _, code, words = CASES[case]
+    done = results[case]
+    stderr = done.stderr.decode("utf-8", "replace")
+    assert done.returncode == code, f"exit {done.returncode}, not {code}:\n{stderr}"
+    for word in words:
+        assert word in stderr, f"{word!r} not in:\n{stderr}"
+    if "--debug" not in CASES[case][0]:
+        assert "Traceback" not in stderr, stderr
+        assert "internal error" not in stderr, stderr
+
+
+def test_a_user_error_prints_one_diagnostic(results):
+    stderr = results["opt-bad-logos"].stderr.decode()
+    assert stderr.count("error:") == 1
+    assert results["opt-bad-logos"].stdout == b""
+
+
+# -- run_tool, in process --------------------------------------------------------------------------------------------
+
+
+def raising(error: BaseException):
+    def body() -> int:
+        raise error
+
+    return body
+
+
+def test_run_tool_maps_errors_to_exit_codes(capsys):
+    assert run_tool("t", lambda: 0, []) == 0
+    assert run_tool("t", lambda: None, []) == 0
+    assert run_tool("t", raising(SpecError("bad size")), []) == USER_ERROR
+    assert capsys.readouterr().err == "t: error: bad size\n"
+    assert run_tool("t", raising(RuntimeError("oops")), []) == INTERNAL_ERROR
+    err = capsys.readouterr().err
+    assert err == "t: internal error: RuntimeError: oops (rerun with --debug for a traceback)\n"
+    assert run_tool("t", raising(KeyboardInterrupt()), []) == 130
+
+
+def test_run_tool_reports_non_utf8_input_as_a_user_error(capsys):
+    def body() -> int:
+        b"ok \xfe".decode("utf-8")
+        return 0
+
+    assert run_tool("t", body, []) == USER_ERROR
+    assert capsys.readouterr().err == "t: error: the input is not UTF-8 text (byte 0xfe at offset 3)\n"
+
+
+def test_run_tool_lets_errors_through_with_debug():
+    with pytest.raises(SpecError):
+        run_tool("t", raising(SpecError("bad")), ["--debug"])
+    with pytest.raises(RuntimeError):
+        run_tool("t", raising(RuntimeError("oops")), ["--debug"])
+
+
+def test_run_tool_passes_system_exit_through():
+    with pytest.raises(SystemExit):
+        run_tool("t", raising(SystemExit(2)), [])
