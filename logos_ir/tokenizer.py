@@ -270,7 +270,7 @@ def _json_object(path: Path) -> dict[str, Any]:
         return {}
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+    except (OSError, ValueError, RecursionError) as error:  # ValueError: bad UTF-8, bad JSON, a huge integer
         raise TokenizerError(f"{path}: cannot read: {error}") from None
     if not isinstance(value, dict):
         raise TokenizerError(f"{path}: must hold a JSON object")

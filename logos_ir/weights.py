@@ -47,6 +47,9 @@ SAVE_DTYPES = ("float32", "float16", "bfloat16")
 # A safetensors header or index is JSON text describing the tensors; real ones are well under a megabyte.
 _MAX_HEADER_BYTES = 100_000_000
 _MAX_RANK = 8
+# No real tensor has a dimension near this (2**40 elements); a larger one is a file's word alone, refused before
+# anything is computed, printed or allocated from it (a zero-sized tensor's other dimensions included).
+_MAX_DIMENSION = 2**40
 
 __all__ = [
     "ArrayStore",
@@ -470,7 +473,11 @@ def _member(directory: Path, name: str, named_in: str) -> Path:
         raise WeightError(f"{path}: cannot resolve the path: {error}") from None
     if not inside:
         raise WeightError(f"{path}: is a link to a file outside the model folder {directory}")
-    if not path.is_file():
+    try:
+        found = path.is_file()
+    except OSError as error:  # a name the file system refuses (too long, say)
+        raise WeightError(f"{named_in}: shard file name '{name}' cannot be opened: {error.strerror}") from None
+    if not found:
         raise WeightError(f"{path}: no such file (named in {named_in})")
     return path
 
@@ -495,6 +502,8 @@ def _parse_json(raw: bytes, where: str) -> Any:
         raise WeightError(f"{where}: the JSON header is not UTF-8 text") from None
     except json.JSONDecodeError as error:
         raise WeightError(f"{where}: the JSON header is invalid at byte {error.pos}: {error.msg}") from None
+    except ValueError as error:  # an integer past Python's digit limit
+        raise WeightError(f"{where}: the JSON header is invalid: {error}") from None
     except RecursionError:
         raise WeightError(f"{where}: the JSON header is nested too deeply") from None
 
@@ -551,16 +560,23 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_dimension(value: Any) -> bool:
+    return _is_int(value) and 0 <= value <= _MAX_DIMENSION
+
+
 def _header_entry(path: Path, name: str, info: Any, data_start: int, size: int) -> _Entry:
     where = f"{path}: tensor '{name}'"
     if not isinstance(info, dict):
         raise WeightError(f"{where}: header entry must be an object")
     dtype = info.get("dtype")
-    if dtype not in _ST_ITEMSIZE:
+    if not isinstance(dtype, str) or dtype not in _ST_ITEMSIZE:
         raise WeightError(f"{where}: unknown dtype {dtype!r}")
     shape = info.get("shape")
-    if not isinstance(shape, list) or len(shape) > _MAX_RANK or not all(_is_int(d) and d >= 0 for d in shape):
-        raise WeightError(f"{where}: shape {shape!r} is not a list of at most {_MAX_RANK} non-negative integers")
+    if not isinstance(shape, list) or len(shape) > _MAX_RANK or not all(_is_dimension(d) for d in shape):
+        raise WeightError(
+            f"{where}: the shape is not a list of at most {_MAX_RANK} non-negative integers of at most "
+            f"{_MAX_DIMENSION} each"
+        )
     offsets = info.get("data_offsets")
     if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) for o in offsets):
         raise WeightError(f"{where}: data_offsets {offsets!r} is not a pair of integers")
@@ -752,6 +768,8 @@ class GGUFFile:
             if rank > _GGUF_MAX_DIMS:
                 raise WeightError(f"{self.path}: tensor '{name}' has {rank} dimensions, more than {_GGUF_MAX_DIMS}")
             dims = [cursor.u64(f"tensor '{name}'s shape") for _ in range(rank)]
+            if any(d > _MAX_DIMENSION for d in dims):
+                raise WeightError(f"{self.path}: tensor '{name}' claims a dimension above {_MAX_DIMENSION}")
             kind = cursor.u32(f"tensor '{name}'s type")
             offset = cursor.u64(f"tensor '{name}'s offset")
             raw.append((name, dims, kind, offset))

@@ -77,74 +77,15 @@ class ReaderFailure(AssertionError):
 # expected failure. Where: "file.py:function" of logos-ir's innermost frame, or "xdsl" for one raised inside
 # xDSL's own code, called straight from the driver or logos-opt, never through logos-ir's dialect. Remove an
 # entry once its bug is fixed.
-KNOWN: list[tuple[str, str, str, str]] = [
-    ("mlir", "*", "xdsl",
-     "tools/logos_opt.py: xDSL 0.74's parser, verifier and printer raise other exceptions than ParseError, "
-     "VerifyException and DiagnosticException on some malformed MLIR (`array<i65: 1>`: NotImplementedError; "
-     "a non-UTF-8 input: UnicodeDecodeError, which logos_ir/cli.py now reports as a user error), which "
-     "logos-opt reports as internal errors (exit 70); LogosOptMain.parse_chunk and apply_passes should turn "
-     "them into a DiagnosticException naming the input"),
-    ("safetensors", "TypeError", "weights.py:_header_entry",
-     "logos_ir/weights.py _header_entry: a header 'dtype' that is a JSON list or object raises TypeError "
-     "(unhashable) at `dtype not in _ST_ITEMSIZE`"),
-    ("safetensors", "ValueError", "weights.py:_parse_json",
-     "logos_ir/weights.py _parse_json: an integer of more than 4300 digits in a safetensors header or index "
-     "raises ValueError (Python's int digit limit), which it does not catch"),
-    ("safetensors", "ValueError", "weights.py:_header_entry",
-     "logos_ir/weights.py _header_entry: a shape whose byte count has more than 4300 digits (shape [10**4000, "
-     "10**4000]) makes the f-string of its own refusal message raise ValueError (Python's int digit limit); "
-     "bound each dimension (and the rank) before computing or printing the product"),
-    ("safetensors", "OSError", "weights.py:_member",
-     "logos_ir/weights.py _member: a shard name with a component longer than the file system allows (256 "
-     "characters) makes `path.is_file()` raise OSError (ENAMETOOLONG), which pathlib does not swallow and "
-     "_member does not catch (only its resolve() is inside the try)"),
-    ("safetensors", "ValueError", "weights.py:_load",
-     "logos_ir/weights.py SafetensorsStore: a tensor of shape [0, 10**30] (0 bytes, so its data_offsets check "
-     "out) is accepted when the header is read, and get() then fails in np.zeros with ValueError ('Maximum "
-     "allowed dimension exceeded'); each dimension should be bounded when the header is read"),
-    ("gguf", "ValueError", "weights.py:read",
-     "logos_ir/weights.py GGUFFile: a tensor with a zero dimension and another of 2**63 or more (0 bytes, so it "
-     "passes the file-size check) is accepted, and read() then fails in np.zeros with ValueError ('Maximum "
-     "allowed dimension exceeded'); each dimension should be bounded when the tensor table is read"),
-]  # fmt: skip
-
-
-# Hangs and memory blow-ups in code outside logos-ir that would stop every fuzzing run at once. While fuzzing
-# (only), the driver applies the fixes they report, so that fuzzing goes on past them; `--no-workarounds`
-# leaves them in.
-KNOWN_HANGS = {
-    "mlir": [
-        "xDSL 0.74's MLIR lexer (xdsl/utils/mlir_lexer.py, MLIRLexer._unescaped_characters_regex) matches a "
-        "string literal with a nested quantifier, `\"(?:[^\"\\\\\\n\\v\\f]+|...)*\"`, which backtracks "
-        "exponentially on an unterminated string: 30 characters after a lone '\"' take minutes. Fix: drop the "
-        "inner '+' (each alternative starts with a different character, so the match is linear).",
-        "xDSL 0.74's IntegerType accepts any width, and an integer attribute's range check computes 1 << width "
-        "(xdsl/utils/comparisons.py): `1 : i17179869184` in a 40-byte file allocates 2 GB (wider: MemoryError). "
-        "Fix: refuse widths above MLIR's limit of 2**24 - 1 bits in IntegerType.verify.",
-    ],
-}
-MLIR_MAX_INTEGER_WIDTH = 2**24 - 1
+KNOWN: list[tuple[str, str, str, str]] = []  # every failure found so far is fixed (docs/fuzzing.md)
 
 
 def apply_workarounds(reader: str) -> None:
-    """Apply the fixes of KNOWN_HANGS for `reader` (in this process, for good)."""
+    """Install the guards `logos-opt` runs with against xDSL's hang and memory blow-up (logos_ir.xdsl_guards)."""
     if reader == "mlir":
-        import re
+        from logos_ir import xdsl_guards
 
-        from xdsl.dialects.builtin import IntegerType
-        from xdsl.utils.exceptions import VerifyException
-        from xdsl.utils.mlir_lexer import MLIRLexer
-
-        MLIRLexer._unescaped_characters_regex = re.compile(r'"(?:[^"\\\n\v\f]|\\(?:["nt\\]|[0-9A-Fa-f]{2}))*"')
-        verify = IntegerType.verify
-
-        def verify_width(self: IntegerType) -> None:
-            verify(self)
-            if self.width.data > MLIR_MAX_INTEGER_WIDTH:
-                raise VerifyException(f"integer type bitwidth {self.width.data} is above {MLIR_MAX_INTEGER_WIDTH}")
-
-        if getattr(verify, "__name__", "") != "verify_width":
-            IntegerType.verify = verify_width  # type: ignore[method-assign]
+        xdsl_guards.apply()
 
 
 def _where(error: BaseException) -> tuple[str, bool]:
@@ -157,7 +98,7 @@ def _where(error: BaseException) -> tuple[str, bool]:
         return "", False
     ours = [i for i, f in enumerate(frames) if Path(f.filename).resolve().is_relative_to(REPO)]
     xdsl = str(Path(_xdsl_folder())) + os.sep
-    inner = frames[ours[-1] + 1:] if ours else frames
+    inner = frames[ours[-1] + 1 :] if ours else frames
     entry_ok = not ours or Path(frames[ours[-1]].filename).name in ("fuzz.py", "logos_opt.py")
     only_xdsl = bool(inner) and entry_ok and all(f.filename.startswith(xdsl) for f in inner)
     inner_ours = frames[ours[-1]] if ours else frames[-1]
@@ -575,9 +516,7 @@ def _gguf_name(hf: str) -> str:
     return f"blk.{layer}.{block[rest.removesuffix('.weight')]}.weight"
 
 
-def model_gguf(
-    hidden: int = 4, qtype: str = "F32", tokenizer: bool = False, rope_scaling: bool = False
-) -> bytes:
+def model_gguf(hidden: int = 4, qtype: str = "F32", tokenizer: bool = False, rope_scaling: bool = False) -> bytes:
     """A GGUF of `small_spec(hidden)` with random weights: norms F32, matrices `qtype` (F32, F16, Q8_0, Q4_0,
     Q4_1; block types need hidden 32), optionally with a tokenizer and llama3 rope scaling (`rope_freqs`)."""
     import numpy as np
@@ -716,9 +655,7 @@ def embedded_header(keep_tokens: int = 400, tensors: bool = True) -> bytes | Non
                 value = [
                     m
                     for m in value
-                    if len(m.split(" ")) == 2
-                    and "".join(m.split(" ")) in kept
-                    and all(p in kept for p in m.split(" "))
+                    if len(m.split(" ")) == 2 and "".join(m.split(" ")) in kept and all(p in kept for p in m.split(" "))
                 ]
             elif key == "tokenizer.ggml.token_type":
                 value = value[:keep_tokens]
@@ -878,11 +815,7 @@ def write_seeds(reader: str, folder: Path) -> int:
 def corpus_files(reader: str) -> list[Path]:
     """The inputs of `test/fuzz/corpus/<reader>/`, sorted."""
     folder = CORPUS / reader
-    return (
-        sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
-        if folder.is_dir()
-        else []
-    )
+    return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")) if folder.is_dir() else []
 
 
 # -- libFuzzer dictionaries ----------------------------------------------------------------------------------
@@ -999,18 +932,14 @@ def _arguments() -> argparse.ArgumentParser:
         epilog="Arguments after '--' go to libFuzzer.",
     )
     parser.add_argument("--reader", required=True, choices=READERS)
-    parser.add_argument(
-        "--seconds", type=int, default=60, help="how long to fuzz (libFuzzer's -max_total_time)"
-    )
+    parser.add_argument("--seconds", type=int, default=60, help="how long to fuzz (libFuzzer's -max_total_time)")
     parser.add_argument(
         "--workdir",
         type=Path,
         default=None,
         help="the corpus, crash files and stats go here (default: /tmp/logos-fuzz/<reader>)",
     )
-    parser.add_argument(
-        "--rss-limit-mb", type=int, default=2048, help="a memory blow-up past this is a failure"
-    )
+    parser.add_argument("--rss-limit-mb", type=int, default=2048, help="a memory blow-up past this is a failure")
     parser.add_argument("--timeout", type=int, default=10, help="an input taking longer (seconds) is a hang")
     parser.add_argument(
         "--replay",
@@ -1019,8 +948,6 @@ def _arguments() -> argparse.ArgumentParser:
         default=None,
         help="instead of fuzzing, run these inputs through the reader and print each outcome",
     )
-    parser.add_argument("--no-workarounds", action="store_true",
-                        help="leave the known hangs and blow-ups outside logos-ir in (see KNOWN_HANGS)")
     parser.add_argument("--write-seeds", type=Path, default=None, help="write the seeds to this folder and exit")
     return parser
 
@@ -1056,8 +983,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{write_seeds(reader, args.write_seeds)} seeds written to {args.write_seeds}")
         return 0
     if args.replay is not None:
-        if not args.no_workarounds:
-            apply_workarounds(reader)
+        apply_workarounds(reader)
         return _replay(reader, args.replay or corpus_files(reader))
     try:
         import atheris
@@ -1078,8 +1004,7 @@ def main(argv: list[str] | None = None) -> int:
     stats = _Stats(workdir / "stats.json", reader)
     atexit.register(stats.write)
     sandbox(workdir / "sandbox")
-    if not args.no_workarounds:
-        apply_workarounds(reader)
+    apply_workarounds(reader)
     if reader == "mlir":
         _opt()
 

@@ -19,7 +19,7 @@ from typing import IO, ClassVar
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.utils.exceptions import DiagnosticException
+from xdsl.utils.exceptions import DiagnosticException, ParseError
 from xdsl.utils.target import Target
 from xdsl.xdsl_opt_main import xDSLOptMain
 
@@ -68,6 +68,9 @@ class LogosOptMain(xDSLOptMain):
             write_atomically(self.args.output_file, self._held.getvalue())
 
     def register_all_dialects(self) -> None:
+        from logos_ir import xdsl_guards
+
+        xdsl_guards.apply()  # before any input is read
         super().register_all_dialects()
         for name, factory in registry.dialects().items():
             self.ctx.register_dialect(name, factory)
@@ -87,12 +90,40 @@ class LogosOptMain(xDSLOptMain):
     def parse_chunk(  # type: ignore[override]
         self, chunk: IO[bytes], file_extension: str, start_offset: int = 0
     ) -> ModuleOp | None:
+        """Read one input (or chunk) and verify it, so every fault of the input is reported as the input's."""
         try:
-            if file_extension == "logos":
-                return self._parse_logos(chunk, start_offset)
-            return super().parse_chunk(chunk, file_extension, start_offset)
+            module = self._read(chunk, file_extension, start_offset)
+            if module is not None and not self.args.disable_verify:
+                module.verify()
+            return module
         except LogosError as error:
             raise DiagnosticException(str(error)) from None
+        except (DiagnosticException, ParseError):
+            raise
+        except UnicodeDecodeError as error:
+            raise DiagnosticException(
+                f"{self.get_input_name()}: error: the input is not UTF-8 text "
+                f"(byte 0x{error.object[error.start]:02x} at offset {error.start})"
+            ) from None
+        except Exception as error:  # xDSL's reader fails on some malformed MLIR with other exceptions
+            raise DiagnosticException(
+                f"{self.get_input_name()}: error: cannot read this input as MLIR: {type(error).__name__}: {error}"
+            ) from None
+
+    def _read(self, chunk: IO[bytes], file_extension: str, start_offset: int) -> ModuleOp | None:
+        if file_extension == "logos":
+            return self._parse_logos(chunk, start_offset)
+        return super().parse_chunk(chunk, file_extension, start_offset)
+
+    def output_resulting_program(self, prog: ModuleOp) -> str:
+        try:
+            return super().output_resulting_program(prog)
+        except (LogosError, DiagnosticException):
+            raise
+        except Exception as error:  # xDSL's printer fails on some attributes that its parser accepted
+            raise DiagnosticException(
+                f"{self.get_input_name()}: error: cannot print the result: {type(error).__name__}: {error}"
+            ) from None
 
     def apply_passes(self, prog: ModuleOp) -> None:
         try:

@@ -73,13 +73,28 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, bytes]]:
         out = home / "out"
         out.mkdir(parents=True)
         env = environment(machine)
-        runs = subprocess.Popen([sys.executable, "-c", CHILD, str(out), json.dumps(RUNS)], cwd=home, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        runs = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(out), json.dumps(RUNS)],
+            cwd=home,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         pipes = {
-            "pipe-cut.mlir": subprocess.Popen(["bash", "-o", "pipefail", "-c", PIPE % (CUT, "")], cwd=home, env=env,
-                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE),
-            "pipe-tp2.logos": subprocess.Popen(["bash", "-o", "pipefail", "-c", PIPE % ("tp-split{tp=2}", "-t logos")],
-                                               cwd=home, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE),
+            "pipe-cut.mlir": subprocess.Popen(
+                ["bash", "-o", "pipefail", "-c", PIPE % (CUT, "")],
+                cwd=home,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            ),
+            "pipe-tp2.logos": subprocess.Popen(
+                ["bash", "-o", "pipefail", "-c", PIPE % ("tp-split{tp=2}", "-t logos")],
+                cwd=home,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            ),
         }
         children.append((out, runs, pipes))
     found = []

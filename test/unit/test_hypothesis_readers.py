@@ -61,10 +61,39 @@ def logos_texts() -> list[str]:
     ]
 
 
-FRAGMENTS = ["Let ", " be ", " of ", " by ", " at ", "the weight ", '"', "the input token ", "1", "0", "64", "-1",
-             "99999999999999999999", " split by rows over the chips", "## Layer 1 of x at position", "## Main",
-             "    Return x.", "    Write x into keys at position.", "\n", "\n\n", "    ", " ", ".", ",", "x", "é",
-             "\t", "\r", "The program runs on 2 chips.", "layer 0 of x at position", "the sum over the chips of "]
+FRAGMENTS = [
+    "Let ",
+    " be ",
+    " of ",
+    " by ",
+    " at ",
+    "the weight ",
+    '"',
+    "the input token ",
+    "1",
+    "0",
+    "64",
+    "-1",
+    "99999999999999999999",
+    " split by rows over the chips",
+    "## Layer 1 of x at position",
+    "## Main",
+    "    Return x.",
+    "    Write x into keys at position.",
+    "\n",
+    "\n\n",
+    "    ",
+    " ",
+    ".",
+    ",",
+    "x",
+    "é",
+    "\t",
+    "\r",
+    "The program runs on 2 chips.",
+    "layer 0 of x at position",
+    "the sum over the chips of ",
+]
 
 
 @st.composite
@@ -78,9 +107,9 @@ def edited_text(draw: st.DrawFn, texts: list[str]) -> str:
         if edit == "insert":
             text = text[:at] + draw(st.sampled_from(FRAGMENTS) | st.text(max_size=3)) + text[at:]
         elif edit == "delete":
-            text = text[:at] + text[at + draw(st.integers(1, 40)):]
+            text = text[:at] + text[at + draw(st.integers(1, 40)) :]
         elif edit == "replace":
-            text = text[:at] + draw(st.sampled_from(FRAGMENTS)) + text[at + draw(st.integers(1, 10)):]
+            text = text[:at] + draw(st.sampled_from(FRAGMENTS)) + text[at + draw(st.integers(1, 10)) :]
         elif edit == "line":
             lines = text.split("\n")
             i, j = draw(st.integers(0, len(lines) - 1)), draw(st.integers(0, len(lines) - 1))
@@ -96,7 +125,7 @@ def edited_text(draw: st.DrawFn, texts: list[str]) -> str:
             digits = [i for i, c in enumerate(text) if c.isdigit()]
             if digits:
                 i = draw(st.sampled_from(digits))
-                text = text[:i] + str(draw(st.integers(0, 10**6))) + text[i + 1:]
+                text = text[:i] + str(draw(st.integers(0, 10**6))) + text[i + 1 :]
         else:
             text = text[:at]
     return text
@@ -172,8 +201,8 @@ def mlir_texts() -> list[str]:
 
 @contextmanager
 def known_hangs_fixed():
-    """xDSL 0.74 hangs on an unterminated string and allocates gigabytes for `i17179869184`
-    (fuzz.KNOWN_HANGS); these tests use the fixes the fuzzer reports, and take them out again."""
+    """xDSL 0.74 hangs on an unterminated string and allocates gigabytes for `i17179869184`; these tests run
+    with the guards logos-opt installs (logos_ir.xdsl_guards), and take them out again."""
     from xdsl.dialects.builtin import IntegerType
     from xdsl.utils.mlir_lexer import MLIRLexer
 
@@ -236,8 +265,20 @@ def test_config_reader_refuses_any_json(value):
 
 
 @FAST
-@given(st.sampled_from(["model_type", "hidden_size", "num_attention_heads", "num_hidden_layers",
-                        "intermediate_size", "vocab_size", "rms_norm_eps"]), st.sampled_from(ModelSpec.presets()))
+@given(
+    st.sampled_from(
+        [
+            "model_type",
+            "hidden_size",
+            "num_attention_heads",
+            "num_hidden_layers",
+            "intermediate_size",
+            "vocab_size",
+            "rms_norm_eps",
+        ]
+    ),
+    st.sampled_from(ModelSpec.presets()),
+)
 def test_config_missing_a_required_field_names_it(field, preset):
     config = hf_config(ModelSpec.preset(preset))
     del config[field]
@@ -253,7 +294,7 @@ def small_safetensors() -> tuple[dict, bytes]:
     with tempfile.TemporaryDirectory() as folder:
         raw = (fuzz.write_model_folder(Path(folder) / "m") / "model.safetensors").read_bytes()
     length = struct.unpack("<Q", raw[:8])[0]
-    return json.loads(raw[8: 8 + length]), raw[8 + length:]
+    return json.loads(raw[8 : 8 + length]), raw[8 + length :]
 
 
 DIMS = st.integers(-2, 8) | st.sampled_from([2**31, 2**32, 2**62, 2**63, 2**64, 10**30])
@@ -290,7 +331,7 @@ def test_safetensors_reader_loads_or_refuses_any_overwritten_bytes(data):
     for _ in range(data.draw(st.integers(1, 4))):
         at = data.draw(st.integers(0, len(raw) - 1))
         chunk = data.draw(st.binary(min_size=1, max_size=8))
-        raw[at: at + len(chunk)] = chunk
+        raw[at : at + len(chunk)] = chunk
     mode = data.draw(st.sampled_from([b"\0", b"\2"]))
     checked("safetensors", mode + bytes(raw))
 
@@ -310,8 +351,11 @@ def test_safetensors_index_never_leads_outside_the_folder(weight_map):
 
 @cache
 def small_ggufs() -> list[bytes]:
-    return [fuzz.model_gguf(4, "F32", tokenizer=True), fuzz.model_gguf(32, "Q4_0", rope_scaling=True),
-            fuzz.gguf_bytes(fuzz.tokenizer_metadata(pre="llama-bpe"))]
+    return [
+        fuzz.model_gguf(4, "F32", tokenizer=True),
+        fuzz.model_gguf(32, "Q4_0", rope_scaling=True),
+        fuzz.gguf_bytes(fuzz.tokenizer_metadata(pre="llama-bpe")),
+    ]
 
 
 @st.composite
@@ -322,9 +366,9 @@ def overwritten_gguf(draw: st.DrawFn) -> bytes:
         chunk = draw(st.binary(min_size=1, max_size=8) | st.sampled_from(
             [struct.pack("<Q", 2**64 - 1), struct.pack("<Q", 2**62), struct.pack("<I", 9), struct.pack("<I", 8),
              struct.pack("<I", 4)]))  # fmt: skip
-        raw[at: at + len(chunk)] = chunk
+        raw[at : at + len(chunk)] = chunk
     if draw(st.booleans()):
-        del raw[draw(st.integers(0, len(raw))):]
+        del raw[draw(st.integers(0, len(raw))) :]
     return bytes(raw)
 
 

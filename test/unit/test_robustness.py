@@ -255,7 +255,6 @@ def test_safetensors_header_declaring_an_absurd_shape_is_refused(folder, shape):
     assert peak_allocation(lambda: SafetensorsStore(folder)) < SMALL_ALLOCATION
 
 
-@pytest.mark.xfail(reason=fuzz.known_report("safetensors", "weights.py:_load"), strict=False)
 def test_safetensors_zero_size_tensor_of_absurd_shape_is_refused_at_open(folder):
     file = folder / "model.safetensors"
     header, data = split_safetensors(file.read_bytes())
@@ -275,7 +274,6 @@ def test_gguf_tensor_of_absurd_shape_is_refused(tmp_path, dims):
     assert peak_allocation(lambda: GGUFFile(path)) < SMALL_ALLOCATION
 
 
-@pytest.mark.xfail(reason=fuzz.known_report("gguf", "weights.py:read"), strict=False)
 def test_gguf_zero_size_tensor_of_absurd_shape_is_refused(tmp_path):
     meta = [("general.architecture", fuzz.STRING, "llama")]
     path = tmp_path / "absurd.gguf"
@@ -460,7 +458,7 @@ def hang_in_subprocess(reader: str, path: Path) -> None:
     try:
         done = subprocess.run([sys.executable, "-c", code, reader, str(path)], capture_output=True, timeout=4)
     except subprocess.TimeoutExpired:
-        pytest.xfail(" / ".join(fuzz.KNOWN_HANGS[reader]))
+        pytest.fail(f"{path.name} hangs the {reader} reader")
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     if done.stdout.strip() == b"known":
         pytest.xfail("a known failure")
