@@ -46,7 +46,7 @@ def run_tool(tool: str, body: Callable[[], int | None], argv: list[str] | None =
             raise
         print(str(error), file=sys.stderr)
         return USER_ERROR
-    except UnicodeDecodeError as error:  # an input file that is not text (xDSL's parser decodes MLIR itself)
+    except UnicodeDecodeError as error:  # any tool handed an input that is not text (logos-opt reports its own)
         if debug:
             raise
         print(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from xdsl.dialects import func
@@ -115,8 +114,12 @@ def _check_layout(src: _Source, text: str) -> list[_Line]:
             raise src.error(number, 1, "more than one blank line", "sections are separated by one blank line")
         lines.append(_Line(number, line))
     if not lines[-1].text:
-        raise src.error(lines[-1].number, 1, "a blank line at the end of the file",
-                        "a LOGOS file ends with the newline of its last statement")
+        raise src.error(
+            lines[-1].number,
+            1,
+            "a blank line at the end of the file",
+            "a LOGOS file ends with the newline of its last statement",
+        )
     return lines
 
 
@@ -367,7 +370,6 @@ class _Reader:
         self.src, self.cut, self.spec, self.chips = src, cut, spec, chips
         self.rows = cut.rows or 1
         self.functions: dict[str, func.FuncOp] = {}
-        self.expected = _expected_weights(spec)
 
     def read(self, sections: list[_Section]) -> logos.ProgramOp:
         plans = [self._plan(s) for s in sections]
@@ -492,35 +494,6 @@ def _stub_function(sym: str, build: SectionBuilder) -> func.FuncOp:
     for new, old in zip(block.args, build.args, strict=True):
         new.name_hint = old.name_hint
     return func.FuncOp(sym, ([a.type for a in build.args], []), Region(block))
-
-
-def _expected_weights(spec: ModelSpec) -> Callable[[str], tuple[int, ...] | None]:
-    """The full shape of a tensor the model has, by its Hugging Face name, or None."""
-    layer_shapes = {
-        "input_layernorm.weight": (spec.hidden,),
-        "self_attn.q_proj.weight": (spec.q_dim, spec.hidden),
-        "self_attn.k_proj.weight": (spec.kv_dim, spec.hidden),
-        "self_attn.v_proj.weight": (spec.kv_dim, spec.hidden),
-        "self_attn.o_proj.weight": (spec.hidden, spec.q_dim),
-        "post_attention_layernorm.weight": (spec.hidden,),
-        "mlp.gate_proj.weight": (spec.intermediate, spec.hidden),
-        "mlp.up_proj.weight": (spec.intermediate, spec.hidden),
-        "mlp.down_proj.weight": (spec.hidden, spec.intermediate),
-    }
-    top = {"model.embed_tokens.weight": (spec.vocab, spec.hidden), "model.norm.weight": (spec.hidden,)}
-    if not spec.tie_embeddings:
-        top["lm_head.weight"] = (spec.vocab, spec.hidden)
-    layer_name = re.compile(r"model\.layers\.(0|[1-9][0-9]*)\.(.+)")
-
-    def shape_of(tensor: str) -> tuple[int, ...] | None:
-        if tensor in top:
-            return top[tensor]
-        match = layer_name.fullmatch(tensor)
-        if not match or int(match[1]) >= spec.layers:
-            return None
-        return layer_shapes.get(match[2])
-
-    return shape_of
 
 
 # -- one section's statements -----------------------------------------------------------------------------------
@@ -665,7 +638,7 @@ class _Scope:
 
     def _weight(self, name: str, m: re.Match[str]) -> SSAValue:
         tensor, shape = m[1], self._shape(m[2], m.start(2))
-        expected = self.reader.expected(tensor)
+        expected = self.spec.weight_shape(tensor)
         if expected is None:
             raise self._here(
                 m.start(1) - 1,

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from logos_ir.errors import SourceLocation, SpecError
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral")
+_LAYER_TENSOR = re.compile(r"model\.layers\.(?P<layer>0|[1-9][0-9]*)\.(?P<role>.+)\.weight")
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,43 @@ class ModelSpec:
     def kv_dim(self) -> int:
         """Width of the key and value projections: kv_heads x head_dim."""
         return self.kv_heads * self.head_dim
+
+    def weights(self) -> Iterator[tuple[str, tuple[int, ...]]]:
+        """Every Hugging Face tensor name of a Llama model of this spec, with its shape, in model order. A
+        generator, so a check against a file whose metadata claims a billion layers stops at the first missing."""
+        yield "model.embed_tokens.weight", (self.vocab, self.hidden)
+        per_layer = self._layer_weight_shapes()
+        for layer in range(self.layers):
+            for role, shape in per_layer.items():
+                yield f"model.layers.{layer}.{role}.weight", shape
+        yield "model.norm.weight", (self.hidden,)
+        if not self.tie_embeddings:
+            yield "lm_head.weight", (self.vocab, self.hidden)
+
+    def weight_shape(self, tensor: str) -> tuple[int, ...] | None:
+        """The shape of the tensor named `tensor` (a Hugging Face name), or None when the model has no such tensor."""
+        if tensor == "model.embed_tokens.weight" or (tensor == "lm_head.weight" and not self.tie_embeddings):
+            return (self.vocab, self.hidden)
+        if tensor == "model.norm.weight":
+            return (self.hidden,)
+        match = _LAYER_TENSOR.fullmatch(tensor)
+        if match is None or int(match["layer"]) >= self.layers:
+            return None
+        return self._layer_weight_shapes().get(match["role"])
+
+    def _layer_weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        hidden, inter = self.hidden, self.intermediate
+        return {
+            "input_layernorm": (hidden,),
+            "self_attn.q_proj": (self.q_dim, hidden),
+            "self_attn.k_proj": (self.kv_dim, hidden),
+            "self_attn.v_proj": (self.kv_dim, hidden),
+            "self_attn.o_proj": (hidden, self.q_dim),
+            "post_attention_layernorm": (hidden,),
+            "mlp.gate_proj": (inter, hidden),
+            "mlp.up_proj": (inter, hidden),
+            "mlp.down_proj": (hidden, inter),
+        }
 
     def check_layer(self, layer: int) -> None:
         """Refuse a layer index (from 0) the model does not have."""

@@ -24,7 +24,7 @@ import re
 import struct
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path, PurePosixPath, PureWindowsPath
@@ -61,6 +61,7 @@ __all__ = [
     "WeightStore",
     "embedded_model_path",
     "expected_weights",
+    "gguf_tensor_name",
     "hf_config",
     "hf_tensor_name",
     "llama3_rope_divisors",
@@ -76,27 +77,7 @@ __all__ = [
 
 def expected_weights(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     """Every Hugging Face tensor name of a Llama model of `spec`, with its shape, in model order."""
-    return dict(_iter_expected(spec))
-
-
-def _iter_expected(spec: ModelSpec) -> Iterator[tuple[str, tuple[int, ...]]]:
-    # A generator, so that checking a file whose header claims a billion layers stops at the first missing.
-    hidden, inter = spec.hidden, spec.intermediate
-    yield "model.embed_tokens.weight", (spec.vocab, hidden)
-    for i in range(spec.layers):
-        p = f"model.layers.{i}."
-        yield p + "input_layernorm.weight", (hidden,)
-        yield p + "self_attn.q_proj.weight", (spec.q_dim, hidden)
-        yield p + "self_attn.k_proj.weight", (spec.kv_dim, hidden)
-        yield p + "self_attn.v_proj.weight", (spec.kv_dim, hidden)
-        yield p + "self_attn.o_proj.weight", (hidden, spec.q_dim)
-        yield p + "post_attention_layernorm.weight", (hidden,)
-        yield p + "mlp.gate_proj.weight", (inter, hidden)
-        yield p + "mlp.up_proj.weight", (inter, hidden)
-        yield p + "mlp.down_proj.weight", (hidden, inter)
-    yield "model.norm.weight", (hidden,)
-    if not spec.tie_embeddings:
-        yield "lm_head.weight", (spec.vocab, hidden)
+    return dict(spec.weights())
 
 
 def _shape_text(shape: tuple[int, ...]) -> str:
@@ -110,7 +91,7 @@ def _check_expected(
     file_of: Mapping[str, str] | None = None,
 ) -> None:
     """Refuse, by name, the first tensor the spec needs that is missing or has another shape."""
-    for name, want in _iter_expected(spec):
+    for name, want in spec.weights():
         got = shapes.get(name)
         place = file_of.get(name, where) if file_of else where
         if got is None:
@@ -390,7 +371,7 @@ class SafetensorsStore(WeightStore):
             str(directory),
             {n: str(e.file) for n, e in self._entries.items()},
         )
-        for name, _ in _iter_expected(spec):
+        for name, _ in spec.weights():
             self._check_dtype(name, self._entries[name])
         self._maps: dict[Path, mmap.mmap] = {}
 
@@ -911,6 +892,21 @@ def hf_tensor_name(gguf_name: str) -> str | None:
     if match is None or match.group(2) not in _GGUF_BLOCK:
         return None
     return f"model.layers.{match.group(1)}.{_GGUF_BLOCK[match.group(2)]}.weight"
+
+
+_HF_TOP = {hf: name for name, hf in _GGUF_TOP.items()}
+_HF_BLOCK = {hf: name for name, hf in _GGUF_BLOCK.items()}
+_HF_LAYER_NAME = re.compile(r"model\.layers\.(0|[1-9][0-9]*)\.(.+)\.weight")
+
+
+def gguf_tensor_name(hf_name: str) -> str | None:
+    """llama.cpp's name of a Hugging Face tensor name, the inverse of `hf_tensor_name`, or None."""
+    if hf_name in _HF_TOP:
+        return _HF_TOP[hf_name]
+    match = _HF_LAYER_NAME.fullmatch(hf_name)
+    if match is None or match.group(2) not in _HF_BLOCK:
+        return None
+    return f"blk.{match.group(1)}.{_HF_BLOCK[match.group(2)]}.weight"
 
 
 def permute_qk(weight: np.ndarray, n_head: int) -> np.ndarray:

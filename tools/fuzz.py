@@ -493,29 +493,6 @@ def gguf_bytes(
     return head + b"\0" * (-len(head) % alignment) + b"".join(data)
 
 
-def _gguf_name(hf: str) -> str:
-    top = {
-        "model.embed_tokens.weight": "token_embd.weight",
-        "model.norm.weight": "output_norm.weight",
-        "lm_head.weight": "output.weight",
-    }
-    if hf in top:
-        return top[hf]
-    block = {
-        "input_layernorm": "attn_norm",
-        "self_attn.q_proj": "attn_q",
-        "self_attn.k_proj": "attn_k",
-        "self_attn.v_proj": "attn_v",
-        "self_attn.o_proj": "attn_output",
-        "post_attention_layernorm": "ffn_norm",
-        "mlp.gate_proj": "ffn_gate",
-        "mlp.up_proj": "ffn_up",
-        "mlp.down_proj": "ffn_down",
-    }
-    _, _, layer, rest = hf.split(".", 3)
-    return f"blk.{layer}.{block[rest.removesuffix('.weight')]}.weight"
-
-
 def model_gguf(hidden: int = 4, qtype: str = "F32", tokenizer: bool = False, rope_scaling: bool = False) -> bytes:
     """A GGUF of `small_spec(hidden)` with random weights: norms F32, matrices `qtype` (F32, F16, Q8_0, Q4_0,
     Q4_1; block types need hidden 32), optionally with a tokenizer and llama3 rope scaling (`rope_freqs`)."""
@@ -524,7 +501,7 @@ def model_gguf(hidden: int = 4, qtype: str = "F32", tokenizer: bool = False, rop
     from gguf.quants import quantize
 
     from logos_ir.spec import RopeScaling
-    from logos_ir.weights import RandomWeights, llama3_rope_divisors
+    from logos_ir.weights import RandomWeights, gguf_tensor_name, llama3_rope_divisors
 
     spec = small_spec(hidden)
     store = RandomWeights(spec, seed=2)
@@ -555,7 +532,7 @@ def model_gguf(hidden: int = 4, qtype: str = "F32", tokenizer: bool = False, rop
             raw = array.astype("<f2").tobytes()
         else:
             raw = quantize(array, kind).tobytes()
-        tensors.append((_gguf_name(hf), array.shape, int(kind), raw))
+        tensors.append((gguf_tensor_name(hf), array.shape, int(kind), raw))
     if rope_scaling:
         scaling = RopeScaling(
             factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192

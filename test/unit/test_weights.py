@@ -31,6 +31,7 @@ from logos_ir.weights import (
     SafetensorsStore,
     embedded_model_path,
     expected_weights,
+    gguf_tensor_name,
     hf_tensor_name,
     llama3_rope_divisors,
     open_model,
@@ -597,6 +598,8 @@ def test_gguf_name_mapping():
     assert hf_tensor_name("blk.3.ffn_norm.weight") == "model.layers.3.post_attention_layernorm.weight"
     for hf in expected_weights(TINY):
         assert hf_tensor_name(gguf_name(hf)) == hf
+        assert gguf_tensor_name(hf) == gguf_name(hf)
+    assert gguf_tensor_name("model.layers.0.self_attn.rotary.weight") is None
     for other in (
         "rope_freqs.weight",
         "blk.01.attn_q.weight",
