@@ -21,10 +21,11 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.parser import Parser
 from xdsl.printer import Printer
 
+from logos_ir.author import written
 from logos_ir.dialects.logos import LOGOS
 from logos_ir.parser import parse_program
 from logos_ir.printer import print_program
-from logos_ir.program import Cut, written
+from logos_ir.program import Cut
 from logos_ir.spec import ModelSpec
 
 

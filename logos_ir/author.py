@@ -21,7 +21,8 @@ from logos_ir import builder
 from logos_ir.builder import SectionBuilder
 from logos_ir.dialects import logos
 from logos_ir.errors import CutError, NotYet, SpecError
-from logos_ir.program import Cut
+from logos_ir.printer import print_program
+from logos_ir.program import Cut, Identity
 from logos_ir.spec import ModelSpec
 from logos_ir.tensor_parallel import weight_split
 
@@ -70,8 +71,6 @@ def write(
         _check_layer(spec, cut.layer)
     plan = _Plan(spec, cut, chips=tp or 1, split=tp is not None, tokens=tokens, pos0=pos0)
     program_op = plan.program()
-    from logos_ir.printer import print_program
-
     text = print_program(program_op)
     return Authored(text=text, manifest=manifest_of(program_op, dir), cut=cut, chips=tp or 1)
 
@@ -85,6 +84,39 @@ def manifest_of(program_op: logos.ProgramOp, dir: str) -> tuple[WeightEntry, ...
             name = op.tensor.data
             entries[name] = WeightEntry(name, os.path.join(dir, WEIGHTS_FILE), "f32", op.full_shape, split)
     return tuple(entries.values())
+
+
+# -- the program API: a cut's text with its identity ---------------------------------------------------------
+
+
+def written(spec: ModelSpec, cut: Cut) -> tuple[Authored, Identity]:
+    """The cut `cut` of `spec`'s program, with its identity."""
+    return written_in(spec, cut, "")
+
+
+def written_in(spec: ModelSpec, cut: Cut, dir: str) -> tuple[Authored, Identity]:
+    """The cut `cut` of `spec`'s program with its weight manifest under `dir`, and its identity."""
+    authored = write(spec, cut, dir)
+    return authored, Identity.of(cut, authored.text)
+
+
+def written_split(spec: ModelSpec, cut: Cut, dir: str, tp: int) -> tuple[Authored, Identity]:
+    """The cut `cut` of `spec`'s program split over `tp` chips with its manifest under `dir`, and its identity."""
+    authored = write(spec, cut, dir, tp=tp)
+    return authored, Identity.of_split(cut, tp, authored.text)
+
+
+def prefill_at(spec: ModelSpec, dir: str, ctx: int, toks: list[int], pos0: int) -> Authored:
+    """A prefill chunk at a run's own inputs: tokens `toks` (ids from 1) at positions from `pos0` (from 1), its
+    manifest under `dir`: the text a run executes. Its identity is the cut's (`written`), whose inputs are the
+    placeholders."""
+    return write(spec, Cut.prefill(len(toks), ctx), dir, tokens=list(toks), pos0=pos0)
+
+
+def decode_at(spec: ModelSpec, dir: str, ctx: int, tok: int, pos: int) -> Authored:
+    """A decode step at a run's own inputs: token `tok` (from 1) at position `pos` (from 1), its manifest under
+    `dir`."""
+    return write(spec, Cut.decode(ctx), dir, tokens=[tok], pos0=pos)
 
 
 def _check_split(spec: ModelSpec, cut: Cut, tp: int) -> None:

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from logos_ir.author import written, written_split
 from logos_ir.errors import LogosError
 from logos_ir.interpreter import Interpreter, KVState
-from logos_ir.program import Cut, Identity, written, written_split
+from logos_ir.program import Cut, Identity
 from logos_ir.weights import WeightStore
 
 __all__ = ["GenerationStats", "Generator", "default_ctx"]

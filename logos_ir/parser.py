@@ -327,6 +327,8 @@ def _split_sections(src: _Source, lines: list[_Line]) -> list[_Section]:
         if line.text.startswith("## "):
             if sections and not sections[-1].body:
                 raise src.error(line.number, 1, "the section above has no statements")
+            if sections and sections[-1].body[-1].text:
+                raise src.error(line.number, 1, "expected a blank line before the next section")
             sections.append(_Section(line))
         elif not line.text:
             expect_blank = False

@@ -3,12 +3,17 @@
 The author (`logos_ir.author`) writes a model's computation as a LOGOS program, and every backend lowers that program
 and no other. What a backend lowers is a `Cut` of it: the decode step over a cache of `ctx` positions, a prefill
 chunk of `rows` tokens, a batch of `rows` sequences, the single token's forward, or one layer, the embedding or the
-head of any of them. `Cut.write` gives the text with the placeholder inputs every backend replaces at run time (each
-token and position 1; a prefill layer's rows at positions 1..rows); `Cut.write_split` gives it split over chips.
+head of any of them. The author's `write(spec, cut)` gives its text with the placeholder inputs every backend replaces
+at run time (each token and position 1; a prefill layer's rows at positions 1..rows); `write(spec, cut, tp=N)` gives
+it split over chips.
 
 A program's `Identity` is its cut, the chips it is split over and the SHA-256 of the exact text the author wrote for
 it. Every artifact records `Identity.line()`, so an artifact names the program it came from, and a program written
 by anyone else cannot pass for it.
+
+This module is the bottom of the program layers (spec -> program -> author/printer -> parser -> passes -> lanes ->
+tools): it names programs and imports none of the layers above. Writing a cut's text is the author's
+(`logos_ir.author.write`, `written`, `written_split`).
 """
 
 from __future__ import annotations
@@ -16,14 +21,9 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from logos_ir.errors import CutError
-
-if TYPE_CHECKING:
-    from logos_ir.author import Authored
-    from logos_ir.spec import ModelSpec
-
 
 # The fourteen kinds, each with the parameters its constructor takes, in order, and its display template.
 _KINDS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -215,22 +215,6 @@ class Cut:
             return False
         return all(getattr(self, name) in (None, getattr(whole, name)) for name in ("rows", "ctx"))
 
-    # -- writing --------------------------------------------------------------------------------------------------
-
-    def write(self, spec: ModelSpec, dir: str = "") -> Authored:
-        """The program the author writes for this cut of `spec`'s computation, its weight manifest naming files
-        under `dir` (the text does not depend on `dir`)."""
-        from logos_ir import author
-
-        return author.write(spec, self, dir)
-
-    def write_split(self, spec: ModelSpec, dir: str, tp: int) -> Authored:
-        """The program the author writes for this cut split over `tp` chips: a decode step, a batch, or one layer of
-        either. Any other cut raises `NotYet`; a width the model does not split over raises `SpecError`."""
-        from logos_ir import author
-
-        return author.write(spec, self, dir, tp=tp)
-
 
 @dataclass(frozen=True)
 class Identity:
@@ -275,37 +259,3 @@ class Identity:
         if cut is None:
             return None
         return cls(cut, int(match["chips"] or 1), bytes.fromhex(match["hex"]))
-
-
-def written(spec: ModelSpec, cut: Cut) -> tuple[Authored, Identity]:
-    """The cut `cut` of `spec`'s program, with its identity."""
-    return written_in(spec, cut, "")
-
-
-def written_in(spec: ModelSpec, cut: Cut, dir: str) -> tuple[Authored, Identity]:
-    """The cut `cut` of `spec`'s program with its weight manifest under `dir`, and its identity."""
-    authored = cut.write(spec, dir)
-    return authored, Identity.of(cut, authored.text)
-
-
-def written_split(spec: ModelSpec, cut: Cut, dir: str, tp: int) -> tuple[Authored, Identity]:
-    """The cut `cut` of `spec`'s program split over `tp` chips with its manifest under `dir`, and its identity."""
-    authored = cut.write_split(spec, dir, tp)
-    return authored, Identity.of_split(cut, tp, authored.text)
-
-
-def prefill_at(spec: ModelSpec, dir: str, ctx: int, toks: list[int], pos0: int) -> Authored:
-    """A prefill chunk at a run's own inputs: tokens `toks` (ids from 1) at positions from `pos0` (from 1), its
-    manifest under `dir`: the text a run executes. Its identity is the cut's (`written`), whose inputs are the
-    placeholders."""
-    from logos_ir import author
-
-    return author.write(spec, Cut.prefill(len(toks), ctx), dir, tokens=list(toks), pos0=pos0)
-
-
-def decode_at(spec: ModelSpec, dir: str, ctx: int, tok: int, pos: int) -> Authored:
-    """A decode step at a run's own inputs: token `tok` (from 1) at position `pos` (from 1), its manifest under
-    `dir`."""
-    from logos_ir import author
-
-    return author.write(spec, Cut.decode(ctx), dir, tokens=[tok], pos0=pos)

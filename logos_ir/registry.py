@@ -1,16 +1,25 @@
 """The one place where logos-ir's dialects, passes, pipelines and targets are registered.
 
 Everything is imported lazily (each entry is a function returning the class), so `logos-opt --help` and the other
-tools start without importing every pass. `logos-opt` reads this registry; so do the lanes that add their passes.
+tools start without importing every pass. `logos-opt` reads this registry; so do `logos-compile` and `logos-run`.
+A lane registers here, and only here: its dialect (`dialects`), its passes (`passes`), its named pipeline
+`logos-to-<lane>` (`pipelines`), its `-t` emitters (`emitters`), its `logos-compile` target (`compile_targets`) and
+its `logos-run` backend (`backends`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from xdsl.ir import Dialect
 from xdsl.passes import ModulePass
+from xdsl.utils.target import Target
+
+if TYPE_CHECKING:
+    from logos_ir.build import BuildRequest, LaneBuild
+    from logos_ir.runtime import RunRequest
 
 
 def _logos_dialect() -> Dialect:
@@ -85,5 +94,85 @@ def pipelines() -> dict[str, Pipeline]:
             'cut extraction (option cut="..."), then tensor-parallel splitting (option tp=N), then the identity check',
             ("cut", "tp"),
             _middle_end,
+        ),
+    }
+
+
+# -- emitters: `logos-opt -t NAME` ---------------------------------------------------------------------------
+
+
+def _logos_emitter() -> type[Target]:
+    from logos_ir.tools.logos_opt import LogosTarget
+
+    return LogosTarget
+
+
+def emitters() -> dict[str, Callable[[], type[Target]]]:
+    """The project's `-t` targets (xDSL's own are registered by `logos-opt`). The lanes add their emitters here."""
+    return {"logos": _logos_emitter}
+
+
+# -- logos-compile targets -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CompileTarget:
+    """A `logos-compile --target`: what it lowers (`cuts`, the cut kinds it takes; empty for any), the weight
+    images it writes (`weights`, the first its default), and `build`, which returns the lane's build function
+    (a `BuildRequest` in, a `LaneBuild` out; see `logos_ir.build`)."""
+
+    name: str
+    description: str
+    cuts: tuple[str, ...]
+    weights: tuple[str, ...]
+    build: Callable[[], Callable[[BuildRequest], LaneBuild]]
+
+
+def _build_logos() -> Callable[[BuildRequest], LaneBuild]:
+    from logos_ir.build import build_logos
+
+    return build_logos
+
+
+def compile_targets() -> dict[str, CompileTarget]:
+    """`logos-compile`'s targets by name. The lanes add theirs here."""
+    return {
+        "logos": CompileTarget(
+            "logos",
+            "the LOGOS program of the cut and, for a whole program, each part (embedding, layers, head)",
+            (),
+            ("f32",),
+            _build_logos,
+        ),
+    }
+
+
+# -- logos-run backends --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A `logos-run --backend`: the weight images it runs (`weights`, the first its default), whether it has an
+    `--emulate` mode, and `generator`, which returns the factory of its generator (a `RunRequest` in, an object
+    with `generate`, `stats` and `identities` out, as `logos_ir.generate.Generator` has)."""
+
+    name: str
+    description: str
+    weights: tuple[str, ...]
+    generator: Callable[[], Callable[[RunRequest], Any]]
+    emulates: bool = False
+
+
+def _reference_generator() -> Callable[[RunRequest], Any]:
+    from logos_ir.runtime import reference_generator
+
+    return reference_generator
+
+
+def backends() -> dict[str, Backend]:
+    """`logos-run`'s backends by name. The lanes add theirs here."""
+    return {
+        "reference": Backend(
+            "reference", "the numpy reference interpreter (float32)", ("f32",), _reference_generator
         ),
     }

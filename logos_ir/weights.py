@@ -64,9 +64,13 @@ __all__ = [
     "gguf_tensor_name",
     "hf_config",
     "hf_tensor_name",
+    "hub_snapshot",
+    "is_hub_id",
     "llama3_rope_divisors",
     "open_model",
     "permute_qk",
+    "read_index",
+    "resolve_hub_id",
     "save_model",
     "unpermute_qk",
 ]
@@ -424,7 +428,7 @@ class SafetensorsStore(WeightStore):
 def _safetensors_entries(directory: Path) -> dict[str, _Entry]:
     index = directory / SAFETENSORS_INDEX
     if index.exists() or index.is_symlink():
-        weight_map = _read_index(_member(directory, SAFETENSORS_INDEX, str(directory)))
+        weight_map = read_index(_member(directory, SAFETENSORS_INDEX, str(directory)))
         headers = {f: _read_header(_member(directory, f, str(index))) for f in sorted(set(weight_map.values()))}
         entries: dict[str, _Entry] = {}
         for name, file in weight_map.items():
@@ -442,18 +446,22 @@ def _safetensors_entries(directory: Path) -> dict[str, _Entry]:
 
 
 def _member(directory: Path, name: str, named_in: str) -> Path:
-    """The file `name` inside `directory`, refusing any name that could reach outside it."""
+    """The file `name` inside `directory`, refusing any name that could reach outside it. A link may lead only to
+    a file inside the folder, or, in a Hugging Face cache snapshot, inside that model's repository folder (where
+    the snapshot's files link to `../../blobs`)."""
     if not name or "\\" in name or "\0" in name or PurePosixPath(name).is_absolute() or PureWindowsPath(name).drive:
         raise WeightError(f"{named_in}: shard file name '{name}' is not a plain relative path inside the model folder")
     if ".." in PurePosixPath(name).parts:
         raise WeightError(f"{named_in}: shard file name '{name}' leaves the model folder")
     path = directory / name
+    root = _link_root(directory)
     try:
-        inside = path.resolve().is_relative_to(directory.resolve())
+        inside = path.resolve().is_relative_to(root.resolve())
     except (OSError, RuntimeError) as error:  # RuntimeError: a symlink loop
         raise WeightError(f"{path}: cannot resolve the path: {error}") from None
     if not inside:
-        raise WeightError(f"{path}: is a link to a file outside the model folder {directory}")
+        where = "model folder" if root == directory else "model's Hugging Face cache repository"
+        raise WeightError(f"{path}: is a link to a file outside the {where} {root}")
     try:
         found = path.is_file()
     except OSError as error:  # a name the file system refuses (too long, say)
@@ -461,6 +469,54 @@ def _member(directory: Path, name: str, named_in: str) -> Path:
     if not found:
         raise WeightError(f"{path}: no such file (named in {named_in})")
     return path
+
+
+# -- the Hugging Face cache -------------------------------------------------------------------------------
+# A model downloaded by the Hugging Face tools lives at <cache>/models--<org>--<name>/, with its files as
+# content-addressed `blobs/` and each revision a folder `snapshots/<commit>/` of links into `../../blobs`.
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def hub_snapshot(folder: Path) -> tuple[str, str] | None:
+    """The hub id and revision of a Hugging Face cache snapshot folder, or None for any other folder."""
+    snapshots = folder.absolute().parent
+    repository = snapshots.parent
+    if snapshots.name != "snapshots" or not repository.name.startswith("models--"):
+        return None
+    parts = repository.name[len("models--") :].split("--")
+    return "/".join(parts), folder.name
+
+
+def _link_root(directory: Path) -> Path:
+    """How far a model folder's links may lead: the folder itself, or a cache snapshot's repository folder."""
+    return directory.absolute().parent.parent if hub_snapshot(directory) is not None else directory
+
+
+def is_hub_id(model: str) -> bool:
+    """Whether `model` reads as a hub id (`org/name`) rather than a path on this machine."""
+    return bool(_HUB_ID.fullmatch(model)) and not Path(model).exists()
+
+
+def resolve_hub_id(model: str) -> Path:
+    """The snapshot folder of hub id `model` in the local Hugging Face cache (`HF_HUB_CACHE`, else the Hugging
+    Face tools' default), at its `main` revision. Nothing is ever downloaded."""
+    import os
+
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    cache = os.environ.get("HF_HUB_CACHE") or None
+    try:
+        folder = snapshot_download(model, cache_dir=cache, local_files_only=True)
+    except (LocalEntryNotFoundError, HFValidationError, OSError) as error:
+        where = cache or "the Hugging Face cache"
+        raise WeightError(
+            f"model '{model}' is not in the local Hugging Face cache ({where})",
+            hint="logos-ir never downloads: fetch it with the Hugging Face tools first, or give --model a folder "
+            f"({type(error).__name__})",
+        ) from None
+    return Path(folder)
 
 
 def _read_bounded(f: BinaryIO, path: Path, size: int) -> bytes:
@@ -489,7 +545,7 @@ def _parse_json(raw: bytes, where: str) -> Any:
         raise WeightError(f"{where}: the JSON header is nested too deeply") from None
 
 
-def _read_index(path: Path) -> dict[str, str]:
+def read_index(path: Path) -> dict[str, str]:
     try:
         size = path.stat().st_size
         if size > _MAX_HEADER_BYTES:
@@ -1108,8 +1164,10 @@ def open_model(model: str | Path | None = None, seed: int = 0) -> WeightStore:
         return SafetensorsStore(path)
     if path.suffix.lower() == ".gguf":
         return GGUFStore(path)
+    if isinstance(model, str) and is_hub_id(model):
+        return SafetensorsStore(resolve_hub_id(model))
     raise WeightError(
-        f"'{model}' is not a model preset, a model folder or a .gguf file",
+        f"'{model}' is not a model preset, a model folder, a .gguf file or a hub id in the local cache",
         hint=f"give 'embedded', a preset ({', '.join(ModelSpec.presets())}), a folder with config.json and "
-        "safetensors, or a .gguf file",
+        "safetensors, a .gguf file, or a hub id such as HuggingFaceTB/SmolLM2-135M-Instruct",
     )

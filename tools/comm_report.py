@@ -19,9 +19,10 @@ def report(model: str, cut_text: str, tp: int) -> dict[str, object]:
     from xdsl.context import Context
     from xdsl.dialects.builtin import ModuleOp
 
+    from logos_ir.author import written
     from logos_ir.parser import parse_program
     from logos_ir.passes.tp_split import TpSplit, communication_report
-    from logos_ir.program import Cut, written
+    from logos_ir.program import Cut
     from logos_ir.tools.logos_author import load_spec
 
     spec, cut = load_spec(model), Cut.parse(cut_text)

@@ -673,13 +673,14 @@ _LOGOS_SEEDS = [
 
 
 def _authored() -> list[tuple[str, str]]:
+    from logos_ir.author import write
     from logos_ir.program import Cut
     from logos_ir.spec import ModelSpec
 
     out = []
     for preset, cut, tp in _LOGOS_SEEDS:
         spec = ModelSpec.preset(preset)
-        authored = Cut.parse(cut).write(spec, "") if tp is None else Cut.parse(cut).write_split(spec, "", tp)
+        authored = write(spec, Cut.parse(cut), "", tp=tp)
         name = f"{preset}-{cut.replace(' ', '-').replace('=', '')}" + (f"-tp{tp}" if tp else "")
         out.append((name, authored.text))
     return out

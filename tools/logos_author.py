@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _arguments().parse_args(argv)
 
     def body() -> int:
+        from logos_ir.author import write
         from logos_ir.program import Cut, Identity
         from logos_ir.spec import ModelSpec
 
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(ModelSpec.presets()))
             return 0
         spec, cut = load_spec(args.model), Cut.parse(args.cut)
-        authored = cut.write(spec, args.dir) if args.tp is None else cut.write_split(spec, args.dir, args.tp)
+        authored = write(spec, cut, args.dir, tp=args.tp)
         if args.manifest:
             text = json.dumps([vars(entry) for entry in authored.manifest], indent=2) + "\n"
         elif args.identity:

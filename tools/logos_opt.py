@@ -143,7 +143,8 @@ class LogosOptMain(xDSLOptMain):
 
     def register_all_targets(self) -> None:
         super().register_all_targets()
-        self.available_targets["logos"] = lambda: LogosTarget
+        for name, factory in registry.emitters().items():
+            self.available_targets[name] = factory
 
     def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
         super().register_all_arguments(arg_parser)

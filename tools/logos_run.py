@@ -1,7 +1,9 @@
-"""`logos-run`: greedy generation with a model's LOGOS programs on the reference interpreter.
+"""`logos-run`: greedy generation with a model's LOGOS programs, on the reference interpreter or a lane's backend.
 
-    logos-run [--model tiny|DIR|FILE.gguf] [--prompt TEXT | --prompt-ids 1,2,3] [--max-new-tokens 32] [--json]
+    logos-run [--model tiny|DIR|FILE.gguf|ORG/NAME] [--prompt TEXT | --prompt-ids 1,2,3] [--max-new-tokens 32]
+              [--backend reference|...] [--emulate] [--weights f32|bf16|f16] [--json]
 
+The backends are the registry's (`logos_ir.registry.backends`): each lane adds its own.
 With no `--model` it runs the embedded SmolLM2-135M-Instruct; with no prompt, the model's chat template
 applied to "What is the capital of France?" (plain text when the model has no template). The continuation goes
 to standard output (with `--json`, one JSON object as the last line); progress, when standard error is a
@@ -18,6 +20,7 @@ import time
 from typing import Any
 
 from logos_ir.cli import run_tool
+from logos_ir.errors import LogosError
 
 DEFAULT_QUESTION = "What is the capital of France?"
 
@@ -72,12 +75,33 @@ def _arguments() -> argparse.ArgumentParser:
         default=None,
         help="cache positions (default: prompt plus new tokens, rounded up to a multiple of 64)",
     )
-    parser.add_argument("--backend", choices=["reference"], default="reference", help="what runs the programs")
+    backends = _backends()
+    parser.add_argument(
+        "--backend",
+        choices=sorted(backends),
+        default="reference",
+        help="what runs the programs: " + "; ".join(f"{b.name}: {b.description}" for b in backends.values()),
+    )
+    parser.add_argument(
+        "--emulate", action="store_true", help="run the backend's lowered kernels on the CPU (backends that have it)"
+    )
+    parser.add_argument(
+        "--weights",
+        choices=["f32", "bf16", "f16"],
+        default=None,
+        help="the weight image the backend runs (default: the backend's own; f32 matches the reference exactly)",
+    )
     parser.add_argument("--tp", type=_positive, default=1, help="split the decode step over this many chips")
     parser.add_argument("--seed", type=_count, default=0, help="the seed of a preset's random weights")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks of internal errors")
     return parser
+
+
+def _backends():
+    from logos_ir import registry
+
+    return registry.backends()
 
 
 def chat_prompt(template: str, question: str) -> str | None:
@@ -154,16 +178,31 @@ def _text(tokenizer: Any, ids: list[int]) -> str | None:
     return tokenizer.decode(ids)
 
 
+def _weights_for(backend: Any, wanted: str | None) -> str:
+    """The weight image to run: the one asked for, if the backend runs it, else the backend's default."""
+    if wanted is None:
+        return str(backend.weights[0])
+    if wanted not in backend.weights:
+        raise LogosError(f"the {backend.name} backend runs weights {', '.join(backend.weights)}, not {wanted}")
+    return wanted
+
+
 def _generate(args: argparse.Namespace) -> int:
-    from logos_ir.generate import Generator, default_ctx
+    from logos_ir.generate import default_ctx
+    from logos_ir.runtime import RunRequest
     from logos_ir.tokenizer import Tokenizer
     from logos_ir.weights import open_model
 
+    backend = _backends()[args.backend]
+    weights = _weights_for(backend, args.weights)
+    if args.emulate and not backend.emulates:
+        raise LogosError(f"the {backend.name} backend has no --emulate mode")
     store = open_model(args.model, seed=args.seed)
     tokenizer = Tokenizer.from_store(store)
     prompt = _prompt_ids(args, tokenizer, store.source)
     ctx = args.ctx or default_ctx(len(prompt), args.max_new_tokens)
-    generator = Generator(store, ctx=ctx, prefill_rows=args.prefill_rows, tp=args.tp)
+    request = RunRequest(store, ctx, args.prefill_rows, args.tp, weights, args.emulate)
+    generator = backend.generator()(request)
     progress = _Progress(tokenizer)
     started = time.perf_counter()
     eos = tokenizer.eos_id if tokenizer is not None else None
@@ -173,6 +212,8 @@ def _generate(args: argparse.Namespace) -> int:
     report = {
         "model": store.source,
         "backend": args.backend,
+        "emulate": args.emulate,
+        "weights": weights,
         "tp": args.tp,
         "ctx": ctx,
         "prompt_ids": prompt,

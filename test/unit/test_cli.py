@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from logos_ir.author import write
 from logos_ir.cli import INTERNAL_ERROR, USAGE_ERROR, USER_ERROR, run_tool
 from logos_ir.errors import SpecError
 from logos_ir.program import Cut
@@ -65,7 +66,7 @@ CASES: dict[str, tuple[list[str], bytes, int, list[str]]] = {
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess[bytes]]:
     folder = tmp_path_factory.mktemp("cli")
-    good = Cut.parse("decode ctx=64").write(ModelSpec.preset("tiny")).text
+    good = write(ModelSpec.preset("tiny"), Cut.parse("decode ctx=64")).text
     (folder / "good.logos").write_text(good)
     (folder / "bad.logos").write_text(good.replace("has 256 tokens", "has many tokens", 1))
     (folder / "config.json").write_text('{"model_type": "llama", "hidden_size": 64}\n')

@@ -15,13 +15,14 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.utils.arg_spec import parse_pipeline
 
 from logos_ir import identity, registry
+from logos_ir.author import write, written, written_split
 from logos_ir.dialects import logos
 from logos_ir.errors import PassError
 from logos_ir.parser import parse_program
 from logos_ir.passes.cut_extract import CutExtract
 from logos_ir.passes.verify_identity import VerifyIdentity
 from logos_ir.printer import print_program
-from logos_ir.program import Cut, Identity, written, written_split
+from logos_ir.program import Cut, Identity
 from logos_ir.spec import ModelSpec
 
 # -- helpers -------------------------------------------------------------------------------------------------
@@ -309,13 +310,13 @@ def test_parts_decode_the_same_tokens_as_the_whole_step_on_the_embedded_model() 
 
     weights = open_model("embedded")
     spec, ctx = weights.spec, 16
-    text = Cut.decode(ctx).write(spec).text
+    text = write(spec, Cut.decode(ctx)).text
     whole_program = parse_program(text)
     module = ModuleOp([whole_program.clone()])
 
     def part(cut: Cut) -> logos.ProgramOp:
         program = extract(module.clone(), cut.option())
-        assert print_program(program) == cut.write(spec).text
+        assert print_program(program) == write(spec, cut).text
         return program
 
     whole = Interpreter(whole_program, weights, KVState())

@@ -10,11 +10,12 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.parser import Parser
 from xdsl.printer import Printer
 
+from logos_ir.author import written, written_split
 from logos_ir.dialects.logos import LOGOS
 from logos_ir.identity import check, identity
 from logos_ir.parser import parse_program
 from logos_ir.printer import print_program
-from logos_ir.program import Cut, written, written_split
+from logos_ir.program import Cut
 from logos_ir.spec import ModelSpec
 
 SPECS = ["tiny", "smollm2-135m", "llama-3.2-1b", "llama-3.1-70b"]

@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from logos_ir.author import write
 from logos_ir.errors import LogosError
 from logos_ir.parser import parse_program
 from logos_ir.printer import print_program
@@ -52,12 +53,12 @@ def checked(reader: str, data: bytes) -> str:
 def logos_texts() -> list[str]:
     tiny, tp8 = ModelSpec.preset("tiny"), ModelSpec.preset("tiny-tp8")
     return [
-        Cut.parse("decode_layer layer=1 ctx=64").write(tiny).text,
-        Cut.parse("decode_head").write(tiny).text,
-        Cut.parse("decode_embed").write(tiny).text,
-        Cut.parse("prefill_layer layer=0 rows=2 ctx=8").write(tiny).text,
-        Cut.parse("batch_layer layer=0 rows=2 ctx=4").write_split(tp8, "", 2).text,
-        Cut.parse("decode_layer layer=0 ctx=8").write(ModelSpec.preset("llama-3.2-1b")).text,
+        write(tiny, Cut.parse("decode_layer layer=1 ctx=64")).text,
+        write(tiny, Cut.parse("decode_head")).text,
+        write(tiny, Cut.parse("decode_embed")).text,
+        write(tiny, Cut.parse("prefill_layer layer=0 rows=2 ctx=8")).text,
+        write(tp8, Cut.parse("batch_layer layer=0 rows=2 ctx=4"), "", tp=2).text,
+        write(ModelSpec.preset("llama-3.2-1b"), Cut.parse("decode_layer layer=0 ctx=8")).text,
     ]
 
 
@@ -186,7 +187,7 @@ def _params(kind: str) -> tuple[str, ...]:
 def test_authored_programs_parse_and_print_back_byte_for_byte(data):
     spec = data.draw(small_specs())
     cut = data.draw(cuts(spec.layers))
-    text = cut.write(spec).text
+    text = write(spec, cut).text
     program = parse_program(text, "authored.logos")
     assert print_program(program) == text
 

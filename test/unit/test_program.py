@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from logos_ir.author import NOT_YET_SPLIT
+from logos_ir.author import NOT_YET_SPLIT, decode_at, prefill_at, written, written_in, written_split
 from logos_ir.errors import CutError, NotYet, SpecError
-from logos_ir.program import Cut, Identity, decode_at, prefill_at, written, written_in, written_split
+from logos_ir.program import Cut, Identity
 from logos_ir.spec import ModelSpec
 
 TINY = ModelSpec.preset("tiny")

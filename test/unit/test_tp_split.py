@@ -18,12 +18,13 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.utils.arg_spec import parse_pipeline
 
 from logos_ir import author, identity, registry
+from logos_ir.author import written, written_split
 from logos_ir.dialects import logos
 from logos_ir.errors import NotYet, PassError, SpecError
 from logos_ir.parser import parse_program
 from logos_ir.passes.tp_split import TpSplit, communication_report
 from logos_ir.printer import print_program
-from logos_ir.program import Cut, Identity, written, written_split
+from logos_ir.program import Cut, Identity
 from logos_ir.spec import ModelSpec
 from logos_ir.tensor_parallel import weight_split
 

@@ -27,12 +27,13 @@ import pytest
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 
+from logos_ir.author import written
 from logos_ir.dialects import logos
 from logos_ir.errors import WeightError
 from logos_ir.interpreter import Interpreter, KVState
 from logos_ir.parser import parse_program
 from logos_ir.passes.tp_split import TpSplit
-from logos_ir.program import Cut, written
+from logos_ir.program import Cut
 from logos_ir.spec import ModelSpec
 from logos_ir.weights import RandomWeights, WeightStore, open_model
 
