@@ -75,9 +75,9 @@ class BuildRequest:
 @dataclass(frozen=True)
 class Artifact:
     """One file of a build: `path` relative to the build folder (POSIX, no `..`), its bytes, the identity of the
-    program it was lowered from, whether it is `text`, `binary` or `logos` (a LOGOS program: its header names the cut
-and its SHA-256 is the identity's, so it needs no comment, which LOGOS does not have), and its `role` in one word (program, kernels,
-    host, instructions, layout, weights, engine, report ...)."""
+    program it was lowered from, its `kind` (`text`, `binary`, or `logos` for a LOGOS program, whose header names
+    its cut and whose SHA-256 is its identity's digest, as LOGOS has no comments) and its `role` in one word
+    (program, kernels, host, instructions, layout, weights, engine, report ...)."""
 
     path: str
     data: bytes
