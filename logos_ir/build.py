@@ -22,7 +22,7 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -240,25 +240,32 @@ def manifest_text(manifest: Mapping[str, Any]) -> str:
     return json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def write_build(destination: Path, manifest: Mapping[str, Any], artifacts: Sequence[Artifact]) -> None:
-    """Write a build folder atomically: every file into a temporary folder beside `destination`, then the folder
-    renamed into place. The previous build (if any) is replaced only once the new one is complete."""
-    for artifact in artifacts:
-        check_artifact(artifact)
-    paths = [a.path for a in artifacts]
-    if len(set(paths)) != len(paths):
-        raise BuildError("two artifacts of the build have the same path")
+def write_build(destination: Path, produce: Callable[[], tuple[Mapping[str, Any], Sequence[Artifact]]]) -> None:
+    """Build into `destination` atomically: a temporary folder beside it is made first, `produce` computes the
+    manifest and the artifacts, every file is written there, and the folder is renamed into place. A failure or an
+    interrupt at any point leaves the previous build (if any) as it was; a kill leaves at most a hidden staging
+    folder beside it, which the next build removes."""
     destination = destination.absolute()
     _refuse_foreign(destination)
     destination.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale(destination)
     with _temporary_folder(destination) as staging:
+        manifest, artifacts = produce()
+        _check_artifacts(artifacts)
         for artifact in artifacts:
             target = staging / artifact.path
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(artifact.data)
         (staging / MANIFEST).write_text(manifest_text(manifest), encoding="utf-8", newline="\n")
         _swap_into_place(staging, destination)
+
+
+def _check_artifacts(artifacts: Sequence[Artifact]) -> None:
+    for artifact in artifacts:
+        check_artifact(artifact)
+    paths = [a.path for a in artifacts]
+    if len(set(paths)) != len(paths):
+        raise BuildError("two artifacts of the build have the same path")
 
 
 def _refuse_foreign(destination: Path) -> None:
@@ -413,7 +420,6 @@ def compare_folders(left: Path, right: Path) -> list[str]:
         for name in set(a) | set(b)
         if name not in a or name not in b or a[name].read_bytes() != b[name].read_bytes()
     )
-
 
 
 # -- the `logos` target: the LOGOS programs themselves ---------------------------------------------------------

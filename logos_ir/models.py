@@ -124,6 +124,8 @@ class ModelSource:
         """The model files whose size or digest differ from the manifest's record (or that one side lacks)."""
         if self.spec.to_dict() != recorded.get("spec"):
             return ["the model's spec differs from the one the build was made for"]
+        if self.kind == "preset" and (recorded.get("kind"), recorded.get("seed")) != ("preset", self.seed):
+            return [f"the preset's random weights (seed {self.seed}) are not the ones the build was made for"]
         have = {r["file"]: r for r in self.file_records()}
         want = {r.get("file"): r for r in recorded.get("files", []) if isinstance(r, dict)}
         differ = [name for name in sorted(set(have) | set(want), key=str) if have.get(name) != want.get(name)]

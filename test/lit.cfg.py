@@ -24,6 +24,7 @@ def tool(name: str) -> str:
 
 config.substitutions.append(("%logos-opt", tool("logos-opt")))  # noqa: F821
 config.substitutions.append(("%logos-author", tool("logos-author")))  # noqa: F821
+config.substitutions.append(("%logos-compile", tool("logos-compile")))  # noqa: F821
 config.substitutions.append(("%filecheck", tool("filecheck")))  # noqa: F821
 
 # Tests that need a tool this machine may lack say so with `REQUIRES:`.

@@ -1,0 +1,201 @@
+"""`logos-compile`: builds a model's cut for a target into a build folder, and checks build folders.
+
+    logos-compile --model MODEL --target TARGET --cut 'decode ctx=1024' [--tp N] [--weights f32|bf16|f16]
+                  [--with-weights] [--option key=value ...] -o DIR
+    logos-compile --check DIR [--model MODEL]
+    logos-compile --rebuild-check DIR [--model MODEL]
+
+`MODEL` is a preset, `embedded`, a Hugging Face folder or cache snapshot, a `.gguf` file or a hub id in the local
+Hugging Face cache. The targets are the registry's (`logos_ir.registry.compile_targets`): `--help` lists them. A
+build writes code without reading a weight value; `--with-weights` adds the lane's weight image. The folder, its
+manifest and the checks are described in `docs/builds.md`. Heavy modules are imported inside `main`, so `--help`
+answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from logos_ir.cli import USAGE_ERROR, run_tool
+
+if TYPE_CHECKING:
+    from logos_ir.build import Artifact, LaneBuild
+
+
+def _targets() -> dict[str, Any]:
+    from logos_ir import registry
+
+    return registry.compile_targets()
+
+
+def _option(text: str) -> tuple[str, str]:
+    key, eq, value = text.partition("=")
+    if not eq or not key:
+        raise argparse.ArgumentTypeError(f"a target option is key=value, not '{text}'")
+    return key, value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _arguments(targets: dict[str, Any]) -> argparse.ArgumentParser:
+    listing = "\n".join(f"  {t.name:<10} {t.description}" for t in targets.values())
+    parser = argparse.ArgumentParser(
+        prog="logos-compile",
+        description="Build a model's cut for a target into a build folder (or check a build folder).",
+        epilog="targets:\n" + listing,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--model", help="a preset, 'embedded', a model folder, a .gguf file or a hub id (org/name)")
+    parser.add_argument("--target", choices=sorted(targets), metavar="TARGET", help="what to build (see below)")
+    parser.add_argument("--cut", help="the cut in option form, e.g. 'decode ctx=1024'")
+    parser.add_argument("--tp", type=_positive, default=1, help="split the program over this many chips")
+    parser.add_argument("--weights", choices=["f32", "bf16", "f16"], help="the weight image (default: the target's)")
+    parser.add_argument("--with-weights", action="store_true", help="also write the lane's weight image")
+    parser.add_argument(
+        "--option", type=_option, action="append", default=[], metavar="KEY=VALUE", help="a target's own option"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the seed of a preset's random weights")
+    parser.add_argument("-o", "--output", help="the build folder to write (replaced atomically)")
+    checks = parser.add_mutually_exclusive_group()
+    checks.add_argument("--check", metavar="DIR", help="re-hash a build folder against its manifest")
+    checks.add_argument("--rebuild-check", metavar="DIR", help="rebuild a build folder and compare byte for byte")
+    parser.add_argument("--debug", action="store_true", help="show Python tracebacks of internal errors")
+    return parser
+
+
+def _request(args: argparse.Namespace, targets: dict[str, Any], progress: Any) -> Any:
+    """The build request the arguments name, checked against the target before any work."""
+    from logos_ir.build import BuildError, BuildRequest
+    from logos_ir.models import ModelSource
+    from logos_ir.program import Cut
+
+    target = targets[args.target]
+    cut = Cut.parse(args.cut)
+    if target.cuts and cut.kind not in target.cuts:
+        raise BuildError(f"target {target.name} lowers {', '.join(target.cuts)}, not a {cut}")
+    weights = args.weights or target.weights[0]
+    if weights not in target.weights:
+        raise BuildError(f"target {target.name} writes weights {', '.join(target.weights)}, not {weights}")
+    model = ModelSource.resolve(args.model, seed=args.seed, progress=progress)
+    return BuildRequest(model, cut, args.tp, weights, args.with_weights, progress, dict(args.option))
+
+
+def build(args: argparse.Namespace, targets: dict[str, Any], destination: Path) -> list[str]:
+    """Build what the arguments name into `destination`; the lines to print."""
+    from logos_ir.build import manifest_of, write_build
+    from logos_ir.progress import Progress
+
+    progress = Progress.on_terminal()
+    request = _request(args, targets, progress)
+    built: list[LaneBuild] = []
+
+    def produce() -> tuple[dict[str, Any], list[Artifact]]:
+        lane = targets[args.target].build()(request)
+        built.append(lane)
+        return manifest_of(request, args.target, lane), lane.artifacts
+
+    write_build(destination, produce)
+    lane = built[0]
+    size = sum(len(a.data) for a in lane.artifacts)
+    return [*lane.summary, f"logos-compile: wrote {destination} ({len(lane.artifacts)} files, {size} bytes)"]
+
+
+def _check(folder: Path, model: str | None, seed: int) -> int:
+    from logos_ir.build import check_build
+    from logos_ir.models import ModelSource
+    from logos_ir.progress import Progress
+
+    progress = Progress.on_terminal()
+    source = ModelSource.resolve(model, seed=seed, progress=progress) if model is not None else None
+    report = check_build(folder, source, progress)
+    if report.ok:
+        what = "every artifact and the model's weight files match" if source else "every artifact matches"
+        print(f"logos-compile: {folder}: {what} the manifest")
+        return 0
+    for line in report.lines():
+        print(f"logos-compile: {folder}: {line}")
+    return 1
+
+
+def _rebuild_check(folder: Path, args: argparse.Namespace, targets: dict[str, Any]) -> int:
+    """Rebuild from the inputs the manifest records, into a temporary folder, and compare byte for byte."""
+    from logos_ir.build import BuildError, compare_folders, read_manifest
+    from logos_ir.models import ModelSource, check_model_matches
+
+    manifest = read_manifest(folder)
+    recorded, target = manifest.get("model", {}), manifest.get("target", {})
+    if target.get("name") not in targets:
+        raise BuildError(f"{folder}: the manifest's target {target.get('name')!r} is not one this tool builds")
+    model = args.model if args.model is not None else _recorded_model(recorded, folder)
+    again = argparse.Namespace(
+        model=model,
+        target=target["name"],
+        cut=target["cut"],
+        tp=target["tp"],
+        weights=target["weights"],
+        with_weights=target["with_weights"],
+        option=list(target.get("options", {}).items()),
+        seed=recorded.get("seed", 0),
+    )
+    check_model_matches(ModelSource.resolve(model, seed=again.seed), recorded)
+    with tempfile.TemporaryDirectory(prefix="logos-rebuild-") as scratch:
+        fresh = Path(scratch) / "build"
+        build(again, targets, fresh)
+        differ = compare_folders(folder, fresh)
+    if not differ:
+        print(f"logos-compile: {folder}: a rebuild gives the same bytes")
+        return 0
+    for name in differ:
+        print(f"logos-compile: {folder}: rebuild differs: {name}")
+    return 1
+
+
+def _recorded_model(recorded: dict[str, Any], folder: Path) -> str:
+    from logos_ir.build import BuildError
+
+    if recorded.get("kind") in ("preset", "embedded", "hub"):
+        return "embedded" if recorded["kind"] == "embedded" else str(recorded["name"])
+    raise BuildError(
+        f"{folder}: the build was made from a {recorded.get('kind')} ('{recorded.get('name')}'), which the manifest "
+        "names without its path",
+        hint="give --model the folder or file it was built from",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    targets = _targets()
+    parser = _arguments(targets)
+    args = parser.parse_args(argv)
+
+    def body() -> int:
+        if args.check:
+            return _check(Path(args.check), args.model, args.seed)
+        if args.rebuild_check:
+            return _rebuild_check(Path(args.rebuild_check), args, targets)
+        needed = (("--target", args.target), ("--cut", args.cut), ("-o", args.output))
+        missing = [flag for flag, value in needed if not value]
+        if missing:
+            parser.print_usage(sys.stderr)
+            print(f"logos-compile: error: a build needs {', '.join(missing)}", file=sys.stderr)
+            return USAGE_ERROR
+        for line in build(args, targets, Path(args.output)):
+            print(line)
+        return 0
+
+    return run_tool("logos-compile", body, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
