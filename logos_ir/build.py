@@ -34,15 +34,14 @@ from logos_ir.program import Cut, Identity
 if TYPE_CHECKING:
     from xdsl.dialects.builtin import ModuleOp
 
-    from logos_ir.models import ModelSource
-    from logos_ir.progress import Progress
+from logos_ir.models import ModelSource, file_sha256, tool_versions
+from logos_ir.progress import Progress
 
 MANIFEST = "manifest.json"
 FORMAT = "logos-build 1"
 WEIGHT_IMAGES = ("f32", "bf16", "f16")
 TEXT_IDENTITY_LINES = 3  # a text artifact names its program within its first three lines
 BINARY_IDENTITY_BYTES = 4096  # a binary artifact names its program within its header's first 4 KiB
-_BUFFER = 1 << 20
 
 
 class BuildError(LogosError):
@@ -165,18 +164,6 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def file_sha256(path: Path, progress: Progress | None = None) -> str:
-    """The SHA-256 of a file, read in 1 MiB blocks (a weight file is too large to read at once)."""
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        ticker = progress.bytes(path.stat().st_size, f"hashing {path.name}") if progress else None
-        while block := stream.read(_BUFFER):
-            digest.update(block)
-            if ticker is not None:
-                ticker(len(block))
-    return digest.hexdigest()
-
-
 def check_artifact(artifact: Artifact) -> None:
     """Refuse an artifact that breaks the contract: a path that is not plain and relative, a text artifact whose
     first lines do not carry its identity line, a binary one whose header does not."""
@@ -205,8 +192,6 @@ def _header(artifact: Artifact) -> bytes:
 
 def manifest_of(request: BuildRequest, target: str, lane: LaneBuild) -> dict[str, Any]:
     """The manifest of a build: tool, model, target, and every artifact with its digest, size and identity."""
-    from logos_ir.models import tool_versions
-
     artifacts = sorted(lane.artifacts, key=lambda a: a.path)
     return {
         "format": FORMAT,

@@ -10,12 +10,13 @@ its base name, a hub snapshot by id and revision), the spec, and each model file
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from logos_ir.build import BuildError, file_sha256
+from logos_ir.errors import WeightError
 from logos_ir.progress import Progress
 from logos_ir.spec import ModelSpec
 from logos_ir.weights import (
@@ -28,7 +29,20 @@ from logos_ir.weights import (
     open_model,
 )
 
+_BLOCK = 1 << 20
 PRESET_NOTE = "a preset: random weights made from the seed, no weight files"
+
+
+def file_sha256(path: Path, progress: Progress | None = None) -> str:
+    """The SHA-256 of a file, read in 1 MiB blocks (a weight file is too large to read at once)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        ticker = progress.bytes(path.stat().st_size, f"hashing {path.name}") if progress else None
+        while block := stream.read(_BLOCK):
+            digest.update(block)
+            if ticker is not None:
+                ticker(len(block))
+    return digest.hexdigest()
 
 
 def tool_versions() -> dict[str, str]:
@@ -136,7 +150,7 @@ def check_model_matches(source: ModelSource, recorded: dict[str, Any]) -> None:
     """Refuse to rebuild a build from a model other than the one its manifest records."""
     differ = source.differing_weights(recorded)
     if differ:
-        raise BuildError(
+        raise WeightError(
             f"the model given is not the one the build was made from: {', '.join(differ)}",
             hint="give --model the model the build's manifest names",
         )

@@ -48,9 +48,7 @@ class Progress:
             return _ignore
         from tqdm import tqdm
 
-        bar = tqdm(
-            total=total, desc=what, unit="B", unit_scale=True, delay=DELAY_S, leave=False, file=sys.stderr
-        )
+        bar = tqdm(total=total, desc=what, unit="B", unit_scale=True, delay=DELAY_S, leave=False, file=sys.stderr)
 
         def advance(count: int) -> None:
             bar.update(count)

@@ -102,7 +102,7 @@ def pipelines() -> dict[str, Pipeline]:
 
 
 def _logos_emitter() -> type[Target]:
-    from logos_ir.tools.logos_opt import LogosTarget
+    from logos_ir.passes.emit_logos import LogosTarget
 
     return LogosTarget
 
@@ -172,7 +172,5 @@ def _reference_generator() -> Callable[[RunRequest], Any]:
 def backends() -> dict[str, Backend]:
     """`logos-run`'s backends by name. The lanes add theirs here."""
     return {
-        "reference": Backend(
-            "reference", "the numpy reference interpreter (float32)", ("f32",), _reference_generator
-        ),
+        "reference": Backend("reference", "the numpy reference interpreter (float32)", ("f32",), _reference_generator),
     }

@@ -11,37 +11,18 @@ expands into its passes.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import io
 import sys
 from collections.abc import Sequence
-from typing import IO, ClassVar
+from typing import IO
 
-from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.utils.exceptions import DiagnosticException, ParseError
-from xdsl.utils.target import Target
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from logos_ir import registry
 from logos_ir.cli import USAGE_ERROR, run_tool, write_atomically
 from logos_ir.errors import LogosError
-
-
-@dataclasses.dataclass(frozen=True)
-class LogosTarget(Target):
-    """Prints each `logos.program` in the module as its LOGOS text."""
-
-    name: ClassVar[str] = "logos"
-
-    def emit(self, ctx: Context, module: ModuleOp, output: IO[str]) -> None:
-        from logos_ir.identity import programs
-        from logos_ir.printer import print_program
-
-        found = programs(module)
-        if not found:
-            raise DiagnosticException("logos target: the module holds no logos.program")
-        output.write("\n".join(print_program(p) for p in found))
 
 
 class _Held(io.StringIO):
