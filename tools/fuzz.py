@@ -272,7 +272,7 @@ def _opt() -> Any:
 def _mlir(data: bytes) -> None:
     """As `logos-opt` reads MLIR: parse, verify (the empty pipeline's check), print as MLIR and as LOGOS."""
     from logos_ir.identity import programs
-    from logos_ir.tools.logos_opt import LogosTarget
+    from logos_ir.passes.emit_logos import LogosTarget
 
     tool = _opt()
     module = tool.parse_chunk(io.BytesIO(data), "mlir")
