@@ -1,0 +1,389 @@
+"""The `cuda` dialect: what the CUDA lane needs that xDSL's `gpu`, `arith`, `memref`, `scf` and `math` lack.
+
+Two levels live here. The kernel level (the first lowering of a `logos` program): named device buffers
+(`cuda.buffer`) and one op per fused kernel (`cuda.linear`, `cuda.gate_up`, `cuda.rope_cache_write`,
+`cuda.attention` ...), each reading and writing whole buffers, in the order the host launches them. The thread
+level (inside the `gpu.func` bodies the next pass writes): a warp's butterfly shuffle (`cuda.shuffle_xor`, as CUDA's
+`__shfl_xor_sync`) and a 16-byte vector load that widens bf16 to f32 (`cuda.vector_load`), which xDSL's `gpu` and
+`memref` do not have.
+
+```mlir
+%w = cuda.buffer "model.layers.0.self_attn.q_proj.weight" kind "weight" : memref<576x576xbf16>
+cuda.linear ins(%normed, %w : memref<1x576xf32>, memref<576x576xbf16>) outs(%query : memref<1x576xf32>)
+%sum = cuda.shuffle_xor %partial, 16 : f32
+%w0, %w1, %w2, %w3 = cuda.vector_load %w[%n, %k] : memref<576x576xf32> -> f32, f32, f32, f32
+```
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from xdsl.dialects.builtin import (
+    I64,
+    BFloat16Type,
+    Float32Type,
+    FloatAttr,
+    IndexType,
+    IntegerAttr,
+    IntegerType,
+    MemRefType,
+    StringAttr,
+)
+from xdsl.ir import Attribute, Dialect, Operation
+from xdsl.irdl import (
+    AttrSizedOperandSegments,
+    ParsePropInAttrDict,
+    VarConstraint,
+    base,
+    IRDLOperation,
+    irdl_op_definition,
+    operand_def,
+    prop_def,
+    result_def,
+    traits_def,
+    var_operand_def,
+    var_result_def,
+)
+from xdsl.traits import Pure
+from xdsl.utils.exceptions import VerifyException
+
+BUFFER_KINDS = ("weight", "cache", "activation", "input", "output", "table", "scratch")
+WARP = 32
+
+
+def _fail(op: Operation, message: str) -> VerifyException:
+    return VerifyException(f"'{op.name}' op {message}")
+
+
+def shape_of(kind: Attribute) -> tuple[int, ...]:
+    assert isinstance(kind, MemRefType)
+    return tuple(kind.get_shape())
+
+
+# -- buffers --------------------------------------------------------------------------------------------------
+
+
+@irdl_op_definition
+class BufferOp(IRDLOperation):
+    """A named device buffer of the host plan: a weight (its Hugging Face name), a KV cache, an activation, an
+    input, the output, a table the host fills (rotary cos/sin) or a kernel's scratch.
+
+    `%keys = cuda.buffer "cache.key.0" kind "cache" : memref<3x64x64xf32>`
+    """
+
+    name = "cuda.buffer"
+
+    buffer = prop_def(StringAttr)
+    kind = prop_def(StringAttr)
+    result = result_def(MemRefType)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$buffer `kind` $kind attr-dict `:` type($result)"
+
+    def __init__(self, buffer: str, kind: str, result_type: MemRefType):
+        super().__init__(properties={"buffer": StringAttr(buffer), "kind": StringAttr(kind)}, result_types=[result_type])
+
+    def verify_(self) -> None:
+        if self.kind.data not in BUFFER_KINDS:
+            raise _fail(self, f"has unknown buffer kind '{self.kind.data}' (expected one of {', '.join(BUFFER_KINDS)})")
+        if not self.buffer.data:
+            raise _fail(self, "needs a buffer name")
+
+
+# -- the kernel level: one op per fused kernel ------------------------------------------------------------------
+
+
+class KernelOp(IRDLOperation):
+    """Base of the kernel-level ops: the buffers a kernel reads (`ins`) and writes (`outs`), in a fixed order each
+    leaf names; `ARITY` is (ins, outs). A leaf's `check_` checks the shapes its kernel assumes."""
+
+    ARITY: ClassVar[tuple[int, int]] = (0, 0)
+
+    ins = var_operand_def(MemRefType)
+    outs = var_operand_def(MemRefType)
+
+    irdl_options = (AttrSizedOperandSegments(as_property=True), ParsePropInAttrDict())
+
+    assembly_format = "`ins` `(` $ins `:` type($ins) `)` `outs` `(` $outs `:` type($outs) `)` attr-dict"
+
+    def __init__(self, ins: list, outs: list, properties: dict[str, Attribute] | None = None):
+        super().__init__(operands=[ins, outs], properties=properties or {})
+
+    ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = ((), ())
+
+    def roles(self) -> list[str]:
+        """The name of each buffer the kernel takes, ins then outs (the emitted kernel's parameter names)."""
+        ins, outs = self.ROLES
+        return [*ins[: len(self.ins)], *outs]
+
+    def shapes(self) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+        return [shape_of(v.type) for v in self.ins], [shape_of(v.type) for v in self.outs]
+
+    def verify_(self) -> None:
+        want_ins, want_outs = self.ARITY
+        if len(self.ins) != want_ins or len(self.outs) != want_outs:
+            raise _fail(self, f"takes {want_ins} inputs and {want_outs} outputs, got {len(self.ins)} and {len(self.outs)}")
+        self.check_()
+
+    def check_(self) -> None:
+        """The shapes the kernel assumes (each leaf that has any overrides this)."""
+
+
+def _expect(op: Operation, what: str, got: object, want: object) -> None:
+    if got != want:
+        raise _fail(op, f"{what} mismatch: got {got}, expected {want}")
+
+
+@irdl_op_definition
+class EmbedOp(KernelOp):
+    """out[r] = table[tokens[r] - 1] (token ids from 1), widened to f32. ins (table, tokens), outs (out)."""
+
+    name = "cuda.embed"
+    ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (("table", "tokens"), ("out",))
+    ARITY: ClassVar[tuple[int, int]] = (2, 1)
+
+    def check_(self) -> None:
+        (table, tokens), (out,) = self.shapes()
+        _expect(self, "result shape", out, (tokens[0], table[1]))
+
+
+@irdl_op_definition
+class RMSNormOp(KernelOp):
+    """out = x / sqrt(mean(x^2) + epsilon) * weight per row, one warp a row; `row` >= 0 normalises only that row
+    of x (the prefill head's last row, fused here instead of a copy). ins (x, weight), outs (out)."""
+
+    name = "cuda.rms_norm"
+    ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (("x", "weight"), ("out",))
+    ARITY: ClassVar[tuple[int, int]] = (2, 1)
+
+    epsilon = prop_def(FloatAttr)
+    row = prop_def(IntegerAttr[I64])
+
+    def check_(self) -> None:
+        (x, weight), (out,) = self.shapes()
+        _expect(self, "weight shape", weight, (x[1],))
+        rows = 1 if self.row.value.data >= 0 else x[0]
+        _expect(self, "result shape", out, (rows, x[1]))
+
+
+@irdl_op_definition
+class LinearOp(KernelOp):
+    """out = x @ weight^T (+ residual when given), f32 accumulation, weight [out, in] read once with 16-byte loads,
+    a warp per output column, each weight vector reused across a tile of rows. ins (x, weight[, residual])."""
+
+    name = "cuda.linear"
+    ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (("x", "weight", "residual"), ("out",))
+    ARITY: ClassVar[tuple[int, int]] = (2, 1)
+
+    def verify_(self) -> None:
+        if len(self.ins) not in (2, 3) or len(self.outs) != 1:
+            raise _fail(self, f"takes 2 or 3 inputs and 1 output, got {len(self.ins)} and {len(self.outs)}")
+        (x, weight, *residual), (out,) = self.shapes()
+        _expect(self, "input width", x[1], weight[1])
+        _expect(self, "result shape", out, (x[0], weight[0]))
+        if residual:
+            _expect(self, "residual shape", residual[0], out)
+
+
+@irdl_op_definition
+class GateUpOp(KernelOp):
+    """out = silu(x @ gate^T) * (x @ up^T): SwiGLU's two projections and its product in one pass over x.
+    ins (x, gate, up), outs (out)."""
+
+    name = "cuda.gate_up"
+    ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (("x", "gate", "up"), ("out",))
+    ARITY: ClassVar[tuple[int, int]] = (3, 1)
+
+    def check_(self) -> None:
+        (x, gate, up), (out,) = self.shapes()
+        _expect(self, "up shape", up, gate)
+        _expect(self, "result shape", out, (x[0], gate[0]))
+
+
+@irdl_op_definition
+class RopeOp(KernelOp):
+    """Rotary embedding of each head of each row at its position, from the host's cos/sin tables
+    ([positions, head_dim], sin signed [-sin, sin]). ins (x, positions, cos, sin), outs (out)."""
+
+    name = "cuda.rope"
+    ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (("x", "positions", "cos", "sin"), ("out",))
+    ARITY: ClassVar[tuple[int, int]] = (4, 1)
+
+    head_dim = prop_def(IntegerAttr[I64])
+
+    def check_(self) -> None:
+        (x, _, cos, _), (out,) = self.shapes()
+        _expect(self, "result shape", out, x)
+        _expect(self, "table width", cos[1], self.head_dim.value.data)
+
+
+@irdl_op_definition
+class RopeCacheWriteOp(KernelOp):
+    """Rotate each row's keys and write them, with its values, into the caches at the row's position (row r into
+    sequence r's cache for a batch). ins (key, value, positions, cos, sin), outs (key cache, value cache)."""
+
+    name = "cuda.rope_cache_write"
+    ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (("key", "value", "positions", "cos", "sin"), ("keys", "values"))
+    ARITY: ClassVar[tuple[int, int]] = (5, 2)
+
+    def check_(self) -> None:
+        (key, value, _, _, _), (keys, values) = self.shapes()
+        _expect(self, "value shape", value, key)
+        _expect(self, "value cache shape", values, keys)
+        _expect(self, "row width", key[1], keys[-3] * keys[-1])
+
+
+@irdl_op_definition
+class AttentionOp(KernelOp):
+    """Causal grouped-query attention of each row over the cache up to its position, split across blocks
+    (flash-decoding): `split` positions a block, partial softmax sums into `scratch`, then a combining kernel.
+    ins (query, key cache, value cache, positions), outs (out, scratch [rows, heads, splits, head_dim + 2])."""
+
+    name = "cuda.attention"
+    ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (("query", "keys", "values", "positions"), ("out", "partial"))
+    ARITY: ClassVar[tuple[int, int]] = (4, 2)
+
+    split = prop_def(IntegerAttr[I64])
+
+    def check_(self) -> None:
+        (query, keys, values, _), (out, scratch) = self.shapes()
+        _expect(self, "value cache shape", values, keys)
+        _expect(self, "result shape", out, query)
+        split = self.split.value.data
+        heads = query[1] // keys[-1]
+        _expect(self, "scratch shape", scratch, (query[0], heads, -(-keys[-2] // split), keys[-1] + 2))
+
+
+@irdl_op_definition
+class AddOp(KernelOp):
+    """out = lhs + rhs, elementwise (a residual add the lane could not fuse: after an all-reduce)."""
+
+    name = "cuda.add"
+    ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (("lhs", "rhs"), ("out",))
+    ARITY: ClassVar[tuple[int, int]] = (2, 1)
+
+    def check_(self) -> None:
+        (lhs, rhs), (out,) = self.shapes()
+        _expect(self, "operand shapes", rhs, lhs)
+        _expect(self, "result shape", out, lhs)
+
+
+@irdl_op_definition
+class ArgmaxOp(KernelOp):
+    """The index (from 1) of each row's greatest value, the first on a tie, as a two-stage reduction: warps reduce
+    `chunk` values each into `scratch` (value, index), then a warp a row reduces those. ins (x), outs (out, scratch
+    [rows, chunks, 2])."""
+
+    name = "cuda.argmax"
+    ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (("logits",), ("next", "partial"))
+    ARITY: ClassVar[tuple[int, int]] = (1, 2)
+
+    chunk = prop_def(IntegerAttr[I64])
+
+    def check_(self) -> None:
+        (x,), (out, scratch) = self.shapes()
+        _expect(self, "result shape", out, (x[0],))
+        _expect(self, "scratch shape", scratch, (x[0], -(-x[1] // self.chunk.value.data), 2))
+
+
+# -- the thread level: what xDSL's gpu lacks ---------------------------------------------------------------------
+
+
+@irdl_op_definition
+class ShuffleXorOp(IRDLOperation):
+    """The value of lane (this lane xor `offset`) of the same warp, every lane taking part (CUDA's
+    `__shfl_xor_sync(0xffffffff, value, offset)`): the step of a butterfly reduction.
+
+    `%other = cuda.shuffle_xor %partial, 16 : f32`
+    """
+
+    name = "cuda.shuffle_xor"
+
+    T: ClassVar = VarConstraint("T", base(Float32Type) | base(IndexType) | base(IntegerType))
+
+    value = operand_def(T)
+    offset = prop_def(IntegerAttr[I64])
+    result = result_def(T)
+
+    assembly_format = "$value `,` $offset attr-dict `:` type($value)"
+
+    def __init__(self, value, offset: int):
+        super().__init__(
+            operands=[value], properties={"offset": IntegerAttr(offset, 64)}, result_types=[value.type]
+        )
+
+    def verify_(self) -> None:
+        offset = self.offset.value.data
+        if offset < 1 or offset >= WARP or offset & (offset - 1):
+            raise _fail(self, f"shuffles by a power of two below {WARP}, not {offset}")
+        if self.result.type != self.value.type:
+            raise _fail(self, "result type differs from the value's")
+
+
+@irdl_op_definition
+class VectorLoadOp(IRDLOperation):
+    """16 bytes (or fewer) of consecutive elements along a memref's last axis, each widened to f32: CUDA's
+    `uint4`/`float4` load, unpacked. The index of the last axis must be a multiple of the result count.
+
+    `%w0, %w1, %w2, %w3 = cuda.vector_load %w[%n, %k] : memref<64x64xf32> -> f32, f32, f32, f32`
+    """
+
+    name = "cuda.vector_load"
+
+    memref = operand_def(MemRefType)
+    indices = var_operand_def(IndexType)
+    values = var_result_def(Float32Type)
+
+    assembly_format = "$memref `[` $indices `]` attr-dict `:` type($memref) `->` type($values)"
+
+    def __init__(self, memref, indices: list, width: int):
+        super().__init__(operands=[memref, indices], result_types=[[Float32Type()] * width])
+
+    def verify_(self) -> None:
+        kind = self.memref.type
+        assert isinstance(kind, MemRefType)
+        element = kind.element_type
+        if not isinstance(element, Float32Type | BFloat16Type):
+            raise _fail(self, f"loads f32 or bf16 elements, not {element}")
+        if len(self.indices) != len(kind.get_shape()):
+            raise _fail(self, f"needs {len(kind.get_shape())} indices, got {len(self.indices)}")
+        width = len(self.values)
+        size = 4 if isinstance(element, Float32Type) else 2
+        if width < 1 or width & (width - 1) or width * size > 16:
+            raise _fail(self, f"loads a power of two of elements up to 16 bytes, not {width} of {size} bytes")
+        if kind.get_shape()[-1] % width:
+            raise _fail(self, f"rows of {kind.get_shape()[-1]} are not whole vectors of {width}")
+
+
+CUDA = Dialect(
+    "cuda",
+    [
+        BufferOp,
+        EmbedOp,
+        RMSNormOp,
+        LinearOp,
+        GateUpOp,
+        RopeOp,
+        RopeCacheWriteOp,
+        AttentionOp,
+        AddOp,
+        ArgmaxOp,
+        ShuffleXorOp,
+        VectorLoadOp,
+    ],
+    [],
+)
+
+KERNEL_OPS: tuple[type[KernelOp], ...] = (
+    EmbedOp,
+    RMSNormOp,
+    LinearOp,
+    GateUpOp,
+    RopeOp,
+    RopeCacheWriteOp,
+    AttentionOp,
+    AddOp,
+    ArgmaxOp,
+)

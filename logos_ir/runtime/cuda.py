@@ -1,0 +1,668 @@
+"""The CUDA lane's host runtime: runs the lane's build (the kernels and the host plan) on a GPU, or emulated on the CPU.
+
+A build of the CUDA lane holds `step.mlir` (the lowered module: `gpu.module @kernels` and the host function `@step`
+of named buffers, ordered `gpu.launch_func` and `shard.all_reduce`) and `kernels.cu` (the same kernels as CUDA C++).
+This module reads those artifacts and nothing of the lowering.
+
+* `--emulate`: `KernelEmulator` executes each `gpu.func` of `step.mlir` itself, over numpy: every thread of a launch
+  is one element of a numpy array (blocks, then threads within a block, along one axis), each op of the kernel body
+  one numpy operation over all threads. Threads run in lockstep, so a warp's `cuda.shuffle_xor` is a permutation of
+  that axis within groups of 32; a loop whose bounds differ between threads runs until its last thread is done, each
+  thread masked off once its own bound is reached; an `scf.if` narrows the mask; loads of masked-off threads read
+  element 0 and their stores are dropped. bf16 weights are held as f32 arrays of bf16-rounded values (widening
+  bf16 to f32 is exact, so loading them gives the GPU's values). A split program runs as that many emulated chips
+  in lockstep, meeting at each `shard.all_reduce`, which sums the chips' buffers in chip order.
+* the GPU (`cupy`): `kernels.cu` compiled once with NVRTC, weights uploaded once, caches allocated on the device, the
+  host plan launched in order; the decode step is captured as a CUDA graph after its first run and replayed. A split
+  program runs one process per GPU (`torchrun`-style: `LOGOS_RANK`, `LOGOS_WORLD`), all-reducing with NCCL from the
+  `nvidia-nccl-cu13` wheel through `cupy.cuda.nccl`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from logos_ir.errors import LogosError
+
+WARP = 32
+Env = list[Any]
+Mask = np.ndarray | None
+Step = Callable[[Env, Mask], None]
+
+
+def bf16_rounded(values: np.ndarray) -> np.ndarray:
+    """float32 rounded to the nearest bfloat16 (ties to even), kept as float32: the values a bf16 image holds."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)) << np.uint32(16)
+    return np.where(np.isnan(values), np.float32(np.nan), rounded.view(np.float32)).astype(np.float32)
+
+
+def bf16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 to bfloat16 bit patterns (ties to even), as the device image stores them."""
+    return (bf16_rounded(values).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+
+
+# -- the emulator of one kernel ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Launch:
+    """The thread indices of one launch shape, made once and reused by every launch of that shape."""
+
+    threads: int
+    thread_x: np.ndarray
+    block: tuple[np.ndarray, np.ndarray, np.ndarray]
+    lanes: dict[int, np.ndarray] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, grid: tuple[int, int, int], block: int) -> _Launch:
+        blocks = grid[0] * grid[1] * grid[2]
+        index = np.arange(blocks * block, dtype=np.int64)
+        which = index // block
+        bx, rest = which % grid[0], which // grid[0]
+        return cls(blocks * block, index % block, (bx, rest % grid[1], rest // grid[1]))
+
+    def partner(self, offset: int) -> np.ndarray:
+        found = self.lanes.get(offset)
+        if found is None:
+            found = self.lanes[offset] = np.arange(self.threads, dtype=np.int64) ^ offset
+        return found
+
+
+class KernelEmulator:
+    """One `gpu.func`, compiled into numpy closures over a value list (see the module docstring)."""
+
+    def __init__(self, kernel: Any):
+        self.name = kernel.sym_name.data
+        self.slots: dict[Any, int] = {}
+        block = kernel.body.block
+        self.args = [self._slot(arg) for arg in block.args]
+        self.strides = [_strides(arg.type) for arg in block.args]
+        self.launch: _Launch | None = None
+        self.body = self._block(block)
+
+    def _slot(self, value: Any) -> int:
+        slot = self.slots.get(value)
+        if slot is None:
+            slot = self.slots[value] = len(self.slots)
+        return slot
+
+    def run(self, arrays: Sequence[np.ndarray], launch: _Launch) -> None:
+        env: Env = [None] * (len(self.slots) + 1)
+        for slot, array in zip(self.args, arrays, strict=True):
+            env[slot] = array.reshape(-1)
+        self.launch = launch
+        with np.errstate(all="ignore"):  # masked-off threads may compute garbage that is never stored
+            for step in self.body:
+                step(env, None)
+
+    # -- compiling --------------------------------------------------------------------------------------------
+
+    def _block(self, block: Any) -> list[Step]:
+        # A value defined here is dropped after the last op that reads it, so a launch over a million threads holds
+        # only its live arrays; what the terminator yields stays for the loop that reads it.
+        ops = list(block.ops)
+        defined = {id(op) for op in ops}
+        last_use: dict[Any, int] = {}
+        for index, op in enumerate(ops):
+            for value in _uses(op):
+                last_use[value] = index
+        kept = set(ops[-1].operands) if ops else set()
+        dying: dict[int, list[int]] = {}
+        for value, at in last_use.items():
+            if id(value.owner) in defined and value not in kept:
+                dying.setdefault(at, []).append(self._slot(value))
+        steps: list[Step] = []
+        for index, op in enumerate(ops):
+            step = self._op(op)
+            dead = dying.get(index, []) + [self._slot(v) for v in op.results if v not in last_use and v not in kept]
+            steps.append(_then_free(step, dead) if dead else step)
+        return steps
+
+    def _op(self, op: Any) -> Step:
+        compile_op = _COMPILERS.get(op.name)
+        if compile_op is None:
+            raise LogosError(f"the CUDA emulator does not know '{op.name}' (in kernel {self.name})")
+        return compile_op(self, op)
+
+
+def _uses(op: Any) -> list[Any]:
+    """The values `op` reads, including those its regions read from outside them."""
+    found = list(op.operands)
+    for region in op.regions:
+        for inner in region.walk():
+            found += [v for v in inner.operands]
+    return found
+
+
+def _then_free(step: Step, dead: list[int]) -> Step:
+    def run(env: Env, mask: Mask) -> None:
+        step(env, mask)
+        for slot in dead:
+            env[slot] = None
+
+    return run
+
+
+def _strides(kind: Any) -> tuple[int, ...]:
+    shape = list(kind.get_shape())
+    strides, acc = [], 1
+    for size in reversed(shape):
+        strides.append(acc)
+        acc *= size
+    return tuple(reversed(strides))
+
+
+def _flat(env: Env, slots: list[int], strides: tuple[int, ...], mask: Mask) -> Any:
+    total: Any = 0
+    for slot, stride in zip(slots, strides, strict=True):
+        total = total + env[slot] * stride
+    if mask is not None and isinstance(total, np.ndarray):
+        total = np.where(mask, total, 0)
+    return total
+
+
+def _memref_strides(value: Any) -> tuple[int, ...]:
+    return _strides(value.type)
+
+
+# One compiler per op name: each returns the step that executes the op over all threads.
+
+
+def _constant(em: KernelEmulator, op: Any) -> Step:
+    out = em._slot(op.result)
+    data = op.value.value.data
+    value = np.float32(data) if isinstance(data, float) else np.int64(data)
+
+    def step(env: Env, mask: Mask) -> None:
+        env[out] = value
+
+    return step
+
+
+def _binary(fn: Callable[[Any, Any], Any]) -> Callable[[KernelEmulator, Any], Step]:
+    def compile_op(em: KernelEmulator, op: Any) -> Step:
+        a, b, out = em._slot(op.operands[0]), em._slot(op.operands[1]), em._slot(op.results[0])
+
+        def step(env: Env, mask: Mask) -> None:
+            env[out] = fn(env[a], env[b])
+
+        return step
+
+    return compile_op
+
+
+def _unary(fn: Callable[[Any], Any]) -> Callable[[KernelEmulator, Any], Step]:
+    def compile_op(em: KernelEmulator, op: Any) -> Step:
+        a, out = em._slot(op.operands[0]), em._slot(op.results[0])
+
+        def step(env: Env, mask: Mask) -> None:
+            env[out] = fn(env[a])
+
+        return step
+
+    return compile_op
+
+
+_CMPI = {"ult": np.less, "slt": np.less, "eq": np.equal, "ne": np.not_equal, "uge": np.greater_equal}
+_CMPF = {"oeq": np.equal, "ogt": np.greater, "olt": np.less}
+
+
+def _cmpi(em: KernelEmulator, op: Any) -> Step:
+    names = {0: "eq", 1: "ne", 2: "slt", 6: "ult", 9: "uge"}
+    return _binary(_CMPI[names[op.predicate.value.data]])(em, op)
+
+
+def _cmpf(em: KernelEmulator, op: Any) -> Step:
+    names = {1: "oeq", 2: "ogt", 4: "olt"}
+    return _binary(_CMPF[names[op.predicate.value.data]])(em, op)
+
+
+def _select(em: KernelEmulator, op: Any) -> Step:
+    c, a, b, out = (em._slot(v) for v in (*op.operands, op.result))
+
+    def step(env: Env, mask: Mask) -> None:
+        cond = env[c]
+        env[out] = (env[a] if cond else env[b]) if isinstance(cond, bool | np.bool_) else np.where(cond, env[a], env[b])
+
+    return step
+
+
+def _f32(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda x: fn(np.float32(x) if not isinstance(x, np.ndarray) else x)
+
+
+def _cast(kind: str) -> Callable[[KernelEmulator, Any], Step]:
+    def convert(x: Any) -> Any:
+        if kind == "float":
+            return x.astype(np.float32) if isinstance(x, np.ndarray) else np.float32(x)
+        if isinstance(x, np.ndarray):
+            return x.astype(np.int64)
+        return np.int64(x)
+
+    return _unary(convert)
+
+
+def _thread_id(em: KernelEmulator, op: Any) -> Step:
+    out = em._slot(op.result)
+
+    def step(env: Env, mask: Mask) -> None:
+        assert em.launch is not None
+        env[out] = em.launch.thread_x
+
+    return step
+
+
+def _block_id(em: KernelEmulator, op: Any) -> Step:
+    out = em._slot(op.result)
+    axis = "xyz".index(op.dimension.data.value)
+
+    def step(env: Env, mask: Mask) -> None:
+        assert em.launch is not None
+        env[out] = em.launch.block[axis]
+
+    return step
+
+
+def _load(em: KernelEmulator, op: Any) -> Step:
+    memory = em._slot(op.memref)
+    indices = [em._slot(v) for v in op.indices]
+    strides = _memref_strides(op.memref)
+    out = em._slot(op.res)
+
+    def step(env: Env, mask: Mask) -> None:
+        env[out] = env[memory][_flat(env, indices, strides, mask)]
+
+    return step
+
+
+def _store(em: KernelEmulator, op: Any) -> Step:
+    memory = em._slot(op.memref)
+    indices = [em._slot(v) for v in op.indices]
+    strides = _memref_strides(op.memref)
+    value = em._slot(op.value)
+
+    def step(env: Env, mask: Mask) -> None:
+        assert em.launch is not None
+        flat = _flat(env, indices, strides, None)
+        data = env[value]
+        if mask is None:
+            env[memory][flat] = data
+            return
+        threads = em.launch.threads
+        flat = np.broadcast_to(flat, (threads,))[mask]
+        env[memory][flat] = np.broadcast_to(data, (threads,))[mask]
+
+    return step
+
+
+def _vector_load(em: KernelEmulator, op: Any) -> Step:
+    memory = em._slot(op.memref)
+    indices = [em._slot(v) for v in op.indices]
+    strides = _memref_strides(op.memref)
+    outs = [em._slot(v) for v in op.results]
+
+    def step(env: Env, mask: Mask) -> None:
+        flat = _flat(env, indices, strides, mask)
+        data = env[memory]
+        for offset, out in enumerate(outs):
+            env[out] = data[flat + offset]
+
+    return step
+
+
+def _shuffle_xor(em: KernelEmulator, op: Any) -> Step:
+    value, out = em._slot(op.value), em._slot(op.result)
+    offset = op.offset.value.data
+
+    def step(env: Env, mask: Mask) -> None:
+        assert em.launch is not None
+        data = env[value]
+        if not isinstance(data, np.ndarray) or data.shape != (em.launch.threads,):
+            env[out] = data  # the same on every lane
+            return
+        env[out] = data[em.launch.partner(offset)]
+
+    return step
+
+
+def _for(em: KernelEmulator, op: Any) -> Step:
+    lower, upper, stride = em._slot(op.lb), em._slot(op.ub), em._slot(op.step)
+    inits = [em._slot(v) for v in op.iter_args]
+    block = op.body.block
+    induction = em._slot(block.args[0])
+    carried = [em._slot(a) for a in block.args[1:]]
+    body = em._block(block)
+    yield_op = block.last_op
+    yielded = [em._slot(v) for v in yield_op.operands]
+    results = [em._slot(v) for v in op.res]
+
+    def run_body(env: Env, mask: Mask) -> list[Any]:
+        for inner in body:
+            inner(env, mask)
+        return [env[y] for y in yielded]
+
+    def step(env: Env, mask: Mask) -> None:
+        lb, ub, st = env[lower], env[upper], env[stride]
+        state = [env[i] for i in inits]
+        if not any(isinstance(v, np.ndarray) for v in (lb, ub, st)):
+            for iv in range(int(lb), int(ub), int(st)):
+                env[induction] = np.int64(iv)
+                for slot, value in zip(carried, state, strict=True):
+                    env[slot] = value
+                state = run_body(env, mask)
+        else:
+            assert em.launch is not None
+            iv = np.broadcast_to(lb, (em.launch.threads,)).copy()
+            while True:
+                active = iv < ub if mask is None else mask & (iv < ub)
+                if not active.any():
+                    break
+                env[induction] = iv
+                for slot, value in zip(carried, state, strict=True):
+                    env[slot] = value
+                new = run_body(env, active)
+                state = [np.where(active, n, s) for n, s in zip(new, state, strict=True)]
+                iv = iv + st
+        for slot, value in zip(results, state, strict=True):
+            env[slot] = value
+
+    return step
+
+
+def _if(em: KernelEmulator, op: Any) -> Step:
+    cond = em._slot(op.cond)
+    if op.results:
+        raise LogosError(f"the CUDA emulator runs scf.if without results only (in kernel {em.name})")
+    then = em._block(op.true_region.block)
+    otherwise = em._block(op.false_region.block) if op.false_region.blocks else []
+
+    def step(env: Env, mask: Mask) -> None:
+        c = env[cond]
+        if not isinstance(c, np.ndarray):
+            for inner in then if c else otherwise:
+                inner(env, mask)
+            return
+        for region, taken in ((then, c), (otherwise, ~c)):
+            narrowed = taken if mask is None else mask & taken
+            if region and narrowed.any():
+                for inner in region:
+                    inner(env, narrowed)
+
+    return step
+
+
+def _nothing(em: KernelEmulator, op: Any) -> Step:
+    def step(env: Env, mask: Mask) -> None:
+        """The terminator of a kernel or a region: nothing to execute."""
+
+    return step
+
+
+_COMPILERS: dict[str, Callable[[KernelEmulator, Any], Step]] = {
+    "arith.constant": _constant,
+    "arith.addi": _binary(np.add),
+    "arith.subi": _binary(np.subtract),
+    "arith.muli": _binary(np.multiply),
+    "arith.divui": _binary(np.floor_divide),
+    "arith.remui": _binary(np.remainder),
+    "arith.minui": _binary(np.minimum),
+    "arith.cmpi": _cmpi,
+    "arith.andi": _binary(np.logical_and),
+    "arith.ori": _binary(np.logical_or),
+    "arith.select": _select,
+    "arith.addf": _binary(np.add),
+    "arith.subf": _binary(np.subtract),
+    "arith.mulf": _binary(np.multiply),
+    "arith.divf": _binary(np.divide),
+    "arith.maximumf": _binary(np.maximum),
+    "arith.cmpf": _cmpf,
+    "arith.index_cast": _cast("int"),
+    "arith.sitofp": _cast("float"),
+    "arith.fptosi": _cast("int"),
+    "arith.extf": _unary(lambda x: x),  # a bf16 buffer already holds its values widened to f32
+    "math.exp": _unary(_f32(np.exp)),
+    "math.sqrt": _unary(_f32(np.sqrt)),
+    "math.tanh": _unary(_f32(np.tanh)),
+    "memref.load": _load,
+    "memref.store": _store,
+    "cuda.vector_load": _vector_load,
+    "cuda.shuffle_xor": _shuffle_xor,
+    "gpu.thread_id": _thread_id,
+    "gpu.block_id": _block_id,
+    "scf.for": _for,
+    "scf.if": _if,
+    "scf.yield": _nothing,
+    "gpu.return": _nothing,
+}
+
+
+# -- the host plan: what step.mlir says to do ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A named device buffer of the plan: its kind (weight, cache, activation, input, output, table, scratch),
+    shape and element type (f32, bf16 or i64)."""
+
+    name: str
+    kind: str
+    shape: tuple[int, ...]
+    element: str
+
+
+@dataclass(frozen=True)
+class Launch:
+    kernel: str
+    grid: tuple[int, int, int]
+    block: int
+    buffers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Reduce:
+    buffer: str
+
+
+@dataclass
+class HostPlan:
+    """The host function of a lowered module: its buffers, then its launches and all-reduces in order."""
+
+    identity: str
+    weights: str
+    chips: int
+    buffers: dict[str, Buffer]
+    steps: list[Launch | Reduce]
+    kernels: dict[str, Any]
+
+    @property
+    def launches(self) -> list[Launch]:
+        return [s for s in self.steps if isinstance(s, Launch)]
+
+
+def lowered_context() -> Any:
+    """An xDSL context that reads the CUDA lane's `step.mlir`."""
+    from xdsl.context import Context
+    from xdsl.dialects import arith, builtin, func, gpu, math, memref, scf, shard
+
+    from logos_ir.dialects.cuda import CUDA
+
+    context = Context()
+    for dialect in (builtin.Builtin, func.Func, arith.Arith, memref.MemRef, scf.Scf, math.Math, gpu.GPU, shard.Shard):
+        context.load_dialect(dialect)
+    context.load_dialect(CUDA)
+    return context
+
+
+def read_plan(text: str, where: str = "step.mlir") -> HostPlan:
+    """The host plan of a `step.mlir` artifact, its kernels kept as IR for the emulator."""
+    from xdsl.dialects import builtin, func, gpu, shard
+    from xdsl.parser import Parser
+
+    from logos_ir.dialects import cuda
+
+    module = Parser(lowered_context(), text, where).parse_module()
+    kernels: dict[str, Any] = {}
+    host = None
+    chips = 1
+    for op in module.ops:
+        if isinstance(op, gpu.ModuleOp):
+            kernels = {k.sym_name.data: k for k in op.body.block.ops if isinstance(k, gpu.FuncOp)}
+        elif isinstance(op, func.FuncOp) and op.sym_name.data == "step":
+            host = op
+        elif isinstance(op, shard.GridOp):
+            chips = int(op.shape.get_values()[0])
+    if host is None:
+        raise LogosError(f"{where}: no host function @step: not a CUDA lane build")
+    names: dict[Any, str] = {}
+    buffers: dict[str, Buffer] = {}
+    steps: list[Launch | Reduce] = []
+    constants: dict[Any, int] = {}
+    for op in host.body.block.ops:
+        if isinstance(op, cuda.BufferOp):
+            kind = op.result.type
+            buffers[op.buffer.data] = Buffer(op.buffer.data, op.kind.data, tuple(kind.get_shape()), _tag(kind))
+            names[op.result] = op.buffer.data
+        elif op.name == "arith.constant":
+            constants[op.results[0]] = op.value.value.data
+        elif isinstance(op, gpu.LaunchFuncOp):
+            grid = (constants[op.gridSizeX], constants[op.gridSizeY], constants[op.gridSizeZ])
+            operands = tuple(names[v] for v in op.kernelOperands)
+            steps.append(Launch(op.kernel.nested_references.data[0].data, grid, constants[op.blockSizeX], operands))
+        elif isinstance(op, shard.AllReduceOp):
+            names[op.result] = names[op.input]
+            steps.append(Reduce(names[op.input]))
+    identity = module.attributes.get("cuda.identity")
+    weights = module.attributes.get("cuda.weights")
+    assert isinstance(identity, builtin.StringAttr) and isinstance(weights, builtin.StringAttr)
+    return HostPlan(identity.data, weights.data, chips, buffers, steps, kernels)
+
+
+def _tag(kind: Any) -> str:
+    from xdsl.dialects.builtin import BFloat16Type, Float32Type
+
+    element = kind.element_type
+    return "bf16" if isinstance(element, BFloat16Type) else "f32" if isinstance(element, Float32Type) else "i64"
+
+
+# -- device images: the weights as the kernels read them ------------------------------------------------------
+
+
+def weight_share(store: Any, name: str, shape: tuple[int, ...], chip: int, chips: int) -> np.ndarray:
+    """Chip `chip`'s contiguous share of a weight, as the split program states its shape."""
+    from logos_ir.tensor_parallel import weight_split
+
+    array = store.get(name)
+    split = weight_split(name) if chips > 1 else None
+    if split is None:
+        return array
+    axis = 0 if split == "rows" else array.ndim - 1
+    size = array.shape[axis] // chips
+    index = [slice(None)] * array.ndim
+    index[axis] = slice(chip * size, (chip + 1) * size)
+    share = array[tuple(index)]
+    assert share.shape == shape, (name, share.shape, shape)
+    return share
+
+
+def rope_tables(spec: Any, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and signed sin ([-sin, sin]) per position over a whole head, as the reference builds them."""
+    from logos_ir.interpreter import rope_inv_freq
+
+    inv_freq = rope_inv_freq(spec.head_dim, spec.rope_theta, spec.rope_scaling)
+    angles = np.arange(length, dtype=np.float64)[:, None] * inv_freq[None, :]
+    cos, sin = np.cos(angles), np.sin(angles)
+    return (
+        np.concatenate([cos, cos], axis=1).astype(np.float32),
+        np.concatenate([-sin, sin], axis=1).astype(np.float32),
+    )
+
+
+class EmulatedWeights:
+    """The device image of every chip's weights, converted once (bf16-rounded f32 arrays for bf16) and shared by
+    every program of a run."""
+
+    def __init__(self, store: Any, image: str, chips: int):
+        self.store, self.image, self.chips = store, image, chips
+        self._arrays: dict[tuple[int, str], np.ndarray] = {}
+
+    def get(self, chip: int, buffer: Buffer) -> np.ndarray:
+        key = (chip, buffer.name)
+        found = self._arrays.get(key)
+        if found is None:
+            share = np.ascontiguousarray(weight_share(self.store, buffer.name, buffer.shape, chip, self.chips), np.float32)
+            found = self._arrays[key] = bf16_rounded(share) if buffer.element == "bf16" else share
+        return found
+
+
+class EmulatedDevice:
+    """Runs host plans on emulated chips: every buffer a numpy array per chip; caches shared between the plans of
+    one cache length (a prefill chunk fills what a decode step then reads)."""
+
+    def __init__(self, spec: Any, weights: EmulatedWeights):
+        self.spec, self.weights = spec, weights
+        self.caches: dict[tuple[int, str], np.ndarray] = {}
+        self.kernels: dict[str, KernelEmulator] = {}
+        self.launches: dict[tuple[tuple[int, int, int], int], _Launch] = {}
+        self.kernel_seconds: dict[str, float] = {}
+
+    def prepare(self, plan: HostPlan) -> list[dict[str, np.ndarray]]:
+        """Every chip's buffers for `plan` (weights from the image, caches shared, the rest fresh)."""
+        for name, kernel in plan.kernels.items():
+            if name not in self.kernels:
+                self.kernels[name] = KernelEmulator(kernel)
+        chips = []
+        for chip in range(plan.chips):
+            arrays: dict[str, np.ndarray] = {}
+            for buffer in plan.buffers.values():
+                arrays[buffer.name] = self._array(chip, buffer)
+            chips.append(arrays)
+        return chips
+
+    def _array(self, chip: int, buffer: Buffer) -> np.ndarray:
+        if buffer.kind == "weight":
+            return self.weights.get(chip, buffer)
+        if buffer.kind == "cache":
+            key = (chip, f"{buffer.name}:{buffer.shape}")
+            found = self.caches.get(key)
+            if found is None:
+                found = self.caches[key] = np.zeros(buffer.shape, np.float32)
+            return found
+        if buffer.kind == "table":
+            cos, sin = rope_tables(self.spec, buffer.shape[0])
+            return cos if buffer.name.endswith("cos") else sin
+        return np.zeros(buffer.shape, np.int64 if buffer.element == "i64" else np.float32)
+
+    def reset(self) -> None:
+        for cache in self.caches.values():
+            cache.fill(0)
+
+    def run(self, plan: HostPlan, chips: list[dict[str, np.ndarray]]) -> None:
+        """One step of the plan on every chip, in lockstep, meeting at each all-reduce."""
+        for step in plan.steps:
+            if isinstance(step, Reduce):
+                total = chips[0][step.buffer].copy()
+                for arrays in chips[1:]:
+                    total += arrays[step.buffer]
+                for arrays in chips:
+                    arrays[step.buffer][...] = total
+                continue
+            kernel = self.kernels[step.kernel]
+            launch = self._launch(step.grid, step.block)
+            started = time.perf_counter()
+            for arrays in chips:
+                kernel.run([arrays[name] for name in step.buffers], launch)
+            self.kernel_seconds[step.kernel] = self.kernel_seconds.get(step.kernel, 0.0) + time.perf_counter() - started
+
+    def _launch(self, grid: tuple[int, int, int], block: int) -> _Launch:
+        key = (grid, block)
+        found = self.launches.get(key)
+        if found is None:
+            found = self.launches[key] = _Launch.of(grid, block)
+        return found
