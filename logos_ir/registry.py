@@ -28,9 +28,15 @@ def _logos_dialect() -> Dialect:
     return LOGOS
 
 
+def _d5005_dialect() -> Dialect:
+    from logos_ir.dialects.d5005 import D5005
+
+    return D5005
+
+
 def dialects() -> dict[str, Callable[[], Dialect]]:
     """The project's own dialects (xDSL's are registered by `logos-opt` from xDSL's universe)."""
-    return {"logos": _logos_dialect}
+    return {"logos": _logos_dialect, "d5005": _d5005_dialect}
 
 
 def _cut_extract() -> type[ModulePass]:
@@ -51,12 +57,19 @@ def _verify_identity() -> type[ModulePass]:
     return VerifyIdentity
 
 
+def _convert_logos_to_d5005() -> type[ModulePass]:
+    from logos_ir.passes.d5005.convert_logos_to_d5005 import ConvertLogosToD5005
+
+    return ConvertLogosToD5005
+
+
 def passes() -> dict[str, Callable[[], type[ModulePass]]]:
     """logos-ir's passes by their kebab-case names."""
     return {
         "cut-extract": _cut_extract,
         "tp-split": _tp_split,
         "verify-identity": _verify_identity,
+        "convert-logos-to-d5005": _convert_logos_to_d5005,
     }
 
 
@@ -86,6 +99,10 @@ def _middle_end(options: dict[str, str]) -> list[str]:
     return stages
 
 
+def _to_d5005(options: dict[str, str]) -> list[str]:
+    return ["verify-identity", f"convert-logos-to-d5005{{weights={options.get('weights', 'bf16')}}}"]
+
+
 def pipelines() -> dict[str, Pipeline]:
     """Named pipelines. The lanes (`logos-to-cuda`, `logos-to-d5005`, `logos-to-spatial`) add theirs here."""
     return {
@@ -94,6 +111,12 @@ def pipelines() -> dict[str, Pipeline]:
             'cut extraction (option cut="..."), then tensor-parallel splitting (option tp=N), then the identity check',
             ("cut", "tp"),
             _middle_end,
+        ),
+        "logos-to-d5005": Pipeline(
+            "logos-to-d5005",
+            "a decode step to the D5005 engine's instructions over placed board-memory regions (weights=bf16|f32)",
+            ("weights",),
+            _to_d5005,
         ),
     }
 
@@ -107,9 +130,32 @@ def _logos_emitter() -> type[Target]:
     return LogosTarget
 
 
+def _d5005_listing() -> type[Target]:
+    from logos_ir.passes.d5005.emit_listing import ListingTarget
+
+    return ListingTarget
+
+
+def _d5005_layout() -> type[Target]:
+    from logos_ir.passes.d5005.emit_layout import LayoutTarget
+
+    return LayoutTarget
+
+
+def _d5005_opencl() -> type[Target]:
+    from logos_ir.passes.d5005.emit_opencl import EngineTarget
+
+    return EngineTarget
+
+
 def emitters() -> dict[str, Callable[[], type[Target]]]:
     """The project's `-t` targets (xDSL's own are registered by `logos-opt`). The lanes add their emitters here."""
-    return {"logos": _logos_emitter}
+    return {
+        "logos": _logos_emitter,
+        "d5005-listing": _d5005_listing,
+        "d5005-layout": _d5005_layout,
+        "d5005-opencl": _d5005_opencl,
+    }
 
 
 # -- logos-compile targets -----------------------------------------------------------------------------------
@@ -134,6 +180,12 @@ def _build_logos() -> Callable[[BuildRequest], LaneBuild]:
     return build_logos
 
 
+def _build_d5005() -> Callable[[BuildRequest], LaneBuild]:
+    from logos_ir.passes.d5005.build import build_d5005
+
+    return build_d5005
+
+
 def compile_targets() -> dict[str, CompileTarget]:
     """`logos-compile`'s targets by name. The lanes add theirs here."""
     return {
@@ -143,6 +195,14 @@ def compile_targets() -> dict[str, CompileTarget]:
             (),
             ("f32",),
             _build_logos,
+        ),
+        "d5005": CompileTarget(
+            "d5005",
+            "the D5005 engine's instruction stream, listing, weight layout, OpenCL engine source and cost model"
+            " (--with-weights: the weight image)",
+            ("decode",),
+            ("bf16", "f32"),
+            _build_d5005,
         ),
     }
 
@@ -169,8 +229,20 @@ def _reference_generator() -> Callable[[RunRequest], Any]:
     return reference_generator
 
 
+def _d5005_generator() -> Callable[[RunRequest], Any]:
+    from logos_ir.runtime.d5005 import d5005_generator
+
+    return d5005_generator
+
+
 def backends() -> dict[str, Backend]:
     """`logos-run`'s backends by name. The lanes add theirs here."""
     return {
         "reference": Backend("reference", "the numpy reference interpreter (float32)", ("f32",), _reference_generator),
+        "d5005": Backend(
+            "d5005",
+            "the D5005 engine's OpenCL C run on PoCL's CPU device, one launch per decode step",
+            ("bf16", "f32"),
+            _d5005_generator,
+        ),
     }

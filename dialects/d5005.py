@@ -1,0 +1,605 @@
+"""The `d5005` dialect: the instructions of the decode engine of Intel's FPGA PAC D5005, over its memories.
+
+The engine is a fixed datapath (one bitstream) that reads a program, the decode step lowered to these
+instructions, and streams the weights from the card's four DDR4-2400 banks (8 GiB each). Its operands are of two
+kinds: named **on-chip buffers** (`d5005.buffer`, float32 words in the engine's on-chip memory, each at a word
+offset) and **board-memory regions** (`#d5005.region`, a matrix whose rows are striped over the four banks: row r
+lives in bank r % 4 at byte `offset + (r // 4) * stride` of that bank, so every bank holds the same offsets and a
+matrix-vector product streams from all four at once). A `d5005.program` holds the buffers and, in order, the
+instructions of one decode step; running it once is one launch of the engine.
+
+```mlir
+d5005.program identity "LOGOS program: decode step, ctx 64, sha256 ..." weights "bf16" ctx 64 ... {
+  d5005.buffer "normed" words 64 at 64
+  d5005.matvec "query", "normed", #d5005.region<"model.layers.0.self_attn.q_proj.weight" at 8192 stride 128
+      rows 64 cols 64 bytes 2>
+}
+```
+
+Each op's verifier checks what it can see alone (region inside its bank, aligned to the burst, shapes that agree);
+`d5005.program`'s verifier checks the buffers against the on-chip budget and every instruction's buffers against
+their declarations, in one walk over its block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from xdsl.dialects.builtin import I64, FloatAttr, IntAttr, IntegerAttr, StringAttr, i64
+from xdsl.ir import Attribute, Block, Dialect, ParametrizedAttribute, Region
+from xdsl.irdl import (
+    IRDLOperation,
+    irdl_attr_definition,
+    irdl_op_definition,
+    prop_def,
+    region_def,
+    traits_def,
+)
+from xdsl.parser import AttrParser
+from xdsl.printer import Printer
+from xdsl.traits import NoTerminator
+from xdsl.utils.exceptions import VerifyException
+
+# -- the card and the engine -------------------------------------------------------------------------------------
+
+BANKS = 4  # DDR4 banks of the D5005
+BANK_BYTES = 8 << 30  # 8 GiB each: 32 GiB of board memory
+BOARD_BYTES = BANKS * BANK_BYTES
+BANK_GBPS = 19.2  # DDR4-2400 on a 64-bit channel: 2400 MT/s x 8 bytes
+WEIGHT_BYTES = {"f32": 4, "bf16": 2}
+
+
+@dataclass(frozen=True)
+class EngineParams:
+    """The engine's fixed parameters (one bitstream): its clock, the burst of one bank read per cycle (the DDR4
+    controller's 512-bit user interface at quarter rate), the on-chip buffer budget in float32 words, and the
+    multiply-accumulate lanes (one vector of `vector_width` weights from each of the four banks per cycle)."""
+
+    clock_mhz: int = 300
+    burst_bytes: int = 64
+    onchip_words: int = 1 << 20  # 4 MiB of M20K blocks, of the Stratix 10 SX 2800's 229 Mbit (about 28 MiB)
+    weights: str = "bf16"
+
+    @property
+    def vector_width(self) -> int:
+        """Weights one bank delivers per cycle."""
+        return self.burst_bytes // WEIGHT_BYTES[self.weights]
+
+    @property
+    def mac_lanes(self) -> int:
+        return BANKS * self.vector_width
+
+
+def _fail(op: IRDLOperation, message: str) -> VerifyException:
+    return VerifyException(f"'{op.name}' op {message}")
+
+
+def _int(attr: IntegerAttr) -> int:
+    return attr.value.data
+
+
+# -- board-memory regions ----------------------------------------------------------------------------------------
+
+
+@irdl_attr_definition
+class RegionAttr(ParametrizedAttribute):
+    """A matrix in board memory, rows striped over the four banks (row r in bank r % 4, at `offset + (r // 4) *
+    stride` bytes of it), each element `bytes` wide: `#d5005.region<"name" at 0 stride 128 rows 64 cols 64 bytes 2>`.
+    A vector is a matrix of one row (it lies in bank 0)."""
+
+    name = "d5005.region"
+
+    tensor: StringAttr
+    offset: IntAttr
+    stride: IntAttr
+    rows: IntAttr
+    cols: IntAttr
+    element_bytes: IntAttr
+
+    def __init__(self, tensor: str, offset: int, stride: int, rows: int, cols: int, element_bytes: int):
+        super().__init__(
+            StringAttr(tensor), IntAttr(offset), IntAttr(stride), IntAttr(rows), IntAttr(cols), IntAttr(element_bytes)
+        )
+
+    @property
+    def rows_per_bank(self) -> int:
+        return -(-self.rows.data // BANKS)
+
+    @property
+    def bank_bytes(self) -> int:
+        """Bytes the region takes in each bank it stripes over (the same in all four)."""
+        return self.rows_per_bank * self.stride.data
+
+    @property
+    def end(self) -> int:
+        return self.offset.data + self.bank_bytes
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> list[Attribute]:
+        with parser.in_angle_brackets():
+            tensor = parser.parse_str_literal("a region's tensor name")
+            values = []
+            for word in ("at", "stride", "rows", "cols", "bytes"):
+                parser.parse_keyword(word)
+                values.append(IntAttr(parser.parse_integer(allow_boolean=False, allow_negative=False)))
+        return [StringAttr(tensor), *values]
+
+    def print_parameters(self, printer: Printer) -> None:
+        with printer.in_angle_brackets():
+            printer.print_string_literal(self.tensor.data)
+            printer.print_string(
+                f" at {self.offset.data} stride {self.stride.data} rows {self.rows.data} cols {self.cols.data}"
+                f" bytes {self.element_bytes.data}"
+            )
+
+    def verify(self) -> None:
+        name = self.tensor.data
+        if self.element_bytes.data not in (2, 4):
+            raise VerifyException(f"region '{name}': elements are 2 (bf16) or 4 (f32) bytes, not {self.element_bytes}")
+        if self.rows.data < 1 or self.cols.data < 1:
+            raise VerifyException(f"region '{name}': a matrix has at least one row and one column")
+        if self.stride.data < self.cols.data * self.element_bytes.data:
+            raise VerifyException(
+                f"region '{name}': a row of {self.cols.data} elements of {self.element_bytes.data} bytes does not fit"
+                f" its stride of {self.stride.data} bytes"
+            )
+        if self.end > BANK_BYTES:
+            raise VerifyException(
+                f"region '{name}' ends at byte {self.end} of its banks, past their {BANK_BYTES} bytes"
+            )
+
+
+def check_burst(op: IRDLOperation, region: RegionAttr, burst: int) -> None:
+    """A region starts, and each of its rows starts, on a burst boundary."""
+    for what, value in (("offset", region.offset.data), ("stride", region.stride.data)):
+        if value % burst:
+            raise _fail(
+                op, f"region '{region.tensor.data}': {what} {value} is not a multiple of the {burst}-byte burst"
+            )
+
+
+# -- the program and its buffers ---------------------------------------------------------------------------------
+
+
+@irdl_op_definition
+class ProgramOp(IRDLOperation):
+    """One decode step for the engine: its identity line, weight precision, cache length and engine parameters;
+    its block holds the on-chip buffers, then the instructions in order.
+
+    `d5005.program identity "LOGOS program: ..." weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 1048576 {...}`
+    """
+
+    name = "d5005.program"
+
+    identity = prop_def(StringAttr)
+    weights = prop_def(StringAttr)
+    ctx = prop_def(IntegerAttr[I64])
+    clock_mhz = prop_def(IntegerAttr[I64])
+    burst = prop_def(IntegerAttr[I64])
+    onchip = prop_def(IntegerAttr[I64])
+    body = region_def("single_block")
+
+    traits = traits_def(NoTerminator())
+
+    assembly_format = (
+        "`identity` $identity `weights` $weights `ctx` $ctx `clock_mhz` $clock_mhz `burst` $burst `onchip` $onchip"
+        " $body attr-dict"
+    )
+
+    def __init__(self, identity: str, params: EngineParams, ctx: int, ops: Sequence[IRDLOperation] = ()):
+        super().__init__(
+            properties={
+                "identity": StringAttr(identity),
+                "weights": StringAttr(params.weights),
+                "ctx": IntegerAttr(ctx, i64),
+                "clock_mhz": IntegerAttr(params.clock_mhz, i64),
+                "burst": IntegerAttr(params.burst_bytes, i64),
+                "onchip": IntegerAttr(params.onchip_words, i64),
+            },
+            regions=[Region(Block(ops))],
+        )
+
+    @property
+    def params(self) -> EngineParams:
+        return EngineParams(_int(self.clock_mhz), _int(self.burst), _int(self.onchip), self.weights.data)
+
+    def buffers(self) -> dict[str, BufferOp]:
+        return {op.sym.data: op for op in self.body.block.ops if isinstance(op, BufferOp)}
+
+    def instructions(self) -> list[InstructionOp]:
+        return [op for op in self.body.block.ops if isinstance(op, InstructionOp)]
+
+    def verify_(self) -> None:
+        if self.weights.data not in WEIGHT_BYTES:
+            raise _fail(self, f"weights are bf16 or f32, not '{self.weights.data}'")
+        burst, onchip = _int(self.burst), _int(self.onchip)
+        if burst < 4 or burst & (burst - 1):
+            raise _fail(self, f"the burst is a power of two of at least 4 bytes, not {burst}")
+        buffers = self.buffers()
+        used = sum(_int(b.words) for b in buffers.values())
+        if used > onchip:
+            raise _fail(self, f"its buffers take {used} words of on-chip memory, over the budget of {onchip}")
+        for buffer in buffers.values():
+            if _int(buffer.offset) + _int(buffer.words) > onchip:
+                raise _fail(self, f"buffer '{buffer.sym.data}' lies past the {onchip} words of on-chip memory")
+        for op in self.instructions():
+            op.check_buffers(buffers)
+            for region in op.regions_read():
+                check_burst(op, region, burst)
+
+
+@irdl_op_definition
+class BufferOp(IRDLOperation):
+    """A named on-chip buffer of float32 words at a word offset: `d5005.buffer "normed" words 64 at 128`."""
+
+    name = "d5005.buffer"
+
+    sym = prop_def(StringAttr)
+    words = prop_def(IntegerAttr[I64])
+    offset = prop_def(IntegerAttr[I64])
+
+    assembly_format = "$sym `words` $words `at` $offset attr-dict"
+
+    def __init__(self, name: str, words: int, offset: int):
+        super().__init__(
+            properties={"sym": StringAttr(name), "words": IntegerAttr(words, i64), "offset": IntegerAttr(offset, i64)}
+        )
+
+    def verify_(self) -> None:
+        if _int(self.words) < 1 or _int(self.offset) < 0:
+            raise _fail(self, f"buffer '{self.sym.data}' needs at least one word at an offset of at least 0")
+
+
+# -- the instructions --------------------------------------------------------------------------------------------
+
+
+class InstructionOp(IRDLOperation):
+    """Base of the engine's instructions: `buffer_uses` says which buffers an instruction reads or writes and
+    how many words of each, `regions_read` which board-memory regions it streams."""
+
+    def buffer_uses(self) -> list[tuple[str, int]]:
+        raise NotImplementedError
+
+    def regions_read(self) -> list[RegionAttr]:
+        return []
+
+    def check_buffers(self, buffers: dict[str, BufferOp]) -> None:
+        for name, words in self.buffer_uses():
+            buffer = buffers.get(name)
+            if buffer is None:
+                raise _fail(self, f"uses buffer '{name}', which the program does not declare")
+            if _int(buffer.words) < words:
+                raise _fail(self, f"needs {words} words of buffer '{name}', which has {_int(buffer.words)}")
+
+
+@irdl_op_definition
+class EmbedRowOp(InstructionOp):
+    """Fetch the table's row at the engine's token (from 1) into a buffer.
+
+    `d5005.embed_row "hidden", #d5005.region<"model.embed_tokens.weight" at 0 stride 128 rows 256 cols 64 bytes 2>`
+    """
+
+    name = "d5005.embed_row"
+
+    dst = prop_def(StringAttr)
+    table = prop_def(RegionAttr)
+
+    assembly_format = "$dst `,` $table attr-dict"
+
+    def __init__(self, dst: str, table: RegionAttr):
+        super().__init__(properties={"dst": StringAttr(dst), "table": table})
+
+    def buffer_uses(self) -> list[tuple[str, int]]:
+        return [(self.dst.data, self.table.cols.data)]
+
+    def regions_read(self) -> list[RegionAttr]:
+        return [self.table]
+
+
+@irdl_op_definition
+class MatvecOp(InstructionOp):
+    """dst = weight @ src: stream a weight matrix [rows, cols] from all four banks at once (bank b feeds rows
+    b, b+4, ...), one vector of weights per bank per cycle.
+
+    `d5005.matvec "query", "normed", #d5005.region<"...q_proj.weight" at 8192 stride 128 rows 64 cols 64 bytes 2>`
+    """
+
+    name = "d5005.matvec"
+
+    dst = prop_def(StringAttr)
+    src = prop_def(StringAttr)
+    weight = prop_def(RegionAttr)
+
+    assembly_format = "$dst `,` $src `,` $weight attr-dict"
+
+    def __init__(self, dst: str, src: str, weight: RegionAttr):
+        super().__init__(properties={"dst": StringAttr(dst), "src": StringAttr(src), "weight": weight})
+
+    def buffer_uses(self) -> list[tuple[str, int]]:
+        return [(self.dst.data, self.weight.rows.data), (self.src.data, self.weight.cols.data)]
+
+    def regions_read(self) -> list[RegionAttr]:
+        return [self.weight]
+
+    def verify_(self) -> None:
+        if self.dst.data == self.src.data:
+            raise _fail(self, f"writes buffer '{self.dst.data}' while it streams it: a matvec is never in place")
+
+
+@irdl_op_definition
+class RMSNormOp(InstructionOp):
+    """dst = src / sqrt(mean(src^2) + epsilon) * weight, over the weight's length.
+
+    `d5005.rms_norm "normed", "x", #d5005.region<"...input_layernorm.weight" ...> epsilon 1.0e-05 : f32`
+    """
+
+    name = "d5005.rms_norm"
+
+    dst = prop_def(StringAttr)
+    src = prop_def(StringAttr)
+    weight = prop_def(RegionAttr)
+    epsilon = prop_def(FloatAttr)
+
+    assembly_format = "$dst `,` $src `,` $weight `epsilon` $epsilon attr-dict"
+
+    def __init__(self, dst: str, src: str, weight: RegionAttr, epsilon: float):
+        super().__init__(
+            properties={
+                "dst": StringAttr(dst),
+                "src": StringAttr(src),
+                "weight": weight,
+                "epsilon": FloatAttr(epsilon, 32),
+            }
+        )
+
+    def buffer_uses(self) -> list[tuple[str, int]]:
+        n = self.weight.cols.data
+        return [(self.dst.data, n), (self.src.data, n)]
+
+    def regions_read(self) -> list[RegionAttr]:
+        return [self.weight]
+
+    def verify_(self) -> None:
+        if self.weight.rows.data != 1:
+            raise _fail(self, f"reads a weight vector, not a matrix of {self.weight.rows.data} rows")
+
+
+@irdl_op_definition
+class RopeOp(InstructionOp):
+    """Rotate each head of `width` words at the engine's position, by the rotary table (row p-1 holds the cos of
+    each of the head's half-frequencies, then their sin), the two halves of each head (Hugging Face's layout).
+
+    `d5005.rope "turned_query", "query", #d5005.region<"rope" ... rows 64 cols 16 bytes 4> width 64 head_dim 16`
+    """
+
+    name = "d5005.rope"
+
+    dst = prop_def(StringAttr)
+    src = prop_def(StringAttr)
+    table = prop_def(RegionAttr)
+    width = prop_def(IntegerAttr[I64])
+    head_dim = prop_def(IntegerAttr[I64])
+
+    assembly_format = "$dst `,` $src `,` $table `width` $width `head_dim` $head_dim attr-dict"
+
+    def __init__(self, dst: str, src: str, table: RegionAttr, width: int, head_dim: int):
+        super().__init__(
+            properties={
+                "dst": StringAttr(dst),
+                "src": StringAttr(src),
+                "table": table,
+                "width": IntegerAttr(width, i64),
+                "head_dim": IntegerAttr(head_dim, i64),
+            }
+        )
+
+    def buffer_uses(self) -> list[tuple[str, int]]:
+        return [(self.dst.data, _int(self.width)), (self.src.data, _int(self.width))]
+
+    def regions_read(self) -> list[RegionAttr]:
+        return [self.table]
+
+    def verify_(self) -> None:
+        width, head_dim = _int(self.width), _int(self.head_dim)
+        if head_dim < 2 or head_dim % 2 or width % head_dim:
+            raise _fail(self, f"cannot rotate {width} words in heads of {head_dim}")
+        if self.table.cols.data != head_dim:
+            raise _fail(self, f"its table has rows of {self.table.cols.data}, not the head's {head_dim}")
+
+
+@irdl_op_definition
+class CacheWriteOp(InstructionOp):
+    """Write a buffer of kv_heads x head_dim words into a cache at the engine's position: head h's row in the
+    cache region is h * ctx + position - 1.
+
+    `d5005.cache_write "turned_key", #d5005.region<"cache.0.key" ... rows 128 cols 16 bytes 4> kv_heads 2`
+    """
+
+    name = "d5005.cache_write"
+
+    src = prop_def(StringAttr)
+    cache = prop_def(RegionAttr)
+    kv_heads = prop_def(IntegerAttr[I64])
+
+    assembly_format = "$src `,` $cache `kv_heads` $kv_heads attr-dict"
+
+    def __init__(self, src: str, cache: RegionAttr, kv_heads: int):
+        super().__init__(properties={"src": StringAttr(src), "cache": cache, "kv_heads": IntegerAttr(kv_heads, i64)})
+
+    def buffer_uses(self) -> list[tuple[str, int]]:
+        return [(self.src.data, _int(self.kv_heads) * self.cache.cols.data)]
+
+    def regions_read(self) -> list[RegionAttr]:
+        return [self.cache]
+
+    def verify_(self) -> None:
+        _check_cache(self, self.cache, _int(self.kv_heads))
+
+
+def _check_cache(op: IRDLOperation, cache: RegionAttr, kv_heads: int) -> None:
+    if cache.element_bytes.data != 4:
+        raise _fail(op, f"cache '{cache.tensor.data}' holds float32, not {cache.element_bytes.data}-byte elements")
+    if kv_heads < 1 or cache.rows.data % kv_heads:
+        raise _fail(op, f"cache '{cache.tensor.data}' of {cache.rows.data} rows is not {kv_heads} heads of positions")
+
+
+@irdl_op_definition
+class AttentionOp(InstructionOp):
+    """dst = causal grouped-query attention of the query's heads over the cached keys and values at positions 1
+    to the engine's position (query head h reads KV head h // (heads / kv_heads)), through a scores buffer of ctx
+    words.
+
+    `d5005.attention "attended", "turned_query", #d5005.region<"cache.0.key" ...>, #d5005.region<"cache.0.value"
+     ...> scores "scores" heads 4 kv_heads 2`
+    """
+
+    name = "d5005.attention"
+
+    dst = prop_def(StringAttr)
+    query = prop_def(StringAttr)
+    keys = prop_def(RegionAttr)
+    values = prop_def(RegionAttr)
+    scores = prop_def(StringAttr)
+    heads = prop_def(IntegerAttr[I64])
+    kv_heads = prop_def(IntegerAttr[I64])
+
+    assembly_format = (
+        "$dst `,` $query `,` $keys `,` $values `scores` $scores `heads` $heads `kv_heads` $kv_heads attr-dict"
+    )
+
+    def __init__(self, dst: str, query: str, keys: RegionAttr, values: RegionAttr, scores: str, heads: int, kv: int):
+        super().__init__(
+            properties={
+                "dst": StringAttr(dst),
+                "query": StringAttr(query),
+                "keys": keys,
+                "values": values,
+                "scores": StringAttr(scores),
+                "heads": IntegerAttr(heads, i64),
+                "kv_heads": IntegerAttr(kv, i64),
+            }
+        )
+
+    @property
+    def ctx(self) -> int:
+        return self.keys.rows.data // _int(self.kv_heads)
+
+    def buffer_uses(self) -> list[tuple[str, int]]:
+        width = _int(self.heads) * self.keys.cols.data
+        return [(self.dst.data, width), (self.query.data, width), (self.scores.data, self.ctx)]
+
+    def regions_read(self) -> list[RegionAttr]:
+        return [self.keys, self.values]
+
+    def verify_(self) -> None:
+        heads, kv = _int(self.heads), _int(self.kv_heads)
+        _check_cache(self, self.keys, kv)
+        _check_cache(self, self.values, kv)
+        if (self.keys.rows, self.keys.cols) != (self.values.rows, self.values.cols):
+            raise _fail(self, "its key and value caches differ in shape")
+        if heads % kv:
+            raise _fail(self, f"{heads} query heads do not share {kv} key-value heads evenly")
+
+
+class ElementwiseOp(InstructionOp):
+    """Base of the elementwise instructions over `size` words of two buffers."""
+
+    dst = prop_def(StringAttr)
+    lhs = prop_def(StringAttr)
+    rhs = prop_def(StringAttr)
+    size = prop_def(IntegerAttr[I64])
+
+    assembly_format = "$dst `,` $lhs `,` $rhs `size` $size attr-dict"
+
+    def __init__(self, dst: str, lhs: str, rhs: str, size: int):
+        super().__init__(
+            properties={
+                "dst": StringAttr(dst),
+                "lhs": StringAttr(lhs),
+                "rhs": StringAttr(rhs),
+                "size": IntegerAttr(size, i64),
+            }
+        )
+
+    def buffer_uses(self) -> list[tuple[str, int]]:
+        n = _int(self.size)
+        return [(self.dst.data, n), (self.lhs.data, n), (self.rhs.data, n)]
+
+
+@irdl_op_definition
+class SiluMulOp(ElementwiseOp):
+    """dst = silu(lhs) * rhs (SwiGLU's gate and up): `d5005.silu_mul "product", "gate", "up" size 128`"""
+
+    name = "d5005.silu_mul"
+
+
+@irdl_op_definition
+class AddOp(ElementwiseOp):
+    """dst = lhs + rhs (the residual connections): `d5005.add "mixed", "x", "projected" size 64`"""
+
+    name = "d5005.add"
+
+
+@irdl_op_definition
+class ArgmaxOp(InstructionOp):
+    """The engine's result: the index (from 1) of the greatest of `size` words, the first on a tie.
+
+    `d5005.argmax "logits" size 256`"""
+
+    name = "d5005.argmax"
+
+    src = prop_def(StringAttr)
+    size = prop_def(IntegerAttr[I64])
+
+    assembly_format = "$src `size` $size attr-dict"
+
+    def __init__(self, src: str, size: int):
+        super().__init__(properties={"src": StringAttr(src), "size": IntegerAttr(size, i64)})
+
+    def buffer_uses(self) -> list[tuple[str, int]]:
+        return [(self.src.data, _int(self.size))]
+
+
+D5005 = Dialect(
+    "d5005",
+    [
+        ProgramOp,
+        BufferOp,
+        EmbedRowOp,
+        MatvecOp,
+        RMSNormOp,
+        RopeOp,
+        CacheWriteOp,
+        AttentionOp,
+        SiluMulOp,
+        AddOp,
+        ArgmaxOp,
+    ],
+    [RegionAttr],
+)
+
+
+# -- the binary encoding the engine reads (the emitter writes it, the runtime's reader checks it) -----------------
+
+STREAM_MAGIC = b"D5005ENG"
+IMAGE_MAGIC = b"D5005IMG"
+FORMAT_VERSION = 1
+HEADER_BYTES = 4096
+INSTRUCTION_WORDS = 16  # one instruction: 16 little-endian uint32 words, 64 bytes, one burst
+INSTRUCTION_BYTES = INSTRUCTION_WORDS * 4
+IDENTITY_AT = 128  # the identity line starts at this byte of a header
+OPCODES = {
+    "d5005.embed_row": 1,
+    "d5005.matvec": 2,
+    "d5005.rms_norm": 3,
+    "d5005.rope": 4,
+    "d5005.cache_write": 5,
+    "d5005.attention": 6,
+    "d5005.silu_mul": 7,
+    "d5005.add": 8,
+    "d5005.argmax": 9,
+}
+# The fields of an instruction word, by index (docs/d5005.md has the table of what each opcode reads).
+W_OPCODE, W_DST, W_A, W_B, W_ROWS, W_COLS, W_OFFSET, W_STRIDE, W_OFFSET2, W_HEADS, W_KV_HEADS = range(11)
+W_HEAD_DIM, W_CTX, W_FLOAT, W_WIDTH, W_RESERVED = range(11, 16)

@@ -1,0 +1,402 @@
+"""Runs the D5005 lane's output: the engine's OpenCL C on an OpenCL device, fed the weight image and the
+instruction stream exactly as the host program on the card does.
+
+`read_stream` and `read_image` check the binaries before anything runs (magic, version, sizes, CRC-32s, every
+instruction word's opcode and fields against the engine's limits): a malformed or truncated stream is refused
+with a `StreamError` naming what is wrong, never run. `Engine` is the host program: it builds the engine source
+(here on PoCL's CPU device, `logos_ir.runtime.opencl`), allocates the four banks, copies each bank's part of the
+image, zeroes the caches after it, and launches the engine once per decode step (token and position from 1).
+`D5005Generator` is `logos-run --backend d5005`: it lowers the decode step for the ctx a call needs, through the
+lane's build (in memory), and feeds the prompt, then each new token, through decode steps.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+import warnings
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from logos_ir.dialects import d5005
+from logos_ir.errors import LogosError
+from logos_ir.program import Cut, Identity
+
+_HEADER = struct.Struct("<8s" + "I" * 17 + "QQ")
+
+
+class StreamError(LogosError):
+    """An instruction stream or weight image is malformed or truncated: it is refused, never run."""
+
+
+# -- reading the binaries ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stream:
+    """An instruction stream, read and checked: its header fields, its words [count, 16] and its symbols."""
+
+    identity: str
+    burst: int
+    vector_width: int
+    mac_lanes: int
+    onchip_words: int
+    element_bytes: int
+    ctx: int
+    clock_mhz: int
+    bank_bytes: int
+    image_bytes: int
+    words: np.ndarray
+    symbols: dict[str, Any] = field(repr=False)
+
+    @property
+    def weights(self) -> str:
+        return {2: "bf16", 4: "f32"}[self.element_bytes]
+
+
+def _fields(data: bytes, magic: bytes, what: str) -> tuple[Any, ...]:
+    if len(data) < d5005.HEADER_BYTES:
+        raise StreamError(f"the {what} is truncated: {len(data)} bytes, less than its {d5005.HEADER_BYTES}-byte header")
+    fields = _HEADER.unpack_from(data)
+    if fields[0] != magic:
+        raise StreamError(f"not a D5005 {what}: it starts with {fields[0]!r}, not {magic!r}")
+    if fields[1] != d5005.FORMAT_VERSION or fields[2] != d5005.HEADER_BYTES:
+        raise StreamError(f"the {what} has format version {fields[1]}, header {fields[2]} bytes; this reader knows 1")
+    return fields
+
+
+def _identity(data: bytes, length: int, what: str) -> str:
+    raw = data[d5005.IDENTITY_AT : d5005.IDENTITY_AT + length]
+    if d5005.IDENTITY_AT + length > d5005.HEADER_BYTES or Identity.from_line(raw.decode("utf-8", "replace")) is None:
+        raise StreamError(f"the {what}'s header carries no identity line of a LOGOS program")
+    return raw.decode("utf-8")
+
+
+def read_stream(data: bytes) -> Stream:
+    """The stream in `data`, checked through (StreamError on anything malformed or truncated)."""
+    f = _fields(data, d5005.STREAM_MAGIC, "instruction stream")
+    count, word_bytes, burst, vector, lanes, onchip, banks, element, ctx, clock = f[3:13]
+    crc_words, symbol_bytes, crc_symbols, identity_bytes = f[13:17]
+    bank_bytes, image_bytes = f[18:20]
+    if word_bytes != d5005.INSTRUCTION_BYTES or banks != d5005.BANKS or element not in (2, 4):
+        raise StreamError(f"the stream is for another engine: {word_bytes}-byte words, {banks} banks, {element}-byte")
+    expected = d5005.HEADER_BYTES + count * word_bytes + symbol_bytes
+    if len(data) != expected:
+        state = "truncated" if len(data) < expected else "longer than its header says"
+        raise StreamError(f"the instruction stream is {state}: {len(data)} bytes, its header says {expected}")
+    body = data[d5005.HEADER_BYTES : d5005.HEADER_BYTES + count * word_bytes]
+    names = data[d5005.HEADER_BYTES + count * word_bytes :]
+    if zlib.crc32(body) != crc_words or zlib.crc32(names) != crc_symbols:
+        raise StreamError("the instruction stream is corrupt: a CRC-32 of its sections does not match its header")
+    if bank_bytes > d5005.BANK_BYTES or image_bytes > bank_bytes or burst < 4 or burst & (burst - 1):
+        raise StreamError(f"the stream's sizes are impossible: {bank_bytes} bytes of a bank, burst {burst}")
+    words = np.frombuffer(body, dtype="<u4").reshape(count, d5005.INSTRUCTION_WORDS)
+    stream = Stream(
+        _identity(data, identity_bytes, "instruction stream"),
+        burst, vector, lanes, onchip, element, ctx, clock, bank_bytes, image_bytes, words,
+        json.loads(names.decode("utf-8")) if names else {},
+    )  # fmt: skip
+    for index in range(count):
+        _check_word(stream, index)
+    return stream
+
+
+_OPCODE_NAMES = {code: name for name, code in d5005.OPCODES.items()}
+
+
+def _check_word(stream: Stream, index: int) -> None:
+    w = [int(v) for v in stream.words[index]]
+    name = _OPCODE_NAMES.get(w[d5005.W_OPCODE])
+    where = f"instruction {index}"
+    if name is None:
+        raise StreamError(f"{where} has opcode {w[0]}, which the engine does not have")
+    if w[d5005.W_RESERVED]:
+        raise StreamError(f"{where} ({name}) sets its reserved word")
+    for field_index, words in _buffer_extents(name, w):
+        if w[field_index] + words > stream.onchip_words:
+            raise StreamError(f"{where} ({name}) reaches past the engine's {stream.onchip_words} on-chip words")
+    for offset_field in _region_fields(name):
+        per_bank = -(-w[d5005.W_ROWS] // d5005.BANKS)
+        end = w[offset_field] * stream.burst + per_bank * w[d5005.W_STRIDE]
+        if end > stream.bank_bytes:
+            raise StreamError(
+                f"{where} ({name}) reads board memory past the {stream.bank_bytes} bytes the program uses"
+            )
+    if name == "d5005.attention" and (w[d5005.W_KV_HEADS] == 0 or w[d5005.W_HEADS] % w[d5005.W_KV_HEADS]):
+        raise StreamError(f"{where} (attention) has {w[d5005.W_HEADS]} heads over {w[d5005.W_KV_HEADS]} kv heads")
+    if name in ("d5005.cache_write", "d5005.attention") and (w[d5005.W_KV_HEADS] == 0 or w[d5005.W_ROWS] % w[10]):
+        raise StreamError(f"{where} ({name}) has a cache that is not whole heads of positions")
+
+
+def _buffer_extents(name: str, w: list[int]) -> list[tuple[int, int]]:
+    rows, cols = w[d5005.W_ROWS], w[d5005.W_COLS]
+    if name == "d5005.embed_row":
+        return [(d5005.W_DST, cols)]
+    if name == "d5005.matvec":
+        return [(d5005.W_DST, rows), (d5005.W_A, cols)]
+    if name == "d5005.rms_norm":
+        return [(d5005.W_DST, cols), (d5005.W_A, cols)]
+    if name == "d5005.rope":
+        return [(d5005.W_DST, w[d5005.W_WIDTH]), (d5005.W_A, w[d5005.W_WIDTH])]
+    if name == "d5005.cache_write":
+        return [(d5005.W_A, w[d5005.W_KV_HEADS] * cols)]
+    if name == "d5005.attention":
+        width = w[d5005.W_HEADS] * w[d5005.W_HEAD_DIM]
+        return [(d5005.W_DST, width), (d5005.W_A, width), (d5005.W_B, w[d5005.W_CTX])]
+    if name == "d5005.argmax":
+        return [(d5005.W_A, rows)]
+    return [(d5005.W_DST, rows), (d5005.W_A, rows), (d5005.W_B, rows)]
+
+
+def _region_fields(name: str) -> list[int]:
+    if name == "d5005.attention":
+        return [d5005.W_OFFSET, d5005.W_OFFSET2]
+    if name in ("d5005.silu_mul", "d5005.add", "d5005.argmax"):
+        return []
+    return [d5005.W_OFFSET]
+
+
+@dataclass(frozen=True)
+class Image:
+    identity: str
+    element_bytes: int
+    bank_size: int
+    banks: list[memoryview]
+
+
+def read_image(data: bytes) -> Image:
+    """The weight image in `data`, checked (StreamError when malformed or truncated)."""
+    f = _fields(data, d5005.IMAGE_MAGIC, "weight image")
+    banks, element, identity_bytes = f[3], f[4], f[5]
+    size = f[18]
+    if banks != d5005.BANKS or element not in (2, 4):
+        raise StreamError(f"the weight image is for another engine: {banks} banks of {element}-byte weights")
+    expected = d5005.HEADER_BYTES + banks * size
+    if len(data) != expected:
+        raise StreamError(f"the weight image is {len(data)} bytes, its header says {expected}: truncated or padded")
+    view = memoryview(data)
+    start = d5005.HEADER_BYTES
+    parts = [view[start + b * size : start + (b + 1) * size] for b in range(banks)]
+    return Image(_identity(data, identity_bytes, "weight image"), element, size, parts)
+
+
+def decode_ops(stream: Stream) -> list[Any]:
+    """The stream's instructions as `d5005` ops (names from its symbol section): the inverse of the emitter."""
+    buffers = {offset: name for name, _, offset in stream.symbols.get("buffers", [])}
+    regions = {r[1]: r for r in stream.symbols.get("regions", [])}
+    return [_decode(stream, [int(v) for v in row], buffers, regions) for row in stream.words]
+
+
+def _decode(stream: Stream, w: list[int], buffers: dict[int, str], regions: dict[int, list[Any]]) -> Any:
+    from xdsl.dialects.builtin import FloatAttr
+
+    def region(offset_field: int = d5005.W_OFFSET) -> d5005.RegionAttr:
+        offset = w[offset_field] * stream.burst
+        found = regions.get(offset)
+        if found is None:
+            raise StreamError(f"the stream's symbols name no region at byte {offset}")
+        return d5005.RegionAttr(*found)
+
+    def b(i: int) -> str:
+        if w[i] not in buffers:
+            raise StreamError(f"the stream's symbols name no buffer at word {w[i]}")
+        return buffers[w[i]]
+
+    name = _OPCODE_NAMES[w[0]]
+    as_float = float(np.array(w[d5005.W_FLOAT], dtype=np.uint32).view(np.float32))
+    if name == "d5005.embed_row":
+        return d5005.EmbedRowOp(b(d5005.W_DST), region())
+    if name == "d5005.matvec":
+        return d5005.MatvecOp(b(d5005.W_DST), b(d5005.W_A), region())
+    if name == "d5005.rms_norm":
+        op = d5005.RMSNormOp(b(d5005.W_DST), b(d5005.W_A), region(), as_float)
+        op.epsilon = FloatAttr(as_float, 32)
+        return op
+    if name == "d5005.rope":
+        return d5005.RopeOp(b(d5005.W_DST), b(d5005.W_A), region(), w[d5005.W_WIDTH], w[d5005.W_HEAD_DIM])
+    if name == "d5005.cache_write":
+        return d5005.CacheWriteOp(b(d5005.W_A), region(), w[d5005.W_KV_HEADS])
+    if name == "d5005.attention":
+        return d5005.AttentionOp(
+            b(d5005.W_DST), b(d5005.W_A), region(), region(d5005.W_OFFSET2), b(d5005.W_B),
+            w[d5005.W_HEADS], w[d5005.W_KV_HEADS],
+        )  # fmt: skip
+    if name == "d5005.argmax":
+        return d5005.ArgmaxOp(b(d5005.W_A), w[d5005.W_ROWS])
+    kind = d5005.SiluMulOp if name == "d5005.silu_mul" else d5005.AddOp
+    return kind(b(d5005.W_DST), b(d5005.W_A), b(d5005.W_B), w[d5005.W_ROWS])
+
+
+# -- the host program ------------------------------------------------------------------------------------------
+
+
+class Engine:
+    """The host program of the card: the engine built from its source, the banks loaded from the image, the
+    stream resident in board memory; `step(token, position)` is one launch (ids and positions from 1)."""
+
+    def __init__(self, source: str, stream_bytes: bytes, image_bytes: bytes):
+        import pyopencl as cl
+
+        from logos_ir.runtime.opencl import pocl_cpu_context
+
+        self.stream = read_stream(stream_bytes)
+        image = read_image(image_bytes)
+        if image.identity != self.stream.identity or image.element_bytes != self.stream.element_bytes:
+            raise StreamError("the weight image is not the one of this instruction stream (identity or precision)")
+        if image.bank_size != self.stream.image_bytes:
+            raise StreamError(
+                f"the weight image fills {image.bank_size} bytes a bank, the stream expects {self.stream.image_bytes}"
+            )
+        self.context = pocl_cpu_context()
+        self.queue = cl.CommandQueue(self.context)
+        with warnings.catch_warnings():  # PoCL notes the ABI of by-value uint16 arguments; nothing to act on
+            warnings.simplefilter("ignore", cl.CompilerWarning)
+            self.kernel = cl.Program(self.context, source).build().d5005_engine
+        flags = cl.mem_flags
+        size = max(self.stream.bank_bytes, 4)
+        self.banks = [cl.Buffer(self.context, flags.READ_WRITE, size) for _ in range(d5005.BANKS)]
+        self._image = image
+        self.program = cl.Buffer(self.context, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=self.stream.words)
+        self.scratch = cl.Buffer(self.context, flags.READ_WRITE, self.stream.onchip_words * 4)
+        self.result = cl.Buffer(self.context, flags.READ_WRITE, 4)
+        self.reset()
+
+    def reset(self) -> None:
+        """Load every bank's part of the image and zero the caches after it, as the host does before a sequence."""
+        import pyopencl as cl
+
+        for bank, part in zip(self.banks, self._image.banks, strict=True):
+            cl.enqueue_fill_buffer(self.queue, bank, np.uint8(0), 0, max(self.stream.bank_bytes, 4))
+            if len(part):
+                cl.enqueue_copy(self.queue, bank, np.frombuffer(part, dtype=np.uint8))
+        self.queue.finish()
+
+    def step(self, token: int, position: int) -> int:
+        """One decode step: the next token (from 1)."""
+        import pyopencl as cl
+
+        if not 1 <= position <= self.stream.ctx:
+            raise LogosError(f"position {position} is outside the engine's cache (positions 1 to {self.stream.ctx})")
+        count = np.uint32(len(self.stream.words))
+        self.kernel(
+            self.queue, (1,), (1,), self.program, count, *self.banks, self.scratch,
+            np.uint32(token), np.uint32(position), self.result,
+        )  # fmt: skip
+        out = np.zeros(1, dtype=np.uint32)
+        cl.enqueue_copy(self.queue, out, self.result)
+        return int(out[0])
+
+    def onchip(self, words: int) -> np.ndarray:
+        """The first `words` of on-chip memory after the last step (the emulation's view of its buffers)."""
+        import pyopencl as cl
+
+        out = np.empty(words, dtype=np.float32)
+        cl.enqueue_copy(self.queue, out, self.scratch)
+        return out
+
+
+# -- logos-run --backend d5005 --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadedBuild:
+    engine: Engine
+    identity: Identity
+
+
+def engine_for(store: Any, ctx: int, weights: str) -> LoadedBuild:
+    """Lower the decode step of `ctx` through the lane's build (in memory), then load it as the host does."""
+    from logos_ir.build import BuildRequest
+    from logos_ir.models import ModelSource
+    from logos_ir.passes.d5005.build import build_d5005
+    from logos_ir.progress import Progress
+
+    source = ModelSource("preset", str(store.source), store.spec, _store=store)
+    request = BuildRequest(source, Cut.decode(ctx), 1, weights, True, Progress.silent())
+    artifacts = {a.role: a for a in build_d5005(request).artifacts}
+    engine = Engine(artifacts["engine"].data.decode("utf-8"), artifacts["instructions"].data, artifacts["weights"].data)
+    return LoadedBuild(engine, artifacts["instructions"].identity)
+
+
+class D5005Generator:
+    """Greedy generation on the engine (the shape of `logos_ir.generate.Generator`): the prompt and each new token
+    go through one decode step each, one engine launch per step."""
+
+    def __init__(self, store: Any, ctx: int | None = None, weights: str = "bf16"):
+        from logos_ir.generate import GenerationStats
+
+        if weights not in d5005.WEIGHT_BYTES:
+            raise LogosError(f"the d5005 backend runs bf16 or f32 weights, not {weights}")
+        self.store, self.spec, self.ctx, self.weights = store, store.spec, ctx, weights
+        self.stats = GenerationStats()
+        self._loaded: dict[int, LoadedBuild] = {}
+        self._identities: list[Identity] = []
+
+    @property
+    def identities(self) -> list[Identity]:
+        return list(self._identities)
+
+    def engine(self, ctx: int) -> Engine:
+        loaded = self._loaded.get(ctx)
+        if loaded is None:
+            loaded = self._loaded[ctx] = engine_for(self.store, ctx, self.weights)
+        self._identities = [loaded.identity]
+        return loaded.engine
+
+    def _checked(self, prompt_ids: Sequence[int], max_new_tokens: int) -> tuple[list[int], int]:
+        from logos_ir.generate import Generator, default_ctx
+
+        prompt = Generator._checked_prompt(self, prompt_ids)  # type: ignore[arg-type]  # the same checks
+        ctx = self.ctx or default_ctx(len(prompt), max_new_tokens)
+        if len(prompt) > ctx:
+            raise LogosError(f"the prompt's {len(prompt)} tokens do not fit a cache of {ctx} positions")
+        return prompt, ctx
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        eos_id: int | None = None,
+        on_token: Callable[[int], None] | None = None,
+    ) -> list[int]:
+        from logos_ir.generate import GenerationStats
+
+        prompt, ctx = self._checked(prompt_ids, max_new_tokens)
+        self.stats = GenerationStats(prompt_tokens=len(prompt))
+        if max_new_tokens <= 0:
+            return []
+        engine = self.engine(ctx)
+        engine.reset()
+        started = time.perf_counter()
+        for position, token in enumerate(prompt, start=1):
+            predicted = engine.step(token + 1, position)
+        self.stats.prefill_s = time.perf_counter() - started
+        new: list[int] = []
+        position = len(prompt) + 1
+        started = time.perf_counter()
+        while True:
+            new.append(predicted - 1)
+            if on_token is not None:
+                on_token(predicted - 1)
+            if len(new) >= max_new_tokens or predicted - 1 == eos_id or position > ctx:
+                break
+            predicted = engine.step(predicted, position)
+            position += 1
+            self.stats.decode_steps += 1
+        self.stats.decode_s = time.perf_counter() - started
+        self.stats.new_tokens = len(new)
+        return new
+
+
+def d5005_generator(request: Any) -> D5005Generator:
+    """The `d5005` backend of `logos-run`."""
+    if request.emulate:
+        raise LogosError("the d5005 backend has no --emulate mode: it always runs the engine on an OpenCL device")
+    if request.tp != 1:
+        raise LogosError(f"the D5005 is one card: the d5005 backend runs on 1 chip, not {request.tp}")
+    return D5005Generator(request.store, ctx=request.ctx, weights=request.weights)

@@ -1,0 +1,123 @@
+"""The D5005 weight layout (which tensor at which bank and offset, `-t d5005-layout`) and the weight image.
+
+The layout is a text table, one line per region of the program: tensor, kind (weight, table, cache), element type,
+rows x cols, offset in each bank, row stride, bytes per bank; row r of every region lives in bank r % 4 at
+`offset + (r // 4) * stride`. The weight image is what the host copies into the banks before the first launch: a
+4 KiB header (magic `D5005IMG`, version, banks, element bytes, bytes per bank, the identity line at byte 128),
+then each bank's first `image bytes` in bank order: the weights (bf16 rounded to nearest even, or f32), and the
+rotary table (float32 cos and sin for every position, derived from the spec). The caches after it are zeroed by
+the host, never shipped. `weight_image` is the only code of the lane that reads weight values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import IO, ClassVar
+
+import numpy as np
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.utils.target import Target
+
+from logos_ir.dialects import d5005
+from logos_ir.passes.d5005.emit_opencl import the_d5005_program
+from logos_ir.passes.d5005.emit_stream import HEADER_FIELDS, header
+from logos_ir.passes.d5005.placement import ROPE
+from logos_ir.spec import ModelSpec
+
+
+def regions_of(program: d5005.ProgramOp) -> dict[str, d5005.RegionAttr]:
+    found: dict[str, d5005.RegionAttr] = {}
+    for op in program.instructions():
+        for region in op.regions_read():
+            found.setdefault(region.tensor.data, region)
+    return dict(sorted(found.items(), key=lambda item: item[1].offset.data))
+
+
+def region_kind(name: str) -> str:
+    return "table" if name == ROPE else "cache" if name.startswith("cache.") else "weight"
+
+
+def image_bytes(program: d5005.ProgramOp) -> int:
+    """Bytes per bank the weight image fills: up to the end of the last weight or table region."""
+    return max((r.end for n, r in regions_of(program).items() if region_kind(n) != "cache"), default=0)
+
+
+def layout(program: d5005.ProgramOp) -> str:
+    regions = regions_of(program)
+    lines = [
+        f"# {program.identity.data}",
+        f"# d5005 weight layout: {d5005.BANKS} banks of {d5005.BANK_BYTES} bytes; row r of a region in bank r % 4 at"
+        " offset + (r // 4) * stride; weights in the image, caches zeroed by the host",
+        f"# weights {program.weights.data}; image {image_bytes(program)} bytes per bank;"
+        f" board memory used {max((r.end for r in regions.values()), default=0)} bytes per bank",
+        f"# {'tensor':<48} {'kind':<6} {'dtype':<5} {'rows':>7} {'cols':>6} {'offset':>12} {'stride':>7}"
+        f" {'bytes/bank':>11}",
+    ]
+    for name, r in regions.items():
+        dtype = {2: "bf16", 4: "f32"}[r.element_bytes.data]
+        lines.append(
+            f"{name:<50} {region_kind(name):<6} {dtype:<5} {r.rows.data:>7} {r.cols.data:>6} {r.offset.data:>12}"
+            f" {r.stride.data:>7} {r.bank_bytes:>11}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+# -- the weight image ------------------------------------------------------------------------------------------
+
+
+def bf16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bits, rounded to nearest even (NaN kept a NaN)."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return np.where(np.isnan(values), 0x7FC0, rounded).astype(np.uint16)
+
+
+def rope_table(spec: ModelSpec, ctx: int) -> np.ndarray:
+    """[ctx, head_dim] float32: row p-1 holds cos then sin of (p-1) * each frequency, as the reference's."""
+    from logos_ir.interpreter import rope_inv_freq
+
+    inv_freq = rope_inv_freq(spec.head_dim, spec.rope_theta, spec.rope_scaling)
+    angles = np.arange(ctx, dtype=np.float64)[:, None] * inv_freq[None, :]
+    return np.concatenate([np.cos(angles), np.sin(angles)], axis=1).astype(np.float32)
+
+
+def _striped(region: d5005.RegionAttr, matrix: np.ndarray, banks: np.ndarray) -> None:
+    """Write `matrix` [rows, cols] into the banks: row r into bank r % 4 at offset + (r // 4) * stride."""
+    rows, cols, per_bank = region.rows.data, region.cols.data, region.rows_per_bank
+    stride, offset = region.stride.data, region.offset.data
+    raw = np.zeros((per_bank * d5005.BANKS, stride), dtype=np.uint8)
+    data = np.ascontiguousarray(matrix).view(np.uint8).reshape(rows, -1)
+    raw[:rows, : data.shape[1]] = data
+    assert data.shape[1] == cols * region.element_bytes.data
+    for bank in range(d5005.BANKS):
+        banks[bank, offset : offset + per_bank * stride] = raw[bank :: d5005.BANKS].reshape(-1)
+
+
+def weight_image(program: d5005.ProgramOp, spec: ModelSpec, store, progress=None) -> bytes:  # noqa: ANN001
+    """The image's bytes: header, then bank 0 to 3 (reads every weight the program streams from `store`)."""
+    size = image_bytes(program)
+    banks = np.zeros((d5005.BANKS, size), dtype=np.uint8)
+    regions = [(n, r) for n, r in regions_of(program).items() if region_kind(n) != "cache"]
+    items = progress.over(regions, "weight image") if progress is not None else regions
+    for name, region in items:
+        if name == ROPE:
+            _striped(region, rope_table(spec, region.rows.data), banks)
+            continue
+        values = np.asarray(store.get(name), dtype=np.float32).reshape(region.rows.data, region.cols.data)
+        _striped(region, bf16_bits(values) if region.element_bytes.data == 2 else values, banks)
+    element = d5005.WEIGHT_BYTES[program.weights.data]
+    identity = program.identity.data
+    fields = (d5005.FORMAT_VERSION, d5005.HEADER_BYTES, d5005.BANKS, element, len(identity.encode("utf-8")))
+    fields += (0,) * (HEADER_FIELDS - len(fields))
+    return header(d5005.IMAGE_MAGIC, identity, fields, (size, size)) + banks.tobytes()
+
+
+@dataclass(frozen=True)
+class LayoutTarget(Target):
+    """`-t d5005-layout`: the weight layout of the `d5005.program` in the module."""
+
+    name: ClassVar[str] = "d5005-layout"
+
+    def emit(self, ctx: Context, module: ModuleOp, output: IO[str]) -> None:
+        output.write(layout(the_d5005_program(module, self.name)))

@@ -1,0 +1,105 @@
+"""The readable listing of a D5005 instruction stream (`-t d5005-listing`): what an FPGA engineer reads beside
+the binary. The identity line, the engine's parameters, the on-chip buffers, then one line per instruction: its
+index, opcode, buffers and the region it streams (tensor, offset in each bank, stride, rows x cols), as the words
+of the binary stream hold them. The printer has one method per instruction and refuses an op it does not know.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import IO, ClassVar
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.utils.exceptions import DiagnosticException
+from xdsl.utils.target import Target
+
+from logos_ir.dialects import d5005
+from logos_ir.passes.d5005.emit_opencl import the_d5005_program
+
+
+def _region(r: d5005.RegionAttr) -> str:
+    return f"{r.tensor.data} @{r.offset.data:#x} stride {r.stride.data} [{r.rows.data}x{r.cols.data}]"
+
+
+def _embed_row(op: d5005.EmbedRowOp) -> str:
+    return f"{op.dst.data} <- row[token] of {_region(op.table)}"
+
+
+def _matvec(op: d5005.MatvecOp) -> str:
+    return f"{op.dst.data} <- {_region(op.weight)} x {op.src.data}"
+
+
+def _rms_norm(op: d5005.RMSNormOp) -> str:
+    return f"{op.dst.data} <- rms_norm({op.src.data}) * {_region(op.weight)} eps {op.epsilon.value.data:g}"
+
+
+def _rope(op: d5005.RopeOp) -> str:
+    return f"{op.dst.data} <- rope({op.src.data}, position) heads of {op.head_dim.value.data} by {_region(op.table)}"
+
+
+def _cache_write(op: d5005.CacheWriteOp) -> str:
+    return f"{_region(op.cache)}[position] <- {op.src.data} ({op.kv_heads.value.data} heads)"
+
+
+def _attention(op: d5005.AttentionOp) -> str:
+    return (
+        f"{op.dst.data} <- attention({op.query.data}, {op.heads.value.data} heads over {op.kv_heads.value.data})"
+        f" keys {_region(op.keys)} values {_region(op.values)} scores {op.scores.data}"
+    )
+
+
+def _silu_mul(op: d5005.SiluMulOp) -> str:
+    return f"{op.dst.data} <- silu({op.lhs.data}) * {op.rhs.data} [{op.size.value.data}]"
+
+
+def _add(op: d5005.AddOp) -> str:
+    return f"{op.dst.data} <- {op.lhs.data} + {op.rhs.data} [{op.size.value.data}]"
+
+
+def _argmax(op: d5005.ArgmaxOp) -> str:
+    return f"result <- argmax({op.src.data} [{op.size.value.data}])"
+
+
+_LINES: dict[type[d5005.InstructionOp], Callable[..., str]] = {
+    d5005.EmbedRowOp: _embed_row,
+    d5005.MatvecOp: _matvec,
+    d5005.RMSNormOp: _rms_norm,
+    d5005.RopeOp: _rope,
+    d5005.CacheWriteOp: _cache_write,
+    d5005.AttentionOp: _attention,
+    d5005.SiluMulOp: _silu_mul,
+    d5005.AddOp: _add,
+    d5005.ArgmaxOp: _argmax,
+}
+
+
+def listing(program: d5005.ProgramOp) -> str:
+    params = program.params
+    lines = [
+        f"# {program.identity.data}",
+        f"# d5005 engine: {params.clock_mhz} MHz, burst {params.burst_bytes} B, vector width {params.vector_width},"
+        f" {params.mac_lanes} MAC lanes, {d5005.BANKS} banks, weights {params.weights}, ctx {program.ctx.value.data}",
+    ]
+    buffers = program.buffers().values()
+    lines.append(f"# on-chip buffers: {sum(b.words.value.data for b in buffers)} of {params.onchip_words} words")
+    lines += [f"buffer {b.sym.data:<16} {b.words.value.data:>8} words at {b.offset.value.data}" for b in buffers]
+    for index, op in enumerate(program.body.block.ops):
+        if isinstance(op, d5005.BufferOp):
+            continue
+        line = _LINES.get(type(op))
+        if line is None:
+            raise DiagnosticException(f"d5005-listing: '{op.name}' is not an instruction of the engine")
+        lines.append(f"{index - len(buffers):5d}  {op.name.split('.')[1]:<12} {line(op)}")
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class ListingTarget(Target):
+    """`-t d5005-listing`: the readable listing of the `d5005.program` in the module."""
+
+    name: ClassVar[str] = "d5005-listing"
+
+    def emit(self, ctx: Context, module: ModuleOp, output: IO[str]) -> None:
+        output.write(listing(the_d5005_program(module, self.name)))

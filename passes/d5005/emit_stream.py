@@ -1,0 +1,136 @@
+"""The D5005 instruction stream: a `d5005.program` as the binary the engine reads (format in docs/d5005.md).
+
+A 4 KiB header (magic `D5005ENG`, version, counts, the engine parameters, the bank bytes the program uses, CRC-32s
+of the sections, and the identity line of the decode step at byte 128), then one 64-byte instruction word (16
+little-endian uint32) per instruction, then a symbol section (UTF-8 JSON: the buffers' names and the regions'
+names and shapes) that the engine never reads and the reader uses to give the instructions back as `d5005` ops.
+`encode_instruction` is the one place an op becomes a word; `logos_ir.runtime.d5005.read_stream` is its inverse.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+
+import numpy as np
+
+from logos_ir.dialects import d5005
+from logos_ir.errors import PassError
+
+HEADER_FIELDS = 17  # uint32 fields after the magic, then two uint64 (bank bytes used, image bytes per bank)
+HEADER = struct.Struct("<8s" + "I" * HEADER_FIELDS + "QQ")  # the fixed fields before the identity line
+
+
+def _burst_offset(region: d5005.RegionAttr, burst: int) -> int:
+    return region.offset.data // burst
+
+
+def _f32_bits(value: float) -> int:
+    return int(np.array(value, dtype=np.float32).view(np.uint32))
+
+
+def encode_instruction(op: d5005.InstructionOp, buffers: dict[str, int], burst: int) -> list[int]:
+    """The 16 words of one instruction; `buffers` maps buffer names to their word offsets."""
+    w = [0] * d5005.INSTRUCTION_WORDS
+    w[d5005.W_OPCODE] = d5005.OPCODES[op.name]
+
+    def region(r: d5005.RegionAttr, offset_field: int = d5005.W_OFFSET) -> None:
+        w[d5005.W_ROWS], w[d5005.W_COLS] = r.rows.data, r.cols.data
+        w[offset_field], w[d5005.W_STRIDE] = _burst_offset(r, burst), r.stride.data
+
+    if isinstance(op, d5005.EmbedRowOp):
+        w[d5005.W_DST] = buffers[op.dst.data]
+        region(op.table)
+    elif isinstance(op, d5005.MatvecOp | d5005.RMSNormOp | d5005.RopeOp):
+        w[d5005.W_DST], w[d5005.W_A] = buffers[op.dst.data], buffers[op.src.data]
+        region(op.weight if not isinstance(op, d5005.RopeOp) else op.table)
+        if isinstance(op, d5005.RMSNormOp):
+            w[d5005.W_FLOAT] = _f32_bits(op.epsilon.value.data)
+        if isinstance(op, d5005.RopeOp):
+            w[d5005.W_WIDTH], w[d5005.W_HEAD_DIM] = op.width.value.data, op.head_dim.value.data
+    elif isinstance(op, d5005.CacheWriteOp):
+        w[d5005.W_A], w[d5005.W_KV_HEADS] = buffers[op.src.data], op.kv_heads.value.data
+        region(op.cache)
+    elif isinstance(op, d5005.AttentionOp):
+        w[d5005.W_DST], w[d5005.W_A], w[d5005.W_B] = (
+            buffers[op.dst.data],
+            buffers[op.query.data],
+            buffers[op.scores.data],
+        )
+        region(op.keys)
+        w[d5005.W_OFFSET2] = _burst_offset(op.values, burst)
+        w[d5005.W_HEADS], w[d5005.W_KV_HEADS] = op.heads.value.data, op.kv_heads.value.data
+        w[d5005.W_HEAD_DIM], w[d5005.W_CTX] = op.keys.cols.data, op.ctx
+        w[d5005.W_FLOAT] = _f32_bits(1 / np.sqrt(op.keys.cols.data))  # as the reference scales, in float32
+    elif isinstance(op, d5005.ElementwiseOp):
+        w[d5005.W_DST], w[d5005.W_A], w[d5005.W_B] = buffers[op.dst.data], buffers[op.lhs.data], buffers[op.rhs.data]
+        w[d5005.W_ROWS] = op.size.value.data
+    elif isinstance(op, d5005.ArgmaxOp):
+        w[d5005.W_A], w[d5005.W_ROWS] = buffers[op.src.data], op.size.value.data
+    else:
+        raise PassError(f"d5005 stream: '{op.name}' has no instruction word")
+    return w
+
+
+def symbols(program: d5005.ProgramOp) -> dict[str, list[list[object]]]:
+    """Names the engine does not need: each buffer (name, words, offset) and region (name, offset, stride, rows,
+    cols, element bytes), in program order."""
+    regions: dict[str, d5005.RegionAttr] = {}
+    for op in program.instructions():
+        for region in op.regions_read():
+            regions.setdefault(region.tensor.data, region)
+    return {
+        "buffers": [[b.sym.data, b.words.value.data, b.offset.value.data] for b in program.buffers().values()],
+        "regions": [
+            [name, r.offset.data, r.stride.data, r.rows.data, r.cols.data, r.element_bytes.data]
+            for name, r in regions.items()
+        ],
+    }
+
+
+def bank_end(program: d5005.ProgramOp) -> int:
+    """The bytes of each bank the program's regions reach."""
+    return max((r.end for op in program.instructions() for r in op.regions_read()), default=0)
+
+
+def header(
+    magic: bytes, identity: str, fields: tuple[int, ...], sizes: tuple[int, int]
+) -> bytes:  # fields: 17 uint32 after the magic, sizes: 2 uint64
+    line = identity.encode("utf-8")
+    if d5005.IDENTITY_AT + len(line) > d5005.HEADER_BYTES:
+        raise PassError("d5005 stream: the identity line does not fit the header")
+    fixed = HEADER.pack(magic, *fields, *sizes)
+    block = fixed + bytes(d5005.IDENTITY_AT - len(fixed)) + line
+    return block + bytes(d5005.HEADER_BYTES - len(block))
+
+
+def encode_stream(program: d5005.ProgramOp, image_bytes: int) -> bytes:
+    """The whole stream: header, instruction words, symbols. `image_bytes` is what the weight image fills of each
+    bank (the host loads that much, then zeroes the caches after it)."""
+    params = program.params
+    offsets = {name: b.offset.value.data for name, b in program.buffers().items()}
+    words = [encode_instruction(op, offsets, params.burst_bytes) for op in program.instructions()]
+    body = np.array(words, dtype="<u4").tobytes()
+    names = json.dumps(symbols(program), separators=(",", ":")).encode("utf-8")
+    identity = program.identity.data
+    fields = (
+        d5005.FORMAT_VERSION,
+        d5005.HEADER_BYTES,
+        len(words),
+        d5005.INSTRUCTION_BYTES,
+        params.burst_bytes,
+        params.vector_width,
+        params.mac_lanes,
+        params.onchip_words,
+        d5005.BANKS,
+        d5005.WEIGHT_BYTES[params.weights],
+        program.ctx.value.data,
+        params.clock_mhz,
+        zlib.crc32(body),
+        len(names),
+        zlib.crc32(names),
+        len(identity.encode("utf-8")),
+        0,
+    )
+    return header(d5005.STREAM_MAGIC, identity, fields, (bank_end(program), image_bytes)) + body + names
