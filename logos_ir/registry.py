@@ -34,9 +34,15 @@ def _d5005_dialect() -> Dialect:
     return D5005
 
 
+def _cuda_dialect() -> Dialect:
+    from logos_ir.dialects.cuda import CUDA
+
+    return CUDA
+
+
 def dialects() -> dict[str, Callable[[], Dialect]]:
     """The project's own dialects (xDSL's are registered by `logos-opt` from xDSL's universe)."""
-    return {"logos": _logos_dialect, "d5005": _d5005_dialect}
+    return {"logos": _logos_dialect, "d5005": _d5005_dialect, "cuda": _cuda_dialect}
 
 
 def _cut_extract() -> type[ModulePass]:
@@ -63,6 +69,18 @@ def _convert_logos_to_d5005() -> type[ModulePass]:
     return ConvertLogosToD5005
 
 
+def _convert_logos_to_cuda_kernels() -> type[ModulePass]:
+    from logos_ir.passes.cuda.logos_to_kernels import ConvertLogosToCudaKernels
+
+    return ConvertLogosToCudaKernels
+
+
+def _convert_cuda_kernels_to_gpu() -> type[ModulePass]:
+    from logos_ir.passes.cuda.kernels_to_gpu import ConvertCudaKernelsToGpu
+
+    return ConvertCudaKernelsToGpu
+
+
 def passes() -> dict[str, Callable[[], type[ModulePass]]]:
     """logos-ir's passes by their kebab-case names."""
     return {
@@ -70,6 +88,8 @@ def passes() -> dict[str, Callable[[], type[ModulePass]]]:
         "tp-split": _tp_split,
         "verify-identity": _verify_identity,
         "convert-logos-to-d5005": _convert_logos_to_d5005,
+        "convert-logos-to-cuda-kernels": _convert_logos_to_cuda_kernels,
+        "convert-cuda-kernels-to-gpu": _convert_cuda_kernels_to_gpu,
     }
 
 
@@ -103,6 +123,12 @@ def _to_d5005(options: dict[str, str]) -> list[str]:
     return ["verify-identity", f"convert-logos-to-d5005{{weights={options.get('weights', 'bf16')}}}"]
 
 
+def _to_cuda(options: dict[str, str]) -> list[str]:
+    middle = _middle_end({k: v for k, v in options.items() if k == "tp"})
+    weights = options.get("weights", "bf16")
+    return [*middle, f"convert-logos-to-cuda-kernels{{weights={weights}}}", "convert-cuda-kernels-to-gpu"]
+
+
 def pipelines() -> dict[str, Pipeline]:
     """Named pipelines. The lanes (`logos-to-cuda`, `logos-to-d5005`, `logos-to-spatial`) add theirs here."""
     return {
@@ -117,6 +143,13 @@ def pipelines() -> dict[str, Pipeline]:
             "a decode step to the D5005 engine's instructions over placed board-memory regions (weights=bf16|f32)",
             ("weights",),
             _to_d5005,
+        ),
+        "logos-to-cuda": Pipeline(
+            "logos-to-cuda",
+            "a decode step, prefill chunk or batch (tp=N: split) to fused kernels, then to a gpu.module of kernels"
+            " and a host plan of gpu.launch_func (weights=bf16|f32)",
+            ("weights", "tp"),
+            _to_cuda,
         ),
     }
 
@@ -148,6 +181,12 @@ def _d5005_opencl() -> type[Target]:
     return EngineTarget
 
 
+def _cuda_emitter() -> type[Target]:
+    from logos_ir.passes.cuda.emit_cuda import CudaTarget
+
+    return CudaTarget
+
+
 def emitters() -> dict[str, Callable[[], type[Target]]]:
     """The project's `-t` targets (xDSL's own are registered by `logos-opt`). The lanes add their emitters here."""
     return {
@@ -155,6 +194,7 @@ def emitters() -> dict[str, Callable[[], type[Target]]]:
         "d5005-listing": _d5005_listing,
         "d5005-layout": _d5005_layout,
         "d5005-opencl": _d5005_opencl,
+        "cuda": _cuda_emitter,
     }
 
 
@@ -186,6 +226,12 @@ def _build_d5005() -> Callable[[BuildRequest], LaneBuild]:
     return build_d5005
 
 
+def _build_cuda() -> Callable[[BuildRequest], LaneBuild]:
+    from logos_ir.passes.cuda.build import build_cuda
+
+    return build_cuda
+
+
 def compile_targets() -> dict[str, CompileTarget]:
     """`logos-compile`'s targets by name. The lanes add theirs here."""
     return {
@@ -203,6 +249,14 @@ def compile_targets() -> dict[str, CompileTarget]:
             ("decode",),
             ("bf16", "f32"),
             _build_d5005,
+        ),
+        "cuda": CompileTarget(
+            "cuda",
+            "CUDA C++ kernels (kernels.cu) and the lowered module with its host plan (step.mlir)"
+            " (--with-weights: the device weight image)",
+            ("decode", "prefill", "batch"),
+            ("bf16", "f32"),
+            _build_cuda,
         ),
     }
 
@@ -235,6 +289,12 @@ def _d5005_generator() -> Callable[[RunRequest], Any]:
     return d5005_generator
 
 
+def _cuda_generator() -> Callable[[RunRequest], Any]:
+    from logos_ir.runtime.cuda import cuda_generator
+
+    return cuda_generator
+
+
 def backends() -> dict[str, Backend]:
     """`logos-run`'s backends by name. The lanes add theirs here."""
     return {
@@ -244,5 +304,12 @@ def backends() -> dict[str, Backend]:
             "the D5005 engine's OpenCL C run on PoCL's CPU device, one launch per decode step",
             ("bf16", "f32"),
             _d5005_generator,
+        ),
+        "cuda": Backend(
+            "cuda",
+            "the CUDA lane's kernels on a GPU (cupy), or with --emulate executed on the CPU",
+            ("bf16", "f32"),
+            _cuda_generator,
+            emulates=True,
         ),
     }

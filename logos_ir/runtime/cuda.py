@@ -20,7 +20,6 @@ This module reads those artifacts and nothing of the lowering.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -666,3 +665,238 @@ class EmulatedDevice:
         if found is None:
             found = self.launches[key] = _Launch.of(grid, block)
         return found
+
+
+# -- the GPU: cupy, NVRTC or nvcc, CUDA graphs, NCCL -----------------------------------------------------------
+
+
+def gpu_count() -> int:
+    """How many CUDA GPUs this process sees (0 without cupy or a driver)."""
+    try:
+        import cupy  # type: ignore[import-not-found]
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # no cupy, no driver, no device: all mean no GPU here
+        return 0
+
+
+NO_GPU = "the cuda backend found no GPU here (no CUDA device visible through cupy); add --emulate to run its kernels on the CPU"
+
+
+class GpuDevice:
+    """Runs host plans on one GPU (this process's rank of a split program): `kernels.cu` compiled once per
+    program, weights uploaded once from the device image, caches on the device shared by the plans of one cache
+    length, the decode step captured as a CUDA graph after its first run. Ranks of a split program all-reduce
+    with NCCL (`cupy.cuda.nccl`, the `nvidia-nccl-cu13` wheel): `LOGOS_RANK` and `LOGOS_WORLD` name this
+    process's rank, `LOGOS_NCCL_ID` a file through which rank 0 hands the others NCCL's unique id."""
+
+    def __init__(self, spec: Any, weights: EmulatedWeights, rank: int = 0, world: int = 1):
+        import cupy  # type: ignore[import-not-found]
+
+        self.cp, self.spec, self.weights = cupy, spec, weights
+        self.rank, self.world = rank, world
+        cupy.cuda.Device(rank % max(gpu_count(), 1)).use()
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.device_weights: dict[str, Any] = {}
+        self.caches: dict[str, Any] = {}
+        self.modules: dict[str, Any] = {}
+        self.graphs: dict[int, Any] = {}
+        self.nccl = self._communicator() if world > 1 else None
+
+    def _communicator(self) -> Any:
+        import os
+        from pathlib import Path
+
+        from cupy.cuda import nccl  # type: ignore[import-not-found]
+
+        path = Path(os.environ.get("LOGOS_NCCL_ID", "/tmp/logos-nccl-id"))
+        if self.rank == 0:
+            uid = nccl.get_unique_id()
+            path.write_bytes(bytes(b % 256 for b in uid))
+        else:
+            while not path.exists() or path.stat().st_size < 128:
+                time.sleep(0.01)
+            uid = tuple(b if b < 128 else b - 256 for b in path.read_bytes())
+        return nccl.NcclCommunicator(self.world, uid, self.rank)
+
+    def module(self, cuda_source: str) -> Any:
+        found = self.modules.get(cuda_source)
+        if found is None:
+            found = self.modules[cuda_source] = _compile_cuda(self.cp, cuda_source)
+        return found
+
+    def prepare(self, plan: HostPlan) -> dict[str, Any]:
+        cp = self.cp
+        arrays: dict[str, Any] = {}
+        for buffer in plan.buffers.values():
+            if buffer.kind == "weight":
+                arrays[buffer.name] = self._weight(buffer)
+            elif buffer.kind == "cache":
+                key = f"{buffer.name}:{buffer.shape}"
+                if key not in self.caches:
+                    self.caches[key] = cp.zeros(buffer.shape, cp.float32)
+                arrays[buffer.name] = self.caches[key]
+            elif buffer.kind == "table":
+                cos, sin = rope_tables(self.spec, buffer.shape[0])
+                arrays[buffer.name] = cp.asarray(cos if buffer.name.endswith("cos") else sin)
+            else:
+                arrays[buffer.name] = cp.zeros(buffer.shape, cp.int64 if buffer.element == "i64" else cp.float32)
+        return arrays
+
+    def _weight(self, buffer: Buffer) -> Any:
+        found = self.device_weights.get(buffer.name)
+        if found is None:
+            values = self.weights.get(self.rank, buffer)
+            host = bf16_bits(values) if buffer.element == "bf16" else values
+            found = self.device_weights[buffer.name] = self.cp.asarray(host)
+        return found
+
+    def reset(self) -> None:
+        for cache in self.caches.values():
+            cache.fill(0)
+
+    def launch_all(self, plan: HostPlan, module: Any, arrays: dict[str, Any]) -> None:
+        for step in plan.steps:
+            if isinstance(step, Reduce):
+                self._all_reduce(arrays[step.buffer])
+                continue
+            kernel = module.get_function(step.kernel)
+            kernel(step.grid, (step.block, 1, 1), tuple(arrays[name] for name in step.buffers), stream=self.stream)
+
+    def _all_reduce(self, array: Any) -> None:
+        if self.nccl is None:
+            return
+        from cupy.cuda import nccl  # type: ignore[import-not-found]
+
+        self.nccl.allReduce(array.data.ptr, array.data.ptr, array.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, self.stream.ptr)
+
+    def run(self, plan: HostPlan, module: Any, arrays: dict[str, Any], graph: bool) -> None:
+        """One step; with `graph`, the step's launches are captured once as a CUDA graph and replayed after."""
+        key = id(arrays)
+        if not graph or self.nccl is not None:  # NCCL calls are kept out of graphs
+            self.launch_all(plan, module, arrays)
+            return
+        captured = self.graphs.get(key)
+        if captured is None:
+            self.launch_all(plan, module, arrays)  # a first, eager run loads the kernels
+            self.stream.begin_capture()
+            self.launch_all(plan, module, arrays)
+            captured = self.graphs[key] = self.stream.end_capture()
+            return  # the capture did not execute: the eager run above was this step
+        captured.launch(stream=self.stream)
+
+
+def _compile_cuda(cp: Any, source: str) -> Any:
+    """kernels.cu as a loaded module: nvcc to a cubin for sm_90 when nvcc is here, else NVRTC through cupy."""
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return cp.RawModule(code=source, options=("-std=c++17",), backend="nvrtc")
+    major, minor = cp.cuda.Device().compute_capability[:1], cp.cuda.Device().compute_capability[1:]
+    arch = f"sm_{major}{minor}"
+    with tempfile.TemporaryDirectory(prefix="logos-cuda-") as folder:
+        cu, cubin = Path(folder) / "kernels.cu", Path(folder) / "kernels.cubin"
+        cu.write_text(source)
+        subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-O3", "-o", str(cubin), str(cu)], check=True)
+        return cp.RawModule(path=str(cubin))
+
+
+# -- generation ------------------------------------------------------------------------------------------------
+
+
+class _Program:
+    """One lowered program bound to a device: `inputs` and `run` as the reference interpreter has them, so the
+    reference's greedy loop drives it."""
+
+    def __init__(self, plan: HostPlan, cuda_source: str, device: EmulatedDevice | GpuDevice, graph: bool):
+        self.plan, self.device, self.graph = plan, device, graph
+        if isinstance(device, GpuDevice):
+            self.module = device.module(cuda_source)
+            self.arrays: Any = device.prepare(plan)
+        else:
+            self.chips = device.prepare(plan)
+        self.inputs = {
+            b.name: ("token" if b.name.startswith("token") else "position")
+            for b in plan.buffers.values()
+            if b.kind == "input"
+        }
+        self.output = next(b.name for b in plan.buffers.values() if b.kind == "output")
+
+    def run(self, **inputs: Any) -> np.ndarray:
+        if isinstance(self.device, GpuDevice):
+            for name, values in inputs.items():
+                self.arrays[name].set(np.asarray(values, np.int64), stream=self.device.stream)
+            self.device.run(self.plan, self.module, self.arrays, self.graph)
+            return self.arrays[self.output].get(stream=self.device.stream)
+        for arrays in self.chips:
+            for name, values in inputs.items():
+                arrays[name][...] = np.asarray(values, np.int64)
+        self.device.run(self.plan, self.chips)
+        return self.chips[0][self.output].copy()
+
+
+class _DeviceState:
+    """What the reference's greedy loop resets between prompts: the device's KV caches."""
+
+    def __init__(self, device: EmulatedDevice | GpuDevice):
+        self.device = device
+
+    def reset(self) -> None:
+        self.device.reset()
+
+
+def build_program(spec: Any, cut: Any, tp: int, weights: str) -> tuple[HostPlan, str, Any]:
+    """The lane's build of `cut` (no weights), read back from its artifacts: the host plan, the CUDA source and the
+    identity."""
+    from logos_ir.build import BuildRequest
+    from logos_ir.models import ModelSource
+    from logos_ir.passes.cuda.build import build_cuda
+    from logos_ir.progress import Progress
+
+    request = BuildRequest(ModelSource("preset", "run", spec), cut, tp, weights, False, Progress.silent())
+    built = build_cuda(request)
+    files = {a.path: a for a in built.artifacts}
+    step = files["step.mlir"]
+    return read_plan(step.data.decode("utf-8")), files["kernels.cu"].data.decode("utf-8"), step.identity
+
+
+def cuda_generator(request: Any) -> Any:
+    """The `cuda` backend: the lane's kernels on the GPU, or with `emulate` on the CPU (see the module docstring)."""
+    import os
+
+    from logos_ir.generate import Generator, _Compiled
+
+    if not request.emulate and gpu_count() == 0:
+        raise LogosError(NO_GPU)
+    if request.weights not in ("bf16", "f32"):
+        raise LogosError(f"the cuda backend runs weights bf16 or f32, not {request.weights}")
+    rank, world = int(os.environ.get("LOGOS_RANK", "0")), int(os.environ.get("LOGOS_WORLD", "1"))
+    if not request.emulate and request.tp > 1 and world != request.tp:
+        raise LogosError(
+            f"a program split over {request.tp} GPUs runs as {request.tp} processes, one a GPU",
+            hint=f"launch one logos-run a rank with LOGOS_RANK=0..{request.tp - 1} and LOGOS_WORLD={request.tp}",
+        )
+    store = request.store
+    image = EmulatedWeights(store, request.weights, request.tp)
+    device: EmulatedDevice | GpuDevice = (
+        EmulatedDevice(store.spec, image) if request.emulate else GpuDevice(store.spec, image, rank, world)
+    )
+
+    class CudaGenerator(Generator):
+        """The reference's greedy loop (prompt checks, prefill chunks, decode steps, stats) over the lane's
+        programs."""
+
+        def _compile(self, cut: Any) -> Any:
+            plan, source, identity = build_program(self.spec, cut, self.tp, request.weights)
+            return _Compiled(_Program(plan, source, device, graph=cut.kind == "decode"), identity)  # type: ignore[arg-type]
+
+        def _state(self, ctx: int) -> Any:
+            return _DeviceState(device)
+
+    generator = CudaGenerator(store, ctx=request.ctx, prefill_rows=request.prefill_rows, tp=request.tp)
+    generator.device = device  # type: ignore[attr-defined]
+    return generator
