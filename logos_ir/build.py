@@ -144,17 +144,17 @@ def part_cuts(spec: Any, whole: Cut) -> list[Cut]:
 
 
 def extracted_parts(module: ModuleOp, parts: Sequence[Cut], progress: Progress) -> Iterator[tuple[Cut, ModuleOp]]:
-    """Each part of the whole program in `module`, extracted by `cut-extract` (so each prints back as exactly the
-    author's text for it, its identity restamped), as its own module. `module` is left as it was."""
-    from xdsl.context import Context
+    """Each part of the whole program in `module`, extracted as `cut-extract` does (so each prints back as exactly
+    the author's text for it, its identity restamped), as its own module. `module` is left as it was, and only the
+    sections a part keeps are copied."""
+    from xdsl.dialects.builtin import ModuleOp
 
-    from logos_ir.passes.cut_extract import CutExtract
+    from logos_ir.identity import the_program
+    from logos_ir.passes.cut_extract import extract
 
-    context = Context()
+    program = the_program(module, "extracted_parts")
     for cut in progress.over(parts, "extracting parts"):
-        part = module.clone()
-        CutExtract(cut.option()).apply(context, part)
-        yield cut, part
+        yield cut, ModuleOp([extract(program, cut)])
 
 
 # -- writing a build ----------------------------------------------------------------------------------------
@@ -421,6 +421,8 @@ def build_logos(request: BuildRequest) -> LaneBuild:
     module, identity, text = program_module(request)
     artifacts = [_logos_artifact("program.logos", text, identity)]
     parts = part_cuts(request.spec, request.cut) if request.cut.kind in Cut.WHOLE else []
+    if request.tp > 1:  # of a split program the author writes only the layers split (the rest is on every chip)
+        parts = [cut for cut in parts if cut.layer is not None]
     width = len(str(max(request.spec.layers - 1, 0)))
     for cut, part in extracted_parts(module, parts, request.progress):
         program = part.ops.first

@@ -54,23 +54,31 @@ class CutExtract(ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         program = identity.the_program(op, NAME)
         wanted = _read_cut(self.cut, "the wanted cut")
-        have = _read_cut(program.cut.data, "the program's cut")
-        if wanted == have:
+        if wanted == _read_cut(program.cut.data, "the program's cut"):
             return  # the whole program itself: nothing to cut
-        _check_part(program, have, wanted)
-        _check_split(program, have, wanted)
-        new = _Extraction(program, wanted).build()
-        try:
-            identity.stamp(new, wanted, program.chips.value.data)
-            new.verify()
-        except VerifyException as error:
-            raise PassError(f"{NAME}: the extracted {wanted} does not verify: {error}") from None
-        except LogosError as error:
-            raise PassError(f"{NAME}: the extracted {wanted} has no LOGOS print: {error.message}") from None
+        new = extract(program, wanted)
         block = program.parent_block()
         assert block is not None
         block.insert_op_before(new, program)
         block.erase_op(program)
+
+
+def extract(program: logos.ProgramOp, wanted: Cut) -> logos.ProgramOp:
+    """The part `wanted` of `program` as a new program, verified and with its identity stamped; `program` is left
+    as it was, so a caller that wants many parts of one program (a lane lowering every layer) extracts each
+    without copying the whole. Refusals are the pass's."""
+    have = _read_cut(program.cut.data, "the program's cut")
+    _check_part(program, have, wanted)
+    _check_split(program, have, wanted)
+    new = _Extraction(program, wanted).build()
+    try:
+        identity.stamp(new, wanted, program.chips.value.data)
+        new.verify()
+    except VerifyException as error:
+        raise PassError(f"{NAME}: the extracted {wanted} does not verify: {error}") from None
+    except LogosError as error:
+        raise PassError(f"{NAME}: the extracted {wanted} has no LOGOS print: {error.message}") from None
+    return new
 
 
 def _read_cut(text: str, what: str) -> Cut:

@@ -99,9 +99,22 @@ def _staging(destination: Path) -> list[Path]:
 
 
 def _start_slow_build(destination: Path) -> subprocess.Popen:
-    """A build long enough to catch in the middle: the logos parts of the 32-layer llama-3.1-8b decode step."""
+    """A build long enough to catch in the middle (about a second here, most of it after the staging folder is
+    made): the 80 layers of the llama-3.1-70b decode step split over 8 chips."""
     return subprocess.Popen(
-        [*COMPILE, "--model", "llama-3.1-8b", "--target", "logos", "--cut", "decode ctx=128", "-o", str(destination)],
+        [
+            *COMPILE,
+            "--model",
+            "llama-3.1-70b",
+            "--target",
+            "logos",
+            "--cut",
+            "decode ctx=8192",
+            "--tp",
+            "8",
+            "-o",
+            str(destination),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -113,8 +126,8 @@ def _wait_for_staging(process: subprocess.Popen, destination: Path) -> None:
     while not _staging(destination):
         assert process.poll() is None, "the build ended before it could be interrupted"
         assert time.monotonic() < deadline, "no staging folder appeared"
-        time.sleep(0.01)
-    time.sleep(0.3)  # well inside the lowering of the parts
+        time.sleep(0.002)
+    time.sleep(0.05)  # inside the authoring and lowering, which take most of a second
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
