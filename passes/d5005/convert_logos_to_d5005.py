@@ -193,11 +193,11 @@ def _region(value: _Value, op: Operation, section: str) -> d5005.RegionAttr:
 
 
 def _weight(f: _Flattener, op: logos.WeightOp, env: dict[SSAValue, _Value], section: str) -> None:
-    env[op.result] = f.placement.regions[op.tensor.data]
+    env[op.result] = f.placement.region(op.tensor.data)
 
 
 def _cache(f: _Flattener, op: logos.CacheOp, env: dict[SSAValue, _Value], section: str) -> None:
-    env[op.result] = f.placement.regions[cache_name(op.layer.value.data, op.kind.data)]
+    env[op.result] = f.placement.region(cache_name(op.layer.value.data, op.kind.data))
 
 
 def _embed(f: _Flattener, op: logos.EmbedOp, env: dict[SSAValue, _Value], section: str) -> None:
@@ -224,7 +224,7 @@ def _rope(f: _Flattener, op: logos.RopeOp, env: dict[SSAValue, _Value], section:
     src = _number(env[op.input], op, section)
     if env[op.positions] != "position":
         raise _refuse(op, section, "does not rotate to the decode step's position")
-    table, width, head_dim = f.placement.regions[ROPE], _words(op.result), op.head_dim.value.data
+    table, width, head_dim = f.placement.region(ROPE), _words(op.result), op.head_dim.value.data
     if table.cols.data != head_dim:
         raise _refuse(op, section, f"rotates heads of {head_dim}, but the program's rotary table has {table.cols}")
     env[op.result] = f.emit(lambda r, w: d5005.RopeOp(w, r[0], table, width, head_dim), [src], op.result)

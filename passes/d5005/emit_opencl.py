@@ -68,7 +68,7 @@ ENGINE void d5005_fetch(__global const uint16 *restrict program, const uint coun
 #define BANK_ARG(n) __global uchar *restrict bank##n
 #define ONCHIP __global
 #define ONCHIP_DECL ONCHIP float *onchip = scratch
-#define NEXT_INSTRUCTION(program, pc) vload16((pc), (program))
+#define NEXT_INSTRUCTION(program, pc) (((__global const uint16 *)(program))[pc])
 #endif
 
 #if WEIGHT_BYTES == 2
@@ -82,9 +82,9 @@ typedef float weight_t;
 typedef struct { __global uchar *bank[BANKS]; } banks_t;
 
 /* Row r of a region lives in bank r % BANKS at offset + (r / BANKS) * stride: the same offsets in every bank. */
-inline __global uchar *row_at(const banks_t *b, uint16 w, uint offset_field, uint r) {
-    ulong offset = (ulong)(offset_field == 8 ? w.s8 : w.s6) * BURST_BYTES;
-    return b->bank[r % BANKS] + offset + (ulong)(r / BANKS) * w.s7;
+inline __global uchar *row_at(const banks_t *b, const uint16 *w, uint offset_field, uint r) {
+    ulong offset = (ulong)(offset_field == 8 ? w->s8 : w->s6) * BURST_BYTES;
+    return b->bank[r % BANKS] + offset + (ulong)(r / BANKS) * w->s7;
 }
 
 inline float dot_row(__global const weight_t *row, ONCHIP const float *x, uint cols) {
@@ -103,60 +103,60 @@ inline float dot_row(__global const weight_t *row, ONCHIP const float *x, uint c
     return sum;
 }
 
-inline void embed_row(ONCHIP float *x, const banks_t *b, uint16 w, uint token) {
+inline void embed_row(ONCHIP float *x, const banks_t *b, const uint16 *w, uint token) {
     __global const weight_t *row = (__global const weight_t *)row_at(b, w, 6, token - 1);
-    for (uint k = 0; k < w.s5; k++) x[w.s1 + k] = WEIGHT(row, k);
+    for (uint k = 0; k < w->s5; k++) x[w->s1 + k] = WEIGHT(row, k);
 }
 
 /* Bank b streams rows b, b + 4, ...: the four banks feed the MAC lanes at once. */
-inline void matvec(ONCHIP float *x, const banks_t *b, uint16 w) {
-    uint rows = w.s4, per_bank = (rows + BANKS - 1) / BANKS;
+inline void matvec(ONCHIP float *x, const banks_t *b, const uint16 *w) {
+    uint rows = w->s4, per_bank = (rows + BANKS - 1) / BANKS;
     for (uint i = 0; i < per_bank; i++) {
         UNROLL(BANKS)
         for (uint k = 0; k < BANKS; k++) {
             uint r = i * BANKS + k;
-            if (r < rows) x[w.s1 + r] = dot_row((__global const weight_t *)row_at(b, w, 6, r), x + w.s2, w.s5);
+            if (r < rows) x[w->s1 + r] = dot_row((__global const weight_t *)row_at(b, w, 6, r), x + w->s2, w->s5);
         }
     }
 }
 
-inline void rms_norm(ONCHIP float *x, const banks_t *b, uint16 w) {
-    uint n = w.s5;
+inline void rms_norm(ONCHIP float *x, const banks_t *b, const uint16 *w) {
+    uint n = w->s5;
     __global const weight_t *weight = (__global const weight_t *)row_at(b, w, 6, 0);
     float squares = 0.0f;
-    for (uint k = 0; k < n; k++) squares += x[w.s2 + k] * x[w.s2 + k];
-    float scale = 1.0f / sqrt(squares * (1.0f / (float)n) + as_float(w.sd));
-    for (uint k = 0; k < n; k++) x[w.s1 + k] = (x[w.s2 + k] * scale) * WEIGHT(weight, k);
+    for (uint k = 0; k < n; k++) squares += x[w->s2 + k] * x[w->s2 + k];
+    float scale = 1.0f / sqrt(squares * (1.0f / (float)n) + as_float(w->sd));
+    for (uint k = 0; k < n; k++) x[w->s1 + k] = (x[w->s2 + k] * scale) * WEIGHT(weight, k);
 }
 
 /* The table's row for the position holds cos of each half-frequency, then sin. */
-inline void rope(ONCHIP float *x, const banks_t *b, uint16 w, uint position) {
-    uint head_dim = w.sb, mid = head_dim / 2;
+inline void rope(ONCHIP float *x, const banks_t *b, const uint16 *w, uint position) {
+    uint head_dim = w->sb, mid = head_dim / 2;
     __global const float *table = (__global const float *)row_at(b, w, 6, position - 1);
-    for (uint h = 0; h < w.se; h += head_dim) {
+    for (uint h = 0; h < w->se; h += head_dim) {
         for (uint i = 0; i < mid; i++) {
-            float first = x[w.s2 + h + i], second = x[w.s2 + h + mid + i];
+            float first = x[w->s2 + h + i], second = x[w->s2 + h + mid + i];
             float c = table[i], s = table[mid + i];
-            x[w.s1 + h + i] = first * c + second * (-s);
-            x[w.s1 + h + mid + i] = second * c + first * s;
+            x[w->s1 + h + i] = first * c + second * (-s);
+            x[w->s1 + h + mid + i] = second * c + first * s;
         }
     }
 }
 
-inline void cache_write(ONCHIP float *x, const banks_t *b, uint16 w, uint position) {
-    uint head_dim = w.s5, ctx = w.s4 / w.sa;
-    for (uint h = 0; h < w.sa; h++) {
+inline void cache_write(ONCHIP float *x, const banks_t *b, const uint16 *w, uint position) {
+    uint head_dim = w->s5, ctx = w->s4 / w->sa;
+    for (uint h = 0; h < w->sa; h++) {
         __global float *row = (__global float *)row_at(b, w, 6, h * ctx + position - 1);
-        for (uint k = 0; k < head_dim; k++) row[k] = x[w.s2 + h * head_dim + k];
+        for (uint k = 0; k < head_dim; k++) row[k] = x[w->s2 + h * head_dim + k];
     }
 }
 
-inline void attention(ONCHIP float *x, const banks_t *b, uint16 w, uint position) {
-    uint heads = w.s9, kv_heads = w.sa, head_dim = w.sb, ctx = w.sc, group = heads / kv_heads;
-    float scale = as_float(w.sd);
-    ONCHIP float *scores = x + w.s3;
+inline void attention(ONCHIP float *x, const banks_t *b, const uint16 *w, uint position) {
+    uint heads = w->s9, kv_heads = w->sa, head_dim = w->sb, ctx = w->sc, group = heads / kv_heads;
+    float scale = as_float(w->sd);
+    ONCHIP float *scores = x + w->s3;
     for (uint h = 0; h < heads; h++) {
-        ONCHIP const float *q = x + w.s2 + h * head_dim;
+        ONCHIP const float *q = x + w->s2 + h * head_dim;
         uint base = (h / group) * ctx;
         float top = -INFINITY;
         for (uint t = 0; t < position; t++) {
@@ -172,7 +172,7 @@ inline void attention(ONCHIP float *x, const banks_t *b, uint16 w, uint position
             total += scores[t];
         }
         for (uint t = 0; t < position; t++) scores[t] /= total;
-        ONCHIP float *out = x + w.s1 + h * head_dim;
+        ONCHIP float *out = x + w->s1 + h * head_dim;
         for (uint k = 0; k < head_dim; k++) out[k] = 0.0f;
         for (uint t = 0; t < position; t++) {
             __global const float *value = (__global const float *)row_at(b, w, 8, base + t);
@@ -181,20 +181,20 @@ inline void attention(ONCHIP float *x, const banks_t *b, uint16 w, uint position
     }
 }
 
-inline void silu_mul(ONCHIP float *x, uint16 w) {
-    for (uint k = 0; k < w.s4; k++) {
-        float g = x[w.s2 + k];
-        x[w.s1 + k] = (g * (tanh(g * 0.5f) * 0.5f + 0.5f)) * x[w.s3 + k];
+inline void silu_mul(ONCHIP float *x, const uint16 *w) {
+    for (uint k = 0; k < w->s4; k++) {
+        float g = x[w->s2 + k];
+        x[w->s1 + k] = (g * (tanh(g * 0.5f) * 0.5f + 0.5f)) * x[w->s3 + k];
     }
 }
 
-inline void add(ONCHIP float *x, uint16 w) {
-    for (uint k = 0; k < w.s4; k++) x[w.s1 + k] = x[w.s2 + k] + x[w.s3 + k];
+inline void add(ONCHIP float *x, const uint16 *w) {
+    for (uint k = 0; k < w->s4; k++) x[w->s1 + k] = x[w->s2 + k] + x[w->s3 + k];
 }
 
-inline uint argmax(ONCHIP const float *x, uint16 w) {
+inline uint argmax(ONCHIP const float *x, const uint16 *w) {
     uint best = 0;
-    for (uint k = 1; k < w.s4; k++) if (x[w.s2 + k] > x[w.s2 + best]) best = k;
+    for (uint k = 1; k < w->s4; k++) if (x[w->s2 + k] > x[w->s2 + best]) best = k;
     return best + 1;
 }
 
@@ -208,17 +208,17 @@ ENGINE void d5005_engine(__global const uint *restrict program, const uint count
     b.bank[0] = bank0; b.bank[1] = bank1; b.bank[2] = bank2; b.bank[3] = bank3;
     uint next = 0;
     for (uint pc = 0; pc < count; pc++) {
-        uint16 w = NEXT_INSTRUCTION(program, pc);
+        const uint16 w = NEXT_INSTRUCTION(program, pc);
         switch (w.s0) {
-        case OP_EMBED_ROW: embed_row(onchip, &b, w, token); break;
-        case OP_MATVEC: matvec(onchip, &b, w); break;
-        case OP_RMS_NORM: rms_norm(onchip, &b, w); break;
-        case OP_ROPE: rope(onchip, &b, w, position); break;
-        case OP_CACHE_WRITE: cache_write(onchip, &b, w, position); break;
-        case OP_ATTENTION: attention(onchip, &b, w, position); break;
-        case OP_SILU_MUL: silu_mul(onchip, w); break;
-        case OP_ADD: add(onchip, w); break;
-        case OP_ARGMAX: next = argmax(onchip, w); break;
+        case OP_EMBED_ROW: embed_row(onchip, &b, &w, token); break;
+        case OP_MATVEC: matvec(onchip, &b, &w); break;
+        case OP_RMS_NORM: rms_norm(onchip, &b, &w); break;
+        case OP_ROPE: rope(onchip, &b, &w, position); break;
+        case OP_CACHE_WRITE: cache_write(onchip, &b, &w, position); break;
+        case OP_ATTENTION: attention(onchip, &b, &w, position); break;
+        case OP_SILU_MUL: silu_mul(onchip, &w); break;
+        case OP_ADD: add(onchip, &w); break;
+        case OP_ARGMAX: next = argmax(onchip, &w); break;
         default: break;
         }
     }

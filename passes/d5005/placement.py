@@ -27,25 +27,47 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+@dataclass(frozen=True)
+class Slot:
+    """A region's place before it becomes a `#d5005.region` (which verifies that it fits its bank)."""
+
+    kind: str  # weight, table or cache
+    offset: int
+    stride: int
+    rows: int
+    cols: int
+    element_bytes: int
+
+    @property
+    def bank_bytes(self) -> int:
+        return -(-self.rows // BANKS) * self.stride
+
+
 @dataclass
 class Placement:
-    """The regions of one decode step, by tensor name, and where the weight image and the caches end in each bank."""
+    """The places of one decode step's tensors, by name, and where the weight image ends in each bank."""
 
     burst: int
-    regions: dict[str, RegionAttr] = field(default_factory=dict)
-    kinds: dict[str, str] = field(default_factory=dict)  # weight, table or cache
+    slots: dict[str, Slot] = field(default_factory=dict)
     cursor: int = 0
     image_end: int = 0  # weights and the rotary table: what the weight image holds, per bank
+    _regions: dict[str, RegionAttr] = field(default_factory=dict)
 
-    def place(self, name: str, kind: str, rows: int, cols: int, element_bytes: int) -> RegionAttr:
-        found = self.regions.get(name)
-        if found is not None:
-            return found
+    def place(self, name: str, kind: str, rows: int, cols: int, element_bytes: int) -> None:
+        if name in self.slots:
+            return
         stride = _round_up(cols * element_bytes, self.burst)
-        region = RegionAttr(name, self.cursor, stride, rows, cols, element_bytes)
-        self.cursor = region.offset.data + _round_up(region.rows_per_bank * stride, self.burst)
-        self.regions[name], self.kinds[name] = region, kind
-        return region
+        slot = Slot(kind, self.cursor, stride, rows, cols, element_bytes)
+        self.slots[name] = slot
+        self.cursor += _round_up(slot.bank_bytes, self.burst)
+
+    def region(self, name: str) -> RegionAttr:
+        """The region of a placed tensor (only once `fit_error` has passed the placement)."""
+        found = self._regions.get(name)
+        if found is None:
+            s = self.slots[name]
+            found = self._regions[name] = RegionAttr(name, s.offset, s.stride, s.rows, s.cols, s.element_bytes)
+        return found
 
     @classmethod
     def of(cls, program: logos.ProgramOp, weights: str, burst: int, ctx: int) -> Placement:
@@ -72,7 +94,7 @@ class Placement:
 
     def bytes_of(self, kind: str) -> int:
         """Bytes over all four banks of the regions of one kind."""
-        return BANKS * sum(r.bank_bytes for name, r in self.regions.items() if self.kinds[name] == kind)
+        return BANKS * sum(s.bank_bytes for s in self.slots.values() if s.kind == kind)
 
     @property
     def total_bytes(self) -> int:
@@ -80,7 +102,8 @@ class Placement:
 
 
 def gb(count: int) -> str:
-    return f"{count / 1e9:.2f} GB"
+    """A size in decimal units, as memory vendors state them."""
+    return f"{count / 1e9:.2f} GB" if count >= 1e8 else f"{count / 1e6:.2f} MB"
 
 
 def fit_error(placement: Placement, pass_name: str, weights: str, ctx: int) -> PassError | None:
@@ -94,5 +117,5 @@ def fit_error(placement: Placement, pass_name: str, weights: str, ctx: int) -> P
         f"{pass_name}: the model does not fit the D5005's board memory: weights {gb(weight_bytes)} ({weights}) +"
         f" KV caches at ctx {ctx} {gb(cache_bytes)} + rotary table {gb(table_bytes)} ="
         f" {gb(placement.total_bytes)}, over the {gb(BOARD_BYTES)} (32 GiB) of its four DDR4 banks",
-        hint="a smaller model, a shorter ctx, or bf16 weights",
+        hint="a smaller model or a shorter ctx" + (", or bf16 weights" if weights == "f32" else ""),
     )
