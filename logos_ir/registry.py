@@ -40,9 +40,15 @@ def _cuda_dialect() -> Dialect:
     return CUDA
 
 
+def _spatial_dialect() -> Dialect:
+    from logos_ir.dialects.spatial import SPATIAL
+
+    return SPATIAL
+
+
 def dialects() -> dict[str, Callable[[], Dialect]]:
     """The project's own dialects (xDSL's are registered by `logos-opt` from xDSL's universe)."""
-    return {"logos": _logos_dialect, "d5005": _d5005_dialect, "cuda": _cuda_dialect}
+    return {"logos": _logos_dialect, "d5005": _d5005_dialect, "cuda": _cuda_dialect, "spatial": _spatial_dialect}
 
 
 def _cut_extract() -> type[ModulePass]:
@@ -81,6 +87,24 @@ def _convert_cuda_kernels_to_gpu() -> type[ModulePass]:
     return ConvertCudaKernelsToGpu
 
 
+def _convert_logos_to_spatial() -> type[ModulePass]:
+    from logos_ir.passes.spatial.convert_logos_to_spatial import ConvertLogosToSpatial
+
+    return ConvertLogosToSpatial
+
+
+def _spatial_place() -> type[ModulePass]:
+    from logos_ir.passes.spatial.place import SpatialPlace
+
+    return SpatialPlace
+
+
+def _convert_spatial_to_csl() -> type[ModulePass]:
+    from logos_ir.passes.spatial.convert_spatial_to_csl import ConvertSpatialToCsl
+
+    return ConvertSpatialToCsl
+
+
 def passes() -> dict[str, Callable[[], type[ModulePass]]]:
     """logos-ir's passes by their kebab-case names."""
     return {
@@ -90,6 +114,9 @@ def passes() -> dict[str, Callable[[], type[ModulePass]]]:
         "convert-logos-to-d5005": _convert_logos_to_d5005,
         "convert-logos-to-cuda-kernels": _convert_logos_to_cuda_kernels,
         "convert-cuda-kernels-to-gpu": _convert_cuda_kernels_to_gpu,
+        "convert-logos-to-spatial": _convert_logos_to_spatial,
+        "spatial-place": _spatial_place,
+        "convert-spatial-to-csl": _convert_spatial_to_csl,
     }
 
 
@@ -129,6 +156,12 @@ def _to_cuda(options: dict[str, str]) -> list[str]:
     return [*middle, f"convert-logos-to-cuda-kernels{{weights={weights}}}", "convert-cuda-kernels-to-gpu"]
 
 
+def _to_spatial(options: dict[str, str]) -> list[str]:
+    middle = _middle_end({k: v for k, v in options.items() if k == "cut"})
+    lowering = f"convert-logos-to-spatial{{weights={options.get('weights', 'f16')} tile={options.get('tile', '0')}}}"
+    return [*middle, lowering, "spatial-place"]
+
+
 def pipelines() -> dict[str, Pipeline]:
     """Named pipelines. The lanes (`logos-to-cuda`, `logos-to-d5005`, `logos-to-spatial`) add theirs here."""
     return {
@@ -150,6 +183,14 @@ def pipelines() -> dict[str, Pipeline]:
             " and a host plan of gpu.launch_func (weights=bf16|f32)",
             ("weights", "tp"),
             _to_cuda,
+        ),
+        "logos-to-spatial": Pipeline(
+            "logos-to-spatial",
+            'a decode step\'s part (cut="decode_layer layer=0 ctx=64" to extract it) to a spatial.region placed on a'
+            " WSE-2-sized grid: weight tiles on elements, routes, per-element compute (weights=f16|f32 tile=N);"
+            " then -t csl",
+            ("cut", "weights", "tile"),
+            _to_spatial,
         ),
     }
 
@@ -187,6 +228,12 @@ def _cuda_emitter() -> type[Target]:
     return CudaTarget
 
 
+def _csl_emitter() -> type[Target]:
+    from logos_ir.passes.spatial.emit_csl import CslTarget
+
+    return CslTarget
+
+
 def emitters() -> dict[str, Callable[[], type[Target]]]:
     """The project's `-t` targets (xDSL's own are registered by `logos-opt`). The lanes add their emitters here."""
     return {
@@ -195,6 +242,7 @@ def emitters() -> dict[str, Callable[[], type[Target]]]:
         "d5005-layout": _d5005_layout,
         "d5005-opencl": _d5005_opencl,
         "cuda": _cuda_emitter,
+        "csl": _csl_emitter,
     }
 
 
@@ -232,6 +280,12 @@ def _build_cuda() -> Callable[[BuildRequest], LaneBuild]:
     return build_cuda
 
 
+def _build_spatial() -> Callable[[BuildRequest], LaneBuild]:
+    from logos_ir.passes.spatial.build import build_spatial
+
+    return build_spatial
+
+
 def compile_targets() -> dict[str, CompileTarget]:
     """`logos-compile`'s targets by name. The lanes add theirs here."""
     return {
@@ -257,6 +311,14 @@ def compile_targets() -> dict[str, CompileTarget]:
             ("decode", "prefill", "batch"),
             ("bf16", "f32"),
             _build_cuda,
+        ),
+        "spatial": CompileTarget(
+            "spatial",
+            "every part of a decode step placed on a WSE-2-sized grid: per part its placement (placement.mlir) and"
+            " its CSL (layout.csl, pe_program.csl); the report: elements, memory per element, words per token, tokens/s",
+            ("decode", "decode_embed", "decode_layer", "decode_head"),
+            ("f16", "f32"),
+            _build_spatial,
         ),
     }
 
@@ -295,6 +357,12 @@ def _cuda_generator() -> Callable[[RunRequest], Any]:
     return cuda_generator
 
 
+def _spatial_generator() -> Callable[[RunRequest], Any]:
+    from logos_ir.runtime.spatial import spatial_generator
+
+    return spatial_generator
+
+
 def backends() -> dict[str, Backend]:
     """`logos-run`'s backends by name. The lanes add theirs here."""
     return {
@@ -311,5 +379,11 @@ def backends() -> dict[str, Backend]:
             ("bf16", "f32"),
             _cuda_generator,
             emulates=True,
+        ),
+        "spatial": Backend(
+            "spatial",
+            "the spatial lane's simulator of a grid of processing elements, element by element, counting cycles",
+            ("f16", "f32"),
+            _spatial_generator,
         ),
     }

@@ -1,0 +1,117 @@
+"""`-t csl`: each placed `spatial.region` printed as CSL, a layout file and a program file, by xDSL's CSL printer.
+
+A region is lowered (`convert-spatial-to-csl`, on a copy: the module is left as it was) to its two `csl.module`s and
+printed with xDSL's `print_to_csl`, through a print context that extends xDSL's in two places: it refuses an op the
+printer does not know (xDSL's prints it as a `//` comment and carries on), and it prints fabric DSDs as CSL reads
+them (xDSL 0.74 prints the colour with its MLIR type, `0 : ui5`, and closes the struct with one brace too many).
+Every file starts with the identity line of the LOGOS program its region was lowered from.
+
+`CslEmitter` lowers and prints each distinct region shape once: regions that differ only in their names (the
+layers of a model) share the text, and only the identity line differs.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from typing import IO, ClassVar
+
+from xdsl.backend.csl.print_csl import CslPrintContext, print_to_csl
+from xdsl.context import Context
+from xdsl.dialects import csl
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Attribute, Operation
+from xdsl.utils.exceptions import DiagnosticException
+from xdsl.utils.target import Target
+
+from logos_ir.dialects import spatial as sp
+from logos_ir.passes.spatial.convert_spatial_to_csl import ConvertSpatialToCsl
+
+LAYOUT, PROGRAM = "layout.csl", "pe_program.csl"
+_NAMES = ("sym_name", "tensor", "layer", "identity", "cut", "source", "target", "origin")
+
+
+class LaneCslPrintContext(CslPrintContext):
+    """xDSL's CSL print context, refusing unknown ops and printing fabric DSDs as CSL reads them."""
+
+    def print(self, text: str, prefix: str = "", end: str = "\n") -> None:
+        if prefix == "//" and text.startswith("unknown op"):
+            raise DiagnosticException(f"csl target: the CSL printer does not know {text.removeprefix('unknown op ')}")
+        super().print(text, prefix, end)
+
+    def print_op(self, op: Operation) -> None:
+        if not isinstance(op, csl.GetFabDsdOp):
+            return super().print_op(op)
+        kind = self.mlir_type_to_csl_type(op.result.type)
+        queue = "input" if op.result.type == csl.DsdType(csl.DsdKind.fabin_dsd) else "output"
+        self.print(f"{self._var_use(op.result)} = @get_dsd({kind}, .{{")
+        self.print(f"  .extent = {self._get_variable_name_for(op.sizes[0])},")
+        self.print(f"  .{queue}_queue = @get_{queue}_queue({op.queue_id.value.data}),")
+        self.print(f"  .fabric_color = @get_color({op.fabric_color.value.data}),")
+        self.print("});")
+
+
+def _print(module: ModuleOp) -> dict[str, str]:
+    """The layout and program texts of a module of lowered `csl.module`s (one region)."""
+    texts: dict[str, str] = {}
+    for op in module.ops:
+        if not isinstance(op, csl.CslModuleOp):
+            raise DiagnosticException(f"csl target: expects csl.module ops, found '{op.name}'")
+        out = io.StringIO()
+        print_to_csl(ModuleOp([op.clone()]), out, LaneCslPrintContext)
+        name = LAYOUT if op.kind.data == csl.ModuleKind.LAYOUT else PROGRAM
+        texts[name] = out.getvalue()
+    return texts
+
+
+def region_key(region: sp.RegionOp) -> tuple[object, ...]:
+    """What a region's CSL depends on: its size, weight image and every op with its properties but not its names."""
+    ops: list[tuple[object, ...]] = []
+    for op in region.body.block.ops:
+        properties = tuple(sorted((k, v) for k, v in op.properties.items() if k not in _NAMES))
+        types: tuple[Attribute, ...] = tuple(r.type for r in op.results)
+        ops.append((op.name, properties, types))
+    return (region.weights.data, region.width, region.height, tuple(ops))
+
+
+@dataclass
+class CslEmitter:
+    """CSL texts of regions, lowered and printed once per distinct shape (`region_key`)."""
+
+    texts: dict[tuple[object, ...], dict[str, str]] = field(default_factory=dict)
+
+    def emit(self, region: sp.RegionOp) -> dict[str, str]:
+        """{"layout.csl": ..., "pe_program.csl": ...}, each headed by the region's identity line."""
+        key = region_key(region)
+        bodies = self.texts.get(key)
+        if bodies is None:
+            module = ModuleOp([region.grid_op().clone(), region.clone()])
+            ConvertSpatialToCsl().apply(Context(), module)
+            bodies = self.texts[key] = _print(module)
+        header = f"// {region.identity.data}\n// region @{region.sym_name.data} of {region.cut.data}\n"
+        return {name: header + text for name, text in bodies.items()}
+
+    @property
+    def distinct(self) -> int:
+        """How many distinct element programs were lowered."""
+        return len(self.texts)
+
+
+@dataclass(frozen=True)
+class CslTarget(Target):
+    """`-t csl`: every `spatial.region` of the module as its layout and program files, each under a `// FILE:` line
+    naming it `<region>/layout.csl` or `<region>/pe_program.csl`, each headed by its identity line. A module already
+    lowered to `csl.module`s is printed as xDSL prints it, refusing ops the printer does not know."""
+
+    name: ClassVar[str] = "csl"
+
+    def emit(self, ctx: Context, module: ModuleOp, output: IO[str]) -> None:
+        regions = [op for op in module.ops if isinstance(op, sp.RegionOp)]
+        if not regions:
+            for name, text in _print(module).items():
+                output.write(f"// FILE: {name}\n{text}")
+            return
+        emitter = CslEmitter()
+        for region in regions:
+            for name, text in emitter.emit(region).items():
+                output.write(f"// FILE: {region.sym_name.data}/{name}\n{text}")
