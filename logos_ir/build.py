@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from logos_ir.errors import LogosError
+from logos_ir.errors import BuildError
 from logos_ir.program import Cut, Identity
 
 if TYPE_CHECKING:
@@ -42,10 +42,6 @@ FORMAT = "logos-build 1"
 WEIGHT_IMAGES = ("f32", "bf16", "f16")
 TEXT_IDENTITY_LINES = 3  # a text artifact names its program within its first three lines
 BINARY_IDENTITY_BYTES = 4096  # a binary artifact names its program within its header's first 4 KiB
-
-
-class BuildError(LogosError):
-    """A build cannot be made, or a build folder is not what its manifest says."""
 
 
 # -- what a lane is asked for, and what it gives --------------------------------------------------------------

@@ -73,6 +73,10 @@ class PassError(LogosError):
     """A pass cannot do its job on its input; the message names the pass and the op."""
 
 
+class BuildError(LogosError):
+    """A build cannot be made, or a build folder is not what its manifest says."""
+
+
 class NotYet(LogosError):
     """A program logos-ir knows of but does not write yet; the message names what is not yet written."""
 
