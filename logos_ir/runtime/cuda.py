@@ -501,12 +501,17 @@ def lowered_context() -> Any:
 
 def read_plan(text: str, where: str = "step.mlir") -> HostPlan:
     """The host plan of a `step.mlir` artifact, its kernels kept as IR for the emulator."""
-    from xdsl.dialects import builtin, func, gpu, shard
     from xdsl.parser import Parser
+
+    return plan_of(Parser(lowered_context(), text, where).parse_module(), where)
+
+
+def plan_of(module: Any, where: str = "step.mlir") -> HostPlan:
+    """The host plan of a lowered module."""
+    from xdsl.dialects import builtin, func, gpu, shard
 
     from logos_ir.dialects import cuda
 
-    module = Parser(lowered_context(), text, where).parse_module()
     kernels: dict[str, Any] = {}
     host = None
     chips = 1
@@ -900,3 +905,67 @@ def cuda_generator(request: Any) -> Any:
     generator = CudaGenerator(store, ctx=request.ctx, prefill_rows=request.prefill_rows, tp=request.tp)
     generator.device = device  # type: ignore[attr-defined]
     return generator
+
+
+# -- agreement with the reference ------------------------------------------------------------------------------
+
+
+@dataclass
+class Agreement:
+    """Teacher-forced next-token agreement of the lane with the reference, and the cosine of their logits, per
+    step (the prompt's last position, then each step fed the reference's own next token)."""
+
+    matches: list[bool]
+    cosines: list[float]
+
+    @property
+    def agreement(self) -> float:
+        return sum(self.matches) / len(self.matches)
+
+    @property
+    def min_cosine(self) -> float:
+        return min(self.cosines)
+
+
+def _reference_logits(generator: Any, program: Any) -> np.ndarray:
+    """The reference's logits of its last run, from its final hidden state and the head's math (the interpreter's
+    RMS norm and projection, in f32)."""
+    spec, store = generator.spec, generator.weights
+    x = program.last_values[f"x{spec.layers}"][-1:].astype(np.float32)
+    weight = store.get("model.norm.weight")
+    mean_square = np.einsum("ij,ij->i", x, x) * np.float32(1.0 / spec.hidden)
+    normed = (x * (1 / np.sqrt(mean_square + np.float32(spec.rms_eps)))[:, None]) * weight
+    table = store.get("model.embed_tokens.weight" if spec.tie_embeddings else "lm_head.weight")
+    return (normed @ table.T)[0]
+
+
+def teacher_forced(store: Any, prompt: Sequence[int], steps: int, weights: str, prefill_rows: int = 16) -> Agreement:
+    """Run the prompt then `steps` decode steps through the reference and the emulated lane side by side, both fed
+    the reference's greedy tokens; compare each step's next token and logits."""
+    from logos_ir.generate import Generator, _run, default_ctx
+    from logos_ir.program import Cut
+    from logos_ir.runtime import RunRequest
+
+    ctx = default_ctx(len(prompt), steps + 1)
+    reference = Generator(store, ctx=ctx, prefill_rows=prefill_rows)
+    lane = cuda_generator(RunRequest(store, ctx, prefill_rows, 1, weights, emulate=True))
+    matches, cosines = [], []
+
+    def compare(cut: Any, tokens: list[int], positions: list[int]) -> int:
+        ours, theirs = lane.program(cut), reference.program(cut)
+        got = int(_run(ours, tokens, positions)[0])
+        want = int(_run(theirs, tokens, positions)[0])
+        logits, expected = ours.chips[0]["logits"][0], _reference_logits(reference, theirs)
+        matches.append(got == want)
+        cosines.append(float(logits @ expected / (np.linalg.norm(logits) * np.linalg.norm(expected))))
+        return want
+
+    for start in range(0, len(prompt), prefill_rows):
+        chunk = [t + 1 for t in prompt[start : start + prefill_rows]]
+        positions = list(range(start + 1, start + len(chunk) + 1))
+        token = compare(Cut.prefill(len(chunk), ctx), chunk, positions)
+        if start + prefill_rows < len(prompt):
+            matches.pop(), cosines.pop()  # only the prompt's last position predicts a new token
+    for position in range(len(prompt) + 1, len(prompt) + 1 + steps):
+        token = compare(Cut.decode(ctx), [token], [position])
+    return Agreement(matches, cosines)

@@ -78,9 +78,9 @@ def build_cuda(request: BuildRequest) -> LaneBuild:
         Artifact.text("kernels.cu", cuda_text(module), identity, role="kernels"),
         Artifact.text("step.mlir", step, identity, role="host"),
     ]
-    report = plan_report(step)
+    report = plan_report(module)
     if request.with_weights:
-        artifacts += weight_images(request, step, identity)
+        artifacts += weight_images(request, module, identity)
     summary = [
         f"{report['kernels']} kernels, {report['launches']} launches a step, "
         f"{report['weight_bytes'] / 1e6:.1f} MB of weights read a step (each chip)"
@@ -88,10 +88,10 @@ def build_cuda(request: BuildRequest) -> LaneBuild:
     return LaneBuild(artifacts, report, summary)
 
 
-def plan_report(step: str) -> dict[str, Any]:
-    from logos_ir.runtime.cuda import read_plan
+def plan_report(module: ModuleOp) -> dict[str, Any]:
+    from logos_ir.runtime.cuda import plan_of
 
-    plan = read_plan(step)
+    plan = plan_of(module)
     sizes = {"bf16": 2, "f32": 4, "i64": 8}
     weight_bytes = sum(int(np.prod(b.shape)) * sizes[b.element] for b in plan.buffers.values() if b.kind == "weight")
     cache_bytes = sum(int(np.prod(b.shape)) * 4 for b in plan.buffers.values() if b.kind == "cache")
@@ -106,11 +106,11 @@ def plan_report(step: str) -> dict[str, Any]:
     }
 
 
-def weight_images(request: BuildRequest, step: str, identity: Identity) -> list[Artifact]:
+def weight_images(request: BuildRequest, module: ModuleOp, identity: Identity) -> list[Artifact]:
     """The device image of each chip's weights, in the order of the plan's weight buffers."""
-    from logos_ir.runtime.cuda import bf16_bits, read_plan, weight_share
+    from logos_ir.runtime.cuda import bf16_bits, plan_of, weight_share
 
-    plan = read_plan(step)
+    plan = plan_of(module)
     store = request.model.store()
     images = []
     weights = [b for b in plan.buffers.values() if b.kind == "weight"]

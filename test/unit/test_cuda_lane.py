@@ -1,0 +1,138 @@
+"""The CUDA lane on tiny random models: the emulated kernels (the very `gpu` IR the emitter prints, executed over
+numpy) give the reference interpreter's greedy tokens with f32 weights (GQA, MQA, tied and untied heads, a head
+size that is not hidden / heads, prompts longer than one prefill chunk, a split decode step over 2 chips); bf16
+weights agree teacher-forced; one kernel set for any depth; builds carry their identity; bad requests are refused.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from logos_ir.build import BuildRequest, check_artifact
+from logos_ir.errors import LogosError, PassError
+from logos_ir.generate import Generator
+from logos_ir.models import ModelSource
+from logos_ir.program import Cut
+from logos_ir.progress import Progress
+from logos_ir.runtime import RunRequest
+from logos_ir.runtime.cuda import cuda_generator, gpu_count, teacher_forced
+from logos_ir.spec import ModelSpec
+from logos_ir.weights import RandomWeights
+
+
+def _spec(**sizes: object) -> ModelSpec:
+    base: dict[str, object] = dict(
+        vocab=300, hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=128,
+        rms_eps=1e-5, rope_theta=10000.0, tie_embeddings=False,
+    )  # fmt: skip
+    base.update(sizes)
+    return ModelSpec(**base)  # type: ignore[arg-type]
+
+
+MODELS = {
+    "gqa-untied": _spec(),
+    "mqa-tied": _spec(kv_heads=1, tie_embeddings=True),
+    "head-size-not-hidden-over-heads": _spec(hidden=48, heads=4, kv_heads=2, head_dim=24, intermediate=96),
+}
+PROMPT = [3, 17, 250, 9, 41, 77, 5, 120, 33, 8]  # longer than a prefill chunk of 4 rows
+
+
+def _tokens(store: RandomWeights, tp: int = 1, weights: str = "f32") -> tuple[list[int], list[int]]:
+    reference = Generator(store, prefill_rows=4, tp=tp).generate(PROMPT, 6)
+    lane = cuda_generator(RunRequest(store, None, 4, tp, weights, emulate=True))
+    return lane.generate(PROMPT, 6), reference
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_emulated_kernels_give_the_reference_tokens(name: str) -> None:
+    got, want = _tokens(RandomWeights(MODELS[name], seed=1))
+    assert got == want
+
+
+def test_a_split_decode_step_over_two_chips_gives_the_reference_tokens() -> None:
+    got, want = _tokens(RandomWeights(ModelSpec.preset("tiny"), seed=2), tp=2)
+    assert got == want
+
+
+def test_bf16_weights_agree_teacher_forced() -> None:
+    result = teacher_forced(RandomWeights(ModelSpec.preset("tiny"), seed=3), PROMPT, 12, "bf16", prefill_rows=4)
+    assert len(result.matches) == 13
+    assert result.agreement >= 0.9
+    assert result.min_cosine >= 0.999
+
+
+def _build(spec: ModelSpec, cut: str, tp: int = 1, weights: str = "bf16", with_weights: bool = False):
+    from logos_ir.passes.cuda.build import build_cuda
+
+    source = ModelSource("preset", "test", spec)
+    request = BuildRequest(source, Cut.parse(cut), tp, weights, with_weights, Progress.silent())
+    return build_cuda(request)
+
+
+def test_two_and_thirty_layers_of_one_width_emit_the_same_kernels() -> None:
+    two, thirty = _spec(layers=2), _spec(layers=30)
+    for cut in ("decode ctx=128", "prefill rows=8 ctx=128", "batch rows=4 ctx=128"):
+        few, many = _build(two, cut).report, _build(thirty, cut).report
+        assert few["kernel_names"] == many["kernel_names"]
+        assert many["launches"] > few["launches"]
+
+
+def test_a_build_carries_its_identity_and_weight_image() -> None:
+    built = _build(ModelSpec.preset("tiny"), "decode ctx=64", tp=2, with_weights=False)
+    paths = sorted(a.path for a in built.artifacts)
+    assert paths == ["kernels.cu", "step.mlir"]
+    for artifact in built.artifacts:
+        check_artifact(artifact)
+        assert artifact.data.decode().splitlines()[0] == "// " + artifact.identity.line()
+    assert built.report["all_reduces"] == 4 and built.report["chips"] == 2
+
+
+def test_the_weight_image_holds_each_chips_bf16_shares() -> None:
+    from logos_ir.passes.cuda.build import HEADER_BYTES, build_cuda
+
+    spec = ModelSpec.preset("tiny")
+    source = ModelSource("preset", "tiny", spec)
+    request = BuildRequest(source, Cut.decode(64), 2, "bf16", True, Progress.silent())
+    images = {a.path: a for a in build_cuda(request).artifacts if a.role == "weights"}
+    assert sorted(images) == ["weights.chip0.bin", "weights.chip1.bin"]
+    import json
+
+    image = images["weights.chip1.bin"]
+    check_artifact(image)
+    header = image.data[:HEADER_BYTES].rstrip(b"\0").split(b"\n", 2)
+    index = {b["name"]: b for b in json.loads(header[2])["buffers"]}
+    entry = index["model.layers.0.mlp.down_proj.weight"]
+    assert entry["shape"] == [64, 64] and entry["element"] == "bf16"
+    start = HEADER_BYTES + entry["offset"]
+    bits = np.frombuffer(image.data[start : start + 64 * 64 * 2], np.uint16).reshape(64, 64)
+    values = (bits.astype(np.uint32) << 16).view(np.float32)
+    full = source.store().get("model.layers.0.mlp.down_proj.weight")
+    assert np.allclose(values, full[:, 64:], rtol=1 / 128, atol=0)  # chip 1's columns, rounded to bf16
+
+
+@pytest.mark.parametrize("cut", ["forward", "decode_layer layer=0 ctx=64", "prefill_head rows=4"])
+def test_cuts_the_lane_does_not_lower_are_refused_by_name(cut: str) -> None:
+    with pytest.raises(PassError, match="convert-logos-to-cuda-kernels: the CUDA lane lowers whole decode steps"):
+        _build(ModelSpec.preset("tiny"), cut)
+
+
+def test_f16_images_are_refused() -> None:
+    with pytest.raises(LogosError, match="bf16 or f32"):
+        cuda_generator(RunRequest(RandomWeights(ModelSpec.preset("tiny")), weights="f16", emulate=True))
+
+
+@pytest.mark.skipif(gpu_count() > 0, reason="a GPU is present: the no-GPU refusal does not apply")
+def test_without_a_gpu_logos_run_says_so_in_one_line_and_suggests_emulate() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "logos_ir.tools.logos_run", "--model", "tiny", "--backend", "cuda", "--prompt-ids", "1,2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 1
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no GPU" in lines[0] and "--emulate" in lines[0]
