@@ -46,7 +46,7 @@ from logos_ir.spec import ModelSpec
 PASS = "convert-logos-to-spatial"
 PARTS = ("decode_embed", "decode_layer", "decode_head")
 TILE_EDGES = (16, 32, 64, 128)
-GRID_SHARE = 0.8  # the automatic tile is the smallest whose model takes at most this share of the grid
+GRID_SHARE = 0.6  # the automatic tile is the smallest whose model takes at most this share of the grid
 
 
 # -- the grid ------------------------------------------------------------------------------------------------------
@@ -134,19 +134,34 @@ class Slot:
         return sp.Rect(self.x, self.y, self.w, self.h)
 
 
-def pack(slots: list[Slot]) -> tuple[int, int]:
-    """Shelf packing: tallest first, shelves about as wide as the square of the total area. Returns (width, height)."""
+def pack(slots: list[Slot], exact: int | None = None) -> tuple[int, int]:
+    """Pack the slots into the smallest rectangle found: skyline packing (each slot, tallest first, at the lowest place
+    left, leftmost of equals) tried at a range of widths from the widest slot to twice the square root of the total
+    area. Sets each slot's place; returns (width, height)."""
+    from logos_ir.passes.spatial.place import skyline_origins
+
     area = sum(s.w * s.h for s in slots)
-    limit = max(max(s.w for s in slots), math.ceil(math.sqrt(area * 1.25)))
-    x = y = shelf = width = 0
-    for slot in sorted(slots, key=lambda s: -s.h):
-        if x + slot.w > limit:
-            y, x, shelf = y + shelf, 0, 0
+    narrowest = max(s.w for s in slots)
+    widest = max(narrowest, math.ceil(2 * math.sqrt(area)))
+    widths = sorted({narrowest, widest, *range(narrowest, widest + 1, max(1, (widest - narrowest) // 24))})
+    if exact is not None:
+        widths = [exact]
+    best: tuple[int, int, list[Slot], list[tuple[int, int]]] | None = None
+    for key in _ORDERS:
+        ordered = sorted(slots, key=key)
+        sizes = [(s.w, s.h) for s in ordered]
+        for width in widths:
+            origins, height = skyline_origins(sizes, width)
+            used = max(x + w for (x, _), (w, _) in zip(origins, sizes, strict=True))
+            if best is None or used * height < best[0] * best[1]:
+                best = (used, height, ordered, origins)
+    assert best is not None
+    for slot, (x, y) in zip(best[2], best[3], strict=True):
         slot.x, slot.y = x, y
-        x += slot.w
-        shelf = max(shelf, slot.h)
-        width = max(width, x)
-    return width, y + shelf
+    return best[0], best[1]
+
+
+_ORDERS = (lambda s: (-s.h, -s.w), lambda s: (-s.w, -s.h), lambda s: -s.w * s.h)  # tallest, widest, largest first
 
 
 @dataclass(frozen=True)
@@ -198,6 +213,7 @@ class _Part:
     weight_ops: dict[SSAValue, logos.WeightOp] = field(default_factory=dict)
     ops: list[Operation] = field(default_factory=list)
     colour: int = 0
+    widen: bool = False
 
     # colours: 0 between regions; 1 .. colours-1 in turn inside the region
     def colours(self, count: int) -> list[int]:
@@ -221,6 +237,9 @@ class _Part:
         wide = edge
         while wide > 1 and tall * wide * sp.WEIGHT_BYTES[self.weights] > budget:
             wide //= 2
+        if self.widen and wide == edge:  # a model that fills the grid: as many columns as the memory holds
+            room = self.grid.memory - sp.CODE_BYTES - 3 * tall * sp.ACTIVATION_BYTES - 1024
+            wide = max(edge, room // (tall * sp.WEIGHT_BYTES[self.weights] + 2 * sp.ACTIVATION_BYTES) // 16 * 16)
         return min(tall, rows), min(wide, columns)
 
     def emit(self, op: Operation) -> Operation:
@@ -261,7 +280,7 @@ class _Part:
     def default_layout(self, value: SSAValue) -> sp.Layout:
         if value in self.entry:
             slot = self.entry[value]
-            return row_of(slot, slot.w, self.tile).resolve()
+            return row_of(slot, slot.w, self.matrix_tile(self.spec.hidden, _width(value))[1]).resolve()
         if self.attention is not None:  # positions land on the attention's first element
             return At(self.attention, 0, 0, 1, 0, 1, 1).resolve()
         raise PassError(f"{PASS}: input '{value.name_hint}' has no elements to land on")
@@ -294,9 +313,12 @@ def _size(part: _Part, section: func.FuncOp, main: func.FuncOp) -> None:
     caches = [op for op in section.body.walk() if isinstance(op, logos.CacheOp)]
     if caches:
         kv_heads, positions, head_dim = logos.tensor_shape(caches[0].result)
-        budget = (part.grid.memory - sp.CODE_BYTES) // 3  # a key block, a value block and the attention's buffers
-        per_position = 2 * head_dim * sp.WEIGHT_BYTES[part.weights]
-        part.block = max(1, min(positions, budget // per_position, 1 << 30))
+        # an attention element holds its key and value blocks and a score per position, besides its code, the
+        # group's queries, its running sums and the vectors routed through its first and last columns
+        group_width = part.spec.q_dim // kv_heads
+        fixed = sp.CODE_BYTES + (5 * group_width + 3 * head_dim + 8) * sp.ACTIVATION_BYTES + 512
+        per_position = 2 * head_dim * sp.WEIGHT_BYTES[part.weights] + sp.ACTIVATION_BYTES
+        part.block = max(1, min(positions, (part.grid.memory - fixed) // per_position))
         part.attention = Slot(math.ceil(positions / part.block), kv_heads, "attention")
     for op in section.body.walk():
         if isinstance(op, logos.LinearOp | logos.EmbedOp):
@@ -306,7 +328,8 @@ def _size(part: _Part, section: func.FuncOp, main: func.FuncOp) -> None:
             part.slots[op] = Slot(math.ceil(columns / tile_columns), math.ceil(rows / tile_rows), what)
     for op in main.body.walk():
         if isinstance(op, logos.InputOp) and op.kind.data == "hidden":
-            part.entry[op.result] = Slot(math.ceil(_width(op.result) / part.tile), 1, "entry")
+            entry_tile = part.matrix_tile(part.spec.hidden, _width(op.result))[1]
+            part.entry[op.result] = Slot(math.ceil(_width(op.result) / entry_tile), 1, "entry")
 
 
 # -- step 3: one rewrite per logos op ----------------------------------------------------------------------------
@@ -475,7 +498,9 @@ def lower_part(program: logos.ProgramOp, weights: str, tile: int, grid: Grid) ->
     if weights not in sp.WEIGHT_BYTES:
         raise PassError(f"{PASS}: weights '{weights}' are not f16 or f32")
     spec = program.spec
-    part = _Part(spec, cut, tile or auto_tile(spec, grid, sp.WEIGHT_BYTES[weights]), weights, grid)
+    edge = tile or auto_tile(spec, grid, sp.WEIGHT_BYTES[weights])
+    widen = not tile and model_elements(spec, edge) > GRID_SHARE * grid.elements
+    part = _Part(spec, cut, edge, weights, grid, widen=widen)
     main, section, call = _sections(program)
     _size(part, section, main)
     slots = [*part.slots.values(), *part.entry.values(), *([part.attention] if part.attention else [])]

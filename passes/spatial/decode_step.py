@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from xdsl.dialects.builtin import ModuleOp
 
 from logos_ir.dialects import spatial as sp
-from logos_ir.passes.spatial.convert_logos_to_spatial import Grid, auto_tile, lower_part
+from logos_ir.passes.spatial.convert_logos_to_spatial import Grid, lower_part
 from logos_ir.passes.spatial.place import place_regions, verify_regions
 from logos_ir.program import Cut, Identity
 from logos_ir.progress import Progress
@@ -54,11 +54,10 @@ def lower_decode_step(
     whole = Cut.decode(ctx)
     authored, _ = written(spec, whole)
     module = ModuleOp([parse_program(authored.text, f"<{whole.option()}>")])
-    edge = tile or auto_tile(spec, grid, sp.WEIGHT_BYTES[weights])
     parts: list[SpatialPart] = []
     for cut, extracted in extracted_parts(module, part_cuts(spec, whole), progress):
         program = extracted.ops.first
-        region = lower_part(program, weights, edge, grid)  # type: ignore[arg-type]
+        region = lower_part(program, weights, tile, grid)  # type: ignore[arg-type]
         parts.append(SpatialPart(cut, identity(program), ModuleOp([grid.op(), region])))  # type: ignore[arg-type]
     place_regions([p.region for p in parts], parts[0].grid)
     verify_regions([p.region for p in parts])

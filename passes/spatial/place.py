@@ -2,9 +2,9 @@
 
 Assumes: a module holding one `spatial.grid` and `spatial.region` ops (from `convert-logos-to-spatial`; one per part,
 or every part of a decode step when a build places them together with `place_regions`). Guarantees: each region's
-`origin` is set so that no two regions overlap and each lies inside the grid (shelves in model order, so a token's
-activations flow from each region to its neighbour), or a diagnostic naming the pass and giving the sizes: the
-regions' elements and the grid's. Every region verifies afterwards.
+`origin` is set so that no two regions overlap and each lies inside the grid (each at the lowest place left, in model
+order so that a token's activations go a short way from region to region, else tallest first), or a diagnostic naming
+the pass and giving the sizes: the regions' elements and the grid's. Every region verifies afterwards.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
@@ -23,29 +24,41 @@ from logos_ir.errors import PassError
 PASS = "spatial-place"
 
 
-def shelf_origins(sizes: Sequence[tuple[int, int]], width: int) -> tuple[list[tuple[int, int]], int]:
-    """Origins of rectangles of `sizes` on shelves of `width` elements, in order, and the height they reach."""
+def skyline_origins(sizes: Sequence[tuple[int, int]], width: int) -> tuple[list[tuple[int, int]], int]:
+    """Origins of rectangles of `sizes`, in order, each at the lowest place of the skyline the ones before it left
+    (the leftmost of equals), and the height they reach. The first region of a model lands at (0, 0) and each next one
+    beside or below its predecessors, so activations go a short way from region to region."""
+    skyline = np.zeros(width, dtype=np.int64)
     origins: list[tuple[int, int]] = []
-    x = y = shelf = 0
     for w, h in sizes:
-        if x + w > width and x > 0:
-            y, x, shelf = y + shelf, 0, 0
+        if w > width:
+            return origins, -1
+        lows = np.lib.stride_tricks.sliding_window_view(skyline, w).max(axis=1)
+        x = int(lows.argmin())
+        y = int(lows[x])
         origins.append((x, y))
-        x += w
-        shelf = max(shelf, h)
-    return origins, y + shelf
+        skyline[x : x + w] = y + h
+    return origins, int(skyline.max())
 
 
 def place_regions(regions: Sequence[sp.RegionOp], grid: sp.GridOp) -> None:
     """Set every region's origin on `grid` (see the module docstring); PassError with the sizes if they do not fit."""
     width, height = grid.width.value.data, grid.height.value.data
     sizes = [(r.width, r.height) for r in regions]
-    origins, reach = shelf_origins(sizes, width)
+    origins, reach = skyline_origins(sizes, width)
+    if reach > height or reach < 0:  # model order does not fit: the tallest regions first, the rest around them
+        order = sorted(range(len(sizes)), key=lambda i: (-sizes[i][1], i))
+        placed, tall_reach = skyline_origins([sizes[i] for i in order], width)
+        if 0 <= tall_reach < reach or reach < 0:
+            origins = [(0, 0)] * len(sizes)
+            for index, origin in zip(order, placed, strict=True):
+                origins[index] = origin
+            reach = tall_reach
     widest = max((w for w, _ in sizes), default=0)
-    if widest > width or reach > height:
+    if widest > width or reach > height or reach < 0:
         used = sum(w * h for w, h in sizes)
         raise PassError(
-            f"{PASS}: {len(regions)} region(s) of {used} elements in all (the widest {widest}, on shelves reaching "
+            f"{PASS}: {len(regions)} region(s) of {used} elements in all (the widest {widest}, reaching "
             f"{reach} rows) do not fit the grid @{grid.sym_name.data} of {width} x {height} = {width * height} "
             f"elements of {grid.memory.value.data} bytes",
             hint="give a larger tile (--option tile=N) or a larger grid",
