@@ -43,7 +43,12 @@ def engine_source(identity: str, params: d5005.EngineParams) -> str:
             *(f"#define OP_{name.split('.')[1].upper()} {code}" for name, code in d5005.OPCODES.items()),
         ]
     )
-    return f"// {identity}\n// D5005 decode engine: {params}\n{defines}\n{_BODY}"
+    about = (
+        f"// D5005 decode engine: {params.clock_mhz} MHz, {params.burst_bytes}-byte bursts, vector width"
+        f" {params.vector_width}, {params.mac_lanes} MAC lanes, {params.onchip_words} on-chip words, {params.weights}"
+        " weights"
+    )
+    return f"// {identity}\n{about}\n{defines}\n{_BODY}"
 
 
 _BODY = r"""
