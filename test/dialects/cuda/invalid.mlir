@@ -1,0 +1,40 @@
+// RUN: %logos-opt %s --split-input-file --verify-diagnostics | %filecheck %s
+
+// One verifier diagnostic per case: each names the op and what is wrong.
+
+// CHECK: 'cuda.buffer' op has unknown buffer kind 'heap' (expected one of weight, cache, activation, input, output, table, scratch)
+%x = cuda.buffer "x" kind "heap" : memref<2x64xf32>
+// -----
+// CHECK: 'cuda.linear' op input width mismatch: got 64, expected 32
+%x = cuda.buffer "x" kind "activation" : memref<1x64xf32>
+%w = cuda.buffer "w" kind "weight" : memref<64x32xbf16>
+%o = cuda.buffer "o" kind "activation" : memref<1x64xf32>
+cuda.linear ins(%x, %w : memref<1x64xf32>, memref<64x32xbf16>) outs(%o : memref<1x64xf32>)
+// -----
+// CHECK: 'cuda.gate_up' op takes 3 inputs and 1 outputs, got 2 and 1
+%x = cuda.buffer "x" kind "activation" : memref<1x64xf32>
+%w = cuda.buffer "w" kind "weight" : memref<128x64xbf16>
+%o = cuda.buffer "o" kind "activation" : memref<1x128xf32>
+cuda.gate_up ins(%x, %w : memref<1x64xf32>, memref<128x64xbf16>) outs(%o : memref<1x128xf32>)
+// -----
+// CHECK: 'cuda.attention' op scratch shape mismatch: got (1, 4, 1, 18), expected (1, 4, 2, 18)
+%q = cuda.buffer "q" kind "activation" : memref<1x64xf32>
+%k = cuda.buffer "k" kind "cache" : memref<2x64x16xf32>
+%p = cuda.buffer "p" kind "input" : memref<1xi64>
+%o = cuda.buffer "o" kind "activation" : memref<1x64xf32>
+%s = cuda.buffer "s" kind "scratch" : memref<1x4x1x18xf32>
+cuda.attention ins(%q, %k, %k, %p : memref<1x64xf32>, memref<2x64x16xf32>, memref<2x64x16xf32>, memref<1xi64>) outs(%o, %s : memref<1x64xf32>, memref<1x4x1x18xf32>) {split = 32 : i64}
+// -----
+// CHECK: 'cuda.shuffle_xor' op shuffles by a power of two below 32, not 3
+%c = arith.constant 1.0 : f32
+%s = cuda.shuffle_xor %c, 3 : f32
+// -----
+// CHECK: 'cuda.vector_load' op loads a power of two of elements up to 16 bytes, not 8 of 4 bytes
+%w = cuda.buffer "w" kind "weight" : memref<64x64xf32>
+%i = arith.constant 0 : index
+%a, %b, %c, %d, %e, %f, %g, %h = cuda.vector_load %w[%i, %i] : memref<64x64xf32> -> f32, f32, f32, f32, f32, f32, f32, f32
+// -----
+// CHECK: 'cuda.vector_load' op rows of 6 are not whole vectors of 4
+%w = cuda.buffer "w" kind "weight" : memref<64x6xf32>
+%i = arith.constant 0 : index
+%a, %b, %c, %d = cuda.vector_load %w[%i, %i] : memref<64x6xf32> -> f32, f32, f32, f32

@@ -1,0 +1,56 @@
+// RUN: %logos-opt %s | %logos-opt | %filecheck %s
+// RUN: %logos-opt %s --print-op-generic | %logos-opt | %filecheck %s
+
+// Every op of the cuda dialect, printed in its custom form and parsed back.
+
+builtin.module {
+  %x = cuda.buffer "x" kind "activation" : memref<2x64xf32>
+  %w = cuda.buffer "model.layers.0.self_attn.q_proj.weight" kind "weight" : memref<64x64xbf16>
+  %g = cuda.buffer "model.layers.0.mlp.gate_proj.weight" kind "weight" : memref<128x64xbf16>
+  %u = cuda.buffer "model.layers.0.mlp.up_proj.weight" kind "weight" : memref<128x64xbf16>
+  %n = cuda.buffer "model.norm.weight" kind "weight" : memref<64xf32>
+  %tok = cuda.buffer "tokens" kind "input" : memref<2xi64>
+  %pos = cuda.buffer "positions" kind "input" : memref<2xi64>
+  %table = cuda.buffer "model.embed_tokens.weight" kind "weight" : memref<256x64xbf16>
+  %cos = cuda.buffer "rope.cos" kind "table" : memref<64x16xf32>
+  %sin = cuda.buffer "rope.sin" kind "table" : memref<64x16xf32>
+  %k = cuda.buffer "key" kind "activation" : memref<2x32xf32>
+  %v = cuda.buffer "value" kind "activation" : memref<2x32xf32>
+  %kc = cuda.buffer "cache.key.0" kind "cache" : memref<2x64x16xf32>
+  %vc = cuda.buffer "cache.value.0" kind "cache" : memref<2x64x16xf32>
+  %q = cuda.buffer "query" kind "activation" : memref<2x64xf32>
+  %o = cuda.buffer "out" kind "activation" : memref<2x64xf32>
+  %p = cuda.buffer "product" kind "activation" : memref<2x128xf32>
+  %ap = cuda.buffer "attention.partial" kind "scratch" : memref<2x4x2x18xf32>
+  %l = cuda.buffer "logits" kind "activation" : memref<2x256xf32>
+  %next = cuda.buffer "next" kind "output" : memref<2xi64>
+  %mp = cuda.buffer "argmax.partial" kind "scratch" : memref<2x1x2xf32>
+  cuda.embed ins(%table, %tok : memref<256x64xbf16>, memref<2xi64>) outs(%x : memref<2x64xf32>)
+  cuda.rms_norm ins(%x, %n : memref<2x64xf32>, memref<64xf32>) outs(%o : memref<2x64xf32>) {epsilon = 1.000000e-05 : f32, row = -1 : i64}
+  cuda.linear ins(%o, %w : memref<2x64xf32>, memref<64x64xbf16>) outs(%q : memref<2x64xf32>)
+  cuda.linear ins(%o, %w, %x : memref<2x64xf32>, memref<64x64xbf16>, memref<2x64xf32>) outs(%q : memref<2x64xf32>)
+  cuda.gate_up ins(%o, %g, %u : memref<2x64xf32>, memref<128x64xbf16>, memref<128x64xbf16>) outs(%p : memref<2x128xf32>)
+  cuda.rope ins(%q, %pos, %cos, %sin : memref<2x64xf32>, memref<2xi64>, memref<64x16xf32>, memref<64x16xf32>) outs(%o : memref<2x64xf32>) {head_dim = 16 : i64}
+  cuda.rope_cache_write ins(%k, %v, %pos, %cos, %sin : memref<2x32xf32>, memref<2x32xf32>, memref<2xi64>, memref<64x16xf32>, memref<64x16xf32>) outs(%kc, %vc : memref<2x64x16xf32>, memref<2x64x16xf32>)
+  cuda.attention ins(%q, %kc, %vc, %pos : memref<2x64xf32>, memref<2x64x16xf32>, memref<2x64x16xf32>, memref<2xi64>) outs(%o, %ap : memref<2x64xf32>, memref<2x4x2x18xf32>) {split = 32 : i64}
+  cuda.add ins(%x, %q : memref<2x64xf32>, memref<2x64xf32>) outs(%o : memref<2x64xf32>)
+  cuda.argmax ins(%l : memref<2x256xf32>) outs(%next, %mp : memref<2xi64>, memref<2x1x2xf32>) {chunk = 1024 : i64}
+  %i = arith.constant 0 : index
+  %w0, %w1, %w2, %w3, %w4, %w5, %w6, %w7 = cuda.vector_load %w[%i, %i] : memref<64x64xbf16> -> f32, f32, f32, f32, f32, f32, f32, f32
+  %s = cuda.shuffle_xor %w0, 16 : f32
+}
+
+// CHECK:      %x = cuda.buffer "x" kind "activation" : memref<2x64xf32>
+// CHECK:      cuda.embed ins(%table, %tok : memref<256x64xbf16>, memref<2xi64>) outs(%x : memref<2x64xf32>)
+// CHECK-NEXT: cuda.rms_norm ins(%x, %n : memref<2x64xf32>, memref<64xf32>) outs(%o : memref<2x64xf32>) {epsilon = 1.000000e-05 : f32, row = -1 : i64}
+// CHECK-NEXT: cuda.linear ins(%o, %w : memref<2x64xf32>, memref<64x64xbf16>) outs(%q : memref<2x64xf32>)
+// CHECK-NEXT: cuda.linear ins(%o, %w, %x : memref<2x64xf32>, memref<64x64xbf16>, memref<2x64xf32>) outs(%q : memref<2x64xf32>)
+// CHECK-NEXT: cuda.gate_up ins(%o, %g, %u : memref<2x64xf32>, memref<128x64xbf16>, memref<128x64xbf16>) outs(%p : memref<2x128xf32>)
+// CHECK-NEXT: cuda.rope ins(%q, %pos, %cos, %sin : memref<2x64xf32>, memref<2xi64>, memref<64x16xf32>, memref<64x16xf32>) outs(%o : memref<2x64xf32>) {head_dim = 16 : i64}
+// CHECK-NEXT: cuda.rope_cache_write ins(%k, %v, %pos, %cos, %sin : memref<2x32xf32>, memref<2x32xf32>, memref<2xi64>, memref<64x16xf32>, memref<64x16xf32>) outs(%kc, %vc : memref<2x64x16xf32>, memref<2x64x16xf32>)
+// CHECK-NEXT: cuda.attention ins(%q, %kc, %vc, %pos : memref<2x64xf32>, memref<2x64x16xf32>, memref<2x64x16xf32>, memref<2xi64>) outs(%o, %ap : memref<2x64xf32>, memref<2x4x2x18xf32>) {split = 32 : i64}
+// CHECK-NEXT: cuda.add ins(%x, %q : memref<2x64xf32>, memref<2x64xf32>) outs(%o : memref<2x64xf32>)
+// CHECK-NEXT: cuda.argmax ins(%l : memref<2x256xf32>) outs(%next, %mp : memref<2xi64>, memref<2x1x2xf32>) {chunk = 1024 : i64}
+// CHECK-NEXT: %i = arith.constant 0 : index
+// CHECK-NEXT: %w0, %w1, %w2, %w3, %w4, %w5, %w6, %w7 = cuda.vector_load %w[%i, %i] : memref<64x64xbf16> -> f32, f32, f32, f32, f32, f32, f32, f32
+// CHECK-NEXT: %s = cuda.shuffle_xor %w0, 16 : f32
