@@ -33,10 +33,10 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import Attribute, Dialect, Operation
 from xdsl.irdl import (
     AttrSizedOperandSegments,
+    IRDLOperation,
     ParsePropInAttrDict,
     VarConstraint,
     base,
-    IRDLOperation,
     irdl_op_definition,
     operand_def,
     prop_def,
@@ -83,7 +83,9 @@ class BufferOp(IRDLOperation):
     assembly_format = "$buffer `kind` $kind attr-dict `:` type($result)"
 
     def __init__(self, buffer: str, kind: str, result_type: MemRefType):
-        super().__init__(properties={"buffer": StringAttr(buffer), "kind": StringAttr(kind)}, result_types=[result_type])
+        super().__init__(
+            properties={"buffer": StringAttr(buffer), "kind": StringAttr(kind)}, result_types=[result_type]
+        )
 
     def verify_(self) -> None:
         if self.kind.data not in BUFFER_KINDS:
@@ -124,7 +126,9 @@ class KernelOp(IRDLOperation):
     def verify_(self) -> None:
         want_ins, want_outs = self.ARITY
         if len(self.ins) != want_ins or len(self.outs) != want_outs:
-            raise _fail(self, f"takes {want_ins} inputs and {want_outs} outputs, got {len(self.ins)} and {len(self.outs)}")
+            raise _fail(
+                self, f"takes {want_ins} inputs and {want_outs} outputs, got {len(self.ins)} and {len(self.outs)}"
+            )
         self.check_()
 
     def check_(self) -> None:
@@ -225,7 +229,10 @@ class RopeCacheWriteOp(KernelOp):
     sequence r's cache for a batch). ins (key, value, positions, cos, sin), outs (key cache, value cache)."""
 
     name = "cuda.rope_cache_write"
-    ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (("key", "value", "positions", "cos", "sin"), ("keys", "values"))
+    ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (
+        ("key", "value", "positions", "cos", "sin"),
+        ("keys", "values"),
+    )
     ARITY: ClassVar[tuple[int, int]] = (5, 2)
 
     def check_(self) -> None:
@@ -242,7 +249,10 @@ class AttentionOp(KernelOp):
     ins (query, key cache, value cache, positions), outs (out, scratch [rows, heads, splits, head_dim + 2])."""
 
     name = "cuda.attention"
-    ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (("query", "keys", "values", "positions"), ("out", "partial"))
+    ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (
+        ("query", "keys", "values", "positions"),
+        ("out", "partial"),
+    )
     ARITY: ClassVar[tuple[int, int]] = (4, 2)
 
     split = prop_def(IntegerAttr[I64])
@@ -310,9 +320,7 @@ class ShuffleXorOp(IRDLOperation):
     assembly_format = "$value `,` $offset attr-dict `:` type($value)"
 
     def __init__(self, value, offset: int):
-        super().__init__(
-            operands=[value], properties={"offset": IntegerAttr(offset, 64)}, result_types=[value.type]
-        )
+        super().__init__(operands=[value], properties={"offset": IntegerAttr(offset, 64)}, result_types=[value.type])
 
     def verify_(self) -> None:
         offset = self.offset.value.data

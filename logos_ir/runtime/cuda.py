@@ -600,7 +600,9 @@ class EmulatedWeights:
         key = (chip, buffer.name)
         found = self._arrays.get(key)
         if found is None:
-            share = np.ascontiguousarray(weight_share(self.store, buffer.name, buffer.shape, chip, self.chips), np.float32)
+            share = np.ascontiguousarray(
+                weight_share(self.store, buffer.name, buffer.shape, chip, self.chips), np.float32
+            )
             found = self._arrays[key] = bf16_rounded(share) if buffer.element == "bf16" else share
         return found
 
@@ -685,7 +687,10 @@ def gpu_count() -> int:
         return 0
 
 
-NO_GPU = "the cuda backend found no GPU here (no CUDA device visible through cupy); add --emulate to run its kernels on the CPU"
+NO_GPU = (
+    "the cuda backend found no GPU here (no CUDA device visible through cupy);"
+    " add --emulate to run its kernels on the CPU"
+)
 
 
 class GpuDevice:
@@ -773,7 +778,9 @@ class GpuDevice:
             return
         from cupy.cuda import nccl  # type: ignore[import-not-found]
 
-        self.nccl.allReduce(array.data.ptr, array.data.ptr, array.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, self.stream.ptr)
+        self.nccl.allReduce(
+            array.data.ptr, array.data.ptr, array.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, self.stream.ptr
+        )
 
     def run(self, plan: HostPlan, module: Any, arrays: dict[str, Any], graph: bool) -> None:
         """One step; with `graph`, the step's launches are captured once as a CUDA graph and replayed after."""

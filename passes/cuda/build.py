@@ -119,7 +119,9 @@ def weight_images(request: BuildRequest, module: ModuleOp, identity: Identity) -
         for buffer in request.progress.over(weights, f"weights of chip {chip}"):
             share = np.ascontiguousarray(weight_share(store, buffer.name, buffer.shape, chip, plan.chips), np.float32)
             data = (bf16_bits(share) if buffer.element == "bf16" else share.astype("<f4")).tobytes()
-            index.append({"name": buffer.name, "offset": offset, "shape": list(buffer.shape), "element": buffer.element})
+            index.append(
+                {"name": buffer.name, "offset": offset, "shape": list(buffer.shape), "element": buffer.element}
+            )
             blobs.append(data + b"\0" * (-len(data) % ALIGN))
             offset += len(blobs[-1])
         header = IMAGE_MAGIC + f"{identity.line()}\n".encode() + json.dumps({"chip": chip, "buffers": index}).encode()

@@ -43,10 +43,10 @@ from xdsl.dialects.builtin import (
     i64,
 )
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+from xdsl.passes import ModulePass
 
 from logos_ir.dialects import cuda
 from logos_ir.errors import PassError
-from xdsl.passes import ModulePass
 
 NAME = "convert-cuda-kernels-to-gpu"
 WARPS = 4  # warps a block: each owns one work item
@@ -450,7 +450,10 @@ def _attention_split(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...
         high = b.fmax(m, score)
         fade, weight = b.exp(b.fsub(m, high)), b.exp(b.fsub(score, high))
         total = b.fadd(b.fmul(total, fade), weight)
-        acc = [b.fadd(b.fmul(a, fade), b.fmul(weight, b.load(values, cache_at(j, d)))) for a, d in zip(acc, dims)]
+        acc = [
+            b.fadd(b.fmul(a, fade), b.fmul(weight, b.load(values, cache_at(j, d))))
+            for a, d in zip(acc, dims, strict=True)
+        ]
         return [high, total, *acc]
 
     state = b.loop(start, stop, 1, [b.fconst(NEG_BIG), zero, *[zero] * slots], position)
@@ -564,7 +567,10 @@ def _add(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
     width = shapes[0][1]
     column = b.add(b.mul(b.block("x"), THREADS), b.thread())
     row = b.block("y")
-    b.when(b.cmp("ult", column, width), lambda: b.store(b.fadd(b.load(lhs, [row, column]), b.load(rhs, [row, column])), out, [row, column]))
+    b.when(
+        b.cmp("ult", column, width),
+        lambda: b.store(b.fadd(b.load(lhs, [row, column]), b.load(rhs, [row, column])), out, [row, column]),
+    )
 
 
 # -- kernels by shape --------------------------------------------------------------------------------------------
@@ -601,7 +607,9 @@ def _kinds(op: cuda.KernelOp) -> list[_Kind]:
         operands = tuple(range(len(shapes)))
         return [_Kind(stem, operands, lambda s: (_cdiv(s[1][0], WARPS), _cdiv(s[0][0], ROW_TILE), 1), _linear)]
     if isinstance(op, cuda.GateUpOp):
-        return [_Kind("gate_up", (0, 1, 2, 3), lambda s: (_cdiv(s[1][0], WARPS), _cdiv(s[0][0], ROW_TILE), 1), _gate_up)]
+        return [
+            _Kind("gate_up", (0, 1, 2, 3), lambda s: (_cdiv(s[1][0], WARPS), _cdiv(s[0][0], ROW_TILE), 1), _gate_up)
+        ]
     if isinstance(op, cuda.RopeOp):
         head_dim = op.head_dim.value.data
         grid = lambda s: (_cdiv(s[0][1], THREADS), s[0][0], 1)  # noqa: E731
@@ -622,8 +630,12 @@ def _kinds(op: cuda.KernelOp) -> list[_Kind]:
     if isinstance(op, cuda.ArgmaxOp):
         chunk = op.chunk.value.data
         return [
-            _Kind("argmax_chunks", (0, 2), lambda s: (_cdiv(s[1][1], WARPS), s[0][0], 1),
-                  lambda b, a, s: _argmax_chunks(b, a, s, chunk)),
+            _Kind(
+                "argmax_chunks",
+                (0, 2),
+                lambda s: (_cdiv(s[1][1], WARPS), s[0][0], 1),
+                lambda b, a, s: _argmax_chunks(b, a, s, chunk),
+            ),
             _Kind("argmax_final", (2, 1), lambda s: (_cdiv(s[0][0], WARPS), 1, 1), _argmax_final),
         ]
     raise PassError(f"{NAME}: '{op.name}' has no kernel")
@@ -682,9 +694,7 @@ class _Lowering:
             name = self.kernel(kind, [v.type for v in chosen], picked, roles)
             grid = kind.grid(picked)
             sizes = [self.constant(block, op, n) for n in (*grid, THREADS, 1, 1)]
-            call = gpu.LaunchFuncOp(
-                SymbolRefAttr("kernels", [name]), sizes[:3], sizes[3:], kernelOperands=chosen
-            )
+            call = gpu.LaunchFuncOp(SymbolRefAttr("kernels", [name]), sizes[:3], sizes[3:], kernelOperands=chosen)
             block.insert_op_before(call, op)
         block.erase_op(op)
 

@@ -170,7 +170,9 @@ class _Plan:
                 continue
             handler = _HANDLERS.get(type(op))
             if handler is None:
-                raise PassError(f"{NAME}: @{section.sym_name.data} holds '{op.name}', which the CUDA lane does not lower")
+                raise PassError(
+                    f"{NAME}: @{section.sym_name.data} holds '{op.name}', which the CUDA lane does not lower"
+                )
             handler(self, op)
 
     # -- one handler per source op ------------------------------------------------------------------------------
@@ -272,9 +274,7 @@ class _Plan:
         rows, width = logos.tensor_shape(op.query)
         cache = logos.tensor_shape(op.keys)
         heads, splits = width // cache[-1], -(-cache[-2] // ATTENTION_SPLIT)
-        scratch = self.buffer(
-            "attention.partial", "scratch", MemRefType(f32, [rows, heads, splits, cache[-1] + 2])
-        )
+        scratch = self.buffer("attention.partial", "scratch", MemRefType(f32, [rows, heads, splits, cache[-1] + 2]))
         out = self.activation(op.result)
         props = {"split": IntegerAttr(ATTENTION_SPLIT, i64)}
         self.add(_Kernel(cuda.AttentionOp, [query, keys, values, positions], [out, scratch], props))

@@ -128,7 +128,17 @@ def test_f16_images_are_refused() -> None:
 @pytest.mark.skipif(gpu_count() > 0, reason="a GPU is present: the no-GPU refusal does not apply")
 def test_without_a_gpu_logos_run_says_so_in_one_line_and_suggests_emulate() -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "logos_ir.tools.logos_run", "--model", "tiny", "--backend", "cuda", "--prompt-ids", "1,2"],
+        [
+            sys.executable,
+            "-m",
+            "logos_ir.tools.logos_run",
+            "--model",
+            "tiny",
+            "--backend",
+            "cuda",
+            "--prompt-ids",
+            "1,2",
+        ],
         capture_output=True,
         text=True,
         timeout=120,

@@ -63,9 +63,11 @@ def spills(ptxas_report: str) -> dict[str, tuple[int, int]]:
 def test_the_spill_parser_reads_ptxas_reports() -> None:
     report = (
         "ptxas info    : Compiling entry function 'a' for 'sm_90'\n"
-        "ptxas info    : Function properties for a\n    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+        "ptxas info    : Function properties for a\n"
+        "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
         "ptxas info    : Compiling entry function 'b' for 'sm_90'\n"
-        "ptxas info    : Function properties for b\n    8 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads\n"
+        "ptxas info    : Function properties for b\n"
+        "    8 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads\n"
     )
     assert spills(report) == {"a": (0, 0), "b": (8, 4)}
 
