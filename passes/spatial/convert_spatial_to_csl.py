@@ -305,56 +305,103 @@ def _cache_base(cache: sp.CacheOp) -> int:
 
 
 def _attend(program: _Program, op: sp.AttendOp) -> None:
+    """Each element: the group's queries and the position arrive along the row; per query head, the scores of the
+    block's positions up to the position (scaled; the others -inf), their maximum m, l = sum exp(s - m) and
+    o = sum exp(s - m) v; then (m, l, o) is combined with the west neighbour's, rescaled to the larger maximum, and
+    sent east; the row's last element divides o by l."""
     cache = op.cache
     head_dim, block = sp.ints(cache.shape)[2], cache.block.value.data
-    group = op.layout.tile // head_dim
+    tile = op.layout.tile
+    group = tile // head_dim
     along, combine = sp.ints(op.colours)
     last = cache.rect.w - 1
-    scale = head_dim**-0.5
+    state = head_dim + 2  # per query head: m, l, o
+    scores, position = tile, tile + block
+    mine, theirs = position + 1, position + 1 + group * state
 
-    def head(g: int) -> None:
-        queries, scores, out = 0, op.layout.tile, op.layout.tile + block + g * head_dim
-        # scores = K q for this block: the keys block as a [block, head_dim] tile, one query at a time
+    def head(g: int, count: SSAValue) -> None:
+        at = mine + g * state
         csl.FmovsOp(operands=[[_mem(program.acts, block, scores), _float(0.0)]])
-        _gemv(program, block, head_dim, acc=scores, x=queries + g * head_dim, w_offset=0)
-        csl.FmulsOp(operands=[[_mem(program.acts, block, scores), _mem(program.acts, block, scores), _float(scale)]])
-        _loop(block, lambda j: _exp_in_place(program, j, scores))
-        # out = V^T e: each position's value row, weighted by its score
-        csl.FmovsOp(operands=[[_mem(program.acts, head_dim, out), _float(0.0)]])
-
-        def weigh(j: SSAValue) -> None:
-            row = csl.IncrementDsdOffsetOp(
-                operands=[
-                    _mem(program.weights_buffer, head_dim, block * head_dim),
-                    arith.MuliOp(j, _int(head_dim)).result,
-                ],
-                properties={"elem_type": program.weight_type},
-                result_types=[_MEM],
-            ).result
-            weight = _load(program.acts, j, scores)
-            if program.weights == "f16":
-                weight = arith.TruncFOp(weight, Float16Type()).result
-                csl.FmachsOp(
-                    operands=[[_mem(program.acts, head_dim, out), _mem(program.acts, head_dim, out), row, weight]]
-                )
-            else:
-                csl.FmacsOp(
-                    operands=[[_mem(program.acts, head_dim, out), _mem(program.acts, head_dim, out), row, weight]]
-                )
-
-        _loop(block, weigh)
+        _gemv(program, block, head_dim, acc=scores, x=g * head_dim, w_offset=0)  # K q, the keys as a tile
+        csl.FmulsOp(
+            operands=[[_mem(program.acts, block, scores), _mem(program.acts, block, scores), _float(head_dim**-0.5)]]
+        )
+        _store(_float(-3.0e38), program.acts, _int(0), at)
+        _loop(block, lambda j: _mask_and_max(program, j, scores, count, at))
+        csl.FmovsOp(operands=[[_mem(program.acts, head_dim + 1, at + 1), _float(0.0)]])
+        _loop(block, lambda j: _weigh(program, j, scores, count, at, block * head_dim, head_dim))
 
     def build(column: SSAValue, row: SSAValue) -> None:
-        _receive(program.acts, op.layout.tile, 0, along)  # the group's queries, along the row
-        _when(_compare("slt", column, last), lambda: _send(program.acts, op.layout.tile, 0, along))
+        _receive(program.acts, tile, 0, along)  # the group's queries, along the row
+        _receive(program.acts, 1, position, along)  # and the position, less one
+        _when(_compare("slt", column, last), lambda: _send(program.acts, tile + 1, 0, along))
+        first = arith.MuliOp(column, _int(block)).result  # the block's first position, less one
+        count = arith.SubiOp(arith.FPToSIOp(_load(program.acts, _int(0), position), i16).result, first).result
         for g in range(group):
-            head(g)
-        partial = op.layout.tile + block
-        _when(_compare("sgt", column, 0), lambda: _combine_in(program, partial, op.layout.tile, combine))
-        _when(_compare("slt", column, last), lambda: _send(program.acts, op.layout.tile, partial, combine))
+            head(g, count)
+        for g in range(group):
+            _when(
+                _compare("sgt", column, 0),
+                lambda g=g: _combine_state(program, mine + g * state, theirs, head_dim, combine),
+            )
+        _when(_compare("slt", column, last), lambda: _send(program.acts, group * state, mine, combine))
+        _when(_compare("eq", column, last), lambda: _finish(program, mine, state, group, head_dim))
 
     name = f"attend_{block}x{head_dim}_g{group}_c{along}_c{combine}"
     program.stages.append(Stage(cache.rect, _function(program, name, build)))
+
+
+def _mask_and_max(program: _Program, j: SSAValue, scores: int, count: SSAValue, at: int) -> None:
+    """Score j is -inf past the position; the running maximum at acts[at] takes the others."""
+    beyond = arith.CmpiOp(j, count, "sgt").result
+    _when(beyond, lambda: _store(_float(-3.0e38), program.acts, j, scores))
+    value, high = _load(program.acts, j, scores), _load(program.acts, _int(0), at)
+    _when(arith.CmpfOp(value, high, "ogt").result, lambda: _store(value, program.acts, _int(0), at))
+
+
+def _weigh(program: _Program, j: SSAValue, scores: int, count: SSAValue, at: int, values: int, head_dim: int) -> None:
+    """l += e and o += e * v_j for e = exp(s_j - m), position j of the block up to the current one."""
+
+    def add() -> None:
+        shifted = arith.SubfOp(_load(program.acts, j, scores), _load(program.acts, _int(0), at)).result
+        weight = csl.MemberCallOp("exp_f32", f32, program.math.owner, [shifted]).results[0]
+        total = _load(program.acts, _int(0), at + 1)
+        _store(arith.AddfOp(total, weight).result, program.acts, _int(0), at + 1)
+        row = csl.IncrementDsdOffsetOp(
+            operands=[_mem(program.weights_buffer, head_dim, values), arith.MuliOp(j, _int(head_dim)).result],
+            properties={"elem_type": program.weight_type},
+            result_types=[_MEM],
+        ).result
+        out = _mem(program.acts, head_dim, at + 2)
+        if program.weights == "f16":
+            csl.FmachsOp(operands=[[out, out, row, arith.TruncFOp(weight, Float16Type()).result]])
+        else:
+            csl.FmacsOp(operands=[[out, out, row, weight]])
+
+    _when(arith.CmpiOp(j, count, "sle").result, add)
+
+
+def _combine_state(program: _Program, at: int, scratch: int, head_dim: int, colour: int) -> None:
+    """(m, l, o) here and the west neighbour's (received into `scratch`), both rescaled to the larger maximum."""
+    _receive(program.acts, head_dim + 2, scratch, colour)
+    m, other = _load(program.acts, _int(0), at), _load(program.acts, _int(0), scratch)
+    high = arith.SelectOp(arith.CmpfOp(m, other, "ogt").result, m, other).result
+    here = csl.MemberCallOp("exp_f32", f32, program.math.owner, [arith.SubfOp(m, high).result]).results[0]
+    there = csl.MemberCallOp("exp_f32", f32, program.math.owner, [arith.SubfOp(other, high).result]).results[0]
+    _store(high, program.acts, _int(0), at)
+    mine, received = _mem(program.acts, head_dim + 1, at + 1), _mem(program.acts, head_dim + 1, scratch + 1)
+    csl.FmulsOp(operands=[[mine, mine, here]])
+    csl.FmacsOp(operands=[[mine, mine, received, there]])
+
+
+def _finish(program: _Program, mine: int, state: int, group: int, head_dim: int) -> None:
+    """o / l of each query head, laid out head after head from acts[0] (the attention's result tile)."""
+    for g in range(group):
+        at = mine + g * state
+        inverse = arith.DivfOp(_float(1.0), _load(program.acts, _int(0), at + 1)).result
+        csl.FmulsOp(
+            operands=[[_mem(program.acts, head_dim, g * head_dim), _mem(program.acts, head_dim, at + 2), inverse]]
+        )
 
 
 def _exp_in_place(program: _Program, j: SSAValue, offset: int) -> None:
@@ -424,26 +471,35 @@ def _embed(program: _Program, op: sp.EmbedOp) -> None:
 
 
 def _argmax(program: _Program, op: sp.ArgmaxOp) -> None:
+    """Each element: its tile's first greatest value and its index in the whole vector; the previous element's pair is
+    taken when its value is at least as great (it holds the earlier indices: the first on a tie), then sent on."""
     source = sp.layout_of(op.input)
     colour = sp.ints(op.colours)[0]
     tile = source.tile
+    best, received = tile, tile + 2
 
-    def better(k: SSAValue) -> None:
-        value, best = _load(program.acts, k), _load(program.acts, _int(0), tile)
-        bigger = arith.CmpfOp(value, best, "ogt").result
+    def better(k: SSAValue, index: SSAValue) -> None:
+        value = _load(program.acts, k)
 
         def take() -> None:
-            _store(value, program.acts, _int(0), tile)
-            _store(arith.SIToFPOp(k, f32).result, program.acts, _int(0), tile + 1)
+            _store(value, program.acts, _int(0), best)
+            at = arith.AddiOp(k, arith.MuliOp(index, _int(tile)).result).result
+            _store(arith.SIToFPOp(at, f32).result, program.acts, _int(0), best + 1)
 
-        _when(bigger, take)
+        _when(arith.CmpfOp(value, _load(program.acts, _int(0), best), "ogt").result, take)
+
+    def west() -> None:
+        _receive(program.acts, 2, received, colour)
+        theirs = _load(program.acts, _int(0), received)
+        keep = arith.CmpfOp(theirs, _load(program.acts, _int(0), best), "oge").result
+        _when(keep, lambda: csl.FmovsOp(operands=[[_mem(program.acts, 2, best), _mem(program.acts, 2, received)]]))
 
     def build(column: SSAValue, row: SSAValue) -> None:
-        index = arith.AddiOp(column, row).result
-        csl.FmovsOp(operands=[[_mem(program.acts, 2, tile), _float(-3.0e38)]])
-        _loop(tile, better)
-        _when(_compare("sgt", index, 0), lambda: _combine_in(program, tile, 2, colour))
-        _when(_compare("slt", index, source.n - 1), lambda: _send(program.acts, 2, tile, colour))
+        index = arith.AddiOp(column, row).result  # the element's place along its line
+        csl.FmovsOp(operands=[[_mem(program.acts, 2, best), _float(-3.0e38)]])
+        _loop(tile, lambda k: better(k, index))
+        _when(_compare("sgt", index, 0), west)
+        _when(_compare("slt", index, source.n - 1), lambda: _send(program.acts, 2, best, colour))
 
     name = f"argmax_{tile}_n{source.n}_c{colour}"
     program.stages.append(Stage(source.rect(), _function(program, name, build)))

@@ -52,15 +52,17 @@ class LaneCslPrintContext(CslPrintContext):
 
 
 def _print(module: ModuleOp) -> dict[str, str]:
-    """The layout and program texts of a module of lowered `csl.module`s (one region)."""
-    texts: dict[str, str] = {}
+    """The layout and program texts of a module of lowered `csl.module`s (one region), printed together so that the
+    layout exports the symbols the program exports (xDSL's printer collects them from the program first)."""
     for op in module.ops:
         if not isinstance(op, csl.CslModuleOp):
             raise DiagnosticException(f"csl target: expects csl.module ops, found '{op.name}'")
-        out = io.StringIO()
-        print_to_csl(ModuleOp([op.clone()]), out, LaneCslPrintContext)
-        name = LAYOUT if op.kind.data == csl.ModuleKind.LAYOUT else PROGRAM
-        texts[name] = out.getvalue()
+    out = io.StringIO()
+    print_to_csl(module, out, LaneCslPrintContext)
+    texts: dict[str, str] = {}
+    for chunk in out.getvalue().split("// -----\n"):
+        first, _, _ = chunk.partition("\n")
+        texts[LAYOUT if first.endswith("_layout") else PROGRAM] = chunk
     return texts
 
 
