@@ -766,12 +766,13 @@ class GpuDevice:
             cache.fill(0)
 
     def launch_all(self, plan: HostPlan, module: Any, arrays: dict[str, Any]) -> None:
-        for step in plan.steps:
-            if isinstance(step, Reduce):
-                self._all_reduce(arrays[step.buffer])
-                continue
-            kernel = module.get_function(step.kernel)
-            kernel(step.grid, (step.block, 1, 1), tuple(arrays[name] for name in step.buffers), stream=self.stream)
+        with self.stream:  # cupy launches a raw kernel on the current stream
+            for step in plan.steps:
+                if isinstance(step, Reduce):
+                    self._all_reduce(arrays[step.buffer])
+                    continue
+                kernel = module.get_function(step.kernel)
+                kernel(step.grid, (step.block, 1, 1), tuple(arrays[name] for name in step.buffers))
 
     def _all_reduce(self, array: Any) -> None:
         if self.nccl is None:

@@ -146,3 +146,29 @@ def test_without_a_gpu_logos_run_says_so_in_one_line_and_suggests_emulate() -> N
     assert run.returncode == 1
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "no GPU" in lines[0] and "--emulate" in lines[0]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_batch_of_sequences_gives_the_reference_tokens(tp: int) -> None:
+    from logos_ir.author import written, written_split
+    from logos_ir.interpreter import Interpreter, KVState
+    from logos_ir.parser import parse_program
+    from logos_ir.runtime.cuda import EmulatedDevice, EmulatedWeights, build_program
+
+    spec = ModelSpec.preset("tiny")
+    store = RandomWeights(spec, seed=4)
+    cut = Cut.batch(3, 64)
+    authored, _ = written_split(spec, cut, "", tp) if tp > 1 else written(spec, cut)
+    reference = Interpreter(parse_program(authored.text), store, KVState())
+    plan, _, _ = build_program(spec, cut, tp, "f32")
+    device = EmulatedDevice(spec, EmulatedWeights(store, "f32", tp))
+    chips = device.prepare(plan)
+    tokens = np.array([5, 90, 201])
+    for position in range(1, 6):
+        positions = np.full(3, position)
+        want = reference.run(tokens=tokens, positions=positions)
+        for arrays in chips:
+            arrays["tokens"][...], arrays["positions"][...] = tokens, positions
+        device.run(plan, chips)
+        assert chips[0]["next"].tolist() == want.tolist()
+        tokens = want
