@@ -17,6 +17,7 @@ cuda.linear ins(%normed, %w : memref<1x576xf32>, memref<576x576xbf16>) outs(%que
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 from xdsl.dialects.builtin import (
@@ -30,7 +31,7 @@ from xdsl.dialects.builtin import (
     MemRefType,
     StringAttr,
 )
-from xdsl.ir import Attribute, Dialect, Operation
+from xdsl.ir import Attribute, Dialect, Operation, SSAValue
 from xdsl.irdl import (
     AttrSizedOperandSegments,
     IRDLOperation,
@@ -110,8 +111,8 @@ class KernelOp(IRDLOperation):
 
     assembly_format = "`ins` `(` $ins `:` type($ins) `)` `outs` `(` $outs `:` type($outs) `)` attr-dict"
 
-    def __init__(self, ins: list, outs: list, properties: dict[str, Attribute] | None = None):
-        super().__init__(operands=[ins, outs], properties=properties or {})
+    def __init__(self, ins: Sequence[SSAValue], outs: Sequence[SSAValue], properties: Mapping[str, Attribute] = {}):
+        super().__init__(operands=[ins, outs], properties=dict(properties))
 
     ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = ((), ())
 

@@ -351,14 +351,14 @@ def _for(em: KernelEmulator, op: Any) -> Step:
         lb, ub, st = env[lower], env[upper], env[stride]
         state = [env[i] for i in inits]
         if not any(isinstance(v, np.ndarray) for v in (lb, ub, st)):
-            for iv in range(int(lb), int(ub), int(st)):
-                env[induction] = np.int64(iv)
+            for index in range(int(lb), int(ub), int(st)):
+                env[induction] = np.int64(index)
                 for slot, value in zip(carried, state, strict=True):
                     env[slot] = value
                 state = run_body(env, mask)
         else:
             assert em.launch is not None
-            iv = np.broadcast_to(lb, (em.launch.threads,)).copy()
+            iv: np.ndarray = np.broadcast_to(lb, (em.launch.threads,)).copy()
             while True:
                 active = iv < ub if mask is None else mask & (iv < ub)
                 if not active.any():

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from xdsl.context import Context
 from xdsl.dialects import arith, func, gpu, math, memref, scf
@@ -331,7 +332,7 @@ def _projection(
     for t in range(tile):
         row = b.add(first, t)
         ok = b.both(b.both(lane0, valid), b.cmp("ult", row, rows))
-        b.when(ok, lambda row=row, t=t: epilogue(row, [sums[w * tile + t] for w in range(len(weights))]))
+        b.when(ok, partial(epilogue, row, [sums[w * tile + t] for w in range(len(weights))]))
 
 
 def _linear(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
@@ -464,7 +465,7 @@ def _attention_split(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...
             if ok is None:
                 b.store(a, scratch, [row, head, part, d])
             else:
-                b.when(ok, lambda a=a, d=d: b.store(a, scratch, [row, head, part, d]))
+                b.when(ok, partial(b.store, a, scratch, [row, head, part, d]))
 
         def ends() -> None:
             b.store(m, scratch, [row, head, part, head_dim])

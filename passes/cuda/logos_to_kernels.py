@@ -20,6 +20,7 @@ not in the author's form, is refused with a `PassError` naming the pass and the 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -60,7 +61,7 @@ class _Kernel:
     op: type[cuda.KernelOp]
     ins: list[str]
     outs: list[str]
-    props: dict[str, Attribute] = field(default_factory=dict)
+    props: Mapping[str, Attribute] = field(default_factory=dict)
 
 
 @dataclass
