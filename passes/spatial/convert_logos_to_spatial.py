@@ -46,6 +46,7 @@ from logos_ir.spec import ModelSpec
 PASS = "convert-logos-to-spatial"
 PARTS = ("decode_embed", "decode_layer", "decode_head")
 TILE_EDGES = (16, 32, 64, 128)
+MIN_BLOCK = 16  # positions of a KV block, at least
 GRID_SHARE = 0.6  # the automatic tile is the smallest whose model takes at most this share of the grid
 
 
@@ -318,7 +319,11 @@ def _size(part: _Part, section: func.FuncOp, main: func.FuncOp) -> None:
         group_width = part.spec.q_dim // kv_heads
         fixed = sp.CODE_BYTES + (5 * group_width + 3 * head_dim + 8) * sp.ACTIVATION_BYTES + 512
         per_position = 2 * head_dim * sp.WEIGHT_BYTES[part.weights] + sp.ACTIVATION_BYTES
-        part.block = max(1, min(positions, (part.grid.memory - fixed) // per_position))
+        longest = (part.grid.memory - fixed) // per_position
+        # blocks short enough that an element's scores and weighted values take about as long as a product's tile
+        # (the longest the memory holds only when the model fills the grid), and at least 16 positions long
+        balanced = max(MIN_BLOCK, math.ceil(part.tile * part.tile / (group_width * 2)))
+        part.block = max(1, min(positions, longest, longest if part.widen else balanced))
         part.attention = Slot(math.ceil(positions / part.block), kv_heads, "attention")
     for op in section.body.walk():
         if isinstance(op, logos.LinearOp | logos.EmbedOp):
