@@ -19,6 +19,7 @@ import warnings
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ from logos_ir.dialects import d5005
 from logos_ir.errors import LogosError
 from logos_ir.program import Cut, Identity
 
+BUILD_FILES = ("engine.cl", "instructions.bin", "weights.bin")
 _HEADER = struct.Struct("<8s" + "I" * 17 + "QQ")
 
 
@@ -266,12 +268,24 @@ class Engine:
         self.result = cl.Buffer(self.context, flags.READ_WRITE, 4)
         self.reset()
 
+    @classmethod
+    def from_build(cls, folder: Path) -> Engine:
+        """The engine of a `logos-compile --target d5005 --with-weights` build folder, from its files."""
+        missing = [name for name in BUILD_FILES if not (folder / name).is_file()]
+        if missing:
+            raise StreamError(
+                f"{folder}: not a d5005 build with weights (missing {', '.join(missing)})",
+                hint="build it with logos-compile --target d5005 --with-weights",
+            )
+        engine, stream, image = ((folder / name).read_bytes() for name in BUILD_FILES)
+        return cls(engine.decode("utf-8"), stream, image)
+
     def reset(self) -> None:
         """Load every bank's part of the image and zero the caches after it, as the host does before a sequence."""
         import pyopencl as cl
 
         for bank, part in zip(self.banks, self._image.banks, strict=True):
-            cl.enqueue_fill_buffer(self.queue, bank, np.uint8(0), 0, max(self.stream.bank_bytes, 4))
+            cl.enqueue_fill_buffer(self.queue, bank, np.zeros(1, np.uint8), 0, max(self.stream.bank_bytes, 4))
             if len(part):
                 cl.enqueue_copy(self.queue, bank, np.frombuffer(part, dtype=np.uint8))
         self.queue.finish()

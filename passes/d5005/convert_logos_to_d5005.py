@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 from xdsl.context import Context
 from xdsl.dialects import func
@@ -103,7 +104,7 @@ class _Silu:
     value: int
 
 
-_Value = int | d5005.RegionAttr | _Silu | str  # a value number, a region, a fused SiLU, or an engine register
+_Value: TypeAlias = "int | d5005.RegionAttr | _Silu | str"  # a value number, a region, a fused SiLU, a register
 
 
 @dataclass
@@ -157,7 +158,13 @@ class _Flattener:
         self.widths.append(_words(result))
         return len(self.names) - 1
 
-    def emit(self, make: Callable[[list[str], str | None], d5005.InstructionOp], reads, result=None):  # noqa: ANN001
+    def emit(
+        self,
+        make: Callable[[list[str], str | None], d5005.InstructionOp],
+        reads: list[int],
+        result: SSAValue | None = None,
+    ) -> int | None:
+        """Queue an instruction reading value numbers `reads`; the number of the value it writes, if any."""
         write = None if result is None else self.new_value(result)
         self.pending.append(_Pending(make, tuple(reads), write))
         return write

@@ -9,6 +9,8 @@ EMBEDDED MODEL RUN below, which also holds the bf16 teacher-forced agreement ove
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -70,6 +72,35 @@ def test_f32_engine_gives_the_reference_tokens(name: str) -> None:
     assert engine.generate(prompt, 24) == expected
     assert engine.stats.new_tokens == 24 and engine.stats.decode_steps == 23
     assert [i.cut for i in engine.identities] == [Cut.decode(64)]
+
+
+@needs_opencl
+def test_a_build_folder_runs_as_the_card_host_loads_it(tmp_path: Path) -> None:
+    import subprocess
+
+    from logos_ir.runtime.d5005 import Engine, StreamError
+    from logos_ir.weights import open_model, save_model
+
+    spec = SHAPES["mqa"]
+    save_model(RandomWeights(spec, seed=4), tmp_path / "model")
+    build = tmp_path / "build"
+    command = ["logos-compile", "--model", str(tmp_path / "model"), "--target", "d5005", "--cut", "decode ctx=64"]
+    done = subprocess.run([*command, "--weights", "f32", "--with-weights", "-o", str(build)], capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+    assert b"d5005 cost model:" in done.stdout + done.stderr
+    engine = Engine.from_build(build)
+    prompt = [7, 1, 30]
+    expected = Generator(open_model(str(tmp_path / "model"))).generate(prompt, 10)
+    for position, token in enumerate(prompt, start=1):
+        predicted = engine.step(token + 1, position)
+    got = []
+    for position in range(len(prompt) + 1, len(prompt) + 11):
+        got.append(predicted - 1)
+        predicted = engine.step(predicted, position)
+    assert got == expected
+    (build / "weights.bin").unlink()
+    with pytest.raises(StreamError, match="missing weights.bin"):
+        Engine.from_build(build)
 
 
 @needs_opencl
