@@ -307,11 +307,15 @@ def _vector_load(em: KernelEmulator, op: Any) -> Step:
     strides = _memref_strides(op.memref)
     outs = [em._slot(v) for v in op.results]
 
+    width = len(outs)
+
     def step(env: Env, mask: Mask) -> None:
+        # The verifier guarantees whole vectors (the index a multiple of the width, rows of whole vectors), so the
+        # buffer viewed as rows of `width` elements gives every thread's vector in one gather.
         flat = _flat(env, indices, strides, mask)
-        data = env[memory]
+        vectors = env[memory].reshape(-1, width)[flat // width]
         for offset, out in enumerate(outs):
-            env[out] = data[flat + offset]
+            env[out] = vectors[..., offset]
 
     return step
 
