@@ -33,6 +33,13 @@ DECODE_REPEATS = 50
 PREFILL_ROWS = 512
 
 
+PROMPTS = [
+    "Once upon a time, in a small village far away, there lived an old man who",
+    "The capital of France is",
+    "def fibonacci(n):\n",
+]
+
+
 def cpu_agreement(steps: int) -> dict[str, Any]:
     from logos_ir.runtime.cuda import teacher_forced
     from logos_ir.tokenizer import Tokenizer
@@ -41,16 +48,28 @@ def cpu_agreement(steps: int) -> dict[str, Any]:
     store = open_model(None)
     tokenizer = Tokenizer.from_store(store)
     assert tokenizer is not None
-    prompt = tokenizer.encode("Once upon a time, in a small village far away, there lived an old man who")
-    started = time.perf_counter()
-    result = teacher_forced(store, prompt, steps, "bf16", prefill_rows=16)
-    return {
-        "steps": len(result.matches),
-        "agreement": result.agreement,
-        "min_cosine": result.min_cosine,
-        "mean_cosine": float(np.mean(result.cosines)),
-        "seconds": round(time.perf_counter() - started, 1),
-    }
+    report: dict[str, Any] = {"prompts": []}
+    matches: list[bool] = []
+    for text in PROMPTS:
+        started = time.perf_counter()
+        result = teacher_forced(store, tokenizer.encode(text), steps, "bf16", prefill_rows=16)
+        matches += result.matches
+        misses = [i for i, ok in enumerate(result.matches) if not ok]
+        report["prompts"].append(
+            {
+                "prompt": text,
+                "steps": len(result.matches),
+                "agreement": round(result.agreement, 4),
+                "min_cosine": round(result.min_cosine, 6),
+                "mean_cosine": round(float(np.mean(result.cosines)), 6),
+                "missed_steps": misses,
+                "reference_margin_at_misses": [round(result.margins[i], 4) for i in misses],
+                "median_margin": round(float(np.median(result.margins)), 4),
+                "seconds": round(time.perf_counter() - started, 1),
+            }
+        )
+    report["agreement_all"] = round(sum(matches) / len(matches), 4)
+    return report
 
 
 # -- on the GPU ------------------------------------------------------------------------------------------------

@@ -929,6 +929,7 @@ class Agreement:
 
     matches: list[bool]
     cosines: list[float]
+    margins: list[float] = field(default_factory=list)  # the reference's top-1 minus top-2 logit, per step
 
     @property
     def agreement(self) -> float:
@@ -961,7 +962,9 @@ def teacher_forced(store: Any, prompt: Sequence[int], steps: int, weights: str, 
     ctx = default_ctx(len(prompt), steps + 1)
     reference = Generator(store, ctx=ctx, prefill_rows=prefill_rows)
     lane = cuda_generator(RunRequest(store, ctx, prefill_rows, 1, weights, emulate=True))
-    matches, cosines = [], []
+    matches: list[bool] = []
+    cosines: list[float] = []
+    margins: list[float] = []
 
     def compare(cut: Any, tokens: list[int], positions: list[int]) -> int:
         ours, theirs = lane.program(cut), reference.program(cut)
@@ -969,6 +972,8 @@ def teacher_forced(store: Any, prompt: Sequence[int], steps: int, weights: str, 
         want = int(_run(theirs, tokens, positions)[0])
         logits, expected = ours.chips[0]["logits"][0], _reference_logits(reference, theirs)
         matches.append(got == want)
+        top = np.sort(expected)[-2:]
+        margins.append(float(top[1] - top[0]))
         cosines.append(float(logits @ expected / (np.linalg.norm(logits) * np.linalg.norm(expected))))
         return want
 
@@ -977,7 +982,7 @@ def teacher_forced(store: Any, prompt: Sequence[int], steps: int, weights: str, 
         positions = list(range(start + 1, start + len(chunk) + 1))
         token = compare(Cut.prefill(len(chunk), ctx), chunk, positions)
         if start + prefill_rows < len(prompt):
-            matches.pop(), cosines.pop()  # only the prompt's last position predicts a new token
+            matches.pop(), cosines.pop(), margins.pop()  # only the prompt's last position predicts a new token
     for position in range(len(prompt) + 1, len(prompt) + 1 + steps):
         token = compare(Cut.decode(ctx), [token], [position])
-    return Agreement(matches, cosines)
+    return Agreement(matches, cosines, margins)
