@@ -8,38 +8,43 @@ the cost model's estimate. A build of code reads no weight value: only `weight_i
 
 from __future__ import annotations
 
+import io
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.utils.target import Target
+
 from logos_ir.build import Artifact, BuildError, BuildRequest, LaneBuild, program_module
 
 
+def _emitted(target: Target, module: ModuleOp) -> str:
+    out = io.StringIO()
+    target.emit(Context(), module, out)
+    return out.getvalue()
+
+
 def build_d5005(request: BuildRequest) -> LaneBuild:
+    """The lane's build: the registered pass, then the registered emitters, then the stream and the image."""
     from logos_ir.passes.d5005 import cost_model
-    from logos_ir.passes.d5005.convert_logos_to_d5005 import lower_program
-    from logos_ir.passes.d5005.emit_layout import image_bytes, layout, weight_image
-    from logos_ir.passes.d5005.emit_listing import listing
-    from logos_ir.passes.d5005.emit_opencl import engine_source
+    from logos_ir.passes.d5005.convert_logos_to_d5005 import ConvertLogosToD5005
+    from logos_ir.passes.d5005.emit_layout import LayoutTarget, image_bytes, weight_image
+    from logos_ir.passes.d5005.emit_listing import ListingTarget
+    from logos_ir.passes.d5005.emit_opencl import EngineTarget, the_d5005_program
     from logos_ir.passes.d5005.emit_stream import encode_stream
 
-    if request.tp != 1:
-        raise BuildError(f"the d5005 target builds for one card, not {request.tp} chips")
-    if request.weights not in ("bf16", "f32"):
-        raise BuildError(f"the d5005 target writes bf16 or f32 weights, not {request.weights}")
-    if request.options:
-        raise BuildError(f"the d5005 target has no options ({', '.join(sorted(request.options))} given)")
-    if request.cut.kind != "decode":
-        raise BuildError(
-            f"the d5005 target builds a whole decode step, not '{request.cut}'", hint="give --cut 'decode ctx=N'"
-        )
+    _check_request(request)
     module, identity, text = program_module(request)
-    program = lower_program(module.ops.first, request.weights)  # type: ignore[arg-type]
+    ConvertLogosToD5005(request.weights).apply(Context(), module)
+    program = the_d5005_program(module, "d5005")
     line = identity.line()
     size = image_bytes(program)
     artifacts = [
         Artifact("program.logos", text.encode("utf-8"), identity, kind="logos", role="program"),
         Artifact.text("decode.d5005.mlir", f"// {line}\n{program}\n", identity, role="ir"),
         Artifact("instructions.bin", encode_stream(program, size), identity, kind="binary", role="instructions"),
-        Artifact.text("instructions.txt", listing(program), identity, role="listing"),
-        Artifact.text("layout.txt", layout(program), identity, role="layout"),
-        Artifact.text("engine.cl", engine_source(line, program.params), identity, role="engine"),
+        Artifact.text("instructions.txt", _emitted(ListingTarget(), module), identity, role="listing"),
+        Artifact.text("layout.txt", _emitted(LayoutTarget(), module), identity, role="layout"),
+        Artifact.text("engine.cl", _emitted(EngineTarget(), module), identity, role="engine"),
     ]
     if request.with_weights:
         image = weight_image(program, request.spec, request.model.store(), request.progress)
@@ -52,3 +57,16 @@ def build_d5005(request: BuildRequest) -> LaneBuild:
         "image_bytes_per_bank": size,
     }
     return LaneBuild(artifacts, report, cost_model.summary_lines(cost))
+
+
+def _check_request(request: BuildRequest) -> None:
+    if request.tp != 1:
+        raise BuildError(f"the d5005 target builds for one card, not {request.tp} chips")
+    if request.weights not in ("bf16", "f32"):
+        raise BuildError(f"the d5005 target writes bf16 or f32 weights, not {request.weights}")
+    if request.options:
+        raise BuildError(f"the d5005 target has no options ({', '.join(sorted(request.options))} given)")
+    if request.cut.kind != "decode":
+        raise BuildError(
+            f"the d5005 target builds a whole decode step, not '{request.cut}'", hint="give --cut 'decode ctx=N'"
+        )
