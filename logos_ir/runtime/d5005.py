@@ -255,6 +255,13 @@ class Engine:
                 f"the weight image fills {image.bank_size} bytes a bank, the stream expects {self.stream.image_bytes}"
             )
         self.context = pocl_cpu_context()
+        device = self.context.devices[0]
+        if self.stream.bank_bytes > device.max_mem_alloc_size:
+            raise LogosError(
+                f"the program uses {self.stream.bank_bytes} bytes of each bank, more than the OpenCL device"
+                f" '{device.name.strip()}' allocates at once ({device.max_mem_alloc_size} bytes)",
+                hint="run a smaller model or a shorter ctx on this device; the card's banks hold 8 GiB each",
+            )
         self.queue = cl.CommandQueue(self.context)
         with warnings.catch_warnings():  # PoCL notes the ABI of by-value uint16 arguments; nothing to act on
             warnings.simplefilter("ignore", cl.CompilerWarning)
