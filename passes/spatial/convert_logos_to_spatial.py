@@ -311,20 +311,6 @@ def previous_region_of(cut: Cut, layers: int) -> str:
 
 
 def _size(part: _Part, section: func.FuncOp, main: func.FuncOp) -> None:
-    caches = [op for op in section.body.walk() if isinstance(op, logos.CacheOp)]
-    if caches:
-        kv_heads, positions, head_dim = logos.tensor_shape(caches[0].result)
-        # an attention element holds its key and value blocks and a score per position, besides its code, the
-        # group's queries, its running sums and the vectors routed through its first and last columns
-        group_width = part.spec.q_dim // kv_heads
-        fixed = sp.CODE_BYTES + (5 * group_width + 3 * head_dim + 8) * sp.ACTIVATION_BYTES + 512
-        per_position = 2 * head_dim * sp.WEIGHT_BYTES[part.weights] + sp.ACTIVATION_BYTES
-        longest = (part.grid.memory - fixed) // per_position
-        # blocks short enough that an element's scores and weighted values take about as long as a product's tile
-        # (the longest the memory holds only when the model fills the grid), and at least 16 positions long
-        balanced = max(MIN_BLOCK, math.ceil(part.tile * part.tile / (group_width * 2)))
-        part.block = max(1, min(positions, longest, longest if part.widen else balanced))
-        part.attention = Slot(math.ceil(positions / part.block), kv_heads, "attention")
     for op in section.body.walk():
         if isinstance(op, logos.LinearOp | logos.EmbedOp):
             rows, columns = logos.tensor_shape(op.weight if isinstance(op, logos.LinearOp) else op.table)
@@ -335,6 +321,27 @@ def _size(part: _Part, section: func.FuncOp, main: func.FuncOp) -> None:
         if isinstance(op, logos.InputOp) and op.kind.data == "hidden":
             entry_tile = part.matrix_tile(part.spec.hidden, _width(op.result))[1]
             part.entry[op.result] = Slot(math.ceil(_width(op.result) / entry_tile), 1, "entry")
+    caches = [op for op in section.body.walk() if isinstance(op, logos.CacheOp)]
+    if caches:
+        _size_attention(part, logos.tensor_shape(caches[0].result))
+
+
+def _size_attention(part: _Part, cache: tuple[int, ...]) -> None:
+    """The KV block each attention element holds: short enough that its scores and weighted values take about as long
+    as a product's tile (at least 16 positions), long enough that a KV head's row is no wider than the part's widest
+    product, and no longer than an element's memory holds (the longest it holds when the model fills the grid)."""
+    kv_heads, positions, head_dim = cache
+    # an attention element holds its key and value blocks and a score per position, besides its code, the group's
+    # queries, its running sums and the vectors routed through its first and last columns
+    group_width = part.spec.q_dim // kv_heads
+    fixed = sp.CODE_BYTES + (5 * group_width + 3 * head_dim + 8) * sp.ACTIVATION_BYTES + 512
+    per_position = 2 * head_dim * sp.WEIGHT_BYTES[part.weights] + sp.ACTIVATION_BYTES
+    longest = (part.grid.memory - fixed) // per_position
+    balanced = max(MIN_BLOCK, math.ceil(part.tile * part.tile / (group_width * 2)))
+    widest = max([MIN_BLOCK, *(s.w for s in part.slots.values() if s.what == "matvec")])
+    wanted = longest if part.widen else max(balanced, math.ceil(positions / widest))
+    part.block = max(1, min(positions, longest, wanted))
+    part.attention = Slot(math.ceil(positions / part.block), kv_heads, "attention")
 
 
 # -- step 3: one rewrite per logos op ----------------------------------------------------------------------------
