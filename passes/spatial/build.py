@@ -159,18 +159,22 @@ def _used(region: sp.RegionOp) -> np.ndarray:
     return used
 
 
-def _tile(parts: list[SpatialPart]) -> int:
-    for op in parts[0].region.body.block.ops:
-        if isinstance(op, sp.PlaceOp) and sp.ints(op.shape)[0] > 1:
-            return sp.ints(op.tile)[1]
-    return 0
+def _tile(parts: list[SpatialPart]) -> list[int]:
+    """[rows, columns] of the first product's tiles in the first layer (the embedding's table may be taller)."""
+    region = parts[1].region if len(parts) > 1 else parts[0].region
+    for op in region.body.block.ops:
+        if isinstance(op, sp.MatvecOp | sp.EmbedOp):
+            place = op.place if isinstance(op, sp.MatvecOp) else op.table.owner
+            assert isinstance(place, sp.PlaceOp)
+            return list(sp.ints(place.tile))
+    return [0, 0]
 
 
 def summary_lines(report: dict[str, Any]) -> list[str]:
     grid = report["grid"]
     lines = [
         f"grid {grid['name']} {grid['width']} x {grid['height']}, {grid['memory']} bytes per element; "
-        f"tile {report['tile']}, {report['weights']} weights",
+        f"tiles of {report['tile'][0]} x {report['tile'][1]}, {report['weights']} weights",
         f"elements used: {report['elements_used']} ({100 * report['grid_share']:.2f}% of the grid) in "
         f"{len(report['regions'])} regions",
     ]
