@@ -8,7 +8,8 @@ projections, rotates queries and keys, writes keys and values into its caches, a
 residual add, and runs SwiGLU with a residual add.
 
 Guarantees: the program is replaced by one host function `@step` (and, when split, the program's `shard.grid`):
-`cuda.buffer` ops naming every device buffer (each weight by its tensor name in the `weights` image, each layer's
+`cuda.buffer` ops naming every device buffer (each weight by its tensor name in the `weights` image, norm scales in
+f32 whatever the image, each layer's
 caches, the inputs, the output, the activations named by the value names the author gave them, so that every layer
 reuses the same activation buffers, and the rotary cos/sin tables), then one kernel-level op per fused kernel in
 launch order, with `shard.all_reduce` kept between kernels where the program has it. Fusions: the residual add into
@@ -180,7 +181,10 @@ class _Plan:
 
     def weight(self, op: logos.WeightOp) -> None:
         shape = logos.tensor_shape(op.result)
-        self.env[op.result] = self.buffer(op.tensor.data, "weight", MemRefType(self.element, list(shape)))
+        # Norm scales (the only 1-D weights) stay f32 in a bf16 image: a rounding of them would scale every channel
+        # of every row, and they are some 0.03% of a model's bytes.
+        element = self.element if len(shape) > 1 else f32
+        self.env[op.result] = self.buffer(op.tensor.data, "weight", MemRefType(element, list(shape)))
 
     def cache(self, op: logos.CacheOp) -> None:
         shape = logos.tensor_shape(op.result)
