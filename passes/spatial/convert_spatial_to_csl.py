@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from xdsl.builder import ImplicitBuilder
 from xdsl.context import Context
@@ -75,7 +76,7 @@ class _Program:
     weights: str
     weights_buffer: SSAValue
     acts: SSAValue
-    math: SSAValue
+    math: Operation  # the `<math>` import
     functions: dict[str, csl.FuncOp] = field(default_factory=dict)
     stages: list[Stage] = field(default_factory=list)
 
@@ -119,7 +120,7 @@ def _send(buffer: SSAValue, length: int, offset: int, colour: int) -> None:
     csl.FmovsOp(operands=[[_fabric(_OUT, length, colour, 1), _mem(buffer, length, offset)]])
 
 
-def _loop(count: int, body: Callable[[SSAValue], None]) -> None:
+def _loop(count: int, body: Callable[[SSAValue], object]) -> None:
     block = Block(arg_types=[i16])
     with ImplicitBuilder(block):
         body(block.args[0])
@@ -137,7 +138,7 @@ def _store(value: SSAValue, buffer: SSAValue, index: SSAValue, offset: int = 0) 
     memref.StoreOp.get(value, buffer, [arith.IndexCastOp(at, IndexType()).result])
 
 
-def _when(condition: SSAValue, body: Callable[[], None]) -> None:
+def _when(condition: SSAValue, body: Callable[[], object]) -> None:
     then, otherwise = Block(), Block()
     with ImplicitBuilder(then):
         body()
@@ -230,7 +231,7 @@ def _norm(program: _Program, op: sp.NormOp) -> None:
         _when(_compare("sgt", index, 0), lambda: csl.FaddsOp(operands=[[total, total, _fabric(_IN, 1, colour, 2)]]))
         _when(_compare("slt", index, layout.n - 1), lambda: _send(program.acts, 1, tile, colour))
         mean = arith.MulfOp(_load(program.acts, _int(0), tile), _float(1.0 / width)).result
-        root = csl.MemberCallOp("sqrt_f32", f32, program.math.owner, [arith.AddfOp(mean, _float(epsilon)).result])
+        root = csl.MemberCallOp("sqrt_f32", f32, program.math, [arith.AddfOp(mean, _float(epsilon)).result])
         scale = arith.DivfOp(_float(1.0), root.results[0]).result
         csl.FmulsOp(operands=[[x, x, scale]])
         csl.FmulsOp(operands=[[x, x, _mem(program.weights_buffer, tile)]])
@@ -255,10 +256,10 @@ def _rope(program: _Program, op: sp.RopeOp) -> None:
         exponent = arith.MulfOp(
             arith.SIToFPOp(arith.RemSIOp(k, _int(half)).result, f32).result, _float(-2.0 / head_dim)
         )
-        frequency = csl.MemberCallOp("pow_f32", f32, program.math.owner, [_float(theta), exponent.result]).results[0]
+        frequency = csl.MemberCallOp("pow_f32", f32, program.math, [_float(theta), exponent.result]).results[0]
         angle = arith.MulfOp(_load(program.acts, _int(0), position), frequency).result
-        cos = csl.MemberCallOp("cos_f32", f32, program.math.owner, [angle]).results[0]
-        sin = csl.MemberCallOp("sin_f32", f32, program.math.owner, [angle]).results[0]
+        cos = csl.MemberCallOp("cos_f32", f32, program.math, [angle]).results[0]
+        sin = csl.MemberCallOp("sin_f32", f32, program.math, [angle]).results[0]
         a, b = _load(program.acts, k), _load(program.acts, pair)
         _store(arith.SubfOp(arith.MulfOp(a, cos).result, arith.MulfOp(b, sin).result).result, program.acts, k)
         _store(arith.AddfOp(arith.MulfOp(b, cos).result, arith.MulfOp(a, sin).result).result, program.acts, pair)
@@ -266,10 +267,14 @@ def _rope(program: _Program, op: sp.RopeOp) -> None:
     def build(column: SSAValue, row: SSAValue) -> None:
         _receive(program.acts, 1, position, sp.ints(op.colours)[0])  # the position (less one), along the line
         for head in range(layout.tile // head_dim):
-            _loop(half, lambda k, h=head: rotate(arith.AddiOp(k, _int(h * head_dim)).result))
+            _loop(half, partial(_rotate_at, rotate, head * head_dim))
 
     name = f"rope_{layout.tile}_h{head_dim}"
     program.stages.append(Stage(layout.rect(), _function(program, name, build)))
+
+
+def _rotate_at(rotate: Callable[[SSAValue], None], offset: int, k: SSAValue) -> None:
+    rotate(arith.AddiOp(k, _int(offset)).result)
 
 
 def _cache_write(program: _Program, op: sp.CacheWriteOp) -> None:
@@ -340,10 +345,8 @@ def _attend(program: _Program, op: sp.AttendOp) -> None:
         for g in range(group):
             head(g, count)
         for g in range(group):
-            _when(
-                _compare("sgt", column, 0),
-                lambda g=g: _combine_state(program, mine + g * state, theirs, head_dim, combine),
-            )
+            at = mine + g * state
+            _when(_compare("sgt", column, 0), partial(_combine_state, program, at, theirs, head_dim, combine))
         _when(_compare("slt", column, last), lambda: _send(program.acts, group * state, mine, combine))
         _when(_compare("eq", column, last), lambda: _finish(program, mine, state, group, head_dim))
 
@@ -364,7 +367,7 @@ def _weigh(program: _Program, j: SSAValue, scores: int, count: SSAValue, at: int
 
     def add() -> None:
         shifted = arith.SubfOp(_load(program.acts, j, scores), _load(program.acts, _int(0), at)).result
-        weight = csl.MemberCallOp("exp_f32", f32, program.math.owner, [shifted]).results[0]
+        weight = csl.MemberCallOp("exp_f32", f32, program.math, [shifted]).results[0]
         total = _load(program.acts, _int(0), at + 1)
         _store(arith.AddfOp(total, weight).result, program.acts, _int(0), at + 1)
         row = csl.IncrementDsdOffsetOp(
@@ -386,8 +389,8 @@ def _combine_state(program: _Program, at: int, scratch: int, head_dim: int, colo
     _receive(program.acts, head_dim + 2, scratch, colour)
     m, other = _load(program.acts, _int(0), at), _load(program.acts, _int(0), scratch)
     high = arith.SelectOp(arith.CmpfOp(m, other, "ogt").result, m, other).result
-    here = csl.MemberCallOp("exp_f32", f32, program.math.owner, [arith.SubfOp(m, high).result]).results[0]
-    there = csl.MemberCallOp("exp_f32", f32, program.math.owner, [arith.SubfOp(other, high).result]).results[0]
+    here = csl.MemberCallOp("exp_f32", f32, program.math, [arith.SubfOp(m, high).result]).results[0]
+    there = csl.MemberCallOp("exp_f32", f32, program.math, [arith.SubfOp(other, high).result]).results[0]
     _store(high, program.acts, _int(0), at)
     mine, received = _mem(program.acts, head_dim + 1, at + 1), _mem(program.acts, head_dim + 1, scratch + 1)
     csl.FmulsOp(operands=[[mine, mine, here]])
@@ -406,7 +409,7 @@ def _finish(program: _Program, mine: int, state: int, group: int, head_dim: int)
 
 def _exp_in_place(program: _Program, j: SSAValue, offset: int) -> None:
     value = _load(program.acts, j, offset)
-    _store(csl.MemberCallOp("exp_f32", f32, program.math.owner, [value]).results[0], program.acts, j, offset)
+    _store(csl.MemberCallOp("exp_f32", f32, program.math, [value]).results[0], program.acts, j, offset)
 
 
 def _combine_in(program: _Program, offset: int, length: int, colour: int) -> None:
@@ -420,7 +423,7 @@ def _map(program: _Program, op: sp.MapOp) -> None:
     def silu(k: SSAValue) -> None:
         v = _load(program.acts, k)
         half = arith.MulfOp(v, _float(0.5)).result
-        t = csl.MemberCallOp("tanh_f32", f32, program.math.owner, [half]).results[0]
+        t = csl.MemberCallOp("tanh_f32", f32, program.math, [half]).results[0]
         gate = arith.AddfOp(arith.MulfOp(t, _float(0.5)).result, _float(0.5)).result
         _store(arith.MulfOp(v, gate).result, program.acts, k)
 
@@ -575,8 +578,8 @@ def region_wrapper(region: sp.RegionOp) -> csl_wrapper.ModuleOp:
         weights.name_hint = "weights"
         acts = memref.AllocOp([], [], MemRefType(f32, [activation_words])).memref
         acts.name_hint = "acts"
-        math = csl_wrapper.ImportOp("<math>", {}).result
-        math.name_hint = "math"
+        math = csl_wrapper.ImportOp("<math>", {})
+        math.result.name_hint = "math"
     program = _Program(region.weights.data, weights, acts, math)
     for op in region.body.block.ops:
         stage = _STAGES.get(type(op))
