@@ -179,7 +179,7 @@ class RegionRun:
     """One region's program, compiled once into steps over an environment of values; `run` executes it for one token
     given what the region receives, and returns what it sends."""
 
-    def __init__(self, region: sp.RegionOp, store: WeightStore | None, model: CycleModel, ctx_positions: int):
+    def __init__(self, region: sp.RegionOp, store: WeightStore | None, model: CycleModel):
         self.region, self.model = region, model
         self.name = region.sym_name.data
         self.weights = region.weights.data
@@ -455,7 +455,7 @@ class Machine:
     @classmethod
     def build(cls, parts: Sequence[Any], store: WeightStore, model: CycleModel | None = None) -> Machine:
         model = model or CycleModel()
-        runs = [RegionRun(p.region, store, model, p.cut.ctx or 0) for p in parts]
+        runs = [RegionRun(p.region, store, model) for p in parts]
         return cls(runs, [p.identity for p in parts], model)
 
     def reset(self) -> None:
