@@ -104,6 +104,37 @@ def test_a_build_folder_runs_as_the_card_host_loads_it(tmp_path: Path) -> None:
 
 
 @needs_opencl
+@pytest.mark.parametrize("burst", [32, 128])
+def test_the_engine_follows_its_parameters(burst: int) -> None:
+    """Another burst (so another vector width, MAC lanes and alignment) and a smaller on-chip budget: the same
+    tokens, from the same source emitted for those parameters."""
+    from logos_ir.author import written
+    from logos_ir.parser import parse_program
+    from logos_ir.passes.d5005.convert_logos_to_d5005 import lower_program
+    from logos_ir.passes.d5005.emit_layout import image_bytes, weight_image
+    from logos_ir.passes.d5005.emit_stream import encode_stream
+    from logos_ir.runtime.d5005 import Engine
+
+    spec = SHAPES["head-dim-not-hidden-over-heads"]
+    store = RandomWeights(spec, seed=11)
+    text, _ = written(spec, Cut.decode(64))
+    params = d5005.EngineParams(burst_bytes=burst, onchip_words=4096, weights="f32")
+    program = lower_program(parse_program(text.text, "<decode>"), "f32", params)
+    assert all(r.offset.data % burst == 0 for op in program.instructions() for r in op.regions_read())
+    source = engine_source(program.identity.data, program.params)
+    assert f"#define VECTOR_WIDTH {burst // 4}" in source
+    engine = Engine(source, encode_stream(program, image_bytes(program)), weight_image(program, spec, store))
+    expected = Generator(store).generate([9, 8], 8)
+    for position, token in enumerate([9, 8], start=1):
+        predicted = engine.step(token + 1, position)
+    got = []
+    for position in range(3, 11):
+        got.append(predicted - 1)
+        predicted = engine.step(predicted, position)
+    assert got == expected
+
+
+@needs_opencl
 def test_bf16_engine_agrees_on_a_tiny_model() -> None:
     from logos_ir.runtime.d5005 import D5005Generator
 
