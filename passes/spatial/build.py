@@ -20,6 +20,7 @@ import numpy as np
 from logos_ir.build import Artifact, BuildError, BuildRequest, LaneBuild
 from logos_ir.dialects import spatial as sp
 from logos_ir.passes.spatial.convert_logos_to_spatial import PARTS, Grid
+from logos_ir.passes.spatial.cost import CycleModel, op_cost
 from logos_ir.passes.spatial.decode_step import SpatialPart, lower_decode_step
 from logos_ir.passes.spatial.emit_csl import LAYOUT, PROGRAM, CslEmitter
 from logos_ir.program import Cut
@@ -87,8 +88,6 @@ def _lane_build(parts: list[SpatialPart], request: BuildRequest, grid: Grid) -> 
 
 def spatial_report(parts: list[SpatialPart], spec: Any, grid: Grid) -> dict[str, Any]:
     """The figures of a placement: elements, memory, words per token, the cycle model's tokens per second."""
-    from logos_ir.runtime.spatial import CycleModel, op_cost
-
     model = CycleModel()
     regions, used_memory, cycles, inside, between = [], [], 0, 0, 0
     for part in parts:
