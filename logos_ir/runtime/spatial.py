@@ -14,11 +14,10 @@ rounded to f16, round a product's input vector to f16 and accumulate in f32 (the
 of the hardware; a product of two f16 values is exact in f32, so holding f16 values in f32 arrays is exact);
 norms, rotations, softmax and the residual stream stay f32.
 
-The cycle model (`logos_ir.passes.spatial.cost`, stated in docs/spatial.md): each element does `macs`
-multiply-accumulates per cycle
-(4 in f16, 1 in f32), each link carries one 32-bit word per cycle, each hop costs a cycle; an op's cycles are its
-broadcast, its compute on the busiest element and its reduction along its line; a token's cycles are the sum over
-every op of every region, as one token crosses them in turn.
+The cycle model (`logos_ir.passes.spatial.cost`, stated in docs/spatial.md): each element does `macs` multiply-
+accumulates per cycle (4 in f16, 1 in f32), each link carries one 32-bit word per cycle, each hop costs a cycle; an
+op's cycles are its broadcast, its compute on the busiest element and its reduction along its line; a token's cycles
+are the sum over every op of every region, as one token crosses them in turn.
 """
 
 from __future__ import annotations
