@@ -238,9 +238,9 @@ class _Part:
         wide = edge
         while wide > 1 and tall * wide * sp.WEIGHT_BYTES[self.weights] > budget:
             wide //= 2
-        if self.widen and wide == edge:  # a model that fills the grid: as many columns as the memory holds
+        if self.widen:  # a model that fills the grid: as many columns as the memory holds
             room = self.grid.memory - sp.CODE_BYTES - 3 * tall * sp.ACTIVATION_BYTES - 1024
-            wide = max(edge, room // (tall * sp.WEIGHT_BYTES[self.weights] + 2 * sp.ACTIVATION_BYTES) // 16 * 16)
+            wide = max(wide, room // (tall * sp.WEIGHT_BYTES[self.weights] + 2 * sp.ACTIVATION_BYTES) // 16 * 16)
         return min(tall, rows), min(wide, columns)
 
     def emit(self, op: Operation) -> Operation:
