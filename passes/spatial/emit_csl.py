@@ -76,9 +76,20 @@ def region_key(region: sp.RegionOp) -> tuple[object, ...]:
     return (region.weights.data, region.width, region.height, tuple(ops))
 
 
+def _header(region: sp.RegionOp) -> str:
+    return f"// {region.identity.data}\n// region @{region.sym_name.data} of {region.cut.data}\n"
+
+
+def lowered_texts(region: sp.RegionOp) -> dict[str, str]:
+    """The layout and program texts of one region (without its header), lowered on a copy of it."""
+    module = ModuleOp([region.grid_op().clone(), region.clone()])
+    ConvertSpatialToCsl().apply(Context(), module)
+    return _print(module)
+
+
 @dataclass
 class CslEmitter:
-    """CSL texts of regions, lowered and printed once per distinct shape (`region_key`)."""
+    """CSL texts of regions, lowered and printed (by the `-t csl` target) once per distinct shape (`region_key`)."""
 
     texts: dict[tuple[object, ...], dict[str, str]] = field(default_factory=dict)
 
@@ -87,16 +98,26 @@ class CslEmitter:
         key = region_key(region)
         bodies = self.texts.get(key)
         if bodies is None:
-            module = ModuleOp([region.grid_op().clone(), region.clone()])
-            ConvertSpatialToCsl().apply(Context(), module)
-            bodies = self.texts[key] = _print(module)
-        header = f"// {region.identity.data}\n// region @{region.sym_name.data} of {region.cut.data}\n"
-        return {name: header + text for name, text in bodies.items()}
+            out = io.StringIO()
+            CslTarget().emit(Context(), ModuleOp([region.grid_op().clone(), region.clone()]), out)
+            bodies = self.texts[key] = _split(out.getvalue(), region)
+        return {name: _header(region) + text for name, text in bodies.items()}
 
     @property
     def distinct(self) -> int:
         """How many distinct element programs were lowered."""
         return len(self.texts)
+
+
+def _split(printed: str, region: sp.RegionOp) -> dict[str, str]:
+    """The target's output for one region, back into its files' bodies (without the `// FILE:` line and header)."""
+    texts: dict[str, str] = {}
+    marker = f"// FILE: {region.sym_name.data}/"
+    header = _header(region)
+    for chunk in printed.split(marker)[1:]:
+        name, _, text = chunk.partition("\n")
+        texts[name] = text.removeprefix(header)
+    return texts
 
 
 @dataclass(frozen=True)
@@ -113,7 +134,6 @@ class CslTarget(Target):
             for name, text in _print(module).items():
                 output.write(f"// FILE: {name}\n{text}")
             return
-        emitter = CslEmitter()
         for region in regions:
-            for name, text in emitter.emit(region).items():
-                output.write(f"// FILE: {region.sym_name.data}/{name}\n{text}")
+            for name, text in lowered_texts(region).items():
+                output.write(f"// FILE: {region.sym_name.data}/{name}\n{_header(region)}{text}")

@@ -115,8 +115,12 @@ def test_refusals() -> None:
         build_spatial(_request(tiny, "prefill rows=4 ctx=64"))
     with pytest.raises(BuildError, match="no option colour"):
         build_spatial(_request(tiny, "decode ctx=64", colour="3"))
-    with pytest.raises(PassError, match=r"do not fit the grid @wse2 of 8 x 8 = 64 elements"):
+    with pytest.raises(
+        PassError, match=r"@layer_0 of 8 x 16 elements at \(0, 0\) does not fit the grid @wse2 of 8 x 8"
+    ):
         build_spatial(_request(tiny, "decode ctx=64", width="8", height="8", tile="16"))
+    with pytest.raises(PassError, match=r"spatial-place: 4 region\(s\) of \d+ elements in all .* do not fit the grid"):
+        build_spatial(_request(tiny, "decode ctx=64", width="12", height="20", tile="16"))
     with pytest.raises(PassError, match="more than the 6500 bytes of memory per element"):
         build_spatial(_request(tiny, "decode ctx=64", memory="6500", tile="16"))
 
