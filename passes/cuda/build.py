@@ -8,7 +8,8 @@ identity line of the program it was lowered from:
 * `step.mlir`: the lowered module itself: the `gpu.module` of kernels the emulator executes and the host plan
   (`@step`: named buffers, ordered `gpu.launch_func`, `shard.all_reduce`) the runtime follows;
 * with `--with-weights`, `weights.bin` (one a chip, `weights.chip<N>.bin`, for a split program): the device image,
-  a 4 KiB header (magic, identity line, a JSON index of name, offset, shape and element type) then each weight
+  a 4 KiB header (magic, identity line, a JSON index of name, offset, shape and element type, or when that does not
+  fit a line `index-at-end <offset>` and the index after the data) then each weight
   buffer of the plan, 256-byte aligned, bf16 as bit patterns rounded to nearest even, or f32.
 
 A build of code opens no weights. The report counts the kernels, launches and the bytes a step reads.
