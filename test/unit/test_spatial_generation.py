@@ -137,3 +137,35 @@ def test_embedded_model_f32_tokens(embedded: WeightStore) -> None:
     expected = Generator(embedded, ctx=64).generate(prompt, 16)
     generator = SpatialGenerator(embedded, ctx=64, image="f32")
     assert generator.generate(prompt, 16) == expected
+
+
+def test_the_simulator_runs_the_spatial_program() -> None:
+    """The grid computes what its `spatial` ops say, not what the LOGOS program says: a residual `add` edited into a
+    `mul` in one layer's placed program changes the tokens (and the unedited program gives the reference's)."""
+    from xdsl.dialects.builtin import StringAttr
+
+    from logos_ir.dialects import spatial as sp
+    from logos_ir.passes.spatial.decode_step import lower_decode_step
+    from logos_ir.runtime.spatial import Machine
+
+    store = RandomWeights(MODELS["gqa"], seed=5)
+    expected = Generator(store, ctx=64).generate(PROMPT, 8)
+
+    def tokens(edit: bool) -> list[int]:
+        parts = lower_decode_step(store.spec, 64, "f32")
+        if edit:
+            residual = next(
+                op for op in parts[1].region.body.block.ops if isinstance(op, sp.MapOp) and op.fn.data == "add"
+            )
+            residual.fn = StringAttr("mul")
+        machine = Machine.build(parts, store)
+        token, out = 0, []
+        for position, prompt_token in enumerate(PROMPT, start=1):
+            token = machine.step(prompt_token + 1, position)
+        for position in range(len(PROMPT) + 1, len(PROMPT) + 9):
+            out.append(token - 1)
+            token = machine.step(token, position)
+        return out
+
+    assert tokens(edit=False) == expected
+    assert tokens(edit=True) != expected
