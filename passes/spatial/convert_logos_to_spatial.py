@@ -55,8 +55,8 @@ GRID_SHARE = 0.6  # the automatic tile is the smallest whose model takes at most
 
 @dataclass(frozen=True)
 class Grid:
-    """A grid of elements. The default is a Cerebras WSE-2 as its SDK and datasheet state it: a fabric of 757 x 996
-    usable processing elements (of its 850,000 cores), 48 KiB of memory each and 24 routable colours."""
+    """A grid of elements. The default is a Cerebras WSE-2 by its published figures (docs/spatial.md): a fabric of
+    757 x 996 usable processing elements (of its 850,000 cores), 48 KiB of memory each and 24 routable colours."""
 
     width: int = 757
     height: int = 996
