@@ -90,7 +90,7 @@ def build_cuda(request: BuildRequest) -> LaneBuild:
 
 
 def plan_report(module: ModuleOp) -> dict[str, Any]:
-    from logos_ir.runtime.cuda import plan_of
+    from logos_ir.passes.cuda.host_plan import plan_of
 
     plan = plan_of(module)
     sizes = {"bf16": 2, "f32": 4, "i64": 8}
@@ -109,7 +109,7 @@ def plan_report(module: ModuleOp) -> dict[str, Any]:
 
 def weight_images(request: BuildRequest, module: ModuleOp, identity: Identity) -> list[Artifact]:
     """The device image of each chip's weights, in the order of the plan's weight buffers."""
-    from logos_ir.runtime.cuda import bf16_bits, plan_of, weight_share
+    from logos_ir.passes.cuda.host_plan import bf16_bits, plan_of, weight_share
 
     plan = plan_of(module)
     store = request.model.store()

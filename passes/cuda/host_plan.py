@@ -1,0 +1,160 @@
+"""The CUDA lane's host plan as data, read from its lowered module (`step.mlir`), and the weight image's numbers.
+
+The lowered module's host function `@step` is a list of named buffers (`cuda.buffer`), then ordered
+`gpu.launch_func` and `shard.all_reduce` ops. `plan_of` (a module) and `read_plan` (its text, as a build folder holds
+it) turn it into a `HostPlan`: the buffers by name, the steps in order, and the `gpu.func` kernels kept as IR for
+the emulator. The build's report and weight image and the runtime both read plans through here, so the runtime never
+reaches back into the lowering. `bf16_rounded` / `bf16_bits` are the image's rounding (to nearest even, as torch
+does); `weight_share` is a chip's contiguous share of a split weight, as the interpreter takes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from logos_ir.errors import LogosError
+
+
+def bf16_rounded(values: np.ndarray) -> np.ndarray:
+    """float32 rounded to the nearest bfloat16 (ties to even), kept as float32: the values a bf16 image holds."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)) << np.uint32(16)
+    return np.where(np.isnan(values), np.float32(np.nan), rounded.view(np.float32)).astype(np.float32)
+
+
+def bf16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 to bfloat16 bit patterns (ties to even), as the device image stores them."""
+    return (bf16_rounded(values).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+
+
+# -- the host plan: what step.mlir says to do ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A named device buffer of the plan: its kind (weight, cache, activation, input, output, table, scratch),
+    shape and element type (f32, bf16 or i64)."""
+
+    name: str
+    kind: str
+    shape: tuple[int, ...]
+    element: str
+
+
+@dataclass(frozen=True)
+class Launch:
+    kernel: str
+    grid: tuple[int, int, int]
+    block: int
+    buffers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Reduce:
+    buffer: str
+
+
+@dataclass
+class HostPlan:
+    """The host function of a lowered module: its buffers, then its launches and all-reduces in order."""
+
+    identity: str
+    weights: str
+    chips: int
+    buffers: dict[str, Buffer]
+    steps: list[Launch | Reduce]
+    kernels: dict[str, Any]
+
+    @property
+    def launches(self) -> list[Launch]:
+        return [s for s in self.steps if isinstance(s, Launch)]
+
+
+def lowered_context() -> Any:
+    """An xDSL context that reads the CUDA lane's `step.mlir`."""
+    from xdsl.context import Context
+    from xdsl.dialects import arith, builtin, func, gpu, math, memref, scf, shard
+
+    from logos_ir.dialects.cuda import CUDA
+
+    context = Context()
+    for dialect in (builtin.Builtin, func.Func, arith.Arith, memref.MemRef, scf.Scf, math.Math, gpu.GPU, shard.Shard):
+        context.load_dialect(dialect)
+    context.load_dialect(CUDA)
+    return context
+
+
+def read_plan(text: str, where: str = "step.mlir") -> HostPlan:
+    """The host plan of a `step.mlir` artifact, its kernels kept as IR for the emulator."""
+    from xdsl.parser import Parser
+
+    return plan_of(Parser(lowered_context(), text, where).parse_module(), where)
+
+
+def plan_of(module: Any, where: str = "step.mlir") -> HostPlan:
+    """The host plan of a lowered module."""
+    from xdsl.dialects import builtin, func, gpu, shard
+
+    from logos_ir.dialects import cuda
+
+    kernels: dict[str, Any] = {}
+    host = None
+    chips = 1
+    for op in module.ops:
+        if isinstance(op, gpu.ModuleOp):
+            kernels = {k.sym_name.data: k for k in op.body.block.ops if isinstance(k, gpu.FuncOp)}
+        elif isinstance(op, func.FuncOp) and op.sym_name.data == "step":
+            host = op
+        elif isinstance(op, shard.GridOp):
+            chips = int(op.shape.get_values()[0])
+    if host is None:
+        raise LogosError(f"{where}: no host function @step: not a CUDA lane build")
+    names: dict[Any, str] = {}
+    buffers: dict[str, Buffer] = {}
+    steps: list[Launch | Reduce] = []
+    constants: dict[Any, int] = {}
+    for op in host.body.block.ops:
+        if isinstance(op, cuda.BufferOp):
+            kind = op.result.type
+            buffers[op.buffer.data] = Buffer(op.buffer.data, op.kind.data, tuple(kind.get_shape()), _tag(kind))
+            names[op.result] = op.buffer.data
+        elif op.name == "arith.constant":
+            constants[op.results[0]] = op.value.value.data
+        elif isinstance(op, gpu.LaunchFuncOp):
+            grid = (constants[op.gridSizeX], constants[op.gridSizeY], constants[op.gridSizeZ])
+            operands = tuple(names[v] for v in op.kernelOperands)
+            steps.append(Launch(op.kernel.nested_references.data[0].data, grid, constants[op.blockSizeX], operands))
+        elif isinstance(op, shard.AllReduceOp):
+            names[op.result] = names[op.input]
+            steps.append(Reduce(names[op.input]))
+    identity = module.attributes.get("cuda.identity")
+    weights = module.attributes.get("cuda.weights")
+    assert isinstance(identity, builtin.StringAttr) and isinstance(weights, builtin.StringAttr)
+    return HostPlan(identity.data, weights.data, chips, buffers, steps, kernels)
+
+
+def _tag(kind: Any) -> str:
+    from xdsl.dialects.builtin import BFloat16Type, Float32Type
+
+    element = kind.element_type
+    return "bf16" if isinstance(element, BFloat16Type) else "f32" if isinstance(element, Float32Type) else "i64"
+
+
+def weight_share(store: Any, name: str, shape: tuple[int, ...], chip: int, chips: int) -> np.ndarray:
+    """Chip `chip`'s contiguous share of a weight, as the split program states its shape."""
+    from logos_ir.tensor_parallel import weight_split
+
+    array = store.get(name)
+    split = weight_split(name) if chips > 1 else None
+    if split is None:
+        return array
+    axis = 0 if split == "rows" else array.ndim - 1
+    size = array.shape[axis] // chips
+    index = [slice(None)] * array.ndim
+    index[axis] = slice(chip * size, (chip + 1) * size)
+    share = array[tuple(index)]
+    assert share.shape == shape, (name, share.shape, shape)
+    return share
