@@ -48,6 +48,17 @@ class LogosOptMain(xDSLOptMain):
         if self._held is not None:
             write_atomically(self.args.output_file, self._held.getvalue())
 
+    def prepare_input(self):  # type: ignore[no-untyped-def]
+        """xDSL's, with an input of no known kind reported as a usage mistake rather than a failure of the tool."""
+        try:
+            return super().prepare_input()
+        except ValueError as error:
+            if "Unrecognized file extension" not in str(error):
+                raise
+            known = ", ".join(f".{name}" for name in sorted(self.available_frontends))
+            print(f"logos-opt: {error}: give a file named {known}, or name its kind with -f", file=sys.stderr)
+            raise SystemExit(USAGE_ERROR) from None
+
     def register_all_dialects(self) -> None:
         from logos_ir import xdsl_guards
 
