@@ -9,6 +9,7 @@ its `logos-run` backend (`backends`).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -22,102 +23,48 @@ if TYPE_CHECKING:
     from logos_ir.runtime import RunRequest
 
 
-def _logos_dialect() -> Dialect:
-    from logos_ir.dialects.logos import LOGOS
+def _lazy(module: str, name: str) -> Callable[[], Any]:
+    """A loader of `name` from `module`, imported only when the entry is used."""
 
-    return LOGOS
+    def load() -> Any:
+        return getattr(importlib.import_module(module), name)
 
-
-def _d5005_dialect() -> Dialect:
-    from logos_ir.dialects.d5005 import D5005
-
-    return D5005
+    load.__qualname__ = f"load {module}.{name}"
+    return load
 
 
-def _cuda_dialect() -> Dialect:
-    from logos_ir.dialects.cuda import CUDA
-
-    return CUDA
-
-
-def _spatial_dialect() -> Dialect:
-    from logos_ir.dialects.spatial import SPATIAL
-
-    return SPATIAL
+# -- dialects -------------------------------------------------------------------------------------------------
 
 
 def dialects() -> dict[str, Callable[[], Dialect]]:
     """The project's own dialects (xDSL's are registered by `logos-opt` from xDSL's universe)."""
-    return {"logos": _logos_dialect, "d5005": _d5005_dialect, "cuda": _cuda_dialect, "spatial": _spatial_dialect}
+    return {
+        "logos": _lazy("logos_ir.dialects.logos", "LOGOS"),
+        "cuda": _lazy("logos_ir.dialects.cuda", "CUDA"),
+        "d5005": _lazy("logos_ir.dialects.d5005", "D5005"),
+        "spatial": _lazy("logos_ir.dialects.spatial", "SPATIAL"),
+    }
 
 
-def _cut_extract() -> type[ModulePass]:
-    from logos_ir.passes.cut_extract import CutExtract
-
-    return CutExtract
-
-
-def _tp_split() -> type[ModulePass]:
-    from logos_ir.passes.tp_split import TpSplit
-
-    return TpSplit
-
-
-def _verify_identity() -> type[ModulePass]:
-    from logos_ir.passes.verify_identity import VerifyIdentity
-
-    return VerifyIdentity
-
-
-def _convert_logos_to_d5005() -> type[ModulePass]:
-    from logos_ir.passes.d5005.convert_logos_to_d5005 import ConvertLogosToD5005
-
-    return ConvertLogosToD5005
-
-
-def _convert_logos_to_cuda_kernels() -> type[ModulePass]:
-    from logos_ir.passes.cuda.logos_to_kernels import ConvertLogosToCudaKernels
-
-    return ConvertLogosToCudaKernels
-
-
-def _convert_cuda_kernels_to_gpu() -> type[ModulePass]:
-    from logos_ir.passes.cuda.kernels_to_gpu import ConvertCudaKernelsToGpu
-
-    return ConvertCudaKernelsToGpu
-
-
-def _convert_logos_to_spatial() -> type[ModulePass]:
-    from logos_ir.passes.spatial.convert_logos_to_spatial import ConvertLogosToSpatial
-
-    return ConvertLogosToSpatial
-
-
-def _spatial_place() -> type[ModulePass]:
-    from logos_ir.passes.spatial.place import SpatialPlace
-
-    return SpatialPlace
-
-
-def _convert_spatial_to_csl() -> type[ModulePass]:
-    from logos_ir.passes.spatial.convert_spatial_to_csl import ConvertSpatialToCsl
-
-    return ConvertSpatialToCsl
+# -- passes, by lane in pipeline order ---------------------------------------------------------------------------
 
 
 def passes() -> dict[str, Callable[[], type[ModulePass]]]:
-    """logos-ir's passes by their kebab-case names."""
+    """logos-ir's passes by their kebab-case names: the middle end, then each lane's levels in pipeline order."""
     return {
-        "cut-extract": _cut_extract,
-        "tp-split": _tp_split,
-        "verify-identity": _verify_identity,
-        "convert-logos-to-d5005": _convert_logos_to_d5005,
-        "convert-logos-to-cuda-kernels": _convert_logos_to_cuda_kernels,
-        "convert-cuda-kernels-to-gpu": _convert_cuda_kernels_to_gpu,
-        "convert-logos-to-spatial": _convert_logos_to_spatial,
-        "spatial-place": _spatial_place,
-        "convert-spatial-to-csl": _convert_spatial_to_csl,
+        "cut-extract": _lazy("logos_ir.passes.cut_extract", "CutExtract"),
+        "tp-split": _lazy("logos_ir.passes.tp_split", "TpSplit"),
+        "verify-identity": _lazy("logos_ir.passes.verify_identity", "VerifyIdentity"),
+        "convert-logos-to-cuda-kernels": _lazy("logos_ir.passes.cuda.logos_to_kernels", "ConvertLogosToCudaKernels"),
+        "convert-cuda-kernels-to-gpu": _lazy("logos_ir.passes.cuda.kernels_to_gpu", "ConvertCudaKernelsToGpu"),
+        "convert-logos-to-d5005": _lazy("logos_ir.passes.d5005.convert_logos_to_d5005", "ConvertLogosToD5005"),
+        "convert-logos-to-spatial": _lazy("logos_ir.passes.spatial.convert_logos_to_spatial", "ConvertLogosToSpatial"),
+        "spatial-place": _lazy("logos_ir.passes.spatial.place", "SpatialPlace"),
+        "convert-spatial-to-csl": _lazy("logos_ir.passes.spatial.convert_spatial_to_csl", "ConvertSpatialToCsl"),
     }
+
+
+# -- named pipelines --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -146,14 +93,14 @@ def _middle_end(options: dict[str, str]) -> list[str]:
     return stages
 
 
-def _to_d5005(options: dict[str, str]) -> list[str]:
-    return ["verify-identity", f"convert-logos-to-d5005{{weights={options.get('weights', 'bf16')}}}"]
-
-
 def _to_cuda(options: dict[str, str]) -> list[str]:
     middle = _middle_end({k: v for k, v in options.items() if k == "tp"})
     weights = options.get("weights", "bf16")
     return [*middle, f"convert-logos-to-cuda-kernels{{weights={weights}}}", "convert-cuda-kernels-to-gpu"]
+
+
+def _to_d5005(options: dict[str, str]) -> list[str]:
+    return ["verify-identity", f"convert-logos-to-d5005{{weights={options.get('weights', 'bf16')}}}"]
 
 
 def _to_spatial(options: dict[str, str]) -> list[str]:
@@ -171,18 +118,18 @@ def pipelines() -> dict[str, Pipeline]:
             ("cut", "tp"),
             _middle_end,
         ),
-        "logos-to-d5005": Pipeline(
-            "logos-to-d5005",
-            "a decode step to the D5005 engine's instructions over placed board-memory regions (weights=bf16|f32)",
-            ("weights",),
-            _to_d5005,
-        ),
         "logos-to-cuda": Pipeline(
             "logos-to-cuda",
             "a decode step, prefill chunk or batch (tp=N: split) to fused kernels, then to a gpu.module of kernels"
             " and a host plan of gpu.launch_func (weights=bf16|f32)",
             ("weights", "tp"),
             _to_cuda,
+        ),
+        "logos-to-d5005": Pipeline(
+            "logos-to-d5005",
+            "a decode step to the D5005 engine's instructions over placed board-memory regions (weights=bf16|f32)",
+            ("weights",),
+            _to_d5005,
         ),
         "logos-to-spatial": Pipeline(
             "logos-to-spatial",
@@ -198,51 +145,15 @@ def pipelines() -> dict[str, Pipeline]:
 # -- emitters: `logos-opt -t NAME` ---------------------------------------------------------------------------
 
 
-def _logos_emitter() -> type[Target]:
-    from logos_ir.passes.emit_logos import LogosTarget
-
-    return LogosTarget
-
-
-def _d5005_listing() -> type[Target]:
-    from logos_ir.passes.d5005.emit_listing import ListingTarget
-
-    return ListingTarget
-
-
-def _d5005_layout() -> type[Target]:
-    from logos_ir.passes.d5005.emit_layout import LayoutTarget
-
-    return LayoutTarget
-
-
-def _d5005_opencl() -> type[Target]:
-    from logos_ir.passes.d5005.emit_opencl import EngineTarget
-
-    return EngineTarget
-
-
-def _cuda_emitter() -> type[Target]:
-    from logos_ir.passes.cuda.emit_cuda import CudaTarget
-
-    return CudaTarget
-
-
-def _csl_emitter() -> type[Target]:
-    from logos_ir.passes.spatial.emit_csl import CslTarget
-
-    return CslTarget
-
-
 def emitters() -> dict[str, Callable[[], type[Target]]]:
-    """The project's `-t` targets (xDSL's own are registered by `logos-opt`). The lanes add their emitters here."""
+    """The project's `-t` targets (xDSL's own are registered by `logos-opt`; `csl` here replaces xDSL's)."""
     return {
-        "logos": _logos_emitter,
-        "d5005-listing": _d5005_listing,
-        "d5005-layout": _d5005_layout,
-        "d5005-opencl": _d5005_opencl,
-        "cuda": _cuda_emitter,
-        "csl": _csl_emitter,
+        "logos": _lazy("logos_ir.passes.emit_logos", "LogosTarget"),
+        "cuda": _lazy("logos_ir.passes.cuda.emit_cuda", "CudaTarget"),
+        "d5005-listing": _lazy("logos_ir.passes.d5005.emit_listing", "ListingTarget"),
+        "d5005-layout": _lazy("logos_ir.passes.d5005.emit_layout", "LayoutTarget"),
+        "d5005-opencl": _lazy("logos_ir.passes.d5005.emit_opencl", "EngineTarget"),
+        "csl": _lazy("logos_ir.passes.spatial.emit_csl", "CslTarget"),
     }
 
 
@@ -262,30 +173,6 @@ class CompileTarget:
     build: Callable[[], Callable[[BuildRequest], LaneBuild]]
 
 
-def _build_logos() -> Callable[[BuildRequest], LaneBuild]:
-    from logos_ir.build import build_logos
-
-    return build_logos
-
-
-def _build_d5005() -> Callable[[BuildRequest], LaneBuild]:
-    from logos_ir.passes.d5005.build import build_d5005
-
-    return build_d5005
-
-
-def _build_cuda() -> Callable[[BuildRequest], LaneBuild]:
-    from logos_ir.passes.cuda.build import build_cuda
-
-    return build_cuda
-
-
-def _build_spatial() -> Callable[[BuildRequest], LaneBuild]:
-    from logos_ir.passes.spatial.build import build_spatial
-
-    return build_spatial
-
-
 def compile_targets() -> dict[str, CompileTarget]:
     """`logos-compile`'s targets by name. The lanes add theirs here."""
     return {
@@ -294,15 +181,7 @@ def compile_targets() -> dict[str, CompileTarget]:
             "the LOGOS program of the cut and, for a whole program, each part (embedding, layers, head)",
             (),
             ("f32",),
-            _build_logos,
-        ),
-        "d5005": CompileTarget(
-            "d5005",
-            "the D5005 engine's instruction stream, listing, weight layout, OpenCL engine source and cost model"
-            " (--with-weights: the weight image)",
-            ("decode",),
-            ("bf16", "f32"),
-            _build_d5005,
+            _lazy("logos_ir.build", "build_logos"),
         ),
         "cuda": CompileTarget(
             "cuda",
@@ -310,15 +189,24 @@ def compile_targets() -> dict[str, CompileTarget]:
             " (--with-weights: the device weight image)",
             ("decode", "prefill", "batch"),
             ("bf16", "f32"),
-            _build_cuda,
+            _lazy("logos_ir.passes.cuda.build", "build_cuda"),
+        ),
+        "d5005": CompileTarget(
+            "d5005",
+            "the D5005 engine's instruction stream, listing, weight layout, OpenCL engine source and cost model"
+            " (--with-weights: the weight image)",
+            ("decode",),
+            ("bf16", "f32"),
+            _lazy("logos_ir.passes.d5005.build", "build_d5005"),
         ),
         "spatial": CompileTarget(
             "spatial",
             "every part of a decode step placed on a WSE-2-sized grid: per part its placement (placement.mlir) and"
-            " its CSL (layout.csl, pe_program.csl); the report: elements, memory per element, words per token, tokens/s",
+            " its CSL (layout.csl, pe_program.csl); the report: elements, memory per element, words per token,"
+            " tokens/s",
             ("decode", "decode_embed", "decode_layer", "decode_head"),
             ("f16", "f32"),
-            _build_spatial,
+            _lazy("logos_ir.passes.spatial.build", "build_spatial"),
         ),
     }
 
@@ -339,51 +227,32 @@ class Backend:
     emulates: bool = False
 
 
-def _reference_generator() -> Callable[[RunRequest], Any]:
-    from logos_ir.runtime import reference_generator
-
-    return reference_generator
-
-
-def _d5005_generator() -> Callable[[RunRequest], Any]:
-    from logos_ir.runtime.d5005 import d5005_generator
-
-    return d5005_generator
-
-
-def _cuda_generator() -> Callable[[RunRequest], Any]:
-    from logos_ir.runtime.cuda import cuda_generator
-
-    return cuda_generator
-
-
-def _spatial_generator() -> Callable[[RunRequest], Any]:
-    from logos_ir.runtime.spatial import spatial_generator
-
-    return spatial_generator
-
-
 def backends() -> dict[str, Backend]:
     """`logos-run`'s backends by name. The lanes add theirs here."""
     return {
-        "reference": Backend("reference", "the numpy reference interpreter (float32)", ("f32",), _reference_generator),
-        "d5005": Backend(
-            "d5005",
-            "the D5005 engine's OpenCL C run on PoCL's CPU device, one launch per decode step",
-            ("bf16", "f32"),
-            _d5005_generator,
+        "reference": Backend(
+            "reference",
+            "the numpy reference interpreter (float32)",
+            ("f32",),
+            _lazy("logos_ir.runtime", "reference_generator"),
         ),
         "cuda": Backend(
             "cuda",
             "the CUDA lane's kernels on a GPU (cupy), or with --emulate executed on the CPU",
             ("bf16", "f32"),
-            _cuda_generator,
+            _lazy("logos_ir.runtime.cuda", "cuda_generator"),
             emulates=True,
+        ),
+        "d5005": Backend(
+            "d5005",
+            "the D5005 engine's OpenCL C run on PoCL's CPU device, one launch per decode step",
+            ("bf16", "f32"),
+            _lazy("logos_ir.runtime.d5005", "d5005_generator"),
         ),
         "spatial": Backend(
             "spatial",
             "the spatial lane's simulator of a grid of processing elements, element by element, counting cycles",
             ("f16", "f32"),
-            _spatial_generator,
+            _lazy("logos_ir.runtime.spatial", "spatial_generator"),
         ),
     }

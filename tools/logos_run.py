@@ -55,7 +55,8 @@ def _ids(text: str) -> list[int]:
 def _arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="logos-run",
-        description="Generate text greedily with a model's LOGOS programs on the reference interpreter.",
+        description="Generate text greedily with a model's LOGOS programs, on the reference interpreter or a lane's "
+        "backend.",
     )
     parser.add_argument(
         "--model",
