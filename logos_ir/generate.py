@@ -1,9 +1,15 @@
-"""Greedy generation through the compiled LOGOS programs, on the reference interpreter.
+"""Greedy generation through the compiled LOGOS programs, on the reference interpreter or a lane's runtime.
 
 A `Generator` authors each program it needs once per shape (the prefill chunk of so many rows, the decode
 step), parses the author's text back into IR, compiles it once, and runs all of them over one shared
 `KVState`: the prompt goes through prefill chunks, then each new token through a decode step, greedily. Ids
 the caller sees count from 0, as the model's tokenizer does; inside the programs they count from 1.
+
+The lanes reuse the loop, not copy it. A lane whose runtime runs programs (the CUDA lane's kernels) subclasses
+`Generator` and overrides its two hooks, `compile_program` (a cut to something with `inputs` and `run`) and
+`kv_state` (where the caches live). A lane whose hardware holds the model in place and takes one token at a time
+(the D5005 engine, the spatial grid) subclasses `StepGenerator` and gives `machine(ctx)`: the prompt, then each
+new token, goes through its `step`. Both share the prompt checks, the cache sizing and the greedy decode loop.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -18,9 +25,20 @@ from logos_ir.author import written, written_split
 from logos_ir.errors import LogosError
 from logos_ir.interpreter import Interpreter, KVState
 from logos_ir.program import Cut, Identity
+from logos_ir.spec import ModelSpec
 from logos_ir.weights import WeightStore
 
-__all__ = ["GenerationStats", "Generator", "default_ctx"]
+__all__ = [
+    "Compiled",
+    "GenerationStats",
+    "Generator",
+    "StepGenerator",
+    "StepMachine",
+    "checked_prompt",
+    "default_ctx",
+    "greedy",
+    "run_program",
+]
 
 CTX_MULTIPLE = 64
 
@@ -57,9 +75,63 @@ class GenerationStats:
 
 
 @dataclass
-class _Compiled:
-    interpreter: Interpreter
+class Compiled:
+    """A program ready to run (anything with `inputs` and `run(**inputs)`, as the `Interpreter` has) and the
+    identity of the LOGOS program it was made from."""
+
+    program: Any
     identity: Identity
+
+
+def checked_prompt(spec: ModelSpec, prompt_ids: Sequence[int]) -> list[int]:
+    """The prompt's ids (from 0) as a list, refusing an empty prompt or an id outside the vocabulary."""
+    prompt = [int(i) for i in prompt_ids]
+    if not prompt:
+        raise LogosError("the prompt is empty: generation needs at least one token")
+    bad = [i for i in prompt if not 0 <= i < spec.vocab]
+    if bad:
+        raise LogosError(f"prompt ids {bad[:5]} are outside the vocabulary (ids 0 to {spec.vocab - 1})")
+    return prompt
+
+
+def cache_for(ctx: int | None, prompt_length: int, max_new_tokens: int) -> int:
+    """The cache length of a call: `ctx`, or `default_ctx`; refused when the prompt does not fit it."""
+    ctx = ctx or default_ctx(prompt_length, max_new_tokens)
+    if prompt_length > ctx:
+        raise LogosError(
+            f"the prompt's {prompt_length} tokens do not fit a cache of {ctx} positions",
+            hint="give the generator a longer ctx",
+        )
+    return ctx
+
+
+def greedy(
+    token: int,
+    position: int,
+    ctx: int,
+    max_new_tokens: int,
+    eos_id: int | None,
+    on_token: Callable[[int], None] | None,
+    step: Callable[[int, int], int] | None,
+    stats: GenerationStats,
+) -> list[int]:
+    """Emit `token` (from 1, predicted for `position`), then `step(token, position)` (the next token, from 1) until
+    `max_new_tokens` are out, the end-of-sequence id (from 0) comes or the cache is full; the new ids from 0.
+    `step` None: only the first token is wanted or fits."""
+    new: list[int] = []
+    started = time.perf_counter()
+    while True:
+        new.append(token - 1)
+        if on_token is not None:
+            on_token(token - 1)
+        if len(new) >= max_new_tokens or token - 1 == eos_id or position > ctx or step is None:
+            break
+        token = step(token, position)
+        position += 1
+        stats.decode_steps += 1
+    stats.decode_s = time.perf_counter() - started
+    stats.new_tokens = len(new)
+    return new
 
 
 class Generator:
@@ -77,22 +149,23 @@ class Generator:
         self.weights, self.spec = weights, weights.spec
         self.ctx, self.prefill_rows, self.tp = ctx, prefill_rows, tp
         self.stats = GenerationStats()
-        self._programs: dict[Cut, _Compiled] = {}
+        self._programs: dict[Cut, Compiled] = {}
         self._states: dict[int, KVState] = {}
         self._used: dict[Cut, Identity] = {}
 
     # -- programs --------------------------------------------------------------------------------------------
 
-    def program(self, cut: Cut) -> Interpreter:
-        """The compiled program for `cut` (split over `tp` chips when tp > 1), authored and parsed on first
-        use."""
+    def program(self, cut: Cut) -> Any:
+        """The compiled program for `cut` (split over `tp` chips when tp > 1), compiled on first use."""
         compiled = self._programs.get(cut)
         if compiled is None:
-            compiled = self._programs[cut] = self._compile(cut)
+            compiled = self._programs[cut] = self.compile_program(cut)
         self._used[cut] = compiled.identity
-        return compiled.interpreter
+        return compiled.program
 
-    def _compile(self, cut: Cut) -> _Compiled:
+    def compile_program(self, cut: Cut) -> Compiled:
+        """The hook a lane overrides: `cut` as the author writes it, made runnable. Here: parsed, and compiled by
+        the reference interpreter over the KV state of its cache length."""
         from logos_ir.parser import parse_program
 
         if self.tp > 1:
@@ -100,10 +173,11 @@ class Generator:
         else:
             authored, identity = written(self.spec, cut)
         program = parse_program(authored.text, f"<{cut.option()}>")
-        return _Compiled(Interpreter(program, self.weights, self._state(cut.ctx or 1)), identity)
+        return Compiled(Interpreter(program, self.weights, self.kv_state(cut.ctx or 1)), identity)
 
-    def _state(self, ctx: int) -> KVState:
-        """One KV state per cache length: every program over that length shares it."""
+    def kv_state(self, ctx: int) -> Any:
+        """The hook a lane overrides: where the caches of length `ctx` live. Here one `KVState` per cache length,
+        shared by every program over that length."""
         state = self._states.get(ctx)
         if state is None:
             state = self._states[ctx] = KVState()
@@ -125,16 +199,11 @@ class Generator:
     ) -> list[int]:
         """Greedy continuation of `prompt_ids` (ids from 0): up to `max_new_tokens` new ids (from 0), stopping
         after `eos_id` (which is returned) or when the cache is full."""
-        prompt = self._checked_prompt(prompt_ids)
-        ctx = self.ctx or default_ctx(len(prompt), max_new_tokens)
-        if len(prompt) > ctx:
-            raise LogosError(
-                f"the prompt's {len(prompt)} tokens do not fit a cache of {ctx} positions",
-                hint="give the generator a longer ctx",
-            )
+        prompt = checked_prompt(self.spec, prompt_ids)
+        ctx = cache_for(self.ctx, len(prompt), max_new_tokens)
         self.stats = GenerationStats(prompt_tokens=len(prompt))
         self._used = {}
-        self._state(ctx).reset()
+        self.kv_state(ctx).reset()
         if max_new_tokens <= 0:
             return []
         self._prepare(len(prompt), ctx, max_new_tokens)
@@ -142,15 +211,6 @@ class Generator:
         token = self._prefill(prompt, ctx)
         self.stats.prefill_s = time.perf_counter() - started
         return self._decode(token, len(prompt) + 1, ctx, max_new_tokens, eos_id, on_token)
-
-    def _checked_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
-        prompt = [int(i) for i in prompt_ids]
-        if not prompt:
-            raise LogosError("the prompt is empty: generation needs at least one token")
-        bad = [i for i in prompt if not 0 <= i < self.spec.vocab]
-        if bad:
-            raise LogosError(f"prompt ids {bad[:5]} are outside the vocabulary (ids 0 to {self.spec.vocab - 1})")
-        return prompt
 
     def _prepare(self, prompt_length: int, ctx: int, max_new_tokens: int) -> None:
         """Author and compile every program this call will run before the clock starts (and in running order,
@@ -171,12 +231,12 @@ class Generator:
             # through the split decode step, one token at a time: the same cache, filled position by position.
             step = self.program(Cut.decode(ctx))
             for position, token in enumerate(prompt, start=1):
-                out = _run(step, [token + 1], [position])
+                out = run_program(step, [token + 1], [position])
             return int(out[0])
         for start in range(0, len(prompt), self.prefill_rows):
             chunk = prompt[start : start + self.prefill_rows]
             program = self.program(Cut.prefill(len(chunk), ctx))  # a shorter last chunk gets its own program
-            out = _run(program, [t + 1 for t in chunk], list(range(start + 1, start + len(chunk) + 1)))
+            out = run_program(program, [t + 1 for t in chunk], list(range(start + 1, start + len(chunk) + 1)))
         return int(out[0])
 
     def _decode(
@@ -189,24 +249,76 @@ class Generator:
         on_token: Callable[[int], None] | None,
     ) -> list[int]:
         """Emit `token` (from 1, predicted for `position`), then decode until a stop; the new ids from 0."""
-        new: list[int] = []
-        step = self.program(Cut.decode(ctx)) if max_new_tokens > 1 and position <= ctx else None
+        program = self.program(Cut.decode(ctx)) if max_new_tokens > 1 and position <= ctx else None
+
+        def step(token: int, position: int) -> int:
+            return int(run_program(program, [token], [position])[0])
+
+        return greedy(token, position, ctx, max_new_tokens, eos_id, on_token, step if program else None, self.stats)
+
+
+class StepMachine(Protocol):
+    """A lane's machine that holds the model in place and takes one token at a time (ids and positions from 1)."""
+
+    @property
+    def identities(self) -> Sequence[Identity]: ...
+
+    def reset(self) -> None: ...
+
+    def step(self, token: int, position: int) -> int: ...
+
+
+class StepGenerator:
+    """Greedy generation on a machine that runs the decode step alone: the prompt goes through it one token at a
+    time, as on a chip that holds the model in place, then each new token. A subclass gives `machine(ctx)` (one
+    per cache length, made on first use)."""
+
+    def __init__(self, weights: WeightStore, ctx: int | None = None):
+        if ctx is not None and ctx < 1:
+            raise LogosError(f"the cache holds at least 1 position, not {ctx}")
+        self.weights, self.spec, self.ctx = weights, weights.spec, ctx
+        self.stats = GenerationStats()
+        self._machines: dict[int, StepMachine] = {}
+        self._machine: StepMachine | None = None
+
+    def machine(self, ctx: int) -> StepMachine:
+        """The hook a lane overrides: its machine for a cache of `ctx` positions."""
+        raise LogosError(f"{type(self).__name__} gives no machine to run")
+
+    def _machine_for(self, ctx: int) -> StepMachine:
+        machine = self._machines.get(ctx)
+        if machine is None:
+            machine = self._machines[ctx] = self.machine(ctx)
+        return machine
+
+    @property
+    def identities(self) -> list[Identity]:
+        """The identities of the programs the last `generate` ran."""
+        return list(self._machine.identities) if self._machine is not None else []
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        eos_id: int | None = None,
+        on_token: Callable[[int], None] | None = None,
+    ) -> list[int]:
+        """As `Generator.generate`."""
+        prompt = checked_prompt(self.spec, prompt_ids)
+        ctx = cache_for(self.ctx, len(prompt), max_new_tokens)
+        self.stats = GenerationStats(prompt_tokens=len(prompt))
+        if max_new_tokens <= 0:
+            return []
+        machine = self._machine = self._machine_for(ctx)
+        machine.reset()
         started = time.perf_counter()
-        while True:
-            new.append(token - 1)
-            if on_token is not None:
-                on_token(token - 1)
-            if len(new) >= max_new_tokens or token - 1 == eos_id or position > ctx or step is None:
-                break
-            token = int(_run(step, [token], [position])[0])
-            position += 1
-            self.stats.decode_steps += 1
-        self.stats.decode_s = time.perf_counter() - started
-        self.stats.new_tokens = len(new)
-        return new
+        for position, token in enumerate(prompt, start=1):
+            predicted = machine.step(token + 1, position)
+        self.stats.prefill_s = time.perf_counter() - started
+        return greedy(predicted, len(prompt) + 1, ctx, max_new_tokens, eos_id, on_token, machine.step, self.stats)
 
 
-def _run(program: Interpreter, tokens: list[int], positions: list[int]) -> np.ndarray:
+def run_program(program: Any, tokens: list[int], positions: list[int]) -> np.ndarray:
     """Run a program on tokens and positions (from 1), bound to its inputs of those kinds, whatever their
     names (`token` for one row, `tokens` for several)."""
     names = {kind: name for name, kind in program.inputs.items()}

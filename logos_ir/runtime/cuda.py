@@ -752,7 +752,7 @@ def cuda_generator(request: Any) -> Any:
     """The `cuda` backend: the lane's kernels on the GPU, or with `emulate` on the CPU (see the module docstring)."""
     import os
 
-    from logos_ir.generate import Generator, _Compiled
+    from logos_ir.generate import Compiled, Generator
 
     if not request.emulate and gpu_count() == 0:
         raise LogosError(NO_GPU)
@@ -774,11 +774,11 @@ def cuda_generator(request: Any) -> Any:
         """The reference's greedy loop (prompt checks, prefill chunks, decode steps, stats) over the lane's
         programs."""
 
-        def _compile(self, cut: Any) -> Any:
+        def compile_program(self, cut: Any) -> Compiled:
             plan, source, identity = build_program(self.spec, cut, self.tp, request.weights)
-            return _Compiled(_Program(plan, source, device, graph=cut.kind == "decode"), identity)  # type: ignore[arg-type]
+            return Compiled(_Program(plan, source, device, graph=cut.kind == "decode"), identity)
 
-        def _state(self, ctx: int) -> Any:
+        def kv_state(self, ctx: int) -> Any:
             return _DeviceState(device)
 
     generator = CudaGenerator(store, ctx=request.ctx, prefill_rows=request.prefill_rows, tp=request.tp)
@@ -822,7 +822,7 @@ def _reference_logits(generator: Any, program: Any) -> np.ndarray:
 def teacher_forced(store: Any, prompt: Sequence[int], steps: int, weights: str, prefill_rows: int = 16) -> Agreement:
     """Run the prompt then `steps` decode steps through the reference and the emulated lane side by side, both fed
     the reference's greedy tokens; compare each step's next token and logits."""
-    from logos_ir.generate import Generator, _run, default_ctx
+    from logos_ir.generate import Generator, default_ctx, run_program
     from logos_ir.program import Cut
     from logos_ir.runtime import RunRequest
 
@@ -835,8 +835,8 @@ def teacher_forced(store: Any, prompt: Sequence[int], steps: int, weights: str, 
 
     def compare(cut: Any, tokens: list[int], positions: list[int]) -> int:
         ours, theirs = lane.program(cut), reference.program(cut)
-        got = int(_run(ours, tokens, positions)[0])
-        want = int(_run(theirs, tokens, positions)[0])
+        got = int(run_program(ours, tokens, positions)[0])
+        want = int(run_program(theirs, tokens, positions)[0])
         logits, expected = ours.chips[0]["logits"][0], _reference_logits(reference, theirs)
         matches.append(got == want)
         top = np.sort(expected)[-2:]

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import json
 import struct
-import time
 import warnings
 import zlib
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ import numpy as np
 
 from logos_ir.dialects import d5005
 from logos_ir.errors import LogosError
+from logos_ir.generate import StepGenerator
 from logos_ir.program import Cut, Identity
 
 BUILD_FILES = ("engine.cl", "instructions.bin", "weights.bin")
@@ -326,8 +325,21 @@ class Engine:
 
 @dataclass(frozen=True)
 class LoadedBuild:
+    """An engine loaded with a decode step's build, and the identity of that step: the machine a
+    `StepGenerator` runs."""
+
     engine: Engine
     identity: Identity
+
+    @property
+    def identities(self) -> list[Identity]:
+        return [self.identity]
+
+    def reset(self) -> None:
+        self.engine.reset()
+
+    def step(self, token: int, position: int) -> int:
+        return self.engine.step(token, position)
 
 
 def engine_for(store: Any, ctx: int, weights: str) -> LoadedBuild:
@@ -344,74 +356,22 @@ def engine_for(store: Any, ctx: int, weights: str) -> LoadedBuild:
     return LoadedBuild(engine, artifacts["instructions"].identity)
 
 
-class D5005Generator:
-    """Greedy generation on the engine (the shape of `logos_ir.generate.Generator`): the prompt and each new token
-    go through one decode step each, one engine launch per step."""
+class D5005Generator(StepGenerator):
+    """Greedy generation on the engine: the prompt and each new token go through one decode step each, one engine
+    launch per step (the engine runs the decode step alone)."""
 
     def __init__(self, store: Any, ctx: int | None = None, weights: str = "bf16"):
-        from logos_ir.generate import GenerationStats
-
+        super().__init__(store, ctx=ctx)
         if weights not in d5005.WEIGHT_BYTES:
             raise LogosError(f"the d5005 backend runs bf16 or f32 weights, not {weights}")
-        self.store, self.spec, self.ctx, self.weights = store, store.spec, ctx, weights
-        self.stats = GenerationStats()
-        self._loaded: dict[int, LoadedBuild] = {}
-        self._identities: list[Identity] = []
+        self.store, self.image = store, weights
 
-    @property
-    def identities(self) -> list[Identity]:
-        return list(self._identities)
+    def machine(self, ctx: int) -> LoadedBuild:
+        return engine_for(self.store, ctx, self.image)
 
     def engine(self, ctx: int) -> Engine:
-        loaded = self._loaded.get(ctx)
-        if loaded is None:
-            loaded = self._loaded[ctx] = engine_for(self.store, ctx, self.weights)
-        self._identities = [loaded.identity]
-        return loaded.engine
-
-    def _checked(self, prompt_ids: Sequence[int], max_new_tokens: int) -> tuple[list[int], int]:
-        from logos_ir.generate import Generator, default_ctx
-
-        prompt = Generator._checked_prompt(self, prompt_ids)  # type: ignore[arg-type]  # the same checks
-        ctx = self.ctx or default_ctx(len(prompt), max_new_tokens)
-        if len(prompt) > ctx:
-            raise LogosError(f"the prompt's {len(prompt)} tokens do not fit a cache of {ctx} positions")
-        return prompt, ctx
-
-    def generate(
-        self,
-        prompt_ids: Sequence[int],
-        max_new_tokens: int,
-        eos_id: int | None = None,
-        on_token: Callable[[int], None] | None = None,
-    ) -> list[int]:
-        from logos_ir.generate import GenerationStats
-
-        prompt, ctx = self._checked(prompt_ids, max_new_tokens)
-        self.stats = GenerationStats(prompt_tokens=len(prompt))
-        if max_new_tokens <= 0:
-            return []
-        engine = self.engine(ctx)
-        engine.reset()
-        started = time.perf_counter()
-        for position, token in enumerate(prompt, start=1):
-            predicted = engine.step(token + 1, position)
-        self.stats.prefill_s = time.perf_counter() - started
-        new: list[int] = []
-        position = len(prompt) + 1
-        started = time.perf_counter()
-        while True:
-            new.append(predicted - 1)
-            if on_token is not None:
-                on_token(predicted - 1)
-            if len(new) >= max_new_tokens or predicted - 1 == eos_id or position > ctx:
-                break
-            predicted = engine.step(predicted, position)
-            position += 1
-            self.stats.decode_steps += 1
-        self.stats.decode_s = time.perf_counter() - started
-        self.stats.new_tokens = len(new)
-        return new
+        """The engine loaded for a cache of `ctx` positions (made on first use)."""
+        return self._machine_for(ctx).engine  # type: ignore[attr-defined]
 
 
 def d5005_generator(request: Any) -> D5005Generator:

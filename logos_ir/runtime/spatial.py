@@ -23,7 +23,6 @@ are the sum over every op of every region, as one token crosses them in turn.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +32,7 @@ from xdsl.ir import Operation, SSAValue
 
 from logos_ir.dialects import spatial as sp
 from logos_ir.errors import LogosError
-from logos_ir.generate import Generator, default_ctx
+from logos_ir.generate import StepGenerator, default_ctx
 from logos_ir.interpreter import rope_inv_freq
 from logos_ir.passes.spatial.cost import CycleModel, manhattan, op_cost
 from logos_ir.program import Identity
@@ -413,67 +412,21 @@ class Machine:
 # -- generation -------------------------------------------------------------------------------------------------
 
 
-class SpatialGenerator(Generator):
+class SpatialGenerator(StepGenerator):
     """Greedy generation on the simulated grid: the prompt and every new token go one at a time through the decode
-    step's regions (a spatial chip holds the model in place and streams tokens through it). `weights` is the image
-    the grid holds (f16 or f32), `tile` the tile edge (0: automatic)."""
+    step's regions (a spatial chip holds the model in place and streams tokens through it). `image` is the weight
+    image the grid holds (f16 or f32), `tile` the tile edge (0: automatic)."""
 
     def __init__(self, weights: WeightStore, ctx: int | None = None, image: str = "f16", tile: int = 0):
         super().__init__(weights, ctx=ctx)
         if image not in sp.WEIGHT_BYTES:
             raise LogosError(f"the spatial backend holds f16 or f32 weights, not {image}")
         self.image, self.tile = image, tile
-        self._machines: dict[int, Machine] = {}
-        self._machine: Machine | None = None
 
     def machine(self, ctx: int) -> Machine:
-        machine = self._machines.get(ctx)
-        if machine is None:
-            from logos_ir.passes.spatial.decode_step import lower_decode_step
+        from logos_ir.passes.spatial.decode_step import lower_decode_step
 
-            parts = lower_decode_step(self.spec, ctx, self.image, self.tile)
-            machine = self._machines[ctx] = Machine.build(parts, self.weights)
-        return machine
-
-    @property
-    def identities(self) -> list[Identity]:
-        return list(self._machine.identities) if self._machine is not None else []
-
-    def _prepare(self, prompt_length: int, ctx: int, max_new_tokens: int) -> None:
-        self._machine = self.machine(ctx)
-        self._machine.reset()
-
-    def _prefill(self, prompt: list[int], ctx: int) -> int:
-        assert self._machine is not None
-        token = 0
-        for position, token_id in enumerate(prompt, start=1):
-            token = self._machine.step(token_id + 1, position)
-        return token
-
-    def _decode(
-        self,
-        token: int,
-        position: int,
-        ctx: int,
-        max_new_tokens: int,
-        eos_id: int | None,
-        on_token: Callable[[int], None] | None,
-    ) -> list[int]:
-        assert self._machine is not None
-        new: list[int] = []
-        started = time.perf_counter()
-        while True:
-            new.append(token - 1)
-            if on_token is not None:
-                on_token(token - 1)
-            if len(new) >= max_new_tokens or token - 1 == eos_id or position > ctx:
-                break
-            token = self._machine.step(token, position)
-            position += 1
-            self.stats.decode_steps += 1
-        self.stats.decode_s = time.perf_counter() - started
-        self.stats.new_tokens = len(new)
-        return new
+        return Machine.build(lower_decode_step(self.spec, ctx, self.image, self.tile), self.weights)
 
 
 def spatial_generator(request: Any) -> SpatialGenerator:
