@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import io
+import math
 import os
 import platform
 import resource
@@ -57,6 +59,11 @@ class Scenario:
     model: str
     cut: str
     tp: int = 1
+    scaling_model: str = ""  # the widths of the scaling table, where 80 layers of `model`'s do not fit the target
+
+    @property
+    def widths(self) -> str:
+        return self.scaling_model or self.model
 
     def args(self, output: Path) -> list[str]:
         return [
@@ -76,8 +83,10 @@ class Scenario:
 SCENARIOS = [
     Scenario("cuda decode 70b tp8", "cuda", "llama-3.1-70b", "decode ctx=8192", 8),
     Scenario("cuda prefill 70b 512 rows", "cuda", "llama-3.1-70b", "prefill rows=512 ctx=8192"),
-    Scenario("d5005 decode 8b", "d5005", "llama-3.1-8b", "decode ctx=8192"),
-    Scenario("spatial decode 8b (34 parts)", "spatial", "llama-3.1-8b", "decode ctx=8192"),
+    Scenario("d5005 decode 8b", "d5005", "llama-3.1-8b", "decode ctx=8192", scaling_model="llama-3.2-1b"),
+    Scenario(
+        "spatial decode 8b (34 parts)", "spatial", "llama-3.1-8b", "decode ctx=8192", scaling_model="smollm2-135m"
+    ),
     Scenario("logos decode 70b", "logos", "llama-3.1-70b", "decode ctx=8192"),
 ]
 
@@ -154,6 +163,7 @@ def best_stages(scenario: Scenario, spec: ModelSpec, repeat: int) -> tuple[Stage
     runs = [Stages() for _ in range(repeat)]
     ops = 0
     for stages in runs:
+        gc.collect()  # start each build from a heap as clean as a fresh logos-compile's, not the last build's garbage
         ops = time_build(scenario, spec, stages)
     best = Stages()
     for name in runs[0].seconds:
@@ -260,6 +270,24 @@ def print_stages(scenario: Scenario, stages: Stages, ops: int) -> None:
         print(f"| {name} | {seconds:.3f} | {rate} | {stages.peak_mib[name]:.0f} |")
 
 
+def growth(by_layers: dict[int, float], first: int, last: int) -> str:
+    if not by_layers.get(first):
+        return "-"
+    return f"{by_layers.get(last, 0) / by_layers[first]:.1f}x"
+
+
+def exponent(by_layers: dict[int, float], layer_counts: list[int]) -> str:
+    """The slope of log(seconds) over log(layers), fitted by least squares over every layer count: 1 is linear
+    growth, 2 quadratic; stages too short to time (under a millisecond at the fewest layers) show '-'."""
+    points = [(math.log(n), math.log(by_layers[n])) for n in layer_counts if by_layers.get(n, 0) > 0]
+    if len(points) < 2 or by_layers.get(layer_counts[0], 0) < 1e-3:
+        return "-"
+    mean_x = sum(x for x, _ in points) / len(points)
+    mean_y = sum(y for _, y in points) / len(points)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x, _ in points)
+    return f"{slope:.2f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", default="10,20,40,80", help="the layer counts of the scaling table")
@@ -306,21 +334,17 @@ def main() -> None:
     for scenario in scenarios:
         table: dict[str, dict[int, float]] = defaultdict(dict)
         for layers in layer_counts:
-            stages, _ = best_stages(scenario, scaled(scenario.model, layers), args.repeat)
+            stages, _ = best_stages(scenario, scaled(scenario.widths, layers), args.repeat)
             for name, seconds in stages.seconds.items():
                 table[name][layers] = seconds
         first, last = layer_counts[0], layer_counts[-1]
-        print(f"\n### Scaling: {scenario.name}, seconds by layers (same widths)\n")
-        print(
-            "| stage | "
-            + " | ".join(str(n) for n in layer_counts)
-            + f" | growth {first}->{last} (linear: {last / first:.0f}x) |"
-        )
-        print("| --- | " + " | ".join("---:" for _ in layer_counts) + " | ---: |")
+        print(f"\n### Scaling: {scenario.name}, seconds by layers ({scenario.widths}'s widths)\n")
+        layers_row = " | ".join(str(n) for n in layer_counts)
+        print(f"| stage | {layers_row} | growth {first}->{last} (linear: {last / first:.0f}x) | exponent (linear: 1) |")
+        print("| --- | " + " | ".join("---:" for _ in layer_counts) + " | ---: | ---: |")
         for name, by_layers in table.items():
             cells = " | ".join(f"{by_layers.get(n, 0):.3f}" for n in layer_counts)
-            growth = by_layers.get(last, 0) / by_layers[first] if by_layers.get(first) else float("nan")
-            print(f"| {name} | {cells} | {growth:.1f}x |")
+            print(f"| {name} | {cells} | {growth(by_layers, first, last)} | {exponent(by_layers, layer_counts)} |")
 
 
 if __name__ == "__main__":
