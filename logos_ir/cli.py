@@ -67,6 +67,29 @@ def run_tool(tool: str, body: Callable[[], int | None], argv: list[str] | None =
         return INTERNAL_ERROR
 
 
+def count(text: str) -> int:
+    """An argparse type: a whole number from 0."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: '{text}'") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, not {value}")
+    return value
+
+
+def positive(text: str) -> int:
+    """An argparse type: a whole number from 1."""
+    import argparse
+
+    value = count(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def write_atomically(path: str, text: str) -> None:
     """Write `text` to `path` through a temporary file in the same folder, renamed into place: a failure leaves the
     old file (or no file), never half of a new one."""

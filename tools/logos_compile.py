@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from logos_ir.cli import USAGE_ERROR, run_tool
+from logos_ir.cli import USAGE_ERROR, positive, run_tool
 
 if TYPE_CHECKING:
     from logos_ir.build import Artifact, LaneBuild
@@ -39,16 +39,6 @@ def _option(text: str) -> tuple[str, str]:
     return key, value
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: '{text}'") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
 def _arguments(targets: dict[str, Any]) -> argparse.ArgumentParser:
     listing = "\n".join(f"  {t.name:<10} {t.description}" for t in targets.values())
     parser = argparse.ArgumentParser(
@@ -60,7 +50,7 @@ def _arguments(targets: dict[str, Any]) -> argparse.ArgumentParser:
     parser.add_argument("--model", help="a preset, 'embedded', a model folder, a .gguf file or a hub id (org/name)")
     parser.add_argument("--target", choices=sorted(targets), metavar="TARGET", help="what to build (see below)")
     parser.add_argument("--cut", help="the cut in option form, e.g. 'decode ctx=1024'")
-    parser.add_argument("--tp", type=_positive, default=1, help="split the program over this many chips")
+    parser.add_argument("--tp", type=positive, default=1, help="split the program over this many chips")
     parser.add_argument("--weights", choices=["f32", "bf16", "f16"], help="the weight image (default: the target's)")
     parser.add_argument("--with-weights", action="store_true", help="also write the lane's weight image")
     parser.add_argument(

@@ -19,27 +19,10 @@ import sys
 import time
 from typing import Any
 
-from logos_ir.cli import run_tool
+from logos_ir.cli import count, positive, run_tool
 from logos_ir.errors import LogosError
 
 DEFAULT_QUESTION = "What is the capital of France?"
-
-
-def _positive(text: str) -> int:
-    value = _count(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: '{text}'") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, not {value}")
-    return value
 
 
 def _ids(text: str) -> list[int]:
@@ -68,11 +51,11 @@ def _arguments() -> argparse.ArgumentParser:
     prompt.add_argument("--prompt", help="the prompt text (default: a question in the model's chat template)")
     prompt.add_argument("--prompt-ids", type=_ids, help="the prompt as comma-separated token ids, from 0")
     parser.add_argument("--chat", action="store_true", help="apply the model's chat template to --prompt")
-    parser.add_argument("--max-new-tokens", type=_count, default=32, help="how many tokens to generate at most")
-    parser.add_argument("--prefill-rows", type=_positive, default=16, help="prompt tokens per prefill chunk")
+    parser.add_argument("--max-new-tokens", type=count, default=32, help="how many tokens to generate at most")
+    parser.add_argument("--prefill-rows", type=positive, default=16, help="prompt tokens per prefill chunk")
     parser.add_argument(
         "--ctx",
-        type=_positive,
+        type=positive,
         default=None,
         help="cache positions (default: prompt plus new tokens, rounded up to a multiple of 64)",
     )
@@ -92,8 +75,8 @@ def _arguments() -> argparse.ArgumentParser:
         default=None,
         help="the weight image the backend runs (default: the backend's own; f32 matches the reference exactly)",
     )
-    parser.add_argument("--tp", type=_positive, default=1, help="split the decode step over this many chips")
-    parser.add_argument("--seed", type=_count, default=0, help="the seed of a preset's random weights")
+    parser.add_argument("--tp", type=positive, default=1, help="split the decode step over this many chips")
+    parser.add_argument("--seed", type=count, default=0, help="the seed of a preset's random weights")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks of internal errors")
     return parser
