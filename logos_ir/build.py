@@ -115,27 +115,18 @@ def program_module(request: BuildRequest) -> tuple[ModuleOp, Identity, str]:
 
 
 def part_cuts(spec: Any, whole: Cut) -> list[Cut]:
-    """The parts of a whole program in model order: its embedding, each layer, its head. A forward has no
-    embedding part of its own."""
-    rows, ctx = whole.rows, whole.ctx
+    """The parts of a whole program in model order: its embedding, each layer, its head. A prefill chunk and a
+    forward have no embedding part (no cut names it)."""
+    layers = range(spec.layers)
+    rows, ctx = whole.rows or 1, whole.ctx or 1
     if whole.kind == "decode":
-        return [
-            Cut.decode_embed(),
-            *(Cut.decode_layer(i, whole.ctx or 1) for i in range(spec.layers)),
-            Cut.decode_head(),
-        ]
+        return [Cut.decode_embed(), *(Cut.decode_layer(i, ctx) for i in layers), Cut.decode_head()]
     if whole.kind == "batch":
-        assert rows is not None and ctx is not None
-        return [
-            Cut.batch_embed(rows),
-            *(Cut.batch_layer(i, rows, ctx) for i in range(spec.layers)),
-            Cut.batch_head(rows),
-        ]
+        return [Cut.batch_embed(rows), *(Cut.batch_layer(i, rows, ctx) for i in layers), Cut.batch_head(rows)]
     if whole.kind == "prefill":
-        assert rows is not None and ctx is not None
-        return [*(Cut.prefill_layer(i, rows, ctx) for i in range(spec.layers)), Cut.prefill_head(rows)]
+        return [*(Cut.prefill_layer(i, rows, ctx) for i in layers), Cut.prefill_head(rows)]
     if whole.kind == "forward":
-        return [*(Cut.forward_layer(i) for i in range(spec.layers)), Cut.forward_head()]
+        return [*(Cut.forward_layer(i) for i in layers), Cut.forward_head()]
     return []
 
 
