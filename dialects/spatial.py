@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import cast
 
 import numpy as np
@@ -42,7 +41,6 @@ from xdsl.dialects.builtin import (
     FlatSymbolRefAttr,
     FloatAttr,
     IntegerAttr,
-    IntegerType,
     MemRefType,
     StringAttr,
     SymbolNameConstraint,
@@ -64,20 +62,13 @@ from xdsl.irdl import (
 from xdsl.traits import IsolatedFromAbove, NoTerminator, SymbolOpInterface, SymbolTable
 from xdsl.utils.exceptions import VerifyException
 
+from logos_ir.dialects.logos import i64_array, int_values
+
 WEIGHT_BYTES = {"f16": 2, "f32": 4}
 ACTIVATION_BYTES = 4  # activations, partial sums and softmax state are f32 on every element
 CODE_BYTES = 6144  # each element's program and runtime (routing tables, task table, stack), reserved first
 INPUT_KINDS = ("token", "position", "hidden")
 MAP_KINDS = ("add", "mul", "silu")
-
-
-def i64_array(values: Sequence[int]) -> DenseArrayBase:
-    return DenseArrayBase.from_list(i64, list(values))
-
-
-@lru_cache(maxsize=8192)
-def ints(attr: DenseArrayBase) -> tuple[int, ...]:
-    return cast(tuple[int, ...], cast(DenseArrayBase[IntegerType], attr).get_values())
 
 
 def _fail(op: Operation, message: str) -> VerifyException:
@@ -106,7 +97,7 @@ class Layout:
 
     @classmethod
     def of(cls, attr: DenseArrayBase) -> Layout:
-        return cls(*ints(attr))
+        return cls(*int_values(attr))
 
     def attr(self) -> DenseArrayBase:
         return i64_array([self.x, self.y, self.dx, self.dy, self.n, self.tile])
@@ -133,7 +124,7 @@ class Rect:
 
     @classmethod
     def of(cls, attr: DenseArrayBase) -> Rect:
-        return cls(*ints(attr))
+        return cls(*int_values(attr))
 
     def attr(self) -> DenseArrayBase:
         return i64_array([self.x, self.y, self.w, self.h])
@@ -240,11 +231,11 @@ class RegionOp(IRDLOperation):
 
     @property
     def width(self) -> int:
-        return ints(self.size)[0]
+        return int_values(self.size)[0]
 
     @property
     def height(self) -> int:
-        return ints(self.size)[1]
+        return int_values(self.size)[1]
 
     @property
     def weight_bytes(self) -> int:
@@ -272,7 +263,7 @@ class RegionOp(IRDLOperation):
         if self.weights.data not in WEIGHT_BYTES:
             raise _fail(self, f"@{self.sym_name.data}: weights '{self.weights.data}' are not f16 or f32")
         grid = self.grid_op()
-        origin = ints(self.origin)
+        origin = int_values(self.origin)
         whole = Rect(origin[0], origin[1], self.width, self.height)
         if not whole.inside(grid.width.value.data, grid.height.value.data):
             raise _fail(
@@ -337,7 +328,7 @@ class SpatialOp(IRDLOperation):
 
     def colours_of(self) -> tuple[int, ...]:
         colours = getattr(self, "colours", None)
-        return ints(colours) if isinstance(colours, DenseArrayBase) else ()
+        return int_values(colours) if isinstance(colours, DenseArrayBase) else ()
 
 
 def layout_of(value: SSAValue) -> Layout:
@@ -366,7 +357,7 @@ class VectorOp(SpatialOp):
     def verify_(self) -> None:
         layout = self.layout
         if layout.n < 1 or layout.tile < 1 or (layout.dx, layout.dy) not in ((1, 0), (0, 1)):
-            raise _fail(self, f"has an invalid layout {list(ints(self.out))}")
+            raise _fail(self, f"has an invalid layout {list(int_values(self.out))}")
         self.check_()
 
     def check_(self) -> None:
@@ -418,15 +409,15 @@ class PlaceOp(SpatialOp):
         return Rect.of(self.at)
 
     def holds(self, weight_bytes: int) -> list[tuple[Rect, int]]:
-        rows, columns = ints(self.tile)
+        rows, columns = int_values(self.tile)
         return [(self.rect, rows * columns * weight_bytes)]
 
     def touches(self) -> list[Rect]:
         return [self.rect]
 
     def verify_(self) -> None:
-        rows, columns = ints(self.shape)
-        tile_rows, tile_columns = ints(self.tile)
+        rows, columns = int_values(self.shape)
+        tile_rows, tile_columns = int_values(self.tile)
         rect = self.rect
         if rows == 1 and rect.w == 1 and rect.h == -(-columns // tile_columns):  # a vector along a column
             return
@@ -474,14 +465,14 @@ class CacheOp(SpatialOp):
         return Rect.of(self.at)
 
     def holds(self, weight_bytes: int) -> list[tuple[Rect, int]]:
-        head_dim = ints(self.shape)[2]
+        head_dim = int_values(self.shape)[2]
         return [(self.rect, self.block.value.data * head_dim * weight_bytes)]
 
     def touches(self) -> list[Rect]:
         return [self.rect]
 
     def verify_(self) -> None:
-        kv_heads, positions, _ = ints(self.shape)
+        kv_heads, positions, _ = int_values(self.shape)
         block = self.block.value.data
         rect = self.rect
         if rect.h != kv_heads or rect.w != -(-positions // block):
@@ -608,15 +599,15 @@ class MatvecOp(VectorOp):
     @staticmethod
     def input_layout(place: PlaceOp) -> Layout:
         rect = place.rect
-        return Layout(rect.x, rect.y, 1, 0, rect.w, ints(place.tile)[1])
+        return Layout(rect.x, rect.y, 1, 0, rect.w, int_values(place.tile)[1])
 
     @staticmethod
     def output_layout(place: PlaceOp) -> Layout:
         rect = place.rect
-        return Layout(rect.x + rect.w - 1, rect.y, 0, 1, rect.h, ints(place.tile)[0])
+        return Layout(rect.x + rect.w - 1, rect.y, 0, 1, rect.h, int_values(place.tile)[0])
 
     def holds(self, weight_bytes: int) -> list[tuple[Rect, int]]:
-        rows, columns = ints(self.place.tile)
+        rows, columns = int_values(self.place.tile)
         return [*super().holds(weight_bytes), (self.place.rect, (rows + columns) * ACTIVATION_BYTES)]
 
     def check_(self) -> None:
@@ -711,7 +702,7 @@ class CacheWriteOp(SpatialOp):
         cache = self.cache.owner
         if not isinstance(cache, CacheOp):
             raise _fail(self, "writes a cache that is not a spatial.cache")
-        rect, head_dim = cache.rect, ints(cache.shape)[2]
+        rect, head_dim = cache.rect, int_values(cache.shape)[2]
         if layout_of(self.input) != Layout(rect.x, rect.y, 0, 1, rect.h, head_dim):
             raise _fail(self, "expects each KV head on the first element of its cache row")
 
@@ -812,7 +803,7 @@ class EmbedOp(VectorOp):
         if not isinstance(place, PlaceOp):
             raise _fail(self, "reads a table that is not placed")
         rect = place.rect
-        if self.layout != Layout(rect.x, rect.y + rect.h - 1, 1, 0, rect.w, ints(place.tile)[1]):
+        if self.layout != Layout(rect.x, rect.y + rect.h - 1, 1, 0, rect.w, int_values(place.tile)[1]):
             raise _fail(self, "leaves the row off the bottom row of its table")
 
 

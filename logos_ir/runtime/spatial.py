@@ -100,7 +100,7 @@ class RegionRun:
         self.name = region.sym_name.data
         self.weights = region.weights.data
         self.macs = model.macs(self.weights)
-        self.origin = np.array(sp.ints(region.origin))
+        self.origin = np.array(sp.int_values(region.origin))
         self.store = store
         self.caches: list[np.ndarray] = []
         self.steps: list[Callable[[Env, Counters], None]] = []
@@ -136,8 +136,8 @@ class RegionRun:
         array = np.asarray(self.store.get(op.tensor.data), dtype=_F32)
         if self.weights == "f16":
             array = _f16(array)
-        rows, columns = sp.ints(op.shape)
-        tile_rows, tile_columns = sp.ints(op.tile)
+        rows, columns = sp.int_values(op.shape)
+        tile_rows, tile_columns = sp.int_values(op.tile)
         rect = op.rect
         if rows == 1:
             return vector_tiles(array, rect.w * rect.h, tile_columns)
@@ -152,7 +152,7 @@ class RegionRun:
         return step
 
     def _cache(self, op: sp.CacheOp) -> Callable[[Env, Counters], None]:
-        kv_heads, _, head_dim = sp.ints(op.shape)
+        kv_heads, _, head_dim = sp.int_values(op.shape)
         rect = op.rect
         cache = np.zeros((kv_heads, rect.w, op.block.value.data, head_dim), dtype=_F32)
         self.caches.append(cache)
@@ -268,7 +268,7 @@ class RegionRun:
 
     def _attend(self, op: sp.AttendOp) -> Callable[[Env, Counters], None]:
         cache = op.cache
-        kv_heads, _, head_dim = sp.ints(cache.shape)
+        kv_heads, _, head_dim = sp.int_values(cache.shape)
         block = cache.block.value.data
         layout = op.layout
         group = layout.tile // head_dim
@@ -313,7 +313,7 @@ class RegionRun:
     def _embed(self, op: sp.EmbedOp) -> Callable[[Env, Counters], None]:
         place = op.table.owner
         assert isinstance(place, sp.PlaceOp)
-        tile_rows = sp.ints(place.tile)[0]
+        tile_rows = sp.int_values(place.tile)[0]
 
         def step(env: Env, counters: Counters) -> None:
             token = int(env[op.tokens][0])  # sent to every element of the table

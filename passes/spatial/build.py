@@ -105,7 +105,7 @@ def spatial_report(parts: list[SpatialPart], spec: Any, grid: Grid) -> dict[str,
         regions.append(
             {
                 "region": region.sym_name.data,
-                "origin": list(sp.ints(region.origin)),
+                "origin": list(sp.int_values(region.origin)),
                 "size": [region.width, region.height],
                 "elements_used": int(used.sum()),
                 "memory_max": int(memory[used].max()),
@@ -165,7 +165,7 @@ def _tile(parts: list[SpatialPart]) -> list[int]:
         if isinstance(op, sp.MatvecOp | sp.EmbedOp):
             place = op.place if isinstance(op, sp.MatvecOp) else op.table.owner
             assert isinstance(place, sp.PlaceOp)
-            return list(sp.ints(place.tile))
+            return list(sp.int_values(place.tile))
     return [0, 0]
 
 

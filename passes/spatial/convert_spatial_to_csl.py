@@ -190,8 +190,8 @@ def _gemv(program: _Program, rows: int, columns: int, acc: int, x: int, w_offset
 
 def _matvec(program: _Program, op: sp.MatvecOp) -> None:
     place = op.place
-    rows, columns = sp.ints(place.tile)
-    down, along = sp.ints(op.colours)
+    rows, columns = sp.int_values(place.tile)
+    down, along = sp.int_values(op.colours)
     last = place.rect.w - 1
     name = f"matvec_{rows}x{columns}_c{down}_c{along}_w{last + 1}"
 
@@ -208,7 +208,7 @@ def _matvec(program: _Program, op: sp.MatvecOp) -> None:
 
 def _route(program: _Program, op: sp.RouteOp) -> None:
     source, target = sp.layout_of(op.input), op.layout
-    colour = sp.ints(op.colours)[0]
+    colour = sp.int_values(op.colours)[0]
     send = _function(program, f"send_{source.tile}_c{colour}", lambda c, r: _send(program.acts, source.tile, 0, colour))
     receive = _function(
         program, f"receive_{target.tile}_c{colour}", lambda c, r: _receive(program.acts, target.tile, 0, colour)
@@ -217,7 +217,7 @@ def _route(program: _Program, op: sp.RouteOp) -> None:
 
 
 def _norm(program: _Program, op: sp.NormOp) -> None:
-    layout, colour = op.layout, sp.ints(op.colours)[0]
+    layout, colour = op.layout, sp.int_values(op.colours)[0]
     width = sp.shape_of(op.input)[-1]
     tile = layout.tile
     epsilon = op.epsilon.value.data
@@ -265,7 +265,7 @@ def _rope(program: _Program, op: sp.RopeOp) -> None:
         _store(arith.AddfOp(arith.MulfOp(b, cos).result, arith.MulfOp(a, sin).result).result, program.acts, pair)
 
     def build(column: SSAValue, row: SSAValue) -> None:
-        _receive(program.acts, 1, position, sp.ints(op.colours)[0])  # the position (less one), along the line
+        _receive(program.acts, 1, position, sp.int_values(op.colours)[0])  # the position (less one), along the line
         for head in range(layout.tile // head_dim):
             _loop(half, partial(_rotate_at, rotate, head * head_dim))
 
@@ -280,8 +280,8 @@ def _rotate_at(rotate: Callable[[SSAValue], None], offset: int, k: SSAValue) -> 
 def _cache_write(program: _Program, op: sp.CacheWriteOp) -> None:
     cache = op.cache.owner
     assert isinstance(cache, sp.CacheOp)
-    head_dim, block = sp.ints(cache.shape)[2], cache.block.value.data
-    colour = sp.ints(op.colours)[0]
+    head_dim, block = sp.int_values(cache.shape)[2], cache.block.value.data
+    colour = sp.int_values(op.colours)[0]
     base = _cache_base(cache)
 
     def build(column: SSAValue, row: SSAValue) -> None:
@@ -305,7 +305,7 @@ def _cache_write(program: _Program, op: sp.CacheWriteOp) -> None:
 def _cache_base(cache: sp.CacheOp) -> int:
     """Where a cache block starts in the element's weight arena: keys first, then values (the elements of an
     attention rectangle hold nothing else)."""
-    head_dim, block = sp.ints(cache.shape)[2], cache.block.value.data
+    head_dim, block = sp.int_values(cache.shape)[2], cache.block.value.data
     return 0 if cache.kind.data == "key" else block * head_dim
 
 
@@ -315,10 +315,10 @@ def _attend(program: _Program, op: sp.AttendOp) -> None:
     o = sum exp(s - m) v; then (m, l, o) is combined with the west neighbour's, rescaled to the larger maximum, and
     sent east; the row's last element divides o by l."""
     cache = op.cache
-    head_dim, block = sp.ints(cache.shape)[2], cache.block.value.data
+    head_dim, block = sp.int_values(cache.shape)[2], cache.block.value.data
     tile = op.layout.tile
     group = tile // head_dim
-    along, combine = sp.ints(op.colours)
+    along, combine = sp.int_values(op.colours)
     last = cache.rect.w - 1
     state = head_dim + 2  # per query head: m, l, o
     scores, position = tile, tile + block
@@ -442,8 +442,8 @@ def _map(program: _Program, op: sp.MapOp) -> None:
 def _embed(program: _Program, op: sp.EmbedOp) -> None:
     place = op.table.owner
     assert isinstance(place, sp.PlaceOp)
-    rows, columns = sp.ints(place.tile)
-    into, down = sp.ints(op.colours)
+    rows, columns = sp.int_values(place.tile)
+    into, down = sp.int_values(op.colours)
     bottom = place.rect.h - 1
 
     def build(column: SSAValue, row: SSAValue) -> None:
@@ -477,7 +477,7 @@ def _argmax(program: _Program, op: sp.ArgmaxOp) -> None:
     """Each element: its tile's first greatest value and its index in the whole vector; the previous element's pair is
     taken when its value is at least as great (it holds the earlier indices: the first on a tie), then sent on."""
     source = sp.layout_of(op.input)
-    colour = sp.ints(op.colours)[0]
+    colour = sp.int_values(op.colours)[0]
     tile = source.tile
     best, received = tile, tile + 2
 
@@ -509,7 +509,7 @@ def _argmax(program: _Program, op: sp.ArgmaxOp) -> None:
 
 
 def _receive_stage(program: _Program, op: sp.ReceiveOp) -> None:
-    layout, colour = op.layout, sp.ints(op.colours)[0]
+    layout, colour = op.layout, sp.int_values(op.colours)[0]
     name = _function(
         program, f"receive_{layout.tile}_c{colour}", lambda c, r: _receive(program.acts, layout.tile, 0, colour)
     )
@@ -517,7 +517,7 @@ def _receive_stage(program: _Program, op: sp.ReceiveOp) -> None:
 
 
 def _send_stage(program: _Program, op: sp.SendOp) -> None:
-    layout, colour = sp.layout_of(op.input), sp.ints(op.colours)[0]
+    layout, colour = sp.layout_of(op.input), sp.int_values(op.colours)[0]
     name = _function(program, f"send_{layout.tile}_c{colour}", lambda c, r: _send(program.acts, layout.tile, 0, colour))
     program.stages.append(Stage(layout.rect(), name))
 
@@ -553,7 +553,7 @@ def _arena_words(region: sp.RegionOp) -> tuple[int, int]:
                 activations = max(activations, nbytes // sp.ACTIVATION_BYTES)
     keys_and_values = [op for op in region.body.block.ops if isinstance(op, sp.CacheOp)]
     if keys_and_values:
-        weights = max(weights, 2 * keys_and_values[0].block.value.data * sp.ints(keys_and_values[0].shape)[2])
+        weights = max(weights, 2 * keys_and_values[0].block.value.data * sp.int_values(keys_and_values[0].shape)[2])
     return weights, 4 * activations + 4
 
 

@@ -55,7 +55,7 @@ def op_cost(
     if isinstance(op, sp.RouteOp):
         return route_cost(sp.layout_of(op.input), op.layout, sp.shape_of(op.input)[-1], hop)
     if isinstance(op, sp.MatvecOp):
-        rect, (rows, columns) = op.place.rect, sp.ints(op.place.tile)
+        rect, (rows, columns) = op.place.rect, sp.int_values(op.place.tile)
         cycles = (rect.h - 1) * hop + columns + math.ceil(rows * columns / macs) + 2 * (rect.w - 1) * hop + rows
         return cycles, rect.w * columns * (rect.h - 1) + rect.h * rows * (rect.w - 1)
     if isinstance(op, sp.NormOp):
@@ -73,7 +73,7 @@ def op_cost(
     if isinstance(op, sp.EmbedOp):
         place = op.table.owner
         assert isinstance(place, sp.PlaceOp)
-        rect, columns = place.rect, sp.ints(place.tile)[1]
+        rect, columns = place.rect, sp.int_values(place.tile)[1]
         down = rect.h - 1 - row
         return (rect.w + rect.h - 2 + down) * hop + columns, rect.w * rect.h - 1 + rect.w * columns * down
     if isinstance(op, sp.ArgmaxOp):
@@ -85,7 +85,7 @@ def op_cost(
 def _cache_write_cost(op: sp.CacheWriteOp, hop: int, position: int | None) -> tuple[int, int]:
     cache = op.cache.owner
     assert isinstance(cache, sp.CacheOp)
-    kv_heads, length, head_dim = sp.ints(cache.shape)
+    kv_heads, length, head_dim = sp.int_values(cache.shape)
     owner = (length if position is None else position) - 1
     owner //= cache.block.value.data
     return owner * hop + head_dim, owner * kv_heads * head_dim
@@ -93,7 +93,7 @@ def _cache_write_cost(op: sp.CacheWriteOp, hop: int, position: int | None) -> tu
 
 def _attend_cost(op: sp.AttendOp, hop: int, macs: int, position: int | None) -> tuple[int, int]:
     cache = op.cache
-    kv_heads, length, head_dim = sp.ints(cache.shape)
+    kv_heads, length, head_dim = sp.int_values(cache.shape)
     block, blocks, tile = cache.block.value.data, cache.rect.w, op.layout.tile
     group = tile // head_dim
     active = -(-(length if position is None else position) // block)
