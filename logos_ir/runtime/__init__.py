@@ -35,7 +35,8 @@ class RunRequest:
     """What `logos-run` asks a backend for: the weights, a cache of `ctx` positions (None: sized per call), the
     prompt fed `prefill_rows` tokens at a time, split over `tp` chips when tp > 1, the weight image `weights`
     (f32, bf16, f16), `emulate` (run the lowered kernels on the CPU, for a backend that has such a mode), and
-    `build` (a checked build folder whose artifacts the backend runs; None: lower the model's programs anew)."""
+    `build` (a checked build folder whose artifacts the backend runs; None: lower the model's programs anew), and
+    `aocx` (an engine compiled ahead of time, for a backend that loads program binaries: the D5005 engine)."""
 
     store: WeightStore
     ctx: int | None = None
@@ -44,6 +45,7 @@ class RunRequest:
     weights: str = "f32"
     emulate: bool = False
     build: Path | None = None
+    aocx: Path | None = None
 
 
 def reference_generator(request: RunRequest) -> Generator:
