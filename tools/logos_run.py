@@ -76,6 +76,9 @@ def _arguments() -> argparse.ArgumentParser:
         help="the weight image the backend runs (default: the backend's own; f32 matches the reference exactly)",
     )
     parser.add_argument("--tp", type=positive, default=1, help="split the decode step over this many chips")
+    parser.add_argument(
+        "--aocx", default=None, metavar="FILE", help="an engine compiled ahead of time (the d5005 backend loads it)"
+    )
     parser.add_argument("--seed", type=count, default=0, help="the seed of a preset's random weights")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks of internal errors")
@@ -185,7 +188,14 @@ def _generate(args: argparse.Namespace) -> int:
     tokenizer = Tokenizer.from_store(store)
     prompt = _prompt_ids(args, tokenizer, store.source)
     ctx = args.ctx or default_ctx(len(prompt), args.max_new_tokens)
-    request = RunRequest(store, ctx, args.prefill_rows, args.tp, weights, args.emulate)
+    aocx = None
+    if args.aocx is not None:
+        from pathlib import Path
+
+        aocx = Path(args.aocx)
+        if not aocx.is_file():
+            raise LogosError(f"--aocx {args.aocx}: no such file")
+    request = RunRequest(store, ctx, args.prefill_rows, args.tp, weights, args.emulate, aocx=aocx)
     generator = backend.generator()(request)
     progress = _Progress(tokenizer)
     started = time.perf_counter()
