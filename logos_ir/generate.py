@@ -1,9 +1,16 @@
-"""Greedy generation through the compiled LOGOS programs, on the reference interpreter or a lane's runtime.
+"""Generation through the compiled LOGOS programs, on the reference interpreter or a lane's runtime.
 
 A `Generator` authors each program it needs once per shape (the prefill chunk of so many rows, the decode
 step), parses the author's text back into IR, compiles it once, and runs all of them over one shared
-`KVState`: the prompt goes through prefill chunks, then each new token through a decode step, greedily. Ids
-the caller sees count from 0, as the model's tokenizer does; inside the programs they count from 1.
+`KVState`: the prompt goes through prefill chunks, then each new token through a decode step. Ids the caller sees
+count from 0, as the model's tokenizer does; inside the programs they count from 1.
+
+The next token is the backend's own arg-max by default (greedy); given a `logos_ir.sampling.Sampler`, the loop hands
+it the arg-max token and the logits the backend read it from (the program's or machine's `logits` attribute), and
+takes the token it chooses. `generate(..., keep_cache=True)` continues from the cache: the longest common prefix of
+the new prompt and the tokens already in the cache (of the same length) is kept and only the rest is fed, as
+llama.cpp's server reuses a prompt cache. An interactive chat renders the whole conversation each turn and pays only
+for the new turn. `on_token` may return True to stop (a stop string seen).
 
 The lanes reuse the loop, not copy it. A lane whose runtime runs programs (the CUDA lane's kernels) subclasses
 `Generator` and overrides its two hooks, `compile_program` (a cut to something with `inputs` and `run`) and
@@ -25,6 +32,7 @@ from logos_ir.author import written, written_split
 from logos_ir.errors import LogosError
 from logos_ir.interpreter import Interpreter, KVState
 from logos_ir.program import Cut, Identity
+from logos_ir.sampling import Sampler
 from logos_ir.spec import ModelSpec
 from logos_ir.weights import WeightStore
 
@@ -51,17 +59,29 @@ def default_ctx(prompt_length: int, max_new_tokens: int) -> int:
 
 @dataclass
 class GenerationStats:
-    """Timings of the last `generate`: the prompt's (prefill) and the decode steps'."""
+    """Timings of the last `generate`: preparing its programs, the prompt's (prefill: `prompt_tokens` fed, after
+    `cached_tokens` kept from the cache), the time to the first token (from the call: preparing, prefill and the
+    first choice) and the decode steps'; `stop` says why it ended: "eos", "length" (max_new_tokens), "stop" (the
+    caller's on_token said so), "ctx" (the cache is full)."""
 
     prompt_tokens: int = 0
     new_tokens: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
     decode_steps: int = 0
+    cached_tokens: int = 0
+    prepare_s: float = 0.0
+    first_token_s: float = 0.0
+    stop: str = ""
 
     @property
     def total_s(self) -> float:
         return self.prefill_s + self.decode_s
+
+    @property
+    def prompt_tokens_per_s(self) -> float:
+        """Prompt tokens fed per second of prefill."""
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -105,33 +125,67 @@ def cache_for(ctx: int | None, prompt_length: int, max_new_tokens: int) -> int:
     return ctx
 
 
+OnToken = Callable[[int], "bool | None"]
+
+
 def greedy(
     token: int,
     position: int,
     ctx: int,
     max_new_tokens: int,
     eos_id: int | None,
-    on_token: Callable[[int], None] | None,
+    on_token: OnToken | None,
     step: Callable[[int, int], int] | None,
     stats: GenerationStats,
+    sampler: Sampler | None = None,
+    logits: Callable[[], Any] | None = None,
+    started: float | None = None,
 ) -> list[int]:
-    """Emit `token` (from 1, predicted for `position`), then `step(token, position)` (the next token, from 1) until
-    `max_new_tokens` are out, the end-of-sequence id (from 0) comes or the cache is full; the new ids from 0.
-    `step` None: only the first token is wanted or fits."""
+    """Emit the token chosen from `token` (the backend's arg-max, from 1, predicted for `position`), then
+    `step(token, position)` (the backend's next arg-max, from 1) until `max_new_tokens` are out, the
+    end-of-sequence id (from 0) comes, `on_token` returns True or the cache is full; the new ids from 0. `step`
+    None: only the first token is wanted or fits. `sampler` (None: greedy) chooses each token from the arg-max and
+    `logits()`, the logits the backend read it from; `started` is when the call began (for the time to the first
+    token)."""
+    sampler = sampler or Sampler()
+
+    def choose(argmax: int) -> int:
+        return sampler.choose(argmax - 1, None if sampler.greedy or logits is None else logits()) + 1
+
     new: list[int] = []
-    started = time.perf_counter()
+    clock = time.perf_counter()
+    token = choose(token)
+    stats.first_token_s = time.perf_counter() - (started if started is not None else clock)
     while True:
         new.append(token - 1)
-        if on_token is not None:
-            on_token(token - 1)
-        if len(new) >= max_new_tokens or token - 1 == eos_id or position > ctx or step is None:
+        sampler.accept([token - 1])
+        if on_token is not None and on_token(token - 1):
+            stats.stop = "stop"
+        elif token - 1 == eos_id:
+            stats.stop = "eos"
+        elif len(new) >= max_new_tokens:
+            stats.stop = "length"
+        elif position > ctx or step is None:
+            stats.stop = "ctx" if position > ctx else "length"
+        if stats.stop:
             break
-        token = step(token, position)
+        token = choose(step(token, position))
         position += 1
         stats.decode_steps += 1
-    stats.decode_s = time.perf_counter() - started
+    stats.decode_s = time.perf_counter() - clock
     stats.new_tokens = len(new)
     return new
+
+
+def reused_prefix(cached: Sequence[int], prompt: Sequence[int]) -> int:
+    """How many of `prompt`'s tokens the cache already holds: their longest common prefix, less one when it is
+    the whole prompt (the last token must run to give the next one)."""
+    same = 0
+    for a, b in zip(cached, prompt):
+        if a != b:
+            break
+        same += 1
+    return min(same, len(prompt) - 1)
 
 
 class Generator:
@@ -152,6 +206,8 @@ class Generator:
         self._programs: dict[Cut, Compiled] = {}
         self._states: dict[int, KVState] = {}
         self._used: dict[Cut, Identity] = {}
+        self._cached: tuple[int, list[int]] = (0, [])  # the cache length and the tokens (from 0) it holds
+        self._last: Any = None  # the program that ran last (its logits are the ones the next choice reads)
 
     # -- programs --------------------------------------------------------------------------------------------
 
@@ -162,6 +218,12 @@ class Generator:
             compiled = self._programs[cut] = self.compile_program(cut)
         self._used[cut] = compiled.identity
         return compiled.program
+
+    @property
+    def cached_tokens(self) -> list[int]:
+        """The tokens (ids from 0) the cache holds after the last `generate`: the prompt and every new token but
+        the last (which no step has fed yet)."""
+        return list(self._cached[1])
 
     def compile_program(self, cut: Cut) -> Compiled:
         """The hook a lane overrides: `cut` as the author writes it, made runnable. Here: parsed, and compiled by
@@ -195,48 +257,65 @@ class Generator:
         prompt_ids: Sequence[int],
         max_new_tokens: int,
         eos_id: int | None = None,
-        on_token: Callable[[int], None] | None = None,
+        on_token: OnToken | None = None,
+        *,
+        sampler: Sampler | None = None,
+        keep_cache: bool = False,
     ) -> list[int]:
-        """Greedy continuation of `prompt_ids` (ids from 0): up to `max_new_tokens` new ids (from 0), stopping
-        after `eos_id` (which is returned) or when the cache is full."""
+        """The continuation of `prompt_ids` (ids from 0): up to `max_new_tokens` new ids (from 0), stopping after
+        `eos_id` (which is returned), when `on_token` returns True or when the cache is full. Each token is the
+        backend's arg-max unless `sampler` chooses otherwise. `keep_cache`: keep what the cache holds of this
+        prompt (a common prefix with the last call's tokens, same cache length) and feed only the rest."""
+        called = time.perf_counter()
         prompt = checked_prompt(self.spec, prompt_ids)
         ctx = cache_for(self.ctx, len(prompt), max_new_tokens)
-        self.stats = GenerationStats(prompt_tokens=len(prompt))
+        sampler = sampler or Sampler()
+        kept = reused_prefix(self._cached[1], prompt) if keep_cache and self._cached[0] == ctx else 0
+        self.stats = GenerationStats(prompt_tokens=len(prompt) - kept, cached_tokens=kept)
         self._used = {}
-        self.kv_state(ctx).reset()
+        if not kept:
+            self.kv_state(ctx).reset()
+        self._cached = (ctx, prompt[:kept])
         if max_new_tokens <= 0:
             return []
-        self._prepare(len(prompt), ctx, max_new_tokens)
+        sampler.reset()
+        sampler.accept(prompt)
+        self._prepare(len(prompt), ctx, max_new_tokens, kept)
+        self.stats.prepare_s = time.perf_counter() - called
         started = time.perf_counter()
-        token = self._prefill(prompt, ctx)
+        token = self._prefill(prompt, ctx, kept)
         self.stats.prefill_s = time.perf_counter() - started
-        return self._decode(token, len(prompt) + 1, ctx, max_new_tokens, eos_id, on_token)
+        new = self._decode(token, len(prompt) + 1, ctx, max_new_tokens, eos_id, on_token, sampler, called)
+        self._cached = (ctx, prompt + new[: self.stats.decode_steps])
+        return new
 
-    def _prepare(self, prompt_length: int, ctx: int, max_new_tokens: int) -> None:
+    def _chunks(self, length: int, start: int) -> list[tuple[int, int]]:
+        """The prefill chunks (first position, from 0; rows) of a prompt of `length` tokens fed from `start`."""
+        return [(s, min(self.prefill_rows, length - s)) for s in range(start, length, self.prefill_rows)]
+
+    def _prepare(self, prompt_length: int, ctx: int, max_new_tokens: int, start: int = 0) -> None:
         """Author and compile every program this call will run before the clock starts (and in running order,
         so `identities` lists them as they run)."""
         if self.tp == 1:
-            rows = {
-                min(self.prefill_rows, prompt_length - start) for start in range(0, prompt_length, self.prefill_rows)
-            }
-            for count in sorted(rows, reverse=True):
+            for count in sorted({rows for _, rows in self._chunks(prompt_length, start)}, reverse=True):
                 self.program(Cut.prefill(count, ctx))
         if self.tp > 1 or (max_new_tokens > 1 and prompt_length < ctx):
             self.program(Cut.decode(ctx))
 
-    def _prefill(self, prompt: list[int], ctx: int) -> int:
-        """Run the prompt through the cache; the first new token, from 1."""
+    def _prefill(self, prompt: list[int], ctx: int, start: int = 0) -> int:
+        """Run the prompt (from its token `start`, the ones before already cached) through the cache; the first
+        new token, from 1."""
         if self.tp > 1:
             # Prefill is not splittable (only decode steps and batches are), so a split run feeds the prompt
             # through the split decode step, one token at a time: the same cache, filled position by position.
-            step = self.program(Cut.decode(ctx))
-            for position, token in enumerate(prompt, start=1):
-                out = run_program(step, [token + 1], [position])
+            step = self._last = self.program(Cut.decode(ctx))
+            for position in range(start + 1, len(prompt) + 1):
+                out = run_program(step, [prompt[position - 1] + 1], [position])
             return int(out[0])
-        for start in range(0, len(prompt), self.prefill_rows):
-            chunk = prompt[start : start + self.prefill_rows]
-            program = self.program(Cut.prefill(len(chunk), ctx))  # a shorter last chunk gets its own program
-            out = run_program(program, [t + 1 for t in chunk], list(range(start + 1, start + len(chunk) + 1)))
+        for first, rows in self._chunks(len(prompt), start):
+            chunk = prompt[first : first + rows]
+            program = self._last = self.program(Cut.prefill(rows, ctx))  # a shorter chunk gets its own program
+            out = run_program(program, [t + 1 for t in chunk], list(range(first + 1, first + rows + 1)))
         return int(out[0])
 
     def _decode(
@@ -246,15 +325,34 @@ class Generator:
         ctx: int,
         max_new_tokens: int,
         eos_id: int | None,
-        on_token: Callable[[int], None] | None,
+        on_token: OnToken | None,
+        sampler: Sampler | None = None,
+        started: float | None = None,
     ) -> list[int]:
-        """Emit `token` (from 1, predicted for `position`), then decode until a stop; the new ids from 0."""
+        """Emit the token chosen from `token` (from 1, predicted for `position`), then decode until a stop; the
+        new ids from 0."""
         program = self.program(Cut.decode(ctx)) if max_new_tokens > 1 and position <= ctx else None
 
         def step(token: int, position: int) -> int:
+            self._last = program
             return int(run_program(program, [token], [position])[0])
 
-        return greedy(token, position, ctx, max_new_tokens, eos_id, on_token, step if program else None, self.stats)
+        def logits() -> Any:
+            return getattr(self._last, "logits", None)
+
+        return greedy(
+            token,
+            position,
+            ctx,
+            max_new_tokens,
+            eos_id,
+            on_token,
+            step if program else None,
+            self.stats,
+            sampler,
+            logits,
+            started,
+        )
 
 
 class StepMachine(Protocol):
@@ -280,6 +378,7 @@ class StepGenerator:
         self.stats = GenerationStats()
         self._machines: dict[int, StepMachine] = {}
         self._machine: StepMachine | None = None
+        self._cached: tuple[int, list[int]] = (0, [])
 
     def machine(self, ctx: int) -> StepMachine:
         """The hook a lane overrides: its machine for a cache of `ctx` positions."""
@@ -296,26 +395,56 @@ class StepGenerator:
         """The identities of the programs the last `generate` ran."""
         return list(self._machine.identities) if self._machine is not None else []
 
+    @property
+    def cached_tokens(self) -> list[int]:
+        """As `Generator.cached_tokens`."""
+        return list(self._cached[1])
+
     def generate(
         self,
         prompt_ids: Sequence[int],
         max_new_tokens: int,
         eos_id: int | None = None,
-        on_token: Callable[[int], None] | None = None,
+        on_token: OnToken | None = None,
+        *,
+        sampler: Sampler | None = None,
+        keep_cache: bool = False,
     ) -> list[int]:
         """As `Generator.generate`."""
+        called = time.perf_counter()
         prompt = checked_prompt(self.spec, prompt_ids)
         ctx = cache_for(self.ctx, len(prompt), max_new_tokens)
-        self.stats = GenerationStats(prompt_tokens=len(prompt))
+        sampler = sampler or Sampler()
+        kept = reused_prefix(self._cached[1], prompt) if keep_cache and self._cached[0] == ctx else 0
+        self.stats = GenerationStats(prompt_tokens=len(prompt) - kept, cached_tokens=kept)
+        self._cached = (ctx, prompt[:kept])
         if max_new_tokens <= 0:
             return []
         machine = self._machine = self._machine_for(ctx)
-        machine.reset()
+        if not kept:
+            machine.reset()
+        sampler.reset()
+        sampler.accept(prompt)
+        self.stats.prepare_s = time.perf_counter() - called
         started = time.perf_counter()
-        for position, token in enumerate(prompt, start=1):
-            predicted = machine.step(token + 1, position)
+        for position in range(kept + 1, len(prompt) + 1):
+            predicted = machine.step(prompt[position - 1] + 1, position)
         self.stats.prefill_s = time.perf_counter() - started
-        return greedy(predicted, len(prompt) + 1, ctx, max_new_tokens, eos_id, on_token, machine.step, self.stats)
+        new = greedy(
+            predicted,
+            len(prompt) + 1,
+            ctx,
+            max_new_tokens,
+            eos_id,
+            on_token,
+            machine.step,
+            self.stats,
+            sampler,
+            lambda: getattr(machine, "logits", None),
+            called,
+        )
+        self._cached = (ctx, prompt + new[: self.stats.decode_steps])
+        return new
 
 
 def run_program(program: Any, tokens: list[int], positions: list[int]) -> np.ndarray:

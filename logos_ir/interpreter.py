@@ -442,6 +442,7 @@ class _ChipCompiler:
         self.cache_positions: set[int] = set()
         self.stack: list[str] = []
         self.result = -1
+        self.argmax_inputs: list[int] = []  # what each logos.argmax reads (the head's logits), in program order
         self.handlers: dict[type[Operation], Callable[[Any, dict[SSAValue, _Ref], str], None]] = {
             logos.InputOp: self._input,
             logos.WeightOp: self._weight,
@@ -643,7 +644,9 @@ class _ChipCompiler:
         env[op.result] = self._emit(_row(op.index.value.data), [x], section)
 
     def _argmax(self, op: logos.ArgmaxOp, env: dict[SSAValue, _Ref], section: str) -> None:
-        env[op.result] = self._emit(_argmax, [self._value(env[op.input], section, "the input")], section)
+        logits = self._value(env[op.input], section, "the input")
+        self.argmax_inputs.append(logits)
+        env[op.result] = self._emit(_argmax, [logits], section)
 
     def _all_reduce(self, op: AllReduceOp, env: dict[SSAValue, _Ref], section: str) -> None:
         if op.reduction.data != ReductionKind.SUM:
@@ -704,6 +707,7 @@ class _Plan:
     result: int
     communication: Communication
     slot: list[int]
+    logits: int | None = None  # the value the last logos.argmax reads
 
 
 # -- the interpreter -----------------------------------------------------------------------------------------
@@ -781,6 +785,7 @@ class Interpreter:
             | set(first.main_values.values())
             | set(first.constants)
             | {first.result}
+            | set(first.argmax_inputs[-1:])  # the logits the head's arg-max read stay readable after a run
         )
         slot, slots = _assign_slots(first.nodes, first.count, pinned)
         registers: list[Registers] = []
@@ -797,6 +802,7 @@ class Interpreter:
             result=slot[first.result],
             communication=_communication(first.nodes, self.chips),
             slot=slot,
+            logits=first.argmax_inputs[-1] if first.argmax_inputs else None,
         )
         if len(first.cache_positions) > 1:
             raise LogosError(f"the program's caches disagree on their length: {sorted(first.cache_positions)}")
@@ -915,6 +921,17 @@ class Interpreter:
             return {}
         regs, slot = self._plan.registers[0], self._plan.slot
         return {name: regs[slot[value]] for name, value in self._plan.main_values.items()}
+
+    @property
+    def logits(self) -> np.ndarray | None:
+        """The float32 logits `[vocab]` of the last row the head's arg-max read in the last run (chip 0's on a
+        split program, where every chip holds them whole); None before the first run or for a program with no
+        arg-max. A copy: the next run does not change it."""
+        if not self._ran or self._plan.logits is None:
+            return None
+        value = self._plan.registers[0][self._plan.slot[self._plan.logits]]
+        value = np.asarray(value, dtype=_F32)
+        return value.reshape(-1, value.shape[-1])[-1].copy()
 
     def communication_bytes_per_run(self) -> Communication:
         """The bytes the chips all-reduce in one run (sum of the all-reduced float32 tensors' sizes; the
