@@ -37,6 +37,7 @@ from logos_ir.spec import ModelSpec
 from logos_ir.weights import WeightStore
 
 __all__ = [
+    "BuildGenerator",
     "Compiled",
     "GenerationStats",
     "Generator",
@@ -181,7 +182,7 @@ def reused_prefix(cached: Sequence[int], prompt: Sequence[int]) -> int:
     """How many of `prompt`'s tokens the cache already holds: their longest common prefix, less one when it is
     the whole prompt (the last token must run to give the next one)."""
     same = 0
-    for a, b in zip(cached, prompt):
+    for a, b in zip(cached, prompt, strict=False):
         if a != b:
             break
         same += 1
@@ -207,6 +208,7 @@ class Generator:
         self._states: dict[int, KVState] = {}
         self._used: dict[Cut, Identity] = {}
         self._cached: tuple[int, list[int]] = (0, [])  # the cache length and the tokens (from 0) it holds
+        self.prompt_by_step = tp > 1  # feed the prompt through the decode step (no prefill program to run)
         self._last: Any = None  # the program that ran last (its logits are the ones the next choice reads)
 
     # -- programs --------------------------------------------------------------------------------------------
@@ -296,16 +298,16 @@ class Generator:
     def _prepare(self, prompt_length: int, ctx: int, max_new_tokens: int, start: int = 0) -> None:
         """Author and compile every program this call will run before the clock starts (and in running order,
         so `identities` lists them as they run)."""
-        if self.tp == 1:
+        if not self.prompt_by_step:
             for count in sorted({rows for _, rows in self._chunks(prompt_length, start)}, reverse=True):
                 self.program(Cut.prefill(count, ctx))
-        if self.tp > 1 or (max_new_tokens > 1 and prompt_length < ctx):
+        if self.prompt_by_step or (max_new_tokens > 1 and prompt_length < ctx):
             self.program(Cut.decode(ctx))
 
     def _prefill(self, prompt: list[int], ctx: int, start: int = 0) -> int:
         """Run the prompt (from its token `start`, the ones before already cached) through the cache; the first
         new token, from 1."""
-        if self.tp > 1:
+        if self.prompt_by_step:
             # Prefill is not splittable (only decode steps and batches are), so a split run feeds the prompt
             # through the split decode step, one token at a time: the same cache, filled position by position.
             step = self._last = self.program(Cut.decode(ctx))
@@ -353,6 +355,46 @@ class Generator:
             logits,
             started,
         )
+
+
+class BuildGenerator(Generator):
+    """The reference interpreter running the LOGOS program of a `logos` build folder (`logos-compile --target
+    logos`): its `program.logos`, a whole decode step (split over chips where it was built so), read from the folder
+    rather than authored anew. The folder holds no prefill program, so the prompt goes through that decode step one
+    token at a time, as on a split run. `logos-run` checks the folder against its manifest first."""
+
+    PROGRAM = "program.logos"
+
+    def __init__(self, weights: WeightStore, folder: Any, ctx: int | None = None):
+        from pathlib import Path
+
+        from logos_ir.build import read_manifest
+
+        self.folder = Path(folder)
+        target = read_manifest(self.folder).get("target")
+        if not isinstance(target, dict) or not isinstance(target.get("cut"), str):
+            raise LogosError(f"{self.folder}: the manifest names no target cut")
+        self.cut = Cut.parse(str(target["cut"]))
+        tp = target.get("tp", 1)
+        if self.cut.kind != "decode" or not isinstance(tp, int) or tp < 1:
+            raise LogosError(
+                f"{self.folder}: a build of '{self.cut.option()}' is not a whole decode step: logos-run generates"
+                " from a build of 'decode ctx=N'"
+            )
+        if ctx is not None and ctx != self.cut.ctx:
+            raise LogosError(f"{self.folder}: the build's cache holds {self.cut.ctx} positions, not {ctx} (--ctx)")
+        super().__init__(weights, ctx=self.cut.ctx, tp=tp)
+        self.prompt_by_step = True
+
+    def compile_program(self, cut: Cut) -> Compiled:
+        from logos_ir.identity import identity
+        from logos_ir.parser import parse_program
+
+        if cut != self.cut:
+            raise LogosError(f"{self.folder}: the build holds '{self.cut.option()}', not '{cut.option()}'")
+        path = self.folder / self.PROGRAM
+        program = parse_program(path.read_text(encoding="utf-8"), str(path))
+        return Compiled(Interpreter(program, self.weights, self.kv_state(cut.ctx or 1)), identity(program))
 
 
 class StepMachine(Protocol):

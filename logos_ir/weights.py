@@ -506,15 +506,17 @@ def resolve_hub_id(model: str) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
+    from huggingface_hub import constants
+
     cache = os.environ.get("HF_HUB_CACHE") or None
     try:
         folder = snapshot_download(model, cache_dir=cache, local_files_only=True)
-    except (LocalEntryNotFoundError, HFValidationError, OSError) as error:
-        where = cache or "the Hugging Face cache"
+    except (LocalEntryNotFoundError, HFValidationError, OSError):
+        where = cache or str(constants.HF_HUB_CACHE)
         raise WeightError(
             f"model '{model}' is not in the local Hugging Face cache ({where})",
-            hint="logos-ir never downloads: fetch it with the Hugging Face tools first, or give --model a folder "
-            f"({type(error).__name__})",
+            hint="logos-ir never downloads: put it in the cache first (huggingface-cli download "
+            f"{model}), or give --model a folder, a .gguf file or a preset",
         ) from None
     return Path(folder)
 

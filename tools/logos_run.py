@@ -1,98 +1,137 @@
-"""`logos-run`: greedy generation with a model's LOGOS programs, on the reference interpreter or a lane's backend.
+"""`logos-run`: generation with a model's LOGOS programs, on the reference interpreter or a lane's backend, or from
+a build folder that `logos-compile` wrote.
 
-    logos-run [--model tiny|DIR|FILE.gguf|ORG/NAME] [--prompt TEXT | --prompt-ids 1,2,3] [--max-new-tokens 32]
-              [--backend reference|...] [--emulate] [--weights f32|bf16|f16] [--json]
+    logos-run [BUILD_DIR] [--model MODEL] [--prompt TEXT | --prompt - | --prompt-file FILE | --prompt-ids 1,2,3]
+              [--system TEXT] [--raw] [-i] [--max-new-tokens 32] [--temperature T --top-k K --top-p P --min-p P
+              --repeat-penalty R --repeat-last-n N --seed S] [--stop TEXT ...] [--backend B] [--emulate]
+              [--weights f32|bf16|f16] [--tp N] [--ctx N] [--json]
 
-The backends are the registry's (`logos_ir.registry.backends`): each lane adds its own.
-With no `--model` it runs the embedded SmolLM2-135M-Instruct; with no prompt, the model's chat template
-applied to "What is the capital of France?" (plain text when the model has no template). The continuation goes
-to standard output (with `--json`, one JSON object as the last line); progress, when standard error is a
-terminal, and the speed at the end go to standard error. Heavy modules are imported inside `main`, so `--help`
-answers at once.
+`BUILD_DIR` (a folder `logos-compile` wrote) is checked against its manifest first, as `logos-compile --check`
+does, and a folder that does not match is refused before anything runs; then its target's backend runs its
+artifacts (the `logos` target: its LOGOS program on the reference interpreter), with the model its manifest names
+(or `--model`, which must be that model). With no `--model` it runs the embedded SmolLM2-135M-Instruct. A prompt
+goes through the model's chat template when it has one (`--raw` sends the text as it is); with no prompt, the
+question "What is the capital of France?". The tokens are the backend's arg-max (greedy) unless `--temperature`
+is above 0 or a repetition penalty is set: then `logos_ir.sampling` draws them from the backend's logits, seeded
+by `--seed`. The answer streams to standard output as it is generated (with `--json`, one JSON object per answer
+instead); the timing line (time to the first token, prompt and decode tokens per second) goes to standard error.
+`-i` holds a conversation: each line of standard input is a user turn, the cache kept between turns. Heavy
+modules are imported inside `main`, so `--help` answers at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-import time
+from pathlib import Path
 from typing import Any
 
-from logos_ir.cli import count, positive, run_tool
+from logos_ir.cli import LARGEST, add_common, count, fraction, positive, run_tool
 from logos_ir.errors import LogosError
 
+TOOL = "logos-run"
 DEFAULT_QUESTION = "What is the capital of France?"
+INTERACTIVE_CTX = 2048  # the cache of a conversation when --ctx is not given
+TARGET_BACKEND = {"logos": "reference"}  # a build target's backend, where the names differ
 
 
 def _ids(text: str) -> list[int]:
+    parts = [part.strip() for part in text.split(",")]
+    if text.strip() and parts[-1] == "":
+        parts.pop()  # one trailing comma is forgiven
+    if not text.strip() or any(not part for part in parts):
+        raise argparse.ArgumentTypeError(f"'{text}': give one or more token ids, from 0, separated by single commas")
     try:
-        ids = [int(part) for part in text.split(",") if part.strip()]
+        ids = [int(part) for part in parts]
     except ValueError:
         raise argparse.ArgumentTypeError(f"not comma-separated whole numbers: '{text}'") from None
-    if not ids or any(i < 0 for i in ids):
-        raise argparse.ArgumentTypeError("give one or more token ids, from 0, separated by commas")
+    if any(i < 0 or i > LARGEST for i in ids):
+        raise argparse.ArgumentTypeError(f"'{text}': token ids count from 0")
     return ids
 
 
 def _arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="logos-run",
-        description="Generate text greedily with a model's LOGOS programs, on the reference interpreter or a lane's "
-        "backend.",
+        prog=TOOL,
+        description="Generate text with a model's LOGOS programs, on the reference interpreter or a lane's backend, "
+        "or run a build folder that logos-compile wrote.",
     )
     parser.add_argument(
-        "--model",
-        default=None,
-        help="a preset name (random weights), a folder with config.json and safetensors, a .gguf "
-        "file; default: the embedded SmolLM2-135M-Instruct",
+        "build", nargs="?", metavar="BUILD_DIR", help="a build folder (logos-compile -o): checked, then run"
     )
-    prompt = parser.add_mutually_exclusive_group()
-    prompt.add_argument("--prompt", help="the prompt text (default: a question in the model's chat template)")
-    prompt.add_argument("--prompt-ids", type=_ids, help="the prompt as comma-separated token ids, from 0")
-    parser.add_argument("--chat", action="store_true", help="apply the model's chat template to --prompt")
-    parser.add_argument("--max-new-tokens", type=count, default=32, help="how many tokens to generate at most")
-    parser.add_argument("--prefill-rows", type=positive, default=16, help="prompt tokens per prefill chunk")
-    parser.add_argument(
-        "--ctx",
-        type=positive,
-        default=None,
-        help="cache positions (default: prompt plus new tokens, rounded up to a multiple of 64)",
+    add_common(parser, TOOL)
+    prompt = parser.add_argument_group("the prompt")
+    given = prompt.add_mutually_exclusive_group()
+    given.add_argument("-p", "--prompt", help="the prompt text; '-' reads it from standard input")
+    given.add_argument("-f", "--prompt-file", metavar="FILE", help="read the prompt from FILE ('-': standard input)")
+    given.add_argument("--prompt-ids", type=_ids, help="the prompt as comma-separated token ids, from 0 (no template)")
+    prompt.add_argument("--system", help="a system message, for the chat template")
+    template = prompt.add_mutually_exclusive_group()
+    template.add_argument(
+        "--chat", action="store_true", help="require the model's chat template (the default when it has one)"
     )
+    template.add_argument("--raw", action="store_true", help="send the prompt as it is, without the chat template")
+    prompt.add_argument(
+        "-i", "--interactive", action="store_true", help="a conversation: each line of standard input is a turn"
+    )
+    gen = parser.add_argument_group("generation")
+    gen.add_argument("-n", "--max-new-tokens", type=count, default=32, help="how many tokens to generate at most")
+    gen.add_argument(
+        "--stop", action="append", default=[], metavar="TEXT", help="end the answer at this text (repeatable)"
+    )
+    gen.add_argument("--temperature", type=fraction, default=0.0, help="0 (default): greedy; above 0: sample")
+    gen.add_argument("--top-k", type=count, default=40, help="sample from the K likeliest tokens (0: all; default 40)")
+    gen.add_argument("--top-p", type=fraction, default=0.95, help="nucleus: the likeliest tokens reaching P (0.95)")
+    gen.add_argument("--min-p", type=fraction, default=0.05, help="drop tokens below P times the likeliest (0.05)")
+    gen.add_argument("--repeat-penalty", type=fraction, default=1.0, help="penalise repeated tokens (1: off)")
+    gen.add_argument("--repeat-last-n", type=count, default=64, help="the penalty's window, in tokens (64)")
+    gen.add_argument("--seed", type=count, default=None, help="the sampling seed (default: a fresh one, reported)")
+    run = parser.add_argument_group("what runs it")
     backends = _backends()
-    parser.add_argument(
+    run.add_argument(
         "--backend",
         choices=sorted(backends),
-        default="reference",
-        help="what runs the programs: " + "; ".join(f"{b.name}: {b.description}" for b in backends.values()),
+        default=None,
+        help="what runs the programs (default: reference, or a build's own): "
+        + "; ".join(f"{b.name}: {b.description}" for b in backends.values()),
     )
-    parser.add_argument(
+    run.add_argument(
         "--emulate", action="store_true", help="run the backend's lowered kernels on the CPU (backends that have it)"
     )
-    parser.add_argument(
+    run.add_argument(
         "--weights",
         choices=["f32", "bf16", "f16"],
         default=None,
         help="the weight image the backend runs (default: the backend's own; f32 matches the reference exactly)",
     )
-    parser.add_argument("--tp", type=positive, default=1, help="split the decode step over this many chips")
-    parser.add_argument(
-        "--aocx", default=None, metavar="FILE", help="an engine compiled ahead of time (the d5005 backend loads it)"
+    run.add_argument("--tp", type=positive, default=None, help="split the decode step over this many chips")
+    run.add_argument("--prefill-rows", type=positive, default=16, help="prompt tokens per prefill chunk")
+    run.add_argument(
+        "--ctx",
+        type=positive,
+        default=None,
+        help="cache positions (default: prompt plus new tokens, rounded up to 64; 2048 with -i; a build's own)",
     )
-    parser.add_argument("--seed", type=count, default=0, help="the seed of a preset's random weights")
-    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
-    parser.add_argument("--debug", action="store_true", help="show Python tracebacks of internal errors")
+    run.add_argument(
+        "--aocx", default=None, metavar="FILE", help="an engine compiled ahead of time (the d5005 backend)"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object per answer instead of the text")
     return parser
 
 
-def _backends():
+def _backends():  # type: ignore[no-untyped-def]
     from logos_ir import registry
 
     return registry.backends()
 
 
-def chat_prompt(template: str, question: str) -> str | None:
-    """`question` as a user turn in a model's chat template (a Jinja template from the model's files, rendered
+# -- the prompt ---------------------------------------------------------------------------------------------
+
+
+def chat_text(template: str, messages: list[dict[str, str]]) -> str | None:
+    """`messages` (role and content) in a model's chat template (a Jinja template from the model's files, rendered
     in a sandbox), ready for the assistant's answer; None when it cannot be rendered here."""
     try:
         from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -102,67 +141,133 @@ def chat_prompt(template: str, question: str) -> str | None:
         rendered = (
             ImmutableSandboxedEnvironment()
             .from_string(template)
-            .render(
-                messages=[{"role": "user", "content": question}],
-                add_generation_prompt=True,
-                bos_token="",
-                eos_token="",
-            )
+            .render(messages=messages, add_generation_prompt=True, bos_token="", eos_token="")
         )
     except Exception:  # a template is the model file's code: any failure means "no usable template"
         return None
     return rendered if isinstance(rendered, str) and rendered else None
 
 
-def _prompt_ids(args: argparse.Namespace, tokenizer: Any, model: str) -> list[int]:
-    from logos_ir.errors import LogosError
-
-    if args.prompt_ids is not None:
-        return list(args.prompt_ids)
-    if tokenizer is None:
-        raise LogosError(f"the model {model} has no tokenizer: give the prompt as --prompt-ids (ids from 0)")
-    if args.prompt is not None and not args.chat:
-        return tokenizer.encode(args.prompt)
-    question = DEFAULT_QUESTION if args.prompt is None else args.prompt
-    text = chat_prompt(tokenizer.chat_template, question) if tokenizer.chat_template else None
-    if text is None and args.chat:
-        raise LogosError(f"the model {model} has no chat template logos-run can apply")
-    return tokenizer.encode(text if text is not None else question)
+def chat_prompt(template: str, question: str) -> str | None:
+    """`question` as a user turn in a model's chat template; None when it cannot be rendered here."""
+    return chat_text(template, [{"role": "user", "content": question}])
 
 
-class _Progress:
-    """The continuation as it grows, on standard error when that is a terminal; otherwise silent."""
+def _read_text(source: str, what: str) -> str:
+    if source == "-":
+        text = sys.stdin.read()
+    else:
+        try:
+            text = Path(source).read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise LogosError(f"{what} {source}: not UTF-8 text") from None
+    return text
 
-    def __init__(self, tokenizer: Any):
-        self.tokenizer = tokenizer
-        self.ids: list[int] = []
-        self.shown = ""
-        self.live = sys.stderr.isatty()
 
-    def __call__(self, token: int) -> None:
-        self.ids.append(token)
-        if not self.live:
-            return
-        if self.tokenizer is None:
-            sys.stderr.write(f"{token} ")
+def _question(args: argparse.Namespace) -> str | None:
+    if args.prompt_file is not None:
+        return _read_text(args.prompt_file, "--prompt-file")
+    if args.prompt == "-":
+        return _read_text("-", "--prompt")
+    return args.prompt
+
+
+class Conversation:
+    """The turns so far, and the prompt ids they make for the next answer: in the model's chat template (unless
+    raw), or as plain text."""
+
+    def __init__(self, tokenizer: Any, model: str, system: str | None, raw: bool, chat: bool):
+        self.tokenizer, self.model, self.raw = tokenizer, model, raw
+        template = None if tokenizer is None else tokenizer.chat_template
+        self.template = None if raw else template
+        if chat and not template:
+            raise LogosError(f"the model {model} has no chat template (--chat)")
+        if self.template is not None and chat_text(self.template, [{"role": "user", "content": "?"}]) is None:
+            if chat:
+                raise LogosError(f"the model {model}'s chat template cannot be rendered here (--chat)")
+            self.template = None
+        if system is not None and self.template is None:
+            why = "--raw sends the text as it is" if raw else f"the model {model} has no chat template"
+            raise LogosError(f"--system needs a chat template: {why}")
+        self.messages: list[dict[str, str]] = [] if system is None else [{"role": "system", "content": system}]
+        self.text = ""  # the raw conversation so far
+
+    def ask(self, question: str) -> list[int]:
+        """The prompt ids for the answer to `question`, after the turns so far."""
+        if self.template is None:
+            self.text += question
+            return self.tokenizer.encode(self.text)
+        self.messages.append({"role": "user", "content": question})
+        rendered = chat_text(self.template, self.messages)
+        if rendered is None:
+            raise LogosError(f"the model {self.model}'s chat template cannot render this conversation")
+        return self.tokenizer.encode(rendered)
+
+    def answered(self, answer: str) -> None:
+        if self.template is None:
+            self.text += answer
         else:
-            text = self.tokenizer.decode(self.ids)
-            if text.startswith(self.shown):  # a partial UTF-8 character shows once it is complete
-                sys.stderr.write(text[len(self.shown) :])
-                self.shown = text
-        sys.stderr.flush()
-
-    def done(self) -> None:
-        if self.live and self.ids:
-            sys.stderr.write("\n")
+            self.messages.append({"role": "assistant", "content": answer})
 
 
-def _text(tokenizer: Any, ids: list[int]) -> str | None:
-    if tokenizer is None:
-        return None
-    if ids and ids[-1] == tokenizer.eos_id:
-        ids = ids[:-1]  # the end-of-sequence token ends the text; it is no part of it
-    return tokenizer.decode(ids)
+# -- the answer as it grows ---------------------------------------------------------------------------------
+
+
+class Stream:
+    """The answer as it grows: its text, written to standard output as soon as it is sure (not a partial UTF-8
+    character, not the start of a stop string), once. `__call__` takes each new token and returns True when a
+    stop string has appeared (the text ends before it)."""
+
+    def __init__(self, tokenizer: Any, stops: list[str], live: bool):
+        self.tokenizer, self.stops, self.live = tokenizer, [s for s in stops if s], live
+        self.ids: list[int] = []
+        self.shown = 0
+        self.text = ""
+        self.stopped = False
+
+    def __call__(self, token: int) -> bool:
+        self.ids.append(token)
+        if self.tokenizer is None:
+            return False
+        ids = self.ids[:-1] if token == self.tokenizer.eos_id else self.ids
+        text = self.tokenizer.decode(ids)
+        sure = len(text)
+        if text.endswith("\ufffd"):  # a character whose bytes are not all out yet
+            sure = len(text.rstrip("\ufffd"))
+        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.text, self.stopped = text[:cut], True
+            self._show(cut)
+            return True
+        for stop in self.stops:  # hold back what may be the start of a stop string
+            for length in range(min(len(stop) - 1, len(text)), 0, -1):
+                if text.endswith(stop[:length]):
+                    sure = min(sure, len(text) - length)
+                    break
+        self.text = text
+        self._show(sure)
+        return False
+
+    def _show(self, upto: int) -> None:
+        if self.live and upto > self.shown:
+            sys.stdout.write(self.text[self.shown : upto])
+            sys.stdout.flush()
+            self.shown = upto
+
+    def finish(self) -> None:
+        """The rest of the text (held back for a stop string that did not come), and the line's end."""
+        if self.tokenizer is None:
+            if self.live:
+                print(",".join(str(i) for i in self.ids))
+            return
+        if not self.stopped:
+            self._show(len(self.text))
+        if self.live:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+
+
+# -- what runs ----------------------------------------------------------------------------------------------
 
 
 def _weights_for(backend: Any, wanted: str | None) -> str:
@@ -174,67 +279,315 @@ def _weights_for(backend: Any, wanted: str | None) -> str:
     return wanted
 
 
-def _generate(args: argparse.Namespace) -> int:
-    from logos_ir.generate import default_ctx
-    from logos_ir.runtime import RunRequest
-    from logos_ir.tokenizer import Tokenizer
-    from logos_ir.weights import open_model
+class Plan:
+    """What runs: the backend, the model's weights and tokenizer, the cache, the chips, the weight image and,
+    for a build folder, the folder."""
 
-    backend = _backends()[args.backend]
-    weights = _weights_for(backend, args.weights)
-    if args.emulate and not backend.emulates:
-        raise LogosError(f"the {backend.name} backend has no --emulate mode")
-    store = open_model(args.model, seed=args.seed)
-    tokenizer = Tokenizer.from_store(store)
-    prompt = _prompt_ids(args, tokenizer, store.source)
-    ctx = args.ctx or default_ctx(len(prompt), args.max_new_tokens)
-    aocx = None
-    if args.aocx is not None:
-        from pathlib import Path
+    def __init__(self, args: argparse.Namespace):
+        from logos_ir.models import ModelSource
 
-        aocx = Path(args.aocx)
-        if not aocx.is_file():
-            raise LogosError(f"--aocx {args.aocx}: no such file")
-    request = RunRequest(store, ctx, args.prefill_rows, args.tp, weights, args.emulate, aocx=aocx)
-    generator = backend.generator()(request)
-    progress = _Progress(tokenizer)
-    started = time.perf_counter()
-    eos = tokenizer.eos_id if tokenizer is not None else None
-    new = generator.generate(prompt, args.max_new_tokens, eos_id=eos, on_token=progress)
-    progress.done()
+        self.args = args
+        self.build: Path | None = None
+        self.backend_name = args.backend or "reference"
+        self.tp, self.weights, self.ctx = args.tp or 1, args.weights, args.ctx
+        if args.build is not None:
+            self.source = self._from_build(Path(args.build))
+        else:
+            self.source = ModelSource.resolve(args.model, seed=args.model_seed)
+        backend = _backends()[self.backend_name]
+        self.backend = backend
+        self.weights = _weights_for(backend, self.weights)
+        if args.emulate and not backend.emulates:
+            raise LogosError(f"the {backend.name} backend has no --emulate mode")
+        self.aocx = None
+        if args.aocx is not None:
+            self.aocx = Path(args.aocx)
+            if not self.aocx.is_file():
+                raise LogosError(f"--aocx {args.aocx}: no such file")
+        _refuse_too_large(self.source.spec, self.source.kind, self.ctx)
+        self.store = self.source.store()
+
+    def _from_build(self, folder: Path) -> Any:
+        """Check the folder against its manifest (refusing one that does not match), then take its target, cut,
+        chips, weight image and model."""
+        from logos_ir.build import check_build, read_manifest
+        from logos_ir.models import ModelSource, check_model_matches
+        from logos_ir.program import Cut
+
+        report = check_build(folder)
+        if not report.ok:
+            raise LogosError(
+                f"{folder}: the build does not match its manifest ({'; '.join(report.lines()[:4])}): refused",
+                hint=f"rebuild it, or see logos-compile --check {folder}",
+            )
+        manifest = read_manifest(folder)
+        target, recorded = manifest.get("target") or {}, manifest.get("model") or {}
+        name = str(target.get("name"))
+        backend = TARGET_BACKEND.get(name, name)
+        if backend not in _backends():
+            raise LogosError(f"{folder}: no backend runs a build of target '{name}'")
+        if self.args.backend is not None and self.args.backend != backend:
+            raise LogosError(
+                f"{folder}: a build of target '{name}' runs on the {backend} backend, not {self.args.backend}"
+            )
+        for flag, mine, theirs in (
+            ("--tp", self.args.tp, target.get("tp")),
+            ("--weights", self.args.weights, target.get("weights")),
+        ):
+            if mine is not None and mine != theirs:
+                raise LogosError(f"{folder}: the build was made with {flag} {theirs}, not {mine}")
+        cut = Cut.parse(str(target.get("cut")))
+        if self.args.ctx is not None and cut.ctx is not None and self.args.ctx != cut.ctx:
+            raise LogosError(f"{folder}: the build's cache holds {cut.ctx} positions, not {self.args.ctx} (--ctx)")
+        self.build, self.backend_name = folder, backend
+        self.tp, self.weights, self.ctx = int(target.get("tp", 1)), str(target.get("weights")), cut.ctx
+        kind = recorded.get("kind")
+        if self.args.model is not None:
+            seed = recorded.get("seed", 0) if kind == "preset" and self.args.model_seed == 0 else self.args.model_seed
+            source = ModelSource.resolve(self.args.model, seed=seed)
+        elif kind == "preset":
+            source = ModelSource.resolve(str(recorded.get("name")), seed=int(recorded.get("seed", 0)))
+        elif kind in ("embedded", "hub"):
+            source = ModelSource.resolve(None if kind == "embedded" else str(recorded.get("name")))
+        else:
+            raise LogosError(
+                f"{folder}: the build was made from a {kind} ('{recorded.get('name')}'), which the manifest names "
+                "without its path",
+                hint="give --model the folder or file it was built from",
+            )
+        check_model_matches(source, recorded)
+        return source
+
+    def generator(self) -> Any:
+        from logos_ir.runtime import RunRequest
+
+        request = RunRequest(
+            self.store,
+            self.ctx,
+            self.args.prefill_rows,
+            self.tp,
+            self.weights,
+            self.args.emulate,
+            build=self.build,
+            aocx=self.aocx,
+        )
+        return self.backend.generator()(request)
+
+    def run_command(self) -> str:
+        return f"logos-run {self.build}" if self.build is not None else TOOL
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _refuse_too_large(spec: Any, kind: str, ctx: int | None) -> None:
+    """Refuse, before anything is allocated, a cache or a preset's random weights larger than this machine's
+    memory (float32: a preset's weights are made in memory, a cache of ctx positions is 2 x layers x ctx x kv
+    width floats)."""
+    memory = _physical_memory()
+    if memory is None:
+        return
+    gib = 1 << 30
+    if kind == "preset":
+        weights = sum(_product(shape) for _, shape in spec.weights()) * 4
+        if weights > memory:
+            raise LogosError(
+                f"the preset's random weights take {weights / gib:.1f} GiB as float32, more than this machine's "
+                f"{memory / gib:.1f} GiB of memory",
+                hint="give a smaller preset (--list-models), or compile it with logos-compile (which reads no weight)",
+            )
+    if ctx is not None:
+        cache = 2 * spec.layers * ctx * spec.kv_dim * 4
+        if cache > memory:
+            raise LogosError(
+                f"a cache of {ctx} positions takes {cache / gib:.1f} GiB for this model, more than this machine's "
+                f"{memory / gib:.1f} GiB of memory",
+                hint="give a smaller --ctx (or fewer --max-new-tokens)",
+            )
+
+
+def _product(shape: tuple[int, ...]) -> int:
+    out = 1
+    for n in shape:
+        out *= n
+    return out
+
+
+# -- generating ---------------------------------------------------------------------------------------------
+
+
+def _sampler(args: argparse.Namespace, backend: str) -> Any:
+    from logos_ir.sampling import Sampler, SamplingSettings, new_seed
+
+    settings = SamplingSettings(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repeat_penalty=args.repeat_penalty,
+        repeat_last_n=args.repeat_last_n,
+        seed=new_seed() if args.seed is None else args.seed,
+    )
+    return Sampler(settings, backend=backend)
+
+
+def _fits(ctx: int, prompt: int, new: int, cached: int = 0) -> None:
+    """Refuse an answer that cannot fit the cache: the prompt and every new token but the last take a position."""
+    if prompt > ctx:
+        raise LogosError(
+            f"the prompt's {prompt} tokens do not fit a cache of {ctx} positions", hint="give a larger --ctx"
+        )
+    if prompt + new - 1 > ctx:
+        room = ctx - prompt + 1
+        raise LogosError(
+            f"--max-new-tokens {new} does not fit: the prompt's {prompt} tokens leave room for {room} new tokens in a "
+            f"cache of {ctx} positions",
+            hint=f"give --ctx at least {prompt + new - 1}, or --max-new-tokens {room}",
+        )
+
+
+def _report(
+    plan: Plan, generator: Any, prompt: list[int], new: list[int], stream: Stream, sampler: Any, ctx: int
+) -> dict[str, Any]:
     stats = generator.stats
-    report = {
-        "model": store.source,
-        "backend": args.backend,
-        "emulate": args.emulate,
-        "weights": weights,
-        "tp": args.tp,
+    tokenizer = stream.tokenizer
+    text = stream.text if tokenizer is not None else None
+    return {
+        "model": plan.store.source,
+        "backend": plan.backend_name,
+        "build": None if plan.build is None else str(plan.build),
+        "emulate": plan.args.emulate,
+        "weights": plan.weights,
+        "tp": plan.tp,
         "ctx": ctx,
         "prompt_ids": prompt,
         "new_ids": new,
-        "text": _text(tokenizer, new),
-        "tokens_per_s": round(stats.tokens_per_s, 3),
+        "text": text,
+        "stop_reason": stats.stop,
+        "sampling": sampler.settings.describe(),
+        "prompt_tokens": stats.prompt_tokens,
+        "cached_tokens": stats.cached_tokens,
+        "ttft_s": round(stats.first_token_s, 4),
+        "prompt_tokens_per_s": round(stats.prompt_tokens_per_s, 3),
         "decode_tokens_per_s": round(stats.decode_tokens_per_s, 3),
+        "tokens_per_s": round(stats.tokens_per_s, 3),
         "prefill_s": round(stats.prefill_s, 4),
         "decode_s": round(stats.decode_s, 4),
-        "wall_s": round(time.perf_counter() - started, 4),
+        "wall_s": round(stats.prepare_s + stats.total_s, 4),
         "programs": [identity.line() for identity in generator.identities],
     }
-    if args.json:
-        print(json.dumps(report))
-        return 0
-    print(report["text"] if report["text"] is not None else ",".join(str(i) for i in new))
-    print(
-        f"logos-run: {len(new)} new tokens in {stats.total_s:.2f} s: {stats.tokens_per_s:.1f} tokens/s "
-        f"(decode {stats.decode_tokens_per_s:.1f} tokens/s)",
-        file=sys.stderr,
+
+
+def timing_line(stats: Any) -> str:
+    return (
+        f"{TOOL}: prompt {stats.prompt_tokens} tokens in {stats.prefill_s:.3f} s ({stats.prompt_tokens_per_s:.1f} "
+        f"tokens/s), first token after {stats.first_token_s:.3f} s, {stats.new_tokens} new tokens, decode "
+        f"{stats.decode_tokens_per_s:.1f} tokens/s"
+        + (f" ({stats.cached_tokens} prompt tokens from the cache)" if stats.cached_tokens else "")
     )
+
+
+def _answer(
+    plan: Plan, generator: Any, prompt: list[int], tokenizer: Any, sampler: Any, ctx: int, keep: bool
+) -> tuple[Stream, list[int]]:
+    args = plan.args
+    stream = Stream(tokenizer, args.stop, live=not args.json)
+    eos = tokenizer.eos_id if tokenizer is not None else None
+    new = generator.generate(prompt, args.max_new_tokens, eos_id=eos, on_token=stream, sampler=sampler, keep_cache=keep)
+    stream.finish()
+    if args.json:
+        print(json.dumps(_report(plan, generator, prompt, new, stream, sampler, ctx)), flush=True)
+    print(timing_line(generator.stats), file=sys.stderr)
+    if generator.stats.stop == "ctx":
+        print(f"{TOOL}: the cache of {ctx} positions is full: the answer ends there", file=sys.stderr)
+    return stream, new
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from logos_ir.generate import default_ctx
+    from logos_ir.tokenizer import Tokenizer
+
+    if args.interactive and (args.prompt == "-" or args.prompt_file == "-"):
+        raise LogosError("-i reads the conversation from standard input: give the first turn with --prompt TEXT")
+    plan = Plan(args)
+    tokenizer = Tokenizer.from_store(plan.store)
+    model = plan.store.source
+    sampler = _sampler(args, plan.backend_name)
+    if args.prompt_ids is not None:
+        if args.interactive:
+            raise LogosError("-i takes text turns: --prompt-ids cannot start a conversation")
+        if args.system is not None or args.chat:
+            raise LogosError("--prompt-ids is sent as it is: --system and --chat need a text prompt")
+        prompt = list(args.prompt_ids)
+        if any(i >= plan.store.spec.vocab for i in prompt):
+            raise LogosError(f"--prompt-ids: ids run from 0 to {plan.store.spec.vocab - 1} for this model")
+        ctx = plan.ctx or default_ctx(len(prompt), args.max_new_tokens)
+        _fits(ctx, len(prompt), max(args.max_new_tokens, 1))
+        _refuse_too_large(plan.store.spec, "", ctx)
+        _answer(plan, _generator_for(plan, ctx), prompt, tokenizer, sampler, ctx, False)
+        return 0
+    if tokenizer is None:
+        raise LogosError(f"the model {model} has no tokenizer: give the prompt as --prompt-ids (ids from 0)")
+    conversation = Conversation(tokenizer, model, args.system, args.raw, args.chat)
+    first = _question(args)
+    if not args.interactive:
+        prompt = conversation.ask(DEFAULT_QUESTION if first is None else first)
+        ctx = plan.ctx or default_ctx(len(prompt), args.max_new_tokens)
+        _fits(ctx, len(prompt), max(args.max_new_tokens, 1))
+        _refuse_too_large(plan.store.spec, "", ctx)
+        _answer(plan, _generator_for(plan, ctx), prompt, tokenizer, sampler, ctx, False)
+        return 0
+    return _chat(plan, conversation, first, tokenizer, sampler)
+
+
+def _generator_for(plan: Plan, ctx: int) -> Any:
+    if plan.ctx is None:
+        plan.ctx = ctx
+    return plan.generator()
+
+
+def _chat(plan: Plan, conversation: Conversation, first: str | None, tokenizer: Any, sampler: Any) -> int:
+    """The conversation: each line of standard input a user turn (an empty line is skipped, end of input ends
+    it); the whole conversation is rendered each turn and the cache keeps what it already holds of it."""
+    ctx = plan.ctx or INTERACTIVE_CTX
+    _refuse_too_large(plan.store.spec, "", ctx)
+    generator = _generator_for(plan, ctx)
+    terminal = sys.stdin.isatty()
+    turns = 0
+    while True:
+        if first is not None:
+            line, first = first, None
+        else:
+            if terminal:
+                print("> ", end="", file=sys.stderr, flush=True)
+            line = sys.stdin.readline()
+            if not line:
+                break
+            line = line.rstrip("\n")
+            if not line.strip():
+                continue
+            if line.strip() in ("/exit", "/quit"):
+                break
+        prompt = conversation.ask(line if conversation.template is not None or not turns else "\n" + line)
+        if len(prompt) + max(plan.args.max_new_tokens, 1) - 1 > ctx:
+            raise LogosError(
+                f"the conversation's {len(prompt)} tokens and --max-new-tokens {plan.args.max_new_tokens} no longer "
+                f"fit the cache of {ctx} positions",
+                hint="start again with a larger --ctx",
+            )
+        stream, _ = _answer(plan, generator, prompt, tokenizer, sampler, ctx, keep=True)
+        conversation.answered(stream.text)
+        turns += 1
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _arguments().parse_args(argv)
-    return run_tool("logos-run", lambda: _generate(args), argv)
+    return run_tool(TOOL, lambda: _generate(args), argv)
 
 
 if __name__ == "__main__":

@@ -50,8 +50,10 @@ class RunRequest:
 
 def reference_generator(request: RunRequest) -> Generator:
     """The reference backend: the numpy interpreter, in float32."""
-    from logos_ir.generate import Generator
+    from logos_ir.generate import BuildGenerator, Generator
 
     if request.emulate:
         raise LogosError("the reference backend has no --emulate mode: it runs on the CPU already")
+    if request.build is not None:  # a `logos` build: its program.logos, read from the folder
+        return BuildGenerator(request.store, request.build, ctx=request.ctx)
     return Generator(request.store, ctx=request.ctx, prefill_rows=request.prefill_rows, tp=request.tp)
