@@ -172,7 +172,19 @@ class Cut:
         wanted = _KINDS[kind][0]
         usage = " ".join([kind, *(f"{name}=N" for name in wanted)])
         if len(args) != len(wanted):
-            raise CutError(f"cut '{text}' needs {len(wanted)} argument(s)", hint=f"write '{usage}'")
+            given = [arg.partition("=")[0] for arg in args]
+            extra = [k for k in given if k not in wanted]
+            missing = [k for k in wanted if k not in given]
+            why = "".join(
+                [
+                    f": {', '.join(repr(k) for k in extra)} is not one of them" if extra else "",
+                    f"; {', '.join(repr(k) for k in missing)} missing" if missing else "",
+                ]
+            )
+            raise CutError(
+                f"cut '{text}' needs {len(wanted)} argument(s) ({', '.join(wanted) or 'none'}){why}",
+                hint=f"write '{usage}'",
+            )
         values: dict[str, int] = {}
         for arg, name in zip(args, wanted, strict=True):
             key, eq, value = arg.partition("=")
@@ -180,6 +192,8 @@ class Cut:
                 raise CutError(f"cut '{text}': expected '{name}=N', got '{arg}'", hint=f"write '{usage}'")
             if not value.isdigit() or not value.isascii():
                 raise CutError(f"cut '{text}': '{name}' must be a whole number, not '{value}'")
+            if len(value.lstrip("0")) > 13 or int(value) > 2**40:  # past any machine's memory; and past i64 in the IR
+                raise CutError(f"cut '{text}': '{name}' {value} is too large (at most {2**40})")
             values[name] = int(value)
         return cls(kind, **values)
 
