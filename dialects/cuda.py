@@ -30,6 +30,7 @@ from xdsl.dialects.builtin import (
     IntegerType,
     MemRefType,
     StringAttr,
+    VectorType,
 )
 from xdsl.ir import Attribute, Dialect, Operation, SSAValue
 from xdsl.irdl import (
@@ -396,3 +397,238 @@ KERNEL_OPS: tuple[type[KernelOp], ...] = (
     AddOp,
     ArgmaxOp,
 )
+
+
+# -- tensor cores (issue 19): shared memory, asynchronous copies, ldmatrix, mma.sync -----------------------------
+#
+# The ops a tiled matrix product on Hopper's (and Ampere's) warp-level tensor cores needs beyond xDSL's `gpu`
+# (which has `gpu.barrier`, used as `__syncthreads`): a block's shared memory, the asynchronous global-to-shared
+# copy with its commit and wait groups, `ldmatrix` and `mma.sync.m16n8k16` with bf16 inputs and f32 accumulators.
+# They follow upstream MLIR's `nvgpu` dialect (`nvgpu.device_async_copy`, `nvgpu.ldmatrix`, `nvgpu.mma.sync`), one
+# PTX register an SSA value: a b32 register holding two bf16 is a `vector<2xbf16>`, an accumulator an `f32`, so the
+# operands of `cuda.mma_sync` are exactly the PTX instruction's. Shared memrefs carry memory space 3 (NVVM's
+# shared address space, as upstream spells it).
+
+BF16X2 = VectorType(BFloat16Type(), [2])  # a b32 register of two bf16
+SHARED = 3  # NVVM's address space of shared memory
+
+
+def _is_shared(kind: Attribute) -> bool:
+    return (
+        isinstance(kind, MemRefType)
+        and isinstance(kind.memory_space, IntegerAttr)
+        and kind.memory_space.value.data == SHARED
+    )
+
+
+def _check_address(op: Operation, memory: SSAValue, indices: Sequence[SSAValue], shared: bool, what: str) -> None:
+    kind = memory.type
+    if not isinstance(kind, MemRefType):
+        raise _fail(op, f"{what} must be a memref")
+    if _is_shared(kind) != shared:
+        raise _fail(op, f"{what} must be in {'shared' if shared else 'global'} memory")
+    if len(indices) != len(kind.get_shape()):
+        raise _fail(op, f"{what} needs {len(kind.get_shape())} indices, got {len(indices)}")
+
+
+@irdl_op_definition
+class SharedMemoryOp(IRDLOperation):
+    """A block's statically sized shared memory (CUDA `__shared__ __align__(16)`), zero when the block starts in
+    the emulator and undefined on a GPU (every kernel writes before it reads).
+
+    `%a = cuda.shared_memory : memref<2x64x40xf32, 3>`
+    """
+
+    name = "cuda.shared_memory"
+
+    result = result_def(MemRefType)
+
+    assembly_format = "attr-dict `:` type($result)"
+
+    def __init__(self, result_type: MemRefType):
+        super().__init__(result_types=[result_type])
+
+    def verify_(self) -> None:
+        if not _is_shared(self.result.type):
+            raise _fail(self, f"allocates in shared memory (memory space {SHARED}), not {self.result.type}")
+
+
+@irdl_op_definition
+class CpAsyncOp(IRDLOperation):
+    """PTX `cp.async.cg.shared.global` of 16 bytes from global to shared memory, completing only at a
+    `cuda.cp_async_wait` that covers its group; when `valid` is false the 16 bytes are zero-filled (source size 0)
+    and nothing is read. Both addresses must be 16-byte aligned.
+
+    `cuda.cp_async %tile[%s, %r, %c], %x[%row, %k], %valid : memref<2x64x40xf32, 3>, memref<16x576xf32>`
+    """
+
+    name = "cuda.cp_async"
+
+    dst = operand_def(MemRefType)
+    dst_indices = var_operand_def(IndexType)
+    src = operand_def(MemRefType)
+    src_indices = var_operand_def(IndexType)
+    valid = operand_def(IntegerType(1))
+
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+
+    assembly_format = (
+        "$dst `[` $dst_indices `]` `,` $src `[` $src_indices `]` `,` $valid attr-dict `:` type($dst) `,` type($src)"
+    )
+
+    def __init__(self, dst: SSAValue, dst_indices: Sequence[SSAValue], src: SSAValue, src_indices, valid: SSAValue):
+        super().__init__(operands=[dst, dst_indices, src, src_indices, valid])
+
+    def elements(self) -> int:
+        """Elements a copy moves (16 bytes of the source's element type)."""
+        kind = self.src.type
+        assert isinstance(kind, MemRefType)
+        return 8 if isinstance(kind.element_type, BFloat16Type) else 4
+
+    def verify_(self) -> None:
+        _check_address(self, self.dst, self.dst_indices, True, "destination")
+        _check_address(self, self.src, self.src_indices, False, "source")
+        dst, src = self.dst.type, self.src.type
+        assert isinstance(dst, MemRefType) and isinstance(src, MemRefType)
+        if dst.element_type != src.element_type:
+            raise _fail(self, f"copies bytes between memrefs of one element type, not {src.element_type} to {dst.element_type}")
+        if not isinstance(src.element_type, Float32Type | BFloat16Type):
+            raise _fail(self, f"copies f32 or bf16 elements, not {src.element_type}")
+        for kind, where in ((dst, "destination"), (src, "source")):
+            if kind.get_shape()[-1] % self.elements():
+                raise _fail(self, f"{where} rows of {kind.get_shape()[-1]} are not whole 16-byte chunks")
+
+
+@irdl_op_definition
+class CpAsyncCommitOp(IRDLOperation):
+    """PTX `cp.async.commit_group`: this thread's copies issued since the last commit form one group.
+
+    `cuda.cp_async_commit`
+    """
+
+    name = "cuda.cp_async_commit"
+
+    assembly_format = "attr-dict"
+
+
+@irdl_op_definition
+class CpAsyncWaitOp(IRDLOperation):
+    """PTX `cp.async.wait_group N`: wait until at most `pending` of this thread's committed groups are still in
+    flight (the older ones have landed in shared memory).
+
+    `cuda.cp_async_wait 1`
+    """
+
+    name = "cuda.cp_async_wait"
+
+    pending = prop_def(IntegerAttr[I64])
+
+    assembly_format = "$pending attr-dict"
+
+    def __init__(self, pending: int):
+        super().__init__(properties={"pending": IntegerAttr(pending, 64)})
+
+    def verify_(self) -> None:
+        if not 0 <= self.pending.value.data <= 7:
+            raise _fail(self, f"waits with 0 to 7 groups pending, not {self.pending.value.data}")
+
+
+@irdl_op_definition
+class LdmatrixOp(IRDLOperation):
+    """PTX `ldmatrix.sync.aligned.m8n8.x{1,2,4}.shared.b16`: `tiles` 8x8 matrices of 16-bit elements from shared
+    memory. Lane 8*i + r gives the address of row r of matrix i (16 bytes, 16-byte aligned); lane 4*r + w receives,
+    in its register i, the two elements 2w and 2w+1 of row r of matrix i. Every lane of the warp takes part.
+
+    `%r0, %r1, %r2, %r3 = cuda.ldmatrix %tile[%s, %n, %k] : memref<2x128x40xbf16, 3> -> vector<2xbf16>, ...`
+    """
+
+    name = "cuda.ldmatrix"
+
+    memref = operand_def(MemRefType)
+    indices = var_operand_def(IndexType)
+    registers = var_result_def(VectorType)
+
+    assembly_format = "$memref `[` $indices `]` attr-dict `:` type($memref) `->` type($registers)"
+
+    def __init__(self, memref: SSAValue, indices: Sequence[SSAValue], tiles: int):
+        super().__init__(operands=[memref, indices], result_types=[[BF16X2] * tiles])
+
+    def verify_(self) -> None:
+        _check_address(self, self.memref, self.indices, True, "source")
+        kind = self.memref.type
+        assert isinstance(kind, MemRefType)
+        if not isinstance(kind.element_type, BFloat16Type):
+            raise _fail(self, f"loads bf16 matrices, not {kind.element_type}")
+        if len(self.registers) not in (1, 2, 4):
+            raise _fail(self, f"loads 1, 2 or 4 matrices, not {len(self.registers)}")
+        if any(r.type != BF16X2 for r in self.registers):
+            raise _fail(self, "gives one vector<2xbf16> register a matrix")
+        if kind.get_shape()[-1] % 8:
+            raise _fail(self, f"rows of {kind.get_shape()[-1]} bf16 are not whole 16-byte rows")
+
+
+@irdl_op_definition
+class LoadBF16x2Op(IRDLOperation):
+    """Two consecutive f32 of shared memory rounded to nearest even into one bf16 pair, the first in the low half:
+    a b32 register of an mma fragment built from an f32 tile (CUDA: a `float2` load, `__floats2bfloat162_rn`). The
+    index of the last axis must be even.
+
+    `%a0 = cuda.load_bf16x2 %tile[%s, %row, %k] : memref<2x64x40xf32, 3> -> vector<2xbf16>`
+    """
+
+    name = "cuda.load_bf16x2"
+
+    memref = operand_def(MemRefType)
+    indices = var_operand_def(IndexType)
+    result = result_def(BF16X2)
+
+    assembly_format = "$memref `[` $indices `]` attr-dict `:` type($memref)"
+
+    def __init__(self, memref: SSAValue, indices: Sequence[SSAValue]):
+        super().__init__(operands=[memref, indices], result_types=[BF16X2])
+
+    def verify_(self) -> None:
+        _check_address(self, self.memref, self.indices, True, "source")
+        kind = self.memref.type
+        assert isinstance(kind, MemRefType)
+        if not isinstance(kind.element_type, Float32Type):
+            raise _fail(self, f"rounds f32 pairs, not {kind.element_type}")
+        if self.result.type != BF16X2:
+            raise _fail(self, "gives a vector<2xbf16>")
+
+
+@irdl_op_definition
+class MmaSyncOp(IRDLOperation):
+    """PTX `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`: D = A B + C over a warp, A 16x16 and B 16x8 of
+    bf16, C and D 16x8 of f32, each lane holding its fragments in the PTX ISA's layout (g = lane / 4, t = lane % 4):
+    A registers 0-3 hold A[g][2t..2t+1], A[g+8][2t..], A[g][2t+8..], A[g+8][2t+8..]; B registers 0-1 hold
+    B[2t..2t+1][g], B[2t+8..2t+9][g]; C and D 0-3 hold C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
+
+    `%d0, %d1, %d2, %d3 = cuda.mma_sync (%a0, %a1, %a2, %a3), (%b0, %b1), (%c0, %c1, %c2, %c3) : f32, f32, f32, f32`
+    """
+
+    name = "cuda.mma_sync"
+
+    a = var_operand_def(BF16X2)
+    b = var_operand_def(BF16X2)
+    c = var_operand_def(Float32Type())
+    d = var_result_def(Float32Type())
+
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+
+    assembly_format = "`(` $a `)` `,` `(` $b `)` `,` `(` $c `)` attr-dict `:` type($d)"
+
+    def __init__(self, a: Sequence[SSAValue], b: Sequence[SSAValue], c: Sequence[SSAValue]):
+        super().__init__(operands=[a, b, c], result_types=[[Float32Type()] * 4])
+
+    def verify_(self) -> None:
+        counts = (len(self.a), len(self.b), len(self.c), len(self.d))
+        if counts != (4, 2, 4, 4):
+            raise _fail(self, f"m16n8k16 takes 4 A, 2 B and 4 C registers and gives 4, not {counts}")
+        if any(v.type != BF16X2 for v in (*self.a, *self.b)):
+            raise _fail(self, "takes A and B registers of two bf16 (vector<2xbf16>)")
+
+
+TENSOR_CORE_OPS = (SharedMemoryOp, CpAsyncOp, CpAsyncCommitOp, CpAsyncWaitOp, LdmatrixOp, LoadBF16x2Op, MmaSyncOp)
+
+CUDA = Dialect("cuda", [*CUDA.operations, *TENSOR_CORE_OPS], [*CUDA.attributes])

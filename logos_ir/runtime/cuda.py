@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from logos_ir.errors import LogosError
+from logos_ir.runtime.cuda_tensor_core import COMPILERS as TENSOR_CORE_COMPILERS  # issue 19 (tensor cores)
 from logos_ir.passes.cuda.host_plan import (
     Buffer,
     HostPlan,
@@ -441,6 +442,7 @@ _COMPILERS: dict[str, Callable[[KernelEmulator, Any], Step]] = {
     "scf.yield": _nothing,
     "gpu.return": _nothing,
 }
+_COMPILERS.update(TENSOR_CORE_COMPILERS)  # issue 19 (tensor cores): shared memory, cp.async, ldmatrix, mma.sync
 
 
 # -- device images: the weights as the kernels read them ------------------------------------------------------

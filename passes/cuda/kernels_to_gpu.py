@@ -591,6 +591,10 @@ def _kinds(op: cuda.KernelOp) -> list[_Kind]:
     """The launches of `op`, in order (two for the two-stage kernels)."""
     (ins, outs) = op.shapes()
     shapes = [*ins, *outs]
+    from logos_ir.passes.cuda import tensor_core  # issue 19 (tensor cores): bf16 prefill/batch products
+
+    if tensor_core.handles(op):  # issue 19 (tensor cores)
+        return tensor_core.kinds(op)
     if isinstance(op, cuda.EmbedOp):
         return [_Kind("embed", (0, 1, 2), lambda s: (_cdiv(s[0][1], THREADS), s[1][0], 1), _embed)]
     if isinstance(op, cuda.RMSNormOp):

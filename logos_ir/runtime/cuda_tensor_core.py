@@ -1,0 +1,253 @@
+"""The CUDA emulator's tensor-core ops (issue 19): shared memory, cp.async groups, barriers, ldmatrix, mma.sync.
+
+`logos_ir.runtime.cuda.KernelEmulator` runs every thread of a launch as one element of a numpy array, in
+lockstep; these are the compilers of the ops the tensor-core kernels add (`COMPILERS`, merged into its table).
+Each executes what the PTX ISA says the instruction does, so a kernel that puts a wrong element in a fragment, reads
+a copy before waiting for it or misaligns an address gets wrong numbers or an error here, not only on a GPU:
+
+* `cuda.shared_memory`: an array per block (zero at the start of each launch), indexed by the thread's block;
+* `cuda.cp_async`: the 16 bytes are read at issue and land in shared memory only when a `cuda.cp_async_wait`
+  retires their group (`cuda.cp_async_commit` closes a group; `wait N` retires all but the newest N), so a read
+  before the wait sees the old contents; both addresses must be 16-byte aligned;
+* `gpu.barrier`: threads are in lockstep, so it orders nothing more here; a barrier reached by only part of a block
+  (inside a branch that differs between its threads) is refused, as it would hang a GPU;
+* `cuda.ldmatrix`: lane 8i + r supplies row r of matrix i, lane 4r + w receives elements 2w, 2w+1 of row r in its
+  register i (16-byte aligned rows);
+* `cuda.mma_sync` m16n8k16: each warp's A, B and C matrices gathered from its lanes' registers by the ISA's fragment
+  layout (g = lane / 4, t = lane % 4), D = A B + C in f32, scattered back by the same layout;
+* `cuda.load_bf16x2`: two f32 of shared memory rounded to bf16 (nearest even).
+
+A bf16 pair register is an array (threads, 2) of f32 values that bf16 holds exactly. The f32 product of bf16 inputs
+is exact; a GPU's tensor core sums the 16 products of each k step in an order (and with an internal precision) the
+ISA leaves open, numpy's matmul in another, so emulated and GPU accumulators may differ in the last bits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from logos_ir.errors import LogosError
+from logos_ir.passes.cuda.host_plan import bf16_rounded
+
+WARP = 32
+Env = list[Any]
+Mask = np.ndarray | None
+Step = Callable[[Env, Mask], None]
+
+_LANE = np.arange(WARP)
+_GROUP, _PAIR = _LANE // 4, _LANE % 4  # the PTX ISA's groupID and threadID_in_group
+# (row, column) of the first element of each register of an m16n8k16 fragment, per lane
+_A_PLACES = [(_GROUP, 2 * _PAIR), (_GROUP + 8, 2 * _PAIR), (_GROUP, 2 * _PAIR + 8), (_GROUP + 8, 2 * _PAIR + 8)]
+_B_PLACES = [(2 * _PAIR, _GROUP), (2 * _PAIR + 8, _GROUP)]  # (k, n) of the first of a pair along k
+_C_PLACES = [(_GROUP, 2 * _PAIR), (_GROUP, 2 * _PAIR + 1), (_GROUP + 8, 2 * _PAIR), (_GROUP + 8, 2 * _PAIR + 1)]
+
+
+def _strides(kind: Any) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for size in reversed(list(kind.get_shape())):
+        strides.append(acc)
+        acc *= size
+    return tuple(reversed(strides))
+
+
+def _kernel_of(op: Any) -> Any:
+    parent = op.parent_op()
+    while parent is not None and parent.name != "gpu.func":
+        parent = parent.parent_op()
+    return parent
+
+
+def _block_size(op: Any) -> int:
+    kernel = _kernel_of(op)
+    size = None if kernel is None else kernel.known_block_size
+    if size is None:
+        raise LogosError(f"the CUDA emulator needs a known block size for '{op.name}'")
+    return int(size.get_values()[0])
+
+
+class _Threads:
+    """Per launch: each thread's block and the flat index of an address, cached by launch."""
+
+    def __init__(self, em: Any, op: Any):
+        self.em, self.block_size, self.kernel = em, _block_size(op), em.name
+        self._blocks: dict[int, np.ndarray] = {}
+
+    @property
+    def count(self) -> int:
+        return int(self.em.launch.threads)
+
+    def blocks(self) -> np.ndarray:
+        key = id(self.em.launch)
+        found = self._blocks.get(key)
+        if found is None:
+            found = self._blocks[key] = np.arange(self.count, dtype=np.int64) // self.block_size
+        return found
+
+    def flat(self, env: Env, slots: list[int], strides: tuple[int, ...]) -> np.ndarray:
+        total: Any = np.zeros(self.count, np.int64)
+        for slot, stride in zip(slots, strides, strict=True):
+            total = total + np.asarray(env[slot], dtype=np.int64) * stride
+        return np.broadcast_to(total, (self.count,))
+
+    def refuse(self, op: Any, message: str) -> LogosError:
+        return LogosError(f"kernel {self.kernel}: '{op.name}' {message}")
+
+
+def _shared_memory(em: Any, op: Any) -> Step:
+    out = em._slot(op.result)
+    threads = _Threads(em, op)
+    size = int(np.prod(op.result.type.get_shape()))
+
+    def step(env: Env, mask: Mask) -> None:
+        env[out] = np.zeros((threads.count // threads.block_size, size), np.float32)
+
+    return step
+
+
+def _queue(em: Any) -> int:
+    """The slot of this kernel's cp.async state: the open group and the committed groups, per launch."""
+    return em._slot(("cp.async groups", id(em)))
+
+
+def _state(env: Env, slot: int) -> dict[str, list]:
+    if env[slot] is None:
+        env[slot] = {"open": [], "groups": []}
+    return env[slot]
+
+
+def _cp_async(em: Any, op: Any) -> Step:
+    threads = _Threads(em, op)
+    dst, src, valid = em._slot(op.dst), em._slot(op.src), em._slot(op.valid)
+    dst_at, src_at = [em._slot(v) for v in op.dst_indices], [em._slot(v) for v in op.src_indices]
+    dst_strides, src_strides = _strides(op.dst.type), _strides(op.src.type)
+    width = op.elements()
+    queue = _queue(em)
+    span = np.arange(width)
+
+    def step(env: Env, mask: Mask) -> None:
+        live = np.ones(threads.count, bool) if mask is None else mask
+        to, frm = threads.flat(env, dst_at, dst_strides)[live], threads.flat(env, src_at, src_strides)[live]
+        if (to % width).any() or (frm % width).any():
+            raise threads.refuse(op, "copies from or to an address that is not 16-byte aligned")
+        ok = np.broadcast_to(np.asarray(env[valid], bool), (threads.count,))[live]
+        source = env[src].reshape(-1)
+        data = np.where(ok[:, None], source[np.where(ok, frm, 0)[:, None] + span], np.float32(0))
+        block = threads.blocks()[live]
+        _state(env, queue)["open"].append((dst, block, to[:, None] + span, data))
+
+    return step
+
+
+def _commit(em: Any, op: Any) -> Step:
+    queue = _queue(em)
+
+    def step(env: Env, mask: Mask) -> None:
+        state = _state(env, queue)
+        state["groups"].append(state["open"])
+        state["open"] = []
+
+    return step
+
+
+def _wait(em: Any, op: Any) -> Step:
+    queue = _queue(em)
+    pending = op.pending.value.data
+
+    def step(env: Env, mask: Mask) -> None:
+        groups = _state(env, queue)["groups"]
+        while len(groups) > pending:
+            for dst, block, where, data in groups.pop(0):
+                env[dst][block[:, None], where] = data
+
+    return step
+
+
+def _barrier(em: Any, op: Any) -> Step:
+    threads = _Threads(em, op)
+
+    def step(env: Env, mask: Mask) -> None:
+        if mask is None:
+            return
+        per_block = mask.reshape(-1, threads.block_size)
+        if (per_block.any(axis=1) & ~per_block.all(axis=1)).any():
+            raise threads.refuse(op, "is reached by only some threads of a block (a GPU would hang)")
+
+    return step
+
+
+def _ldmatrix(em: Any, op: Any) -> Step:
+    threads = _Threads(em, op)
+    memory, at = em._slot(op.memref), [em._slot(v) for v in op.indices]
+    strides = _strides(op.memref.type)
+    outs = [em._slot(r) for r in op.registers]
+    providers = [8 * i + _LANE // 4 for i in range(len(outs))]  # the lane whose row each lane receives, by matrix
+
+    def step(env: Env, mask: Mask) -> None:
+        warps = threads.count // WARP
+        flat = threads.flat(env, at, strides).reshape(warps, WARP)
+        if (flat[:, : 8 * len(outs)] % 8).any():
+            raise threads.refuse(op, "reads a matrix row that is not 16-byte aligned")
+        block = threads.blocks().reshape(warps, WARP)
+        shared = env[memory]
+        for out, provider in zip(outs, providers, strict=True):
+            first = flat[:, provider] + 2 * _PAIR
+            rows = block[:, provider]
+            env[out] = np.stack([shared[rows, first], shared[rows, first + 1]], axis=-1).reshape(-1, 2)
+
+    return step
+
+
+def _load_bf16x2(em: Any, op: Any) -> Step:
+    threads = _Threads(em, op)
+    memory, at = em._slot(op.memref), [em._slot(v) for v in op.indices]
+    strides = _strides(op.memref.type)
+    out = em._slot(op.result)
+
+    def step(env: Env, mask: Mask) -> None:
+        flat = threads.flat(env, at, strides)
+        if (flat % 2).any():
+            raise threads.refuse(op, "loads an f32 pair at an odd index (not 8-byte aligned)")
+        shared, block = env[memory], threads.blocks()
+        env[out] = bf16_rounded(np.stack([shared[block, flat], shared[block, flat + 1]], axis=-1))
+
+    return step
+
+
+def _mma_sync(em: Any, op: Any) -> Step:
+    threads = _Threads(em, op)
+    a, b, c = [em._slot(v) for v in op.a], [em._slot(v) for v in op.b], [em._slot(v) for v in op.c]
+    d = [em._slot(v) for v in op.d]
+
+    def step(env: Env, mask: Mask) -> None:
+        warps = threads.count // WARP
+        A = np.zeros((warps, 16, 16), np.float32)
+        B = np.zeros((warps, 16, 8), np.float32)
+        C = np.zeros((warps, 16, 8), np.float32)
+        for slot, (row, column) in zip(a, _A_PLACES, strict=True):
+            pair = np.broadcast_to(env[slot], (threads.count, 2)).reshape(warps, WARP, 2)
+            A[:, row, column], A[:, row, column + 1] = pair[..., 0], pair[..., 1]
+        for slot, (k, n) in zip(b, _B_PLACES, strict=True):
+            pair = np.broadcast_to(env[slot], (threads.count, 2)).reshape(warps, WARP, 2)
+            B[:, k, n], B[:, k + 1, n] = pair[..., 0], pair[..., 1]
+        for slot, (row, column) in zip(c, _C_PLACES, strict=True):
+            C[:, row, column] = np.broadcast_to(env[slot], (threads.count,)).reshape(warps, WARP)
+        D = np.matmul(A, B) + C
+        for slot, (row, column) in zip(d, _C_PLACES, strict=True):
+            env[slot] = D[:, row, column].reshape(-1)
+
+    return step
+
+
+COMPILERS: dict[str, Callable[[Any, Any], Step]] = {
+    "cuda.shared_memory": _shared_memory,
+    "cuda.cp_async": _cp_async,
+    "cuda.cp_async_commit": _commit,
+    "cuda.cp_async_wait": _wait,
+    "gpu.barrier": _barrier,
+    "cuda.ldmatrix": _ldmatrix,
+    "cuda.load_bf16x2": _load_bf16x2,
+    "cuda.mma_sync": _mma_sync,
+}

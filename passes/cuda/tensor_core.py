@@ -1,0 +1,317 @@
+"""The CUDA lane's tensor-core kernels (issue 19): tiled bf16 matrix products for prefill chunks and batches.
+
+A prompt of hundreds of rows makes each projection a matrix product, bound by arithmetic rather than by memory, so
+`convert-cuda-kernels-to-gpu` hands `cuda.linear` and `cuda.gate_up` with a bf16 weight and more than one row to
+this module (`handles`, `kinds`); f32 images keep the exact CUDA-core kernels, so the token checks stand on no
+tensor core. The kernel is the sm80-style multistage GEMM that CUTLASS (`cutlass/gemm/threadblock/mma_multistage.h`)
+and FlashAttention-2 build on Hopper's warp-level tensor cores:
+
+* a block of 4 warps owns a `BLOCK_ROWS` x `block_columns` tile of the output; the grid's x axis walks the row
+  tiles fastest, so the blocks that share a tile of weight columns run side by side and read it from HBM once (a
+  rasterised order: the weights stream once per chunk while the activations, far smaller, stay in L2);
+* each `DEPTH` (32) slice of the activations (f32, as the lane keeps them) and of the weight rows (bf16) is staged in
+  shared memory by 16-byte `cuda.cp_async` copies, double-buffered (`STAGES`): the copy of slice k+1 is in flight
+  while the warps multiply slice k (commit, wait for all but the newest group, barrier);
+* a warp owns a 32 x (block_columns/2) tile: two m16 rows of `cuda.mma_sync` m16n8k16 (bf16 in, f32 accumulate);
+  its B fragments come from the weight tile through `cuda.ldmatrix` x4 (two n8 tiles a load: weight rows are the
+  B matrix's columns, so no transpose), its A fragments from the f32 tile by `cuda.load_bf16x2` (round to nearest
+  even, the rounding numpy's bf16-input product uses);
+* shared rows are padded by 8 elements (80 bytes of bf16, 160 of f32) so ldmatrix's 8 rows and the fragment loads
+  of a quarter warp fall in distinct banks;
+* epilogues as in decode: the residual add (`linear_residual_tc`) and SiLU times up (`gate_up_tc`, both weights'
+  tiles in one block, so the product is formed in registers).
+
+Where this differs from CUTLASS and cuBLAS on Hopper: `mma.sync` rather than `wgmma` with TMA (Hopper's
+warpgroup MMA reaches about twice the throughput); 2 stages rather than 3-5 (static shared memory stops at 48 KB a
+block and the lane's activations are f32, twice the bytes of a bf16 A tile); A is rounded to bf16 from an f32 tile
+in shared memory rather than read as bf16 (the norm that produces it writes f32). See docs/cuda.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from xdsl.dialects import gpu
+from xdsl.dialects.builtin import BFloat16Type, Float32Type, IntegerAttr, MemRefType, bf16, f32, i64
+from xdsl.ir import Attribute, SSAValue
+
+from logos_ir.dialects import cuda
+
+WARP = cuda.WARP
+THREADS = 128  # 4 warps, as every kernel of the lane
+BLOCK_ROWS = 64  # rows of the output a block owns (2 warps of 32)
+DEPTH = 32  # the K slice staged a step
+STAGES = 2  # shared-memory buffers a tile (double-buffered)
+PAD = 8  # elements a shared row is padded by
+MMA_M, MMA_N, MMA_K = 16, 8, 16
+LINEAR_COLUMNS = 64  # output columns a block owns: one weight (128 needs 64 accumulators a thread: spills at 4 blocks an SM)
+GATE_UP_COLUMNS = 64  # ... with two weights (gate and up), the same registers of accumulators
+
+
+def block_columns(weights: int) -> int:
+    return LINEAR_COLUMNS if weights == 1 else GATE_UP_COLUMNS
+
+
+def _shape(kind: Attribute) -> tuple[int, ...]:
+    assert isinstance(kind, MemRefType)
+    return tuple(kind.get_shape())
+
+
+def handles(op: cuda.KernelOp) -> bool:
+    """Whether `op` runs on tensor cores: a projection (`cuda.linear`, `cuda.gate_up`) of more than one row with
+    bf16 weights whose depth is whole slices."""
+    if not isinstance(op, cuda.LinearOp | cuda.GateUpOp):
+        return False
+    if getattr(op, "epsilon", None) is not None:  # a folded norm prologue (decode's fusion) stays on CUDA cores
+        return False
+    weight = op.ins[1].type
+    assert isinstance(weight, MemRefType)
+    rows, depth = _shape(op.ins[0].type)
+    return isinstance(weight.element_type, BFloat16Type) and rows > 1 and depth % DEPTH == 0
+
+
+def grid(rows: int, columns: int, weights: int) -> tuple[int, int, int]:
+    """Row tiles on x (fastest: the blocks sharing a weight tile are launched together), column tiles on y."""
+    return (-(-rows // BLOCK_ROWS), -(-columns // block_columns(weights)), 1)
+
+
+def kinds(op: cuda.KernelOp) -> list[Any]:
+    """The one launch of a tensor-core projection (kernels_to_gpu's `_Kind`)."""
+    from logos_ir.passes.cuda.kernels_to_gpu import _Kind
+
+    if isinstance(op, cuda.GateUpOp):
+        return [_Kind("gate_up_tc", (0, 1, 2, 3), lambda s: grid(s[0][0], s[1][0], 2), _gate_up)]
+    stem = "linear_residual_tc" if len(op.ins) == 3 else "linear_tc"
+    operands = tuple(range(len(op.ins) + 1))
+    return [_Kind(stem, operands, lambda s: grid(s[0][0], s[1][0], 1), _linear)]
+
+
+# -- the product ---------------------------------------------------------------------------------------------------
+
+
+def _shared(b: Any, element: Attribute, rows: int, name: str) -> SSAValue:
+    kind = MemRefType(element, [STAGES, rows, DEPTH + PAD], memory_space=IntegerAttr(cuda.SHARED, i64))
+    tile = b.op(cuda.SharedMemoryOp(kind))
+    tile.name_hint = name
+    return tile
+
+
+class _Product:
+    """The tiles, fragments and pipeline of one tensor-core product kernel (see the module docstring)."""
+
+    def __init__(self, b: Any, x: SSAValue, weights: list[SSAValue], shape: tuple[int, int, int]):
+        self.b, self.x, self.weights = b, x, weights
+        self.rows, self.columns, self.depth = shape
+        self.block_columns = block_columns(len(weights))
+        self.warp_columns = self.block_columns // 2
+        tid = b.thread()
+        self.tid, warp, self.lane = tid, b.div(tid, WARP), b.rem(tid, WARP)
+        self.first_row = b.mul(b.block("x"), BLOCK_ROWS)
+        self.first_column = b.mul(b.block("y"), self.block_columns)
+        self.warp_row = b.mul(b.div(warp, 2), 32)  # warps 2 x 2 over the block tile
+        self.warp_column = b.mul(b.rem(warp, 2), self.warp_columns)
+        self.group, self.pair = b.div(self.lane, 4), b.rem(self.lane, 4)  # the PTX ISA's groupID, threadID_in_group
+        self.a_tile = _shared(b, f32, BLOCK_ROWS, "x_tile")
+        names = ["weight_tile"] if len(weights) == 1 else ["gate_tile", "up_tile"]
+        self.w_tiles = [_shared(b, bf16, self.block_columns, name) for name in names]
+
+    # staging: 16-byte asynchronous copies, every thread a few chunks of each tile
+    def stage(self, stage: SSAValue | int, k: SSAValue | int) -> None:
+        self._copy(self.x, self.a_tile, self.first_row, self.rows, BLOCK_ROWS, 4, stage, k)
+        for weight, tile in zip(self.weights, self.w_tiles, strict=True):
+            self._copy(weight, tile, self.first_column, self.columns, self.block_columns, 8, stage, k)
+
+    def _copy(self, source, tile, first: SSAValue, limit: int, rows: int, vector: int, stage, k) -> None:
+        """Thread t copies chunk t of each THREADS chunks: the same column of rows t / per_row + i * row_step."""
+        b = self.b
+        per_row = DEPTH // vector
+        row_step = THREADS // per_row
+        top, column = b.div(self.tid, per_row), b.mul(b.rem(self.tid, per_row), vector)
+        depth = b.add(column, k) if not isinstance(k, int) or k else column
+        for i in range(rows // row_step):
+            row = b.add(top, i * row_step) if i else top
+            where = b.add(first, row)
+            valid = b.cmp("ult", where, limit)
+            src = [b.min(where, limit - 1), depth]
+            b.op(cuda.CpAsyncOp(tile, [b._ix(stage), row, column], source, src, valid))
+
+    # fragments of one k16 step of a stage
+    def a_fragments(self, stage: SSAValue, kk: int) -> list[list[SSAValue]]:
+        b = self.b
+        out = []
+        for tile in range(2):
+            top = b.add(b.add(self.warp_row, tile * MMA_M), self.group)
+            low = b.add(top, 8)
+            left = b.add(b.mul(self.pair, 2), kk)
+            right = b.add(left, 8)
+            places = [(top, left), (low, left), (top, right), (low, right)]
+            out.append([b.op(cuda.LoadBF16x2Op(self.a_tile, [stage, r, c])) for r, c in places])
+        return out
+
+    def b_fragments(self, tile: SSAValue, stage: SSAValue, kk: int) -> list[list[SSAValue]]:
+        """ldmatrix x4: lanes 0-7 address rows n0..n0+7 at k, 8-15 the same rows at k+8, 16-31 rows n0+8.. likewise;
+        registers (0, 1) are the B fragment of n tile n0, (2, 3) of n0+8."""
+        b = self.b
+        row = b.add(b.mul(b.div(self.lane, 16), 8), b.rem(self.lane, 8))
+        column = b.add(b.mul(b.rem(b.div(self.lane, 8), 2), 8), kk)
+        out = []
+        for pair in range(self.warp_columns // 16):
+            n = b.add(b.add(self.warp_column, pair * 16), row)
+            load = cuda.LdmatrixOp(tile, [stage, n, column], 4)
+            b.op(load)
+            r = list(load.results)
+            out += [r[0:2], r[2:4]]
+        return out
+
+    def run(self) -> list[list[SSAValue]]:
+        """The pipelined main loop; the accumulators, by weight, of each (m tile, n tile) fragment in order."""
+        b = self.b
+        slices = self.depth // DEPTH
+        n_tiles = self.warp_columns // MMA_N
+        count = len(self.weights) * 2 * n_tiles * 4
+        self.stage(0, 0)
+        b.op(cuda.CpAsyncCommitOp())
+
+        def step(k: SSAValue, acc: list[SSAValue]) -> list[SSAValue]:
+            following = b.add(k, 1)
+            b.when(
+                b.cmp("ult", following, slices),
+                lambda: self.stage(b.rem(following, STAGES), b.mul(following, DEPTH)),
+            )
+            b.op(cuda.CpAsyncCommitOp())  # always a group (empty on the last slice), so the wait's count holds
+            b.op(cuda.CpAsyncWaitOp(1))  # slice k has landed (only slice k+1's group may be in flight)
+            b.op(gpu.BarrierOp())
+            stage = b.rem(k, STAGES)
+            acc = list(acc)
+            for kk in range(0, DEPTH, MMA_K):
+                a = self.a_fragments(stage, kk)
+                for w, tile in enumerate(self.w_tiles):
+                    frags = self.b_fragments(tile, stage, kk)
+                    for m in range(2):
+                        for n in range(n_tiles):
+                            at = ((w * 2 + m) * n_tiles + n) * 4
+                            mma = cuda.MmaSyncOp(a[m], frags[n], acc[at : at + 4])
+                            b.op(mma)
+                            acc[at : at + 4] = list(mma.results)
+            b.op(gpu.BarrierOp())  # every warp is done with this stage before it is refilled
+            return acc
+
+        zero = b.fconst(0.0)
+        acc = b.loop(0, slices, 1, [zero] * count, step)
+        per_weight = len(acc) // len(self.weights)
+        return [acc[w * per_weight : (w + 1) * per_weight] for w in range(len(self.weights))]
+
+    def epilogue(self, acc: list[list[SSAValue]], write: Callable[[SSAValue, SSAValue, list[SSAValue]], None]) -> None:
+        """Each accumulator to its output element (the C fragment layout), through `write` where it lies inside."""
+        b = self.b
+        n_tiles = self.warp_columns // MMA_N
+        for m in range(2):
+            top = b.add(b.add(b.add(self.first_row, self.warp_row), m * MMA_M), self.group)
+            for n in range(n_tiles):
+                left = b.add(b.add(b.add(self.first_column, self.warp_column), n * MMA_N), b.mul(self.pair, 2))
+                for register in range(4):
+                    row = b.add(top, 8) if register >= 2 else top
+                    column = b.add(left, 1) if register % 2 else left
+                    values = [per_weight[(m * n_tiles + n) * 4 + register] for per_weight in acc]
+                    inside = b.both(b.cmp("ult", row, self.rows), b.cmp("ult", column, self.columns))
+                    b.when(inside, lambda row=row, column=column, values=values: write(row, column, values))
+
+
+def _linear(b: Any, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
+    x, weight, *residual, out = args
+    rows, depth = shapes[0]
+    product = _Product(b, x, [weight], (rows, shapes[1][0], depth))
+
+    def write(row: SSAValue, column: SSAValue, values: Sequence[SSAValue]) -> None:
+        value = values[0] if not residual else b.fadd(b.load(residual[0], [row, column]), values[0])
+        b.store(value, out, [row, column])
+
+    product.epilogue(product.run(), write)
+
+
+def _gate_up(b: Any, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
+    x, gate, up, out = args
+    rows, depth = shapes[0]
+    product = _Product(b, x, [gate, up], (rows, shapes[1][0], depth))
+
+    def write(row: SSAValue, column: SSAValue, values: Sequence[SSAValue]) -> None:
+        g, u = values
+        half = b.fconst(0.5)
+        # sigmoid(g) = (1 + tanh(g/2)) / 2, as the decode kernel and the reference compute it
+        sigmoid = b.fadd(b.fmul(b.tanh(b.fmul(g, half)), half), half)
+        b.store(b.fmul(b.fmul(g, sigmoid), u), out, [row, column])
+
+    product.epilogue(product.run(), write)
+
+
+__all__ = ["BLOCK_ROWS", "DEPTH", "STAGES", "Float32Type", "grid", "handles", "kinds"]
+
+
+# -- CUDA C++ of the tensor-core ops (the emitter's methods for them call these) ----------------------------------
+
+
+def _shared_address(printer: Any, memory: SSAValue, indices: Sequence[SSAValue]) -> str:
+    return f"(unsigned int)__cvta_generic_to_shared(&{printer.name(memory)}[{printer.flat(memory, list(indices))}])"
+
+
+def print_shared_memory(printer: Any, op: cuda.SharedMemoryOp) -> None:
+    kind = op.result.type
+    assert isinstance(kind, MemRefType)
+    element = "__nv_bfloat16" if isinstance(kind.element_type, BFloat16Type) else "float"
+    size = 1
+    for extent in kind.get_shape():
+        size *= extent
+    printer.line(f"__shared__ __align__(16) {element} {printer.name(op.result)}[{size}];")
+
+
+def print_cp_async(printer: Any, op: cuda.CpAsyncOp) -> None:
+    dst = _shared_address(printer, op.dst, op.dst_indices)
+    src = f"&{printer.name(op.src)}[{printer.flat(op.src, list(op.src_indices))}]"
+    size = f"{printer.name(op.valid)} ? 16 : 0"  # source size 0: the 16 bytes are zero-filled
+    printer.line(
+        f'asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\\n" :: "r"({dst}), "l"({src}), "r"({size}));'
+    )
+
+
+def print_cp_async_commit(printer: Any, op: cuda.CpAsyncCommitOp) -> None:
+    printer.line('asm volatile("cp.async.commit_group;\\n" ::);')
+
+
+def print_cp_async_wait(printer: Any, op: cuda.CpAsyncWaitOp) -> None:
+    printer.line(f'asm volatile("cp.async.wait_group %0;\\n" :: "n"({op.pending.value.data}) : "memory");')
+
+
+def print_barrier(printer: Any, op: gpu.BarrierOp) -> None:
+    printer.line("__syncthreads();")
+
+
+def print_ldmatrix(printer: Any, op: cuda.LdmatrixOp) -> None:
+    names = [printer.name(r) for r in op.registers]
+    count = len(names)
+    places = ", ".join(f"%{i}" for i in range(count))
+    outs = ", ".join(f'"=r"({n})' for n in names)
+    printer.line(f"unsigned int {', '.join(names)};")
+    printer.line(
+        f'asm volatile("ldmatrix.sync.aligned.m8n8.x{count}.shared.b16 {{{places}}}, [%{count}];\\n"'
+        f' : {outs} : "r"({_shared_address(printer, op.memref, op.indices)}));'
+    )
+
+
+def print_load_bf16x2(printer: Any, op: cuda.LoadBF16x2Op) -> None:
+    name = printer.name(op.result)
+    where = f"&{printer.name(op.memref)}[{printer.flat(op.memref, list(op.indices))}]"
+    printer.line(f"const float2 {name}_f32 = *reinterpret_cast<const float2*>({where});")
+    printer.line(f"const __nv_bfloat162 {name}_bf16 = __floats2bfloat162_rn({name}_f32.x, {name}_f32.y);")
+    printer.line(f"const unsigned int {name} = *reinterpret_cast<const unsigned int*>(&{name}_bf16);")
+
+
+def print_mma_sync(printer: Any, op: cuda.MmaSyncOp) -> None:
+    d = [printer.name(v) for v in op.d]
+    ins = [f'"r"({printer.name(v)})' for v in (*op.a, *op.b)] + [f'"f"({printer.name(v)})' for v in op.c]
+    printer.line(f"float {', '.join(d)};")
+    printer.line(
+        'asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7},'
+        ' {%8, %9}, {%10, %11, %12, %13};\\n"'
+        f" : {', '.join(chr(34) + '=f' + chr(34) + f'({n})' for n in d)} : {', '.join(ins)});"
+    )
