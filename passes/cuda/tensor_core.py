@@ -32,6 +32,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from xdsl.dialects import gpu
 from xdsl.dialects.builtin import BFloat16Type, Float32Type, IntegerAttr, MemRefType, bf16, f32, i64
 from xdsl.ir import Attribute, SSAValue
@@ -315,3 +317,61 @@ def print_mma_sync(printer: Any, op: cuda.MmaSyncOp) -> None:
         ' {%8, %9}, {%10, %11, %12, %13};\\n"'
         f" : {', '.join(chr(34) + '=f' + chr(34) + f'({n})' for n in d)} : {', '.join(ins)});"
     )
+
+
+# -- HBM traffic of the products (the build report) -----------------------------------------------------------------
+
+SMS = 132  # streaming multiprocessors of an H100 / H200
+BLOCKS_PER_SM = 4  # the emitter's launch bound (and 40 KB of shared memory a block fits 4 times in 228 KB)
+L2_BYTES = 50 * 2**20  # H100 / H200 L2
+BYTES = {"bf16": 2, "f32": 4, "i64": 8}
+
+
+def product_traffic(plan: Any) -> list[dict[str, Any]]:
+    """Each distinct tensor-core kernel of a host plan (with its launch count): the bytes it must move at least (every weight, the activations and
+    the output once) and the HBM bytes modelled from its grid: the row tiles of one weight tile are launched
+    together (x fastest) and are resident together when they fit on the SMs, so each weight tile is read from HBM
+    once a wave they share; the activations are read once while they fit in half the L2 (the other half streams
+    weights), else once a wave of blocks (the resident blocks walk k together). L2-to-SM bytes (every block reads
+    its tiles) are given beside. A model, computed from the launch: no GPU measured it."""
+    out: dict[str, dict[str, Any]] = {}
+    resident = SMS * BLOCKS_PER_SM
+    for launch in plan.launches:
+        if "_tc_" not in launch.kernel:
+            continue
+        if launch.kernel in out:
+            out[launch.kernel]["launches"] += 1
+            continue
+        buffers = [plan.buffers[name] for name in launch.buffers]
+        x, weights, outputs = buffers[0], [b for b in buffers if b.kind == "weight"], buffers[-1:]
+        residual = buffers[2:-1] if len(weights) == 1 else []
+        size = {id(b): int(np.prod(b.shape)) * BYTES[b.element] for b in buffers}
+        row_tiles, column_tiles, _ = launch.grid
+        waves = -(-row_tiles * column_tiles // resident)
+        weight_bytes = sum(size[id(w)] for w in weights)
+        x_bytes = size[id(x)]
+        rest = sum(size[id(b)] for b in (*residual, *outputs))
+        weight_reads = -(-row_tiles // resident)  # row tiles of one weight tile that cannot be resident together
+        x_reads = 1 if x_bytes <= L2_BYTES // 2 else waves
+        minimum = weight_bytes + x_bytes + rest
+        modelled = weight_bytes * weight_reads + x_bytes * x_reads + rest
+        out[launch.kernel] = (
+            {
+                "kernel": launch.kernel,
+                "launches": 1,
+                "grid": list(launch.grid),
+                "minimum_bytes": minimum,
+                "hbm_bytes": modelled,
+                "ratio": round(modelled / minimum, 3),
+                "l2_to_sm_bytes": weight_bytes * row_tiles + x_bytes * column_tiles + rest,
+            }
+        )
+    return list(out.values())
+
+
+def report(module: Any) -> dict[str, Any]:
+    """The build report's entry for the tensor-core products of a lowered module (nothing when it has none)."""
+    from logos_ir.passes.cuda.host_plan import plan_of
+
+    products = product_traffic(plan_of(module))
+    return {"tensor_core_products": products} if products else {}

@@ -1,0 +1,161 @@
+"""The CUDA lane's tensor-core products (issue 19), executed by the emulator from the lowered IR as printed.
+
+* Every tensor-core kernel kind of a tiny model's bf16 prefill chunk (`linear_tc`, `linear_residual_tc`,
+  `gate_up_tc`; a chunk of 70 rows, so the last row tile is partial, and projections narrower than a block tile)
+  agrees with numpy's product of bf16-rounded inputs accumulated in f32 within the stated tolerance.
+* The emulator holds the kernels to the PTX ISA's fragment layouts and copy groups: moving one A-fragment register
+  to the wrong row, dropping the wait for the asynchronous copies, or misaligning an ldmatrix row changes the
+  numbers or is refused.
+* With f32 weights no tensor-core kernel is built (the exact path the token tests stand on).
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+import pytest
+from xdsl.printer import Printer
+
+from logos_ir.dialects import cuda
+from logos_ir.errors import LogosError
+from logos_ir.passes.cuda.host_plan import bf16_rounded, read_plan
+from logos_ir.program import Cut
+from logos_ir.runtime.cuda import KernelEmulator, _Launch, build_program
+from logos_ir.spec import ModelSpec
+
+ROWS = 70  # a row tile of 64 and a partial one
+# |emulated - numpy| <= TOLERANCE * sum_k |x_k w_k|: both sum exact bf16 products in f32, in different orders
+TOLERANCE = 2.0**-16
+
+
+@pytest.fixture(scope="module")
+def plan() -> Any:
+    return build_program(ModelSpec.preset("tiny"), Cut.prefill(ROWS, 128), 1, "bf16")[0]
+
+
+def _inputs(kernel: Any, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for arg in kernel.body.block.args:
+        values = rng.standard_normal(tuple(arg.type.get_shape())).astype(np.float32)
+        arrays.append(bf16_rounded(values) if "bf16" in str(arg.type.element_type) else values)
+    arrays[-1][...] = 0
+    return arrays
+
+
+def _run(kernel: Any, plan: Any, arrays: list[np.ndarray]) -> np.ndarray:
+    launch = next(step for step in plan.launches if step.kernel == kernel.sym_name.data)
+    out = [a.copy() for a in arrays]
+    KernelEmulator(kernel).run(out, _Launch.of(launch.grid, launch.block))
+    return out[-1]
+
+
+def _product(x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """numpy's bf16-input, f32-accumulate product and the sum of |terms| that bounds its rounding."""
+    xb = bf16_rounded(x)
+    return xb @ w.T, np.abs(xb) @ np.abs(w).T
+
+
+def _kernel(plan: Any, stem: str) -> Any:
+    return next(k for name, k in plan.kernels.items() if name.startswith(stem + "_"))
+
+
+@pytest.mark.parametrize("stem", ["linear_tc", "linear_residual_tc", "gate_up_tc"])
+def test_each_tensor_core_kind_agrees_with_numpys_bf16_product(plan: Any, stem: str) -> None:
+    kernel = _kernel(plan, stem)
+    arrays = _inputs(kernel, seed=len(stem))
+    got = _run(kernel, plan, arrays)
+    if stem == "gate_up_tc":
+        (g, g_bound), (u, u_bound) = _product(arrays[0], arrays[1]), _product(arrays[0], arrays[2])
+        want = g / (1 + np.exp(-g)) * u
+        # silu's slope is below 1.1, so the product's error is bounded by the operands' errors
+        bound = TOLERANCE * (1.1 * g_bound * np.abs(u) + np.abs(g) * u_bound) + 1e-6 * np.abs(want)
+    else:
+        want, bound = _product(arrays[0], arrays[1])
+        bound = TOLERANCE * bound
+        if stem == "linear_residual_tc":
+            want = want + arrays[2]
+            bound = bound + 1e-7 * np.abs(want)
+    assert got.shape == (ROWS, want.shape[1])
+    assert np.all(np.abs(got - want) <= bound), float(np.max(np.abs(got - want) / bound))
+
+
+def _reparsed(kernel: Any) -> Any:
+    """The module holding `kernel`, printed and read back as a build's step.mlir is."""
+    module = kernel.parent_op().parent_op()
+    text = io.StringIO()
+    Printer(stream=text).print_op(module)
+    return read_plan(text.getvalue())
+
+
+def _edited(stem: str, edit: Any) -> tuple[Any, Any]:
+    plan = build_program(ModelSpec.preset("tiny"), Cut.prefill(ROWS, 128), 1, "bf16")[0]
+    kernel = _kernel(plan, stem)
+    edit(kernel)
+    edited = _reparsed(kernel)
+    return edited, edited.kernels[kernel.sym_name.data]
+
+
+def _ops(kernel: Any, kind: type) -> list[Any]:
+    return [op for op in kernel.walk() if isinstance(op, kind)]
+
+
+def test_one_wrong_fragment_index_changes_the_emulated_product(plan: Any) -> None:
+    kernel = _kernel(plan, "linear_tc")
+    arrays = _inputs(kernel, seed=5)
+    want, bound = _product(arrays[0], arrays[1])
+    assert np.all(np.abs(_run(kernel, plan, arrays) - want) <= TOLERANCE * bound)
+
+    def a1_reads_row_g(kernel: Any) -> None:
+        # A register 1 holds row g + 8 (PTX ISA, m16n8k16): give it register 0's row g instead
+        a0, a1 = _ops(kernel, cuda.LoadBF16x2Op)[:2]
+        assert a1.indices[1].owner.name == "arith.addi"
+        a1.operands[2] = a0.indices[1]
+
+    edited_plan, edited = _edited("linear_tc", a1_reads_row_g)
+    got = _run(edited, edited_plan, arrays)
+    wrong = np.abs(got - want) > TOLERANCE * bound
+    assert wrong.any()
+    # only rows 8-15 of each 16-row m tile of the first k16 step read the wrong row: the error is confined there
+    assert not wrong[np.arange(ROWS) % 16 < 8].any()
+
+
+def test_a_read_before_the_copies_land_gives_wrong_numbers(plan: Any) -> None:
+    kernel = _kernel(plan, "linear_tc")
+    arrays = _inputs(kernel, seed=6)
+    want, bound = _product(arrays[0], arrays[1])
+
+    def no_wait(kernel: Any) -> None:
+        for op in _ops(kernel, cuda.CpAsyncWaitOp):
+            op.detach()
+            op.erase()
+
+    edited_plan, edited = _edited("linear_tc", no_wait)
+    assert (np.abs(_run(edited, edited_plan, arrays) - want) > TOLERANCE * bound).any()
+
+
+def test_a_misaligned_ldmatrix_row_is_refused(plan: Any) -> None:
+    kernel = _kernel(plan, "linear_tc")
+
+    def shifted(kernel: Any) -> None:
+        from xdsl.dialects import arith
+        from xdsl.dialects.builtin import IndexType, IntegerAttr
+
+        load = _ops(kernel, cuda.LdmatrixOp)[0]
+        one = arith.ConstantOp(IntegerAttr(1, IndexType()))
+        moved = arith.AddiOp(load.indices[2], one.result)
+        load.parent_block().insert_ops_before([one, moved], load)
+        load.operands[3] = moved.result
+
+    edited_plan, edited = _edited("linear_tc", shifted)
+    with pytest.raises(LogosError, match="ldmatrix.*16-byte aligned"):
+        _run(edited, edited_plan, _inputs(kernel, seed=7))
+
+
+def test_f32_images_build_no_tensor_core_kernel() -> None:
+    f32 = build_program(ModelSpec.preset("tiny"), Cut.prefill(ROWS, 128), 1, "f32")[0]
+    assert not [name for name in f32.kernels if "_tc_" in name]
+    decode = build_program(ModelSpec.preset("tiny"), Cut.decode(128), 1, "bf16")[0]
+    assert not [name for name in decode.kernels if "_tc_" in name]
