@@ -218,6 +218,9 @@ def write_build(destination: Path, produce: Callable[[], tuple[Mapping[str, Any]
     interrupt at any point leaves the previous build (if any) as it was; a kill leaves at most a hidden staging
     folder beside it, which the next build removes."""
     destination = destination.absolute()
+    for parent in destination.parents:  # a file where a folder of the path should be: one error naming it
+        if parent.exists() and not parent.is_dir():
+            raise BuildError(f"{destination}: {parent} is a file, not a folder; give -o a folder path")
     _refuse_foreign(destination)
     destination.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale(destination)
@@ -226,7 +229,7 @@ def write_build(destination: Path, produce: Callable[[], tuple[Mapping[str, Any]
         _check_artifacts(artifacts)
         for artifact in artifacts:
             target = staging / artifact.path
-            target.parent.mkdir(parents=True, exist_ok=True)
+            target.parent.mkdir(parents=True, exist_ok=True)  # files and folders as the umask gives (0644, 0755)
             target.write_bytes(artifact.data)
         (staging / MANIFEST).write_text(manifest_text(manifest), encoding="utf-8", newline="\n")
         _swap_into_place(staging, destination)
@@ -251,6 +254,12 @@ def _refuse_foreign(destination: Path) -> None:
         )
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _staging_prefix(destination: Path) -> str:
     return f".{destination.name}.logos-build-"
 
@@ -271,6 +280,7 @@ _ASIDE = ".previous"
 @contextmanager
 def _temporary_folder(destination: Path) -> Iterator[Path]:
     staging = Path(tempfile.mkdtemp(prefix=_staging_prefix(destination), dir=destination.parent))
+    os.chmod(staging, 0o777 & ~_umask())  # mkdtemp's 0700 would keep a deployed build from its readers
     previous = signal.getsignal(signal.SIGTERM)
     if previous in (signal.SIG_DFL, None):  # a terminated build cleans up as an interrupted one does
         signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -345,7 +355,33 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     entries = manifest.get("artifacts")
     if not isinstance(entries, list) or not all(_is_entry(e) for e in entries):
         raise BuildError(f"{path}: 'artifacts' is not a list of entries with a path, a sha256 and a size")
+    for entry in entries:
+        inside(folder, entry["path"], path)
     return manifest
+
+
+def inside(folder: Path, relative: str, manifest: Path | str = MANIFEST) -> Path:
+    """`relative`, a path the manifest names, as a path inside `folder`; refused (naming it) when it is absolute,
+    has a `..`, or resolves outside the folder through a link, so a build received from elsewhere cannot make the
+    checker read the machine."""
+    pure = PurePosixPath(relative)
+    if (
+        not relative
+        or pure.is_absolute()
+        or ".." in pure.parts
+        or "\\" in relative
+        or "\0" in relative
+        or (len(relative) > 1 and relative[1] == ":")
+    ):
+        raise BuildError(f"{manifest}: the artifact path '{relative}' is not a plain relative path inside the folder")
+    where = folder / relative
+    try:
+        resolved, root = where.resolve(), folder.resolve()
+    except (OSError, RuntimeError):  # a loop of links
+        raise BuildError(f"{manifest}: the artifact path '{relative}' cannot be resolved (a loop of links?)") from None
+    if resolved != root and root not in resolved.parents:
+        raise BuildError(f"{manifest}: the artifact path '{relative}' leads outside the folder (through a link)")
+    return where
 
 
 def _is_entry(entry: Any) -> bool:

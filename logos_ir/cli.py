@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable
@@ -55,10 +56,10 @@ def run_tool(tool: str, body: Callable[[], int | None], argv: list[str] | None =
             raise
         print(f"{tool}: error: {error}", file=sys.stderr)
         return USER_ERROR
-    except (ParseError, DiagnosticException) as error:  # these carry their own location
+    except (ParseError, DiagnosticException) as error:  # these carry their own location, or are given the tool's
         if debug:
             raise
-        print(str(error), file=sys.stderr)
+        print(diagnostic_text(tool, str(error)), file=sys.stderr)
         return USER_ERROR
     except UnicodeDecodeError as error:  # any tool handed an input that is not text (logos-opt reports its own)
         if debug:
@@ -106,6 +107,26 @@ def message_of(tool: str, error: BaseException) -> str:
     if text.startswith("error: "):
         return f"{tool}: {text}"
     return text
+
+
+_XDSL_PLACE = re.compile(r"(?P<loc>[^\s:][^\n]*:\d+:\d+)\n(?P<line>[^\n]*)\n(?P<caret>[ \t]*\^+)\n(?P<what>.+)", re.S)
+_PLACE = re.compile(r"[^\s:][^\n]*:\d+:\d+: ")
+
+
+def diagnostic_text(tool: str, text: str) -> str:
+    """A diagnostic in the tools' one style: `file:line:col: error: ...` (then the line and a caret) where it has a
+    place, else `tool: error: ...`. xDSL's parser puts the place alone on the first line and the message last; it
+    is reordered here. Some of its messages leave a placeholder unfilled; it is named plainly."""
+    text = text.strip("\n").replace("after {first_char}", "here")
+    placed = _XDSL_PLACE.fullmatch(text)
+    if placed:
+        what = placed["what"].strip()
+        return f"{placed['loc']}: error: {what}\n{placed['line']}\n{placed['caret']}"
+    if _PLACE.match(text) or text.startswith(f"{tool}: "):
+        return text
+    if text.startswith("error: "):
+        return f"{tool}: {text}"
+    return f"{tool}: error: {text}"
 
 
 def os_message(error: OSError) -> str:
@@ -260,7 +281,10 @@ class _ListModels(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, default=None, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
-        print(models_listing())
+        try:
+            print(models_listing(), flush=True)
+        except BrokenPipeError:  # `| head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         parser.exit(0)
 
 

@@ -1,10 +1,11 @@
 """`logos-author`: writes the LOGOS program of a model for a cut, so tests and users start from real programs.
 
-    logos-author --model tiny --cut 'decode ctx=64' [--tp 2] [-o decode.logos] [--manifest] [--identity]
+    logos-author [--model MODEL] --cut 'decode ctx=64' [--tp 2] [-o decode.logos] [--manifest] [--identity]
 
-`--model` is a preset name (`--list-models` lists them), a `config.json` or a folder holding one. The text goes to
-standard output or `-o` (written atomically: a temporary file renamed into place, so a failure leaves nothing
-half-written).
+`--model` takes what every tool takes (`--list-models`): a preset, `embedded` (the default), a model folder, a
+`.gguf` file, a hub id in the local cache; and, here, a `config.json` alone (the author reads sizes, never a weight).
+The text goes to standard output or `-o` (written atomically: a temporary file renamed into place, so a failure
+leaves nothing half-written; the file gets the umask's permissions).
 """
 
 from __future__ import annotations
@@ -14,40 +15,39 @@ import json
 import sys
 from pathlib import Path
 
-from logos_ir.cli import run_tool, write_atomically
+from logos_ir.cli import add_common, positive, run_tool, write_atomically
 
 
 def _arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="logos-author", description="Write a model's LOGOS program for a cut.")
-    parser.add_argument("--model", default="tiny", help="a preset name, a config.json, or a folder holding one")
+    add_common(parser, "logos-author")
     parser.add_argument(
         "--cut",
         default="decode ctx=64",
         help="the cut in option form, e.g. 'decode ctx=128', 'decode_layer layer=3 ctx=128'",
     )
-    parser.add_argument("--tp", type=int, default=None, help="split over this many chips (Megatron-style)")
+    parser.add_argument("--tp", type=positive, default=None, help="split over this many chips (Megatron-style)")
     parser.add_argument("--dir", default="", help="the weights' folder named in the manifest")
     parser.add_argument("-o", "--output", help="write the text to this file instead of standard output")
     parser.add_argument("--manifest", action="store_true", help="print the weight manifest as JSON instead")
     parser.add_argument("--identity", action="store_true", help="print the identity line instead")
-    parser.add_argument("--list-models", action="store_true", help="list the preset models and exit")
-    parser.add_argument("--debug", action="store_true", help="show Python tracebacks of internal errors")
     return parser
 
 
-def load_spec(model: str):
-    from logos_ir.errors import SpecError
+def load_spec(model: str | None):
+    """The sizes of the model `--model` names (its headers only: no weight is read)."""
+    from logos_ir.models import ModelSource
     from logos_ir.spec import ModelSpec
 
-    if model in ModelSpec.presets():
-        return ModelSpec.preset(model)
-    path = Path(model)
-    if path.exists():
-        return ModelSpec.from_hf_config(path)
-    raise SpecError(
-        f"unknown model '{model}': neither a preset nor a config.json",
-        hint=f"presets: {', '.join(ModelSpec.presets())}",
-    )
+    if model is not None:
+        path = Path(model)
+        if path.is_file() and path.suffix.lower() == ".json" or (path.is_dir() and not _has_weights(path)):
+            return ModelSpec.from_hf_config(path)  # sizes alone: a config.json, or a folder of one
+    return ModelSource.resolve(model).spec
+
+
+def _has_weights(folder: Path) -> bool:
+    return any(folder.glob("*.safetensors")) or any(folder.glob("*.safetensors.index.json"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,11 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         from logos_ir.author import write
         from logos_ir.program import Cut, Identity
-        from logos_ir.spec import ModelSpec
 
-        if args.list_models:
-            print("\n".join(ModelSpec.presets()))
-            return 0
         spec, cut = load_spec(args.model), Cut.parse(args.cut)
         authored = write(spec, cut, args.dir, tp=args.tp)
         if args.manifest:

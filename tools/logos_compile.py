@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from logos_ir.cli import USAGE_ERROR, positive, run_tool
+from logos_ir.cli import USAGE_ERROR, add_common, count, positive, run_tool
 
 if TYPE_CHECKING:
     from logos_ir.build import Artifact, LaneBuild
@@ -47,7 +47,7 @@ def _arguments(targets: dict[str, Any]) -> argparse.ArgumentParser:
         epilog="targets:\n" + listing,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model", help="a preset, 'embedded', a model folder, a .gguf file or a hub id (org/name)")
+    add_common(parser, "logos-compile")
     parser.add_argument("--target", choices=sorted(targets), metavar="TARGET", help="what to build (see below)")
     parser.add_argument("--cut", help="the cut in option form, e.g. 'decode ctx=1024'")
     parser.add_argument("--tp", type=positive, default=1, help="split the program over this many chips")
@@ -56,13 +56,15 @@ def _arguments(targets: dict[str, Any]) -> argparse.ArgumentParser:
     parser.add_argument(
         "--option", type=_option, action="append", default=[], metavar="KEY=VALUE", help="a target's own option"
     )
-    parser.add_argument("--seed", type=int, default=0, help="the seed of a preset's random weights")
+    parser.add_argument("--seed", type=count, dest="model_seed", help=argparse.SUPPRESS)  # --model-seed's old name
     parser.add_argument("-o", "--output", help="the build folder to write (replaced atomically)")
     checks = parser.add_mutually_exclusive_group()
     checks.add_argument("--check", metavar="DIR", help="re-hash a build folder against its manifest")
     checks.add_argument("--rebuild-check", metavar="DIR", help="rebuild a build folder and compare byte for byte")
-    parser.add_argument("--debug", action="store_true", help="show Python tracebacks of internal errors")
     return parser
+
+
+TARGETS_WITH_OPTIONS = ("spatial",)  # the targets that read --option (each checks its own keys)
 
 
 def _request(args: argparse.Namespace, targets: dict[str, Any], progress: Any) -> Any:
@@ -72,13 +74,16 @@ def _request(args: argparse.Namespace, targets: dict[str, Any], progress: Any) -
     from logos_ir.program import Cut
 
     target = targets[args.target]
+    if args.option and target.name not in TARGETS_WITH_OPTIONS:
+        keys = ", ".join(key for key, _ in args.option)
+        raise BuildError(f"target {target.name} takes no --option ({keys} given)")
     cut = Cut.parse(args.cut)
     if target.cuts and cut.kind not in target.cuts:
         raise BuildError(f"target {target.name} lowers {', '.join(target.cuts)}, not a {cut}")
     weights = args.weights or target.weights[0]
     if weights not in target.weights:
         raise BuildError(f"target {target.name} writes weights {', '.join(target.weights)}, not {weights}")
-    model = ModelSource.resolve(args.model, seed=args.seed, progress=progress)
+    model = ModelSource.resolve(args.model, seed=args.model_seed, progress=progress)
     return BuildRequest(model, cut, args.tp, weights, args.with_weights, progress, dict(args.option))
 
 
@@ -99,16 +104,38 @@ def build(args: argparse.Namespace, targets: dict[str, Any], destination: Path) 
     write_build(destination, produce)
     lane = built[0]
     size = sum(len(a.data) for a in lane.artifacts)
-    return [*lane.summary, f"logos-compile: wrote {destination} ({len(lane.artifacts)} files, {size} bytes)"]
+    return [
+        *lane.summary,
+        f"logos-compile: wrote {destination} ({len(lane.artifacts)} files, {size} bytes)",
+        f"logos-compile: run it with: {run_command(args, destination)}",
+    ]
 
 
-def _check(folder: Path, model: str | None, seed: int) -> int:
+def run_command(args: argparse.Namespace, destination: Path) -> str:
+    """The `logos-run` command that runs a build: the folder, and what the manifest cannot say (the path of a model
+    folder or file; --emulate for the CUDA lane on a machine without a GPU)."""
+    import shlex
+
+    from logos_ir.spec import ModelSpec
+    from logos_ir.weights import is_hub_id
+
+    if (args.cut or "").split()[0:1] != ["decode"]:
+        return "(none: logos-run runs a build of a whole decode step, 'decode ctx=N')"
+    words = ["logos-run", str(destination)]
+    if args.model not in (None, "", "embedded") and args.model not in ModelSpec.presets() and not is_hub_id(args.model):
+        words += ["--model", args.model]  # a folder or a file: the manifest names it without its path
+    if args.target == "cuda":
+        words.append("--emulate")  # the kernels executed on the CPU; drop it on a machine with a GPU
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def _check(folder: Path, model: str | None, seed: int | None) -> int:
     from logos_ir.build import check_build
     from logos_ir.models import ModelSource
     from logos_ir.progress import Progress
 
     progress = Progress.on_terminal()
-    source = ModelSource.resolve(model, seed=seed, progress=progress) if model is not None else None
+    source = ModelSource.resolve(model, seed=seed or 0, progress=progress) if model is not None else None
     report = check_build(folder, source, progress)
     if report.ok:
         what = "every artifact and the model's weight files match" if source else "every artifact matches"
@@ -137,9 +164,9 @@ def _rebuild_check(folder: Path, args: argparse.Namespace, targets: dict[str, An
         weights=target["weights"],
         with_weights=target["with_weights"],
         option=list(target.get("options", {}).items()),
-        seed=recorded.get("seed", 0),
+        model_seed=recorded.get("seed", 0),
     )
-    check_model_matches(ModelSource.resolve(model, seed=again.seed), recorded)
+    check_model_matches(ModelSource.resolve(model, seed=again.model_seed), recorded)
     with tempfile.TemporaryDirectory(prefix="logos-rebuild-") as scratch:
         fresh = Path(scratch) / "build"
         build(again, targets, fresh)
@@ -164,14 +191,36 @@ def _recorded_model(recorded: dict[str, Any], folder: Path) -> str:
     )
 
 
+_BUILD_ONLY = (
+    ("--target", "target"),
+    ("--cut", "cut"),
+    ("-o", "output"),
+    ("--tp", "tp"),
+    ("--weights", "weights"),
+    ("--with-weights", "with_weights"),
+    ("--option", "option"),
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     targets = _targets()
     parser = _arguments(targets)
     args = parser.parse_args(argv)
 
     def body() -> int:
+        if args.check or args.rebuild_check:
+            given = [flag for flag, value in _BUILD_ONLY if getattr(args, value) not in (None, False, [], 1)]
+            if given:
+                parser.print_usage(sys.stderr)
+                which = "--check" if args.check else "--rebuild-check"
+                print(
+                    f"logos-compile: error: {which} reads what to check from the manifest: it takes no "
+                    f"{', '.join(given)}",
+                    file=sys.stderr,
+                )
+                return USAGE_ERROR
         if args.check:
-            return _check(Path(args.check), args.model, args.seed)
+            return _check(Path(args.check), args.model, args.model_seed)
         if args.rebuild_check:
             return _rebuild_check(Path(args.rebuild_check), args, targets)
         needed = (("--target", args.target), ("--cut", args.cut), ("-o", args.output))

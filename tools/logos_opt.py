@@ -21,7 +21,7 @@ from xdsl.utils.exceptions import DiagnosticException, ParseError
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from logos_ir import registry
-from logos_ir.cli import USAGE_ERROR, run_tool, write_atomically
+from logos_ir.cli import USAGE_ERROR, _ListModels, run_tool, write_atomically
 from logos_ir.errors import LogosError
 
 
@@ -56,7 +56,7 @@ class LogosOptMain(xDSLOptMain):
             if "Unrecognized file extension" not in str(error):
                 raise
             known = ", ".join(f".{name}" for name in sorted(self.available_frontends))
-            print(f"logos-opt: {error}: give a file named {known}, or name its kind with -f", file=sys.stderr)
+            print(f"logos-opt: error: {error}: give a file named {known}, or name its kind with -f", file=sys.stderr)
             raise SystemExit(USAGE_ERROR) from None
 
     def register_all_dialects(self) -> None:
@@ -103,6 +103,11 @@ class LogosOptMain(xDSLOptMain):
             ) from None
 
     def _read(self, chunk: IO[bytes], file_extension: str, start_offset: int) -> ModuleOp | None:
+        if file_extension == "mlir" and self.args.input_file in (None, "-") and self.args.frontend is None:
+            data = chunk.read()  # standard input with no -f: LOGOS text is recognised by its header
+            chunk = io.BytesIO(data)
+            if skip_preamble(data)[0].startswith(b"## Program:"):
+                file_extension = "logos"
         if file_extension == "logos":
             return self._parse_logos(chunk, start_offset)
         return super().parse_chunk(chunk, file_extension, start_offset)
@@ -111,6 +116,12 @@ class LogosOptMain(xDSLOptMain):
         try:
             return super().output_resulting_program(prog)
         except (LogosError, DiagnosticException):
+            lowering = _LANE_PIPELINES.get(self.args.target.split("{")[0])
+            if lowering and any(op.name == "logos.program" for op in prog.walk()):
+                raise DiagnosticException(
+                    f"-t {self.args.target} prints a lowered module, and this one is still LOGOS IR: run "
+                    f"-p {lowering} first (logos-opt FILE -p {lowering} -t {self.args.target})"
+                ) from None
             raise
         except Exception as error:  # xDSL's printer fails on some attributes that its parser accepted
             raise DiagnosticException(
@@ -147,12 +158,14 @@ class LogosOptMain(xDSLOptMain):
             help="after the passes, check that each program's recorded identity is the SHA-256 of its own LOGOS print",
         )
         arg_parser.add_argument("--debug", action="store_true", help="show Python tracebacks of internal errors")
+        arg_parser.add_argument("--list-models", action=_ListModels, help="list the models the tools' --model takes")
         arg_parser.formatter_class = argparse.RawDescriptionHelpFormatter
         arg_parser.epilog = self._listing()
 
     def _listing(self) -> str:
         ours = registry.passes()
-        lines = ["logos-ir passes:"]
+        lines = ["logos-ir dialects: " + ", ".join(registry.dialects())]
+        lines.append("logos-ir passes:")
         lines += [f"  {name}" for name in ours]
         lines.append("logos-ir pipelines:")
         for pipeline in registry.pipelines().values():
@@ -168,6 +181,15 @@ class LogosOptMain(xDSLOptMain):
             self.args.print_between_passes = True
         self.args.passes = expand_pipelines(self.args.passes)
         super().setup_pipeline()
+
+
+_LANE_PIPELINES = {
+    "cuda": "logos-to-cuda",
+    "d5005-listing": "logos-to-d5005",
+    "d5005-layout": "logos-to-d5005",
+    "d5005-opencl": "logos-to-d5005",
+    "csl": "logos-to-spatial",
+}
 
 
 def skip_preamble(data: bytes) -> tuple[bytes, int]:
@@ -215,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             tool = LogosOptMain(description="logos-ir modular optimizer driver", args=argv)
         except ValueError as error:  # an unknown pass or a malformed pipeline
-            print(f"logos-opt: {error}", file=sys.stderr)
+            print(f"logos-opt: error: {error}", file=sys.stderr)
             return USAGE_ERROR
         tool.run()
         return 0
