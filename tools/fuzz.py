@@ -12,6 +12,8 @@ The readers and what one input is:
                are fixed valid ones, beside decoy files outside the folder and links to them)
   gguf         a `.gguf` file, read by `GGUFFile` (every tensor read back) and `GGUFStore`
   tokenizer    a `.gguf` file, read by `Tokenizer.from_gguf`, then used to encode and decode a sentence
+  manifest     a build folder's `manifest.json`, read by `read_manifest` and checked by `check_build` (as
+               `logos-compile --check` and `logos-run BUILD_DIR` do), in a real build folder with links out of it
 
 The contract (`check`): every input either loads or raises the project's error, `LogosError` (for MLIR also
 xDSL's `ParseError`, `VerifyException` and `DiagnosticException`, which `logos-opt` reports as user errors).
@@ -43,7 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-READERS = ("logos", "mlir", "config", "safetensors", "gguf", "tokenizer")
+READERS = ("logos", "mlir", "config", "safetensors", "gguf", "tokenizer", "manifest")
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "test" / "fuzz" / "corpus"
 
@@ -55,6 +57,7 @@ MAX_LEN = {
     "safetensors": 8192,
     "gguf": 49152,
     "tokenizer": 49152,
+    "manifest": 8192,
 }
 
 # What atheris instruments for coverage: all of logos-ir, and for the MLIR reader xDSL's parser and lexer
@@ -182,6 +185,7 @@ class _Sandbox:
         (outside / "evil.safetensors").write_bytes((outside / "model.safetensors").read_bytes())
         self.config = self._folder("config")
         self.gguf = self._folder("gguf")
+        self.build = _write_build(self.root / "build", outside)
         self.modes: list[Path] = []
         for mode in range(4):
             folder = self.root / f"model{mode}"
@@ -374,6 +378,25 @@ def _tokenizer(data: bytes) -> None:
     watched(folder, read)
 
 
+def _manifest(data: bytes) -> None:
+    """A build folder's manifest, as `logos-compile --check` and `logos-run BUILD_DIR` read it: the reader must
+    refuse it or check the folder without opening anything outside it (the folder holds links out of it)."""
+    from logos_ir.build import check_build, read_manifest
+    from logos_ir.program import Cut
+
+    folder = sandbox().build
+    (folder / "manifest.json").write_bytes(data)
+
+    def read() -> None:
+        manifest = read_manifest(folder)
+        check_build(folder)
+        target = manifest.get("target")
+        if isinstance(target, dict) and isinstance(target.get("cut"), str):
+            Cut.parse(target["cut"])
+
+    watched(folder, read)
+
+
 _TARGETS: dict[str, Callable[[bytes], None]] = {
     "logos": _logos,
     "mlir": _mlir,
@@ -381,6 +404,7 @@ _TARGETS: dict[str, Callable[[bytes], None]] = {
     "safetensors": _safetensors,
     "gguf": _gguf,
     "tokenizer": _tokenizer,
+    "manifest": _manifest,
 }
 
 
@@ -751,6 +775,8 @@ def seeds(reader: str) -> dict[str, bytes]:
         if header is not None:
             out["embedded-tokenizer.gguf"] = header
         return out
+    if reader == "manifest":
+        return _manifest_seeds()
     raise ValueError(f"unknown reader '{reader}'")
 
 
@@ -776,6 +802,46 @@ def _safetensors_seeds() -> dict[str, bytes]:
             out[f"1-index-{name}"] = b"\1" + json.dumps(text).encode()
         out["2-shard"] = b"\2" + (sharded / "model-00001-of-00002.safetensors").read_bytes()
         out["3-config"] = b"\3" + (sharded / "config.json").read_bytes()
+    return out
+
+
+def _write_build(folder: Path, outside: Path | None = None) -> Path:
+    """A `logos` build of the tiny preset (decode ctx=16, its parts), written by `write_build`, with a link to a
+    file and a link to a folder outside it (a manifest naming them must not make the checker read them)."""
+    from logos_ir.build import BuildRequest, build_logos, manifest_of, write_build
+    from logos_ir.models import ModelSource
+    from logos_ir.program import Cut
+    from logos_ir.progress import Progress
+
+    request = BuildRequest(ModelSource.resolve("tiny"), Cut.decode(16), 1, "f32", False, Progress.silent())
+
+    def produce() -> tuple[dict[str, Any], list[Any]]:
+        lane = build_logos(request)
+        return manifest_of(request, "logos", lane), lane.artifacts
+
+    write_build(folder, produce)
+    if outside is not None:
+        os.symlink(outside / "config.json", folder / "link.logos")
+        os.symlink(outside, folder / "linkdir")
+    return folder
+
+
+def _manifest_seeds() -> dict[str, bytes]:
+    with tempfile.TemporaryDirectory() as temporary:
+        real = (_write_build(Path(temporary) / "build") / "manifest.json").read_bytes()
+    out = {"real.json": real}
+    for name, path in (
+        ("absolute", "/etc/hostname"),
+        ("dotdot", "../outside/config.json"),
+        ("link", "link.logos"),
+        ("linkdir", "linkdir/config.json"),
+    ):
+        manifest = json.loads(real)
+        manifest["artifacts"][0]["path"] = path
+        out[f"path-{name}.json"] = json.dumps(manifest).encode()
+    manifest = json.loads(real)
+    del manifest["target"]
+    out["no-target.json"] = json.dumps(manifest).encode()
     return out
 
 
@@ -835,6 +901,11 @@ _DICTIONARY = {
         "-1", "[]", "\"model_type\"", "\"hidden_size\"",
     ],
 }
+_DICTIONARY["manifest"] = [
+    "\"format\"", "\"logos-build 1\"", "\"artifacts\"", "\"path\"", "\"sha256\"", "\"size\"", "\"target\"",
+    "\"cut\"", "\"decode ctx=16\"", "\"model\"", "../", "/etc/hostname", "linkdir/", "link.logos",
+    "parts/layer_0.logos", "program.logos", "\\u0000", "C:\\\\", "-1", "1e400", "[]", "{}", "null", "9" * 30,
+]
 _BINARY_DICTIONARY = [
     b"GGUF", b"general.architecture", b"llama", b"general.alignment", b"tokenizer.ggml.tokens",
     b"tokenizer.ggml.merges", b"tokenizer.ggml.model", b"gpt2", b"tokenizer.ggml.pre", b"llama-bpe",
@@ -885,7 +956,8 @@ class _Stats:
 _READER_MODULES = [
     "logos_ir.errors", "logos_ir.spec", "logos_ir.program", "logos_ir.dialects.logos", "logos_ir.builder",
     "logos_ir.printer", "logos_ir.author", "logos_ir.parser", "logos_ir.identity", "logos_ir.weights",
-    "logos_ir.tokenizer", "logos_ir.cli", "logos_ir.registry", "logos_ir.tools.logos_opt",
+    "logos_ir.tokenizer", "logos_ir.cli", "logos_ir.registry", "logos_ir.tools.logos_opt", "logos_ir.build",
+    "logos_ir.models",
 ]  # fmt: skip
 
 
