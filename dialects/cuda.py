@@ -409,6 +409,9 @@ KERNEL_OPS: tuple[type[KernelOp], ...] = (
 # operands of `cuda.mma_sync` are exactly the PTX instruction's. Shared memrefs carry memory space 3 (NVVM's
 # shared address space, as upstream spells it).
 
+from xdsl.dialects.builtin import UnitAttr  # noqa: E402 (this section's own imports)
+from xdsl.irdl import opt_prop_def  # noqa: E402
+
 BF16X2 = VectorType(BFloat16Type(), [2])  # a b32 register of two bf16
 SHARED = 3  # NVVM's address space of shared memory
 
@@ -537,7 +540,8 @@ class CpAsyncWaitOp(IRDLOperation):
 class LdmatrixOp(IRDLOperation):
     """PTX `ldmatrix.sync.aligned.m8n8.x{1,2,4}.shared.b16`: `tiles` 8x8 matrices of 16-bit elements from shared
     memory. Lane 8*i + r gives the address of row r of matrix i (16 bytes, 16-byte aligned); lane 4*r + w receives,
-    in its register i, the two elements 2w and 2w+1 of row r of matrix i. Every lane of the warp takes part.
+    in its register i, the two elements 2w and 2w+1 of row r of matrix i; with `transpose` (`.trans`), elements
+    (2w, r) and (2w+1, r) of matrix i, i.e. its column r. Every lane of the warp takes part.
 
     `%r0, %r1, %r2, %r3 = cuda.ldmatrix %tile[%s, %n, %k] : memref<2x128x40xbf16, 3> -> vector<2xbf16>, ...`
     """
@@ -547,11 +551,13 @@ class LdmatrixOp(IRDLOperation):
     memref = operand_def(MemRefType)
     indices = var_operand_def(IndexType)
     registers = var_result_def(VectorType)
+    transpose = opt_prop_def(UnitAttr)
 
-    assembly_format = "$memref `[` $indices `]` attr-dict `:` type($memref) `->` type($registers)"
+    assembly_format = "$memref `[` $indices `]` (`transpose` $transpose^)? attr-dict `:` type($memref) `->` type($registers)"
 
-    def __init__(self, memref: SSAValue, indices: Sequence[SSAValue], tiles: int):
-        super().__init__(operands=[memref, indices], result_types=[[BF16X2] * tiles])
+    def __init__(self, memref: SSAValue, indices: Sequence[SSAValue], tiles: int, transpose: bool = False):
+        properties = {"transpose": UnitAttr()} if transpose else {}
+        super().__init__(operands=[memref, indices], result_types=[[BF16X2] * tiles], properties=properties)
 
     def verify_(self) -> None:
         _check_address(self, self.memref, self.indices, True, "source")
@@ -569,9 +575,9 @@ class LdmatrixOp(IRDLOperation):
 
 @irdl_op_definition
 class LoadBF16x2Op(IRDLOperation):
-    """Two consecutive f32 of shared memory rounded to nearest even into one bf16 pair, the first in the low half:
-    a b32 register of an mma fragment built from an f32 tile (CUDA: a `float2` load, `__floats2bfloat162_rn`). The
-    index of the last axis must be even.
+    """Two consecutive f32 of shared (or global) memory rounded to nearest even into one bf16 pair, the first in
+    the low half: a b32 register of an mma fragment built from f32 values (CUDA: a `float2` load,
+    `__floats2bfloat162_rn`). The index of the last axis must be even.
 
     `%a0 = cuda.load_bf16x2 %tile[%s, %row, %k] : memref<2x64x40xf32, 3> -> vector<2xbf16>`
     """
@@ -588,13 +594,60 @@ class LoadBF16x2Op(IRDLOperation):
         super().__init__(operands=[memref, indices], result_types=[BF16X2])
 
     def verify_(self) -> None:
-        _check_address(self, self.memref, self.indices, True, "source")
         kind = self.memref.type
         assert isinstance(kind, MemRefType)
+        _check_address(self, self.memref, self.indices, _is_shared(kind), "source")
         if not isinstance(kind.element_type, Float32Type):
             raise _fail(self, f"rounds f32 pairs, not {kind.element_type}")
         if self.result.type != BF16X2:
             raise _fail(self, "gives a vector<2xbf16>")
+
+
+@irdl_op_definition
+class PackBF16x2Op(IRDLOperation):
+    """Two f32 values rounded to nearest even into one bf16 pair, `low` in the low half (PTX `cvt.rn.bf16x2.f32`,
+    CUDA `__floats2bfloat162_rn`): an accumulator fragment turned into an A fragment (flash attention's P).
+
+    `%p = cuda.pack_bf16x2 %low, %high`
+    """
+
+    name = "cuda.pack_bf16x2"
+
+    low = operand_def(Float32Type())
+    high = operand_def(Float32Type())
+    result = result_def(BF16X2)
+
+    assembly_format = "$low `,` $high attr-dict"
+
+    def __init__(self, low: SSAValue, high: SSAValue):
+        super().__init__(operands=[low, high], result_types=[BF16X2])
+
+
+@irdl_op_definition
+class StoreBF16x2Op(IRDLOperation):
+    """A bf16 pair (one b32 register) stored to two consecutive bf16 of shared memory, the low half first (PTX
+    `st.shared.b32`). The index of the last axis must be even.
+
+    `cuda.store_bf16x2 %pair, %tile[%r, %c] : memref<64x136xbf16, 3>`
+    """
+
+    name = "cuda.store_bf16x2"
+
+    value = operand_def(BF16X2)
+    memref = operand_def(MemRefType)
+    indices = var_operand_def(IndexType)
+
+    assembly_format = "$value `,` $memref `[` $indices `]` attr-dict `:` type($memref)"
+
+    def __init__(self, value: SSAValue, memref: SSAValue, indices: Sequence[SSAValue]):
+        super().__init__(operands=[value, memref, indices])
+
+    def verify_(self) -> None:
+        _check_address(self, self.memref, self.indices, True, "destination")
+        kind = self.memref.type
+        assert isinstance(kind, MemRefType)
+        if not isinstance(kind.element_type, BFloat16Type) or kind.get_shape()[-1] % 2:
+            raise _fail(self, f"stores into rows of whole bf16 pairs, not {kind}")
 
 
 @irdl_op_definition
@@ -629,6 +682,16 @@ class MmaSyncOp(IRDLOperation):
             raise _fail(self, "takes A and B registers of two bf16 (vector<2xbf16>)")
 
 
-TENSOR_CORE_OPS = (SharedMemoryOp, CpAsyncOp, CpAsyncCommitOp, CpAsyncWaitOp, LdmatrixOp, LoadBF16x2Op, MmaSyncOp)
+TENSOR_CORE_OPS = (
+    SharedMemoryOp,
+    CpAsyncOp,
+    CpAsyncCommitOp,
+    CpAsyncWaitOp,
+    LdmatrixOp,
+    LoadBF16x2Op,
+    PackBF16x2Op,
+    StoreBF16x2Op,
+    MmaSyncOp,
+)
 
 CUDA = Dialect("cuda", [*CUDA.operations, *TENSOR_CORE_OPS], [*CUDA.attributes])

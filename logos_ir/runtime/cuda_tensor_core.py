@@ -12,10 +12,11 @@ a copy before waiting for it or misaligns an address gets wrong numbers or an er
 * `gpu.barrier`: threads are in lockstep, so it orders nothing more here; a barrier reached by only part of a block
   (inside a branch that differs between its threads) is refused, as it would hang a GPU;
 * `cuda.ldmatrix`: lane 8i + r supplies row r of matrix i, lane 4r + w receives elements 2w, 2w+1 of row r in its
-  register i (16-byte aligned rows);
+  register i (16-byte aligned rows); transposed, elements r of rows 2w and 2w+1;
 * `cuda.mma_sync` m16n8k16: each warp's A, B and C matrices gathered from its lanes' registers by the ISA's fragment
   layout (g = lane / 4, t = lane % 4), D = A B + C in f32, scattered back by the same layout;
-* `cuda.load_bf16x2`: two f32 of shared memory rounded to bf16 (nearest even).
+* `cuda.load_bf16x2`, `cuda.pack_bf16x2`: two f32 (of memory, or values) rounded to a bf16 pair (nearest even);
+  `cuda.store_bf16x2` a pair into shared memory.
 
 A bf16 pair register is an array (threads, 2) of f32 values that bf16 holds exactly. The f32 product of bf16 inputs
 is exact; a GPU's tensor core sums the 16 products of each k step in an order (and with an internal precision) the
@@ -33,6 +34,7 @@ from logos_ir.errors import LogosError
 from logos_ir.passes.cuda.host_plan import bf16_rounded
 
 WARP = 32
+SHARED = 3  # the memory space of shared memrefs (as the cuda dialect's)
 Env = list[Any]
 Mask = np.ndarray | None
 Step = Callable[[Env, Mask], None]
@@ -51,6 +53,11 @@ def _strides(kind: Any) -> tuple[int, ...]:
         strides.append(acc)
         acc *= size
     return tuple(reversed(strides))
+
+
+def _in_shared(kind: Any) -> bool:
+    space = kind.memory_space
+    return hasattr(space, "value") and space.value.data == SHARED
 
 
 def _kernel_of(op: Any) -> Any:
@@ -183,7 +190,15 @@ def _ldmatrix(em: Any, op: Any) -> Step:
     memory, at = em._slot(op.memref), [em._slot(v) for v in op.indices]
     strides = _strides(op.memref.type)
     outs = [em._slot(r) for r in op.registers]
-    providers = [8 * i + _LANE // 4 for i in range(len(outs))]  # the lane whose row each lane receives, by matrix
+    transpose = op.transpose is not None
+    # the lane whose row address each lane reads from, by matrix, and the elements of that row it takes: row l / 4,
+    # elements 2(l % 4) and 2(l % 4) + 1; transposed, rows 2(l % 4) and 2(l % 4) + 1, element l / 4
+    if transpose:
+        providers = [[8 * i + 2 * _PAIR, 8 * i + 2 * _PAIR + 1] for i in range(len(outs))]
+        columns = [_GROUP, _GROUP]
+    else:
+        providers = [[8 * i + _GROUP, 8 * i + _GROUP] for i in range(len(outs))]
+        columns = [2 * _PAIR, 2 * _PAIR + 1]
 
     def step(env: Env, mask: Mask) -> None:
         warps = threads.count // WARP
@@ -192,10 +207,9 @@ def _ldmatrix(em: Any, op: Any) -> Step:
             raise threads.refuse(op, "reads a matrix row that is not 16-byte aligned")
         block = threads.blocks().reshape(warps, WARP)
         shared = env[memory]
-        for out, provider in zip(outs, providers, strict=True):
-            first = flat[:, provider] + 2 * _PAIR
-            rows = block[:, provider]
-            env[out] = np.stack([shared[rows, first], shared[rows, first + 1]], axis=-1).reshape(-1, 2)
+        for out, pair in zip(outs, providers, strict=True):
+            halves = [shared[block[:, lane], flat[:, lane] + column] for lane, column in zip(pair, columns, strict=True)]
+            env[out] = np.stack(halves, axis=-1).reshape(-1, 2)
 
     return step
 
@@ -205,13 +219,50 @@ def _load_bf16x2(em: Any, op: Any) -> Step:
     memory, at = em._slot(op.memref), [em._slot(v) for v in op.indices]
     strides = _strides(op.memref.type)
     out = em._slot(op.result)
+    shared = _in_shared(op.memref.type)
 
     def step(env: Env, mask: Mask) -> None:
         flat = threads.flat(env, at, strides)
+        if mask is not None:
+            flat = np.where(mask, flat, 0)
         if (flat % 2).any():
             raise threads.refuse(op, "loads an f32 pair at an odd index (not 8-byte aligned)")
-        shared, block = env[memory], threads.blocks()
-        env[out] = bf16_rounded(np.stack([shared[block, flat], shared[block, flat + 1]], axis=-1))
+        if shared:
+            memory_, block = env[memory], threads.blocks()
+            pair = [memory_[block, flat], memory_[block, flat + 1]]
+        else:
+            memory_ = env[memory].reshape(-1)
+            pair = [memory_[flat], memory_[flat + 1]]
+        env[out] = bf16_rounded(np.stack(pair, axis=-1))
+
+    return step
+
+
+def _pack_bf16x2(em: Any, op: Any) -> Step:
+    threads = _Threads(em, op)
+    low, high, out = em._slot(op.low), em._slot(op.high), em._slot(op.result)
+
+    def step(env: Env, mask: Mask) -> None:
+        count = threads.count
+        pair = [np.broadcast_to(np.asarray(env[v], np.float32), (count,)) for v in (low, high)]
+        env[out] = bf16_rounded(np.stack(pair, axis=-1))
+
+    return step
+
+
+def _store_bf16x2(em: Any, op: Any) -> Step:
+    threads = _Threads(em, op)
+    value, memory, at = em._slot(op.value), em._slot(op.memref), [em._slot(v) for v in op.indices]
+    strides = _strides(op.memref.type)
+
+    def step(env: Env, mask: Mask) -> None:
+        live = np.ones(threads.count, bool) if mask is None else mask
+        flat = threads.flat(env, at, strides)[live]
+        if (flat % 2).any():
+            raise threads.refuse(op, "stores a bf16 pair at an odd index (not 4-byte aligned)")
+        pair = np.broadcast_to(env[value], (threads.count, 2))[live]
+        block = threads.blocks()[live]
+        env[memory][block, flat], env[memory][block, flat + 1] = pair[:, 0], pair[:, 1]
 
     return step
 
@@ -249,5 +300,7 @@ COMPILERS: dict[str, Callable[[Any, Any], Step]] = {
     "gpu.barrier": _barrier,
     "cuda.ldmatrix": _ldmatrix,
     "cuda.load_bf16x2": _load_bf16x2,
+    "cuda.pack_bf16x2": _pack_bf16x2,
+    "cuda.store_bf16x2": _store_bf16x2,
     "cuda.mma_sync": _mma_sync,
 }

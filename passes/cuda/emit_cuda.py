@@ -300,6 +300,12 @@ class KernelPrinter:
     def op_cuda_mma_sync(self, op: Operation) -> None:
         tensor_core.print_mma_sync(self, op)  # type: ignore[arg-type]
 
+    def op_cuda_pack_bf16x2(self, op: Operation) -> None:
+        tensor_core.print_pack_bf16x2(self, op)  # type: ignore[arg-type]
+
+    def op_cuda_store_bf16x2(self, op: Operation) -> None:
+        tensor_core.print_store_bf16x2(self, op)  # type: ignore[arg-type]
+
 
 def kernels_of(module: ModuleOp) -> list[gpu.FuncOp]:
     for op in module.ops:

@@ -62,7 +62,10 @@ def _shape(kind: Attribute) -> tuple[int, ...]:
 
 def handles(op: cuda.KernelOp) -> bool:
     """Whether `op` runs on tensor cores: a projection (`cuda.linear`, `cuda.gate_up`) of more than one row with
-    bf16 weights whose depth is whole slices."""
+    bf16 weights whose depth is whole slices, or a prefill chunk's attention over a bf16 cache (one sequence,
+    head_dim a multiple of 16)."""
+    if isinstance(op, cuda.AttentionOp):
+        return _flash_attention_fits(op)
     if not isinstance(op, cuda.LinearOp | cuda.GateUpOp):
         return False
     if getattr(op, "epsilon", None) is not None:  # a folded norm prologue (decode's fusion) stays on CUDA cores
@@ -78,10 +81,21 @@ def grid(rows: int, columns: int, weights: int) -> tuple[int, int, int]:
     return (-(-rows // BLOCK_ROWS), -(-columns // block_columns(weights)), 1)
 
 
+def _flash_attention_fits(op: cuda.AttentionOp) -> bool:
+    keys = op.ins[1].type
+    assert isinstance(keys, MemRefType)
+    rows = _shape(op.ins[0].type)[0]
+    cache = tuple(keys.get_shape())
+    return isinstance(keys.element_type, BFloat16Type) and len(cache) == 3 and rows > 1 and cache[-1] % MMA_K == 0
+
+
 def kinds(op: cuda.KernelOp) -> list[Any]:
-    """The one launch of a tensor-core projection (kernels_to_gpu's `_Kind`)."""
+    """The one launch of a tensor-core kernel (kernels_to_gpu's `_Kind`)."""
     from logos_ir.passes.cuda.kernels_to_gpu import _Kind
 
+    if isinstance(op, cuda.AttentionOp):
+        blocks = lambda s: (-(-s[0][0] // ATTENTION_ROWS), s[0][1] // s[1][-1], 1)  # noqa: E731 (row tiles, heads)
+        return [_Kind("attention_prefill_tc", (0, 1, 2, 3, 4), blocks, _flash_attention)]
     if isinstance(op, cuda.GateUpOp):
         return [_Kind("gate_up_tc", (0, 1, 2, 3), lambda s: grid(s[0][0], s[1][0], 2), _gate_up)]
     stem = "linear_residual_tc" if len(op.ins) == 3 else "linear_tc"
@@ -250,6 +264,187 @@ def _gate_up(b: Any, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> Non
 __all__ = ["BLOCK_ROWS", "DEPTH", "STAGES", "Float32Type", "grid", "handles", "kinds"]
 
 
+# -- flash attention over the prompt ------------------------------------------------------------------------------
+
+ATTENTION_ROWS = 64  # query rows a block: 16 a warp, one m16 tile
+KV_TILE = 16  # cache positions a step: one k16 step of P V, two n8 tiles of Q K^T
+NEG_BIG = -3.0e38  # a finite "minus infinity", as the decode kernels use
+
+
+def _flash_attention(b: Any, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
+    """FlashAttention-2's forward over a prefill chunk, on mma.sync: a block per (64 query rows, query head), a warp
+    per 16 rows. The query fragments are loaded once (rounded to bf16); the cache's keys and values of the head's
+    KV head stream through shared memory in tiles of KV_TILE positions, double-buffered by cp.async, up to the
+    block's last row's position (causal). Per tile: S = Q K^T on tensor cores (K tile rows are B's columns:
+    ldmatrix), scaled, masked past each row's own position, the online softmax on the accumulator fragments (a
+    row's 4 values across the 4 lanes of a quad, maxima by 2 shuffles), P rounded to bf16 straight from the
+    accumulators into A fragments (FlashAttention-2's register reuse), O += P V with V's fragments by ldmatrix
+    .trans. The chunk's keys and values are in the cache already (`cuda.rope_cache_write` runs before)."""
+    query, keys, values, positions, out = args
+    rows, width = shapes[0]
+    _, ctx, head_dim = shapes[1]
+    kv_heads = shapes[1][0]
+    group = (width // head_dim) // kv_heads
+    tid = b.thread()
+    warp, lane = b.div(tid, WARP), b.rem(tid, WARP)
+    quad, pair = b.div(lane, 4), b.rem(lane, 4)
+    head = b.block("y")
+    kv_head = b.div(head, group)
+    first = b.mul(b.block("x"), ATTENTION_ROWS)
+    top = b.add(b.add(first, b.mul(warp, MMA_M)), quad)
+    low = b.add(top, 8)
+    tops = [b.min(top, rows - 1), b.min(low, rows - 1)]  # rows past the chunk read the last row, write nothing
+    lengths = [b.to_index(b.load(positions, [r])) for r in tops]  # keys a row attends: positions 0 .. p - 1
+    stop = b.to_index(b.load(positions, [b.min(b.add(first, ATTENTION_ROWS - 1), rows - 1)]))
+    tiles = b.div(b.add(stop, KV_TILE - 1), KV_TILE)
+    column0 = b.add(b.mul(head, head_dim), b.mul(pair, 2))
+    q_tile = _query_tile(b, tid, query, first, head, (rows, head_dim))
+    k_tile, v_tile = (_kv_tile(b, name, head_dim) for name in ("key_tile", "value_tile"))
+
+    def stage(slot: SSAValue | int, start: SSAValue | int) -> None:
+        for tile, cache in ((k_tile, keys), (v_tile, values)):
+            _copy_positions(b, tid, tile, cache, kv_head, slot, start, (ctx, head_dim))
+
+    stage(0, 0)
+    b.op(cuda.CpAsyncCommitOp())
+    k_row = b.add(b.mul(b.div(lane, 16), 8), b.rem(lane, 8))  # ldmatrix: K rows (positions) are B's columns
+    k_col = b.mul(b.rem(b.div(lane, 8), 2), 8)
+    v_row = b.add(b.mul(b.rem(b.div(lane, 8), 2), 8), b.rem(lane, 8))  # .trans: V rows are B's k
+    v_col = b.mul(b.div(lane, 16), 8)
+    q_row = b.add(b.add(b.mul(warp, MMA_M), b.mul(b.rem(b.div(lane, 8), 2), 8)), b.rem(lane, 8))  # A by ldmatrix
+    q_col = b.mul(b.div(lane, 16), 8)
+    scale = b.fconst(1.0 / head_dim**0.5)
+    o_tiles = head_dim // MMA_N
+
+    def tile_step(j: SSAValue, state: list[SSAValue]) -> list[SSAValue]:
+        m, total, o = state[0:2], state[2:4], state[4:]
+        following = b.add(j, 1)
+        b.when(
+            b.cmp("ult", following, tiles),
+            lambda: stage(b.rem(following, STAGES), b.mul(following, KV_TILE)),
+        )
+        b.op(cuda.CpAsyncCommitOp())
+        b.op(cuda.CpAsyncWaitOp(1))
+        b.op(gpu.BarrierOp())
+        slot, start = b.rem(j, STAGES), b.mul(j, KV_TILE)
+        zero = b.fconst(0.0)
+        scores = [zero] * 8  # two n8 tiles of positions x 4 registers
+        for step in range(head_dim // MMA_K):
+            q_load = cuda.LdmatrixOp(q_tile, [q_row, b.add(q_col, step * MMA_K) if step else q_col], 4)
+            b.op(q_load)
+            q = list(q_load.results)
+            load = cuda.LdmatrixOp(k_tile, [slot, k_row, b.add(k_col, step * MMA_K) if step else k_col], 4)
+            b.op(load)
+            r = list(load.results)
+            for n in range(2):
+                mma = cuda.MmaSyncOp(q, r[2 * n : 2 * n + 2], scores[4 * n : 4 * n + 4])
+                b.op(mma)
+                scores[4 * n : 4 * n + 4] = list(mma.results)
+        base = b.add(start, b.mul(pair, 2))
+        for n in range(2):
+            for register in range(4):
+                place = b.add(base, n * MMA_N + register % 2) if n or register % 2 else base
+                inside = b.cmp("ult", place, lengths[register // 2])
+                scaled = b.fmul(scores[4 * n + register], scale)
+                scores[4 * n + register] = b.select(inside, scaled, b.fconst(NEG_BIG))
+        new_m, fades = [], []
+        for half in range(2):  # row top (registers 0, 1 of each n tile), row low (2, 3)
+            mine = [scores[4 * n + 2 * half + i] for n in range(2) for i in range(2)]
+            high = mine[0]
+            for value in mine[1:]:
+                high = b.fmax(high, value)
+            for offset in (1, 2):  # the quad's 4 lanes hold the row
+                high = b.fmax(high, b.op(cuda.ShuffleXorOp(high, offset)))
+            high = b.fmax(m[half], high)
+            new_m.append(high)
+            fades.append(b.exp(b.fsub(m[half], high)))
+        p = [b.exp(b.fsub(scores[i], new_m[(i % 4) // 2])) for i in range(8)]
+        totals = []
+        for half in range(2):
+            mine = [p[4 * n + 2 * half + i] for n in range(2) for i in range(2)]
+            partial = b.fadd(b.fadd(mine[0], mine[1]), b.fadd(mine[2], mine[3]))
+            totals.append(b.fadd(b.fmul(total[half], fades[half]), partial))
+        o = [b.fmul(value, fades[(i % 4) // 2]) for i, value in enumerate(o)]
+        a = [b.op(cuda.PackBF16x2Op(p[i], p[i + 1])) for i in (0, 2, 4, 6)]  # C layout of 2 n tiles = A layout
+        for pair_index in range(head_dim // 16):
+            column = b.add(v_col, pair_index * 16) if pair_index else v_col
+            load = cuda.LdmatrixOp(v_tile, [slot, v_row, column], 4, transpose=True)
+            b.op(load)
+            r = list(load.results)
+            for n in range(2):
+                at = (2 * pair_index + n) * 4
+                mma = cuda.MmaSyncOp(a, r[2 * n : 2 * n + 2], o[at : at + 4])
+                b.op(mma)
+                o[at : at + 4] = list(mma.results)
+        b.op(gpu.BarrierOp())
+        return [*new_m, *totals, *o]
+
+    big, zero = b.fconst(NEG_BIG), b.fconst(0.0)
+    state = b.loop(0, tiles, 1, [big, big, zero, zero, *[zero] * (o_tiles * 4)], tile_step)
+    totals, o = state[2:4], state[4:]
+    for half in range(2):
+        for offset in (1, 2):
+            totals[half] = b.fadd(totals[half], b.op(cuda.ShuffleXorOp(totals[half], offset)))
+    for n in range(o_tiles):
+        column = b.add(column0, n * MMA_N) if n else column0
+        for register in range(4):
+            row = (top, low)[register // 2]
+            where = b.add(column, 1) if register % 2 else column
+            value = b.fdiv(o[4 * n + register], totals[register // 2])
+            b.when(b.cmp("ult", row, rows), lambda v=value, r=row, w=where: b.store(v, out, [r, w]))
+
+
+def _query_tile(b: Any, tid: SSAValue, query: SSAValue, first: SSAValue, head: SSAValue, sizes) -> SSAValue:
+    """The block's queries of its head rounded to bf16 into shared memory once (the A fragments are then read by
+    ldmatrix each step, which keeps 32 registers a thread free at head_dim 128), a bf16 pair a thread a step."""
+    rows, head_dim = sizes
+    kind = MemRefType(bf16, [ATTENTION_ROWS, head_dim + PAD], memory_space=IntegerAttr(cuda.SHARED, i64))
+    tile = b.op(cuda.SharedMemoryOp(kind))
+    tile.name_hint = "query_tile"
+    pairs = head_dim // 2
+    base = b.mul(head, head_dim)
+
+    def one(i: SSAValue, state: list[SSAValue]) -> list[SSAValue]:
+        item = b.add(b.mul(i, THREADS), tid)
+        row, column = b.div(item, pairs), b.mul(b.rem(item, pairs), 2)
+        source = b.min(b.add(first, row), rows - 1)  # rows past the chunk: the last row's values, never written out
+        pair = b.op(cuda.LoadBF16x2Op(query, [source, b.add(base, column)]))
+        b.op(cuda.StoreBF16x2Op(pair, tile, [row, column]))
+        return []
+
+    b.loop(0, ATTENTION_ROWS * pairs // THREADS, 1, [], one)
+    return tile
+
+
+def _kv_tile(b: Any, name: str, head_dim: int) -> SSAValue:
+    kind = MemRefType(bf16, [STAGES, KV_TILE, head_dim + PAD], memory_space=IntegerAttr(cuda.SHARED, i64))
+    tile = b.op(cuda.SharedMemoryOp(kind))
+    tile.name_hint = name
+    return tile
+
+
+def _copy_positions(b: Any, tid: SSAValue, tile: SSAValue, cache: SSAValue, kv_head: SSAValue, slot, start, sizes):
+    """KV_TILE cache rows from `start` into `tile[slot]`, 16 bytes a thread a copy (positions past the cache
+    zero-filled)."""
+    ctx, head_dim = sizes
+    per_row = head_dim // 8
+    chunks = KV_TILE * per_row
+    for i in range(-(-chunks // THREADS)):
+        chunk = b.add(tid, i * THREADS) if i else tid
+
+        def copy(chunk: SSAValue = chunk) -> None:
+            row, column = b.div(chunk, per_row), b.mul(b.rem(chunk, per_row), 8)
+            where = b.add(row, start) if not isinstance(start, int) or start else row
+            valid = b.cmp("ult", where, ctx)
+            source = [kv_head, b.min(where, ctx - 1), column]
+            b.op(cuda.CpAsyncOp(tile, [b._ix(slot), row, column], cache, source, valid))
+
+        if chunks % THREADS == 0 or (i + 1) * THREADS <= chunks:
+            copy()
+        else:
+            b.when(b.cmp("ult", chunk, chunks), copy)
+
+
 # -- CUDA C++ of the tensor-core ops (the emitter's methods for them call these) ----------------------------------
 
 
@@ -294,8 +489,9 @@ def print_ldmatrix(printer: Any, op: cuda.LdmatrixOp) -> None:
     places = ", ".join(f"%{i}" for i in range(count))
     outs = ", ".join(f'"=r"({n})' for n in names)
     printer.line(f"unsigned int {', '.join(names)};")
+    trans = ".trans" if op.transpose is not None else ""
     printer.line(
-        f'asm volatile("ldmatrix.sync.aligned.m8n8.x{count}.shared.b16 {{{places}}}, [%{count}];\\n"'
+        f'asm volatile("ldmatrix.sync.aligned.m8n8.x{count}{trans}.shared.b16 {{{places}}}, [%{count}];\\n"'
         f' : {outs} : "r"({_shared_address(printer, op.memref, op.indices)}));'
     )
 
@@ -375,3 +571,15 @@ def report(module: Any) -> dict[str, Any]:
 
     products = product_traffic(plan_of(module))
     return {"tensor_core_products": products} if products else {}
+
+
+def print_pack_bf16x2(printer: Any, op: cuda.PackBF16x2Op) -> None:
+    name = printer.name(op.result)
+    low, high = printer.name(op.low), printer.name(op.high)
+    printer.line(f"const __nv_bfloat162 {name}_bf16 = __floats2bfloat162_rn({low}, {high});")
+    printer.line(f"const unsigned int {name} = *reinterpret_cast<const unsigned int*>(&{name}_bf16);")
+
+
+def print_store_bf16x2(printer: Any, op: cuda.StoreBF16x2Op) -> None:
+    where = f"&{printer.name(op.memref)}[{printer.flat(op.memref, list(op.indices))}]"
+    printer.line(f"*reinterpret_cast<unsigned int*>({where}) = {printer.name(op.value)};")
