@@ -7,11 +7,17 @@
   to the wrong row, dropping the wait for the asynchronous copies, or misaligning an ldmatrix row changes the
   numbers or is refused.
 * With f32 weights no tensor-core kernel is built (the exact path the token tests stand on).
+* Flash attention over the prompt agrees with numpy's attention; reading V without `.trans` does not.
+* The llama-3.1-8b 512-row prefill's tensor-core kernels hold mma.sync, ldmatrix, cp.async and shared memory, and
+  compile for sm_90 with no register spill (where nvcc is installed).
 """
 
 from __future__ import annotations
 
 import io
+import re
+import shutil
+import subprocess
 from typing import Any
 
 import numpy as np
@@ -238,3 +244,49 @@ def test_flash_attention_reads_v_transposed() -> None:
     plan, kernel = _attention_plan(plain)
     got, want, largest = _attention_run(plan, kernel, 0)
     assert np.abs(got - want).max() > 2.0**-7 * largest
+
+
+# -- the 8B's 512-row prefill for sm_90 -------------------------------------------------------------------------
+
+NVCC = shutil.which("nvcc")
+_KERNEL = re.compile(r'^extern "C" __global__ void __launch_bounds__\(\d+, \d+\) (\w+)\(', re.M)
+
+
+def _tensor_core_source() -> tuple[str, list[str]]:
+    """The tensor-core kernels of the llama-3.1-8b 512-row prefill chunk (bf16), and the flash attention kernel
+    of its shapes (32 heads over 8 KV heads of 128, a bf16 cache of 1024 positions)."""
+    from xdsl.context import Context
+    from xdsl.parser import Parser
+
+    from logos_ir.passes.cuda.emit_cuda import PREAMBLE, print_cuda
+    from logos_ir.passes.cuda.host_plan import lowered_context
+    from logos_ir.passes.cuda.kernels_to_gpu import ConvertCudaKernelsToGpu
+
+    _, source, _ = build_program(ModelSpec.preset("llama-3.1-8b"), Cut.prefill(512, 1024), 1, "bf16")
+    module = Parser(lowered_context(), _attention_step(512, 32, 8, 1024, 128)).parse_module()
+    ConvertCudaKernelsToGpu().apply(Context(), module)
+    text = io.StringIO()
+    print_cuda(module, text)
+    bodies = []
+    for cu in (source, text.getvalue()):
+        starts = [m.start() for m in _KERNEL.finditer(cu)]
+        bodies += [cu[a:b] for a, b in zip(starts, [*starts[1:], len(cu)], strict=True)]
+    chosen = [body for body in bodies if "_tc_" in _KERNEL.match(body).group(1)]  # type: ignore[union-attr]
+    return PREAMBLE + "\n".join(chosen), [_KERNEL.match(body).group(1) for body in chosen]  # type: ignore[union-attr]
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA) is not installed here: the sm_90 compile is not checked")
+def test_the_8b_prefill_tensor_core_kernels_compile_for_sm_90_without_spills(tmp_path: Any) -> None:
+    source, names = _tensor_core_source()
+    assert {name.split("_tc_")[0] for name in names} == {"linear", "linear_residual", "gate_up", "attention_prefill"}
+    for name, body in zip(names, source.split('extern "C"')[1:], strict=True):
+        for needed in ("mma.sync.aligned.m16n8k16", "ldmatrix.sync.aligned", "cp.async.cg.shared.global", "__shared__"):
+            assert needed in body, (name, needed)
+    cu = tmp_path / "prefill.cu"
+    cu.write_text(source)
+    command = [NVCC, "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "prefill.cubin"), str(cu)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = done.stdout + done.stderr
+    assert len(re.findall(r"Compiling entry function '(\w+)'", report)) == len(names)
+    assert re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report) == [("0", "0")] * len(names)
