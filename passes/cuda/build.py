@@ -29,6 +29,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from logos_ir.build import Artifact, BuildRequest, LaneBuild, program_module
 from logos_ir.errors import PassError
+from logos_ir.passes.cuda import tensor_core  # issue 19 (tensor cores)
 from logos_ir.program import Identity
 
 IMAGE_MAGIC = b"LOGOS-CUDA-WEIGHTS 1\n"
@@ -80,6 +81,7 @@ def build_cuda(request: BuildRequest) -> LaneBuild:
         Artifact.text("step.mlir", step, identity, role="host"),
     ]
     report = plan_report(module)
+    report.update(tensor_core.report(module))  # issue 19 (tensor cores): each product's HBM bytes vs the minimum
     if request.with_weights:
         artifacts += weight_images(request, module, identity)
     summary = [
