@@ -48,6 +48,24 @@ BANK_BYTES = 8 << 30  # 8 GiB each: 32 GiB of board memory
 BOARD_BYTES = BANKS * BANK_BYTES
 BANK_GBPS = 19.2  # DDR4-2400 on a 64-bit channel: 2400 MT/s x 8 bytes
 WEIGHT_BYTES = {"f32": 4, "bf16": 2}
+# Limits of the engine's datapath (fixed by the bitstream, the same for every model): query heads sharing one KV
+# head, bank words in one cached key or value row, and float32 words of a matvec's input vector (its on-chip copy).
+GROUP_MAX = 8
+ROW_WORDS_MAX = 8
+VECTOR_WORDS = 16384
+
+
+def bank_words(elements: int, element_bytes: int, burst: int) -> int:
+    """Bank words (bursts) that hold `elements` elements of `element_bytes` each."""
+    return -(-(elements * element_bytes) // burst)
+
+
+def attention_scratch_words(heads: int, kv_heads: int, head_dim: int, ctx: int, cache_bytes: int, burst: int) -> int:
+    """Words of the attention's scratch buffer: the partial dot products of one KV head's group of query heads with
+    each bank word of every cached key (ceil(ctx / 4) * 4 rows, each `bank_words` words), then their scores."""
+    group = heads // max(kv_heads, 1)
+    quads = -(-ctx // BANKS)
+    return group * quads * BANKS * bank_words(head_dim, cache_bytes, burst) + group * ctx
 
 
 @dataclass(frozen=True)
@@ -159,6 +177,21 @@ def check_burst(op: IRDLOperation, region: RegionAttr, burst: int) -> None:
             )
 
 
+def _check_cache_precision(op: CacheWriteOp | AttentionOp, weights: str, burst: int) -> None:
+    """A cache holds the weights' precision (bf16 or f32), and one of its rows fits the engine's row registers."""
+    cache = op.cache if isinstance(op, CacheWriteOp) else op.keys
+    if cache.element_bytes.data != WEIGHT_BYTES[weights]:
+        raise _fail(
+            op,
+            f"cache '{cache.tensor.data}' holds {cache.element_bytes.data}-byte elements, not the {weights} weights'",
+        )
+    words = bank_words(cache.cols.data, cache.element_bytes.data, burst)
+    if words > ROW_WORDS_MAX:
+        raise _fail(
+            op, f"a row of cache '{cache.tensor.data}' takes {words} bank words, over the engine's {ROW_WORDS_MAX}"
+        )
+
+
 # -- the program and its buffers ---------------------------------------------------------------------------------
 
 
@@ -224,9 +257,11 @@ class ProgramOp(IRDLOperation):
             if _int(buffer.offset) + _int(buffer.words) > onchip:
                 raise _fail(self, f"buffer '{buffer.sym.data}' lies past the {onchip} words of on-chip memory")
         for op in self.instructions():
-            op.check_buffers(buffers)
+            op.check_buffers(buffers, burst)
             for region in op.regions_read():
                 check_burst(op, region, burst)
+            if isinstance(op, AttentionOp | CacheWriteOp):
+                _check_cache_precision(op, self.weights.data, burst)
 
 
 @irdl_op_definition
@@ -258,14 +293,14 @@ class InstructionOp(IRDLOperation):
     """Base of the engine's instructions: `buffer_uses` says which buffers an instruction reads or writes and
     how many words of each, `regions_read` which board-memory regions it streams."""
 
-    def buffer_uses(self) -> list[tuple[str, int]]:
+    def buffer_uses(self, burst: int = 64) -> list[tuple[str, int]]:
         raise NotImplementedError
 
     def regions_read(self) -> list[RegionAttr]:
         return []
 
-    def check_buffers(self, buffers: dict[str, BufferOp]) -> None:
-        for name, words in self.buffer_uses():
+    def check_buffers(self, buffers: dict[str, BufferOp], burst: int = 64) -> None:
+        for name, words in self.buffer_uses(burst):
             buffer = buffers.get(name)
             if buffer is None:
                 raise _fail(self, f"uses buffer '{name}', which the program does not declare")
@@ -290,7 +325,7 @@ class EmbedRowOp(InstructionOp):
     def __init__(self, dst: str, table: RegionAttr):
         super().__init__(properties={"dst": StringAttr(dst), "table": table})
 
-    def buffer_uses(self) -> list[tuple[str, int]]:
+    def buffer_uses(self, burst: int = 64) -> list[tuple[str, int]]:
         return [(self.dst.data, self.table.cols.data)]
 
     def regions_read(self) -> list[RegionAttr]:
@@ -316,7 +351,7 @@ class MatvecOp(InstructionOp):
     def __init__(self, dst: str, src: str, weight: RegionAttr):
         super().__init__(properties={"dst": StringAttr(dst), "src": StringAttr(src), "weight": weight})
 
-    def buffer_uses(self) -> list[tuple[str, int]]:
+    def buffer_uses(self, burst: int = 64) -> list[tuple[str, int]]:
         return [(self.dst.data, self.weight.rows.data), (self.src.data, self.weight.cols.data)]
 
     def regions_read(self) -> list[RegionAttr]:
@@ -325,6 +360,11 @@ class MatvecOp(InstructionOp):
     def verify_(self) -> None:
         if self.dst.data == self.src.data:
             raise _fail(self, f"writes buffer '{self.dst.data}' while it streams it: a matvec is never in place")
+        if self.weight.cols.data > VECTOR_WORDS:
+            raise _fail(
+                self,
+                f"reads a vector of {self.weight.cols.data} words, over the engine's {VECTOR_WORDS}-word copy of it",
+            )
 
 
 @irdl_op_definition
@@ -353,7 +393,7 @@ class RMSNormOp(InstructionOp):
             }
         )
 
-    def buffer_uses(self) -> list[tuple[str, int]]:
+    def buffer_uses(self, burst: int = 64) -> list[tuple[str, int]]:
         n = self.weight.cols.data
         return [(self.dst.data, n), (self.src.data, n)]
 
@@ -394,7 +434,7 @@ class RopeOp(InstructionOp):
             }
         )
 
-    def buffer_uses(self) -> list[tuple[str, int]]:
+    def buffer_uses(self, burst: int = 64) -> list[tuple[str, int]]:
         return [(self.dst.data, _int(self.width)), (self.src.data, _int(self.width))]
 
     def regions_read(self) -> list[RegionAttr]:
@@ -427,7 +467,7 @@ class CacheWriteOp(InstructionOp):
     def __init__(self, src: str, cache: RegionAttr, kv_heads: int):
         super().__init__(properties={"src": StringAttr(src), "cache": cache, "kv_heads": IntegerAttr(kv_heads, i64)})
 
-    def buffer_uses(self) -> list[tuple[str, int]]:
+    def buffer_uses(self, burst: int = 64) -> list[tuple[str, int]]:
         return [(self.src.data, _int(self.kv_heads) * self.cache.cols.data)]
 
     def regions_read(self) -> list[RegionAttr]:
@@ -438,20 +478,20 @@ class CacheWriteOp(InstructionOp):
 
 
 def _check_cache(op: IRDLOperation, cache: RegionAttr, kv_heads: int) -> None:
-    if cache.element_bytes.data != 4:
-        raise _fail(op, f"cache '{cache.tensor.data}' holds float32, not {cache.element_bytes.data}-byte elements")
     if kv_heads < 1 or cache.rows.data % kv_heads:
         raise _fail(op, f"cache '{cache.tensor.data}' of {cache.rows.data} rows is not {kv_heads} heads of positions")
 
 
 @irdl_op_definition
 class AttentionOp(InstructionOp):
-    """dst = causal grouped-query attention of the query's heads over the cached keys and values at positions 1
-    to the engine's position (query head h reads KV head h // (heads / kv_heads)), through a scores buffer of ctx
-    words.
+    """dst = causal grouped-query attention of the query's heads over the keys and values of positions 1 to the
+    engine's position (query head h reads KV head h // (heads / kv_heads)): positions before it from the caches in
+    board memory, the position itself from the on-chip `current` key and value buffers (what the step's
+    `cache_write`s store), through a scratch buffer (`attention_scratch_words`). Each KV head's keys and values
+    are read once for all the query heads of its group.
 
     `d5005.attention "attended", "turned_query", #d5005.region<"cache.0.key" ...>, #d5005.region<"cache.0.value"
-     ...> scores "scores" heads 4 kv_heads 2`
+     ...> current "turned_key", "value" scores "scores" heads 4 kv_heads 2`
     """
 
     name = "d5005.attention"
@@ -460,21 +500,36 @@ class AttentionOp(InstructionOp):
     query = prop_def(StringAttr)
     keys = prop_def(RegionAttr)
     values = prop_def(RegionAttr)
+    key = prop_def(StringAttr)
+    value = prop_def(StringAttr)
     scores = prop_def(StringAttr)
     heads = prop_def(IntegerAttr[I64])
     kv_heads = prop_def(IntegerAttr[I64])
 
     assembly_format = (
-        "$dst `,` $query `,` $keys `,` $values `scores` $scores `heads` $heads `kv_heads` $kv_heads attr-dict"
+        "$dst `,` $query `,` $keys `,` $values `current` $key `,` $value `scores` $scores `heads` $heads"
+        " `kv_heads` $kv_heads attr-dict"
     )
 
-    def __init__(self, dst: str, query: str, keys: RegionAttr, values: RegionAttr, scores: str, heads: int, kv: int):
+    def __init__(
+        self,
+        dst: str,
+        query: str,
+        keys: RegionAttr,
+        values: RegionAttr,
+        current: tuple[str, str],
+        scores: str,
+        heads: int,
+        kv: int,
+    ):
         super().__init__(
             properties={
                 "dst": StringAttr(dst),
                 "query": StringAttr(query),
                 "keys": keys,
                 "values": values,
+                "key": StringAttr(current[0]),
+                "value": StringAttr(current[1]),
                 "scores": StringAttr(scores),
                 "heads": IntegerAttr(heads, i64),
                 "kv_heads": IntegerAttr(kv, i64),
@@ -485,9 +540,17 @@ class AttentionOp(InstructionOp):
     def ctx(self) -> int:
         return self.keys.rows.data // _int(self.kv_heads)
 
-    def buffer_uses(self) -> list[tuple[str, int]]:
-        width = _int(self.heads) * self.keys.cols.data
-        return [(self.dst.data, width), (self.query.data, width), (self.scores.data, self.ctx)]
+    def buffer_uses(self, burst: int = 64) -> list[tuple[str, int]]:
+        head_dim, kv = self.keys.cols.data, _int(self.kv_heads)
+        width = _int(self.heads) * head_dim
+        scratch = attention_scratch_words(_int(self.heads), kv, head_dim, self.ctx, self.keys.element_bytes.data, burst)
+        return [
+            (self.dst.data, width),
+            (self.query.data, width),
+            (self.key.data, kv * head_dim),
+            (self.value.data, kv * head_dim),
+            (self.scores.data, scratch),
+        ]
 
     def regions_read(self) -> list[RegionAttr]:
         return [self.keys, self.values]
@@ -500,6 +563,8 @@ class AttentionOp(InstructionOp):
             raise _fail(self, "its key and value caches differ in shape")
         if heads % kv:
             raise _fail(self, f"{heads} query heads do not share {kv} key-value heads evenly")
+        if heads // kv > GROUP_MAX:
+            raise _fail(self, f"{heads // kv} query heads share a KV head, over the engine's {GROUP_MAX}")
 
 
 class ElementwiseOp(InstructionOp):
@@ -522,7 +587,7 @@ class ElementwiseOp(InstructionOp):
             }
         )
 
-    def buffer_uses(self) -> list[tuple[str, int]]:
+    def buffer_uses(self, burst: int = 64) -> list[tuple[str, int]]:
         n = _int(self.size)
         return [(self.dst.data, n), (self.lhs.data, n), (self.rhs.data, n)]
 
@@ -557,7 +622,7 @@ class ArgmaxOp(InstructionOp):
     def __init__(self, src: str, size: int):
         super().__init__(properties={"src": StringAttr(src), "size": IntegerAttr(size, i64)})
 
-    def buffer_uses(self) -> list[tuple[str, int]]:
+    def buffer_uses(self, burst: int = 64) -> list[tuple[str, int]]:
         return [(self.src.data, _int(self.size))]
 
 
@@ -584,7 +649,7 @@ D5005 = Dialect(
 
 STREAM_MAGIC = b"D5005ENG"
 IMAGE_MAGIC = b"D5005IMG"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 HEADER_BYTES = 4096
 INSTRUCTION_WORDS = 16  # one instruction: 16 little-endian uint32 words, 64 bytes, one burst
 INSTRUCTION_BYTES = INSTRUCTION_WORDS * 4
@@ -603,3 +668,8 @@ OPCODES = {
 # The fields of an instruction word, by index (docs/d5005.md has the table of what each opcode reads).
 W_OPCODE, W_DST, W_A, W_B, W_ROWS, W_COLS, W_OFFSET, W_STRIDE, W_OFFSET2, W_HEADS, W_KV_HEADS = range(11)
 W_HEAD_DIM, W_CTX, W_FLOAT, W_WIDTH, W_RESERVED = range(11, 16)
+# The attention's current key and value buffers sit in the words RoPE's width and no opcode else uses.
+W_KEY, W_VALUE = W_WIDTH, W_RESERVED
+# The engine's kernels (passes/d5005/emit_opencl.py writes them, the host program launches them).
+COMPUTE_KERNEL = "d5005_compute"
+READER_KERNELS = tuple(f"d5005_read_bank{b}" for b in range(BANKS))

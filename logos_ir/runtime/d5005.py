@@ -59,6 +59,12 @@ class Stream:
     def weights(self) -> str:
         return {2: "bf16", 4: "f32"}[self.element_bytes]
 
+    @property
+    def embed_rows(self) -> int:
+        """The tokens the program's embedding has (the rows its embed_row instructions read)."""
+        embed = d5005.OPCODES["d5005.embed_row"]
+        return min((int(w[d5005.W_ROWS]) for w in self.words if w[0] == embed), default=0)
+
 
 def _fields(data: bytes, magic: bytes, what: str) -> tuple[Any, ...]:
     if len(data) < d5005.HEADER_BYTES:
@@ -67,7 +73,10 @@ def _fields(data: bytes, magic: bytes, what: str) -> tuple[Any, ...]:
     if fields[0] != magic:
         raise StreamError(f"not a D5005 {what}: it starts with {fields[0]!r}, not {magic!r}")
     if fields[1] != d5005.FORMAT_VERSION or fields[2] != d5005.HEADER_BYTES:
-        raise StreamError(f"the {what} has format version {fields[1]}, header {fields[2]} bytes; this reader knows 1")
+        raise StreamError(
+            f"the {what} has format version {fields[1]}, header {fields[2]} bytes;"
+            f" this reader knows {d5005.FORMAT_VERSION}"
+        )
     return fields
 
 
@@ -100,7 +109,7 @@ def read_stream(data: bytes) -> Stream:
     stream = Stream(
         _identity(data, identity_bytes, "instruction stream"),
         burst, vector, lanes, onchip, element, ctx, clock, bank_bytes, image_bytes, words,
-        json.loads(names.decode("utf-8")) if names else {},
+        _symbols(names),
     )  # fmt: skip
     for index in range(count):
         _check_word(stream, index)
@@ -110,15 +119,30 @@ def read_stream(data: bytes) -> Stream:
 _OPCODE_NAMES = {code: name for name, code in d5005.OPCODES.items()}
 
 
+def _symbols(names: bytes) -> dict[str, Any]:
+    try:
+        found = json.loads(names.decode("utf-8")) if names else {}
+    except (UnicodeDecodeError, ValueError):
+        raise StreamError("the instruction stream's symbol section is not JSON") from None
+    if not isinstance(found, dict):
+        raise StreamError("the instruction stream's symbol section is not a JSON object")
+    return found
+
+
 def _check_word(stream: Stream, index: int) -> None:
+    """Refuse a word the engine could not run safely: every on-chip word and every byte of board memory it would
+    touch lies inside the engine's memories, and every shape the routines divide by or unroll over is in range."""
     w = [int(v) for v in stream.words[index]]
     name = _OPCODE_NAMES.get(w[d5005.W_OPCODE])
     where = f"instruction {index}"
     if name is None:
         raise StreamError(f"{where} has opcode {w[0]}, which the engine does not have")
-    if w[d5005.W_RESERVED]:
+    if w[d5005.W_RESERVED] and name != "d5005.attention":
         raise StreamError(f"{where} ({name}) sets its reserved word")
-    for field_index, words in _buffer_extents(name, w):
+    shape = _shape_error(stream, name, w)
+    if shape:
+        raise StreamError(f"{where} ({name}) {shape}")
+    for field_index, words in _buffer_extents(name, w, stream):
         if w[field_index] + words > stream.onchip_words:
             raise StreamError(f"{where} ({name}) reaches past the engine's {stream.onchip_words} on-chip words")
     for offset_field in _region_fields(name):
@@ -128,13 +152,37 @@ def _check_word(stream: Stream, index: int) -> None:
             raise StreamError(
                 f"{where} ({name}) reads board memory past the {stream.bank_bytes} bytes the program uses"
             )
-    if name == "d5005.attention" and (w[d5005.W_KV_HEADS] == 0 or w[d5005.W_HEADS] % w[d5005.W_KV_HEADS]):
-        raise StreamError(f"{where} (attention) has {w[d5005.W_HEADS]} heads over {w[d5005.W_KV_HEADS]} kv heads")
-    if name in ("d5005.cache_write", "d5005.attention") and (w[d5005.W_KV_HEADS] == 0 or w[d5005.W_ROWS] % w[10]):
-        raise StreamError(f"{where} ({name}) has a cache that is not whole heads of positions")
 
 
-def _buffer_extents(name: str, w: list[int]) -> list[tuple[int, int]]:
+def _shape_error(stream: Stream, name: str, w: list[int]) -> str | None:
+    rows, cols, stride = w[d5005.W_ROWS], w[d5005.W_COLS], w[d5005.W_STRIDE]
+    element = 4 if name == "d5005.rope" else stream.element_bytes
+    if _region_fields(name) and (stride % stream.burst or cols * element > stride or rows == 0):
+        return f"has rows of {cols} elements in a stride of {stride} bytes, {rows} rows: not a region of the engine"
+    if name == "d5005.matvec" and cols > d5005.VECTOR_WORDS:
+        return f"reads a vector of {cols} words, over the engine's {d5005.VECTOR_WORDS}"
+    if name == "d5005.rope":
+        head_dim, width = w[d5005.W_HEAD_DIM], w[d5005.W_WIDTH]
+        if head_dim < 2 or head_dim % 2 or width % head_dim or head_dim != cols or rows < stream.ctx:
+            return f"rotates {width} words in heads of {head_dim} by a table of {rows} rows of {cols}"
+        if d5005.bank_words(head_dim, 4, stream.burst) > d5005.ROW_WORDS_MAX * 2:
+            return f"has heads of {head_dim}, over the engine's row registers"
+    if name in ("d5005.cache_write", "d5005.attention"):
+        kv = w[d5005.W_KV_HEADS]
+        if kv == 0 or rows % kv or rows // kv < stream.ctx or cols == 0:
+            return f"has a cache of {rows} rows that is not {kv} heads of the stream's {stream.ctx} positions"
+        if d5005.bank_words(cols, element, stream.burst) > d5005.ROW_WORDS_MAX:
+            return f"has cache rows of {cols} elements, over the engine's {d5005.ROW_WORDS_MAX} bank words"
+    if name == "d5005.attention":
+        heads, kv = w[d5005.W_HEADS], w[d5005.W_KV_HEADS]
+        if heads == 0 or heads % kv or heads // kv > d5005.GROUP_MAX:
+            return f"has {heads} heads over {kv} kv heads (at most {d5005.GROUP_MAX} to a group)"
+        if w[d5005.W_HEAD_DIM] != cols or w[d5005.W_CTX] * kv != rows:
+            return f"has head size {w[d5005.W_HEAD_DIM]} and ctx {w[d5005.W_CTX]}, not its cache's"
+    return None
+
+
+def _buffer_extents(name: str, w: list[int], stream: Stream) -> list[tuple[int, int]]:
     rows, cols = w[d5005.W_ROWS], w[d5005.W_COLS]
     if name == "d5005.embed_row":
         return [(d5005.W_DST, cols)]
@@ -147,8 +195,11 @@ def _buffer_extents(name: str, w: list[int]) -> list[tuple[int, int]]:
     if name == "d5005.cache_write":
         return [(d5005.W_A, w[d5005.W_KV_HEADS] * cols)]
     if name == "d5005.attention":
-        width = w[d5005.W_HEADS] * w[d5005.W_HEAD_DIM]
-        return [(d5005.W_DST, width), (d5005.W_A, width), (d5005.W_B, w[d5005.W_CTX])]
+        heads, kv, head_dim, ctx = w[d5005.W_HEADS], w[d5005.W_KV_HEADS], w[d5005.W_HEAD_DIM], w[d5005.W_CTX]
+        scratch = d5005.attention_scratch_words(heads, kv, head_dim, ctx, stream.element_bytes, stream.burst)
+        current = kv * head_dim
+        return [(d5005.W_DST, heads * head_dim), (d5005.W_A, heads * head_dim), (d5005.W_B, scratch),
+                (d5005.W_KEY, current), (d5005.W_VALUE, current)]  # fmt: skip
     if name == "d5005.argmax":
         return [(d5005.W_A, rows)]
     return [(d5005.W_DST, rows), (d5005.W_A, rows), (d5005.W_B, rows)]
@@ -224,8 +275,8 @@ def _decode(stream: Stream, w: list[int], buffers: dict[int, str], regions: dict
         return d5005.CacheWriteOp(b(d5005.W_A), region(), w[d5005.W_KV_HEADS])
     if name == "d5005.attention":
         return d5005.AttentionOp(
-            b(d5005.W_DST), b(d5005.W_A), region(), region(d5005.W_OFFSET2), b(d5005.W_B),
-            w[d5005.W_HEADS], w[d5005.W_KV_HEADS],
+            b(d5005.W_DST), b(d5005.W_A), region(), region(d5005.W_OFFSET2), (b(d5005.W_KEY), b(d5005.W_VALUE)),
+            b(d5005.W_B), w[d5005.W_HEADS], w[d5005.W_KV_HEADS],
         )  # fmt: skip
     if name == "d5005.argmax":
         return d5005.ArgmaxOp(b(d5005.W_A), w[d5005.W_ROWS])
@@ -237,10 +288,16 @@ def _decode(stream: Stream, w: list[int], buffers: dict[int, str], regions: dict
 
 
 class Engine:
-    """The host program of the card: the engine built from its source, the banks loaded from the image, the
-    stream resident in board memory; `step(token, position)` is one launch (ids and positions from 1)."""
+    """The host program: the engine built from its source (or loaded from a compiled binary), the banks loaded
+    from the image, the stream resident in board memory; `step(token, position)` runs one decode step (ids and
+    positions from 1) and leaves the logits the engine wrote in `logits`.
 
-    def __init__(self, source: str, stream_bytes: bytes, image_bytes: bytes):
+    On an OpenCL device without Intel's channels (PoCL's CPU device here) each channel is an ordered buffer: the
+    step runs as runs of whole instructions, each run one launch of the four bank readers (each filling its
+    buffer in channel order; the host checks the words each sent against what the instruction words say) then
+    one launch of the compute kernel over the same run (draining them in that order)."""
+
+    def __init__(self, source: str, stream_bytes: bytes, image_bytes: bytes, binary: bytes | None = None):
         import pyopencl as cl
 
         from logos_ir.runtime.opencl import pocl_cpu_context
@@ -255,28 +312,39 @@ class Engine:
             )
         self.context = pocl_cpu_context()
         device = self.context.devices[0]
-        if self.stream.bank_bytes > device.max_mem_alloc_size:
+        self.fifo_words = _fifo_words(self.stream)
+        largest = max(self.stream.bank_bytes, self.fifo_words * self.stream.burst)
+        if largest > device.max_mem_alloc_size:
             raise LogosError(
-                f"the program uses {self.stream.bank_bytes} bytes of each bank, more than the OpenCL device"
+                f"the program needs buffers of {largest} bytes, more than the OpenCL device"
                 f" '{device.name.strip()}' allocates at once ({device.max_mem_alloc_size} bytes)",
                 hint="run a smaller model or a shorter ctx on this device; the card's banks hold 8 GiB each",
             )
         self.queue = cl.CommandQueue(self.context)
-        with warnings.catch_warnings():  # PoCL notes the ABI of by-value uint16 arguments; nothing to act on
-            warnings.simplefilter("ignore", cl.CompilerWarning)
-            self.kernel = cl.Program(self.context, source).build().d5005_engine
+        self.program_cl = _built(self.context, source, binary)
+        self.compute = cl.Kernel(self.program_cl, d5005.COMPUTE_KERNEL)
+        self.readers = [cl.Kernel(self.program_cl, name) for name in d5005.READER_KERNELS]
         flags = cl.mem_flags
         size = max(self.stream.bank_bytes, 4)
         self.banks = [cl.Buffer(self.context, flags.READ_WRITE, size) for _ in range(d5005.BANKS)]
+        self.fifos = [
+            cl.Buffer(self.context, flags.READ_WRITE, max(self.fifo_words, 1) * self.stream.burst)
+            for _ in range(d5005.BANKS)
+        ]
+        self.sent = [cl.Buffer(self.context, flags.READ_WRITE, 4) for _ in range(d5005.BANKS)]
         self._image = image
         self.program = cl.Buffer(self.context, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=self.stream.words)
         self.scratch = cl.Buffer(self.context, flags.READ_WRITE, self.stream.onchip_words * 4)
         self.result = cl.Buffer(self.context, flags.READ_WRITE, 4)
+        self.vocab = max((int(w[d5005.W_ROWS]) for w in self.stream.words if w[0] == _ARGMAX), default=0)
+        self.logits_buffer = cl.Buffer(self.context, flags.READ_WRITE, max(self.vocab, 1) * 4)
+        self.logits: np.ndarray | None = None
         self.reset()
 
     @classmethod
-    def from_build(cls, folder: Path) -> Engine:
-        """The engine of a `logos-compile --target d5005 --with-weights` build folder, from its files."""
+    def from_build(cls, folder: Path, aocx: Path | None = None) -> Engine:
+        """The engine of a `logos-compile --target d5005 --with-weights` build folder, from its files (the engine
+        from `aocx`, a compiled binary of its `engine.cl`, when given)."""
         missing = [name for name in BUILD_FILES if not (folder / name).is_file()]
         if missing:
             raise StreamError(
@@ -284,7 +352,7 @@ class Engine:
                 hint="build it with logos-compile --target d5005 --with-weights",
             )
         engine, stream, image = ((folder / name).read_bytes() for name in BUILD_FILES)
-        return cls(engine.decode("utf-8"), stream, image)
+        return cls(engine.decode("utf-8"), stream, image, read_binary(aocx) if aocx is not None else None)
 
     def reset(self) -> None:
         """Load every bank's part of the image and zero the caches after it, as the host does before a sequence."""
@@ -296,20 +364,54 @@ class Engine:
                 cl.enqueue_copy(self.queue, bank, np.frombuffer(part, dtype=np.uint8))
         self.queue.finish()
 
-    def step(self, token: int, position: int) -> int:
-        """One decode step: the next token (from 1)."""
-        import pyopencl as cl
-
+    def check_step(self, token: int, position: int) -> None:
         if not 1 <= position <= self.stream.ctx:
             raise LogosError(f"position {position} is outside the engine's cache (positions 1 to {self.stream.ctx})")
-        count = np.uint32(len(self.stream.words))
-        self.kernel(
-            self.queue, (1,), (1,), self.program, count, *self.banks, self.scratch,
-            np.uint32(token), np.uint32(position), self.result,
-        )  # fmt: skip
+        rows = self.stream.embed_rows
+        if not 1 <= token <= rows:
+            raise LogosError(f"token {token} is outside the engine's embedding (tokens 1 to {rows})")
+
+    def step(self, token: int, position: int) -> int:
+        """One decode step: the next token (from 1); `logits` then holds what the engine's arg-max read."""
+        import pyopencl as cl
+
+        self.check_step(token, position)
+        scalars = (np.uint32(token), np.uint32(position))
+        expected, sent = [], []
+        for first, count, words in self._runs(token, position):
+            head = (self.program, np.uint32(first), np.uint32(count))
+            for b, reader in enumerate(self.readers):
+                reader(self.queue, (1,), (1,), *head, self.banks[b], *scalars, self.fifos[b], self.sent[b])
+                got = np.zeros(1, dtype=np.uint32)
+                cl.enqueue_copy(self.queue, got, self.sent[b], is_blocking=False)
+                sent.append(got)
+            expected.extend(words)
+            self.compute(
+                self.queue, (1,), (1,), *head, *self.banks, self.scratch, *scalars, self.result, self.logits_buffer,
+                *self.fifos,
+            )  # fmt: skip
         out = np.zeros(1, dtype=np.uint32)
         cl.enqueue_copy(self.queue, out, self.result)
+        logits = np.empty(self.vocab, dtype=np.float32)
+        cl.enqueue_copy(self.queue, logits, self.logits_buffer)
+        if [int(s[0]) for s in sent] != expected:
+            raise LogosError("the engine's bank readers sent other words than the instruction words say")
+        self.logits = logits
         return int(out[0])
+
+    def _runs(self, token: int, position: int) -> list[tuple[int, int, list[int]]]:
+        """The step as runs of whole instructions whose words fit each bank's ordered buffer: (first, count,
+        words sent by each bank)."""
+        runs: list[tuple[int, int, list[int]]] = []
+        first, totals = 0, [0] * d5005.BANKS
+        for pc, w in enumerate(self.stream.words):
+            words = bank_words_sent([int(v) for v in w], token, position, self.stream)
+            if pc > first and any(t + n > self.fifo_words for t, n in zip(totals, words, strict=True)):
+                runs.append((first, pc - first, totals))
+                first, totals = pc, [0] * d5005.BANKS
+            totals = [t + n for t, n in zip(totals, words, strict=True)]
+        runs.append((first, len(self.stream.words) - first, totals))
+        return runs
 
     def onchip(self, words: int) -> np.ndarray:
         """The first `words` of on-chip memory after the last step (the emulation's view of its buffers)."""
@@ -318,6 +420,75 @@ class Engine:
         out = np.empty(words, dtype=np.float32)
         cl.enqueue_copy(self.queue, out, self.scratch)
         return out
+
+
+_ARGMAX = d5005.OPCODES["d5005.argmax"]
+_FIFO_WORDS_MIN = 1 << 16  # 4 MiB a bank at 64-byte words: tiny models run a whole step in one run
+
+
+def bank_words_sent(w: list[int], token: int, position: int, stream: Stream) -> list[int]:
+    """The words each bank reader sends the compute kernel for instruction word `w` (what `read_bank` in the
+    engine's source streams, counted the same way)."""
+    name = _OPCODE_NAMES[w[0]]
+    burst, element = stream.burst, stream.element_bytes
+    rows, cols = w[d5005.W_ROWS], w[d5005.W_COLS]
+    sent = [0] * d5005.BANKS
+    if name == "d5005.embed_row":
+        sent[(token - 1) % d5005.BANKS] = d5005.bank_words(cols, element, burst)
+    elif name == "d5005.matvec":
+        words = d5005.bank_words(cols, element, burst)
+        sent = [(rows + d5005.BANKS - 1 - b) // d5005.BANKS * words for b in range(d5005.BANKS)]
+    elif name == "d5005.rms_norm":
+        sent[0] = d5005.bank_words(cols, element, burst)
+    elif name == "d5005.rope":
+        sent[(position - 1) % d5005.BANKS] = d5005.bank_words(w[d5005.W_HEAD_DIM], 4, burst)
+    elif name == "d5005.attention":
+        ctx, past = w[d5005.W_CTX], position - 1
+        words = d5005.bank_words(w[d5005.W_HEAD_DIM], element, burst)
+        for h in range(w[d5005.W_KV_HEADS]):
+            for b in range(d5005.BANKS):
+                first = (b - h * ctx) % d5005.BANKS
+                sent[b] += 2 * words * (-(-(past - first) // d5005.BANKS) if past > first else 0)
+    return sent
+
+
+def _fifo_words(stream: Stream) -> int:
+    """Each ordered buffer holds the largest instruction's words (at the last position), and at least 4 MiB."""
+    largest = _FIFO_WORDS_MIN
+    for w in stream.words:
+        word = [int(v) for v in w]
+        for token in range(1, d5005.BANKS + 1):
+            largest = max(largest, *bank_words_sent(word, token, stream.ctx, stream))
+    return largest
+
+
+def read_binary(path: Path) -> bytes:
+    """A compiled engine (an `aoc`-built `.aocx`, or any program binary of the device), refused when unreadable."""
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise LogosError(f"cannot read the compiled engine {path}: {error.strerror}") from None
+    if not data:
+        raise LogosError(f"the compiled engine {path} is empty")
+    return data
+
+
+def _built(context: Any, source: str, binary: bytes | None) -> Any:
+    """The engine's program: built from its source, or loaded from a binary with clCreateProgramWithBinary (as
+    Intel's runtime loads an `.aocx`), then built (a no-op for an FPGA image)."""
+    import pyopencl as cl
+
+    with warnings.catch_warnings():  # PoCL notes the ABI of by-value uint16 arguments; nothing to act on
+        warnings.simplefilter("ignore", cl.CompilerWarning)
+        if binary is None:
+            return cl.Program(context, source).build()
+        try:
+            return cl.Program(context, context.devices, [binary]).build()
+        except cl.Error as error:
+            raise LogosError(
+                f"the compiled engine does not load on '{context.devices[0].name.strip()}': {error}",
+                hint="an .aocx loads on the card's Intel FPGA platform; here only this device's own binaries load",
+            ) from None
 
 
 # -- logos-run --backend d5005 --------------------------------------------------------------------------------

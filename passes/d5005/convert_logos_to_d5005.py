@@ -69,8 +69,9 @@ def lower_program(program: logos.ProgramOp, weights: str, params: d5005.EnginePa
     refusal = fit_error(placement, NAME, weights, cut.ctx)
     if refusal is not None:
         raise refusal
-    pending = _Flattener(program, placement).flatten()
-    ops = _Allocator(pending, params.onchip_words, cut.ctx).ops()
+    flattener = _Flattener(program, placement)
+    pending = flattener.flatten()
+    ops = _Allocator(pending, params.onchip_words, flattener.scores_words).ops()
     lowered = d5005.ProgramOp(identity.identity(program).line(), params, cut.ctx, ops)
     try:
         lowered.verify()
@@ -123,6 +124,8 @@ class _Flattener:
     pending: list[_Pending] = field(default_factory=list)
     names: list[str] = field(default_factory=list)  # each value number's name
     widths: list[int] = field(default_factory=list)  # and its words
+    cached: dict[str, int] = field(default_factory=dict)  # each cache region -> the value its cache_write stores
+    scores_words: int = 1  # the attention's scratch buffer, for the largest attention of the step
 
     def flatten(self) -> tuple[list[_Pending], list[str], list[int]]:
         main = self.program.function("main")
@@ -240,6 +243,7 @@ def _rope(f: _Flattener, op: logos.RopeOp, env: dict[SSAValue, _Value], section:
 def _cache_write(f: _Flattener, op: logos.CacheWriteOp, env: dict[SSAValue, _Value], section: str) -> None:
     cache, src = _region(env[op.cache], op, section), _number(env[op.input], op, section)
     kv_heads = logos.tensor_shape(op.cache)[0]
+    f.cached[cache.tensor.data] = src
     f.emit(lambda r, w: d5005.CacheWriteOp(r[0], cache, kv_heads), [src])
 
 
@@ -248,8 +252,15 @@ def _attention(f: _Flattener, op: logos.AttentionOp, env: dict[SSAValue, _Value]
     query = _number(env[op.query], op, section)
     kv_heads, _, head_dim = logos.tensor_shape(op.keys)
     heads = logos.tensor_shape(op.query)[1] // head_dim
-    make = lambda r, w: d5005.AttentionOp(w, r[0], keys, values, SCORES, heads, kv_heads)  # noqa: E731
-    env[op.result] = f.emit(make, [query], op.result)
+    current = [f.cached.get(r.tensor.data) for r in (keys, values)]
+    if current[0] is None or current[1] is None:
+        why = "reads a cache the step does not write first (the engine keeps the position's key and value on chip)"
+        raise _refuse(op, section, why)
+    ctx = keys.rows.data // kv_heads
+    scratch = d5005.attention_scratch_words(heads, kv_heads, head_dim, ctx, keys.element_bytes.data, f.placement.burst)
+    f.scores_words = max(f.scores_words, scratch)
+    make = lambda r, w: d5005.AttentionOp(w, r[0], keys, values, (r[1], r[2]), SCORES, heads, kv_heads)  # noqa: E731
+    env[op.result] = f.emit(make, [query, current[0], current[1]], op.result)
 
 
 def _silu(f: _Flattener, op: logos.SiluOp, env: dict[SSAValue, _Value], section: str) -> None:
@@ -300,13 +311,13 @@ _RULES: dict[type[Operation], Callable[..., None]] = {
 
 
 class _Allocator:
-    def __init__(self, flat: tuple[list[_Pending], list[str], list[int]], budget: int, ctx: int):
+    def __init__(self, flat: tuple[list[_Pending], list[str], list[int]], budget: int, scores_words: int):
         self.pending, self.names, self.widths = flat
-        self.budget, self.ctx = budget, ctx
+        self.budget, self.scores_words = budget, scores_words
 
     def ops(self) -> list[d5005.InstructionOp | d5005.BufferOp]:
         chosen = self._choose()
-        sizes: dict[str, int] = {SCORES: self.ctx}
+        sizes: dict[str, int] = {SCORES: self.scores_words}
         for value, buffer in enumerate(chosen):
             sizes[buffer] = max(sizes.get(buffer, 0), self.widths[value])
         buffers, offset = [], 0

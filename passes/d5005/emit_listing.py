@@ -46,7 +46,8 @@ def _cache_write(op: d5005.CacheWriteOp) -> str:
 def _attention(op: d5005.AttentionOp) -> str:
     return (
         f"{op.dst.data} <- attention({op.query.data}, {op.heads.value.data} heads over {op.kv_heads.value.data})"
-        f" keys {_region(op.keys)} values {_region(op.values)} scores {op.scores.data}"
+        f" keys {_region(op.keys)} values {_region(op.values)} current {op.key.data}, {op.value.data}"
+        f" scores {op.scores.data}"
     )
 
 

@@ -1,16 +1,21 @@
 """The D5005 engine itself, as OpenCL C for Intel's FPGA SDK for OpenCL, parameterised from the dialect.
 
-One single work-item kernel, `d5005_engine`, reads the instruction stream word by word and runs one routine per
-opcode (embedding row, matvec, RMS norm, RoPE, cache write, attention, SiLU*mul, add, arg-max): one launch is one
-decode step. The routines are generic over shapes (rows, columns, heads come from the instruction word), so every
-layer shares them and a new model needs no new bitstream. The engine's parameters (burst, vector width, MAC lanes,
-on-chip words, weight precision) are `#define`s taken from the `d5005.program`'s `EngineParams`.
+Five kernels, all single work-item: one **bank reader** per DDR4 bank (`d5005_read_bank0` .. `3`), each streaming
+its rows of every region an instruction reads in 512-bit words (one burst a word), and the **compute kernel**
+(`d5005_compute`), which runs one routine per opcode (embedding row, matvec, RMS norm, RoPE, cache write,
+attention, SiLU*mul, add, arg-max) on what the four readers send it, so the four banks stream at once. All five
+walk the same instruction words; one pass over them is one decode step. The routines are generic over shapes
+(rows, columns, heads come from the instruction word), so every layer shares them and a new model needs no new
+bitstream. Parameters (burst, vector width, weight and cache precision, the datapath's limits) are `#define`s
+taken from the `d5005.program`'s `EngineParams`.
 
-Intel's specifics sit behind macros: with `INTELFPGA_CL` (defined by `aoc`) the kernel is single work-item
-(`max_global_work_dim(0)`), the instructions arrive over an Intel channel from a `d5005_fetch` kernel, the bank
-arguments carry `buffer_location`, the on-chip buffers are a kernel-scope array (M20K), and `UNROLL` unrolls the
-bank and vector loops; on any other OpenCL device the same source builds with the instructions read from global
-memory, the on-chip buffers in a global scratch buffer, and no unrolling pragmas. `EngineTarget` is the
+One source, two builds. With `INTELFPGA_CL` (defined by `aoc`) the readers feed the compute kernel through Intel
+channels (`cl_intel_channels`), the bank arguments carry `buffer_location`, the on-chip buffers are kernel-scope
+local memory (M20K), and `UNROLL`, `IVDEP` and `IVDEP_SAFELEN` are Intel's pragmas. On any other OpenCL device
+(PoCL's CPU device here) each channel is an ordered buffer: the host launches the four readers over a run of
+instructions, each filling its buffer in channel order, then the compute kernel over the same run, draining them
+in the same order (`logos_ir.runtime.d5005`). The cost model (`cost_model.py`) reads this source's loops: each
+pipelined loop is marked `/* loop NAME */` and each routine `/* routine NAME */`. `EngineTarget` is the
 `-t d5005-opencl` emitter.
 """
 
@@ -26,11 +31,14 @@ from xdsl.utils.target import Target
 
 from logos_ir.dialects import d5005
 
-ENGINE_KERNEL = "d5005_engine"
+COMPUTE_KERNEL, READER_KERNELS = d5005.COMPUTE_KERNEL, d5005.READER_KERNELS
+SHIFT_DEPTH = 8  # partial sums a carried floating-point add rotates through: covers its latency (docs/d5005.md)
+CHANNEL_DEPTH = 512  # bank words each reader may run ahead of the compute kernel
 
 
 def engine_source(identity: str, params: d5005.EngineParams) -> str:
     """The engine's OpenCL C for `params`, its first line the identity line of the program it was emitted for."""
+    weight_bytes = d5005.WEIGHT_BYTES[params.weights]
     defines = "\n".join(
         [
             f"#define BANKS {d5005.BANKS}",
@@ -38,196 +46,659 @@ def engine_source(identity: str, params: d5005.EngineParams) -> str:
             f"#define VECTOR_WIDTH {params.vector_width}",
             f"#define MAC_LANES {params.mac_lanes}",
             f"#define ONCHIP_WORDS {params.onchip_words}",
-            f"#define WEIGHT_BYTES {d5005.WEIGHT_BYTES[params.weights]}",
+            f"#define WEIGHT_BYTES {weight_bytes}",
+            f"#define CACHE_BYTES {weight_bytes}",
             f"#define INSTRUCTION_WORDS {d5005.INSTRUCTION_WORDS}",
+            f"#define SHIFT_DEPTH {SHIFT_DEPTH}",
+            f"#define CHANNEL_DEPTH {CHANNEL_DEPTH}",
+            f"#define GROUP_MAX {d5005.GROUP_MAX}",
+            f"#define ROW_WORDS_MAX {d5005.ROW_WORDS_MAX}",
+            f"#define VECTOR_WORDS {d5005.VECTOR_WORDS}",
             *(f"#define OP_{name.split('.')[1].upper()} {code}" for name, code in d5005.OPCODES.items()),
         ]
     )
     about = (
         f"// D5005 decode engine: {params.clock_mhz} MHz, {params.burst_bytes}-byte bursts, vector width"
         f" {params.vector_width}, {params.mac_lanes} MAC lanes, {params.onchip_words} on-chip words, {params.weights}"
-        " weights"
+        f" weights and KV cache; {d5005.BANKS} bank readers and a compute kernel"
     )
     return f"// {identity}\n{about}\n{defines}\n{_BODY}"
 
 
 _BODY = r"""
+/* ---- Intel's FPGA SDK for OpenCL, or any other OpenCL device (PoCL's CPU device here) ---------------------- */
 #if defined(INTELFPGA_CL)
 #pragma OPENCL EXTENSION cl_intel_channels : enable
 #define PRAGMA(x) _Pragma(#x)
 #define UNROLL(n) PRAGMA(unroll n)
-#define ENGINE __attribute__((max_global_work_dim(0))) __attribute__((uses_global_work_offset(0))) __kernel
-#define BANK_ARG(n) __global __attribute__((buffer_location("DDR"))) uchar *restrict bank##n
-#define ONCHIP
-#define ONCHIP_DECL float onchip[ONCHIP_WORDS] __attribute__((bankwidth(4 * VECTOR_WIDTH)))
-channel uint16 instructions __attribute__((depth(8)));
-#define NEXT_INSTRUCTION(program, pc) read_channel_intel(instructions)
-
-/* Feeds the engine its instructions over a channel, so instruction fetch never stalls the bank streams. */
-ENGINE void d5005_fetch(__global const uint16 *restrict program, const uint count) {
-    for (uint pc = 0; pc < count; pc++) write_channel_intel(instructions, program[pc]);
-}
+#define IVDEP PRAGMA(ivdep)
+#define IVDEP_SAFELEN(n) PRAGMA(ivdep safelen(n))
+#define TASK __attribute__((max_global_work_dim(0))) __attribute__((uses_global_work_offset(0))) __kernel
+#define BANK_ARG(n) __global __attribute__((buffer_location("DDR"))) bank_word_t *restrict bank##n
+#define ONCHIP __local
+#define ONCHIP_DECL __local float onchip[ONCHIP_WORDS]
+#define SCRATCH_ARG
 #else
 #define UNROLL(n)
-#define ENGINE __kernel
-#define BANK_ARG(n) __global uchar *restrict bank##n
+#define IVDEP
+#define IVDEP_SAFELEN(n)
+#define TASK __kernel
+#define BANK_ARG(n) __global bank_word_t *restrict bank##n
 #define ONCHIP __global
 #define ONCHIP_DECL ONCHIP float *onchip = scratch
-#define NEXT_INSTRUCTION(program, pc) (((__global const uint16 *)(program))[pc])
+#define SCRATCH_ARG __global float *restrict scratch,
+#endif
+
+#define OV (BURST_BYTES / 4)               /* float32 words of one bank word: the on-chip routines' width */
+#define CPW (BURST_BYTES / CACHE_BYTES)    /* cache elements in one bank word */
+#define WORDS(n, bytes) (((n) * (bytes) + BURST_BYTES - 1) / BURST_BYTES)
+#define SELECT(c, a, b) ((c) ? (a) : (b))
+#define ROPE_WORDS (ROW_WORDS_MAX * BURST_BYTES / 2)
+#define SLOTS_MAX (2 * SHIFT_DEPTH)
+
+typedef struct { uint u[BURST_BYTES / 4]; } bank_word_t; /* one 512-bit burst of a DDR4 bank */
+
+/* The channels from the bank readers to the compute kernel: Intel channels on the card; here each is an ordered
+   buffer that a reader's launch fills and the compute launch after it drains, in the same order. */
+#if defined(INTELFPGA_CL)
+channel bank_word_t bank_words[BANKS] __attribute__((depth(CHANNEL_DEPTH)));
+typedef struct { uint unused; } channels_t;
+typedef struct { uint unused; } stream_t;
+#define READ_BANK(ch, b) read_channel_intel(bank_words[b])
+#define WRITE_BANK(s, b, v) write_channel_intel(bank_words[b], (v))
+#define FIFO_IN_ARGS
+#define FIFO_OUT_ARGS
+#else
+typedef struct { __global const bank_word_t *fifo[BANKS]; uint taken[BANKS]; } channels_t;
+typedef struct { __global bank_word_t *fifo; uint sent; } stream_t;
+#define READ_BANK(ch, b) ((ch)->fifo[b][(ch)->taken[b]++])
+#define WRITE_BANK(s, b, v) ((s)->fifo[(s)->sent++] = (v))
+#define FIFO_IN_ARGS , __global const bank_word_t *restrict fifo0, __global const bank_word_t *restrict fifo1, \
+    __global const bank_word_t *restrict fifo2, __global const bank_word_t *restrict fifo3
+#define FIFO_OUT_ARGS , __global bank_word_t *restrict fifo, __global uint *restrict sent
 #endif
 
 #if WEIGHT_BYTES == 2
-typedef ushort weight_t; /* bf16: the upper half of a float32 */
-#define WEIGHT(row, k) as_float(((uint)(row)[k]) << 16)
+/* bf16: the upper half of a float32, two to a 32-bit lane of the word */
+#define WEIGHT_AT(word, e) as_float(((e) & 1) ? ((word).u[(e) >> 1] & 0xffff0000u) : ((word).u[(e) >> 1] << 16))
 #else
-typedef float weight_t;
-#define WEIGHT(row, k) ((row)[k])
+#define WEIGHT_AT(word, e) as_float((word).u[e])
 #endif
+#define CACHE_AT(word, e) WEIGHT_AT(word, e)
+#define F32_AT(word, e) as_float((word).u[e])
 
-typedef struct { __global uchar *bank[BANKS]; } banks_t;
-
-/* Row r of a region lives in bank r % BANKS at offset + (r / BANKS) * stride: the same offsets in every bank. */
-inline __global uchar *row_at(const banks_t *b, const uint16 *w, uint offset_field, uint r) {
-    ulong offset = (ulong)(offset_field == 8 ? w->s8 : w->s6) * BURST_BYTES;
-    return b->bank[r % BANKS] + offset + (ulong)(r / BANKS) * w->s7;
+/* What the cache holds of a value: bf16 rounded to nearest even, or the float32 itself. */
+inline float cached(float v) {
+#if CACHE_BYTES == 2
+    uint bits = as_uint(v);
+    return as_float(((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16) << 16);
+#else
+    return v;
+#endif
 }
 
-inline float dot_row(__global const weight_t *row, ONCHIP const float *x, uint cols) {
-    float lane[VECTOR_WIDTH];
-    UNROLL(VECTOR_WIDTH)
-    for (uint v = 0; v < VECTOR_WIDTH; v++) lane[v] = 0.0f;
-    uint c = 0;
-    for (; c + VECTOR_WIDTH <= cols; c += VECTOR_WIDTH) {
-        UNROLL(VECTOR_WIDTH)
-        for (uint v = 0; v < VECTOR_WIDTH; v++) lane[v] += WEIGHT(row, c + v) * x[c + v];
+/* ==== the bank readers: one kernel per DDR4 bank, each streaming its rows of every region in 512-bit words ==== */
+
+/* routine read_embed_row */
+inline void read_embed_row(stream_t *s, __global const bank_word_t *bank, const uint b, const uint16 w, uint token) {
+    uint cols = w.s5, row = token - 1;
+    uint words = SELECT(row % BANKS == b, WORDS(cols, WEIGHT_BYTES), 0);
+    uint start = w.s6 + (row / BANKS) * (w.s7 / BURST_BYTES);
+    /* loop read_embed_row.words */
+    for (uint c = 0; c < words; c++) WRITE_BANK(s, b, bank[start + c]);
+}
+
+/* routine read_matvec */
+inline void read_matvec(stream_t *s, __global const bank_word_t *bank, const uint b, const uint16 w) {
+    uint rows = w.s4, cols = w.s5, stride = w.s7 / BURST_BYTES;
+    uint words = WORDS(cols, WEIGHT_BYTES);
+    uint mine = (rows + BANKS - 1 - b) / BANKS;
+    uint i = 0, c = 0;
+    /* loop read_matvec.words */
+    for (uint n = 0; n < mine * words; n++) {
+        WRITE_BANK(s, b, bank[w.s6 + i * stride + c]);
+        c++;
+        if (c == words) { c = 0; i++; }
     }
-    for (uint v = 0; c + v < cols; v++) lane[v] += WEIGHT(row, c + v) * x[c + v];
-    float sum = 0.0f;
-    UNROLL(VECTOR_WIDTH)
-    for (uint v = 0; v < VECTOR_WIDTH; v++) sum += lane[v];
-    return sum;
 }
 
-inline void embed_row(ONCHIP float *x, const banks_t *b, const uint16 *w, uint token) {
-    __global const weight_t *row = (__global const weight_t *)row_at(b, w, 6, token - 1);
-    for (uint k = 0; k < w->s5; k++) x[w->s1 + k] = WEIGHT(row, k);
+/* routine read_rms_norm */
+inline void read_rms_norm(stream_t *s, __global const bank_word_t *bank, const uint b, const uint16 w) {
+    uint words = SELECT(b == 0, WORDS(w.s5, WEIGHT_BYTES), 0);
+    /* loop read_rms_norm.words */
+    for (uint c = 0; c < words; c++) WRITE_BANK(s, b, bank[w.s6 + c]);
 }
 
-/* Bank b streams rows b, b + 4, ...: the four banks feed the MAC lanes at once. */
-inline void matvec(ONCHIP float *x, const banks_t *b, const uint16 *w) {
-    uint rows = w->s4, per_bank = (rows + BANKS - 1) / BANKS;
-    for (uint i = 0; i < per_bank; i++) {
-        UNROLL(BANKS)
-        for (uint k = 0; k < BANKS; k++) {
-            uint r = i * BANKS + k;
-            if (r < rows) x[w->s1 + r] = dot_row((__global const weight_t *)row_at(b, w, 6, r), x + w->s2, w->s5);
+/* routine read_rope */
+inline void read_rope(stream_t *s, __global const bank_word_t *bank, const uint b, const uint16 w, uint position) {
+    uint row = position - 1;
+    uint words = SELECT(row % BANKS == b, WORDS(w.sb, 4), 0);
+    uint start = w.s6 + (row / BANKS) * (w.s7 / BURST_BYTES);
+    /* loop read_rope.words */
+    for (uint c = 0; c < words; c++) WRITE_BANK(s, b, bank[start + c]);
+}
+
+/* Head h's positions 1..position-1 of a cache, in this bank: rows h * ctx + t with (h * ctx + t) % BANKS == b,
+   each `row_words` words, in the order the compute kernel takes them (K of head h, then its V). */
+/* routine read_attention */
+inline void read_attention(stream_t *s, __global const bank_word_t *bank, const uint b, const uint16 w,
+                           uint position) {
+    uint kv_heads = w.sa, ctx = w.sc, past = position - 1, stride = w.s7 / BURST_BYTES;
+    uint row_words = WORDS(w.sb, CACHE_BYTES);
+    /* loop read_attention.kv_heads */
+    for (uint h = 0; h < kv_heads; h++) {
+        uint first = (b + BANKS - (h * ctx) % BANKS) % BANKS;
+        uint mine = SELECT(past > first, (past - first + BANKS - 1) / BANKS, 0);
+        uint row = (h * ctx + first) / BANKS;
+        uint i = 0, c = 0;
+        /* loop read_attention.keys */
+        for (uint n = 0; n < mine * row_words; n++) {
+            WRITE_BANK(s, b, bank[w.s6 + (row + i) * stride + c]);
+            c++;
+            if (c == row_words) { c = 0; i++; }
+        }
+        i = 0;
+        c = 0;
+        /* loop read_attention.values */
+        for (uint n = 0; n < mine * row_words; n++) {
+            WRITE_BANK(s, b, bank[w.s8 + (row + i) * stride + c]);
+            c++;
+            if (c == row_words) { c = 0; i++; }
         }
     }
 }
 
-inline void rms_norm(ONCHIP float *x, const banks_t *b, const uint16 *w) {
-    uint n = w->s5;
-    __global const weight_t *weight = (__global const weight_t *)row_at(b, w, 6, 0);
-    float squares = 0.0f;
-    for (uint k = 0; k < n; k++) squares += x[w->s2 + k] * x[w->s2 + k];
-    float scale = 1.0f / sqrt(squares * (1.0f / (float)n) + as_float(w->sd));
-    for (uint k = 0; k < n; k++) x[w->s1 + k] = (x[w->s2 + k] * scale) * WEIGHT(weight, k);
-}
-
-/* The table's row for the position holds cos of each half-frequency, then sin. */
-inline void rope(ONCHIP float *x, const banks_t *b, const uint16 *w, uint position) {
-    uint head_dim = w->sb, mid = head_dim / 2;
-    __global const float *table = (__global const float *)row_at(b, w, 6, position - 1);
-    for (uint h = 0; h < w->se; h += head_dim) {
-        for (uint i = 0; i < mid; i++) {
-            float first = x[w->s2 + h + i], second = x[w->s2 + h + mid + i];
-            float c = table[i], s = table[mid + i];
-            x[w->s1 + h + i] = first * c + second * (-s);
-            x[w->s1 + h + mid + i] = second * c + first * s;
-        }
-    }
-}
-
-inline void cache_write(ONCHIP float *x, const banks_t *b, const uint16 *w, uint position) {
-    uint head_dim = w->s5, ctx = w->s4 / w->sa;
-    for (uint h = 0; h < w->sa; h++) {
-        __global float *row = (__global float *)row_at(b, w, 6, h * ctx + position - 1);
-        for (uint k = 0; k < head_dim; k++) row[k] = x[w->s2 + h * head_dim + k];
-    }
-}
-
-inline void attention(ONCHIP float *x, const banks_t *b, const uint16 *w, uint position) {
-    uint heads = w->s9, kv_heads = w->sa, head_dim = w->sb, ctx = w->sc, group = heads / kv_heads;
-    float scale = as_float(w->sd);
-    ONCHIP float *scores = x + w->s3;
-    for (uint h = 0; h < heads; h++) {
-        ONCHIP const float *q = x + w->s2 + h * head_dim;
-        uint base = (h / group) * ctx;
-        float top = -INFINITY;
-        for (uint t = 0; t < position; t++) {
-            __global const float *key = (__global const float *)row_at(b, w, 6, base + t);
-            float s = 0.0f;
-            for (uint k = 0; k < head_dim; k++) s += q[k] * key[k];
-            scores[t] = s * scale;
-            top = fmax(top, scores[t]);
-        }
-        float total = 0.0f;
-        for (uint t = 0; t < position; t++) {
-            scores[t] = exp(scores[t] - top);
-            total += scores[t];
-        }
-        for (uint t = 0; t < position; t++) scores[t] /= total;
-        ONCHIP float *out = x + w->s1 + h * head_dim;
-        for (uint k = 0; k < head_dim; k++) out[k] = 0.0f;
-        for (uint t = 0; t < position; t++) {
-            __global const float *value = (__global const float *)row_at(b, w, 8, base + t);
-            for (uint k = 0; k < head_dim; k++) out[k] += scores[t] * value[k];
-        }
-    }
-}
-
-inline void silu_mul(ONCHIP float *x, const uint16 *w) {
-    for (uint k = 0; k < w->s4; k++) {
-        float g = x[w->s2 + k];
-        x[w->s1 + k] = (g * (tanh(g * 0.5f) * 0.5f + 0.5f)) * x[w->s3 + k];
-    }
-}
-
-inline void add(ONCHIP float *x, const uint16 *w) {
-    for (uint k = 0; k < w->s4; k++) x[w->s1 + k] = x[w->s2 + k] + x[w->s3 + k];
-}
-
-inline uint argmax(ONCHIP const float *x, const uint16 *w) {
-    uint best = 0;
-    for (uint k = 1; k < w->s4; k++) if (x[w->s2 + k] > x[w->s2 + best]) best = k;
-    return best + 1;
-}
-
-/* One launch is one decode step: token and position count from 1; result[0] is the next token, from 1. */
-ENGINE void d5005_engine(__global const uint *restrict program, const uint count,
-                         BANK_ARG(0), BANK_ARG(1), BANK_ARG(2), BANK_ARG(3),
-                         __global float *restrict scratch, const uint token, const uint position,
-                         __global uint *restrict result) {
-    ONCHIP_DECL;
-    banks_t b;
-    b.bank[0] = bank0; b.bank[1] = bank1; b.bank[2] = bank2; b.bank[3] = bank3;
-    uint next = 0;
-    for (uint pc = 0; pc < count; pc++) {
-        const uint16 w = NEXT_INSTRUCTION(program, pc);
+inline void read_bank(stream_t *s, __global const bank_word_t *bank, const uint b, __global const uint16 *program,
+                      uint first, uint count, uint token, uint position) {
+    for (uint pc = first; pc < first + count; pc++) {
+        const uint16 w = program[pc];
         switch (w.s0) {
-        case OP_EMBED_ROW: embed_row(onchip, &b, &w, token); break;
-        case OP_MATVEC: matvec(onchip, &b, &w); break;
-        case OP_RMS_NORM: rms_norm(onchip, &b, &w); break;
-        case OP_ROPE: rope(onchip, &b, &w, position); break;
-        case OP_CACHE_WRITE: cache_write(onchip, &b, &w, position); break;
-        case OP_ATTENTION: attention(onchip, &b, &w, position); break;
-        case OP_SILU_MUL: silu_mul(onchip, &w); break;
-        case OP_ADD: add(onchip, &w); break;
-        case OP_ARGMAX: next = argmax(onchip, &w); break;
+        case OP_EMBED_ROW: read_embed_row(s, bank, b, w, token); break;
+        case OP_MATVEC: read_matvec(s, bank, b, w); break;
+        case OP_RMS_NORM: read_rms_norm(s, bank, b, w); break;
+        case OP_ROPE: read_rope(s, bank, b, w, position); break;
+        case OP_ATTENTION: read_attention(s, bank, b, w, position); break;
         default: break;
         }
     }
-    result[0] = next;
+}
+
+#if defined(INTELFPGA_CL)
+#define READER(n) \
+TASK void d5005_read_bank##n(__global const uint16 *restrict program, const uint first, const uint count, \
+                             BANK_ARG(n), const uint token, const uint position) { \
+    stream_t s; read_bank(&s, bank##n, n, program, first, count, token, position); }
+#else
+#define READER(n) \
+TASK void d5005_read_bank##n(__global const uint16 *restrict program, const uint first, const uint count, \
+                             BANK_ARG(n), const uint token, const uint position FIFO_OUT_ARGS) { \
+    stream_t s; s.fifo = fifo; s.sent = 0; \
+    read_bank(&s, bank##n, n, program, first, count, token, position); sent[0] = s.sent; }
+#endif
+READER(0)
+READER(1)
+READER(2)
+READER(3)
+
+/* ==== the compute kernel: one routine per opcode, fed by the four bank channels at once ===================== */
+
+/* routine embed_row */
+inline void embed_row(ONCHIP float *x, channels_t *ch, const uint16 w, uint token) {
+    uint cols = w.s5, dst = w.s1, bank = (token - 1) % BANKS;
+    uint words = WORDS(cols, WEIGHT_BYTES);
+    /* loop embed_row.words */
+    for (uint c = 0; c < words; c++) {
+        UNROLL(BANKS)
+        for (uint b = 0; b < BANKS; b++) {
+            if (b == bank) {
+                bank_word_t word = READ_BANK(ch, b);
+                UNROLL(VECTOR_WIDTH)
+                for (uint e = 0; e < VECTOR_WIDTH; e++) {
+                    uint k = c * VECTOR_WIDTH + e;
+                    if (k < cols) x[dst + k] = WEIGHT_AT(word, e);
+                }
+            }
+        }
+    }
+}
+
+/* Rows 4i .. 4i+3 stream from the four banks at once, one word of each a cycle; each row's sum runs through a
+   shift register of SHIFT_DEPTH partial sums, so no floating-point add waits on the one before it. */
+/* routine matvec */
+inline void matvec(ONCHIP float *x, __local float *restrict vector, channels_t *ch, const uint16 w) {
+    uint rows = w.s4, cols = w.s5, dst = w.s1, src = w.s2;
+    uint words = WORDS(cols, WEIGHT_BYTES);
+    uint quads = (rows + BANKS - 1) / BANKS;
+    /* loop matvec.load */
+    for (uint c = 0; c < words * VECTOR_WIDTH; c += OV) {
+        UNROLL(OV)
+        for (uint e = 0; e < OV; e++) vector[c + e] = SELECT(c + e < cols, x[src + c + e], 0.0f);
+    }
+    /* loop matvec.rows */
+    for (uint i = 0; i < quads; i++) {
+        float shift[BANKS][SHIFT_DEPTH + 1];
+        UNROLL(BANKS)
+        for (uint b = 0; b < BANKS; b++) {
+            UNROLL(SHIFT_DEPTH + 1)
+            for (uint d = 0; d <= SHIFT_DEPTH; d++) shift[b][d] = 0.0f;
+        }
+        /* loop matvec.words */
+        for (uint c = 0; c < words; c++) {
+            UNROLL(BANKS)
+            for (uint b = 0; b < BANKS; b++) {
+                float sum = 0.0f;
+                if (i * BANKS + b < rows) {
+                    bank_word_t word = READ_BANK(ch, b);
+                    UNROLL(VECTOR_WIDTH)
+                    for (uint e = 0; e < VECTOR_WIDTH; e++) sum += WEIGHT_AT(word, e) * vector[c * VECTOR_WIDTH + e];
+                }
+                shift[b][SHIFT_DEPTH] = shift[b][0] + sum;
+                UNROLL(SHIFT_DEPTH)
+                for (uint d = 0; d < SHIFT_DEPTH; d++) shift[b][d] = shift[b][d + 1];
+            }
+        }
+        UNROLL(BANKS)
+        for (uint b = 0; b < BANKS; b++) {
+            float total = 0.0f;
+            UNROLL(SHIFT_DEPTH)
+            for (uint d = 0; d < SHIFT_DEPTH; d++) total += shift[b][d];
+            if (i * BANKS + b < rows) x[dst + i * BANKS + b] = total;
+        }
+    }
+}
+
+/* routine rms_norm */
+inline void rms_norm(ONCHIP float *x, channels_t *ch, const uint16 w) {
+    uint n = w.s5, dst = w.s1, src = w.s2;
+    uint words = WORDS(n, WEIGHT_BYTES);
+    float shift[SHIFT_DEPTH + 1];
+    UNROLL(SHIFT_DEPTH + 1)
+    for (uint d = 0; d <= SHIFT_DEPTH; d++) shift[d] = 0.0f;
+    /* loop rms_norm.squares */
+    for (uint c = 0; c < n; c += OV) {
+        float sum = 0.0f;
+        UNROLL(OV)
+        for (uint e = 0; e < OV; e++) {
+            float v = SELECT(c + e < n, x[src + c + e], 0.0f);
+            sum += v * v;
+        }
+        shift[SHIFT_DEPTH] = shift[0] + sum;
+        UNROLL(SHIFT_DEPTH)
+        for (uint d = 0; d < SHIFT_DEPTH; d++) shift[d] = shift[d + 1];
+    }
+    float squares = 0.0f;
+    UNROLL(SHIFT_DEPTH)
+    for (uint d = 0; d < SHIFT_DEPTH; d++) squares += shift[d];
+    float scale = 1.0f / sqrt(squares * (1.0f / (float)n) + as_float(w.sd));
+    IVDEP
+    /* loop rms_norm.scale */
+    for (uint c = 0; c < words; c++) {
+        bank_word_t word = READ_BANK(ch, 0);
+        UNROLL(VECTOR_WIDTH)
+        for (uint e = 0; e < VECTOR_WIDTH; e++) {
+            uint k = c * VECTOR_WIDTH + e;
+            if (k < n) x[dst + k] = (x[src + k] * scale) * WEIGHT_AT(word, e);
+        }
+    }
+}
+
+/* The table's row for the position holds cos of each half-frequency, then sin. */
+/* routine rope */
+inline void rope(ONCHIP float *x, __local float *restrict table, channels_t *ch, const uint16 w, uint position) {
+    uint head_dim = w.sb, mid = head_dim / 2, width = w.se, dst = w.s1, src = w.s2;
+    uint bank = (position - 1) % BANKS;
+    uint words = WORDS(head_dim, 4);
+    /* loop rope.table */
+    for (uint c = 0; c < words; c++) {
+        UNROLL(BANKS)
+        for (uint b = 0; b < BANKS; b++) {
+            if (b == bank) {
+                bank_word_t word = READ_BANK(ch, b);
+                UNROLL(OV)
+                for (uint e = 0; e < OV; e++) table[c * OV + e] = F32_AT(word, e);
+            }
+        }
+    }
+    IVDEP
+    /* loop rope.rotate */
+    for (uint c = 0; c < width / 2; c += OV) {
+        UNROLL(OV)
+        for (uint e = 0; e < OV; e++) {
+            uint k = c + e, head = k / mid, i = k % mid;
+            if (k < width / 2) {
+                uint at = head * head_dim + i;
+                float first = x[src + at], second = x[src + at + mid];
+                float cosine = table[i], sine = table[mid + i];
+                x[dst + at] = first * cosine + second * (-sine);
+                x[dst + at + mid] = second * cosine + first * sine;
+            }
+        }
+    }
+}
+
+/* Head h's key (or value) at the position goes to cache row h * ctx + position - 1, in the cache's precision. */
+/* routine cache_write */
+inline void cache_write(ONCHIP float *x, __global bank_word_t *const *banks, const uint16 w, uint position) {
+    uint head_dim = w.s5, kv_heads = w.sa, ctx = w.s4 / kv_heads, src = w.s2;
+    uint words = WORDS(head_dim, CACHE_BYTES);
+    /* loop cache_write.heads */
+    for (uint h = 0; h < kv_heads; h++) {
+        uint row = h * ctx + position - 1;
+        __global bank_word_t *line = banks[row % BANKS] + w.s6 + (row / BANKS) * (w.s7 / BURST_BYTES);
+        /* loop cache_write.words */
+        for (uint c = 0; c < words; c++) {
+            bank_word_t word;
+            UNROLL(BURST_BYTES / 4)
+            for (uint u = 0; u < BURST_BYTES / 4; u++) {
+#if CACHE_BYTES == 2
+                uint k = c * CPW + 2 * u;
+                uint lo = as_uint(cached(SELECT(k < head_dim, x[src + h * head_dim + k], 0.0f))) >> 16;
+                uint hi = as_uint(cached(SELECT(k + 1 < head_dim, x[src + h * head_dim + k + 1], 0.0f))) >> 16;
+                word.u[u] = lo | (hi << 16);
+#else
+                uint k = c * CPW + u;
+                word.u[u] = as_uint(SELECT(k < head_dim, x[src + h * head_dim + k], 0.0f));
+#endif
+            }
+            line[c] = word;
+        }
+    }
+}
+
+/* Causal grouped-query attention, one KV head at a time: its keys stream once from the four banks for all the
+   query heads of its group (partial dot products per bank word), the scores and softmax run OV words a cycle
+   on chip, then its values stream once into SLOTS accumulators (no add waits on the one before it). The
+   position itself comes from the on-chip key and value the step's cache_write stored. */
+/* routine attention */
+inline void attention(ONCHIP float *x, __local float *restrict queries, __local float *restrict acc,
+                      channels_t *ch, const uint16 w, uint position) {
+    uint heads = w.s9, kv_heads = w.sa, head_dim = w.sb, ctx = w.sc;
+    uint group = heads / kv_heads, past = position - 1;
+    uint quads = (past + BANKS - 1) / BANKS;
+    uint row_words = WORDS(head_dim, CACHE_BYTES);
+    uint slots = row_words * ((SHIFT_DEPTH + row_words - 1) / row_words);
+    uint dst = w.s1, query = w.s2, part = w.s3, key = w.se, value = w.sf;
+    uint scores = part + group * quads * BANKS * row_words;
+    float scale = as_float(w.sd);
+    /* loop attention.kv_heads */
+    for (uint h = 0; h < kv_heads; h++) {
+        uint base = (h * ctx) % BANKS;
+        /* loop attention.queries */
+        for (uint c = 0; c < group * row_words * CPW; c += OV) {
+            UNROLL(OV)
+            for (uint e = 0; e < OV; e++) {
+                uint k = c + e, g = k / (row_words * CPW), d = k % (row_words * CPW);
+                if (g < group) queries[k] = SELECT(d < head_dim, x[query + (h * group + g) * head_dim + d], 0.0f);
+            }
+        }
+        uint q = 0, j = 0;
+        /* loop attention.keys */
+        for (uint n = 0; n < quads * row_words; n++) {
+            UNROLL(BANKS)
+            for (uint b = 0; b < BANKS; b++) {
+                uint k = (b + BANKS - base) % BANKS;
+                if (q * BANKS + k < past) {
+                    bank_word_t word = READ_BANK(ch, b);
+                    UNROLL(GROUP_MAX)
+                    for (uint g = 0; g < GROUP_MAX; g++) {
+                        float sum = 0.0f;
+                        UNROLL(CPW)
+                        for (uint e = 0; e < CPW; e++)
+                            sum += CACHE_AT(word, e) * queries[(g * row_words + j) * CPW + e];
+                        if (g < group) x[part + (n * BANKS + k) * group + g] = sum;
+                    }
+                }
+            }
+            j++;
+            if (j == row_words) { j = 0; q++; }
+        }
+        float top[GROUP_MAX][SHIFT_DEPTH + 1];
+        UNROLL(GROUP_MAX)
+        for (uint g = 0; g < GROUP_MAX; g++) {
+            UNROLL(SHIFT_DEPTH + 1)
+            for (uint d = 0; d <= SHIFT_DEPTH; d++) top[g][d] = -INFINITY;
+        }
+        IVDEP
+        /* loop attention.scores */
+        for (uint r = 0; r < quads; r++) {
+            UNROLL(GROUP_MAX)
+            for (uint g = 0; g < GROUP_MAX; g++) {
+                float best = -INFINITY;
+                UNROLL(BANKS)
+                for (uint k = 0; k < BANKS; k++) {
+                    uint t = r * BANKS + k;
+                    float s = 0.0f;
+                    UNROLL(ROW_WORDS_MAX)
+                    for (uint i = 0; i < ROW_WORDS_MAX; i++)
+                        if (i < row_words && g < group) s += x[part + ((r * row_words + i) * BANKS + k) * group + g];
+                    if (t < past && g < group) {
+                        x[scores + g * position + t] = s * scale;
+                        best = fmax(best, s * scale);
+                    }
+                }
+                top[g][SHIFT_DEPTH] = fmax(top[g][0], best);
+                UNROLL(SHIFT_DEPTH)
+                for (uint d = 0; d < SHIFT_DEPTH; d++) top[g][d] = top[g][d + 1];
+            }
+        }
+        float here[GROUP_MAX][SHIFT_DEPTH + 1];
+        UNROLL(GROUP_MAX)
+        for (uint g = 0; g < GROUP_MAX; g++) {
+            UNROLL(SHIFT_DEPTH + 1)
+            for (uint d = 0; d <= SHIFT_DEPTH; d++) here[g][d] = 0.0f;
+        }
+        /* loop attention.current */
+        for (uint c = 0; c < row_words * CPW; c += OV) {
+            UNROLL(GROUP_MAX)
+            for (uint g = 0; g < GROUP_MAX; g++) {
+                float sum = 0.0f;
+                UNROLL(OV)
+                for (uint e = 0; e < OV; e++) {
+                    uint d = c + e;
+                    float k_here = SELECT(d < head_dim, cached(x[key + h * head_dim + d]), 0.0f);
+                    sum += k_here * queries[g * row_words * CPW + d];
+                }
+                here[g][SHIFT_DEPTH] = here[g][0] + sum;
+                UNROLL(SHIFT_DEPTH)
+                for (uint d = 0; d < SHIFT_DEPTH; d++) here[g][d] = here[g][d + 1];
+            }
+        }
+        float most[GROUP_MAX], total[GROUP_MAX];
+        UNROLL(GROUP_MAX)
+        for (uint g = 0; g < GROUP_MAX; g++) {
+            float s = 0.0f, m = -INFINITY;
+            UNROLL(SHIFT_DEPTH)
+            for (uint d = 0; d < SHIFT_DEPTH; d++) {
+                s += here[g][d];
+                m = fmax(m, top[g][d]);
+            }
+            if (g < group) x[scores + g * position + past] = s * scale;
+            most[g] = fmax(m, s * scale);
+        }
+        /* loop attention.softmax_heads */
+        for (uint g = 0; g < group; g++) {
+            float sums[SHIFT_DEPTH + 1];
+            UNROLL(SHIFT_DEPTH + 1)
+            for (uint d = 0; d <= SHIFT_DEPTH; d++) sums[d] = 0.0f;
+            IVDEP
+            /* loop attention.softmax */
+            for (uint c = 0; c < position; c += OV) {
+                float sum = 0.0f;
+                UNROLL(OV)
+                for (uint e = 0; e < OV; e++) {
+                    if (c + e < position) {
+                        float p = exp(x[scores + g * position + c + e] - most[g]);
+                        x[scores + g * position + c + e] = p;
+                        sum += p;
+                    }
+                }
+                sums[SHIFT_DEPTH] = sums[0] + sum;
+                UNROLL(SHIFT_DEPTH)
+                for (uint d = 0; d < SHIFT_DEPTH; d++) sums[d] = sums[d + 1];
+            }
+            float all = 0.0f;
+            UNROLL(SHIFT_DEPTH)
+            for (uint d = 0; d < SHIFT_DEPTH; d++) all += sums[d];
+            total[g] = all;
+        }
+        /* loop attention.clear */
+        for (uint r = 0; r < slots; r++) {
+            UNROLL(GROUP_MAX)
+            for (uint g = 0; g < GROUP_MAX; g++) {
+                UNROLL(CPW)
+                for (uint e = 0; e < CPW; e++) acc[(r * GROUP_MAX + g) * CPW + e] = 0.0f;
+            }
+        }
+        uint slot = 0;
+        q = 0;
+        j = 0;
+        IVDEP_SAFELEN(SHIFT_DEPTH)
+        /* loop attention.values */
+        for (uint n = 0; n < quads * row_words; n++) {
+            float add[GROUP_MAX][CPW];
+            UNROLL(GROUP_MAX)
+            for (uint g = 0; g < GROUP_MAX; g++) {
+                UNROLL(CPW)
+                for (uint e = 0; e < CPW; e++) add[g][e] = 0.0f;
+            }
+            UNROLL(BANKS)
+            for (uint b = 0; b < BANKS; b++) {
+                uint k = (b + BANKS - base) % BANKS, t = q * BANKS + k;
+                if (t < past) {
+                    bank_word_t word = READ_BANK(ch, b);
+                    UNROLL(GROUP_MAX)
+                    for (uint g = 0; g < GROUP_MAX; g++) {
+                        float p = SELECT(g < group, x[scores + g * position + t] / total[g], 0.0f);
+                        UNROLL(CPW)
+                        for (uint e = 0; e < CPW; e++) add[g][e] += p * CACHE_AT(word, e);
+                    }
+                }
+            }
+            UNROLL(GROUP_MAX)
+            for (uint g = 0; g < GROUP_MAX; g++) {
+                UNROLL(CPW)
+                for (uint e = 0; e < CPW; e++) acc[(slot * GROUP_MAX + g) * CPW + e] += add[g][e];
+            }
+            slot++;
+            if (slot == slots) slot = 0;
+            j++;
+            if (j == row_words) { j = 0; q++; }
+        }
+        IVDEP
+        /* loop attention.output */
+        for (uint c = 0; c < group * row_words; c++) {
+            uint g = c / row_words, i = c % row_words;
+            float p = x[scores + g * position + past] / total[g];
+            UNROLL(CPW)
+            for (uint e = 0; e < CPW; e++) {
+                uint d = i * CPW + e;
+                float sum = 0.0f;
+                UNROLL(SLOTS_MAX)
+                for (uint r = 0; r < SLOTS_MAX; r++)
+                    if (r * row_words + i < slots) sum += acc[((r * row_words + i) * GROUP_MAX + g) * CPW + e];
+                if (d < head_dim)
+                    x[dst + (h * group + g) * head_dim + d] = sum + p * cached(x[value + h * head_dim + d]);
+            }
+        }
+    }
+}
+
+/* routine silu_mul */
+inline void silu_mul(ONCHIP float *x, const uint16 w) {
+    uint n = w.s4, dst = w.s1, gate = w.s2, up = w.s3;
+    IVDEP
+    /* loop silu_mul.words */
+    for (uint c = 0; c < n; c += OV) {
+        UNROLL(OV)
+        for (uint e = 0; e < OV; e++) {
+            if (c + e < n) {
+                float g = x[gate + c + e];
+                x[dst + c + e] = (g * (tanh(g * 0.5f) * 0.5f + 0.5f)) * x[up + c + e];
+            }
+        }
+    }
+}
+
+/* routine add */
+inline void add(ONCHIP float *x, const uint16 w) {
+    uint n = w.s4, dst = w.s1, lhs = w.s2, rhs = w.s3;
+    IVDEP
+    /* loop add.words */
+    for (uint c = 0; c < n; c += OV) {
+        UNROLL(OV)
+        for (uint e = 0; e < OV; e++) if (c + e < n) x[dst + c + e] = x[lhs + c + e] + x[rhs + c + e];
+    }
+}
+
+/* The greatest of n words, the first on a tie, through SHIFT_DEPTH running winners; the logits go to the host. */
+/* routine argmax */
+inline uint argmax(ONCHIP float *x, __global float *restrict logits, const uint16 w) {
+    uint n = w.s4, src = w.s2;
+    float value[SHIFT_DEPTH + 1];
+    uint index[SHIFT_DEPTH + 1];
+    UNROLL(SHIFT_DEPTH + 1)
+    for (uint d = 0; d <= SHIFT_DEPTH; d++) { value[d] = -INFINITY; index[d] = 0xffffffffu; }
+    /* loop argmax.words */
+    for (uint c = 0; c < n; c += OV) {
+        float best = -INFINITY;
+        uint at = 0xffffffffu;
+        UNROLL(OV)
+        for (uint e = 0; e < OV; e++) {
+            if (c + e < n) {
+                float v = x[src + c + e];
+                logits[c + e] = v;
+                if (v > best || at == 0xffffffffu) { best = v; at = c + e; }
+            }
+        }
+        uint keep = value[0] >= best && index[0] != 0xffffffffu;
+        value[SHIFT_DEPTH] = SELECT(keep, value[0], best);
+        index[SHIFT_DEPTH] = SELECT(keep, index[0], at);
+        UNROLL(SHIFT_DEPTH)
+        for (uint d = 0; d < SHIFT_DEPTH; d++) { value[d] = value[d + 1]; index[d] = index[d + 1]; }
+    }
+    float best = -INFINITY;
+    uint at = 0xffffffffu;
+    UNROLL(SHIFT_DEPTH)
+    for (uint d = 0; d < SHIFT_DEPTH; d++) {
+        if (index[d] != 0xffffffffu && (at == 0xffffffffu || value[d] > best || (value[d] == best && index[d] < at))) {
+            best = value[d];
+            at = index[d];
+        }
+    }
+    return SELECT(at == 0xffffffffu, 0u, at) + 1;
+}
+
+/* Instructions first .. first + count - 1 of a decode step (token and position from 1); result[0] is the next
+   token (from 1) once the step's arg-max has run, logits what it read. */
+TASK void d5005_compute(__global const uint16 *restrict program, const uint first, const uint count,
+                        BANK_ARG(0), BANK_ARG(1), BANK_ARG(2), BANK_ARG(3), SCRATCH_ARG
+                        const uint token, const uint position, __global uint *restrict result,
+                        __global float *restrict logits FIFO_IN_ARGS) {
+    ONCHIP_DECL;
+    __local float vector[VECTOR_WORDS];
+    __local float table[ROPE_WORDS];
+    __local float acc[SLOTS_MAX * GROUP_MAX * CPW];
+    __global bank_word_t *banks[BANKS] = {bank0, bank1, bank2, bank3};
+    channels_t ch;
+#if !defined(INTELFPGA_CL)
+    ch.fifo[0] = fifo0; ch.fifo[1] = fifo1; ch.fifo[2] = fifo2; ch.fifo[3] = fifo3;
+    for (uint b = 0; b < BANKS; b++) ch.taken[b] = 0;
+#endif
+    for (uint pc = first; pc < first + count; pc++) {
+        const uint16 w = program[pc];
+        switch (w.s0) {
+        case OP_EMBED_ROW: embed_row(onchip, &ch, w, token); break;
+        case OP_MATVEC: matvec(onchip, vector, &ch, w); break;
+        case OP_RMS_NORM: rms_norm(onchip, &ch, w); break;
+        case OP_ROPE: rope(onchip, table, &ch, w, position); break;
+        case OP_CACHE_WRITE: cache_write(onchip, banks, w, position); break;
+        case OP_ATTENTION: attention(onchip, vector, acc, &ch, w, position); break;
+        case OP_SILU_MUL: silu_mul(onchip, w); break;
+        case OP_ADD: add(onchip, w); break;
+        case OP_ARGMAX: result[0] = argmax(onchip, logits, w); break;
+        default: break;
+        }
+    }
 }
 """
 

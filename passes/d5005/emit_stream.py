@@ -61,6 +61,7 @@ def encode_instruction(op: d5005.InstructionOp, buffers: dict[str, int], burst: 
         region(op.keys)
         w[d5005.W_OFFSET2] = _burst_offset(op.values, burst)
         w[d5005.W_HEADS], w[d5005.W_KV_HEADS] = op.heads.value.data, op.kv_heads.value.data
+        w[d5005.W_KEY], w[d5005.W_VALUE] = buffers[op.key.data], buffers[op.value.data]
         w[d5005.W_HEAD_DIM], w[d5005.W_CTX] = op.keys.cols.data, op.ctx
         w[d5005.W_FLOAT] = _f32_bits(1 / np.sqrt(op.keys.cols.data))  # as the reference scales, in float32
     elif isinstance(op, d5005.ElementwiseOp):

@@ -3,9 +3,10 @@
 Every tensor is a matrix whose rows are striped over the four banks (row r in bank r % 4) with each row padded to
 the burst, so every bank holds the same offsets and a matrix-vector product reads a quarter of its rows from each
 bank at once. The weights come first (in the program's order; a tied head reads the embedding's region), then the
-rotary table (derived from the spec, written into the weight image by the build), then the KV caches (zeroed by the
-host, never in the image). `Placement.of` reads only the shapes of the `logos.weight` and `logos.cache` ops, never a
-weight value, in one walk of the program; `fit_error` refuses a model whose weights and caches do not fit the 32 GiB.
+rotary table (derived from the spec, written into the weight image by the build), then the KV caches (in the
+weights' precision, zeroed by the host, never in the image). `Placement.of` reads only the shapes of the
+`logos.weight` and `logos.cache` ops, never a weight value, in one walk of the program; `fit_error` refuses a
+model whose weights and caches do not fit the 32 GiB.
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ class Placement:
         placement.image_end = placement.cursor
         for cache in caches:
             heads, positions, size = cache.full_shape
-            placement.place(cache_name(cache.layer.value.data, cache.kind.data), "cache", heads * positions, size, 4)
+            name = cache_name(cache.layer.value.data, cache.kind.data)
+            placement.place(name, "cache", heads * positions, size, WEIGHT_BYTES[weights])
         return placement
 
     def bytes_of(self, kind: str) -> int:

@@ -57,7 +57,8 @@ def test_engine_source_builds_on_the_opencl_cpu_device(weights: str) -> None:
         "LOGOS program: decode step, ctx 64, sha256 " + "0" * 64, d5005.EngineParams(weights=weights)
     )
     program = cl.Program(pocl_cpu_context(), source).build()
-    assert program.d5005_engine.num_args == 10
+    assert program.d5005_compute.num_args == 16  # instructions, banks, scratch, token, position, outputs, 4 channels
+    assert [cl.Kernel(program, f"d5005_read_bank{b}").num_args for b in range(4)] == [8] * 4
 
 
 @needs_opencl

@@ -83,7 +83,7 @@ MALFORMED = {
     "last word cut short": (lambda s: s[: d5005.HEADER_BYTES + 64 * 3 + 10], "truncated"),
     "trailing bytes": (lambda s: s + b"\0", "longer than its header says"),
     "wrong magic": (lambda s: b"NOTANENG" + s[8:], "not a D5005 instruction stream"),
-    "future version": (lambda s: s[:8] + struct.pack("<I", 2) + s[12:], "format version 2"),
+    "future version": (lambda s: s[:8] + struct.pack("<I", 3) + s[12:], "format version 3"),
     "flipped bit": (lambda s: s[:-1] + bytes([s[-1] ^ 1]), "corrupt"),
     "flipped word bit": (
         lambda s: s[: d5005.HEADER_BYTES + 5] + bytes([s[d5005.HEADER_BYTES + 5] ^ 4]) + s[d5005.HEADER_BYTES + 6 :],

@@ -66,17 +66,23 @@ d5005.rope "a", "b", <"rope" at 0 stride 64 rows 64 cols 16 bytes 4> width 60 he
 // CHECK: 'd5005.rope' op its table has rows of 8, not the head's 16
 d5005.rope "a", "b", <"rope" at 0 stride 64 rows 64 cols 8 bytes 4> width 64 head_dim 16
 // -----
-// CHECK: 'd5005.cache_write' op cache 'k' holds float32, not 2-byte elements
-d5005.cache_write "a", <"k" at 0 stride 64 rows 128 cols 16 bytes 2> kv_heads 2
+// CHECK: 'd5005.cache_write' op cache 'k' holds 2-byte elements, not the f32 weights'
+d5005.program identity "x" weights "f32" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
+  d5005.buffer "a" words 64 at 0
+  d5005.cache_write "a", <"k" at 0 stride 64 rows 128 cols 16 bytes 2> kv_heads 2
+}
+// -----
+// CHECK: 'd5005.attention' op 9 query heads share a KV head, over the engine's 8
+d5005.attention "o", "q", <"k" at 0 stride 64 rows 64 cols 16 bytes 4>, <"v" at 16384 stride 64 rows 64 cols 16 bytes 4> current "a", "b" scores "s" heads 9 kv_heads 1
 // -----
 // CHECK: 'd5005.cache_write' op cache 'k' of 100 rows is not 3 heads of positions
 d5005.cache_write "a", <"k" at 0 stride 64 rows 100 cols 16 bytes 4> kv_heads 3
 // -----
 // CHECK: 'd5005.attention' op 6 query heads do not share 4 key-value heads evenly
-d5005.attention "o", "q", <"k" at 0 stride 64 rows 256 cols 16 bytes 4>, <"v" at 16384 stride 64 rows 256 cols 16 bytes 4> scores "s" heads 6 kv_heads 4
+d5005.attention "o", "q", <"k" at 0 stride 64 rows 256 cols 16 bytes 4>, <"v" at 16384 stride 64 rows 256 cols 16 bytes 4> current "a", "b" scores "s" heads 6 kv_heads 4
 // -----
 // CHECK: 'd5005.attention' op its key and value caches differ in shape
-d5005.attention "o", "q", <"k" at 0 stride 64 rows 256 cols 16 bytes 4>, <"v" at 16384 stride 64 rows 128 cols 16 bytes 4> scores "s" heads 4 kv_heads 4
+d5005.attention "o", "q", <"k" at 0 stride 64 rows 256 cols 16 bytes 4>, <"v" at 16384 stride 64 rows 128 cols 16 bytes 4> current "a", "b" scores "s" heads 4 kv_heads 4
 // -----
 // CHECK: 'd5005.program' op weights are bf16 or f32, not 'f16'
 d5005.program identity "x" weights "f16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
