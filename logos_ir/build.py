@@ -343,7 +343,7 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     """The manifest of a build folder, checked for the fields `check_build` reads."""
     path = folder / MANIFEST
     if not folder.is_dir():
-        raise BuildError(f"{folder}: no such folder")
+        raise BuildError(f"{folder}: {'not a folder' if folder.exists() else 'no such folder'}")
     if not path.is_file():
         raise BuildError(f"{folder}: not a logos-ir build (no {MANIFEST})")
     try:
