@@ -221,6 +221,7 @@ def on_gpu() -> dict[str, Any]:
     report: dict[str, Any] = {"device": name, "copy_tb_per_s": round(copy / 1e12, 3), "peak_tb_per_s": peak / 1e12}
     report["embedded"] = embedded(cupy)
     report["models"] = [shaped_model(cupy, m, peak, copy) for m in ("llama-3.2-1b", "llama-3.1-8b")]
+    report["tensor_core_prefill"] = __import__("gpu_prefill").on_gpu()  # issue 19: bench/gpu_prefill.py, same run
     return report
 
 
