@@ -478,7 +478,7 @@ def _report(
         "prefill_s": round(stats.prefill_s, 4),
         "decode_s": round(stats.decode_s, 4),
         "wall_s": round(stats.prepare_s + stats.total_s, 4),
-        "programs": [identity.line() for identity in generator.identities],
+        "programs": [getattr(identity, "line", lambda i=identity: str(i))() for identity in generator.identities],
     }
 
 
