@@ -78,8 +78,8 @@ def test_an_8b_build_of_code_takes_seconds_and_reads_no_weight() -> None:
     assert time.perf_counter() - started < 20
     assert built.model._store is None
     cost = lane.report["cost_model"]
-    assert cost["bytes_per_token"] > 15e9 and 0.8 < cost["fraction_of_bandwidth"] <= cost["efficiency"]
-    assert cost["tokens_per_s"] < cost["roofline_tokens_per_s"]
+    assert cost["bytes_read_per_token"] > 15e9 and 0.8 < cost["fraction_of_roofline"] < cost["ddr_efficiency"]
+    assert cost["tokens_per_s"] < cost["roofline_tokens_per_s"]  # test_d5005_cost_model.py holds the model
     paths = {a.path for a in lane.artifacts}
     assert paths == {
         "program.logos",
@@ -141,20 +141,3 @@ def test_logits_over_the_on_chip_budget_are_refused() -> None:
     spec = replace(ModelSpec.preset("tiny"), vocab=1 << 21)
     with pytest.raises(PassError, match=r"on-chip buffers need \d+ words .* over the engine's budget of 1048576"):
         lower_program(logos_program(spec, Cut.decode(64)), "bf16")
-
-
-def test_the_cost_model_follows_its_stated_formula() -> None:
-    from logos_ir.passes.d5005 import cost_model
-
-    program = lower_program(logos_program(ModelSpec.preset("llama-3.1-8b"), Cut.decode(8192)), "bf16")
-    matvec = next(op for op in program.instructions() if isinstance(op, d5005.MatvecOp))
-    cycles, moved = cost_model.instruction_cost(matvec, program.params, 8192)
-    per_bank = -(-matvec.weight.rows.data // 4) * matvec.weight.stride.data  # 4096 x 4096 bf16: 8 MiB each bank
-    assert moved == 4 * per_bank == 4096 * 4096 * 2
-    assert cycles == cost_model.LATENCY + int(per_bank // 64 / cost_model.EFFICIENCY)
-    cost = cost_model.estimate(program)
-    assert cost["tokens_per_s"] == pytest.approx(300e6 / cost["cycles_per_token"], rel=1e-3)
-    assert cost["roofline_tokens_per_s"] == pytest.approx(76.8e9 / cost["bytes_per_token"], rel=1e-3)
-    assert 3.8 < cost["tokens_per_s"] < 4.1 and 0.85 < cost["fraction_of_bandwidth"] < 0.9
-    earlier = cost_model.estimate(program, position=1)  # attention reads one position: faster
-    assert earlier["tokens_per_s"] > cost["tokens_per_s"] and earlier["bytes_per_token"] < cost["bytes_per_token"]
