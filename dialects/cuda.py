@@ -41,6 +41,7 @@ from xdsl.irdl import (
     base,
     irdl_op_definition,
     operand_def,
+    opt_prop_def,
     prop_def,
     result_def,
     traits_def,
@@ -174,38 +175,104 @@ class RMSNormOp(KernelOp):
         _expect(self, "result shape", out, (rows, x[1]))
 
 
+class _NormPrologue:
+    """A projection that may fold the RMS norm of its input into its prologue: with `epsilon` set, its last input
+    is the norm's scale and it computes (x * scale) @ weight^T / sqrt(mean(x^2) + epsilon) per row (one pass over x
+    gives both the dot products and the sum of squares)."""
+
+    def normed(self) -> bool:
+        return self.epsilon is not None  # type: ignore[attr-defined]
+
+    def roles(self) -> list[str]:
+        ins, outs = self.ROLES  # type: ignore[attr-defined]
+        count = len(self.ins) - (1 if self.normed() else 0)  # type: ignore[attr-defined]
+        return [*ins[:count], *(["scale"] if self.normed() else []), *outs]
+
+    def _check_norm(self, x: tuple[int, ...]) -> None:
+        if self.normed():
+            scale = shape_of(self.ins[-1].type)  # type: ignore[attr-defined]
+            _expect(self, "norm scale shape", scale, (x[1],))  # type: ignore[arg-type]
+
+
 @irdl_op_definition
-class LinearOp(KernelOp):
+class LinearOp(_NormPrologue, KernelOp):
     """out = x @ weight^T (+ residual when given), f32 accumulation, weight [out, in] read once with 16-byte loads,
-    a warp per output column, each weight vector reused across a tile of rows. ins (x, weight[, residual])."""
+    a warp per output column, each weight vector reused across a tile of rows. ins (x, weight[, residual[, chip]]
+    [, scale]) (scale with `epsilon`: the folded RMS norm; chip with `residual_chip`: a partial sum of a split
+    program that the all-reduce after it completes, the residual added on that chip alone, `chip` holding this
+    chip's index)."""
 
     name = "cuda.linear"
-    ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (("x", "weight", "residual"), ("out",))
+    ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (("x", "weight", "residual", "chip"), ("out",))
     ARITY: ClassVar[tuple[int, int]] = (2, 1)
 
+    epsilon = opt_prop_def(FloatAttr)
+    residual_chip = opt_prop_def(IntegerAttr[I64])
+
     def verify_(self) -> None:
-        if len(self.ins) not in (2, 3) or len(self.outs) != 1:
-            raise _fail(self, f"takes 2 or 3 inputs and 1 output, got {len(self.ins)} and {len(self.outs)}")
-        (x, weight, *residual), (out,) = self.shapes()
+        extra = (1 if self.normed() else 0) + (1 if self.residual_chip is not None else 0)
+        if len(self.ins) - extra not in (2, 3) or len(self.outs) != 1:
+            raise _fail(self, f"takes 2 or 3 inputs (and a chip, a norm scale) and 1 output, got {len(self.ins)} and {len(self.outs)}")
+        if self.residual_chip is not None and len(self.ins) - extra != 3:
+            raise _fail(self, "adds its residual on one chip: it needs a residual")
+        ins, (out,) = self.shapes()
+        x, weight, *residual = ins[: len(ins) - extra]
         _expect(self, "input width", x[1], weight[1])
         _expect(self, "result shape", out, (x[0], weight[0]))
         if residual:
             _expect(self, "residual shape", residual[0], out)
+        self._check_norm(x)
 
 
 @irdl_op_definition
-class GateUpOp(KernelOp):
+class GateUpOp(_NormPrologue, KernelOp):
     """out = silu(x @ gate^T) * (x @ up^T): SwiGLU's two projections and its product in one pass over x.
-    ins (x, gate, up), outs (out)."""
+    ins (x, gate, up[, scale]), outs (out) (scale with `epsilon`: the folded RMS norm)."""
 
     name = "cuda.gate_up"
     ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (("x", "gate", "up"), ("out",))
     ARITY: ClassVar[tuple[int, int]] = (3, 1)
 
-    def check_(self) -> None:
-        (x, gate, up), (out,) = self.shapes()
+    epsilon = opt_prop_def(FloatAttr)
+
+    def verify_(self) -> None:
+        extra = 1 if self.normed() else 0
+        if len(self.ins) != 3 + extra or len(self.outs) != 1:
+            raise _fail(self, f"takes 3 inputs (and a norm scale) and 1 output, got {len(self.ins)} and {len(self.outs)}")
+        (x, gate, up, *_), (out,) = self.shapes()
         _expect(self, "up shape", up, gate)
         _expect(self, "result shape", out, (x[0], gate[0]))
+        self._check_norm(x)
+
+
+@irdl_op_definition
+class QKVOp(KernelOp):
+    """A decode layer's attention input in one launch: the RMS norm of x folded into the prologue, the query, key
+    and value projections from one weight [q rows + k rows + v rows, in] (the three weights laid one after the
+    other), then in the epilogue the rotation of queries and keys at the row's position, the rotated queries to
+    `query`, and the keys and values into the caches at that position. A warp owns a rotation pair of columns
+    (d, d + head_dim/2) of one head. ins (x, weight, scale, positions, cos, sin), outs (query, key cache, value
+    cache)."""
+
+    name = "cuda.qkv"
+    ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (
+        ("x", "weight", "scale", "positions", "cos", "sin"),
+        ("query", "keys", "values"),
+    )
+    ARITY: ClassVar[tuple[int, int]] = (6, 3)
+
+    epsilon = prop_def(FloatAttr)
+
+    def check_(self) -> None:
+        (x, weight, scale, _, cos, _), (query, keys, values) = self.shapes()
+        _expect(self, "value cache shape", values, keys)
+        head_dim = keys[-1]
+        _expect(self, "table width", cos[1], head_dim)
+        _expect(self, "weight shape", weight, (query[1] + 2 * keys[-3] * head_dim, x[1]))
+        _expect(self, "norm scale shape", scale, (x[1],))
+        _expect(self, "query shape", query, (x[0], query[1]))
+        if x[0] != 1 or len(keys) != 3:
+            raise _fail(self, "fuses a decode step's row (one row, one cache per layer)")
 
 
 @irdl_op_definition
@@ -246,26 +313,30 @@ class RopeCacheWriteOp(KernelOp):
 
 @irdl_op_definition
 class AttentionOp(KernelOp):
-    """Causal grouped-query attention of each row over the cache up to its position, split across blocks
-    (flash-decoding): `split` positions a block, partial softmax sums into `scratch`, then a combining kernel.
-    ins (query, key cache, value cache, positions), outs (out, scratch [rows, heads, splits, head_dim + 2])."""
+    """Causal grouped-query attention of each row over the cache up to its position, split across warps
+    (flash-decoding): a warp per (row, KV head, split) reads its positions' keys and values once for the group's
+    query heads; `split` is the most positions a split attends at a full cache (the live length is shared over
+    the ctx / split splits); partial softmax sums into `scratch`; the last warp of a (row, KV head) to finish, as
+    counted in `count` (zero between steps), combines them. ins (query, key cache, value cache, positions), outs
+    (out, scratch [rows, heads, splits, head_dim + 2], count [rows, kv_heads] i64)."""
 
     name = "cuda.attention"
     ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (
         ("query", "keys", "values", "positions"),
-        ("out", "partial"),
+        ("out", "partial", "count"),
     )
-    ARITY: ClassVar[tuple[int, int]] = (4, 2)
+    ARITY: ClassVar[tuple[int, int]] = (4, 3)
 
     split = prop_def(IntegerAttr[I64])
 
     def check_(self) -> None:
-        (query, keys, values, _), (out, scratch) = self.shapes()
+        (query, keys, values, _), (out, scratch, count) = self.shapes()
         _expect(self, "value cache shape", values, keys)
         _expect(self, "result shape", out, query)
         split = self.split.value.data
         heads = query[1] // keys[-1]
         _expect(self, "scratch shape", scratch, (query[0], heads, -(-keys[-2] // split), keys[-1] + 2))
+        _expect(self, "count shape", count, (query[0], keys[-3]))
 
 
 @irdl_op_definition
@@ -338,6 +409,8 @@ class VectorLoadOp(IRDLOperation):
     `uint4`/`float4` load, unpacked. The index of the last axis must be a multiple of the result count.
 
     `%w0, %w1, %w2, %w3 = cuda.vector_load %w[%n, %k] : memref<64x64xf32> -> f32, f32, f32, f32`
+
+    Where the index is not a multiple of the width at run time, a GPU faults; the emulator refuses it by name.
     """
 
     name = "cuda.vector_load"
@@ -367,6 +440,20 @@ class VectorLoadOp(IRDLOperation):
             raise _fail(self, f"rows of {kind.get_shape()[-1]} are not whole vectors of {width}")
 
 
+@irdl_op_definition
+class ThreadFenceOp(IRDLOperation):
+    """Every lane's earlier writes are visible device-wide before the warp goes on (CUDA's `__threadfence()` then
+    `__syncwarp()`): what a warp does before it counts itself done with an atomic, so the last to count reads
+    the others' results.
+
+    `cuda.thread_fence`
+    """
+
+    name = "cuda.thread_fence"
+
+    assembly_format = "attr-dict"
+
+
 CUDA = Dialect(
     "cuda",
     [
@@ -375,6 +462,7 @@ CUDA = Dialect(
         RMSNormOp,
         LinearOp,
         GateUpOp,
+        QKVOp,
         RopeOp,
         RopeCacheWriteOp,
         AttentionOp,
@@ -382,6 +470,7 @@ CUDA = Dialect(
         ArgmaxOp,
         ShuffleXorOp,
         VectorLoadOp,
+        ThreadFenceOp,
     ],
     [],
 )
@@ -391,6 +480,7 @@ KERNEL_OPS: tuple[type[KernelOp], ...] = (
     RMSNormOp,
     LinearOp,
     GateUpOp,
+    QKVOp,
     RopeOp,
     RopeCacheWriteOp,
     AttentionOp,

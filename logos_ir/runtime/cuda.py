@@ -165,8 +165,46 @@ def _flat(env: Env, slots: list[int], strides: tuple[int, ...], mask: Mask) -> A
     return total
 
 
+INT32 = 2**31  # the emitted C holds an index in an `int`
+
+
+class EmulatorFault(LogosError):
+    """What a GPU would raise (or silently get wrong) at one op of a kernel: an access outside its buffer, a
+    misaligned vector load, an index past 32 bits."""
+
+
+def _fault(em: KernelEmulator, op: Any, what: str, bad: np.ndarray | None, values: Any) -> EmulatorFault:
+    """A fault of the first offending thread, naming the kernel, the op and the thread."""
+    assert em.launch is not None
+    if isinstance(values, np.ndarray) and values.shape == (em.launch.threads,) and bad is not None:
+        thread = int(np.flatnonzero(bad)[0])
+        block = tuple(int(axis[thread]) for axis in em.launch.block)
+        where = f" (block {block}, thread {int(em.launch.thread_x[thread])}: {int(values[thread])})"
+    else:
+        where = f" ({int(np.asarray(values).reshape(-1)[0])})"
+    return EmulatorFault(f"the CUDA emulator: kernel {em.name}: '{op.name}' {what}{where}")
+
+
+def _check_bounds(em: KernelEmulator, op: Any, flat: Any, size: int, role: str) -> None:
+    """A GPU faults (or reads another buffer) where a flat index leaves its buffer: refuse it by name."""
+    low, high = (flat.min(), flat.max()) if isinstance(flat, np.ndarray) else (flat, flat)
+    if low < 0 or high >= size:
+        bad = (flat < 0) | (flat >= size) if isinstance(flat, np.ndarray) else None
+        raise _fault(em, op, f"accesses {role} outside its {size} elements", bad, flat)
+
+
 def _memref_strides(value: Any) -> tuple[int, ...]:
     return _strides(value.type)
+
+
+def _size(value: Any) -> int:
+    return int(np.prod(value.type.get_shape()))
+
+
+def _role(value: Any) -> str:
+    return f"'{value.name_hint}'" if value.name_hint else "a buffer"
+
+
 
 
 # One compiler per op name: each returns the step that executes the op over all threads.
@@ -193,6 +231,65 @@ def _binary(fn: Callable[[Any, Any], Any]) -> Callable[[KernelEmulator, Any], St
         return step
 
     return compile_op
+
+
+def _index_binary(fn: Callable[[Any, Any], Any]) -> Callable[[KernelEmulator, Any], Step]:
+    """Index arithmetic, refused where a thread that runs it leaves 32 bits: the emitted C computes it in `int`."""
+
+    def compile_op(em: KernelEmulator, op: Any) -> Step:
+        a, b, out = em._slot(op.operands[0]), em._slot(op.operands[1]), em._slot(op.results[0])
+        checked = op.results[0].type.name == "index"
+
+        def step(env: Env, mask: Mask) -> None:
+            value = env[out] = fn(env[a], env[b])
+            if not checked:
+                return
+            if isinstance(value, np.ndarray):
+                if value.size and (value.max() >= INT32 or value.min() < -INT32):
+                    bad = (value >= INT32) | (value < -INT32)
+                    if mask is not None:
+                        bad &= np.broadcast_to(mask, bad.shape)
+                    if bad.any():
+                        raise _fault(em, op, "overflows the 32-bit index the emitted C computes", bad, value)
+            elif value >= INT32 or value < -INT32:
+                raise _fault(em, op, "overflows the 32-bit index the emitted C computes", None, value)
+
+        return step
+
+    return compile_op
+
+
+def _fma(em: KernelEmulator, op: Any) -> Step:
+    """`math.fma` rounded once, as `__fmaf_rn`: a*b is exact in f64, the sum a*b+c is formed in f64 rounded to odd
+    (its error found by TwoSum), and rounding that to f32 is then the correctly rounded fused result."""
+    a, b, c, out = (em._slot(v) for v in (*op.operands, op.result))
+
+    def step(env: Env, mask: Mask) -> None:
+        env[out] = fma_f32(env[a], env[b], env[c])
+
+    return step
+
+
+def _to_bf16(x: Any) -> Any:
+    """arith.truncf f32 -> bf16 (round to nearest even), held as the f32 value a bf16 buffer keeps."""
+    if isinstance(x, np.ndarray):
+        return bf16_rounded(x)
+    return np.float32(bf16_rounded(np.array([x], np.float32))[0])
+
+
+def fma_f32(a: Any, b: Any, c: Any) -> Any:
+    """fmaf(a, b, c) over numpy float32 values, rounded once."""
+    product = np.asarray(a, np.float64) * np.asarray(b, np.float64)
+    addend = np.asarray(c, np.float64)
+    total = product + addend
+    back = total - product
+    error = (product - (total - back)) + (addend - back)
+    bits = np.asarray(total).view(np.int64)
+    odd_needed = (error != 0) & ((bits & 1) == 0) & np.isfinite(total)
+    if np.any(odd_needed):
+        total = np.where(odd_needed, np.nextafter(total, np.where(error > 0, np.inf, -np.inf)), total)
+    result = np.asarray(total).astype(np.float32)
+    return result if result.ndim else np.float32(result)
 
 
 def _unary(fn: Callable[[Any], Any]) -> Callable[[KernelEmulator, Any], Step]:
@@ -273,8 +370,12 @@ def _load(em: KernelEmulator, op: Any) -> Step:
     strides = _memref_strides(op.memref)
     out = em._slot(op.res)
 
+    size, role = _size(op.memref), _role(op.memref)
+
     def step(env: Env, mask: Mask) -> None:
-        env[out] = env[memory][_flat(env, indices, strides, mask)]
+        flat = _flat(env, indices, strides, mask)
+        _check_bounds(em, op, flat, size, role)
+        env[out] = env[memory][flat]
 
     return step
 
@@ -285,15 +386,20 @@ def _store(em: KernelEmulator, op: Any) -> Step:
     strides = _memref_strides(op.memref)
     value = em._slot(op.value)
 
+    size, role = _size(op.memref), _role(op.memref)
+
     def step(env: Env, mask: Mask) -> None:
         assert em.launch is not None
         flat = _flat(env, indices, strides, None)
         data = env[value]
         if mask is None:
+            _check_bounds(em, op, flat, size, role)
             env[memory][flat] = data
             return
         threads = em.launch.threads
         flat = np.broadcast_to(flat, (threads,))[mask]
+        if flat.size:
+            _check_bounds(em, op, flat, size, role)
         env[memory][flat] = np.broadcast_to(data, (threads,))[mask]
 
     return step
@@ -307,10 +413,18 @@ def _vector_load(em: KernelEmulator, op: Any) -> Step:
 
     width = len(outs)
 
+    size, role = _size(op.memref), _role(op.memref)
+
     def step(env: Env, mask: Mask) -> None:
-        # The verifier guarantees whole vectors (the index a multiple of the width, rows of whole vectors), so the
-        # buffer viewed as rows of `width` elements gives every thread's vector in one gather.
+        # A 16-byte load faults on a GPU unless its address is a multiple of its size: the flat index must be a
+        # multiple of the width (buffers start 256-byte aligned). Then the buffer viewed as rows of `width`
+        # elements gives every thread's vector in one gather.
         flat = _flat(env, indices, strides, mask)
+        _check_bounds(em, op, flat + (width - 1), size, role)
+        _check_bounds(em, op, flat, size, role)
+        odd = flat % width
+        if np.any(odd):
+            raise _fault(em, op, f"loads {width} elements of {role} from a misaligned index", odd != 0, flat)
         vectors = env[memory].reshape(-1, width)[flat // width]
         for offset, out in enumerate(outs):
             env[out] = vectors[..., offset]
@@ -379,22 +493,56 @@ def _for(em: KernelEmulator, op: Any) -> Step:
 
 def _if(em: KernelEmulator, op: Any) -> Step:
     cond = em._slot(op.cond)
-    if op.results:
-        raise LogosError(f"the CUDA emulator runs scf.if without results only (in kernel {em.name})")
     then = em._block(op.true_region.block)
     otherwise = em._block(op.false_region.block) if op.false_region.blocks else []
+    results = [em._slot(v) for v in op.results]
+    yields = [[em._slot(v) for v in region.block.last_op.operands] for region in (op.true_region, op.false_region)] if results else []
 
     def step(env: Env, mask: Mask) -> None:
         c = env[cond]
         if not isinstance(c, np.ndarray):
             for inner in then if c else otherwise:
                 inner(env, mask)
+            for slot, value in zip(results, yields[0 if c else 1] if results else [], strict=True):
+                env[slot] = env[value]
             return
-        for region, taken in ((then, c), (otherwise, ~c)):
+        got: list[list[Any]] = []
+        for index, (region, taken) in enumerate(((then, c), (otherwise, ~c))):
             narrowed = taken if mask is None else mask & taken
-            if region and narrowed.any():
+            ran = bool(narrowed.any())
+            if region and ran:
                 for inner in region:
                     inner(env, narrowed)
+            if results:  # a branch no thread took yields nothing anyone reads
+                got.append([env[v] if ran else 0 for v in yields[index]])
+        for slot, a, b in zip(results, *got, strict=True) if results else []:
+            env[slot] = np.where(c, a, b)
+
+    return step
+
+
+def _atomic_rmw(em: KernelEmulator, op: Any) -> Step:
+    """memref.atomic_rmw addi: the threads that run it, in thread order, each add and get what was there."""
+    if op.kind.value.data != 1:
+        raise LogosError(f"the CUDA emulator runs memref.atomic_rmw addi only (in kernel {em.name})")
+    memory, value, out = em._slot(op.memref), em._slot(op.value), em._slot(op.result)
+    indices = [em._slot(v) for v in op.indices]
+    strides = _memref_strides(op.memref)
+    size, role = _size(op.memref), _role(op.memref)
+
+    def step(env: Env, mask: Mask) -> None:
+        assert em.launch is not None
+        threads = em.launch.threads
+        flat = np.broadcast_to(_flat(env, indices, strides, None), (threads,))
+        adds = np.broadcast_to(env[value], (threads,))
+        active = np.ones(threads, bool) if mask is None else mask
+        _check_bounds(em, op, flat[active], size, role)
+        before = np.zeros(threads, np.int64)
+        data = env[memory]
+        for thread in np.flatnonzero(active):
+            before[thread] = data[flat[thread]]
+            data[flat[thread]] += adds[thread]
+        env[out] = before
 
     return step
 
@@ -408,12 +556,13 @@ def _nothing(em: KernelEmulator, op: Any) -> Step:
 
 _COMPILERS: dict[str, Callable[[KernelEmulator, Any], Step]] = {
     "arith.constant": _constant,
-    "arith.addi": _binary(np.add),
-    "arith.subi": _binary(np.subtract),
-    "arith.muli": _binary(np.multiply),
+    "arith.addi": _index_binary(np.add),
+    "arith.subi": _index_binary(np.subtract),
+    "arith.muli": _index_binary(np.multiply),
     "arith.divui": _binary(np.floor_divide),
     "arith.remui": _binary(np.remainder),
     "arith.minui": _binary(np.minimum),
+    "arith.maxui": _binary(np.maximum),
     "arith.cmpi": _cmpi,
     "arith.andi": _binary(np.logical_and),
     "arith.ori": _binary(np.logical_or),
@@ -422,7 +571,10 @@ _COMPILERS: dict[str, Callable[[KernelEmulator, Any], Step]] = {
     "arith.subf": _binary(np.subtract),
     "arith.mulf": _binary(np.multiply),
     "arith.divf": _binary(np.divide),
-    "arith.maximumf": _binary(np.maximum),
+    "arith.maximumf": _binary(np.maximum),  # IEEE maximum: a NaN wins
+    "arith.maxnumf": _binary(np.fmax),  # fmaxf: a NaN loses to a number
+    "arith.truncf": _unary(lambda x: _to_bf16(x)),
+    "math.fma": _fma,
     "arith.cmpf": _cmpf,
     "arith.index_cast": _cast("int"),
     "arith.sitofp": _cast("float"),
@@ -439,6 +591,8 @@ _COMPILERS: dict[str, Callable[[KernelEmulator, Any], Step]] = {
     "gpu.block_id": _block_id,
     "scf.for": _for,
     "scf.if": _if,
+    "memref.atomic_rmw": _atomic_rmw,
+    "cuda.thread_fence": _nothing,  # threads run in lockstep: every earlier write is already visible
     "scf.yield": _nothing,
     "gpu.return": _nothing,
 }
@@ -459,6 +613,16 @@ def rope_tables(spec: Any, length: int) -> tuple[np.ndarray, np.ndarray]:
         np.concatenate([cos, cos], axis=1).astype(np.float32),
         np.concatenate([-sin, sin], axis=1).astype(np.float32),
     )
+
+
+def host_table(spec: Any, buffer: Buffer, chip: int) -> np.ndarray:
+    """A table the host fills: the rotary cos / signed sin, or `chip` (this chip's index)."""
+    if buffer.name == "chip":
+        return np.full(buffer.shape, chip, np.int64)
+    if buffer.name not in ("rope.cos", "rope.sin"):
+        raise LogosError(f"the CUDA runtime fills no table named '{buffer.name}'")
+    cos, sin = rope_tables(spec, buffer.shape[0])
+    return cos if buffer.name.endswith("cos") else sin
 
 
 class EmulatedWeights:
@@ -514,8 +678,7 @@ class EmulatedDevice:
                 found = self.caches[key] = np.zeros(buffer.shape, np.float32)
             return found
         if buffer.kind == "table":
-            cos, sin = rope_tables(self.spec, buffer.shape[0])
-            return cos if buffer.name.endswith("cos") else sin
+            return host_table(self.spec, buffer, chip)
         return np.zeros(buffer.shape, np.int64 if buffer.element == "i64" else np.float32)
 
     def reset(self) -> None:
@@ -620,8 +783,7 @@ class GpuDevice:
                     self.caches[key] = cp.zeros(buffer.shape, cp.float32)
                 arrays[buffer.name] = self.caches[key]
             elif buffer.kind == "table":
-                cos, sin = rope_tables(self.spec, buffer.shape[0])
-                arrays[buffer.name] = cp.asarray(cos if buffer.name.endswith("cos") else sin)
+                arrays[buffer.name] = cp.asarray(host_table(self.spec, buffer, self.rank))
             else:
                 arrays[buffer.name] = cp.zeros(buffer.shape, cp.int64 if buffer.element == "i64" else cp.float32)
         return arrays

@@ -56,12 +56,13 @@ _BINARY = {
     "arith.ori": "||",
     "arith.addf": "+",
     "arith.subf": "-",
-    "arith.mulf": "*",
     "arith.divf": "/",
 }
 _CALLS = {
     "arith.minui": "min",
-    "arith.maximumf": "fmaxf",
+    "arith.maxui": "max",
+    "arith.maxnumf": "fmaxf",  # maxnumf is fmaxf's rule: a NaN loses to a number
+    "math.fma": "__fmaf_rn",  # one rounding, as the emulator's fma
     "math.exp": "expf",
     "math.sqrt": "sqrtf",
     "math.tanh": "tanhf",
@@ -120,7 +121,7 @@ class KernelPrinter:
 
     def print(self) -> None:
         block = self.kernel.body.block
-        written = {op.memref for op in self.kernel.walk() if op.name == "memref.store"}  # type: ignore[attr-defined]
+        written = {op.memref for op in self.kernel.walk() if op.name in ("memref.store", "memref.atomic_rmw")}  # type: ignore[attr-defined]
         params = []
         for arg in block.args:
             kind = arg.type
@@ -191,6 +192,14 @@ class KernelPrinter:
 
     def op_arith_fptosi(self, op: Operation) -> None:
         self.assign(op.results[0], f"(long long){self.name(op.operands[0])}")
+
+    def op_arith_mulf(self, op: Operation) -> None:
+        """A product the IR keeps apart from its sum: `__fmul_rn` is never contracted into an fma by nvcc, so the
+        GPU rounds as the IR (and the emulator) does whatever -fmad says; fused products are `math.fma`."""
+        self.assign(op.results[0], f"__fmul_rn({self.name(op.operands[0])}, {self.name(op.operands[1])})")
+
+    def op_arith_truncf(self, op: Operation) -> None:
+        self.assign(op.results[0], f"__float2bfloat16_rn({self.name(op.operands[0])})")
 
     def op_arith_extf(self, op: Operation) -> None:
         self.assign(op.results[0], f"__bfloat162float({self.name(op.operands[0])})")
@@ -263,14 +272,33 @@ class KernelPrinter:
         self.line("}")
 
     def op_scf_if(self, op: Operation) -> None:
-        if op.results:
-            raise DiagnosticException("cuda target: scf.if with results is not printed")
+        for result in op.results:  # declared before the branches, assigned by each branch's yield
+            self.line(f"{_C_TYPES[type_name(result.type)]} {self.name(result)};")
         self.line(f"if ({self.name(op.operands[0])}) {{")
-        self.depth += 1
-        for inner in list(op.regions[0].block.ops)[:-1]:
-            self.op(inner)
-        self.depth -= 1
+        for index, region in enumerate(op.regions):
+            if not region.blocks:
+                continue
+            if index:
+                self.line("} else {")
+            self.depth += 1
+            ops = list(region.block.ops)
+            for inner in ops[:-1]:
+                self.op(inner)
+            for result, value in zip(op.results, ops[-1].operands, strict=True):
+                self.line(f"{self.name(result)} = {self.name(value)};")
+            self.depth -= 1
         self.line("}")
+
+    def op_memref_atomic_rmw(self, op: Operation) -> None:
+        value, memory, *indices = op.operands
+        if op.kind.value.data != 1 or type_name(value.type) != "i64":  # type: ignore[attr-defined]
+            raise DiagnosticException("cuda target: memref.atomic_rmw is printed for addi on i64 only")
+        where = f"reinterpret_cast<unsigned long long*>(&{self.name(memory)}[{self.flat(memory, indices)}])"
+        self.assign(op.results[0], f"(long long)atomicAdd({where}, (unsigned long long){self.name(value)})")
+
+    def op_cuda_thread_fence(self, op: Operation) -> None:
+        self.line("__threadfence();")
+        self.line("__syncwarp();")
 
     def op_scf_yield(self, op: Operation) -> None:
         """Printed by the loop or if that holds it."""

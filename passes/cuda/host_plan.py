@@ -143,18 +143,27 @@ def _tag(kind: Any) -> str:
     return "bf16" if isinstance(element, BFloat16Type) else "f32" if isinstance(element, Float32Type) else "i64"
 
 
-def weight_share(store: Any, name: str, shape: tuple[int, ...], chip: int, chips: int) -> np.ndarray:
-    """Chip `chip`'s contiguous share of a weight, as the split program states its shape."""
+def weight_share(
+    store: Any, name: str, shape: tuple[int, ...], chip: int, chips: int, check: bool = True
+) -> np.ndarray:
+    """Chip `chip`'s contiguous share of a weight, as the split program states its shape; a name "a+b+c" is the
+    shares of a, b and c one after the other (rows)."""
     from logos_ir.tensor_parallel import weight_split
 
+    if "+" in name:  # weights laid one after the other (a decode step's fused query/key/value weight)
+        parts = [weight_share(store, part, (-1,), chip, chips, check=False) for part in name.split("+")]
+        fused = np.concatenate(parts, axis=0)
+        assert fused.shape == shape, (name, fused.shape, shape)
+        return fused
     array = store.get(name)
     split = weight_split(name) if chips > 1 else None
     if split is None:
+        assert not check or array.shape == shape, (name, array.shape, shape)
         return array
     axis = 0 if split == "rows" else array.ndim - 1
     size = array.shape[axis] // chips
     index = [slice(None)] * array.ndim
     index[axis] = slice(chip * size, (chip + 1) * size)
     share = array[tuple(index)]
-    assert share.shape == shape, (name, share.shape, shape)
+    assert not check or share.shape == shape, (name, share.shape, shape)
     return share

@@ -55,6 +55,7 @@ THREADS = WARPS * cuda.WARP
 ROW_TILE = 4  # rows a projection's warp applies each loaded weight vector to
 NEG_BIG = -3.0e38  # a finite "minus infinity": exp(NEG_BIG - m) is 0 with no inf - inf
 INDEX = IndexType()
+ATOMIC_ADDI = 1  # upstream's AtomicRMWKind::addi
 
 
 # -- a small builder of thread code --------------------------------------------------------------------------
@@ -125,7 +126,15 @@ class _Body:
         return self.op(arith.DivfOp(a, b))
 
     def fmax(self, a: SSAValue, b: SSAValue) -> SSAValue:
-        return self.op(arith.MaximumfOp(a, b))
+        """fmaxf's rule (a NaN loses to a number): arith.maxnumf."""
+        return self.op(arith.MaxnumfOp(a, b))
+
+    def fma(self, a: SSAValue, b: SSAValue, c: SSAValue) -> SSAValue:
+        """a*b + c rounded once (`__fmaf_rn`)."""
+        return self.op(math.FmaOp(a, b, c))
+
+    def to_bf16(self, value: SSAValue) -> SSAValue:
+        return self.op(arith.TruncFOp(value, BFloat16Type()))
 
     def fcmp(self, predicate: str, a: SSAValue, b: SSAValue) -> SSAValue:
         return self.op(arith.CmpfOp(a, b, predicate))
@@ -207,6 +216,34 @@ class _Body:
         self.blocks.pop()
         self.op(scf.IfOp(cond, [], [block]))
 
+    def choose(
+        self, cond: SSAValue, then: Callable[[], list[SSAValue]], otherwise: Callable[[], list[SSAValue]]
+    ) -> list[SSAValue]:
+        """An `scf.if` with results: `then`'s values where cond holds, `otherwise`'s elsewhere."""
+        regions = []
+        types: list[Attribute] = []
+        for branch in (then, otherwise):
+            block = Block()
+            self.blocks.append(block)
+            values = branch()
+            types = [v.type for v in values]
+            self.op(scf.YieldOp(*values))
+            self.blocks.pop()
+            regions.append(block)
+        op = scf.IfOp(cond, types, [regions[0]], [regions[1]])
+        self.op(op)
+        return list(op.results)
+
+    def atomic_add(self, value: SSAValue, mem: SSAValue, indices: Sequence[SSAValue | int]) -> SSAValue:
+        """memref.atomic_rmw addi: adds `value` at the element and returns what it held before."""
+        return self.op(
+            memref.AtomicRMWOp.build(
+                operands=[value, mem, [self._ix(i) for i in indices]],
+                result_types=[value.type],
+                properties={"kind": IntegerAttr(ATOMIC_ADDI, i64)},
+            )
+        )
+
 
 # -- the kernels -------------------------------------------------------------------------------------------------
 
@@ -269,7 +306,7 @@ def _rms_norm(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]], eps
         def squares(k: SSAValue, acc: list[SSAValue]) -> list[SSAValue]:
             total = acc[0]
             for value in b.vload(x, [src, k], vector):
-                total = b.fadd(total, b.fmul(value, value))
+                total = b.fma(value, value, total)
             return [total]
 
         (total,) = b.loop(start, width, cuda.WARP * vector, [b.fconst(0.0)], squares)
@@ -288,15 +325,86 @@ def _rms_norm(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]], eps
     b.when(b.cmp("ult", row, rows), body)
 
 
+UNROLL_BYTES = 64  # bytes of weights a lane has in flight per loop step at batch 1 (16-byte loads, unrolled)
+
+
+def _dots(
+    b: _Body,
+    x: SSAValue,
+    streams: list[tuple[SSAValue, SSAValue]],
+    rows: list[SSAValue],
+    depth: int,
+    lane: SSAValue,
+    norm: tuple[SSAValue, float] | None = None,
+) -> tuple[list[list[SSAValue]], list[SSAValue]]:
+    """The warp-reduced dot products of each stream (weight, row index) with each of `rows` of x (sums[stream][row]),
+    and with `norm` (scale, epsilon) x scaled elementwise and each row's 1/rms (else an empty list). A lane loads
+    16-byte vectors, `unroll` of them a stream per loop step at batch 1 (so UNROLL_BYTES are in flight a stream),
+    then a remainder loop takes the last whole vectors; f32 accumulation with fma."""
+    weight0 = streams[0][0]
+    vector = _width(depth, weight0.type.element_type)  # type: ignore[attr-defined]
+    size = 2 if isinstance(weight0.type.element_type, BFloat16Type) else 4  # type: ignore[attr-defined]
+    x_vector = min(vector, 4)
+    unroll = max(1, UNROLL_BYTES // (vector * size) // len(streams)) if len(rows) == 1 else 1
+    tile = len(rows)
+
+    def step_of(count: int) -> Callable[[SSAValue, list[SSAValue]], list[SSAValue]]:
+        def step(k: SSAValue, acc: list[SSAValue]) -> list[SSAValue]:
+            ks = [b.add(k, u * cuda.WARP * vector) if u else k for u in range(count)]
+            loaded = [[b.vload(w, [r, kk], vector) for kk in ks] for w, r in streams]  # every load issued first
+            scales: list[list[SSAValue]] = []
+            for kk in ks:  # the norm's scale is f32: its vectors are x's width
+                parts = range(0, vector, x_vector) if norm else range(0)
+                scales.append([v for part in parts for v in b.vload(norm[0], [b.add(kk, part) if part else kk], x_vector)])  # type: ignore[index]
+            out = list(acc)
+            for t, row in enumerate(rows):
+                for u, kk in enumerate(ks):
+                    values: list[SSAValue] = []
+                    for part in range(0, vector, x_vector):
+                        values += b.vload(x, [row, b.add(kk, part) if part else kk], x_vector)
+                    if norm:
+                        square = len(streams) * tile + t
+                        for v in values:
+                            out[square] = b.fma(v, v, out[square])
+                        values = [b.fmul(v, g) for v, g in zip(values, scales[u], strict=True)]
+                    for s_index in range(len(streams)):
+                        total = out[s_index * tile + t]
+                        for wi, xi in zip(loaded[s_index][u], values, strict=True):
+                            total = b.fma(wi, xi, total)
+                        out[s_index * tile + t] = total
+            return out
+
+        return step
+
+    zeros = [b.fconst(0.0) for _ in range(len(streams) * tile + (tile if norm else 0))]
+    chunk = cuda.WARP * vector * unroll
+    main = depth - depth % chunk
+    first = b.mul(lane, vector)
+    sums = zeros
+    if main:
+        sums = b.loop(first, main, chunk, sums, step_of(unroll))
+    if main < depth:
+        sums = b.loop(b.add(first, main) if main else first, depth, cuda.WARP * vector, sums, step_of(1))
+    sums = [b.warp_sum(v) for v in sums]
+    dots = [[sums[s_index * tile + t] for t in range(tile)] for s_index in range(len(streams))]
+    inverse = []
+    if norm:
+        for t in range(tile):
+            mean = b.fmul(sums[len(streams) * tile + t], b.fconst(1.0 / depth))
+            inverse.append(b.fdiv(b.fconst(1.0), b.sqrt(b.fadd(mean, b.fconst(norm[1])))))
+    return dots, inverse
+
+
 def _projection(
     b: _Body,
     x: SSAValue,
     weights: list[SSAValue],
     shape: tuple[int, int, int],
     epilogue: Callable[[SSAValue, list[SSAValue]], None],
+    norm: tuple[SSAValue, float] | None = None,
 ) -> None:
-    """A warp per output column n: stream row n of each weight with 16-byte loads, apply each vector to a tile of
-    rows, reduce across the lanes, and let lane 0 of a valid column write each row through `epilogue`."""
+    """A warp per output column n: row n of each weight against a tile of rows of x (`_dots`), and lane 0 of a
+    valid column writes each row through `epilogue` (the folded norm's 1/rms applied first)."""
     rows, columns, depth = shape
     tile = min(rows, ROW_TILE)
     _, warp, lane = _warp_and_lane(b)
@@ -305,52 +413,46 @@ def _projection(
     clamped = b.min(column, columns - 1)  # an idle warp reads a real row and writes nothing
     first = b.mul(b.block("y"), tile)
     tile_rows = [b.min(b.add(first, t), rows - 1) for t in range(tile)]
-    vector = _width(depth, weights[0].type.element_type)  # type: ignore[attr-defined]
-    x_vector = min(vector, 4)
-
-    def step(k: SSAValue, acc: list[SSAValue]) -> list[SSAValue]:
-        loaded = [b.vload(w, [clamped, k], vector) for w in weights]
-        inputs = []
-        for row in tile_rows:
-            values: list[SSAValue] = []
-            for part in range(0, vector, x_vector):
-                values += b.vload(x, [row, b.add(k, part) if part else k], x_vector)
-            inputs.append(values)
-        out = []
-        for w_index, wv in enumerate(loaded):
-            for t, xv in enumerate(inputs):
-                total = acc[w_index * tile + t]
-                for wi, xi in zip(wv, xv, strict=True):
-                    total = b.fadd(total, b.fmul(wi, xi))
-                out.append(total)
-        return out
-
-    zeros = [b.fconst(0.0) for _ in range(len(weights) * tile)]
-    sums = b.loop(b.mul(lane, vector), depth, cuda.WARP * vector, zeros, step)
-    sums = [b.warp_sum(s) for s in sums]
+    dots, inverse = _dots(b, x, [(w, clamped) for w in weights], tile_rows, depth, lane, norm)
     lane0 = b.cmp("eq", lane, 0)
     for t in range(tile):
         row = b.add(first, t)
         ok = b.both(b.both(lane0, valid), b.cmp("ult", row, rows))
-        b.when(ok, partial(epilogue, row, [sums[w * tile + t] for w in range(len(weights))]))
+        sums = [dots[w][t] for w in range(len(weights))]
+        if inverse:
+            sums = [b.fmul(v, inverse[t]) for v in sums]
+        b.when(ok, partial(epilogue, row, sums))
 
 
-def _linear(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
-    x, weight, *residual, out = args
+def _linear(
+    b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float | None = None,
+    residual_chip: int | None = None,
+) -> None:  # fmt: skip
+    x, weight, *rest, out = args
+    scale = rest.pop() if epsilon is not None else None
+    chip = rest.pop() if residual_chip is not None else None
+    residual = rest
     rows, depth = shapes[0]
     columns = shapes[1][0]
     _, warp, _ = _warp_and_lane(b)
 
     def write(row: SSAValue, sums: list[SSAValue]) -> None:
         column = b.add(b.mul(b.block("x"), WARPS), warp)
-        value = sums[0] if not residual else b.fadd(b.load(residual[0], [row, column]), sums[0])
-        b.store(value, out, [row, column])
+        if not residual:
+            b.store(sums[0], out, [row, column])
+            return
+        added = b.load(residual[0], [row, column])
+        if chip is not None:  # a partial sum: the residual on one chip only, the all-reduce adds the rest
+            here = b.op(arith.CmpiOp(b.load(chip, [0]), b.op(arith.ConstantOp(IntegerAttr(residual_chip, i64))), "eq"))
+            added = b.select(here, added, b.fconst(0.0))
+        b.store(b.fadd(added, sums[0]), out, [row, column])
 
-    _projection(b, x, [weight], (rows, columns, depth), write)
+    norm = (scale, epsilon) if scale is not None and epsilon is not None else None
+    _projection(b, x, [weight], (rows, columns, depth), write, norm)
 
 
-def _gate_up(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
-    x, gate, up, out = args
+def _gate_up(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float | None = None) -> None:
+    x, gate, up, *rest, out = args
     rows, depth = shapes[0]
     columns = shapes[1][0]
     _, warp, _ = _warp_and_lane(b)
@@ -363,7 +465,59 @@ def _gate_up(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> N
         sigmoid = b.fadd(b.fmul(b.tanh(b.fmul(g, half)), half), half)
         b.store(b.fmul(b.fmul(g, sigmoid), u), out, [row, column])
 
-    _projection(b, x, [gate, up], (rows, columns, depth), write)
+    norm = (rest[0], epsilon) if rest and epsilon is not None else None
+    _projection(b, x, [gate, up], (rows, columns, depth), write, norm)
+
+
+def _qkv(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float) -> None:
+    """A warp per rotation pair (d, d + head_dim/2) of one head of the concatenated [Q; K; V] weight: the folded
+    norm, both dot products, then lane 0 rotates a query or key pair at the row's position and writes it (queries
+    to `query`, keys rounded into the key cache), or writes a value pair into the value cache."""
+    x, weight, scale, positions, cos, sin, query, keys, values = args
+    depth = shapes[0][1]
+    q_width = shapes[6][1]
+    kv_heads, _, head_dim = shapes[7]
+    half = head_dim // 2
+    q_heads = q_width // head_dim
+    pairs = (q_heads + 2 * kv_heads) * half
+    _, warp, lane = _warp_and_lane(b)
+    item = b.add(b.mul(b.block("x"), WARPS), warp)
+    valid = b.cmp("ult", item, pairs)
+    item = b.min(item, pairs - 1)
+    head, d = b.div(item, half), b.rem(item, half)
+    first = b.add(b.mul(head, head_dim), d)
+    second = b.add(first, half)
+    row = b.const(0)
+    dots, inverse = _dots(b, x, [(weight, first), (weight, second)], [row], depth, lane, (scale, epsilon))
+    low, high = (b.fmul(dots[s][0], inverse[0]) for s in range(2))
+    rounded = isinstance(keys.type.element_type, BFloat16Type)  # type: ignore[attr-defined]
+
+    def epilogue() -> None:
+        place = b.sub(b.to_index(b.load(positions, [row])), 1)
+        d2 = b.add(d, half)
+
+        def rotated() -> tuple[SSAValue, SSAValue]:
+            turned_low = b.fadd(b.fmul(low, b.load(cos, [place, d])), b.fmul(high, b.load(sin, [place, d])))
+            turned_high = b.fadd(b.fmul(high, b.load(cos, [place, d2])), b.fmul(low, b.load(sin, [place, d2])))
+            return turned_low, turned_high
+
+        def write_query() -> None:
+            a, c = rotated()
+            b.store(a, query, [row, b.add(b.mul(head, head_dim), d)])
+            b.store(c, query, [row, b.add(b.mul(head, head_dim), d2)])
+
+        def write_cache(cache: SSAValue, pair: tuple[SSAValue, SSAValue], first_head: int) -> None:
+            kv = b.sub(head, first_head)
+            for value, where in zip(pair, (d, d2), strict=True):
+                b.store(b.to_bf16(value) if rounded else value, cache, [kv, place, where])
+
+        is_query = b.cmp("ult", head, q_heads)
+        is_key = b.both(b.cmp("uge", head, q_heads), b.cmp("ult", head, q_heads + kv_heads))
+        b.when(is_query, write_query)
+        b.when(is_key, lambda: write_cache(keys, rotated(), q_heads))
+        b.when(b.cmp("uge", head, q_heads + kv_heads), lambda: write_cache(values, (low, high), q_heads + kv_heads))
+
+    b.when(b.both(valid, b.cmp("eq", lane, 0)), epilogue)
 
 
 def _rotated(b: _Body, x: SSAValue, row: SSAValue, column: SSAValue, head_dim: int, tables: tuple, place: SSAValue):
@@ -403,105 +557,202 @@ def _rope_cache_write(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ..
         place = b.sub(b.to_index(b.load(positions, [row])), 1)
         turned, head, d = _rotated(b, key, row, column, head_dim, (cos, sin), place)
         where = [row, head, place, d] if per_sequence else [head, place, d]
+        stored = b.load(value, [row, column])
+        if isinstance(keys.type.element_type, BFloat16Type):  # type: ignore[attr-defined]
+            turned, stored = b.to_bf16(turned), b.to_bf16(stored)
         b.store(turned, keys, where)
-        b.store(b.load(value, [row, column]), values, where)
+        b.store(stored, values, where)
 
     b.when(b.cmp("ult", column, width), body)
 
 
-def _attention_split(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]], split: int) -> None:
-    """A warp per (row, query head, block of `split` positions): an online softmax over those positions up to the
-    row's own, each lane holding head_dim/32 (at least 1) of the query and of the running sum."""
-    query, keys, values, positions, scratch = args
+def _cache_width(head_dim: int, element: Attribute, group: int) -> int:
+    """The elements of a cache row a lane loads at once: 16 bytes where the lane's share of the group's queries
+    and sums stays within 32 registers each (group x width <= 32), narrower otherwise."""
+    width = _width(head_dim, element)
+    while width > 1 and group * width > 32:
+        width //= 2
+    return width
+
+
+def _attention_layout(head_dim: int, element: Attribute, group: int) -> tuple[int, int, int, int]:
+    """(width, lanes a position, vectors a lane, positions a warp step): a position's key row is spread over
+    `lanes` lanes (a power of two) loading `width` elements each, so a warp attends 32 / lanes positions at once."""
+    width = _cache_width(head_dim, element, group)
+    vectors = head_dim // width
+    lanes = 1
+    while lanes < min(vectors, cuda.WARP):
+        lanes *= 2
+    return width, lanes, _cdiv(vectors, lanes), cuda.WARP // lanes
+
+
+MIN_SPAN = 16  # the fewest positions a split attends: a short cache uses fewer splits
+
+
+def _span(b: _Body, length: SSAValue, splits: int) -> SSAValue:
+    """The positions each split attends at this live length: the length shared by all splits, at least MIN_SPAN."""
+    return b.op(arith.MaxUIOp(b.div(b.add(length, splits - 1), splits), b.const(MIN_SPAN)))
+
+
+def _attention(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
+    """A warp per (row, KV head, split): the keys and values of its positions are read once for all the query
+    heads of the KV head's group. A position's row is spread over `lanes` lanes with 16-byte loads, so a warp step
+    covers 32 / lanes positions, each lane group keeping its own online softmax per query head; the lane groups
+    merge their states with shuffles at the end. The split's positions are the live length shared out over the
+    splits (at least MIN_SPAN each), so the work follows the length, not the cache size."""
+    query, keys, values, positions, out, scratch, count = args
     rows, width = shapes[0]
     cache = shapes[1]
     per_sequence = len(cache) == 4
-    kv_heads, head_dim = cache[-3], cache[-1]
+    kv_heads, ctx, head_dim = cache[-3], cache[-2], cache[-1]
     heads = width // head_dim
     group = heads // kv_heads
-    splits = shapes[4][2]
+    splits = shapes[5][2]
+    element = keys.type.element_type  # type: ignore[attr-defined]
+    vec, lanes, per_lane, steps = _attention_layout(head_dim, element, group)
+    vectors = head_dim // vec
     _, warp, lane = _warp_and_lane(b)
     item = b.add(b.mul(b.block("x"), WARPS), warp)
     row = b.block("y")
-    valid = b.cmp("ult", item, heads * splits)
-    item = b.min(item, heads * splits - 1)
-    head, part = b.div(item, splits), b.rem(item, splits)
-    kv_head = b.div(head, group)
-    slots = _cdiv(head_dim, cuda.WARP)
-    dims = [b.add(lane, s * cuda.WARP) if s else lane for s in range(slots)]
-    inside = [b.cmp("ult", d, head_dim) for d in dims] if head_dim % cuda.WARP else [None] * slots
-    dims = [b.min(d, head_dim - 1) if head_dim % cuda.WARP else d for d in dims]
+    valid = b.cmp("ult", item, kv_heads * splits)
+    item = b.min(item, kv_heads * splits - 1)
+    kv_head, part = b.div(item, splits), b.rem(item, splits)
+    sub, slot = b.div(lane, lanes), b.rem(lane, lanes)
     zero = b.fconst(0.0)
+    # the vectors this lane holds: slot + c * lanes, those past the row clamped and masked
+    starts, inside = [], []
+    for c in range(per_lane):
+        index = b.add(slot, c * lanes) if c else slot
+        inside.append(b.cmp("ult", index, vectors) if (c + 1) * lanes > vectors else None)
+        starts.append(b.mul(b.min(index, vectors - 1), vec))
+    x_vec = min(vec, 4)
+
+    def query_part(h: int, c: int) -> list[SSAValue]:
+        head = b.add(b.mul(kv_head, group), h) if h else b.mul(kv_head, group)
+        base = b.add(b.mul(head, head_dim), starts[c])
+        got: list[SSAValue] = []
+        for piece in range(0, vec, x_vec):
+            got += b.vload(query, [row, b.add(base, piece) if piece else base], x_vec)
+        if inside[c] is not None:
+            got = [b.select(inside[c], g, zero) for g in got]
+        return got
+
     scale = b.fconst(1.0 / head_dim**0.5)
-    q = [b.load(query, [row, b.add(b.mul(head, head_dim), d)]) for d in dims]
-    q = [qi if ok is None else b.select(ok, qi, zero) for qi, ok in zip(q, inside, strict=True)]
+    q = [[b.fmul(v, scale) for c in range(per_lane) for v in query_part(h, c)] for h in range(group)]
     length = b.to_index(b.load(positions, [row]))
-    start = b.mul(part, split)
-    stop = b.min(b.add(start, split), length)
+    span = _span(b, length, splits)
+    start = b.min(b.mul(part, span), length)
+    stop = b.min(b.add(start, span), length)
 
-    def cache_at(j: SSAValue, d: SSAValue) -> list[SSAValue]:
-        return [row, kv_head, j, d] if per_sequence else [kv_head, j, d]
+    def cache_at(j: SSAValue, c: int) -> list[SSAValue]:
+        return [row, kv_head, j, starts[c]] if per_sequence else [kv_head, j, starts[c]]
 
-    def position(j: SSAValue, state: list[SSAValue]) -> list[SSAValue]:
-        m, total, *acc = state
-        dot = zero
-        for qi, d in zip(q, dims, strict=True):
-            dot = b.fadd(dot, b.fmul(qi, b.load(keys, cache_at(j, d))))
-        score = b.fmul(b.warp_sum(dot), scale)
-        high = b.fmax(m, score)
-        fade, weight = b.exp(b.fsub(m, high)), b.exp(b.fsub(score, high))
-        total = b.fadd(b.fmul(total, fade), weight)
-        acc = [
-            b.fadd(b.fmul(a, fade), b.fmul(weight, b.load(values, cache_at(j, d))))
-            for a, d in zip(acc, dims, strict=True)
-        ]
-        return [high, total, *acc]
+    def position(first: SSAValue, state: list[SSAValue]) -> list[SSAValue]:
+        j = b.add(first, sub)
+        live = b.cmp("ult", j, stop)
+        j = b.min(j, ctx - 1)
+        k = [v for c in range(per_lane) for v in b.vload(keys, cache_at(j, c), vec)]
+        v_row = [v for c in range(per_lane) for v in b.vload(values, cache_at(j, c), vec)]
+        new: list[SSAValue] = []
+        for h in range(group):
+            m, total, *acc = state[h * stride : (h + 1) * stride]
+            dot = zero
+            for qi, ki in zip(q[h], k, strict=True):
+                dot = b.fma(qi, ki, dot)
+            offset = lanes // 2
+            while offset:  # the position's lanes sum their parts
+                dot = b.fadd(dot, b.shuffle(dot, offset))
+                offset //= 2
+            high = b.fmax(m, dot)
+            fade, weight = b.exp(b.fsub(m, high)), b.exp(b.fsub(dot, high))
+            updated = [high, b.fma(total, fade, weight)]
+            updated += [b.fma(weight, vi, b.fmul(a, fade)) for a, vi in zip(acc, v_row, strict=True)]
+            new += [b.select(live, u, o) for u, o in zip(updated, [m, total, *acc], strict=True)]
+        return new
 
-    state = b.loop(start, stop, 1, [b.fconst(NEG_BIG), zero, *[zero] * slots], position)
-    m, total, *acc = state
+    stride = 2 + per_lane * vec
+    state = b.loop(start, stop, steps, [b.fconst(NEG_BIG), zero, *[zero] * (per_lane * vec)] * group, position)
+    # merge the lane groups' states (each attended every `steps`-th position of the split)
+    offset = lanes
+    while offset < cuda.WARP:
+        merged: list[SSAValue] = []
+        for h in range(group):
+            m, total, *acc = state[h * stride : (h + 1) * stride]
+            m_o, total_o = b.shuffle(m, offset), b.shuffle(total, offset)
+            high = b.fmax(m, m_o)
+            fade, fade_o = b.exp(b.fsub(m, high)), b.exp(b.fsub(m_o, high))
+            merged += [high, b.fma(total, fade, b.fmul(total_o, fade_o))]
+            merged += [b.fma(a, fade, b.fmul(b.shuffle(a, offset), fade_o)) for a in acc]
+        state = merged
+        offset *= 2
 
     def write() -> None:
-        for a, d, ok in zip(acc, dims, inside, strict=True):
-            if ok is None:
-                b.store(a, scratch, [row, head, part, d])
-            else:
-                b.when(ok, partial(b.store, a, scratch, [row, head, part, d]))
+        for h in range(group):
+            head = b.add(b.mul(kv_head, group), h) if h else b.mul(kv_head, group)
+            m, total, *acc = state[h * stride : (h + 1) * stride]
+            for c in range(per_lane):
 
-        def ends() -> None:
-            b.store(m, scratch, [row, head, part, head_dim])
-            b.store(total, scratch, [row, head, part, head_dim + 1])
+                def store(c: int = c, acc: list[SSAValue] = acc, head: SSAValue = head) -> None:
+                    for e in range(vec):
+                        where = b.add(starts[c], e) if e else starts[c]
+                        b.store(acc[c * vec + e], scratch, [row, head, part, where])
 
-        b.when(b.cmp("eq", lane, 0), ends)
+                b.when(inside[c], store) if inside[c] is not None else store()
 
-    b.when(valid, write)
+            def ends(m: SSAValue = m, total: SSAValue = total, head: SSAValue = head) -> None:
+                b.store(m, scratch, [row, head, part, head_dim])
+                b.store(total, scratch, [row, head, part, head_dim + 1])
+
+            b.when(b.cmp("eq", slot, 0), ends)
+
+    b.when(b.both(valid, b.cmp("eq", sub, 0)), write)
+    # the last warp of this (row, KV head) to count itself done combines the splits (flash-decoding's second
+    # stage folded in): each warp's partials are made visible, then lane 0 counts; the count returns to zero
+    b.op(cuda.ThreadFenceOp())
+    one, none = b.op(arith.ConstantOp(IntegerAttr(1, i64))), b.op(arith.ConstantOp(IntegerAttr(0, i64)))
+    lane0 = b.both(valid, b.cmp("eq", lane, 0))
+    (before,) = b.choose(lane0, lambda: [b.atomic_add(one, count, [row, kv_head])], lambda: [none])
+    for offset in (16, 8, 4, 2, 1):  # lane 0's count to every lane
+        before = b.op(arith.AddiOp(before, b.shuffle(before, offset)))
+    last = b.both(valid, b.op(arith.CmpiOp(before, b.op(arith.ConstantOp(IntegerAttr(splits - 1, i64))), "eq")))
+
+    def combine() -> None:
+        b.when(b.cmp("eq", lane, 0), lambda: b.store(none, count, [row, kv_head]))
+        used = b.div(b.add(length, b.sub(span, 1)), span)
+        for h in range(group):
+            head = b.add(b.mul(kv_head, group), h) if h else b.mul(kv_head, group)
+            _combine(b, scratch, out, row, head, lane, used, head_dim)
+
+    b.when(last, combine)
 
 
-def _attention_combine(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
-    """A thread per output element: the splits' partial sums, rescaled to their common maximum."""
-    scratch, out = args
-    _, heads, splits, stride = shapes[0]
-    head_dim = stride - 2
-    width = heads * head_dim
-    column = b.add(b.mul(b.block("x"), THREADS), b.thread())
-    row = b.block("y")
+def _combine(
+    b: _Body, scratch: SSAValue, out: SSAValue, row: SSAValue, head: SSAValue, lane: SSAValue, used: SSAValue,
+    head_dim: int,
+) -> None:  # fmt: skip
+    """A warp writes one head's output: each lane a dimension at a time, the `used` splits' partial sums rescaled
+    to their common maximum."""
+    for c in range(_cdiv(head_dim, cuda.WARP)):
+        d = b.add(lane, c * cuda.WARP) if c else lane
 
-    def body() -> None:
-        head, d = b.div(column, head_dim), b.rem(column, head_dim)
+        def element(d: SSAValue = d) -> None:
+            def highest(s: SSAValue, state: list[SSAValue]) -> list[SSAValue]:
+                return [b.fmax(state[0], b.load(scratch, [row, head, s, head_dim]))]
 
-        def highest(s: SSAValue, state: list[SSAValue]) -> list[SSAValue]:
-            return [b.fmax(state[0], b.load(scratch, [row, head, s, head_dim]))]
+            (high,) = b.loop(0, used, 1, [b.fconst(NEG_BIG)], highest)
 
-        (high,) = b.loop(0, splits, 1, [b.fconst(NEG_BIG)], highest)
+            def gather(s: SSAValue, state: list[SSAValue]) -> list[SSAValue]:
+                fade = b.exp(b.fsub(b.load(scratch, [row, head, s, head_dim]), high))
+                total = b.fma(b.load(scratch, [row, head, s, head_dim + 1]), fade, state[0])
+                return [total, b.fma(b.load(scratch, [row, head, s, d]), fade, state[1])]
 
-        def gather(s: SSAValue, state: list[SSAValue]) -> list[SSAValue]:
-            fade = b.exp(b.fsub(b.load(scratch, [row, head, s, head_dim]), high))
-            total = b.fadd(state[0], b.fmul(b.load(scratch, [row, head, s, head_dim + 1]), fade))
-            return [total, b.fadd(state[1], b.fmul(b.load(scratch, [row, head, s, d]), fade))]
+            total, summed = b.loop(0, used, 1, [b.fconst(0.0), b.fconst(0.0)], gather)
+            b.store(b.fdiv(summed, total), out, [row, b.add(b.mul(head, head_dim), d)])
 
-        total, summed = b.loop(0, splits, 1, [b.fconst(0.0), b.fconst(0.0)], gather)
-        b.store(b.fdiv(summed, total), out, [row, column])
-
-    b.when(b.cmp("ult", column, width), body)
+        if (c + 1) * cuda.WARP > head_dim:
+            b.when(b.cmp("ult", d, head_dim), element)
+        else:
+            element()
 
 
 def _better(b: _Body, value: SSAValue, index: SSAValue, best: SSAValue, best_index: SSAValue) -> SSAValue:
@@ -607,14 +858,23 @@ def _kinds(op: cuda.KernelOp) -> list[_Kind]:
                 lambda b, a, s: _rms_norm(b, a, s, epsilon, row),
             )
         ]
+    columns = lambda s: (_cdiv(s[1][0], WARPS), _cdiv(s[0][0], ROW_TILE), 1)  # noqa: E731
     if isinstance(op, cuda.LinearOp):
-        stem = "linear_residual" if len(op.ins) == 3 else "linear"
+        epsilon = op.epsilon.value.data if op.epsilon is not None else None
+        on_chip = op.residual_chip.value.data if op.residual_chip is not None else None
+        residual = len(op.ins) - (1 if epsilon is not None else 0) - (1 if on_chip is not None else 0) == 3
+        stem = ("norm_" if epsilon is not None else "") + ("linear_residual" if residual else "linear")
+        stem += f"_chip{on_chip}" if on_chip is not None else ""
         operands = tuple(range(len(shapes)))
-        return [_Kind(stem, operands, lambda s: (_cdiv(s[1][0], WARPS), _cdiv(s[0][0], ROW_TILE), 1), _linear)]
+        return [_Kind(stem, operands, columns, lambda b, a, s: _linear(b, a, s, epsilon, on_chip))]
     if isinstance(op, cuda.GateUpOp):
-        return [
-            _Kind("gate_up", (0, 1, 2, 3), lambda s: (_cdiv(s[1][0], WARPS), _cdiv(s[0][0], ROW_TILE), 1), _gate_up)
-        ]
+        epsilon = op.epsilon.value.data if op.epsilon is not None else None
+        stem = "norm_gate_up" if epsilon is not None else "gate_up"
+        return [_Kind(stem, tuple(range(len(shapes))), columns, lambda b, a, s: _gate_up(b, a, s, epsilon))]
+    if isinstance(op, cuda.QKVOp):
+        epsilon = op.epsilon.value.data
+        pairs = lambda s: (_cdiv(s[1][0] // 2, WARPS), 1, 1)  # noqa: E731
+        return [_Kind("qkv", tuple(range(9)), pairs, lambda b, a, s: _qkv(b, a, s, epsilon))]
     if isinstance(op, cuda.RopeOp):
         head_dim = op.head_dim.value.data
         grid = lambda s: (_cdiv(s[0][1], THREADS), s[0][0], 1)  # noqa: E731
@@ -623,13 +883,8 @@ def _kinds(op: cuda.KernelOp) -> list[_Kind]:
         grid = lambda s: (_cdiv(s[0][1], THREADS), s[0][0], 1)  # noqa: E731
         return [_Kind("rope_cache_write", tuple(range(7)), grid, _rope_cache_write)]
     if isinstance(op, cuda.AttentionOp):
-        split = op.split.value.data
-        heads_splits = lambda s: (_cdiv(s[4][1] * s[4][2], WARPS), s[0][0], 1)  # noqa: E731
-        combine = lambda s: (_cdiv(s[0][1] * (s[0][3] - 2), THREADS), s[0][0], 1)  # noqa: E731
-        return [
-            _Kind("attention_split", (0, 1, 2, 3, 5), heads_splits, lambda b, a, s: _attention_split(b, a, s, split)),
-            _Kind("attention_combine", (5, 4), combine, _attention_combine),
-        ]
+        kv_splits = lambda s: (_cdiv(s[1][-3] * s[5][2], WARPS), s[0][0], 1)  # noqa: E731
+        return [_Kind("attention", tuple(range(7)), kv_splits, _attention)]
     if isinstance(op, cuda.AddOp):
         return [_Kind("add", (0, 1, 2), lambda s: (_cdiv(s[0][1], THREADS), s[0][0], 1), _add)]
     if isinstance(op, cuda.ArgmaxOp):

@@ -51,8 +51,17 @@ from logos_ir.program import Cut
 
 NAME = "convert-logos-to-cuda-kernels"
 LOWERED = ("decode", "prefill", "batch")
-ATTENTION_SPLIT = 32  # cache positions a block attends (flash-decoding): ctx 1024 gives 32 blocks a head
+ATTENTION_WARPS = 4 * 132  # warps attention aims at: 4 a block over an H200's 132 SMs
+ATTENTION_MIN_SPLIT = 32  # the fewest positions a split holds at a full cache
 ARGMAX_CHUNK = 1024  # values one warp reduces in the first stage of the arg-max
+
+
+def attention_split(kv_items: int, ctx: int) -> int:
+    """The most positions a split attends at a full cache (flash-decoding): enough splits that the (row, KV head,
+    split) warps fill the SMs (`ATTENTION_WARPS`), none shorter than `ATTENTION_MIN_SPLIT`. The kernel shares the
+    live length over the same number of splits, so a short cache uses fewer positions a split."""
+    splits = max(1, min(-(-ATTENTION_WARPS // kv_items), -(-ctx // ATTENTION_MIN_SPLIT)))
+    return -(-ctx // splits)
 
 
 @dataclass
@@ -190,7 +199,9 @@ class _Plan:
         shape = logos.tensor_shape(op.result)
         self.ctx = shape[-2]
         name = f"cache.{op.kind.data}.{op.layer.value.data}"
-        self.env[op.result] = self.buffer(name, "cache", MemRefType(f32, list(shape)))
+        # the cache holds the weight image's element: bf16 beside bf16 weights (half attention's bytes), f32 beside
+        # f32 weights (the exact path)
+        self.env[op.result] = self.buffer(name, "cache", MemRefType(self.element, list(shape)))
 
     def embed(self, op: logos.EmbedOp) -> None:
         out = self.activation(op.result)
@@ -278,11 +289,13 @@ class _Plan:
         keys, values, positions = self.of(op.keys, op), self.of(op.values, op), self.of(op.positions, op)
         rows, width = logos.tensor_shape(op.query)
         cache = logos.tensor_shape(op.keys)
-        heads, splits = width // cache[-1], -(-cache[-2] // ATTENTION_SPLIT)
+        heads, split = width // cache[-1], attention_split(cache[-3] * rows, cache[-2])
+        splits = -(-cache[-2] // split)
         scratch = self.buffer("attention.partial", "scratch", MemRefType(f32, [rows, heads, splits, cache[-1] + 2]))
+        count = self.buffer("attention.count", "scratch", MemRefType(i64, [rows, cache[-3]]))
         out = self.activation(op.result)
-        props = {"split": IntegerAttr(ATTENTION_SPLIT, i64)}
-        self.add(_Kernel(cuda.AttentionOp, [query, keys, values, positions], [out, scratch], props))
+        props = {"split": IntegerAttr(split, i64)}
+        self.add(_Kernel(cuda.AttentionOp, [query, keys, values, positions], [out, scratch, count], props))
         self.env[op.result] = out
 
     def _rotated_query(self, op: logos.AttentionOp) -> str:
@@ -312,6 +325,151 @@ class _Plan:
         result = f"{source}@reduced"
         self.add(_Reduce(source, result))
         self.env[op.result] = result
+
+
+def _writes(step: _Kernel | _Reduce) -> list[str]:
+    return step.outs if isinstance(step, _Kernel) else [step.buffer]
+
+
+def _reads(step: _Kernel | _Reduce) -> list[str]:
+    return step.ins if isinstance(step, _Kernel) else [step.buffer]
+
+
+def fold_norms(plan: _Plan) -> None:
+    """At batch 1, each RMS norm whose result only feeds projections (as their input x) is folded into their
+    prologue: each projection reads x and the scale itself (one pass over x gives its dot products and the sum of
+    squares), so the norm's launch and its buffer go. Norms of several rows (prefill, batches) and the prefill
+    head's row pick stay kernels."""
+    index = 0
+    while index < len(plan.steps):
+        step = plan.steps[index]
+        readers = _norm_readers(plan, index)
+        if readers is None:
+            index += 1
+            continue
+        assert isinstance(step, _Kernel)
+        x, scale = step.ins
+        for reader in readers:
+            reader.ins = [x, *reader.ins[1:], scale]
+            reader.props = {**reader.props, "epsilon": step.props["epsilon"]}
+        del plan.steps[index]
+
+
+def _norm_readers(plan: _Plan, index: int) -> list[_Kernel] | None:
+    """The projections that read the norm at `index` while its input and scale are unchanged, if they are its only
+    readers (else None)."""
+    step = plan.steps[index]
+    if not isinstance(step, _Kernel) or step.op is not cuda.RMSNormOp:
+        return None
+    if cast(Any, step.props["row"]).value.data >= 0:
+        return None
+    x, scale = step.ins
+    (normed,) = step.outs
+    if plan.buffers[normed].type.get_shape()[0] != 1:
+        return None
+    readers: list[_Kernel] = []
+    changed = False  # x or the scale rewritten since the norm
+    for later in plan.steps[index + 1 :]:
+        if normed in _reads(later):
+            projection = isinstance(later, _Kernel) and later.op in (cuda.LinearOp, cuda.GateUpOp)
+            if changed or not projection or "epsilon" in cast(_Kernel, later).props:
+                return None
+            later = cast(_Kernel, later)
+            if later.ins[0] != normed or normed in later.ins[1:] or x in later.outs:
+                return None
+            readers.append(later)
+        if normed in _writes(later):
+            break
+        changed = changed or x in _writes(later) or scale in _writes(later)
+    return readers or None
+
+
+def fold_residual_adds(plan: _Plan) -> None:
+    """In a split program, a residual add after an all-reduce (`add(h, all_reduce(p))`) becomes part of the
+    partial sum: the projection writing p adds h on chip 0 alone, so the all-reduce itself completes the residual
+    stream (its launch goes). Later readers of the add's result read the reduced buffer, where that is safe (p not
+    rewritten while they read it)."""
+    index = 0
+    while index + 3 <= len(plan.steps):
+        linear, reduce, add = plan.steps[index : index + 3]
+        plain = isinstance(linear, _Kernel) and linear.op is cuda.LinearOp and len(linear.ins) == 2 and not linear.props
+        if not (plain and isinstance(reduce, _Reduce) and isinstance(add, _Kernel) and add.op is cuda.AddOp):
+            index += 1
+            continue
+        assert isinstance(linear, _Kernel)
+        (partial_sum,) = linear.outs
+        if reduce.buffer != partial_sum or reduce.result not in add.ins:
+            index += 1
+            continue
+        residual = add.ins[0] if add.ins[1] == reduce.result else add.ins[1]
+        (summed,) = add.outs
+        readers = _readers_until_rewritten(plan, index + 3, summed)
+        if readers is None or any(partial_sum in _writes(s) for s in plan.steps[index + 3 : readers]):
+            index += 1
+            continue
+        chip = plan.buffer("chip", "table", MemRefType(i64, [1]))
+        linear.ins = [*linear.ins, residual, chip]
+        linear.props = {**linear.props, "residual_chip": IntegerAttr(0, i64)}
+        for later in plan.steps[index + 3 : readers]:
+            if isinstance(later, _Kernel):
+                later.ins = [reduce.result if name == summed else name for name in later.ins]
+        del plan.steps[index + 2]
+        index += 1
+
+
+def _readers_until_rewritten(plan: _Plan, start: int, buffer: str) -> int | None:
+    """The end (exclusive) of the steps from `start` that may read `buffer` before it is written again; None when
+    an all-reduce reads it (its readers must stay on the buffer)."""
+    end = start
+    for position in range(start, len(plan.steps)):
+        step = plan.steps[position]
+        if isinstance(step, _Reduce) and step.buffer == buffer:
+            return None
+        if buffer in _reads(step):
+            end = position + 1
+        if buffer in _writes(step):
+            break
+    return end
+
+
+def fuse_qkv(plan: _Plan) -> None:
+    """At batch 1, a layer's query, key and value projections (their norm folded), the key rotation with both
+    cache writes, and the query rotation become one `cuda.qkv` launch on one weight buffer holding the three
+    weights one after the other (named "<q>+<k>+<v>")."""
+    index = 0
+    while index + 5 <= len(plan.steps):
+        window = plan.steps[index : index + 5]
+        if not _is_qkv(plan, window):
+            index += 1
+            continue
+        q, k, v, cache_write, rope = cast(list[_Kernel], window)
+        x, scale = q.ins[0], q.ins[-1]
+        weights = [q.ins[1], k.ins[1], v.ins[1]]
+        kinds = [plan.buffers[w].type for w in weights]
+        rows = sum(kind.get_shape()[0] for kind in kinds)
+        fused_type = MemRefType(kinds[0].element_type, [rows, kinds[0].get_shape()[1]])
+        fused = plan.buffer("+".join(weights), "weight", fused_type)
+        _, _, positions, cos, sin = cache_write.ins
+        kernel = _Kernel(
+            cuda.QKVOp, [x, fused, scale, positions, cos, sin], [rope.outs[0], *cache_write.outs],
+            {"epsilon": q.props["epsilon"]},
+        )  # fmt: skip
+        plan.steps[index : index + 5] = [kernel]
+        index += 1
+
+
+def _is_qkv(plan: _Plan, window: list[_Kernel | _Reduce]) -> bool:
+    if not all(isinstance(s, _Kernel) for s in window):
+        return False
+    q, k, v, cache_write, rope = cast(list[_Kernel], window)
+    projections = all(s.op is cuda.LinearOp and len(s.ins) == 3 and "epsilon" in s.props for s in (q, k, v))
+    if not projections or cache_write.op is not cuda.RopeCacheWriteOp or rope.op is not cuda.RopeOp:
+        return False
+    same_input = q.ins[0] == k.ins[0] == v.ins[0] and q.ins[2] == k.ins[2] == v.ins[2]
+    wired = cache_write.ins[:2] == [k.outs[0], v.outs[0]] and rope.ins[0] == q.outs[0]
+    tables = rope.ins[1:] == cache_write.ins[2:]
+    one_cache = len(plan.buffers[cache_write.outs[0]].type.get_shape()) == 3  # a decode step's, not a batch's
+    return same_input and wired and tables and one_cache and plan.buffers[q.ins[0]].type.get_shape()[0] == 1
 
 
 _HANDLERS: dict[type[Operation], Any] = {
@@ -381,6 +539,8 @@ def _check_no_alias(step: _Kernel) -> None:
 
 
 def _hint(name: str) -> str:
+    if "+" in name:  # the fused query/key/value weight
+        name = name.split("+")[0].replace("q_proj", "qkv_proj")
     cleaned = "".join(c if c.isalnum() else "_" for c in name.removeprefix("model."))
     return cleaned if not cleaned[0].isdigit() else f"b{cleaned}"
 
@@ -414,6 +574,9 @@ class ConvertLogosToCudaKernels(ModulePass):
         line = identity.identity(program).line()
         plan = _Plan(program, self.weights)
         plan.run()
+        fold_norms(plan)
+        fuse_qkv(plan)
+        fold_residual_adds(plan)
         host = _host_function(plan)
         block = op.body.block
         if plan.grid is not None:

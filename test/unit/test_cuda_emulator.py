@@ -1,0 +1,108 @@
+"""The CUDA emulator fails where a GPU would: a 16-byte load off its alignment, an access outside a buffer and an
+index past the 32 bits the emitted C computes in are errors naming the kernel and the op; `math.fma` rounds once
+(as `__fmaf_rn`), `arith.maxnumf` keeps fmaxf's NaN rule. Each kernel here is built with the lane's own builder."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from xdsl.dialects import gpu
+from xdsl.dialects.builtin import Float32Type, MemRefType
+
+from logos_ir.passes.cuda.kernels_to_gpu import _Body
+from logos_ir.runtime.cuda import EmulatorFault, KernelEmulator, _Launch, fma_f32
+
+
+def _run(body: Callable[[_Body, list], None], size: int = 64, threads: int = 16) -> np.ndarray:
+    kind = MemRefType(Float32Type(), [size])
+    kernel = gpu.FuncOp("probe", ([kind, kind], []), kernel=True)
+    x, out = kernel.body.block.args
+    x.name_hint, out.name_hint = "x", "out"
+    b = _Body(kernel.body.block)
+    body(b, [x, out])
+    b.op(gpu.ReturnOp([]))
+    data, result = np.arange(size, dtype=np.float32), np.zeros(size, np.float32)
+    KernelEmulator(kernel).run([data, result], _Launch.of((1, 1, 1), threads))
+    return result
+
+
+def test_an_aligned_vector_load_runs() -> None:
+    def body(b: _Body, args: list) -> None:
+        x, out = args
+        t = b.thread()
+        b.store(b.vload(x, [b.mul(t, 4)], 4)[1], out, [t])
+
+    assert _run(body)[:16].tolist() == [4 * t + 1 for t in range(16)]
+
+
+def test_a_misaligned_vector_load_is_refused_by_kernel_and_op() -> None:
+    def body(b: _Body, args: list) -> None:
+        x, out = args
+        t = b.thread()
+        b.store(b.vload(x, [b.add(b.mul(t, 4), 1)], 4)[0], out, [t])  # one element off: a GPU faults
+
+    with pytest.raises(EmulatorFault, match=r"kernel probe: 'cuda.vector_load' loads 4 elements of 'x' from a misaligned"):
+        _run(body, size=80)
+
+
+def test_an_out_of_bounds_load_is_refused() -> None:
+    def body(b: _Body, args: list) -> None:
+        x, out = args
+        t = b.thread()
+        b.store(b.load(x, [b.add(t, 50)]), out, [t])  # threads 14 and 15 read past 64
+
+    with pytest.raises(EmulatorFault, match=r"kernel probe: 'memref.load' accesses 'x' outside its 64 elements \(block \(0, 0, 0\), thread 14: 64\)"):
+        _run(body)
+
+
+def test_an_out_of_bounds_store_is_refused_but_a_masked_off_thread_is_not() -> None:
+    def body(b: _Body, args: list) -> None:
+        x, out = args
+        t = b.thread()
+        where = b.add(t, 56)
+        b.when(b.cmp("ult", where, 64), lambda: b.store(b.load(x, [t]), out, [where]))  # guarded: fine
+
+    assert _run(body)[56:].tolist() == list(range(8))
+
+    def unguarded(b: _Body, args: list) -> None:
+        x, out = args
+        t = b.thread()
+        b.store(b.load(x, [t]), out, [b.add(t, 56)])
+
+    with pytest.raises(EmulatorFault, match="'memref.store' accesses 'out' outside its 64 elements"):
+        _run(unguarded)
+
+
+def test_an_index_past_32_bits_is_refused() -> None:
+    def body(b: _Body, args: list) -> None:
+        x, out = args
+        t = b.thread()
+        far = b.mul(b.add(t, 1), 1 << 28)  # thread 7 reaches 2^31: an int overflows in the emitted C
+        b.store(b.load(x, [b.rem(far, 64)]), out, [t])
+
+    with pytest.raises(EmulatorFault, match=r"'arith.muli' overflows the 32-bit index .* thread 7: 2147483648"):
+        _run(body)
+
+
+def test_fma_rounds_once() -> None:
+    a = np.float32(1 + 2**-13)
+    product = a * a  # 1 + 2^-12 + 2^-26, rounded to 1 + 2^-12 in f32
+    assert product - np.float32(1 + 2**-12) == 0
+    assert fma_f32(a, a, np.float32(-(1 + 2**-12))) == np.float32(2**-26)  # fused: the 2^-26 survives
+    rng = np.random.default_rng(0)
+    x, y, z = (rng.standard_normal(10000).astype(np.float32) for _ in range(3))
+    exact = x.astype(np.float64) * y + z  # the f64 sum of an exact product: within half an f32 ulp of the fma
+    got = fma_f32(x, y, z)
+    assert np.all(np.abs(got.astype(np.float64) - exact) <= np.spacing(np.abs(got)) / 2 * (1 + 1e-9))
+
+
+def test_maxnumf_keeps_fmaxf_nan_rule() -> None:
+    def body(b: _Body, args: list) -> None:
+        x, out = args
+        t = b.thread()
+        nan = b.fdiv(b.fconst(0.0), b.fconst(0.0))
+        b.store(b.fmax(nan, b.load(x, [t])), out, [t])
+
+    assert _run(body)[:16].tolist() == list(range(16))  # fmaxf(NaN, v) is v
