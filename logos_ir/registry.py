@@ -43,6 +43,7 @@ def dialects() -> dict[str, Callable[[], Dialect]]:
         "cuda": _lazy("logos_ir.dialects.cuda", "CUDA"),
         "d5005": _lazy("logos_ir.dialects.d5005", "D5005"),
         "spatial": _lazy("logos_ir.dialects.spatial", "SPATIAL"),
+        "csl_ext": _lazy("logos_ir.dialects.csl_ext", "CSL_EXT"),
     }
 
 

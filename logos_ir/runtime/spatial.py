@@ -1,432 +1,1313 @@
-"""The spatial lane's simulator: runs the `spatial` programs of a decode step's parts, element by element, and counts
-the cycles a grid of processing elements would take.
+"""The spatial lane's fabric simulator: runs the `csl`-level module the lane prints as CSL (`layout.csl`,
+`pe_program.csl`), with the semantics of a Cerebras WSE-2 as its SDK documents them, and the host program that
+drives it (`run.py`'s steps, as `memcpy_h2d`, `launch`, `memcpy_d2h`).
 
-Every op of a region runs on the elements its layout or rectangle names, vectorised over those elements with numpy:
-an array's leading axes are the elements (a matrix-vector product's weights are [tile rows of elements, tile columns
-of elements, tile rows, tile columns]; a vector is [elements, tile]), and an element computes only with the tiles it
-holds and the words routed to it. A product's partial sums, a norm's sums of squares, an attention's running
-(maximum, sum, weighted values) and an argmax's (value, index) pairs are combined one element after another along
-their line, in the order the fabric would deliver them. Activations move from region to region as the `send` of one
-and the `receive` of the next; only those words cross between regions.
-
-Numbers: f32 weights compute in f32. f16 weights (as the hardware computes) hold every weight and KV-cache entry
-rounded to f16, round a product's input vector to f16 and accumulate in f32 (the mixed-precision multiply-accumulate
-of the hardware; a product of two f16 values is exact in f32, so holding f16 values in f32 arrays is exact);
-norms, rotations, softmax and the residual stream stay f32.
-
-The cycle model (`logos_ir.passes.spatial.cost`, stated in docs/spatial.md): each element does `macs` multiply-
-accumulates per cycle (4 in f16, 1 in f32), each link carries one 32-bit word per cycle, each hop costs a cycle; an
-op's cycles are its broadcast, its compute on the busiest element and its reduction along its line; a token's cycles
-are the sum over every op of every region, as one token crosses them in turn.
+- **The layout** is executed first: `@set_rectangle`, each element's `@set_tile_code` parameters, and every router's
+  colour configuration (`@set_color_config`: the directions a colour's wavelets are taken from and sent to).
+  From these the simulator follows each sender's wavelets from router to router; a router with no configuration
+  for a colour arriving from a direction stops them there.
+- **Elements** have their own memory: the program's arrays, allocated for every element (all run the same
+  program), and an estimate of its code; an element over 48 KiB is refused when the program is loaded. A DSD
+  reaching outside its array stops the run naming the element and the op.
+- **Execution** is SIMT over elements: each element has its own program counter, call stack, activated and blocked
+  local tasks, and clock; elements at the same instruction execute it together (numpy over those elements), so
+  the P x P elements of a grid that run the same code move as one until their data makes them wait. A DSD
+  operation does what the SDK documents for it (`@fmovs` copies, `@fadds`/`@fmuls`/`@fmaxs` are elementwise,
+  `@fmacs(d, a, b, s)` is d = a + b * s, `@fmachs` the same with f16 b and s accumulated in f32, `@fs2h`/`@fh2s`
+  convert); an operand that is a fabric input DSD reads wavelets from the element's queue for its colour (the
+  element waits until they are there); a fabric output DSD sends one 32-bit wavelet per value along the route.
+- **Tasks**: `@activate` marks a local task; when an element is idle it runs its activated, unblocked task of the
+  lowest id; `@block`/`@unblock` hold a task back and release it. The host's `launch` runs an exported function on
+  every element; the launch ends when each element has called memcpy's `unblock_cmd_stream`.
+- **A step that cannot finish** (a receive with no wavelets coming, a send whose route is broken or whose
+  receiver's queue stays full, a launch whose tasks never run) stops with an error naming an element, the colour
+  and the op, never a hang.
+- **Static check** before a run (`static_check`): a colour received but never sent, a colour memcpy reserves on
+  WSE-2 (21, 22, 23), a task id bound twice, or a name declared twice in one scope of the printed CSL is refused.
+- **Cycles** are counted by the simulator as it runs, per element, from the per-op costs of `CYCLES` (see
+  docs/spatial.md for their sources and assumptions): an element's clock advances by each op it runs; a receive
+  waits for the wavelets' arrival (sender's clock + hops + one cycle per wavelet). A step's cycles are the latest
+  element clock when the launch ends.
 """
 
 from __future__ import annotations
 
-import math
+import json
+import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-from xdsl.ir import Operation, SSAValue
+from xdsl.dialects import arith, csl, memref, scf
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Block, Operation, SSAValue
 
-from logos_ir.dialects import spatial as sp
+from logos_ir.dialects import csl_ext
 from logos_ir.errors import LogosError
 from logos_ir.generate import StepGenerator, default_ctx
-from logos_ir.interpreter import rope_inv_freq
-from logos_ir.passes.spatial.cost import CycleModel, manhattan, op_cost
-from logos_ir.program import Identity
-from logos_ir.spec import RopeScaling
-from logos_ir.weights import WeightStore
 
-_F32 = np.float32
-Env = dict[SSAValue, Any]
+MEMORY = 48 * 1024
+RESERVED_COLOURS = (21, 22, 23)  # memcpy's colours on WSE-2
+COLOURS = 24  # routable colours of a WSE-2
+
+# Cycles per op (docs/spatial.md, "Cycles", gives the sources and which are assumptions).
+CYCLES = {
+    "scalar": 1,  # an integer or float op, a load, a store, a branch
+    "dsd_setup": 1,  # @get_dsd, @increment_dsd_offset
+    "dsd_element": 1,  # each element a DSD op processes (one per cycle)
+    "math": 20,  # a <math> library call (exp, sqrt, sin, cos): an assumption
+    "hop": 1,  # a wavelet crossing one router
+    "call": 2,  # a call or a return
+    "task_switch": 4,  # an idle element picking its next task: an assumption
+}
+
+_STEP = {"EAST": (1, 0), "WEST": (-1, 0), "NORTH": (0, -1), "SOUTH": (0, 1)}
+_OPPOSITE = {"EAST": "WEST", "WEST": "EAST", "NORTH": "SOUTH", "SOUTH": "NORTH"}
+
+
+class FabricError(LogosError):
+    """A step that cannot finish, or a module the static check refuses."""
+
+
+# -- the layout ------------------------------------------------------------------------------------------------
 
 
 @dataclass
-class Counters:
-    """What the simulated grid did: cycles, words that crossed between regions, word-hops inside regions."""
+class Layout:
+    """What the layout module sets: the rectangle, each element's tile parameters, each router's colour configs."""
 
-    cycles: int = 0
-    words_between: int = 0
-    word_hops_inside: int = 0
-    tokens: int = 0
-
-    def add(self, cycles: int = 0, between: int = 0, inside: int = 0) -> None:
-        self.cycles += cycles
-        self.words_between += between
-        self.word_hops_inside += inside
+    width: int
+    height: int
+    params: dict[tuple[int, int], dict[str, Any]]
+    routes: dict[tuple[int, int, int], tuple[tuple[str, ...], tuple[str, ...]]]
+    files: dict[tuple[int, int], str]
 
 
-def _f16(array: np.ndarray) -> np.ndarray:
-    return array.astype(np.float16).astype(_F32)
+def run_layout(module: csl.CslModuleOp, params: dict[str, int] | None = None) -> Layout:
+    """Execute a layout `csl.module` (its loops, branches and builtins), given its parameters (`cslc --params`),
+    into a `Layout`."""
+    state: dict[str, Any] = {"size": None, "params": {}, "routes": {}, "files": {}}
+    env: dict[SSAValue, Any] = {}
+    given = dict(params or {})
+    for op in module.body.block.ops:
+        if isinstance(op, csl.ParamOp):
+            name = op.param_name.data
+            if name not in given:
+                raise FabricError(f"the layout's parameter '{name}' is not given (cslc --params)")
+            env[op.res] = given[name]
+    _layout_block(module.body.block, env, state)
+    if state["size"] is None:
+        raise FabricError("the layout sets no rectangle (@set_rectangle)")
+    width, height = state["size"]
+    return Layout(width, height, state["params"], state["routes"], state["files"])
 
 
-def _chain_sum(partial: np.ndarray, axis: int) -> np.ndarray:
-    """Sum along `axis` one element after another, as a chain reduction on the fabric adds them."""
-    moved = np.moveaxis(partial, axis, 0)
-    total = moved[0].copy()
-    for k in range(1, moved.shape[0]):
-        total += moved[k]
-    return total
+def _layout_block(block: Block, env: dict[SSAValue, Any], state: dict[str, Any]) -> None:
+    for op in block.ops:
+        _layout_op(op, env, state)
 
 
-def tiles_of(array: np.ndarray, rows: int, columns: int, ey: int, ex: int) -> np.ndarray:
-    """A [R, C] matrix as [ey, ex, rows, columns] tiles (zero-padded): tile (i, j) is element (j, i)'s."""
-    padded = np.zeros((ey * rows, ex * columns), dtype=_F32)
-    padded[: array.shape[0], : array.shape[1]] = array
-    return np.ascontiguousarray(padded.reshape(ey, rows, ex, columns).transpose(0, 2, 1, 3))
+def _layout_op(op: Operation, env: dict[SSAValue, Any], state: dict[str, Any]) -> None:
+    match op:
+        case csl.LayoutOp():
+            _layout_block(op.body.block, env, state)
+        case arith.ConstantOp():
+            env[op.result] = op.value.value.data  # type: ignore[attr-defined]
+        case scf.ForOp():
+            for i in range(env[op.lb], env[op.ub], env[op.step]):
+                env[op.body.block.args[0]] = i
+                _layout_block(op.body.block, env, state)
+        case scf.IfOp():
+            region = op.true_region if env[op.cond] else op.false_region
+            if region.blocks:
+                _layout_block(region.block, env, state)
+        case scf.YieldOp() | csl.ParamOp():
+            pass
+        case csl.ImportModuleConstOp():
+            env[op.result] = {"module": op.module.data}
+        case csl.MemberCallOp():
+            env[op.result] = {"memcpy_column": env[op.args[0]]} if op.args else {}  # type: ignore[index]
+        case csl.ConstStructOp():
+            env[op.res] = {f.data: env[v] for f, v in zip(op.ssa_fields.data, op.ssa_values, strict=True)}  # type: ignore[union-attr]
+        case csl.ConcatStructOp():
+            env[op.result] = {**env[op.this_struct], **env[op.another_struct]}
+        case csl.SetRectangleOp():
+            state["size"] = (env[op.x_dim], env[op.y_dim])
+        case csl.SetTileCodeOp():
+            key = (env[op.x_coord], env[op.y_coord])
+            state["params"][key] = dict(env[op.params]) if op.params is not None else {}
+            state["files"][key] = op.file.data
+        case csl_ext.SetColorConfigOp():
+            key = (env[op.x], env[op.y], op.colour.data)
+            if key in state["routes"]:
+                raise FabricError(f"the layout configures colour {key[2]} twice at element ({key[0]}, {key[1]})")
+            state["routes"][key] = (op.receives, op.transmits)
+        case _ if op.name in _SCALAR:
+            env[op.results[0]] = _SCALAR[op.name](*(env[o] for o in op.operands), op)
+        case _:
+            raise FabricError(f"the fabric simulator does not run '{op.name}' in a layout")
 
 
-def vector_tiles(values: np.ndarray, n: int, tile: int) -> np.ndarray:
-    padded = np.zeros(n * tile, dtype=_F32)
-    padded[: values.size] = values.reshape(-1)
-    return padded.reshape(n, tile)
+def _cmp(a: Any, b: Any, op: Any) -> Any:
+    predicate = op.predicate.value.data
+    return [a == b, a != b, a < b, a <= b, a > b, a >= b, a < b, a <= b, a > b, a >= b][predicate]
 
 
-def flat(values: np.ndarray, width: int) -> np.ndarray:
-    return values.reshape(-1)[:width]
+def _int_div(a: Any, b: Any, op: Any) -> Any:
+    return np.trunc(np.asarray(a) / b).astype(np.int64) if isinstance(a, np.ndarray) else int(a / b)
 
 
-# -- one region ---------------------------------------------------------------------------------------------------
+def _int_rem(a: Any, b: Any, op: Any) -> Any:
+    return np.fmod(a, b)
 
 
-class RegionRun:
-    """One region's program, compiled once into steps over an environment of values; `run` executes it for one token
-    given what the region receives, and returns what it sends."""
+def _select(c: Any, a: Any, b: Any, op: Any) -> Any:
+    return np.where(c, a, b)
 
-    def __init__(self, region: sp.RegionOp, store: WeightStore | None, model: CycleModel):
-        self.region, self.model = region, model
-        self.name = region.sym_name.data
-        self.weights = region.weights.data
-        self.macs = model.macs(self.weights)
-        self.origin = np.array(sp.int_values(region.origin))
-        self.store = store
-        self.caches: list[np.ndarray] = []
-        self.steps: list[Callable[[Env, Counters], None]] = []
-        self.receives: list[sp.ReceiveOp] = []
-        self.send: sp.SendOp | None = None
-        self._ropes: dict[tuple[Any, ...], np.ndarray] = {}
-        for op in region.body.block.ops:
-            self.steps.append(self._compile(op))
 
-    def reset(self) -> None:
-        for cache in self.caches:
-            cache.fill(0)
+_SCALAR: dict[str, Callable[..., Any]] = {
+    "arith.addi": lambda a, b, op: a + b,
+    "arith.subi": lambda a, b, op: a - b,
+    "arith.muli": lambda a, b, op: a * b,
+    "arith.divsi": _int_div,
+    "arith.remsi": _int_rem,
+    "arith.cmpi": _cmp,
+    "arith.select": _select,
+    "arith.addf": lambda a, b, op: np.float32(a) + np.float32(b),
+    "arith.subf": lambda a, b, op: np.float32(a) - np.float32(b),
+    "arith.mulf": lambda a, b, op: np.float32(a) * np.float32(b),
+    "arith.divf": lambda a, b, op: np.float32(a) / np.float32(b),
+    "arith.extsi": lambda a, op: a,
+    "arith.trunci": lambda a, op: a,
+    "arith.index_cast": lambda a, op: a,
+    "arith.sitofp": lambda a, op: np.asarray(a).astype(np.float32),
+    "arith.extf": lambda a, op: np.asarray(a).astype(np.float32),
+    "arith.truncf": lambda a, op: np.asarray(a).astype(np.float16),
+}
 
-    def run(self, inputs: dict[str, Any], counters: Counters) -> np.ndarray:
-        env: Env = {}
-        self._inputs = inputs
-        for step in self.steps:
-            step(env, counters)
-        assert self.send is not None
-        return env[self.send.input]
 
-    # -- compiling ops --------------------------------------------------------------------------------------------
+# -- routes ------------------------------------------------------------------------------------------------------
 
-    def _compile(self, op: Operation) -> Callable[[Env, Counters], None]:
-        method = getattr(self, "_" + op.name.removeprefix("spatial."), None)
-        if method is None:
-            raise LogosError(f"spatial simulator: region @{self.name} holds '{op.name}', which it does not run")
-        return method(op)
 
-    def _weight(self, op: sp.PlaceOp) -> np.ndarray:
-        if self.store is None:
-            raise LogosError("spatial simulator: a run needs the weights")
-        array = np.asarray(self.store.get(op.tensor.data), dtype=_F32)
-        if self.weights == "f16":
-            array = _f16(array)
-        rows, columns = sp.int_values(op.shape)
-        tile_rows, tile_columns = sp.int_values(op.tile)
-        rect = op.rect
-        if rows == 1:
-            return vector_tiles(array, rect.w * rect.h, tile_columns)
-        return tiles_of(array.reshape(rows, columns), tile_rows, tile_columns, rect.h, rect.w)
+@dataclass
+class Routes:
+    """Where each element's wavelets on each colour arrive: for colour c, `dest[c]` is [elements, fan-out] of
+    element indices (-1: none) with `hops[c]` the routers crossed; `broken[c][e]` says where a sender's wavelets stop."""
 
-    def _place(self, op: sp.PlaceOp) -> Callable[[Env, Counters], None]:
-        tiles = self._weight(op)
+    dest: dict[int, np.ndarray]
+    hops: dict[int, np.ndarray]
+    broken: dict[int, dict[int, str]]
 
-        def step(env: Env, counters: Counters) -> None:
-            env[op.result] = tiles
 
-        return step
+def trace_routes(layout: Layout, colours: Sequence[int]) -> Routes:
+    width, height = layout.width, layout.height
+    n = width * height
+    dest, hops, broken = {}, {}, {}
+    for c in colours:
+        found: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+        stops: dict[int, str] = {}
+        for sx in range(width):
+            for sy in range(height):
+                s = sy * width + sx
+                if (sx, sy, c) not in layout.routes:
+                    continue
+                rx, _ = layout.routes[(sx, sy, c)]
+                if "RAMP" not in rx:
+                    continue
+                stop = _follow(layout, c, sx, sy, found[s])
+                if stop:
+                    stops[s] = stop
+        fan = max((len(f) for f in found), default=0) or 1
+        d = np.full((n, fan), -1, dtype=np.int64)
+        h = np.zeros((n, fan), dtype=np.int64)
+        for s, targets in enumerate(found):
+            for k, (t, hop) in enumerate(targets):
+                d[s, k], h[s, k] = t, hop
+        dest[c], hops[c], broken[c] = d, h, stops
+    return Routes(dest, hops, broken)
 
-    def _cache(self, op: sp.CacheOp) -> Callable[[Env, Counters], None]:
-        kv_heads, _, head_dim = sp.int_values(op.shape)
-        rect = op.rect
-        cache = np.zeros((kv_heads, rect.w, op.block.value.data, head_dim), dtype=_F32)
-        self.caches.append(cache)
 
-        def step(env: Env, counters: Counters) -> None:
-            env[op.result] = cache
+def _follow(layout: Layout, colour: int, sx: int, sy: int, out: list[tuple[int, int]]) -> str:
+    """Follow colour's wavelets from element (sx, sy)'s ramp; append (element, hops) for each delivery; return
+    where they stop ('' if nowhere)."""
+    width = layout.width
+    frontier = [(sx, sy, "RAMP", 0)]
+    seen = set()
+    while frontier:
+        x, y, came, hop = frontier.pop()
+        if (x, y, came) in seen:
+            return f"colour {colour} loops at element ({x}, {y})"
+        seen.add((x, y, came))
+        config = layout.routes.get((x, y, colour))
+        if config is None or came not in config[0]:
+            return f"element ({x}, {y}) has no route for colour {colour} from {came}"
+        for direction in config[1]:
+            if direction == "RAMP":
+                if (x, y) != (sx, sy) or came != "RAMP":
+                    out.append((y * width + x, hop))
+                continue
+            dx, dy = _STEP[direction]
+            nx, ny = x + dx, y + dy
+            if not (0 <= nx < layout.width and 0 <= ny < layout.height):
+                return f"colour {colour} leaves the grid at element ({x}, {y}) going {direction}"
+            frontier.append((nx, ny, _OPPOSITE[direction], hop + 1))
+    return ""
 
-        return step
 
-    def _receive(self, op: sp.ReceiveOp) -> Callable[[Env, Counters], None]:
-        self.receives.append(op)
-        kind, layout = op.kind.data, op.layout
+# -- the static check --------------------------------------------------------------------------------------------
 
-        def step(env: Env, counters: Counters) -> None:
-            value = self._inputs[kind]
-            env[op.result] = value if kind != "hidden" else vector_tiles(value, layout.n, layout.tile)
 
-        return step
-
-    def _send(self, op: sp.SendOp) -> Callable[[Env, Counters], None]:
-        self.send = op
-        width = sp.shape_of(op.input)[-1]
-
-        def step(env: Env, counters: Counters) -> None:
-            value = env[op.input]
-            env[op.input] = flat(value, width) if value.ndim == 2 else value
-
-        return step
-
-    def _route(self, op: sp.RouteOp) -> Callable[[Env, Counters], None]:
-        width = sp.shape_of(op.input)[-1]
-        target = op.layout
-        cycles, hops = op_cost(op, self.model, self.weights)
-
-        def step(env: Env, counters: Counters) -> None:
-            env[op.result] = vector_tiles(flat(env[op.input], width), target.n, target.tile)
-            counters.add(cycles, inside=hops)
-
-        return step
-
-    def _matvec(self, op: sp.MatvecOp) -> Callable[[Env, Counters], None]:
-        f16 = self.weights == "f16"
-        cycles, hops = op_cost(op, self.model, self.weights)
-
-        def step(env: Env, counters: Counters) -> None:
-            x = env[op.input]  # [ex, tile columns]: tile j on the top row's element j, sent down column j
-            if f16:
-                x = _f16(x)
-            partial = np.matmul(env[op.weight], x[None, :, :, None])[..., 0]  # each element: its tile times its x
-            env[op.result] = _chain_sum(partial, axis=1)  # along each row to its last element
-            counters.add(cycles, inside=hops)
-
-        return step
-
-    def _norm(self, op: sp.NormOp) -> Callable[[Env, Counters], None]:
-        width = sp.shape_of(op.input)[-1]
-        eps, inv_width = _F32(op.epsilon.value.data), _F32(1.0 / width)
-        cycles, hops = op_cost(op, self.model, self.weights)
-
-        def step(env: Env, counters: Counters) -> None:
-            x, weight = env[op.input], env[op.weight]
-            squares = np.einsum("ij,ij->i", x, x)  # each element its own tile's
-            total = _chain_sum(squares, axis=0)  # along the line, then broadcast back
-            scale = _F32(1) / np.sqrt(total * inv_width + eps)
-            env[op.result] = (x * scale) * weight
-            counters.add(cycles, inside=hops)
-
-        return step
-
-    def _rope_table(self, head_dim: int, theta: float, scaling: RopeScaling | None) -> np.ndarray:
-        key = (head_dim, theta, scaling)
-        if key not in self._ropes:
-            self._ropes[key] = rope_inv_freq(head_dim, theta, scaling)
-        return self._ropes[key]
-
-    def _rope(self, op: sp.RopeOp) -> Callable[[Env, Counters], None]:
-        from logos_ir.dialects.logos import scaling_from_attr
-
-        head_dim = op.head_dim.value.data
-        scaling = None if op.scaling is None else scaling_from_attr(op.scaling)
-        inv_freq = self._rope_table(head_dim, op.theta.value.data, scaling)
-        layout, half = op.layout, head_dim // 2
-        cycles, hops = op_cost(op, self.model, self.weights)
-
-        def step(env: Env, counters: Counters) -> None:
-            position = int(env[op.positions][0])  # the position word, passed along the line
-            angles = (position - 1) * inv_freq
-            cos = np.concatenate([np.cos(angles)] * 2).astype(_F32)
-            sin = np.concatenate([-np.sin(angles), np.sin(angles)]).astype(_F32)
-            x = env[op.input]
-            heads = x.reshape(layout.n, -1, head_dim)
-            swapped = np.concatenate((heads[..., half:], heads[..., :half]), axis=-1)
-            env[op.result] = (heads * cos + swapped * sin).reshape(layout.n, layout.tile)
-            counters.add(cycles, inside=hops)
-
-        return step
-
-    def _cache_write(self, op: sp.CacheWriteOp) -> Callable[[Env, Counters], None]:
-        cache_op = op.cache.owner
-        assert isinstance(cache_op, sp.CacheOp)
-        block = cache_op.block.value.data
-        f16 = self.weights == "f16"
-
-        def step(env: Env, counters: Counters) -> None:
-            position = int(env[op.positions][0])
-            owner, slot = divmod(position - 1, block)
-            value = env[op.input]  # [kv heads, head size], each head on its row's first element
-            env[op.cache][:, owner, slot] = _f16(value) if f16 else value  # sent along the row to the block's owner
-            cycles, hops = op_cost(op, self.model, self.weights, position)
-            counters.add(cycles, inside=hops)
-
-        return step
-
-    def _attend(self, op: sp.AttendOp) -> Callable[[Env, Counters], None]:
-        cache = op.cache
-        kv_heads, _, head_dim = sp.int_values(cache.shape)
-        block = cache.block.value.data
-        layout = op.layout
-        group = layout.tile // head_dim
-        scale = _F32(1 / math.sqrt(head_dim))
-
-        def step(env: Env, counters: Counters) -> None:
-            position = int(env[op.positions][0])
-            active = -(-position // block)  # elements whose block holds a position up to this one
-            q = env[op.query].reshape(kv_heads, group, head_dim)  # sent along each row
-            keys, values = env[op.keys][:, :active], env[op.values][:, :active]
-            scores = np.einsum("hgd,hbjd->hbgj", q, keys) * scale
-            valid = np.arange(active * block).reshape(active, block) < position
-            scores = np.where(valid[None, :, None, :], scores, _F32(-np.inf))
-            high = scores.max(axis=-1)  # each element: its running maximum, sum and weighted values
-            weights = np.exp(scores - high[..., None])
-            total = weights.sum(axis=-1)
-            weighted = np.einsum("hbgj,hbjd->hbgd", weights, values)
-            env[op.result] = _combine(high, total, weighted).reshape(kv_heads, layout.tile)
-            cycles, hops = op_cost(op, self.model, self.weights, position)
-            counters.add(cycles, inside=hops)
-
-        return step
-
-    def _map(self, op: sp.MapOp) -> Callable[[Env, Counters], None]:
-        fn = op.fn.data
-        cycles, _ = op_cost(op, self.model, self.weights)
-        tanh = np.tanh
-
-        def silu(v: np.ndarray) -> np.ndarray:
-            return v * (tanh(v * _F32(0.5)) * _F32(0.5) + _F32(0.5))
-
-        def step(env: Env, counters: Counters) -> None:
-            args = [env[v] for v in op.inputs]
-            if fn == "silu":
-                env[op.result] = silu(args[0])
+def static_check(module: ModuleOp, printed: str | None = None, params: dict[str, int] | None = None) -> None:
+    """Refuse (FabricError) a module that uses a reserved colour, receives a colour nothing sends, binds a task id
+    twice, declares a symbol twice, or (in `printed`, its CSL text) declares a name twice in one scope."""
+    program, layout = split_modules(module)
+    sent: set[int] = set()
+    received: list[tuple[int, Operation]] = []
+    for op in program.walk():
+        if isinstance(op, csl.GetFabDsdOp):
+            colour = op.fabric_color.value.data
+            _check_colour(colour, op)
+            if op.result.type == csl.DsdType(csl.DsdKind.fabin_dsd):
+                received.append((colour, op))
             else:
-                env[op.result] = np.add(*args) if fn == "add" else np.multiply(*args)
-            counters.add(cycles)
-
-        return step
-
-    def _embed(self, op: sp.EmbedOp) -> Callable[[Env, Counters], None]:
-        place = op.table.owner
-        assert isinstance(place, sp.PlaceOp)
-        tile_rows = sp.int_values(place.tile)[0]
-
-        def step(env: Env, counters: Counters) -> None:
-            token = int(env[op.tokens][0])  # sent to every element of the table
-            row, local = divmod(token - 1, tile_rows)
-            env[op.result] = env[op.table][row, :, local, :].copy()  # that row's elements send it down
-            cycles, hops = op_cost(op, self.model, self.weights, row=row)
-            counters.add(cycles, inside=hops)
-
-        return step
-
-    def _argmax(self, op: sp.ArgmaxOp) -> Callable[[Env, Counters], None]:
-        source = sp.layout_of(op.input)
-        width = sp.shape_of(op.input)[-1]
-        padded = np.arange(source.n * source.tile).reshape(source.n, source.tile) >= width
-        cycles, hops = op_cost(op, self.model, self.weights)
-
-        def step(env: Env, counters: Counters) -> None:
-            x = np.where(padded, _F32(-np.inf), env[op.input])
-            local = x.argmax(axis=1)  # each element its own tile's first greatest
-            local_values = x[np.arange(source.n), local]
-            best = 0
-            for k in range(1, source.n):  # (value, index) pairs along the line; an equal value keeps the first
-                if local_values[k] > local_values[best]:
-                    best = k
-            env[op.result] = np.array([best * source.tile + int(local[best]) + 1], dtype=np.int64)
-            counters.add(cycles, inside=hops)
-
-        return step
+                sent.add(colour)
+    for op in layout.walk():
+        if isinstance(op, csl_ext.SetColorConfigOp):
+            _check_colour(op.colour.data, op)
+    for colour, op in received:
+        if colour not in sent:
+            where = _function_of(op)
+            elements = _elements_reaching(op, module, params)
+            raise FabricError(
+                f"static check: colour {colour} is received (@get_dsd(fabin_dsd) in {where}, on element "
+                f"{elements}) but no element sends it"
+            )
+    names: dict[str, str] = {}
+    tasks: dict[int, str] = {}
+    for op in program.body.block.ops:
+        name = None
+        if isinstance(op, memref.GlobalOp):
+            name = op.sym_name.data
+        elif isinstance(op, csl.FuncOp | csl.TaskOp):
+            name = op.sym_name.data
+        if name is not None:
+            if name in names:
+                raise FabricError(f"static check: '{name}' is declared twice in the program's top scope")
+            names[name] = op.name
+        if isinstance(op, csl.TaskOp) and op.id is not None:
+            task_id = op.id.value.data
+            if task_id in tasks:
+                raise FabricError(f"static check: task id {task_id} is bound to {tasks[task_id]} and {op.sym_name.data}")
+            if task_id in sent or task_id in {c for c, _ in received}:
+                raise FabricError(f"static check: local task id {task_id} is also a colour the program routes")
+            tasks[task_id] = op.sym_name.data
+    if printed is not None:
+        check_scopes(printed)
 
 
-def _combine(high: np.ndarray, total: np.ndarray, weighted: np.ndarray) -> np.ndarray:
-    """Combine each row's (maximum, sum, weighted values) element after element along the row: [kv, group, head]."""
-    m, s, o = high[:, 0], total[:, 0], weighted[:, 0]
-    for b in range(1, high.shape[1]):
-        new = np.maximum(m, high[:, b])
-        mine, theirs = np.exp(m - new), np.exp(high[:, b] - new)
-        s = s * mine + total[:, b] * theirs
-        o = o * mine[..., None] + weighted[:, b] * theirs[..., None]
-        m = new
-    return o / s[..., None]
+def _check_colour(colour: int, op: Operation) -> None:
+    if colour in RESERVED_COLOURS:
+        raise FabricError(f"static check: colour {colour} ({op.name}) is reserved by memcpy on WSE-2 (21, 22, 23)")
+    if not 0 <= colour < COLOURS:
+        raise FabricError(f"static check: colour {colour} ({op.name}) is outside a WSE-2's 24 colours")
 
 
-# -- the whole grid ---------------------------------------------------------------------------------------------
+def _function_of(op: Operation) -> str:
+    parent = op.parent_op()
+    while parent is not None and not isinstance(parent, csl.FuncOp | csl.TaskOp):
+        parent = parent.parent_op()
+    return parent.sym_name.data if parent is not None else "the program"
+
+
+def _elements_reaching(op: Operation, module: ModuleOp, params: dict[str, int] | None) -> str:
+    """The first element (x, y) whose parameters take every branch around `op` (branches on px/py only)."""
+    program, layout_module = split_modules(module)
+    layout = run_layout(layout_module, params)
+    conditions: list[tuple[SSAValue, bool]] = []
+    child: Operation = op
+    parent = op.parent_op()
+    while parent is not None and not isinstance(parent, csl.FuncOp | csl.TaskOp):
+        if isinstance(parent, scf.IfOp):
+            conditions.append((parent.cond, child.parent_region() is parent.true_region))
+        child, parent = parent, parent.parent_op()
+    params = {o.param_name.data: o.res for o in program.body.block.ops if isinstance(o, csl.ParamOp)}
+    for (x, y), values in sorted(layout.params.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        known = {params[k]: v for k, v in values.items() if k in params}
+        if all(_static_value(c, known) in (taken, None) for c, taken in conditions):
+            return f"({x}, {y})"
+    return "(none)"
+
+
+def _static_value(value: SSAValue, known: dict[SSAValue, Any]) -> Any:
+    if value in known:
+        return known[value]
+    op = value.owner
+    if isinstance(op, arith.ConstantOp):
+        return op.value.value.data  # type: ignore[attr-defined]
+    if isinstance(op, Operation) and op.name in _SCALAR:
+        args = [_static_value(o, known) for o in op.operands]
+        if any(a is None for a in args):
+            return None
+        return bool(_SCALAR[op.name](*args, op)) if op.name == "arith.cmpi" else _SCALAR[op.name](*args, op)
+    return None
+
+
+_DECLARATION = re.compile(r"^\s*(?:const|var|param)\s+([A-Za-z_][A-Za-z0-9_]*)")
+_CAPTURE = re.compile(r"\|\s*([A-Za-z_][A-Za-z0-9_]*)\s*\|\s*\{\s*$")
+
+
+def check_scopes(printed: str) -> None:
+    """Refuse CSL text (one file or several, split by `// FILE:` lines) that declares a name twice in one scope or
+    shadows a name of an enclosing scope (CSL, as Zig, allows neither)."""
+    for chunk in printed.split("// FILE:"):
+        scopes: list[set[str]] = [set()]
+        for number, line in enumerate(chunk.splitlines(), 1):
+            code = line.split("//", 1)[0]
+            match = _DECLARATION.match(code)
+            names = [match.group(1)] if match else []
+            capture = _CAPTURE.search(code)
+            if capture and "for" in code:
+                names.append(capture.group(1))
+            opening = code.count("{") - code.count("}")
+            for name in names:
+                if any(name in scope for scope in scopes):
+                    head = chunk.splitlines()[0].strip() if chunk.strip() else "?"
+                    raise FabricError(f"static check: '{name}' is declared twice in one scope ({head}, line {number})")
+                target = scopes[-1] if not (capture and name == capture.group(1)) else None
+                if target is not None:
+                    target.add(name)
+            for _ in range(max(opening, 0)):
+                scopes.append(set())
+            if capture and "for" in code:
+                scopes[-1].add(capture.group(1))
+            for _ in range(max(-opening, 0)):
+                if len(scopes) > 1:
+                    scopes.pop()
+
+
+def split_modules(module: ModuleOp) -> tuple[csl.CslModuleOp, csl.CslModuleOp]:
+    program = layout = None
+    for op in module.ops:
+        if isinstance(op, csl.CslModuleOp):
+            if op.kind.data == csl.ModuleKind.LAYOUT:
+                layout = op
+            else:
+                program = op
+    if program is None or layout is None:
+        raise FabricError("the fabric simulator needs a program csl.module and a layout csl.module")
+    return program, layout
+
+
+# -- the elements --------------------------------------------------------------------------------------------------
 
 
 @dataclass
-class Machine:
-    """Every region of a decode step on one grid, run in model order for each token."""
+class MemDsd:
+    """A memory DSD held by each element: array[offset + stride * i] for i < length."""
 
-    regions: list[RegionRun]
-    identities: list[Identity]
-    model: CycleModel = field(default_factory=CycleModel)
-    counters: Counters = field(default_factory=Counters)
+    array: str
+    offset: np.ndarray
+    length: np.ndarray
+    stride: np.ndarray
 
-    @classmethod
-    def build(cls, parts: Sequence[Any], store: WeightStore, model: CycleModel | None = None) -> Machine:
-        model = model or CycleModel()
-        runs = [RegionRun(p.region, store, model) for p in parts]
-        return cls(runs, [p.identity for p in parts], model)
+
+@dataclass
+class FabDsd:
+    """A fabric DSD: `extent` wavelets on `colour`, into (`inbound`) or out of the element."""
+
+    colour: int
+    inbound: bool
+    extent: np.ndarray
+
+
+_DTYPES = {"f32": np.float32, "f16": np.float16, "i32": np.int64, "i16": np.int64}
+
+
+def _dtype(type_: Any) -> Any:
+    text = str(type_)
+    if text in ("f32", "f16"):
+        return _DTYPES[text]
+    if text == "i1":
+        return np.bool_
+    return np.int64
+
+
+@dataclass
+class Blocked:
+    element: int
+    colour: int | None
+    op: str
+    why: str
+
+
+class Fabric:
+    """The grid of elements running one program (see the module docstring)."""
+
+    def __init__(self, module: ModuleOp, params: dict[str, int], memory: int = MEMORY, queue_words: int | None = None):
+        program, layout_module = split_modules(module)
+        self.program = program
+        self.layout = run_layout(layout_module, params)
+        self.width, self.height = self.layout.width, self.layout.height
+        n = self.n = self.width * self.height
+        self.xs = np.arange(n) % self.width
+        self.ys = np.arange(n) // self.width
+        self.regs: dict[SSAValue, Any] = {}
+        self.memory: dict[str, np.ndarray] = {}
+        self.exports: dict[str, str] = {}
+        self.instrs: list[Callable[[np.ndarray], np.ndarray]] = []
+        self.names: list[str] = []
+        self.entries: dict[str, int] = {}
+        self.tasks: dict[int, int] = {}
+        self.fixups: list[tuple[int, str]] = []
+        self.pending: list[tuple[str, Callable[[np.ndarray], np.ndarray]]] = []
+        self._simple = False
+        self.clock = np.zeros(n)
+        self.pc = np.full(n, -1, dtype=np.int64)
+        self.stack = np.zeros((n, 16), dtype=np.int64)
+        self.depth = np.zeros(n, dtype=np.int64)
+        self.activated = np.zeros((n, 32), dtype=bool)
+        self.blocked = np.zeros((n, 32), dtype=bool)
+        self.ended = np.zeros(n, dtype=bool)
+        self.waiting: dict[int, Blocked] = {}
+        self._load(memory)
+        colours = sorted({c for (_, _, c) in self.layout.routes} | self._colours_used())
+        self.routes = trace_routes(self.layout, colours)
+        cap = queue_words or max(64, 2 * self._longest_message())
+        self.queue = {c: np.zeros((n, cap), dtype=np.float32) for c in colours}
+        self.queue_len = {c: np.zeros(n, dtype=np.int64) for c in colours}
+        self.queue_ready = {c: np.zeros(n) for c in colours}
+        self.capacity = cap
+        self.wavelets = 0
+
+    # -- loading --
+
+    def _colours_used(self) -> set[int]:
+        return {op.fabric_color.value.data for op in self.program.walk() if isinstance(op, csl.GetFabDsdOp)}
+
+    def _longest_message(self) -> int:
+        longest = 1
+        for op in self.program.walk():
+            if isinstance(op, csl.GetFabDsdOp):
+                size = op.sizes[0].owner
+                if isinstance(size, arith.ConstantOp):
+                    longest = max(longest, size.value.value.data)  # type: ignore[attr-defined]
+        return longest
+
+    def element_bytes(self) -> tuple[int, int]:
+        """(array bytes, code bytes) of every element: the program's arrays, and 4 bytes per op of its functions
+        and tasks (an estimate: the SDK publishes no code size per builtin)."""
+        arrays = sum(a.shape[1] * (2 if a.dtype == np.float16 else 4) for a in self.memory.values())
+        code = 0
+        for op in self.program.body.block.ops:
+            if isinstance(op, csl.FuncOp | csl.TaskOp):
+                code += 4 * sum(1 for _ in op.walk())
+        return arrays, code
+
+    def _load(self, memory: int) -> None:
+        params = {op.param_name.data: op.res for op in self.program.body.block.ops if isinstance(op, csl.ParamOp)}
+        for name, value in params.items():
+            array = np.zeros(self.n, dtype=np.int64)
+            for (x, y), given in self.layout.params.items():
+                if name in given and isinstance(given[name], int):
+                    array[y * self.width + x] = given[name]
+            self.regs[value] = array
+        missing = [(x, y) for x in range(self.width) for y in range(self.height) if (x, y) not in self.layout.params]
+        if missing:
+            raise FabricError(f"element {missing[0]} has no tile code (@set_tile_code)")
+        for op in self.program.body.block.ops:
+            match op:
+                case memref.GlobalOp():
+                    shape = op.type.get_shape()  # type: ignore[union-attr]
+                    element = _DTYPES.get(str(op.type.get_element_type()), np.float32)  # type: ignore[union-attr]
+                    self.memory[op.sym_name.data] = np.zeros((self.n, int(np.prod(shape))), dtype=element)
+                case csl.FuncOp() | csl.TaskOp():
+                    self._compile_function(op)
+                case csl.SymbolExportOp():
+                    name = op.get_name()
+                    if op.value is not None:
+                        self.exports[name] = self._array_of(op.value)
+                    else:
+                        self.exports[name] = name
+                case _:
+                    self._static(op)
+        for at, callee in self.fixups:
+            if callee not in self.entries:
+                raise FabricError(f"the program calls '{callee}', which it does not define")
+        arrays, code = self.element_bytes()
+        if arrays + code > memory:
+            raise FabricError(
+                f"element (0, 0) (and every element: they run one program) needs {arrays} bytes of arrays and "
+                f"{code} of code, over its {memory} bytes"
+            )
+
+    def _array_of(self, value: SSAValue) -> str:
+        op = value.owner
+        if isinstance(op, csl.AddressOfOp):
+            return self._array_of(op.value)
+        if isinstance(op, memref.GetGlobalOp):
+            return op.name_.root_reference.data
+        raise FabricError(f"the fabric simulator cannot tell which array '{value}' is")
+
+    def _static(self, op: Operation) -> None:
+        """Ops with no run-time effect: constants, module imports, globals' addresses."""
+        match op:
+            case arith.ConstantOp():
+                value = op.value.value.data  # type: ignore[attr-defined]
+                self.regs[op.result] = np.full(self.n, value, dtype=_dtype(op.result.type))
+            case memref.GetGlobalOp() | csl.ImportModuleConstOp() | csl.AddressOfOp() | csl.ParamOp():
+                pass
+            case csl_ext.CommentOp():
+                pass
+            case _:
+                raise FabricError(f"the fabric simulator does not run '{op.name}' at the program's top level")
+
+    # -- compiling into instructions --
+
+    def _emit(self, name: str, run: Callable[[np.ndarray], np.ndarray]) -> int:
+        if self._simple:
+            self.pending.append((name, run))
+            return len(self.instrs)
+        self._flush()
+        self.instrs.append(run)
+        self.names.append(name)
+        return len(self.instrs) - 1
+
+    def _flush(self) -> None:
+        """Fuse the pending straight-line ops (none of which can wait) into one instruction: the elements at it run
+        them all, in order, each op adding its own cycles."""
+        if not self.pending:
+            return
+        runs = [run for _, run in self.pending]
+        names = ", ".join(dict.fromkeys(name for name, _ in self.pending))
+        self.pending = []
+        at = len(self.instrs)
+        following = at + 1
+
+        def fused(idx: np.ndarray) -> np.ndarray:
+            for run in runs:
+                run(idx)
+            return np.full(idx.size, following, dtype=np.int64)
+
+        self.instrs.append(fused)
+        self.names.append(names)
+        del at
+
+    def _is_simple(self, op: Operation) -> bool:
+        """An op that never waits and never jumps (it can be fused with its neighbours)."""
+        if isinstance(op, csl.BuiltinDsdOp):
+            return not any(isinstance(v.owner, csl.GetFabDsdOp) for v in op.ops)
+        return not isinstance(op, csl.CallOp | csl.ReturnOp | scf.ForOp | scf.IfOp)
+
+    def _compile_function(self, fn: csl.FuncOp | csl.TaskOp) -> None:
+        name = fn.sym_name.data
+        self.entries[name] = len(self.instrs)
+        if isinstance(fn, csl.TaskOp) and fn.id is not None:
+            self.tasks[fn.id.value.data] = len(self.instrs)
+        for arg in fn.body.block.args:
+            self.regs[arg] = np.zeros(self.n, dtype=_dtype(arg.type))
+        self._compile_block(fn.body.block)
+
+    def _compile_block(self, block: Block) -> None:
+        for op in block.ops:
+            self._compile_op(op)
+
+    def _reg(self, value: SSAValue) -> np.ndarray:
+        reg = self.regs.get(value)
+        if reg is None:
+            reg = self.regs[value] = np.zeros(self.n, dtype=_dtype(value.type))
+        return reg
+
+    def _next(self, idx: np.ndarray, at: int) -> np.ndarray:
+        return np.full(idx.size, at + 1, dtype=np.int64)
+
+    def _compile_op(self, op: Operation) -> None:  # noqa: C901
+        self._simple = self._is_simple(op)
+        if not self._simple:
+            self._flush()
+        at = len(self.instrs)
+        self._compile_one(op, at)
+        self._simple = False
+
+    def _compile_one(self, op: Operation, at: int) -> None:  # noqa: C901
+        match op:
+            case arith.ConstantOp() | memref.GetGlobalOp() | csl_ext.CommentOp():
+                self._static(op)
+            case _ if op.name in _SCALAR:
+                self._compile_scalar(op)
+            case memref.LoadOp():
+                self._compile_load(op)
+            case memref.StoreOp():
+                self._compile_store(op)
+            case csl.GetMemDsdOp():
+                self._compile_mem_dsd(op)
+            case csl.IncrementDsdOffsetOp():
+                self._compile_increment(op)
+            case csl.GetFabDsdOp():
+                self._compile_fab_dsd(op)
+            case csl.BuiltinDsdOp():
+                self._compile_dsd_op(op)
+            case csl.MemberCallOp():
+                self._compile_member_call(op)
+            case csl.ActivateOp():
+                task = op.id.value.data
+
+                def activate(idx: np.ndarray) -> np.ndarray:
+                    self.activated[idx, task] = True
+                    self.clock[idx] += CYCLES["scalar"]
+                    return self._next(idx, at)
+
+                self._emit("@activate", activate)
+            case csl_ext.BlockOp() | csl_ext.UnblockOp():
+                task, value = op.task.data, isinstance(op, csl_ext.BlockOp)
+
+                def block(idx: np.ndarray) -> np.ndarray:
+                    self.blocked[idx, task] = value
+                    self.clock[idx] += CYCLES["scalar"]
+                    return self._next(idx, at)
+
+                self._emit("@block" if value else "@unblock", block)
+            case csl.CallOp():
+                self._compile_call(op)
+            case csl.ReturnOp():
+                self._flush()
+                self._emit("return", self._return)
+            case scf.ForOp():
+                self._compile_for(op)
+            case scf.IfOp():
+                self._compile_if(op)
+            case _:
+                raise FabricError(f"the fabric simulator does not run '{op.name}'")
+
+    def _compile_scalar(self, op: Operation) -> None:
+        at = len(self.instrs)
+        function = _SCALAR[op.name]
+        inputs = [self._reg(v) for v in op.operands]
+        out = self._reg(op.results[0])
+
+        def run(idx: np.ndarray) -> np.ndarray:
+            out[idx] = function(*(r[idx] for r in inputs), op)
+            self.clock[idx] += CYCLES["scalar"]
+            return self._next(idx, at)
+
+        self._emit(op.name, run)
+
+    def _compile_load(self, op: memref.LoadOp) -> None:
+        at = len(self.instrs)
+        name = self._array_of(op.memref)
+        index = self._reg(op.indices[0])
+        out = self._reg(op.res)
+
+        def run(idx: np.ndarray) -> np.ndarray:
+            array = self.memory[name]
+            where = index[idx]
+            self._bounds(idx, where, array.shape[1], name, "a load")
+            out[idx] = array[idx, where]
+            self.clock[idx] += CYCLES["scalar"]
+            return self._next(idx, at)
+
+        self._emit("load", run)
+
+    def _compile_store(self, op: memref.StoreOp) -> None:
+        at = len(self.instrs)
+        name = self._array_of(op.memref)
+        index, value = self._reg(op.indices[0]), self._reg(op.value)
+
+        def run(idx: np.ndarray) -> np.ndarray:
+            array = self.memory[name]
+            where = index[idx]
+            self._bounds(idx, where, array.shape[1], name, "a store")
+            array[idx, where] = value[idx]
+            self.clock[idx] += CYCLES["scalar"]
+            return self._next(idx, at)
+
+        self._emit("store", run)
+
+    def _bounds(self, idx: np.ndarray, where: np.ndarray, words: int, name: str, what: str) -> None:
+        bad = (where < 0) | (where >= words)
+        if bad.any():
+            e = int(idx[np.argmax(bad.reshape(len(idx), -1).any(axis=1))])
+            raise FabricError(
+                f"element ({self.xs[e]}, {self.ys[e]}): {what} reaches outside the array '{name}' of {words} words"
+            )
+
+    def _compile_mem_dsd(self, op: csl.GetMemDsdOp) -> None:
+        at = len(self.instrs)
+        name = self._array_of(op.base_addr)
+        access = op.tensor_access.data if op.tensor_access is not None else None
+        offset = access.eval([0], []) [0] if access is not None else 0
+        stride = (access.eval([1], [])[0] - offset) if access is not None else 1
+        size = self._reg(op.sizes[0])
+        reg = self.regs[op.result] = MemDsd(name, np.zeros(self.n, np.int64), np.zeros(self.n, np.int64), np.zeros(self.n, np.int64))
+
+        def run(idx: np.ndarray) -> np.ndarray:
+            reg.offset[idx], reg.length[idx], reg.stride[idx] = offset, size[idx], stride
+            self.clock[idx] += CYCLES["dsd_setup"]
+            return self._next(idx, at)
+
+        self._emit("@get_dsd", run)
+
+    def _compile_increment(self, op: csl.IncrementDsdOffsetOp) -> None:
+        at = len(self.instrs)
+        by = self._reg(op.offset)
+        reg = self.regs[op.result] = MemDsd("", np.zeros(self.n, np.int64), np.zeros(self.n, np.int64), np.zeros(self.n, np.int64))
+        source_value = op.op
+
+        def run(idx: np.ndarray) -> np.ndarray:
+            source = self.regs[source_value]
+            reg.array = source.array
+            reg.offset[idx] = source.offset[idx] + by[idx]
+            reg.length[idx], reg.stride[idx] = source.length[idx], source.stride[idx]
+            self.clock[idx] += CYCLES["dsd_setup"]
+            return self._next(idx, at)
+
+        self._emit("@increment_dsd_offset", run)
+
+    def _compile_fab_dsd(self, op: csl.GetFabDsdOp) -> None:
+        at = len(self.instrs)
+        inbound = op.result.type == csl.DsdType(csl.DsdKind.fabin_dsd)
+        reg = self.regs[op.result] = FabDsd(op.fabric_color.value.data, inbound, np.zeros(self.n, np.int64))
+        size = self._reg(op.sizes[0])
+
+        def run(idx: np.ndarray) -> np.ndarray:
+            reg.extent[idx] = size[idx]
+            self.clock[idx] += CYCLES["dsd_setup"]
+            return self._next(idx, at)
+
+        self._emit("@get_dsd", run)
+
+    def _compile_call(self, op: csl.CallOp) -> None:
+        at = len(self.instrs)
+        callee = op.callee.string_value()
+        self.fixups.append((at, callee))
+        args = [self._reg(a) for a in op.args]
+        fn = next(
+            (f for f in self.program.body.block.ops if isinstance(f, csl.FuncOp) and f.sym_name.data == callee), None
+        )
+        if fn is None:
+            raise FabricError(f"the program calls '{callee}', which it does not define")
+        params = [self._reg(a) for a in fn.body.block.args]
+
+        def run(idx: np.ndarray) -> np.ndarray:
+            for source, target in zip(args, params, strict=True):
+                target[idx] = source[idx]
+            if (self.depth[idx] >= self.stack.shape[1]).any():
+                raise FabricError(f"calls nest deeper than {self.stack.shape[1]} at '{callee}'")
+            self.stack[idx, self.depth[idx]] = at + 1
+            self.depth[idx] += 1
+            self.clock[idx] += CYCLES["call"]
+            return np.full(idx.size, self.entries[callee], dtype=np.int64)
+
+        self._emit(f"call {callee}", run)
+
+    def _return(self, idx: np.ndarray) -> np.ndarray:
+        self.clock[idx] += CYCLES["call"]
+        out = np.full(idx.size, -1, dtype=np.int64)
+        inner = self.depth[idx] > 0
+        if inner.any():
+            callers = idx[inner]
+            self.depth[callers] -= 1
+            out[inner] = self.stack[callers, self.depth[callers]]
+        return out
+
+    def _compile_for(self, op: scf.ForOp) -> None:
+        lower, upper, step = self._reg(op.lb), self._reg(op.ub), self._reg(op.step)
+        iv, *carried = (self._reg(a) for a in op.body.block.args)
+        initial = [self._reg(v) for v in op.iter_args]
+        start = len(self.instrs)
+
+        def init(idx: np.ndarray) -> np.ndarray:
+            iv[idx] = lower[idx]
+            for source, target in zip(initial, carried, strict=True):
+                target[idx] = source[idx]
+            self.clock[idx] += CYCLES["scalar"]
+            return self._next(idx, start)
+
+        self._emit("for", init)
+        test_at = len(self.instrs)
+        exit_at: list[int] = []
+
+        def test(idx: np.ndarray) -> np.ndarray:
+            self.clock[idx] += CYCLES["scalar"]
+            return np.where(iv[idx] < upper[idx], test_at + 1, exit_at[0]).astype(np.int64)
+
+        self._emit("for (test)", test)
+        body = list(op.body.block.ops)
+        for inner in body[:-1]:
+            self._compile_op(inner)
+        self._flush()
+        yielded = [self._reg(v) for v in body[-1].operands]
+        back_at = len(self.instrs)
+
+        def back(idx: np.ndarray) -> np.ndarray:
+            values = [v[idx].copy() for v in yielded]
+            for value, target in zip(values, carried, strict=True):
+                target[idx] = value
+            iv[idx] += step[idx]
+            self.clock[idx] += CYCLES["scalar"]
+            return np.full(idx.size, test_at, dtype=np.int64)
+
+        self._emit("for (next)", back)
+        results = [self._reg(r) for r in op.results]
+        exit_at.append(len(self.instrs))
+        end = exit_at[0]
+
+        def finish(idx: np.ndarray) -> np.ndarray:
+            for source, target in zip(carried, results, strict=True):
+                target[idx] = source[idx]
+            return self._next(idx, end)
+
+        self._emit("for (end)", finish)
+        del back_at
+
+    def _compile_if(self, op: scf.IfOp) -> None:
+        condition = self._reg(op.cond)
+        at = len(self.instrs)
+        targets: list[int] = []
+
+        def branch(idx: np.ndarray) -> np.ndarray:
+            self.clock[idx] += CYCLES["scalar"]
+            return np.where(condition[idx], at + 1, targets[0]).astype(np.int64)
+
+        self._emit("if", branch)
+        results = [self._reg(r) for r in op.results]
+        self._compile_branch(op.true_region.block, results)
+        jump_at = len(self.instrs)
+        self._emit("if (end of then)", lambda idx: np.full(idx.size, targets[1], dtype=np.int64))
+        targets.append(len(self.instrs))
+        if op.false_region.blocks:
+            self._compile_branch(op.false_region.block, results)
+        targets.append(len(self.instrs))
+        self._emit("if (end)", lambda idx: np.full(idx.size, targets[1] + 1, dtype=np.int64))
+        del jump_at
+
+    def _compile_branch(self, block: Block, results: list[np.ndarray]) -> None:
+        ops = list(block.ops)
+        for inner in ops[:-1]:
+            self._compile_op(inner)
+        yielded = [self._reg(v) for v in ops[-1].operands] if ops else []
+        if results:
+            self._simple = True
+            at = len(self.instrs)
+
+            def assign(idx: np.ndarray) -> np.ndarray:
+                for source, target in zip(yielded, results, strict=True):
+                    target[idx] = source[idx]
+                return self._next(idx, at)
+
+            self._emit("yield", assign)
+            self._simple = False
+        self._flush()
+
+    def _compile_member_call(self, op: csl.MemberCallOp) -> None:
+        at = len(self.instrs)
+        name = op.field.data
+        module = op.struct.owner
+        library = module.module.data if isinstance(module, csl.ImportModuleConstOp) else ""
+        if library == "<memcpy/memcpy>" and name == "unblock_cmd_stream":
+
+            def end(idx: np.ndarray) -> np.ndarray:
+                self.ended[idx] = True
+                self.clock[idx] += CYCLES["scalar"]
+                return self._next(idx, at)
+
+            self._emit("unblock_cmd_stream", end)
+            return
+        functions = {"exp_f32": np.exp, "sqrt_f32": np.sqrt, "cos_f32": np.cos, "sin_f32": np.sin}
+        if library != "<math>" or name not in functions:
+            raise FabricError(f"the fabric simulator does not run {library}'s '{name}'")
+        function = functions[name]
+        args = [self._reg(a) for a in op.args]
+        out = self._reg(op.result)  # type: ignore[arg-type]
+
+        def call(idx: np.ndarray) -> np.ndarray:
+            with np.errstate(over="ignore", under="ignore"):
+                out[idx] = function(args[0][idx].astype(np.float64)).astype(np.float32)
+            self.clock[idx] += CYCLES["math"]
+            return self._next(idx, at)
+
+        self._emit(f"math.{name}", call)
+
+    # -- DSD operations --
+
+    def _compile_dsd_op(self, op: csl.BuiltinDsdOp) -> None:
+        at = len(self.instrs)
+        kind = op.name.removeprefix("csl.")
+        function = _DSD_OPS.get(kind)
+        if function is None:
+            raise FabricError(f"the fabric simulator does not run @{kind}")
+        operands = list(op.ops)
+
+        def run(idx: np.ndarray) -> np.ndarray:
+            return self._dsd(idx, at, kind, function, operands)
+
+        self._emit(f"@{kind}", run)
+
+    def _length(self, value: SSAValue, idx: np.ndarray) -> np.ndarray:
+        reg = self.regs[value]
+        return reg.length[idx] if isinstance(reg, MemDsd) else reg.extent[idx]
+
+    def _dsd(self, idx: np.ndarray, at: int, kind: str, function: Callable[..., np.ndarray], operands: list[SSAValue]) -> np.ndarray:
+        lengths = self._length(operands[0], idx)
+        if (lengths != lengths[0]).any():
+            out = np.empty(idx.size, dtype=np.int64)
+            for length in np.unique(lengths):
+                part = lengths == length
+                out[part] = self._dsd(idx[part], at, kind, function, operands)
+            return out
+        length = int(lengths[0])
+        ready = np.ones(idx.size, dtype=bool)
+        for value in operands[1:]:
+            reg = self.regs.get(value)
+            if isinstance(reg, FabDsd):
+                if not reg.inbound:
+                    raise FabricError(f"@{kind} reads a fabric output DSD")
+                has = self.queue_len[reg.colour][idx] >= length
+                self._note_wait(idx[~has], reg.colour, kind, "waits for wavelets that do not come")
+                ready &= has
+        target = self.regs[operands[0]]
+        sending = isinstance(target, FabDsd)
+        if sending:
+            if target.inbound:
+                raise FabricError(f"@{kind} writes a fabric input DSD")
+            ready &= self._can_send(idx, target.colour, length, kind, ready)
+        go = idx[ready]
+        if go.size == 0:
+            return np.full(idx.size, at, dtype=np.int64)
+        values = []
+        for value in operands[1:]:
+            values.append(self._read(value, go, length))
+        result = function(*values)
+        if sending:
+            self._send(go, target.colour, np.broadcast_to(result, (go.size, length)).astype(np.float32))
+        else:
+            self._write(operands[0], go, np.broadcast_to(result, (go.size, length)), kind)
+        self.clock[go] += CYCLES["dsd_element"] * length
+        return np.where(ready, at + 1, at).astype(np.int64)
+
+    def _note_wait(self, idx: np.ndarray, colour: int, op: str, why: str) -> None:
+        if idx.size:
+            e = int(idx[0])
+            self.waiting[e] = Blocked(e, colour, op, why)
+
+    def _read(self, value: SSAValue, idx: np.ndarray, length: int) -> np.ndarray:
+        reg = self.regs.get(value)
+        if isinstance(reg, MemDsd):
+            array = self.memory[reg.array]
+            where = reg.offset[idx, None] + reg.stride[idx, None] * np.arange(length)[None, :]
+            self._bounds(idx, where, array.shape[1], reg.array, "a DSD")
+            return array[idx[:, None], where]
+        if isinstance(reg, FabDsd):
+            c = reg.colour
+            queue = self.queue[c]
+            data = queue[idx, :length].copy()
+            queue[idx, : queue.shape[1] - length] = queue[idx, length:]
+            self.queue_len[c][idx] -= length
+            self.clock[idx] = np.maximum(self.clock[idx], self.queue_ready[c][idx])
+            return data
+        return reg[idx][:, None]
+
+    def _write(self, value: SSAValue, idx: np.ndarray, data: np.ndarray, kind: str) -> None:
+        reg = self.regs[value]
+        array = self.memory[reg.array]
+        length = data.shape[1]
+        where = reg.offset[idx, None] + reg.stride[idx, None] * np.arange(length)[None, :]
+        self._bounds(idx, where, array.shape[1], reg.array, f"@{kind}'s destination")
+        array[idx[:, None], where] = data.astype(array.dtype)
+
+    def _can_send(self, idx: np.ndarray, colour: int, length: int, kind: str, ready: np.ndarray) -> np.ndarray:
+        dest = self.routes.dest.get(colour)
+        if dest is None:
+            self._note_send(idx, colour, kind, f"colour {colour} has no route at all")
+            return np.zeros(idx.size, dtype=bool)
+        targets = dest[idx]
+        valid = targets >= 0
+        ok = valid.any(axis=1)
+        broken = self.routes.broken.get(colour, {})
+        for k, e in enumerate(idx):
+            if int(e) in broken:
+                ok[k] = False
+                self._note_send(np.array([e]), colour, kind, broken[int(e)])
+        if (~ok).any():
+            for e in idx[~ok]:
+                if int(e) not in broken:
+                    self._note_send(np.array([e]), colour, kind, f"element ({self.xs[e]}, {self.ys[e]}) has no route for colour {colour} from RAMP")
+        room = np.where(valid, self.queue_len[colour][np.maximum(targets, 0)] + length <= self.capacity, True).all(axis=1)
+        if (~room & ok).any():
+            self._note_send(idx[~room & ok], colour, kind, f"the receiver's queue for colour {colour} stays full")
+        ok &= room
+        # two senders to one receiver in one step: the first goes now, the other next time
+        flat = np.where(valid & (ok & ready)[:, None], targets, -1).reshape(-1)
+        seen: set[int] = set()
+        for k in range(idx.size):
+            if not (ok[k] and ready[k]):
+                continue
+            mine = {int(t) for t in targets[k][valid[k]]}
+            if mine & seen:
+                ok[k] = False
+            seen |= mine
+        del flat
+        return ok
+
+    def _note_send(self, idx: np.ndarray, colour: int, op: str, why: str) -> None:
+        if idx.size:
+            e = int(idx[0])
+            self.waiting[e] = Blocked(e, colour, op, "cannot send: " + why)
+
+    def _send(self, idx: np.ndarray, colour: int, data: np.ndarray) -> None:
+        dest, hops = self.routes.dest[colour][idx], self.routes.hops[colour][idx]
+        length = data.shape[1]
+        for k in range(dest.shape[1]):
+            valid = dest[:, k] >= 0
+            if not valid.any():
+                continue
+            targets, rows = dest[valid, k], data[valid]
+            start = self.queue_len[colour][targets]
+            self.queue[colour][targets[:, None], start[:, None] + np.arange(length)[None, :]] = rows
+            self.queue_len[colour][targets] += length
+            arrival = self.clock[idx[valid]] + hops[valid, k] * CYCLES["hop"] + length
+            self.queue_ready[colour][targets] = np.maximum(self.queue_ready[colour][targets], arrival)
+            self.wavelets += int(valid.sum()) * length
+
+    # -- running --
+
+    def launch(self, function: str, limit: int = 50_000_000) -> float:
+        """Run exported `function` on every element (the host's `launch`) until every element has ended the launch
+        (memcpy's `unblock_cmd_stream`) and is idle; the cycles it took (the latest clock, from a common start)."""
+        if function not in self.exports or function not in self.entries:
+            raise FabricError(f"the host launches '{function}', which the program does not export")
+        start = float(self.clock.max())
+        self.clock[:] = start
+        self.pc[:] = self.entries[function]
+        self.depth[:] = 0
+        self.ended[:] = False
+        rounds = 0
+        while True:
+            self.waiting.clear()
+            progressed = self._start_tasks()
+            active = np.flatnonzero(self.pc >= 0)
+            if active.size == 0:
+                break
+            pcs = self.pc[active]
+            if pcs[0] == pcs[-1] and (pcs == pcs[0]).all():
+                groups = [active]
+            else:
+                order = np.argsort(pcs, kind="stable")
+                cuts = np.flatnonzero(np.diff(pcs[order])) + 1
+                groups = np.split(active[order], cuts)
+            for group in groups:
+                at = int(self.pc[group[0]])
+                following = self.instrs[at](group)
+                moved = following != at
+                if moved.any():
+                    progressed = True
+                self.pc[group] = following
+            rounds += 1
+            if not progressed:
+                raise self._deadlock()
+            if rounds > limit:
+                raise FabricError(f"the launch of '{function}' did not finish in {limit} rounds")
+        if not self.ended.all():
+            e = int(np.flatnonzero(~self.ended)[0])
+            pending = [t for t in range(32) if self.activated[e, t]]
+            raise FabricError(
+                f"element ({self.xs[e]}, {self.ys[e]}) is idle but never ended the launch (memcpy's "
+                f"unblock_cmd_stream): activated tasks {pending} are blocked or none was activated"
+            )
+        return float(self.clock.max()) - start
+
+    def _start_tasks(self) -> bool:
+        idle = self.pc < 0
+        if not idle.any():
+            return False
+        runnable = self.activated & ~self.blocked & idle[:, None]
+        starting = np.flatnonzero(runnable.any(axis=1))
+        if starting.size == 0:
+            return False
+        task = runnable[starting].argmax(axis=1)
+        for t in np.unique(task):
+            if int(t) not in self.tasks:
+                e = int(starting[task == t][0])
+                raise FabricError(f"element ({self.xs[e]}, {self.ys[e]}) activates task {int(t)}, which no task is bound to")
+            chosen = starting[task == t]
+            self.pc[chosen] = self.tasks[int(t)]
+            self.activated[chosen, t] = False
+            self.clock[chosen] += CYCLES["task_switch"]
+        return True
+
+    def _deadlock(self) -> FabricError:
+        records = sorted(self.waiting.values(), key=lambda b: (not b.why.startswith("cannot send"), b.element))
+        lines = []
+        for record in records[:3]:
+            x, y = self.xs[record.element], self.ys[record.element]
+            lines.append(f"element ({x}, {y}) in @{record.op.lstrip('@')} on colour {record.colour}: {record.why}")
+        if not lines:
+            e = int(np.flatnonzero(self.pc >= 0)[0])
+            lines.append(f"element ({self.xs[e]}, {self.ys[e]}) at {self.names[self.pc[e]]}")
+        return FabricError("deadlock: the step cannot finish; " + "; ".join(lines))
+
+    # -- the host's memcpy --
+
+    def memcpy_h2d(self, symbol: str, data: np.ndarray) -> None:
+        """Write `data` ([height, width, words], or [words] for every element) into each element's exported array."""
+        array = self._exported(symbol)
+        values = np.asarray(data)
+        if values.ndim == 1:
+            array[:, : values.size] = values.astype(array.dtype)
+            return
+        flat = values.reshape(self.n, -1)
+        if flat.shape[1] > array.shape[1]:
+            raise FabricError(f"memcpy_h2d: {flat.shape[1]} words for '{symbol}' of {array.shape[1]} per element")
+        array[:, : flat.shape[1]] = flat.astype(array.dtype)
+
+    def memcpy_d2h(self, symbol: str, x: int, y: int, width: int, height: int, words: int) -> np.ndarray:
+        """[height, width, words] read from the exported array of the elements of a rectangle."""
+        array = self._exported(symbol)
+        rows = []
+        for j in range(y, y + height):
+            rows.append(array[j * self.width + x : j * self.width + x + width, :words])
+        return np.stack(rows).astype(np.float32)
+
+    def _exported(self, symbol: str) -> np.ndarray:
+        name = self.exports.get(symbol)
+        if name is None or name not in self.memory:
+            raise FabricError(f"memcpy: the program exports no array '{symbol}'")
+        return self.memory[name]
+
+
+_DSD_OPS: dict[str, Callable[..., np.ndarray]] = {
+    "fmovs": lambda a: a,
+    "fmovh": lambda a: a,
+    "fadds": lambda a, b: np.float32(1) * a.astype(np.float32) + b.astype(np.float32),
+    "fsubs": lambda a, b: a.astype(np.float32) - b.astype(np.float32),
+    "fmuls": lambda a, b: a.astype(np.float32) * b.astype(np.float32),
+    "fmaxs": lambda a, b: np.maximum(a.astype(np.float32), b.astype(np.float32)),
+    "fmacs": lambda a, b, s: a.astype(np.float32) + b.astype(np.float32) * s.astype(np.float32),
+    # f16 b and s multiplied (exact in f32) and accumulated in f32
+    "fmachs": lambda a, b, s: a.astype(np.float32) + b.astype(np.float16).astype(np.float32) * s.astype(np.float16).astype(np.float32),
+    "fs2h": lambda a: a.astype(np.float32).astype(np.float16),
+    "fh2s": lambda a: a.astype(np.float16).astype(np.float32),
+}
+
+
+# -- the host: what run.py does, on the simulated fabric ---------------------------------------------------------
+
+
+class GridMachine:
+    """A decode step on the simulated grid, driven as `run.py` drives a CS-2: the weight tiles and rotary tables
+    written once with `memcpy_h2d`, then for each token its id and position written, `step` launched, and the
+    head's logits read back from the last column with `memcpy_d2h`; the host takes their arg-max."""
+
+    def __init__(self, module: ModuleOp, host: dict[str, Any], store: Any, identities: Sequence[Any] = ()):
+        self.module, self.host, self.store = module, host, store
+        self.identities = list(identities)
+        self.fabric = Fabric(module, layout_params(host))
+        self.logits: np.ndarray | None = None
+        self.cycles: list[float] = []
+        self._weights_loaded = False
 
     def reset(self) -> None:
-        for region in self.regions:
-            region.reset()
-        self.counters = Counters()
+        if not self._weights_loaded:
+            self._load_weights()
+            self._weights_loaded = True
+        for name in ("key_cache", "value_cache"):
+            if name in self.fabric.memory:
+                self.fabric.memory[name][:] = 0
+        self.cycles = []
+
+    def _load_weights(self) -> None:
+        from logos_ir.interpreter import rope_inv_freq
+        from logos_ir.passes.spatial import grid as g
+
+        p = self.host["grid"]
+        image = self.host["image"]
+        for name, fields in self.host["weights"].items():
+            weight = g.Weight(**{**fields, "tensors": tuple(fields["tensors"]), "row_map": tuple(fields["row_map"])})
+            parts = []
+            for tensor in weight.tensors:
+                array = np.asarray(self.store.get(tensor), dtype=np.float32)
+                if image == "f16" and weight.kind != "vector":
+                    array = array.astype(np.float16).astype(np.float32)
+                parts.append(g.tiles(array, weight, p))
+            self.fabric.memcpy_h2d(name, np.concatenate(parts, axis=2))
+        spec = self.store.spec
+        inv_freq = rope_inv_freq(spec.head_dim, spec.rope_theta, spec.rope_scaling)
+        plan = _plan_of(self.host, spec)
+        for table, chunk in self.host["rope_tables"].items():
+            rows = np.stack([g.inv_freq_chunk(inv_freq, plan, y, chunk) for y in range(p)])
+            self.fabric.memcpy_h2d(table, np.broadcast_to(rows[:, None, :], (p, p, chunk // 2)).copy())
 
     def step(self, token: int, position: int) -> int:
-        """One decode step: token (from 1) at position (from 1) through every region; the next token (from 1)."""
-        tokens, positions = np.array([token], dtype=np.int64), np.array([position], dtype=np.int64)
-        carried: Any = tokens
-        previous: RegionRun | None = None
-        for region in self.regions:
-            inputs = {"token": tokens, "position": positions, "hidden": carried}
-            self._count_arrivals(region, previous, carried)
-            carried = region.run(inputs, self.counters)
-            previous = region
-        self.counters.add(between=1)  # the next token, to the host and the embedding
-        self.counters.tokens += 1
-        return int(carried[0])
-
-    def _count_arrivals(self, region: RegionRun, previous: RegionRun | None, carried: Any) -> None:
-        for receive in region.receives:
-            kind = receive.kind.data
-            if kind != "hidden":
-                self.counters.add(between=1)  # a token or position word from the host
-                continue
-            assert previous is not None and previous.send is not None
-            width = sp.shape_of(receive.result)[-1]
-            source, target = sp.layout_of(previous.send.input), receive.layout
-            words = np.arange(width)
-            a = source.elements()[words // source.tile] + previous.origin
-            b = target.elements()[words // target.tile] + region.origin
-            hops = manhattan(a, b)
-            self.counters.add(int(hops.max()) * self.model.hop + target.tile, between=width, inside=0)
+        """One decode step: token (from 1) at position (from 1); the next token (from 1)."""
+        if not self._weights_loaded:
+            self.reset()
+        fabric = self.fabric
+        fabric.memcpy_h2d("token_in", np.array([token - 1]))
+        fabric.memcpy_h2d("position_in", np.array([position]))
+        self.cycles.append(fabric.launch("step"))
+        logits = self.host["logits"]
+        p = self.host["grid"]
+        chunks = fabric.memcpy_d2h(logits["array"], logits["column"], 0, 1, p, logits["chunk"])
+        self.logits = chunks.reshape(-1)[: logits["length"]].astype(np.float32)
+        return int(np.argmax(self.logits)) + 1
 
 
-# -- generation -------------------------------------------------------------------------------------------------
+def layout_params(host: dict[str, Any]) -> dict[str, int]:
+    """The layout's parameters (as commands.sh passes them to cslc): the grid's width and height."""
+    return {"width": host["grid"], "height": host["grid"]}
+
+
+def _plan_of(host: dict[str, Any], spec: Any) -> Any:
+    from logos_ir.passes.spatial.convert_logos_to_csl import plan_for
+
+    return plan_for(spec, host["ctx"], host["image"], host["grid"])
 
 
 class SpatialGenerator(StepGenerator):
-    """Greedy generation on the simulated grid: the prompt and every new token go one at a time through the decode
-    step's regions (a spatial chip holds the model in place and streams tokens through it). `image` is the weight
-    image the grid holds (f16 or f32), `tile` the tile edge (0: automatic)."""
+    """Greedy generation on the simulated grid: the prompt and each new token go one at a time through the decode
+    step, run by the fabric simulator from the `csl` modules (lowered anew, or read from a build folder)."""
 
-    def __init__(self, weights: WeightStore, ctx: int | None = None, image: str = "f16", tile: int = 0):
+    def __init__(self, weights: Any, ctx: int | None = None, image: str = "f16", build: Path | None = None):
         super().__init__(weights, ctx=ctx)
-        if image not in sp.WEIGHT_BYTES:
+        if image not in ("f16", "f32"):
             raise LogosError(f"the spatial backend holds f16 or f32 weights, not {image}")
-        self.image, self.tile = image, tile
+        self.image, self.build = image, build
 
-    def machine(self, ctx: int) -> Machine:
-        from logos_ir.passes.spatial.decode_step import lower_decode_step
+    def machine(self, ctx: int) -> GridMachine:
+        if self.build is not None:
+            module, host = read_build(self.build)
+            if host["ctx"] < ctx:
+                raise LogosError(f"the build in {self.build} holds a cache of {host['ctx']} positions; this run needs {ctx}")
+            return GridMachine(module, host, self.weights, host.get("identities", []))
+        from logos_ir.passes.spatial.convert_logos_to_csl import lower_decode
 
-        return Machine.build(lower_decode_step(self.spec, ctx, self.image, self.tile), self.weights)
+        lowered = lower_decode(self.spec, ctx, self.image)
+        static_check(lowered.module, params=layout_params(lowered.host))
+        return GridMachine(lowered.module, lowered.host, self.weights, lowered.host["identities"])
+
+
+def read_build(folder: Path) -> tuple[ModuleOp, dict[str, Any]]:
+    """The csl-level module (`grid.mlir`) and host plan (`host.json`) of a build folder."""
+    from xdsl.context import Context
+    from xdsl.dialects.arith import Arith
+    from xdsl.dialects.builtin import Builtin
+    from xdsl.dialects.csl import CSL
+    from xdsl.dialects.memref import MemRef
+    from xdsl.dialects.scf import Scf
+    from xdsl.parser import Parser
+
+    mlir, plan = folder / "grid.mlir", folder / "host.json"
+    if not mlir.is_file() or not plan.is_file():
+        raise LogosError(f"{folder} is not a spatial build (no grid.mlir and host.json)")
+    context = Context()
+    for dialect in (Builtin, Arith, Scf, MemRef, CSL, csl_ext.CSL_EXT):
+        context.load_dialect(dialect)
+    module = Parser(context, mlir.read_text(), str(mlir)).parse_module()
+    host = json.loads(plan.read_text())
+    static_check(module, params=layout_params(host))
+    return module, host
 
 
 def spatial_generator(request: Any) -> SpatialGenerator:
@@ -435,7 +1316,7 @@ def spatial_generator(request: Any) -> SpatialGenerator:
         raise LogosError("the spatial backend has no --emulate mode: it is a simulator already")
     if request.tp != 1:
         raise LogosError(f"the spatial backend places the model on one grid; --tp {request.tp} is not for it")
-    return SpatialGenerator(request.store, ctx=request.ctx, image=request.weights)
+    return SpatialGenerator(request.store, ctx=request.ctx, image=request.weights, build=request.build)
 
 
-__all__ = ["CycleModel", "Machine", "RegionRun", "SpatialGenerator", "default_ctx", "spatial_generator"]
+__all__ = ["Fabric", "FabricError", "GridMachine", "SpatialGenerator", "default_ctx", "spatial_generator", "static_check"]

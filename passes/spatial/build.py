@@ -1,204 +1,246 @@
-"""`logos-compile --target spatial`: every part of a decode step (or one part) placed on the grid and emitted as CSL.
+"""`logos-compile --target spatial`: a decode step lowered to one CSL program for a P x P grid of a WSE-2, and the
+build folder a Cerebras user compiles and runs with the SDK:
 
-For each part, in the build folder under `parts/<region>/`: `placement.mlir` (the part's placed `spatial` program:
-where every weight tile lives, what each element computes, what travels on which colour), `layout.csl` and
-`pe_program.csl` (its CSL, printed by xDSL's CSL printer), each headed by the identity line of the part's LOGOS
-program. The report gives the grid, the elements each region uses, the memory per element (max and mean over the
-elements used), the words moved per token (between regions, against the minimum the placement allows, and inside
-regions) and the cycle model's estimate of tokens per second at a full cache. A build of code reads no weight value.
+- `layout.csl`: the rectangle, each element's program and parameters, every router's colour configuration, the
+  memcpy parameters; `pe_program.csl`: the element program (the embedding, the layer and the head as its
+  functions, the tasks that run them, the exported `step`), both printed by xDSL's CSL printer;
+- `commands.sh`: the `cslc` call (`--arch=wse2`, `--fabric-dims`, `--fabric-offsets`, `--params`, `--memcpy`,
+  `--channels`) and the `cs_python run.py` that follows;
+- `run.py`: the host program on the SDK's `SdkRuntime`: the weight tiles and rotary tables written with
+  `memcpy_h2d`, then for each token its id and position written, `step` launched, the logits read back with
+  `memcpy_d2h` and their arg-max taken;
+- `grid.mlir` (the `csl`-level module the two .csl files print, which the fabric simulator runs) and `host.json`
+  (the grid, each exported array's tensors and tiling, the logits' place): what `logos-run --backend spatial`
+  reads from a build folder.
 
-Options: `tile=N` (the tile edge; 0, the default, chooses it), `width`, `height`, `memory`, `colours` (the grid; a
-WSE-2's by default).
+The report: the grid, the elements used, the share of them that hold a tile of each of a layer's projections (the
+share that works on each layer), memory per element (arrays and code), and the mapping's figures. Cycles per token
+are the simulator's, measured by `bench/spatial_agreement.py --placement` (docs/benchmarks.md). A build reads no
+weight value. `--with-weights` is refused: `run.py` tiles the weights itself.
 """
 
 from __future__ import annotations
 
+import io
+import json
 from typing import Any
 
 import numpy as np
+from xdsl.backend.csl.print_csl import print_to_csl
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.printer import Printer
 
-from logos_ir.build import Artifact, BuildError, BuildRequest, LaneBuild
-from logos_ir.dialects import spatial as sp
-from logos_ir.passes.spatial.convert_logos_to_spatial import PARTS, Grid
-from logos_ir.passes.spatial.cost import CycleModel, op_cost
-from logos_ir.passes.spatial.decode_step import SpatialPart, lower_decode_step
-from logos_ir.passes.spatial.emit_csl import LAYOUT, PROGRAM, CslEmitter
+from logos_ir.build import Artifact, BuildError, BuildRequest, LaneBuild, program_module
+from logos_ir.errors import PassError
+from logos_ir.passes.spatial import grid as g
+from logos_ir.passes.spatial.convert_logos_to_csl import GridProgram, element_bytes, lower_decode
 from logos_ir.program import Cut
 
-_OPTIONS = ("tile", "width", "height", "memory", "colours")
+_OPTIONS = ("grid",)
 
 
-def _options(request: BuildRequest) -> tuple[int, Grid]:
-    unknown = sorted(set(request.options) - set(_OPTIONS))
-    if unknown:
-        raise BuildError(
-            f"target spatial has no option {', '.join(unknown)}", hint=f"its options: {', '.join(_OPTIONS)}"
-        )
-    try:
-        values = {k: int(v) for k, v in request.options.items()}
-    except ValueError:
-        raise BuildError("target spatial's options are whole numbers") from None
-    base = Grid()
-    grid = Grid(
-        values.get("width", base.width),
-        values.get("height", base.height),
-        values.get("memory", base.memory),
-        values.get("colours", base.colours),
-    )
-    return values.get("tile", 0), grid
+def print_csl(module: ModuleOp) -> dict[str, str]:
+    """{"pe_program.csl": ..., "layout.csl": ...}: the module's two csl.modules as xDSL's printer prints them (with
+    the lane's print context: the csl_ext ops, fabric DSDs as CSL reads them, unknown ops refused)."""
+    from logos_ir.passes.spatial.emit_csl import LaneCslPrintContext
+
+    out = io.StringIO()
+    print_to_csl(module, out, LaneCslPrintContext)
+    texts: dict[str, str] = {}
+    for chunk in out.getvalue().split("// -----\n"):
+        first, _, rest = chunk.partition("\n")
+        name = first.removeprefix("// FILE: ").strip()
+        texts[f"{name}.csl" if name != "pe_program" else "pe_program.csl"] = rest
+    return texts
 
 
 def build_spatial(request: BuildRequest) -> LaneBuild:
     """The spatial lane's build (see the module docstring)."""
     cut = request.cut
-    if cut.kind != "decode" and cut.kind not in PARTS:
-        raise BuildError(f"target spatial lowers a decode step or its parts, not '{cut.option()}'")
+    if cut.kind != "decode":
+        raise BuildError(f"target spatial lowers a whole decode step (every part on one grid), not '{cut.option()}'")
     if request.tp != 1:
         raise BuildError(f"target spatial places a model on one grid, not over {request.tp} chips")
-    if request.weights not in sp.WEIGHT_BYTES:
+    if request.weights not in ("f16", "f32"):
         raise BuildError(f"target spatial holds f16 or f32 weights, not {request.weights}")
     if request.with_weights:
-        raise BuildError("target spatial writes no weight image yet: build without --with-weights")
-    tile, grid = _options(request)
-    ctx = cut.ctx or 1
-    parts = lower_decode_step(request.spec, ctx, request.weights, tile, grid, request.progress)
-    if cut.kind != "decode":
-        parts = [p for p in parts if p.cut == cut]
-    return _lane_build(parts, request, grid)
+        raise BuildError("target spatial writes no weight image: run.py tiles the weights itself")
+    unknown = sorted(set(request.options) - set(_OPTIONS))
+    if unknown:
+        raise BuildError(f"target spatial has no option {', '.join(unknown)}", hint="its option: grid=P (P x P elements)")
+    try:
+        p = int(request.options.get("grid", 0))
+    except ValueError:
+        raise BuildError("target spatial's option grid is a whole number") from None
+    _, identity, _ = program_module(request)
+    try:
+        lowered = lower_decode(request.spec, cut.ctx or 1, request.weights, p, progress=request.progress)
+    except PassError:
+        raise
+    return lane_build(lowered, identity.line(), identity)
 
 
-def _lane_build(parts: list[SpatialPart], request: BuildRequest, grid: Grid) -> LaneBuild:
-    emitter = CslEmitter()
-    artifacts: list[Artifact] = []
-    for part in request.progress.over(parts, "emitting CSL"):
-        region = part.region
-        folder = f"parts/{region.sym_name.data}"
-        line = part.identity.line()
-        artifacts.append(
-            Artifact.text(f"{folder}/placement.mlir", f"// {line}\n{part.module}\n", part.identity, "layout")
-        )
-        for name, text in emitter.emit(region).items():
-            role = "layout" if name == LAYOUT else "program"
-            assert name in (LAYOUT, PROGRAM)
-            artifacts.append(Artifact.text(f"{folder}/{name}", text, part.identity, role))
-    report = spatial_report(parts, request.spec, grid)
-    report["element_programs"] = emitter.distinct
+def lane_build(lowered: GridProgram, line: str, identity: Any) -> LaneBuild:
+    from logos_ir.runtime.spatial import layout_params, static_check
+
+    texts = print_csl(lowered.module)
+    static_check(lowered.module, "\n// FILE:".join(["", *texts.values()]), layout_params(lowered.host))
+    mlir = io.StringIO()
+    Printer(stream=mlir, print_generic_format=True).print_op(lowered.module)
+    host = {"identity": line, **lowered.host}
+    report = spatial_report(lowered)
+    artifacts = [
+        Artifact.text("layout.csl", f"// {line}\n{texts['layout.csl']}", identity, "layout"),
+        Artifact.text("pe_program.csl", f"// {line}\n{texts['pe_program.csl']}", identity, "program"),
+        Artifact.text("commands.sh", commands(line, lowered.plan.p), identity, "commands"),
+        Artifact.text("run.py", run_py(line), identity, "host"),
+        Artifact.text("grid.mlir", f"// {line}\n{mlir.getvalue()}\n", identity, "ir"),
+        Artifact.text("host.json", json.dumps(host, indent=1) + "\n", identity, "host"),
+    ]
     return LaneBuild(artifacts, report, summary_lines(report))
 
 
-def spatial_report(parts: list[SpatialPart], spec: Any, grid: Grid) -> dict[str, Any]:
-    """The figures of a placement: elements, memory, words per token, the cycle model's tokens per second."""
-    model = CycleModel()
-    regions, used_memory, cycles, inside, between = [], [], 0, 0, 0
-    for part in parts:
-        region = part.region
-        memory = region.memory_map()
-        used = _used(region)
-        used_memory.append(memory[used])
-        region_cycles = region_inside = 0
-        for op in region.body.block.ops:
-            c, h = op_cost(op, model, region.weights.data)
-            region_cycles, region_inside = region_cycles + c, region_inside + h
-            if isinstance(op, sp.ReceiveOp):
-                between += sp.shape_of(op.result)[-1]
-        cycles, inside = cycles + region_cycles, inside + region_inside
-        regions.append(
-            {
-                "region": region.sym_name.data,
-                "origin": list(sp.int_values(region.origin)),
-                "size": [region.width, region.height],
-                "elements_used": int(used.sum()),
-                "memory_max": int(memory[used].max()),
-                "memory_mean": round(float(memory[used].mean()), 1),
-                "cycles_per_token": region_cycles,
-            }
-        )
-    memory_all = np.concatenate(used_memory)
-    whole = len(parts) == spec.layers + 2
-    minimum = spec.hidden * (spec.layers + 1) + spec.layers + 2 if whole else None
-    if whole:
-        between += 1  # the next token, back to the host and the embedding
-    elements = int(sum(r["elements_used"] for r in regions))
+def commands(line: str, p: int) -> str:
+    """The SDK commands: memcpy needs the program's rectangle offset by (4, 1) in a fabric 7 columns wider and 2
+    rows taller than it (the SDK's memcpy examples: `--fabric-dims=w+7,h+2 --fabric-offsets=4,1`)."""
+    return (
+        "#!/usr/bin/env bash\n"
+        f"# {line}\n"
+        "# Compile the decode step for a WSE-2 with the Cerebras SDK, then run it (on a CS-2 with --cmaddr, or the\n"
+        "# SDK's simulator without). Not run here: this project has no SDK.\n"
+        "set -e\n"
+        f"cslc --arch=wse2 ./layout.csl --fabric-dims={p + 7},{p + 2} --fabric-offsets=4,1 \\\n"
+        f"  --params=width:{p},height:{p} --memcpy --channels=1 -o out\n"
+        'cs_python run.py --name out "$@"\n'
+    )
+
+
+def run_py(line: str) -> str:
+    return f'''#!/usr/bin/env cs_python
+# {line}
+"""Host program of the spatial lane's decode step on the Cerebras SDK (SdkRuntime). It reads host.json (the grid,
+each exported array's tensors and tiling), tiles the model's weights with logos-ir's own tiling (the same the
+fabric simulator loads), writes them with memcpy_h2d, then for each token writes its id and position, launches
+`step`, reads the logits back from the grid's last column with memcpy_d2h and takes their arg-max."""
+
+import argparse
+import json
+
+import numpy as np
+from cerebras.sdk.runtime.sdkruntimepybind import MemcpyDataType, MemcpyOrder, SdkRuntime  # type: ignore
+
+from logos_ir.interpreter import rope_inv_freq
+from logos_ir.models import ModelSource
+from logos_ir.passes.spatial import grid as g
+from logos_ir.passes.spatial.convert_logos_to_csl import plan_for
+
+
+def words(array: np.ndarray, image: str, vector: bool) -> tuple[np.ndarray, object]:
+    """32-bit words for memcpy: f32 as they are, f16 in the low half of a word (MEMCPY_16BIT)."""
+    if image == "f16" and not vector:
+        return array.astype(np.float16).view(np.uint16).astype(np.uint32), MemcpyDataType.MEMCPY_16BIT
+    return array.astype(np.float32).view(np.uint32), MemcpyDataType.MEMCPY_32BIT
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--name", default="out", help="the cslc output folder")
+    parser.add_argument("--cmaddr", default=None, help="IP:port of a CS-2 (none: the SDK simulator)")
+    parser.add_argument("--model", default=None, help="the model (a preset, a folder, a GGUF file)")
+    parser.add_argument("--prompt-ids", default="1,2,3")
+    parser.add_argument("--max-new-tokens", type=int, default=16)
+    args = parser.parse_args()
+    host = json.load(open("host.json"))
+    p, image = host["grid"], host["image"]
+    store = ModelSource.resolve(args.model).store()
+    runner = SdkRuntime(args.name, cmaddr=args.cmaddr)
+    runner.load()
+    runner.run()
+
+    def h2d(name: str, data: np.ndarray, vector: bool = True) -> None:
+        flat, kind = words(data, image, vector)
+        runner.memcpy_h2d(runner.get_id(name), flat.ravel(), 0, 0, p, p, flat.shape[-1], streaming=False,
+                          order=MemcpyOrder.ROW_MAJOR, data_type=kind, nonblock=False)
+
+    for name, fields in host["weights"].items():
+        weight = g.Weight(**{{**fields, "tensors": tuple(fields["tensors"]), "row_map": tuple(fields["row_map"])}})
+        tiles = [g.tiles(np.asarray(store.get(t), dtype=np.float32), weight, p) for t in weight.tensors]
+        h2d(name, np.concatenate(tiles, axis=2), weight.kind == "vector")
+    spec = store.spec
+    plan = plan_for(spec, host["ctx"], image, p)
+    inv_freq = rope_inv_freq(spec.head_dim, spec.rope_theta, spec.rope_scaling)
+    for table, chunk in host["rope_tables"].items():
+        rows = np.stack([g.inv_freq_chunk(inv_freq, plan, y, chunk) for y in range(p)])
+        h2d(table, np.broadcast_to(rows[:, None, :], (p, p, chunk // 2)).copy())
+    logits = host["logits"]
+    tokens = [int(t) for t in args.prompt_ids.split(",")]
+    out = np.zeros(p * logits["chunk"], dtype=np.float32)
+    generated: list[int] = []
+    for position in range(1, len(tokens) + args.max_new_tokens):
+        token = tokens[position - 1] if position <= len(tokens) else generated[-1]
+        h2d("token_in", np.full((p, p, 1), token, dtype=np.int32).view(np.float32))
+        h2d("position_in", np.full((p, p, 1), position, dtype=np.int32).view(np.float32))
+        runner.launch("step", nonblock=False)
+        runner.memcpy_d2h(out, runner.get_id(logits["array"]), logits["column"], 0, 1, p, logits["chunk"],
+                          streaming=False, order=MemcpyOrder.ROW_MAJOR, data_type=MemcpyDataType.MEMCPY_32BIT,
+                          nonblock=False)
+        if position >= len(tokens):
+            generated.append(int(np.argmax(out[: logits["length"]])))
+    runner.stop()
+    print(",".join(map(str, generated)))
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def spatial_report(lowered: GridProgram) -> dict[str, Any]:
+    """The placement's figures (see the module docstring)."""
+    plan = lowered.plan
+    memory = element_bytes(lowered)
+    shares = {name: round(working_share(w, plan.p), 4) for name, w in plan.weights.items() if w.kind == "matrix"}
     return {
-        "grid": {
-            "name": grid.name,
-            "width": grid.width,
-            "height": grid.height,
-            "memory": grid.memory,
-            "colours": grid.colours,
-        },
-        "tile": _tile(parts),
-        "weights": parts[0].region.weights.data,
-        "regions": regions,
-        "elements_used": elements,
-        "grid_share": round(elements / grid.elements, 4),
-        "memory_per_element_max": int(memory_all.max()),
-        "memory_per_element_mean": round(float(memory_all.mean()), 1),
-        "words_between_regions_per_token": between,
-        "words_between_regions_minimum": minimum,
-        "word_hops_inside_regions_per_token": inside,
-        "cycles_per_token": cycles,
-        "cycle_model": {
-            "clock_hz": model.clock_hz,
-            "macs_f16": model.macs_f16,
-            "macs_f32": model.macs_f32,
-            "hop": model.hop,
-        },
-        "tokens_per_s": round(model.clock_hz / cycles, 1) if whole and cycles else None,
+        "grid": {"name": "wse2", "fabric": list(g.WSE2_FABRIC), "memory": g.MEMORY, "p": plan.p},
+        "weights": plan.image,
+        "elements_used": plan.p * plan.p,
+        "grid_share": round(plan.p * plan.p / (g.WSE2_FABRIC[0] * g.WSE2_FABRIC[1]), 4),
+        "working_share_per_layer_projection": shares,
+        "working_share_per_layer": min(shares.values()) if shares else None,
+        "memory_per_element": memory,
+        "element_programs": 3,  # the embedding's, the layer's (every layer's), the head's: functions of one program
+        "regions": [{"region": part, "elements": plan.p * plan.p} for part in _parts(lowered)],
+        "kv_slots_per_element": plan.slots,
+        "cycles_per_token": None,
     }
 
 
-def _used(region: sp.RegionOp) -> np.ndarray:
-    """[height, width]: the elements of the region that hold or compute anything."""
-    used = np.zeros((region.height, region.width), dtype=bool)
-    for op in region.body.block.ops:
-        if isinstance(op, sp.SpatialOp):
-            for rect in op.touches():
-                used[rect.y : rect.y + rect.h, rect.x : rect.x + rect.w] = True
-    return used
+def _parts(lowered: GridProgram) -> list[str]:
+    lines = lowered.host["identities"]
+    return ["embedding"] + [f"layer_{i}" for i in range(len(lines) - 2)] + ["head"]
 
 
-def _tile(parts: list[SpatialPart]) -> list[int]:
-    """[rows, columns] of the first product's tiles in the first layer (the embedding's table may be taller)."""
-    region = parts[1].region if len(parts) > 1 else parts[0].region
-    for op in region.body.block.ops:
-        if isinstance(op, sp.MatvecOp | sp.EmbedOp):
-            place = op.place if isinstance(op, sp.MatvecOp) else op.table.owner
-            assert isinstance(place, sp.PlaceOp)
-            return list(sp.int_values(place.tile))
-    return [0, 0]
+def working_share(weight: g.Weight, p: int) -> float:
+    """The share of the grid's elements whose tile of `weight` holds at least one of its values (not padding)."""
+    rows = np.asarray(weight.row_map) if weight.row_map else np.arange(weight.rows)
+    padded = np.full(p * weight.tile_rows, -1)
+    padded[: min(rows.size, padded.size)] = rows[: padded.size]
+    real_rows = (padded.reshape(p, weight.tile_rows) >= 0).any(axis=1)
+    real_columns = np.arange(p) * weight.tile_columns < weight.columns
+    return float(real_rows.sum() * real_columns.sum()) / (p * p)
 
 
 def summary_lines(report: dict[str, Any]) -> list[str]:
-    grid = report["grid"]
-    lines = [
-        f"grid {grid['name']} {grid['width']} x {grid['height']}, {grid['memory']} bytes per element; "
-        f"tiles of {report['tile'][0]} x {report['tile'][1]}, {report['weights']} weights",
-        f"elements used: {report['elements_used']} ({100 * report['grid_share']:.2f}% of the grid) in "
-        f"{len(report['regions'])} regions",
+    p = report["grid"]["p"]
+    memory = report["memory_per_element"]
+    return [
+        f"grid {p} x {p} of a WSE-2 ({report['elements_used']} elements, {100 * report['grid_share']:.2f}% of its "
+        f"{g.WSE2_FABRIC[0]} x {g.WSE2_FABRIC[1]}), {report['weights']} weights",
+        f"memory per element: {memory['total']} bytes ({memory['arrays']} of arrays, {memory['code']} of code) "
+        f"of {g.MEMORY}",
+        f"share of the elements working on each layer: {100 * (report['working_share_per_layer'] or 0):.1f}%",
+        f"{report['element_programs']} part programs (embedding, layer, head) in one element program",
     ]
-    lines += [
-        f"  {r['region']}: {r['size'][0]} x {r['size'][1]} at {tuple(r['origin'])}, {r['elements_used']} used"
-        for r in report["regions"][:3]
-    ]
-    if len(report["regions"]) > 3:
-        lines.append(f"  ... and {len(report['regions']) - 3} more")
-    lines.append(
-        f"memory per element: max {report['memory_per_element_max']} bytes, mean {report['memory_per_element_mean']}"
-    )
-    minimum = report["words_between_regions_minimum"]
-    ratio = f" (minimum {minimum}, {report['words_between_regions_per_token'] / minimum:.2f}x)" if minimum else ""
-    lines.append(
-        f"words moved per token: {report['words_between_regions_per_token']} between regions{ratio}, "
-        f"{report['word_hops_inside_regions_per_token']} word-hops inside regions"
-    )
-    if report["tokens_per_s"]:
-        lines.append(
-            f"estimated {report['tokens_per_s']} tokens/s ({report['cycles_per_token']} cycles per token at "
-            f"{report['cycle_model']['clock_hz'] / 1e9:g} GHz, full cache)"
-        )
-    lines.append(f"{report['element_programs']} distinct element programs")
-    return lines
 
 
 __all__ = ["Cut", "build_spatial"]

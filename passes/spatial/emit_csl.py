@@ -24,6 +24,7 @@ from xdsl.ir import Attribute, Operation
 from xdsl.utils.exceptions import DiagnosticException
 from xdsl.utils.target import Target
 
+from logos_ir.dialects import csl_ext
 from logos_ir.dialects import spatial as sp
 from logos_ir.passes.spatial.convert_spatial_to_csl import ConvertSpatialToCsl
 
@@ -40,6 +41,19 @@ class LaneCslPrintContext(CslPrintContext):
         super().print(text, prefix, end)
 
     def print_op(self, op: Operation) -> None:
+        if isinstance(op, csl_ext.SetColorConfigOp):
+            x, y = self._get_variable_name_for(op.x), self._get_variable_name_for(op.y)
+            rx, tx = ", ".join(op.receives), ", ".join(op.transmits)
+            routes = f".{{ .routes = .{{ .rx = .{{ {rx} }}, .tx = .{{ {tx} }} }} }}"
+            self.print(f"@set_color_config({x}, {y}, @get_color({op.colour.data}), {routes});")
+            return None
+        if isinstance(op, csl_ext.BlockOp | csl_ext.UnblockOp):
+            verb = "block" if isinstance(op, csl_ext.BlockOp) else "unblock"
+            self.print(f"@{verb}(@get_local_task_id({op.task.data}));")
+            return None
+        if isinstance(op, csl_ext.CommentOp):
+            self.print(f"// {op.text.data}")
+            return None
         if not isinstance(op, csl.GetFabDsdOp):
             return super().print_op(op)
         kind = self.mlir_type_to_csl_type(op.result.type)

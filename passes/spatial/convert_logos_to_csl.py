@@ -1,0 +1,930 @@
+"""`convert-logos-to-csl`: a decode step's parts (the embedding, each layer, the head), as their LOGOS programs say,
+lowered to one CSL program for a P x P grid (the whole-grid mapping of `passes/spatial/grid.py`) and its layout.
+
+Assumes: the parts of one decode step on one chip, each extracted by `cut-extract` (so each is exactly what the
+author wrote for it). Guarantees: a module of two `csl.module`s, the layout (`@set_rectangle`, `@set_tile_code` for
+each element with its coordinates and memcpy parameters, every router's colour configuration) and the element
+program (its arrays, one function per part: `embedding`, `layer` (every layer runs the one function, the layer's
+arrays found by its index), `head`; the local tasks that run them in turn; the exported `step` the host launches),
+printable by xDSL's CSL printer and executable by the fabric simulator (`logos_ir/runtime/spatial.py`). Each logos op
+becomes the element code of its part: `logos.linear` a tile's multiply-accumulate (`@fmacs`, `@fmachs` for f16
+weights) and a reduction on the fabric; `logos.rms_norm` a sum of squares reduced along the row; `logos.rope` the
+rotation of the element's pairs; `logos.cache_write` a store on the position's column; `logos.attention` scores,
+softmax and weighted values over the element's positions, reduced on the fabric; `logos.embed` a row of the table's
+tile on its owner row, summed down the column; `logos.argmax` is the host's, over the logits it reads back.
+The layers' programs must lower to the same code (they do: the author writes them alike); a part the lane does not
+lower is refused with the op's name.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from xdsl.dialects import arith, csl, memref, scf
+from xdsl.dialects.builtin import (
+    AffineMapAttr,
+    DenseIntOrFPElementsAttr,
+    Float16Type,
+    Float32Type,
+    FloatAttr,
+    FunctionType,
+    IndexType,
+    IntegerAttr,
+    IntegerType,
+    MemRefType,
+    ModuleOp,
+    StringAttr,
+    SymbolRefAttr,
+    UnitAttr,
+    f16,
+    f32,
+    i1,
+    i16,
+    i32,
+)
+from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.ir.affine import AffineMap
+
+from logos_ir.dialects import csl_ext
+from logos_ir.dialects import logos
+from logos_ir.errors import PassError
+from logos_ir.passes.spatial import grid as g
+
+PASS = "convert-logos-to-csl"
+INDEX = IndexType()
+
+
+# -- emitting ops ------------------------------------------------------------------------------------------------
+
+
+class Emit:
+    """Appends ops to a block, with the small helpers the element code is made of."""
+
+    def __init__(self, block: Block):
+        self.block = block
+
+    def op(self, op: Operation) -> Operation:
+        self.block.add_op(op)
+        return op
+
+    def int(self, value: int, type: IntegerType = i32) -> SSAValue:
+        return self.op(arith.ConstantOp(IntegerAttr(value, type))).results[0]
+
+    def float(self, value: float) -> SSAValue:
+        return self.op(arith.ConstantOp(FloatAttr(value, f32))).results[0]
+
+    def bin(self, kind: type[Operation], a: SSAValue, b: SSAValue) -> SSAValue:
+        return self.op(kind(a, b)).results[0]  # type: ignore[call-arg]
+
+    def cmp(self, a: SSAValue, b: SSAValue, predicate: str) -> SSAValue:
+        return self.op(arith.CmpiOp(a, b, predicate)).results[0]
+
+    def cast(self, value: SSAValue, type: Any) -> SSAValue:
+        return self.op(arith.IndexCastOp(value, type)).results[0]
+
+    def load(self, array: SSAValue, at: SSAValue) -> SSAValue:
+        return self.op(memref.LoadOp.get(array, [self.cast(at, INDEX)])).results[0]
+
+    def store(self, value: SSAValue, array: SSAValue, at: SSAValue) -> None:
+        self.op(memref.StoreOp.get(value, array, [self.cast(at, INDEX)]))
+
+    def math(self, module: SSAValue, name: str, *args: SSAValue) -> SSAValue:
+        return self.op(csl.MemberCallOp(name, f32, module, list(args))).results[0]
+
+    def dsd(self, array: SSAValue, length: int, offset: int = 0, stride: int = 1) -> SSAValue:
+        """A mem1d DSD over array[offset + stride * i] for i < length."""
+        access = AffineMap.from_callable(lambda i: (i * stride + offset,))
+        size = self.int(length, i16)
+        return self.op(
+            csl.GetMemDsdOp.build(
+                operands=[array, [size]],
+                result_types=[csl.DsdType(csl.DsdKind.mem1d_dsd)],
+                properties={"tensor_access": AffineMapAttr(access)},
+            )
+        ).results[0]
+
+    def moved(self, dsd: SSAValue, by: SSAValue, element: Any = f32) -> SSAValue:
+        """The DSD moved on by `by` (an i32 value) elements: `@increment_dsd_offset`."""
+        offset = self.op(arith.TruncIOp(by, i16)).results[0]
+        return self.op(
+            csl.IncrementDsdOffsetOp.build(
+                operands=[dsd, offset],
+                result_types=[csl.DsdType(csl.DsdKind.mem1d_dsd)],
+                properties={"elem_type": element},
+            )
+        ).results[0]
+
+    def fabric(self, colour: int, extent: int, inbound: bool) -> SSAValue:
+        kind = csl.DsdKind.fabin_dsd if inbound else csl.DsdKind.fabout_dsd
+        size = self.int(extent, i16)
+        queue = 2 if inbound else 3
+        return self.op(
+            csl.GetFabDsdOp.build(
+                operands=[[size]],
+                result_types=[csl.DsdType(kind)],
+                properties={
+                    "fabric_color": IntegerAttr(colour, IntegerType(5, csl.Signedness.UNSIGNED)),
+                    "queue_id": IntegerAttr(queue, IntegerType(3)),
+                },
+            )
+        ).results[0]
+
+    def dsd_op(self, kind: type[csl.BuiltinDsdOp], *operands: SSAValue) -> None:
+        self.op(kind(operands=[list(operands)]))
+
+    @contextmanager
+    def loop(self, count: int | SSAValue, iters: Sequence[SSAValue] = ()) -> Iterator[tuple[Emit, SSAValue, list[SSAValue], list[SSAValue]]]:
+        """`for (@range(i32, 0, count, 1)) |i|`; yields (body emitter, i, the iteration values, the list to fill with
+        the values the body yields); the loop's results are set on the list after the block."""
+        lower, step = self.int(0), self.int(1)
+        upper = count if isinstance(count, SSAValue) else self.int(count)
+        block = Block(arg_types=[i32, *(v.type for v in iters)])
+        body = Emit(block)
+        yielded: list[SSAValue] = []
+        yield body, block.args[0], list(block.args[1:]), yielded
+        body.op(scf.YieldOp(*yielded))
+        loop = self.op(scf.ForOp(lower, upper, step, list(iters), block))
+        yielded[:] = list(loop.results)
+
+    @contextmanager
+    def loop_i16(self, count: SSAValue) -> Iterator[tuple[Emit, SSAValue]]:
+        """`for (@range(i16, 0, count, 1)) |i|` in a layout."""
+        lower, upper, step = self.int(0, i16), count, self.int(1, i16)
+        block = Block(arg_types=[i16])
+        body = Emit(block)
+        yield body, block.args[0]
+        body.op(scf.YieldOp())
+        self.op(scf.ForOp(lower, upper, step, [], block))
+
+    @contextmanager
+    def when(self, condition: SSAValue) -> Iterator[Emit]:
+        then = Block()
+        body = Emit(then)
+        yield body
+        body.op(scf.YieldOp())
+        self.op(scf.IfOp(condition, [], Region(then), Region(Block([scf.YieldOp()]))))
+
+    def branch(self, condition: SSAValue) -> tuple[Emit, Emit, Operation]:
+        then, other = Block(), Block()
+        return Emit(then), Emit(other), scf.IfOp(condition, [], Region(then), Region(other))
+
+    def end_branch(self, then: Emit, other: Emit, op: Operation) -> None:
+        then.op(scf.YieldOp())
+        other.op(scf.YieldOp())
+        self.op(op)
+
+
+# -- values on the grid ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Vec:
+    """A vector on the grid: its layout (`col`: element (x, y) holds chunk x; `row`: chunk y), its true length,
+    its chunk and the array that holds the element's chunk."""
+
+    layout: str
+    length: int
+    chunk: int
+    array: str
+
+
+@dataclass
+class Program:
+    """The element program being built: its top block, the arrays declared (name -> (words, element type)), the
+    weights the host loads, the imported modules and the parameters."""
+
+    plan: g.GridPlan
+    top: Emit
+    arrays: dict[str, tuple[int, Any]] = field(default_factory=dict)
+    handles: dict[str, SSAValue] = field(default_factory=dict)
+    px: SSAValue | None = None
+    py: SSAValue | None = None
+    math: SSAValue | None = None
+    memcpy: SSAValue | None = None
+    functions: list[Operation] = field(default_factory=list)
+
+    def array(self, name: str, words: int, element: Any = f32) -> None:
+        known = self.arrays.get(name)
+        if known is not None:
+            if known != (words, element):
+                raise PassError(f"{PASS}: the array '{name}' is declared twice with different sizes")
+            return
+        self.arrays[name] = (words, element)
+
+    def get(self, e: Emit, name: str) -> SSAValue:
+        words, element = self.arrays[name]
+        return e.op(memref.GetGlobalOp(name, MemRefType(element, [words]))).results[0]
+
+
+# -- one part's element code ---------------------------------------------------------------------------------------
+
+
+class PartLowering:
+    """Lowers the ops of one part's function into element code appended to `e` (see the module docstring)."""
+
+    def __init__(self, program: Program, e: Emit, layer: SSAValue | None, feeds: dict[SSAValue, set[str]]):
+        self.program, self.plan, self.e, self.layer = program, program.plan, e, layer
+        self.values: dict[SSAValue, Any] = {}
+        self.feeds = feeds
+
+    # -- helpers over the grid --
+
+    def coordinate(self, layout: str) -> SSAValue:
+        """px for a reduction along a row, py along a column."""
+        value = self.program.px if layout == "row" else self.program.py
+        assert value is not None
+        return self.e.op(arith.ExtSIOp(value, i32)).results[0]
+
+    def reduce(self, e: Emit, array: SSAValue, n: int, along: str, combine: type[csl.BuiltinDsdOp], broadcast: bool = True) -> None:
+        """Combine each element's `array[0:n]` along its row (`along="row"`) or column: a chain toward the last
+        element on two alternating colours, then (`broadcast`) the total sent back to every element of the line."""
+        plan = self.plan
+        chain, bcast = (g.ROW_CHAIN, g.ROW_BCAST) if along == "row" else (g.COL_CHAIN, g.COL_BCAST)
+        k = self.coordinate(along)
+        zero, one, two, last = e.int(0), e.int(1), e.int(2), e.int(plan.p - 1)
+        parity = e.bin(arith.RemSIOp, k, two)
+        odd = e.cmp(parity, one, "eq")
+        local = e.dsd(array, n)
+        with e.when(e.cmp(k, zero, "sgt")) as inner:
+            odd_sender, even_sender, op = inner.branch(odd)  # the sender west/north of me has the other parity
+            odd_sender.dsd_op(combine, local, local, odd_sender.fabric(chain[0], n, True))
+            even_sender.dsd_op(combine, local, local, even_sender.fabric(chain[1], n, True))
+            inner.end_branch(odd_sender, even_sender, op)
+        middle, end, op = e.branch(e.cmp(k, last, "slt"))
+        odd_me, even_me, send = middle.branch(odd)
+        odd_me.dsd_op(csl.FmovsOp, odd_me.fabric(chain[1], n, False), local)
+        even_me.dsd_op(csl.FmovsOp, even_me.fabric(chain[0], n, False), local)
+        middle.end_branch(odd_me, even_me, send)
+        if broadcast:
+            middle.dsd_op(csl.FmovsOp, local, middle.fabric(bcast, n, True))
+            end.dsd_op(csl.FmovsOp, end.fabric(bcast, n, False), local)
+        e.end_branch(middle, end, op)
+
+    def vec(self, name: str, layout: str, length: int, even: bool = False) -> Vec:
+        chunk = self.plan.chunk(length, even)
+        self.program.array(name, chunk)
+        return Vec(layout, length, chunk, name)
+
+    def arr(self, name: str) -> SSAValue:
+        return self.program.get(self.e, name)
+
+    def weight_offset(self, weight: g.Weight) -> SSAValue:
+        """Where this layer's tile starts in the weight's array (the layer index times the tile)."""
+        size = self.e.int(weight.tile_rows * weight.tile_columns)
+        if len(weight.tensors) == 1 or self.layer is None:
+            return self.e.int(0)
+        return self.e.bin(arith.MuliOp, self.layer, size)
+
+    # -- the ops --
+
+    def lower(self, body: Block) -> Any:
+        """The ops of a part's function; its hidden-state argument and result live in the `residual` array (the
+        state each part leaves for the next), its position argument in `position_in`."""
+        residual = self.vec("residual", "col", self.plan.hidden)
+        for arg in body.args:
+            shape = arg.type.get_shape()  # type: ignore[attr-defined]
+            self.values[arg] = residual if len(shape) == 2 else "position"
+        for op in body.ops:
+            method = getattr(self, "_" + op.name.removeprefix("logos.").replace("func.", "func_"), None)
+            if method is None:
+                raise PassError(f"{PASS}: the spatial grid does not lower '{op.name}'")
+            result = method(op)
+            if result is not None:
+                return result
+        return None
+
+    def _func_return(self, op: Operation) -> Any:
+        result = self.values.get(op.operands[0]) if op.operands else None
+        if isinstance(result, Vec) and result.array != "residual":
+            e = self.e
+            e.dsd_op(csl.FmovsOp, e.dsd(self.arr("residual"), result.chunk), e.dsd(self.arr(result.array), result.chunk))
+        return result
+
+    def _input(self, op: logos.InputOp) -> None:
+        self.values[op.result] = op.kind.data
+
+    def _weight(self, op: logos.WeightOp) -> None:
+        self.values[op.result] = op
+
+    def _cache(self, op: logos.CacheOp) -> None:
+        self.values[op.result] = op
+
+    def _embed(self, op: logos.EmbedOp) -> None:
+        plan, e = self.plan, self.e
+        table = self.program_weight(self.values[op.table], "col")
+        out = self.vec(_name(op.result), "col", plan.hidden)
+        tile_rows = table.tile_rows
+        token = e.load(self.arr("token_in"), e.int(0))
+        owner = e.bin(arith.DivSIOp, token, e.int(tile_rows))
+        row = e.bin(arith.RemSIOp, token, e.int(tile_rows))
+        buffer = self.arr(out.array)
+        e.dsd_op(csl.FmovsOp, e.dsd(buffer, out.chunk), e.float(0.0))
+        py = self.coordinate("col")
+        with e.when(e.cmp(py, owner, "eq")) as inner:
+            source = inner.moved(inner.dsd(self.arr(table.name), out.chunk, 0, tile_rows), row, self.element_type)
+            convert = csl.Fh2sOp if plan.image == "f16" else csl.FmovsOp
+            inner.dsd_op(convert, inner.dsd(buffer, out.chunk), source)
+        self.reduce(e, buffer, out.chunk, "col", csl.FaddsOp)
+        self.values[op.result] = out
+
+    @property
+    def element_type(self) -> Any:
+        return f16 if self.plan.image == "f16" else f32
+
+    def program_weight(self, op: logos.WeightOp, orient: str, row_map: Sequence[int] = ()) -> g.Weight:
+        """The weight array this op's tensor lives in (shared by every layer's tensor of the same role)."""
+        plan = self.plan
+        name = _name(op.result)
+        tensor = op.tensor.data
+        shape = list(op.shape.get_values())
+        if len(shape) == 1:
+            chunk = plan.chunk(shape[0])
+            weight = g.Weight(name, (tensor,), "vector", "col", 1, shape[0], 1, chunk)
+            return self.declare(weight, plan_layers=self.layer is not None)
+        rows, columns = shape
+        padded_rows = len(row_map) if row_map else rows
+        kind = "table" if self.layer is None else "matrix"
+        tr = plan.chunk(padded_rows, even=bool(row_map))
+        tc = plan.chunk(columns)
+        weight = g.Weight(name, (tensor,), kind, orient, rows, columns, tr, tc, tuple(row_map))
+        return self.declare(weight, plan_layers=self.layer is not None)
+
+    def declare(self, weight: g.Weight, plan_layers: bool) -> g.Weight:
+        plan = self.plan
+        known = plan.weights.get(weight.name)
+        if known is None:
+            tensors = weight.tensors
+            if plan_layers:
+                tensors = tuple(_layer_tensor(weight.tensors[0], i) for i in range(plan.layers))
+            weight = g.Weight(**{**weight.__dict__, "tensors": tensors})
+            plan.weights[weight.name] = weight
+            element = self.element_type if weight.kind != "vector" else f32
+            self.program.array(weight.name, weight.words, element)
+            return weight
+        # the same role (another layer) or the same tensor (a tied head): the same tile
+        same = (known.tile_rows, known.tile_columns, known.orient) == (weight.tile_rows, weight.tile_columns, weight.orient)
+        if not same:
+            raise PassError(f"{PASS}: the weight '{weight.name}' is tiled two ways")
+        return known
+
+    def _rms_norm(self, op: logos.RMSNormOp) -> None:
+        plan, e = self.plan, self.e
+        x: Vec = self.values[op.input]
+        weight = self.program_weight(self.values[op.weight], "col")
+        out = self.vec(_name(op.result), x.layout, x.length)
+        source, target = self.arr(x.array), self.arr(out.array)
+        with e.loop(x.chunk, [e.float(0.0)]) as (body, j, (total,), yielded):
+            v = body.load(source, j)
+            yielded.append(body.op(arith.AddfOp(total, body.op(arith.MulfOp(v, v)).results[0])).results[0])
+        squares = self.arr("norm_sum")
+        e.store(yielded[0], squares, e.int(0))
+        self.reduce(e, squares, 1, "row" if x.layout == "col" else "col", csl.FaddsOp)
+        mean = e.op(arith.MulfOp(e.load(squares, e.int(0)), e.float(1.0 / x.length))).results[0]
+        root = e.math(self.program.math, "sqrt_f32", e.op(arith.AddfOp(mean, e.float(op.epsilon.value.data))).results[0])
+        scale = e.op(arith.DivfOp(e.float(1.0), root)).results[0]
+        e.dsd_op(csl.FmulsOp, e.dsd(target, x.chunk), e.dsd(source, x.chunk), scale)
+        w = e.moved(e.dsd(self.arr(weight.name), x.chunk), self.weight_offset(weight))
+        e.dsd_op(csl.FmulsOp, e.dsd(target, x.chunk), e.dsd(target, x.chunk), w)
+        self.values[op.result] = out
+
+    def _linear(self, op: logos.LinearOp) -> None:
+        plan, e = self.plan, self.e
+        x: Vec = self.values[op.input]
+        roles = self.feeds.get(op.result, set())
+        out_rows = op.weight.type.get_shape()[0]
+        row_map: list[int] = []
+        if "rope" in roles or "cache" in roles:
+            head_dim = plan.head_dim
+            row_map = g.expanded_rows(plan.heads, plan.kv_heads, head_dim, "cache" in roles and out_rows != plan.features, "rope" in roles)
+        weight = self.program_weight(self.values[op.weight], x.layout, row_map)
+        out_layout = "row" if x.layout == "col" else "col"
+        length = len(row_map) if row_map else out_rows
+        out = Vec(out_layout, length, weight.tile_rows, _name(op.result))
+        self.program.array(out.array, out.chunk)
+        tile_rows = weight.tile_rows
+        acc, source = self.arr(out.array), self.arr(x.array)
+        e.dsd_op(csl.FmovsOp, e.dsd(acc, tile_rows), e.float(0.0))
+        base = self.weight_offset(weight)
+        w = self.arr(weight.name)
+        if plan.image == "f16":
+            half = self.arr(f"{x.array}_f16") if self._declare_half(x) else source
+            e.dsd_op(csl.Fs2hOp, e.dsd(half, x.chunk), e.dsd(source, x.chunk))
+            source = half
+        with e.loop(x.chunk) as (body, j, _, _y):
+            scalar = body.load(source, j)
+            offset = body.bin(arith.AddiOp, base, body.bin(arith.MuliOp, j, body.int(tile_rows)))
+            column = body.moved(body.dsd(w, tile_rows), offset, self.element_type)
+            mac = csl.FmachsOp if plan.image == "f16" else csl.FmacsOp
+            body.dsd_op(mac, body.dsd(acc, tile_rows), body.dsd(acc, tile_rows), column, scalar)
+        along = "row" if x.layout == "col" else "col"
+        final = any(isinstance(use.operation, logos.ArgmaxOp) for use in op.result.uses)
+        self.reduce(e, acc, tile_rows, along, csl.FaddsOp, broadcast=not final)
+        self.values[op.result] = out
+        if final:
+            self.program.handles["logits_array"] = acc  # noqa: the head's logits, read back by the host
+
+    def _declare_half(self, x: Vec) -> bool:
+        self.program.array(f"{x.array}_f16", x.chunk, f16)
+        return True
+
+    def _rope(self, op: logos.RopeOp) -> None:
+        e = self.e
+        x: Vec = self.values[op.input]
+        table = f"inv_freq_{x.chunk}"
+        self.program.array(table, x.chunk // 2)
+        self.program.handles.setdefault("rope_tables", {})[table] = x.chunk  # type: ignore[index]
+        position = e.bin(arith.SubiOp, e.load(self.arr("position_in"), e.int(0)), e.int(1))
+        angle_base = e.op(arith.SIToFPOp(position, f32)).results[0]
+        data, freq = self.arr(x.array), self.arr(table)
+        with e.loop(x.chunk // 2) as (body, i, _, _y):
+            angle = body.op(arith.MulfOp(angle_base, body.load(freq, i))).results[0]
+            cos = body.math(self.program.math, "cos_f32", angle)
+            sin = body.math(self.program.math, "sin_f32", angle)
+            even = body.bin(arith.MuliOp, i, body.int(2))
+            odd = body.bin(arith.AddiOp, even, body.int(1))
+            a, b = body.load(data, even), body.load(data, odd)
+            first = body.op(arith.SubfOp(body.op(arith.MulfOp(a, cos)).results[0], body.op(arith.MulfOp(b, sin)).results[0])).results[0]
+            second = body.op(arith.AddfOp(body.op(arith.MulfOp(a, sin)).results[0], body.op(arith.MulfOp(b, cos)).results[0])).results[0]
+            body.store(first, data, even)
+            body.store(second, data, odd)
+        self.values[op.result] = x  # rotated in place
+
+    def cache_array(self, cache: logos.CacheOp, chunk: int) -> str:
+        name = f"{cache.kind.data}_cache"
+        words = self.plan.layers * self.plan.slots * chunk
+        self.program.array(name, words, self.element_type)
+        return name
+
+    def _cache_write(self, op: logos.CacheWriteOp) -> None:
+        plan, e = self.plan, self.e
+        x: Vec = self.values[op.input]
+        name = self.cache_array(self.values[op.cache], x.chunk)
+        position = e.bin(arith.SubiOp, e.load(self.arr("position_in"), e.int(0)), e.int(1))
+        column = e.bin(arith.RemSIOp, position, e.int(plan.p))
+        slot = e.bin(arith.DivSIOp, position, e.int(plan.p))
+        px = self.coordinate("row")
+        with e.when(e.cmp(px, column, "eq")) as inner:
+            layer = self.layer if self.layer is not None else inner.int(0)
+            at = inner.bin(arith.MuliOp, inner.bin(arith.AddiOp, inner.bin(arith.MuliOp, layer, inner.int(plan.slots)), slot), inner.int(x.chunk))
+            target = inner.moved(inner.dsd(self.arr(name), x.chunk), at, self.element_type)
+            convert = csl.Fs2hOp if plan.image == "f16" else csl.FmovsOp
+            inner.dsd_op(convert, target, inner.dsd(self.arr(x.array), x.chunk))
+
+    def _attention(self, op: logos.AttentionOp) -> None:
+        plan, e = self.plan, self.e
+        q: Vec = self.values[op.query]
+        keys = self.arr(self.cache_array(self.values[op.keys], q.chunk))
+        values = self.arr(self.cache_array(self.values[op.values], q.chunk))
+        heads, slots, chunk, p = plan.heads, plan.slots, q.chunk, plan.p
+        self.program.array("scores", heads * slots)
+        self.program.array("head_max", heads)
+        self.program.array("head_sum", heads)
+        scores, high, total = self.arr("scores"), self.arr("head_max"), self.arr("head_sum")
+        out = self.vec(_name(op.result), "row", q.length, even=True)
+        attended, query = self.arr(out.array), self.arr(q.array)
+        position = e.bin(arith.SubiOp, e.load(self.arr("position_in"), e.int(0)), e.int(1))
+        px, py = self.coordinate("row"), self.coordinate("col")
+        layer = self.layer if self.layer is not None else e.int(0)
+        base = e.bin(arith.MuliOp, layer, e.int(slots * chunk))
+        first_feature = e.bin(arith.MuliOp, py, e.int(chunk))
+        e.dsd_op(csl.FmovsOp, e.dsd(scores, heads * slots), e.float(0.0))
+        # partial scores: each of my features r adds q[r] * k[., r] over my positions to its head's scores
+        with e.loop(chunk) as (body, r, _, _y):
+            head = self._head_of(body, first_feature, r)
+            row = body.moved(body.dsd(scores, slots), body.bin(arith.MuliOp, head, body.int(slots)))
+            column = body.moved(body.dsd(keys, slots, 0, chunk), body.bin(arith.AddiOp, base, r), self.element_type)
+            q = body.load(query, r)
+            if self.plan.image == "f16":
+                body.dsd_op(csl.FmachsOp, row, row, column, body.op(arith.TruncFOp(q, f16)).results[0])
+            else:
+                body.dsd_op(csl.FmacsOp, row, row, column, q)
+        self.reduce(e, scores, heads * slots, "col", csl.FaddsOp)
+        e.dsd_op(csl.FmulsOp, e.dsd(scores, heads * slots), e.dsd(scores, heads * slots), e.float(1.0 / math.sqrt(plan.head_dim)))
+        # my positions after the current one are masked; each head's maximum over mine, then along the row
+        e.dsd_op(csl.FmovsOp, e.dsd(high, heads), e.float(-3.0e38))
+        with e.loop(slots) as (outer, s, _, _y):
+            t = outer.bin(arith.AddiOp, outer.bin(arith.MuliOp, s, outer.int(p)), px)
+            later = outer.cmp(t, position, "sgt")
+            with outer.when(later) as masked:
+                masked.dsd_op(csl.FmovsOp, masked.moved(masked.dsd(scores, heads, 0, slots), s), masked.float(-3.0e38))
+            outer.dsd_op(csl.FmaxsOp, outer.dsd(high, heads), outer.dsd(high, heads), outer.moved(outer.dsd(scores, heads, 0, slots), s))
+        self.reduce(e, high, heads, "row", csl.FmaxsOp)
+        # exp(score - max) and each head's sum, along the row
+        e.dsd_op(csl.FmovsOp, e.dsd(total, heads), e.float(0.0))
+        with e.loop(heads) as (outer, h, _, _y):
+            m = outer.load(high, h)
+            with outer.loop(slots) as (body, s, _, _y2):
+                at = body.bin(arith.AddiOp, body.bin(arith.MuliOp, h, body.int(slots)), s)
+                weight = body.math(self.program.math, "exp_f32", body.op(arith.SubfOp(body.load(scores, at), m)).results[0])
+                body.store(weight, scores, at)
+                body.store(body.op(arith.AddfOp(body.load(total, h), weight)).results[0], total, h)
+        self.reduce(e, total, heads, "row", csl.FaddsOp)
+        # each head's weights normalised; spread to my features (weights[s, r] = p[head(r), s]); then the weighted
+        # values of my positions summed, row by row
+        with e.loop(heads) as (body, h, _, _y):
+            row = body.moved(body.dsd(scores, slots), body.bin(arith.MuliOp, h, body.int(slots)))
+            inverse = body.op(arith.DivfOp(body.float(1.0), body.load(total, h))).results[0]
+            body.dsd_op(csl.FmulsOp, row, row, inverse)
+        self.program.array("weights_by_feature", slots * chunk)
+        spread = self.arr("weights_by_feature")
+        with e.loop(chunk) as (body, r, _, _y):
+            head = self._head_of(body, first_feature, r)
+            row = body.moved(body.dsd(scores, slots), body.bin(arith.MuliOp, head, body.int(slots)))
+            body.dsd_op(csl.FmovsOp, body.moved(body.dsd(spread, slots, 0, chunk), r), row)
+        e.dsd_op(csl.FmovsOp, e.dsd(attended, chunk), e.float(0.0))
+        self.program.array("weighted", chunk)
+        scratch = self.arr("weighted")
+        with e.loop(slots) as (body, s, _, _y):
+            at = body.bin(arith.MuliOp, s, body.int(chunk))
+            cached = body.moved(body.dsd(values, chunk), body.bin(arith.AddiOp, base, at), self.element_type)
+            if self.plan.image == "f16":
+                body.dsd_op(csl.Fh2sOp, body.dsd(scratch, chunk), cached)
+                cached = body.dsd(scratch, chunk)
+            body.dsd_op(csl.FmulsOp, body.dsd(scratch, chunk), cached, body.moved(body.dsd(spread, chunk), at))
+            body.dsd_op(csl.FaddsOp, body.dsd(attended, chunk), body.dsd(attended, chunk), body.dsd(scratch, chunk))
+        self.reduce(e, attended, chunk, "row", csl.FaddsOp)
+        self.values[op.result] = out
+
+    def _head_of(self, e: Emit, first_feature: SSAValue, r: SSAValue) -> SSAValue:
+        head = e.bin(arith.DivSIOp, e.bin(arith.AddiOp, first_feature, r), e.int(self.plan.head_dim))
+        last = e.int(self.plan.heads - 1)
+        return e.op(arith.SelectOp(e.cmp(head, last, "slt"), head, last)).results[0]
+
+    def _load_cached(self, e: Emit, array: SSAValue, at: SSAValue) -> SSAValue:
+        value = e.load(array, at)
+        if self.plan.image == "f16":
+            return e.op(arith.ExtFOp(value, f32)).results[0]
+        return value
+
+    def _elementwise(self, op: Operation, kind: type[csl.BuiltinDsdOp]) -> None:
+        a: Vec = self.values[op.operands[0]]
+        b: Vec = self.values[op.operands[1]]
+        if (a.layout, a.chunk) != (b.layout, b.chunk):
+            raise PassError(f"{PASS}: '{op.name}' of vectors laid out differently ({a.layout}, {b.layout})")
+        out = self.vec(_name(op.results[0]), a.layout, a.length)
+        e = self.e
+        e.dsd_op(kind, e.dsd(self.arr(out.array), a.chunk), e.dsd(self.arr(a.array), a.chunk), e.dsd(self.arr(b.array), a.chunk))
+        self.values[op.results[0]] = out
+
+    def _add(self, op: logos.AddOp) -> None:
+        self._elementwise(op, csl.FaddsOp)
+
+    def _mul(self, op: logos.MulOp) -> None:
+        self._elementwise(op, csl.FmulsOp)
+
+    def _silu(self, op: logos.SiluOp) -> None:
+        e = self.e
+        x: Vec = self.values[op.input]
+        out = self.vec(_name(op.result), x.layout, x.length)
+        source, target = self.arr(x.array), self.arr(out.array)
+        with e.loop(x.chunk) as (body, j, _, _y):
+            v = body.load(source, j)
+            negative = body.op(arith.SubfOp(body.float(0.0), v)).results[0]
+            denominator = body.op(arith.AddfOp(body.float(1.0), body.math(self.program.math, "exp_f32", negative))).results[0]
+            body.store(body.op(arith.DivfOp(v, denominator)).results[0], target, j)
+        self.values[op.result] = out
+
+    def _argmax(self, op: logos.ArgmaxOp) -> None:
+        logits: Vec = self.values[op.input]
+        self.program.handles["logits"] = logits  # type: ignore[assignment]
+        self.values[op.result] = "argmax"
+
+    def _func_call(self, op: Operation) -> None:
+        raise PassError(f"{PASS}: expects a part's function body, found a call")
+
+
+def _name(value: SSAValue) -> str:
+    return value.name_hint or f"v{id(value) % 100000}"
+
+
+def _layer_tensor(tensor: str, layer: int) -> str:
+    parts = tensor.split(".")
+    for i, piece in enumerate(parts[:-1]):
+        if parts[i - 1] == "layers" and piece.isdigit():
+            parts[i] = str(layer)
+    return ".".join(parts)
+
+
+def feeds_of(body: Block) -> dict[SSAValue, set[str]]:
+    """What each linear's result feeds: a rotation (`rope`), a cache (`cache`, directly or through its rotation)."""
+    feeds: dict[SSAValue, set[str]] = {}
+    for op in body.ops:
+        if isinstance(op, logos.RopeOp):
+            feeds.setdefault(op.input, set()).add("rope")
+        if isinstance(op, logos.CacheWriteOp):
+            source = op.input
+            owner = source.owner
+            if isinstance(owner, logos.RopeOp):
+                source = owner.input
+            feeds.setdefault(source, set()).add("cache")
+        if isinstance(op, logos.AttentionOp):
+            owner = op.query.owner
+            source = owner.input if isinstance(owner, logos.RopeOp) else op.query
+            feeds.setdefault(source, set()).add("query")
+    return feeds
+
+
+# -- the element program and the layout ------------------------------------------------------------------------
+
+
+@dataclass
+class GridProgram:
+    """The lowered decode step: the module of `csl.module`s (program and layout) and what the host needs to run
+    it (`host`: the grid, each weight array's tensors and tiling, the rotary tables, the logits' array)."""
+
+    module: ModuleOp
+    plan: g.GridPlan
+    host: dict[str, Any]
+
+
+def _function(name: str, program: Program, comment: str, args: Sequence[Any] = ()) -> tuple[Emit, csl.FuncOp]:
+    block = Block(arg_types=list(args))
+    e = Emit(block)
+    e.op(csl_ext.CommentOp(comment))
+    return e, csl.FuncOp(name, FunctionType.from_lists(list(args), []), Region(block))
+
+
+def _part_body(module: ModuleOp) -> tuple[logos.ProgramOp, Block]:
+    from xdsl.dialects import func
+
+    program = next(op for op in module.ops if isinstance(op, logos.ProgramOp))
+    functions = [op for op in program.body.block.ops if isinstance(op, func.FuncOp) and op.sym_name.data != "main"]
+    if len(functions) != 1:
+        raise PassError(f"{PASS}: a part holds one function besides main, found {len(functions)}")
+    return program, functions[0].body.block
+
+
+def lower_parts(parts: Sequence[tuple[Any, Any, ModuleOp]], plan: g.GridPlan) -> GridProgram:
+    """The decode step's parts ((cut, identity, extracted module) in model order: embedding, layers, head) as one
+    element program and its layout for `plan`'s grid."""
+    top = Block()
+    program = Program(plan, Emit(top))
+    t = program.top
+    program.memcpy = None
+    memcpy_params = t.op(csl.ParamOp("memcpy_params", csl.ComptimeStructType())).results[0]
+    program.px = t.op(csl.ParamOp("px", i16)).results[0]
+    program.py = t.op(csl.ParamOp("py", i16)).results[0]
+    program.memcpy = t.op(csl.ImportModuleConstOp("<memcpy/memcpy>", memcpy_params)).results[0]
+    program.math = t.op(csl.ImportModuleConstOp("<math>")).results[0]
+    for name in ("token_in", "position_in", "layer_at"):
+        program.array(name, 1, i32)
+    program.array("norm_sum", 1)
+    functions: list[Operation] = []
+    identities: list[str] = []
+    layer_texts: list[str] = []
+    embed_cut, *layer_parts, head_cut = parts
+    # the embedding
+    _, body = _part_body(embed_cut[2])
+    e, fn = _function("embedding", program, embed_cut[1].line())
+    PartLowering(program, e, None, feeds_of(body)).lower(body)
+    e.op(csl.ReturnOp())
+    functions.append(fn)
+    identities.append(embed_cut[1].line())
+    # the layers: one function, every layer's program lowered to the same code
+    layer_fn = None
+    first_text = ""
+    for cut, ident, module in layer_parts:
+        _, body = _part_body(module)
+        text = _layer_key(body)
+        if layer_fn is None:
+            e, layer_fn = _function("layer", program, "layers: " + ident.line(), [i32])
+            PartLowering(program, e, layer_fn.body.block.args[0], feeds_of(body)).lower(body)
+            e.op(csl.ReturnOp())
+            first_text = text
+        elif text != first_text:
+            raise PassError(f"{PASS}: {cut.option()} is not written as layer 0 is; every layer must run one function")
+        identities.append(ident.line())
+    assert layer_fn is not None
+    functions.append(layer_fn)
+    # the head
+    _, body = _part_body(head_cut[2])
+    e, fn = _function("head", program, head_cut[1].line())
+    lowering = PartLowering(program, e, None, feeds_of(body))
+    lowering.lower(body)
+    e.op(csl.ReturnOp())
+    functions.append(fn)
+    identities.append(head_cut[1].line())
+    logits: Vec = program.handles["logits"]  # type: ignore[assignment]
+    # declarations first, then functions, tasks, the entry and the exports
+    for name, (words, element) in program.arrays.items():
+        t.op(memref.GlobalOp.get(StringAttr(name), MemRefType(element, [words]), UnitAttr(), StringAttr("public")))
+    for fn in functions:
+        t.op(fn)
+    _tasks(program, plan.layers)
+    exports = [*plan.weights, *program.handles.get("rope_tables", {}), "token_in", "position_in", logits.array]  # type: ignore[arg-type]
+    for name in exports:
+        words, element = program.arrays[name]
+        array = program.get(t, name)
+        pointer = csl.PtrType(element, csl.PtrKindAttr(csl.PtrKind.MANY), csl.PtrConstAttr(csl.PtrConst.VAR))
+        address = t.op(csl.AddressOfOp(array, pointer)).results[0]
+        t.op(csl.SymbolExportOp(name, address))
+    t.op(csl.SymbolExportOp("step", FunctionType.from_lists([], [])))
+    program_module = csl.CslModuleOp(
+        regions=[Region(top)],
+        properties={"kind": csl.ModuleKindAttr(csl.ModuleKind.PROGRAM), "sym_name": StringAttr("pe_program")},
+    )
+    layout_module = _layout(plan)
+    host = {
+        "grid": plan.p,
+        "ctx": plan.ctx,
+        "image": plan.image,
+        "weights": {name: {**w.__dict__, "tensors": list(w.tensors), "row_map": list(w.row_map)} for name, w in plan.weights.items()},
+        "rope_tables": dict(program.handles.get("rope_tables", {})),  # type: ignore[arg-type]
+        "logits": {"array": logits.array, "chunk": logits.chunk, "column": plan.p - 1, "length": logits.length},
+        "argmax": "host",
+        "identities": identities,
+        "arrays": {name: [words, str(element)] for name, (words, element) in program.arrays.items()},
+    }
+    return GridProgram(ModuleOp([program_module, layout_module]), plan, host)
+
+
+def _layer_key(body: Block) -> str:
+    """A layer's function as its LOGOS program writes it, its layer number left out: layers with the same key lower
+    to the same code (the lowering reads only the ops, their shapes and properties, never the layer number)."""
+    import re
+
+    text = "\n".join(str(op) for op in body.ops)
+    return re.sub(r"(layers\.|layer )\d+", r"\1N", text)
+
+
+def _tasks(program: Program, layers: int) -> None:
+    t = program.top
+    assert program.memcpy is not None
+    # embed_task: the embedding, then the first layer
+    block = Block()
+    e = Emit(block)
+    e.op(csl.CallOp(SymbolRefAttr("embedding"), []))
+    e.store(e.int(0), program.get(e, "layer_at"), e.int(0))
+    e.op(csl.ActivateOp(g.LAYER_TASK, csl.TaskKind.LOCAL))
+    e.op(csl.ReturnOp())
+    t.op(csl.TaskOp("embed_task", ([], None), Region(block), task_kind=csl.TaskKind.LOCAL, id=g.EMBED_TASK))
+    # layer_task: one layer, then the next (activating itself) or, after the last, unblocking the head
+    block = Block()
+    e = Emit(block)
+    at = program.get(e, "layer_at")
+    layer = e.load(at, e.int(0))
+    e.op(csl.CallOp(SymbolRefAttr("layer"), [layer]))
+    following = e.bin(arith.AddiOp, layer, e.int(1))
+    e.store(following, at, e.int(0))
+    more, done, op = e.branch(e.cmp(following, e.int(layers), "slt"))
+    more.op(csl.ActivateOp(g.LAYER_TASK, csl.TaskKind.LOCAL))
+    done.op(csl_ext.UnblockOp(g.HEAD_TASK))
+    e.end_branch(more, done, op)
+    e.op(csl.ReturnOp())
+    t.op(csl.TaskOp("layer_task", ([], None), Region(block), task_kind=csl.TaskKind.LOCAL, id=g.LAYER_TASK))
+    # head_task: the head, then the host's command stream goes on (the launch is over)
+    block = Block()
+    e = Emit(block)
+    e.op(csl.CallOp(SymbolRefAttr("head"), []))
+    e.op(csl.MemberCallOp("unblock_cmd_stream", None, program.memcpy, []))
+    e.op(csl.ReturnOp())
+    t.op(csl.TaskOp("head_task", ([], None), Region(block), task_kind=csl.TaskKind.LOCAL, id=g.HEAD_TASK))
+    # step: launched by the host; the head waits (blocked) for the last layer
+    block = Block()
+    e = Emit(block)
+    e.op(csl_ext.BlockOp(g.HEAD_TASK))
+    e.op(csl.ActivateOp(g.HEAD_TASK, csl.TaskKind.LOCAL))
+    e.op(csl.ActivateOp(g.EMBED_TASK, csl.TaskKind.LOCAL))
+    e.op(csl.ReturnOp())
+    t.op(csl.FuncOp("step", FunctionType.from_lists([], []), Region(block)))
+
+
+def _route(e: Emit, x: SSAValue, y: SSAValue, colour: int, rx: Sequence[str], tx: Sequence[str]) -> None:
+    e.op(csl_ext.SetColorConfigOp(x, y, colour, rx, tx))
+
+
+def _line_routes(e: Emit, k: SSAValue, x: SSAValue, y: SSAValue, p: int, along: str) -> None:
+    """The routes of a row (`along="row"`, k = x) or a column (k = y): the chain's two alternating colours toward
+    the last element and the broadcast colour back."""
+    if along == "row":
+        chain, bcast, forward, back = g.ROW_CHAIN, g.ROW_BCAST, "EAST", "WEST"
+    else:
+        chain, bcast, forward, back = g.COL_CHAIN, g.COL_BCAST, "SOUTH", "NORTH"
+    zero, one, two, last = e.int(0, i16), e.int(1, i16), e.int(2, i16), e.int(p - 1, i16)
+    odd = e.cmp(e.bin(arith.RemSIOp, k, two), one, "eq")
+    with e.when(e.cmp(k, last, "slt")) as sender:
+        odd_me, even_me, op = sender.branch(odd)
+        _route(odd_me, x, y, chain[1], ["RAMP"], [forward])
+        _route(even_me, x, y, chain[0], ["RAMP"], [forward])
+        sender.end_branch(odd_me, even_me, op)
+    with e.when(e.cmp(k, zero, "sgt")) as receiver:
+        odd_me, even_me, op = receiver.branch(odd)
+        _route(odd_me, x, y, chain[0], [back], ["RAMP"])
+        _route(even_me, x, y, chain[1], [back], ["RAMP"])
+        receiver.end_branch(odd_me, even_me, op)
+    end, rest, op = e.branch(e.cmp(k, last, "eq"))
+    _route(end, x, y, bcast, ["RAMP"], [back])
+    first, middle, op2 = rest.branch(e.cmp(k, zero, "eq"))
+    _route(first, x, y, bcast, [forward], ["RAMP"])
+    _route(middle, x, y, bcast, [forward], [back, "RAMP"])
+    rest.end_branch(first, middle, op2)
+    e.end_branch(end, rest, op)
+
+
+def _layout(plan: g.GridPlan) -> csl.CslModuleOp:
+    """The layout: a width x height rectangle (the `cslc --params`, equal to the program's P), each element's
+    program with its coordinates and memcpy parameters, and every router's colour configuration."""
+    outer = Block()
+    top = Emit(outer)
+    width = top.op(csl.ParamOp("width", i16)).results[0]
+    height = top.op(csl.ParamOp("height", i16)).results[0]
+    params = top.op(csl.ConstStructOp(("width", width), ("height", height))).results[0]
+    memcpy = top.op(csl.ImportModuleConstOp("<memcpy/get_params>", params)).results[0]
+    block = Block()
+    e = Emit(block)
+    e.op(csl.SetRectangleOp(operands=[width, height]))
+    with e.loop_i16(width) as (column, x):
+        with column.loop_i16(height) as (cell, y):
+            tile_params = cell.op(csl.MemberCallOp("get_params", csl.ComptimeStructType(), memcpy, [x])).results[0]
+            struct = cell.op(csl.ConstStructOp(("px", x), ("py", y))).results[0]
+            both = cell.op(csl.ConcatStructOp(cell.op(csl.ConstStructOp(("memcpy_params", tile_params))).results[0], struct)).results[0]
+            cell.op(csl.SetTileCodeOp("pe_program.csl", x, y, both))
+            _line_routes(cell, x, x, y, plan.p, "row")
+            _line_routes(cell, y, x, y, plan.p, "col")
+    top.op(csl.LayoutOp(Region(block)))
+    return csl.CslModuleOp(
+        regions=[Region(outer)],
+        properties={"kind": csl.ModuleKindAttr(csl.ModuleKind.LAYOUT), "sym_name": StringAttr("layout")},
+    )
+
+
+def plan_for(spec: Any, ctx: int, image: str, p: int) -> g.GridPlan:
+    return g.GridPlan(
+        p, ctx, image, spec.hidden, spec.heads, spec.kv_heads, spec.head_dim, spec.intermediate, spec.vocab, spec.layers
+    )
+
+
+def element_bytes(program: GridProgram) -> dict[str, int]:
+    """An element's memory: its arrays (every element declares the same) and its code, estimated at 4 bytes per
+    op of the program's functions and tasks (an assumption: the SDK publishes no code-size figure per builtin)."""
+    arrays = 0
+    for words, element in program.host["arrays"].values():
+        arrays += words * (2 if element in ("f16", "i16") else 4)
+    module = next(op for op in program.module.ops if isinstance(op, csl.CslModuleOp) and op.kind.data == csl.ModuleKind.PROGRAM)
+    code = 0
+    for op in module.body.block.ops:
+        if isinstance(op, csl.FuncOp | csl.TaskOp):
+            code += 4 * sum(1 for _ in op.walk())
+    return {"arrays": arrays, "code": code, "total": arrays + code}
+
+
+def _estimate_words(spec: Any, ctx: int, p: int) -> int:
+    """The weight and cache words of one element at grid P (to start the search for the smallest grid)."""
+    c = lambda n: -(-n // p)  # noqa: E731
+    features = spec.heads * spec.head_dim
+    layer = 4 * c(features) * c(spec.hidden) + 3 * c(spec.intermediate) * c(spec.hidden) + 2 * c(ctx) * c(features)
+    table = c(spec.vocab) * c(spec.hidden) * (1 if spec.tie_embeddings else 2)
+    return spec.layers * layer + table
+
+
+def lower_decode(spec: Any, ctx: int, image: str = "f16", p: int = 0, memory: int = g.MEMORY, progress: Any = None) -> GridProgram:
+    """The decode step over a cache of `ctx` positions, authored, cut into its parts and lowered for the smallest
+    square grid whose elements hold it (or for P x P when `p` is given)."""
+    from logos_ir.author import written
+    from logos_ir.build import extracted_parts, part_cuts
+    from logos_ir.identity import identity, the_program
+    from logos_ir.parser import parse_program
+    from logos_ir.program import Cut
+    from logos_ir.progress import Progress
+
+    if image not in ("f16", "f32"):
+        raise PassError(f"{PASS}: the grid holds f16 or f32 weights, not {image}")
+    if spec.heads % spec.kv_heads or spec.head_dim % 2:
+        raise PassError(f"{PASS}: heads must be a multiple of KV heads and head_dim even")
+    progress = progress or Progress.silent()
+    whole = Cut.decode(ctx)
+    authored, _ = written(spec, whole)
+    module = ModuleOp([parse_program(authored.text, f"<{whole.option()}>")])
+    parts = []
+    for cut, extracted in extracted_parts(module, part_cuts(spec, whole), progress):
+        parts.append((cut, identity(the_program(extracted, PASS)), extracted))
+    if p:
+        if p < 2:
+            raise PassError(f"{PASS}: a grid of {p} x {p} elements has no rows to reduce along (P >= 2)")
+        lowered = lower_parts(parts, plan_for(spec, ctx, image, p))
+        needed = element_bytes(lowered)["total"]
+        if needed > memory:
+            raise PassError(
+                f"{PASS}: the model does not fit a {p} x {p} grid of {memory}-byte elements ({needed} bytes per element)",
+                hint="give a larger grid (--option grid=P) or leave it out to have the smallest that fits chosen",
+            )
+        return lowered
+    element = 2 if image == "f16" else 4
+    p = 2
+    while p < g.WSE2_FABRIC[0] and _estimate_words(spec, ctx, p) * element > memory * 0.8:
+        p += 1
+    while True:
+        lowered = lower_parts(parts, plan_for(spec, ctx, image, p))
+        if element_bytes(lowered)["total"] <= memory:
+            best = g.best_grid(spec, p)
+            return lowered if best == p else lower_parts(parts, plan_for(spec, ctx, image, best))
+        if p >= g.WSE2_FABRIC[0]:
+            raise PassError(
+                f"{PASS}: the model does not fit a {p} x {p} grid of {memory}-byte elements "
+                f"({element_bytes(lowered)['total']} bytes per element)"
+            )
+        p += 1

@@ -1,0 +1,214 @@
+"""The whole-grid mapping of a decode step (WaferLLM's lesson): one P x P grid of processing elements on which every
+element holds a tile of every projection of every layer, of the embedding table and head, and a share of every
+layer's KV cache, so that every element works on every matrix-vector product.
+
+Vectors live in one of two layouts: `col` (element (x, y) holds chunk x; every element of column x holds the same)
+and `row` (element (x, y) holds chunk y). A product whose input is `col` keeps on element (x, y) the weight tile
+[rows of chunk y, columns of chunk x]; each element multiplies its tile by its input chunk, and the partial sums are
+reduced along the row (a chain eastward on two alternating colours, as Cerebras's `gemv-checkerboard` does) and
+the total is broadcast back along the row: the result is `row`. A product whose input is `row` has its tiles
+transposed and reduces along the column: its result is `col`. So the hidden state stays `col` through a layer
+(norm, q/k/v to `row`, attention in `row`, the output projection back to `col`, the MLP's gate/up to `row`, down to
+`col`), and no vector is ever transposed.
+
+Attention: the queries, keys and values arrive `row`, chunk y of their features on row y. The keys and values are
+widened on the host side of the weights to one row per query head (GQA: each KV head's projection rows repeated
+for the heads of its group) and the rotary pairs (i, i + head_dim/2) made adjacent in the query and key rows, so a
+chunk holds whole pairs and a score's partial sum needs only the element's own features. Position p (from 0) is
+cached on column p mod P, slot p div P: every element holds, for its own positions, its own features. A score is
+summed down the column, its softmax's maximum and sum along the row, the weighted values along the row.
+
+This module holds the figures of that mapping (`GridPlan`) and the host's side of it: how each weight is cut into
+each element's tile (`tile_for`). The lowering (`convert_logos_to_csl`) and the runtime both read it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Colours (WSE-2 has 24; memcpy reserves 21, 22 and 23 on WSE-2, so a program may use 0..20).
+ROW_CHAIN = (0, 1)  # partial sums eastward along a row, alternating by column parity
+ROW_BCAST = 2  # the row's total westward from its last element
+COL_CHAIN = (3, 4)  # partial sums southward along a column, alternating by row parity
+COL_BCAST = 5  # the column's total northward from its last element
+USER_COLOURS = 21  # colours 0..20 are the program's
+RESERVED_COLOURS = (21, 22, 23)  # memcpy's on WSE-2
+# Local task ids (on WSE-2 a local task id may not be a colour the program routes).
+EMBED_TASK, LAYER_TASK, HEAD_TASK = 10, 11, 12
+
+MEMORY = 48 * 1024  # bytes per element on a WSE-2
+WSE2_FABRIC = (757, 996)  # the fabric a program may use (the issue's figure for the WSE-2)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class Weight:
+    """A weight array of the element program: `name` (the symbol), the tensors it holds (one per layer for a layer's
+    weight), its kind (`matrix` with orientation `col`/`row` input, `vector` for a norm, `table` for the embedding and
+    head), the row map (which source row each padded row takes, -1 for zeros) and the tile."""
+
+    name: str
+    tensors: tuple[str, ...]
+    kind: str
+    orient: str = "col"
+    rows: int = 0
+    columns: int = 0
+    tile_rows: int = 0
+    tile_columns: int = 0
+    row_map: tuple[int, ...] = ()
+
+    @property
+    def words(self) -> int:
+        return len(self.tensors) * self.tile_rows * self.tile_columns
+
+
+@dataclass
+class GridPlan:
+    """The figures of the mapping for one model and cache length (see the module docstring)."""
+
+    p: int
+    ctx: int
+    image: str  # f16 or f32
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    layers: int
+    weights: dict[str, Weight] = field(default_factory=dict)
+
+    @property
+    def element_bytes(self) -> int:
+        return 2 if self.image == "f16" else 4
+
+    def chunk(self, n: int, even: bool = False) -> int:
+        c = ceil_div(n, self.p)
+        return c + (c % 2) if even else c
+
+    @property
+    def slots(self) -> int:
+        return ceil_div(self.ctx, self.p)
+
+    @property
+    def features(self) -> int:
+        return self.heads * self.head_dim
+
+
+def expanded_rows(heads: int, kv_heads: int, head_dim: int, widen: bool, pairs: bool) -> list[int]:
+    """Source row of each of the heads*head_dim rows of a query-ordered projection: KV rows repeated for their
+    group's query heads (`widen`) and rotary pairs made adjacent (`pairs`: row 2i of a head takes i, 2i+1 takes
+    i + head_dim/2)."""
+    group = heads // kv_heads
+    half = head_dim // 2
+    rows = []
+    for f in range(heads * head_dim):
+        h, d = divmod(f, head_dim)
+        if pairs:
+            i, odd = divmod(d, 2)
+            d = i + half * odd
+        source_head = h // group if widen else h
+        rows.append(source_head * head_dim + d)
+    return rows
+
+
+def tile_for(array: np.ndarray, weight: Weight, p: int, x: int, y: int) -> np.ndarray:
+    """Element (x, y)'s tile of one tensor of `weight`, flat, in the order the element program reads it: a matrix's
+    tile column-major (column j of the tile is contiguous), a vector's chunk, a table's tile column-major too (the
+    embedding row v of the tile is read with stride tile_rows)."""
+    if weight.kind == "vector":
+        c = weight.tile_columns
+        out = np.zeros(c, dtype=np.float32)
+        part = array.reshape(-1)[x * c : (x + 1) * c]
+        out[: part.size] = part
+        return out
+    rows = np.asarray(weight.row_map) if weight.row_map else np.arange(weight.rows)
+    r_block, c_block = (y, x) if weight.orient == "col" else (x, y)
+    tr, tc = weight.tile_rows, weight.tile_columns
+    tile = np.zeros((tr, tc), dtype=np.float32)
+    picked = rows[r_block * tr : (r_block + 1) * tr]
+    matrix = array.reshape(-1, array.shape[-1])
+    columns = matrix[:, c_block * tc : (c_block + 1) * tc]
+    for i, source in enumerate(picked):
+        if 0 <= source < matrix.shape[0]:
+            tile[i, : columns.shape[1]] = columns[source]
+    return np.ascontiguousarray(tile.T).reshape(-1)
+
+
+def tiles(array: np.ndarray, weight: Weight, p: int) -> np.ndarray:
+    """Every element's tile of one tensor of `weight` at once: [P (y), P (x), words], each as `tile_for` gives it."""
+    if weight.kind == "vector":
+        c = weight.tile_columns
+        padded = np.zeros(p * c, dtype=np.float32)
+        padded[: array.size] = array.reshape(-1)
+        chunks = padded.reshape(p, c)
+        return np.broadcast_to(chunks[None, :, :], (p, p, c)).copy()
+    matrix = np.asarray(array, dtype=np.float32).reshape(-1, array.shape[-1])
+    tr, tc = weight.tile_rows, weight.tile_columns
+    rows = np.asarray(weight.row_map) if weight.row_map else np.arange(weight.rows)
+    padded = np.zeros((p * tr, p * tc), dtype=np.float32)
+    take = rows[: p * tr]
+    good = (take >= 0) & (take < matrix.shape[0])
+    padded[np.flatnonzero(good), : matrix.shape[1]] = matrix[take[good]]
+    blocks = padded.reshape(p, tr, p, tc).transpose(0, 2, 3, 1).reshape(p, p, tc * tr)  # [row block, column block]
+    return blocks if weight.orient == "col" else blocks.transpose(1, 0, 2).copy()
+
+
+def inv_freq_chunk(inv_freq: np.ndarray, plan: GridPlan, y: int, chunk: int) -> np.ndarray:
+    """The rotary frequency of each adjacent pair of row y's chunk of a query-ordered vector (0 for padding)."""
+    out = np.zeros(chunk // 2, dtype=np.float32)
+    for pair in range(chunk // 2):
+        feature = y * chunk + 2 * pair
+        if feature < plan.features:
+            out[pair] = inv_freq[(feature % plan.head_dim) // 2]
+    return out
+
+
+def least_share(spec: "object", p: int) -> float:
+    """The share of a P x P grid's elements whose tile of each of a layer's projections holds real weights (not
+    padding), the least over the projections: rows and columns are cut in chunks of ceil(n / P) (rotary ones even),
+    so ceil(n / chunk) of the P blocks hold data."""
+
+    def used(n: int, even: bool = False) -> float:
+        c = ceil_div(n, p)
+        c += c % 2 if even else 0
+        return min(ceil_div(n, c), p) / p
+
+    hidden, features, inter = spec.hidden, spec.heads * spec.head_dim, spec.intermediate  # type: ignore[attr-defined]
+    shares = [
+        used(features, True) * used(hidden),  # q, k, v (query-ordered, rotary pairs)
+        used(hidden) * used(features, True),  # o
+        used(inter) * used(hidden),  # gate, up
+        used(hidden) * used(inter),  # down
+    ]
+    return min(shares)
+
+
+def best_grid(spec: "object", smallest: int, largest: int = 757) -> int:
+    """From the smallest grid that holds the model up to the largest square of a WSE-2: the P with the highest least
+    share of working elements (`least_share`), the smallest such."""
+    best, best_share = smallest, least_share(spec, smallest)
+    for p in range(smallest + 1, largest + 1):
+        share = least_share(spec, p)
+        if share > best_share + 1e-9:
+            best, best_share = p, share
+    return best
+
+
+def smallest_grid(words_at: "callable", image: str, code_bytes: int, memory: int = MEMORY, limit: int = 757) -> int:
+    """The smallest P (at least 2) whose element memory holds every array and the code; 0 if none up to `limit`."""
+    element = 2 if image == "f16" else 4
+    for p in range(2, limit + 1):
+        if words_at(p) * element + code_bytes <= memory:
+            return p
+    return 0
+
+
+def angle_bound(ctx: int) -> float:
+    return float(ctx) * math.pi
