@@ -840,9 +840,8 @@ def _layout(plan: g.GridPlan) -> csl.CslModuleOp:
     with e.loop_i16(width) as (column, x):
         with column.loop_i16(height) as (cell, y):
             tile_params = cell.op(csl.MemberCallOp("get_params", csl.ComptimeStructType(), memcpy, [x])).results[0]
-            struct = cell.op(csl.ConstStructOp(("px", x), ("py", y))).results[0]
-            both = cell.op(csl.ConcatStructOp(cell.op(csl.ConstStructOp(("memcpy_params", tile_params))).results[0], struct)).results[0]
-            cell.op(csl.SetTileCodeOp("pe_program.csl", x, y, both))
+            struct = cell.op(csl.ConstStructOp(("memcpy_params", tile_params), ("px", x), ("py", y))).results[0]
+            cell.op(csl.SetTileCodeOp("pe_program.csl", x, y, struct))
             _line_routes(cell, x, x, y, plan.p, "row")
             _line_routes(cell, y, x, y, plan.p, "col")
     top.op(csl.LayoutOp(Region(block)))

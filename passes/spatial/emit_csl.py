@@ -54,6 +54,15 @@ class LaneCslPrintContext(CslPrintContext):
         if isinstance(op, csl_ext.CommentOp):
             self.print(f"// {op.text.data}")
             return None
+        if isinstance(op, csl.LayoutOp):
+            # as xDSL prints it, but a function's @export_name without the trailing ", " xDSL 0.74 leaves
+            with self.descend("layout") as inner:
+                inner.print_block(op.body.block)
+                for name, (type_, mutable) in inner._symbols_to_export.items():
+                    text = inner.mlir_type_to_csl_type(type_)
+                    flag = f", {str(mutable).lower()}" if mutable is not None else ""
+                    inner.print(f'@export_name("{name}", {text}{flag});')
+            return None
         if not isinstance(op, csl.GetFabDsdOp):
             return super().print_op(op)
         kind = self.mlir_type_to_csl_type(op.result.type)
