@@ -300,7 +300,7 @@ class Engine:
     def __init__(self, source: str, stream_bytes: bytes, image_bytes: bytes, binary: bytes | None = None):
         import pyopencl as cl
 
-        from logos_ir.runtime.opencl import pocl_cpu_context
+        from logos_ir.runtime.opencl import intel_fpga_context, pocl_cpu_context
 
         self.stream = read_stream(stream_bytes)
         image = read_image(image_bytes)
@@ -310,7 +310,7 @@ class Engine:
             raise StreamError(
                 f"the weight image fills {image.bank_size} bytes a bank, the stream expects {self.stream.image_bytes}"
             )
-        self.context = pocl_cpu_context()
+        self.context = (intel_fpga_context() if binary is not None else None) or pocl_cpu_context()
         device = self.context.devices[0]
         self.fifo_words = _fifo_words(self.stream)
         largest = max(self.stream.bank_bytes, self.fifo_words * self.stream.burst)
@@ -324,9 +324,14 @@ class Engine:
         self.program_cl = _built(self.context, source, binary)
         self.compute = cl.Kernel(self.program_cl, d5005.COMPUTE_KERNEL)
         self.readers = [cl.Kernel(self.program_cl, name) for name in d5005.READER_KERNELS]
+        self.channels = self.compute.num_args == _COMPUTE_ARGS_ON_CHANNELS  # built by aoc: no ordered buffers
+        self.queues = [cl.CommandQueue(self.context) for _ in range(1 + d5005.BANKS)] if self.channels else []
         flags = cl.mem_flags
         size = max(self.stream.bank_bytes, 4)
-        self.banks = [cl.Buffer(self.context, flags.READ_WRITE, size) for _ in range(d5005.BANKS)]
+        self.banks = [
+            cl.Buffer(self.context, flags.READ_WRITE | (_bank_flag(b) if self.channels else 0), size)
+            for b in range(d5005.BANKS)
+        ]
         self.fifos = [
             cl.Buffer(self.context, flags.READ_WRITE, max(self.fifo_words, 1) * self.stream.burst)
             for _ in range(d5005.BANKS)
@@ -376,6 +381,8 @@ class Engine:
         import pyopencl as cl
 
         self.check_step(token, position)
+        if self.channels:
+            return self._step_on_channels(token, position)
         scalars = (np.uint32(token), np.uint32(position))
         expected, sent = [], []
         for first, count, words in self._runs(token, position):
@@ -396,6 +403,27 @@ class Engine:
         cl.enqueue_copy(self.queue, logits, self.logits_buffer)
         if [int(s[0]) for s in sent] != expected:
             raise LogosError("the engine's bank readers sent other words than the instruction words say")
+        self.logits = logits
+        return int(out[0])
+
+    def _step_on_channels(self, token: int, position: int) -> int:
+        """An engine built by `aoc` (its kernels joined by Intel channels): the four readers and the compute
+        kernel launched at once over the whole step, each on its own queue, as Intel's runtime expects. (Written
+        for the card; no Intel FPGA platform was at hand to run it.)"""
+        import pyopencl as cl
+
+        scalars = (np.uint32(token), np.uint32(position))
+        head = (self.program, np.uint32(0), np.uint32(len(self.stream.words)))
+        events = [
+            reader(queue, (1,), (1,), *head, self.banks[b], *scalars)
+            for b, (reader, queue) in enumerate(zip(self.readers, self.queues[1:], strict=True))
+        ]
+        done = self.compute(self.queues[0], (1,), (1,), *head, *self.banks, *scalars, self.result, self.logits_buffer)
+        cl.wait_for_events([*events, done])
+        out = np.zeros(1, dtype=np.uint32)
+        cl.enqueue_copy(self.queue, out, self.result)
+        logits = np.empty(self.vocab, dtype=np.float32)
+        cl.enqueue_copy(self.queue, logits, self.logits_buffer)
         self.logits = logits
         return int(out[0])
 
@@ -423,6 +451,14 @@ class Engine:
 
 
 _ARGMAX = d5005.OPCODES["d5005.argmax"]
+_COMPUTE_ARGS_ON_CHANNELS = 12  # instructions, first, count, 4 banks, token, position, result, logits
+
+
+def _bank_flag(bank: int) -> int:
+    """Intel's CL_CHANNEL_<n>_INTELFPGA flag: allocate the buffer in DDR bank n + 1 (with -no-interleaving=DDR)."""
+    return (bank + 1) << 16
+
+
 _FIFO_WORDS_MIN = 1 << 16  # 4 MiB a bank at 64-byte words: tiny models run a whole step in one run
 
 
@@ -497,7 +533,7 @@ def _built(context: Any, source: str, binary: bytes | None) -> Any:
 @dataclass(frozen=True)
 class LoadedBuild:
     """An engine loaded with a decode step's build, and the identity of that step: the machine a
-    `StepGenerator` runs."""
+    `StepGenerator` runs. `logits` after a step: what the engine's arg-max read, as the engine wrote them."""
 
     engine: Engine
     identity: Identity
@@ -506,6 +542,10 @@ class LoadedBuild:
     def identities(self) -> list[Identity]:
         return [self.identity]
 
+    @property
+    def logits(self) -> np.ndarray | None:
+        return self.engine.logits
+
     def reset(self) -> None:
         self.engine.reset()
 
@@ -513,8 +553,9 @@ class LoadedBuild:
         return self.engine.step(token, position)
 
 
-def engine_for(store: Any, ctx: int, weights: str) -> LoadedBuild:
-    """Lower the decode step of `ctx` through the lane's build (in memory), then load it as the host does."""
+def engine_for(store: Any, ctx: int, weights: str, binary: bytes | None = None) -> LoadedBuild:
+    """Lower the decode step of `ctx` through the lane's build (in memory), then load it as the host does (the
+    engine from `binary`, a compiled program of its source, when given)."""
     from logos_ir.build import BuildRequest
     from logos_ir.models import ModelSource
     from logos_ir.passes.d5005.build import build_d5005
@@ -523,22 +564,48 @@ def engine_for(store: Any, ctx: int, weights: str) -> LoadedBuild:
     source = ModelSource("preset", str(store.source), store.spec, _store=store)
     request = BuildRequest(source, Cut.decode(ctx), 1, weights, True, Progress.silent())
     artifacts = {a.role: a for a in build_d5005(request).artifacts}
-    engine = Engine(artifacts["engine"].data.decode("utf-8"), artifacts["instructions"].data, artifacts["weights"].data)
+    engine = Engine(
+        artifacts["engine"].data.decode("utf-8"), artifacts["instructions"].data, artifacts["weights"].data, binary
+    )
     return LoadedBuild(engine, artifacts["instructions"].identity)
 
 
-class D5005Generator(StepGenerator):
-    """Greedy generation on the engine: the prompt and each new token go through one decode step each, one engine
-    launch per step (the engine runs the decode step alone)."""
+def build_engine(folder: Path, aocx: Path | None = None) -> LoadedBuild:
+    """The engine of a build folder, as its files say (its identity from the stream's header)."""
+    engine = Engine.from_build(folder, aocx)
+    identity = Identity.from_line(engine.stream.identity)
+    if identity is None:
+        raise StreamError(f"{folder}: the instruction stream carries no identity line of a LOGOS program")
+    return LoadedBuild(engine, identity)
 
-    def __init__(self, store: Any, ctx: int | None = None, weights: str = "bf16"):
-        super().__init__(store, ctx=ctx)
+
+class D5005Generator(StepGenerator):
+    """Greedy generation on the engine: the prompt and each new token go through one decode step each (the engine
+    runs the decode step alone). With `build`, the engine, stream and image of that build folder run (its cache
+    length and precision), else the decode step is lowered anew for each cache length; with `aocx`, the engine
+    is that compiled binary instead of its source."""
+
+    def __init__(
+        self,
+        store: Any,
+        ctx: int | None = None,
+        weights: str = "bf16",
+        build: Path | None = None,
+        aocx: Path | None = None,
+    ):
         if weights not in d5005.WEIGHT_BYTES:
             raise LogosError(f"the d5005 backend runs bf16 or f32 weights, not {weights}")
+        self.built = build_engine(build, aocx) if build is not None else None
+        if self.built is not None:
+            ctx = self.built.engine.stream.ctx
+        super().__init__(store, ctx=ctx)
         self.store, self.image = store, weights
+        self.binary = read_binary(aocx) if aocx is not None and build is None else None
 
     def machine(self, ctx: int) -> LoadedBuild:
-        return engine_for(self.store, ctx, self.image)
+        if self.built is not None:
+            return self.built
+        return engine_for(self.store, ctx, self.image, self.binary)
 
     def engine(self, ctx: int) -> Engine:
         """The engine loaded for a cache of `ctx` positions (made on first use)."""
@@ -551,4 +618,5 @@ def d5005_generator(request: Any) -> D5005Generator:
         raise LogosError("the d5005 backend has no --emulate mode: it always runs the engine on an OpenCL device")
     if request.tp != 1:
         raise LogosError(f"the D5005 is one card: the d5005 backend runs on 1 chip, not {request.tp}")
-    return D5005Generator(request.store, ctx=request.ctx, weights=request.weights)
+    build, aocx = getattr(request, "build", None), getattr(request, "aocx", None)
+    return D5005Generator(request.store, ctx=request.ctx, weights=request.weights, build=build, aocx=aocx)

@@ -59,6 +59,24 @@ def pocl_cpu_context() -> cl.Context:
     return cl.Context([pocl_cpu_device()])
 
 
+def intel_fpga_context() -> cl.Context | None:
+    """A context on the accelerator of Intel's FPGA platform (a card's BSP installed), or None where there is none:
+    where an `aoc`-built engine (`.aocx`) runs."""
+    import pyopencl as cl
+
+    try:
+        platforms = _platforms()
+    except OpenCLUnavailable:
+        return None
+    for platform in platforms:
+        if "fpga" not in platform.name.lower() or "intel" not in platform.vendor.lower():
+            continue
+        devices = platform.get_devices(device_type=cl.device_type.ACCELERATOR)
+        if devices:
+            return cl.Context(devices[:1])
+    return None
+
+
 def opencl_available() -> str | None:
     """None when PoCL's CPU device opens, else why not (a test's skip reason)."""
     try:

@@ -2,8 +2,9 @@
 
 From the decode step's LOGOS program (`program.logos`) it writes the lowered `d5005` IR (`decode.d5005.mlir`), the
 instruction stream (`instructions.bin`) and its listing (`instructions.txt`), the weight layout (`layout.txt`),
-the engine's OpenCL C (`engine.cl`) and, with `--with-weights`, the weight image (`weights.bin`); the report is
-the cost model's estimate. A build of code reads no weight value: only `weight_image` does, and only when asked.
+the engine's OpenCL C (`engine.cl`), how to compile it with Intel's `aoc` for the card (`compile.sh`) and, with
+`--with-weights`, the weight image (`weights.bin`); the report is the cost model's estimate, read from
+`engine.cl`. A build of code reads no weight value: only `weight_image` does, and only when asked.
 """
 
 from __future__ import annotations
@@ -38,18 +39,20 @@ def build_d5005(request: BuildRequest) -> LaneBuild:
     program = the_d5005_program(module, "d5005")
     line = identity.line()
     size = image_bytes(program)
+    engine = _emitted(EngineTarget(), module)
     artifacts = [
         Artifact("program.logos", text.encode("utf-8"), identity, kind="logos", role="program"),
         Artifact.text("decode.d5005.mlir", f"// {line}\n{program}\n", identity, role="ir"),
         Artifact("instructions.bin", encode_stream(program, size), identity, kind="binary", role="instructions"),
         Artifact.text("instructions.txt", _emitted(ListingTarget(), module), identity, role="listing"),
         Artifact.text("layout.txt", _emitted(LayoutTarget(), module), identity, role="layout"),
-        Artifact.text("engine.cl", _emitted(EngineTarget(), module), identity, role="engine"),
+        Artifact.text("engine.cl", engine, identity, role="engine"),
+        Artifact.text("compile.sh", compile_commands(line), identity, role="commands"),
     ]
     if request.with_weights:
         image = weight_image(program, request.spec, request.model.store(), request.progress)
         artifacts.append(Artifact("weights.bin", image, identity, kind="binary", role="weights"))
-    cost = cost_model.estimate(program)
+    cost = cost_model.estimate(program, source=engine)  # read from the engine.cl of this build
     report = {
         "cost_model": cost,
         "instructions": len(program.instructions()),
@@ -57,6 +60,26 @@ def build_d5005(request: BuildRequest) -> LaneBuild:
         "image_bytes_per_bank": size,
     }
     return LaneBuild(artifacts, report, cost_model.summary_lines(cost))
+
+
+def compile_commands(identity_line: str) -> str:
+    """`compile.sh`: how a user with the card compiles `engine.cl` and runs this build on it."""
+    return f"""#!/bin/sh
+# {identity_line}
+# Compile the D5005 engine (engine.cl: four bank readers and the compute kernel, joined by Intel channels) with
+# Intel's FPGA SDK for OpenCL Pro and the Intel FPGA PAC D5005's board support package (board pac_s10_dc), then
+# run this build on the card with the compiled engine:
+#
+#   sh compile.sh                                       # engine.aocx (a full compile takes hours)
+#   logos-run THIS_FOLDER --backend d5005 --aocx engine.aocx
+#
+# -no-interleaving=DDR: each bank is its own memory (the host allocates bank n with CL_CHANNEL_<n+1>_INTELFPGA), so
+# the four readers stream the four DDR4 banks at once; -fp-relaxed lets aoc balance the unrolled sums as trees.
+# aoc defines INTELFPGA_CL, which selects the channels, the pragmas and the buffer_location attributes in engine.cl.
+set -e
+cd "$(dirname "$0")"
+aoc -board=pac_s10_dc -fp-relaxed -no-interleaving=DDR -report engine.cl -o engine.aocx
+"""
 
 
 def _check_request(request: BuildRequest) -> None:

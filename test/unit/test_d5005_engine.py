@@ -99,9 +99,64 @@ def test_a_build_folder_runs_as_the_card_host_loads_it(tmp_path: Path) -> None:
         got.append(predicted - 1)
         predicted = engine.step(predicted, position)
     assert got == expected
+    assert "aoc -board=pac_s10_dc" in (build / "compile.sh").read_text()
     (build / "weights.bin").unlink()
     with pytest.raises(StreamError, match="missing weights.bin"):
         Engine.from_build(build)
+
+
+@needs_opencl
+def test_a_build_folder_and_a_compiled_engine_run_through_the_generator(tmp_path: Path) -> None:
+    """RunRequest.build runs the folder's own engine, stream and image; RunRequest.aocx loads a program binary
+    with clCreateProgramWithBinary (here PoCL's own binary of engine.cl, as an .aocx is Intel's of it)."""
+    import pyopencl as cl
+
+    from logos_ir.build import BuildRequest
+    from logos_ir.errors import LogosError
+    from logos_ir.models import ModelSource
+    from logos_ir.passes.d5005.build import build_d5005
+    from logos_ir.progress import Progress
+    from logos_ir.runtime import RunRequest
+    from logos_ir.runtime.d5005 import d5005_generator
+    from logos_ir.runtime.opencl import pocl_cpu_context
+
+    store = RandomWeights(SHAPES["gqa"], seed=9)
+    source = ModelSource("preset", "gqa", store.spec, _store=store)
+    lane = build_d5005(BuildRequest(source, Cut.decode(32), 1, "f32", True, Progress.silent()))
+    folder = tmp_path / "build"
+    folder.mkdir()
+    for artifact in lane.artifacts:
+        (folder / artifact.path).write_bytes(artifact.data)
+    expected = Generator(store, ctx=32).generate([4, 8, 15], 12)
+    built = d5005_generator(RunRequest(store, build=folder, weights="bf16"))  # the build's own precision runs
+    assert built.generate([4, 8, 15], 12) == expected
+    program = cl.Program(pocl_cpu_context(), (folder / "engine.cl").read_text()).build()
+    binary = tmp_path / "engine.aocx"
+    binary.write_bytes(program.get_info(cl.program_info.BINARIES)[0])
+    compiled = d5005_generator(RunRequest(store, build=folder, aocx=binary))
+    assert compiled.generate([4, 8, 15], 12) == expected
+    assert d5005_generator(RunRequest(store, ctx=32, weights="f32", aocx=binary)).generate([4, 8, 15], 12) == expected
+    binary.write_bytes(b"not a program binary")
+    with pytest.raises(LogosError, match="the compiled engine does not load"):
+        d5005_generator(RunRequest(store, build=folder, aocx=binary))
+
+
+@needs_opencl
+def test_the_logits_are_the_ones_the_engine_wrote() -> None:
+    from logos_ir.runtime.d5005 import D5005Generator
+
+    store = RandomWeights(SHAPES["mqa"], seed=2)
+    engine = D5005Generator(store, ctx=64, weights="f32")
+    reference = Generator(store, ctx=64).program(Cut.decode(64))
+    names = {kind: name for name, kind in reference.inputs.items()}
+    machine = engine._machine_for(64)
+    machine.reset()
+    for position, token in enumerate([5, 6, 7, 8], start=1):
+        predicted = machine.step(token, position)
+        expected = int(reference.run(**{names["token"]: np.array([token]), names["position"]: np.array([position])})[0])
+        assert predicted == expected == int(np.argmax(machine.logits)) + 1
+        assert machine.logits.shape == (SHAPES["mqa"].vocab,) and machine.logits.dtype == np.float32
+        np.testing.assert_allclose(machine.logits, reference.logits, rtol=1e-4, atol=1e-4)
 
 
 @needs_opencl

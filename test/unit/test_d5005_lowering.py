@@ -88,6 +88,7 @@ def test_an_8b_build_of_code_takes_seconds_and_reads_no_weight() -> None:
         "instructions.txt",
         "layout.txt",
         "engine.cl",
+        "compile.sh",
     }
 
 
