@@ -200,6 +200,7 @@ class Routes:
     dest: dict[int, np.ndarray]
     hops: dict[int, np.ndarray]
     broken: dict[int, dict[int, str]]
+    stuck: dict[int, np.ndarray] = field(default_factory=dict)  # [elements]: the sender's wavelets stop somewhere
 
 
 def trace_routes(layout: Layout, colours: Sequence[int]) -> Routes:
@@ -227,7 +228,12 @@ def trace_routes(layout: Layout, colours: Sequence[int]) -> Routes:
             for k, (t, hop) in enumerate(targets):
                 d[s, k], h[s, k] = t, hop
         dest[c], hops[c], broken[c] = d, h, stops
-    return Routes(dest, hops, broken)
+    stuck = {}
+    for c in colours:
+        mask = np.zeros(n, dtype=bool)
+        mask[list(broken[c])] = True
+        stuck[c] = mask
+    return Routes(dest, hops, broken, stuck)
 
 
 def _follow(layout: Layout, colour: int, sx: int, sy: int, out: list[tuple[int, int]]) -> str:
@@ -1018,37 +1024,34 @@ class Fabric:
         array[idx[:, None], where] = data.astype(array.dtype)
 
     def _can_send(self, idx: np.ndarray, colour: int, length: int, kind: str, ready: np.ndarray) -> np.ndarray:
+        """Which of the senders `idx` can send `length` wavelets on `colour` now: their route reaches a receiver
+        (else they wait for ever: the deadlock names where the wavelets stop), every receiver's queue has room,
+        and no other sender of this step delivers to the same receiver (that one goes next time)."""
         dest = self.routes.dest.get(colour)
         if dest is None:
             self._note_send(idx, colour, kind, f"colour {colour} has no route at all")
             return np.zeros(idx.size, dtype=bool)
         targets = dest[idx]
         valid = targets >= 0
-        ok = valid.any(axis=1)
-        broken = self.routes.broken.get(colour, {})
-        for k, e in enumerate(idx):
-            if int(e) in broken:
-                ok[k] = False
-                self._note_send(np.array([e]), colour, kind, broken[int(e)])
+        ok = valid.any(axis=1) & ~self.routes.stuck[colour][idx]
         if (~ok).any():
-            for e in idx[~ok]:
-                if int(e) not in broken:
-                    self._note_send(np.array([e]), colour, kind, f"element ({self.xs[e]}, {self.ys[e]}) has no route for colour {colour} from RAMP")
+            e = int(idx[~ok][0])
+            why = self.routes.broken[colour].get(e) or f"element ({self.xs[e]}, {self.ys[e]}) has no route for colour {colour} from RAMP"
+            self._note_send(np.array([e]), colour, kind, why)
         room = np.where(valid, self.queue_len[colour][np.maximum(targets, 0)] + length <= self.capacity, True).all(axis=1)
         if (~room & ok).any():
             self._note_send(idx[~room & ok], colour, kind, f"the receiver's queue for colour {colour} stays full")
         ok &= room
-        # two senders to one receiver in one step: the first goes now, the other next time
-        flat = np.where(valid & (ok & ready)[:, None], targets, -1).reshape(-1)
-        seen: set[int] = set()
-        for k in range(idx.size):
-            if not (ok[k] and ready[k]):
-                continue
-            mine = {int(t) for t in targets[k][valid[k]]}
-            if mine & seen:
-                ok[k] = False
-            seen |= mine
-        del flat
+        going = ok & ready
+        flat = np.where(valid & going[:, None], targets, -1).reshape(-1)
+        real = flat[flat >= 0]
+        if real.size and np.unique(real).size != real.size:  # two senders to one receiver: the first goes now
+            seen: set[int] = set()
+            for k in np.flatnonzero(going):
+                mine = {int(t) for t in targets[k][valid[k]]}
+                if mine & seen:
+                    ok[k] = False
+                seen |= mine
         return ok
 
     def _note_send(self, idx: np.ndarray, colour: int, op: str, why: str) -> None:
