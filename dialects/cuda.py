@@ -715,8 +715,8 @@ class PackBF16x2Op(IRDLOperation):
 
 @irdl_op_definition
 class StoreBF16x2Op(IRDLOperation):
-    """A bf16 pair (one b32 register) stored to two consecutive bf16 of shared memory, the low half first (PTX
-    `st.shared.b32`). The index of the last axis must be even.
+    """A bf16 pair (one b32 register) stored to two consecutive bf16 of shared (or global) memory, the low half
+    first (PTX `st.shared.b32` / `st.global.b32`). The index of the last axis must be even.
 
     `cuda.store_bf16x2 %pair, %tile[%r, %c] : memref<64x136xbf16, 3>`
     """
@@ -733,9 +733,9 @@ class StoreBF16x2Op(IRDLOperation):
         super().__init__(operands=[value, memref, indices])
 
     def verify_(self) -> None:
-        _check_address(self, self.memref, self.indices, True, "destination")
         kind = self.memref.type
         assert isinstance(kind, MemRefType)
+        _check_address(self, self.memref, self.indices, _is_shared(kind), "destination")
         if not isinstance(kind.element_type, BFloat16Type) or kind.get_shape()[-1] % 2:
             raise _fail(self, f"stores into rows of whole bf16 pairs, not {kind}")
 
@@ -772,7 +772,37 @@ class MmaSyncOp(IRDLOperation):
             raise _fail(self, "takes A and B registers of two bf16 (vector<2xbf16>)")
 
 
+@irdl_op_definition
+class PrefillAttentionOp(KernelOp):
+    """A prefill chunk's attention in one pass (flash attention): rotate each row's query and the chunk's keys at
+    their positions (consecutive, from `positions[0]`), write the chunk's keys and values into the caches, and
+    attend each row causally over the cache before the chunk and the chunk up to itself. ins (query, key, value,
+    positions, cos, sin), outs (out, key cache, value cache [kv_heads, ctx, head_dim]).
+
+    `cuda.prefill_attention ins(%q, %k, %v, %p, %cos, %sin : ...) outs(%o, %keys, %values : ...)`
+    """
+
+    name = "cuda.prefill_attention"
+    ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (
+        ("query", "key", "value", "positions", "cos", "sin"),
+        ("out", "keys", "values"),
+    )
+    ARITY: ClassVar[tuple[int, int]] = (6, 3)
+
+    def check_(self) -> None:
+        (query, key, value, positions, cos, _), (out, keys, values) = self.shapes()
+        _expect(self, "value shape", value, key)
+        _expect(self, "value cache shape", values, keys)
+        _expect(self, "result shape", out, query)
+        _expect(self, "positions shape", positions, (query[0],))
+        _expect(self, "key width", key[1], keys[0] * keys[-1])
+        _expect(self, "table width", cos[1], keys[-1])
+        if len(keys) != 3 or query[1] % (keys[0] * keys[-1]):
+            raise _fail(self, "attends one sequence's cache with whole groups of query heads")
+
+
 TENSOR_CORE_OPS = (
+    PrefillAttentionOp,
     SharedMemoryOp,
     CpAsyncOp,
     CpAsyncCommitOp,

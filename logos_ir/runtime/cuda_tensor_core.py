@@ -16,7 +16,7 @@ a copy before waiting for it or misaligns an address gets wrong numbers or an er
 * `cuda.mma_sync` m16n8k16: each warp's A, B and C matrices gathered from its lanes' registers by the ISA's fragment
   layout (g = lane / 4, t = lane % 4), D = A B + C in f32, scattered back by the same layout;
 * `cuda.load_bf16x2`, `cuda.pack_bf16x2`: two f32 (of memory, or values) rounded to a bf16 pair (nearest even);
-  `cuda.store_bf16x2` a pair into shared memory.
+  `cuda.store_bf16x2` a pair into shared or global memory.
 
 A bf16 pair register is an array (threads, 2) of f32 values that bf16 holds exactly. The f32 product of bf16 inputs
 is exact; a GPU's tensor core sums the 16 products of each k step in an order (and with an internal precision) the
@@ -255,14 +255,22 @@ def _store_bf16x2(em: Any, op: Any) -> Step:
     value, memory, at = em._slot(op.value), em._slot(op.memref), [em._slot(v) for v in op.indices]
     strides = _strides(op.memref.type)
 
+    shared = _in_shared(op.memref.type)
+
     def step(env: Env, mask: Mask) -> None:
         live = np.ones(threads.count, bool) if mask is None else mask
         flat = threads.flat(env, at, strides)[live]
         if (flat % 2).any():
             raise threads.refuse(op, "stores a bf16 pair at an odd index (not 4-byte aligned)")
         pair = np.broadcast_to(env[value], (threads.count, 2))[live]
-        block = threads.blocks()[live]
-        env[memory][block, flat], env[memory][block, flat + 1] = pair[:, 0], pair[:, 1]
+        if shared:
+            block = threads.blocks()[live]
+            env[memory][block, flat], env[memory][block, flat + 1] = pair[:, 0], pair[:, 1]
+            return
+        target = env[memory].reshape(-1)
+        if flat.size and flat.max() + 1 >= target.size:
+            raise threads.refuse(op, "stores past the end of its buffer")
+        target[flat], target[flat + 1] = pair[:, 0], pair[:, 1]
 
     return step
 

@@ -121,7 +121,8 @@ class KernelPrinter:
 
     def print(self) -> None:
         block = self.kernel.body.block
-        written = {op.memref for op in self.kernel.walk() if op.name in ("memref.store", "memref.atomic_rmw")}  # type: ignore[attr-defined]
+        stores = ("memref.store", "memref.atomic_rmw", "cuda.store_bf16x2")  # issue 19: + the bf16 pair store
+        written = {op.memref for op in self.kernel.walk() if op.name in stores}  # type: ignore[attr-defined]
         params = []
         for arg in block.args:
             kind = arg.type
@@ -130,7 +131,8 @@ class KernelPrinter:
             qualifier = "" if arg in written else "const "
             params.append(f"{qualifier}{element}* __restrict__ {self.name(arg)}")
         size = self.kernel.known_block_size
-        bound = f"__launch_bounds__({size.get_values()[0]}, {MIN_BLOCKS_PER_SM}) " if size is not None else ""
+        blocks = tensor_core.min_blocks_per_sm(self.kernel.sym_name.data, MIN_BLOCKS_PER_SM)  # issue 19 (tensor cores)
+        bound = f"__launch_bounds__({size.get_values()[0]}, {blocks}) " if size is not None else ""
         self.out.write(f'extern "C" __global__ void {bound}{self.kernel.sym_name.data}(\n    ')
         self.out.write(",\n    ".join(params) + ")\n{\n")
         self.block(block)

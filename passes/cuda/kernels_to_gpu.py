@@ -48,6 +48,7 @@ from xdsl.passes import ModulePass
 
 from logos_ir.dialects import cuda
 from logos_ir.errors import PassError
+from logos_ir.passes.cuda import tensor_core  # issue 19 (tensor cores)
 
 NAME = "convert-cuda-kernels-to-gpu"
 WARPS = 4  # warps a block: each owns one work item
@@ -985,6 +986,7 @@ class ConvertCudaKernelsToGpu(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         host = host_function(op, NAME)
+        tensor_core.fuse_prefill_attention(host)  # issue 19 (tensor cores): the cache write in attention's pass
         lowering = _Lowering(op)
         lowering.lower(host)
         kernels = gpu.ModuleOp(StringAttr("kernels"), Region(lowering.gpu_block))  # type: ignore[arg-type]

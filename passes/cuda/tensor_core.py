@@ -51,6 +51,16 @@ LINEAR_COLUMNS = 64  # output columns a block owns: one weight (128 needs 64 acc
 GATE_UP_COLUMNS = 64  # ... with two weights (gate and up), the same registers of accumulators
 
 
+ATTENTION_BLOCKS_PER_SM = 2  # flash attention's bound: up to 255 registers (O alone is 64 a thread at head_dim 128)
+
+
+def min_blocks_per_sm(kernel: str, default: int) -> int:
+    """The blocks an SM must hold at once (`__launch_bounds__`'s second argument) for a kernel: the flash attention
+    kernels keep FlashAttention-2's budget (2 blocks of 4 warps, 255 registers a thread); every other kernel the
+    lane's default."""
+    return ATTENTION_BLOCKS_PER_SM if "attention_tc" in kernel else default
+
+
 def block_columns(weights: int) -> int:
     return LINEAR_COLUMNS if weights == 1 else GATE_UP_COLUMNS
 
@@ -64,6 +74,8 @@ def handles(op: cuda.KernelOp) -> bool:
     """Whether `op` runs on tensor cores: a projection (`cuda.linear`, `cuda.gate_up`) of more than one row with
     bf16 weights whose depth is whole slices, or a prefill chunk's attention over a bf16 cache (one sequence,
     head_dim a multiple of 16)."""
+    if isinstance(op, cuda.PrefillAttentionOp):
+        return True
     if isinstance(op, cuda.AttentionOp):
         return _flash_attention_fits(op)
     if not isinstance(op, cuda.LinearOp | cuda.GateUpOp):
@@ -93,6 +105,10 @@ def kinds(op: cuda.KernelOp) -> list[Any]:
     """The one launch of a tensor-core kernel (kernels_to_gpu's `_Kind`)."""
     from logos_ir.passes.cuda.kernels_to_gpu import _Kind
 
+    if isinstance(op, cuda.PrefillAttentionOp):
+        fused = lambda s: (-(-s[0][0] // ATTENTION_ROWS), s[0][1] // s[7][-1], 1)  # noqa: E731 (row tiles, heads)
+        body = lambda b, a, s: _flash_attention(b, a, s, fused=True)  # noqa: E731
+        return [_Kind("prefill_attention_tc", tuple(range(9)), fused, body)]
     if isinstance(op, cuda.AttentionOp):
         blocks = lambda s: (-(-s[0][0] // ATTENTION_ROWS), s[0][1] // s[1][-1], 1)  # noqa: E731 (row tiles, heads)
         return [_Kind("attention_prefill_tc", (0, 1, 2, 3, 4), blocks, _flash_attention)]
@@ -271,7 +287,14 @@ KV_TILE = 16  # cache positions a step: one k16 step of P V, two n8 tiles of Q K
 NEG_BIG = -3.0e38  # a finite "minus infinity", as the decode kernels use
 
 
-def _flash_attention(b: Any, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
+def _rotated(*args: Any) -> Any:
+    """kernels_to_gpu's rotation (x*cos + x[partner]*sin), so the fused kernel rotates as cuda.rope does."""
+    from logos_ir.passes.cuda.kernels_to_gpu import _rotated as rotated
+
+    return rotated(*args)
+
+
+def _flash_attention(b: Any, args: list[SSAValue], shapes: list[tuple[int, ...]], fused: bool = False) -> None:
     """FlashAttention-2's forward over a prefill chunk, on mma.sync: a block per (64 query rows, query head), a warp
     per 16 rows. The query fragments are loaded once (rounded to bf16); the cache's keys and values of the head's
     KV head stream through shared memory in tiles of KV_TILE positions, double-buffered by cp.async, up to the
@@ -279,11 +302,21 @@ def _flash_attention(b: Any, args: list[SSAValue], shapes: list[tuple[int, ...]]
     ldmatrix), scaled, masked past each row's own position, the online softmax on the accumulator fragments (a
     row's 4 values across the 4 lanes of a quad, maxima by 2 shuffles), P rounded to bf16 straight from the
     accumulators into A fragments (FlashAttention-2's register reuse), O += P V with V's fragments by ldmatrix
-    .trans. The chunk's keys and values are in the cache already (`cuda.rope_cache_write` runs before)."""
-    query, keys, values, positions, out = args
+    .trans. Unfused, the chunk's keys and values are in the cache already (`cuda.rope_cache_write` ran before) and
+    the queries rotated (`cuda.rope`); `fused` (`cuda.prefill_attention`), the kernel rotates the queries as it
+    stages them, and takes the chunk's own positions of each K/V tile from the key and value rows (rotated, rounded
+    to bf16), writing them into the cache in the same pass (the first query head of each KV group, by the block
+    whose rows they are); only positions before the chunk are copied from the cache."""
+    if fused:
+        query, key, value, positions, cos, sin, out, keys, values = args
+        chunk = (key, value, (cos, sin))
+        cache_shape = shapes[7]
+    else:
+        query, keys, values, positions, out = args
+        chunk = None
+        cache_shape = shapes[1]
     rows, width = shapes[0]
-    _, ctx, head_dim = shapes[1]
-    kv_heads = shapes[1][0]
+    kv_heads, ctx, head_dim = cache_shape
     group = (width // head_dim) // kv_heads
     tid = b.thread()
     warp, lane = b.div(tid, WARP), b.rem(tid, WARP)
@@ -298,12 +331,20 @@ def _flash_attention(b: Any, args: list[SSAValue], shapes: list[tuple[int, ...]]
     stop = b.to_index(b.load(positions, [b.min(b.add(first, ATTENTION_ROWS - 1), rows - 1)]))
     tiles = b.div(b.add(stop, KV_TILE - 1), KV_TILE)
     column0 = b.add(b.mul(head, head_dim), b.mul(pair, 2))
-    q_tile = _query_tile(b, tid, query, first, head, (rows, head_dim))
+    rope = None if chunk is None else (chunk[2], positions)
+    q_tile = _query_tile(b, tid, query, first, head, (rows, head_dim), rope)
     k_tile, v_tile = (_kv_tile(b, name, head_dim) for name in ("key_tile", "value_tile"))
+    if chunk is not None:
+        chunk_start = b.sub(b.to_index(b.load(positions, [0])), 1)  # the cache position of the chunk's row 0
+        writer = b.cmp("eq", b.rem(head, group), 0)
+        ours = (first, writer)
 
     def stage(slot: SSAValue | int, start: SSAValue | int) -> None:
-        for tile, cache in ((k_tile, keys), (v_tile, values)):
-            _copy_positions(b, tid, tile, cache, kv_head, slot, start, (ctx, head_dim))
+        if chunk is None:
+            for tile, cache in ((k_tile, keys), (v_tile, values)):
+                _copy_positions(b, tid, tile, cache, kv_head, slot, start, (ctx, head_dim))
+            return
+        _stage_fused(b, tid, (k_tile, v_tile), (keys, values), chunk, kv_head, slot, start, chunk_start, ours, (rows, ctx, head_dim))
 
     stage(0, 0)
     b.op(cuda.CpAsyncCommitOp())
@@ -394,7 +435,7 @@ def _flash_attention(b: Any, args: list[SSAValue], shapes: list[tuple[int, ...]]
             b.when(b.cmp("ult", row, rows), lambda v=value, r=row, w=where: b.store(v, out, [r, w]))
 
 
-def _query_tile(b: Any, tid: SSAValue, query: SSAValue, first: SSAValue, head: SSAValue, sizes) -> SSAValue:
+def _query_tile(b: Any, tid: SSAValue, query: SSAValue, first: SSAValue, head: SSAValue, sizes, rope=None) -> SSAValue:
     """The block's queries of its head rounded to bf16 into shared memory once (the A fragments are then read by
     ldmatrix each step, which keeps 32 registers a thread free at head_dim 128), a bf16 pair a thread a step."""
     rows, head_dim = sizes
@@ -408,12 +449,107 @@ def _query_tile(b: Any, tid: SSAValue, query: SSAValue, first: SSAValue, head: S
         item = b.add(b.mul(i, THREADS), tid)
         row, column = b.div(item, pairs), b.mul(b.rem(item, pairs), 2)
         source = b.min(b.add(first, row), rows - 1)  # rows past the chunk: the last row's values, never written out
-        pair = b.op(cuda.LoadBF16x2Op(query, [source, b.add(base, column)]))
+        if rope is None:
+            pair = b.op(cuda.LoadBF16x2Op(query, [source, b.add(base, column)]))
+        else:  # rotated at the row's position, as cuda.rope computes it, then rounded
+            tables, positions = rope
+            place = b.sub(b.to_index(b.load(positions, [source])), 1)
+            at = b.add(base, column)
+            low, high = (_rotated(b, query, source, c, head_dim, tables, place)[0] for c in (at, b.add(at, 1)))
+            pair = b.op(cuda.PackBF16x2Op(low, high))
         b.op(cuda.StoreBF16x2Op(pair, tile, [row, column]))
         return []
 
     b.loop(0, ATTENTION_ROWS * pairs // THREADS, 1, [], one)
     return tile
+
+
+def _stage_fused(b: Any, tid, tiles, caches, chunk, kv_head, slot, start, chunk_start, ours, sizes) -> None:
+    """One K/V tile of the fused kernel: positions before the chunk by cp.async from the cache, the chunk's own
+    from its key and value rows (keys rotated at their position; both rounded to bf16 pairs) into shared memory and,
+    by their writer block, into the cache; positions past the chunk zero."""
+    rows, ctx, head_dim = sizes
+    (k_tile, v_tile), (keys, values), (key, value, tables) = tiles, caches, chunk
+    first, writer = ours
+    per_row = head_dim // 8
+    chunks = KV_TILE * per_row
+    for i in range(-(-chunks // THREADS)):
+        item = b.add(tid, i * THREADS) if i else tid
+
+        def one(item: SSAValue = item) -> None:
+            row, column = b.div(item, per_row), b.mul(b.rem(item, per_row), 8)
+            where = b.add(row, start) if not isinstance(start, int) or start else row
+            inside = b.both(b.cmp("uge", where, chunk_start), b.cmp("ult", where, b.add(chunk_start, rows)))
+            outside = b.either(b.cmp("ult", where, chunk_start), b.cmp("uge", where, b.add(chunk_start, rows)))
+            cached = b.both(b.cmp("ult", where, chunk_start), b.cmp("ult", where, ctx))
+            source = [kv_head, b.min(where, ctx - 1), column]
+
+            def copy() -> None:  # before the chunk: the cache; past it: zero-filled
+                for tile, cache in ((k_tile, keys), (v_tile, values)):
+                    b.op(cuda.CpAsyncOp(tile, [b._ix(slot), row, column], cache, source, cached))
+
+            def compute() -> None:
+                line = b.min(b.sub(where, chunk_start), rows - 1)
+                mine = b.both(writer, b.both(b.cmp("uge", line, first), b.cmp("ult", line, b.add(first, ATTENTION_ROWS))))
+                base = b.mul(kv_head, head_dim)
+                half = head_dim // 2
+                partner = b.select(b.cmp("ult", column, half), b.add(column, half), b.sub(column, half))
+                cos, sin = tables
+
+                def put(got: list[SSAValue], tile: SSAValue, cache: SSAValue, d: SSAValue) -> None:
+                    for part in (0, 2):
+                        at = b.add(d, part) if part else d
+                        packed = b.op(cuda.PackBF16x2Op(got[part], got[part + 1]))
+                        b.op(cuda.StoreBF16x2Op(packed, tile, [b._ix(slot), row, at]))
+                        b.when(mine, lambda p=packed, at=at: b.op(cuda.StoreBF16x2Op(p, cache, [kv_head, where, at])))
+
+                for quarter in (0, 4):  # 4 elements at a time: 16-byte loads, fewer registers live
+                    d = b.add(column, quarter) if quarter else column
+                    x = b.vload(key, [line, b.add(base, d)], 4)
+                    other = b.vload(key, [line, b.add(base, b.add(partner, quarter) if quarter else partner)], 4)
+                    turns = zip(x, other, b.vload(cos, [where, d], 4), b.vload(sin, [where, d], 4), strict=True)
+                    k = [b.fadd(b.fmul(xi, ci), b.fmul(oi, si)) for xi, oi, ci, si in turns]  # as cuda.rope rotates
+                    put(k, k_tile, keys, d)
+                    put(b.vload(value, [line, b.add(base, d)], 4), v_tile, values, d)
+
+            b.when(outside, copy)
+            b.when(inside, compute)
+
+        if chunks % THREADS == 0 or (i + 1) * THREADS <= chunks:
+            one()
+        else:
+            b.when(b.cmp("ult", item, chunks), one)
+
+
+def fuse_prefill_attention(host: Any) -> None:
+    """Fold each prefill chunk's `cuda.rope_cache_write` and query `cuda.rope` into the `cuda.attention` they feed
+    (`cuda.prefill_attention`: the new keys and values written to the cache in the attention's own pass), where the
+    three are adjacent, the attention fits the tensor-core kernel and the rotated queries go nowhere else."""
+    ops = list(host.body.block.ops)
+    fusions = []
+    for index, op in enumerate(ops):
+        if not isinstance(op, cuda.AttentionOp) or index < 2 or not _flash_attention_fits(op):
+            continue
+        before = {type(ops[index - 2]): ops[index - 2], type(ops[index - 1]): ops[index - 1]}
+        write, rope = before.get(cuda.RopeCacheWriteOp), before.get(cuda.RopeOp)
+        if write is None or rope is None:
+            continue
+        query, keys, values, positions = op.ins
+        if rope.outs[0] != query or list(write.outs) != [keys, values] or positions not in (write.ins[2], rope.ins[1]):
+            continue
+        if rope.ins[1] != positions or write.ins[2] != positions or list(rope.ins[2:]) != list(write.ins[3:]):
+            continue
+        if any(not isinstance(use.operation, cuda.RopeOp | cuda.AttentionOp) for use in query.uses):
+            continue
+        fusions.append((write, rope, op))
+    for write, rope, op in fusions:
+        fused = cuda.PrefillAttentionOp(
+            [rope.ins[0], write.ins[0], write.ins[1], op.ins[3], write.ins[3], write.ins[4]],
+            [op.outs[0], op.ins[1], op.ins[2]],
+        )
+        host.body.block.insert_op_before(fused, op)
+        for old in (op, rope, write):
+            host.body.block.erase_op(old)
 
 
 def _kv_tile(b: Any, name: str, head_dim: int) -> SSAValue:

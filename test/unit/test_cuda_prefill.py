@@ -7,7 +7,8 @@
   to the wrong row, dropping the wait for the asynchronous copies, or misaligning an ldmatrix row changes the
   numbers or is refused.
 * With f32 weights no tensor-core kernel is built (the exact path the token tests stand on).
-* Flash attention over the prompt agrees with numpy's attention; reading V without `.trans` does not.
+* Flash attention over the prompt agrees with numpy's attention, fused with the chunk's cache write (the cache then
+  holds exactly the rotated, rounded keys and values) and not; reading V without `.trans` does not agree.
 * The llama-3.1-8b 512-row prefill's tensor-core kernels hold mma.sync, ldmatrix, cp.async and shared memory, and
   compile for sm_90 with no register spill (where nvcc is installed).
 """
@@ -174,6 +175,7 @@ def _attention_step(rows: int, heads: int, kv_heads: int, ctx: int, head_dim: in
     """A kernel-level host function of one prefill chunk's attention over a bf16 cache."""
     q, cache, splits = f"memref<{rows}x{heads * head_dim}xf32>", f"memref<{kv_heads}x{ctx}x{head_dim}xbf16>", ctx // 32
     scratch = f"memref<{rows}x{heads}x{splits}x{head_dim + 2}xf32>"
+    count = f"memref<{rows}x{kv_heads}xi64>"
     return f"""builtin.module attributes {{cuda.identity = "test", cuda.weights = "bf16"}} {{
   func.func @step() {{
     %q = cuda.buffer "query" kind "activation" : {q}
@@ -182,10 +184,42 @@ def _attention_step(rows: int, heads: int, kv_heads: int, ctx: int, head_dim: in
     %p = cuda.buffer "positions" kind "input" : memref<{rows}xi64>
     %o = cuda.buffer "attended" kind "activation" : {q}
     %s = cuda.buffer "attention.partial" kind "scratch" : {scratch}
-    cuda.attention ins(%q, %k, %v, %p : {q}, {cache}, {cache}, memref<{rows}xi64>) outs(%o, %s : {q}, {scratch}) {{split = 32 : i64}}
+    %c = cuda.buffer "attention.count" kind "scratch" : {count}
+    cuda.attention ins(%q, %k, %v, %p : {q}, {cache}, {cache}, memref<{rows}xi64>) outs(%o, %s, %c : {q}, {scratch}, {count}) {{split = 32 : i64}}
     func.return
   }}
 }}"""
+
+
+def _fused_step(rows: int, heads: int, kv_heads: int, ctx: int, head_dim: int) -> str:
+    """The same chunk as the lane lowers it: the keys rotated into the cache, the queries rotated, then attention."""
+    unfused = _attention_step(rows, heads, kv_heads, ctx, head_dim)
+    q, kv = f"memref<{rows}x{heads * head_dim}xf32>", f"memref<{rows}x{kv_heads * head_dim}xf32>"
+    cache, table, p = f"memref<{kv_heads}x{ctx}x{head_dim}xbf16>", f"memref<{ctx}x{head_dim}xf32>", f"memref<{rows}xi64>"
+    buffers = f"""    %key = cuda.buffer "key" kind "activation" : {kv}
+    %value = cuda.buffer "value" kind "activation" : {kv}
+    %turned = cuda.buffer "turned_query" kind "activation" : {q}
+    %cos = cuda.buffer "rope.cos" kind "table" : {table}
+    %sin = cuda.buffer "rope.sin" kind "table" : {table}
+    cuda.rope_cache_write ins(%key, %value, %p, %cos, %sin : {kv}, {kv}, {p}, {table}, {table}) outs(%k, %v : {cache}, {cache})
+    cuda.rope ins(%q, %p, %cos, %sin : {q}, {p}, {table}, {table}) outs(%turned : {q}) {{head_dim = {head_dim} : i64}}
+"""
+    unfused = unfused.replace("    cuda.attention ins(%q,", buffers + "    cuda.attention ins(%turned,")
+    return unfused
+
+
+def _lowered(text: str) -> Any:
+    from xdsl.context import Context
+    from xdsl.parser import Parser
+
+    from logos_ir.passes.cuda.host_plan import lowered_context
+    from logos_ir.passes.cuda.kernels_to_gpu import ConvertCudaKernelsToGpu
+
+    module = Parser(lowered_context(), text).parse_module()
+    module.verify()
+    ConvertCudaKernelsToGpu().apply(Context(), module)
+    module.verify()
+    return module
 
 
 def _attention_plan(edit: Any = None) -> tuple[Any, Any]:
@@ -196,6 +230,7 @@ def _attention_plan(edit: Any = None) -> tuple[Any, Any]:
     from logos_ir.passes.cuda.kernels_to_gpu import ConvertCudaKernelsToGpu
 
     module = Parser(lowered_context(), _attention_step(ROWS, 4, 2, 128, 16)).parse_module()
+    module.verify()
     ConvertCudaKernelsToGpu().apply(Context(), module)
     (kernel,) = [op for op in module.walk() if op.name == "gpu.func"]
     if edit is not None:
@@ -235,6 +270,56 @@ def test_flash_attention_agrees_with_numpy(start: int) -> None:
     assert np.abs(got - want).max() <= 2.0**-7 * largest
 
 
+@pytest.mark.parametrize("start", [0, 37])
+def test_the_fused_prefill_attention_writes_the_cache_and_attends(start: int) -> None:
+    from logos_ir.runtime.cuda import rope_tables
+
+    heads, kv_heads, ctx, head_dim = 4, 2, 128, 16
+    module = _lowered(_fused_step(ROWS, heads, kv_heads, ctx, head_dim))
+    text = io.StringIO()
+    Printer(stream=text).print_op(module)
+    plan = read_plan(text.getvalue())
+    assert [step.kernel.split("_tc_")[0] for step in plan.launches] == ["prefill_attention"]  # one launch
+    spec = ModelSpec(
+        vocab=8, hidden=heads * head_dim, layers=1, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+        intermediate=8, rms_eps=1e-5, rope_theta=10000.0, tie_embeddings=False,
+    )  # fmt: skip
+    cos, sin = rope_tables(spec, ctx)
+    arrays = {
+        b.name: np.zeros(b.shape, np.int64 if b.element == "i64" else np.float32) for b in plan.buffers.values()
+    }
+    arrays["rope.cos"][...], arrays["rope.sin"][...] = cos, sin
+    rng = np.random.default_rng(start)
+    for name in ("query", "key", "value"):
+        arrays[name][...] = rng.standard_normal(arrays[name].shape)
+    earlier = [bf16_rounded(rng.standard_normal(arrays["cache.key.0"].shape).astype(np.float32)) for _ in "kv"]
+    arrays["cache.key.0"][...], arrays["cache.value.0"][...] = earlier
+    positions = np.arange(start + 1, start + ROWS + 1)
+    arrays["positions"][...] = positions
+    (launch,) = plan.launches
+    KernelEmulator(plan.kernels[launch.kernel]).run(
+        [arrays[name] for name in launch.buffers], _Launch.of(launch.grid, launch.block)
+    )
+
+    def rotated(x: np.ndarray) -> np.ndarray:  # rotate-half at each row's position, in f32 as the reference does
+        x = x.reshape(ROWS, -1, head_dim)
+        partner = np.concatenate([x[..., head_dim // 2 :], x[..., : head_dim // 2]], axis=-1)
+        return (x * cos[positions - 1][:, None] + partner * sin[positions - 1][:, None]).astype(np.float32)
+
+    keys, values = (e.copy() for e in earlier)
+    keys[:, start : start + ROWS] = bf16_rounded(rotated(arrays["key"])).transpose(1, 0, 2)
+    values[:, start : start + ROWS] = bf16_rounded(arrays["value"]).reshape(ROWS, kv_heads, head_dim).transpose(1, 0, 2)
+    assert np.array_equal(arrays["cache.key.0"], keys) and np.array_equal(arrays["cache.value.0"], values)
+    q = bf16_rounded(rotated(arrays["query"])).astype(np.float64)
+    want = np.zeros((ROWS, heads, head_dim))
+    for row, length in enumerate(positions):
+        for head in range(heads):
+            score = keys[head // 2, :length] @ q[row, head] / np.sqrt(head_dim)
+            weight = np.exp(score - score.max())
+            want[row, head] = weight @ values[head // 2, :length] / weight.sum()
+    assert np.abs(arrays["attended"] - want.reshape(ROWS, -1)).max() <= 2.0**-7 * np.abs(values).max()
+
+
 def test_flash_attention_reads_v_transposed() -> None:
     def plain(kernel: Any) -> None:
         for load in _ops(kernel, cuda.LdmatrixOp):
@@ -253,8 +338,8 @@ _KERNEL = re.compile(r'^extern "C" __global__ void __launch_bounds__\(\d+, \d+\)
 
 
 def _tensor_core_source() -> tuple[str, list[str]]:
-    """The tensor-core kernels of the llama-3.1-8b 512-row prefill chunk (bf16), and the flash attention kernel
-    of its shapes (32 heads over 8 KV heads of 128, a bf16 cache of 1024 positions)."""
+    """The tensor-core kernels of the llama-3.1-8b 512-row prefill chunk (bf16), and the flash attention kernels
+    of its shapes, fused with the cache write and not (32 heads over 8 KV heads of 128, a bf16 cache of 1024)."""
     from xdsl.context import Context
     from xdsl.parser import Parser
 
@@ -263,22 +348,30 @@ def _tensor_core_source() -> tuple[str, list[str]]:
     from logos_ir.passes.cuda.kernels_to_gpu import ConvertCudaKernelsToGpu
 
     _, source, _ = build_program(ModelSpec.preset("llama-3.1-8b"), Cut.prefill(512, 1024), 1, "bf16")
-    module = Parser(lowered_context(), _attention_step(512, 32, 8, 1024, 128)).parse_module()
-    ConvertCudaKernelsToGpu().apply(Context(), module)
-    text = io.StringIO()
-    print_cuda(module, text)
+    sources = [source]
+    for step in (_attention_step(512, 32, 8, 1024, 128), _fused_step(512, 32, 8, 1024, 128)):
+        module = Parser(lowered_context(), step).parse_module()
+        ConvertCudaKernelsToGpu().apply(Context(), module)
+        text = io.StringIO()
+        print_cuda(module, text)
+        sources.append(text.getvalue())
     bodies = []
-    for cu in (source, text.getvalue()):
+    for cu in sources:
         starts = [m.start() for m in _KERNEL.finditer(cu)]
         bodies += [cu[a:b] for a, b in zip(starts, [*starts[1:], len(cu)], strict=True)]
-    chosen = [body for body in bodies if "_tc_" in _KERNEL.match(body).group(1)]  # type: ignore[union-attr]
-    return PREAMBLE + "\n".join(chosen), [_KERNEL.match(body).group(1) for body in chosen]  # type: ignore[union-attr]
+    chosen = {}
+    for body in bodies:
+        name = _KERNEL.match(body).group(1)  # type: ignore[union-attr]
+        if "_tc_" in name:
+            chosen[name] = body  # the pipeline's fused attention and the hand-built one are the same kernel
+    return PREAMBLE + "\n".join(chosen.values()), list(chosen)
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA) is not installed here: the sm_90 compile is not checked")
 def test_the_8b_prefill_tensor_core_kernels_compile_for_sm_90_without_spills(tmp_path: Any) -> None:
     source, names = _tensor_core_source()
-    assert {name.split("_tc_")[0] for name in names} == {"linear", "linear_residual", "gate_up", "attention_prefill"}
+    stems = {name.split("_tc_")[0] for name in names}
+    assert stems >= {"linear", "linear_residual", "gate_up", "attention_prefill", "prefill_attention"}
     for name, body in zip(names, source.split('extern "C"')[1:], strict=True):
         for needed in ("mma.sync.aligned.m16n8k16", "ldmatrix.sync.aligned", "cp.async.cg.shared.global", "__shared__"):
             assert needed in body, (name, needed)
