@@ -94,12 +94,13 @@ class LogosOptMain(xDSLOptMain):
             raise
         except UnicodeDecodeError as error:
             raise DiagnosticException(
-                f"{self.get_input_name()}: error: the input is not UTF-8 text "
+                f"logos-opt: error: {self.get_input_name()}: the input is not UTF-8 text "
                 f"(byte 0x{error.object[error.start]:02x} at offset {error.start})"
             ) from None
         except Exception as error:  # xDSL's reader fails on some malformed MLIR with other exceptions
             raise DiagnosticException(
-                f"{self.get_input_name()}: error: cannot read this input as MLIR: {type(error).__name__}: {error}"
+                f"logos-opt: error: {self.get_input_name()}: cannot read this input as MLIR: "
+                f"{type(error).__name__}: {error}"
             ) from None
 
     def _read(self, chunk: IO[bytes], file_extension: str, start_offset: int) -> ModuleOp | None:
@@ -125,7 +126,7 @@ class LogosOptMain(xDSLOptMain):
             raise
         except Exception as error:  # xDSL's printer fails on some attributes that its parser accepted
             raise DiagnosticException(
-                f"{self.get_input_name()}: error: cannot print the result: {type(error).__name__}: {error}"
+                f"logos-opt: error: {self.get_input_name()}: cannot print the result: {type(error).__name__}: {error}"
             ) from None
 
     def apply_passes(self, prog: ModuleOp) -> None:

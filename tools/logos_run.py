@@ -290,6 +290,11 @@ class Plan:
         self.build: Path | None = None
         self.backend_name = args.backend or "reference"
         self.tp, self.weights, self.ctx = args.tp or 1, args.weights, args.ctx
+        if args.model is not None and (Path(args.model) / "manifest.json").is_file():
+            raise LogosError(
+                f"{args.model} is a build folder, not a model",
+                hint=f"run a build with: logos-run {args.model} (the model is the one its manifest names)",
+            )
         if args.build is not None:
             self.source = self._from_build(Path(args.build))
         else:

@@ -57,6 +57,8 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "compile-cut-too-large": (["logos-compile", "--model", "tiny", "--target", "logos", "--cut",
                                "decode ctx=99999999999999999999", "-o", "{dir}/x"], ["too large"]),
     "compile-option-not-taken": (["logos-compile", *DECODE, "--option", "foo=bar", "-o", "{dir}/x"], ["foo"]),
+    "compile-option-not-taken-cuda": (["logos-compile", "--model", "tiny", "--target", "cuda", "--cut", "decode ctx=64",
+                                       "--option", "foo=bar", "-o", "{dir}/x"], ["target cuda takes no --option"]),
     "compile-option-malformed": (["logos-compile", *DECODE, "--option", "foo", "-o", "{dir}/x"], ["foo"]),
     "compile-check-with-target": (["logos-compile", "--check", "{dir}/build", "--target", "cuda"], ["--target"]),
     "compile-check-with-output": (["logos-compile", "--check", "{dir}/build", "-o", "{dir}/x"], ["-o"]),
@@ -99,6 +101,8 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "run-build-other-model": (["logos-run", "{dir}/build", "--prompt-ids", "1", "--model", "tiny-tp8"],
                               ["not the one the build was made from"]),
     "run-hub-id-not-cached": (["logos-run", "--model", "acme/absent"], ["acme/absent", "{dir}/hub"]),
+    "run-a-build-as-model": (["logos-run", "--model", "{dir}/build"], ["is a build folder", "logos-run {dir}/build"]),
+    "run-embedded-cache-past-memory": (["logos-run", "--max-new-tokens", "10000000"], ["10000064 positions", "GiB"]),
 }  # fmt: skip
 
 

@@ -140,3 +140,62 @@ def test_run_tool_lets_errors_through_with_debug():
 def test_run_tool_passes_system_exit_through():
     with pytest.raises(SystemExit):
         run_tool("t", raising(SystemExit(2)), [])
+
+
+# -- one set of common arguments in every tool (issue 20) ------------------------------------------------------------
+
+TOOLS = ("logos-opt", "logos-author", "logos-compile", "logos-run")
+
+
+@pytest.mark.parametrize("name", TOOLS)
+def test_every_tool_has_version_and_list_models(name):
+    version = subprocess.run([tool(name), "--version"], capture_output=True, text=True, timeout=120)
+    assert version.returncode == 0 and name in version.stdout and "logos-ir" in version.stdout
+    listing = subprocess.run([tool(name), "--list-models"], capture_output=True, text=True, timeout=120)
+    assert listing.returncode == 0, listing.stderr
+    for word in ("tiny", "llama-3.1-8b", "embedded", "Hugging Face cache", ".gguf"):
+        assert word in listing.stdout
+
+
+def test_logos_opt_help_lists_dialects_passes_pipelines_and_targets():
+    done = subprocess.run([tool("logos-opt"), "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0
+    for word in ("logos-ir dialects: logos, cuda, d5005, spatial", "logos-ir passes:", "cut-extract",
+                 "logos-ir pipelines:", "logos-to-cuda{", "targets: ", "d5005-listing"):  # fmt: skip
+        assert word in done.stdout, word
+
+
+def test_the_model_argument_is_the_same_in_every_tool(tmp_path, capsys):
+    """logos-author takes what the others take, with the same default (the embedded model): `embedded`, a
+    .gguf file (it read one as UTF-8 text before), a preset, a config.json alone."""
+    from logos_ir.tools import fuzz, logos_author, logos_compile, logos_run
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(fuzz.model_gguf(4, "F32"))
+
+    def identity(*model: str) -> str:
+        assert logos_author.main([*model, "--cut", "decode ctx=64", "--identity"]) == 0
+        return capsys.readouterr().out
+
+    embedded = identity()
+    assert embedded == identity("--model", "embedded")
+    assert embedded != identity("--model", "tiny")
+    assert identity("--model", str(gguf)).startswith("LOGOS program: decode step, ctx 64")
+    for main, argv in (
+        (logos_compile.main, ["--target", "logos", "--cut", "decode ctx=64", "-o", str(tmp_path / "b")]),
+        (logos_run.main, ["--prompt-ids", "1", "-n", "1"]),
+    ):
+        assert main(["--model", str(gguf), *argv]) == 0  # the same .gguf file in the other tools
+    capsys.readouterr()
+    for parser in (logos_author._arguments(), logos_run._arguments()):
+        assert parser.parse_args([]).model is None  # None: the embedded model, as logos-compile's default
+
+
+def test_logos_text_on_standard_input_needs_no_flag(tmp_path):
+    text = write(ModelSpec.preset("tiny"), Cut.parse("decode ctx=64")).text
+    piped = subprocess.run([tool("logos-opt")], input=text, capture_output=True, text=True, timeout=120)
+    (tmp_path / "decode.logos").write_text(text)
+    named = subprocess.run([tool("logos-opt"), str(tmp_path / "decode.logos")], capture_output=True, text=True,
+                           timeout=120)  # fmt: skip
+    assert piped.returncode == 0 and "{first_char}" not in piped.stderr
+    assert piped.stdout == named.stdout and "logos.program" in piped.stdout

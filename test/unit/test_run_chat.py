@@ -174,3 +174,27 @@ def test_the_france_question_is_answered_once() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("Paris") == 1 and "Paris" not in done.stderr
     assert done.stdout.startswith("The capital of France is Paris")
+
+
+class _Letters:
+    """A tokenizer whose token i is the i-th letter; 9 is end-of-sequence."""
+
+    eos_id = 9
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join("abcdefghi"[i] for i in ids)
+
+
+def test_the_answer_streams_as_it_grows(capsys) -> None:  # type: ignore[no-untyped-def]
+    """Each token's text is written (and flushed) as it comes, to standard output whatever it is, except what may
+    be the start of a stop string, which waits until it is known not to be."""
+    stream = logos_run.Stream(_Letters(), ["cde"], live=True)
+    seen = []
+    for token in (0, 1, 2, 3, 1, 2, 3, 4):
+        stopped = stream(token)
+        seen.append(capsys.readouterr().out)
+        if stopped:
+            break
+    stream.finish()
+    assert seen == ["a", "b", "", "", "cdb", "", "", ""] and stopped and stream.text == "abcdb"
+    assert capsys.readouterr().out == "\n"
