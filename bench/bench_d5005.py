@@ -1,18 +1,26 @@
 """The D5005 lane's figures: the cost model's estimates (a model, not a measurement) and what the engine does here.
 
-    python bench/bench_d5005.py [--steps 64] [--skip-engine]
+    python bench/bench_d5005.py [--steps 128] [--skip-engine] [--write-golden]
 
 Prints, for each model: the build of code's time (lowering and emitters, no weight read), the instruction count,
-bytes of board memory per token and the cost model's tokens/s against the card's 76.8 GB/s roofline, at the last
-position of the cache; Llama 3.1 70B's refusal with the sizes; then, on PoCL's CPU device, the embedded SmolLM2's
-decode speed through the engine (an emulation's speed, nothing to do with the card's) and its bf16 teacher-forced
-next-token agreement with the reference over `--steps` steps.
+bytes the engine reads from board memory per token and the cost model's tokens/s (read from the engine's loops)
+against the roofline of those bytes at the card's 76.8 GB/s, at the last position of the cache; Llama 3.1 70B's
+refusal with the sizes; then, on PoCL's CPU device, the embedded SmolLM2's decode speed through the engine (an
+emulation's speed, nothing to do with the card's) and its bf16 teacher-forced next-token agreement with the
+reference over `--steps` steps.
+
+`--write-golden` runs the reference interpreter's decode step over 128 positions of the embedded model, fed its
+prompt then its own greedy continuation, and writes the tokens it was fed and predicted to
+`test/unit/golden/smollm2_reference_128.json` (with the decode program's identity line), which the engine's
+embedded-model test compares with (the reference takes minutes for 128 steps; the engine's run is the test).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 
 from logos_ir.build import BuildRequest
 from logos_ir.errors import LogosError
@@ -22,10 +30,13 @@ from logos_ir.program import Cut
 from logos_ir.progress import Progress
 
 MODELS = [("smollm2-135m", 2048), ("llama-3.2-1b", 8192), ("llama-3.1-8b", 2048), ("llama-3.1-8b", 8192)]
+PROMPT = [1, 4093, 314, 260, 3575, 282, 4649, 47]  # a short English prompt, ids from 0
+GOLDEN = Path(__file__).resolve().parent.parent / "test" / "unit" / "golden" / "smollm2_reference_128.json"
+GOLDEN_STEPS = 128
 
 
 def cost_table() -> None:
-    print("model            ctx   build s  instr  GB/token  est tok/s  roofline  of bandwidth")
+    print("model            ctx   build s  instr  GB read/token  est tok/s  roofline  of roofline")
     for name, ctx in [*MODELS, ("llama-3.1-70b", 8192)]:
         source = ModelSource.resolve(name)
         request = BuildRequest(source, Cut.decode(ctx), 1, "bf16", False, Progress.silent())
@@ -38,46 +49,75 @@ def cost_table() -> None:
         cost = lane.report["cost_model"]
         print(
             f"{name:<15} {ctx:>5} {time.perf_counter() - started:>8.2f} {lane.report['instructions']:>6}"
-            f" {cost['bytes_per_token'] / 1e9:>9.3f} {cost['tokens_per_s']:>10.3f}"
-            f" {cost['roofline_tokens_per_s']:>9.3f}"
-            f" {cost['fraction_of_bandwidth'] * 100:>11.1f}%"
+            f" {cost['bytes_read_per_token'] / 1e9:>14.3f} {cost['tokens_per_s']:>10.3f}"
+            f" {cost['roofline_tokens_per_s']:>9.3f} {cost['fraction_of_roofline'] * 100:>11.1f}%"
         )
+        if (name, ctx) == ("llama-3.1-8b", 8192):
+            print(f"    cycles by opcode: {cost['cycles_by_opcode']}")
+            weights, kv = cost["weight_bytes_per_token"], cost["kv_bytes_per_token"]
+            print(f"    bytes read: weights {weights}, K and V {kv}, written {cost['bytes_written_per_token']}")
+
+
+def reference_run(steps: int) -> dict[str, object]:
+    """The reference's decode step over `steps` positions, fed the prompt then its own greedy continuation."""
+    import numpy as np
+
+    from logos_ir.author import written
+    from logos_ir.generate import Generator
+    from logos_ir.weights import open_model
+
+    store = open_model(None)
+    ctx = -(-steps // 64) * 64
+    reference = Generator(store, ctx=ctx).program(Cut.decode(ctx))
+    names = {kind: name for name, kind in reference.inputs.items()}
+    fed, predicted = list(PROMPT), []
+    for position in range(1, steps + 1):
+        run = {names["token"]: np.array([fed[position - 1] + 1]), names["position"]: np.array([position])}
+        predicted.append(int(reference.run(**run)[0]) - 1)
+        if position == len(fed):
+            fed.append(predicted[-1])
+    _, identity = written(store.spec, Cut.decode(ctx))
+    return {
+        "about": "the reference interpreter's decode step on the embedded SmolLM2-135M (f32), fed the prompt then"
+        " its own greedy continuation; predicted[p-1] is its next token at position p (ids from 0)",
+        "made_by": "python bench/bench_d5005.py --write-golden",
+        "identity": identity.line(),
+        "ctx": ctx,
+        "prompt": PROMPT,
+        "fed": fed[:steps],
+        "predicted": predicted,
+    }
 
 
 def engine_figures(steps: int) -> None:
-    import numpy as np
-
-    from logos_ir.generate import Generator
     from logos_ir.runtime.d5005 import D5005Generator
     from logos_ir.weights import open_model
 
     store = open_model(None)
-    prompt = [1, 4093, 314, 260, 3575, 282, 4649, 47]
     for weights in ("f32", "bf16"):
         engine = D5005Generator(store, weights=weights)
-        engine.generate(prompt, 32)
+        engine.generate(PROMPT, 32)
         print(f"engine on PoCL, {weights}: {engine.stats.decode_tokens_per_s:.1f} decode steps/s (CPU emulation)")
+    golden = json.loads(GOLDEN.read_text()) if GOLDEN.exists() and steps <= GOLDEN_STEPS else reference_run(steps)
     ctx = -(-steps // 64) * 64
-    reference = Generator(store, ctx=ctx).program(Cut.decode(ctx))
-    names = {kind: name for name, kind in reference.inputs.items()}
     engine = D5005Generator(store, weights="bf16").engine(ctx)
     engine.reset()
-    fed, same = list(prompt), 0
-    for position in range(1, steps + 1):
-        token = fed[position - 1]
-        run = {names["token"]: np.array([token + 1]), names["position"]: np.array([position])}
-        expected = int(reference.run(**run)[0])
-        same += engine.step(token + 1, position) == expected
-        if position == len(fed):
-            fed.append(expected - 1)
+    fed, predicted = golden["fed"], golden["predicted"]
+    same = sum(engine.step(fed[p] + 1, p + 1) - 1 == predicted[p] for p in range(steps))  # type: ignore[index]
     print(f"bf16 teacher-forced next-token agreement over {steps} steps: {same}/{steps} = {same / steps:.1%}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=64, help="teacher-forced steps of the embedded model")
+    parser.add_argument("--steps", type=int, default=GOLDEN_STEPS, help="teacher-forced steps of the embedded model")
     parser.add_argument("--skip-engine", action="store_true", help="only the cost model")
+    parser.add_argument("--write-golden", action="store_true", help=f"write {GOLDEN.name} (the reference's run)")
     args = parser.parse_args()
+    if args.write_golden:
+        started = time.perf_counter()
+        GOLDEN.write_text(json.dumps(reference_run(GOLDEN_STEPS), indent=1) + "\n")
+        print(f"wrote {GOLDEN} in {time.perf_counter() - started:.0f} s")
+        return
     cost_table()
     if not args.skip_engine:
         engine_figures(args.steps)

@@ -14,6 +14,10 @@ The readers and what one input is:
   tokenizer    a `.gguf` file, read by `Tokenizer.from_gguf`, then used to encode and decode a sentence
   manifest     a build folder's `manifest.json`, read by `read_manifest` and checked by `check_build` (as
                `logos-compile --check` and `logos-run BUILD_DIR` do), in a real build folder with links out of it
+  d5005-stream the D5005 engine's instruction stream (`instructions.bin`), read by `read_stream`, then given
+               back as ops by `decode_ops`; the first byte 1 has the target restamp the CRC-32s first, so that
+               edits reach the checks behind them
+  d5005-image  the D5005 engine's weight image (`weights.bin`), read by `read_image`
 
 The contract (`check`): every input either loads or raises the project's error, `LogosError` (for MLIR also
 xDSL's `ParseError`, `VerifyException` and `DiagnosticException`, which `logos-opt` reports as user errors).
@@ -45,7 +49,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-READERS = ("logos", "mlir", "config", "safetensors", "gguf", "tokenizer", "manifest")
+READERS = ("logos", "mlir", "config", "safetensors", "gguf", "tokenizer", "manifest", "d5005-stream", "d5005-image")
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "test" / "fuzz" / "corpus"
 
@@ -58,6 +62,8 @@ MAX_LEN = {
     "gguf": 49152,
     "tokenizer": 49152,
     "manifest": 8192,
+    "d5005-stream": 16384,
+    "d5005-image": 16384,
 }
 
 # What atheris instruments for coverage: all of logos-ir, and for the MLIR reader xDSL's parser and lexer
@@ -397,6 +403,42 @@ def _manifest(data: bytes) -> None:
     watched(folder, read)
 
 
+def _d5005_stream(data: bytes) -> None:
+    """The D5005 instruction stream: refused by `read_stream`, or read and given back as ops. With a first byte of
+    1, the CRC-32s of the words and symbols are restamped before reading (the sizes are the input's)."""
+    from logos_ir.runtime.d5005 import decode_ops, read_stream
+
+    if data[:1] == b"\1":
+        data = restamp_stream(data[1:])
+    elif data[:1] == b"\0":
+        data = data[1:]
+    decode_ops(read_stream(data))
+
+
+def restamp_stream(data: bytes) -> bytes:
+    """`data` with the CRC-32s of its instruction words and symbols recomputed from its header's sizes."""
+    import zlib
+
+    if len(data) < 4096:
+        return data
+    edited = bytearray(data)
+    count, word_bytes = struct.unpack_from("<II", data, 16)
+    symbol_bytes = struct.unpack_from("<I", data, 60)[0]
+    words_end = 4096 + count * word_bytes
+    struct.pack_into("<I", edited, 56, zlib.crc32(data[4096:words_end]))
+    struct.pack_into("<I", edited, 64, zlib.crc32(data[words_end : words_end + symbol_bytes]))
+    return bytes(edited)
+
+
+def _d5005_image(data: bytes) -> None:
+    """The D5005 weight image: refused by `read_image`, or read with every bank's part in the input."""
+    from logos_ir.runtime.d5005 import read_image
+
+    image = read_image(data)
+    if sum(len(part) for part in image.banks) + 4096 != len(data):
+        raise ReaderFailure("the image's banks do not cover the input")
+
+
 _TARGETS: dict[str, Callable[[bytes], None]] = {
     "logos": _logos,
     "mlir": _mlir,
@@ -405,6 +447,8 @@ _TARGETS: dict[str, Callable[[bytes], None]] = {
     "gguf": _gguf,
     "tokenizer": _tokenizer,
     "manifest": _manifest,
+    "d5005-stream": _d5005_stream,
+    "d5005-image": _d5005_image,
 }
 
 
@@ -777,6 +821,8 @@ def seeds(reader: str) -> dict[str, bytes]:
         return out
     if reader == "manifest":
         return _manifest_seeds()
+    if reader in ("d5005-stream", "d5005-image"):
+        return _d5005_seeds(reader)
     raise ValueError(f"unknown reader '{reader}'")
 
 
@@ -845,6 +891,38 @@ def _manifest_seeds() -> dict[str, bytes]:
     return out
 
 
+def _d5005_seeds(reader: str) -> dict[str, bytes]:
+    """Streams (as is, and with the restamping first byte) and weight images of small decode steps."""
+    from dataclasses import replace
+
+    from logos_ir.author import written
+    from logos_ir.parser import parse_program
+    from logos_ir.passes.d5005.convert_logos_to_d5005 import lower_program
+    from logos_ir.passes.d5005.emit_layout import image_bytes, weight_image
+    from logos_ir.passes.d5005.emit_stream import encode_stream
+    from logos_ir.program import Cut
+    from logos_ir.spec import ModelSpec
+    from logos_ir.weights import RandomWeights
+
+    tiny = ModelSpec.preset("tiny")
+    shapes = {
+        "gqa": replace(tiny, vocab=16, hidden=16, layers=1, heads=2, kv_heads=1, head_dim=8, intermediate=16),
+        "mha-tied": replace(tiny, vocab=8, hidden=8, layers=1, heads=2, kv_heads=2, head_dim=4, intermediate=8,
+                            tie_embeddings=True),
+    }  # fmt: skip
+    out: dict[str, bytes] = {}
+    for name, spec in shapes.items():
+        for weights in ("bf16", "f32"):
+            program = lower_program(parse_program(written(spec, Cut.decode(8))[0].text), weights)
+            if reader == "d5005-stream":
+                stream = encode_stream(program, image_bytes(program))
+                out[f"{name}-{weights}.bin"] = b"\0" + stream
+                out[f"{name}-{weights}-restamped.bin"] = b"\1" + stream
+            else:
+                out[f"{name}-{weights}.bin"] = weight_image(program, spec, RandomWeights(spec, seed=1))
+    return out
+
+
 def write_seeds(reader: str, folder: Path) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     found = seeds(reader)
@@ -901,6 +979,11 @@ _DICTIONARY = {
         "-1", "[]", "\"model_type\"", "\"hidden_size\"",
     ],
 }
+_DICTIONARY["d5005-stream"] = [
+    "D5005ENG", "D5005IMG", "LOGOS program: decode step, ctx 8, sha256 ", "{\"buffers\":[", "\"regions\":[",
+    "[\"scores\",1,0]", "\x02\x00\x00\x00", "\x06\x00\x00\x00", "\x40\x00\x00\x00", "\x00\x10\x00\x00",
+]
+_DICTIONARY["d5005-image"] = _DICTIONARY["d5005-stream"][:3]
 _DICTIONARY["manifest"] = [
     "\"format\"", "\"logos-build 1\"", "\"artifacts\"", "\"path\"", "\"sha256\"", "\"size\"", "\"target\"",
     "\"cut\"", "\"decode ctx=16\"", "\"model\"", "../", "/etc/hostname", "linkdir/", "link.logos",
@@ -957,7 +1040,7 @@ _READER_MODULES = [
     "logos_ir.errors", "logos_ir.spec", "logos_ir.program", "logos_ir.dialects.logos", "logos_ir.builder",
     "logos_ir.printer", "logos_ir.author", "logos_ir.parser", "logos_ir.identity", "logos_ir.weights",
     "logos_ir.tokenizer", "logos_ir.cli", "logos_ir.registry", "logos_ir.tools.logos_opt", "logos_ir.build",
-    "logos_ir.models",
+    "logos_ir.models", "logos_ir.runtime.d5005",
 ]  # fmt: skip
 
 

@@ -13,6 +13,7 @@ lane's build (in memory), and feeds the prompt, then each new token, through dec
 from __future__ import annotations
 
 import json
+import re
 import struct
 import warnings
 import zlib
@@ -120,13 +121,29 @@ _OPCODE_NAMES = {code: name for name, code in d5005.OPCODES.items()}
 
 
 def _symbols(names: bytes) -> dict[str, Any]:
+    """The symbol section: {"buffers": [[name, words, offset]], "regions": [[name, offset, stride, rows, cols,
+    element bytes]]}, checked for those shapes (the engine never reads it; `decode_ops` names ops with it)."""
     try:
         found = json.loads(names.decode("utf-8")) if names else {}
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         raise StreamError("the instruction stream's symbol section is not JSON") from None
     if not isinstance(found, dict):
         raise StreamError("the instruction stream's symbol section is not a JSON object")
+    shapes = {"buffers": (str, int, int), "regions": (str, int, int, int, int, int)}
+    for key, shape in shapes.items():
+        entries = found.get(key, [])
+        if not isinstance(entries, list) or not all(_is_entry(e, shape) for e in entries):
+            raise StreamError(f"the instruction stream's symbol section has malformed '{key}'")
     return found
+
+
+def _is_entry(entry: object, shape: tuple[type, ...]) -> bool:
+    return (
+        isinstance(entry, list)
+        and len(entry) == len(shape)
+        and all(isinstance(v, t) and not isinstance(v, bool) for v, t in zip(entry, shape, strict=True))
+        and all(v >= 0 for v in entry[1:])
+    )
 
 
 def _check_word(stream: Stream, index: int) -> None:
@@ -239,9 +256,14 @@ def read_image(data: bytes) -> Image:
 
 def decode_ops(stream: Stream) -> list[Any]:
     """The stream's instructions as `d5005` ops (names from its symbol section): the inverse of the emitter."""
+    from xdsl.utils.exceptions import VerifyException
+
     buffers = {offset: name for name, _, offset in stream.symbols.get("buffers", [])}
     regions = {r[1]: r for r in stream.symbols.get("regions", [])}
-    return [_decode(stream, [int(v) for v in row], buffers, regions) for row in stream.words]
+    try:
+        return [_decode(stream, [int(v) for v in row], buffers, regions) for row in stream.words]
+    except VerifyException as error:
+        raise StreamError(f"the stream's symbols give an op that does not verify: {error}") from None
 
 
 def _decode(stream: Stream, w: list[int], buffers: dict[int, str], regions: dict[int, list[Any]]) -> Any:
@@ -310,6 +332,7 @@ class Engine:
             raise StreamError(
                 f"the weight image fills {image.bank_size} bytes a bank, the stream expects {self.stream.image_bytes}"
             )
+        _check_engine(source, self.stream)
         self.context = (intel_fpga_context() if binary is not None else None) or pocl_cpu_context()
         device = self.context.devices[0]
         self.fifo_words = _fifo_words(self.stream)
@@ -448,6 +471,17 @@ class Engine:
         out = np.empty(words, dtype=np.float32)
         cl.enqueue_copy(self.queue, out, self.scratch)
         return out
+
+
+def _check_engine(source: str, stream: Stream) -> None:
+    """The stream was lowered for this engine: the same burst, on-chip words and weight precision as the
+    `#define`s of its source (a stream for another engine would run out of its bounds)."""
+    wanted = {"BURST_BYTES": stream.burst, "ONCHIP_WORDS": stream.onchip_words, "WEIGHT_BYTES": stream.element_bytes}
+    for name, value in wanted.items():
+        found = re.search(rf"^#define {name} (\d+)$", source, flags=re.MULTILINE)
+        if found is None or int(found.group(1)) != value:
+            have = found.group(1) if found else "none"
+            raise StreamError(f"the instruction stream is for an engine with {name} {value}, this engine's is {have}")
 
 
 _ARGMAX = d5005.OPCODES["d5005.argmax"]
