@@ -1,85 +1,192 @@
-"""The spatial lane on the embedded SmolLM2-135M: f16 teacher-forced next-token agreement with the reference over 64
-steps, f32 greedy tokens, simulator speed and the cycle model's figures (a script, not a test: it runs the embedded
-model more than the suite's one embedded-model run allows).
+"""The spatial lane's figures, from the fabric simulator running the csl-level module (a script, not a test: the
+embedded model's grid is about 100 x 100 elements, slow to simulate here).
 
-Teacher forcing: the reference generates its greedy continuation of each prompt; both the reference's decode step and
-the simulated grid are then fed those same tokens one position at a time, and at each position the grid's next token
-is compared with the reference's. Figures go to docs/benchmarks.md (the spatial lane's section).
+    python3 bench/spatial_agreement.py tokens [--new 16] [--image f32]    # greedy tokens against the reference
+    python3 bench/spatial_agreement.py agreement [--steps 64]             # f16 teacher-forced next-token agreement
+    python3 bench/spatial_agreement.py placement                          # SmolLM2 and llama-3.1-8b on a WSE-2
 
-    python3 bench/spatial_agreement.py [--steps 64] [--ctx 128]
+`placement` gives each build's grid, memory per element, the share of elements working on each layer, and cycles
+per token: simulated in full where the grid is small enough, else extrapolated from layers simulated in full on
+smaller grids whose elements hold exactly the tiles the large grid's hold (same chunks of every vector, same heads,
+same positions per element: only P differs). A layer's cycles are then a + b P (its local work does not depend on P;
+its chain reductions and broadcasts grow with P), fitted on three such grids, the fit's error reported, and
+evaluated at the large P. Figures go to docs/benchmarks.md (the spatial lane's section), with the date and machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import time
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
 from logos_ir.generate import Generator
+from logos_ir.passes.spatial import grid as g
+from logos_ir.passes.spatial.convert_logos_to_csl import element_bytes, lower_decode
 from logos_ir.program import Cut
-from logos_ir.runtime.spatial import SpatialGenerator
+from logos_ir.runtime.spatial import GridMachine
+from logos_ir.spec import ModelSpec
 from logos_ir.tokenizer import Tokenizer
-from logos_ir.weights import WeightStore, open_model
+from logos_ir.weights import RandomWeights, WeightStore, open_model
 
-PROMPTS = ["The capital of France is", "def fibonacci(n):\n", "Once upon a time, in a small village,"]
+PROMPT = "The capital of France is"
+CLOCK_HZ = 1.1e9  # docs/spatial.md, "Cycles"
+WAFERLLM_TOKENS_PER_S = 2700  # WaferLLM (OSDI 2025), Llama-3-8B decode on a WSE-2, as issue 17 cites it
 
 
-def teacher_forced(store: WeightStore, image: str, tokens: list[int], ctx: int) -> tuple[int, int, dict]:
-    """(agreeing positions, positions, the grid's counters) over `tokens` (ids from 0)."""
+def prompt_ids(store: WeightStore) -> list[int]:
+    return Tokenizer.from_store(store).encode(PROMPT)  # type: ignore[attr-defined]
+
+
+def tokens(image: str, new: int) -> dict[str, Any]:
+    store = open_model(None)
+    prompt = prompt_ids(store)
+    expected = Generator(store).generate(prompt, new)
+    started = time.perf_counter()
+    ctx = len(prompt) + new
+    lowered = lower_decode(store.spec, ctx, image)
+    machine = GridMachine(lowered.module, lowered.host, store)
+    machine.reset()
+    sequence, out = list(prompt), []
+    for position in range(1, len(prompt) + new):
+        token = sequence[position - 1] if position <= len(prompt) else out[-1]
+        predicted = machine.step(token + 1, position) - 1
+        if position >= len(prompt):
+            out.append(predicted)
+    return {
+        "image": image,
+        "prompt_tokens": len(prompt),
+        "new": new,
+        "equal": out == expected,
+        "tokens": out,
+        "reference": expected,
+        "grid": lowered.plan.p,
+        "cycles_per_step": machine.cycles,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+def agreement(steps: int) -> dict[str, Any]:
+    store = open_model(None)
+    prompt = prompt_ids(store)
+    continuation = Generator(store).generate(prompt, steps)
+    sequence = prompt + continuation
+    ctx = len(sequence)
     reference = Generator(store, ctx=ctx).program(Cut.decode(ctx))
     names = {kind: name for name, kind in reference.inputs.items()}
-    machine = SpatialGenerator(store, image=image).machine(ctx)
+    lowered = lower_decode(store.spec, ctx, "f16")
+    machine = GridMachine(lowered.module, lowered.host, store)
     machine.reset()
-    agree = 0
-    for position, token in enumerate(tokens[:-1], start=1):
-        expected = int(
-            reference.run(**{names["token"]: np.array([token + 1]), names["position"]: np.array([position])})[0]
-        )
-        agree += machine.step(token + 1, position) == expected
-    counters = machine.counters
-    per_token = {
-        "cycles": counters.cycles / counters.tokens,
-        "words_between_regions": counters.words_between / counters.tokens,
-        "word_hops_inside_regions": counters.word_hops_inside / counters.tokens,
+    agree = positions = 0
+    started = time.perf_counter()
+    for position, token in enumerate(sequence[:-1], start=1):
+        run = {names["token"]: np.array([token + 1]), names["position"]: np.array([position])}
+        expected = int(reference.run(**run)[0])
+        got = machine.step(token + 1, position)
+        if position >= len(prompt):
+            agree += got == expected
+            positions += 1
+    return {"agree": agree, "positions": positions, "share": agree / positions, "grid": lowered.plan.p,
+            "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
+
+
+def scaled(spec: ModelSpec, plan: g.GridPlan, p: int) -> ModelSpec | None:
+    """A model whose P x P grid holds exactly the tiles `plan`'s elements hold (None if no such model at p)."""
+    hc, fc = plan.chunk(plan.hidden), plan.chunk(plan.features, even=True)
+    head_dim = fc * p / spec.heads
+    if head_dim != int(head_dim) or int(head_dim) % 2:
+        return None
+    return replace(
+        spec,
+        hidden=hc * p,
+        head_dim=int(head_dim),
+        intermediate=plan.chunk(plan.intermediate) * p,
+        vocab=plan.chunk(plan.vocab) * p,
+    )
+
+
+def step_cycles(spec: ModelSpec, ctx: int, image: str, p: int, layers: int) -> float:
+    model = replace(spec, layers=layers)
+    lowered = lower_decode(model, ctx, image, p)
+    machine = GridMachine(lowered.module, lowered.host, RandomWeights(model, seed=1))
+    machine.reset()
+    machine.step(5, ctx)  # the last position: a full cache
+    return machine.cycles[-1]
+
+
+def extrapolated(spec: ModelSpec, plan: g.GridPlan, image: str) -> dict[str, Any]:
+    """Cycles per token at plan.p from layers simulated in full on three smaller grids of the same tiles."""
+    candidates = [p for p in range(4, 97) if scaled(spec, plan, p) is not None][:3]
+    rows = []
+    for p in candidates:
+        model = scaled(spec, plan, p)
+        assert model is not None
+        ctx = plan.slots * p
+        one, two = step_cycles(model, ctx, image, p, 1), step_cycles(model, ctx, image, p, 2)
+        rows.append((p, two - one, one - (two - one)))  # (P, a layer, the embedding and head)
+    ps = np.array([r[0] for r in rows], dtype=float)
+    layer_fit = np.polyfit(ps, [r[1] for r in rows], 1)
+    ends_fit = np.polyfit(ps, [r[2] for r in rows], 1)
+    residual = float(np.max(np.abs(np.polyval(layer_fit, ps) - [r[1] for r in rows])))
+    layer = float(np.polyval(layer_fit, plan.p))
+    ends = float(np.polyval(ends_fit, plan.p))
+    total = ends + spec.layers * layer
+    return {
+        "simulated_grids": [{"p": p, "layer_cycles": c, "embedding_and_head_cycles": e} for p, c, e in rows],
+        "layer_fit": [float(v) for v in layer_fit],
+        "fit_max_error_cycles": residual,
+        "layer_cycles": round(layer),
+        "cycles_per_token": round(total),
+        "tokens_per_s": round(CLOCK_HZ / total, 1),
     }
-    return agree, len(tokens) - 1, per_token
+
+
+def placement(name: str | None, ctx: int, image: str = "f16") -> dict[str, Any]:
+    from logos_ir.models import ModelSource
+    from logos_ir.passes.spatial.build import working_share
+
+    spec = ModelSource.resolve(name).spec
+    lowered = lower_decode(spec, ctx, image)
+    plan = lowered.plan
+    shares = {n: round(working_share(w, plan.p), 4) for n, w in plan.weights.items() if w.kind == "matrix"}
+    report = {
+        "model": name or "smollm2-135m (embedded)",
+        "ctx": ctx,
+        "image": image,
+        "grid": f"{plan.p} x {plan.p}",
+        "elements": plan.p * plan.p,
+        "share_of_wse2": round(plan.p * plan.p / (757 * 996), 4),
+        "working_share_per_layer": min(shares.values()),
+        "memory_per_element": element_bytes(lowered),
+    }
+    report.update(extrapolated(spec, plan, image))
+    return report
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=64, help="teacher-forced steps per prompt")
-    parser.add_argument("--ctx", type=int, default=128)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("what", choices=["tokens", "agreement", "placement"])
+    parser.add_argument("--new", type=int, default=16)
+    parser.add_argument("--image", default="f32")
+    parser.add_argument("--steps", type=int, default=64)
     args = parser.parse_args()
-    store = open_model(None)
-    spec = store.spec
-    results: dict = {"machine": platform.processor() or platform.machine(), "steps": args.steps, "prompts": {}}
-    total_agree = total = 0
-    tokenizer = Tokenizer.from_store(store)
-    assert tokenizer is not None
-    for text in PROMPTS:
-        prompt = tokenizer.encode(text)
-        continuation = Generator(store, ctx=args.ctx).generate(prompt, args.steps)
-        tokens = prompt + continuation
-        started = time.perf_counter()
-        agree, count, per_token = teacher_forced(store, "f16", tokens, args.ctx)
-        seconds = time.perf_counter() - started
-        total_agree, total = total_agree + agree, total + count
-        f32 = SpatialGenerator(store, ctx=args.ctx, image="f32")
-        same = f32.generate(prompt, 16) == continuation[:16]
-        results["prompts"][text] = {
-            "f16_agreement": f"{agree}/{count}",
-            "f32_greedy_16_same": same,
-            "f16_seconds": round(seconds, 2),
-            "f16_per_token": {k: round(v, 1) for k, v in per_token.items()},
-        }
-    results["f16_agreement"] = round(total_agree / total, 4)
-    minimum = spec.hidden * (spec.layers + 1) + spec.layers + 2
-    results["words_between_regions_minimum"] = minimum
-    print(json.dumps(results, indent=2))
+    started = time.perf_counter()
+    if args.what == "tokens":
+        result: Any = tokens(args.image, args.new)
+    elif args.what == "agreement":
+        result = agreement(args.steps)
+    else:
+        result = [placement(None, 2048), placement(None, 8192), placement("llama-3.1-8b", 2048)]
+        result.append({"waferllm_tokens_per_s": WAFERLLM_TOKENS_PER_S})
+    print(json.dumps({"machine": platform.processor() or platform.machine(), "result": result,
+                      "seconds": round(time.perf_counter() - started, 1)}, indent=1))  # fmt: skip
 
 
 if __name__ == "__main__":
+    math.isfinite(0.0)
     main()

@@ -982,15 +982,18 @@ class Fabric:
         go = idx[ready]
         if go.size == 0:
             return np.full(idx.size, at, dtype=np.int64)
+        # one element per cycle from the element's clock; a fabric operand's wavelets stream in as they arrive (the
+        # op ends no earlier than one cycle after its last wavelet), and a fabric result streams out as it is made
+        self._arrived = np.full(go.size, -np.inf)
         values = []
         for value in operands[1:]:
             values.append(self._read(value, go, length))
         result = function(*values)
+        self.clock[go] = np.maximum(self.clock[go] + CYCLES["dsd_element"] * length, self._arrived + 1)
         if sending:
             self._send(go, target.colour, np.broadcast_to(result, (go.size, length)).astype(np.float32))
         else:
             self._write(operands[0], go, np.broadcast_to(result, (go.size, length)), kind)
-        self.clock[go] += CYCLES["dsd_element"] * length
         return np.where(ready, at + 1, at).astype(np.int64)
 
     def _note_wait(self, idx: np.ndarray, colour: int, op: str, why: str) -> None:
@@ -1011,7 +1014,7 @@ class Fabric:
             data = queue[idx, :length].copy()
             queue[idx, : queue.shape[1] - length] = queue[idx, length:]
             self.queue_len[c][idx] -= length
-            self.clock[idx] = np.maximum(self.clock[idx], self.queue_ready[c][idx])
+            self._arrived = np.maximum(self._arrived, self.queue_ready[c][idx])
             return data
         return reg[idx][:, None]
 
@@ -1070,7 +1073,7 @@ class Fabric:
             start = self.queue_len[colour][targets]
             self.queue[colour][targets[:, None], start[:, None] + np.arange(length)[None, :]] = rows
             self.queue_len[colour][targets] += length
-            arrival = self.clock[idx[valid]] + hops[valid, k] * CYCLES["hop"] + length
+            arrival = self.clock[idx[valid]] + hops[valid, k] * CYCLES["hop"]  # the last wavelet, sent at the op's end
             self.queue_ready[colour][targets] = np.maximum(self.queue_ready[colour][targets], arrival)
             self.wavelets += int(valid.sum()) * length
 

@@ -249,20 +249,26 @@ class PartLowering:
         parity = e.bin(arith.RemSIOp, k, two)
         odd = e.cmp(parity, one, "eq")
         local = e.dsd(array, n)
-        with e.when(e.cmp(k, zero, "sgt")) as inner:
-            odd_sender, even_sender, op = inner.branch(odd)  # the sender west/north of me has the other parity
-            odd_sender.dsd_op(combine, local, local, odd_sender.fabric(chain[0], n, True))
-            even_sender.dsd_op(combine, local, local, even_sender.fabric(chain[1], n, True))
-            inner.end_branch(odd_sender, even_sender, op)
-        middle, end, op = e.branch(e.cmp(k, last, "slt"))
-        odd_me, even_me, send = middle.branch(odd)
-        odd_me.dsd_op(csl.FmovsOp, odd_me.fabric(chain[1], n, False), local)
-        even_me.dsd_op(csl.FmovsOp, even_me.fabric(chain[0], n, False), local)
-        middle.end_branch(odd_me, even_me, send)
+        # the first element sends its own; each middle one adds what arrives and passes it on in one DSD op (the
+        # wavelets stream through: @fadds(out, in, mine)); the last adds what arrives into its own
+        first, rest, op = e.branch(e.cmp(k, zero, "eq"))
+        first.dsd_op(csl.FmovsOp, first.fabric(chain[0], n, False), local)  # element 0 is even
+        middle, last_one, inner = rest.branch(e.cmp(k, last, "slt"))
+        odd_me, even_me, parity_op = middle.branch(odd)  # odd: receives the even colour, sends the odd one
+        odd_me.dsd_op(combine, odd_me.fabric(chain[1], n, False), odd_me.fabric(chain[0], n, True), local)
+        even_me.dsd_op(combine, even_me.fabric(chain[0], n, False), even_me.fabric(chain[1], n, True), local)
+        middle.end_branch(odd_me, even_me, parity_op)
+        odd_end, even_end, end_op = last_one.branch(odd)
+        odd_end.dsd_op(combine, local, local, odd_end.fabric(chain[0], n, True))
+        even_end.dsd_op(combine, local, local, even_end.fabric(chain[1], n, True))
+        last_one.end_branch(odd_end, even_end, end_op)
+        rest.end_branch(middle, last_one, inner)
+        e.end_branch(first, rest, op)
         if broadcast:
-            middle.dsd_op(csl.FmovsOp, local, middle.fabric(bcast, n, True))
+            others, end, op = e.branch(e.cmp(k, last, "slt"))
+            others.dsd_op(csl.FmovsOp, local, others.fabric(bcast, n, True))
             end.dsd_op(csl.FmovsOp, end.fabric(bcast, n, False), local)
-        e.end_branch(middle, end, op)
+            e.end_branch(others, end, op)
 
     def vec(self, name: str, layout: str, length: int, even: bool = False) -> Vec:
         chunk = self.plan.chunk(length, even)
