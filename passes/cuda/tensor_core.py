@@ -669,7 +669,7 @@ def product_traffic(plan: Any) -> list[dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     resident = SMS * BLOCKS_PER_SM
     for launch in plan.launches:
-        if "_tc_" not in launch.kernel:
+        if not launch.kernel.startswith(("linear_tc", "linear_residual_tc", "gate_up_tc")):
             continue
         if launch.kernel in out:
             out[launch.kernel]["launches"] += 1
