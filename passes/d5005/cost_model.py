@@ -395,10 +395,44 @@ class Engine:
     readers: dict[str, str]
     constants: dict[str, int]
 
+    def fields_read(self) -> set[int]:
+        """The instruction word's fields any loop's trip count depends on (through the `uint`s its bounds use):
+        instructions equal in these cost the same."""
+        fields: set[int] = set()
+        for routine in self.routines.values():
+            texts = [f"{loop.start} {loop.bound} {loop.step}" for loop in _every(routine.loops)]
+            names = set(re.findall(r"\b[a-z_]\w*\b", " ".join(texts)))
+            declarations = dict(_declarations(routine.text))
+            for loop in _every(routine.loops):
+                declarations.update(_declarations(loop.body))
+            seen: set[str] = set()
+            while names - seen:
+                name = (names - seen).pop()
+                seen.add(name)
+                value = declarations.get(name, "")
+                fields |= {int(f, 16) for f in re.findall(r"w\.s([0-9a-f])\b", value)}
+                names |= set(re.findall(r"\b[a-z_]\w*\b", value))
+            fields |= {int(f, 16) for f in re.findall(r"w\.s([0-9a-f])\b", " ".join(texts))}
+        return fields
+
     @classmethod
     def read(cls, source: str) -> Engine:
         return cls(source, read_routines(source), dispatch(source, d5005.COMPUTE_KERNEL), dispatch(source, "read_bank"),
                    defines(source))  # fmt: skip
+
+
+def _every(loops: list[Loop]) -> list[Loop]:
+    return [x for loop in loops for x in [loop, *_every(loop.children)]]
+
+
+def _declarations(block: str) -> list[tuple[str, str]]:
+    found = []
+    for statement in _top_level(block):
+        match = re.match(r"(?:const\s+)?uint\s+(.*)$", statement, flags=re.DOTALL)
+        for part in _split_commas(match.group(1)) if match else []:
+            name, _, value = part.partition("=")
+            found.append((name.strip(), value))
+    return found
 
 
 def _word_env(engine: Engine, word: list[int], token: int, position: int) -> dict[str, Any]:
@@ -450,9 +484,10 @@ def estimate(program: d5005.ProgramOp, position: int | None = None, source: str 
     by_opcode: dict[str, float] = {}
     by_loop: dict[str, float] = {}
     cache: dict[tuple[int, ...], dict[str, Any]] = {}
+    fields = sorted(engine.fields_read() | {d5005.W_OPCODE, d5005.W_ROWS})
     for op in program.instructions():
         word = encode_instruction(op, offsets, params.burst_bytes)
-        key = tuple(word[:1] + word[4:])  # the buffers' offsets change no cycle count
+        key = tuple(word[f] for f in fields)  # what the trip counts read of the word (and the bytes written)
         cost = cache.get(key) or cache.setdefault(key, instruction_cost(engine, word, 1, position))
         cycles += cost["cycles"]
         read += cost["read_bytes"]
