@@ -15,6 +15,7 @@ from logos_ir.dialects import d5005
 from logos_ir.parser import parse_program
 from logos_ir.passes.d5005.convert_logos_to_d5005 import lower_program
 from logos_ir.passes.d5005.emit_layout import image_bytes, weight_image
+from logos_ir.passes.d5005.emit_opencl import engine_source
 from logos_ir.passes.d5005.emit_stream import encode_stream
 from logos_ir.program import Cut
 from logos_ir.runtime.d5005 import StreamError, decode_ops, read_image, read_stream
@@ -77,6 +78,16 @@ def _word(data: bytes, index: int, field: int, value: int) -> bytes:
     return _restamp(edited)
 
 
+def _symbols(data: bytes, names: bytes) -> bytes:
+    """The stream with another symbol section, its size and CRC-32 restamped."""
+    count = struct.unpack_from("<I", data, 16)[0]
+    end = d5005.HEADER_BYTES + 64 * count
+    edited = bytearray(data[:end] + names)
+    struct.pack_into("<I", edited, 8 + 4 * 13, len(names))
+    struct.pack_into("<I", edited, 8 + 4 * 14, zlib.crc32(names))
+    return bytes(edited)
+
+
 MALFORMED = {
     "empty": (lambda s: b"", "truncated"),
     "header cut short": (lambda s: s[:1000], "truncated"),
@@ -93,6 +104,12 @@ MALFORMED = {
     "reserved word set": (lambda s: _word(s, 1, d5005.W_RESERVED, 1), "reserved"),
     "buffer past on-chip memory": (lambda s: _word(s, 1, d5005.W_DST, 1 << 20), "on-chip words"),
     "region past the program's memory": (lambda s: _word(s, 2, d5005.W_OFFSET, 1 << 24), "past the"),
+    "more query heads to a KV head than the engine has": (lambda s: _word(s, 9, d5005.W_HEADS, 18), "at most 8"),
+    "attention with a head size of 0": (lambda s: _word(s, 9, d5005.W_HEAD_DIM, 0), "head size 0"),
+    "a row wider than its stride": (lambda s: _word(s, 2, d5005.W_COLS, 1000), "not a region of the engine"),
+    "a rotary table shorter than the cache": (lambda s: _word(s, 5, d5005.W_ROWS, 8), "by a table of 8 rows"),
+    "symbols that are not JSON": (lambda s: _symbols(s, b"{not json"), "not JSON"),
+    "symbols of the wrong shape": (lambda s: _symbols(s, b'{"buffers": [["x", -1, 0]]}'), "malformed 'buffers'"),
     "identity erased": (
         lambda s: s[: d5005.IDENTITY_AT] + bytes(40) + s[d5005.IDENTITY_AT + 40 :],
         "no identity line",
@@ -116,6 +133,9 @@ def test_an_engine_never_runs_a_malformed_stream(stream: bytes, program: d5005.P
         Engine("this source is never built", stream[:-64], image)
     with pytest.raises(StreamError, match="truncated or padded"):
         Engine("this source is never built", stream, image[:-1])
+    f32_engine = engine_source(program.identity.data, d5005.EngineParams(weights="f32"))
+    with pytest.raises(StreamError, match="for an engine with WEIGHT_BYTES 2, this engine's is 4"):
+        Engine(f32_engine, stream, image)
 
 
 def test_the_weight_image_stripes_rows_over_the_banks(program: d5005.ProgramOp) -> None:
