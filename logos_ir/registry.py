@@ -62,6 +62,7 @@ def passes() -> dict[str, Callable[[], type[ModulePass]]]:
         "convert-logos-to-spatial": _lazy("logos_ir.passes.spatial.convert_logos_to_spatial", "ConvertLogosToSpatial"),
         "spatial-place": _lazy("logos_ir.passes.spatial.place", "SpatialPlace"),
         "convert-spatial-to-csl": _lazy("logos_ir.passes.spatial.convert_spatial_to_csl", "ConvertSpatialToCsl"),
+        "convert-logos-to-csl": _lazy("logos_ir.passes.spatial.convert_logos_to_csl", "ConvertLogosToCsl"),
     }
 
 

@@ -46,8 +46,10 @@ from xdsl.dialects.builtin import (
     i16,
     i32,
 )
+from xdsl.context import Context
 from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.ir.affine import AffineMap
+from xdsl.passes import ModulePass
 
 from logos_ir.dialects import csl_ext
 from logos_ir.dialects import logos
@@ -933,3 +935,46 @@ def lower_decode(spec: Any, ctx: int, image: str = "f16", p: int = 0, memory: in
                 f"({element_bytes(lowered)['total']} bytes per element)"
             )
         p += 1
+
+
+@dataclass(frozen=True)
+class ConvertLogosToCsl(ModulePass):
+    """`convert-logos-to-csl{weights=f16 grid=0}`: a module holding one whole decode step (`logos.program` of cut
+    `decode ctx=N` on one chip) replaced by its two `csl.module`s (program and layout) for the grid (see the module
+    docstring); `grid=0` picks P as the build does. Refuses anything else, naming the pass."""
+
+    name = "convert-logos-to-csl"
+
+    weights: str = "f16"
+    grid: int = 0
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        from logos_ir.identity import the_program
+        from logos_ir.program import Cut
+
+        program = the_program(op, PASS)
+        cut = Cut.parse(program.cut.data)
+        if cut.kind != "decode" or program.chips.value.data != 1:
+            raise PassError(
+                f"{PASS}: lowers a whole decode step on one chip (every part on one grid), not '{cut.option()}' over "
+                f"{program.chips.value.data} chip(s)"
+            )
+        spec = _spec_of(program)
+        lowered = lower_decode(spec, cut.ctx or 1, self.weights, self.grid)
+        for old in list(op.ops):
+            old.detach()
+        for new in list(lowered.module.ops):
+            new.detach()
+            op.body.block.add_op(new)
+
+
+def _spec_of(program: logos.ProgramOp) -> Any:
+    """The model a program records (its `model` dictionary) as a ModelSpec."""
+    from logos_ir.spec import ModelSpec
+
+    fields: dict[str, Any] = {}
+    for name, value in program.model.data.items():
+        plain = getattr(getattr(value, "value", value), "data", None)
+        if name in ModelSpec.__dataclass_fields__ and isinstance(plain, int | float | bool):
+            fields[name] = plain
+    return ModelSpec(**fields)

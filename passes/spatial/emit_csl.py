@@ -145,18 +145,22 @@ def _split(printed: str, region: sp.RegionOp) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class CslTarget(Target):
-    """`-t csl`: every `spatial.region` of the module as its layout and program files, each under a `// FILE:` line
-    naming it `<region>/layout.csl` or `<region>/pe_program.csl`, each headed by its identity line. A module already
-    lowered to `csl.module`s is printed as xDSL prints it, refusing ops the printer does not know."""
+    """`-t csl`: a module of `csl.module`s (from `convert-logos-to-csl`) as `pe_program.csl` and `layout.csl`, each
+    under a `// FILE:` line, printed by xDSL's printer with the lane's print context (which refuses ops it does not
+    know). A `spatial.region` (the earlier per-part placement) is refused: its CSL does not run."""
 
     name: ClassVar[str] = "csl"
 
     def emit(self, ctx: Context, module: ModuleOp, output: IO[str]) -> None:
-        regions = [op for op in module.ops if isinstance(op, sp.RegionOp)]
-        if not regions:
-            for name, text in _print(module).items():
-                output.write(f"// FILE: {name}\n{text}")
-            return
-        for region in regions:
-            for name, text in lowered_texts(region).items():
-                output.write(f"// FILE: {region.sym_name.data}/{name}\n{_header(region)}{text}")
+        from logos_ir.passes.spatial.build import print_csl
+
+        if any(isinstance(op, sp.RegionOp) for op in module.ops):
+            raise DiagnosticException(
+                "csl target: a spatial.region's per-part CSL does not run (issue 17: no routes, tasks or host I/O); "
+                "lower the decode step with -p convert-logos-to-csl (or build with logos-compile --target spatial)"
+            )
+        for op in module.ops:
+            if not isinstance(op, csl.CslModuleOp):
+                raise DiagnosticException(f"csl target: expects csl.module ops, found '{op.name}'")
+        for name, text in print_csl(module).items():
+            output.write(f"// FILE: {name}\n{text}")
