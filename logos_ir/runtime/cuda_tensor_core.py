@@ -3,7 +3,7 @@
 `logos_ir.runtime.cuda.KernelEmulator` runs every thread of a launch as one element of a numpy array, in
 lockstep; these are the compilers of the ops the tensor-core kernels add (`COMPILERS`, merged into its table).
 Each executes what the PTX ISA says the instruction does, so a kernel that puts a wrong element in a fragment, reads
-a copy before waiting for it or misaligns an address gets wrong numbers or an error here, not only on a GPU:
+a copy before waiting for it or misaligns an address or reaches past a buffer gets wrong numbers or an error here, not only on a GPU:
 
 * `cuda.shared_memory`: an array per block (zero at the start of each launch), indexed by the thread's block;
 * `cuda.cp_async`: the 16 bytes are read at issue and land in shared memory only when a `cuda.cp_async_wait`
@@ -102,6 +102,11 @@ class _Threads:
     def refuse(self, op: Any, message: str) -> LogosError:
         return LogosError(f"kernel {self.kernel}: '{op.name}' {message}")
 
+    def inside(self, op: Any, flat: np.ndarray, width: int, size: int, what: str) -> None:
+        """Refuse an access of `width` elements from `flat` past a buffer of `size` (a GPU would fault or corrupt)."""
+        if flat.size and (flat.min() < 0 or flat.max() + width > size):
+            raise self.refuse(op, f"{what} outside its buffer of {size} elements")
+
 
 def _shared_memory(em: Any, op: Any) -> Step:
     out = em._slot(op.result)
@@ -141,6 +146,8 @@ def _cp_async(em: Any, op: Any) -> Step:
             raise threads.refuse(op, "copies from or to an address that is not 16-byte aligned")
         ok = np.broadcast_to(np.asarray(env[valid], bool), (threads.count,))[live]
         source = env[src].reshape(-1)
+        threads.inside(op, frm[ok], width, source.size, "reads")
+        threads.inside(op, to, width, env[dst].shape[1], "writes")
         data = np.where(ok[:, None], source[np.where(ok, frm, 0)[:, None] + span], np.float32(0))
         block = threads.blocks()[live]
         _state(env, queue)["open"].append((dst, block, to[:, None] + span, data))
@@ -207,6 +214,7 @@ def _ldmatrix(em: Any, op: Any) -> Step:
             raise threads.refuse(op, "reads a matrix row that is not 16-byte aligned")
         block = threads.blocks().reshape(warps, WARP)
         shared = env[memory]
+        threads.inside(op, flat[:, : 8 * len(outs)], 8, shared.shape[1], "reads a matrix row")
         for out, pair in zip(outs, providers, strict=True):
             halves = [shared[block[:, lane], flat[:, lane] + column] for lane, column in zip(pair, columns, strict=True)]
             env[out] = np.stack(halves, axis=-1).reshape(-1, 2)
@@ -229,9 +237,11 @@ def _load_bf16x2(em: Any, op: Any) -> Step:
             raise threads.refuse(op, "loads an f32 pair at an odd index (not 8-byte aligned)")
         if shared:
             memory_, block = env[memory], threads.blocks()
+            threads.inside(op, flat, 2, memory_.shape[1], "reads")
             pair = [memory_[block, flat], memory_[block, flat + 1]]
         else:
             memory_ = env[memory].reshape(-1)
+            threads.inside(op, flat, 2, memory_.size, "reads")
             pair = [memory_[flat], memory_[flat + 1]]
         env[out] = bf16_rounded(np.stack(pair, axis=-1))
 
@@ -265,11 +275,11 @@ def _store_bf16x2(em: Any, op: Any) -> Step:
         pair = np.broadcast_to(env[value], (threads.count, 2))[live]
         if shared:
             block = threads.blocks()[live]
+            threads.inside(op, flat, 2, env[memory].shape[1], "writes")
             env[memory][block, flat], env[memory][block, flat + 1] = pair[:, 0], pair[:, 1]
             return
         target = env[memory].reshape(-1)
-        if flat.size and flat.max() + 1 >= target.size:
-            raise threads.refuse(op, "stores past the end of its buffer")
+        threads.inside(op, flat, 2, target.size, "writes")
         target[flat], target[flat + 1] = pair[:, 0], pair[:, 1]
 
     return step

@@ -4,8 +4,8 @@
   `gate_up_tc`; a chunk of 70 rows, so the last row tile is partial, and projections narrower than a block tile)
   agrees with numpy's product of bf16-rounded inputs accumulated in f32 within the stated tolerance.
 * The emulator holds the kernels to the PTX ISA's fragment layouts and copy groups: moving one A-fragment register
-  to the wrong row, dropping the wait for the asynchronous copies, or misaligning an ldmatrix row changes the
-  numbers or is refused.
+  to the wrong row, dropping the wait for the asynchronous copies, misaligning an ldmatrix row or copying past a
+  buffer changes the numbers or is refused.
 * With f32 weights no tensor-core kernel is built (the exact path the token tests stand on).
 * Flash attention over the prompt agrees with numpy's attention, fused with the chunk's cache write (the cache then
   holds exactly the rotated, rounded keys and values) and not; reading V without `.trans` does not agree.
@@ -159,6 +159,23 @@ def test_a_misaligned_ldmatrix_row_is_refused(plan: Any) -> None:
     edited_plan, edited = _edited("linear_tc", shifted)
     with pytest.raises(LogosError, match="ldmatrix.*16-byte aligned"):
         _run(edited, edited_plan, _inputs(kernel, seed=7))
+
+
+def test_a_copy_past_its_buffer_is_refused(plan: Any) -> None:
+    kernel = _kernel(plan, "linear_tc")
+
+    def past_the_end(kernel: Any) -> None:
+        from xdsl.dialects import arith
+        from xdsl.dialects.builtin import IndexType, IntegerAttr
+
+        copy = _ops(kernel, cuda.CpAsyncOp)[0]  # x[row, k]: a row past the chunk, still marked valid
+        row = arith.ConstantOp(IntegerAttr(ROWS, IndexType()))
+        copy.parent_block().insert_op_before(row, copy)
+        copy.operands[5] = row.result  # operands: dst, 3 dst indices, src, src row, src column, valid
+
+    edited_plan, edited = _edited("linear_tc", past_the_end)
+    with pytest.raises(LogosError, match="cp_async' reads outside its buffer"):
+        _run(edited, edited_plan, _inputs(kernel, seed=8))
 
 
 def test_f32_images_build_no_tensor_core_kernel() -> None:
