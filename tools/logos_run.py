@@ -527,6 +527,8 @@ def _generate(args: argparse.Namespace) -> int:
             raise LogosError("-i takes text turns: --prompt-ids cannot start a conversation")
         if args.system is not None or args.chat:
             raise LogosError("--prompt-ids is sent as it is: --system and --chat need a text prompt")
+        if args.stop and tokenizer is None:
+            raise LogosError(f"--stop needs text, and the model {model} has no tokenizer to make it")
         prompt = list(args.prompt_ids)
         if any(i >= plan.store.spec.vocab for i in prompt):
             raise LogosError(f"--prompt-ids: ids run from 0 to {plan.store.spec.vocab - 1} for this model")

@@ -91,6 +91,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "run-prompt-file-missing": (["logos-run", "--model", "{dir}/tok.gguf", "--prompt-file", "{dir}/nosuch.txt"],
                                 ["nosuch.txt"]),
     "run-system-raw": (["logos-run", "--model", "{dir}/tok.gguf", "--raw", "--system", "be brief"], ["--system"]),
+    "run-stop-without-tokenizer": ([*RUN, "--stop", "x"], ["--stop", "no tokenizer"]),
     "run-no-tokenizer": (["logos-run", "--model", "tiny"], ["no tokenizer", "--prompt-ids"]),
     "run-build-missing": (["logos-run", "{dir}/nosuch"], ["nosuch"]),
     "run-build-tampered": (["logos-run", "{dir}/tampered", "--prompt-ids", "1"], ["does not match", "program.logos"]),
