@@ -48,6 +48,7 @@ from xdsl.ir import Block, Operation, SSAValue
 from logos_ir.dialects import csl_ext
 from logos_ir.errors import LogosError
 from logos_ir.generate import StepGenerator, default_ctx
+from logos_ir.passes.spatial.grid import NO_CODE
 
 MEMORY = 48 * 1024
 RESERVED_COLOURS = (21, 22, 23)  # memcpy's colours on WSE-2
@@ -509,7 +510,7 @@ class Fabric:
         code = 0
         for op in self.program.body.block.ops:
             if isinstance(op, csl.FuncOp | csl.TaskOp):
-                code += 4 * sum(1 for _ in op.walk())
+                code += 4 * sum(1 for o in op.walk() if o.name not in NO_CODE)
         return arrays, code
 
     def _load(self, memory: int) -> None:

@@ -57,6 +57,7 @@ from logos_ir.errors import PassError
 from logos_ir.passes.spatial import grid as g
 
 PASS = "convert-logos-to-csl"
+NO_CODE = g.NO_CODE
 INDEX = IndexType()
 
 
@@ -867,7 +868,8 @@ def plan_for(spec: Any, ctx: int, image: str, p: int) -> g.GridPlan:
 
 def element_bytes(program: GridProgram) -> dict[str, int]:
     """An element's memory: its arrays (every element declares the same) and its code, estimated at 4 bytes per
-    op of the program's functions and tasks (an assumption: the SDK publishes no code-size figure per builtin)."""
+    op of the program's functions and tasks that prints as an instruction (`grid.NO_CODE`: an assumption, the SDK
+    publishes no code-size figure per builtin)."""
     arrays = 0
     for words, element in program.host["arrays"].values():
         arrays += words * (2 if element in ("f16", "i16") else 4)
@@ -875,7 +877,7 @@ def element_bytes(program: GridProgram) -> dict[str, int]:
     code = 0
     for op in module.body.block.ops:
         if isinstance(op, csl.FuncOp | csl.TaskOp):
-            code += 4 * sum(1 for _ in op.walk())
+            code += 4 * sum(1 for o in op.walk() if o.name not in NO_CODE)
     return {"arrays": arrays, "code": code, "total": arrays + code}
 
 

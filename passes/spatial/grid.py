@@ -40,6 +40,9 @@ RESERVED_COLOURS = (21, 22, 23)  # memcpy's on WSE-2
 EMBED_TASK, LAYER_TASK, HEAD_TASK = 10, 11, 12
 
 MEMORY = 48 * 1024  # bytes per element on a WSE-2
+# Ops that print as no instruction (constants fold into their uses, a global's name is an address, a yield closes a
+# block); every other op of a function or task counts 4 bytes of code (an estimate: the SDK publishes no code size).
+NO_CODE = frozenset({"arith.constant", "memref.get_global", "csl_ext.comment", "scf.yield", "csl.return"})
 WSE2_FABRIC = (757, 996)  # the fabric a program may use (the figure for the WSE-2)
 
 
