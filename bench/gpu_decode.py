@@ -6,11 +6,12 @@
 On a GPU it
 1. builds and runs the embedded SmolLM2-135M end to end (f32 image) and checks its greedy tokens against the
    reference interpreter's, then times the bf16 image;
-2. for a `llama-3.2-1b`-shaped and a `llama-3.1-8b`-shaped model with random bf16 weights (made on the GPU): decode
-   tokens/s at batch 1 with the cache filled to ctx 1024 (the step replayed as a CUDA graph), the time of each
-   kernel, and the achieved bandwidth (bytes of weights and cache read a step / step time) as a fraction of a
-   device-to-device copy measured in the same run and of the published peak (H200: 4.8 TB/s);
-3. a prefill chunk of 512 rows against cuBLAS (cupy.matmul, f16) products of the same shapes, in the same run.
+2. for a `smollm2-135m`-shaped and a `llama-3.1-8b`-shaped model with random bf16 weights (made on the GPU): decode
+   tokens/s at batch 1 with the bf16 cache filled to ctx 1024 (the step replayed as a CUDA graph through the host
+   runtime), the time of each kernel, and the achieved bandwidth (the bytes the step reads as its plan reads them:
+   one embedding row, the live cache, `passes/cuda/build.step_bytes`; / step time) as a fraction of a read-only
+   kernel's bandwidth and of a device-to-device copy, both measured in the same run, and of the published peak;
+3. the tensor-core prefill figures (`bench/gpu_prefill.py`, issue 19) in the same run.
 
 `--cpu-agreement` runs the embedded model teacher-forced over 64 decode steps through the reference and the
 emulated lane with bf16 weights: next-token agreement (the issue asks >= 98%) and the logits' cosine (>= 0.999).
@@ -97,95 +98,98 @@ def copy_bandwidth(cp: Any, stream: Any) -> float:
     return 2 * source.nbytes / seconds
 
 
+READ_ONLY = r"""
+extern "C" __global__ void read_only(const uint4* __restrict__ data, unsigned long long n, unsigned int* out)
+{
+    uint4 acc = make_uint4(0u, 0u, 0u, 0u);
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {  // four 16-byte loads in flight a thread
+        const uint4 a = data[i], b = data[i + stride], c = data[i + 2 * stride], d = data[i + 3 * stride];
+        acc.x ^= a.x ^ b.x ^ c.x ^ d.x; acc.y ^= a.y ^ b.y ^ c.y ^ d.y;
+        acc.z ^= a.z ^ b.z ^ c.z ^ d.z; acc.w ^= a.w ^ b.w ^ c.w ^ d.w;
+    }
+    for (; i < n; i += stride) { const uint4 a = data[i]; acc.x ^= a.x; acc.y ^= a.y; acc.z ^= a.z; acc.w ^= a.w; }
+    if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x9e3779b9u) out[0] = 1u;  // keeps every load
+}
+"""
+
+
+def read_bandwidth(cp: Any, stream: Any) -> float:
+    """Bytes a second a read-only kernel streams from 2 GiB (16-byte loads, four in flight a thread): the ceiling a
+    decode step, which reads far more than it writes, is held to."""
+    data = cp.zeros(1 << 29, cp.uint32)
+    out = cp.zeros(1, cp.uint32)
+    kernel = cp.RawKernel(READ_ONLY, "read_only")
+    sms = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
+    vectors = data.nbytes // 16
+    with stream:
+        seconds = _timer(cp, stream)(lambda: kernel((sms * 8,), (256,), (data, cp.uint64(vectors), out)), 10)
+    return data.nbytes / seconds
+
+
 class RandomGpuWeights:
-    """Random bf16 weights made on the GPU (a 8B model's 16 GB never pass through the host)."""
+    """Random bf16 weights made on the GPU (a 8B model's 16 GB never pass through the host), given to the host
+    runtime through its `on_device` hook."""
 
     def __init__(self, cp: Any):
         self.cp = cp
-        self.cache: dict[str, Any] = {}
 
-    def device(self, buffer: Any) -> Any:
+    def on_device(self, device: Any, chip: int, buffer: Any) -> Any:
         cp = self.cp
-        found = self.cache.get(buffer.name)
-        if found is None:
+        with device.stream:
             values = cp.random.standard_normal(buffer.shape, dtype=cp.float32) * 0.02
             if buffer.name.endswith("norm.weight"):
                 values += 1.0
-            bits = values.view(cp.uint32) >> 16 if buffer.element == "bf16" else values
-            found = self.cache[buffer.name] = bits.astype(cp.uint16) if buffer.element == "bf16" else bits
-        return found
+            if buffer.element != "bf16":
+                return values
+            return (values.view(cp.uint32) >> 16).astype(cp.uint16)
 
 
-def shaped_model(cp: Any, name: str, peak: float, copy: float) -> dict[str, Any]:
+def shaped_model(cp: Any, name: str, peak: float, copy: float, read: float) -> dict[str, Any]:
+    """Decode at batch 1 with the cache filled to CTX, the step replayed as a CUDA graph through the host runtime;
+    the bytes the step reads counted as the plan reads them (one embedding row, the live cache)."""
+    from logos_ir.passes.cuda.build import step_bytes
     from logos_ir.program import Cut
-    from logos_ir.runtime.cuda import GpuDevice, Reduce, build_program
+    from logos_ir.runtime.cuda import Gpu, HostRuntime, LocalRanks, Reduce, build_program
     from logos_ir.spec import ModelSpec
 
     spec = ModelSpec.preset(name)
     plan, source, _ = build_program(spec, Cut.decode(CTX), 1, "bf16")
-    device = GpuDevice.__new__(GpuDevice)
-    GpuDevice.__init__(device, spec, None)  # type: ignore[arg-type]
-    weights = RandomGpuWeights(cp)
-    device._weight = weights.device  # type: ignore[method-assign]
-    module = device.module(source)
-    arrays = device.prepare(plan)
-    for cache in device.caches.values():
-        cache[...] = cp.random.standard_normal(cache.shape, dtype=cp.float32)  # a context of CTX positions
-    arrays["token"].set(np.array([1], np.int64))
-    arrays["position"].set(np.array([CTX], np.int64))
+    device = Gpu(0, cp)
+    runtime = HostRuntime(spec, RandomGpuWeights(cp), [device], LocalRanks())
+    program = runtime.program(plan, source, graph=True)
+    with device.stream:
+        for cache in runtime.caches[0].values():  # a context of CTX positions, bf16 bit patterns
+            cache[...] = (cp.random.standard_normal(cache.shape, dtype=cp.float32).view(cp.uint32) >> 16).astype(
+                cache.dtype
+            )
+    inputs = {"token": np.array([1], np.int64), "position": np.array([CTX], np.int64)}
+    program.run(**inputs)  # eager, then captured and replayed
+    program.run(**inputs)
     timed = _timer(cp, device.stream)
-    device.run(plan, module, arrays, graph=True)  # eager run, then the capture
-    device.run(plan, module, arrays, graph=True)
-    with device.stream:
-        step = timed(lambda: device.run(plan, module, arrays, graph=True), DECODE_REPEATS)
+    step = timed(program.step, DECODE_REPEATS)
     per_kernel: dict[str, float] = {}
-    with device.stream:
-        for launch in plan.steps:
-            if isinstance(launch, Reduce):
-                continue
-            kernel = module.get_function(launch.kernel)
-            args = tuple(arrays[n] for n in launch.buffers)
-            seconds = timed(lambda k=kernel, a=args, s=launch: k(s.grid, (s.block, 1, 1), a), 5)
-            per_kernel[launch.kernel] = per_kernel.get(launch.kernel, 0.0) + seconds
-    weight_bytes = sum(int(np.prod(b.shape)) * 2 for b in plan.buffers.values() if b.kind == "weight")
-    cache_bytes = 2 * spec.layers * spec.kv_heads * CTX * spec.head_dim * 4
-    moved = weight_bytes + cache_bytes
+    arrays = program.chips[0]
+    for launch in plan.steps:
+        if isinstance(launch, Reduce):
+            continue
+        args = [arrays[n] for n in launch.buffers]
+        seconds = timed(lambda s=launch, a=args: device.launch(s.kernel, s.grid, s.block, a), 5)
+        per_kernel[launch.kernel] = per_kernel.get(launch.kernel, 0.0) + seconds
+    moved, minimum = step_bytes(plan, live=CTX)
     return {
-        "model": f"{name}-shaped, random bf16 weights",
+        "model": f"{name}-shaped, random bf16 weights, bf16 cache at {CTX} positions",
+        "launches": len(plan.launches),
         "decode_step_ms": round(step * 1e3, 3),
         "tokens_per_s": round(1 / step, 1),
         "bytes_per_step": moved,
+        "minimum_bytes_per_step": minimum,
         "bandwidth_tb_per_s": round(moved / step / 1e12, 3),
+        "fraction_of_read_only": round(moved / step / read, 3),
         "fraction_of_copy": round(moved / step / copy, 3),
         "fraction_of_peak": round(moved / step / peak, 3),
         "kernel_ms": {k: round(v * 1e3, 4) for k, v in sorted(per_kernel.items(), key=lambda kv: -kv[1])},
-        "prefill": prefill(cp, spec, device, weights, timed),
-    }
-
-
-def prefill(cp: Any, spec: Any, device: Any, weights: Any, timed: Any) -> dict[str, Any]:
-    from logos_ir.program import Cut
-    from logos_ir.runtime.cuda import build_program
-
-    plan, source, _ = build_program(spec, Cut.prefill(PREFILL_ROWS, CTX), 1, "bf16")
-    module = device.module(source)
-    arrays = device.prepare(plan)
-    arrays["tokens"].set(np.ones(PREFILL_ROWS, np.int64))
-    arrays["positions"].set(np.arange(1, PREFILL_ROWS + 1, dtype=np.int64))
-    device.run(plan, module, arrays, graph=False)
-    with device.stream:
-        ours = timed(lambda: device.run(plan, module, arrays, graph=False), 3)
-    shapes = [b.shape for b in plan.buffers.values() if b.kind == "weight" and len(b.shape) == 2]
-    shapes = [s for s in shapes if s[0] != spec.vocab]  # the head projects one row, not 512
-    products = [(cp.ones((PREFILL_ROWS, k), cp.float16), cp.ones((k, n), cp.float16)) for n, k in set(shapes)]
-    counts = {s: shapes.count(s) for s in set(shapes)}
-    with device.stream:
-        cublas = sum(counts[(b.shape[1], a.shape[1])] * timed(lambda a=a, b=b: cp.matmul(a, b), 5) for a, b in products)
-    return {
-        "rows": PREFILL_ROWS,
-        "step_ms": round(ours * 1e3, 2),
-        "cublas_products_ms": round(cublas * 1e3, 2),
-        "fraction_of_cublas": round(cublas / ours, 3),
     }
 
 
@@ -217,10 +221,15 @@ def on_gpu() -> dict[str, Any]:
     name = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
     peak = next((v for k, v in PEAK_BYTES_PER_S.items() if k in name), PEAK_BYTES_PER_S["H200"])
     stream = cupy.cuda.Stream(non_blocking=True)
-    copy = copy_bandwidth(cupy, stream)
-    report: dict[str, Any] = {"device": name, "copy_tb_per_s": round(copy / 1e12, 3), "peak_tb_per_s": peak / 1e12}
+    copy, read = copy_bandwidth(cupy, stream), read_bandwidth(cupy, stream)
+    report: dict[str, Any] = {
+        "device": name,
+        "copy_tb_per_s": round(copy / 1e12, 3),
+        "read_only_tb_per_s": round(read / 1e12, 3),
+        "peak_tb_per_s": peak / 1e12,
+    }
     report["embedded"] = embedded(cupy)
-    report["models"] = [shaped_model(cupy, m, peak, copy) for m in ("llama-3.2-1b", "llama-3.1-8b")]
+    report["models"] = [shaped_model(cupy, m, peak, copy, read) for m in ("smollm2-135m", "llama-3.1-8b")]
     report["tensor_core_prefill"] = __import__("gpu_prefill").on_gpu()  # issue 19: bench/gpu_prefill.py, same run
     return report
 

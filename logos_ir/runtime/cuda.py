@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 
 from logos_ir.errors import LogosError
-from logos_ir.runtime.cuda_tensor_core import COMPILERS as TENSOR_CORE_COMPILERS  # issue 19 (tensor cores)
 from logos_ir.passes.cuda.host_plan import (
     Buffer,
     HostPlan,
@@ -38,6 +37,7 @@ from logos_ir.passes.cuda.host_plan import (
     read_plan,
     weight_share,
 )
+from logos_ir.runtime.cuda_tensor_core import COMPILERS as TENSOR_CORE_COMPILERS  # issue 19 (tensor cores)
 
 WARP = 32
 Env = list[Any]
@@ -205,8 +205,6 @@ def _role(value: Any) -> str:
     return f"'{value.name_hint}'" if value.name_hint else "a buffer"
 
 
-
-
 # One compiler per op name: each returns the step that executes the op over all threads.
 
 
@@ -278,18 +276,29 @@ def _to_bf16(x: Any) -> Any:
 
 
 def fma_f32(a: Any, b: Any, c: Any) -> Any:
-    """fmaf(a, b, c) over numpy float32 values, rounded once."""
-    product = np.asarray(a, np.float64) * np.asarray(b, np.float64)
-    addend = np.asarray(c, np.float64)
-    total = product + addend
+    """fmaf(a, b, c) over numpy float32 values, rounded once. The f64 sum of the exact f64 product rounds to the
+    f32 result except where it lands exactly halfway between two f32 values (then its own rounding may have made
+    the tie): only there is the sum's error found (TwoSum) and the sum moved off the tie towards it."""
+    product = np.multiply(a, b, dtype=np.float64)  # exact: 24 + 24 bits
+    if not isinstance(product, np.ndarray) or product.ndim == 0:
+        return np.float32(_off_tie(np.float64(product), np.float64(c), np.float64(product) + np.float64(c)))
+    total = np.add(product, c, out=product, dtype=np.float64)
+    low = np.bitwise_and(total.view(np.int64), 0x1FFFFFFF)
+    ties = np.flatnonzero(low == 0x10000000)
+    if ties.size:  # rare: the product again where it is needed
+        a64, b64, c64 = (np.broadcast_to(np.asarray(v, np.float64), total.shape) for v in (a, b, c))
+        total[ties] = [_off_tie(a64[i] * b64[i], c64[i], total[i]) for i in ties]
+    return total.astype(np.float32)
+
+
+def _off_tie(product: np.float64, addend: np.float64, total: np.float64) -> np.float64:
+    """`total` (= product + addend rounded to f64) moved one f64 step towards the exact sum where it is not exact
+    and sits on an f32 tie, so that rounding it to f32 rounds the exact sum."""
+    if (int(np.asarray(total).view(np.int64)) & 0x1FFFFFFF) != 0x10000000 or not np.isfinite(total):
+        return total
     back = total - product
     error = (product - (total - back)) + (addend - back)
-    bits = np.asarray(total).view(np.int64)
-    odd_needed = (error != 0) & ((bits & 1) == 0) & np.isfinite(total)
-    if np.any(odd_needed):
-        total = np.where(odd_needed, np.nextafter(total, np.where(error > 0, np.inf, -np.inf)), total)
-    result = np.asarray(total).astype(np.float32)
-    return result if result.ndim else np.float32(result)
+    return np.nextafter(total, np.inf if error > 0 else -np.inf) if error != 0 else total
 
 
 def _unary(fn: Callable[[Any], Any]) -> Callable[[KernelEmulator, Any], Step]:
@@ -496,7 +505,8 @@ def _if(em: KernelEmulator, op: Any) -> Step:
     then = em._block(op.true_region.block)
     otherwise = em._block(op.false_region.block) if op.false_region.blocks else []
     results = [em._slot(v) for v in op.results]
-    yields = [[em._slot(v) for v in region.block.last_op.operands] for region in (op.true_region, op.false_region)] if results else []
+    regions = (op.true_region, op.false_region) if results else ()
+    yields = [[em._slot(v) for v in region.block.last_op.operands] for region in regions]
 
     def step(env: Env, mask: Mask) -> None:
         c = env[cond]
@@ -599,7 +609,7 @@ _COMPILERS: dict[str, Callable[[KernelEmulator, Any], Step]] = {
 _COMPILERS.update(TENSOR_CORE_COMPILERS)  # issue 19 (tensor cores): shared memory, cp.async, ldmatrix, mma.sync
 
 
-# -- device images: the weights as the kernels read them ------------------------------------------------------
+# -- the weights as the kernels read them ------------------------------------------------------------------------
 
 
 def rope_tables(spec: Any, length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -626,91 +636,448 @@ def host_table(spec: Any, buffer: Buffer, chip: int) -> np.ndarray:
 
 
 class EmulatedWeights:
-    """The device image of every chip's weights, converted once (bf16-rounded f32 arrays for bf16) and shared by
-    every program of a run."""
+    """Where a run's weights come from, one buffer (one chip's shard of one weight) at a time: the weight store
+    (each shard cut from the full tensor as the split program states it) or a build's device image files
+    (`weights.bin` / `weights.chip<N>.bin`, read through a memory map, bf16 as bit patterns). Nothing is kept on
+    the host: a device uploads each shard and keeps only its device copy."""
 
-    def __init__(self, store: Any, image: str, chips: int):
-        self.store, self.image, self.chips = store, image, chips
-        self._arrays: dict[tuple[int, str], np.ndarray] = {}
+    def __init__(self, store: Any, image: str, chips: int, folder: Any = None):
+        self.store, self.image, self.chips, self.folder = store, image, chips, folder
+        self._index: dict[int, dict[str, Any]] = {}
+
+    def share(self, chip: int, buffer: Buffer) -> np.ndarray:
+        """This chip's values of `buffer`: f32, or for a bf16 image read from a file its uint16 bit patterns."""
+        if self.folder is not None:
+            return self._from_image(chip, buffer)
+        return np.ascontiguousarray(weight_share(self.store, buffer.name, buffer.shape, chip, self.chips), np.float32)
 
     def get(self, chip: int, buffer: Buffer) -> np.ndarray:
-        key = (chip, buffer.name)
-        found = self._arrays.get(key)
-        if found is None:
-            share = np.ascontiguousarray(
-                weight_share(self.store, buffer.name, buffer.shape, chip, self.chips), np.float32
-            )
-            found = self._arrays[key] = bf16_rounded(share) if buffer.element == "bf16" else share
-        return found
+        """The values a device holds (f32; bf16-rounded f32 for bf16): the emulator's view of the image."""
+        values = self.share(chip, buffer)
+        if values.dtype == np.uint16:
+            return (values.astype(np.uint32) << np.uint32(16)).view(np.float32)
+        return bf16_rounded(values) if buffer.element == "bf16" else values
+
+    def _from_image(self, chip: int, buffer: Buffer) -> np.ndarray:
+        import json
+        from pathlib import Path
+
+        from logos_ir.passes.cuda.build import HEADER_BYTES
+
+        name = "weights.bin" if self.chips == 1 else f"weights.chip{chip}.bin"
+        path = Path(self.folder) / name
+        if chip not in self._index:
+            if not path.is_file():
+                raise LogosError(f"{self.folder}: the build holds no weight image {name} (build it --with-weights)")
+            data = np.memmap(path, np.uint8, mode="r")
+            lines = bytes(data[:HEADER_BYTES]).rstrip(b"\0").split(b"\n", 2)
+            if lines[2].startswith(b"index-at-end "):
+                at = HEADER_BYTES + int(lines[2].split()[1])
+                index = json.loads(bytes(data[at:]).decode())
+            else:
+                index = json.loads(lines[2].decode())
+            self._index[chip] = {"data": data, "buffers": {b["name"]: b for b in index["buffers"]}}
+        found = self._index[chip]["buffers"].get(buffer.name)
+        if found is None or tuple(found["shape"]) != buffer.shape or found["element"] != buffer.element:
+            raise LogosError(f"{path}: holds no {buffer.element} buffer '{buffer.name}' of shape {buffer.shape}")
+        count = int(np.prod(buffer.shape))
+        start = HEADER_BYTES + int(found["offset"])
+        kind = np.uint16 if buffer.element == "bf16" else np.dtype("<f4")
+        size = count * np.dtype(kind).itemsize
+        return np.frombuffer(self._index[chip]["data"][start : start + size], kind).reshape(buffer.shape)
 
 
-class EmulatedDevice:
-    """Runs host plans on emulated chips: every buffer a numpy array per chip; caches shared between the plans of
-    one cache length (a prefill chunk fills what a decode step then reads)."""
+# -- the devices: the emulator and the GPU behind one interface --------------------------------------------------
 
-    def __init__(self, spec: Any, weights: EmulatedWeights):
-        self.spec, self.weights = spec, weights
-        self.caches: dict[tuple[int, str], np.ndarray] = {}
+
+class Emulator:
+    """The emulator as a device of the host runtime: buffers are numpy arrays (bf16 held as bf16-rounded f32),
+    kernels are `KernelEmulator`s of the plan's `gpu.func`s (made once), the work stream is executed in order and
+    logged (`stream`: what was enqueued, by kind and buffer), a graph is the list of nodes (launches, collectives)
+    recorded between `begin_capture` and `end_capture`, replayed in that order."""
+
+    kind = "emulator"
+
+    def __init__(self, rank: int = 0):
+        self.rank = rank
+        self.stream: list[tuple[str, str]] = []
         self.kernels: dict[str, KernelEmulator] = {}
         self.launches: dict[tuple[tuple[int, int, int], int], _Launch] = {}
         self.kernel_seconds: dict[str, float] = {}
+        self.graph: list[tuple[Any, ...]] | None = None
 
-    def prepare(self, plan: HostPlan) -> list[dict[str, np.ndarray]]:
-        """Every chip's buffers for `plan` (weights from the image, caches shared, the rest fresh)."""
-        for name, kernel in plan.kernels.items():
+    def load(self, kernels: dict[str, Any], cuda_source: str) -> None:
+        for name, kernel in kernels.items():
             if name not in self.kernels:
                 self.kernels[name] = KernelEmulator(kernel)
-        chips = []
-        for chip in range(plan.chips):
-            arrays: dict[str, np.ndarray] = {}
-            for buffer in plan.buffers.values():
-                arrays[buffer.name] = self._array(chip, buffer)
-            chips.append(arrays)
-        return chips
+        self.stream.append(("load", f"{len(kernels)} kernels"))
 
-    def _array(self, chip: int, buffer: Buffer) -> np.ndarray:
-        if buffer.kind == "weight":
-            return self.weights.get(chip, buffer)
-        if buffer.kind == "cache":
-            key = (chip, f"{buffer.name}:{buffer.shape}")
-            found = self.caches.get(key)
-            if found is None:
-                found = self.caches[key] = np.zeros(buffer.shape, np.float32)
-            return found
-        if buffer.kind == "table":
-            return host_table(self.spec, buffer, chip)
-        return np.zeros(buffer.shape, np.int64 if buffer.element == "i64" else np.float32)
+    def alloc(self, name: str, shape: tuple[int, ...], element: str) -> np.ndarray:
+        self.stream.append(("alloc", name))
+        return np.zeros(shape, np.int64 if element == "i64" else np.float32)
+
+    def upload(self, name: str, values: np.ndarray, element: str) -> np.ndarray:
+        self.stream.append(("upload", name))
+        if values.dtype == np.uint16:  # bf16 bit patterns from an image file
+            return (values.astype(np.uint32) << np.uint32(16)).view(np.float32)
+        if element == "i64":
+            return np.array(values, np.int64)
+        return bf16_rounded(values) if element == "bf16" else np.array(values, np.float32)
+
+    def write(self, name: str, array: np.ndarray, values: np.ndarray) -> None:
+        self.stream.append(("write", name))
+        array[...] = values
+
+    def fill(self, name: str, array: np.ndarray) -> None:
+        self.stream.append(("fill", name))
+        array.fill(0)
+
+    def read(self, name: str, array: np.ndarray) -> np.ndarray:
+        self.stream.append(("read", name))
+        return array.copy()
+
+    def launch(self, kernel: str, grid: tuple[int, int, int], block: int, arrays: list[np.ndarray]) -> None:
+        node = ("launch", kernel, grid, block, arrays)
+        if self.graph is not None:
+            self.graph.append(node)
+            return
+        self.stream.append(("launch", kernel))
+        self._execute(node)
+
+    def collective(self, name: str, work: Callable[[], None] | None) -> None:
+        """A collective on the work stream (None: this rank's part is done by another local rank's node)."""
+        node = ("collective", name, work)
+        if self.graph is not None:
+            self.graph.append(node)
+            return
+        self.stream.append(("all_reduce", name))
+        self._execute(node)
+
+    def begin_capture(self) -> None:
+        self.synchronize()
+        self.stream.append(("begin_capture", ""))
+        self.graph = []
+
+    def end_capture(self) -> list[tuple[Any, ...]]:
+        graph, self.graph = self.graph, None
+        assert graph is not None
+        self.stream.append(("end_capture", f"{len(graph)} nodes"))
+        return graph
+
+    @staticmethod
+    def replay(devices: Sequence[Emulator], graphs: Sequence[list[tuple[Any, ...]]]) -> None:
+        """The local ranks' graphs node by node in lockstep, so a collective runs once every rank reached it."""
+        for device in devices:
+            device.stream.append(("graph_launch", f"{len(graphs[0])} nodes"))
+        for nodes in zip(*graphs, strict=True):
+            for device, node in zip(devices, nodes, strict=True):
+                device._execute(node)
+
+    def synchronize(self) -> None:
+        """Everything enqueued has run (the emulator executes in order as it is enqueued)."""
+
+    def _execute(self, node: tuple[Any, ...]) -> None:
+        if node[0] == "collective":
+            if node[2] is not None:
+                node[2]()
+            return
+        _, kernel, grid, block, arrays = node
+        shape = self.launches.get((grid, block))
+        if shape is None:
+            shape = self.launches[(grid, block)] = _Launch.of(grid, block)
+        started = time.perf_counter()
+        self.kernels[kernel].run(arrays, shape)
+        self.kernel_seconds[kernel] = self.kernel_seconds.get(kernel, 0.0) + time.perf_counter() - started
+
+
+class Gpu:
+    """A GPU (through cupy) as a device of the host runtime: one non-blocking work stream that every allocation,
+    fill, copy, launch and collective goes on; `kernels.cu` compiled once per source and each kernel's function
+    resolved once; bf16 buffers as uint16 bit patterns; a graph captured from the work stream (after a check that
+    nothing before it failed) and replayed on it."""
+
+    kind = "gpu"
+
+    def __init__(self, rank: int = 0, cupy: Any = None):
+        if cupy is None:
+            import cupy  # type: ignore[import-not-found, no-redef]
+        self.cp, self.rank = cupy, rank
+        count = max(int(cupy.cuda.runtime.getDeviceCount()), 1)
+        cupy.cuda.Device(rank % count).use()
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.modules: dict[str, Any] = {}
+        self.functions: dict[str, Any] = {}
+        self.capturing = False
+
+    def _type(self, element: str) -> Any:
+        return {"f32": self.cp.float32, "bf16": self.cp.uint16, "i64": self.cp.int64}[element]
+
+    def load(self, kernels: dict[str, Any], cuda_source: str) -> None:
+        module = self.modules.get(cuda_source)
+        if module is None:
+            module = self.modules[cuda_source] = _compile_cuda(self.cp, cuda_source)
+        for name in kernels:
+            if name not in self.functions:
+                self.functions[name] = module.get_function(name)
+
+    def alloc(self, name: str, shape: tuple[int, ...], element: str) -> Any:
+        with self.stream:  # cupy's pool is stream-ordered; the zero fill is a kernel on the work stream
+            return self.cp.zeros(shape, self._type(element))
+
+    def upload(self, name: str, values: np.ndarray, element: str) -> Any:
+        host = values if values.dtype == np.uint16 else bf16_bits(values) if element == "bf16" else values
+        with self.stream:
+            array = self.cp.empty(values.shape, self._type(element))
+        array.set(np.ascontiguousarray(host), stream=self.stream)
+        return array
+
+    def write(self, name: str, array: Any, values: np.ndarray) -> None:
+        array.set(np.ascontiguousarray(values, array.dtype), stream=self.stream)
+
+    def fill(self, name: str, array: Any) -> None:
+        with self.stream:
+            array.fill(0)
+
+    def read(self, name: str, array: Any) -> np.ndarray:
+        return array.get(stream=self.stream)  # waits for the stream
+
+    def launch(self, kernel: str, grid: tuple[int, int, int], block: int, arrays: list[Any]) -> None:
+        with self.stream:
+            self.functions[kernel](grid, (block, 1, 1), tuple(arrays))
+
+    def collective(self, name: str, work: Callable[[], None] | None) -> None:
+        if work is not None:
+            work()
+
+    def begin_capture(self) -> None:
+        self.synchronize()  # a fault of an eager launch surfaces here, not as a broken capture
+        self.stream.begin_capture()
+        self.capturing = True
+
+    def end_capture(self) -> Any:
+        self.capturing = False
+        return self.stream.end_capture()
+
+    @staticmethod
+    def replay(devices: Sequence[Gpu], graphs: Sequence[Any]) -> None:
+        for device, graph in zip(devices, graphs, strict=True):
+            graph.launch(stream=device.stream)
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+        self.cp.cuda.runtime.deviceSynchronize()
+
+
+# -- collectives: in one process, over MPI, over NCCL ------------------------------------------------------------
+
+
+class LocalRanks:
+    """Every rank in this process (emulated chips): a sum of the ranks' buffers in rank order, as the reference
+    sums the chips' partial results, run by rank 0's stream once every rank has reached it."""
+
+    def all_reduce(self, name: str, parts: Sequence[tuple[Any, Any]]) -> None:
+        arrays = [array for _, array in parts]
+
+        def total() -> None:
+            summed = arrays[0].copy()
+            for array in arrays[1:]:
+                summed += array
+            for array in arrays:
+                array[...] = summed
+
+        for index, (device, _) in enumerate(parts):
+            device.collective(name, total if index == 0 else None)
+
+
+class MpiRanks:
+    """One rank a process on the emulator device: MPI's Allreduce (sum) in place on the rank's buffer."""
+
+    def __init__(self, comm: Any):
+        self.comm = comm
+
+    def all_reduce(self, name: str, parts: Sequence[tuple[Any, Any]]) -> None:
+        from mpi4py import MPI  # type: ignore[import-not-found]
+
+        ((device, array),) = parts
+        device.collective(name, lambda: self.comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM))
+
+
+class NcclRanks:
+    """One GPU a process: NCCL's all-reduce (sum) in place on the work stream (captured with the step's graph);
+    the unique id made by rank 0 and broadcast over MPI (no file, nothing stale, any number of nodes)."""
+
+    def __init__(self, comm: Any, rank: int, world: int):
+        from cupy.cuda import nccl  # type: ignore[import-not-found]
+
+        uid = nccl.get_unique_id() if rank == 0 else None
+        uid = comm.bcast(uid, root=0)
+        self.nccl = nccl
+        self.communicator = nccl.NcclCommunicator(world, uid, rank)
+
+    def all_reduce(self, name: str, parts: Sequence[tuple[Any, Any]]) -> None:
+        ((device, array),) = parts
+        kinds = {"float32": self.nccl.NCCL_FLOAT32}
+
+        def reduce() -> None:
+            self.communicator.allReduce(
+                array.data.ptr, array.data.ptr, array.size, kinds[str(array.dtype)], self.nccl.NCCL_SUM,
+                device.stream.ptr,
+            )  # fmt: skip
+
+        device.collective(name, reduce)
+
+
+def launcher() -> tuple[int, int, Any]:
+    """(rank, world, MPI communicator) of a process started by an MPI launcher (`mpiexec`, `mpirun`, `srun`),
+    else (0, 1, None)."""
+    import os
+
+    markers = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS", "SLURM_PROCID")
+    if not any(name in os.environ for name in markers):
+        return 0, 1, None
+    try:
+        from mpi4py import MPI  # type: ignore[import-not-found]
+    except ImportError:
+        raise LogosError(
+            "this process was started by an MPI launcher but mpi4py is not installed",
+            hint="pip install 'logos-ir[mpi]' (mpi4py and an MPI library)",
+        ) from None
+    comm = MPI.COMM_WORLD
+    return comm.Get_rank(), comm.Get_size(), comm
+
+
+# -- the host runtime: one code path for both devices -------------------------------------------------------------
+
+
+class HostRuntime:
+    """Runs host plans on this process's ranks (`devices`: one device a local rank, ranks `first_rank`...), all
+    through the device interface (`Emulator` or `Gpu`): weights uploaded once, shard by shard, from `weights`;
+    caches allocated once per cache length and shared by the programs of that length; every allocation, fill and
+    copy on the work stream; all-reduces through `ranks` (`LocalRanks`, `MpiRanks`, `NcclRanks`)."""
+
+    def __init__(
+        self, spec: Any, weights: EmulatedWeights | None, devices: Sequence[Any], ranks: Any, first_rank: int = 0
+    ):
+        self.spec, self.weights, self.devices, self.ranks = spec, weights, list(devices), ranks
+        self.first_rank = first_rank
+        self.device_weights: list[dict[str, Any]] = [{} for _ in self.devices]
+        self.caches: list[dict[str, Any]] = [{} for _ in self.devices]
+
+    def buffers(self, local: int, plan: HostPlan) -> dict[str, Any]:
+        device, chip = self.devices[local], self.first_rank + local
+        arrays: dict[str, Any] = {}
+        for buffer in plan.buffers.values():
+            if buffer.kind == "weight":
+                found = self.device_weights[local].get(buffer.name)
+                if found is None:
+                    if self.weights is None:
+                        raise LogosError("the CUDA runtime was given no weights")
+                    if hasattr(self.weights, "on_device"):  # weights made on the device (the benchmark's)
+                        found = self.weights.on_device(device, chip, buffer)
+                    else:
+                        found = device.upload(buffer.name, self.weights.share(chip, buffer), buffer.element)
+                    self.device_weights[local][buffer.name] = found
+                arrays[buffer.name] = found
+            elif buffer.kind == "cache":
+                key = f"{buffer.name}:{buffer.shape}"
+                if key not in self.caches[local]:
+                    self.caches[local][key] = device.alloc(buffer.name, buffer.shape, buffer.element)
+                arrays[buffer.name] = self.caches[local][key]
+            elif buffer.kind == "table":
+                arrays[buffer.name] = device.upload(buffer.name, host_table(self.spec, buffer, chip), buffer.element)
+            else:
+                arrays[buffer.name] = device.alloc(buffer.name, buffer.shape, buffer.element)
+        return arrays
 
     def reset(self) -> None:
-        for cache in self.caches.values():
-            cache.fill(0)
+        for device, caches in zip(self.devices, self.caches, strict=True):
+            for key, cache in caches.items():
+                device.fill(key, cache)
+
+    def program(self, plan: HostPlan, cuda_source: str, graph: bool) -> HostProgram:
+        return HostProgram(self, plan, cuda_source, graph)
+
+
+class HostProgram:
+    """One lowered program on the runtime's ranks: `inputs` and `run` as the reference interpreter has them (so the
+    reference's greedy loop drives it), `logits` after each run (the head's f32 logits, read back from the first
+    local rank's buffer). With `graph`, the step is captured after an eager first run and replayed after."""
+
+    def __init__(self, runtime: HostRuntime, plan: HostPlan, cuda_source: str, graph: bool):
+        self.runtime, self.plan, self.graph = runtime, plan, graph
+        for device in runtime.devices:
+            device.load(plan.kernels, cuda_source)
+        self.chips = [runtime.buffers(local, plan) for local in range(len(runtime.devices))]
+        self.inputs = {
+            b.name: ("token" if b.name.startswith("token") else "position")
+            for b in plan.buffers.values()
+            if b.kind == "input"
+        }
+        self.output = next(b.name for b in plan.buffers.values() if b.kind == "output")
+        self.graphs: list[Any] | None = None
+        self.logits: np.ndarray | None = None
+
+    def launch_all(self) -> None:
+        devices = self.runtime.devices
+        for step in self.plan.steps:
+            if isinstance(step, Reduce):
+                parts = [(device, arrays[step.buffer]) for device, arrays in zip(devices, self.chips, strict=True)]
+                self.runtime.ranks.all_reduce(step.buffer, parts)
+                continue
+            for device, arrays in zip(devices, self.chips, strict=True):
+                device.launch(step.kernel, step.grid, step.block, [arrays[name] for name in step.buffers])
+
+    def step(self) -> None:
+        devices = self.runtime.devices
+        if not self.graph:
+            self.launch_all()
+        elif self.graphs is None:
+            self.launch_all()  # eager: loads the kernels and surfaces any fault outside a capture
+            for device in devices:
+                device.begin_capture()
+            self.launch_all()
+            self.graphs = [device.end_capture() for device in devices]
+            type(devices[0]).replay(devices, self.graphs)
+        else:
+            type(devices[0]).replay(devices, self.graphs)
+
+    def run(self, **inputs: Any) -> np.ndarray:
+        for device, arrays in zip(self.runtime.devices, self.chips, strict=True):
+            for name, values in inputs.items():
+                device.write(name, arrays[name], np.asarray(values, np.int64))
+        self.step()
+        first, arrays = self.runtime.devices[0], self.chips[0]
+        if "logits" in arrays:
+            self.logits = first.read("logits", arrays["logits"])[-1].astype(np.float32)
+        return first.read(self.output, arrays[self.output])
+
+
+class EmulatedDevice:
+    """The emulator's chips of one process in lockstep, as plans and buffers: `prepare` gives each chip's buffers
+    for a plan, `run` one step of it (the host runtime's code path, on `Emulator` devices)."""
+
+    def __init__(self, spec: Any, weights: EmulatedWeights | None, chips: int | None = None):
+        count = chips or (weights.chips if weights is not None else 1)
+        self.runtime = HostRuntime(spec, weights, [Emulator(r) for r in range(count)], LocalRanks())
+        self.programs: dict[int, HostProgram] = {}
+
+    def prepare(self, plan: HostPlan) -> list[dict[str, np.ndarray]]:
+        program = self.runtime.program(plan, "", graph=False)
+        self.programs[id(program.chips)] = program
+        return program.chips
 
     def run(self, plan: HostPlan, chips: list[dict[str, np.ndarray]]) -> None:
-        """One step of the plan on every chip, in lockstep, meeting at each all-reduce."""
-        for step in plan.steps:
-            if isinstance(step, Reduce):
-                total = chips[0][step.buffer].copy()
-                for arrays in chips[1:]:
-                    total += arrays[step.buffer]
-                for arrays in chips:
-                    arrays[step.buffer][...] = total
-                continue
-            kernel = self.kernels[step.kernel]
-            launch = self._launch(step.grid, step.block)
-            started = time.perf_counter()
-            for arrays in chips:
-                kernel.run([arrays[name] for name in step.buffers], launch)
-            self.kernel_seconds[step.kernel] = self.kernel_seconds.get(step.kernel, 0.0) + time.perf_counter() - started
+        self.programs[id(chips)].step()
 
-    def _launch(self, grid: tuple[int, int, int], block: int) -> _Launch:
-        key = (grid, block)
-        found = self.launches.get(key)
-        if found is None:
-            found = self.launches[key] = _Launch.of(grid, block)
-        return found
+    def reset(self) -> None:
+        self.runtime.reset()
+
+    @property
+    def kernel_seconds(self) -> dict[str, float]:
+        return self.runtime.devices[0].kernel_seconds
 
 
-# -- the GPU: cupy, NVRTC or nvcc, CUDA graphs, NCCL -----------------------------------------------------------
+# -- the GPU: cupy, NVRTC or nvcc -----------------------------------------------------------------------------
 
 
 def gpu_count() -> int:
@@ -728,114 +1095,14 @@ NO_GPU = (
     " add --emulate to run its kernels on the CPU"
 )
 
-
-class GpuDevice:
-    """Runs host plans on one GPU (this process's rank of a split program): `kernels.cu` compiled once per
-    program, weights uploaded once from the device image, caches on the device shared by the plans of one cache
-    length, the decode step captured as a CUDA graph after its first run. Ranks of a split program all-reduce
-    with NCCL (`cupy.cuda.nccl`, the `nvidia-nccl-cu13` wheel): `LOGOS_RANK` and `LOGOS_WORLD` name this
-    process's rank, `LOGOS_NCCL_ID` a file through which rank 0 hands the others NCCL's unique id."""
-
-    def __init__(self, spec: Any, weights: EmulatedWeights, rank: int = 0, world: int = 1):
-        import cupy  # type: ignore[import-not-found]
-
-        self.cp, self.spec, self.weights = cupy, spec, weights
-        self.rank, self.world = rank, world
-        cupy.cuda.Device(rank % max(gpu_count(), 1)).use()
-        self.stream = cupy.cuda.Stream(non_blocking=True)
-        self.device_weights: dict[str, Any] = {}
-        self.caches: dict[str, Any] = {}
-        self.modules: dict[str, Any] = {}
-        self.graphs: dict[int, Any] = {}
-        self.nccl = self._communicator() if world > 1 else None
-
-    def _communicator(self) -> Any:
-        import os
-        from pathlib import Path
-
-        from cupy.cuda import nccl  # type: ignore[import-not-found]
-
-        path = Path(os.environ.get("LOGOS_NCCL_ID", "/tmp/logos-nccl-id"))
-        if self.rank == 0:
-            uid = nccl.get_unique_id()
-            path.write_bytes(bytes(b % 256 for b in uid))
-        else:
-            while not path.exists() or path.stat().st_size < 128:
-                time.sleep(0.01)
-            uid = tuple(b if b < 128 else b - 256 for b in path.read_bytes())
-        return nccl.NcclCommunicator(self.world, uid, self.rank)
-
-    def module(self, cuda_source: str) -> Any:
-        found = self.modules.get(cuda_source)
-        if found is None:
-            found = self.modules[cuda_source] = _compile_cuda(self.cp, cuda_source)
-        return found
-
-    def prepare(self, plan: HostPlan) -> dict[str, Any]:
-        cp = self.cp
-        arrays: dict[str, Any] = {}
-        for buffer in plan.buffers.values():
-            if buffer.kind == "weight":
-                arrays[buffer.name] = self._weight(buffer)
-            elif buffer.kind == "cache":
-                key = f"{buffer.name}:{buffer.shape}"
-                if key not in self.caches:
-                    self.caches[key] = cp.zeros(buffer.shape, cp.float32)
-                arrays[buffer.name] = self.caches[key]
-            elif buffer.kind == "table":
-                arrays[buffer.name] = cp.asarray(host_table(self.spec, buffer, self.rank))
-            else:
-                arrays[buffer.name] = cp.zeros(buffer.shape, cp.int64 if buffer.element == "i64" else cp.float32)
-        return arrays
-
-    def _weight(self, buffer: Buffer) -> Any:
-        found = self.device_weights.get(buffer.name)
-        if found is None:
-            values = self.weights.get(self.rank, buffer)
-            host = bf16_bits(values) if buffer.element == "bf16" else values
-            found = self.device_weights[buffer.name] = self.cp.asarray(host)
-        return found
-
-    def reset(self) -> None:
-        for cache in self.caches.values():
-            cache.fill(0)
-
-    def launch_all(self, plan: HostPlan, module: Any, arrays: dict[str, Any]) -> None:
-        with self.stream:  # cupy launches a raw kernel on the current stream
-            for step in plan.steps:
-                if isinstance(step, Reduce):
-                    self._all_reduce(arrays[step.buffer])
-                    continue
-                kernel = module.get_function(step.kernel)
-                kernel(step.grid, (step.block, 1, 1), tuple(arrays[name] for name in step.buffers))
-
-    def _all_reduce(self, array: Any) -> None:
-        if self.nccl is None:
-            return
-        from cupy.cuda import nccl  # type: ignore[import-not-found]
-
-        self.nccl.allReduce(
-            array.data.ptr, array.data.ptr, array.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, self.stream.ptr
-        )
-
-    def run(self, plan: HostPlan, module: Any, arrays: dict[str, Any], graph: bool) -> None:
-        """One step; with `graph`, the step's launches are captured once as a CUDA graph and replayed after."""
-        key = id(arrays)
-        if not graph or self.nccl is not None:  # NCCL calls are kept out of graphs
-            self.launch_all(plan, module, arrays)
-            return
-        captured = self.graphs.get(key)
-        if captured is None:
-            self.launch_all(plan, module, arrays)  # a first, eager run loads the kernels
-            self.stream.begin_capture()
-            self.launch_all(plan, module, arrays)
-            captured = self.graphs[key] = self.stream.end_capture()
-            return  # the capture did not execute: the eager run above was this step
-        captured.launch(stream=self.stream)
+# The rule the emitted CUDA and the IR share: products the IR keeps apart print as __fmul_rn and fused ones as
+# __fmaf_rn, so -fmad cannot change a rounding; -fmad=false says so to nvcc as well.
+NVCC_FLAGS = ("-O3", "-fmad=false")
 
 
 def _compile_cuda(cp: Any, source: str) -> Any:
-    """kernels.cu as a loaded module: nvcc to a cubin for sm_90 when nvcc is here, else NVRTC through cupy."""
+    """kernels.cu as a loaded module: nvcc to a cubin for the device's architecture when nvcc is here, else NVRTC
+    through cupy."""
     import shutil
     import subprocess
     import tempfile
@@ -843,58 +1110,27 @@ def _compile_cuda(cp: Any, source: str) -> Any:
 
     nvcc = shutil.which("nvcc")
     if nvcc is None:
-        return cp.RawModule(code=source, options=("-std=c++17",), backend="nvrtc")
-    major, minor = cp.cuda.Device().compute_capability[:1], cp.cuda.Device().compute_capability[1:]
-    arch = f"sm_{major}{minor}"
+        return cp.RawModule(code=source, options=("-std=c++17", "--fmad=false"), backend="nvrtc")
+    capability = cp.cuda.Device().compute_capability
+    arch = f"sm_{capability}"
     with tempfile.TemporaryDirectory(prefix="logos-cuda-") as folder:
         cu, cubin = Path(folder) / "kernels.cu", Path(folder) / "kernels.cubin"
         cu.write_text(source)
-        subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-O3", "-o", str(cubin), str(cu)], check=True)
+        subprocess.run([nvcc, "-cubin", f"-arch={arch}", *NVCC_FLAGS, "-o", str(cubin), str(cu)], check=True)
         return cp.RawModule(path=str(cubin))
 
 
 # -- generation ------------------------------------------------------------------------------------------------
 
 
-class _Program:
-    """One lowered program bound to a device: `inputs` and `run` as the reference interpreter has them, so the
-    reference's greedy loop drives it."""
-
-    def __init__(self, plan: HostPlan, cuda_source: str, device: EmulatedDevice | GpuDevice, graph: bool):
-        self.plan, self.device, self.graph = plan, device, graph
-        if isinstance(device, GpuDevice):
-            self.module = device.module(cuda_source)
-            self.arrays: Any = device.prepare(plan)
-        else:
-            self.chips = device.prepare(plan)
-        self.inputs = {
-            b.name: ("token" if b.name.startswith("token") else "position")
-            for b in plan.buffers.values()
-            if b.kind == "input"
-        }
-        self.output = next(b.name for b in plan.buffers.values() if b.kind == "output")
-
-    def run(self, **inputs: Any) -> np.ndarray:
-        if isinstance(self.device, GpuDevice):
-            for name, values in inputs.items():
-                self.arrays[name].set(np.asarray(values, np.int64), stream=self.device.stream)
-            self.device.run(self.plan, self.module, self.arrays, self.graph)
-            return self.arrays[self.output].get(stream=self.device.stream)
-        for arrays in self.chips:
-            for name, values in inputs.items():
-                arrays[name][...] = np.asarray(values, np.int64)
-        self.device.run(self.plan, self.chips)
-        return self.chips[0][self.output].copy()
-
-
 class _DeviceState:
     """What the reference's greedy loop resets between prompts: the device's KV caches."""
 
-    def __init__(self, device: EmulatedDevice | GpuDevice):
-        self.device = device
+    def __init__(self, runtime: HostRuntime):
+        self.runtime = runtime
 
     def reset(self) -> None:
-        self.device.reset()
+        self.runtime.reset()
 
 
 def build_program(spec: Any, cut: Any, tp: int, weights: str) -> tuple[HostPlan, str, Any]:
@@ -912,42 +1148,90 @@ def build_program(spec: Any, cut: Any, tp: int, weights: str) -> tuple[HostPlan,
     return read_plan(step.data.decode("utf-8")), files["kernels.cu"].data.decode("utf-8"), step.identity
 
 
-def cuda_generator(request: Any) -> Any:
-    """The `cuda` backend: the lane's kernels on the GPU, or with `emulate` on the CPU (see the module docstring)."""
-    import os
+def read_build(folder: Any) -> tuple[Any, HostPlan, str, Any]:
+    """A CUDA build folder's cut, host plan (from step.mlir), CUDA source and identity, as logos-compile wrote them."""
+    from pathlib import Path
 
+    from logos_ir.build import read_manifest
+    from logos_ir.program import Cut, Identity
+
+    folder = Path(folder)
+    target = read_manifest(folder).get("target") or {}
+    cut = Cut.parse(str(target.get("cut")))
+    step = (folder / "step.mlir").read_text(encoding="utf-8")
+    plan = read_plan(step, str(folder / "step.mlir"))
+    identity = Identity.from_line(plan.identity)
+    if identity is None:
+        raise LogosError(f"{folder}/step.mlir records no identity line of its program")
+    return cut, plan, (folder / "kernels.cu").read_text(encoding="utf-8"), identity
+
+
+def make_runtime(spec: Any, weights: EmulatedWeights, tp: int, emulate: bool) -> HostRuntime:
+    """This process's ranks: under an MPI launcher one rank (chip) a process, all-reducing over MPI (emulator) or
+    NCCL (GPU, its id broadcast over MPI); else, emulated, every chip in this process (`LocalRanks`), or one GPU."""
+    rank, world, comm = launcher()
+    if world > 1:
+        if world != tp:
+            raise LogosError(
+                f"{world} processes were started for a program split over {tp} chips: one process a chip",
+                hint=f"start it with mpiexec -n {tp} (or srun -n {tp})",
+            )
+        device = Emulator(rank) if emulate else Gpu(rank)
+        ranks = MpiRanks(comm) if emulate else NcclRanks(comm, rank, world)
+        return HostRuntime(spec, weights, [device], ranks, first_rank=rank)
+    if emulate:
+        return HostRuntime(spec, weights, [Emulator(r) for r in range(tp)], LocalRanks())
+    if tp > 1:
+        raise LogosError(
+            f"a program split over {tp} GPUs runs as {tp} processes, one a GPU",
+            hint=f"start it with mpiexec -n {tp} logos-run --backend cuda --tp {tp} ...",
+        )
+    return HostRuntime(spec, weights, [Gpu(0)], LocalRanks())
+
+
+def cuda_generator(request: Any) -> Any:
+    """The `cuda` backend: the lane's kernels on the GPU, or with `emulate` on the CPU (see the module docstring);
+    with `request.build`, the step module, kernels and weight image of that build folder."""
     from logos_ir.generate import Compiled, Generator
 
     if not request.emulate and gpu_count() == 0:
         raise LogosError(NO_GPU)
     if request.weights not in ("bf16", "f32"):
         raise LogosError(f"the cuda backend runs weights bf16 or f32, not {request.weights}")
-    rank, world = int(os.environ.get("LOGOS_RANK", "0")), int(os.environ.get("LOGOS_WORLD", "1"))
-    if not request.emulate and request.tp > 1 and world != request.tp:
-        raise LogosError(
-            f"a program split over {request.tp} GPUs runs as {request.tp} processes, one a GPU",
-            hint=f"launch one logos-run a rank with LOGOS_RANK=0..{request.tp - 1} and LOGOS_WORLD={request.tp}",
-        )
     store = request.store
-    image = EmulatedWeights(store, request.weights, request.tp)
-    device: EmulatedDevice | GpuDevice = (
-        EmulatedDevice(store.spec, image) if request.emulate else GpuDevice(store.spec, image, rank, world)
-    )
+    built = read_build(request.build) if request.build is not None else None
+    tp = built[1].chips if built is not None else request.tp
+    image = EmulatedWeights(store, request.weights, tp, request.build if built and _has_image(request.build) else None)
+    runtime = make_runtime(store.spec, image, tp, request.emulate)
 
     class CudaGenerator(Generator):
         """The reference's greedy loop (prompt checks, prefill chunks, decode steps, stats) over the lane's
         programs."""
 
         def compile_program(self, cut: Any) -> Compiled:
-            plan, source, identity = build_program(self.spec, cut, self.tp, request.weights)
-            return Compiled(_Program(plan, source, device, graph=cut.kind == "decode"), identity)
+            if built is not None:
+                if cut != built[0]:
+                    raise LogosError(f"{request.build}: the build holds '{built[0].option()}', not '{cut.option()}'")
+                plan, source, identity = built[1], built[2], built[3]
+            else:
+                plan, source, identity = build_program(self.spec, cut, self.tp, request.weights)
+            return Compiled(runtime.program(plan, source, graph=cut.kind == "decode"), identity)
 
         def kv_state(self, ctx: int) -> Any:
-            return _DeviceState(device)
+            return _DeviceState(runtime)
 
-    generator = CudaGenerator(store, ctx=request.ctx, prefill_rows=request.prefill_rows, tp=request.tp)
-    generator.device = device  # type: ignore[attr-defined]
+    ctx = built[0].ctx if built is not None else request.ctx
+    generator = CudaGenerator(store, ctx=ctx, prefill_rows=request.prefill_rows, tp=tp)
+    if built is not None:
+        generator.prompt_by_step = True  # the folder holds the decode step alone
+    generator.runtime = runtime  # type: ignore[attr-defined]
     return generator
+
+
+def _has_image(folder: Any) -> bool:
+    from pathlib import Path
+
+    return any(Path(folder).glob("weights*.bin"))
 
 
 # -- agreement with the reference ------------------------------------------------------------------------------
@@ -1001,7 +1285,7 @@ def teacher_forced(store: Any, prompt: Sequence[int], steps: int, weights: str, 
         ours, theirs = lane.program(cut), reference.program(cut)
         got = int(run_program(ours, tokens, positions)[0])
         want = int(run_program(theirs, tokens, positions)[0])
-        logits, expected = ours.chips[0]["logits"][0], _reference_logits(reference, theirs)
+        logits, expected = ours.logits, _reference_logits(reference, theirs)
         matches.append(got == want)
         top = np.sort(expected)[-2:]
         margins.append(float(top[1] - top[0]))

@@ -86,27 +86,151 @@ def build_cuda(request: BuildRequest) -> LaneBuild:
         artifacts += weight_images(request, module, identity)
     summary = [
         f"{report['kernels']} kernels, {report['launches']} launches a step, "
-        f"{report['weight_bytes'] / 1e6:.1f} MB of weights read a step (each chip)"
+        f"{report['weight_bytes'] / 1e6:.1f} MB of weights read a step (each chip)",
+        f"{report['launches_per_layer']} launches a layer; {report['bytes_read'] / 1e6:.1f} MB read a step against"
+        f" a minimum of {report['bytes_minimum'] / 1e6:.1f} MB (weights and the full cache, each chip)",
     ]
     return LaneBuild(artifacts, report, summary)
 
 
+SIZES = {"bf16": 2, "f32": 4, "i64": 8}
+NEEDED_IN_FLIGHT = 29 * 1024  # bytes in flight an H200 SM needs: 4.8 TB/s x ~800 ns of latency / 132 SMs
+REGISTERS_PER_SM, MAX_WARPS_PER_SM, MAX_BLOCKS_PER_SM = 65536, 64, 32  # Hopper (sm_90)
+
+
 def plan_report(module: ModuleOp) -> dict[str, Any]:
+    """The step's counts from its host plan and kernels: kernels, launches (a layer's at most), all-reduces, the
+    weight and cache bytes, the bytes the step reads against the minimum (`step_bytes`, the cache full), and each
+    projection's 16-byte weight loads in flight per thread (`loads_in_flight`)."""
     from logos_ir.passes.cuda.host_plan import plan_of
 
     plan = plan_of(module)
-    sizes = {"bf16": 2, "f32": 4, "i64": 8}
-    weight_bytes = sum(int(np.prod(b.shape)) * sizes[b.element] for b in plan.buffers.values() if b.kind == "weight")
-    cache_bytes = sum(int(np.prod(b.shape)) * 4 for b in plan.buffers.values() if b.kind == "cache")
+    weight_bytes = sum(_bytes(b) for b in plan.buffers.values() if b.kind == "weight")
+    cache_bytes = sum(_bytes(b) for b in plan.buffers.values() if b.kind == "cache")
+    read, minimum = step_bytes(plan)
     return {
         "kernels": len(plan.kernels),
         "kernel_names": sorted(plan.kernels),
         "launches": len(plan.launches),
+        "launches_per_layer": launches_per_layer(plan),
         "all_reduces": len(plan.steps) - len(plan.launches),
         "weight_bytes": weight_bytes,
         "cache_bytes": cache_bytes,
+        "bytes_read": read,
+        "bytes_minimum": minimum,
+        "loads_in_flight": loads_in_flight(plan),
         "chips": plan.chips,
     }
+
+
+def _bytes(buffer: Any) -> int:
+    return int(np.prod(buffer.shape)) * SIZES[buffer.element]
+
+
+def launches_per_layer(plan: Any) -> int:
+    """The most launches that read one layer's weights or caches."""
+    import re
+
+    counts: dict[str, int] = {}
+    for launch in plan.launches:
+        layers = {
+            m.group(1) for name in launch.buffers for m in [re.search(r"(?:layers|cache\.\w+)\.(\d+)", name)] if m
+        }
+        for layer in layers:
+            counts[layer] = counts.get(layer, 0) + 1
+    return max(counts.values(), default=0)
+
+
+def kernel_reads(kernel: Any) -> list[bool]:
+    """Which arguments of a `gpu.func` the kernel reads (memref.load, cuda.vector_load, an atomic)."""
+    read = {
+        op.operands[0] if op.name in ("memref.load", "cuda.vector_load") else op.operands[1]
+        for op in kernel.walk()
+        if op.name in ("memref.load", "cuda.vector_load", "memref.atomic_rmw")
+    }
+    return [arg in read for arg in kernel.body.block.args]
+
+
+def step_bytes(plan: Any, live: int | None = None) -> tuple[int, int]:
+    """(bytes the step reads, the least any step must read) with `live` cached positions (None: the whole cache):
+    each launch reads each buffer it loads from once (a warp's re-reads of its input vector hit L1/L2 and are not
+    counted), the embedding and the rotary tables one row per token, attention the live positions of its caches,
+    scratch not at all (the partial sums a launch writes and reads back stay in L2); the minimum is every weight
+    once (the embedding's rows) and the live positions of every cache."""
+    read = 0
+    for launch in plan.launches:
+        kernel = plan.kernels[launch.kernel]
+        for name, loaded in zip(launch.buffers, kernel_reads(kernel), strict=True):
+            if loaded:
+                read += _launch_bytes(plan, launch, name, live)
+    minimum = 0
+    for buffer in plan.buffers.values():
+        if buffer.kind == "weight":
+            minimum += (
+                _embedding_rows(plan, buffer)
+                if "embed_tokens" in buffer.name and _embeds(plan, buffer)
+                else _bytes(buffer)
+            )
+        elif buffer.kind == "cache":
+            minimum += _live(buffer, live)
+    return read, minimum
+
+
+def _embeds(plan: Any, buffer: Any) -> bool:
+    """Whether the table is read by the embedding alone (a tied head reads it whole)."""
+    return all(launch.kernel.startswith("embed") for launch in plan.launches if buffer.name in launch.buffers)
+
+
+def _embedding_rows(plan: Any, buffer: Any) -> int:
+    tokens = next(b for b in plan.buffers.values() if b.kind == "input" and b.name.startswith("token"))
+    return int(np.prod(tokens.shape)) * buffer.shape[1] * SIZES[buffer.element]
+
+
+def _live(buffer: Any, live: int | None) -> int:
+    ctx = buffer.shape[-2]
+    return _bytes(buffer) * min(live or ctx, ctx) // ctx
+
+
+def _launch_bytes(plan: Any, launch: Any, name: str, live: int | None) -> int:
+    buffer = plan.buffers[name]
+    if launch.kernel.startswith("embed") and buffer.kind == "weight":
+        return _embedding_rows(plan, buffer)
+    if buffer.kind == "cache":
+        return _live(buffer, live)
+    if buffer.kind == "table" and name.startswith("rope."):  # a row per token: its position's
+        return _embedding_rows(plan, buffer)
+    if buffer.kind == "scratch":  # written and read back by the same launch or the next: L2, not HBM
+        return 0
+    return _bytes(buffer)
+
+
+def loads_in_flight(plan: Any) -> dict[str, int]:
+    """Each projection kernel's bytes of weight loads a thread issues per step of its main loop (all issued before
+    the first is used): the bytes each thread keeps in flight."""
+    found: dict[str, int] = {}
+    for name, kernel in plan.kernels.items():
+        loops = [op for op in kernel.walk() if op.name == "scf.for"]
+        if not loops:
+            continue
+        weights = {arg for arg in kernel.body.block.args if arg.name_hint in ("weight", "gate", "up")}
+        if not weights:
+            continue
+        body = loops[0].body.block
+        total = 0
+        for op in body.ops:
+            if op.name == "cuda.vector_load" and op.operands[0] in weights:
+                element = op.operands[0].type.element_type
+                total += len(op.results) * (2 if "bf16" in str(element) else 4)
+        if total:
+            found[name] = total
+    return found
+
+
+def occupancy(registers: int, threads: int = 128) -> int:
+    """Blocks an sm_90 SM holds at `registers` a thread (no shared memory): registers are given a warp 256 at a time."""
+    per_warp = -(-registers * 32 // 256) * 256
+    warps = min(REGISTERS_PER_SM // per_warp, MAX_WARPS_PER_SM)
+    return min(warps // (threads // 32), MAX_BLOCKS_PER_SM)
 
 
 def weight_images(request: BuildRequest, module: ModuleOp, identity: Identity) -> list[Artifact]:

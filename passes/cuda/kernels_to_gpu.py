@@ -347,6 +347,7 @@ def _dots(
     size = 2 if isinstance(weight0.type.element_type, BFloat16Type) else 4  # type: ignore[attr-defined]
     x_vector = min(vector, 4)
     unroll = max(1, UNROLL_BYTES // (vector * size) // len(streams)) if len(rows) == 1 else 1
+    unroll = max(1, min(unroll, depth // (cuda.WARP * vector)))  # a main loop step no longer than the row
     tile = len(rows)
 
     def step_of(count: int) -> Callable[[SSAValue, list[SSAValue]], list[SSAValue]]:
@@ -356,7 +357,8 @@ def _dots(
             scales: list[list[SSAValue]] = []
             for kk in ks:  # the norm's scale is f32: its vectors are x's width
                 parts = range(0, vector, x_vector) if norm else range(0)
-                scales.append([v for part in parts for v in b.vload(norm[0], [b.add(kk, part) if part else kk], x_vector)])  # type: ignore[index]
+                where = [b.add(kk, part) if part else kk for part in parts]
+                scales.append([v for at in where for v in b.vload(norm[0], [at], x_vector)])  # type: ignore[index]
             out = list(acc)
             for t, row in enumerate(rows):
                 for u, kk in enumerate(ks):

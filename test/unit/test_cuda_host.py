@@ -1,0 +1,108 @@
+"""The CUDA lane's host runtime, run by the suite on the emulator device: the one code path a GPU run takes
+(buffers, the work stream, graph capture and replay, NCCL-shaped all-reduces) with the emulator behind the device
+interface; a build folder's own step module and weight image; a split decode step as two processes under
+`mpiexec`, all-reducing over MPI."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from logos_ir.generate import Generator
+from logos_ir.models import ModelSource
+from logos_ir.runtime import RunRequest
+from logos_ir.runtime.cuda import Emulator, cuda_generator
+from logos_ir.spec import ModelSpec
+from logos_ir.weights import RandomWeights
+
+PROMPT = [3, 17, 250, 9, 41, 77]
+
+
+def test_the_host_runtime_captures_the_split_decode_step_once_and_replays_it() -> None:
+    store = RandomWeights(ModelSpec.preset("tiny"), seed=5)
+    want = Generator(store, prefill_rows=4, tp=2).generate(PROMPT, 5)
+    lane = cuda_generator(RunRequest(store, None, 4, 2, "f32", emulate=True))
+    assert lane.generate(PROMPT, 5) == want
+    runtime = lane.runtime
+    assert [type(d) for d in runtime.devices] == [Emulator, Emulator]
+    for device in runtime.devices:
+        kinds = [kind for kind, _ in device.stream]
+        first_launch = kinds.index("launch")
+        # every weight, cache and table is on the device before the first launch, each weight uploaded once
+        uploads = [name for kind, name in device.stream if kind == "upload"]
+        assert len(uploads) == len(set(uploads)) and "rope.cos" in uploads and "chip" in uploads
+        assert (
+            kinds.index("alloc") < first_launch and max(i for i, k in enumerate(kinds) if k == "upload") < first_launch
+        )
+        # the decode step (the prompt goes through it: a split run has no prefill program) runs eagerly once, is
+        # captured once with its all-reduces inside, then every later step replays the graph
+        assert kinds.count("begin_capture") == kinds.count("end_capture") == 1
+        captured = kinds.index("begin_capture")
+        assert "all_reduce" in kinds[:captured]  # the eager run
+        assert kinds[captured + 1] == "end_capture"  # launches and collectives became graph nodes, not stream work
+        assert kinds.count("graph_launch") == len(PROMPT) + 5 - 1
+    graph_nodes = runtime.devices[0].stream[runtime.devices[0].stream.index(("begin_capture", "")) + 1][1]
+    layers = store.spec.layers
+    assert graph_nodes == f"{5 * layers + 4 + 2 * layers} nodes"  # 5 launches a layer, embed + head + 2 arg-max
+
+
+def test_a_build_folder_runs_its_step_module_and_weight_image(tmp_path: Path) -> None:
+    folder = tmp_path / "tiny-cuda"
+    command = [
+        sys.executable, "-m", "logos_ir.tools.logos_compile", "--model", "tiny", "--model-seed", "7", "--target",
+        "cuda", "--cut", "decode ctx=32", "--weights", "f32", "--with-weights", "-o", str(folder),
+    ]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True, timeout=300)
+    built = ModelSource.resolve("tiny", seed=7).store()
+    want = Generator(built, ctx=32, prefill_rows=1).generate(PROMPT, 4)
+    other = RandomWeights(ModelSpec.preset("tiny"), seed=8)  # the run reads the weights from the build's image
+    lane = cuda_generator(RunRequest(other, None, 16, 1, "f32", emulate=True, build=folder))
+    assert lane.generate(PROMPT, 4) == want
+    assert [i.line() for i in lane.identities] == [(folder / "step.mlir").read_text().splitlines()[0][3:]]
+
+
+MPI_STEP = """
+import json, sys
+from logos_ir.runtime import RunRequest
+from logos_ir.runtime.cuda import cuda_generator
+from logos_ir.spec import ModelSpec
+from logos_ir.weights import RandomWeights
+from mpi4py import MPI
+lane = cuda_generator(RunRequest(RandomWeights(ModelSpec.preset("tiny"), seed=6), None, 4, 2, "f32", emulate=True))
+tokens = lane.generate(PROMPT, 5)
+print(json.dumps({"rank": MPI.COMM_WORLD.Get_rank(), "tokens": tokens, "devices": len(lane.runtime.devices),
+                  "ranks": type(lane.runtime.ranks).__name__}))
+""".replace("PROMPT", str(PROMPT))
+
+
+def _mpi_missing() -> str | None:
+    if shutil.which("mpiexec") is None:
+        return "mpiexec is not installed (pip install 'logos-ir[mpi]')"
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return "mpi4py is not installed (pip install 'logos-ir[mpi]')"
+    return None
+
+
+@pytest.mark.skipif(_mpi_missing() is not None, reason=str(_mpi_missing()))
+def test_a_split_decode_step_runs_as_two_processes_under_mpiexec() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_", "SLURM_"))}
+    done = subprocess.run(
+        ["mpiexec", "-n", "2", sys.executable, "-c", MPI_STEP], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    reports = re.findall(r"\{[^{}]*\}", done.stdout)  # the two processes' lines may interleave
+    ranks = sorted((json.loads(report) for report in reports), key=lambda r: r["rank"])
+    want = Generator(RandomWeights(ModelSpec.preset("tiny"), seed=6), prefill_rows=4, tp=2).generate(PROMPT, 5)
+    assert [r["rank"] for r in ranks] == [0, 1]
+    for rank in ranks:  # each process one chip, all-reducing over MPI, both with the reference's tokens
+        assert rank["devices"] == 1 and rank["ranks"] == "MpiRanks"
+        assert rank["tokens"] == want
