@@ -584,7 +584,8 @@ class CpAsyncOp(IRDLOperation):
         dst, src = self.dst.type, self.src.type
         assert isinstance(dst, MemRefType) and isinstance(src, MemRefType)
         if dst.element_type != src.element_type:
-            raise _fail(self, f"copies bytes between memrefs of one element type, not {src.element_type} to {dst.element_type}")
+            between = f"{src.element_type} to {dst.element_type}"
+            raise _fail(self, f"copies bytes between memrefs of one element type, not {between}")
         if not isinstance(src.element_type, Float32Type | BFloat16Type):
             raise _fail(self, f"copies f32 or bf16 elements, not {src.element_type}")
         for kind, where in ((dst, "destination"), (src, "source")):
@@ -643,7 +644,9 @@ class LdmatrixOp(IRDLOperation):
     registers = var_result_def(VectorType)
     transpose = opt_prop_def(UnitAttr)
 
-    assembly_format = "$memref `[` $indices `]` (`transpose` $transpose^)? attr-dict `:` type($memref) `->` type($registers)"
+    assembly_format = (
+        "$memref `[` $indices `]` (`transpose` $transpose^)? attr-dict `:` type($memref) `->` type($registers)"
+    )
 
     def __init__(self, memref: SSAValue, indices: Sequence[SSAValue], tiles: int, transpose: bool = False):
         properties = {"transpose": UnitAttr()} if transpose else {}

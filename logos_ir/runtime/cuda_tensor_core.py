@@ -3,7 +3,8 @@
 `logos_ir.runtime.cuda.KernelEmulator` runs every thread of a launch as one element of a numpy array, in
 lockstep; these are the compilers of the ops the tensor-core kernels add (`COMPILERS`, merged into its table).
 Each executes what the PTX ISA says the instruction does, so a kernel that puts a wrong element in a fragment, reads
-a copy before waiting for it or misaligns an address or reaches past a buffer gets wrong numbers or an error here, not only on a GPU:
+a copy before waiting for it, misaligns an address or reaches past a buffer gets wrong numbers or an error here, not
+only on a GPU:
 
 * `cuda.shared_memory`: an array per block (zero at the start of each launch), indexed by the thread's block;
 * `cuda.cp_async`: the 16 bytes are read at issue and land in shared memory only when a `cuda.cp_async_wait`
@@ -216,7 +217,8 @@ def _ldmatrix(em: Any, op: Any) -> Step:
         shared = env[memory]
         threads.inside(op, flat[:, : 8 * len(outs)], 8, shared.shape[1], "reads a matrix row")
         for out, pair in zip(outs, providers, strict=True):
-            halves = [shared[block[:, lane], flat[:, lane] + column] for lane, column in zip(pair, columns, strict=True)]
+            places = zip(pair, columns, strict=True)
+            halves = [shared[block[:, lane], flat[:, lane] + column] for lane, column in places]
             env[out] = np.stack(halves, axis=-1).reshape(-1, 2)
 
     return step

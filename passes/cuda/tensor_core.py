@@ -33,7 +33,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-
 from xdsl.dialects import gpu
 from xdsl.dialects.builtin import BFloat16Type, Float32Type, IntegerAttr, MemRefType, bf16, f32, i64
 from xdsl.ir import Attribute, SSAValue
@@ -47,7 +46,7 @@ DEPTH = 32  # the K slice staged a step
 STAGES = 2  # shared-memory buffers a tile (double-buffered)
 PAD = 8  # elements a shared row is padded by
 MMA_M, MMA_N, MMA_K = 16, 8, 16
-LINEAR_COLUMNS = 64  # output columns a block owns: one weight (128 needs 64 accumulators a thread: spills at 4 blocks an SM)
+LINEAR_COLUMNS = 64  # output columns a block owns: one weight (128 needs 64 accumulators: spills at 4 blocks an SM)
 GATE_UP_COLUMNS = 64  # ... with two weights (gate and up), the same registers of accumulators
 
 
@@ -344,7 +343,8 @@ def _flash_attention(b: Any, args: list[SSAValue], shapes: list[tuple[int, ...]]
             for tile, cache in ((k_tile, keys), (v_tile, values)):
                 _copy_positions(b, tid, tile, cache, kv_head, slot, start, (ctx, head_dim))
             return
-        _stage_fused(b, tid, (k_tile, v_tile), (keys, values), chunk, kv_head, slot, start, chunk_start, ours, (rows, ctx, head_dim))
+        sizes = (rows, ctx, head_dim)
+        _stage_fused(b, tid, (k_tile, v_tile), (keys, values), chunk, kv_head, slot, start, chunk_start, ours, sizes)
 
     stage(0, 0)
     b.op(cuda.CpAsyncCommitOp())
@@ -490,7 +490,8 @@ def _stage_fused(b: Any, tid, tiles, caches, chunk, kv_head, slot, start, chunk_
 
             def compute() -> None:
                 line = b.min(b.sub(where, chunk_start), rows - 1)
-                mine = b.both(writer, b.both(b.cmp("uge", line, first), b.cmp("ult", line, b.add(first, ATTENTION_ROWS))))
+                ours_row = b.both(b.cmp("uge", line, first), b.cmp("ult", line, b.add(first, ATTENTION_ROWS)))
+                mine = b.both(writer, ours_row)
                 base = b.mul(kv_head, head_dim)
                 half = head_dim // 2
                 partner = b.select(b.cmp("ult", column, half), b.add(column, half), b.sub(column, half))
@@ -660,12 +661,12 @@ BYTES = {"bf16": 2, "f32": 4, "i64": 8}
 
 
 def product_traffic(plan: Any) -> list[dict[str, Any]]:
-    """Each distinct tensor-core kernel of a host plan (with its launch count): the bytes it must move at least (every weight, the activations and
-    the output once) and the HBM bytes modelled from its grid: the row tiles of one weight tile are launched
-    together (x fastest) and are resident together when they fit on the SMs, so each weight tile is read from HBM
-    once a wave they share; the activations are read once while they fit in half the L2 (the other half streams
-    weights), else once a wave of blocks (the resident blocks walk k together). L2-to-SM bytes (every block reads
-    its tiles) are given beside. A model, computed from the launch: no GPU measured it."""
+    """Each distinct tensor-core product of a host plan (with its launch count): the bytes it must move at least
+    (every weight, the activations and the output once) and the HBM bytes modelled from its grid: the row tiles of
+    one weight tile are launched together (x fastest) and are resident together when they fit on the SMs, so each
+    weight tile is read from HBM once a wave they share; the activations are read once while they fit in half the
+    L2 (the other half streams weights), else once a wave of blocks (the resident blocks walk k together). L2-to-SM
+    bytes (every block reads its tiles) are given beside. A model, computed from the launch: no GPU measured it."""
     out: dict[str, dict[str, Any]] = {}
     resident = SMS * BLOCKS_PER_SM
     for launch in plan.launches:
@@ -687,17 +688,15 @@ def product_traffic(plan: Any) -> list[dict[str, Any]]:
         x_reads = 1 if x_bytes <= L2_BYTES // 2 else waves
         minimum = weight_bytes + x_bytes + rest
         modelled = weight_bytes * weight_reads + x_bytes * x_reads + rest
-        out[launch.kernel] = (
-            {
-                "kernel": launch.kernel,
-                "launches": 1,
-                "grid": list(launch.grid),
-                "minimum_bytes": minimum,
-                "hbm_bytes": modelled,
-                "ratio": round(modelled / minimum, 3),
-                "l2_to_sm_bytes": weight_bytes * row_tiles + x_bytes * column_tiles + rest,
-            }
-        )
+        out[launch.kernel] = {
+            "kernel": launch.kernel,
+            "launches": 1,
+            "grid": list(launch.grid),
+            "minimum_bytes": minimum,
+            "hbm_bytes": modelled,
+            "ratio": round(modelled / minimum, 3),
+            "l2_to_sm_bytes": weight_bytes * row_tiles + x_bytes * column_tiles + rest,
+        }
     return list(out.values())
 
 

@@ -202,7 +202,8 @@ def _attention_step(rows: int, heads: int, kv_heads: int, ctx: int, head_dim: in
     %o = cuda.buffer "attended" kind "activation" : {q}
     %s = cuda.buffer "attention.partial" kind "scratch" : {scratch}
     %c = cuda.buffer "attention.count" kind "scratch" : {count}
-    cuda.attention ins(%q, %k, %v, %p : {q}, {cache}, {cache}, memref<{rows}xi64>) outs(%o, %s, %c : {q}, {scratch}, {count}) {{split = 32 : i64}}
+    cuda.attention ins(%q, %k, %v, %p : {q}, {cache}, {cache}, memref<{rows}xi64>)
+        outs(%o, %s, %c : {q}, {scratch}, {count}) {{split = 32 : i64}}
     func.return
   }}
 }}"""
@@ -212,13 +213,15 @@ def _fused_step(rows: int, heads: int, kv_heads: int, ctx: int, head_dim: int) -
     """The same chunk as the lane lowers it: the keys rotated into the cache, the queries rotated, then attention."""
     unfused = _attention_step(rows, heads, kv_heads, ctx, head_dim)
     q, kv = f"memref<{rows}x{heads * head_dim}xf32>", f"memref<{rows}x{kv_heads * head_dim}xf32>"
-    cache, table, p = f"memref<{kv_heads}x{ctx}x{head_dim}xbf16>", f"memref<{ctx}x{head_dim}xf32>", f"memref<{rows}xi64>"
+    cache, table = f"memref<{kv_heads}x{ctx}x{head_dim}xbf16>", f"memref<{ctx}x{head_dim}xf32>"
+    p = f"memref<{rows}xi64>"
     buffers = f"""    %key = cuda.buffer "key" kind "activation" : {kv}
     %value = cuda.buffer "value" kind "activation" : {kv}
     %turned = cuda.buffer "turned_query" kind "activation" : {q}
     %cos = cuda.buffer "rope.cos" kind "table" : {table}
     %sin = cuda.buffer "rope.sin" kind "table" : {table}
-    cuda.rope_cache_write ins(%key, %value, %p, %cos, %sin : {kv}, {kv}, {p}, {table}, {table}) outs(%k, %v : {cache}, {cache})
+    cuda.rope_cache_write ins(%key, %value, %p, %cos, %sin : {kv}, {kv}, {p}, {table}, {table})
+        outs(%k, %v : {cache}, {cache})
     cuda.rope ins(%q, %p, %cos, %sin : {q}, {p}, {table}, {table}) outs(%turned : {q}) {{head_dim = {head_dim} : i64}}
 """
     unfused = unfused.replace("    cuda.attention ins(%q,", buffers + "    cuda.attention ins(%turned,")
@@ -302,9 +305,7 @@ def test_the_fused_prefill_attention_writes_the_cache_and_attends(start: int) ->
         intermediate=8, rms_eps=1e-5, rope_theta=10000.0, tie_embeddings=False,
     )  # fmt: skip
     cos, sin = rope_tables(spec, ctx)
-    arrays = {
-        b.name: np.zeros(b.shape, np.int64 if b.element == "i64" else np.float32) for b in plan.buffers.values()
-    }
+    arrays = {b.name: np.zeros(b.shape, np.int64 if b.element == "i64" else np.float32) for b in plan.buffers.values()}
     arrays["rope.cos"][...], arrays["rope.sin"][...] = cos, sin
     rng = np.random.default_rng(start)
     for name in ("query", "key", "value"):
