@@ -485,6 +485,7 @@ class Fabric:
         cap = queue_words or max(64, 2 * self._longest_message())
         self.queue = {c: np.zeros((n, cap), dtype=np.float32) for c in colours}
         self.queue_len = {c: np.zeros(n, dtype=np.int64) for c in colours}
+        self.queue_head = {c: np.zeros(n, dtype=np.int64) for c in colours}  # a ring: where the oldest wavelet is
         self.queue_ready = {c: np.zeros(n) for c in colours}
         self.capacity = cap
         self.wavelets = 0
@@ -1002,18 +1003,43 @@ class Fabric:
             e = int(idx[0])
             self.waiting[e] = Blocked(e, colour, op, why)
 
+    def _uniform(self, reg: MemDsd, idx: np.ndarray, length: int, words: int, what: str) -> slice | None:
+        """The DSD as one slice when every element of `idx` has the same offset and stride (the common case: the
+        elements of a group run the same code on the same addresses), checked against the array's bounds."""
+        offsets, strides = reg.offset[idx], reg.stride[idx]
+        first, stride = int(offsets[0]), int(strides[0])
+        if stride <= 0 or (offsets != first).any() or (strides != stride).any():
+            return None
+        last = first + stride * (length - 1)
+        if first < 0 or last >= words:
+            e = int(idx[0])
+            raise FabricError(
+                f"element ({self.xs[e]}, {self.ys[e]}): {what} reaches outside the array '{reg.array}' of {words} words"
+            )
+        return slice(first, last + 1, stride)
+
+    def _rows(self, idx: np.ndarray) -> slice | np.ndarray:
+        """All elements as a slice (no copy) when `idx` is every element in order."""
+        if idx.size == self.n and idx[0] == 0 and idx[-1] == self.n - 1:
+            return slice(None)
+        return idx
+
     def _read(self, value: SSAValue, idx: np.ndarray, length: int) -> np.ndarray:
         reg = self.regs.get(value)
         if isinstance(reg, MemDsd):
             array = self.memory[reg.array]
+            span = self._uniform(reg, idx, length, array.shape[1], "a DSD")
+            if span is not None:
+                return array[self._rows(idx), span]
             where = reg.offset[idx, None] + reg.stride[idx, None] * np.arange(length)[None, :]
             self._bounds(idx, where, array.shape[1], reg.array, "a DSD")
             return array[idx[:, None], where]
         if isinstance(reg, FabDsd):
             c = reg.colour
-            queue = self.queue[c]
-            data = queue[idx, :length].copy()
-            queue[idx, : queue.shape[1] - length] = queue[idx, length:]
+            queue, head = self.queue[c], self.queue_head[c]
+            at = (head[idx, None] + np.arange(length)[None, :]) % self.capacity
+            data = queue[idx[:, None], at]
+            head[idx] = (head[idx] + length) % self.capacity
             self.queue_len[c][idx] -= length
             self._arrived = np.maximum(self._arrived, self.queue_ready[c][idx])
             return data
@@ -1023,6 +1049,10 @@ class Fabric:
         reg = self.regs[value]
         array = self.memory[reg.array]
         length = data.shape[1]
+        span = self._uniform(reg, idx, length, array.shape[1], f"@{kind}'s destination")
+        if span is not None:
+            array[self._rows(idx), span] = data
+            return
         where = reg.offset[idx, None] + reg.stride[idx, None] * np.arange(length)[None, :]
         self._bounds(idx, where, array.shape[1], reg.array, f"@{kind}'s destination")
         array[idx[:, None], where] = data.astype(array.dtype)
@@ -1071,8 +1101,9 @@ class Fabric:
             if not valid.any():
                 continue
             targets, rows = dest[valid, k], data[valid]
-            start = self.queue_len[colour][targets]
-            self.queue[colour][targets[:, None], start[:, None] + np.arange(length)[None, :]] = rows
+            start = self.queue_head[colour][targets] + self.queue_len[colour][targets]
+            at = (start[:, None] + np.arange(length)[None, :]) % self.capacity
+            self.queue[colour][targets[:, None], at] = rows
             self.queue_len[colour][targets] += length
             arrival = self.clock[idx[valid]] + hops[valid, k] * CYCLES["hop"]  # the last wavelet, sent at the op's end
             self.queue_ready[colour][targets] = np.maximum(self.queue_ready[colour][targets], arrival)
