@@ -607,7 +607,10 @@ class PartLowering:
 
 
 def _name(value: SSAValue) -> str:
-    return value.name_hint or f"v{id(value) % 100000}"
+    """The array a value lives in: its LOGOS name (every value the author writes has one)."""
+    if not value.name_hint:
+        raise PassError(f"{PASS}: a value of '{value.owner.name}' has no name to give its array")  # type: ignore[union-attr]
+    return value.name_hint
 
 
 def _layer_tensor(tensor: str, layer: int) -> str:
