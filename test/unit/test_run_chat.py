@@ -121,6 +121,7 @@ def test_a_seed_repeats_the_sampled_tokens(capsys, model) -> None:  # type: igno
         ["--tp", "2"],  # the decode step split over two chips: their logits summed over the all-reduce
         ["--backend", "spatial", "--weights", "f32"],  # the grid simulator's logits
         ["--backend", "cuda", "--emulate", "--weights", "f32"],  # the lowered kernels' logits
+        ["--backend", "d5005", "--weights", "f32"],  # the engine's logits buffer, read back from the device
     ],
 )
 def test_sampling_gives_the_same_tokens_on_two_backends(capsys, other) -> None:  # type: ignore[no-untyped-def]
@@ -129,6 +130,8 @@ def test_sampling_gives_the_same_tokens_on_two_backends(capsys, other) -> None: 
     code, out, err = run(capsys, *argv, *other, "--json")
     if code == 1 and "gives no logits" in err:
         pytest.skip(f"this backend's runtime does not give its logits yet: {err.strip()}")
+    if code == 1 and "OpenCL" in err:
+        pytest.skip(f"no OpenCL device here: {err.strip()}")
     assert code == 0, err
     assert json.loads(out.strip().splitlines()[-1])["new_ids"] == reference["new_ids"]
 
