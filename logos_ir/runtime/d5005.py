@@ -489,7 +489,8 @@ _COMPUTE_ARGS_ON_CHANNELS = 12  # instructions, first, count, 4 banks, token, po
 
 
 def _bank_flag(bank: int) -> int:
-    """Intel's CL_CHANNEL_<n>_INTELFPGA flag: allocate the buffer in DDR bank n + 1 (with -no-interleaving=DDR)."""
+    """Intel's CL_CHANNEL_<n>_INTELFPGA flag (`cl_ext_intelfpga.h`: n << 16) for bank `bank`, n = bank + 1: the
+    buffer lies in that DDR4 bank alone (the engine is compiled with -no-interleaving=DDR)."""
     return (bank + 1) << 16
 
 
