@@ -54,11 +54,13 @@ def lower(module: ModuleOp, weights: str) -> ModuleOp:
 
 
 def module_text(module: ModuleOp, identity: Identity) -> str:
+    """step.mlir: the lowered module in generic form and upstream MLIR's spelling (`host_plan.to_upstream`), so
+    upstream tools parse and verify it (the lane's `cuda` ops as unregistered ones)."""
+    from logos_ir.passes.cuda.host_plan import to_upstream
+
     out = io.StringIO()
-    out.write(f"// {identity.line()}\n")
-    Printer(stream=out).print_op(module)
-    out.write("\n")
-    return out.getvalue()
+    Printer(stream=out, print_generic_format=True).print_op(module)
+    return f"// {identity.line()}\n{to_upstream(out.getvalue())}\n"
 
 
 def cuda_text(module: ModuleOp) -> str:

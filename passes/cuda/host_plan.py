@@ -10,6 +10,7 @@ does); `weight_share` is a chip's contiguous share of a split weight, as the int
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,11 +88,40 @@ def lowered_context() -> Any:
     return context
 
 
+# Where xDSL 0.74 and upstream MLIR spell the lowered module differently: the thread dimension attribute, and
+# gpu.func's block size, an inherent attribute upstream (xDSL keeps the older discardable `gpu.known_block_size`).
+# step.mlir is written in upstream's spelling (and generic form, so that upstream tools parse the lane's own
+# `cuda` ops as unregistered ones) and read back through these.
+_TO_UPSTREAM = (
+    (re.compile(r"#gpu<dim ([xyz])>"), r"#gpu.dim<\1>"),
+    (re.compile(r"\bgpu\.known_block_size = "), "known_block_size = "),
+)
+_FROM_UPSTREAM = (
+    (re.compile(r"#gpu\.dim<([xyz])>"), r"#gpu<dim \1>"),
+    (re.compile(r"(?<![.\w])known_block_size = "), "gpu.known_block_size = "),
+)
+
+
+def to_upstream(text: str) -> str:
+    """A module printed by xDSL (generic form) in the spelling upstream MLIR parses."""
+    for pattern, replacement in _TO_UPSTREAM:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def from_upstream(text: str) -> str:
+    """`to_upstream`'s inverse: the module in xDSL's spelling."""
+    for pattern, replacement in _FROM_UPSTREAM:
+        text = pattern.sub(replacement, text)
+    return text
+
+
 def read_plan(text: str, where: str = "step.mlir") -> HostPlan:
-    """The host plan of a `step.mlir` artifact, its kernels kept as IR for the emulator."""
+    """The host plan of a `step.mlir` artifact (in xDSL's or upstream's spelling), its kernels kept as IR for the
+    emulator."""
     from xdsl.parser import Parser
 
-    return plan_of(Parser(lowered_context(), text, where).parse_module(), where)
+    return plan_of(Parser(lowered_context(), from_upstream(text), where).parse_module(), where)
 
 
 def plan_of(module: Any, where: str = "step.mlir") -> HostPlan:

@@ -508,7 +508,7 @@ def _host_function(plan: _Plan) -> func.FuncOp:
             reduce = AllReduceOp.build(
                 operands=[values[step.buffer]],
                 result_types=[values[step.buffer].type],
-                properties={"grid": _grid_ref(plan.grid)},
+                properties={"grid": _grid_ref(plan.grid), "grid_axes": _grid_axes(plan.grid)},
             )
             reduce.result.name_hint = _hint(step.buffer) + "_reduced"
             block.add_op(reduce)
@@ -530,6 +530,15 @@ def _grid_ref(grid: GridOp) -> Attribute:
     from xdsl.dialects.builtin import FlatSymbolRefAttr
 
     return FlatSymbolRefAttr(grid.sym_name.data)
+
+
+def _grid_axes(grid: GridOp) -> Attribute:
+    """Every axis of the chips' grid (a 1-D grid: axis 0): upstream reads empty `grid_axes` as "each device alone",
+    so an all-reduce without them would be a no-op its canonicalizer erases."""
+    from xdsl.dialects.builtin import BytesAttr, DenseArrayBase, i16
+
+    axes = list(range(len(grid.shape.get_values())))
+    return DenseArrayBase(i16, BytesAttr(i16.pack(axes)))
 
 
 def _check_no_alias(step: _Kernel) -> None:
