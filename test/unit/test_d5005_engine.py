@@ -200,6 +200,22 @@ def test_bf16_engine_agrees_on_a_tiny_model() -> None:
 
 
 @needs_opencl
+def test_a_step_in_many_runs_of_the_ordered_buffers_gives_the_same_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ordered buffers that hold only the largest instruction's words: each step runs as many launches of the
+    readers then the compute kernel, whose on-chip state carries from one run to the next."""
+    from logos_ir.runtime import d5005 as runtime
+    from logos_ir.runtime.d5005 import D5005Generator
+
+    monkeypatch.setattr(runtime, "_FIFO_WORDS_MIN", 1)
+    store = RandomWeights(SHAPES["tied"], seed=8)
+    generator = D5005Generator(store, weights="f32")
+    assert generator.generate([3, 1, 4, 1, 5], 10) == Generator(store).generate([3, 1, 4, 1, 5], 10)
+    engine = generator.engine(64)
+    runs = engine._runs(7, 12)
+    assert len(runs) > 10 and sum(count for _, count, _ in runs) == len(engine.stream.words)
+
+
+@needs_opencl
 def test_the_engine_stops_at_eos_and_at_a_full_cache() -> None:
     from logos_ir.runtime.d5005 import D5005Generator
 
