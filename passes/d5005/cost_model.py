@@ -206,7 +206,9 @@ def _evaluate(text: str, env: dict[str, Any]) -> int:
 
 def _top_level(block: str) -> list[str]:
     """The statements of a block, not those of the blocks nested in it."""
-    statements, depth, current = [], 0, []
+    statements: list[str] = []
+    current: list[str] = []
+    depth = 0
     for char in block:
         if char == "{":
             depth += 1
@@ -349,7 +351,7 @@ def loop_cycles(routine: Routine, loop: Loop, env: dict[str, Any], shift_depth: 
     changing |= {n.strip().split("=")[0].strip() for s in _top_level(loop.body) for n in _split_commas(s[5:])
                  if s.startswith("uint ")}  # fmt: skip
     varying = [c for c in loop.children if _uses(c, changing)]
-    total = own
+    total = float(own)
     if varying:
         for value in range(_evaluate(loop.start, env), _evaluate(loop.bound, env), max(_evaluate(loop.step, env), 1)):
             inner = {**env, loop.var: value}
@@ -364,8 +366,8 @@ def loop_cycles(routine: Routine, loop: Loop, env: dict[str, Any], shift_depth: 
             once = LoopCost()
             total += trips * (INNER_ENTRY + loop_cycles(routine, child, inner, shift_depth, once))
             out.iterations += trips * once.iterations
-            for name, value in once.by_loop.items():
-                out.by_loop[name] = out.by_loop.get(name, 0) + trips * value
+            for name, cycles in once.by_loop.items():
+                out.by_loop[name] = out.by_loop.get(name, 0) + trips * cycles
     out.by_loop[loop.name] = out.by_loop.get(loop.name, 0) + own
     return total
 
