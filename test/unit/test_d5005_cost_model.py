@@ -68,6 +68,12 @@ def test_the_loops_are_read_with_their_intervals(one_b: d5005.ProgramOp) -> None
     carried = cost_model.Engine.read(edited(source, CARRIED_ADD)).routines["matvec"]
     interval = cost_model.initiation_interval(carried, carried.loops[1].children[0], 8)
     assert interval.ii == cost_model.FP_LATENCY and "shift[b][0]" in interval.why
+    no_ivdep = cost_model.Engine.read(
+        edited(source, ("    IVDEP\n    /* loop add.words */", "    /* loop add.words */"))
+    )
+    add = no_ivdep.routines["add"]
+    aliased = cost_model.initiation_interval(add, add.loops[0], 8)
+    assert aliased.ii == cost_model.ONCHIP_DEPENDENCE and "no IVDEP" in aliased.why  # x[dst] = x[lhs] + x[rhs]
     every = [loop for routine in engine.routines.values() for loop in _all(routine.loops)]
     slow = [loop.name for loop in every if cost_model.initiation_interval(_owner(engine, loop), loop, 8).ii > 1]
     assert slow == []  # every loop of the engine starts an iteration every cycle
