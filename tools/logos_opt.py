@@ -161,6 +161,7 @@ class LogosOptMain(xDSLOptMain):
         arg_parser.add_argument("--debug", action="store_true", help="show Python tracebacks of internal errors")
         arg_parser.add_argument("--list-models", action=_ListModels, help="list the models the tools' --model takes")
         arg_parser.formatter_class = argparse.RawDescriptionHelpFormatter
+        arg_parser.prog = "logos-opt"  # also when run as `python -m logos_ir.tools.logos_opt`
         arg_parser.epilog = self._listing()
 
     def _listing(self) -> str:

@@ -5,6 +5,8 @@ wrong, in the tools' one style (`tool: error: ...`, or `file:line:col: error: ..
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -137,16 +139,63 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, sub
     manifest = json.loads((folder / "outside" / "manifest.json").read_text())
     manifest["artifacts"][0]["path"] = "/etc/hostname"
     (folder / "outside" / "manifest.json").write_text(json.dumps(manifest))
-    env = dict(os.environ) | {"HF_HUB_CACHE": str(folder / "hub"), "HF_HUB_OFFLINE": "1"}
+    env = {"HF_HUB_CACHE": str(folder / "hub"), "HF_HUB_OFFLINE": "1"}
 
-    def run(case: str) -> subprocess.CompletedProcess[str]:
+    def process(case: str) -> subprocess.CompletedProcess[str]:
+        """As a user runs it: the installed tool in a fresh process."""
         command = CASES[case][0]
         argv = [tool(command[0])] + [arg.replace("{dir}", str(folder)) for arg in command[1:]]
         stdin = '%x = "nope"(' if case == "opt-bad-mlir-stdin" else ""
-        return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=180, cwd=folder, env=env)
+        return subprocess.run(
+            argv, input=stdin, capture_output=True, text=True, timeout=180, cwd=folder, env=dict(os.environ) | env
+        )
 
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        return folder, dict(zip(CASES, pool.map(run, CASES), strict=True))
+    def in_process(case: str) -> subprocess.CompletedProcess[str]:
+        """The tool's `main` in this process (what its entry point runs; an exception escaping it would be a
+        traceback): a fraction of a process's start-up each."""
+        command = CASES[case][0]
+        argv = [arg.replace("{dir}", str(folder)) for arg in command[1:]]
+        err = io.StringIO()
+        saved = {key: os.environ.get(key) for key in env}
+        here, old_stdin = os.getcwd(), sys.stdin
+        os.environ.update(env)
+        os.chdir(folder)
+        sys.stdin = io.StringIO("")
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+                try:
+                    code = MAINS[command[0]]().main(argv)
+                except SystemExit as exit:
+                    code = exit.code if isinstance(exit.code, int) else 1
+        finally:
+            sys.stdin = old_stdin
+            os.chdir(here)
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+        return subprocess.CompletedProcess(command, code, "", err.getvalue())
+
+    results = {case: in_process(case) for case in CASES if case not in IN_A_PROCESS}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results |= dict(zip(IN_A_PROCESS, pool.map(process, IN_A_PROCESS), strict=True))
+    return folder, results
+
+
+def _main(name: str):  # type: ignore[no-untyped-def]
+    def load():  # type: ignore[no-untyped-def]
+        import importlib
+
+        return importlib.import_module(f"logos_ir.tools.{name}")
+
+    return load
+
+
+MAINS = {tool: _main(tool.replace("-", "_")) for tool in ("logos-opt", "logos-author", "logos-compile", "logos-run")}
+# Run as real processes (the rest in this process): one per tool, standard input, an environment variable.
+IN_A_PROCESS = ("opt-no-such-file", "opt-bad-mlir-stdin", "author-cut-too-large", "compile-output-through-a-file",
+                "run-hub-id-not-cached", "run-embedded-cache-past-memory")  # fmt: skip
 
 
 STYLE = re.compile(r"(logos-(opt|author|compile|run): error: |[^\s:][^\n]*:\d+:\d+: error: )")

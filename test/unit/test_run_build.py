@@ -17,8 +17,8 @@ from logos_ir.generate import Generator
 from logos_ir.tools import logos_author, logos_compile, logos_opt, logos_run
 from logos_ir.weights import open_model
 
-PROMPT = [3, 17, 42, 7]
-NEW = 5
+PROMPT = [3, 17, 42]
+NEW = 4
 
 
 @pytest.fixture(scope="module")
