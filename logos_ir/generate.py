@@ -168,7 +168,7 @@ def greedy(
             stats.stop = "length"
         elif position > ctx or step is None:
             stats.stop = "ctx" if position > ctx else "length"
-        if stats.stop:
+        if stats.stop or step is None:
             break
         token = choose(step(token, position))
         position += 1
