@@ -10,8 +10,11 @@ only on a GPU:
 * `cuda.cp_async`: the 16 bytes are read at issue and land in shared memory only when a `cuda.cp_async_wait`
   retires their group (`cuda.cp_async_commit` closes a group; `wait N` retires all but the newest N), so a read
   before the wait sees the old contents; both addresses must be 16-byte aligned;
-* `gpu.barrier`: threads are in lockstep, so it orders nothing more here; a barrier reached by only part of a block
-  (inside a branch that differs between its threads) is refused, as it would hang a GPU;
+* `gpu.barrier`: threads are in lockstep, so it only counts, per block, the barriers passed; each shared element
+  remembers the count and the thread of its last write and read, and a read of what another thread of the block
+  wrote, or a write over what another thread used, with no barrier between them is refused (a race on a GPU: a
+  missing barrier fails here, not only there); a barrier reached by only part of a block (inside a branch that
+  differs between its threads) is refused, as it would hang a GPU;
 * `cuda.ldmatrix`: lane 8i + r supplies row r of matrix i, lane 4r + w receives elements 2w, 2w+1 of row r in its
   register i (16-byte aligned rows); transposed, elements r of rows 2w and 2w+1;
 * `cuda.mma_sync` m16n8k16: each warp's A, B and C matrices gathered from its lanes' registers by the ISA's fragment
@@ -109,13 +112,63 @@ class _Threads:
             raise self.refuse(op, f"{what} outside its buffer of {size} elements")
 
 
+class _Shared:
+    """A shared memref of one launch: its values per block, and for each element the barrier epoch and thread of
+    its last write and last read, against which each access is checked (a data race between threads of a block is
+    refused, as `compute-sanitizer --tool racecheck` reports it on a GPU)."""
+
+    def __init__(self, blocks: int, size: int, epochs: np.ndarray):
+        self.data = np.zeros((blocks, size), np.float32)
+        self.epochs = epochs  # the barriers each block has passed
+        self.written, self.writer = np.full((blocks, size), -1, np.int64), np.full((blocks, size), -1, np.int64)
+        self.read, self.reader = np.full((blocks, size), -1, np.int64), np.full((blocks, size), -1, np.int64)
+
+    @staticmethod
+    def _where(block: np.ndarray, flat: np.ndarray, thread: np.ndarray) -> tuple[np.ndarray, ...]:
+        flat = flat.reshape(len(block), -1)
+        return block[:, None], flat, thread[:, None]
+
+    def write(self, threads: _Threads, op: Any, block: np.ndarray, flat: np.ndarray, thread: np.ndarray) -> None:
+        """A write by `thread` (one a row) of the elements `flat` of its block: refused when another thread of the
+        block read or wrote one of them since the block's last barrier."""
+        b, f, t = self._where(block, flat, thread)
+        now = self.epochs[b]
+        other = ((self.read[b, f] == now) & (self.reader[b, f] != t)) | (
+            (self.written[b, f] == now) & (self.writer[b, f] != t)
+        )
+        if other.any():
+            raise threads.refuse(op, "writes shared memory another thread of its block used since their last barrier")
+
+    def wrote(self, block: np.ndarray, flat: np.ndarray, thread: np.ndarray) -> None:
+        b, f, t = self._where(block, flat, thread)
+        self.written[b, f], self.writer[b, f] = self.epochs[b], t
+
+    def reads(self, threads: _Threads, op: Any, block: np.ndarray, flat: np.ndarray, thread: np.ndarray) -> None:
+        """A read by `thread` of `flat`: refused when another thread of the block wrote it since their last barrier."""
+        b, f, t = self._where(block, flat, thread)
+        if ((self.written[b, f] == self.epochs[b]) & (self.writer[b, f] != t)).any():
+            raise threads.refuse(op, "reads shared memory another thread of its block wrote since their last barrier")
+        self.read[b, f], self.reader[b, f] = self.epochs[b], t
+
+
+def _epochs(em: Any) -> int:
+    """The slot of a launch's barrier count per block."""
+    return em._slot(("barriers passed", id(em)))
+
+
+def _block_epochs(env: Env, slot: int, threads: _Threads) -> np.ndarray:
+    if env[slot] is None:
+        env[slot] = np.zeros(threads.count // threads.block_size, np.int64)
+    return env[slot]
+
+
 def _shared_memory(em: Any, op: Any) -> Step:
-    out = em._slot(op.result)
+    out, epochs = em._slot(op.result), _epochs(em)
     threads = _Threads(em, op)
     size = int(np.prod(op.result.type.get_shape()))
 
     def step(env: Env, mask: Mask) -> None:
-        env[out] = np.zeros((threads.count // threads.block_size, size), np.float32)
+        env[out] = _Shared(threads.count // threads.block_size, size, _block_epochs(env, epochs, threads))
 
     return step
 
@@ -148,10 +201,12 @@ def _cp_async(em: Any, op: Any) -> Step:
         ok = np.broadcast_to(np.asarray(env[valid], bool), (threads.count,))[live]
         source = env[src].reshape(-1)
         threads.inside(op, frm[ok], width, source.size, "reads")
-        threads.inside(op, to, width, env[dst].shape[1], "writes")
+        shared: _Shared = env[dst]
+        threads.inside(op, to, width, shared.data.shape[1], "writes")
         data = np.where(ok[:, None], source[np.where(ok, frm, 0)[:, None] + span], np.float32(0))
-        block = threads.blocks()[live]
-        _state(env, queue)["open"].append((dst, block, to[:, None] + span, data))
+        block, thread = threads.blocks()[live], np.flatnonzero(live)
+        shared.write(threads, op, block, to[:, None] + span, thread)  # in flight from here to its wait
+        _state(env, queue)["open"].append((shared, block, to[:, None] + span, data, thread))
 
     return step
 
@@ -170,25 +225,32 @@ def _commit(em: Any, op: Any) -> Step:
 def _wait(em: Any, op: Any) -> Step:
     queue = _queue(em)
     pending = op.pending.value.data
+    threads = _Threads(em, op)
 
     def step(env: Env, mask: Mask) -> None:
         groups = _state(env, queue)["groups"]
         while len(groups) > pending:
-            for dst, block, where, data in groups.pop(0):
-                env[dst][block[:, None], where] = data
+            for shared, block, where, data, thread in groups.pop(0):
+                shared.write(threads, op, block, where, thread)
+                shared.data[block[:, None], where] = data
+                shared.wrote(block, where, thread)
 
     return step
 
 
 def _barrier(em: Any, op: Any) -> Step:
     threads = _Threads(em, op)
+    epochs = _epochs(em)
 
     def step(env: Env, mask: Mask) -> None:
+        passed = _block_epochs(env, epochs, threads)
         if mask is None:
+            passed += 1
             return
         per_block = mask.reshape(-1, threads.block_size)
         if (per_block.any(axis=1) & ~per_block.all(axis=1)).any():
             raise threads.refuse(op, "is reached by only some threads of a block (a GPU would hang)")
+        passed += per_block.any(axis=1)
 
     return step
 
@@ -214,12 +276,16 @@ def _ldmatrix(em: Any, op: Any) -> Step:
         if (flat[:, : 8 * len(outs)] % 8).any():
             raise threads.refuse(op, "reads a matrix row that is not 16-byte aligned")
         block = threads.blocks().reshape(warps, WARP)
-        shared = env[memory]
-        threads.inside(op, flat[:, : 8 * len(outs)], 8, shared.shape[1], "reads a matrix row")
+        shared: _Shared = env[memory]
+        threads.inside(op, flat[:, : 8 * len(outs)], 8, shared.data.shape[1], "reads a matrix row")
+        live = np.ones(threads.count, bool) if mask is None else mask
+        receiver = np.arange(threads.count)[live]
         for out, pair in zip(outs, providers, strict=True):
-            places = zip(pair, columns, strict=True)
-            halves = [shared[block[:, lane], flat[:, lane] + column] for lane, column in places]
+            places = [flat[:, lane] + column for lane, column in zip(pair, columns, strict=True)]
+            halves = [shared.data[block[:, lane], at] for lane, at in zip(pair, places, strict=True)]
             env[out] = np.stack(halves, axis=-1).reshape(-1, 2)
+            read = np.stack(places, axis=-1).reshape(-1, 2)[live]
+            shared.reads(threads, op, block.reshape(-1)[live], read, receiver)
 
     return step
 
@@ -238,9 +304,13 @@ def _load_bf16x2(em: Any, op: Any) -> Step:
         if (flat % 2).any():
             raise threads.refuse(op, "loads an f32 pair at an odd index (not 8-byte aligned)")
         if shared:
-            memory_, block = env[memory], threads.blocks()
-            threads.inside(op, flat, 2, memory_.shape[1], "reads")
-            pair = [memory_[block, flat], memory_[block, flat + 1]]
+            tile: _Shared = env[memory]
+            block = threads.blocks()
+            threads.inside(op, flat, 2, tile.data.shape[1], "reads")
+            pair = [tile.data[block, flat], tile.data[block, flat + 1]]
+            live = np.ones(threads.count, bool) if mask is None else mask
+            both = np.stack([flat, flat + 1], axis=-1)[live]
+            tile.reads(threads, op, block[live], both, np.flatnonzero(live))
         else:
             memory_ = env[memory].reshape(-1)
             threads.inside(op, flat, 2, memory_.size, "reads")
@@ -276,9 +346,13 @@ def _store_bf16x2(em: Any, op: Any) -> Step:
             raise threads.refuse(op, "stores a bf16 pair at an odd index (not 4-byte aligned)")
         pair = np.broadcast_to(env[value], (threads.count, 2))[live]
         if shared:
-            block = threads.blocks()[live]
-            threads.inside(op, flat, 2, env[memory].shape[1], "writes")
-            env[memory][block, flat], env[memory][block, flat + 1] = pair[:, 0], pair[:, 1]
+            tile: _Shared = env[memory]
+            block, thread = threads.blocks()[live], np.flatnonzero(live)
+            threads.inside(op, flat, 2, tile.data.shape[1], "writes")
+            both = np.stack([flat, flat + 1], axis=-1)
+            tile.write(threads, op, block, both, thread)
+            tile.data[block, flat], tile.data[block, flat + 1] = pair[:, 0], pair[:, 1]
+            tile.wrote(block, both, thread)
             return
         target = env[memory].reshape(-1)
         threads.inside(op, flat, 2, target.size, "writes")

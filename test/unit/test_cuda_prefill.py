@@ -4,8 +4,8 @@
   `gate_up_tc`; a chunk of 70 rows, so the last row tile is partial, and projections narrower than a block tile)
   agrees with numpy's product of bf16-rounded inputs accumulated in f32 within the stated tolerance.
 * The emulator holds the kernels to the PTX ISA's fragment layouts and copy groups: moving one A-fragment register
-  to the wrong row, dropping the wait for the asynchronous copies, misaligning an ldmatrix row or copying past a
-  buffer changes the numbers or is refused.
+  to the wrong row, dropping the wait for the asynchronous copies, dropping a barrier (a race), misaligning an
+  ldmatrix row or copying past a buffer changes the numbers or is refused.
 * With f32 weights no tensor-core kernel is built (the exact path the token tests stand on).
 * Flash attention over the prompt agrees with numpy's attention, fused with the chunk's cache write (the cache then
   holds exactly the rotated, rounded keys and values) and not; reading V without `.trans` does not agree.
@@ -141,6 +141,26 @@ def test_a_read_before_the_copies_land_gives_wrong_numbers(plan: Any) -> None:
 
     edited_plan, edited = _edited("linear_tc", no_wait)
     assert (np.abs(_run(edited, edited_plan, arrays) - want) > TOLERANCE * bound).any()
+
+
+@pytest.mark.parametrize(
+    ("which", "refusal"),
+    [(0, "reads shared memory another thread of its block wrote"), (-1, "writes shared memory another thread")],
+)
+def test_a_missing_barrier_is_a_race_the_emulator_refuses(which: int, refusal: str) -> None:
+    """Without the barrier after the wait, warps read tiles other threads copied; without the one closing a slice,
+    the next prefetch overwrites a stage other warps may still read (a 4-slice product: the down projection)."""
+    stem = f"linear_residual_tc_{ROWS}x128f32"
+
+    def drop_barrier(kernel: Any) -> None:
+        loop = next(op for op in kernel.walk() if op.name == "scf.for" and _ops(op, cuda.MmaSyncOp))
+        barriers = [op for op in loop.body.block.ops if op.name == "gpu.barrier"]
+        barriers[which].detach()
+        barriers[which].erase()
+
+    edited_plan, edited = _edited(stem, drop_barrier)
+    with pytest.raises(LogosError, match=refusal):
+        _run(edited, edited_plan, _inputs(edited, seed=9))
 
 
 def test_a_misaligned_ldmatrix_row_is_refused(plan: Any) -> None:
