@@ -506,7 +506,8 @@ def _answer(
     stream.finish()
     if args.json:
         print(json.dumps(_report(plan, generator, prompt, new, stream, sampler, ctx)), flush=True)
-    print(timing_line(generator.stats), file=sys.stderr)
+    seed = "" if sampler.greedy else f" (sampled, --seed {sampler.settings.seed})"  # so a run can be repeated
+    print(timing_line(generator.stats) + seed, file=sys.stderr)
     if generator.stats.stop == "ctx":
         print(f"{TOOL}: the cache of {ctx} positions is full: the answer ends there", file=sys.stderr)
     return stream, new
