@@ -345,8 +345,7 @@ class Engine:
             )
         self.queue = cl.CommandQueue(self.context)
         self.program_cl = _built(self.context, source, binary)
-        self.compute = cl.Kernel(self.program_cl, d5005.COMPUTE_KERNEL)
-        self.readers = [cl.Kernel(self.program_cl, name) for name in d5005.READER_KERNELS]
+        self.compute, self.readers = _kernels(self.program_cl)
         self.channels = self.compute.num_args == _COMPUTE_ARGS_ON_CHANNELS  # built by aoc: no ordered buffers
         self.queues = [cl.CommandQueue(self.context) for _ in range(1 + d5005.BANKS)] if self.channels else []
         flags = cl.mem_flags
@@ -486,6 +485,25 @@ def _check_engine(source: str, stream: Stream) -> None:
 
 _ARGMAX = d5005.OPCODES["d5005.argmax"]
 _COMPUTE_ARGS_ON_CHANNELS = 12  # instructions, first, count, 4 banks, token, position, result, logits
+
+
+def _kernels(program: Any) -> tuple[Any, list[Any]]:
+    """The compute kernel and the four readers of a built engine, refused when the program is not this engine's
+    (another kernel set, or kernels of other arguments: a binary of another source)."""
+    import pyopencl as cl
+
+    try:
+        compute = cl.Kernel(program, d5005.COMPUTE_KERNEL)
+        readers = [cl.Kernel(program, name) for name in d5005.READER_KERNELS]
+    except cl.Error as error:
+        raise LogosError(f"the compiled engine is not the D5005 engine: {error}") from None
+    shapes = {(_COMPUTE_ARGS_ON_CHANNELS, 6), (_COMPUTE_ARGS_ON_CHANNELS + 4, 8)}
+    if (compute.num_args, readers[0].num_args) not in shapes:
+        raise LogosError(
+            f"the compiled engine's kernels take {compute.num_args} and {readers[0].num_args} arguments, not the"
+            " D5005 engine's"
+        )
+    return compute, readers
 
 
 def _bank_flag(bank: int) -> int:

@@ -139,6 +139,10 @@ def test_a_build_folder_and_a_compiled_engine_run_through_the_generator(tmp_path
     binary.write_bytes(b"not a program binary")
     with pytest.raises(LogosError, match="the compiled engine does not load"):
         d5005_generator(RunRequest(store, build=folder, aocx=binary))
+    other = cl.Program(pocl_cpu_context(), "__kernel void d5005_compute(__global int *x) { x[0] = 1; }").build()
+    binary.write_bytes(other.get_info(cl.program_info.BINARIES)[0])
+    with pytest.raises(LogosError, match="the compiled engine is not the D5005 engine"):
+        d5005_generator(RunRequest(store, build=folder, aocx=binary))
 
 
 @needs_opencl
