@@ -1032,12 +1032,11 @@ class HostProgram:
         if not self.graph:
             self.launch_all()
         elif self.graphs is None:
-            self.launch_all()  # eager: loads the kernels and surfaces any fault outside a capture
+            self.launch_all()  # this step, eager: it loads the kernels and surfaces any fault outside a capture
             for device in devices:
                 device.begin_capture()
-            self.launch_all()
+            self.launch_all()  # recorded, not run: every later step replays it
             self.graphs = [device.end_capture() for device in devices]
-            type(devices[0]).replay(devices, self.graphs)
         else:
             type(devices[0]).replay(devices, self.graphs)
 
