@@ -247,7 +247,7 @@ def backends() -> dict[str, Backend]:
         ),
         "d5005": Backend(
             "d5005",
-            "the D5005 engine's OpenCL C run on PoCL's CPU device, one launch per decode step",
+            "the D5005 engine's OpenCL C (four bank readers, a compute kernel) on PoCL's CPU device, or --aocx",
             ("bf16", "f32"),
             _lazy("logos_ir.runtime.d5005", "d5005_generator"),
         ),
