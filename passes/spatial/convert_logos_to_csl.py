@@ -243,35 +243,46 @@ class PartLowering:
         return self.e.op(arith.ExtSIOp(value, i32)).results[0]
 
     def reduce(self, e: Emit, array: SSAValue, n: int, along: str, combine: type[csl.BuiltinDsdOp], broadcast: bool = True) -> None:
-        """Combine each element's `array[0:n]` along its row (`along="row"`) or column: a chain toward the last
-        element on two alternating colours, then (`broadcast`) the total sent back to every element of the line."""
+        """Combine each element's `array[0:n]` along its row (`along="row"`) or column, toward the line's centre
+        element P // 2 from both ends at once: each half a chain on two colours alternating by the distance from its
+        end (the end element sends its own; each next one adds what arrives and passes it on in one DSD op, the
+        wavelets streaming through: @fadds(out, in, mine)); the centre adds both halves into its own; then
+        (`broadcast`) the centre sends the total both ways along the line."""
         plan = self.plan
-        chain, bcast = (g.ROW_CHAIN, g.ROW_BCAST) if along == "row" else (g.COL_CHAIN, g.COL_BCAST)
+        if along == "row":
+            near, far, bcast = g.ROW_WEST_CHAIN, g.ROW_EAST_CHAIN, g.ROW_BCAST
+        else:
+            near, far, bcast = g.COL_NORTH_CHAIN, g.COL_SOUTH_CHAIN, g.COL_BCAST
+        centre, last = plan.centre, plan.p - 1
         k = self.coordinate(along)
-        zero, one, two, last = e.int(0), e.int(1), e.int(2), e.int(plan.p - 1)
-        parity = e.bin(arith.RemSIOp, k, two)
-        odd = e.cmp(parity, one, "eq")
         local = e.dsd(array, n)
-        # the first element sends its own; each middle one adds what arrives and passes it on in one DSD op (the
-        # wavelets stream through: @fadds(out, in, mine)); the last adds what arrives into its own
-        first, rest, op = e.branch(e.cmp(k, zero, "eq"))
-        first.dsd_op(csl.FmovsOp, first.fabric(chain[0], n, False), local)  # element 0 is even
-        middle, last_one, inner = rest.branch(e.cmp(k, last, "slt"))
-        odd_me, even_me, parity_op = middle.branch(odd)  # odd: receives the even colour, sends the odd one
-        odd_me.dsd_op(combine, odd_me.fabric(chain[1], n, False), odd_me.fabric(chain[0], n, True), local)
-        even_me.dsd_op(combine, even_me.fabric(chain[0], n, False), even_me.fabric(chain[1], n, True), local)
-        middle.end_branch(odd_me, even_me, parity_op)
-        odd_end, even_end, end_op = last_one.branch(odd)
-        odd_end.dsd_op(combine, local, local, odd_end.fabric(chain[0], n, True))
-        even_end.dsd_op(combine, local, local, even_end.fabric(chain[1], n, True))
-        last_one.end_branch(odd_end, even_end, end_op)
-        rest.end_branch(middle, last_one, inner)
-        e.end_branch(first, rest, op)
+        before, rest, op = e.branch(e.cmp(k, e.int(centre), "slt"))
+        self._half(before, k, local, n, near, combine, before.cmp(k, before.int(0), "eq"))
+        after, middle, op2 = rest.branch(rest.cmp(k, rest.int(centre), "sgt"))
+        distance = after.bin(arith.SubiOp, after.int(last), k)
+        self._half(after, distance, local, n, far, combine, after.cmp(k, after.int(last), "eq"))
+        if centre > 0:
+            middle.dsd_op(combine, local, local, middle.fabric(near[(centre - 1) % 2], n, True))
+        if centre < last:
+            middle.dsd_op(combine, local, local, middle.fabric(far[(last - centre - 1) % 2], n, True))
+        rest.end_branch(after, middle, op2)
+        e.end_branch(before, rest, op)
         if broadcast:
-            others, end, op = e.branch(e.cmp(k, last, "slt"))
+            others, source, op3 = e.branch(e.cmp(k, e.int(centre), "ne"))
             others.dsd_op(csl.FmovsOp, local, others.fabric(bcast, n, True))
-            end.dsd_op(csl.FmovsOp, end.fabric(bcast, n, False), local)
-            e.end_branch(others, end, op)
+            source.dsd_op(csl.FmovsOp, source.fabric(bcast, n, False), local)
+            e.end_branch(others, source, op3)
+
+    def _half(self, e: Emit, distance: SSAValue, local: SSAValue, n: int, chain: tuple[int, int], combine: type[csl.BuiltinDsdOp], at_end: SSAValue) -> None:
+        """One half-line's chain: `distance` from its end; the end sends on chain[0], the element at distance d > 0
+        receives chain[(d - 1) % 2] and sends chain[d % 2]."""
+        end, inner, op = e.branch(at_end)
+        end.dsd_op(csl.FmovsOp, end.fabric(chain[0], n, False), local)
+        odd, even, parity = inner.branch(inner.cmp(inner.bin(arith.RemSIOp, distance, inner.int(2)), inner.int(1), "eq"))
+        odd.dsd_op(combine, odd.fabric(chain[1], n, False), odd.fabric(chain[0], n, True), local)
+        even.dsd_op(combine, even.fabric(chain[0], n, False), even.fabric(chain[1], n, True), local)
+        inner.end_branch(odd, even, parity)
+        e.end_branch(end, inner, op)
 
     def vec(self, name: str, layout: str, length: int, even: bool = False) -> Vec:
         chunk = self.plan.chunk(length, even)
@@ -344,7 +355,7 @@ class PartLowering:
     def element_type(self) -> Any:
         return f16 if self.plan.image == "f16" else f32
 
-    def program_weight(self, op: logos.WeightOp, orient: str, row_map: Sequence[int] = ()) -> g.Weight:
+    def program_weight(self, op: logos.WeightOp, orient: str, row_map: Sequence[int] = (), in_chunk: int = 0) -> g.Weight:
         """The weight array this op's tensor lives in (shared by every layer's tensor of the same role)."""
         plan = self.plan
         name = _name(op.result)
@@ -358,7 +369,7 @@ class PartLowering:
         padded_rows = len(row_map) if row_map else rows
         kind = "table" if self.layer is None else "matrix"
         tr = plan.chunk(padded_rows, even=bool(row_map))
-        tc = plan.chunk(columns)
+        tc = in_chunk or plan.chunk(columns)  # a product's tile is as wide as its input's chunk
         weight = g.Weight(name, (tensor,), kind, orient, rows, columns, tr, tc, tuple(row_map))
         return self.declare(weight, plan_layers=self.layer is not None)
 
@@ -409,7 +420,7 @@ class PartLowering:
         if "rope" in roles or "cache" in roles:
             head_dim = plan.head_dim
             row_map = g.expanded_rows(plan.heads, plan.kv_heads, head_dim, "cache" in roles and out_rows != plan.features, "rope" in roles)
-        weight = self.program_weight(self.values[op.weight], x.layout, row_map)
+        weight = self.program_weight(self.values[op.weight], x.layout, row_map, x.chunk)
         out_layout = "row" if x.layout == "col" else "col"
         length = len(row_map) if row_map else out_rows
         out = Vec(out_layout, length, weight.tile_rows, _name(op.result))
@@ -746,7 +757,7 @@ def lower_parts(parts: Sequence[tuple[Any, Any, ModuleOp]], plan: g.GridPlan) ->
         "image": plan.image,
         "weights": {name: {**w.__dict__, "tensors": list(w.tensors), "row_map": list(w.row_map)} for name, w in plan.weights.items()},
         "rope_tables": dict(program.handles.get("rope_tables", {})),  # type: ignore[arg-type]
-        "logits": {"array": logits.array, "chunk": logits.chunk, "column": plan.p - 1, "length": logits.length},
+        "logits": {"array": logits.array, "chunk": logits.chunk, "column": plan.centre, "length": logits.length},
         "argmax": "host",
         "identities": identities,
         "arrays": {name: [words, str(element)] for name, (words, element) in program.arrays.items()},
@@ -810,31 +821,54 @@ def _route(e: Emit, x: SSAValue, y: SSAValue, colour: int, rx: Sequence[str], tx
 
 
 def _line_routes(e: Emit, k: SSAValue, x: SSAValue, y: SSAValue, p: int, along: str) -> None:
-    """The routes of a row (`along="row"`, k = x) or a column (k = y): the chain's two alternating colours toward
-    the last element and the broadcast colour back."""
+    """The routes of a row (`along="row"`, k = x) or a column (k = y), as `PartLowering.reduce` uses them: each half's
+    chain toward the centre on its two alternating colours, and the centre's broadcast both ways."""
     if along == "row":
-        chain, bcast, forward, back = g.ROW_CHAIN, g.ROW_BCAST, "EAST", "WEST"
+        near, far, bcast, towards, away = g.ROW_WEST_CHAIN, g.ROW_EAST_CHAIN, g.ROW_BCAST, "EAST", "WEST"
     else:
-        chain, bcast, forward, back = g.COL_CHAIN, g.COL_BCAST, "SOUTH", "NORTH"
-    zero, one, two, last = e.int(0, i16), e.int(1, i16), e.int(2, i16), e.int(p - 1, i16)
-    odd = e.cmp(e.bin(arith.RemSIOp, k, two), one, "eq")
-    with e.when(e.cmp(k, last, "slt")) as sender:
-        odd_me, even_me, op = sender.branch(odd)
-        _route(odd_me, x, y, chain[1], ["RAMP"], [forward])
-        _route(even_me, x, y, chain[0], ["RAMP"], [forward])
-        sender.end_branch(odd_me, even_me, op)
-    with e.when(e.cmp(k, zero, "sgt")) as receiver:
-        odd_me, even_me, op = receiver.branch(odd)
-        _route(odd_me, x, y, chain[0], [back], ["RAMP"])
-        _route(even_me, x, y, chain[1], [back], ["RAMP"])
-        receiver.end_branch(odd_me, even_me, op)
-    end, rest, op = e.branch(e.cmp(k, last, "eq"))
-    _route(end, x, y, bcast, ["RAMP"], [back])
-    first, middle, op2 = rest.branch(e.cmp(k, zero, "eq"))
-    _route(first, x, y, bcast, [forward], ["RAMP"])
-    _route(middle, x, y, bcast, [forward], [back, "RAMP"])
-    rest.end_branch(first, middle, op2)
-    e.end_branch(end, rest, op)
+        near, far, bcast, towards, away = g.COL_NORTH_CHAIN, g.COL_SOUTH_CHAIN, g.COL_BCAST, "SOUTH", "NORTH"
+    centre, last = p // 2, p - 1
+    one, two = e.int(1, i16), e.int(2, i16)
+    # the near half (k < centre) sends toward the far end's direction; its distance from its end is k
+    with e.when(e.cmp(k, e.int(centre, i16), "slt")) as half:
+        _half_routes(half, x, y, k, near, towards, away, e.int(0, i16), one, two)
+    # the far half (k > centre): distance last - k, sends the other way
+    with e.when(e.cmp(k, e.int(centre, i16), "sgt")) as half:
+        distance = half.bin(arith.SubiOp, half.int(last, i16), k)
+        _half_routes(half, x, y, distance, far, away, towards, half.int(0, i16), one, two)
+    # the centre receives the last of each half, then sends the total both ways
+    here, other, op = e.branch(e.cmp(k, e.int(centre, i16), "eq"))
+    if centre > 0:
+        _route(here, x, y, near[(centre - 1) % 2], [away], ["RAMP"])
+    if centre < last:
+        _route(here, x, y, far[(last - centre - 1) % 2], [towards], ["RAMP"])
+    _route(here, x, y, bcast, ["RAMP"], [d for d, present in ((away, centre > 0), (towards, centre < last)) if present])
+    before, after, op2 = other.branch(other.cmp(k, other.int(centre, i16), "slt"))
+    first, inner, op3 = before.branch(before.cmp(k, before.int(0, i16), "eq"))
+    _route(first, x, y, bcast, [towards], ["RAMP"])
+    _route(inner, x, y, bcast, [towards], [away, "RAMP"])
+    before.end_branch(first, inner, op3)
+    end, inner2, op4 = after.branch(after.cmp(k, after.int(last, i16), "eq"))
+    _route(end, x, y, bcast, [away], ["RAMP"])
+    _route(inner2, x, y, bcast, [away], [towards, "RAMP"])
+    after.end_branch(end, inner2, op4)
+    other.end_branch(before, after, op2)
+    e.end_branch(here, other, op)
+
+
+def _half_routes(e: Emit, x: SSAValue, y: SSAValue, distance: SSAValue, chain: tuple[int, int], forward: str, back: str, zero: SSAValue, one: SSAValue, two: SSAValue) -> None:
+    """An element of a half-line at `distance` from its end: it sends chain[d % 2] `forward` and (d > 0) receives
+    chain[(d - 1) % 2] from `back`."""
+    odd = e.cmp(e.bin(arith.RemSIOp, distance, two), one, "eq")
+    odd_me, even_me, op = e.branch(odd)
+    _route(odd_me, x, y, chain[1], ["RAMP"], [forward])
+    _route(even_me, x, y, chain[0], ["RAMP"], [forward])
+    e.end_branch(odd_me, even_me, op)
+    with e.when(e.cmp(distance, zero, "sgt")) as receiver:
+        odd_r, even_r, op2 = receiver.branch(odd)
+        _route(odd_r, x, y, chain[0], [back], ["RAMP"])
+        _route(even_r, x, y, chain[1], [back], ["RAMP"])
+        receiver.end_branch(odd_r, even_r, op2)
 
 
 def _layout(plan: g.GridPlan) -> csl.CslModuleOp:

@@ -29,11 +29,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-# Colours (WSE-2 has 24; memcpy reserves 21, 22 and 23 on WSE-2, so a program may use 0..20).
-ROW_CHAIN = (0, 1)  # partial sums eastward along a row, alternating by column parity
-ROW_BCAST = 2  # the row's total westward from its last element
-COL_CHAIN = (3, 4)  # partial sums southward along a column, alternating by row parity
-COL_BCAST = 5  # the column's total northward from its last element
+# Colours (WSE-2 has 24; memcpy reserves 21, 22 and 23 on WSE-2, so a program may use 0..20). A line (row or
+# column) is reduced toward its centre element P // 2 from both ends at once: each half a chain on two colours
+# alternating by distance from its end, then the centre's total broadcast both ways on a fifth.
+ROW_WEST_CHAIN = (0, 1)  # the row's western half, eastward to the centre
+ROW_EAST_CHAIN = (2, 3)  # its eastern half, westward to the centre
+ROW_BCAST = 4  # the total from the centre, both ways
+COL_NORTH_CHAIN = (5, 6)  # the column's northern half, southward to the centre
+COL_SOUTH_CHAIN = (7, 8)  # its southern half, northward
+COL_BCAST = 9
 USER_COLOURS = 21  # colours 0..20 are the program's
 RESERVED_COLOURS = (21, 22, 23)  # memcpy's on WSE-2
 # Local task ids (on WSE-2 a local task id may not be a colour the program routes).
@@ -94,6 +98,11 @@ class GridPlan:
     def chunk(self, n: int, even: bool = False) -> int:
         c = ceil_div(n, self.p)
         return c + (c % 2) if even else c
+
+    @property
+    def centre(self) -> int:
+        """The element of a line its reductions end on (the head's logits are on this column)."""
+        return self.p // 2
 
     @property
     def slots(self) -> int:

@@ -19,6 +19,7 @@ from xdsl.dialects import csl
 
 from logos_ir.dialects import csl_ext
 from logos_ir.generate import Generator
+from logos_ir.passes.spatial.grid import ROW_BCAST
 from logos_ir.program import Cut
 from logos_ir.runtime import RunRequest
 from logos_ir.runtime.spatial import (
@@ -134,16 +135,17 @@ def test_a_removed_route_stops_the_run_naming_element_and_colour() -> None:
     store = RandomWeights(MODELS["gqa"], seed=7)
     lowered = _lowered(store)
     _, layout = split_modules(lowered.module)
-    # the row broadcast's configuration at the middle elements (rx EAST, tx WEST and RAMP) removed
+    # the row broadcast's configuration at the elements between a row's first and its centre (rx EAST, tx WEST and
+    # RAMP) removed
     config = next(
         op
         for op in layout.walk()
-        if isinstance(op, csl_ext.SetColorConfigOp) and op.colour.data == 2 and op.transmits == ("WEST", "RAMP")
+        if isinstance(op, csl_ext.SetColorConfigOp) and op.colour.data == ROW_BCAST and op.transmits == ("WEST", "RAMP")
     )
     config.detach()
     config.erase()
     static_check(lowered.module, params=layout_params(lowered.host))  # a route is not what the static check reads
-    with pytest.raises(FabricError, match=r"deadlock.*element \(\d+, \d+\).*colour 2"):
+    with pytest.raises(FabricError, match=rf"deadlock.*element \(\d+, \d+\).*colour {ROW_BCAST}"):
         _run(lowered.module, lowered.host, store, 1)
 
 
@@ -156,8 +158,8 @@ def test_a_receive_on_a_colour_nothing_sends_is_refused() -> None:
         for op in program.walk()
         if isinstance(op, csl.GetFabDsdOp) and op.result.type == csl.DsdType(csl.DsdKind.fabin_dsd)
     )
-    receive.fabric_color = type(receive.fabric_color)(7, receive.fabric_color.type)
-    with pytest.raises(FabricError, match=r"colour 7 is received .* on element \(\d+, \d+\)\) but no element sends it"):
+    receive.fabric_color = type(receive.fabric_color)(15, receive.fabric_color.type)
+    with pytest.raises(FabricError, match=r"colour 15 is received .* on element \(\d+, \d+\)\) but no element sends it"):
         static_check(lowered.module, params=layout_params(lowered.host))
 
 
@@ -261,3 +263,14 @@ def test_logos_run_from_a_build_folder(tmp_path: Path) -> None:
     assert spatial.returncode == 0, spatial.stderr
     reference = subprocess.run([*run, "--model", "tiny"], capture_output=True, text=True, timeout=300)
     assert spatial.stdout.split()[0] == reference.stdout.split()[0]
+
+
+@pytest.mark.parametrize("p", [5, 7])
+def test_grids_of_other_sizes(p: int) -> None:
+    """An odd grid (its centres, its halves of unequal parity) and chunks that are not even (a product's tile as
+    wide as its input's chunk) give the same tokens."""
+    from logos_ir.passes.spatial.convert_logos_to_csl import lower_decode
+
+    store = RandomWeights(MODELS["gqa"], seed=2)
+    lowered = lower_decode(store.spec, 16, "f32", p)
+    assert _run(lowered.module, lowered.host, store, 3) == Generator(store).generate(PROMPT, 3)
