@@ -421,3 +421,24 @@ def test_the_8b_prefill_tensor_core_kernels_compile_for_sm_90_without_spills(tmp
     report = done.stdout + done.stderr
     assert len(re.findall(r"Compiling entry function '(\w+)'", report)) == len(names)
     assert re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report) == [("0", "0")] * len(names)
+
+
+def test_the_build_report_gives_each_products_hbm_bytes_against_the_minimum() -> None:
+    """The 8B's 512-row chunk: row tiles on the grid's x axis (launched side by side, so a weight tile is read from
+    HBM once while its 8 row tiles are resident) and the report's entry per distinct product."""
+    from logos_ir.build import BuildRequest
+    from logos_ir.models import ModelSource
+    from logos_ir.passes.cuda.build import build_cuda
+    from logos_ir.progress import Progress
+
+    spec = ModelSpec.preset("llama-3.1-8b")
+    request = BuildRequest(
+        ModelSource("preset", "8b", spec), Cut.prefill(512, 1024), 1, "bf16", False, Progress.silent()
+    )
+    products = build_cuda(request).report["tensor_core_products"]
+    assert {p["kernel"].split("_tc_")[0] for p in products} == {"linear", "linear_residual", "gate_up"}
+    assert sum(p["launches"] for p in products) == 6 * spec.layers  # q, k, v, o, gate/up, down
+    for product in products:
+        assert product["grid"][0] == 512 // 64  # row tiles fastest
+        assert product["minimum_bytes"] <= product["hbm_bytes"] <= 1.5 * product["minimum_bytes"]
+        assert product["l2_to_sm_bytes"] > product["hbm_bytes"]
