@@ -501,8 +501,9 @@ class PartLowering:
         values = self.arr(self.cache_array(self.values[op.values], q.chunk))
         heads, slots, chunk, p = plan.heads, plan.slots, q.chunk, plan.p
         self.program.array("scores", heads * slots)
-        self.program.array("head_max", heads)
-        self.program.array("head_sum", heads)
+        window = min(heads, -(-chunk // plan.head_dim) + 1)  # the most heads a chunk of features touches
+        self.program.array("head_max", window)
+        self.program.array("head_sum", window)
         scores, high, total = self.arr("scores"), self.arr("head_max"), self.arr("head_sum")
         out = self.vec(_name(op.result), "row", q.length, even=True)
         attended, query = self.arr(out.array), self.arr(q.array)
@@ -524,30 +525,38 @@ class PartLowering:
                 body.dsd_op(csl.FmacsOp, row, row, column, q)
         self.reduce(e, scores, heads * slots, "col", csl.FaddsOp)
         e.dsd_op(csl.FmulsOp, e.dsd(scores, heads * slots), e.dsd(scores, heads * slots), e.float(1.0 / math.sqrt(plan.head_dim)))
-        # my positions after the current one are masked; each head's maximum over mine, then along the row
-        e.dsd_op(csl.FmovsOp, e.dsd(high, heads), e.float(-3.0e38))
+        # softmax for the heads my features belong to (a window of `window` heads from h0; my row's elements share
+        # it): my positions after the current one masked, each head's maximum over mine, then along the row
+        h0 = e.bin(arith.DivSIOp, first_feature, e.int(plan.head_dim))
+        highest = e.int(heads - window)
+        h0 = e.op(arith.SelectOp(e.cmp(h0, highest, "slt"), h0, highest)).results[0]
+        rows_from = e.bin(arith.MuliOp, h0, e.int(slots))
+        e.dsd_op(csl.FmovsOp, e.dsd(high, window), e.float(-3.0e38))
         with e.loop(slots) as (outer, s, _, _y):
             t = outer.bin(arith.AddiOp, outer.bin(arith.MuliOp, s, outer.int(p)), px)
             later = outer.cmp(t, position, "sgt")
             with outer.when(later) as masked:
                 masked.dsd_op(csl.FmovsOp, masked.moved(masked.dsd(scores, heads, 0, slots), s), masked.float(-3.0e38))
-            outer.dsd_op(csl.FmaxsOp, outer.dsd(high, heads), outer.dsd(high, heads), outer.moved(outer.dsd(scores, heads, 0, slots), s))
-        self.reduce(e, high, heads, "row", csl.FmaxsOp)
+            mine = outer.moved(outer.dsd(scores, window, 0, slots), outer.bin(arith.AddiOp, rows_from, s))
+            outer.dsd_op(csl.FmaxsOp, outer.dsd(high, window), outer.dsd(high, window), mine)
+        self.reduce(e, high, window, "row", csl.FmaxsOp)
         # exp(score - max) and each head's sum, along the row
-        e.dsd_op(csl.FmovsOp, e.dsd(total, heads), e.float(0.0))
-        with e.loop(heads) as (outer, h, _, _y):
-            m = outer.load(high, h)
+        e.dsd_op(csl.FmovsOp, e.dsd(total, window), e.float(0.0))
+        with e.loop(window) as (outer, j, _, _y):
+            m = outer.load(high, j)
+            h = outer.bin(arith.AddiOp, h0, j)
             with outer.loop(slots) as (body, s, _, _y2):
                 at = body.bin(arith.AddiOp, body.bin(arith.MuliOp, h, body.int(slots)), s)
                 weight = body.math(self.program.math, "exp_f32", body.op(arith.SubfOp(body.load(scores, at), m)).results[0])
                 body.store(weight, scores, at)
-                body.store(body.op(arith.AddfOp(body.load(total, h), weight)).results[0], total, h)
-        self.reduce(e, total, heads, "row", csl.FaddsOp)
+                body.store(body.op(arith.AddfOp(body.load(total, j), weight)).results[0], total, j)
+        self.reduce(e, total, window, "row", csl.FaddsOp)
         # each head's weights normalised; spread to my features (weights[s, r] = p[head(r), s]); then the weighted
         # values of my positions summed, row by row
-        with e.loop(heads) as (body, h, _, _y):
+        with e.loop(window) as (body, j, _, _y):
+            h = body.bin(arith.AddiOp, h0, j)
             row = body.moved(body.dsd(scores, slots), body.bin(arith.MuliOp, h, body.int(slots)))
-            inverse = body.op(arith.DivfOp(body.float(1.0), body.load(total, h))).results[0]
+            inverse = body.op(arith.DivfOp(body.float(1.0), body.load(total, j))).results[0]
             body.dsd_op(csl.FmulsOp, row, row, inverse)
         self.program.array("weights_by_feature", slots * chunk)
         spread = self.arr("weights_by_feature")

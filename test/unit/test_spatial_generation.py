@@ -188,7 +188,8 @@ def test_memory_per_element_is_enforced() -> None:
 def test_wavelets_per_step_are_the_mappings() -> None:
     """The wavelets the simulated fabric delivers in one step are those the whole-grid mapping sends: each
     all-reduce of n words over P lines of P elements delivers P (P - 1) n wavelets on its chain and as many on its
-    broadcast; the head's reduction has no broadcast. (Counted from the mapping's description, not the code.)"""
+    broadcast; the head's reduction has no broadcast; softmax's maximum and sum are reduced for the heads a row's
+    features belong to. (Counted from the mapping's description, not the code.)"""
     store = RandomWeights(MODELS["gqa"], seed=7)
     lowered = _lowered(store, ctx=16)
     plan = lowered.plan
@@ -198,8 +199,9 @@ def test_wavelets_per_step_are_the_mappings() -> None:
     machine.step(4, 1)
     hc, fc, ic = plan.chunk(plan.hidden), plan.chunk(plan.features, even=True), plan.chunk(plan.intermediate)
     vc = plan.chunk(plan.vocab)
+    window = min(plan.heads, -(-fc // plan.head_dim) + 1)  # the heads a row's features can touch: its softmax's
     allreduce = hc + plan.layers * (
-        1 + 3 * fc + plan.heads * plan.slots + 2 * plan.heads + fc + hc + 1 + 2 * ic + hc
+        1 + 3 * fc + plan.heads * plan.slots + 2 * window + fc + hc + 1 + 2 * ic + hc
     ) + 1
     expected = 2 * p * (p - 1) * allreduce + p * (p - 1) * vc
     assert machine.fabric.wavelets == expected
