@@ -32,13 +32,15 @@ from xdsl.dialects.builtin import (
     StringAttr,
     VectorType,
 )
-from xdsl.ir import Attribute, Dialect, Operation, SSAValue
+from xdsl.dialects.utils import EnumAttribute
+from xdsl.ir import Attribute, Dialect, Operation, SpacedOpaqueSyntaxAttribute, SSAValue
 from xdsl.irdl import (
     AttrSizedOperandSegments,
     IRDLOperation,
     ParsePropInAttrDict,
     VarConstraint,
     base,
+    irdl_attr_definition,
     irdl_op_definition,
     operand_def,
     opt_prop_def,
@@ -50,6 +52,7 @@ from xdsl.irdl import (
 )
 from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
+from xdsl.utils.str_enum import StrEnum
 
 BUFFER_KINDS = ("weight", "cache", "activation", "input", "output", "table", "scratch")
 WARP = 32
@@ -212,7 +215,8 @@ class LinearOp(_NormPrologue, KernelOp):
     def verify_(self) -> None:
         extra = (1 if self.normed() else 0) + (1 if self.residual_chip is not None else 0)
         if len(self.ins) - extra not in (2, 3) or len(self.outs) != 1:
-            raise _fail(self, f"takes 2 or 3 inputs (and a chip, a norm scale) and 1 output, got {len(self.ins)} and {len(self.outs)}")
+            got = f"got {len(self.ins)} and {len(self.outs)}"
+            raise _fail(self, f"takes 2 or 3 inputs (and a chip, a norm scale) and 1 output, {got}")
         if self.residual_chip is not None and len(self.ins) - extra != 3:
             raise _fail(self, "adds its residual on one chip: it needs a residual")
         ins, (out,) = self.shapes()
@@ -238,7 +242,8 @@ class GateUpOp(_NormPrologue, KernelOp):
     def verify_(self) -> None:
         extra = 1 if self.normed() else 0
         if len(self.ins) != 3 + extra or len(self.outs) != 1:
-            raise _fail(self, f"takes 3 inputs (and a norm scale) and 1 output, got {len(self.ins)} and {len(self.outs)}")
+            got = f"got {len(self.ins)} and {len(self.outs)}"
+            raise _fail(self, f"takes 3 inputs (and a norm scale) and 1 output, {got}")
         (x, gate, up, *_), (out,) = self.shapes()
         _expect(self, "up shape", up, gate)
         _expect(self, "result shape", out, (x[0], gate[0]))
@@ -440,6 +445,54 @@ class VectorLoadOp(IRDLOperation):
             raise _fail(self, f"rows of {kind.get_shape()[-1]} are not whole vectors of {width}")
 
 
+class ShuffleMode(StrEnum):
+    XOR = "xor"
+    UP = "up"
+    DOWN = "down"
+    IDX = "idx"
+
+
+@irdl_attr_definition
+class ShuffleModeAttr(EnumAttribute[ShuffleMode], SpacedOpaqueSyntaxAttribute):
+    """Upstream `gpu`'s shuffle mode (`#gpu<shuffle_mode xor>` in xDSL's spelling, `#gpu.shuffle_mode<xor>` in
+    upstream's), which xDSL 0.74's `gpu` lacks with its op."""
+
+    name = "gpu.shuffle_mode"
+
+
+@irdl_op_definition
+class GpuShuffleOp(IRDLOperation):
+    """Upstream MLIR's `gpu.shuffle` (xDSL 0.74 lacks it), used in its `xor` mode over a whole warp (`width` 32): the
+    value of lane (this lane xor `offset`), and whether that lane took part (always, at width 32). CUDA's
+    `__shfl_xor_sync(0xffffffff, value, offset)`.
+
+    `%r, %ok = "gpu.shuffle"(%v, %c16, %c32) <{mode = #gpu<shuffle_mode xor>}> : (f32, i32, i32) -> (f32, i1)`
+    """
+
+    name = "gpu.shuffle"
+
+    T: ClassVar = VarConstraint("T", base(Float32Type) | base(IntegerType))
+
+    value = operand_def(T)
+    offset = operand_def(IntegerType)
+    width = operand_def(IntegerType)
+    mode = prop_def(ShuffleModeAttr)
+    shuffle_result = result_def(T)
+    valid = result_def(IntegerType)
+
+    def __init__(self, value: SSAValue, offset: SSAValue, width: SSAValue, mode: ShuffleMode = ShuffleMode.XOR):
+        super().__init__(
+            operands=[value, offset, width],
+            properties={"mode": ShuffleModeAttr(mode)},
+            result_types=[value.type, IntegerType(1)],
+        )
+
+    def verify_(self) -> None:
+        for name, operand in (("offset", self.offset), ("width", self.width)):
+            if operand.type != IntegerType(32):
+                raise _fail(self, f"takes its {name} as i32, not {operand.type}")
+
+
 @irdl_op_definition
 class ThreadFenceOp(IRDLOperation):
     """Every lane's earlier writes are visible device-wide before the warp goes on (CUDA's `__threadfence()` then
@@ -471,8 +524,9 @@ CUDA = Dialect(
         ShuffleXorOp,
         VectorLoadOp,
         ThreadFenceOp,
+        GpuShuffleOp,
     ],
-    [],
+    [ShuffleModeAttr],
 )
 
 KERNEL_OPS: tuple[type[KernelOp], ...] = (

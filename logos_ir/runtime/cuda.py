@@ -456,6 +456,27 @@ def _shuffle_xor(em: KernelEmulator, op: Any) -> Step:
     return step
 
 
+def _gpu_shuffle(em: KernelEmulator, op: Any) -> Step:
+    """`gpu.shuffle xor` over a whole warp: a permutation of the threads' axis within groups of 32 (every lane valid)."""
+    if op.mode.data.value != "xor":
+        raise LogosError(f"the CUDA emulator runs gpu.shuffle xor only (in kernel {em.name})")
+    value, offset, width = em._slot(op.value), em._slot(op.offset), em._slot(op.width)
+    out, valid = em._slot(op.results[0]), em._slot(op.results[1])
+
+    def step(env: Env, mask: Mask) -> None:
+        assert em.launch is not None
+        if int(env[width]) != WARP:
+            raise _fault(em, op, f"shuffles over {int(env[width])} lanes, not a warp's {WARP}", None, env[width])
+        data = env[value]
+        env[valid] = np.True_
+        if not isinstance(data, np.ndarray) or data.shape != (em.launch.threads,):
+            env[out] = data  # the same on every lane
+            return
+        env[out] = data[em.launch.partner(int(env[offset]))]
+
+    return step
+
+
 def _for(em: KernelEmulator, op: Any) -> Step:
     lower, upper, stride = em._slot(op.lb), em._slot(op.ub), em._slot(op.step)
     inits = [em._slot(v) for v in op.iter_args]
@@ -597,6 +618,7 @@ _COMPILERS: dict[str, Callable[[KernelEmulator, Any], Step]] = {
     "memref.store": _store,
     "cuda.vector_load": _vector_load,
     "cuda.shuffle_xor": _shuffle_xor,
+    "gpu.shuffle": _gpu_shuffle,
     "gpu.thread_id": _thread_id,
     "gpu.block_id": _block_id,
     "scf.for": _for,

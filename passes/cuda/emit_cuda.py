@@ -248,6 +248,14 @@ class KernelPrinter:
         for result, part in zip(op.results, parts, strict=True):
             self.assign(result, part)
 
+    def op_gpu_shuffle(self, op: Operation) -> None:
+        mode = op.mode.data.value  # type: ignore[attr-defined]
+        if mode != "xor":
+            raise DiagnosticException(f"cuda target: gpu.shuffle {mode} is not printed (xor only)")
+        value, offset, width = (self.name(v) for v in op.operands)
+        self.assign(op.results[0], f"__shfl_xor_sync(0xffffffffu, {value}, {offset}, {width})")
+        self.assign(op.results[1], "true")
+
     def op_cuda_shuffle_xor(self, op: Operation) -> None:
         offset = op.offset.value.data  # type: ignore[attr-defined]
         self.assign(op.results[0], f"__shfl_xor_sync(0xffffffffu, {self.name(op.operands[0])}, {offset})")

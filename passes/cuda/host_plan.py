@@ -93,11 +93,11 @@ def lowered_context() -> Any:
 # step.mlir is written in upstream's spelling (and generic form, so that upstream tools parse the lane's own
 # `cuda` ops as unregistered ones) and read back through these.
 _TO_UPSTREAM = (
-    (re.compile(r"#gpu<dim ([xyz])>"), r"#gpu.dim<\1>"),
+    (re.compile(r"#gpu<(dim|shuffle_mode) (\w+)>"), r"#gpu.\1<\2>"),
     (re.compile(r"\bgpu\.known_block_size = "), "known_block_size = "),
 )
 _FROM_UPSTREAM = (
-    (re.compile(r"#gpu\.dim<([xyz])>"), r"#gpu<dim \1>"),
+    (re.compile(r"#gpu\.(dim|shuffle_mode)<(\w+)>"), r"#gpu<\1 \2>"),
     (re.compile(r"(?<![.\w])known_block_size = "), "gpu.known_block_size = "),
 )
 

@@ -185,11 +185,20 @@ class _Body:
 
     def warp_sum(self, value: SSAValue) -> SSAValue:
         for offset in (16, 8, 4, 2, 1):
-            value = self.fadd(value, self.op(cuda.ShuffleXorOp(value, offset)))
+            value = self.fadd(value, self.shuffle(value, offset))
         return value
 
     def shuffle(self, value: SSAValue, offset: int) -> SSAValue:
-        return self.op(cuda.ShuffleXorOp(value, offset))
+        """The value of lane (this lane xor offset): upstream's `gpu.shuffle xor` over the whole warp (an index is
+        shuffled as an i64)."""
+        index = isinstance(value.type, IndexType)
+        if index:
+            value = self.to_i64(value)
+        i32 = IntegerType(32)
+        shift = self.op(arith.ConstantOp(IntegerAttr(offset, i32)))
+        width = self.op(arith.ConstantOp(IntegerAttr(cuda.WARP, i32)))
+        got = self.op(cuda.GpuShuffleOp(value, shift, width))
+        return self.to_index(got) if index else got
 
     # structure
     def loop(
