@@ -611,6 +611,8 @@ class Fabric:
 
     def _compile_function(self, fn: csl.FuncOp | csl.TaskOp) -> None:
         name = fn.sym_name.data
+        if isinstance(fn, csl.TaskOp) and fn.kind.data != csl.TaskKind.LOCAL:
+            raise FabricError(f"the fabric simulator runs local tasks only; '{name}' is a {fn.kind.data.value} task")
         self.entries[name] = len(self.instrs)
         if isinstance(fn, csl.TaskOp) and fn.id is not None:
             self.tasks[fn.id.value.data] = len(self.instrs)
