@@ -10,7 +10,8 @@ per token: simulated in full where the grid is small enough, else extrapolated f
 smaller grids whose elements hold exactly the tiles the large grid's hold (same chunks of every vector, same heads,
 same positions per element: only P differs). A layer's cycles are then a + b P (its local work does not depend on P;
 its chain reductions and broadcasts grow with P), fitted on up to three such grids of at most 64 x 64 (the fit's
-largest error reported; with two grids it is 0 by construction), and evaluated at the large P. Figures go to docs/benchmarks.md (the spatial lane's section), with the date and machine.
+largest error reported; with two grids it is 0 by construction), and evaluated at the large P. Figures go to
+docs/benchmarks.md (the spatial lane's section), with the date and machine.
 """
 
 from __future__ import annotations

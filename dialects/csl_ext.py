@@ -46,7 +46,9 @@ class SetColorConfigOp(IRDLOperation):
 
     assembly_format = "$x `,` $y `colour` $colour `rx` $rx `tx` $tx attr-dict"
 
-    def __init__(self, x: SSAValue | Operation, y: SSAValue | Operation, colour: int, rx: Sequence[str], tx: Sequence[str]):
+    def __init__(
+        self, x: SSAValue | Operation, y: SSAValue | Operation, colour: int, rx: Sequence[str], tx: Sequence[str]
+    ):
         super().__init__(
             operands=[x, y],
             properties={"colour": IntAttr(colour), "rx": _directions(rx), "tx": _directions(tx)},

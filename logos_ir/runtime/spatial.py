@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -196,7 +195,8 @@ _SCALAR: dict[str, Callable[..., Any]] = {
 @dataclass
 class Routes:
     """Where each element's wavelets on each colour arrive: for colour c, `dest[c]` is [elements, fan-out] of
-    element indices (-1: none) with `hops[c]` the routers crossed; `broken[c][e]` says where a sender's wavelets stop."""
+    element indices (-1: none) with `hops[c]` the routers crossed; `broken[c][e]` says where a sender's wavelets
+    stop."""
 
     dest: dict[int, np.ndarray]
     hops: dict[int, np.ndarray]
@@ -307,7 +307,9 @@ def static_check(module: ModuleOp, printed: str | None = None, params: dict[str,
         if isinstance(op, csl.TaskOp) and op.id is not None:
             task_id = op.id.value.data
             if task_id in tasks:
-                raise FabricError(f"static check: task id {task_id} is bound to {tasks[task_id]} and {op.sym_name.data}")
+                raise FabricError(
+                    f"static check: task id {task_id} is bound to {tasks[task_id]} and {op.sym_name.data}"
+                )
             if task_id in sent or task_id in {c for c, _ in received}:
                 raise FabricError(f"static check: local task id {task_id} is also a colour the program routes")
             tasks[task_id] = op.sym_name.data
@@ -541,7 +543,7 @@ class Fabric:
                         self.exports[name] = name
                 case _:
                     self._static(op)
-        for at, callee in self.fixups:
+        for _, callee in self.fixups:
             if callee not in self.entries:
                 raise FabricError(f"the program calls '{callee}', which it does not define")
         arrays, code = self.element_bytes()
@@ -747,10 +749,12 @@ class Fabric:
         at = len(self.instrs)
         name = self._array_of(op.base_addr)
         access = op.tensor_access.data if op.tensor_access is not None else None
-        offset = access.eval([0], []) [0] if access is not None else 0
+        offset = access.eval([0], [])[0] if access is not None else 0
         stride = (access.eval([1], [])[0] - offset) if access is not None else 1
         size = self._reg(op.sizes[0])
-        reg = self.regs[op.result] = MemDsd(name, np.zeros(self.n, np.int64), np.zeros(self.n, np.int64), np.zeros(self.n, np.int64))
+        reg = self.regs[op.result] = MemDsd(
+            name, np.zeros(self.n, np.int64), np.zeros(self.n, np.int64), np.zeros(self.n, np.int64)
+        )
 
         def run(idx: np.ndarray) -> np.ndarray:
             reg.offset[idx], reg.length[idx], reg.stride[idx] = offset, size[idx], stride
@@ -762,7 +766,9 @@ class Fabric:
     def _compile_increment(self, op: csl.IncrementDsdOffsetOp) -> None:
         at = len(self.instrs)
         by = self._reg(op.offset)
-        reg = self.regs[op.result] = MemDsd("", np.zeros(self.n, np.int64), np.zeros(self.n, np.int64), np.zeros(self.n, np.int64))
+        reg = self.regs[op.result] = MemDsd(
+            "", np.zeros(self.n, np.int64), np.zeros(self.n, np.int64), np.zeros(self.n, np.int64)
+        )
         source_value = op.op
 
         def run(idx: np.ndarray) -> np.ndarray:
@@ -959,7 +965,9 @@ class Fabric:
         reg = self.regs[value]
         return reg.length[idx] if isinstance(reg, MemDsd) else reg.extent[idx]
 
-    def _dsd(self, idx: np.ndarray, at: int, kind: str, function: Callable[..., np.ndarray], operands: list[SSAValue]) -> np.ndarray:
+    def _dsd(
+        self, idx: np.ndarray, at: int, kind: str, function: Callable[..., np.ndarray], operands: list[SSAValue]
+    ) -> np.ndarray:
         lengths = self._length(operands[0], idx)
         if (lengths != lengths[0]).any():
             out = np.empty(idx.size, dtype=np.int64)
@@ -1072,9 +1080,14 @@ class Fabric:
         ok = valid.any(axis=1) & ~self.routes.stuck[colour][idx]
         if (~ok).any():
             e = int(idx[~ok][0])
-            why = self.routes.broken[colour].get(e) or f"element ({self.xs[e]}, {self.ys[e]}) has no route for colour {colour} from RAMP"
+            why = (
+                self.routes.broken[colour].get(e)
+                or f"element ({self.xs[e]}, {self.ys[e]}) has no route for colour {colour} from RAMP"
+            )
             self._note_send(np.array([e]), colour, kind, why)
-        room = np.where(valid, self.queue_len[colour][np.maximum(targets, 0)] + length <= self.capacity, True).all(axis=1)
+        room = np.where(valid, self.queue_len[colour][np.maximum(targets, 0)] + length <= self.capacity, True).all(
+            axis=1
+        )
         if (~room & ok).any():
             self._note_send(idx[~room & ok], colour, kind, f"the receiver's queue for colour {colour} stays full")
         ok &= room
@@ -1170,7 +1183,9 @@ class Fabric:
         for t in np.unique(task):
             if int(t) not in self.tasks:
                 e = int(starting[task == t][0])
-                raise FabricError(f"element ({self.xs[e]}, {self.ys[e]}) activates task {int(t)}, which no task is bound to")
+                raise FabricError(
+                    f"element ({self.xs[e]}, {self.ys[e]}) activates task {int(t)}, which no task is bound to"
+                )
             chosen = starting[task == t]
             self.pc[chosen] = self.tasks[int(t)]
             self.activated[chosen, t] = False
@@ -1226,7 +1241,9 @@ _DSD_OPS: dict[str, Callable[..., np.ndarray]] = {
     "fmaxs": lambda a, b: np.maximum(a.astype(np.float32), b.astype(np.float32)),
     "fmacs": lambda a, b, s: a.astype(np.float32) + b.astype(np.float32) * s.astype(np.float32),
     # f16 b and s multiplied (exact in f32) and accumulated in f32
-    "fmachs": lambda a, b, s: a.astype(np.float32) + b.astype(np.float16).astype(np.float32) * s.astype(np.float16).astype(np.float32),
+    "fmachs": lambda a, b, s: (
+        a.astype(np.float32) + b.astype(np.float16).astype(np.float32) * s.astype(np.float16).astype(np.float32)
+    ),
     "fs2h": lambda a: a.astype(np.float32).astype(np.float16),
     "fh2s": lambda a: a.astype(np.float16).astype(np.float32),
 }
@@ -1319,7 +1336,9 @@ class SpatialGenerator(StepGenerator):
         if self.build is not None:
             module, host = read_build(self.build)
             if host["ctx"] < ctx:
-                raise LogosError(f"the build in {self.build} holds a cache of {host['ctx']} positions; this run needs {ctx}")
+                raise LogosError(
+                    f"the build in {self.build} holds a cache of {host['ctx']} positions; this run needs {ctx}"
+                )
             return GridMachine(module, host, self.weights, host.get("identities", []))
         from logos_ir.passes.spatial.convert_logos_to_csl import lower_decode
 
@@ -1359,4 +1378,12 @@ def spatial_generator(request: Any) -> SpatialGenerator:
     return SpatialGenerator(request.store, ctx=request.ctx, image=request.weights, build=request.build)
 
 
-__all__ = ["Fabric", "FabricError", "GridMachine", "SpatialGenerator", "default_ctx", "spatial_generator", "static_check"]
+__all__ = [
+    "Fabric",
+    "FabricError",
+    "GridMachine",
+    "SpatialGenerator",
+    "default_ctx",
+    "spatial_generator",
+    "static_check",
+]

@@ -67,7 +67,9 @@ def build_spatial(request: BuildRequest) -> LaneBuild:
         raise BuildError("target spatial writes no weight image: run.py tiles the weights itself")
     unknown = sorted(set(request.options) - set(_OPTIONS))
     if unknown:
-        raise BuildError(f"target spatial has no option {', '.join(unknown)}", hint="its option: grid=P (P x P elements)")
+        raise BuildError(
+            f"target spatial has no option {', '.join(unknown)}", hint="its option: grid=P (P x P elements)"
+        )
     try:
         p = int(request.options.get("grid", 0))
     except ValueError:

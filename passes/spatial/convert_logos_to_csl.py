@@ -24,12 +24,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from xdsl.context import Context
 from xdsl.dialects import arith, csl, memref, scf
 from xdsl.dialects.builtin import (
     AffineMapAttr,
-    DenseIntOrFPElementsAttr,
-    Float16Type,
-    Float32Type,
     FloatAttr,
     FunctionType,
     IndexType,
@@ -42,17 +40,14 @@ from xdsl.dialects.builtin import (
     UnitAttr,
     f16,
     f32,
-    i1,
     i16,
     i32,
 )
-from xdsl.context import Context
 from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.ir.affine import AffineMap
 from xdsl.passes import ModulePass
 
-from logos_ir.dialects import csl_ext
-from logos_ir.dialects import logos
+from logos_ir.dialects import csl_ext, logos
 from logos_ir.errors import PassError
 from logos_ir.passes.spatial import grid as g
 
@@ -140,7 +135,9 @@ class Emit:
         self.op(kind(operands=[list(operands)]))
 
     @contextmanager
-    def loop(self, count: int | SSAValue, iters: Sequence[SSAValue] = ()) -> Iterator[tuple[Emit, SSAValue, list[SSAValue], list[SSAValue]]]:
+    def loop(
+        self, count: int | SSAValue, iters: Sequence[SSAValue] = ()
+    ) -> Iterator[tuple[Emit, SSAValue, list[SSAValue], list[SSAValue]]]:
         """`for (@range(i32, 0, count, 1)) |i|`; yields (body emitter, i, the iteration values, the list to fill with
         the values the body yields); the loop's results are set on the list after the block."""
         lower, step = self.int(0), self.int(1)
@@ -242,7 +239,9 @@ class PartLowering:
         assert value is not None
         return self.e.op(arith.ExtSIOp(value, i32)).results[0]
 
-    def reduce(self, e: Emit, array: SSAValue, n: int, along: str, combine: type[csl.BuiltinDsdOp], broadcast: bool = True) -> None:
+    def reduce(
+        self, e: Emit, array: SSAValue, n: int, along: str, combine: type[csl.BuiltinDsdOp], broadcast: bool = True
+    ) -> None:
         """Combine each element's `array[0:n]` along its row (`along="row"`) or column, toward the line's centre
         element P // 2 from both ends at once: each half a chain on two colours alternating by the distance from its
         end (the end element sends its own; each next one adds what arrives and passes it on in one DSD op, the
@@ -273,12 +272,23 @@ class PartLowering:
             source.dsd_op(csl.FmovsOp, source.fabric(bcast, n, False), local)
             e.end_branch(others, source, op3)
 
-    def _half(self, e: Emit, distance: SSAValue, local: SSAValue, n: int, chain: tuple[int, int], combine: type[csl.BuiltinDsdOp], at_end: SSAValue) -> None:
+    def _half(
+        self,
+        e: Emit,
+        distance: SSAValue,
+        local: SSAValue,
+        n: int,
+        chain: tuple[int, int],
+        combine: type[csl.BuiltinDsdOp],
+        at_end: SSAValue,
+    ) -> None:
         """One half-line's chain: `distance` from its end; the end sends on chain[0], the element at distance d > 0
         receives chain[(d - 1) % 2] and sends chain[d % 2]."""
         end, inner, op = e.branch(at_end)
         end.dsd_op(csl.FmovsOp, end.fabric(chain[0], n, False), local)
-        odd, even, parity = inner.branch(inner.cmp(inner.bin(arith.RemSIOp, distance, inner.int(2)), inner.int(1), "eq"))
+        odd, even, parity = inner.branch(
+            inner.cmp(inner.bin(arith.RemSIOp, distance, inner.int(2)), inner.int(1), "eq")
+        )
         odd.dsd_op(combine, odd.fabric(chain[1], n, False), odd.fabric(chain[0], n, True), local)
         even.dsd_op(combine, even.fabric(chain[0], n, False), even.fabric(chain[1], n, True), local)
         inner.end_branch(odd, even, parity)
@@ -321,7 +331,9 @@ class PartLowering:
         result = self.values.get(op.operands[0]) if op.operands else None
         if isinstance(result, Vec) and result.array != "residual":
             e = self.e
-            e.dsd_op(csl.FmovsOp, e.dsd(self.arr("residual"), result.chunk), e.dsd(self.arr(result.array), result.chunk))
+            e.dsd_op(
+                csl.FmovsOp, e.dsd(self.arr("residual"), result.chunk), e.dsd(self.arr(result.array), result.chunk)
+            )
         return result
 
     def _input(self, op: logos.InputOp) -> None:
@@ -355,7 +367,9 @@ class PartLowering:
     def element_type(self) -> Any:
         return f16 if self.plan.image == "f16" else f32
 
-    def program_weight(self, op: logos.WeightOp, orient: str, row_map: Sequence[int] = (), in_chunk: int = 0) -> g.Weight:
+    def program_weight(
+        self, op: logos.WeightOp, orient: str, row_map: Sequence[int] = (), in_chunk: int = 0
+    ) -> g.Weight:
         """The weight array this op's tensor lives in (shared by every layer's tensor of the same role)."""
         plan = self.plan
         name = _name(op.result)
@@ -386,13 +400,17 @@ class PartLowering:
             self.program.array(weight.name, weight.words, element)
             return weight
         # the same role (another layer) or the same tensor (a tied head): the same tile
-        same = (known.tile_rows, known.tile_columns, known.orient) == (weight.tile_rows, weight.tile_columns, weight.orient)
+        same = (known.tile_rows, known.tile_columns, known.orient) == (
+            weight.tile_rows,
+            weight.tile_columns,
+            weight.orient,
+        )
         if not same:
             raise PassError(f"{PASS}: the weight '{weight.name}' is tiled two ways")
         return known
 
     def _rms_norm(self, op: logos.RMSNormOp) -> None:
-        plan, e = self.plan, self.e
+        e = self.e
         x: Vec = self.values[op.input]
         weight = self.program_weight(self.values[op.weight], "col")
         out = self.vec(_name(op.result), x.layout, x.length)
@@ -404,7 +422,9 @@ class PartLowering:
         e.store(yielded[0], squares, e.int(0))
         self.reduce(e, squares, 1, "row" if x.layout == "col" else "col", csl.FaddsOp)
         mean = e.op(arith.MulfOp(e.load(squares, e.int(0)), e.float(1.0 / x.length))).results[0]
-        root = e.math(self.program.math, "sqrt_f32", e.op(arith.AddfOp(mean, e.float(op.epsilon.value.data))).results[0])
+        root = e.math(
+            self.program.math, "sqrt_f32", e.op(arith.AddfOp(mean, e.float(op.epsilon.value.data))).results[0]
+        )
         scale = e.op(arith.DivfOp(e.float(1.0), root)).results[0]
         e.dsd_op(csl.FmulsOp, e.dsd(target, x.chunk), e.dsd(source, x.chunk), scale)
         w = e.moved(e.dsd(self.arr(weight.name), x.chunk), self.weight_offset(weight))
@@ -419,7 +439,9 @@ class PartLowering:
         row_map: list[int] = []
         if "rope" in roles or "cache" in roles:
             head_dim = plan.head_dim
-            row_map = g.expanded_rows(plan.heads, plan.kv_heads, head_dim, "cache" in roles and out_rows != plan.features, "rope" in roles)
+            row_map = g.expanded_rows(
+                plan.heads, plan.kv_heads, head_dim, "cache" in roles and out_rows != plan.features, "rope" in roles
+            )
         weight = self.program_weight(self.values[op.weight], x.layout, row_map, x.chunk)
         out_layout = "row" if x.layout == "col" else "col"
         length = len(row_map) if row_map else out_rows
@@ -445,7 +467,7 @@ class PartLowering:
         self.reduce(e, acc, tile_rows, along, csl.FaddsOp, broadcast=not final)
         self.values[op.result] = out
         if final:
-            self.program.handles["logits_array"] = acc  # noqa: the head's logits, read back by the host
+            self.program.handles["logits_array"] = acc  # the head's logits, read back by the host
 
     def _declare_half(self, x: Vec) -> bool:
         self.program.array(f"{x.array}_f16", x.chunk, f16)
@@ -467,8 +489,12 @@ class PartLowering:
             even = body.bin(arith.MuliOp, i, body.int(2))
             odd = body.bin(arith.AddiOp, even, body.int(1))
             a, b = body.load(data, even), body.load(data, odd)
-            first = body.op(arith.SubfOp(body.op(arith.MulfOp(a, cos)).results[0], body.op(arith.MulfOp(b, sin)).results[0])).results[0]
-            second = body.op(arith.AddfOp(body.op(arith.MulfOp(a, sin)).results[0], body.op(arith.MulfOp(b, cos)).results[0])).results[0]
+            first = body.op(
+                arith.SubfOp(body.op(arith.MulfOp(a, cos)).results[0], body.op(arith.MulfOp(b, sin)).results[0])
+            ).results[0]
+            second = body.op(
+                arith.AddfOp(body.op(arith.MulfOp(a, sin)).results[0], body.op(arith.MulfOp(b, cos)).results[0])
+            ).results[0]
             body.store(first, data, even)
             body.store(second, data, odd)
         self.values[op.result] = x  # rotated in place
@@ -489,7 +515,11 @@ class PartLowering:
         px = self.coordinate("row")
         with e.when(e.cmp(px, column, "eq")) as inner:
             layer = self.layer if self.layer is not None else inner.int(0)
-            at = inner.bin(arith.MuliOp, inner.bin(arith.AddiOp, inner.bin(arith.MuliOp, layer, inner.int(plan.slots)), slot), inner.int(x.chunk))
+            at = inner.bin(
+                arith.MuliOp,
+                inner.bin(arith.AddiOp, inner.bin(arith.MuliOp, layer, inner.int(plan.slots)), slot),
+                inner.int(x.chunk),
+            )
             target = inner.moved(inner.dsd(self.arr(name), x.chunk), at, self.element_type)
             convert = csl.Fs2hOp if plan.image == "f16" else csl.FmovsOp
             inner.dsd_op(convert, target, inner.dsd(self.arr(x.array), x.chunk))
@@ -524,7 +554,12 @@ class PartLowering:
             else:
                 body.dsd_op(csl.FmacsOp, row, row, column, q)
         self.reduce(e, scores, heads * slots, "col", csl.FaddsOp)
-        e.dsd_op(csl.FmulsOp, e.dsd(scores, heads * slots), e.dsd(scores, heads * slots), e.float(1.0 / math.sqrt(plan.head_dim)))
+        e.dsd_op(
+            csl.FmulsOp,
+            e.dsd(scores, heads * slots),
+            e.dsd(scores, heads * slots),
+            e.float(1.0 / math.sqrt(plan.head_dim)),
+        )
         # softmax for the heads my features belong to (a window of `window` heads from h0; my row's elements share
         # it): my positions after the current one masked, each head's maximum over mine, then along the row
         h0 = e.bin(arith.DivSIOp, first_feature, e.int(plan.head_dim))
@@ -547,7 +582,9 @@ class PartLowering:
             h = outer.bin(arith.AddiOp, h0, j)
             with outer.loop(slots) as (body, s, _, _y2):
                 at = body.bin(arith.AddiOp, body.bin(arith.MuliOp, h, body.int(slots)), s)
-                weight = body.math(self.program.math, "exp_f32", body.op(arith.SubfOp(body.load(scores, at), m)).results[0])
+                weight = body.math(
+                    self.program.math, "exp_f32", body.op(arith.SubfOp(body.load(scores, at), m)).results[0]
+                )
                 body.store(weight, scores, at)
                 body.store(body.op(arith.AddfOp(body.load(total, j), weight)).results[0], total, j)
         self.reduce(e, total, window, "row", csl.FaddsOp)
@@ -596,7 +633,12 @@ class PartLowering:
             raise PassError(f"{PASS}: '{op.name}' of vectors laid out differently ({a.layout}, {b.layout})")
         out = self.vec(_name(op.results[0]), a.layout, a.length)
         e = self.e
-        e.dsd_op(kind, e.dsd(self.arr(out.array), a.chunk), e.dsd(self.arr(a.array), a.chunk), e.dsd(self.arr(b.array), a.chunk))
+        e.dsd_op(
+            kind,
+            e.dsd(self.arr(out.array), a.chunk),
+            e.dsd(self.arr(a.array), a.chunk),
+            e.dsd(self.arr(b.array), a.chunk),
+        )
         self.values[op.results[0]] = out
 
     def _add(self, op: logos.AddOp) -> None:
@@ -613,7 +655,9 @@ class PartLowering:
         with e.loop(x.chunk) as (body, j, _, _y):
             v = body.load(source, j)
             negative = body.op(arith.SubfOp(body.float(0.0), v)).results[0]
-            denominator = body.op(arith.AddfOp(body.float(1.0), body.math(self.program.math, "exp_f32", negative))).results[0]
+            denominator = body.op(
+                arith.AddfOp(body.float(1.0), body.math(self.program.math, "exp_f32", negative))
+            ).results[0]
             body.store(body.op(arith.DivfOp(v, denominator)).results[0], target, j)
         self.values[op.result] = out
 
@@ -707,7 +751,6 @@ def lower_parts(parts: Sequence[tuple[Any, Any, ModuleOp]], plan: g.GridPlan) ->
     program.array("norm_sum", 1)
     functions: list[Operation] = []
     identities: list[str] = []
-    layer_texts: list[str] = []
     embed_cut, *layer_parts, head_cut = parts
     # the embedding
     _, body = _part_body(embed_cut[2])
@@ -764,7 +807,10 @@ def lower_parts(parts: Sequence[tuple[Any, Any, ModuleOp]], plan: g.GridPlan) ->
         "grid": plan.p,
         "ctx": plan.ctx,
         "image": plan.image,
-        "weights": {name: {**w.__dict__, "tensors": list(w.tensors), "row_map": list(w.row_map)} for name, w in plan.weights.items()},
+        "weights": {
+            name: {**w.__dict__, "tensors": list(w.tensors), "row_map": list(w.row_map)}
+            for name, w in plan.weights.items()
+        },
         "rope_tables": dict(program.handles.get("rope_tables", {})),  # type: ignore[arg-type]
         "logits": {"array": logits.array, "chunk": logits.chunk, "column": plan.centre, "length": logits.length},
         "argmax": "host",
@@ -865,7 +911,18 @@ def _line_routes(e: Emit, k: SSAValue, x: SSAValue, y: SSAValue, p: int, along: 
     e.end_branch(here, other, op)
 
 
-def _half_routes(e: Emit, x: SSAValue, y: SSAValue, distance: SSAValue, chain: tuple[int, int], forward: str, back: str, zero: SSAValue, one: SSAValue, two: SSAValue) -> None:
+def _half_routes(
+    e: Emit,
+    x: SSAValue,
+    y: SSAValue,
+    distance: SSAValue,
+    chain: tuple[int, int],
+    forward: str,
+    back: str,
+    zero: SSAValue,
+    one: SSAValue,
+    two: SSAValue,
+) -> None:
     """An element of a half-line at `distance` from its end: it sends chain[d % 2] `forward` and (d > 0) receives
     chain[(d - 1) % 2] from `back`."""
     odd = e.cmp(e.bin(arith.RemSIOp, distance, two), one, "eq")
@@ -919,7 +976,9 @@ def element_bytes(program: GridProgram) -> dict[str, int]:
     arrays = 0
     for words, element in program.host["arrays"].values():
         arrays += words * (2 if element in ("f16", "i16") else 4)
-    module = next(op for op in program.module.ops if isinstance(op, csl.CslModuleOp) and op.kind.data == csl.ModuleKind.PROGRAM)
+    module = next(
+        op for op in program.module.ops if isinstance(op, csl.CslModuleOp) and op.kind.data == csl.ModuleKind.PROGRAM
+    )
     code = 0
     for op in module.body.block.ops:
         if isinstance(op, csl.FuncOp | csl.TaskOp):
@@ -936,7 +995,9 @@ def _estimate_words(spec: Any, ctx: int, p: int) -> int:
     return spec.layers * layer + table
 
 
-def lower_decode(spec: Any, ctx: int, image: str = "f16", p: int = 0, memory: int = g.MEMORY, progress: Any = None) -> GridProgram:
+def lower_decode(
+    spec: Any, ctx: int, image: str = "f16", p: int = 0, memory: int = g.MEMORY, progress: Any = None
+) -> GridProgram:
     """The decode step over a cache of `ctx` positions, authored, cut into its parts and lowered for the smallest
     square grid whose elements hold it (or for P x P when `p` is given)."""
     from logos_ir.author import written
@@ -964,7 +1025,8 @@ def lower_decode(spec: Any, ctx: int, image: str = "f16", p: int = 0, memory: in
         needed = element_bytes(lowered)["total"]
         if needed > memory:
             raise PassError(
-                f"{PASS}: the model does not fit a {p} x {p} grid of {memory}-byte elements ({needed} bytes per element)",
+                f"{PASS}: the model does not fit a {p} x {p} grid of {memory}-byte elements "
+                f"({needed} bytes per element)",
                 hint="give a larger grid (--option grid=P) or leave it out to have the smallest that fits chosen",
             )
         return lowered

@@ -182,7 +182,7 @@ def inv_freq_chunk(inv_freq: np.ndarray, plan: GridPlan, y: int, chunk: int) -> 
     return out
 
 
-def least_share(spec: "object", p: int) -> float:
+def least_share(spec: object, p: int) -> float:
     """The share of a P x P grid's elements whose tile of each of a layer's projections holds real weights (not
     padding), the least over the projections: rows and columns are cut in chunks of ceil(n / P) (rotary ones even),
     so ceil(n / chunk) of the P blocks hold data."""
@@ -202,7 +202,7 @@ def least_share(spec: "object", p: int) -> float:
     return min(shares)
 
 
-def best_grid(spec: "object", smallest: int, largest: int = 757) -> int:
+def best_grid(spec: object, smallest: int, largest: int = 757) -> int:
     """From the smallest grid that holds the model up to the largest square of a WSE-2: the P with the highest least
     share of working elements (`least_share`), the smallest such."""
     best, best_share = smallest, least_share(spec, smallest)
@@ -213,7 +213,7 @@ def best_grid(spec: "object", smallest: int, largest: int = 757) -> int:
     return best
 
 
-def smallest_grid(words_at: "callable", image: str, code_bytes: int, memory: int = MEMORY, limit: int = 757) -> int:
+def smallest_grid(words_at: callable, image: str, code_bytes: int, memory: int = MEMORY, limit: int = 757) -> int:
     """The smallest P (at least 2) whose element memory holds every array and the code; 0 if none up to `limit`."""
     element = 2 if image == "f16" else 4
     for p in range(2, limit + 1):

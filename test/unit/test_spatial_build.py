@@ -43,8 +43,8 @@ def test_tiny_decode_build(monkeypatch: pytest.MonkeyPatch) -> None:
         check_artifact(artifact)
     p = lane.report["grid"]["p"]
     command = files["commands.sh"]
-    for flag in ("--arch=wse2", f"--fabric-dims={p + 7},{p + 2}", "--fabric-offsets=4,1", f"--params=width:{p},height:{p}",
-                 "--memcpy", "--channels=1"):  # fmt: skip
+    flags = ("--arch=wse2", f"--fabric-dims={p + 7},{p + 2}", "--fabric-offsets=4,1", f"--params=width:{p},height:{p}")
+    for flag in (*flags, "--memcpy", "--channels=1"):
         assert flag in command
     assert "SdkRuntime" in files["run.py"] and "memcpy_h2d" in files["run.py"] and 'launch("step"' in files["run.py"]
     layout, program = files["layout.csl"], files["pe_program.csl"]
@@ -65,9 +65,9 @@ def test_tiny_decode_build(monkeypatch: pytest.MonkeyPatch) -> None:
     json.dumps(report)
 
 
-@pytest.mark.parametrize(("name", "ctx", "low"), [(None, 8192, 0.88), ("llama-3.1-8b", 2048, 0.9)])
+@pytest.mark.parametrize(("name", "ctx", "low"), [(None, 2048, 0.95), ("llama-3.1-8b", 2048, 0.9)])
 def test_models_fit_a_wse2(name: str | None, ctx: int, low: float, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The embedded model at its longest context and llama-3.1-8b at 2048 positions, f16, on one square grid of a
+    """The embedded model and llama-3.1-8b at 2048 positions, f16, on one square grid of a
     WSE-2 within 48 KiB per element; the share of elements holding a tile of every projection of a layer."""
     model = _no_weights(ModelSource.resolve(name), monkeypatch)
     report = build_spatial(_request(model, f"decode ctx={ctx}", "f16")).report
