@@ -315,6 +315,10 @@ class PartLowering:
         """The ops of a part's function; its hidden-state argument and result live in the `residual` array (the
         state each part leaves for the next), its position argument in `position_in`."""
         residual = self.vec("residual", "col", self.plan.hidden)
+        self.fused, self.fused_later = fused_products(body)
+        for op in body.ops:  # weights are names and shapes: known before any product that a group lowers early
+            if isinstance(op, logos.WeightOp):
+                self.values[op.result] = op
         for arg in body.args:
             shape = arg.type.get_shape()  # type: ignore[attr-defined]
             self.values[arg] = residual if len(shape) == 2 else "position"
@@ -432,42 +436,68 @@ class PartLowering:
         self.values[op.result] = out
 
     def _linear(self, op: logos.LinearOp) -> None:
-        plan, e = self.plan, self.e
+        """A product: each element multiplies its tile by its input chunk, then the partial sums are reduced along
+        the line. Products of one input written one after another (q, k and v; gate and up) are reduced together,
+        as one message: each element's partial sums side by side in one array, then copied to each product's."""
+        if op in self.fused_later:
+            return
+        group = self.fused.get(op, [op])
+        e = self.e
+        x: Vec = self.values[op.input]
+        along = "row" if x.layout == "col" else "col"
+        if len(group) == 1:
+            out, acc = self._product(op, None, 0)
+            final = any(isinstance(use.operation, logos.ArgmaxOp) for use in op.result.uses)
+            self.reduce(e, acc, out.chunk, along, csl.FaddsOp, broadcast=not final)
+            return
+        chunks = [self._product_plan(member)[1].tile_rows for member in group]
+        name = "sums_" + "_".join(_name(member.result) for member in group)
+        self.program.array(name, sum(chunks))
+        fused = self.arr(name)
+        offsets = [sum(chunks[:i]) for i in range(len(group))]
+        outs = [self._product(member, fused, at)[0] for member, at in zip(group, offsets, strict=True)]
+        self.reduce(e, fused, sum(chunks), along, csl.FaddsOp)
+        for out, at in zip(outs, offsets, strict=True):
+            e.dsd_op(csl.FmovsOp, e.dsd(self.arr(out.array), out.chunk), e.dsd(fused, out.chunk, at))
+
+    def _product_plan(self, op: logos.LinearOp) -> tuple[list[int], g.Weight]:
+        plan = self.plan
         x: Vec = self.values[op.input]
         roles = self.feeds.get(op.result, set())
-        out_rows = op.weight.type.get_shape()[0]
+        out_rows = op.weight.type.get_shape()[0]  # type: ignore[attr-defined]
         row_map: list[int] = []
         if "rope" in roles or "cache" in roles:
-            head_dim = plan.head_dim
-            row_map = g.expanded_rows(
-                plan.heads, plan.kv_heads, head_dim, "cache" in roles and out_rows != plan.features, "rope" in roles
-            )
-        weight = self.program_weight(self.values[op.weight], x.layout, row_map, x.chunk)
+            widen = "cache" in roles and out_rows != plan.features
+            row_map = g.expanded_rows(plan.heads, plan.kv_heads, plan.head_dim, widen, "rope" in roles)
+        return row_map, self.program_weight(self.values[op.weight], x.layout, row_map, x.chunk)
+
+    def _product(self, op: logos.LinearOp, into: SSAValue | None, at: int) -> tuple[Vec, SSAValue]:
+        """The element's tile times its input chunk, accumulated into `into[at:]` (or the product's own array)."""
+        plan, e = self.plan, self.e
+        x: Vec = self.values[op.input]
+        row_map, weight = self._product_plan(op)
         out_layout = "row" if x.layout == "col" else "col"
-        length = len(row_map) if row_map else out_rows
+        length = len(row_map) if row_map else op.weight.type.get_shape()[0]  # type: ignore[attr-defined]
         out = Vec(out_layout, length, weight.tile_rows, _name(op.result))
         self.program.array(out.array, out.chunk)
         tile_rows = weight.tile_rows
-        acc, source = self.arr(out.array), self.arr(x.array)
-        e.dsd_op(csl.FmovsOp, e.dsd(acc, tile_rows), e.float(0.0))
+        acc, source = (into, at) if into is not None else (self.arr(out.array), 0)
+        e.dsd_op(csl.FmovsOp, e.dsd(acc, tile_rows, source), e.float(0.0))
+        source_array = self.arr(x.array)
         base = self.weight_offset(weight)
         w = self.arr(weight.name)
         if plan.image == "f16":
-            half = self.arr(f"{x.array}_f16") if self._declare_half(x) else source
-            e.dsd_op(csl.Fs2hOp, e.dsd(half, x.chunk), e.dsd(source, x.chunk))
-            source = half
+            half = self.arr(f"{x.array}_f16") if self._declare_half(x) else source_array
+            e.dsd_op(csl.Fs2hOp, e.dsd(half, x.chunk), e.dsd(source_array, x.chunk))
+            source_array = half
         with e.loop(x.chunk) as (body, j, _, _y):
-            scalar = body.load(source, j)
+            scalar = body.load(source_array, j)
             offset = body.bin(arith.AddiOp, base, body.bin(arith.MuliOp, j, body.int(tile_rows)))
             column = body.moved(body.dsd(w, tile_rows), offset, self.element_type)
             mac = csl.FmachsOp if plan.image == "f16" else csl.FmacsOp
-            body.dsd_op(mac, body.dsd(acc, tile_rows), body.dsd(acc, tile_rows), column, scalar)
-        along = "row" if x.layout == "col" else "col"
-        final = any(isinstance(use.operation, logos.ArgmaxOp) for use in op.result.uses)
-        self.reduce(e, acc, tile_rows, along, csl.FaddsOp, broadcast=not final)
+            body.dsd_op(mac, body.dsd(acc, tile_rows, source), body.dsd(acc, tile_rows, source), column, scalar)
         self.values[op.result] = out
-        if final:
-            self.program.handles["logits_array"] = acc  # the head's logits, read back by the host
+        return out, acc
 
     def _declare_half(self, x: Vec) -> bool:
         self.program.array(f"{x.array}_f16", x.chunk, f16)
@@ -683,6 +713,33 @@ def _layer_tensor(tensor: str, layer: int) -> str:
         if parts[i - 1] == "layers" and piece.isdigit():
             parts[i] = str(layer)
     return ".".join(parts)
+
+
+def fused_products(body: Block) -> tuple[dict[Operation, list[logos.LinearOp]], set[Operation]]:
+    """Products of one input written one after another (only weights between them) and none feeding the head's
+    arg-max: {first: the group}, and the rest of each group (lowered with its first)."""
+    groups: dict[Operation, list[logos.LinearOp]] = {}
+    later: set[Operation] = set()
+    run: list[logos.LinearOp] = []
+
+    def close() -> None:
+        if len(run) > 1:
+            groups[run[0]] = list(run)
+            later.update(run[1:])
+        run.clear()
+
+    for op in body.ops:
+        if isinstance(op, logos.WeightOp):
+            continue
+        final = isinstance(op, logos.LinearOp) and any(isinstance(u.operation, logos.ArgmaxOp) for u in op.result.uses)
+        if isinstance(op, logos.LinearOp) and not final and (not run or run[0].input == op.input):
+            run.append(op)
+            continue
+        close()
+        if isinstance(op, logos.LinearOp) and not final:
+            run.append(op)
+    close()
+    return groups, later
 
 
 def feeds_of(body: Block) -> dict[SSAValue, set[str]]:
