@@ -25,6 +25,12 @@ Where this differs from CUTLASS and cuBLAS on Hopper: `mma.sync` rather than `wg
 warpgroup MMA reaches about twice the throughput); 2 stages rather than 3-5 (static shared memory stops at 48 KB a
 block and the lane's activations are f32, twice the bytes of a bf16 A tile); A is rounded to bf16 from an f32 tile
 in shared memory rather than read as bf16 (the norm that produces it writes f32). See docs/cuda.md.
+
+Flash attention over a prefill chunk (`_flash_attention`, FlashAttention-2's forward on the same ops) takes
+`cuda.attention` over a bf16 cache; `fuse_prefill_attention`, run first by the pass, folds the chunk's
+`cuda.rope_cache_write` and query `cuda.rope` into it (`cuda.prefill_attention`), so the new keys and values are
+written to the cache in the attention's own pass. The module also prints the ops as CUDA (`print_*`, called by the
+emitter's one method an op) and models each product's HBM bytes for the build report (`product_traffic`).
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from typing import Any
 
 import numpy as np
 from xdsl.dialects import gpu
-from xdsl.dialects.builtin import BFloat16Type, Float32Type, IntegerAttr, MemRefType, bf16, f32, i64
+from xdsl.dialects.builtin import BFloat16Type, IntegerAttr, MemRefType, bf16, f32, i64
 from xdsl.ir import Attribute, SSAValue
 
 from logos_ir.dialects import cuda
@@ -274,9 +280,6 @@ def _gate_up(b: Any, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> Non
         b.store(b.fmul(b.fmul(g, sigmoid), u), out, [row, column])
 
     product.epilogue(product.run(), write)
-
-
-__all__ = ["BLOCK_ROWS", "DEPTH", "STAGES", "Float32Type", "grid", "handles", "kinds"]
 
 
 # -- flash attention over the prompt ------------------------------------------------------------------------------
