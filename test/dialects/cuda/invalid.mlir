@@ -11,7 +11,7 @@
 %o = cuda.buffer "o" kind "activation" : memref<1x64xf32>
 cuda.linear ins(%x, %w : memref<1x64xf32>, memref<64x32xbf16>) outs(%o : memref<1x64xf32>)
 // -----
-// CHECK: 'cuda.gate_up' op takes 3 inputs and 1 outputs, got 2 and 1
+// CHECK: 'cuda.gate_up' op takes 3 inputs (and a norm scale) and 1 output, got 2 and 1
 %x = cuda.buffer "x" kind "activation" : memref<1x64xf32>
 %w = cuda.buffer "w" kind "weight" : memref<128x64xbf16>
 %o = cuda.buffer "o" kind "activation" : memref<1x128xf32>
@@ -23,7 +23,8 @@ cuda.gate_up ins(%x, %w : memref<1x64xf32>, memref<128x64xbf16>) outs(%o : memre
 %p = cuda.buffer "p" kind "input" : memref<1xi64>
 %o = cuda.buffer "o" kind "activation" : memref<1x64xf32>
 %s = cuda.buffer "s" kind "scratch" : memref<1x4x1x18xf32>
-cuda.attention ins(%q, %k, %k, %p : memref<1x64xf32>, memref<2x64x16xf32>, memref<2x64x16xf32>, memref<1xi64>) outs(%o, %s : memref<1x64xf32>, memref<1x4x1x18xf32>) {split = 32 : i64}
+%c = cuda.buffer "c" kind "scratch" : memref<1x2xi64>
+cuda.attention ins(%q, %k, %k, %p : memref<1x64xf32>, memref<2x64x16xf32>, memref<2x64x16xf32>, memref<1xi64>) outs(%o, %s, %c : memref<1x64xf32>, memref<1x4x1x18xf32>, memref<1x2xi64>) {split = 32 : i64}
 // -----
 // CHECK: 'cuda.shuffle_xor' op shuffles by a power of two below 32, not 3
 %c = arith.constant 1.0 : f32
@@ -38,3 +39,16 @@ cuda.attention ins(%q, %k, %k, %p : memref<1x64xf32>, memref<2x64x16xf32>, memre
 %w = cuda.buffer "w" kind "weight" : memref<64x6xf32>
 %i = arith.constant 0 : index
 %a, %b, %c, %d = cuda.vector_load %w[%i, %i] : memref<64x6xf32> -> f32, f32, f32, f32
+// -----
+// CHECK: 'gpu.shuffle' op takes its offset as i32, not i64
+%v = arith.constant 1.0 : f32
+%c16 = arith.constant 16 : i64
+%c32 = arith.constant 32 : i32
+%r, %ok = "gpu.shuffle"(%v, %c16, %c32) <{mode = #gpu<shuffle_mode xor>}> : (f32, i64, i32) -> (f32, i1)
+// -----
+// CHECK: 'cuda.linear' op adds its residual on one chip: it needs a residual
+%x = cuda.buffer "x" kind "activation" : memref<1x64xf32>
+%w = cuda.buffer "w" kind "weight" : memref<64x64xbf16>
+%c = cuda.buffer "chip" kind "table" : memref<1xi64>
+%o = cuda.buffer "o" kind "activation" : memref<1x64xf32>
+cuda.linear ins(%x, %w, %c : memref<1x64xf32>, memref<64x64xbf16>, memref<1xi64>) outs(%o : memref<1x64xf32>) {residual_chip = 0 : i64}
