@@ -4,18 +4,19 @@ A build of the CUDA lane holds `step.mlir` (the lowered module: `gpu.module @ker
 of named buffers, ordered `gpu.launch_func` and `shard.all_reduce`) and `kernels.cu` (the same kernels as CUDA C++).
 This module reads those artifacts and nothing of the lowering.
 
-* `--emulate`: `KernelEmulator` executes each `gpu.func` of `step.mlir` itself, over numpy: every thread of a launch
-  is one element of a numpy array (blocks, then threads within a block, along one axis), each op of the kernel body
-  one numpy operation over all threads. Threads run in lockstep, so a warp's `cuda.shuffle_xor` is a permutation of
-  that axis within groups of 32; a loop whose bounds differ between threads runs until its last thread is done, each
-  thread masked off once its own bound is reached; an `scf.if` narrows the mask; loads of masked-off threads read
-  element 0 and their stores are dropped. bf16 weights are held as f32 arrays of bf16-rounded values (widening
-  bf16 to f32 is exact, so loading them gives the GPU's values). A split program runs as that many emulated chips
-  in lockstep, meeting at each `shard.all_reduce`, which sums the chips' buffers in chip order.
-* the GPU (`cupy`): `kernels.cu` compiled once with NVRTC, weights uploaded once, caches allocated on the device, the
-  host plan launched in order; the decode step is captured as a CUDA graph after its first run and replayed. A split
-  program runs one process per GPU (`torchrun`-style: `LOGOS_RANK`, `LOGOS_WORLD`), all-reducing with NCCL from the
-  `nvidia-nccl-cu13` wheel through `cupy.cuda.nccl`.
+* `KernelEmulator` executes each `gpu.func` of `step.mlir` itself, over numpy: every thread of a launch is one
+  element of a numpy array (blocks, then threads within a block, along one axis), each op of the kernel body one
+  numpy operation over all threads, in lockstep (shuffles are permutations of that axis within groups of 32; a loop
+  whose bounds differ between threads runs until its last thread is done, each thread masked off past its bound;
+  `scf.if` narrows the mask; loads of masked-off threads read element 0 and their stores are dropped). It fails
+  where a GPU would: an access outside a buffer, a misaligned vector load, an index past 32 bits (`EmulatorFault`);
+  `math.fma` rounds once. bf16 buffers are held as f32 arrays of bf16-rounded values.
+* `HostRuntime` / `HostProgram`: the one host code path (buffers, weights shard by shard, caches, inputs, launches
+  or a captured graph, collectives, the head's logits) over a device interface that two devices implement: `Gpu`
+  (cupy: one non-blocking work stream for everything, kernels resolved once, the step captured as a CUDA graph with
+  its all-reduces) and `Emulator` (the emulator, its stream logged, graphs replayed in lockstep over local ranks).
+* Ranks: emulated chips in one process (`LocalRanks`), or one process a chip under `mpiexec` / `srun` (`launcher`),
+  all-reducing over MPI (`MpiRanks`, emulator) or NCCL (`NcclRanks`, GPU; the unique id broadcast over MPI).
 """
 
 from __future__ import annotations
