@@ -108,7 +108,7 @@ def markdown(reports: list[dict[str, Any]]) -> str:
         )
     lines += [
         "",
-        "| model | kernel | registers | spills (st/ld bytes) | blocks/SM | bytes in flight a thread / an SM (of 29 KB) |",
+        "| model | kernel | registers | spills (st/ld bytes) | blocks/SM | in flight: a thread / an SM (of 29 KB) |",
         "|---|---|---|---|---|---|",
     ]
     for r in reports:
@@ -120,7 +120,8 @@ def markdown(reports: list[dict[str, Any]]) -> str:
             )
             spill = f"{k.get('spill_stores', '?')}/{k.get('spill_loads', '?')}"
             lines.append(
-                f"| {r['model']} | `{name}` | {k.get('registers', '?')} | {spill} | {k.get('blocks_per_sm', '?')} | {flight} |"
+                f"| {r['model']} | `{name}` | {k.get('registers', '?')} | {spill} | {k.get('blocks_per_sm', '?')}"
+                f" | {flight} |"
             )
     return "\n".join(lines)
 

@@ -458,7 +458,7 @@ def _shuffle_xor(em: KernelEmulator, op: Any) -> Step:
 
 
 def _gpu_shuffle(em: KernelEmulator, op: Any) -> Step:
-    """`gpu.shuffle xor` over a whole warp: a permutation of the threads' axis within groups of 32 (every lane valid)."""
+    """`gpu.shuffle xor` over a whole warp: a permutation of the threads' axis within groups of 32 (all valid)."""
     if op.mode.data.value != "xor":
         raise LogosError(f"the CUDA emulator runs gpu.shuffle xor only (in kernel {em.name})")
     value, offset, width = em._slot(op.value), em._slot(op.offset), em._slot(op.width)
