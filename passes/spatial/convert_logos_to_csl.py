@@ -563,8 +563,7 @@ class PartLowering:
         self.program.array("scores", heads * slots)
         window = min(heads, -(-chunk // plan.head_dim) + 1)  # the most heads a chunk of features touches
         self.program.array("head_max", window)
-        self.program.array("head_sum", window)
-        scores, high, total = self.arr("scores"), self.arr("head_max"), self.arr("head_sum")
+        scores, high = self.arr("scores"), self.arr("head_max")
         out = self.vec(_name(op.result), "row", q.length, even=True)
         attended, query = self.arr(out.array), self.arr(q.array)
         position = e.bin(arith.SubiOp, e.load(self.arr("position_in"), e.int(0)), e.int(1))
@@ -605,33 +604,28 @@ class PartLowering:
             mine = outer.moved(outer.dsd(scores, window, 0, slots), outer.bin(arith.AddiOp, rows_from, s))
             outer.dsd_op(csl.FmaxsOp, outer.dsd(high, window), outer.dsd(high, window), mine)
         self.reduce(e, high, window, "row", csl.FmaxsOp)
-        # exp(score - max) and each head's sum, along the row
-        e.dsd_op(csl.FmovsOp, e.dsd(total, window), e.float(0.0))
+        # exp(score - max); my features' weighted values and each head's sum of weights, side by side in one array,
+        # summed along the row as one message; then each value divided by its head's sum
+        self.program.array("attention_sums", chunk + window)
+        sums = self.arr("attention_sums")
+        e.dsd_op(csl.FmovsOp, e.dsd(sums, chunk + window), e.float(0.0))
         with e.loop(window) as (outer, j, _, _y):
             m = outer.load(high, j)
             h = outer.bin(arith.AddiOp, h0, j)
+            total_at = outer.bin(arith.AddiOp, j, outer.int(chunk))
             with outer.loop(slots) as (body, s, _, _y2):
                 at = body.bin(arith.AddiOp, body.bin(arith.MuliOp, h, body.int(slots)), s)
                 weight = body.math(
                     self.program.math, "exp_f32", body.op(arith.SubfOp(body.load(scores, at), m)).results[0]
                 )
                 body.store(weight, scores, at)
-                body.store(body.op(arith.AddfOp(body.load(total, j), weight)).results[0], total, j)
-        self.reduce(e, total, window, "row", csl.FaddsOp)
-        # each head's weights normalised; spread to my features (weights[s, r] = p[head(r), s]); then the weighted
-        # values of my positions summed, row by row
-        with e.loop(window) as (body, j, _, _y):
-            h = body.bin(arith.AddiOp, h0, j)
-            row = body.moved(body.dsd(scores, slots), body.bin(arith.MuliOp, h, body.int(slots)))
-            inverse = body.op(arith.DivfOp(body.float(1.0), body.load(total, j))).results[0]
-            body.dsd_op(csl.FmulsOp, row, row, inverse)
+                body.store(body.op(arith.AddfOp(body.load(sums, total_at), weight)).results[0], sums, total_at)
         self.program.array("weights_by_feature", slots * chunk)
         spread = self.arr("weights_by_feature")
         with e.loop(chunk) as (body, r, _, _y):
             head = self._head_of(body, first_feature, r)
             row = body.moved(body.dsd(scores, slots), body.bin(arith.MuliOp, head, body.int(slots)))
             body.dsd_op(csl.FmovsOp, body.moved(body.dsd(spread, slots, 0, chunk), r), row)
-        e.dsd_op(csl.FmovsOp, e.dsd(attended, chunk), e.float(0.0))
         self.program.array("weighted", chunk)
         scratch = self.arr("weighted")
         with e.loop(slots) as (body, s, _, _y):
@@ -641,8 +635,12 @@ class PartLowering:
                 body.dsd_op(csl.Fh2sOp, body.dsd(scratch, chunk), cached)
                 cached = body.dsd(scratch, chunk)
             body.dsd_op(csl.FmulsOp, body.dsd(scratch, chunk), cached, body.moved(body.dsd(spread, chunk), at))
-            body.dsd_op(csl.FaddsOp, body.dsd(attended, chunk), body.dsd(attended, chunk), body.dsd(scratch, chunk))
-        self.reduce(e, attended, chunk, "row", csl.FaddsOp)
+            body.dsd_op(csl.FaddsOp, body.dsd(sums, chunk), body.dsd(sums, chunk), body.dsd(scratch, chunk))
+        self.reduce(e, sums, chunk + window, "row", csl.FaddsOp)
+        with e.loop(chunk) as (body, r, _, _y):
+            head = body.bin(arith.SubiOp, self._head_of(body, first_feature, r), h0)
+            total = body.load(sums, body.bin(arith.AddiOp, head, body.int(chunk)))
+            body.store(body.op(arith.DivfOp(body.load(sums, r), total)).results[0], attended, r)
         self.values[op.result] = out
 
     def _head_of(self, e: Emit, first_feature: SSAValue, r: SSAValue) -> SSAValue:
