@@ -454,7 +454,7 @@ def _linear(
             b.store(sums[0], out, [row, column])
             return
         added = b.load(residual[0], [row, column])
-        if chip is not None:  # a partial sum: the residual on one chip only, the all-reduce adds the rest
+        if chip is not None and residual_chip is not None:  # a partial sum: the residual on one chip, the rest by AR
             here = b.op(arith.CmpiOp(b.load(chip, [0]), b.op(arith.ConstantOp(IntegerAttr(residual_chip, i64))), "eq"))
             added = b.select(here, added, b.fconst(0.0))
         b.store(b.fadd(added, sums[0]), out, [row, column])
@@ -645,8 +645,9 @@ def _attention(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) ->
         got: list[SSAValue] = []
         for piece in range(0, vec, x_vec):
             got += b.vload(query, [row, b.add(base, piece) if piece else base], x_vec)
-        if inside[c] is not None:
-            got = [b.select(inside[c], g, zero) for g in got]
+        keep = inside[c]
+        if keep is not None:
+            got = [b.select(keep, g, zero) for g in got]
         return got
 
     scale = b.fconst(1.0 / head_dim**0.5)
@@ -709,7 +710,8 @@ def _attention(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) ->
                         where = b.add(starts[c], e) if e else starts[c]
                         b.store(acc[c * vec + e], scratch, [row, head, part, where])
 
-                b.when(inside[c], store) if inside[c] is not None else store()
+                keep = inside[c]
+                b.when(keep, store) if keep is not None else store()
 
             def ends(m: SSAValue = m, total: SSAValue = total, head: SSAValue = head) -> None:
                 b.store(m, scratch, [row, head, part, head_dim])
