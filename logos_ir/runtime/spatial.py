@@ -175,6 +175,7 @@ _SCALAR: dict[str, Callable[..., Any]] = {
     "arith.divsi": _int_div,
     "arith.remsi": _int_rem,
     "arith.cmpi": _cmp,
+    "arith.andi": lambda a, b, op: np.logical_and(a, b),
     "arith.select": _select,
     "arith.addf": lambda a, b, op: np.float32(a) + np.float32(b),
     "arith.subf": lambda a, b, op: np.float32(a) - np.float32(b),
@@ -498,12 +499,20 @@ class Fabric:
         return {op.fabric_color.value.data for op in self.program.walk() if isinstance(op, csl.GetFabDsdOp)}
 
     def _longest_message(self) -> int:
+        """The most wavelets one fabric DSD moves: its constant extent, or, for an extent known only at run time (a
+        reduction function's argument), the size of the arrays whose memory DSDs take the same extent."""
         longest = 1
+        runtime_extents: set[SSAValue] = set()
         for op in self.program.walk():
             if isinstance(op, csl.GetFabDsdOp):
                 size = op.sizes[0].owner
                 if isinstance(size, arith.ConstantOp):
                     longest = max(longest, size.value.value.data)  # type: ignore[attr-defined]
+                else:
+                    runtime_extents.add(op.sizes[0])
+        for op in self.program.walk():
+            if isinstance(op, csl.GetMemDsdOp) and op.sizes[0] in runtime_extents:
+                longest = max(longest, self.memory[self._array_of(op.base_addr)].shape[1])
         return longest
 
     def element_bytes(self) -> tuple[int, int]:

@@ -93,10 +93,10 @@ class Emit:
     def math(self, module: SSAValue, name: str, *args: SSAValue) -> SSAValue:
         return self.op(csl.MemberCallOp(name, f32, module, list(args))).results[0]
 
-    def dsd(self, array: SSAValue, length: int, offset: int = 0, stride: int = 1) -> SSAValue:
+    def dsd(self, array: SSAValue, length: int | SSAValue, offset: int = 0, stride: int = 1) -> SSAValue:
         """A mem1d DSD over array[offset + stride * i] for i < length."""
         access = AffineMap.from_callable(lambda i: (i * stride + offset,))
-        size = self.int(length, i16)
+        size = length if isinstance(length, SSAValue) else self.int(length, i16)
         return self.op(
             csl.GetMemDsdOp.build(
                 operands=[array, [size]],
@@ -116,9 +116,9 @@ class Emit:
             )
         ).results[0]
 
-    def fabric(self, colour: int, extent: int, inbound: bool) -> SSAValue:
+    def fabric(self, colour: int, extent: int | SSAValue, inbound: bool) -> SSAValue:
         kind = csl.DsdKind.fabin_dsd if inbound else csl.DsdKind.fabout_dsd
-        size = self.int(extent, i16)
+        size = extent if isinstance(extent, SSAValue) else self.int(extent, i16)
         queue = 2 if inbound else 3
         return self.op(
             csl.GetFabDsdOp.build(
@@ -206,6 +206,7 @@ class Program:
     math: SSAValue | None = None
     memcpy: SSAValue | None = None
     functions: list[Operation] = field(default_factory=list)
+    reducers: dict[str, Operation] = field(default_factory=dict)
 
     def array(self, name: str, words: int, element: Any = f32) -> None:
         known = self.arrays.get(name)
@@ -233,51 +234,115 @@ class PartLowering:
 
     # -- helpers over the grid --
 
-    def coordinate(self, layout: str) -> SSAValue:
-        """px for a reduction along a row, py along a column."""
+    def coordinate(self, layout: str, e: Emit | None = None) -> SSAValue:
+        """px for a reduction along a row, py along a column (as i32, emitted by `e`, the part's emitter if none)."""
         value = self.program.px if layout == "row" else self.program.py
         assert value is not None
-        return self.e.op(arith.ExtSIOp(value, i32)).results[0]
+        return (e or self.e).op(arith.ExtSIOp(value, i32)).results[0]
 
     def reduce(
-        self, e: Emit, array: SSAValue, n: int, along: str, combine: type[csl.BuiltinDsdOp], broadcast: bool = True
+        self,
+        e: Emit,
+        array: SSAValue,
+        n: int,
+        along: str,
+        combine: type[csl.BuiltinDsdOp],
+        broadcast: bool = True,
     ) -> None:
-        """Combine each element's `array[0:n]` along its row (`along="row"`) or column, toward the line's centre
-        element P // 2 from both ends at once: each half a chain on two colours alternating by the distance from its
-        end (the end element sends its own; each next one adds what arrives and passes it on in one DSD op, the
-        wavelets streaming through: @fadds(out, in, mine)); the centre adds both halves into its own; then
-        (`broadcast`) the centre sends the total both ways along the line."""
+        """Combine each element's `array[0:n]` along its row or column (`reduce_body`): copied into the line's
+        buffer, reduced by the one function of that kind (`reduce_<row|col>_<op>[_to_centre]`), copied back; one
+        function a kind keeps the element's code small."""
+        name = f"reduce_{along}_{combine.name.removeprefix('csl.')}" + ("" if broadcast else "_to_centre")
+        if name not in self.program.reducers:
+            block = Block(arg_types=[i16])
+            body = Emit(block)
+            line = self.program.get(body, f"line_{along}")
+            self.reduce_body(body, line, block.args[0], along, combine, broadcast)
+            body.op(csl.ReturnOp())
+            self.program.reducers[name] = csl.FuncOp(name, FunctionType.from_lists([i16], []), Region(block))
+        line = self.arr(f"line_{along}")
+        e.dsd_op(csl.FmovsOp, e.dsd(line, n), e.dsd(array, n))
+        e.op(csl.CallOp(SymbolRefAttr(name), [e.int(n, i16)]))
+        e.dsd_op(csl.FmovsOp, e.dsd(array, n), e.dsd(line, n))
+
+    def reduce_body(
+        self,
+        e: Emit,
+        array: SSAValue,
+        n: SSAValue,
+        along: str,
+        combine: type[csl.BuiltinDsdOp],
+        broadcast: bool = True,
+    ) -> None:
+        """Combine each element's `array[0:n]` along its row (`along="row"`) or column: each segment of the line
+        toward its centre from both ends (the end element sends its own; each next one adds what arrives and passes
+        it on in one DSD op, the wavelets streaming through: @fadds(out, in, mine); the centre adds both halves);
+        then the segments' centres toward the line's centre the same way (the elements between them passing the
+        wavelets on); then (`broadcast`) the line's centre sends the total both ways (grid.segments)."""
         plan = self.plan
         if along == "row":
             near, far, bcast = g.ROW_WEST_CHAIN, g.ROW_EAST_CHAIN, g.ROW_BCAST
+            west, east = g.ROW_WEST_CENTRES, g.ROW_EAST_CENTRES
         else:
             near, far, bcast = g.COL_NORTH_CHAIN, g.COL_SOUTH_CHAIN, g.COL_BCAST
-        centre, last = plan.centre, plan.p - 1
-        k = self.coordinate(along)
+            west, east = g.COL_NORTH_CENTRES, g.COL_SOUTH_CENTRES
+        length, count, middle = g.segments(plan.p)
+        centre = plan.centre
+        k = self.coordinate(along, e)
         local = e.dsd(array, n)
-        before, rest, op = e.branch(e.cmp(k, e.int(centre), "slt"))
-        self._half(before, k, local, n, near, combine, before.cmp(k, before.int(0), "eq"))
-        after, middle, op2 = rest.branch(rest.cmp(k, rest.int(centre), "sgt"))
-        distance = after.bin(arith.SubiOp, after.int(last), k)
-        self._half(after, distance, local, n, far, combine, after.cmp(k, after.int(last), "eq"))
-        if centre > 0:
-            middle.dsd_op(combine, local, local, middle.fabric(near[(centre - 1) % 2], n, True))
-        if centre < last:
-            middle.dsd_op(combine, local, local, middle.fabric(far[(last - centre - 1) % 2], n, True))
-        rest.end_branch(after, middle, op2)
+        q, first, last, mid = _segment(e, k, length, plan.p, i32)
+        before, rest, op = e.branch(e.cmp(k, mid, "slt"))
+        self._half(before, before.bin(arith.SubiOp, k, first), local, n, near, combine, before.cmp(k, first, "eq"))
+        after, here, op2 = rest.branch(rest.cmp(k, mid, "sgt"))
+        distance = after.bin(arith.SubiOp, last, k)
+        self._half(after, distance, local, n, far, combine, after.cmp(k, last, "eq"))
+        self._receive_last(here, here.bin(arith.SubiOp, mid, first), local, n, near, combine)
+        self._receive_last(here, here.bin(arith.SubiOp, last, mid), local, n, far, combine)
+        rest.end_branch(after, here, op2)
         e.end_branch(before, rest, op)
+        if count > 1:
+            with e.when(e.cmp(k, mid, "eq")) as centres:
+                westward, other, op4 = centres.branch(centres.cmp(q, centres.int(middle), "slt"))
+                self._half(westward, q, local, n, west, combine, westward.cmp(q, westward.int(0), "eq"))
+                eastward, line_centre, op5 = other.branch(other.cmp(q, other.int(middle), "sgt"))
+                j = eastward.bin(arith.SubiOp, eastward.int(count - 1), q)
+                self._half(eastward, j, local, n, east, combine, eastward.cmp(j, eastward.int(0), "eq"))
+                if middle > 0:
+                    line_centre.dsd_op(combine, local, local, line_centre.fabric(west[(middle - 1) % 2], n, True))
+                if middle < count - 1:
+                    line_centre.dsd_op(
+                        combine, local, local, line_centre.fabric(east[(count - 2 - middle) % 2], n, True)
+                    )
+                other.end_branch(eastward, line_centre, op5)
+                centres.end_branch(westward, other, op4)
         if broadcast:
             others, source, op3 = e.branch(e.cmp(k, e.int(centre), "ne"))
             others.dsd_op(csl.FmovsOp, local, others.fabric(bcast, n, True))
             source.dsd_op(csl.FmovsOp, source.fabric(bcast, n, False), local)
             e.end_branch(others, source, op3)
 
+    def _receive_last(
+        self,
+        e: Emit,
+        distance: SSAValue,
+        local: SSAValue,
+        n: int | SSAValue,
+        chain: tuple[int, int],
+        combine: type[csl.BuiltinDsdOp],
+    ) -> None:
+        """A segment's centre adds what its half at `distance` elements (if any) sends: chain[(distance - 1) % 2]."""
+        with e.when(e.cmp(distance, e.int(0), "sgt")) as some:
+            odd, even, op = some.branch(some.cmp(some.bin(arith.RemSIOp, distance, some.int(2)), some.int(1), "eq"))
+            odd.dsd_op(combine, local, local, odd.fabric(chain[0], n, True))
+            even.dsd_op(combine, local, local, even.fabric(chain[1], n, True))
+            some.end_branch(odd, even, op)
+
     def _half(
         self,
         e: Emit,
         distance: SSAValue,
         local: SSAValue,
-        n: int,
+        n: int | SSAValue,
         chain: tuple[int, int],
         combine: type[csl.BuiltinDsdOp],
         at_end: SSAValue,
@@ -804,6 +869,17 @@ def lower_parts(parts: Sequence[tuple[Any, Any, ModuleOp]], plan: g.GridPlan) ->
     for name in ("token_in", "position_in", "layer_at"):
         program.array(name, 1, i32)
     program.array("norm_sum", 1)
+    features = plan.chunk(plan.heads * plan.head_dim, even=True)
+    longest = max(
+        plan.chunk(plan.vocab),
+        plan.heads * plan.slots,
+        3 * features,
+        2 * plan.chunk(plan.intermediate),
+        plan.chunk(plan.hidden),
+        features + plan.heads,
+    )
+    program.array("line_row", longest)
+    program.array("line_col", longest)
     functions: list[Operation] = []
     identities: list[str] = []
     embed_cut, *layer_parts, head_cut = parts
@@ -842,7 +918,7 @@ def lower_parts(parts: Sequence[tuple[Any, Any, ModuleOp]], plan: g.GridPlan) ->
     # declarations first, then functions, tasks, the entry and the exports
     for name, (words, element) in program.arrays.items():
         t.op(memref.GlobalOp.get(StringAttr(name), MemRefType(element, [words]), UnitAttr(), StringAttr("public")))
-    for fn in functions:
+    for fn in [*program.reducers.values(), *functions]:
         t.op(fn)
     _tasks(program, plan.layers)
     exports = [*plan.weights, *program.handles.get("rope_tables", {}), "token_in", "position_in", logits.array]  # type: ignore[arg-type]
@@ -930,40 +1006,107 @@ def _route(e: Emit, x: SSAValue, y: SSAValue, colour: int, rx: Sequence[str], tx
     e.op(csl_ext.SetColorConfigOp(x, y, colour, rx, tx))
 
 
+def _segment(e: Emit, k: SSAValue, length: int, p: int, type_: IntegerType) -> tuple[SSAValue, ...]:
+    """(segment, its first element, its last, its centre) of the element at `k` of a line (grid.segments)."""
+    q = e.bin(arith.DivSIOp, k, e.int(length, type_))
+    first = e.bin(arith.MuliOp, q, e.int(length, type_))
+    bound = e.bin(arith.AddiOp, first, e.int(length - 1, type_))
+    end = e.int(p - 1, type_)
+    last = e.op(arith.SelectOp(e.cmp(bound, end, "slt"), bound, end)).results[0]
+    mid = e.bin(arith.DivSIOp, e.bin(arith.AddiOp, first, last), e.int(2, type_))
+    return q, first, last, mid
+
+
 def _line_routes(e: Emit, k: SSAValue, x: SSAValue, y: SSAValue, p: int, along: str) -> None:
-    """The routes of a row (`along="row"`, k = x) or a column (k = y), as `PartLowering.reduce` uses them: each half's
-    chain toward the centre on its two alternating colours, and the centre's broadcast both ways."""
+    """The routes of a row (`along="row"`, k = x) or a column (k = y), as `PartLowering.reduce` uses them: each
+    segment's halves toward its centre, the segments' centres toward the line's centre (the elements between two
+    centres passing their wavelets on), and the line centre's broadcast both ways."""
     if along == "row":
         near, far, bcast, towards, away = g.ROW_WEST_CHAIN, g.ROW_EAST_CHAIN, g.ROW_BCAST, "EAST", "WEST"
+        west, east = g.ROW_WEST_CENTRES, g.ROW_EAST_CENTRES
     else:
         near, far, bcast, towards, away = g.COL_NORTH_CHAIN, g.COL_SOUTH_CHAIN, g.COL_BCAST, "SOUTH", "NORTH"
-    centre, last = p // 2, p - 1
-    one, two = e.int(1, i16), e.int(2, i16)
-    # the near half (k < centre) sends toward the far end's direction; its distance from its end is k
-    with e.when(e.cmp(k, e.int(centre, i16), "slt")) as half:
-        _half_routes(half, x, y, k, near, towards, away, e.int(0, i16), one, two)
-    # the far half (k > centre): distance last - k, sends the other way
-    with e.when(e.cmp(k, e.int(centre, i16), "sgt")) as half:
-        distance = half.bin(arith.SubiOp, half.int(last, i16), k)
-        _half_routes(half, x, y, distance, far, away, towards, half.int(0, i16), one, two)
-    # the centre receives the last of each half, then sends the total both ways
-    here, other, op = e.branch(e.cmp(k, e.int(centre, i16), "eq"))
-    if centre > 0:
-        _route(here, x, y, near[(centre - 1) % 2], [away], ["RAMP"])
-    if centre < last:
-        _route(here, x, y, far[(last - centre - 1) % 2], [towards], ["RAMP"])
-    _route(here, x, y, bcast, ["RAMP"], [d for d, present in ((away, centre > 0), (towards, centre < last)) if present])
-    before, after, op2 = other.branch(other.cmp(k, other.int(centre, i16), "slt"))
-    first, inner, op3 = before.branch(before.cmp(k, before.int(0, i16), "eq"))
-    _route(first, x, y, bcast, [towards], ["RAMP"])
+        west, east = g.COL_NORTH_CENTRES, g.COL_SOUTH_CENTRES
+    length, count, middle = g.segments(p)
+    centre, last_element = g.segment_centre(middle, length, p), p - 1
+    one, two, zero = e.int(1, i16), e.int(2, i16), e.int(0, i16)
+    q, first, last, mid = _segment(e, k, length, p, i16)
+    with e.when(e.cmp(k, mid, "slt")) as half:
+        _half_routes(half, x, y, half.bin(arith.SubiOp, k, first), near, towards, away, zero, one, two)
+    with e.when(e.cmp(k, mid, "sgt")) as half:
+        _half_routes(half, x, y, half.bin(arith.SubiOp, last, k), far, away, towards, zero, one, two)
+    with e.when(e.cmp(k, mid, "eq")) as here:
+        _receive_routes(here, x, y, here.bin(arith.SubiOp, mid, first), near, away, zero, one, two)
+        _receive_routes(here, x, y, here.bin(arith.SubiOp, last, mid), far, towards, zero, one, two)
+    if count > 1:
+        mq = e.int(middle, i16)
+        centres, between, op = e.branch(e.cmp(k, mid, "eq"))
+        w, rest, op2 = centres.branch(centres.cmp(q, mq, "slt"))
+        _half_routes(w, x, y, q, west, towards, away, zero, one, two)
+        ea, line_centre, op3 = rest.branch(rest.cmp(q, mq, "sgt"))
+        _half_routes(ea, x, y, ea.bin(arith.SubiOp, ea.int(count - 1, i16), q), east, away, towards, zero, one, two)
+        if middle > 0:
+            _route(line_centre, x, y, west[(middle - 1) % 2], [away], ["RAMP"])
+        if middle < count - 1:
+            _route(line_centre, x, y, east[(count - 2 - middle) % 2], [towards], ["RAMP"])
+        rest.end_branch(ea, line_centre, op3)
+        centres.end_branch(w, rest, op2)
+        # between two centres: k > mid lies between centres q and q + 1, k < mid between q - 1 and q
+        above, below, op4 = between.branch(between.cmp(k, mid, "sgt"))
+        _pass_routes(above, x, y, q, above.bin(arith.AddiOp, q, one), west, east, count, middle, towards, away)
+        _pass_routes(below, x, y, below.bin(arith.SubiOp, q, one), q, west, east, count, middle, towards, away)
+        between.end_branch(above, below, op4)
+        e.end_branch(centres, between, op)
+    here2, other, op5 = e.branch(e.cmp(k, e.int(centre, i16), "eq"))
+    _route(here2, x, y, bcast, ["RAMP"], [d for d, ok in ((away, centre > 0), (towards, centre < last_element)) if ok])
+    before, after, op6 = other.branch(other.cmp(k, other.int(centre, i16), "slt"))
+    first_one, inner, op7 = before.branch(before.cmp(k, before.int(0, i16), "eq"))
+    _route(first_one, x, y, bcast, [towards], ["RAMP"])
     _route(inner, x, y, bcast, [towards], [away, "RAMP"])
-    before.end_branch(first, inner, op3)
-    end, inner2, op4 = after.branch(after.cmp(k, after.int(last, i16), "eq"))
+    before.end_branch(first_one, inner, op7)
+    end, inner2, op8 = after.branch(after.cmp(k, after.int(last_element, i16), "eq"))
     _route(end, x, y, bcast, [away], ["RAMP"])
     _route(inner2, x, y, bcast, [away], [towards, "RAMP"])
-    after.end_branch(end, inner2, op4)
-    other.end_branch(before, after, op2)
-    e.end_branch(here, other, op)
+    after.end_branch(end, inner2, op8)
+    other.end_branch(before, after, op6)
+    e.end_branch(here2, other, op5)
+
+
+def _receive_routes(
+    e: Emit, x: SSAValue, y: SSAValue, distance: SSAValue, chain: tuple[int, int], back: str, zero: SSAValue,
+    one: SSAValue, two: SSAValue,
+) -> None:  # fmt: skip
+    """A segment's centre takes its half's last wavelets (if the half has elements): chain[(d - 1) % 2] from `back`."""
+    with e.when(e.cmp(distance, zero, "sgt")) as some:
+        odd, even, op = some.branch(some.cmp(some.bin(arith.RemSIOp, distance, two), one, "eq"))
+        _route(odd, x, y, chain[0], [back], ["RAMP"])
+        _route(even, x, y, chain[1], [back], ["RAMP"])
+        some.end_branch(odd, even, op)
+
+
+def _pass_routes(
+    e: Emit, x: SSAValue, y: SSAValue, left: SSAValue, right: SSAValue, west: tuple[int, int], east: tuple[int, int],
+    count: int, middle: int, towards: str, away: str,
+) -> None:  # fmt: skip
+    """An element between the centres of segments `left` and `left + 1` (= `right`) passes their chain's wavelets on:
+    west of the line's centre the chain from centre `left` (colour west[left % 2]) toward it, east of it the chain
+    from centre `right` (colour east[(count - 1 - right) % 2]) toward it."""
+    mq = e.int(middle, i16)
+    valid = e.op(arith.AndIOp(e.cmp(left, e.int(0, i16), "sge"), e.cmp(right, e.int(count - 1, i16), "sle"))).results[0]
+    with e.when(valid) as inside:
+        west_side, east_side, op = inside.branch(inside.cmp(right, mq, "sle"))
+        odd = west_side.cmp(west_side.bin(arith.RemSIOp, left, west_side.int(2, i16)), west_side.int(1, i16), "eq")
+        odd_w, even_w, op2 = west_side.branch(odd)
+        _route(odd_w, x, y, west[1], [away], [towards])
+        _route(even_w, x, y, west[0], [away], [towards])
+        west_side.end_branch(odd_w, even_w, op2)
+        j = east_side.bin(arith.SubiOp, east_side.int(count - 1, i16), right)
+        odd_e = east_side.cmp(east_side.bin(arith.RemSIOp, j, east_side.int(2, i16)), east_side.int(1, i16), "eq")
+        odd_x, even_x, op3 = east_side.branch(odd_e)
+        _route(odd_x, x, y, east[1], [towards], [away])
+        _route(even_x, x, y, east[0], [towards], [away])
+        east_side.end_branch(odd_x, even_x, op3)
+        inside.end_branch(west_side, east_side, op)
 
 
 def _half_routes(

@@ -30,18 +30,24 @@ from dataclasses import dataclass, field
 import numpy as np
 
 # Colours (WSE-2 has 24; memcpy reserves 21, 22 and 23 on WSE-2, so a program may use 0..20). A line (row or
-# column) is reduced toward its centre element P // 2 from both ends at once: each half a chain on two colours
-# alternating by distance from its end, then the centre's total broadcast both ways on a fifth.
-ROW_WEST_CHAIN = (0, 1)  # the row's western half, eastward to the centre
-ROW_EAST_CHAIN = (2, 3)  # its eastern half, westward to the centre
-ROW_BCAST = 4  # the total from the centre, both ways
-COL_NORTH_CHAIN = (5, 6)  # the column's northern half, southward to the centre
-COL_SOUTH_CHAIN = (7, 8)  # its southern half, northward
-COL_BCAST = 9
+# column) is cut into segments; each segment is reduced toward its centre from both ends at once (each half a chain
+# on two colours alternating by the distance from its end), the segments' centres then toward the line's centre (a
+# chain from each end over the centres, the elements between passing the wavelets on), and the line's total is
+# broadcast both ways from its centre.
+ROW_WEST_CHAIN = (0, 1)  # a segment's western half, eastward to its centre
+ROW_EAST_CHAIN = (2, 3)  # its eastern half, westward
+ROW_WEST_CENTRES = (4, 5)  # the segments' centres west of the line's centre, eastward
+ROW_EAST_CENTRES = (6, 7)  # those east of it, westward
+ROW_BCAST = 8  # the line's total from its centre, both ways
+COL_NORTH_CHAIN = (9, 10)
+COL_SOUTH_CHAIN = (11, 12)
+COL_NORTH_CENTRES = (13, 14)
+COL_SOUTH_CENTRES = (15, 16)
+COL_BCAST = 17
 USER_COLOURS = 21  # colours 0..20 are the program's
 RESERVED_COLOURS = (21, 22, 23)  # memcpy's on WSE-2
 # Local task ids (on WSE-2 a local task id may not be a colour the program routes).
-EMBED_TASK, LAYER_TASK, HEAD_TASK = 10, 11, 12
+EMBED_TASK, LAYER_TASK, HEAD_TASK = 24, 25, 26
 
 MEMORY = 48 * 1024  # bytes per element on a WSE-2
 # Ops that print as no instruction (constants fold into their uses, a global's name is an address, a yield closes a
@@ -102,7 +108,8 @@ class GridPlan:
     @property
     def centre(self) -> int:
         """The element of a line its reductions end on (the head's logits are on this column)."""
-        return self.p // 2
+        length, count, middle = segments(self.p)
+        return segment_centre(middle, length, self.p)
 
     @property
     def slots(self) -> int:
@@ -111,6 +118,21 @@ class GridPlan:
     @property
     def features(self) -> int:
         return self.heads * self.head_dim
+
+
+def segments(p: int) -> tuple[int, int, int]:
+    """(segment length, segments, the middle segment) of a line of P elements: about sqrt(P / 4) segments, so a
+    reduction costs about P + P / segments + segments steps rather than 1.5 P."""
+    wanted = max(1, int(math.sqrt(p / 4)))
+    length = ceil_div(p, wanted)
+    count = ceil_div(p, length)
+    return length, count, count // 2
+
+
+def segment_centre(q: int, length: int, p: int) -> int:
+    first = q * length
+    last = min(first + length, p) - 1
+    return (first + last) // 2
 
 
 def expanded_rows(heads: int, kv_heads: int, head_dim: int, widen: bool, pairs: bool) -> list[int]:

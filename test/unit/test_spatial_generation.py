@@ -135,12 +135,12 @@ def test_a_removed_route_stops_the_run_naming_element_and_colour() -> None:
     store = RandomWeights(MODELS["gqa"], seed=7)
     lowered = _lowered(store)
     _, layout = split_modules(lowered.module)
-    # the row broadcast's configuration at the elements between a row's first and its centre (rx EAST, tx WEST and
-    # RAMP) removed
+    # the row broadcast's configuration at the elements east of a row's centre that take its wavelets and pass them
+    # on eastward (rx WEST, tx EAST and RAMP) removed
     config = next(
         op
         for op in layout.walk()
-        if isinstance(op, csl_ext.SetColorConfigOp) and op.colour.data == ROW_BCAST and op.transmits == ("WEST", "RAMP")
+        if isinstance(op, csl_ext.SetColorConfigOp) and op.colour.data == ROW_BCAST and op.transmits == ("EAST", "RAMP")
     )
     config.detach()
     config.erase()
@@ -153,14 +153,15 @@ def test_a_receive_on_a_colour_nothing_sends_is_refused() -> None:
     store = RandomWeights(MODELS["gqa"], seed=7)
     lowered = _lowered(store)
     program, _ = split_modules(lowered.module)
-    receive = next(
+    receives = [
         op
         for op in program.walk()
         if isinstance(op, csl.GetFabDsdOp) and op.result.type == csl.DsdType(csl.DsdKind.fabin_dsd)
-    )
-    receive.fabric_color = type(receive.fabric_color)(15, receive.fabric_color.type)
+    ]
+    receive = receives[-1]  # the last: a broadcast's, which every element but the line's centre runs
+    receive.fabric_color = type(receive.fabric_color)(20, receive.fabric_color.type)
     with pytest.raises(
-        FabricError, match=r"colour 15 is received .* on element \(\d+, \d+\)\) but no element sends it"
+        FabricError, match=r"colour 20 is received .* on element \(\d+, \d+\)\) but no element sends it"
     ):
         static_check(lowered.module, params=layout_params(lowered.host))
 
@@ -278,3 +279,14 @@ def test_grids_of_other_sizes(p: int) -> None:
     store = RandomWeights(MODELS["gqa"], seed=2)
     lowered = lower_decode(store.spec, 16, "f32", p)
     assert _run(lowered.module, lowered.host, store, 3) == Generator(store).generate(PROMPT, 3)
+
+
+def test_lines_of_several_segments() -> None:
+    """A grid of 18 (two segments a line: each reduced to its centre, the centres then to the line's)."""
+    from logos_ir.passes.spatial import grid as g
+    from logos_ir.passes.spatial.convert_logos_to_csl import lower_decode
+
+    assert g.segments(18)[1] == 2
+    store = RandomWeights(MODELS["gqa"], seed=2)
+    lowered = lower_decode(store.spec, 16, "f32", 18)
+    assert _run(lowered.module, lowered.host, store, 2) == Generator(store).generate(PROMPT, 2)
