@@ -858,6 +858,38 @@ class PrefillAttentionOp(KernelOp):
             raise _fail(self, "attends one sequence's cache with whole groups of query heads")
 
 
+@irdl_op_definition
+class LoadNormBF16x2Op(IRDLOperation):
+    """`cuda.load_bf16x2` with an RMS norm applied before the rounding (issue 19: the norm folded into a prefill
+    product's prologue): element i of the pair is round_bf16((x_i * inverse) * scale_i), each product rounded to
+    f32 as `cuda.rms_norm` computes it (CUDA: `__fmul_rn` twice, then `__floats2bfloat162_rn`), so the operand is
+    the bf16 rounding of exactly what the separate norm kernel would have written.
+
+    `%a0 = cuda.load_norm_bf16x2 %tile[%s, %row, %k] * %inv, %g0, %g1 : memref<2x64x40xf32, 3> -> vector<2xbf16>`
+    """
+
+    name = "cuda.load_norm_bf16x2"
+
+    memref = operand_def(MemRefType)
+    indices = var_operand_def(IndexType)
+    inverse = operand_def(Float32Type)
+    low_scale = operand_def(Float32Type)
+    high_scale = operand_def(Float32Type)
+    result = result_def(BF16X2)
+
+    assembly_format = "$memref `[` $indices `]` `*` $inverse `,` $low_scale `,` $high_scale attr-dict `:` type($memref)"
+
+    def __init__(self, memref: SSAValue, indices: Sequence[SSAValue], inverse: SSAValue, low: SSAValue, high: SSAValue):
+        super().__init__(operands=[memref, indices, inverse, low, high], result_types=[BF16X2])
+
+    def verify_(self) -> None:
+        kind = self.memref.type
+        assert isinstance(kind, MemRefType)
+        _check_address(self, self.memref, self.indices, _is_shared(kind), "source")
+        if not isinstance(kind.element_type, Float32Type):
+            raise _fail(self, f"rounds f32 pairs, not {kind.element_type}")
+
+
 TENSOR_CORE_OPS = (
     PrefillAttentionOp,
     SharedMemoryOp,
@@ -866,6 +898,7 @@ TENSOR_CORE_OPS = (
     CpAsyncWaitOp,
     LdmatrixOp,
     LoadBF16x2Op,
+    LoadNormBF16x2Op,
     PackBF16x2Op,
     StoreBF16x2Op,
     MmaSyncOp,

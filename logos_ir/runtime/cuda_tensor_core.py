@@ -20,6 +20,7 @@ only on a GPU:
 * `cuda.mma_sync` m16n8k16: each warp's A, B and C matrices gathered from its lanes' registers by the ISA's fragment
   layout (g = lane / 4, t = lane % 4), D = A B + C in f32, scattered back by the same layout;
 * `cuda.load_bf16x2`, `cuda.pack_bf16x2`: two f32 (of memory, or values) rounded to a bf16 pair (nearest even);
+  `cuda.load_norm_bf16x2` first multiplies each by the row's inverse RMS, then by its scale (f32 products);
   `cuda.store_bf16x2` a pair into shared or global memory.
 
 A bf16 pair register is an array (threads, 2) of f32 values that bf16 holds exactly. The f32 product of bf16 inputs
@@ -296,6 +297,7 @@ def _load_bf16x2(em: Any, op: Any) -> Step:
     strides = _strides(op.memref.type)
     out = em._slot(op.result)
     shared = _in_shared(op.memref.type)
+    norm = [em._slot(v) for v in (op.inverse, op.low_scale, op.high_scale)] if hasattr(op, "inverse") else None
 
     def step(env: Env, mask: Mask) -> None:
         flat = threads.flat(env, at, strides)
@@ -315,6 +317,10 @@ def _load_bf16x2(em: Any, op: Any) -> Step:
             memory_ = env[memory].reshape(-1)
             threads.inside(op, flat, 2, memory_.size, "reads")
             pair = [memory_[flat], memory_[flat + 1]]
+        if norm is not None:  # (x * inverse) * scale, each product rounded to f32, as cuda.rms_norm computes it
+            inverse, low, high = (np.broadcast_to(np.asarray(env[v], np.float32), (threads.count,)) for v in norm)
+            values = [np.asarray(v, np.float32) for v in pair]
+            pair = [(values[0] * inverse) * low, (values[1] * inverse) * high]
         env[out] = bf16_rounded(np.stack(pair, axis=-1))
 
     return step
@@ -394,6 +400,7 @@ COMPILERS: dict[str, Callable[[Any, Any], Step]] = {
     "gpu.barrier": _barrier,
     "cuda.ldmatrix": _ldmatrix,
     "cuda.load_bf16x2": _load_bf16x2,
+    "cuda.load_norm_bf16x2": _load_bf16x2,
     "cuda.pack_bf16x2": _pack_bf16x2,
     "cuda.store_bf16x2": _store_bf16x2,
     "cuda.mma_sync": _mma_sync,

@@ -335,6 +335,9 @@ class KernelPrinter:
     def op_cuda_load_bf16x2(self, op: Operation) -> None:
         tensor_core.print_load_bf16x2(self, op)  # type: ignore[arg-type]
 
+    def op_cuda_load_norm_bf16x2(self, op: Operation) -> None:
+        tensor_core.print_load_norm_bf16x2(self, op)  # type: ignore[arg-type]
+
     def op_cuda_mma_sync(self, op: Operation) -> None:
         tensor_core.print_mma_sync(self, op)  # type: ignore[arg-type]
 

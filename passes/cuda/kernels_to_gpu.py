@@ -1000,6 +1000,7 @@ class ConvertCudaKernelsToGpu(ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         host = host_function(op, NAME)
         tensor_core.fuse_prefill_attention(host)  # issue 19 (tensor cores): the cache write in attention's pass
+        tensor_core.fold_prefill_norms(host)  # issue 19 (tensor cores): prefill norms in the products' prologue
         lowering = _Lowering(op)
         lowering.lower(host)
         kernels = gpu.ModuleOp(StringAttr("kernels"), Region(lowering.gpu_block))  # type: ignore[arg-type]

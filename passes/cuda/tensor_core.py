@@ -20,11 +20,14 @@ and FlashAttention-2 build on Hopper's warp-level tensor cores:
   of a quarter warp fall in distinct banks;
 * epilogues as in decode: the residual add (`linear_residual_tc`) and SiLU times up (`gate_up_tc`, both weights'
   tiles in one block, so the product is formed in registers).
+* the RMS norm before a product as its prologue (`fold_prefill_norms`; `norm_linear_tc`, `norm_gate_up_tc`): the
+  block computes its rows' inverse RMS from global memory as `cuda.rms_norm` does (same bits) while slice 0's
+  copies fly, and `cuda.load_norm_bf16x2` scales each A pair by it and by the norm's weight before rounding it.
 
 Where this differs from CUTLASS and cuBLAS on Hopper: `mma.sync` rather than `wgmma` with TMA (Hopper's
 warpgroup MMA reaches about twice the throughput); 2 stages rather than 3-5 (static shared memory stops at 48 KB a
 block and the lane's activations are f32, twice the bytes of a bf16 A tile); A is rounded to bf16 from an f32 tile
-in shared memory rather than read as bf16 (the norm that produces it writes f32). See docs/cuda.md.
+in shared memory rather than read as bf16 (the lane's activations are f32; the folded norm scales them there). See docs/cuda.md.
 
 Flash attention over a prefill chunk (`_flash_attention`, FlashAttention-2's forward on the same ops) takes
 `cuda.attention` over a bf16 cache; `fuse_prefill_attention`, run first by the pass, folds the chunk's
@@ -85,7 +88,7 @@ def handles(op: cuda.KernelOp) -> bool:
         return _flash_attention_fits(op)
     if not isinstance(op, cuda.LinearOp | cuda.GateUpOp):
         return False
-    if getattr(op, "epsilon", None) is not None:  # a folded norm prologue (decode's fusion) stays on CUDA cores
+    if getattr(op, "residual_chip", None) is not None:  # a split program's partial sum stays on CUDA cores
         return False
     weight = op.ins[1].type
     assert isinstance(weight, MemRefType)
@@ -117,11 +120,15 @@ def kinds(op: cuda.KernelOp) -> list[Any]:
     if isinstance(op, cuda.AttentionOp):
         blocks = lambda s: (-(-s[0][0] // ATTENTION_ROWS), s[0][1] // s[1][-1], 1)  # noqa: E731 (row tiles, heads)
         return [_Kind("attention_prefill_tc", (0, 1, 2, 3, 4), blocks, _flash_attention)]
-    if isinstance(op, cuda.GateUpOp):
-        return [_Kind("gate_up_tc", (0, 1, 2, 3), lambda s: grid(s[0][0], s[1][0], 2), _gate_up)]
-    stem = "linear_residual_tc" if len(op.ins) == 3 else "linear_tc"
+    epsilon = op.epsilon.value.data if op.epsilon is not None else None
+    prefix = "norm_" if epsilon is not None else ""
     operands = tuple(range(len(op.ins) + 1))
-    return [_Kind(stem, operands, lambda s: grid(s[0][0], s[1][0], 1), _linear)]
+    if isinstance(op, cuda.GateUpOp):
+        body = lambda b, a, s: _gate_up(b, a, s, epsilon)  # noqa: E731
+        return [_Kind(prefix + "gate_up_tc", operands, lambda s: grid(s[0][0], s[1][0], 2), body)]
+    stem = "linear_residual_tc" if len(op.ins) - (1 if epsilon is not None else 0) == 3 else "linear_tc"
+    body = lambda b, a, s: _linear(b, a, s, epsilon)  # noqa: E731
+    return [_Kind(prefix + stem, operands, lambda s: grid(s[0][0], s[1][0], 1), body)]
 
 
 # -- the product ---------------------------------------------------------------------------------------------------
@@ -137,8 +144,16 @@ def _shared(b: Any, element: Attribute, rows: int, name: str) -> SSAValue:
 class _Product:
     """The tiles, fragments and pipeline of one tensor-core product kernel (see the module docstring)."""
 
-    def __init__(self, b: Any, x: SSAValue, weights: list[SSAValue], shape: tuple[int, int, int]):
-        self.b, self.x, self.weights = b, x, weights
+    def __init__(
+        self,
+        b: Any,
+        x: SSAValue,
+        weights: list[SSAValue],
+        shape: tuple[int, int, int],
+        norm: tuple[SSAValue, float] | None = None,
+    ):
+        self.b, self.x, self.weights, self.norm = b, x, weights, norm
+        self.inverses: list[SSAValue] = []
         self.rows, self.columns, self.depth = shape
         self.block_columns = block_columns(len(weights))
         self.warp_columns = self.block_columns // 2
@@ -173,17 +188,60 @@ class _Product:
             src = [b.min(where, limit - 1), depth]
             b.op(cuda.CpAsyncOp(tile, [b._ix(stage), row, column], source, src, valid))
 
+    def inverse_rms(self) -> None:
+        """The folded norm's prologue: 1/sqrt(mean(x^2) + epsilon) of the 4 rows whose A elements this thread
+        loads (rows group, group + 8 of each m16 tile of its warp). A warp walks its 32 rows of the block tile, its
+        lanes summing a row's squares from global memory with fma exactly as `cuda.rms_norm` does (the same lane
+        split, vector width and shuffle tree, so the same f32 bits), and each thread keeps the rows it owns."""
+        from logos_ir.passes.cuda.kernels_to_gpu import _width
+
+        assert self.norm is not None
+        b, (scale, epsilon) = self.b, self.norm
+        del scale
+        vector = _width(self.depth, f32)
+        owned = [b.add(self.group, m * MMA_M + h * 8) if m or h else self.group for m in range(2) for h in range(2)]
+
+        def one(i: SSAValue, held: list[SSAValue]) -> list[SSAValue]:
+            row = b.min(b.add(self.first_row, b.add(self.warp_row, i)), self.rows - 1)
+
+            def squares(k: SSAValue, acc: list[SSAValue]) -> list[SSAValue]:
+                total = acc[0]
+                for value in b.vload(self.x, [row, k], vector):
+                    total = b.fma(value, value, total)
+                return [total]
+
+            (total,) = b.loop(b.mul(self.lane, vector), self.depth, WARP * vector, [b.fconst(0.0)], squares)
+            mean = b.fmul(b.warp_sum(total), b.fconst(1.0 / self.depth))
+            inverse = b.fdiv(b.fconst(1.0), b.sqrt(b.fadd(mean, b.fconst(epsilon))))
+            return [b.select(b.cmp("eq", i, slot), inverse, kept) for slot, kept in zip(owned, held, strict=True)]
+
+        self.inverses = b.loop(0, 2 * MMA_M, 1, [b.fconst(0.0)] * 4, one)
+
     # fragments of one k16 step of a stage
-    def a_fragments(self, stage: SSAValue, kk: int) -> list[list[SSAValue]]:
+    def a_fragments(self, stage: SSAValue, kk: int, k: SSAValue | None = None) -> list[list[SSAValue]]:
+        """The A fragments (bf16 pairs) of both m16 tiles; with a folded norm each f32 pair is scaled by its row's
+        inverse RMS and the norm's scale at depth k + column (`cuda.load_norm_bf16x2`) as it is rounded."""
         b = self.b
         out = []
+        left = b.add(b.mul(self.pair, 2), kk)
+        right = b.add(left, 8)
+        scales: dict[int, list[SSAValue]] = {}
+        if self.norm is not None:
+            assert k is not None
+            scales = {side: b.vload(self.norm[0], [b.add(k, column)], 2) for side, column in enumerate((left, right))}
         for tile in range(2):
             top = b.add(b.add(self.warp_row, tile * MMA_M), self.group)
             low = b.add(top, 8)
-            left = b.add(b.mul(self.pair, 2), kk)
-            right = b.add(left, 8)
-            places = [(top, left), (low, left), (top, right), (low, right)]
-            out.append([b.op(cuda.LoadBF16x2Op(self.a_tile, [stage, r, c])) for r, c in places])
+            places = [(top, left, 0, 0), (low, left, 1, 0), (top, right, 0, 1), (low, right, 1, 1)]
+            if self.norm is None:
+                out.append([b.op(cuda.LoadBF16x2Op(self.a_tile, [stage, r, c])) for r, c, _, _ in places])
+                continue
+            out.append(
+                [
+                    b.op(cuda.LoadNormBF16x2Op(self.a_tile, [stage, r, c], self.inverses[tile * 2 + h], *scales[side]))
+                    for r, c, h, side in places
+                ]
+            )
         return out
 
     def b_fragments(self, tile: SSAValue, stage: SSAValue, kk: int) -> list[list[SSAValue]]:
@@ -209,6 +267,8 @@ class _Product:
         count = len(self.weights) * 2 * n_tiles * 4
         self.stage(0, 0)
         b.op(cuda.CpAsyncCommitOp())
+        if self.norm is not None:  # while the first slice is in flight
+            self.inverse_rms()
 
         def step(k: SSAValue, acc: list[SSAValue]) -> list[SSAValue]:
             following = b.add(k, 1)
@@ -220,9 +280,10 @@ class _Product:
             b.op(cuda.CpAsyncWaitOp(1))  # slice k has landed (only slice k+1's group may be in flight)
             b.op(gpu.BarrierOp())
             stage = b.rem(k, STAGES)
+            start = b.mul(k, DEPTH) if self.norm is not None else None
             acc = list(acc)
             for kk in range(0, DEPTH, MMA_K):
-                a = self.a_fragments(stage, kk)
+                a = self.a_fragments(stage, kk, start)
                 for w, tile in enumerate(self.w_tiles):
                     frags = self.b_fragments(tile, stage, kk)
                     for m in range(2):
@@ -255,10 +316,11 @@ class _Product:
                     b.when(inside, lambda row=row, column=column, values=values: write(row, column, values))
 
 
-def _linear(b: Any, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
+def _linear(b: Any, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float | None = None) -> None:
     x, weight, *residual, out = args
+    norm = (residual.pop(), epsilon) if epsilon is not None else None
     rows, depth = shapes[0]
-    product = _Product(b, x, [weight], (rows, shapes[1][0], depth))
+    product = _Product(b, x, [weight], (rows, shapes[1][0], depth), norm)
 
     def write(row: SSAValue, column: SSAValue, values: Sequence[SSAValue]) -> None:
         value = values[0] if not residual else b.fadd(b.load(residual[0], [row, column]), values[0])
@@ -267,10 +329,11 @@ def _linear(b: Any, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None
     product.epilogue(product.run(), write)
 
 
-def _gate_up(b: Any, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
-    x, gate, up, out = args
+def _gate_up(b: Any, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float | None = None) -> None:
+    x, gate, up, *rest, out = args
+    norm = (rest[0], epsilon) if epsilon is not None else None
     rows, depth = shapes[0]
-    product = _Product(b, x, [gate, up], (rows, shapes[1][0], depth))
+    product = _Product(b, x, [gate, up], (rows, shapes[1][0], depth), norm)
 
     def write(row: SSAValue, column: SSAValue, values: Sequence[SSAValue]) -> None:
         g, u = values
@@ -556,6 +619,53 @@ def fuse_prefill_attention(host: Any) -> None:
             host.body.block.erase_op(old)
 
 
+def fold_prefill_norms(host: Any) -> None:
+    """Fold each RMS norm of several rows whose result only feeds projections that run on tensor cores (as their
+    input x, while x and the norm's scale are unchanged) into those products' prologue: each product takes x and
+    the scale, computes its rows' inverse RMS and scales the A operand as it rounds it (`_Product.inverse_rms`,
+    `cuda.load_norm_bf16x2`), so the norm's launch goes. Decode steps keep logos-to-cuda's `fold_norms`; f32
+    images (no tensor-core product) keep the norm kernel."""
+    ops = list(host.body.block.ops)
+    folds = []
+    for index, norm in enumerate(ops):
+        if not isinstance(norm, cuda.RMSNormOp) or norm.row.value.data >= 0 or _shape(norm.ins[0].type)[0] < 2:
+            continue
+        readers = _norm_readers(ops, index)
+        if readers:
+            folds.append((norm, readers))
+    block = host.body.block
+    for norm, readers in folds:
+        x, scale = norm.ins
+        for reader in readers:
+            props = {**reader.properties, "epsilon": norm.epsilon}
+            props.pop("operandSegmentSizes", None)
+            fused = type(reader)([x, *reader.ins[1:], scale], list(reader.outs), props)
+            block.insert_op_before(fused, reader)
+            block.erase_op(reader)
+        block.erase_op(norm)
+
+
+def _norm_readers(ops: list[Any], index: int) -> list[Any] | None:
+    """The projections reading the norm at `index` until its buffer is rewritten, if all of them would run on
+    tensor cores with the norm folded and read it only as x while x and the scale are unchanged (else None)."""
+    norm = ops[index]
+    (x, scale), (normed,) = norm.ins, norm.outs
+    readers: list[Any] = []
+    changed = False
+    for later in ops[index + 1 :]:
+        reads = normed in later.operands and (not isinstance(later, cuda.KernelOp) or normed in later.ins)
+        if reads:
+            if changed or not isinstance(later, cuda.LinearOp | cuda.GateUpOp) or later.epsilon is not None:
+                return None
+            if later.ins[0] != normed or normed in later.ins[1:] or x in later.outs or not handles(later):
+                return None
+            readers.append(later)
+        if isinstance(later, cuda.KernelOp) and normed in later.outs:
+            break
+        changed = changed or (isinstance(later, cuda.KernelOp) and (x in later.outs or scale in later.outs))
+    return readers or None
+
+
 def _kv_tile(b: Any, name: str, head_dim: int) -> SSAValue:
     kind = MemRefType(bf16, [STAGES, KV_TILE, head_dim + PAD], memory_space=IntegerAttr(cuda.SHARED, i64))
     tile = b.op(cuda.SharedMemoryOp(kind))
@@ -673,14 +783,18 @@ def product_traffic(plan: Any) -> list[dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     resident = SMS * BLOCKS_PER_SM
     for launch in plan.launches:
-        if not launch.kernel.startswith(("linear_tc", "linear_residual_tc", "gate_up_tc")):
+        stem = launch.kernel.removeprefix("norm_")  # a folded norm: its scale is the last input
+        if not stem.startswith(("linear_tc", "linear_residual_tc", "gate_up_tc")):
             continue
         if launch.kernel in out:
             out[launch.kernel]["launches"] += 1
             continue
         buffers = [plan.buffers[name] for name in launch.buffers]
-        x, weights, outputs = buffers[0], [b for b in buffers if b.kind == "weight"], buffers[-1:]
-        residual = buffers[2:-1] if len(weights) == 1 else []
+        ins = buffers[:-1]
+        scales = [ins.pop()] if stem != launch.kernel else []
+        count = 2 if stem.startswith("gate_up") else 1
+        x, weights, outputs = ins[0], ins[1 : 1 + count], buffers[-1:]
+        residual = [*ins[1 + count :], *scales]  # read once, as the output is written once
         size = {id(b): int(np.prod(b.shape)) * BYTES[b.element] for b in buffers}
         row_tiles, column_tiles, _ = launch.grid
         waves = -(-row_tiles * column_tiles // resident)
@@ -709,6 +823,18 @@ def report(module: Any) -> dict[str, Any]:
 
     products = product_traffic(plan_of(module))
     return {"tensor_core_products": products} if products else {}
+
+
+def print_load_norm_bf16x2(printer: Any, op: cuda.LoadNormBF16x2Op) -> None:
+    name = printer.name(op.result)
+    where = f"&{printer.name(op.memref)}[{printer.flat(op.memref, list(op.indices))}]"
+    inverse, low, high = (printer.name(v) for v in (op.inverse, op.low_scale, op.high_scale))
+    printer.line(f"const float2 {name}_f32 = *reinterpret_cast<const float2*>({where});")
+    printer.line(
+        f"const __nv_bfloat162 {name}_bf16 = __floats2bfloat162_rn(__fmul_rn(__fmul_rn({name}_f32.x, {inverse}),"
+        f" {low}), __fmul_rn(__fmul_rn({name}_f32.y, {inverse}), {high}));"
+    )
+    printer.line(f"const unsigned int {name} = *reinterpret_cast<const unsigned int*>(&{name}_bf16);")
 
 
 def print_pack_bf16x2(printer: Any, op: cuda.PackBF16x2Op) -> None:

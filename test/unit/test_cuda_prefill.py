@@ -1,8 +1,9 @@
 """The CUDA lane's tensor-core products (issue 19), executed by the emulator from the lowered IR as printed.
 
-* Every tensor-core kernel kind of a tiny model's bf16 prefill chunk (`linear_tc`, `linear_residual_tc`,
-  `gate_up_tc`; a chunk of 70 rows, so the last row tile is partial, and projections narrower than a block tile)
-  agrees with numpy's product of bf16-rounded inputs accumulated in f32 within the stated tolerance.
+* Every tensor-core kernel kind of a tiny model's bf16 prefill chunk (`norm_linear_tc`, `linear_residual_tc`,
+  `norm_gate_up_tc`; a chunk of 70 rows, so the last row tile is partial, and projections narrower than a block
+  tile) agrees with numpy's product of bf16-rounded inputs accumulated in f32 within the stated tolerance; with the
+  RMS norm folded into the product's prologue the inputs are numpy's f32 norm of x, rounded to bf16.
 * The emulator holds the kernels to the PTX ISA's fragment layouts and copy groups: moving one A-fragment register
   to the wrong row, dropping the wait for the asynchronous copies, dropping a barrier (a race), misaligning an
   ldmatrix row or copying past a buffer changes the numbers or is refused.
@@ -69,20 +70,48 @@ def _kernel(plan: Any, stem: str) -> Any:
     return next(k for name, k in plan.kernels.items() if name.startswith(stem + "_"))
 
 
-@pytest.mark.parametrize("stem", ["linear_tc", "linear_residual_tc", "gate_up_tc"])
+LINEAR = f"linear_residual_tc_{ROWS}x64f32"  # the output projection: a plain product (its residual set to zero)
+
+
+def _normed(x: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """numpy's RMS norm in f32 (x * (1/rms) * scale, the reference's order), and the A operand's possible extra
+    error per element: the kernel sums the squares in another order, so its 1/rms may differ from numpy's in the
+    last f32 bits (well under 2^-16 relative), and only an element that close to a bf16 rounding tie can round the
+    other way (one bf16 step, 2^-8 relative); every other element's extra error is zero."""
+    eps = np.float32(ModelSpec.preset("tiny").rms_eps)
+    inverse = (1.0 / np.sqrt(np.mean(x.astype(np.float64) ** 2, axis=1) + eps)).astype(np.float32)
+    normed = (x * inverse[:, None]).astype(np.float32) * scale
+    rounded = bf16_rounded(normed)
+    near = np.zeros(normed.shape, bool)
+    for nudge in (1 + 2.0**-16, 1 - 2.0**-16):
+        near |= bf16_rounded((normed * nudge).astype(np.float32)) != rounded
+    return normed, np.where(near, 2.0**-8 * np.abs(normed), 0.0)
+
+
+@pytest.mark.parametrize("stem", ["norm_linear_tc", LINEAR, "norm_gate_up_tc"])
 def test_each_tensor_core_kind_agrees_with_numpys_bf16_product(plan: Any, stem: str) -> None:
     kernel = _kernel(plan, stem)
     arrays = _inputs(kernel, seed=len(stem))
     got = _run(kernel, plan, arrays)
-    if stem == "gate_up_tc":
+    flips = 0.0
+    if stem.startswith("norm_"):  # x's norm folded in: the scale is the last input
+        normed, step = _normed(arrays[0], arrays[-2])
+        weights = arrays[1:-2]
+        flips = step @ np.max(np.abs(np.stack(weights)), axis=0).T  # the near-tie elements' terms
+        arrays = [normed, *weights, *arrays[-2:]]
+    if stem == "norm_gate_up_tc":
         (g, g_bound), (u, u_bound) = _product(arrays[0], arrays[1]), _product(arrays[0], arrays[2])
         want = g / (1 + np.exp(-g)) * u
         # silu's slope is below 1.1, so the product's error is bounded by the operands' errors
-        bound = TOLERANCE * (1.1 * g_bound * np.abs(u) + np.abs(g) * u_bound) + 1e-6 * np.abs(want)
+        bound = (
+            TOLERANCE * (1.1 * g_bound * np.abs(u) + np.abs(g) * u_bound)
+            + 1e-6 * np.abs(want)
+            + flips * (1.1 * np.abs(u) + np.abs(g))
+        )
     else:
         want, bound = _product(arrays[0], arrays[1])
-        bound = TOLERANCE * bound
-        if stem == "linear_residual_tc":
+        bound = TOLERANCE * bound + flips
+        if stem == LINEAR:
             want = want + arrays[2]
             bound = bound + 1e-7 * np.abs(want)
     assert got.shape == (ROWS, want.shape[1])
@@ -110,8 +139,9 @@ def _ops(kernel: Any, kind: type) -> list[Any]:
 
 
 def test_one_wrong_fragment_index_changes_the_emulated_product(plan: Any) -> None:
-    kernel = _kernel(plan, "linear_tc")
+    kernel = _kernel(plan, LINEAR)
     arrays = _inputs(kernel, seed=5)
+    arrays[2][...] = 0
     want, bound = _product(arrays[0], arrays[1])
     assert np.all(np.abs(_run(kernel, plan, arrays) - want) <= TOLERANCE * bound)
 
@@ -121,7 +151,7 @@ def test_one_wrong_fragment_index_changes_the_emulated_product(plan: Any) -> Non
         assert a1.indices[1].owner.name == "arith.addi"
         a1.operands[2] = a0.indices[1]
 
-    edited_plan, edited = _edited("linear_tc", a1_reads_row_g)
+    edited_plan, edited = _edited(LINEAR, a1_reads_row_g)
     got = _run(edited, edited_plan, arrays)
     wrong = np.abs(got - want) > TOLERANCE * bound
     assert wrong.any()
@@ -130,8 +160,9 @@ def test_one_wrong_fragment_index_changes_the_emulated_product(plan: Any) -> Non
 
 
 def test_a_read_before_the_copies_land_gives_wrong_numbers(plan: Any) -> None:
-    kernel = _kernel(plan, "linear_tc")
+    kernel = _kernel(plan, LINEAR)
     arrays = _inputs(kernel, seed=6)
+    arrays[2][...] = 0
     want, bound = _product(arrays[0], arrays[1])
 
     def no_wait(kernel: Any) -> None:
@@ -139,7 +170,7 @@ def test_a_read_before_the_copies_land_gives_wrong_numbers(plan: Any) -> None:
             op.detach()
             op.erase()
 
-    edited_plan, edited = _edited("linear_tc", no_wait)
+    edited_plan, edited = _edited(LINEAR, no_wait)
     assert (np.abs(_run(edited, edited_plan, arrays) - want) > TOLERANCE * bound).any()
 
 
@@ -164,7 +195,7 @@ def test_a_missing_barrier_is_a_race_the_emulator_refuses(which: int, refusal: s
 
 
 def test_a_misaligned_ldmatrix_row_is_refused(plan: Any) -> None:
-    kernel = _kernel(plan, "linear_tc")
+    kernel = _kernel(plan, LINEAR)
 
     def shifted(kernel: Any) -> None:
         from xdsl.dialects import arith
@@ -176,13 +207,13 @@ def test_a_misaligned_ldmatrix_row_is_refused(plan: Any) -> None:
         load.parent_block().insert_ops_before([one, moved], load)
         load.operands[3] = moved.result
 
-    edited_plan, edited = _edited("linear_tc", shifted)
+    edited_plan, edited = _edited(LINEAR, shifted)
     with pytest.raises(LogosError, match="ldmatrix.*16-byte aligned"):
         _run(edited, edited_plan, _inputs(kernel, seed=7))
 
 
 def test_a_copy_past_its_buffer_is_refused(plan: Any) -> None:
-    kernel = _kernel(plan, "linear_tc")
+    kernel = _kernel(plan, LINEAR)
 
     def past_the_end(kernel: Any) -> None:
         from xdsl.dialects import arith
@@ -193,7 +224,7 @@ def test_a_copy_past_its_buffer_is_refused(plan: Any) -> None:
         copy.parent_block().insert_op_before(row, copy)
         copy.operands[5] = row.result  # operands: dst, 3 dst indices, src, src row, src column, valid
 
-    edited_plan, edited = _edited("linear_tc", past_the_end)
+    edited_plan, edited = _edited(LINEAR, past_the_end)
     with pytest.raises(LogosError, match="cp_async' reads outside its buffer"):
         _run(edited, edited_plan, _inputs(kernel, seed=8))
 
@@ -201,6 +232,18 @@ def test_a_copy_past_its_buffer_is_refused(plan: Any) -> None:
 def test_f32_images_build_no_tensor_core_kernel() -> None:
     f32 = build_program(ModelSpec.preset("tiny"), Cut.prefill(ROWS, 128), 1, "f32")[0]
     assert not [name for name in f32.kernels if "_tc_" in name]
+    norms = [launch.kernel for launch in f32.launches if launch.kernel.startswith(f"rms_norm_{ROWS}x")]
+    assert len(norms) == 2 * ModelSpec.preset("tiny").layers  # f32 keeps the norm kernels (nothing folds them)
+
+
+def test_bf16_prefill_chunks_fold_every_layer_norm_into_the_products(plan: Any) -> None:
+    """Only the head's row-picking norm is still a launch; each layer's two norms are the prologues of the
+    query, key and value products and of gate/up."""
+    launches = [launch.kernel for launch in plan.launches]
+    assert [k for k in launches if k.startswith("rms_norm")] == [k for k in launches if k.startswith("rms_norm_row")]
+    layers = ModelSpec.preset("tiny").layers
+    assert sum(k.startswith("norm_linear_tc_") for k in launches) == 3 * layers
+    assert sum(k.startswith("norm_gate_up_tc_") for k in launches) == layers
     decode = build_program(ModelSpec.preset("tiny"), Cut.decode(128), 1, "bf16")[0]
     assert not [name for name in decode.kernels if "_tc_" in name]
 
@@ -409,7 +452,7 @@ def _tensor_core_source() -> tuple[str, list[str]]:
 def test_the_8b_prefill_tensor_core_kernels_compile_for_sm_90_without_spills(tmp_path: Any) -> None:
     source, names = _tensor_core_source()
     stems = {name.split("_tc_")[0] for name in names}
-    assert stems >= {"linear", "linear_residual", "gate_up", "attention_prefill", "prefill_attention"}
+    assert stems >= {"norm_linear", "linear_residual", "norm_gate_up", "attention_prefill", "prefill_attention"}
     for name, body in zip(names, source.split('extern "C"')[1:], strict=True):
         for needed in ("mma.sync.aligned.m16n8k16", "ldmatrix.sync.aligned", "cp.async.cg.shared.global", "__shared__"):
             assert needed in body, (name, needed)
@@ -436,7 +479,7 @@ def test_the_build_report_gives_each_products_hbm_bytes_against_the_minimum() ->
         ModelSource("preset", "8b", spec), Cut.prefill(512, 1024), 1, "bf16", False, Progress.silent()
     )
     products = build_cuda(request).report["tensor_core_products"]
-    assert {p["kernel"].split("_tc_")[0] for p in products} == {"linear", "linear_residual", "gate_up"}
+    assert {p["kernel"].split("_tc_")[0] for p in products} == {"norm_linear", "linear_residual", "norm_gate_up"}
     assert sum(p["launches"] for p in products) == 6 * spec.layers  # q, k, v, o, gate/up, down
     for product in products:
         assert product["grid"][0] == 512 // 64  # row tiles fastest
