@@ -27,7 +27,8 @@ and FlashAttention-2 build on Hopper's warp-level tensor cores:
 Where this differs from CUTLASS and cuBLAS on Hopper: `mma.sync` rather than `wgmma` with TMA (Hopper's
 warpgroup MMA reaches about twice the throughput); 2 stages rather than 3-5 (static shared memory stops at 48 KB a
 block and the lane's activations are f32, twice the bytes of a bf16 A tile); A is rounded to bf16 from an f32 tile
-in shared memory rather than read as bf16 (the lane's activations are f32; the folded norm scales them there). See docs/cuda.md.
+in shared memory rather than read as bf16 (the lane's activations are f32; the folded norm scales them there).
+See docs/cuda.md.
 
 Flash attention over a prefill chunk (`_flash_attention`, FlashAttention-2's forward on the same ops) takes
 `cuda.attention` over a bf16 cache; `fuse_prefill_attention`, run first by the pass, folds the chunk's
