@@ -8,9 +8,10 @@ embedded model's grid is about 100 x 100 elements, slow to simulate here).
 `placement` gives each build's grid, memory per element, the share of elements working on each layer, and cycles
 per token: simulated in full where the grid is small enough, else extrapolated from layers simulated in full on
 smaller grids whose elements hold exactly the tiles the large grid's hold (same chunks of every vector, same heads,
-same positions per element: only P differs). A layer's cycles are then a + b P (its local work does not depend on P;
-its chain reductions and broadcasts grow with P), fitted on up to three such grids of at most 64 x 64 (the fit's
-largest error reported; with two grids it is 0 by construction), and evaluated at the large P. Figures go to
+same positions per element: only P differs). A layer's cycles are then a + b x with x = P + the segment
+length + the segments (`line_steps`: its local work does not depend on P; its reductions take the line's steps),
+fitted on up to five such grids of at most 64 x 64 (the fit's largest error reported; with two grids it is 0 by
+construction), and evaluated at the large P. Figures go to
 docs/benchmarks.md (the spatial lane's section), with the date and machine.
 """
 
@@ -119,9 +120,17 @@ def step_cycles(spec: ModelSpec, ctx: int, image: str, p: int, layers: int) -> f
     return machine.cycles[-1]
 
 
+def line_steps(p: int) -> int:
+    """A line reduction's steps on a grid of P (grid.segments): P + its segment length + its segments."""
+    length, count, _ = g.segments(p)
+    return p + length + count
+
+
 def extrapolated(spec: ModelSpec, plan: g.GridPlan, image: str) -> dict[str, Any]:
-    """Cycles per token at plan.p from layers simulated in full on three smaller grids of the same tiles."""
-    candidates = [p for p in range(4, 65) if scaled(spec, plan, p) is not None][:3]
+    """Cycles per token at plan.p from layers simulated in full on smaller grids of the same tiles: a layer's cycles
+    fitted as a + b x, x = line_steps(P) (its local work does not depend on P; its reductions take the line's
+    steps), the embedding's and head's likewise."""
+    candidates = [p for p in range(4, 65) if scaled(spec, plan, p) is not None][:5]
     rows = []
     for p in candidates:
         model = scaled(spec, plan, p)
@@ -129,15 +138,19 @@ def extrapolated(spec: ModelSpec, plan: g.GridPlan, image: str) -> dict[str, Any
         ctx = plan.slots * p
         one, two = step_cycles(model, ctx, image, p, 1), step_cycles(model, ctx, image, p, 2)
         rows.append((p, two - one, one - (two - one)))  # (P, a layer, the embedding and head)
-    ps = np.array([r[0] for r in rows], dtype=float)
-    layer_fit = np.polyfit(ps, [r[1] for r in rows], 1)
-    ends_fit = np.polyfit(ps, [r[2] for r in rows], 1)
-    residual = float(np.max(np.abs(np.polyval(layer_fit, ps) - [r[1] for r in rows])))
-    layer = float(np.polyval(layer_fit, plan.p))
-    ends = float(np.polyval(ends_fit, plan.p))
+    xs = np.array([line_steps(r[0]) for r in rows], dtype=float)
+    layer_fit = np.polyfit(xs, [r[1] for r in rows], 1)
+    ends_fit = np.polyfit(xs, [r[2] for r in rows], 1)
+    residual = float(np.max(np.abs(np.polyval(layer_fit, xs) - [r[1] for r in rows])))
+    x = line_steps(plan.p)
+    layer = float(np.polyval(layer_fit, x))
+    ends = float(np.polyval(ends_fit, x))
     total = ends + spec.layers * layer
     return {
-        "simulated_grids": [{"p": p, "layer_cycles": c, "embedding_and_head_cycles": e} for p, c, e in rows],
+        "simulated_grids": [
+            {"p": p, "line_steps": line_steps(p), "layer_cycles": c, "embedding_and_head_cycles": e} for p, c, e in rows
+        ],  # fmt: skip
+        "line_steps": x,
         "layer_fit": [float(v) for v in layer_fit],
         "fit_max_error_cycles": residual,
         "layer_cycles": round(layer),

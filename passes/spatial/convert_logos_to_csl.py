@@ -251,7 +251,10 @@ class PartLowering:
     ) -> None:
         """Combine each element's `array[0:n]` along its row or column (`reduce_body`): copied into the line's
         buffer, reduced by the one function of that kind (`reduce_<row|col>_<op>[_to_centre]`), copied back; one
-        function a kind keeps the element's code small."""
+        function a kind keeps the element's code small (with grid.SEGMENTED; inline otherwise)."""
+        if not g.SEGMENTED:  # inline: no copies, no call (the code of one segment a line is small)
+            self.reduce_body(e, array, e.int(n, i16), along, combine, broadcast)
+            return
         name = f"reduce_{along}_{combine.name.removeprefix('csl.')}" + ("" if broadcast else "_to_centre")
         if name not in self.program.reducers:
             block = Block(arg_types=[i16])
@@ -878,8 +881,9 @@ def lower_parts(parts: Sequence[tuple[Any, Any, ModuleOp]], plan: g.GridPlan) ->
         plan.chunk(plan.hidden),
         features + plan.heads,
     )
-    program.array("line_row", longest)
-    program.array("line_col", longest)
+    if g.SEGMENTED:  # the reduction functions' buffers
+        program.array("line_row", longest)
+        program.array("line_col", longest)
     functions: list[Operation] = []
     identities: list[str] = []
     embed_cut, *layer_parts, head_cut = parts
@@ -1007,7 +1011,10 @@ def _route(e: Emit, x: SSAValue, y: SSAValue, colour: int, rx: Sequence[str], tx
 
 
 def _segment(e: Emit, k: SSAValue, length: int, p: int, type_: IntegerType) -> tuple[SSAValue, ...]:
-    """(segment, its first element, its last, its centre) of the element at `k` of a line (grid.segments)."""
+    """(segment, its first element, its last, its centre) of the element at `k` of a line (grid.segments); constants
+    when the line is one segment."""
+    if length >= p:
+        return e.int(0, type_), e.int(0, type_), e.int(p - 1, type_), e.int((p - 1) // 2, type_)
     q = e.bin(arith.DivSIOp, k, e.int(length, type_))
     first = e.bin(arith.MuliOp, q, e.int(length, type_))
     bound = e.bin(arith.AddiOp, first, e.int(length - 1, type_))

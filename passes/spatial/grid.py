@@ -120,10 +120,13 @@ class GridPlan:
         return self.heads * self.head_dim
 
 
+SEGMENTED = False  # one segment a line: in the simulator's costs, more segments made the 8B's layer slower (docs)
+
+
 def segments(p: int) -> tuple[int, int, int]:
     """(segment length, segments, the middle segment) of a line of P elements: about sqrt(P / 4) segments, so a
     reduction costs about P + P / segments + segments steps rather than 1.5 P."""
-    wanted = max(1, int(math.sqrt(p / 4)))
+    wanted = max(1, int(math.sqrt(p / 4))) if SEGMENTED else 1
     length = ceil_div(p, wanted)
     count = ceil_div(p, length)
     return length, count, count // 2

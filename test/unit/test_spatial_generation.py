@@ -281,11 +281,13 @@ def test_grids_of_other_sizes(p: int) -> None:
     assert _run(lowered.module, lowered.host, store, 3) == Generator(store).generate(PROMPT, 3)
 
 
-def test_lines_of_several_segments() -> None:
-    """A grid of 18 (two segments a line: each reduced to its centre, the centres then to the line's)."""
+def test_lines_of_several_segments(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With grid.SEGMENTED (not the default: docs/benchmarks.md), a grid of 18 has two segments a line, each
+    reduced to its centre, the centres then to the line's, by one function a kind of reduction."""
     from logos_ir.passes.spatial import grid as g
     from logos_ir.passes.spatial.convert_logos_to_csl import lower_decode
 
+    monkeypatch.setattr(g, "SEGMENTED", True)
     assert g.segments(18)[1] == 2
     store = RandomWeights(MODELS["gqa"], seed=2)
     lowered = lower_decode(store.spec, 16, "f32", 18)
