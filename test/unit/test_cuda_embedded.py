@@ -1,4 +1,5 @@
-"""THE CUDA LANE'S ONE EMBEDDED-MODEL RUN IN THE SUITE (about 1 to 2 minutes on 2 cores).
+"""THE CUDA LANE'S ONE EMBEDDED-MODEL RUN IN THE SUITE (194 s on 2 shared cores at a load average of 3-4, 2026-12-01:
+the decode kernels' fused multiply-adds are emulated exactly, in f64 with a tie check, about 6x a multiply and an add).
 
 The embedded SmolLM2-135M through `logos-run --backend cuda --emulate --weights f32`'s generator: a prompt of 18
 tokens (two prefill chunks of 16 and 2 rows), then 16 new tokens by decode steps, every kernel executed by the
