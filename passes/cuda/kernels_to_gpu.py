@@ -21,18 +21,16 @@ tile of up to `ROW_TILE` rows (prefill chunks and batches), so a weight byte is 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
 from xdsl.context import Context
-from xdsl.dialects import arith, func, gpu, math, memref, scf
+from xdsl.dialects import arith, func, gpu
 from xdsl.dialects.builtin import (
     BFloat16Type,
     Float32Type,
-    FloatAttr,
     FunctionType,
-    IndexType,
     IntegerAttr,
     IntegerType,
     MemRefType,
@@ -49,210 +47,13 @@ from xdsl.passes import ModulePass
 from logos_ir.dialects import cuda
 from logos_ir.errors import PassError
 from logos_ir.passes.cuda import tensor_core  # issue 19 (tensor cores)
+from logos_ir.passes.cuda.thread_code import INDEX, Body, Kind, cdiv, rotated, vector_width
 
 NAME = "convert-cuda-kernels-to-gpu"
 WARPS = 4  # warps a block: each owns one work item
 THREADS = WARPS * cuda.WARP
 ROW_TILE = 4  # rows a projection's warp applies each loaded weight vector to
 NEG_BIG = -3.0e38  # a finite "minus infinity": exp(NEG_BIG - m) is 0 with no inf - inf
-INDEX = IndexType()
-ATOMIC_ADDI = 1  # upstream's AtomicRMWKind::addi
-
-
-# -- a small builder of thread code --------------------------------------------------------------------------
-
-
-class _Body:
-    """Appends thread-level ops to the current block; regions (loops, ifs) nest by callbacks."""
-
-    def __init__(self, block: Block):
-        self.blocks = [block]
-        self._constants: dict[tuple[str, object], SSAValue] = {}
-
-    def op(self, operation: Operation) -> SSAValue:
-        self.blocks[-1].add_op(operation)
-        return operation.results[0] if operation.results else None  # type: ignore[return-value]
-
-    def const(self, value: int) -> SSAValue:
-        return self.op(arith.ConstantOp(IntegerAttr(value, INDEX)))
-
-    def fconst(self, value: float) -> SSAValue:
-        return self.op(arith.ConstantOp(FloatAttr(value, f32)))
-
-    # index arithmetic
-    def add(self, a: SSAValue, b: SSAValue | int) -> SSAValue:
-        return self.op(arith.AddiOp(a, self._ix(b)))
-
-    def sub(self, a: SSAValue, b: SSAValue | int) -> SSAValue:
-        return self.op(arith.SubiOp(a, self._ix(b)))
-
-    def mul(self, a: SSAValue, b: SSAValue | int) -> SSAValue:
-        return self.op(arith.MuliOp(a, self._ix(b)))
-
-    def div(self, a: SSAValue, b: SSAValue | int) -> SSAValue:
-        return self.op(arith.DivUIOp(a, self._ix(b)))
-
-    def rem(self, a: SSAValue, b: SSAValue | int) -> SSAValue:
-        return self.op(arith.RemUIOp(a, self._ix(b)))
-
-    def min(self, a: SSAValue, b: SSAValue | int) -> SSAValue:
-        return self.op(arith.MinUIOp(a, self._ix(b)))
-
-    def cmp(self, predicate: str, a: SSAValue, b: SSAValue | int) -> SSAValue:
-        return self.op(arith.CmpiOp(a, self._ix(b), predicate))
-
-    def both(self, a: SSAValue, b: SSAValue) -> SSAValue:
-        return self.op(arith.AndIOp(a, b))
-
-    def either(self, a: SSAValue, b: SSAValue) -> SSAValue:
-        return self.op(arith.OrIOp(a, b))
-
-    def select(self, cond: SSAValue, a: SSAValue, b: SSAValue) -> SSAValue:
-        return self.op(arith.SelectOp(cond, a, b))
-
-    def _ix(self, value: SSAValue | int) -> SSAValue:
-        return self.const(value) if isinstance(value, int) else value
-
-    # f32 arithmetic
-    def fadd(self, a: SSAValue, b: SSAValue) -> SSAValue:
-        return self.op(arith.AddfOp(a, b))
-
-    def fsub(self, a: SSAValue, b: SSAValue) -> SSAValue:
-        return self.op(arith.SubfOp(a, b))
-
-    def fmul(self, a: SSAValue, b: SSAValue) -> SSAValue:
-        return self.op(arith.MulfOp(a, b))
-
-    def fdiv(self, a: SSAValue, b: SSAValue) -> SSAValue:
-        return self.op(arith.DivfOp(a, b))
-
-    def fmax(self, a: SSAValue, b: SSAValue) -> SSAValue:
-        """fmaxf's rule (a NaN loses to a number): arith.maxnumf."""
-        return self.op(arith.MaxnumfOp(a, b))
-
-    def fma(self, a: SSAValue, b: SSAValue, c: SSAValue) -> SSAValue:
-        """a*b + c rounded once (`__fmaf_rn`)."""
-        return self.op(math.FmaOp(a, b, c))
-
-    def to_bf16(self, value: SSAValue) -> SSAValue:
-        return self.op(arith.TruncFOp(value, BFloat16Type()))
-
-    def fcmp(self, predicate: str, a: SSAValue, b: SSAValue) -> SSAValue:
-        return self.op(arith.CmpfOp(a, b, predicate))
-
-    def exp(self, a: SSAValue) -> SSAValue:
-        return self.op(math.ExpOp(a))
-
-    def sqrt(self, a: SSAValue) -> SSAValue:
-        return self.op(math.SqrtOp(a))
-
-    def tanh(self, a: SSAValue) -> SSAValue:
-        return self.op(math.TanhOp(a))
-
-    # conversions
-    def to_index(self, value: SSAValue) -> SSAValue:
-        return self.op(arith.IndexCastOp(value, INDEX))
-
-    def to_i64(self, value: SSAValue) -> SSAValue:
-        return self.op(arith.IndexCastOp(value, i64))
-
-    def to_float(self, index: SSAValue) -> SSAValue:
-        return self.op(arith.SIToFPOp(self.to_i64(index), f32))
-
-    def float_to_index(self, value: SSAValue) -> SSAValue:
-        return self.to_index(self.op(arith.FPToSIOp(value, i64)))
-
-    # threads and memory
-    def thread(self) -> SSAValue:
-        return self.op(gpu.ThreadIdOp(gpu.DimensionAttr(gpu.DimensionEnum.X)))
-
-    def block(self, dim: str) -> SSAValue:
-        return self.op(gpu.BlockIdOp(gpu.DimensionAttr(gpu.DimensionEnum(dim))))
-
-    def load(self, mem: SSAValue, indices: Sequence[SSAValue | int]) -> SSAValue:
-        value = self.op(memref.LoadOp.get(mem, [self._ix(i) for i in indices]))
-        if isinstance(value.type, BFloat16Type):
-            value = self.op(arith.ExtFOp(value, f32))
-        return value
-
-    def store(self, value: SSAValue, mem: SSAValue, indices: Sequence[SSAValue | int]) -> None:
-        self.op(memref.StoreOp.get(value, mem, [self._ix(i) for i in indices]))
-
-    def vload(self, mem: SSAValue, indices: Sequence[SSAValue | int], width: int) -> list[SSAValue]:
-        load = cuda.VectorLoadOp(mem, [self._ix(i) for i in indices], width)
-        self.op(load)
-        return list(load.results)
-
-    def warp_sum(self, value: SSAValue) -> SSAValue:
-        for offset in (16, 8, 4, 2, 1):
-            value = self.fadd(value, self.shuffle(value, offset))
-        return value
-
-    def shuffle(self, value: SSAValue, offset: int) -> SSAValue:
-        """The value of lane (this lane xor offset): upstream's `gpu.shuffle xor` over the whole warp (an index is
-        shuffled as an i64)."""
-        index = isinstance(value.type, IndexType)
-        if index:
-            value = self.to_i64(value)
-        i32 = IntegerType(32)
-        shift = self.op(arith.ConstantOp(IntegerAttr(offset, i32)))
-        width = self.op(arith.ConstantOp(IntegerAttr(cuda.WARP, i32)))
-        got = self.op(cuda.GpuShuffleOp(value, shift, width))
-        return self.to_index(got) if index else got
-
-    # structure
-    def loop(
-        self,
-        lower: SSAValue | int,
-        upper: SSAValue | int,
-        step: SSAValue | int,
-        inits: Sequence[SSAValue],
-        body: Callable[[SSAValue, list[SSAValue]], Sequence[SSAValue]],
-    ) -> list[SSAValue]:
-        block = Block(arg_types=[INDEX, *(v.type for v in inits)])
-        self.blocks.append(block)
-        yielded = body(block.args[0], list(block.args[1:]))
-        self.op(scf.YieldOp(*yielded))
-        self.blocks.pop()
-        loop = scf.ForOp(self._ix(lower), self._ix(upper), self._ix(step), list(inits), block)
-        self.op(loop)
-        return list(loop.results)
-
-    def when(self, cond: SSAValue, then: Callable[[], None]) -> None:
-        block = Block()
-        self.blocks.append(block)
-        then()
-        self.op(scf.YieldOp())
-        self.blocks.pop()
-        self.op(scf.IfOp(cond, [], [block]))
-
-    def choose(
-        self, cond: SSAValue, then: Callable[[], list[SSAValue]], otherwise: Callable[[], list[SSAValue]]
-    ) -> list[SSAValue]:
-        """An `scf.if` with results: `then`'s values where cond holds, `otherwise`'s elsewhere."""
-        regions = []
-        types: list[Attribute] = []
-        for branch in (then, otherwise):
-            block = Block()
-            self.blocks.append(block)
-            values = branch()
-            types = [v.type for v in values]
-            self.op(scf.YieldOp(*values))
-            self.blocks.pop()
-            regions.append(block)
-        op = scf.IfOp(cond, types, [regions[0]], [regions[1]])
-        self.op(op)
-        return list(op.results)
-
-    def atomic_add(self, value: SSAValue, mem: SSAValue, indices: Sequence[SSAValue | int]) -> SSAValue:
-        """memref.atomic_rmw addi: adds `value` at the element and returns what it held before."""
-        return self.op(
-            memref.AtomicRMWOp.build(
-                operands=[value, mem, [self._ix(i) for i in indices]],
-                result_types=[value.type],
-                properties={"kind": IntegerAttr(ATOMIC_ADDI, i64)},
-            )
-        )
 
 
 # -- the kernels -------------------------------------------------------------------------------------------------
@@ -267,29 +68,17 @@ class _Launch:
     operands: tuple[int, ...]  # indices into ins + outs
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _width(row: int, element: Attribute) -> int:
-    """The widest vector of at most 16 bytes that divides a row."""
-    width = 8 if isinstance(element, BFloat16Type) else 4
-    while row % width:
-        width //= 2
-    return width
-
-
 def _element_tag(kind: Attribute) -> str:
     assert isinstance(kind, MemRefType)
     return "bf16" if isinstance(kind.element_type, BFloat16Type) else "f32"
 
 
-def _warp_and_lane(b: _Body) -> tuple[SSAValue, SSAValue, SSAValue]:
+def _warp_and_lane(b: Body) -> tuple[SSAValue, SSAValue, SSAValue]:
     tid = b.thread()
     return tid, b.div(tid, cuda.WARP), b.rem(tid, cuda.WARP)
 
 
-def _embed(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
+def _embed(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
     table, tokens, out = args
     width = shapes[0][1]
     column = b.add(b.mul(b.block("x"), THREADS), b.thread())
@@ -302,12 +91,12 @@ def _embed(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> Non
     b.when(b.cmp("ult", column, width), body)
 
 
-def _rms_norm(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float, source: int) -> None:
+def _rms_norm(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float, source: int) -> None:
     x, weight, out = args
     rows, width = shapes[2]
     _, warp, lane = _warp_and_lane(b)
     row = b.add(b.mul(b.block("x"), WARPS), warp)
-    vector = _width(width, f32)
+    vector = vector_width(width, f32)
 
     def body() -> None:
         src = row if source < 0 else b.const(source)
@@ -339,7 +128,7 @@ UNROLL_BYTES = 64  # bytes of weights a lane has in flight per loop step at batc
 
 
 def _dots(
-    b: _Body,
+    b: Body,
     x: SSAValue,
     streams: list[tuple[SSAValue, SSAValue]],
     rows: list[SSAValue],
@@ -352,7 +141,7 @@ def _dots(
     16-byte vectors, `unroll` of them a stream per loop step at batch 1 (so UNROLL_BYTES are in flight a stream),
     then a remainder loop takes the last whole vectors; f32 accumulation with fma."""
     weight0 = streams[0][0]
-    vector = _width(depth, weight0.type.element_type)  # type: ignore[attr-defined]
+    vector = vector_width(depth, weight0.type.element_type)  # type: ignore[attr-defined]
     size = 2 if isinstance(weight0.type.element_type, BFloat16Type) else 4  # type: ignore[attr-defined]
     x_vector = min(vector, 4)
     unroll = max(1, UNROLL_BYTES // (vector * size) // len(streams)) if len(rows) == 1 else 1
@@ -408,7 +197,7 @@ def _dots(
 
 
 def _projection(
-    b: _Body,
+    b: Body,
     x: SSAValue,
     weights: list[SSAValue],
     shape: tuple[int, int, int],
@@ -437,7 +226,7 @@ def _projection(
 
 
 def _linear(
-    b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float | None = None,
+    b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float | None = None,
     residual_chip: int | None = None,
 ) -> None:  # fmt: skip
     x, weight, *rest, out = args
@@ -463,7 +252,7 @@ def _linear(
     _projection(b, x, [weight], (rows, columns, depth), write, norm)
 
 
-def _gate_up(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float | None = None) -> None:
+def _gate_up(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float | None = None) -> None:
     x, gate, up, *rest, out = args
     rows, depth = shapes[0]
     columns = shapes[1][0]
@@ -481,7 +270,7 @@ def _gate_up(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsi
     _projection(b, x, [gate, up], (rows, columns, depth), write, norm)
 
 
-def _qkv(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float) -> None:
+def _qkv(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float) -> None:
     """A warp per rotation pair (d, d + head_dim/2) of one head of the concatenated [Q; K; V] weight: the folded
     norm, both dot products, then lane 0 rotates a query or key pair at the row's position and writes it (queries
     to `query`, keys rounded into the key cache), or writes a value pair into the value cache."""
@@ -532,18 +321,7 @@ def _qkv(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon:
     b.when(b.both(valid, b.cmp("eq", lane, 0)), epilogue)
 
 
-def _rotated(b: _Body, x: SSAValue, row: SSAValue, column: SSAValue, head_dim: int, tables: tuple, place: SSAValue):
-    """x[row, column] rotated at table row `place`: x*cos + x[partner]*sin (sin signed, rotate-half)."""
-    cos, sin = tables
-    half = head_dim // 2
-    head, d = b.div(column, head_dim), b.rem(column, head_dim)
-    partner = b.select(b.cmp("ult", d, half), b.add(d, half), b.sub(d, half))
-    other = b.add(b.mul(head, head_dim), partner)
-    turned = b.fmul(b.load(x, [row, column]), b.load(cos, [place, d]))
-    return b.fadd(turned, b.fmul(b.load(x, [row, other]), b.load(sin, [place, d]))), head, d
-
-
-def _rope(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]], head_dim: int) -> None:
+def _rope(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], head_dim: int) -> None:
     x, positions, cos, sin, out = args
     width = shapes[0][1]
     column = b.add(b.mul(b.block("x"), THREADS), b.thread())
@@ -551,13 +329,13 @@ def _rope(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]], head_di
 
     def body() -> None:
         place = b.sub(b.to_index(b.load(positions, [row])), 1)
-        value, _, _ = _rotated(b, x, row, column, head_dim, (cos, sin), place)
+        value, _, _ = rotated(b, x, row, column, head_dim, (cos, sin), place)
         b.store(value, out, [row, column])
 
     b.when(b.cmp("ult", column, width), body)
 
 
-def _rope_cache_write(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
+def _rope_cache_write(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
     key, value, positions, cos, sin, keys, values = args
     width = shapes[0][1]
     head_dim = shapes[5][-1]
@@ -567,7 +345,7 @@ def _rope_cache_write(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ..
 
     def body() -> None:
         place = b.sub(b.to_index(b.load(positions, [row])), 1)
-        turned, head, d = _rotated(b, key, row, column, head_dim, (cos, sin), place)
+        turned, head, d = rotated(b, key, row, column, head_dim, (cos, sin), place)
         where = [row, head, place, d] if per_sequence else [head, place, d]
         stored = b.load(value, [row, column])
         if isinstance(keys.type.element_type, BFloat16Type):  # type: ignore[attr-defined]
@@ -581,7 +359,7 @@ def _rope_cache_write(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ..
 def _cache_width(head_dim: int, element: Attribute, group: int) -> int:
     """The elements of a cache row a lane loads at once: 16 bytes where the lane's share of the group's queries
     and sums stays within 32 registers each (group x width <= 32), narrower otherwise."""
-    width = _width(head_dim, element)
+    width = vector_width(head_dim, element)
     while width > 1 and group * width > 32:
         width //= 2
     return width
@@ -595,18 +373,18 @@ def _attention_layout(head_dim: int, element: Attribute, group: int) -> tuple[in
     lanes = 1
     while lanes < min(vectors, cuda.WARP):
         lanes *= 2
-    return width, lanes, _cdiv(vectors, lanes), cuda.WARP // lanes
+    return width, lanes, cdiv(vectors, lanes), cuda.WARP // lanes
 
 
 MIN_SPAN = 16  # the fewest positions a split attends: a short cache uses fewer splits
 
 
-def _span(b: _Body, length: SSAValue, splits: int) -> SSAValue:
+def _span(b: Body, length: SSAValue, splits: int) -> SSAValue:
     """The positions each split attends at this live length: the length shared by all splits, at least MIN_SPAN."""
     return b.op(arith.MaxUIOp(b.div(b.add(length, splits - 1), splits), b.const(MIN_SPAN)))
 
 
-def _attention(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
+def _attention(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
     """A warp per (row, KV head, split): the keys and values of its positions are read once for all the query
     heads of the KV head's group. A position's row is spread over `lanes` lanes with 16-byte loads, so a warp step
     covers 32 / lanes positions, each lane group keeping its own online softmax per query head; the lane groups
@@ -741,12 +519,12 @@ def _attention(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) ->
 
 
 def _combine(
-    b: _Body, scratch: SSAValue, out: SSAValue, row: SSAValue, head: SSAValue, lane: SSAValue, used: SSAValue,
+    b: Body, scratch: SSAValue, out: SSAValue, row: SSAValue, head: SSAValue, lane: SSAValue, used: SSAValue,
     head_dim: int,
 ) -> None:  # fmt: skip
     """A warp writes one head's output: each lane a dimension at a time, the `used` splits' partial sums rescaled
     to their common maximum."""
-    for c in range(_cdiv(head_dim, cuda.WARP)):
+    for c in range(cdiv(head_dim, cuda.WARP)):
         d = b.add(lane, c * cuda.WARP) if c else lane
 
         def element(d: SSAValue = d) -> None:
@@ -769,13 +547,13 @@ def _combine(
             element()
 
 
-def _better(b: _Body, value: SSAValue, index: SSAValue, best: SSAValue, best_index: SSAValue) -> SSAValue:
+def _better(b: Body, value: SSAValue, index: SSAValue, best: SSAValue, best_index: SSAValue) -> SSAValue:
     """Whether (value, index) beats (best, best_index): greater, or equal at a lower index (the first maximum)."""
     tie = b.both(b.fcmp("oeq", value, best), b.cmp("ult", index, best_index))
     return b.either(b.fcmp("ogt", value, best), tie)
 
 
-def _warp_argmax(b: _Body, best: SSAValue, index: SSAValue) -> tuple[SSAValue, SSAValue]:
+def _warp_argmax(b: Body, best: SSAValue, index: SSAValue) -> tuple[SSAValue, SSAValue]:
     for offset in (16, 8, 4, 2, 1):
         other, other_index = b.shuffle(best, offset), b.shuffle(index, offset)
         take = _better(b, other, other_index, best, index)
@@ -783,7 +561,7 @@ def _warp_argmax(b: _Body, best: SSAValue, index: SSAValue) -> tuple[SSAValue, S
     return best, index
 
 
-def _argmax_chunks(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]], chunk: int) -> None:
+def _argmax_chunks(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], chunk: int) -> None:
     x, scratch = args
     width = shapes[0][1]
     chunks = shapes[1][1]
@@ -808,7 +586,7 @@ def _argmax_chunks(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]]
     b.when(b.both(b.cmp("eq", lane, 0), b.cmp("ult", item, chunks)), write)
 
 
-def _argmax_final(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
+def _argmax_final(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
     scratch, out = args
     rows, chunks, _ = shapes[0]
     _, warp, lane = _warp_and_lane(b)
@@ -828,7 +606,7 @@ def _argmax_final(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]])
     b.when(b.cmp("ult", row, rows), body)
 
 
-def _add(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
+def _add(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
     lhs, rhs, out = args
     width = shapes[0][1]
     column = b.add(b.mul(b.block("x"), THREADS), b.thread())
@@ -842,37 +620,25 @@ def _add(b: _Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
 # -- kernels by shape --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Kind:
-    """How one launch of a kernel-level op is built: a name stem, the op's buffers it takes, its grid, its body."""
-
-    stem: str
-    operands: tuple[int, ...]
-    grid: Callable[[list[tuple[int, ...]]], tuple[int, int, int]]
-    body: Callable[[_Body, list[SSAValue], list[tuple[int, ...]]], None]
-
-
-def _kinds(op: cuda.KernelOp) -> list[_Kind]:
+def _kinds(op: cuda.KernelOp) -> list[Kind]:
     """The launches of `op`, in order (two for the two-stage kernels)."""
     (ins, outs) = op.shapes()
     shapes = [*ins, *outs]
-    from logos_ir.passes.cuda import tensor_core  # issue 19 (tensor cores): bf16 prefill/batch products
-
     if tensor_core.handles(op):  # issue 19 (tensor cores)
         return tensor_core.kinds(op)
     if isinstance(op, cuda.EmbedOp):
-        return [_Kind("embed", (0, 1, 2), lambda s: (_cdiv(s[0][1], THREADS), s[1][0], 1), _embed)]
+        return [Kind("embed", (0, 1, 2), lambda s: (cdiv(s[0][1], THREADS), s[1][0], 1), _embed)]
     if isinstance(op, cuda.RMSNormOp):
         epsilon, row = op.epsilon.value.data, op.row.value.data
         return [
-            _Kind(
+            Kind(
                 "rms_norm" if row < 0 else f"rms_norm_row{row}",
                 (0, 1, 2),
-                lambda s: (_cdiv(s[2][0], WARPS), 1, 1),
+                lambda s: (cdiv(s[2][0], WARPS), 1, 1),
                 lambda b, a, s: _rms_norm(b, a, s, epsilon, row),
             )
         ]
-    columns = lambda s: (_cdiv(s[1][0], WARPS), _cdiv(s[0][0], ROW_TILE), 1)  # noqa: E731
+    columns = lambda s: (cdiv(s[1][0], WARPS), cdiv(s[0][0], ROW_TILE), 1)  # noqa: E731
     if isinstance(op, cuda.LinearOp):
         epsilon = op.epsilon.value.data if op.epsilon is not None else None
         on_chip = op.residual_chip.value.data if op.residual_chip is not None else None
@@ -880,37 +646,37 @@ def _kinds(op: cuda.KernelOp) -> list[_Kind]:
         stem = ("norm_" if epsilon is not None else "") + ("linear_residual" if residual else "linear")
         stem += f"_chip{on_chip}" if on_chip is not None else ""
         operands = tuple(range(len(shapes)))
-        return [_Kind(stem, operands, columns, lambda b, a, s: _linear(b, a, s, epsilon, on_chip))]
+        return [Kind(stem, operands, columns, lambda b, a, s: _linear(b, a, s, epsilon, on_chip))]
     if isinstance(op, cuda.GateUpOp):
         epsilon = op.epsilon.value.data if op.epsilon is not None else None
         stem = "norm_gate_up" if epsilon is not None else "gate_up"
-        return [_Kind(stem, tuple(range(len(shapes))), columns, lambda b, a, s: _gate_up(b, a, s, epsilon))]
+        return [Kind(stem, tuple(range(len(shapes))), columns, lambda b, a, s: _gate_up(b, a, s, epsilon))]
     if isinstance(op, cuda.QKVOp):
         epsilon = op.epsilon.value.data
-        pairs = lambda s: (_cdiv(s[1][0] // 2, WARPS), 1, 1)  # noqa: E731
-        return [_Kind("qkv", tuple(range(9)), pairs, lambda b, a, s: _qkv(b, a, s, epsilon))]
+        pairs = lambda s: (cdiv(s[1][0] // 2, WARPS), 1, 1)  # noqa: E731
+        return [Kind("qkv", tuple(range(9)), pairs, lambda b, a, s: _qkv(b, a, s, epsilon))]
     if isinstance(op, cuda.RopeOp):
         head_dim = op.head_dim.value.data
-        grid = lambda s: (_cdiv(s[0][1], THREADS), s[0][0], 1)  # noqa: E731
-        return [_Kind("rope", (0, 1, 2, 3, 4), grid, lambda b, a, s: _rope(b, a, s, head_dim))]
+        grid = lambda s: (cdiv(s[0][1], THREADS), s[0][0], 1)  # noqa: E731
+        return [Kind("rope", (0, 1, 2, 3, 4), grid, lambda b, a, s: _rope(b, a, s, head_dim))]
     if isinstance(op, cuda.RopeCacheWriteOp):
-        grid = lambda s: (_cdiv(s[0][1], THREADS), s[0][0], 1)  # noqa: E731
-        return [_Kind("rope_cache_write", tuple(range(7)), grid, _rope_cache_write)]
+        grid = lambda s: (cdiv(s[0][1], THREADS), s[0][0], 1)  # noqa: E731
+        return [Kind("rope_cache_write", tuple(range(7)), grid, _rope_cache_write)]
     if isinstance(op, cuda.AttentionOp):
-        kv_splits = lambda s: (_cdiv(s[1][-3] * s[5][2], WARPS), s[0][0], 1)  # noqa: E731
-        return [_Kind("attention", tuple(range(7)), kv_splits, _attention)]
+        kv_splits = lambda s: (cdiv(s[1][-3] * s[5][2], WARPS), s[0][0], 1)  # noqa: E731
+        return [Kind("attention", tuple(range(7)), kv_splits, _attention)]
     if isinstance(op, cuda.AddOp):
-        return [_Kind("add", (0, 1, 2), lambda s: (_cdiv(s[0][1], THREADS), s[0][0], 1), _add)]
+        return [Kind("add", (0, 1, 2), lambda s: (cdiv(s[0][1], THREADS), s[0][0], 1), _add)]
     if isinstance(op, cuda.ArgmaxOp):
         chunk = op.chunk.value.data
         return [
-            _Kind(
+            Kind(
                 "argmax_chunks",
                 (0, 2),
-                lambda s: (_cdiv(s[1][1], WARPS), s[0][0], 1),
+                lambda s: (cdiv(s[1][1], WARPS), s[0][0], 1),
                 lambda b, a, s: _argmax_chunks(b, a, s, chunk),
             ),
-            _Kind("argmax_final", (2, 1), lambda s: (_cdiv(s[0][0], WARPS), 1, 1), _argmax_final),
+            Kind("argmax_final", (2, 1), lambda s: (cdiv(s[0][0], WARPS), 1, 1), _argmax_final),
         ]
     raise PassError(f"{NAME}: '{op.name}' has no kernel")
 
@@ -937,14 +703,14 @@ class _Lowering:
         self.gpu_block = Block()
         self.constants: dict[int, SSAValue] = {}
 
-    def kernel(self, kind: _Kind, types: list[Attribute], shapes: list[tuple[int, ...]], roles: list[str]) -> str:
+    def kernel(self, kind: Kind, types: list[Attribute], shapes: list[tuple[int, ...]], roles: list[str]) -> str:
         name = _signature(kind.stem, types)
         if name in self.kernels:
             return name
         function = gpu.FuncOp(name, (types, []), kernel=True, known_block_size=[THREADS, 1, 1])
         for arg, role in zip(function.body.block.args, roles, strict=True):
             arg.name_hint = role
-        body = _Body(function.body.block)
+        body = Body(function.body.block)
         kind.body(body, list(function.body.block.args), shapes)
         body.op(gpu.ReturnOp([]))
         self.kernels[name] = function

@@ -48,6 +48,7 @@ from xdsl.dialects.builtin import BFloat16Type, IntegerAttr, MemRefType, bf16, f
 from xdsl.ir import Attribute, SSAValue
 
 from logos_ir.dialects import cuda
+from logos_ir.passes.cuda.thread_code import Kind, rotated, vector_width
 
 WARP = cuda.WARP
 THREADS = 128  # 4 warps, as every kernel of the lane
@@ -111,25 +112,24 @@ def _flash_attention_fits(op: cuda.AttentionOp) -> bool:
 
 
 def kinds(op: cuda.KernelOp) -> list[Any]:
-    """The one launch of a tensor-core kernel (kernels_to_gpu's `_Kind`)."""
-    from logos_ir.passes.cuda.kernels_to_gpu import _Kind
+    """The one launch of a tensor-core kernel (`thread_code.Kind`)."""
 
     if isinstance(op, cuda.PrefillAttentionOp):
         fused = lambda s: (-(-s[0][0] // ATTENTION_ROWS), s[0][1] // s[7][-1], 1)  # noqa: E731 (row tiles, heads)
         body = lambda b, a, s: _flash_attention(b, a, s, fused=True)  # noqa: E731
-        return [_Kind("prefill_attention_tc", tuple(range(9)), fused, body)]
+        return [Kind("prefill_attention_tc", tuple(range(9)), fused, body)]
     if isinstance(op, cuda.AttentionOp):
         blocks = lambda s: (-(-s[0][0] // ATTENTION_ROWS), s[0][1] // s[1][-1], 1)  # noqa: E731 (row tiles, heads)
-        return [_Kind("attention_prefill_tc", (0, 1, 2, 3, 4), blocks, _flash_attention)]
+        return [Kind("attention_prefill_tc", (0, 1, 2, 3, 4), blocks, _flash_attention)]
     epsilon = op.epsilon.value.data if op.epsilon is not None else None
     prefix = "norm_" if epsilon is not None else ""
     operands = tuple(range(len(op.ins) + 1))
     if isinstance(op, cuda.GateUpOp):
         body = lambda b, a, s: _gate_up(b, a, s, epsilon)  # noqa: E731
-        return [_Kind(prefix + "gate_up_tc", operands, lambda s: grid(s[0][0], s[1][0], 2), body)]
+        return [Kind(prefix + "gate_up_tc", operands, lambda s: grid(s[0][0], s[1][0], 2), body)]
     stem = "linear_residual_tc" if len(op.ins) - (1 if epsilon is not None else 0) == 3 else "linear_tc"
     body = lambda b, a, s: _linear(b, a, s, epsilon)  # noqa: E731
-    return [_Kind(prefix + stem, operands, lambda s: grid(s[0][0], s[1][0], 1), body)]
+    return [Kind(prefix + stem, operands, lambda s: grid(s[0][0], s[1][0], 1), body)]
 
 
 # -- the product ---------------------------------------------------------------------------------------------------
@@ -194,12 +194,11 @@ class _Product:
         loads (rows group, group + 8 of each m16 tile of its warp). A warp walks its 32 rows of the block tile, its
         lanes summing a row's squares from global memory with fma exactly as `cuda.rms_norm` does (the same lane
         split, vector width and shuffle tree, so the same f32 bits), and each thread keeps the rows it owns."""
-        from logos_ir.passes.cuda.kernels_to_gpu import _width
 
         assert self.norm is not None
         b, (scale, epsilon) = self.b, self.norm
         del scale
-        vector = _width(self.depth, f32)
+        vector = vector_width(self.depth, f32)
         owned = [b.add(self.group, m * MMA_M + h * 8) if m or h else self.group for m in range(2) for h in range(2)]
 
         def one(i: SSAValue, held: list[SSAValue]) -> list[SSAValue]:
@@ -351,13 +350,6 @@ def _gate_up(b: Any, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilo
 ATTENTION_ROWS = 64  # query rows a block: 16 a warp, one m16 tile
 KV_TILE = 16  # cache positions a step: one k16 step of P V, two n8 tiles of Q K^T
 NEG_BIG = -3.0e38  # a finite "minus infinity", as the decode kernels use
-
-
-def _rotated(*args: Any) -> Any:
-    """kernels_to_gpu's rotation (x*cos + x[partner]*sin), so the fused kernel rotates as cuda.rope does."""
-    from logos_ir.passes.cuda.kernels_to_gpu import _rotated as rotated
-
-    return rotated(*args)
 
 
 def _flash_attention(b: Any, args: list[SSAValue], shapes: list[tuple[int, ...]], fused: bool = False) -> None:
@@ -522,7 +514,7 @@ def _query_tile(b: Any, tid: SSAValue, query: SSAValue, first: SSAValue, head: S
             tables, positions = rope
             place = b.sub(b.to_index(b.load(positions, [source])), 1)
             at = b.add(base, column)
-            low, high = (_rotated(b, query, source, c, head_dim, tables, place)[0] for c in (at, b.add(at, 1)))
+            low, high = (rotated(b, query, source, c, head_dim, tables, place)[0] for c in (at, b.add(at, 1)))
             pair = b.op(cuda.PackBF16x2Op(low, high))
         b.op(cuda.StoreBF16x2Op(pair, tile, [row, column]))
         return []

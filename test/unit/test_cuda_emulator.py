@@ -11,16 +11,16 @@ import pytest
 from xdsl.dialects import gpu
 from xdsl.dialects.builtin import Float32Type, MemRefType
 
-from logos_ir.passes.cuda.kernels_to_gpu import _Body
+from logos_ir.passes.cuda.thread_code import Body
 from logos_ir.runtime.cuda import EmulatorFault, KernelEmulator, _Launch, fma_f32
 
 
-def _run(body: Callable[[_Body, list], None], size: int = 64, threads: int = 16) -> np.ndarray:
+def _run(body: Callable[[Body, list], None], size: int = 64, threads: int = 16) -> np.ndarray:
     kind = MemRefType(Float32Type(), [size])
     kernel = gpu.FuncOp("probe", ([kind, kind], []), kernel=True)
     x, out = kernel.body.block.args
     x.name_hint, out.name_hint = "x", "out"
-    b = _Body(kernel.body.block)
+    b = Body(kernel.body.block)
     body(b, [x, out])
     b.op(gpu.ReturnOp([]))
     data, result = np.arange(size, dtype=np.float32), np.zeros(size, np.float32)
@@ -29,7 +29,7 @@ def _run(body: Callable[[_Body, list], None], size: int = 64, threads: int = 16)
 
 
 def test_an_aligned_vector_load_runs() -> None:
-    def body(b: _Body, args: list) -> None:
+    def body(b: Body, args: list) -> None:
         x, out = args
         t = b.thread()
         b.store(b.vload(x, [b.mul(t, 4)], 4)[1], out, [t])
@@ -38,7 +38,7 @@ def test_an_aligned_vector_load_runs() -> None:
 
 
 def test_a_misaligned_vector_load_is_refused_by_kernel_and_op() -> None:
-    def body(b: _Body, args: list) -> None:
+    def body(b: Body, args: list) -> None:
         x, out = args
         t = b.thread()
         b.store(b.vload(x, [b.add(b.mul(t, 4), 1)], 4)[0], out, [t])  # one element off: a GPU faults
@@ -48,7 +48,7 @@ def test_a_misaligned_vector_load_is_refused_by_kernel_and_op() -> None:
 
 
 def test_an_out_of_bounds_load_is_refused() -> None:
-    def body(b: _Body, args: list) -> None:
+    def body(b: Body, args: list) -> None:
         x, out = args
         t = b.thread()
         b.store(b.load(x, [b.add(t, 50)]), out, [t])  # threads 14 and 15 read past 64
@@ -59,7 +59,7 @@ def test_an_out_of_bounds_load_is_refused() -> None:
 
 
 def test_an_out_of_bounds_store_is_refused_but_a_masked_off_thread_is_not() -> None:
-    def body(b: _Body, args: list) -> None:
+    def body(b: Body, args: list) -> None:
         x, out = args
         t = b.thread()
         where = b.add(t, 56)
@@ -67,7 +67,7 @@ def test_an_out_of_bounds_store_is_refused_but_a_masked_off_thread_is_not() -> N
 
     assert _run(body)[56:].tolist() == list(range(8))
 
-    def unguarded(b: _Body, args: list) -> None:
+    def unguarded(b: Body, args: list) -> None:
         x, out = args
         t = b.thread()
         b.store(b.load(x, [t]), out, [b.add(t, 56)])
@@ -77,7 +77,7 @@ def test_an_out_of_bounds_store_is_refused_but_a_masked_off_thread_is_not() -> N
 
 
 def test_an_index_past_32_bits_is_refused() -> None:
-    def body(b: _Body, args: list) -> None:
+    def body(b: Body, args: list) -> None:
         x, out = args
         t = b.thread()
         far = b.mul(b.add(t, 1), 1 << 28)  # thread 7 reaches 2^31: an int overflows in the emitted C
@@ -100,7 +100,7 @@ def test_fma_rounds_once() -> None:
 
 
 def test_maxnumf_keeps_fmaxf_nan_rule() -> None:
-    def body(b: _Body, args: list) -> None:
+    def body(b: Body, args: list) -> None:
         x, out = args
         t = b.thread()
         nan = b.fdiv(b.fconst(0.0), b.fconst(0.0))
