@@ -26,32 +26,16 @@ import json
 from typing import Any
 
 import numpy as np
-from xdsl.backend.csl.print_csl import print_to_csl
-from xdsl.dialects.builtin import ModuleOp
 from xdsl.printer import Printer
 
 from logos_ir.build import Artifact, BuildError, BuildRequest, LaneBuild, program_module
 from logos_ir.errors import PassError
 from logos_ir.passes.spatial import grid as g
 from logos_ir.passes.spatial.convert_logos_to_csl import GridProgram, element_bytes, lower_decode
+from logos_ir.passes.spatial.emit_csl import print_csl
 from logos_ir.program import Cut
 
 _OPTIONS = ("grid",)
-
-
-def print_csl(module: ModuleOp) -> dict[str, str]:
-    """{"pe_program.csl": ..., "layout.csl": ...}: the module's two csl.modules as xDSL's printer prints them (with
-    the lane's print context: the csl_ext ops, fabric DSDs as CSL reads them, unknown ops refused)."""
-    from logos_ir.passes.spatial.emit_csl import LaneCslPrintContext
-
-    out = io.StringIO()
-    print_to_csl(module, out, LaneCslPrintContext)
-    texts: dict[str, str] = {}
-    for chunk in out.getvalue().split("// -----\n"):
-        first, _, rest = chunk.partition("\n")
-        name = first.removeprefix("// FILE: ").strip()
-        texts[f"{name}.csl" if name != "pe_program" else "pe_program.csl"] = rest
-    return texts
 
 
 def build_spatial(request: BuildRequest) -> LaneBuild:

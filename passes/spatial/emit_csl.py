@@ -143,6 +143,19 @@ def _split(printed: str, region: sp.RegionOp) -> dict[str, str]:
     return texts
 
 
+def print_csl(module: ModuleOp) -> dict[str, str]:
+    """{"pe_program.csl": ..., "layout.csl": ...}: the module's two csl.modules as xDSL's printer prints them (with
+    the lane's print context: the csl_ext ops, fabric DSDs as CSL reads them, unknown ops refused)."""
+    out = io.StringIO()
+    print_to_csl(module, out, LaneCslPrintContext)
+    texts: dict[str, str] = {}
+    for chunk in out.getvalue().split("// -----\n"):
+        first, _, rest = chunk.partition("\n")
+        name = first.removeprefix("// FILE: ").strip()
+        texts[f"{name}.csl" if name != "pe_program" else "pe_program.csl"] = rest
+    return texts
+
+
 @dataclass(frozen=True)
 class CslTarget(Target):
     """`-t csl`: a module of `csl.module`s (from `convert-logos-to-csl`) as `pe_program.csl` and `layout.csl`, each
@@ -152,8 +165,6 @@ class CslTarget(Target):
     name: ClassVar[str] = "csl"
 
     def emit(self, ctx: Context, module: ModuleOp, output: IO[str]) -> None:
-        from logos_ir.passes.spatial.build import print_csl
-
         if any(isinstance(op, sp.RegionOp) for op in module.ops):
             raise DiagnosticException(
                 "csl target: a spatial.region's per-part CSL does not run (issue 17: no routes, tasks or host I/O); "
