@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from test_cli import tool  # the tools as installed beside this Python
 
 from logos_ir.cli import INTERNAL_ERROR
 
@@ -107,16 +108,6 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "run-a-build-as-model": (["logos-run", "--model", "{dir}/build"], ["is a build folder", "logos-run {dir}/build"]),
     "run-embedded-cache-past-memory": (["logos-run", "--max-new-tokens", "10000000"], ["10000064 positions", "GiB"]),
 }  # fmt: skip
-
-
-def tool(name: str) -> str:
-    found = BIN / name
-    if found.exists():
-        return str(found)
-    which = shutil.which(name)
-    if which is None:
-        pytest.skip(f"{name} is not installed")
-    return which
 
 
 @pytest.fixture(scope="module")
