@@ -21,7 +21,6 @@ from test_cli import tool  # the tools as installed beside this Python
 
 from logos_ir.cli import INTERNAL_ERROR
 
-BIN = Path(sys.executable).parent
 DECODE = ["--model", "tiny", "--target", "logos", "--cut", "decode ctx=64"]
 RUN = ["logos-run", "--model", "tiny", "--prompt-ids", "1"]
 
