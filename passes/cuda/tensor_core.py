@@ -530,55 +530,46 @@ def _stage_fused(b: Any, tid, tiles, caches, chunk, kv_head, slot, start, chunk_
     rows, ctx, head_dim = sizes
     (k_tile, v_tile), (keys, values), (key, value, tables) = tiles, caches, chunk
     first, writer = ours
-    per_row = head_dim // 8
-    chunks = KV_TILE * per_row
-    for i in range(-(-chunks // THREADS)):
-        item = b.add(tid, i * THREADS) if i else tid
 
-        def one(item: SSAValue = item) -> None:
-            row, column = b.div(item, per_row), b.mul(b.rem(item, per_row), 8)
-            where = b.add(row, start) if not isinstance(start, int) or start else row
-            inside = b.both(b.cmp("uge", where, chunk_start), b.cmp("ult", where, b.add(chunk_start, rows)))
-            outside = b.either(b.cmp("ult", where, chunk_start), b.cmp("uge", where, b.add(chunk_start, rows)))
-            cached = b.both(b.cmp("ult", where, chunk_start), b.cmp("ult", where, ctx))
-            source = [kv_head, b.min(where, ctx - 1), column]
+    def one(row: SSAValue, column: SSAValue, where: SSAValue) -> None:
+        inside = b.both(b.cmp("uge", where, chunk_start), b.cmp("ult", where, b.add(chunk_start, rows)))
+        outside = b.either(b.cmp("ult", where, chunk_start), b.cmp("uge", where, b.add(chunk_start, rows)))
+        cached = b.both(b.cmp("ult", where, chunk_start), b.cmp("ult", where, ctx))
+        source = [kv_head, b.min(where, ctx - 1), column]
 
-            def copy() -> None:  # before the chunk: the cache; past it: zero-filled
-                for tile, cache in ((k_tile, keys), (v_tile, values)):
-                    b.op(cuda.CpAsyncOp(tile, [b._ix(slot), row, column], cache, source, cached))
+        def copy() -> None:  # before the chunk: the cache; past it: zero-filled
+            for tile, cache in ((k_tile, keys), (v_tile, values)):
+                b.op(cuda.CpAsyncOp(tile, [b._ix(slot), row, column], cache, source, cached))
 
-            def compute() -> None:
-                line = b.min(b.sub(where, chunk_start), rows - 1)
-                ours_row = b.both(b.cmp("uge", line, first), b.cmp("ult", line, b.add(first, ATTENTION_ROWS)))
-                mine = b.both(writer, ours_row)
-                base = b.mul(kv_head, head_dim)
-                half = head_dim // 2
-                partner = b.select(b.cmp("ult", column, half), b.add(column, half), b.sub(column, half))
-                cos, sin = tables
+        def compute() -> None:
+            line = b.min(b.sub(where, chunk_start), rows - 1)
+            ours_row = b.both(b.cmp("uge", line, first), b.cmp("ult", line, b.add(first, ATTENTION_ROWS)))
+            mine = b.both(writer, ours_row)
+            base = b.mul(kv_head, head_dim)
+            half = head_dim // 2
+            partner = b.select(b.cmp("ult", column, half), b.add(column, half), b.sub(column, half))
+            cos, sin = tables
 
-                def put(got: list[SSAValue], tile: SSAValue, cache: SSAValue, d: SSAValue) -> None:
-                    for part in (0, 2):
-                        at = b.add(d, part) if part else d
-                        packed = b.op(cuda.PackBF16x2Op(got[part], got[part + 1]))
-                        b.op(cuda.StoreBF16x2Op(packed, tile, [b._ix(slot), row, at]))
-                        b.when(mine, lambda p=packed, at=at: b.op(cuda.StoreBF16x2Op(p, cache, [kv_head, where, at])))
+            def put(got: list[SSAValue], tile: SSAValue, cache: SSAValue, d: SSAValue) -> None:
+                for part in (0, 2):
+                    at = b.add(d, part) if part else d
+                    packed = b.op(cuda.PackBF16x2Op(got[part], got[part + 1]))
+                    b.op(cuda.StoreBF16x2Op(packed, tile, [b._ix(slot), row, at]))
+                    b.when(mine, lambda p=packed, at=at: b.op(cuda.StoreBF16x2Op(p, cache, [kv_head, where, at])))
 
-                for quarter in (0, 4):  # 4 elements at a time: 16-byte loads, fewer registers live
-                    d = b.add(column, quarter) if quarter else column
-                    x = b.vload(key, [line, b.add(base, d)], 4)
-                    other = b.vload(key, [line, b.add(base, b.add(partner, quarter) if quarter else partner)], 4)
-                    turns = zip(x, other, b.vload(cos, [where, d], 4), b.vload(sin, [where, d], 4), strict=True)
-                    k = [b.fadd(b.fmul(xi, ci), b.fmul(oi, si)) for xi, oi, ci, si in turns]  # as cuda.rope rotates
-                    put(k, k_tile, keys, d)
-                    put(b.vload(value, [line, b.add(base, d)], 4), v_tile, values, d)
+            for quarter in (0, 4):  # 4 elements at a time: 16-byte loads, fewer registers live
+                d = b.add(column, quarter) if quarter else column
+                x = b.vload(key, [line, b.add(base, d)], 4)
+                other = b.vload(key, [line, b.add(base, b.add(partner, quarter) if quarter else partner)], 4)
+                turns = zip(x, other, b.vload(cos, [where, d], 4), b.vload(sin, [where, d], 4), strict=True)
+                k = [b.fadd(b.fmul(xi, ci), b.fmul(oi, si)) for xi, oi, ci, si in turns]  # as cuda.rope rotates
+                put(k, k_tile, keys, d)
+                put(b.vload(value, [line, b.add(base, d)], 4), v_tile, values, d)
 
-            b.when(outside, copy)
-            b.when(inside, compute)
+        b.when(outside, copy)
+        b.when(inside, compute)
 
-        if chunks % THREADS == 0 or (i + 1) * THREADS <= chunks:
-            one()
-        else:
-            b.when(b.cmp("ult", item, chunks), one)
+    _each_tile_chunk(b, tid, head_dim, start, one)
 
 
 def fuse_prefill_attention(host: Any) -> None:
@@ -670,22 +661,34 @@ def _copy_positions(b: Any, tid: SSAValue, tile: SSAValue, cache: SSAValue, kv_h
     """KV_TILE cache rows from `start` into `tile[slot]`, 16 bytes a thread a copy (positions past the cache
     zero-filled)."""
     ctx, head_dim = sizes
+
+    def copy(row: SSAValue, column: SSAValue, where: SSAValue) -> None:
+        valid = b.cmp("ult", where, ctx)
+        source = [kv_head, b.min(where, ctx - 1), column]
+        b.op(cuda.CpAsyncOp(tile, [b._ix(slot), row, column], cache, source, valid))
+
+    _each_tile_chunk(b, tid, head_dim, start, copy)
+
+
+def _each_tile_chunk(
+    b: Any, tid: SSAValue, head_dim: int, start: Any, body: Callable[[SSAValue, SSAValue, SSAValue], None]
+) -> None:
+    """`body(row, column, where)` for each 16-byte chunk (8 bf16) of a KV_TILE x head_dim tile, one a thread a
+    round (`where`: the row's cache position, `start` + row); a last round the threads outrun is guarded."""
     per_row = head_dim // 8
     chunks = KV_TILE * per_row
     for i in range(-(-chunks // THREADS)):
-        chunk = b.add(tid, i * THREADS) if i else tid
+        item = b.add(tid, i * THREADS) if i else tid
 
-        def copy(chunk: SSAValue = chunk) -> None:
-            row, column = b.div(chunk, per_row), b.mul(b.rem(chunk, per_row), 8)
+        def one(item: SSAValue = item) -> None:
+            row, column = b.div(item, per_row), b.mul(b.rem(item, per_row), 8)
             where = b.add(row, start) if not isinstance(start, int) or start else row
-            valid = b.cmp("ult", where, ctx)
-            source = [kv_head, b.min(where, ctx - 1), column]
-            b.op(cuda.CpAsyncOp(tile, [b._ix(slot), row, column], cache, source, valid))
+            body(row, column, where)
 
         if chunks % THREADS == 0 or (i + 1) * THREADS <= chunks:
-            copy()
+            one()
         else:
-            b.when(b.cmp("ult", chunk, chunks), copy)
+            b.when(b.cmp("ult", item, chunks), one)
 
 
 # -- CUDA C++ of the tensor-core ops (the emitter's methods for them call these) ----------------------------------
