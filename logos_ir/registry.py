@@ -42,7 +42,6 @@ def dialects() -> dict[str, Callable[[], Dialect]]:
         "logos": _lazy("logos_ir.dialects.logos", "LOGOS"),
         "cuda": _lazy("logos_ir.dialects.cuda", "CUDA"),
         "d5005": _lazy("logos_ir.dialects.d5005", "D5005"),
-        "spatial": _lazy("logos_ir.dialects.spatial", "SPATIAL"),
         "csl_ext": _lazy("logos_ir.dialects.csl_ext", "CSL_EXT"),
     }
 
@@ -59,9 +58,6 @@ def passes() -> dict[str, Callable[[], type[ModulePass]]]:
         "convert-logos-to-cuda-kernels": _lazy("logos_ir.passes.cuda.logos_to_kernels", "ConvertLogosToCudaKernels"),
         "convert-cuda-kernels-to-gpu": _lazy("logos_ir.passes.cuda.kernels_to_gpu", "ConvertCudaKernelsToGpu"),
         "convert-logos-to-d5005": _lazy("logos_ir.passes.d5005.convert_logos_to_d5005", "ConvertLogosToD5005"),
-        "convert-logos-to-spatial": _lazy("logos_ir.passes.spatial.convert_logos_to_spatial", "ConvertLogosToSpatial"),
-        "spatial-place": _lazy("logos_ir.passes.spatial.place", "SpatialPlace"),
-        "convert-spatial-to-csl": _lazy("logos_ir.passes.spatial.convert_spatial_to_csl", "ConvertSpatialToCsl"),
         "convert-logos-to-csl": _lazy("logos_ir.passes.spatial.convert_logos_to_csl", "ConvertLogosToCsl"),
     }
 
@@ -106,9 +102,8 @@ def _to_d5005(options: dict[str, str]) -> list[str]:
 
 
 def _to_spatial(options: dict[str, str]) -> list[str]:
-    middle = _middle_end({k: v for k, v in options.items() if k == "cut"})
-    lowering = f"convert-logos-to-spatial{{weights={options.get('weights', 'f16')} tile={options.get('tile', '0')}}}"
-    return [*middle, lowering, "spatial-place"]
+    lowering = f"convert-logos-to-csl{{weights={options.get('weights', 'f16')} grid={options.get('grid', '0')}}}"
+    return ["verify-identity", lowering]
 
 
 def pipelines() -> dict[str, Pipeline]:
@@ -135,10 +130,9 @@ def pipelines() -> dict[str, Pipeline]:
         ),
         "logos-to-spatial": Pipeline(
             "logos-to-spatial",
-            'a decode step\'s part (cut="decode_layer layer=0 ctx=64" to extract it) to a spatial.region placed on a'
-            " WSE-2-sized grid: weight tiles on elements, routes, per-element compute (weights=f16|f32 tile=N);"
-            " then -t csl",
-            ("cut", "weights", "tile"),
+            "a decode step to one program for a P x P grid of a WSE-2 (the csl modules of the element program and"
+            " the layout; weights=f16|f32, grid=P or 0 for the smallest that fits); then -t csl",
+            ("weights", "grid"),
             _to_spatial,
         ),
     }
@@ -203,10 +197,10 @@ def compile_targets() -> dict[str, CompileTarget]:
         ),
         "spatial": CompileTarget(
             "spatial",
-            "every part of a decode step placed on a WSE-2-sized grid: per part its placement (placement.mlir) and"
-            " its CSL (layout.csl, pe_program.csl); the report: elements, memory per element, words per token,"
-            " tokens/s",
-            ("decode", "decode_embed", "decode_layer", "decode_head"),
+            "a decode step as one program for a P x P grid of a WSE-2: layout.csl, pe_program.csl, commands.sh,"
+            " run.py (the SDK's), grid.mlir and host.json (the simulator's); the report: elements, the share working"
+            " on each layer, memory per element (--option grid=P)",
+            ("decode",),
             ("f16", "f32"),
             _lazy("logos_ir.passes.spatial.build", "build_spatial"),
         ),
