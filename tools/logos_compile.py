@@ -113,7 +113,8 @@ def build(args: argparse.Namespace, targets: dict[str, Any], destination: Path) 
 
 def run_command(args: argparse.Namespace, destination: Path) -> str:
     """The `logos-run` command that runs a build: the folder, and what the manifest cannot say (the path of a model
-    folder or file; --emulate for the CUDA lane on a machine without a GPU)."""
+    folder or file; --emulate for the CUDA lane on a machine without a GPU). The D5005 backend runs the folder's
+    weight image, so for a D5005 build made without one the command first rebuilds it `--with-weights`."""
     import shlex
 
     from logos_ir.spec import ModelSpec
@@ -126,7 +127,30 @@ def run_command(args: argparse.Namespace, destination: Path) -> str:
         words += ["--model", args.model]  # a folder or a file: the manifest names it without its path
     if args.target == "cuda":
         words.append("--emulate")  # the kernels executed on the CPU; drop it on a machine with a GPU
-    return " ".join(shlex.quote(w) for w in words)
+    run = " ".join(shlex.quote(w) for w in words)
+    if args.target == "d5005" and not args.with_weights:
+        rebuild = " ".join(shlex.quote(w) for w in compile_words(args, destination, with_weights=True))
+        return f"{rebuild} && {run}"
+    return run
+
+
+def compile_words(args: argparse.Namespace, destination: Path, with_weights: bool) -> list[str]:
+    """The `logos-compile` command of these arguments (as given, so the same model and build)."""
+    words = ["logos-compile"]
+    if args.model is not None:
+        words += ["--model", args.model]
+    if args.model_seed:
+        words += ["--model-seed", str(args.model_seed)]
+    words += ["--target", args.target, "--cut", args.cut]
+    if args.tp != 1:
+        words += ["--tp", str(args.tp)]
+    if args.weights:
+        words += ["--weights", args.weights]
+    for key, value in args.option:
+        words += ["--option", f"{key}={value}"]
+    if with_weights:
+        words.append("--with-weights")
+    return [*words, "-o", str(destination)]
 
 
 def _check(folder: Path, model: str | None, seed: int | None) -> int:

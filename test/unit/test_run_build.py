@@ -63,6 +63,28 @@ def test_compile_then_run_the_folder(tmp_path, capsys, expected, target, build_f
     assert report["new_ids"] == expected
 
 
+def test_a_d5005_build_without_weights_prints_a_command_that_runs(tmp_path, capsys, expected) -> None:  # type: ignore[no-untyped-def]
+    """The D5005 backend runs the folder's weight image, which a build without --with-weights lacks: the printed
+    command rebuilds it with the image, then runs it (it printed a bare `logos-run DIR`, which was refused)."""
+    folder = tmp_path / "d5005"
+    assert logos_compile.main(compile_(folder, "d5005", "--weights", "f32")) == 0
+    printed = capsys.readouterr().out
+    command = next(line.split("run it with: ", 1)[1] for line in printed.splitlines() if "run it with: " in line)
+    rebuild, run = (shlex.split(part) for part in command.split(" && "))
+    assert rebuild[0] == "logos-compile" and "--with-weights" in rebuild and run == ["logos-run", str(folder)]
+    assert logos_run.main([*run[1:], "--prompt-ids", "1"]) == 1  # as built: refused, the image missing
+    assert "weights.bin" in capsys.readouterr().err
+    assert logos_compile.main(rebuild[1:]) == 0
+    capsys.readouterr()
+    try:
+        report = run_json(capsys, *run[1:])
+    except AssertionError as error:
+        if "OpenCL" in str(error) or "PoCL" in str(error):
+            pytest.skip(f"no OpenCL device here: {error}")
+        raise
+    assert report["new_ids"] == expected
+
+
 def test_a_logos_build_runs_its_own_program(tmp_path, capsys, expected) -> None:  # type: ignore[no-untyped-def]
     """The logos target's run reads program.logos from the folder: a split build runs split (its identity says
     so), and gives the same tokens."""
