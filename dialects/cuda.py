@@ -1,17 +1,19 @@
-"""The `cuda` dialect: what the CUDA lane needs that xDSL's `gpu`, `arith`, `memref`, `scf` and `math` lack.
+"""The `cuda` dialect: what the CUDA lane needs that xDSL's `gpu`, `arith`, `memref`, `scf`, `math` and `vector` lack.
 
 Two levels live here. The kernel level (the first lowering of a `logos` program): named device buffers
 (`cuda.buffer`) and one op per fused kernel (`cuda.linear`, `cuda.gate_up`, `cuda.rope_cache_write`,
 `cuda.attention` ...), each reading and writing whole buffers, in the order the host launches them. The thread
-level (inside the `gpu.func` bodies the next pass writes): a warp's butterfly shuffle (`cuda.shuffle_xor`, as CUDA's
-`__shfl_xor_sync`) and a 16-byte vector load that widens bf16 to f32 (`cuda.vector_load`), which xDSL's `gpu` and
-`memref` do not have.
+level (inside the `gpu.func` bodies the next pass writes) is upstream MLIR's ops; where xDSL 0.74 lacks one, it is
+defined here under its upstream name and generic form: `gpu.shuffle` (a warp's butterfly, CUDA's
+`__shfl_xor_sync`), `llvm.fence` (`__threadfence()`) and `nvvm.bar.warp.sync` (`__syncwarp()`). A 16-byte load is
+upstream's `vector.load` (xDSL's op, carrying upstream's `alignment` as an attribute: xDSL 0.74's op lacks the
+property, and upstream reads an inherent attribute from the attribute dictionary of a generic op), widened by
+`arith.extf` and taken apart by `vector.extract`. The tensor-core ops of issue 19 close the file.
 
 ```mlir
 %w = cuda.buffer "model.layers.0.self_attn.q_proj.weight" kind "weight" : memref<576x576xbf16>
 cuda.linear ins(%normed, %w : memref<1x576xf32>, memref<576x576xbf16>) outs(%query : memref<1x576xf32>)
-%sum = cuda.shuffle_xor %partial, 16 : f32
-%w0, %w1, %w2, %w3 = cuda.vector_load %w[%n, %k] : memref<576x576xf32> -> f32, f32, f32, f32
+%r, %ok = "gpu.shuffle"(%partial, %c16, %c32) <{mode = #gpu<shuffle_mode xor>}> : (f32, i32, i32) -> (f32, i1)
 ```
 """
 
@@ -408,43 +410,6 @@ class ShuffleXorOp(IRDLOperation):
             raise _fail(self, "result type differs from the value's")
 
 
-@irdl_op_definition
-class VectorLoadOp(IRDLOperation):
-    """16 bytes (or fewer) of consecutive elements along a memref's last axis, each widened to f32: CUDA's
-    `uint4`/`float4` load, unpacked. The index of the last axis must be a multiple of the result count.
-
-    `%w0, %w1, %w2, %w3 = cuda.vector_load %w[%n, %k] : memref<64x64xf32> -> f32, f32, f32, f32`
-
-    Where the index is not a multiple of the width at run time, a GPU faults; the emulator refuses it by name.
-    """
-
-    name = "cuda.vector_load"
-
-    memref = operand_def(MemRefType)
-    indices = var_operand_def(IndexType)
-    values = var_result_def(Float32Type)
-
-    assembly_format = "$memref `[` $indices `]` attr-dict `:` type($memref) `->` type($values)"
-
-    def __init__(self, memref, indices: list, width: int):
-        super().__init__(operands=[memref, indices], result_types=[[Float32Type()] * width])
-
-    def verify_(self) -> None:
-        kind = self.memref.type
-        assert isinstance(kind, MemRefType)
-        element = kind.element_type
-        if not isinstance(element, Float32Type | BFloat16Type):
-            raise _fail(self, f"loads f32 or bf16 elements, not {element}")
-        if len(self.indices) != len(kind.get_shape()):
-            raise _fail(self, f"needs {len(kind.get_shape())} indices, got {len(self.indices)}")
-        width = len(self.values)
-        size = 4 if isinstance(element, Float32Type) else 2
-        if width < 1 or width & (width - 1) or width * size > 16:
-            raise _fail(self, f"loads a power of two of elements up to 16 bytes, not {width} of {size} bytes")
-        if kind.get_shape()[-1] % width:
-            raise _fail(self, f"rows of {kind.get_shape()[-1]} are not whole vectors of {width}")
-
-
 class ShuffleMode(StrEnum):
     XOR = "xor"
     UP = "up"
@@ -494,17 +459,46 @@ class GpuShuffleOp(IRDLOperation):
 
 
 @irdl_op_definition
-class ThreadFenceOp(IRDLOperation):
-    """Every lane's earlier writes are visible device-wide before the warp goes on (CUDA's `__threadfence()` then
-    `__syncwarp()`): what a warp does before it counts itself done with an atomic, so the last to count reads
-    the others' results.
+class FenceOp(IRDLOperation):
+    """Upstream MLIR's `llvm.fence` (xDSL 0.74's `llvm` lacks it), used as `syncscope("device") seq_cst`: this
+    thread's earlier writes are ordered before its later ones for every thread of the device (CUDA's
+    `__threadfence()`, PTX `fence.sc.gpu`). What a warp does before it counts itself done with an atomic, so the
+    last to count reads the others' results.
 
-    `cuda.thread_fence`
+    `"llvm.fence"() <{ordering = 7 : i64, syncscope = "device"}> : () -> ()`
     """
 
-    name = "cuda.thread_fence"
+    name = "llvm.fence"
 
-    assembly_format = "attr-dict"
+    ordering = prop_def(IntegerAttr[I64])
+    syncscope = opt_prop_def(StringAttr)
+
+    SEQ_CST: ClassVar[int] = 7  # upstream's LLVM::AtomicOrdering::seq_cst
+
+    def __init__(self, syncscope: str = "device", ordering: int = SEQ_CST):
+        super().__init__(properties={"ordering": IntegerAttr(ordering, 64), "syncscope": StringAttr(syncscope)})
+
+    def verify_(self) -> None:
+        if self.ordering.value.data not in (4, 5, 6, 7):
+            raise _fail(
+                self, f"orders as acquire (4), release (5), acq_rel (6) or seq_cst (7), not {self.ordering.value.data}"
+            )
+
+
+@irdl_op_definition
+class WarpSyncOp(IRDLOperation):
+    """Upstream MLIR's `nvvm.bar.warp.sync` (xDSL 0.74 has no `nvvm`): the lanes of `mask` meet (CUDA's
+    `__syncwarp(mask)`; the lane uses the whole warp, mask -1).
+
+    `"nvvm.bar.warp.sync"(%mask) : (i32) -> ()`
+    """
+
+    name = "nvvm.bar.warp.sync"
+
+    mask = operand_def(IntegerType(32))
+
+    def __init__(self, mask: SSAValue):
+        super().__init__(operands=[mask])
 
 
 CUDA = Dialect(
@@ -522,9 +516,9 @@ CUDA = Dialect(
         AddOp,
         ArgmaxOp,
         ShuffleXorOp,
-        VectorLoadOp,
-        ThreadFenceOp,
         GpuShuffleOp,
+        FenceOp,
+        WarpSyncOp,
     ],
     [ShuffleModeAttr],
 )

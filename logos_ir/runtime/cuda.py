@@ -416,30 +416,45 @@ def _store(em: KernelEmulator, op: Any) -> Step:
 
 
 def _vector_load(em: KernelEmulator, op: Any) -> Step:
-    memory = em._slot(op.memref)
+    """`vector.load`: `width` consecutive elements, one vector a thread (an array [threads, width]). Its address
+    must be a multiple of its `alignment` (the lane gives every vector load its own size: a GPU faults on a
+    misaligned 16-byte load), else of its element."""
+    memory = em._slot(op.base)
     indices = [em._slot(v) for v in op.indices]
-    strides = _memref_strides(op.memref)
-    outs = [em._slot(v) for v in op.results]
+    strides = _memref_strides(op.base)
+    out = em._slot(op.result)
 
-    width = len(outs)
+    width = op.result.type.get_shape()[0]
+    element = 2 if "bf16" in str(op.base.type.element_type) else 4
+    alignment = op.attributes.get("alignment")
+    aligned = max(int(alignment.value.data) // element, 1) if alignment is not None else 1
 
-    size, role = _size(op.memref), _role(op.memref)
+    size, role = _size(op.base), _role(op.base)
 
     def step(env: Env, mask: Mask) -> None:
-        # A 16-byte load faults on a GPU unless its address is a multiple of its size: the flat index must be a
-        # multiple of the width (buffers start 256-byte aligned). Then the buffer viewed as rows of `width`
-        # elements gives every thread's vector in one gather.
+        # Buffers start 256-byte aligned, so the flat index must be a multiple of the alignment in elements. The
+        # buffer viewed as rows of `width` elements gives every aligned thread's vector in one gather.
         flat = _flat(env, indices, strides, mask)
         _check_bounds(em, op, flat + (width - 1), size, role)
         _check_bounds(em, op, flat, size, role)
-        odd = flat % width
+        odd = flat % aligned
         if np.any(odd):
             raise _fault(em, op, f"loads {width} elements of {role} from a misaligned index", odd != 0, flat)
-        vectors = env[memory].reshape(-1, width)[flat // width]
-        for offset, out in enumerate(outs):
-            env[out] = vectors[..., offset]
+        data = env[memory]
+        if aligned % width == 0:
+            env[out] = data.reshape(-1, width)[flat // width]
+        else:
+            env[out] = data[np.add.outer(flat, np.arange(width))]  # [threads, width], or [width] for one index
 
     return step
+
+
+def _vector_extract(em: KernelEmulator, op: Any) -> Step:
+    """`vector.extract` of one static position: a column of the threads' vectors."""
+    (position,) = op.static_position.get_values()
+    if op.dynamic_position:
+        raise LogosError(f"the CUDA emulator runs vector.extract at static positions only (in kernel {em.name})")
+    return _unary(lambda v: v[..., position])(em, op)
 
 
 def _shuffle_xor(em: KernelEmulator, op: Any) -> Step:
@@ -611,13 +626,14 @@ _COMPILERS: dict[str, Callable[[KernelEmulator, Any], Step]] = {
     "arith.index_cast": _cast("int"),
     "arith.sitofp": _cast("float"),
     "arith.fptosi": _cast("int"),
-    "arith.extf": _unary(lambda x: x),  # a bf16 buffer already holds its values widened to f32
+    "arith.extf": _unary(lambda x: x),  # a bf16 buffer (or loaded vector) already holds its values widened to f32
     "math.exp": _unary(_f32(np.exp)),
     "math.sqrt": _unary(_f32(np.sqrt)),
     "math.tanh": _unary(_f32(np.tanh)),
     "memref.load": _load,
     "memref.store": _store,
-    "cuda.vector_load": _vector_load,
+    "vector.load": _vector_load,
+    "vector.extract": _vector_extract,
     "cuda.shuffle_xor": _shuffle_xor,
     "gpu.shuffle": _gpu_shuffle,
     "gpu.thread_id": _thread_id,
@@ -625,7 +641,8 @@ _COMPILERS: dict[str, Callable[[KernelEmulator, Any], Step]] = {
     "scf.for": _for,
     "scf.if": _if,
     "memref.atomic_rmw": _atomic_rmw,
-    "cuda.thread_fence": _nothing,  # threads run in lockstep: every earlier write is already visible
+    "llvm.fence": _nothing,  # threads run in lockstep: every earlier write is already visible
+    "nvvm.bar.warp.sync": _nothing,  # and every lane of a warp already meets the others at each op
     "scf.yield": _nothing,
     "gpu.return": _nothing,
 }

@@ -144,11 +144,11 @@ def launches_per_layer(plan: Any) -> int:
 
 
 def kernel_reads(kernel: Any) -> list[bool]:
-    """Which arguments of a `gpu.func` the kernel reads (memref.load, cuda.vector_load, an atomic)."""
+    """Which arguments of a `gpu.func` the kernel reads (memref.load, vector.load, an atomic)."""
     read = {
-        op.operands[0] if op.name in ("memref.load", "cuda.vector_load") else op.operands[1]
+        op.operands[0] if op.name in ("memref.load", "vector.load") else op.operands[1]
         for op in kernel.walk()
-        if op.name in ("memref.load", "cuda.vector_load", "memref.atomic_rmw")
+        if op.name in ("memref.load", "vector.load", "memref.atomic_rmw")
     }
     return [arg in read for arg in kernel.body.block.args]
 
@@ -220,9 +220,9 @@ def loads_in_flight(plan: Any) -> dict[str, int]:
         body = loops[0].body.block
         total = 0
         for op in body.ops:
-            if op.name == "cuda.vector_load" and op.operands[0] in weights:
+            if op.name == "vector.load" and op.operands[0] in weights:
                 element = op.operands[0].type.element_type
-                total += len(op.results) * (2 if "bf16" in str(element) else 4)
+                total += op.results[0].type.get_shape()[0] * (2 if "bf16" in str(element) else 4)
         if total:
             found[name] = total
     return found

@@ -6,8 +6,10 @@ The file opens with the identity line of the program the kernels were lowered fr
 per `gpu.func` (C linkage so a runtime finds each by the name the host plan launches), its parameters named by
 their role (`x`, `weight`, `out` ...), `const __restrict__` where the kernel only reads them. A value of the body is
 a C variable named after its SSA name; a `scf.for` with iter_args is a `for` over variables the body reassigns;
-`cuda.vector_load` is one 16-byte (`uint4`/`float4`) load unpacked (bf16 widened by a shift: exact);
-`cuda.shuffle_xor` is `__shfl_xor_sync`. The printer has one method per op and refuses an op it does not know.
+`vector.load` (aligned to its size) is one 16-byte (`uint4`/`float4`) load unpacked into the elements its
+`vector.extract`s read (bf16 widened by a shift: exact); `gpu.shuffle xor` is `__shfl_xor_sync`, `llvm.fence`
+`__threadfence()`, `nvvm.bar.warp.sync` `__syncwarp()`. The printer has one method per op and refuses an op it
+does not know.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from xdsl.dialects.builtin import (
     BFloat16Type,
     Float32Type,
     IndexType,
+    IntegerAttr,
     IntegerType,
     MemRefType,
     ModuleOp,
     StringAttr,
+    VectorType,
 )
 from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.utils.exceptions import DiagnosticException
@@ -203,9 +207,6 @@ class KernelPrinter:
     def op_arith_truncf(self, op: Operation) -> None:
         self.assign(op.results[0], f"__float2bfloat16_rn({self.name(op.operands[0])})")
 
-    def op_arith_extf(self, op: Operation) -> None:
-        self.assign(op.results[0], f"__bfloat162float({self.name(op.operands[0])})")
-
     def op_gpu_thread_id(self, op: Operation) -> None:
         self.assign(op.results[0], f"(int)threadIdx.{op.dimension.data.value}")  # type: ignore[attr-defined]
 
@@ -223,14 +224,25 @@ class KernelPrinter:
         value, memory, *indices = op.operands
         self.line(f"{self.name(memory)}[{self.flat(memory, indices)}] = {self.name(value)};")
 
-    def op_cuda_vector_load(self, op: Operation) -> None:
+    def op_vector_load(self, op: Operation) -> None:
+        """One aligned load of the whole vector (`float4`, `uint4` ...), then each element its `vector.extract`
+        reads (through `arith.extf` for bf16: widening is a shift, exact), printed here as one C variable an
+        element; the extracts and the widening print nothing of their own."""
         memory = op.operands[0]
         kind = memory.type
         assert isinstance(kind, MemRefType)
+        element, width = kind.element_type, op.results[0].type.get_shape()[0]  # type: ignore[attr-defined]
+        size = 4 if isinstance(element, Float32Type) else 2
+        alignment = op.attributes.get("alignment")
+        if not isinstance(alignment, IntegerAttr) or alignment.value.data != width * size:
+            raise DiagnosticException(
+                f"cuda target: vector.load is printed aligned to its {width * size} bytes (alignment = {width * size})"
+                f" (in kernel {self.kernel.sym_name.data})"
+            )
+        results = _vector_elements(op)
         where = f"&{self.name(memory)}[{self.flat(memory, list(op.operands[1:]))}]"
-        width = len(op.results)
-        raw = self.name(op.results[0]) + "_raw"
-        if isinstance(kind.element_type, Float32Type):
+        raw = self.name(results[0]) + "_raw"
+        if isinstance(element, Float32Type):
             vector = {1: "float", 2: "float2", 4: "float4"}[width]
             self.line(f"const {vector} {raw} = *reinterpret_cast<const {vector}*>({where});")
             parts = [raw] if width == 1 else [f"{raw}.{c}" for c in "xyzw"[:width]]
@@ -245,8 +257,20 @@ class KernelPrinter:
                     parts.append(f"__uint_as_float((unsigned int){word} << 16)")
                 else:  # two bf16 in a word, the first in the low half: widening is a shift
                     parts += [f"__uint_as_float({word} << 16)", f"__uint_as_float({word} & 0xffff0000u)"]
-        for result, part in zip(op.results, parts, strict=True):
+        for result, part in zip(results, parts, strict=True):
             self.assign(result, part)
+
+    def op_vector_extract(self, op: Operation) -> None:
+        """Printed by the vector.load it takes apart."""
+        if not _from_vector_load(op.operands[0]):
+            raise DiagnosticException("cuda target: vector.extract is printed from a vector.load's vector only")
+
+    def op_arith_extf(self, op: Operation) -> None:
+        if isinstance(op.results[0].type, VectorType):  # a loaded vector widened: printed by its vector.load
+            if not _from_vector_load(op.operands[0]):
+                raise DiagnosticException("cuda target: arith.extf of a vector is printed for a vector.load's only")
+            return
+        self.assign(op.results[0], f"__bfloat162float({self.name(op.operands[0])})")
 
     def op_gpu_shuffle(self, op: Operation) -> None:
         mode = op.mode.data.value  # type: ignore[attr-defined]
@@ -306,9 +330,17 @@ class KernelPrinter:
         where = f"reinterpret_cast<unsigned long long*>(&{self.name(memory)}[{self.flat(memory, indices)}])"
         self.assign(op.results[0], f"(long long)atomicAdd({where}, (unsigned long long){self.name(value)})")
 
-    def op_cuda_thread_fence(self, op: Operation) -> None:
+    def op_llvm_fence(self, op: Operation) -> None:
+        ordering, scope = op.ordering.value.data, op.syncscope  # type: ignore[attr-defined]
+        if ordering != 7 or scope is None or scope.data != "device":
+            raise DiagnosticException('cuda target: llvm.fence is printed as syncscope("device") seq_cst only')
         self.line("__threadfence();")
-        self.line("__syncwarp();")
+
+    def op_nvvm_bar_warp_sync(self, op: Operation) -> None:
+        mask = op.operands[0]
+        owner = mask.owner
+        whole = isinstance(owner, Operation) and owner.name == "arith.constant" and _literal(owner) == "-1"
+        self.line("__syncwarp();" if whole else f"__syncwarp((unsigned){self.name(mask)});")
 
     def op_scf_yield(self, op: Operation) -> None:
         """Printed by the loop or if that holds it."""
@@ -346,6 +378,33 @@ class KernelPrinter:
 
     def op_cuda_store_bf16x2(self, op: Operation) -> None:
         tensor_core.print_store_bf16x2(self, op)  # type: ignore[arg-type]
+
+
+def _from_vector_load(value: SSAValue) -> bool:
+    owner = value.owner
+    if isinstance(owner, Operation) and owner.name == "arith.extf":
+        owner = owner.operands[0].owner
+    return isinstance(owner, Operation) and owner.name == "vector.load"
+
+
+def _vector_elements(load: Operation) -> list[SSAValue]:
+    """The f32 element values of a vector.load, in order: the results of the `vector.extract`s of the loaded (or
+    widened) vector, one a position."""
+    vector = load.results[0]
+    widened = [use.operation for use in vector.uses if use.operation.name == "arith.extf"]
+    if widened:
+        vector = widened[0].results[0]
+    width = vector.type.get_shape()[0]  # type: ignore[attr-defined]
+    found: dict[int, SSAValue] = {}
+    for use in vector.uses:
+        extract = use.operation
+        position = extract.static_position.get_values() if extract.name == "vector.extract" else ()  # type: ignore[attr-defined]
+        if len(position) != 1 or extract.operands[1:] or position[0] in found:
+            raise DiagnosticException("cuda target: a loaded vector is read by one vector.extract an element only")
+        found[position[0]] = extract.results[0]
+    if sorted(found) != list(range(width)):
+        raise DiagnosticException("cuda target: a loaded vector is read by one vector.extract an element only")
+    return [found[i] for i in range(width)]
 
 
 def kernels_of(module: ModuleOp) -> list[gpu.FuncOp]:

@@ -77,12 +77,13 @@ class HostPlan:
 def lowered_context() -> Any:
     """An xDSL context that reads the CUDA lane's `step.mlir`."""
     from xdsl.context import Context
-    from xdsl.dialects import arith, builtin, func, gpu, math, memref, scf, shard
+    from xdsl.dialects import arith, builtin, func, gpu, math, memref, scf, shard, vector
 
     from logos_ir.dialects.cuda import CUDA
 
     context = Context()
-    for dialect in (builtin.Builtin, func.Func, arith.Arith, memref.MemRef, scf.Scf, math.Math, gpu.GPU, shard.Shard):
+    dialects = (builtin.Builtin, func.Func, arith.Arith, memref.MemRef, scf.Scf, math.Math, gpu.GPU, shard.Shard)
+    for dialect in (*dialects, vector.Vector):  # vector: the kernels' 16-byte loads (U, issue 21)
         context.load_dialect(dialect)
     context.load_dialect(CUDA)
     return context

@@ -7,8 +7,9 @@ ops and `shard.all_reduce` ops.
 
 Guarantees: a `gpu.module @kernels` of `gpu.func` kernels, one per distinct kernel shape (kind, sizes, weight
 element type): every layer that has the same shapes launches the same kernel, so a 2-layer and an 80-layer model
-of one width emit the same set. Each body is `arith`/`memref`/`scf`/`math` with `gpu.thread_id`/`gpu.block_id`
-and the lane's `cuda.shuffle_xor` (warp butterflies) and `cuda.vector_load` (16-byte loads). Each kernel-level op
+of one width emit the same set. Each body is upstream MLIR: `arith`/`memref`/`scf`/`math` with `gpu.thread_id`/
+`gpu.block_id`, `gpu.shuffle xor` (warp butterflies), `vector.load` (16-byte loads, aligned to their size) with
+`vector.extract`, and `llvm.fence` + `nvvm.bar.warp.sync` (attention's combine). Each kernel-level op
 becomes its `gpu.launch_func` (two for the two-stage kernels: attention's split and combine, arg-max's stages) with
 constant grid and block sizes, on the same named buffers, in the same order; `shard.all_reduce` stays where it is.
 
@@ -500,7 +501,7 @@ def _attention(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> 
     b.when(b.both(valid, b.cmp("eq", sub, 0)), write)
     # the last warp of this (row, KV head) to count itself done combines the splits (flash-decoding's second
     # stage folded in): each warp's partials are made visible, then lane 0 counts; the count returns to zero
-    b.op(cuda.ThreadFenceOp())
+    b.thread_fence()
     one, none = b.op(arith.ConstantOp(IntegerAttr(1, i64))), b.op(arith.ConstantOp(IntegerAttr(0, i64)))
     lane0 = b.both(valid, b.cmp("eq", lane, 0))
     (before,) = b.choose(lane0, lambda: [b.atomic_add(one, count, [row, kv_head])], lambda: [none])

@@ -1,5 +1,6 @@
 """A small builder of thread code for the CUDA lane's kernels: `Body` appends thread-level ops (`arith`, `memref`,
-`scf`, `math`, `gpu` and the lane's own) to a `gpu.func`'s block, with regions nested by callbacks; `Kind` says how
+`scf`, `math`, `vector`, `gpu` and the upstream ops
+`dialects/cuda.py` adds) to a `gpu.func`'s block, with regions nested by callbacks; `Kind` says how
 one launch of a kernel-level op is built. Shared by the decode kernels (`kernels_to_gpu`) and the tensor-core
 kernels (`tensor_core`), which is why it is a module of its own: neither of those imports the other's builders.
 """
@@ -9,13 +10,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from xdsl.dialects import arith, gpu, math, memref, scf
+from xdsl.dialects import arith, gpu, math, memref, scf, vector
 from xdsl.dialects.builtin import (
     BFloat16Type,
     FloatAttr,
     IndexType,
     IntegerAttr,
     IntegerType,
+    MemRefType,
+    VectorType,
     f32,
     i64,
 )
@@ -147,9 +150,21 @@ class Body:
         self.op(memref.StoreOp.get(value, mem, [self._ix(i) for i in indices]))
 
     def vload(self, mem: SSAValue, indices: Sequence[SSAValue | int], width: int) -> list[SSAValue]:
-        load = cuda.VectorLoadOp(mem, [self._ix(i) for i in indices], width)
-        self.op(load)
-        return list(load.results)
+        """`width` consecutive elements along the last axis in one load of their size (16 bytes at most), widened
+        to f32: upstream's `vector.load` aligned to its size (a GPU faults on a misaligned 16-byte load; the
+        emulator refuses it), `arith.extf` of the vector for bf16, one `vector.extract` an element."""
+        kind = mem.type
+        assert isinstance(kind, MemRefType)
+        element = kind.element_type
+        size = 2 if isinstance(element, BFloat16Type) else 4
+        if width < 1 or width & (width - 1) or width * size > 16 or kind.get_shape()[-1] % width:
+            raise ValueError(f"vload: {width} elements of {element} are not a whole vector of at most 16 bytes")
+        load = vector.LoadOp(mem, [self._ix(i) for i in indices], VectorType(element, [width]))
+        load.attributes["alignment"] = IntegerAttr(width * size, i64)
+        loaded = self.op(load)
+        if isinstance(element, BFloat16Type):
+            loaded = self.op(arith.ExtFOp(loaded, VectorType(f32, [width])))
+        return [self.op(vector.ExtractOp(loaded, [i], f32)) for i in range(width)]
 
     def warp_sum(self, value: SSAValue) -> SSAValue:
         for offset in (16, 8, 4, 2, 1):
@@ -211,6 +226,12 @@ class Body:
         op = scf.IfOp(cond, types, [regions[0]], [regions[1]])
         self.op(op)
         return list(op.results)
+
+    def thread_fence(self) -> None:
+        """Every lane's earlier writes visible device-wide, then the warp meets (`__threadfence(); __syncwarp()`):
+        upstream's `llvm.fence syncscope("device") seq_cst` and `nvvm.bar.warp.sync` over the whole warp."""
+        self.op(cuda.FenceOp("device"))
+        self.op(cuda.WarpSyncOp(self.op(arith.ConstantOp(IntegerAttr(-1, IntegerType(32))))))
 
     def atomic_add(self, value: SSAValue, mem: SSAValue, indices: Sequence[SSAValue | int]) -> SSAValue:
         """memref.atomic_rmw addi: adds `value` at the element and returns what it held before."""

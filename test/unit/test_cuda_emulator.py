@@ -43,7 +43,7 @@ def test_a_misaligned_vector_load_is_refused_by_kernel_and_op() -> None:
         t = b.thread()
         b.store(b.vload(x, [b.add(b.mul(t, 4), 1)], 4)[0], out, [t])  # one element off: a GPU faults
 
-    with pytest.raises(EmulatorFault, match=r"kernel probe: 'cuda.vector_load' loads 4 elements of 'x' from a misal"):
+    with pytest.raises(EmulatorFault, match=r"kernel probe: 'vector.load' loads 4 elements of 'x' from a misal"):
         _run(body, size=80)
 
 
