@@ -153,7 +153,7 @@ def main() -> None:
         tiles = [g.tiles(np.asarray(store.get(t), dtype=np.float32), weight, p) for t in weight.tensors]
         h2d(name, np.concatenate(tiles, axis=2), weight.kind == "vector")
     spec = store.spec
-    plan = plan_for(spec, host["ctx"], image, p)
+    plan = plan_for(spec, host["ctx"], image, p, host.get("kv_copies", 1))
     inv_freq = rope_inv_freq(spec.head_dim, spec.rope_theta, spec.rope_scaling)
     for table, chunk in host["rope_tables"].items():
         rows = np.stack([g.inv_freq_chunk(inv_freq, plan, y, chunk) for y in range(p)])

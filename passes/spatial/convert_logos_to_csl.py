@@ -190,6 +190,7 @@ class Vec:
     length: int
     chunk: int
     array: str
+    order: tuple[int, ...] = ()  # the source index of each padded position (a product taking it maps its columns)
 
 
 @dataclass
@@ -440,7 +441,12 @@ class PartLowering:
         return f16 if self.plan.image == "f16" else f32
 
     def program_weight(
-        self, op: logos.WeightOp, orient: str, row_map: Sequence[int] = (), in_chunk: int = 0
+        self,
+        op: logos.WeightOp,
+        orient: str,
+        row_map: Sequence[int] = (),
+        in_chunk: int = 0,
+        column_map: Sequence[int] = (),
     ) -> g.Weight:
         """The weight array this op's tensor lives in (shared by every layer's tensor of the same role)."""
         plan = self.plan
@@ -456,7 +462,7 @@ class PartLowering:
         kind = "table" if self.layer is None else "matrix"
         tr = plan.chunk(padded_rows, even=bool(row_map))
         tc = in_chunk or plan.chunk(columns)  # a product's tile is as wide as its input's chunk
-        weight = g.Weight(name, (tensor,), kind, orient, rows, columns, tr, tc, tuple(row_map))
+        weight = g.Weight(name, (tensor,), kind, orient, rows, columns, tr, tc, tuple(row_map), tuple(column_map))
         return self.declare(weight, plan_layers=self.layer is not None)
 
     def declare(self, weight: g.Weight, plan_layers: bool) -> g.Weight:
@@ -472,10 +478,11 @@ class PartLowering:
             self.program.array(weight.name, weight.words, element)
             return weight
         # the same role (another layer) or the same tensor (a tied head): the same tile
-        same = (known.tile_rows, known.tile_columns, known.orient) == (
+        same = (known.tile_rows, known.tile_columns, known.orient, known.column_map) == (
             weight.tile_rows,
             weight.tile_columns,
             weight.orient,
+            weight.column_map,
         )
         if not same:
             raise PassError(f"{PASS}: the weight '{weight.name}' is tiled two ways")
@@ -534,10 +541,16 @@ class PartLowering:
         roles = self.feeds.get(op.result, set())
         out_rows = op.weight.type.get_shape()[0]  # type: ignore[attr-defined]
         row_map: list[int] = []
-        if "rope" in roles or "cache" in roles:
-            widen = "cache" in roles and out_rows != plan.features
-            row_map = g.expanded_rows(plan.heads, plan.kv_heads, plan.head_dim, widen, "rope" in roles)
-        return row_map, self.program_weight(self.values[op.weight], x.layout, row_map, x.chunk)
+        if "query" in roles:  # laid out to meet the narrow cache: the group's query heads at the row's KV features
+            row_map = g.query_rows(plan)
+        elif "cache" in roles:  # KV heads kept narrow, rotary pairs adjacent
+            if out_rows != plan.kv_heads * plan.head_dim:
+                raise PassError(f"{PASS}: a cached projection of {out_rows} rows, not KV heads x head_dim")
+            row_map = g.kv_rows(plan)
+        elif "rope" in roles:
+            raise PassError(f"{PASS}: the grid rotates only attention's query and the cached keys")
+        weight = self.program_weight(self.values[op.weight], x.layout, row_map, x.chunk, x.order)
+        return row_map, weight
 
     def _product(self, op: logos.LinearOp, into: SSAValue | None, at: int) -> tuple[Vec, SSAValue]:
         """The element's tile times its input chunk, accumulated into `into[at:]` (or the product's own array)."""
@@ -546,7 +559,7 @@ class PartLowering:
         row_map, weight = self._product_plan(op)
         out_layout = "row" if x.layout == "col" else "col"
         length = len(row_map) if row_map else op.weight.type.get_shape()[0]  # type: ignore[attr-defined]
-        out = Vec(out_layout, length, weight.tile_rows, _name(op.result))
+        out = Vec(out_layout, length, weight.tile_rows, _name(op.result), tuple(row_map))
         self.program.array(out.array, out.chunk)
         tile_rows = weight.tile_rows
         acc, source = (into, at) if into is not None else (self.arr(out.array), 0)
@@ -623,33 +636,41 @@ class PartLowering:
             inner.dsd_op(convert, target, inner.dsd(self.arr(x.array), x.chunk))
 
     def _attention(self, op: logos.AttentionOp) -> None:
+        """Attention over the element's positions with KV heads kept narrow: row y caches KV features
+        [y * kv_chunk, (y + 1) * kv_chunk) and holds the query features of every head of their group at those
+        dimensions (`grid.query_rows`), so each query head of a group reads the same cached K/V tile."""
         plan, e = self.plan, self.e
         q: Vec = self.values[op.query]
-        keys = self.arr(self.cache_array(self.values[op.keys], q.chunk))
-        values = self.arr(self.cache_array(self.values[op.values], q.chunk))
+        c, group = plan.kv_chunk, plan.group
+        keys = self.arr(self.cache_array(self.values[op.keys], c))
+        values = self.arr(self.cache_array(self.values[op.values], c))
         heads, slots, chunk, p = plan.heads, plan.slots, q.chunk, plan.p
         self.program.array("scores", heads * slots)
-        window = min(heads, -(-chunk // plan.head_dim) + 1)  # the most heads a chunk of features touches
+        touched = 1 if plan.head_dim % c == 0 else -(-c // plan.head_dim) + 1  # KV heads a row's features touch
+        window = min(heads, group * touched)  # the heads whose queries the element holds
         self.program.array("head_max", window)
         scores, high = self.arr("scores"), self.arr("head_max")
-        out = self.vec(_name(op.result), "row", q.length, even=True)
+        out = Vec("row", q.length, chunk, _name(op.result), q.order)
+        self.program.array(out.array, chunk)
         attended, query = self.arr(out.array), self.arr(q.array)
         position = e.bin(arith.SubiOp, e.load(self.arr("position_in"), e.int(0)), e.int(1))
         px, py = self.coordinate("row"), self.coordinate("col")
         layer = self.layer if self.layer is not None else e.int(0)
-        base = e.bin(arith.MuliOp, layer, e.int(slots * chunk))
-        first_feature = e.bin(arith.MuliOp, py, e.int(chunk))
+        base = e.bin(arith.MuliOp, layer, e.int(slots * c))
+        first_kv = e.bin(arith.MuliOp, py, e.int(c))
         e.dsd_op(csl.FmovsOp, e.dsd(scores, heads * slots), e.float(0.0))
-        # partial scores: each of my features r adds q[r] * k[., r] over my positions to its head's scores
+        # partial scores: each of my query features r (head m of the group, KV feature t) adds q[r] * k[., t] over my
+        # positions to its head's scores
         with e.loop(chunk) as (body, r, _, _y):
-            head = self._head_of(body, first_feature, r)
+            head = self._head_of(body, first_kv, r)
             row = body.moved(body.dsd(scores, slots), body.bin(arith.MuliOp, head, body.int(slots)))
-            column = body.moved(body.dsd(keys, slots, 0, chunk), body.bin(arith.AddiOp, base, r), self.element_type)
-            q = body.load(query, r)
+            t = body.bin(arith.RemSIOp, r, body.int(c))
+            column = body.moved(body.dsd(keys, slots, 0, c), body.bin(arith.AddiOp, base, t), self.element_type)
+            value = body.load(query, r)
             if self.plan.image == "f16":
-                body.dsd_op(csl.FmachsOp, row, row, column, body.op(arith.TruncFOp(q, f16)).results[0])
+                body.dsd_op(csl.FmachsOp, row, row, column, body.op(arith.TruncFOp(value, f16)).results[0])
             else:
-                body.dsd_op(csl.FmacsOp, row, row, column, q)
+                body.dsd_op(csl.FmacsOp, row, row, column, value)
         self.reduce(e, scores, heads * slots, "col", csl.FaddsOp)
         e.dsd_op(
             csl.FmulsOp,
@@ -657,9 +678,9 @@ class PartLowering:
             e.dsd(scores, heads * slots),
             e.float(1.0 / math.sqrt(plan.head_dim)),
         )
-        # softmax for the heads my features belong to (a window of `window` heads from h0; my row's elements share
-        # it): my positions after the current one masked, each head's maximum over mine, then along the row
-        h0 = e.bin(arith.DivSIOp, first_feature, e.int(plan.head_dim))
+        # softmax for my heads (a window of `window` heads from h0; my row's elements share it): my positions after
+        # the current one masked, each head's maximum over mine, then along the row
+        h0 = e.bin(arith.MuliOp, e.bin(arith.DivSIOp, first_kv, e.int(plan.head_dim)), e.int(group))
         highest = e.int(heads - window)
         h0 = e.op(arith.SelectOp(e.cmp(h0, highest, "slt"), h0, highest)).results[0]
         rows_from = e.bin(arith.MuliOp, h0, e.int(slots))
@@ -691,28 +712,43 @@ class PartLowering:
         self.program.array("weights_by_feature", slots * chunk)
         spread = self.arr("weights_by_feature")
         with e.loop(chunk) as (body, r, _, _y):
-            head = self._head_of(body, first_feature, r)
+            head = self._head_of(body, first_kv, r)
             row = body.moved(body.dsd(scores, slots), body.bin(arith.MuliOp, head, body.int(slots)))
             body.dsd_op(csl.FmovsOp, body.moved(body.dsd(spread, slots, 0, chunk), r), row)
-        self.program.array("weighted", chunk)
+        self.program.array("weighted", c)
         scratch = self.arr("weighted")
+        if self.plan.image == "f16":
+            self.program.array("cached_value", c)
         with e.loop(slots) as (body, s, _, _y):
-            at = body.bin(arith.MuliOp, s, body.int(chunk))
-            cached = body.moved(body.dsd(values, chunk), body.bin(arith.AddiOp, base, at), self.element_type)
+            cached = body.moved(
+                body.dsd(values, c), body.bin(arith.AddiOp, base, body.bin(arith.MuliOp, s, body.int(c))),
+                self.element_type,
+            )  # fmt: skip
             if self.plan.image == "f16":
-                body.dsd_op(csl.Fh2sOp, body.dsd(scratch, chunk), cached)
-                cached = body.dsd(scratch, chunk)
-            body.dsd_op(csl.FmulsOp, body.dsd(scratch, chunk), cached, body.moved(body.dsd(spread, chunk), at))
-            body.dsd_op(csl.FaddsOp, body.dsd(sums, chunk), body.dsd(sums, chunk), body.dsd(scratch, chunk))
+                widened = self.program.get(body, "cached_value")
+                body.dsd_op(csl.Fh2sOp, body.dsd(widened, c), cached)
+                cached = body.dsd(widened, c)
+            at = body.bin(arith.MuliOp, s, body.int(chunk))
+            with body.loop(group) as (inner, m, _, _y2):  # each head of the group reads the same cached values
+                offset = inner.bin(arith.MuliOp, m, inner.int(c))
+                weights = inner.moved(inner.dsd(spread, c), inner.bin(arith.AddiOp, at, offset))
+                inner.dsd_op(csl.FmulsOp, inner.dsd(scratch, c), cached, weights)
+                into = inner.moved(inner.dsd(sums, c), offset)
+                inner.dsd_op(csl.FaddsOp, into, into, inner.dsd(scratch, c))
         self.reduce(e, sums, chunk + window, "row", csl.FaddsOp)
         with e.loop(chunk) as (body, r, _, _y):
-            head = body.bin(arith.SubiOp, self._head_of(body, first_feature, r), h0)
+            head = body.bin(arith.SubiOp, self._head_of(body, first_kv, r), h0)
             total = body.load(sums, body.bin(arith.AddiOp, head, body.int(chunk)))
             body.store(body.op(arith.DivfOp(body.load(sums, r), total)).results[0], attended, r)
         self.values[op.result] = out
 
-    def _head_of(self, e: Emit, first_feature: SSAValue, r: SSAValue) -> SSAValue:
-        head = e.bin(arith.DivSIOp, e.bin(arith.AddiOp, first_feature, r), e.int(self.plan.head_dim))
+    def _head_of(self, e: Emit, first_kv: SSAValue, r: SSAValue) -> SSAValue:
+        """The query head of feature r of a row whose KV features start at `first_kv` (`grid.query_rows`)."""
+        c = self.plan.kv_chunk
+        kv_head = e.bin(
+            arith.DivSIOp, e.bin(arith.AddiOp, first_kv, e.bin(arith.RemSIOp, r, e.int(c))), e.int(self.plan.head_dim)
+        )
+        head = e.bin(arith.AddiOp, e.bin(arith.MuliOp, kv_head, e.int(self.plan.group)), e.bin(arith.DivSIOp, r, e.int(c)))
         last = e.int(self.plan.heads - 1)
         return e.op(arith.SelectOp(e.cmp(head, last, "slt"), head, last)).results[0]
 
@@ -872,7 +908,7 @@ def lower_parts(parts: Sequence[tuple[Any, Any, ModuleOp]], plan: g.GridPlan) ->
     for name in ("token_in", "position_in", "layer_at"):
         program.array(name, 1, i32)
     program.array("norm_sum", 1)
-    features = plan.chunk(plan.heads * plan.head_dim, even=True)
+    features = plan.query_chunk
     longest = max(
         plan.chunk(plan.vocab),
         plan.heads * plan.slots,
@@ -940,6 +976,7 @@ def lower_parts(parts: Sequence[tuple[Any, Any, ModuleOp]], plan: g.GridPlan) ->
     layout_module = _layout(plan)
     host = {
         "grid": plan.p,
+        "kv_copies": plan.kv_copies,
         "ctx": plan.ctx,
         "image": plan.image,
         "weights": {
@@ -1168,9 +1205,19 @@ def _layout(plan: g.GridPlan) -> csl.CslModuleOp:
     )
 
 
-def plan_for(spec: Any, ctx: int, image: str, p: int) -> g.GridPlan:
+def plan_for(spec: Any, ctx: int, image: str, p: int, kv_copies: int = 1) -> g.GridPlan:
     return g.GridPlan(
-        p, ctx, image, spec.hidden, spec.heads, spec.kv_heads, spec.head_dim, spec.intermediate, spec.vocab, spec.layers
+        p,
+        ctx,
+        image,
+        spec.hidden,
+        spec.heads,
+        spec.kv_heads,
+        spec.head_dim,
+        spec.intermediate,
+        spec.vocab,
+        spec.layers,
+        kv_copies,
     )
 
 
@@ -1191,20 +1238,18 @@ def element_bytes(program: GridProgram) -> dict[str, int]:
     return {"arrays": arrays, "code": code, "total": arrays + code}
 
 
-def _estimate_words(spec: Any, ctx: int, p: int) -> int:
-    """The weight and cache words of one element at grid P (to start the search for the smallest grid)."""
-    c = lambda n: -(-n // p)  # noqa: E731
-    features = spec.heads * spec.head_dim
-    layer = 4 * c(features) * c(spec.hidden) + 3 * c(spec.intermediate) * c(spec.hidden) + 2 * c(ctx) * c(features)
-    table = c(spec.vocab) * c(spec.hidden) * (1 if spec.tie_embeddings else 2)
-    return spec.layers * layer + table
-
-
 def lower_decode(
-    spec: Any, ctx: int, image: str = "f16", p: int = 0, memory: int = g.MEMORY, progress: Any = None
+    spec: Any,
+    ctx: int,
+    image: str = "f16",
+    p: int = 0,
+    memory: int = g.MEMORY,
+    progress: Any = None,
+    copies: int | None = None,
 ) -> GridProgram:
     """The decode step over a cache of `ctx` positions, authored, cut into its parts and lowered for the smallest
-    square grid whose elements hold it (or for P x P when `p` is given)."""
+    square grid whose elements hold it (or for P x P when `p` is given), with the most copies of each KV head (up to
+    its group: the widened cache) that fit, or `copies` (1: KV heads kept narrow)."""
     from logos_ir.author import written
     from logos_ir.build import extracted_parts, part_cuts
     from logos_ir.identity import identity, the_program
@@ -1223,33 +1268,49 @@ def lower_decode(
     parts = []
     for cut, extracted in extracted_parts(module, part_cuts(spec, whole), progress):
         parts.append((cut, identity(the_program(extracted, PASS)), extracted))
+    group = spec.heads // spec.kv_heads
+    choices = [c for c in range(group if copies is None else copies, 0, -1) if group % c == 0]
+    if copies is not None and copies not in choices:
+        raise PassError(f"{PASS}: {copies} copies of each KV head do not divide its {group} query heads")
+    if copies is not None:
+        choices = [copies]
+
+    def lowered_at(size: int, c: int) -> tuple[GridProgram, int]:
+        program = lower_parts(parts, plan_for(spec, ctx, image, size, c))
+        return program, element_bytes(program)["total"]
+
     if p:
         if p < 2:
             raise PassError(f"{PASS}: a grid of {p} x {p} elements has no rows to reduce along (P >= 2)")
-        lowered = lower_parts(parts, plan_for(spec, ctx, image, p))
-        needed = element_bytes(lowered)["total"]
+        needed = 0
+        for c in choices:  # the most KV copies that fit: the most rows working on attention
+            lowered, needed = lowered_at(p, c)
+            if needed <= memory:
+                return lowered
+        raise PassError(
+            f"{PASS}: the model does not fit a {p} x {p} grid of {memory}-byte elements "
+            f"({needed} bytes per element)",
+            hint="give a larger grid (--option grid=P) or leave it out to have the smallest that fits chosen",
+        )
+    largest = g.WSE2_FABRIC[0]
+    needed = 0
+    for c in choices:  # the most KV copies that fit some grid (KV heads widened keep more rows working)
+        lowered, needed = lowered_at(largest, c)
         if needed > memory:
-            raise PassError(
-                f"{PASS}: the model does not fit a {p} x {p} grid of {memory}-byte elements "
-                f"({needed} bytes per element)",
-                hint="give a larger grid (--option grid=P) or leave it out to have the smallest that fits chosen",
-            )
-        return lowered
-    element = 2 if image == "f16" else 4
-    p = 2
-    while p < g.WSE2_FABRIC[0] and _estimate_words(spec, ctx, p) * element > memory * 0.8:
-        p += 1
-    while True:
-        lowered = lower_parts(parts, plan_for(spec, ctx, image, p))
-        if element_bytes(lowered)["total"] <= memory:
-            best = g.best_grid(spec, p)
-            return lowered if best == p else lower_parts(parts, plan_for(spec, ctx, image, best))
-        if p >= g.WSE2_FABRIC[0]:
-            raise PassError(
-                f"{PASS}: the model does not fit a {p} x {p} grid of {memory}-byte elements "
-                f"({element_bytes(lowered)['total']} bytes per element)"
-            )
-        p += 1
+            continue
+        low, high = 1, largest  # the smallest P that fits (an element's bytes fall as P grows)
+        while high - low > 1:
+            middle = (low + high) // 2
+            if lowered_at(middle, c)[1] <= memory:
+                high = middle
+            else:
+                low = middle
+        best = g.best_grid(spec, high, largest, c)
+        return lowered_at(best, c)[0]
+    raise PassError(
+        f"{PASS}: the model does not fit a {largest} x {largest} grid of {memory}-byte elements "
+        f"({needed} bytes per element)"
+    )
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,7 @@ class Weight:
     tile_rows: int = 0
     tile_columns: int = 0
     row_map: tuple[int, ...] = ()
+    column_map: tuple[int, ...] = ()  # which source column each padded column takes (-1: zeros); () for in order
 
     @property
     def words(self) -> int:
@@ -95,6 +96,7 @@ class GridPlan:
     intermediate: int
     vocab: int
     layers: int
+    kv_copies: int = 1  # how many rows' worth of copies each KV head's cache has (1: narrow; heads/kv_heads: widened)
     weights: dict[str, Weight] = field(default_factory=dict)
 
     @property
@@ -118,6 +120,21 @@ class GridPlan:
     @property
     def features(self) -> int:
         return self.heads * self.head_dim
+
+    @property
+    def group(self) -> int:
+        """The query heads that read one cached KV head's copy."""
+        return self.heads // (self.kv_heads * self.kv_copies)
+
+    @property
+    def kv_chunk(self) -> int:
+        """A row's share of the cached key and value features (even: whole rotary pairs)."""
+        return self.chunk(self.kv_heads * self.kv_copies * self.head_dim, even=True)
+
+    @property
+    def query_chunk(self) -> int:
+        """A row's query features: the `group` query heads of its KV features, at the same dimensions."""
+        return self.group * self.kv_chunk
 
 
 SEGMENTED = False  # one segment a line: in the simulator's costs, more segments made the 8B's layer slower (docs)
@@ -155,6 +172,35 @@ def expanded_rows(heads: int, kv_heads: int, head_dim: int, widen: bool, pairs: 
     return rows
 
 
+def kv_rows(plan: GridPlan) -> list[int]:
+    """Source row of each row of the key or value projection as cached: each KV head `kv_copies` times (1: narrow,
+    GQA's saving kept), its rotary pairs made adjacent; row y of the grid holds rows [y * kv_chunk, (y + 1) *
+    kv_chunk)."""
+    copies = plan.kv_heads * plan.kv_copies
+    return expanded_rows(copies, plan.kv_heads, plan.head_dim, plan.kv_copies > 1, True)
+
+
+def query_rows(plan: GridPlan) -> list[int]:
+    """Source row of each row of the query projection laid out to meet the narrow cache: row y of the grid holds, for
+    each of the `group` query heads m of its KV features' head j, head j * group + m at the same dimensions
+    (m-major: row block y is [m * kv_chunk + t for m, t]), so every query head of a group reads the same cached K/V
+    tile on the element (with `kv_copies` > 1, j is the copy and `group` the heads reading it); -1 pads. Also the
+    column order of the output projection (attention's result is in it)."""
+    kv, c, group = kv_rows(plan), plan.kv_chunk, plan.group
+    out = []
+    for y in range(plan.p):
+        for m in range(group):
+            for t in range(c):
+                f = y * c + t
+                if f >= len(kv):
+                    out.append(-1)
+                    continue
+                d = kv[f] % plan.head_dim  # kv[f]: the source row (its KV head, dimension d)
+                copy = f // plan.head_dim  # the cached copy of a KV head that row f belongs to
+                out.append((copy * group + m) * plan.head_dim + d)
+    return out
+
+
 def tile_for(array: np.ndarray, weight: Weight, p: int, x: int, y: int) -> np.ndarray:
     """Element (x, y)'s tile of one tensor of `weight`, flat, in the order the element program reads it: a matrix's
     tile column-major (column j of the tile is contiguous), a vector's chunk, a table's tile column-major too (the
@@ -170,7 +216,7 @@ def tile_for(array: np.ndarray, weight: Weight, p: int, x: int, y: int) -> np.nd
     tr, tc = weight.tile_rows, weight.tile_columns
     tile = np.zeros((tr, tc), dtype=np.float32)
     picked = rows[r_block * tr : (r_block + 1) * tr]
-    matrix = array.reshape(-1, array.shape[-1])
+    matrix = _columns(array.reshape(-1, array.shape[-1]), weight)
     columns = matrix[:, c_block * tc : (c_block + 1) * tc]
     for i, source in enumerate(picked):
         if 0 <= source < matrix.shape[0]:
@@ -186,28 +232,41 @@ def tiles(array: np.ndarray, weight: Weight, p: int) -> np.ndarray:
         padded[: array.size] = array.reshape(-1)
         chunks = padded.reshape(p, c)
         return np.broadcast_to(chunks[None, :, :], (p, p, c)).copy()
-    matrix = np.asarray(array, dtype=np.float32).reshape(-1, array.shape[-1])
+    matrix = _columns(np.asarray(array, dtype=np.float32).reshape(-1, array.shape[-1]), weight)
     tr, tc = weight.tile_rows, weight.tile_columns
     rows = np.asarray(weight.row_map) if weight.row_map else np.arange(weight.rows)
     padded = np.zeros((p * tr, p * tc), dtype=np.float32)
     take = rows[: p * tr]
     good = (take >= 0) & (take < matrix.shape[0])
-    padded[np.flatnonzero(good), : matrix.shape[1]] = matrix[take[good]]
+    padded[np.flatnonzero(good), : min(matrix.shape[1], p * tc)] = matrix[take[good], : p * tc]
     blocks = padded.reshape(p, tr, p, tc).transpose(0, 2, 3, 1).reshape(p, p, tc * tr)  # [row block, column block]
     return blocks if weight.orient == "col" else blocks.transpose(1, 0, 2).copy()
 
 
-def inv_freq_chunk(inv_freq: np.ndarray, plan: GridPlan, y: int, chunk: int) -> np.ndarray:
-    """The rotary frequency of each adjacent pair of row y's chunk of a query-ordered vector (0 for padding)."""
-    out = np.zeros(chunk // 2, dtype=np.float32)
-    for pair in range(chunk // 2):
-        feature = y * chunk + 2 * pair
-        if feature < plan.features:
-            out[pair] = inv_freq[(feature % plan.head_dim) // 2]
+def _columns(matrix: np.ndarray, weight: Weight) -> np.ndarray:
+    """The matrix's columns in the weight's column order (zeros where the map gives -1)."""
+    if not weight.column_map:
+        return matrix
+    order = np.asarray(weight.column_map)
+    out = np.zeros((matrix.shape[0], order.size), dtype=np.float32)
+    good = order >= 0
+    out[:, good] = matrix[:, order[good]]
     return out
 
 
-def least_share(spec: object, p: int) -> float:
+def inv_freq_chunk(inv_freq: np.ndarray, plan: GridPlan, y: int, chunk: int) -> np.ndarray:
+    """The rotary frequency of each adjacent pair of row y's chunk of a key (`chunk` = kv_chunk) or query
+    (`query_chunk`: the group's heads one after another, each at the row's KV dimensions) vector; 0 for padding."""
+    kv, c = kv_rows(plan), plan.kv_chunk
+    out = np.zeros(chunk // 2, dtype=np.float32)
+    for pair in range(chunk // 2):
+        feature = y * c + (2 * pair) % c
+        if feature < len(kv):
+            out[pair] = inv_freq[kv[feature] % plan.head_dim]
+    return out
+
+
+def least_share(spec: object, p: int, copies: int = 1) -> float:
     """The share of a P x P grid's elements whose tile of each of a layer's projections holds real weights (not
     padding), the least over the projections: rows and columns are cut in chunks of ceil(n / P) (rotary ones even),
     so ceil(n / chunk) of the P blocks hold data."""
@@ -217,22 +276,23 @@ def least_share(spec: object, p: int) -> float:
         c += c % 2 if even else 0
         return min(ceil_div(n, c), p) / p
 
-    hidden, features, inter = spec.hidden, spec.heads * spec.head_dim, spec.intermediate  # type: ignore[attr-defined]
+    hidden, inter = spec.hidden, spec.intermediate  # type: ignore[attr-defined]
+    kv = spec.kv_heads * copies * spec.head_dim  # type: ignore[attr-defined]
     shares = [
-        used(features, True) * used(hidden),  # q, k, v (query-ordered, rotary pairs)
-        used(hidden) * used(features, True),  # o
+        used(kv, True) * used(hidden),  # q, k, v: rows follow the narrow KV features (whole rotary pairs)
+        used(hidden) * used(kv, True),  # o (its input is attention's result, laid out as the query)
         used(inter) * used(hidden),  # gate, up
         used(hidden) * used(inter),  # down
     ]
     return min(shares)
 
 
-def best_grid(spec: object, smallest: int, largest: int = 757) -> int:
+def best_grid(spec: object, smallest: int, largest: int = 757, copies: int = 1) -> int:
     """From the smallest grid that holds the model up to the largest square of a WSE-2: the P with the highest least
     share of working elements (`least_share`), the smallest such."""
-    best, best_share = smallest, least_share(spec, smallest)
+    best, best_share = smallest, least_share(spec, smallest, copies)
     for p in range(smallest + 1, largest + 1):
-        share = least_share(spec, p)
+        share = least_share(spec, p, copies)
         if share > best_share + 1e-9:
             best, best_share = p, share
     return best

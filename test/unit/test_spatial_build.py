@@ -1,6 +1,6 @@
 """`logos-compile --target spatial`: the build folder a Cerebras user would compile and run (layout.csl,
 pe_program.csl, commands.sh, run.py) and what the simulator reads (grid.mlir, host.json); that it reads no weight
-value; that the embedded model and llama-3.1-8b fit a WSE-2 (757 x 996 elements, 48 KiB each) with every element
+value; that the embedded model and llama-3.1-8b (ctx 8192) fit a WSE-2 (757 x 996 elements, 48 KiB each) with every element
 holding a tile of (nearly) every projection; its refusals.
 """
 
@@ -65,16 +65,60 @@ def test_tiny_decode_build(monkeypatch: pytest.MonkeyPatch) -> None:
     json.dumps(report)
 
 
-@pytest.mark.parametrize(("name", "ctx", "low"), [(None, 2048, 0.95), ("llama-3.1-8b", 2048, 0.9)])
-def test_models_fit_a_wse2(name: str | None, ctx: int, low: float, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The embedded model and llama-3.1-8b at 2048 positions, f16, on one square grid of a
-    WSE-2 within 48 KiB per element; the share of elements holding a tile of every projection of a layer."""
+@pytest.mark.parametrize(
+    ("name", "ctx", "low", "mlp"), [(None, 2048, 0.95, 0.95), ("llama-3.1-8b", 8192, 0.66, 0.95)]
+)
+def test_models_fit_a_wse2(
+    name: str | None, ctx: int, low: float, mlp: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The embedded model at 2048 positions and llama-3.1-8b at 8192, f16, on one square grid of a WSE-2 within
+    48 KiB per element (the 8B's KV heads kept narrow); the share of elements holding a tile of every projection of
+    a layer (the 8B's query, key, value and output tiles follow its 1,024 KV features in whole rotary pairs, so only
+    512 rows hold them: docs/spatial.md), and of the MLP's."""
     model = _no_weights(ModelSource.resolve(name), monkeypatch)
     report = build_spatial(_request(model, f"decode ctx={ctx}", "f16")).report
     p = report["grid"]["p"]
     assert p <= 757
     assert report["memory_per_element"]["total"] <= WSE2_MEMORY
     assert report["working_share_per_layer"] >= low
+    shares = report["working_share_per_layer_projection"]
+    assert min(shares["gate_weight"], shares["up_weight"], shares["down_weight"]) >= mlp
+
+
+@pytest.mark.parametrize(
+    ("shape", "copies"),
+    [
+        (dict(heads=4, kv_heads=2, head_dim=16), 1),  # GQA, KV heads narrow
+        (dict(heads=4, kv_heads=1, head_dim=16), 2),  # MQA, the KV head cached twice (two query heads a copy)
+        (dict(vocab=300, hidden=40, heads=5, kv_heads=1, head_dim=8, intermediate=100, layers=3), 1),  # ragged
+    ],
+)
+def test_narrow_kv_heads_give_the_reference_tokens(shape: dict, copies: int) -> None:
+    """Each query head of a group reads the same cached K/V tile (`grid.query_rows`): the fabric simulator running
+    the narrow-KV module gives the reference's greedy tokens (f32). The lane widens the cache only as far as memory
+    allows (most copies that fit); tiny models fit widened, so narrow is forced here."""
+    from logos_ir.generate import Generator
+    from logos_ir.passes.spatial.convert_logos_to_csl import lower_decode
+    from logos_ir.runtime.spatial import GridMachine
+    from logos_ir.spec import ModelSpec
+    from logos_ir.weights import RandomWeights
+
+    sizes: dict = dict(vocab=256, hidden=64, layers=2, intermediate=128, rms_eps=1e-5, rope_theta=10000.0,
+                       tie_embeddings=False)  # fmt: skip
+    store = RandomWeights(ModelSpec(**{**sizes, **shape}), seed=7)
+    prompt, new = [3, 17, 42], 5
+    expected = Generator(store).generate(prompt, new)
+    lowered = lower_decode(store.spec, 16, "f32", copies=copies)
+    assert lowered.plan.kv_copies == copies and lowered.host["kv_copies"] == copies
+    machine = GridMachine(lowered.module, lowered.host, store)
+    machine.reset()
+    out: list[int] = []
+    for position in range(1, len(prompt) + new):
+        token = prompt[position - 1] if position <= len(prompt) else out[-1]
+        predicted = machine.step(token + 1, position) - 1
+        if position >= len(prompt):
+            out.append(predicted)
+    assert out == expected
 
 
 def test_refusals() -> None:
@@ -86,4 +130,4 @@ def test_refusals() -> None:
     with pytest.raises(BuildError, match="f16 or f32"):
         build_spatial(_request(tiny, "decode ctx=64", "bf16"))
     with pytest.raises(PassError, match=r"does not fit a 757 x 757 grid of 49152-byte elements"):
-        build_spatial(_request(ModelSource.resolve("llama-3.1-8b"), "decode ctx=8192"))
+        build_spatial(_request(ModelSource.resolve("llama-3.1-8b"), "decode ctx=32768"))

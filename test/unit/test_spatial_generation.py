@@ -202,10 +202,17 @@ def test_wavelets_per_step_are_the_mappings() -> None:
     machine = GridMachine(lowered.module, lowered.host, store)
     machine.reset()
     machine.step(4, 1)
-    hc, fc, ic = plan.chunk(plan.hidden), plan.chunk(plan.features, even=True), plan.chunk(plan.intermediate)
+    hc, ic = plan.chunk(plan.hidden), plan.chunk(plan.intermediate)
     vc = plan.chunk(plan.vocab)
-    window = min(plan.heads, -(-fc // plan.head_dim) + 1)  # the heads a row's features can touch: its softmax's
-    allreduce = hc + plan.layers * (1 + 3 * fc + plan.heads * plan.slots + 2 * window + fc + hc + 1 + 2 * ic + hc) + 1
+    # (M, KV heads cached in kv_copies copies) a row holds kc of the cached KV features (even) and the query heads
+    # reading each copy at them: fc queries
+    kc = -(-plan.kv_heads * plan.kv_copies * plan.head_dim // p)
+    kc += kc % 2
+    group = plan.heads // (plan.kv_heads * plan.kv_copies)
+    fc = group * kc
+    touched = 1 if plan.head_dim % kc == 0 else -(-kc // plan.head_dim) + 1  # the KV heads a row's features touch
+    window = min(plan.heads, group * touched)  # the heads whose queries a row holds: its softmax's
+    allreduce = hc + plan.layers * (1 + fc + 2 * kc + plan.heads * plan.slots + 2 * window + fc + hc + 1 + 2 * ic + hc) + 1
     expected = 2 * p * (p - 1) * allreduce + p * (p - 1) * vc
     assert machine.fabric.wavelets == expected
 
