@@ -472,7 +472,9 @@ class Fabric:
         self.entries: dict[str, int] = {}
         self.tasks: dict[int, int] = {}
         self.fixups: list[tuple[int, str]] = []
-        self.pending: list[tuple[str, Callable[[np.ndarray], np.ndarray]]] = []
+        self.pending: list[tuple[str, Callable[[np.ndarray], Any]]] = []
+        self.jumps: dict[int, Callable[[], int]] = {}  # instructions that only jump: their targets
+        self.waits: set[int] = set()  # instructions where elements can wait (a DSD op with a fabric operand)
         self._simple = False
         self.clock = np.zeros(n)
         self.pc = np.full(n, -1, dtype=np.int64)
@@ -485,11 +487,20 @@ class Fabric:
         self._load(memory)
         colours = sorted({c for (_, _, c) in self.layout.routes} | self._colours_used())
         self.routes = trace_routes(self.layout, colours)
+        self._shared = {}  # whether some receiver is reached by two senders on the colour
+        for c in colours:
+            reached = self.routes.dest[c][self.routes.dest[c] >= 0]
+            self._shared[c] = bool(reached.size) and np.unique(reached).size != reached.size
         cap = queue_words or max(64, 2 * self._longest_message())
         self.queue = {c: np.zeros((n, cap), dtype=np.float32) for c in colours}
         self.queue_len = {c: np.zeros(n, dtype=np.int64) for c in colours}
         self.queue_head = {c: np.zeros(n, dtype=np.int64) for c in colours}  # a ring: where the oldest wavelet is
-        self.queue_ready = {c: np.zeros(n) for c in colours}
+        # each wavelet's arrival (the cycle its message's last wavelet reaches the receiver's router)
+        self.queue_time = {c: np.zeros((n, cap)) for c in colours}
+        self._lane = np.arange(cap)
+        self.park_colour = np.full(n, -1, dtype=np.int64)  # an element waiting at a DSD op: the colour (-2: to send)
+        self.park_need = np.zeros(n, dtype=np.int64)
+        self.groups: dict[int, list[np.ndarray]] = {}  # the elements ready to run, by instruction
         self.capacity = cap
         self.wavelets = 0
 
@@ -605,20 +616,24 @@ class Fabric:
         at = len(self.instrs)
         following = at + 1
 
-        def fused(idx: np.ndarray) -> np.ndarray:
+        def fused(idx: np.ndarray) -> int:
             for run in runs:
                 run(idx)
-            return np.full(idx.size, following, dtype=np.int64)
+            return following
 
         self.instrs.append(fused)
         self.names.append(names)
         del at
 
     def _is_simple(self, op: Operation) -> bool:
-        """An op that never waits and never jumps (it can be fused with its neighbours)."""
+        """An op that never waits and never leaves its function: a DSD op with no fabric operand, a scalar op, and
+        a loop or branch whose every op is simple (it can be fused with its neighbours, the loop or branch run within
+        the fused instruction)."""
         if isinstance(op, csl.BuiltinDsdOp):
             return not any(isinstance(v.owner, csl.GetFabDsdOp) for v in op.ops)
-        return not isinstance(op, csl.CallOp | csl.ReturnOp | scf.ForOp | scf.IfOp)
+        if isinstance(op, scf.ForOp | scf.IfOp):
+            return all(self._is_simple(inner) for region in op.regions for b in region.blocks for inner in b.ops)
+        return not isinstance(op, csl.CallOp | csl.ReturnOp)
 
     def _compile_function(self, fn: csl.FuncOp | csl.TaskOp) -> None:
         name = fn.sym_name.data
@@ -641,8 +656,8 @@ class Fabric:
             reg = self.regs[value] = np.zeros(self.n, dtype=_dtype(value.type))
         return reg
 
-    def _next(self, idx: np.ndarray, at: int) -> np.ndarray:
-        return np.full(idx.size, at + 1, dtype=np.int64)
+    def _next(self, idx: np.ndarray, at: int) -> int:
+        return at + 1
 
     def _compile_op(self, op: Operation) -> None:  # noqa: C901
         self._simple = self._is_simple(op)
@@ -695,6 +710,10 @@ class Fabric:
             case csl.ReturnOp():
                 self._flush()
                 self._emit("return", self._return)
+            case scf.ForOp() if self._simple:
+                self._compile_simple_for(op)
+            case scf.IfOp() if self._simple:
+                self._compile_simple_if(op)
             case scf.ForOp():
                 self._compile_for(op)
             case scf.IfOp():
@@ -823,7 +842,7 @@ class Fabric:
             self.stack[idx, self.depth[idx]] = at + 1
             self.depth[idx] += 1
             self.clock[idx] += CYCLES["call"]
-            return np.full(idx.size, self.entries[callee], dtype=np.int64)
+            return self.entries[callee]
 
         self._emit(f"call {callee}", run)
 
@@ -872,7 +891,7 @@ class Fabric:
                 target[idx] = value
             iv[idx] += step[idx]
             self.clock[idx] += CYCLES["scalar"]
-            return np.full(idx.size, test_at, dtype=np.int64)
+            return test_at
 
         self._emit("for (next)", back)
         results = [self._reg(r) for r in op.results]
@@ -900,13 +919,96 @@ class Fabric:
         results = [self._reg(r) for r in op.results]
         self._compile_branch(op.true_region.block, results)
         jump_at = len(self.instrs)
-        self._emit("if (end of then)", lambda idx: np.full(idx.size, targets[1], dtype=np.int64))
+        self.jumps[len(self.instrs)] = lambda: targets[1]
+        self._emit("if (end of then)", lambda idx: targets[1])
         targets.append(len(self.instrs))
         if op.false_region.blocks:
             self._compile_branch(op.false_region.block, results)
         targets.append(len(self.instrs))
-        self._emit("if (end)", lambda idx: np.full(idx.size, targets[1] + 1, dtype=np.int64))
+        self.jumps[len(self.instrs)] = lambda: targets[1] + 1
+        self._emit("if (end)", lambda idx: targets[1] + 1)
         del jump_at
+
+    def _simple_body(self, ops: Sequence[Operation]) -> list[Callable[[np.ndarray], Any]]:
+        """The closures of simple ops (run in order, within one instruction)."""
+        saved, self.pending = self.pending, []
+        for inner in ops:
+            self._simple = True
+            self._compile_one(inner, len(self.instrs))
+        runs = [run for _, run in self.pending]
+        self.pending = saved
+        self._simple = True
+        return runs
+
+    def _compile_simple_for(self, op: scf.ForOp) -> None:
+        """A loop whose body never waits, run within one instruction: the same steps and cycles as the loop's
+        instructions (the start, each test, each step back), for each element its own trip count."""
+        lower, upper, step = self._reg(op.lb), self._reg(op.ub), self._reg(op.step)
+        iv, *carried = (self._reg(a) for a in op.body.block.args)
+        initial = [self._reg(v) for v in op.iter_args]
+        ops = list(op.body.block.ops)
+        body = self._simple_body(ops[:-1])
+        yielded = [self._reg(v) for v in ops[-1].operands]
+        results = [self._reg(r) for r in op.results]
+        scalar = CYCLES["scalar"]
+        clock = self.clock
+
+        def run(idx: np.ndarray) -> None:
+            iv[idx] = lower[idx]
+            for source, target in zip(initial, carried, strict=True):
+                target[idx] = source[idx]
+            clock[idx] += scalar
+            active = idx
+            while True:
+                clock[active] += scalar  # the test
+                going = iv[active] < upper[active]
+                if not going.all():
+                    active = active[going]
+                    if active.size == 0:
+                        break
+                for inner in body:
+                    inner(active)
+                values = [v[active].copy() for v in yielded]
+                for value, target in zip(values, carried, strict=True):
+                    target[active] = value
+                iv[active] += step[active]
+                clock[active] += scalar  # the step back
+            for source, target in zip(carried, results, strict=True):
+                target[idx] = source[idx]
+
+        self._emit("for", run)
+
+    def _compile_simple_if(self, op: scf.IfOp) -> None:
+        """A branch whose arms never wait, run within one instruction (each element its arm)."""
+        condition = self._reg(op.cond)
+        results = [self._reg(r) for r in op.results]
+        arms = []
+        for region in (op.true_region, op.false_region):
+            ops = list(region.block.ops) if region.blocks else []
+            runs = self._simple_body(ops[:-1] if ops else [])
+            yielded = [self._reg(v) for v in ops[-1].operands] if ops else []
+            arms.append((runs, yielded))
+        scalar = CYCLES["scalar"]
+        clock = self.clock
+
+        def run(idx: np.ndarray) -> None:
+            clock[idx] += scalar
+            taken = condition[idx].astype(bool)
+            for (runs, yielded), part in ((arms[0], taken), (arms[1], ~taken)):
+                if part.all():
+                    sub = idx
+                elif part.any():
+                    sub = idx[part]
+                else:
+                    continue
+                for inner in runs:
+                    inner(sub)
+                if results:
+                    values = [v[sub].copy() for v in yielded]
+                    for value, target in zip(values, results, strict=True):
+                        target[sub] = value
+
+        self._emit("if", run)
 
     def _compile_branch(self, block: Block, results: list[np.ndarray]) -> None:
         ops = list(block.ops)
@@ -968,6 +1070,8 @@ class Fabric:
         def run(idx: np.ndarray) -> np.ndarray:
             return self._dsd(idx, at, kind, function, operands)
 
+        if not self._simple:
+            self.waits.add(at)
         self._emit(f"@{kind}", run)
 
     def _length(self, value: SSAValue, idx: np.ndarray) -> np.ndarray:
@@ -986,23 +1090,34 @@ class Fabric:
             return out
         length = int(lengths[0])
         ready = np.ones(idx.size, dtype=bool)
+        park = None  # the colour each waiting element waits for (-2: it waits to send)
         for value in operands[1:]:
             reg = self.regs.get(value)
             if isinstance(reg, FabDsd):
                 if not reg.inbound:
                     raise FabricError(f"@{kind} reads a fabric output DSD")
                 has = self.queue_len[reg.colour][idx] >= length
-                self._note_wait(idx[~has], reg.colour, kind, "waits for wavelets that do not come")
-                ready &= has
+                if not has.all():
+                    self._note_wait(idx[~has], reg.colour, kind, "waits for wavelets that do not come")
+                    if park is None:
+                        park = np.full(idx.size, -2, dtype=np.int64)
+                    park[~has] = reg.colour
+                    ready &= has
         target = self.regs[operands[0]]
         sending = isinstance(target, FabDsd)
         if sending:
             if target.inbound:
                 raise FabricError(f"@{kind} writes a fabric input DSD")
             ready &= self._can_send(idx, target.colour, length, kind, ready)
-        go = idx[ready]
+        if not ready.all():
+            waiting = ~ready
+            self.park_colour[idx[waiting]] = park[waiting] if park is not None else -2
+            self.park_need[idx[waiting]] = length
+            go = idx[ready]
+        else:
+            go = idx
         if go.size == 0:
-            return np.full(idx.size, at, dtype=np.int64)
+            return at
         # one element per cycle from the element's clock; a fabric operand's wavelets stream in as they arrive (the
         # op ends no earlier than one cycle after its last wavelet), and a fabric result streams out as it is made
         self._arrived = np.full(go.size, -np.inf)
@@ -1015,7 +1130,7 @@ class Fabric:
             self._send(go, target.colour, np.broadcast_to(result, (go.size, length)).astype(np.float32))
         else:
             self._write(operands[0], go, np.broadcast_to(result, (go.size, length)), kind)
-        return np.where(ready, at + 1, at).astype(np.int64)
+        return at + 1 if go is idx else np.where(ready, at + 1, at)
 
     def _note_wait(self, idx: np.ndarray, colour: int, op: str, why: str) -> None:
         if idx.size:
@@ -1055,12 +1170,20 @@ class Fabric:
             return array[idx[:, None], where]
         if isinstance(reg, FabDsd):
             c = reg.colour
-            queue, head = self.queue[c], self.queue_head[c]
-            at = (head[idx, None] + np.arange(length)[None, :]) % self.capacity
-            data = queue[idx[:, None], at]
-            head[idx] = (head[idx] + length) % self.capacity
-            self.queue_len[c][idx] -= length
-            self._arrived = np.maximum(self._arrived, self.queue_ready[c][idx])
+            queue, head, count = self.queue[c], self.queue_head[c], self.queue_len[c]
+            heads = head[idx]
+            first = int(heads[0])
+            if first + length <= self.capacity and (heads == first).all():
+                data = queue[idx, first : first + length]
+                arrived = self.queue_time[c][idx, first : first + length].max(axis=1)
+            else:
+                at = (heads[:, None] + self._lane[None, :length]) % self.capacity
+                data = queue[idx[:, None], at]
+                arrived = self.queue_time[c][idx[:, None], at].max(axis=1)
+            left = count[idx] - length
+            count[idx] = left
+            head[idx] = np.where(left == 0, 0, (heads + length) % self.capacity)  # an emptied queue starts at 0
+            self._arrived = np.maximum(self._arrived, arrived)
             return data
         return reg[idx][:, None]
 
@@ -1101,6 +1224,8 @@ class Fabric:
             self._note_send(idx[~room & ok], colour, kind, f"the receiver's queue for colour {colour} stays full")
         ok &= room
         going = ok & ready
+        if not self._shared[colour]:  # no two senders' routes reach one receiver on this colour
+            return ok
         flat = np.where(valid & going[:, None], targets, -1).reshape(-1)
         real = flat[flat >= 0]
         if real.size and np.unique(real).size != real.size:  # two senders to one receiver: the first goes now
@@ -1118,26 +1243,47 @@ class Fabric:
             self.waiting[e] = Blocked(e, colour, op, "cannot send: " + why)
 
     def _send(self, idx: np.ndarray, colour: int, data: np.ndarray) -> None:
+        """Senders `idx` each send their row of `data` on `colour`: every receiver its route reaches gets the
+        wavelets at the end of its queue, each arriving at the sender's clock plus the routers crossed."""
         dest, hops = self.routes.dest[colour][idx], self.routes.hops[colour][idx]
         length = data.shape[1]
-        for k in range(dest.shape[1]):
-            valid = dest[:, k] >= 0
-            if not valid.any():
-                continue
-            targets, rows = dest[valid, k], data[valid]
-            start = self.queue_head[colour][targets] + self.queue_len[colour][targets]
-            at = (start[:, None] + np.arange(length)[None, :]) % self.capacity
-            self.queue[colour][targets[:, None], at] = rows
-            self.queue_len[colour][targets] += length
-            arrival = self.clock[idx[valid]] + hops[valid, k] * CYCLES["hop"]  # the last wavelet, sent at the op's end
-            self.queue_ready[colour][targets] = np.maximum(self.queue_ready[colour][targets], arrival)
-            self.wavelets += int(valid.sum()) * length
+        if dest.shape[1] == 1:
+            valid = dest[:, 0] >= 0
+            if valid.all():
+                targets, rows, hop, senders = dest[:, 0], data, hops[:, 0], idx
+            else:
+                targets, rows, hop, senders = dest[valid, 0], data[valid], hops[valid, 0], idx[valid]
+        else:
+            which, k = np.nonzero(dest >= 0)
+            targets, rows, hop, senders = dest[which, k], data[which], hops[which, k], idx[which]
+        if targets.size == 0:
+            return
+        queue, times, head, count = self.queue[colour], self.queue_time[colour], self.queue_head[colour], self.queue_len[colour]
+        start = head[targets] + count[targets]
+        arrival = self.clock[senders] + hop * CYCLES["hop"]  # the last wavelet, sent at the op's end
+        first = int(start[0])
+        if first + length <= self.capacity and (start == first).all():
+            queue[targets, first : first + length] = rows
+            times[targets, first : first + length] = arrival[:, None]
+        else:
+            at = (start[:, None] + self._lane[None, :length]) % self.capacity
+            queue[targets[:, None], at] = rows
+            times[targets[:, None], at] = arrival[:, None]
+        count[targets] += length
+        self.wavelets += targets.size * length
+        self._wake(targets, colour)
 
     # -- running --
 
     def launch(self, function: str, limit: int = 50_000_000) -> float:
         """Run exported `function` on every element (the host's `launch`) until every element has ended the launch
-        (memcpy's `unblock_cmd_stream`) and is idle; the cycles it took (the latest clock, from a common start)."""
+        (memcpy's `unblock_cmd_stream`) and is idle; the cycles it took (the latest clock, from a common start).
+
+        Scheduling (which elements the simulator advances next; it changes no element's clock, which counts its own
+        ops and its wavelets' arrivals): the elements at the lowest instruction go first, all together, so elements
+        that took different branches meet again where the branches join; an element waiting at a DSD op for
+        wavelets is set aside until a send delivers to it; when nothing else can run, every waiting element tries
+        again, and if none moves, the step is deadlocked."""
         if function not in self.exports or function not in self.entries:
             raise FabricError(f"the host launches '{function}', which the program does not export")
         start = float(self.clock.max())
@@ -1145,32 +1291,47 @@ class Fabric:
         self.pc[:] = self.entries[function]
         self.depth[:] = 0
         self.ended[:] = False
-        rounds = 0
+        self.park_colour[:] = -1
+        self.waiting.clear()
+        self._thread()
+        groups = self.groups
+        groups.clear()
+        groups[self.entries[function]] = [np.arange(self.n)]
+        instrs, waits, thread = self.instrs, self.waits, self._threaded
+        runs = 0
+        progressed = True
+        retried = False
         while True:
-            self.waiting.clear()
-            progressed = self._start_tasks()
-            active = np.flatnonzero(self.pc >= 0)
-            if active.size == 0:
-                break
-            pcs = self.pc[active]
-            if pcs[0] == pcs[-1] and (pcs == pcs[0]).all():
-                groups = [active]
-            else:
-                order = np.argsort(pcs, kind="stable")
-                cuts = np.flatnonzero(np.diff(pcs[order])) + 1
-                groups = np.split(active[order], cuts)
-            for group in groups:
-                at = int(self.pc[group[0]])
-                following = self.instrs[at](group)
-                moved = following != at
-                if moved.any():
+            while groups:
+                at = min(groups)
+                idx = self._take(at)
+                following = instrs[at](idx)
+                runs += 1
+                if isinstance(following, int):
+                    if following == at and at in waits:  # none could go: they wait (set aside)
+                        continue
                     progressed = True
-                self.pc[group] = following
-            rounds += 1
-            if not progressed:
+                    if following < 0:
+                        self.pc[idx] = -1
+                        self._start_tasks(idx)
+                    else:
+                        self._add(thread[following], idx)
+                else:
+                    self._distribute(at, idx, following)
+                    progressed = progressed or bool((following != at).any())
+                if runs > limit:
+                    raise FabricError(f"the launch of '{function}' did not finish in {limit} instructions")
+            parked = np.flatnonzero(self.park_colour != -1)
+            if parked.size == 0:
+                break
+            if retried and not progressed:
                 raise self._deadlock()
-            if rounds > limit:
-                raise FabricError(f"the launch of '{function}' did not finish in {limit} rounds")
+            # nothing can run: every waiting element tries again (a send that found a full queue, or a receive
+            # whose wavelets came while it was not looking)
+            self.waiting.clear()
+            self.park_colour[parked] = -1
+            self._add_many(parked)
+            retried, progressed = True, False
         if not self.ended.all():
             e = int(np.flatnonzero(~self.ended)[0])
             pending = [t for t in range(32) if self.activated[e, t]]
@@ -1180,15 +1341,90 @@ class Fabric:
             )
         return float(self.clock.max()) - start
 
-    def _start_tasks(self) -> bool:
-        idle = self.pc < 0
-        if not idle.any():
-            return False
-        runnable = self.activated & ~self.blocked & idle[:, None]
-        starting = np.flatnonzero(runnable.any(axis=1))
-        if starting.size == 0:
-            return False
-        task = runnable[starting].argmax(axis=1)
+    def _thread(self) -> None:
+        """Where each instruction's successor really is: an instruction that only jumps is passed through."""
+        if getattr(self, "_threaded", None) is not None and len(self._threaded) == len(self.instrs):
+            return
+        target = list(range(len(self.instrs) + 1))
+        for at in range(len(self.instrs)):
+            seen = set()
+            t = at
+            while t in self.jumps and t not in seen:
+                seen.add(t)
+                t = self.jumps[t]()
+            target[at] = t
+        self._threaded = target
+        self._threaded_array = np.array(target, dtype=np.int64)
+
+    def _add(self, at: int, idx: np.ndarray) -> None:
+        """Elements `idx` (sorted) ready to run instruction `at` (joined, in order, when it runs)."""
+        self.pc[idx] = at
+        have = self.groups.get(at)
+        if have is None:
+            self.groups[at] = [idx]
+        else:
+            have.append(idx)
+
+    def _take(self, at: int) -> np.ndarray:
+        """The elements ready at instruction `at`, in order, taken off the ready list."""
+        parts = self.groups.pop(at)
+        if len(parts) == 1:
+            return parts[0]
+        joined = np.concatenate(parts)
+        if all(a[-1] < b[0] for a, b in zip(parts, parts[1:], strict=False)):
+            return joined
+        joined.sort()
+        return joined
+
+    def _add_many(self, idx: np.ndarray) -> None:
+        """Elements `idx` (sorted) ready to run, each at its own instruction (`pc`)."""
+        pcs = self.pc[idx]
+        if (pcs == pcs[0]).all():
+            self._add(int(pcs[0]), idx)
+            return
+        for at in np.unique(pcs):
+            self._add(int(at), idx[pcs == at])
+
+    def _distribute(self, at: int, idx: np.ndarray, following: np.ndarray) -> None:
+        """After instruction `at` ran for `idx`: each element to its next instruction (or set aside to wait, or
+        idle)."""
+        first = following[0]
+        if (following == first).all():
+            values = [first]
+            parts = [idx]
+        else:
+            values = list(np.unique(following))
+            parts = [idx[following == v] for v in values]
+        for value, part in zip(values, parts, strict=True):
+            value = int(value)
+            if value == at and at in self.waits:
+                continue
+            if value < 0:
+                self.pc[part] = -1
+                self._start_tasks(part)
+            else:
+                self._add(self._threaded[value], part)
+
+    def _wake(self, targets: np.ndarray, colour: int) -> None:
+        """Receivers waiting for wavelets on `colour` that now have them go back to run."""
+        waiting = self.park_colour[targets] == colour
+        if not waiting.any():
+            return
+        some = targets[waiting]
+        some = some[self.queue_len[colour][some] >= self.park_need[some]]
+        if some.size:
+            some = np.sort(some)
+            self.park_colour[some] = -1
+            self._add_many(some)
+
+    def _start_tasks(self, idle: np.ndarray) -> None:
+        """Idle elements `idle` start their activated, unblocked task of the lowest id (if any)."""
+        runnable = self.activated[idle] & ~self.blocked[idle]
+        has = runnable.any(axis=1)
+        if not has.any():
+            return
+        starting = idle[has]
+        task = runnable[has].argmax(axis=1)
         for t in np.unique(task):
             if int(t) not in self.tasks:
                 e = int(starting[task == t][0])
@@ -1196,10 +1432,9 @@ class Fabric:
                     f"element ({self.xs[e]}, {self.ys[e]}) activates task {int(t)}, which no task is bound to"
                 )
             chosen = starting[task == t]
-            self.pc[chosen] = self.tasks[int(t)]
             self.activated[chosen, t] = False
             self.clock[chosen] += CYCLES["task_switch"]
-        return True
+            self._add(self._threaded[self.tasks[int(t)]], chosen)
 
     def _deadlock(self) -> FabricError:
         records = sorted(self.waiting.values(), key=lambda b: (not b.why.startswith("cannot send"), b.element))
