@@ -17,8 +17,14 @@ A build of code opens no weights. The report counts the kernels, launches and th
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -84,6 +90,7 @@ def build_cuda(request: BuildRequest) -> LaneBuild:
     ]
     report = plan_report(module)
     report.update(tensor_core.report(module))  # issue 19 (tensor cores): each product's HBM bytes vs the minimum
+    report["ptxas"] = measured_kernels(request, artifacts[0].data.decode(), module)
     if request.with_weights:
         artifacts += weight_images(request, module, identity)
     summary = [
@@ -91,8 +98,130 @@ def build_cuda(request: BuildRequest) -> LaneBuild:
         f"{report['weight_bytes'] / 1e6:.1f} MB of weights read a step (each chip)",
         f"{report['launches_per_layer']} launches a layer; {report['bytes_read'] / 1e6:.1f} MB read a step against"
         f" a minimum of {report['bytes_minimum'] / 1e6:.1f} MB (weights and the full cache, each chip)",
+        ptxas_summary(report["ptxas"]),
     ]
     return LaneBuild(artifacts, report, summary)
+
+
+# -- registers, spills and bytes in flight, from ptxas ------------------------------------------------------------
+
+# ptxas's figures for the kernels as the runtime compiles them (its NVCC_FLAGS: -O3 -fmad=false) for Hopper.
+PTXAS_ARCH = "sm_90"
+PTXAS_FLAGS = ("-O3", "-fmad=false")
+NOT_MEASURED = "nvcc not found: registers not measured"
+SHARED_PER_SM, SHARED_RESERVED_PER_BLOCK = 228 * 1024, 1024  # Hopper: 228 KB of shared memory an SM, 1 KB a block
+SMS = 132  # an H100 / H200 SXM
+_PTXAS_FUNCTION = re.compile(r"Compiling entry function '(\w+)'")
+_PTXAS_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+_PTXAS_USED = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:, (\d+) bytes smem)?")
+_measured: dict[str, dict[str, Any]] = {}  # ptxas's figures by the SHA-256 of a source (its identity line aside)
+
+
+def measured_kernels(request: BuildRequest, source: str, module: ModuleOp) -> dict[str, Any] | str:
+    """The build report's `ptxas`: each kernel's registers and spills as ptxas reports them compiling kernels.cu
+    for sm_90 with the runtime's flags, the blocks an SM holds at them and, for each GEMV, the weight bytes it keeps
+    in flight an SM; or why not (no nvcc on PATH; `ptxas=off` in the request's options, for builds that only need
+    the code, as the runtime's own and the tests')."""
+    setting = request.options.get("ptxas", "on")
+    unknown = sorted(set(request.options) - {"ptxas"})
+    if unknown or setting not in ("on", "off"):
+        raise PassError(f"target cuda takes the option ptxas=on|off only, not {', '.join(unknown) or setting}")
+    if setting == "off":
+        return "not measured (ptxas=off)"
+    resources = kernel_resources(source)
+    if isinstance(resources, str):
+        return resources
+    from logos_ir.passes.cuda.host_plan import plan_of
+
+    return resource_report(resources, plan_of(module))
+
+
+def kernel_resources(source: str) -> dict[str, Any] | str:
+    """ptxas's figures for a kernels.cu (`nvcc -arch=sm_90 -cubin -O3 -fmad=false -Xptxas -v`): the tool's version
+    and, per kernel, registers a thread, spill store and load bytes, barriers and static shared memory bytes; or
+    `NOT_MEASURED` where nvcc is not on PATH."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return NOT_MEASURED
+    key = hashlib.sha256(source.split("\n", 1)[-1].encode()).hexdigest()
+    if key not in _measured:
+        with tempfile.TemporaryDirectory() as folder:
+            cu = Path(folder) / "kernels.cu"
+            cu.write_text(source)
+            command = [nvcc, f"-arch={PTXAS_ARCH}", "-cubin", *PTXAS_FLAGS, "-Xptxas", "-v", "-diag-suppress", "177"]
+            done = subprocess.run(
+                [*command, "-o", str(Path(folder) / "kernels.cubin"), str(cu)], capture_output=True, text=True,
+                timeout=900,
+            )  # fmt: skip
+            version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+        if done.returncode:
+            raise PassError(f"nvcc refused the emitted kernels.cu: {done.stderr[-2000:]}")
+        _measured[key] = {
+            "nvcc": version.strip().splitlines()[-2] if version.strip() else "nvcc",
+            "command": f"nvcc -arch={PTXAS_ARCH} -cubin {' '.join(PTXAS_FLAGS)} -Xptxas -v",
+            "kernels": parse_ptxas(done.stderr + done.stdout),
+        }
+    return json.loads(json.dumps(_measured[key]))  # a copy
+
+
+def parse_ptxas(text: str) -> dict[str, dict[str, int]]:
+    """Each kernel's figures from ptxas's `-v` report."""
+    found: dict[str, dict[str, int]] = {}
+    current = None
+    for line in text.splitlines():
+        if m := _PTXAS_FUNCTION.search(line):
+            current = m.group(1)
+            found[current] = {"registers": 0, "spill_stores": 0, "spill_loads": 0, "barriers": 0, "shared_bytes": 0}
+        elif current and (m := _PTXAS_SPILL.search(line)):
+            found[current]["spill_stores"], found[current]["spill_loads"] = int(m.group(1)), int(m.group(2))
+        elif current and (m := _PTXAS_USED.search(line)):
+            registers, barriers, shared = m.groups()
+            found[current].update(registers=int(registers), barriers=int(barriers or 0), shared_bytes=int(shared or 0))
+    return found
+
+
+def resource_report(resources: dict[str, Any], plan: Any) -> dict[str, Any]:
+    """ptxas's figures per kernel with what follows from them: the blocks an SM holds (registers and shared memory),
+    and for each GEMV the weight bytes in flight an SM, at that occupancy and at the blocks its grid gives each of
+    132 SMs on average (`bytes_in_flight_per_sm_at_grid`: a grid of fewer blocks than the SMs hold leaves them
+    idle; split-K or more blocks is the remedy)."""
+    in_flight = loads_in_flight(plan)
+    grids: dict[str, int] = {}
+    for launch in plan.launches:
+        blocks = launch.grid[0] * launch.grid[1] * launch.grid[2]
+        grids[launch.kernel] = max(grids.get(launch.kernel, 0), blocks)
+    kernels = {}
+    for name, figures in sorted(resources["kernels"].items()):
+        entry = dict(figures)
+        entry["blocks_per_sm"] = occupancy(figures["registers"], shared=figures["shared_bytes"])
+        if name in in_flight:
+            per_sm = in_flight[name] * 128 * entry["blocks_per_sm"]
+            at_grid = round(in_flight[name] * 128 * min(entry["blocks_per_sm"], grids.get(name, 0) / SMS))
+            entry.update(
+                bytes_in_flight_per_thread=in_flight[name], bytes_in_flight_per_sm=per_sm,
+                of_needed=round(per_sm / NEEDED_IN_FLIGHT, 2), grid_blocks=grids.get(name, 0),
+                bytes_in_flight_per_sm_at_grid=at_grid,
+            )  # fmt: skip
+        kernels[name] = entry
+    return {**resources, "kernels": kernels}
+
+
+def ptxas_summary(ptxas: dict[str, Any] | str) -> str:
+    """The build summary's line on registers, spills and bytes in flight."""
+    if isinstance(ptxas, str):
+        return f"registers and spills: {ptxas}"
+    kernels = ptxas["kernels"].values()
+    registers = [k["registers"] for k in kernels]
+    spilled = [name for name, k in ptxas["kernels"].items() if k["spill_stores"] or k["spill_loads"]]
+    flights = [k["bytes_in_flight_per_sm"] for k in kernels if "bytes_in_flight_per_sm" in k]
+    line = f"ptxas ({PTXAS_ARCH}): {min(registers, default=0)}-{max(registers, default=0)} registers a thread, "
+    line += f"spills in {', '.join(spilled)}" if spilled else f"no spill in {len(registers)} kernels"
+    if flights:
+        line += (
+            f"; GEMVs keep {min(flights) / 1024:.0f}-{max(flights) / 1024:.0f} KB of weights in flight an SM at their"
+            f" occupancy ({NEEDED_IN_FLIGHT // 1024} KB needed)"
+        )
+    return line
 
 
 SIZES = {"bf16": 2, "f32": 4, "i64": 8}
@@ -228,11 +357,15 @@ def loads_in_flight(plan: Any) -> dict[str, int]:
     return found
 
 
-def occupancy(registers: int, threads: int = 128) -> int:
-    """Blocks an sm_90 SM holds at `registers` a thread (no shared memory): registers are given a warp 256 at a time."""
-    per_warp = -(-registers * 32 // 256) * 256
+def occupancy(registers: int, threads: int = 128, shared: int = 0) -> int:
+    """Blocks an sm_90 SM holds at `registers` a thread and `shared` bytes of static shared memory a block:
+    registers are given a warp 256 at a time, shared memory a block with 1 KB reserved (CUDA's occupancy rules)."""
+    per_warp = -(-max(registers, 1) * 32 // 256) * 256
     warps = min(REGISTERS_PER_SM // per_warp, MAX_WARPS_PER_SM)
-    return min(warps // (threads // 32), MAX_BLOCKS_PER_SM)
+    blocks = min(warps // (threads // 32), MAX_BLOCKS_PER_SM)
+    if shared:
+        blocks = min(blocks, SHARED_PER_SM // (shared + SHARED_RESERVED_PER_BLOCK))
+    return blocks
 
 
 def weight_images(request: BuildRequest, module: ModuleOp, identity: Identity) -> list[Artifact]:

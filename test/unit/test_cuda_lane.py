@@ -69,7 +69,7 @@ def _build(spec: ModelSpec, cut: str, tp: int = 1, weights: str = "bf16", with_w
     from logos_ir.passes.cuda.build import build_cuda
 
     source = ModelSource("preset", "test", spec)
-    request = BuildRequest(source, Cut.parse(cut), tp, weights, with_weights, Progress.silent())
+    request = BuildRequest(source, Cut.parse(cut), tp, weights, with_weights, Progress.silent(), {"ptxas": "off"})
     return build_cuda(request)
 
 
@@ -96,7 +96,7 @@ def test_the_weight_image_holds_each_chips_bf16_shares() -> None:
 
     spec = ModelSpec.preset("tiny")
     source = ModelSource("preset", "tiny", spec)
-    request = BuildRequest(source, Cut.decode(64), 2, "bf16", True, Progress.silent())
+    request = BuildRequest(source, Cut.decode(64), 2, "bf16", True, Progress.silent(), {"ptxas": "off"})
     images = {a.path: a for a in build_cuda(request).artifacts if a.role == "weights"}
     assert sorted(images) == ["weights.chip0.bin", "weights.chip1.bin"]
     import json

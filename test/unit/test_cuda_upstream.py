@@ -28,9 +28,8 @@ def _step(cut: str, tp: int, weights: str = "bf16") -> str:
     from logos_ir.passes.cuda.build import build_cuda
 
     spec = ModelSpec.preset("smollm2-135m")
-    request = BuildRequest(
-        ModelSource("preset", "smollm2-135m", spec), Cut.parse(cut), tp, weights, False, Progress.silent()
-    )
+    source = ModelSource("preset", "smollm2-135m", spec)
+    request = BuildRequest(source, Cut.parse(cut), tp, weights, False, Progress.silent(), {"ptxas": "off"})
     return next(a for a in build_cuda(request).artifacts if a.path == "step.mlir").data.decode()
 
 
