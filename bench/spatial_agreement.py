@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import sys
 import time
 from dataclasses import replace
 from typing import Any
@@ -36,6 +38,8 @@ from logos_ir.tokenizer import Tokenizer
 from logos_ir.weights import RandomWeights, WeightStore, open_model
 
 PROMPT = "The capital of France is"
+GRID_LIMIT = 72  # the largest grid simulated for the extrapolation (5,184 elements)
+GRIDS = 5  # how many grids the fit uses
 CLOCK_HZ = 1.1e9  # docs/spatial.md, "Cycles"
 WAFERLLM_TOKENS_PER_S = 2700  # WaferLLM (OSDI 2025), Llama-3-8B decode on a WSE-2, as issue 17 cites it
 
@@ -56,9 +60,12 @@ def tokens(image: str, new: int) -> dict[str, Any]:
     sequence, out = list(prompt), []
     for position in range(1, len(prompt) + new):
         token = sequence[position - 1] if position <= len(prompt) else out[-1]
+        before = time.perf_counter()
         predicted = machine.step(token + 1, position) - 1
         if position >= len(prompt):
             out.append(predicted)
+        _progress(position, predicted, None, time.perf_counter() - before, machine.cycles[-1])
+    steps = len(prompt) + new - 1
     return {
         "image": image,
         "prompt_tokens": len(prompt),
@@ -68,8 +75,16 @@ def tokens(image: str, new: int) -> dict[str, Any]:
         "reference": expected,
         "grid": lowered.plan.p,
         "cycles_per_step": machine.cycles,
+        "steps": steps,
         "seconds": round(time.perf_counter() - started, 1),
+        "seconds_per_step": round((time.perf_counter() - started) / steps, 2),
     }
+
+
+def _progress(position: int, got: int, expected: int | None, seconds: float, cycles: float) -> None:
+    """One line a step on stderr (a long run's log shows how far it is and how fast it goes)."""
+    mark = "" if expected is None else (" agree" if got == expected else f" differs (reference {expected})")
+    print(f"step {position}: token {got}{mark}, {seconds:.2f} s, {cycles:.0f} cycles", file=sys.stderr, flush=True)
 
 
 def agreement(steps: int) -> dict[str, Any]:
@@ -85,35 +100,63 @@ def agreement(steps: int) -> dict[str, Any]:
     machine.reset()
     agree = positions = 0
     started = time.perf_counter()
+    simulated = 0.0
+    disagreements = []
     for position, token in enumerate(sequence[:-1], start=1):
         run = {names["token"]: np.array([token + 1]), names["position"]: np.array([position])}
         expected = int(reference.run(**run)[0])
+        before = time.perf_counter()
         got = machine.step(token + 1, position)
+        simulated += time.perf_counter() - before
         if position >= len(prompt):
             agree += got == expected
             positions += 1
+            if got != expected:
+                disagreements.append({"position": position, "spatial": got - 1, "reference": expected - 1})
+        _progress(position, got - 1, expected - 1, time.perf_counter() - before, machine.cycles[-1])
+    steps = len(sequence) - 1
     return {"agree": agree, "positions": positions, "share": agree / positions, "grid": lowered.plan.p,
-            "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
+            "ctx": ctx, "steps_simulated": steps, "disagreements": disagreements,
+            "seconds": round(time.perf_counter() - started, 1),
+            "simulator_seconds_per_step": round(simulated / steps, 2)}  # fmt: skip
 
 
 def scaled(spec: ModelSpec, plan: g.GridPlan, p: int) -> ModelSpec | None:
-    """A model whose P x P grid holds exactly the tiles `plan`'s elements hold (None if no such model at p)."""
-    hc, fc = plan.chunk(plan.hidden), plan.chunk(plan.features, even=True)
-    head_dim = fc * p / spec.heads
+    """A model whose P x P grid holds exactly the tiles `plan`'s elements hold (None if no such model at p): the same
+    chunk of every vector (hidden, intermediate, vocabulary, the cached KV features and so the queries), the same
+    heads and KV heads (so the same softmax window), with the cached KV features a whole number of even heads."""
+    hc, kc = plan.chunk(plan.hidden), plan.kv_chunk
+    head_dim = kc * p / (spec.kv_heads * plan.kv_copies)
     if head_dim != int(head_dim) or int(head_dim) % 2:
         return None
-    return replace(
+    model = replace(
         spec,
         hidden=hc * p,
         head_dim=int(head_dim),
         intermediate=plan.chunk(plan.intermediate) * p,
         vocab=plan.chunk(plan.vocab) * p,
     )
+    small = plan_like(model, plan, p)
+    same = (small.kv_chunk, small.query_chunk, window(small)) == (plan.kv_chunk, plan.query_chunk, window(plan))
+    return model if same else None
 
 
-def step_cycles(spec: ModelSpec, ctx: int, image: str, p: int, layers: int) -> float:
+def plan_like(spec: ModelSpec, plan: g.GridPlan, p: int) -> g.GridPlan:
+    from logos_ir.passes.spatial.convert_logos_to_csl import plan_for
+
+    return plan_for(spec, plan.slots * p, plan.image, p, plan.kv_copies)
+
+
+def window(plan: g.GridPlan) -> int:
+    """The heads whose queries an element holds (its softmax's window), as the lowering works it out."""
+    c = plan.kv_chunk
+    touched = 1 if plan.head_dim % c == 0 else -(-c // plan.head_dim) + 1
+    return min(plan.heads, plan.group * touched)
+
+
+def step_cycles(spec: ModelSpec, ctx: int, image: str, p: int, layers: int, copies: int) -> float:
     model = replace(spec, layers=layers)
-    lowered = lower_decode(model, ctx, image, p)
+    lowered = lower_decode(model, ctx, image, p, memory=1 << 30, copies=copies)
     machine = GridMachine(lowered.module, lowered.host, RandomWeights(model, seed=1))
     machine.reset()
     machine.step(5, ctx)  # the last position: a full cache
@@ -130,18 +173,31 @@ def extrapolated(spec: ModelSpec, plan: g.GridPlan, image: str) -> dict[str, Any
     """Cycles per token at plan.p from layers simulated in full on smaller grids of the same tiles: a layer's cycles
     fitted as a + b x, x = line_steps(P) (its local work does not depend on P; its reductions take the line's
     steps), the embedding's and head's likewise."""
-    candidates = [p for p in range(4, 65) if scaled(spec, plan, p) is not None][:5]
+    candidates = [p for p in range(4, GRID_LIMIT + 1) if scaled(spec, plan, p) is not None]
+    if len(candidates) > GRIDS:  # spread over the range: the fit's slope is read from the widest span
+        candidates = [candidates[round(i * (len(candidates) - 1) / (GRIDS - 1))] for i in range(GRIDS)]
+    if len(candidates) < 2:
+        return {"extrapolated": None, "why": "no two grids up to GRID_LIMIT hold exactly the tiles this grid's hold"}
     rows = []
     for p in candidates:
         model = scaled(spec, plan, p)
         assert model is not None
         ctx = plan.slots * p
-        one, two = step_cycles(model, ctx, image, p, 1), step_cycles(model, ctx, image, p, 2)
+        one = step_cycles(model, ctx, image, p, 1, plan.kv_copies)
+        two = step_cycles(model, ctx, image, p, 2, plan.kv_copies)
         rows.append((p, two - one, one - (two - one)))  # (P, a layer, the embedding and head)
     xs = np.array([line_steps(r[0]) for r in rows], dtype=float)
     layer_fit = np.polyfit(xs, [r[1] for r in rows], 1)
     ends_fit = np.polyfit(xs, [r[2] for r in rows], 1)
     residual = float(np.max(np.abs(np.polyval(layer_fit, xs) - [r[1] for r in rows])))
+    # the fit's error where it matters: each grid left out in turn, the fit of the others evaluated at the large P
+    x_big = line_steps(plan.p)
+    spread = []
+    for i in range(len(rows)):
+        keep = [j for j in range(len(rows)) if j != i]
+        if len(keep) >= 2:
+            fit = np.polyfit(xs[keep], [rows[j][1] for j in keep], 1)
+            spread.append(float(np.polyval(fit, x_big)))
     x = line_steps(plan.p)
     layer = float(np.polyval(layer_fit, x))
     ends = float(np.polyval(ends_fit, x))
@@ -153,6 +209,7 @@ def extrapolated(spec: ModelSpec, plan: g.GridPlan, image: str) -> dict[str, Any
         "line_steps": x,
         "layer_fit": [float(v) for v in layer_fit],
         "fit_max_error_cycles": residual,
+        "layer_cycles_leave_one_out": [round(v) for v in spread],
         "layer_cycles": round(layer),
         "cycles_per_token": round(total),
         "tokens_per_s": round(CLOCK_HZ / total, 1),
@@ -166,6 +223,7 @@ def placement(name: str | None, ctx: int, image: str = "f16") -> dict[str, Any]:
     spec = ModelSource.resolve(name).spec
     lowered = lower_decode(spec, ctx, image)
     plan = lowered.plan
+    started = time.perf_counter()
     shares = {n: round(working_share(w, plan.p), 4) for n, w in plan.weights.items() if w.kind == "matrix"}
     report = {
         "model": name or "smollm2-135m (embedded)",
@@ -175,10 +233,24 @@ def placement(name: str | None, ctx: int, image: str = "f16") -> dict[str, Any]:
         "elements": plan.p * plan.p,
         "share_of_wse2": round(plan.p * plan.p / (757 * 996), 4),
         "working_share_per_layer": min(shares.values()),
+        "working_share_by_projection": shares,
+        "working_share_weighted_by_parameters": round(weighted_share(spec, shares), 4),
+        "kv_copies": plan.kv_copies,
+        "kv_slots_per_element": plan.slots,
         "memory_per_element": element_bytes(lowered),
     }
     report.update(extrapolated(spec, plan, image))
+    report["seconds"] = round(time.perf_counter() - started, 1)
     return report
+
+
+def weighted_share(spec: ModelSpec, shares: dict[str, float]) -> float:
+    """The projections' working shares weighted by their parameters (a layer's multiply-accumulates)."""
+    features, kv = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
+    sizes = {"query_weight": features, "key_weight": kv, "value_weight": kv, "output_weight": features,
+             "gate_weight": spec.intermediate, "up_weight": spec.intermediate, "down_weight": spec.intermediate}  # fmt: skip
+    total = sum(sizes[n] for n in shares if n in sizes)
+    return sum(shares[n] * sizes[n] for n in shares if n in sizes) / total
 
 
 def main() -> None:
@@ -187,6 +259,7 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=16)
     parser.add_argument("--image", default="f32")
     parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--only", action="append", choices=["smollm2", "8b-2048", "8b-8192"], help="placement: one build")
     args = parser.parse_args()
     started = time.perf_counter()
     if args.what == "tokens":
@@ -194,9 +267,11 @@ def main() -> None:
     elif args.what == "agreement":
         result = agreement(args.steps)
     else:
-        result = [placement(None, 2048), placement("llama-3.1-8b", 2048)]  # SmolLM2 at 8192: as at 2048, P = 288
+        which = {"smollm2": (None, 2048), "8b-2048": ("llama-3.1-8b", 2048), "8b-8192": ("llama-3.1-8b", 8192)}
+        result = [placement(*which[w]) for w in (args.only or list(which))]
         result.append({"waferllm_tokens_per_s": WAFERLLM_TOKENS_PER_S})
-    print(json.dumps({"machine": platform.processor() or platform.machine(), "result": result,
+    print(json.dumps({"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+                      "load_average_at_end": [round(v, 2) for v in os.getloadavg()], "result": result,
                       "seconds": round(time.perf_counter() - started, 1)}, indent=1))  # fmt: skip
 
 
