@@ -381,35 +381,6 @@ class ArgmaxOp(KernelOp):
 # -- the thread level: what xDSL's gpu lacks ---------------------------------------------------------------------
 
 
-@irdl_op_definition
-class ShuffleXorOp(IRDLOperation):
-    """The value of lane (this lane xor `offset`) of the same warp, every lane taking part (CUDA's
-    `__shfl_xor_sync(0xffffffff, value, offset)`): the step of a butterfly reduction.
-
-    `%other = cuda.shuffle_xor %partial, 16 : f32`
-    """
-
-    name = "cuda.shuffle_xor"
-
-    T: ClassVar = VarConstraint("T", base(Float32Type) | base(IndexType) | base(IntegerType))
-
-    value = operand_def(T)
-    offset = prop_def(IntegerAttr[I64])
-    result = result_def(T)
-
-    assembly_format = "$value `,` $offset attr-dict `:` type($value)"
-
-    def __init__(self, value, offset: int):
-        super().__init__(operands=[value], properties={"offset": IntegerAttr(offset, 64)}, result_types=[value.type])
-
-    def verify_(self) -> None:
-        offset = self.offset.value.data
-        if offset < 1 or offset >= WARP or offset & (offset - 1):
-            raise _fail(self, f"shuffles by a power of two below {WARP}, not {offset}")
-        if self.result.type != self.value.type:
-            raise _fail(self, "result type differs from the value's")
-
-
 class ShuffleMode(StrEnum):
     XOR = "xor"
     UP = "up"
@@ -515,7 +486,6 @@ CUDA = Dialect(
         AttentionOp,
         AddOp,
         ArgmaxOp,
-        ShuffleXorOp,
         GpuShuffleOp,
         FenceOp,
         WarpSyncOp,

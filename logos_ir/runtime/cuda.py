@@ -457,21 +457,6 @@ def _vector_extract(em: KernelEmulator, op: Any) -> Step:
     return _unary(lambda v: v[..., position])(em, op)
 
 
-def _shuffle_xor(em: KernelEmulator, op: Any) -> Step:
-    value, out = em._slot(op.value), em._slot(op.result)
-    offset = op.offset.value.data
-
-    def step(env: Env, mask: Mask) -> None:
-        assert em.launch is not None
-        data = env[value]
-        if not isinstance(data, np.ndarray) or data.shape != (em.launch.threads,):
-            env[out] = data  # the same on every lane
-            return
-        env[out] = data[em.launch.partner(offset)]
-
-    return step
-
-
 def _gpu_shuffle(em: KernelEmulator, op: Any) -> Step:
     """`gpu.shuffle xor` over a whole warp: a permutation of the threads' axis within groups of 32 (all valid)."""
     if op.mode.data.value != "xor":
@@ -634,7 +619,6 @@ _COMPILERS: dict[str, Callable[[KernelEmulator, Any], Step]] = {
     "memref.store": _store,
     "vector.load": _vector_load,
     "vector.extract": _vector_extract,
-    "cuda.shuffle_xor": _shuffle_xor,
     "gpu.shuffle": _gpu_shuffle,
     "gpu.thread_id": _thread_id,
     "gpu.block_id": _block_id,

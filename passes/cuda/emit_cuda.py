@@ -280,10 +280,6 @@ class KernelPrinter:
         self.assign(op.results[0], f"__shfl_xor_sync(0xffffffffu, {value}, {offset}, {width})")
         self.assign(op.results[1], "true")
 
-    def op_cuda_shuffle_xor(self, op: Operation) -> None:
-        offset = op.offset.value.data  # type: ignore[attr-defined]
-        self.assign(op.results[0], f"__shfl_xor_sync(0xffffffffu, {self.name(op.operands[0])}, {offset})")
-
     def op_scf_for(self, op: Operation) -> None:
         lb, ub, step, *inits = op.operands
         body = op.regions[0].block

@@ -454,7 +454,7 @@ def _flash_attention(b: Any, args: list[SSAValue], shapes: list[tuple[int, ...]]
             for value in mine[1:]:
                 high = b.fmax(high, value)
             for offset in (1, 2):  # the quad's 4 lanes hold the row
-                high = b.fmax(high, b.op(cuda.ShuffleXorOp(high, offset)))
+                high = b.fmax(high, b.shuffle(high, offset))
             high = b.fmax(m[half], high)
             new_m.append(high)
             fades.append(b.exp(b.fsub(m[half], high)))
@@ -484,7 +484,7 @@ def _flash_attention(b: Any, args: list[SSAValue], shapes: list[tuple[int, ...]]
     totals, o = state[2:4], state[4:]
     for half in range(2):
         for offset in (1, 2):
-            totals[half] = b.fadd(totals[half], b.op(cuda.ShuffleXorOp(totals[half], offset)))
+            totals[half] = b.fadd(totals[half], b.shuffle(totals[half], offset))
     for n in range(o_tiles):
         column = b.add(column0, n * MMA_N) if n else column0
         for register in range(4):

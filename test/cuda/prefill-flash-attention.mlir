@@ -49,8 +49,10 @@ builtin.module attributes {cuda.identity = "test", cuda.weights = "bf16"} {
 // CHECK-NEXT:    [[K0:%.*]], [[K1:%.*]], [[K2:%.*]], [[K3:%.*]] = cuda.ldmatrix %key_tile
 // CHECK-NEXT:    cuda.mma_sync([[Q0]], [[Q1]], [[Q2]], [[Q3]]), ([[K0]], [[K1]]),
 // CHECK-NEXT:    cuda.mma_sync([[Q0]], [[Q1]], [[Q2]], [[Q3]]), ([[K2]], [[K3]]),
-// CHECK:         cuda.shuffle_xor {{%.*}}, 1 : f32
-// CHECK:         cuda.shuffle_xor {{%.*}}, 2 : f32
+// CHECK:         [[ONE:%.*]] = arith.constant 1 : i32
+// CHECK:         "gpu.shuffle"({{%.*}}, [[ONE]], {{%.*}}) <{mode = #gpu<shuffle_mode xor>}> : (f32, i32, i32) -> (f32, i1)
+// CHECK:         [[TWO:%.*]] = arith.constant 2 : i32
+// CHECK:         "gpu.shuffle"({{%.*}}, [[TWO]], {{%.*}}) <{mode = #gpu<shuffle_mode xor>}> : (f32, i32, i32) -> (f32, i1)
 // CHECK:         math.exp
 // CHECK:         [[P0:%.*]] = cuda.pack_bf16x2
 // CHECK-NEXT:    [[P1:%.*]] = cuda.pack_bf16x2

@@ -26,19 +26,8 @@ cuda.gate_up ins(%x, %w : memref<1x64xf32>, memref<128x64xbf16>) outs(%o : memre
 %c = cuda.buffer "c" kind "scratch" : memref<1x2xi64>
 cuda.attention ins(%q, %k, %k, %p : memref<1x64xf32>, memref<2x64x16xf32>, memref<2x64x16xf32>, memref<1xi64>) outs(%o, %s, %c : memref<1x64xf32>, memref<1x4x1x18xf32>, memref<1x2xi64>) {split = 32 : i64}
 // -----
-// CHECK: 'cuda.shuffle_xor' op shuffles by a power of two below 32, not 3
-%c = arith.constant 1.0 : f32
-%s = cuda.shuffle_xor %c, 3 : f32
-// -----
-// CHECK: 'cuda.vector_load' op loads a power of two of elements up to 16 bytes, not 8 of 4 bytes
-%w = cuda.buffer "w" kind "weight" : memref<64x64xf32>
-%i = arith.constant 0 : index
-%a, %b, %c, %d, %e, %f, %g, %h = cuda.vector_load %w[%i, %i] : memref<64x64xf32> -> f32, f32, f32, f32, f32, f32, f32, f32
-// -----
-// CHECK: 'cuda.vector_load' op rows of 6 are not whole vectors of 4
-%w = cuda.buffer "w" kind "weight" : memref<64x6xf32>
-%i = arith.constant 0 : index
-%a, %b, %c, %d = cuda.vector_load %w[%i, %i] : memref<64x6xf32> -> f32, f32, f32, f32
+// CHECK: 'llvm.fence' op orders as acquire (4), release (5), acq_rel (6) or seq_cst (7), not 2
+"llvm.fence"() <{ordering = 2 : i64, syncscope = "device"}> : () -> ()
 // -----
 // CHECK: 'gpu.shuffle' op takes its offset as i32, not i64
 %v = arith.constant 1.0 : f32
