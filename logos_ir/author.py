@@ -24,7 +24,7 @@ from logos_ir.errors import CutError, NotYet, SpecError
 from logos_ir.printer import print_program
 from logos_ir.program import Cut, Identity
 from logos_ir.spec import ModelSpec
-from logos_ir.tensor_parallel import weight_split
+from logos_ir.tensor_parallel import HEAD_SPLIT, head_refusal, weight_split
 
 NOT_YET_SPLIT = "a cut other than a decode step, a batch or a layer of either, split over chips"
 
@@ -129,6 +129,9 @@ def _check_split(spec: ModelSpec, cut: Cut, tp: int) -> None:
         raise SpecError(
             f"the model does not split over {tp} chips: {width} ({getattr(spec, width)}) is not a multiple of {tp}"
         )
+    refusal = head_refusal(spec.vocab, tp) if cut.kind.partition("_")[2] in ("", "head") else None
+    if refusal is not None:
+        raise SpecError(f"the model does not split over {tp} chips: {refusal}")
 
 
 def _check_layer(spec: ModelSpec, layer: int) -> None:
@@ -267,10 +270,12 @@ class _Plan:
             x = section.row("last", x, self.rows)
         norm = self._weight(section, "final_norm", FINAL_NORM, (spec.hidden,))
         normed = section.rms_norm("normed", x, norm)
-        table = self._weight(
-            section, "head_table", EMBEDDING if spec.tie_embeddings else LM_HEAD, (spec.vocab, spec.hidden)
-        )
-        logits = section.linear("logits", table, normed)
+        tensor = EMBEDDING if spec.tie_embeddings else LM_HEAD
+        split = HEAD_SPLIT if self.split else None  # each chip the logits of its vocabulary rows, then gathered
+        table = section.weight("head_table", tensor, (spec.vocab, spec.hidden), split)
+        logits = section.linear(_part("logits", self.split), table, normed)
+        if self.split:
+            logits = section.all_gather("logits", logits)
         if self.returns_logits:
             return section.ret(logits)
         return section.ret(section.argmax("next", logits))

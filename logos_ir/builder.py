@@ -12,20 +12,25 @@ from functools import lru_cache
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import (
+    BytesAttr,
+    DenseArrayBase,
     FlatSymbolRefAttr,
     FloatAttr,
+    IndexType,
     IntegerAttr,
     MemRefType,
     StringAttr,
     TensorType,
     f32,
     f64,
+    i16,
     i64,
 )
 from xdsl.dialects.shard import AllReduceOp, GridOp
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 
 from logos_ir.dialects import logos
+from logos_ir.dialects.shard_ext import AllGatherOp
 from logos_ir.spec import ModelSpec
 
 GRID = "chips"
@@ -71,6 +76,12 @@ def real(value: float) -> FloatAttr:
 @lru_cache(maxsize=1)
 def grid_ref() -> FlatSymbolRefAttr:
     return FlatSymbolRefAttr(GRID)
+
+
+@lru_cache(maxsize=1)
+def grid_axes() -> Attribute:
+    """The chips' grid's one axis, 0, as upstream's `grid_axes` (empty axes would mean each device alone)."""
+    return DenseArrayBase(i16, BytesAttr(i16.pack([0])))
 
 
 def _shape(value: SSAValue) -> tuple[int, ...]:
@@ -221,6 +232,22 @@ class SectionBuilder:
 
     def all_reduce(self, name: str, x: SSAValue) -> SSAValue:
         op = AllReduceOp.create(operands=[x], properties={"grid": grid_ref()}, result_types=[x.type])
+        return self._let(op, name)
+
+    def all_gather(self, name: str, x: SSAValue) -> SSAValue:
+        """The chips' shares of `x` side by side along its last axis, in chip order, on every chip (a split head's
+        logits): upstream's `shard.all_gather` over the grid's one axis."""
+        shape = _shape(x)
+        whole = (*shape[:-1], shape[-1] * self.chips)
+        op = AllGatherOp.create(
+            operands=[x],
+            properties={
+                "grid": grid_ref(),
+                "grid_axes": grid_axes(),
+                "gather_axis": IntegerAttr(len(shape) - 1, IndexType()),
+            },
+            result_types=[f32_tensor(whole)],
+        )
         return self._let(op, name)
 
     def call(self, name: str, callee: str, args: Sequence[SSAValue], result_type: Attribute) -> SSAValue:

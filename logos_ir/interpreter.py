@@ -13,7 +13,9 @@ An `Interpreter` compiles a `logos.program` once into a flat plan, then runs it 
 A program split over chips (a `shard.grid @chips`) runs as that many chips, each with its own registers, its
 own share of every split weight and its own share of every cache. They execute in lockstep, segment by
 segment, and meet only at `shard.all_reduce`, which sums the chips' partial results (in chip order) and hands
-each chip a copy: no chip ever reads another chip's share but through the all-reduce.
+each chip a copy, and at `shard.all_gather` (the split head's logits), which puts the chips' shares side by side
+along the gather axis in chip order and hands each chip a copy: no chip ever reads another chip's share but
+through a collective.
 
 Token ids and positions are counted from 1, as in LOGOS; `run` returns what `@main` returns (token ids from 1,
 logits, or a hidden state).
@@ -32,6 +34,7 @@ from xdsl.dialects.shard import AllReduceOp, GridOp, ReductionKind
 from xdsl.ir import Operation, SSAValue
 
 from logos_ir.dialects import logos
+from logos_ir.dialects.shard_ext import AllGatherOp
 from logos_ir.errors import LogosError, WeightError
 from logos_ir.spec import RopeScaling
 from logos_ir.weights import WeightStore
@@ -396,6 +399,7 @@ class _Node:
     out: int | None
     section: str
     reduce: bool = False  # a shard.all_reduce: a lockstep barrier between chips
+    gather: int | None = None  # a shard.all_gather's axis: a lockstep barrier between chips
     nbytes: int = 0
 
 
@@ -460,6 +464,7 @@ class _ChipCompiler:
             logos.RowOp: self._row,
             logos.ArgmaxOp: self._argmax,
             AllReduceOp: self._all_reduce,
+            AllGatherOp: self._all_gather,
             func.CallOp: self._call,
         }
 
@@ -655,6 +660,10 @@ class _ChipCompiler:
         nbytes = math.prod(logos.tensor_shape(op.input)) * 4
         env[op.result] = self._emit(_copy, [x], section, reduce=True, nbytes=nbytes)
 
+    def _all_gather(self, op: AllGatherOp, env: dict[SSAValue, _Ref], section: str) -> None:
+        x = self._value(env[op.input], section, "the input")
+        env[op.result] = self._emit(_copy, [x], section, gather=op.gather_axis.value.data)
+
 
 # -- slots ---------------------------------------------------------------------------------------------------
 
@@ -694,6 +703,7 @@ class _Segment:
 
     steps: list[list[Step]]
     reduce: tuple[int, int] | None = None  # (in slot, out slot)
+    gather: int | None = None  # the axis `reduce`'s slots are gathered along, when the collective is an all-gather
 
 
 @dataclass
@@ -813,8 +823,9 @@ class Interpreter:
         segments = [_Segment([[] for _ in compilers])]
         for index, node in enumerate(compilers[0].nodes):
             ins = [slot[v] for v in node.ins]
-            if node.reduce and self.chips > 1:
+            if (node.reduce or node.gather is not None) and self.chips > 1:
                 segments[-1].reduce = (ins[0], slot[node.out])  # type: ignore[index]
+                segments[-1].gather = node.gather
                 segments.append(_Segment([[] for _ in compilers]))
                 continue
             for chip, compiler in enumerate(compilers):
@@ -856,6 +867,11 @@ class Interpreter:
                     step(regs)
             if segment.reduce is not None:
                 source, target = segment.reduce
+                if segment.gather is not None:  # the chips' shares side by side, in chip order
+                    total = np.concatenate([regs[source] for regs in registers], axis=segment.gather)
+                    for chip, regs in enumerate(registers):
+                        regs[target] = total if chip == 0 else total.copy()
+                    continue
                 total = registers[0][source].copy()
                 for regs in registers[1:]:
                     total += regs[source]

@@ -529,6 +529,10 @@ _EXPRESSIONS: dict[str, tuple[re.Pattern[str], str]] = {
     "SiLU": (re.compile(r"the SiLU of (\S+)"), "the SiLU of gate"),
     "arg-max": (re.compile(r"the arg-max of (\S+)"), "the arg-max of logits"),
     "sum": (re.compile(r"the sum over the chips of (\S+)"), "the sum over the chips of projected_part"),
+    "concatenation": (
+        re.compile(r"the concatenation over the chips of (\S+)"),
+        "the concatenation over the chips of logits_part",
+    ),
     "layer": (re.compile(r"layer (\S+) of (\S+) at (\S+)"), "layer 0 of x0 at position"),
     "row": (re.compile(r"row (\S+) of (\S+)"), "row 4 of x"),
     "applied": (re.compile(r"(\S+) applied to (\S+)"), "query_weight applied to normed"),
@@ -755,6 +759,15 @@ class _Scope:
                 "add the fact 'The program runs on N chips.'",
             )
         return self.build.all_reduce(name, self._tensor(m[1], m.start(1)))
+
+    def _concatenation(self, name: str, m: re.Match[str]) -> SSAValue:
+        if self.reader.chips is None:
+            raise self._here(
+                0,
+                "a concatenation over the chips, but the program runs on no chips",
+                "add the fact 'The program runs on N chips.'",
+            )
+        return self.build.all_gather(name, self._tensor(m[1], m.start(1)))
 
     def _row(self, name: str, m: re.Match[str]) -> SSAValue:
         return self.build.row(name, self._tensor(m[2], m.start(2)), self._int(m[1], m.start(1)))

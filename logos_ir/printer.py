@@ -15,6 +15,7 @@ from xdsl.dialects.shard import AllReduceOp, GridOp
 from xdsl.ir import Operation, SSAValue
 
 from logos_ir.dialects import logos
+from logos_ir.dialects.shard_ext import AllGatherOp
 from logos_ir.errors import PassError
 from logos_ir.program import Cut
 from logos_ir.spec import ModelSpec
@@ -209,4 +210,5 @@ _SENTENCES: dict[type[Operation], Callable[..., str]] = {
     logos.RowOp: lambda op, n: _let(op, n, f"row {op.index.value.data} of {n(op.input)}"),
     logos.ArgmaxOp: lambda op, n: _let(op, n, f"the arg-max of {n(op.input)}"),
     AllReduceOp: lambda op, n: _let(op, n, f"the sum over the chips of {n(op.input)}"),
+    AllGatherOp: lambda op, n: _let(op, n, f"the concatenation over the chips of {n(op.input)}"),
 }

@@ -2,8 +2,11 @@
 
 Column-parallel projections (split by the output rows of the [out, in] weight) feed the attention and the SwiGLU
 product, so each chip owns whole attention heads, whole KV heads and a slice of the intermediate dimension;
-row-parallel projections (split by input columns) produce partial sums that an all-reduce adds up. Norms, the
-embedding and the head are replicated.
+row-parallel projections (split by input columns) produce partial sums that an all-reduce adds up. Norms and the
+embedding are replicated. The head's table (`lm_head.weight`, or the embedding's table when the two are tied) is
+split by vocabulary rows (`HEAD_SPLIT`, Megatron-LM's and vLLM's `ParallelLMHead`): each chip computes the logits
+of its rows and an all-gather puts the whole row of logits on every chip, where the arg-max (or the sampler)
+reads it. A vocabulary that is not a multiple of the chips is refused (`head_refusal`), not padded.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ SPLIT_OF_ROLE = {
     "mlp.down_proj": "columns",
 }
 
+HEAD_SPLIT = "rows"  # the head's [vocab, hidden] table: each chip holds vocab / chips rows, in chip order
+
 _LAYER_WEIGHT = re.compile(r"model\.layers\.(?:0|[1-9][0-9]*)\.(?P<role>[a-z_]+\.[a-z_]+)\.weight")
 
 
@@ -27,3 +32,13 @@ def weight_split(tensor: str) -> str | None:
     """How the weight named `tensor` splits over chips: `rows`, `columns`, or None (every chip holds all of it)."""
     match = _LAYER_WEIGHT.fullmatch(tensor)
     return None if match is None else SPLIT_OF_ROLE.get(match["role"])
+
+
+def head_refusal(vocab: int, tp: int) -> str | None:
+    """None when the head's vocabulary divides over `tp` chips, else why the split head cannot be built."""
+    if vocab % tp:
+        return (
+            f"its vocabulary ({vocab}) is not a multiple of {tp}: the head is split by vocabulary rows over the "
+            "chips, and a split that would need padded rows is refused"
+        )
+    return None

@@ -11,8 +11,12 @@ Guarantees: the program computes the same tokens on `tp` chips. In each layer se
 weights are split by rows and the o_proj/down_proj weights by columns over `@chips` (each chip holds its
 share, which the result types state), the KV caches by heads; every shape that follows from a split is
 propagated to its users; each o_proj and down_proj linear result becomes a partial sum `<name>_part`, followed
-by a `shard.all_reduce` that takes the old name and all of its uses. The program body starts with a chip grid,
-`shard.grid @chips` of shape [tp]; the embedding and the head stay replicated, and the program is restamped:
+by a `shard.all_reduce` that takes the old name and all of its uses. In the head section the table (`lm_head`, or
+the embedding's table when tied) is split by vocabulary rows: its linear makes this chip's logits `<name>_part`,
+followed by a `shard.all_gather` over the chips' axis (gather_axis: the logits' last) that takes the old name and
+all of its uses, so the arg-max reads the whole row of logits on every chip; a vocabulary that is not a multiple of
+`tp` is refused. The program body starts with a chip grid, `shard.grid @chips` of shape [tp]; the embedding and
+the norms stay replicated, and the program is restamped:
 its LOGOS print is byte for byte the text the author writes for the same cut split over `tp` chips
 (`written_split`), and its identity is `Identity.of_split(cut, tp, text)`. Everything is checked before
 anything is changed: a refusal (a PassError naming the pass and the program or op) leaves the IR as it was.
@@ -29,19 +33,20 @@ from dataclasses import dataclass, field
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import MemRefType, ModuleOp, TensorType
+from xdsl.dialects.builtin import IndexType, IntegerAttr, MemRefType, ModuleOp, TensorType
 from xdsl.dialects.shard import AllReduceOp, GridOp
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
 from logos_ir import builder, identity
-from logos_ir.author import NOT_YET_SPLIT
+from logos_ir.author import EMBEDDING, LM_HEAD, NOT_YET_SPLIT
 from logos_ir.dialects import logos
+from logos_ir.dialects.shard_ext import AllGatherOp
 from logos_ir.errors import CutError, LogosError, PassError
 from logos_ir.program import Cut
 from logos_ir.spec import ModelSpec
-from logos_ir.tensor_parallel import weight_split
+from logos_ir.tensor_parallel import HEAD_SPLIT, head_refusal, weight_split
 
 PASS = "tp-split"
 
@@ -71,6 +76,7 @@ class _Plan:
     shares: list[tuple[logos.WeightOp | logos.CacheOp, str, tuple[int, ...]]] = field(default_factory=list)
     retyped: list[tuple[Operation, Attribute]] = field(default_factory=list)  # math ops now making shares
     reduced: list[logos.LinearOp] = field(default_factory=list)  # partial sums to all-reduce
+    gathered: list[logos.LinearOp] = field(default_factory=list)  # the head's logits shares to all-gather
 
 
 def _where(program: logos.ProgramOp) -> str:
@@ -109,6 +115,9 @@ def _plan(program: logos.ProgramOp, tp: int) -> _Plan:
             f"{PASS}: {where}: the model does not split over {tp} chips: "
             f"{width} ({getattr(spec, width)}) is not a multiple of {tp}"
         )
+    refusal = head_refusal(spec.vocab, tp) if cut.kind.partition("_")[2] in ("", "head") else None
+    if refusal is not None:
+        raise PassError(f"{PASS}: {where}: the model does not split over {tp} chips: {refusal}")
     try:
         from logos_ir.printer import print_program
 
@@ -150,6 +159,8 @@ def _plan_function(plan: _Plan, spec: ModelSpec, function: func.FuncOp) -> None:
     tp = plan.tp
     shares: dict[SSAValue, tuple[int, ...]] = {}
     columns: set[SSAValue] = set()  # column-split weights: their linears make partial sums
+    head_tables: set[SSAValue] = set()  # the head's table split by vocabulary rows: its logits are gathered
+    head = function.sym_name.data == "head"
     names = {v.name_hint for v in _values(function) if v.name_hint is not None}
 
     def refuse(op: Operation, message: str) -> PassError:
@@ -167,9 +178,12 @@ def _plan_function(plan: _Plan, spec: ModelSpec, function: func.FuncOp) -> None:
     for op in function.body.block.ops:
         if isinstance(op, logos.WeightOp):
             split = weight_split(op.tensor.data)
+            full = op.full_shape
+            if head and op.tensor.data in (LM_HEAD, EMBEDDING) and len(full) == 2:
+                split = HEAD_SPLIT
+                head_tables.add(op.result)
             if split is None:
                 continue
-            full = op.full_shape
             axis = 0 if split == "rows" else len(full) - 1
             if len(full) != 2 or full[axis] % tp:
                 what = f"of '{op.tensor.data}' {list(full)}"
@@ -201,6 +215,12 @@ def _plan_function(plan: _Plan, spec: ModelSpec, function: func.FuncOp) -> None:
                 if x is not None:
                     raise refuse(op, "applies a weight split by rows to rows that are already split")
                 retype(op, (rows, weight[0]))
+                if op.weight in head_tables:
+                    part = f"{op.result.name_hint}_part" if op.result.name_hint else None
+                    if part is not None and part in names:
+                        raise refuse(op, f"would name its logits' share '{part}', a name the section already uses")
+                    del shares[op.result]  # the all-gather after it gives every chip the whole row
+                    plan.gathered.append(op)
             elif x is not None:
                 raise refuse(op, "applies a replicated weight to split rows")
         elif isinstance(op, logos.RopeOp | logos.SiluOp):
@@ -259,12 +279,34 @@ def _rewrite(program: logos.ProgramOp, plan: _Plan) -> None:
         partial.replace_uses_with_if(summed, lambda use, reduce=reduce: use.operation is not reduce)
         partial.name_hint = None if name is None else f"{name}_part"
         summed.name_hint = name
+    for linear in plan.gathered:
+        part = linear.results[0]
+        name = part.name_hint
+        gather = AllGatherOp.create(
+            operands=[part],
+            properties={
+                "grid": builder.grid_ref(),
+                "grid_axes": builder.grid_axes(),
+                "gather_axis": IntegerAttr(len(logos.tensor_shape(part)) - 1, IndexType()),
+            },
+            result_types=[builder.f32_tensor(_whole(part, plan.tp))],
+        )
+        Rewriter.insert_op(gather, InsertPoint.after(linear))
+        whole = gather.results[0]
+        part.replace_uses_with_if(whole, lambda use, gather=gather: use.operation is not gather)
+        part.name_hint = None if name is None else f"{name}_part"
+        whole.name_hint = name
     block = program.body.block
     grid = builder.grid_op(plan.tp)
     if block.first_op is None:
         block.add_op(grid)
     else:
         block.insert_op_before(grid, block.first_op)
+
+
+def _whole(part: SSAValue, tp: int) -> tuple[int, ...]:
+    shape = logos.tensor_shape(part)
+    return (*shape[:-1], shape[-1] * tp)
 
 
 # -- what a split program communicates -----------------------------------------------------------------------

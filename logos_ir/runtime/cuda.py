@@ -1,8 +1,8 @@
 """The CUDA lane's host runtime: runs the lane's build (the kernels and the host plan) on a GPU, or emulated on the CPU.
 
 A build of the CUDA lane holds `step.mlir` (the lowered module: `gpu.module @kernels` and the host function `@step`
-of named buffers, ordered `gpu.launch_func` and `shard.all_reduce`) and `kernels.cu` (the same kernels as CUDA C++).
-This module reads those artifacts and nothing of the lowering.
+of named buffers, ordered `gpu.launch_func`, `shard.all_reduce` and a split head's `shard.all_gather`) and
+`kernels.cu` (the same kernels as CUDA C++). This module reads those artifacts and nothing of the lowering.
 
 * `KernelEmulator` executes each `gpu.func` of `step.mlir` itself, over numpy: every thread of a launch is one
   element of a numpy array (blocks, then threads within a block, along one axis), each op of the kernel body one
@@ -16,7 +16,8 @@ This module reads those artifacts and nothing of the lowering.
   (cupy: one non-blocking work stream for everything, kernels resolved once, the step captured as a CUDA graph with
   its all-reduces) and `Emulator` (the emulator, its stream logged, graphs replayed in lockstep over local ranks).
 * Ranks: emulated chips in one process (`LocalRanks`), or one process a chip under `mpiexec` / `srun` (`launcher`),
-  all-reducing over MPI (`MpiRanks`, emulator) or NCCL (`NcclRanks`, GPU; the unique id broadcast over MPI).
+  all-reducing and all-gathering over MPI (`MpiRanks`, emulator) or NCCL (`NcclRanks`, GPU; the unique id broadcast
+  over MPI).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import numpy as np
 from logos_ir.errors import LogosError
 from logos_ir.passes.cuda.host_plan import (
     Buffer,
+    Gather,
     HostPlan,
     Reduce,
     bf16_bits,
@@ -768,13 +770,13 @@ class Emulator:
         self.stream.append(("launch", kernel))
         self._execute(node)
 
-    def collective(self, name: str, work: Callable[[], None] | None) -> None:
+    def collective(self, name: str, work: Callable[[], None] | None, kind: str = "all_reduce") -> None:
         """A collective on the work stream (None: this rank's part is done by another local rank's node)."""
         node = ("collective", name, work)
         if self.graph is not None:
             self.graph.append(node)
             return
-        self.stream.append(("all_reduce", name))
+        self.stream.append((kind, name))
         self._execute(node)
 
     def begin_capture(self) -> None:
@@ -869,7 +871,7 @@ class Gpu:
         with self.stream:
             self.functions[kernel](grid, (block, 1, 1), tuple(arrays))
 
-    def collective(self, name: str, work: Callable[[], None] | None) -> None:
+    def collective(self, name: str, work: Callable[[], None] | None, kind: str = "all_reduce") -> None:
         if work is not None:
             work()
 
@@ -912,6 +914,18 @@ class LocalRanks:
         for index, (device, _) in enumerate(parts):
             device.collective(name, total if index == 0 else None)
 
+    def all_gather(self, name: str, parts: Sequence[tuple[Any, Any, Any]], axis: int) -> None:
+        """The ranks' shares (`parts`: device, share, whole) side by side along `axis` in rank order, into every
+        rank's whole buffer, by rank 0's stream once every rank has reached it."""
+
+        def gather() -> None:
+            whole = np.concatenate([share for _, share, _ in parts], axis=axis)
+            for _, _, out in parts:
+                out[...] = whole
+
+        for index, (device, _, _) in enumerate(parts):
+            device.collective(name, gather if index == 0 else None, "all_gather")
+
 
 class MpiRanks:
     """One rank a process on the emulator device: MPI's Allreduce (sum) in place on the rank's buffer."""
@@ -925,6 +939,17 @@ class MpiRanks:
         ((device, array),) = parts
         device.collective(name, lambda: self.comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM))
 
+    def all_gather(self, name: str, parts: Sequence[tuple[Any, Any, Any]], axis: int) -> None:
+        """MPI's Allgather: the ranks' shares in rank order (rank-major), then laid side by side along `axis`."""
+        ((device, share, out),) = parts
+        staged = np.empty((self.comm.Get_size(), *share.shape), share.dtype)
+
+        def gather() -> None:
+            self.comm.Allgather(np.ascontiguousarray(share), staged)
+            out[...] = np.concatenate(list(staged), axis=axis)
+
+        device.collective(name, gather, "all_gather")
+
 
 class NcclRanks:
     """One GPU a process: NCCL's all-reduce (sum) in place on the work stream (captured with the step's graph);
@@ -936,7 +961,9 @@ class NcclRanks:
         uid = nccl.get_unique_id() if rank == 0 else None
         uid = comm.bcast(uid, root=0)
         self.nccl = nccl
+        self.world = world
         self.communicator = nccl.NcclCommunicator(world, uid, rank)
+        self.staging: dict[str, Any] = {}
 
     def all_reduce(self, name: str, parts: Sequence[tuple[Any, Any]]) -> None:
         ((device, array),) = parts
@@ -949,6 +976,33 @@ class NcclRanks:
             )  # fmt: skip
 
         device.collective(name, reduce)
+
+    def all_gather(self, name: str, parts: Sequence[tuple[Any, Any, Any]], axis: int) -> None:
+        """NCCL's all-gather (NCCL has no gather to every rank along an axis but this: the ranks' shares rank-major)
+        on the work stream, captured with the step's graph. A share gathered along its first axis, or one row of
+        logits, is rank-major already and lands in the whole buffer itself; else it lands in a staging buffer
+        (allocated before any capture) and one copy kernel lays the shares side by side along `axis`."""
+        ((device, share, out),) = parts
+        direct = all(d == 1 for d in share.shape[:axis])
+        target = out
+        if not direct:
+            key = f"{name}:{share.shape}"
+            if key not in self.staging:
+                with device.stream:
+                    self.staging[key] = device.cp.empty((self.world, *share.shape), share.dtype)
+            target = self.staging[key]
+        kinds = {"float32": self.nccl.NCCL_FLOAT32}
+
+        def gather() -> None:
+            self.communicator.allGather(
+                share.data.ptr, target.data.ptr, share.size, kinds[str(share.dtype)], device.stream.ptr
+            )
+            if not direct:
+                with device.stream:
+                    moved = device.cp.moveaxis(target, 0, axis)  # a view: [.., world, share, ..]
+                    out.reshape(moved.shape)[...] = moved
+
+        device.collective(name, gather, "all_gather")
 
 
 def launcher() -> tuple[int, int, Any]:
@@ -977,7 +1031,7 @@ class HostRuntime:
     """Runs host plans on this process's ranks (`devices`: one device a local rank, ranks `first_rank`...), all
     through the device interface (`Emulator` or `Gpu`): weights uploaded once, shard by shard, from `weights`;
     caches allocated once per cache length and shared by the programs of that length; every allocation, fill and
-    copy on the work stream; all-reduces through `ranks` (`LocalRanks`, `MpiRanks`, `NcclRanks`)."""
+    copy on the work stream; all-reduces and all-gathers through `ranks` (`LocalRanks`, `MpiRanks`, `NcclRanks`)."""
 
     def __init__(
         self, spec: Any, weights: EmulatedWeights | None, devices: Sequence[Any], ranks: Any, first_rank: int = 0
@@ -1047,6 +1101,11 @@ class HostProgram:
             if isinstance(step, Reduce):
                 parts = [(device, arrays[step.buffer]) for device, arrays in zip(devices, self.chips, strict=True)]
                 self.runtime.ranks.all_reduce(step.buffer, parts)
+                continue
+            if isinstance(step, Gather):
+                pairs = zip(devices, self.chips, strict=True)
+                gathered = [(device, arrays[step.buffer], arrays[step.result]) for device, arrays in pairs]
+                self.runtime.ranks.all_gather(step.result, gathered, step.axis)
                 continue
             for device, arrays in zip(devices, self.chips, strict=True):
                 device.launch(step.kernel, step.grid, step.block, [arrays[name] for name in step.buffers])

@@ -1,11 +1,14 @@
 """The CUDA lane's host plan as data, read from its lowered module (`step.mlir`), and the weight image's numbers.
 
 The lowered module's host function `@step` is a list of named buffers (`cuda.buffer`), then ordered
-`gpu.launch_func` and `shard.all_reduce` ops. `plan_of` (a module) and `read_plan` (its text, as a build folder holds
-it) turn it into a `HostPlan`: the buffers by name, the steps in order, and the `gpu.func` kernels kept as IR for
-the emulator. The build's report and weight image and the runtime both read plans through here, so the runtime never
-reaches back into the lowering. `bf16_rounded` / `bf16_bits` are the image's rounding (to nearest even, as torch
-does); `weight_share` is a chip's contiguous share of a split weight, as the interpreter takes it.
+`gpu.launch_func`, `shard.all_reduce` and (a split head's logits) `shard.all_gather` ops. `plan_of` (a module) and
+`read_plan` (its text, as a build folder holds it) turn it into a `HostPlan`: the buffers by name, the steps in
+order, and the `gpu.func` kernels kept as IR for the emulator. The build's report and weight image and the runtime
+both read plans through here, so the runtime never reaches back into the lowering. `bf16_rounded` / `bf16_bits` are
+the image's rounding (to nearest even, as torch does); `weight_share` is a chip's contiguous share of a split
+weight, as the interpreter takes it (which axis is split is read off the buffer's shape against the full tensor's,
+so the head's table split by vocabulary rows and, tied, the same table whole for the embedding both come from one
+tensor).
 """
 
 from __future__ import annotations
@@ -58,20 +61,38 @@ class Reduce:
     buffer: str
 
 
+@dataclass(frozen=True)
+class Gather:
+    """An all-gather of `buffer` (this chip's share) along `axis` into `result` (the chips' shares in chip
+    order, on every chip)."""
+
+    buffer: str
+    result: str
+    axis: int
+
+
 @dataclass
 class HostPlan:
-    """The host function of a lowered module: its buffers, then its launches and all-reduces in order."""
+    """The host function of a lowered module: its buffers, then its launches and collectives in order."""
 
     identity: str
     weights: str
     chips: int
     buffers: dict[str, Buffer]
-    steps: list[Launch | Reduce]
+    steps: list[Launch | Reduce | Gather]
     kernels: dict[str, Any]
 
     @property
     def launches(self) -> list[Launch]:
         return [s for s in self.steps if isinstance(s, Launch)]
+
+    @property
+    def all_reduces(self) -> list[Reduce]:
+        return [s for s in self.steps if isinstance(s, Reduce)]
+
+    @property
+    def all_gathers(self) -> list[Gather]:
+        return [s for s in self.steps if isinstance(s, Gather)]
 
 
 def lowered_context() -> Any:
@@ -80,6 +101,9 @@ def lowered_context() -> Any:
     from xdsl.dialects import arith, builtin, func, gpu, math, memref, scf, shard, vector
 
     from logos_ir.dialects.cuda import CUDA
+    from logos_ir.dialects.shard_ext import extend_shard
+
+    extend_shard()  # upstream's shard.all_gather (a split head's logits), which xDSL 0.74's shard dialect lacks
 
     context = Context()
     dialects = (builtin.Builtin, func.Func, arith.Arith, memref.MemRef, scf.Scf, math.Math, gpu.GPU, shard.Shard)
@@ -130,6 +154,7 @@ def plan_of(module: Any, where: str = "step.mlir") -> HostPlan:
     from xdsl.dialects import builtin, func, gpu, shard
 
     from logos_ir.dialects import cuda
+    from logos_ir.dialects.shard_ext import AllGatherOp
 
     kernels: dict[str, Any] = {}
     host = None
@@ -145,7 +170,7 @@ def plan_of(module: Any, where: str = "step.mlir") -> HostPlan:
         raise LogosError(f"{where}: no host function @step: not a CUDA lane build")
     names: dict[Any, str] = {}
     buffers: dict[str, Buffer] = {}
-    steps: list[Launch | Reduce] = []
+    steps: list[Launch | Reduce | Gather] = []
     constants: dict[Any, int] = {}
     for op in host.body.block.ops:
         if isinstance(op, cuda.BufferOp):
@@ -161,6 +186,14 @@ def plan_of(module: Any, where: str = "step.mlir") -> HostPlan:
         elif isinstance(op, shard.AllReduceOp):
             names[op.result] = names[op.input]
             steps.append(Reduce(names[op.input]))
+        elif isinstance(op, AllGatherOp):
+            named = op.attributes.get("cuda.buffer")
+            if not isinstance(named, builtin.StringAttr):
+                raise LogosError(f"{where}: a 'shard.all_gather' names no buffer for its result (cuda.buffer)")
+            kind = op.result.type
+            buffers[named.data] = Buffer(named.data, "activation", tuple(kind.get_shape()), _tag(kind))
+            names[op.result] = named.data
+            steps.append(Gather(names[op.input], named.data, op.gather_axis.value.data))
     identity = module.attributes.get("cuda.identity")
     weights = module.attributes.get("cuda.weights")
     assert isinstance(identity, builtin.StringAttr) and isinstance(weights, builtin.StringAttr)
@@ -174,27 +207,35 @@ def _tag(kind: Any) -> str:
     return "bf16" if isinstance(element, BFloat16Type) else "f32" if isinstance(element, Float32Type) else "i64"
 
 
-def weight_share(
-    store: Any, name: str, shape: tuple[int, ...], chip: int, chips: int, check: bool = True
-) -> np.ndarray:
-    """Chip `chip`'s contiguous share of a weight, as the split program states its shape; a name "a+b+c" is the
-    shares of a, b and c one after the other (rows)."""
-    from logos_ir.tensor_parallel import weight_split
+# A buffer the lowering renamed because its tensor is also used whole (`<tensor>.<shape>`: a tied head's share).
+_SHAPED = re.compile(r"(.+)\.\d+(?:x\d+)*")
 
+
+def weight_share(store: Any, name: str, shape: tuple[int, ...], chip: int, chips: int) -> np.ndarray:
+    """Chip `chip`'s contiguous share of a weight, as the split program states its shape (the split axis is the
+    one the shape divides: rows or columns); a name "a+b+c" is the shares of a, b and c one after the other (each
+    split by rows, the query/key/value projections')."""
     if "+" in name:  # weights laid one after the other (a decode step's fused query/key/value weight)
-        parts = [weight_share(store, part, (-1,), chip, chips, check=False) for part in name.split("+")]
+        parts = []
+        for part in name.split("+"):
+            rows, width = store.shape(part)
+            parts.append(weight_share(store, part, (rows // chips, width), chip, chips))
         fused = np.concatenate(parts, axis=0)
         assert fused.shape == shape, (name, fused.shape, shape)
         return fused
-    array = store.get(name)
-    split = weight_split(name) if chips > 1 else None
-    if split is None:
-        assert not check or array.shape == shape, (name, array.shape, shape)
+    shaped = _SHAPED.fullmatch(name)
+    tensor = shaped[1] if name not in store and shaped is not None else name
+    array = store.get(tensor)
+    full = tuple(array.shape)
+    if full == tuple(shape):
         return array
-    axis = 0 if split == "rows" else array.ndim - 1
+    if full[1:] == tuple(shape[1:]) and shape[0] * chips == full[0]:
+        axis = 0  # rows: a column-parallel projection's, or the head's table by vocabulary
+    elif full[:-1] == tuple(shape[:-1]) and shape[-1] * chips == full[-1]:
+        axis = array.ndim - 1  # columns: a row-parallel projection's
+    else:
+        raise LogosError(f"buffer '{name}' of {list(shape)} is no share over {chips} chips of '{tensor}' {list(full)}")
     size = array.shape[axis] // chips
     index = [slice(None)] * array.ndim
     index[axis] = slice(chip * size, (chip + 1) * size)
-    share = array[tuple(index)]
-    assert not check or share.shape == shape, (name, share.shape, shape)
-    return share
+    return array[tuple(index)]

@@ -12,7 +12,9 @@ Guarantees: the program is replaced by one host function `@step` (and, when spli
 f32 whatever the image, each layer's
 caches, the inputs, the output, the activations named by the value names the author gave them, so that every layer
 reuses the same activation buffers, and the rotary cos/sin tables), then one kernel-level op per fused kernel in
-launch order, with `shard.all_reduce` kept between kernels where the program has it. Fusions: the residual add into
+launch order, with `shard.all_reduce` kept between kernels where the program has it, and a split head's
+`shard.all_gather` (this chip's logits into the whole row, a new buffer named by the op's `cuda.buffer` attribute,
+the arg-max's input). Fusions: the residual add into
 the projection before it (unless an all-reduce sits between), SiLU and the product into one gate/up kernel, the key
 rotation and both cache writes into one kernel, the prefill head's row pick into its RMS norm. The module records
 the program's identity line (`cuda.identity`) and the weight image (`cuda.weights`). Any other cut, or a program
@@ -31,6 +33,7 @@ from xdsl.dialects.builtin import (
     BFloat16Type,
     Float32Type,
     FloatAttr,
+    IndexType,
     IntegerAttr,
     IntegerType,
     MemRefType,
@@ -46,6 +49,7 @@ from xdsl.passes import ModulePass
 
 from logos_ir import identity
 from logos_ir.dialects import cuda, logos
+from logos_ir.dialects.shard_ext import AllGatherOp
 from logos_ir.errors import PassError
 from logos_ir.program import Cut
 
@@ -82,6 +86,16 @@ class _Reduce:
     result: str
 
 
+@dataclass
+class _Gather:
+    """A `shard.all_gather` of a buffer along `axis` into the new buffer `result` (the chips' shares in chip
+    order): later readers of the gathered value read `result`."""
+
+    buffer: str
+    result: str
+    axis: int
+
+
 @dataclass(frozen=True)
 class _Lazy:
     """A value the plan folds into the kernel that reads it: a rotation, a SiLU, a row pick."""
@@ -107,7 +121,7 @@ class _Plan:
         self.spec = program.spec
         self.element: Attribute = BFloat16Type() if weights == "bf16" else Float32Type()
         self.buffers: dict[str, _Buffer] = {}
-        self.steps: list[_Kernel | _Reduce] = []
+        self.steps: list[_Kernel | _Reduce | _Gather] = []
         self.env: dict[SSAValue, str | _Lazy] = {}
         self.producer: dict[str, int] = {}
         self.pending_key: tuple[str, str, str] | None = None  # (rotated key source, cache, positions)
@@ -139,7 +153,7 @@ class _Plan:
         found = self.env.get(value)
         return found if isinstance(found, _Lazy) else None
 
-    def add(self, kernel: _Kernel | _Reduce) -> None:
+    def add(self, kernel: _Kernel | _Reduce | _Gather) -> None:
         self.steps.append(kernel)
         outs = kernel.outs if isinstance(kernel, _Kernel) else [kernel.result]
         for out in outs:
@@ -326,12 +340,24 @@ class _Plan:
         self.add(_Reduce(source, result))
         self.env[op.result] = result
 
+    def all_gather(self, op: AllGatherOp) -> None:
+        if op.grid_axes.get_values() != (0,):
+            raise PassError(f"{NAME}: 'shard.all_gather' gathers over the chips' one grid axis, [0]")
+        source = self.of(op.input, op)
+        result = op.result.name_hint or f"{source}@gathered"
+        if result in self.buffers:
+            result = f"{source}@gathered"
+        self.add(_Gather(source, result, op.gather_axis.value.data))
+        self.env[op.result] = result
 
-def _writes(step: _Kernel | _Reduce) -> list[str]:
+
+def _writes(step: _Kernel | _Reduce | _Gather) -> list[str]:
+    if isinstance(step, _Gather):
+        return [step.result]
     return step.outs if isinstance(step, _Kernel) else [step.buffer]
 
 
-def _reads(step: _Kernel | _Reduce) -> list[str]:
+def _reads(step: _Kernel | _Reduce | _Gather) -> list[str]:
     return step.ins if isinstance(step, _Kernel) else [step.buffer]
 
 
@@ -487,6 +513,7 @@ _HANDLERS: dict[type[Operation], Any] = {
     logos.AttentionOp: _Plan.attention,
     logos.ArgmaxOp: _Plan.argmax,
     AllReduceOp: _Plan.all_reduce,
+    AllGatherOp: _Plan.all_gather,
 }
 
 
@@ -514,6 +541,26 @@ def _host_function(plan: _Plan) -> func.FuncOp:
             block.add_op(reduce)
             values[step.result] = reduce.result
             continue
+        if isinstance(step, _Gather):
+            assert plan.grid is not None
+            source = values[step.buffer]
+            kind = cast(MemRefType, source.type)
+            shape = list(kind.get_shape())
+            shape[step.axis] *= plan.grid.shape.get_values()[0]
+            gather = AllGatherOp.build(
+                operands=[source],
+                result_types=[MemRefType(kind.element_type, shape)],
+                properties={
+                    "grid": _grid_ref(plan.grid),
+                    "grid_axes": _grid_axes(plan.grid),
+                    "gather_axis": IntegerAttr(step.axis, IndexType()),
+                },
+                attributes={"cuda.buffer": StringAttr(step.result)},  # the new buffer's name, for the host plan
+            )
+            gather.result.name_hint = _hint(step.result)
+            block.add_op(gather)
+            values[step.result] = gather.result
+            continue
         _check_no_alias(step)
         ins = [values[name] for name in step.ins]
         outs = [values[name] for name in step.outs]
@@ -522,8 +569,8 @@ def _host_function(plan: _Plan) -> func.FuncOp:
     return func.FuncOp("step", ((), ()), Region(block))
 
 
-def _names(step: _Kernel | _Reduce) -> list[str]:
-    return [step.buffer] if isinstance(step, _Reduce) else [*step.ins, *step.outs]
+def _names(step: _Kernel | _Reduce | _Gather) -> list[str]:
+    return [*step.ins, *step.outs] if isinstance(step, _Kernel) else [step.buffer]
 
 
 def _grid_ref(grid: GridOp) -> Attribute:

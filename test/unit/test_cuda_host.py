@@ -1,7 +1,7 @@
 """The CUDA lane's host runtime, run by the suite on the emulator device: the one code path a GPU run takes
-(buffers, the work stream, graph capture and replay, NCCL-shaped all-reduces) with the emulator behind the device
-interface; a build folder's own step module and weight image; a split decode step as two processes under
-`mpiexec`, all-reducing over MPI."""
+(buffers, the work stream, graph capture and replay, NCCL-shaped all-reduces and the split head's all-gather) with
+the emulator behind the device interface; a build folder's own step module and weight image; a split decode step as
+two processes under `mpiexec`, all-reducing and all-gathering over MPI."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from logos_ir.generate import Generator
@@ -27,10 +28,19 @@ PROMPT = [3, 17, 250, 9, 41, 77]
 
 def test_the_host_runtime_captures_the_split_decode_step_once_and_replays_it() -> None:
     store = RandomWeights(ModelSpec.preset("tiny"), seed=5)
-    want = Generator(store, prefill_rows=4, tp=2).generate(PROMPT, 5)
+    reference = Generator(store, prefill_rows=4, tp=2)
+    want = reference.generate(PROMPT, 5)
     lane = cuda_generator(RunRequest(store, None, 4, 2, "f32", emulate=True))
     assert lane.generate(PROMPT, 5) == want
+    # the head split by vocabulary rows: each chip computes half the logits, the all-gather gives each the whole row
+    logits, expected = lane._last.logits, reference._last.logits
+    assert logits.shape == expected.shape == (store.spec.vocab,)
+    assert np.allclose(logits, expected, rtol=1e-5, atol=1e-5)
     runtime = lane.runtime
+    program = lane._last
+    for arrays in program.chips:
+        assert arrays["lm_head.weight"].shape == (store.spec.vocab // 2, store.spec.hidden)
+        assert np.array_equal(arrays["logits"], program.chips[0]["logits"])
     assert [type(d) for d in runtime.devices] == [Emulator, Emulator]
     for device in runtime.devices:
         kinds = [kind for kind, _ in device.stream]
@@ -45,12 +55,13 @@ def test_the_host_runtime_captures_the_split_decode_step_once_and_replays_it() -
         # captured once with its all-reduces inside, then every later step replays the graph
         assert kinds.count("begin_capture") == kinds.count("end_capture") == 1
         captured = kinds.index("begin_capture")
-        assert "all_reduce" in kinds[:captured]  # the eager run
+        assert "all_reduce" in kinds[:captured] and kinds[:captured].count("all_gather") == 1  # the eager run
         assert kinds[captured + 1] == "end_capture"  # launches and collectives became graph nodes, not stream work
         assert kinds.count("graph_launch") == len(PROMPT) + 5 - 2
     graph_nodes = runtime.devices[0].stream[runtime.devices[0].stream.index(("begin_capture", "")) + 1][1]
     layers = store.spec.layers
-    assert graph_nodes == f"{5 * layers + 4 + 2 * layers} nodes"  # 5 launches a layer, embed + head + 2 arg-max
+    # 5 launches a layer, embed + head + 2 arg-max, 2 all-reduces a layer, the head's all-gather
+    assert graph_nodes == f"{5 * layers + 4 + 2 * layers + 1} nodes"
 
 
 def test_a_build_folder_runs_its_step_module_and_weight_image(tmp_path: Path) -> None:
@@ -69,7 +80,7 @@ def test_a_build_folder_runs_its_step_module_and_weight_image(tmp_path: Path) ->
 
 
 MPI_STEP = """
-import json, sys
+import hashlib, json, sys
 from logos_ir.runtime import RunRequest
 from logos_ir.runtime.cuda import cuda_generator
 from logos_ir.spec import ModelSpec
@@ -77,8 +88,10 @@ from logos_ir.weights import RandomWeights
 from mpi4py import MPI
 lane = cuda_generator(RunRequest(RandomWeights(ModelSpec.preset("tiny"), seed=6), None, 4, 2, "f32", emulate=True))
 tokens = lane.generate(PROMPT, 5)
+gathers = sum(kind == "all_gather" for kind, _ in lane.runtime.devices[0].stream)
 print(json.dumps({"rank": MPI.COMM_WORLD.Get_rank(), "tokens": tokens, "devices": len(lane.runtime.devices),
-                  "ranks": type(lane.runtime.ranks).__name__}))
+                  "ranks": type(lane.runtime.ranks).__name__, "gathers": gathers,
+                  "logits": hashlib.sha256(lane._last.logits.tobytes()).hexdigest()}))
 """.replace("PROMPT", str(PROMPT))
 
 
@@ -106,3 +119,5 @@ def test_a_split_decode_step_runs_as_two_processes_under_mpiexec() -> None:
     for rank in ranks:  # each process one chip, all-reducing over MPI, both with the reference's tokens
         assert rank["devices"] == 1 and rank["ranks"] == "MpiRanks"
         assert rank["tokens"] == want
+        assert rank["gathers"] == 1  # the head's logits gathered over MPI in the eager step (then in the graph)
+    assert ranks[0]["logits"] == ranks[1]["logits"]  # every rank holds the whole row: the same arg-max, sampler

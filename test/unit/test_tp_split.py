@@ -10,10 +10,12 @@ was.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cache
 
 import pytest
 from xdsl.context import Context
+from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.utils.arg_spec import parse_pipeline
 
@@ -117,7 +119,16 @@ def test_split_ir_shapes() -> None:
     assert named["result"].operands[1] is named["down"].results[0]
     head = program.function("head")
     assert head is not None
-    assert not any(op.name.startswith("shard.") for op in head.walk())
+    ops = {op.results[0].name_hint: op for op in head.body.block.ops if op.results}
+    shapes = {name: logos.tensor_shape(op.results[0]) for name, op in ops.items()}
+    # the head's table split by vocabulary rows (256 / 4 = 64 a chip), the chips' logits gathered before the arg-max
+    assert shapes["head_table"] == (64, 64) and shapes["logits_part"] == (1, 64) and shapes["logits"] == (1, 256)
+    gather = ops["logits"]
+    assert gather.name == "shard.all_gather" and gather.prev_op is ops["logits_part"]
+    assert gather.operands[0] is ops["logits_part"].results[0]
+    assert gather.gather_axis.value.data == 1 and gather.grid_axes.get_values() == (0,)
+    assert ops["next"].operands[0] is gather.results[0]
+    assert [op.name for op in head.walk() if op.name.startswith("shard.")] == ["shard.all_gather"]
 
 
 def test_weight_roles() -> None:
@@ -214,6 +225,41 @@ def test_refuses_widths_that_do_not_divide(spec: ModelSpec, tp: int, width: str)
     error = refused(written(spec, cut)[0].text, tp)
     assert f"{width} ({getattr(spec, width)}) is not a multiple of {tp}" in error.message
     assert by_author.value.message in error.message  # the author's words
+
+
+def test_refuses_a_vocabulary_that_does_not_divide() -> None:
+    """The head is split by vocabulary rows, unpadded: a vocabulary not a multiple of the chips is refused, by the
+    author and the pass alike; a layer cut (no head) still splits."""
+    spec = replace(ModelSpec.preset("tiny"), vocab=255)
+    cut = Cut.decode(16)
+    with pytest.raises(SpecError) as by_author:
+        written_split(spec, cut, "", 2)
+    error = refused(written(spec, cut)[0].text, 2)
+    assert "its vocabulary (255) is not a multiple of 2" in error.message and "padded" in error.message
+    assert by_author.value.message in error.message
+    layer = Cut.parse("decode_layer layer=0 ctx=16")
+    assert (
+        print_program(only(split(parse_program(written(spec, layer)[0].text), 2)))
+        == written_split(spec, layer, "", 2)[0].text
+    )
+
+
+def test_a_tied_head_splits_its_own_use_of_the_table() -> None:
+    """With tied embeddings the head's table is the embedding's: the head's use is split by vocabulary rows, the
+    embedding's stays whole (its rows are picked by token)."""
+    spec = replace(ModelSpec.preset("tiny"), tie_embeddings=True)
+    program = only(split(parse_program(written(spec, Cut.decode(16))[0].text), 2))
+    shapes = {
+        (function.sym_name.data, op.tensor.data): (logos.tensor_shape(op.result), op.split)
+        for function in program.body.block.ops
+        if isinstance(function, func.FuncOp)
+        for op in function.body.block.ops
+        if isinstance(op, logos.WeightOp)
+    }
+    table = "model.embed_tokens.weight"
+    assert shapes[("embedding", table)] == ((256, 64), None)
+    assert shapes[("head", table)][0] == (128, 64) and shapes[("head", table)][1].data == "rows"
+    assert print_program(program) == written_split(spec, Cut.decode(16), "", 2)[0].text
 
 
 @pytest.mark.parametrize("tp", [1, 2])
