@@ -492,11 +492,11 @@ class Fabric:
             reached = self.routes.dest[c][self.routes.dest[c] >= 0]
             self._shared[c] = bool(reached.size) and np.unique(reached).size != reached.size
         cap = queue_words or max(64, 2 * self._longest_message())
-        self.queue = {c: np.zeros((n, cap), dtype=np.float32) for c in colours}
+        self.queue = {c: np.zeros((cap, n), dtype=np.float32) for c in colours}  # [slot, element]: rings
         self.queue_len = {c: np.zeros(n, dtype=np.int64) for c in colours}
         self.queue_head = {c: np.zeros(n, dtype=np.int64) for c in colours}  # a ring: where the oldest wavelet is
         # each wavelet's arrival (the cycle its message's last wavelet reaches the receiver's router)
-        self.queue_time = {c: np.zeros((n, cap)) for c in colours}
+        self.queue_time = {c: np.zeros((cap, n)) for c in colours}
         self._lane = np.arange(cap)
         self.park_colour = np.full(n, -1, dtype=np.int64)  # an element waiting at a DSD op: the colour (-2: to send)
         self.park_need = np.zeros(n, dtype=np.int64)
@@ -523,13 +523,13 @@ class Fabric:
                     runtime_extents.add(op.sizes[0])
         for op in self.program.walk():
             if isinstance(op, csl.GetMemDsdOp) and op.sizes[0] in runtime_extents:
-                longest = max(longest, self.memory[self._array_of(op.base_addr)].shape[1])
+                longest = max(longest, self.memory[self._array_of(op.base_addr)].shape[0])
         return longest
 
     def element_bytes(self) -> tuple[int, int]:
         """(array bytes, code bytes) of every element: the program's arrays, and 4 bytes per op of its functions
         and tasks (an estimate: the SDK publishes no code size per builtin)."""
-        arrays = sum(a.shape[1] * (2 if a.dtype == np.float16 else 4) for a in self.memory.values())
+        arrays = sum(a.shape[0] * (2 if a.dtype == np.float16 else 4) for a in self.memory.values())
         code = 0
         for op in self.program.body.block.ops:
             if isinstance(op, csl.FuncOp | csl.TaskOp):
@@ -552,7 +552,9 @@ class Fabric:
                 case memref.GlobalOp():
                     shape = op.type.get_shape()  # type: ignore[union-attr]
                     element = _DTYPES.get(str(op.type.get_element_type()), np.float32)  # type: ignore[union-attr]
-                    self.memory[op.sym_name.data] = np.zeros((self.n, int(np.prod(shape))), dtype=element)
+                    # [words, elements]: word i of every element together (a DSD over all elements reads one
+                    # contiguous block)
+                    self.memory[op.sym_name.data] = np.zeros((int(np.prod(shape)), self.n), dtype=element)
                 case csl.FuncOp() | csl.TaskOp():
                     self._compile_function(op)
                 case csl.SymbolExportOp():
@@ -743,8 +745,8 @@ class Fabric:
         def run(idx: np.ndarray) -> np.ndarray:
             array = self.memory[name]
             where = index[idx]
-            self._bounds(idx, where, array.shape[1], name, "a load")
-            out[idx] = array[idx, where]
+            self._bounds(idx, where, array.shape[0], name, "a load")
+            out[idx] = array[where, idx]
             self.clock[idx] += CYCLES["scalar"]
             return self._next(idx, at)
 
@@ -758,8 +760,8 @@ class Fabric:
         def run(idx: np.ndarray) -> np.ndarray:
             array = self.memory[name]
             where = index[idx]
-            self._bounds(idx, where, array.shape[1], name, "a store")
-            array[idx, where] = value[idx]
+            self._bounds(idx, where, array.shape[0], name, "a store")
+            array[where, idx] = value[idx]
             self.clock[idx] += CYCLES["scalar"]
             return self._next(idx, at)
 
@@ -768,7 +770,7 @@ class Fabric:
     def _bounds(self, idx: np.ndarray, where: np.ndarray, words: int, name: str, what: str) -> None:
         bad = (where < 0) | (where >= words)
         if bad.any():
-            e = int(idx[np.argmax(bad.reshape(len(idx), -1).any(axis=1))])
+            e = int(idx[np.argmax(bad.any(axis=0) if bad.ndim == 2 else bad)])  # where: [words, elements] or [elements]
             raise FabricError(
                 f"element ({self.xs[e]}, {self.ys[e]}): {what} reaches outside the array '{name}' of {words} words"
             )
@@ -1127,9 +1129,9 @@ class Fabric:
         result = function(*values)
         self.clock[go] = np.maximum(self.clock[go] + CYCLES["dsd_element"] * length, self._arrived + 1)
         if sending:
-            self._send(go, target.colour, np.broadcast_to(result, (go.size, length)).astype(np.float32))
+            self._send(go, target.colour, np.broadcast_to(result, (length, go.size)).astype(np.float32))
         else:
-            self._write(operands[0], go, np.broadcast_to(result, (go.size, length)), kind)
+            self._write(operands[0], go, np.broadcast_to(result, (length, go.size)), kind)
         return at + 1 if go is idx else np.where(ready, at + 1, at)
 
     def _note_wait(self, idx: np.ndarray, colour: int, op: str, why: str) -> None:
@@ -1162,42 +1164,42 @@ class Fabric:
         reg = self.regs.get(value)
         if isinstance(reg, MemDsd):
             array = self.memory[reg.array]
-            span = self._uniform(reg, idx, length, array.shape[1], "a DSD")
+            span = self._uniform(reg, idx, length, array.shape[0], "a DSD")
             if span is not None:
-                return array[self._rows(idx), span]
-            where = reg.offset[idx, None] + reg.stride[idx, None] * np.arange(length)[None, :]
-            self._bounds(idx, where, array.shape[1], reg.array, "a DSD")
-            return array[idx[:, None], where]
+                return array[span, self._rows(idx)]
+            where = reg.offset[None, idx] + reg.stride[None, idx] * self._lane[:length, None]
+            self._bounds(idx, where, array.shape[0], reg.array, "a DSD")
+            return array[where, idx[None, :]]
         if isinstance(reg, FabDsd):
             c = reg.colour
             queue, head, count = self.queue[c], self.queue_head[c], self.queue_len[c]
             heads = head[idx]
             first = int(heads[0])
             if first + length <= self.capacity and (heads == first).all():
-                data = queue[idx, first : first + length]
-                arrived = self.queue_time[c][idx, first : first + length].max(axis=1)
+                data = queue[first : first + length, idx]
+                arrived = self.queue_time[c][first : first + length, idx].max(axis=0)
             else:
-                at = (heads[:, None] + self._lane[None, :length]) % self.capacity
-                data = queue[idx[:, None], at]
-                arrived = self.queue_time[c][idx[:, None], at].max(axis=1)
+                at = (heads[None, :] + self._lane[:length, None]) % self.capacity
+                data = queue[at, idx[None, :]]
+                arrived = self.queue_time[c][at, idx[None, :]].max(axis=0)
             left = count[idx] - length
             count[idx] = left
             head[idx] = np.where(left == 0, 0, (heads + length) % self.capacity)  # an emptied queue starts at 0
             self._arrived = np.maximum(self._arrived, arrived)
             return data
-        return reg[idx][:, None]
+        return reg[idx][None, :]
 
     def _write(self, value: SSAValue, idx: np.ndarray, data: np.ndarray, kind: str) -> None:
         reg = self.regs[value]
         array = self.memory[reg.array]
-        length = data.shape[1]
-        span = self._uniform(reg, idx, length, array.shape[1], f"@{kind}'s destination")
+        length = data.shape[0]
+        span = self._uniform(reg, idx, length, array.shape[0], f"@{kind}'s destination")
         if span is not None:
-            array[self._rows(idx), span] = data
+            array[span, self._rows(idx)] = data
             return
-        where = reg.offset[idx, None] + reg.stride[idx, None] * np.arange(length)[None, :]
-        self._bounds(idx, where, array.shape[1], reg.array, f"@{kind}'s destination")
-        array[idx[:, None], where] = data.astype(array.dtype)
+        where = reg.offset[None, idx] + reg.stride[None, idx] * self._lane[:length, None]
+        self._bounds(idx, where, array.shape[0], reg.array, f"@{kind}'s destination")
+        array[where, idx[None, :]] = data.astype(array.dtype)
 
     def _can_send(self, idx: np.ndarray, colour: int, length: int, kind: str, ready: np.ndarray) -> np.ndarray:
         """Which of the senders `idx` can send `length` wavelets on `colour` now: their route reaches a receiver
@@ -1246,16 +1248,16 @@ class Fabric:
         """Senders `idx` each send their row of `data` on `colour`: every receiver its route reaches gets the
         wavelets at the end of its queue, each arriving at the sender's clock plus the routers crossed."""
         dest, hops = self.routes.dest[colour][idx], self.routes.hops[colour][idx]
-        length = data.shape[1]
+        length = data.shape[0]
         if dest.shape[1] == 1:
             valid = dest[:, 0] >= 0
             if valid.all():
                 targets, rows, hop, senders = dest[:, 0], data, hops[:, 0], idx
             else:
-                targets, rows, hop, senders = dest[valid, 0], data[valid], hops[valid, 0], idx[valid]
+                targets, rows, hop, senders = dest[valid, 0], data[:, valid], hops[valid, 0], idx[valid]
         else:
             which, k = np.nonzero(dest >= 0)
-            targets, rows, hop, senders = dest[which, k], data[which], hops[which, k], idx[which]
+            targets, rows, hop, senders = dest[which, k], data[:, which], hops[which, k], idx[which]
         if targets.size == 0:
             return
         queue, times, head, count = self.queue[colour], self.queue_time[colour], self.queue_head[colour], self.queue_len[colour]
@@ -1263,12 +1265,12 @@ class Fabric:
         arrival = self.clock[senders] + hop * CYCLES["hop"]  # the last wavelet, sent at the op's end
         first = int(start[0])
         if first + length <= self.capacity and (start == first).all():
-            queue[targets, first : first + length] = rows
-            times[targets, first : first + length] = arrival[:, None]
+            queue[first : first + length, targets] = rows
+            times[first : first + length, targets] = arrival[None, :]
         else:
-            at = (start[:, None] + self._lane[None, :length]) % self.capacity
-            queue[targets[:, None], at] = rows
-            times[targets[:, None], at] = arrival[:, None]
+            at = (start[None, :] + self._lane[:length, None]) % self.capacity
+            queue[at, targets[None, :]] = rows
+            times[at, targets[None, :]] = arrival[None, :]
         count[targets] += length
         self.wavelets += targets.size * length
         self._wake(targets, colour)
@@ -1454,19 +1456,19 @@ class Fabric:
         array = self._exported(symbol)
         values = np.asarray(data)
         if values.ndim == 1:
-            array[:, : values.size] = values.astype(array.dtype)
+            array[: values.size, :] = values.astype(array.dtype)[:, None]
             return
         flat = values.reshape(self.n, -1)
-        if flat.shape[1] > array.shape[1]:
-            raise FabricError(f"memcpy_h2d: {flat.shape[1]} words for '{symbol}' of {array.shape[1]} per element")
-        array[:, : flat.shape[1]] = flat.astype(array.dtype)
+        if flat.shape[1] > array.shape[0]:
+            raise FabricError(f"memcpy_h2d: {flat.shape[1]} words for '{symbol}' of {array.shape[0]} per element")
+        array[: flat.shape[1], :] = flat.T.astype(array.dtype)
 
     def memcpy_d2h(self, symbol: str, x: int, y: int, width: int, height: int, words: int) -> np.ndarray:
         """[height, width, words] read from the exported array of the elements of a rectangle."""
         array = self._exported(symbol)
         rows = []
         for j in range(y, y + height):
-            rows.append(array[j * self.width + x : j * self.width + x + width, :words])
+            rows.append(array[:words, j * self.width + x : j * self.width + x + width].T)
         return np.stack(rows).astype(np.float32)
 
     def _exported(self, symbol: str) -> np.ndarray:
