@@ -141,12 +141,40 @@ def _dots(
     and with `norm` (scale, epsilon) x scaled elementwise and each row's 1/rms (else an empty list). A lane loads
     16-byte vectors, `unroll` of them a stream per loop step at batch 1 (so UNROLL_BYTES are in flight a stream),
     then a remainder loop takes the last whole vectors; f32 accumulation with fma."""
+    sums = _dot_sums(b, x, streams, rows, depth, lane, norm)
+    tile = len(rows)
+    dots = [[sums[s_index * tile + t] for t in range(tile)] for s_index in range(len(streams))]
+    inverse = []
+    if norm:
+        for t in range(tile):
+            inverse.append(_inverse_rms(b, sums[len(streams) * tile + t], depth, norm[1]))
+    return dots, inverse
+
+
+def _inverse_rms(b: Body, squares: SSAValue, depth: int, epsilon: float) -> SSAValue:
+    mean = b.fmul(squares, b.fconst(1.0 / depth))
+    return b.fdiv(b.fconst(1.0), b.sqrt(b.fadd(mean, b.fconst(epsilon))))
+
+
+def _dot_sums(
+    b: Body,
+    x: SSAValue,
+    streams: list[tuple[SSAValue, SSAValue]],
+    rows: list[SSAValue],
+    depth: int,
+    lane: SSAValue,
+    norm: tuple[SSAValue, float] | None = None,
+    part: tuple[SSAValue, int] | None = None,
+) -> list[SSAValue]:
+    """`_dots`' warp-reduced sums (stream-major, then each row's sum of squares with `norm`), over the `part`
+    (start, length) of the depth when given (split-K), else all of it."""
     weight0 = streams[0][0]
     vector = vector_width(depth, weight0.type.element_type)  # type: ignore[attr-defined]
     size = 2 if isinstance(weight0.type.element_type, BFloat16Type) else 4  # type: ignore[attr-defined]
+    start, length = part if part is not None else (None, depth)
     x_vector = min(vector, 4)
     unroll = max(1, UNROLL_BYTES // (vector * size) // len(streams)) if len(rows) == 1 else 1
-    unroll = max(1, min(unroll, depth // (cuda.WARP * vector)))  # a main loop step no longer than the row
+    unroll = max(1, min(unroll, length // (cuda.WARP * vector)))  # a main loop step no longer than the row
     tile = len(rows)
 
     def step_of(count: int) -> Callable[[SSAValue, list[SSAValue]], list[SSAValue]]:
@@ -180,21 +208,18 @@ def _dots(
 
     zeros = [b.fconst(0.0) for _ in range(len(streams) * tile + (tile if norm else 0))]
     chunk = cuda.WARP * vector * unroll
-    main = depth - depth % chunk
-    first = b.mul(lane, vector)
+    main = length - length % chunk
+    first = b.mul(lane, vector) if start is None else b.add(start, b.mul(lane, vector))
+
+    def at(offset: int) -> SSAValue | int:  # start + offset
+        return offset if start is None else b.add(start, offset) if offset else start
+
     sums = zeros
     if main:
-        sums = b.loop(first, main, chunk, sums, step_of(unroll))
-    if main < depth:
-        sums = b.loop(b.add(first, main) if main else first, depth, cuda.WARP * vector, sums, step_of(1))
-    sums = [b.warp_sum(v) for v in sums]
-    dots = [[sums[s_index * tile + t] for t in range(tile)] for s_index in range(len(streams))]
-    inverse = []
-    if norm:
-        for t in range(tile):
-            mean = b.fmul(sums[len(streams) * tile + t], b.fconst(1.0 / depth))
-            inverse.append(b.fdiv(b.fconst(1.0), b.sqrt(b.fadd(mean, b.fconst(norm[1])))))
-    return dots, inverse
+        sums = b.loop(first, at(main), chunk, sums, step_of(unroll))
+    if main < length:
+        sums = b.loop(b.add(first, main) if main else first, at(length), cuda.WARP * vector, sums, step_of(1))
+    return [b.warp_sum(v) for v in sums]
 
 
 def _projection(
@@ -271,30 +296,54 @@ def _gate_up(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsil
     _projection(b, x, [gate, up], (rows, columns, depth), write, norm)
 
 
+TARGET_WARPS = 132 * 16  # a GEMV launch's warps: 16 an SM of 132 keep ~29 KB of weights in flight at 64 B a lane
+MAX_SPLITS = 8
+
+
+def qkv_splits(pairs: int, depth: int, element: Attribute) -> int:
+    """The parts the QKV launch splits each rotation pair's depth into (split-K): doubled while the launch has
+    fewer than TARGET_WARPS warps, each part still a whole warp step of 16-byte loads (so every lane loads), at
+    most MAX_SPLITS. 1 where the pairs alone fill the SMs (the 8B: 3,072 pairs)."""
+    vector = vector_width(depth, element)
+    splits = 1
+    while pairs * splits < TARGET_WARPS and splits < MAX_SPLITS:
+        span = depth // (2 * splits)
+        if depth % (2 * splits) or span % vector or span < cuda.WARP * vector:
+            break
+        splits *= 2
+    return splits
+
+
 def _qkv(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float) -> None:
     """A warp per rotation pair (d, d + head_dim/2) of one head of the concatenated [Q; K; V] weight: the folded
     norm, both dot products, then lane 0 rotates a query or key pair at the row's position and writes it (queries
-    to `query`, keys rounded into the key cache), or writes a value pair into the value cache."""
-    x, weight, scale, positions, cos, sin, query, keys, values = args
+    to `query`, keys rounded into the key cache), or writes a value pair into the value cache.
+
+    Split-K (`partial` [pairs, splits, 3] and `count` [pairs] given): `splits` consecutive warps share a pair, each
+    summing one part of the depth; lane 0 of each writes its part's two dot products and sum of squares, makes
+    them visible device-wide (`llvm.fence`) and counts itself done; the last of a pair adds the parts in split
+    order (the same order whichever warp is last), resets the count and runs the epilogue."""
+    x, weight, scale, positions, cos, sin, query, keys, values, *split_k = args
     depth = shapes[0][1]
     q_width = shapes[6][1]
     kv_heads, _, head_dim = shapes[7]
     half = head_dim // 2
     q_heads = q_width // head_dim
     pairs = (q_heads + 2 * kv_heads) * half
+    splits = shapes[9][1] if split_k else 1
     _, warp, lane = _warp_and_lane(b)
     item = b.add(b.mul(b.block("x"), WARPS), warp)
+    part = b.rem(item, splits) if splits > 1 else None
+    item = b.div(item, splits) if splits > 1 else item
     valid = b.cmp("ult", item, pairs)
     item = b.min(item, pairs - 1)
     head, d = b.div(item, half), b.rem(item, half)
     first = b.add(b.mul(head, head_dim), d)
     second = b.add(first, half)
     row = b.const(0)
-    dots, inverse = _dots(b, x, [(weight, first), (weight, second)], [row], depth, lane, (scale, epsilon))
-    low, high = (b.fmul(dots[s][0], inverse[0]) for s in range(2))
     rounded = isinstance(keys.type.element_type, BFloat16Type)  # type: ignore[attr-defined]
 
-    def epilogue() -> None:
+    def epilogue(low: SSAValue, high: SSAValue) -> None:
         place = b.sub(b.to_index(b.load(positions, [row])), 1)
         d2 = b.add(d, half)
 
@@ -319,7 +368,38 @@ def _qkv(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: 
         b.when(is_key, lambda: write_cache(keys, rotated(), q_heads))
         b.when(b.cmp("uge", head, q_heads + kv_heads), lambda: write_cache(values, (low, high), q_heads + kv_heads))
 
-    b.when(b.both(valid, b.cmp("eq", lane, 0)), epilogue)
+    streams = [(weight, first), (weight, second)]
+    lane0 = b.both(valid, b.cmp("eq", lane, 0))
+    if splits == 1:
+        dots, inverse = _dots(b, x, streams, [row], depth, lane, (scale, epsilon))
+        low, high = (b.fmul(dots[s][0], inverse[0]) for s in range(2))
+        b.when(lane0, lambda: epilogue(low, high))
+        return
+    assert part is not None
+    partial_sums, count = split_k
+    span = depth // splits
+    sums = _dot_sums(b, x, streams, [row], depth, lane, (scale, epsilon), (b.mul(part, span), span))
+
+    def finish() -> None:
+        for index, value in enumerate(sums):
+            b.store(value, partial_sums, [item, part, index])
+        b.op(cuda.FenceOp("device"))  # this lane's partials visible before it counts (lane 0 alone: no warp sync)
+        one = b.op(arith.ConstantOp(IntegerAttr(1, i64)))
+        before = b.atomic_add(one, count, [item])
+        last = b.op(arith.CmpiOp(before, b.op(arith.ConstantOp(IntegerAttr(splits - 1, i64))), "eq"))
+
+        def combine() -> None:
+            b.op(cuda.FenceOp("device"))  # the acquire side: no load of the others' partials moves above the count
+            b.store(b.op(arith.ConstantOp(IntegerAttr(0, i64))), count, [item])
+            totals = [b.load(partial_sums, [item, 0, index]) for index in range(3)]
+            for other in range(1, splits):
+                totals = [b.fadd(t, b.load(partial_sums, [item, other, index])) for index, t in enumerate(totals)]
+            inverse = _inverse_rms(b, totals[2], depth, epsilon)
+            epilogue(b.fmul(totals[0], inverse), b.fmul(totals[1], inverse))
+
+        b.when(last, combine)
+
+    b.when(lane0, finish)
 
 
 def _rope(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], head_dim: int) -> None:
@@ -510,6 +590,7 @@ def _attention(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> 
     last = b.both(valid, b.op(arith.CmpiOp(before, b.op(arith.ConstantOp(IntegerAttr(splits - 1, i64))), "eq")))
 
     def combine() -> None:
+        b.op(cuda.FenceOp("device"))  # the acquire side: no load of the other warps' partials moves above the count
         b.when(b.cmp("eq", lane, 0), lambda: b.store(none, count, [row, kv_head]))
         used = b.div(b.add(length, b.sub(span, 1)), span)
         for h in range(group):
@@ -654,8 +735,10 @@ def _kinds(op: cuda.KernelOp) -> list[Kind]:
         return [Kind(stem, tuple(range(len(shapes))), columns, lambda b, a, s: _gate_up(b, a, s, epsilon))]
     if isinstance(op, cuda.QKVOp):
         epsilon = op.epsilon.value.data
-        pairs = lambda s: (cdiv(s[1][0] // 2, WARPS), 1, 1)  # noqa: E731
-        return [Kind("qkv", tuple(range(9)), pairs, lambda b, a, s: _qkv(b, a, s, epsilon))]
+        splits = qkv_splits(shapes[1][0] // 2, shapes[0][1], op.ins[1].type.element_type)  # type: ignore[attr-defined]
+        pairs = lambda s: (cdiv(s[1][0] // 2 * splits, WARPS), 1, 1)  # noqa: E731
+        operands = tuple(range(9 if splits == 1 else 11))  # split-K: + partial, count (the lowering's scratch)
+        return [Kind("qkv", operands, pairs, lambda b, a, s: _qkv(b, a, s, epsilon))]
     if isinstance(op, cuda.RopeOp):
         head_dim = op.head_dim.value.data
         grid = lambda s: (cdiv(s[0][1], THREADS), s[0][0], 1)  # noqa: E731
@@ -728,16 +811,43 @@ class _Lowering:
         operands = [*op.ins, *op.outs]
         ins, outs = op.shapes()
         shapes = [*ins, *outs]
+        all_roles = op.roles()
+        if isinstance(op, cuda.QKVOp):  # split-K's partial sums and counts: scratch the lowering adds
+            pairs, depth = shapes[1][0] // 2, shapes[0][1]
+            splits = qkv_splits(pairs, depth, op.ins[1].type.element_type)  # type: ignore[attr-defined]
+            if splits > 1:
+                operands += [
+                    self.scratch(host, "qkv.partial", MemRefType(f32, [pairs, splits, 3])),
+                    self.scratch(host, "qkv.count", MemRefType(i64, [pairs])),
+                ]
+                shapes += [(pairs, splits, 3), (pairs,)]
+                all_roles = [*all_roles, "partial", "count"]
         for kind in _kinds(op):
             chosen = [operands[i] for i in kind.operands]
             picked = [shapes[i] for i in kind.operands]
-            roles = [op.roles()[i] for i in kind.operands]
+            roles = [all_roles[i] for i in kind.operands]
             name = self.kernel(kind, [v.type for v in chosen], picked, roles)
             grid = kind.grid(picked)
             sizes = [self.constant(block, op, n) for n in (*grid, THREADS, 1, 1)]
             call = gpu.LaunchFuncOp(SymbolRefAttr("kernels", [name]), sizes[:3], sizes[3:], kernelOperands=chosen)
             block.insert_op_before(call, op)
         block.erase_op(op)
+
+    def scratch(self, host: func.FuncOp, name: str, kind: MemRefType) -> SSAValue:
+        """A scratch buffer of the host plan made by this lowering (zero when allocated; a kernel that counts in it
+        returns it to zero), one for all the launches of its shape."""
+        block = host.body.block
+        for op in block.ops:
+            if isinstance(op, cuda.BufferOp) and op.buffer.data == name:
+                if op.result.type != kind:
+                    raise PassError(f"{NAME}: scratch '{name}' is needed as {kind} and as {op.result.type}")
+                return op.result
+        buffer = cuda.BufferOp(name, "scratch", kind)
+        buffer.result.name_hint = name.replace(".", "_")
+        first = block.first_op
+        assert first is not None
+        block.insert_op_before(buffer, first)
+        return buffer.result
 
     def constant(self, block: Block, before: Operation, value: int) -> SSAValue:
         found = self.constants.get(value)
