@@ -12,6 +12,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,7 +21,7 @@ import pytest
 from logos_ir.generate import Generator
 from logos_ir.models import ModelSource
 from logos_ir.runtime import RunRequest
-from logos_ir.runtime.cuda import Emulator, cuda_generator
+from logos_ir.runtime.cuda import Emulator, NcclRanks, cuda_generator
 from logos_ir.spec import ModelSpec
 from logos_ir.weights import RandomWeights
 
@@ -121,3 +123,59 @@ def test_a_split_decode_step_runs_as_two_processes_under_mpiexec() -> None:
         assert rank["tokens"] == want
         assert rank["gathers"] == 1  # the head's logits gathered over MPI in the eager step (then in the graph)
     assert ranks[0]["logits"] == ranks[1]["logits"]  # every rank holds the whole row: the same arg-max, sampler
+
+
+class _DeviceArray(np.ndarray):
+    """A numpy array standing in for a cupy one: `data.ptr` names it to the fake NCCL below."""
+
+    @property
+    def data(self) -> Any:  # type: ignore[override]
+        return SimpleNamespace(ptr=id(self))
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_nccl_all_gather_lays_each_ranks_logits_side_by_side(rows: int) -> None:
+    """`NcclRanks.all_gather` as NCCL runs it, with numpy standing in for cupy and a communicator that, as
+    ncclAllGather does, writes every rank's send buffer rank-major into the receive buffer: one row of logits lands
+    in the whole buffer itself; several rows go through the staging buffer and the copy that lays them side by side;
+    everything on the work stream."""
+    world, share = 3, 4
+    shares = [np.arange(rows * share, dtype=np.float32).reshape(rows, share).view(_DeviceArray) + 100 * r for r in
+              range(world)]  # fmt: skip
+    arrays: dict[int, np.ndarray] = {}
+    streams: list[Any] = []
+
+    class Stream:
+        ptr = 7
+
+        def __enter__(self) -> Stream:
+            streams.append(self)
+            return self
+
+        def __exit__(self, *exc: Any) -> None:
+            pass
+
+    def empty(shape: Any, dtype: Any) -> np.ndarray:
+        array = np.zeros(shape, dtype).view(_DeviceArray)
+        arrays[id(array)] = array
+        return array
+
+    class Communicator:
+        def allGather(self, send: int, recv: int, count: int, kind: int, stream: int) -> None:  # noqa: N802
+            assert stream == Stream.ptr and count == rows * share and send in arrays
+            arrays[recv].reshape(world, count)[...] = np.stack([s.reshape(-1) for s in shares])
+
+    outs = []
+    for rank in range(world):
+        device = SimpleNamespace(stream=Stream(), cp=SimpleNamespace(empty=empty, moveaxis=np.moveaxis))
+        device.collective = lambda name, work, kind, device=device: work()
+        ranks = object.__new__(NcclRanks)
+        ranks.nccl, ranks.world, ranks.staging = SimpleNamespace(NCCL_FLOAT32=7), world, {}
+        ranks.communicator = Communicator()
+        out = empty((rows, world * share), np.float32)
+        arrays[id(shares[rank])] = shares[rank]
+        ranks.all_gather("logits", [(device, shares[rank], out)], 1)
+        assert bool(ranks.staging) == (rows > 1)  # one row is gathered in place
+        outs.append(out)
+    for out in outs:
+        assert np.array_equal(out, np.concatenate(shares, axis=1))
