@@ -319,11 +319,13 @@ def communication_report(program: logos.ProgramOp) -> dict[str, object]:
     bytes of float32 for each of a Megatron layer's two). `bytes_per_step` is the payload summed over the run,
     `bytes_per_layer` the same per section; `megatron_bytes` is 2 x rows x hidden x 4 x layers, the figure to
     compare it with, and `ring_bytes_per_chip` what each chip sends in a ring all-reduce, 2(n-1)/n times the
-    payload (0 on one chip)."""
+    payload (0 on one chip). `all_gathers` and `gathered_bytes_per_step` count the split head's all-gather of the
+    logits apart (the whole row each chip ends with; a ring all-gather sends (n-1)/n of it from each chip)."""
     spec = program.spec
     chips = program.chips.value.data
     per_section: dict[str, int] = {}
     count = 0
+    gathers = gathered = 0  # the split head's logits: each chip receives the whole row
     layers = 0
     for function in program.body.block.ops:
         if not isinstance(function, func.FuncOp):
@@ -335,6 +337,9 @@ def communication_report(program: logos.ProgramOp) -> dict[str, object]:
             if isinstance(op, AllReduceOp):
                 count += 1
                 per_section[sym] = per_section.get(sym, 0) + _nbytes(op.result.type)
+            elif isinstance(op, AllGatherOp):
+                gathers += 1
+                gathered += _nbytes(op.result.type)
     total = sum(per_section.values())
     rows = Cut.parse(program.cut.data).rows or 1
     return {
@@ -348,6 +353,8 @@ def communication_report(program: logos.ProgramOp) -> dict[str, object]:
         "bytes_per_layer": per_section,
         "megatron_bytes": 2 * rows * spec.hidden * 4 * layers,
         "ring_bytes_per_chip": total * 2 * (chips - 1) // chips,
+        "all_gathers": gathers,
+        "gathered_bytes_per_step": gathered,
     }
 
 

@@ -66,6 +66,24 @@ def test_the_host_runtime_captures_the_split_decode_step_once_and_replays_it() -
     assert graph_nodes == f"{5 * layers + 4 + 2 * layers + 1} nodes"
 
 
+def test_a_tied_head_split_over_two_chips_gives_the_reference_tokens() -> None:
+    """Tied embeddings: the embedding reads the whole table, the head its chip's rows of the same tensor (a buffer
+    of its own, `<table>.<rows>x<hidden>`), each cut from the one weight."""
+    from dataclasses import replace
+
+    store = RandomWeights(replace(ModelSpec.preset("tiny"), tie_embeddings=True), seed=4)
+    want = Generator(store, prefill_rows=4, tp=2).generate(PROMPT, 4)
+    lane = cuda_generator(RunRequest(store, None, 4, 2, "f32", emulate=True))
+    assert lane.generate(PROMPT, 4) == want
+    table = "model.embed_tokens.weight"
+    for chip, arrays in enumerate(lane._last.chips):
+        rows = store.spec.vocab // 2
+        assert arrays[table].shape == (store.spec.vocab, store.spec.hidden)
+        assert np.array_equal(
+            arrays[f"{table}.{rows}x{store.spec.hidden}"], store.get(table)[chip * rows : (chip + 1) * rows]
+        )
+
+
 def test_a_build_folder_runs_its_step_module_and_weight_image(tmp_path: Path) -> None:
     folder = tmp_path / "tiny-cuda"
     command = [

@@ -164,11 +164,14 @@ def logits_of(head: Interpreter, spec: ModelSpec, values: list[dict[str, np.ndar
 def test_split_programs_agree_with_the_unsplit_one(preset: str, seed: int, tp: int) -> None:
     store = RandomWeights(ModelSpec.preset(preset), seed)
     spec = store.spec
-    tokens, values = greedy(compiled(store, Cut.decode(CTX)), FIRST, 32)
+    whole = compiled(store, Cut.decode(CTX))
+    tokens, values = greedy(whole, FIRST, 32)
     split_state = KVState()
     split = compiled(store, Cut.decode(CTX), split_state, tp=tp)
     split_tokens, split_values = greedy(split, FIRST, 32)
     assert split_tokens == tokens
+    # the head split by vocabulary rows: each chip's logits, all-gathered, are the whole head's (last step's)
+    np.testing.assert_allclose(split.logits, whole.logits, **REORDERED)
     for name in hidden_names(spec):
         np.testing.assert_allclose([v[name] for v in split_values], [v[name] for v in values], **REORDERED)
     head = compiled(store, Cut.forward_head())

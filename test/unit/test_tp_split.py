@@ -343,6 +343,8 @@ def test_communication_report(model: str, cut: Cut, tp: int, layers: int) -> Non
     per_layer = 2 * rows * spec.hidden * 4  # two all-reduces of rows x hidden float32 per layer
     assert report["all_reduces"] == 2 * layers
     assert report["bytes_per_step"] == report["megatron_bytes"] == per_layer * layers
+    heads = 0 if cut.layer is not None else 1  # a layer cut has no head
+    assert report["all_gathers"] == heads and report["gathered_bytes_per_step"] == heads * rows * spec.vocab * 4
     assert set(report["bytes_per_layer"].values()) == {per_layer}  # type: ignore[union-attr]
     assert len(report["bytes_per_layer"]) == layers  # type: ignore[arg-type]
     assert report["ring_bytes_per_chip"] == per_layer * layers * 2 * (tp - 1) // tp
