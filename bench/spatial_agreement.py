@@ -39,7 +39,7 @@ from logos_ir.weights import RandomWeights, WeightStore, open_model
 
 PROMPT = "The capital of France is"
 GRID_LIMIT = 72  # the largest grid simulated for the extrapolation (5,184 elements)
-GRIDS = 5  # how many grids the fit uses
+GRIDS = 9  # how many grids the fit uses (at most)
 CLOCK_HZ = 1.1e9  # docs/spatial.md, "Cycles"
 WAFERLLM_TOKENS_PER_S = 2700  # WaferLLM (OSDI 2025), Llama-3-8B decode on a WSE-2, as issue 17 cites it
 
@@ -163,22 +163,59 @@ def step_cycles(spec: ModelSpec, ctx: int, image: str, p: int, layers: int, copi
     return machine.cycles[-1]
 
 
-def line_steps(p: int) -> int:
-    """A line reduction's steps on a grid of P (grid.segments): P + its segment length + its segments."""
-    length, count, _ = g.segments(p)
-    return p + length + count
+def line_terms(p: int, shape: tuple[int, int, int], centre: int, broadcast: bool = True) -> tuple[int, int]:
+    """(hops, steps) of one reduction along a line of P in segments `shape` (grid.segments), from the mapping's
+    description: its phase-one chains take the longest half-segment's element steps (a hop and an op each), its
+    phase two the most centres on one side (an op each) and the hops from the farthest centre to the line's centre,
+    its broadcast the hops from there to the line's farthest element."""
+    length, count, middle = shape
+    far = max(centre, p - 1 - centre)
+    steps = length // 2 + max(middle, count - 1 - middle)
+    return (2 * far if broadcast else far), steps
+
+
+def reduction_terms(plan: g.GridPlan) -> dict[str, tuple[int, int]]:
+    """(hops, steps) summed over a layer's reductions (six along a row: both norms' sums, q/k/v, softmax's maximum,
+    its sums with the weighted values, gate/up; two down a column: the output projection, down; attention's scores
+    within a KV head's column segment, or down the whole column) and over the embedding's (a column) and head's (a
+    row, no broadcast)."""
+    row = line_terms(plan.p, plan.line("row"), plan.line_centre("row"))
+    col = line_terms(plan.p, plan.line("col"), plan.line_centre("col"))
+    if plan.scores_local:
+        half = plan.line("col")[0] // 2
+        scores = (half, half)
+    else:
+        scores = col
+    layer = tuple(6 * r + 2 * c + s for r, c, s in zip(row, col, scores, strict=True))
+    head = line_terms(plan.p, plan.line("row"), plan.line_centre("row"), broadcast=False)
+    ends = tuple(c + h for c, h in zip(col, head, strict=True))
+    return {"layer": layer, "ends": ends}  # type: ignore[dict-item]
+
+
+def _fit(terms: list[tuple[int, int]], cycles: list[float]) -> np.ndarray:
+    """Least squares: cycles = a + b hops + c steps."""
+    design = np.array([[1.0, h, s] for h, s in terms])
+    solution, *_ = np.linalg.lstsq(design, np.array(cycles, dtype=float), rcond=None)
+    return solution
+
+
+def _at(fit: np.ndarray, terms: tuple[int, int]) -> float:
+    return float(fit[0] + fit[1] * terms[0] + fit[2] * terms[1])
 
 
 def extrapolated(spec: ModelSpec, plan: g.GridPlan, image: str) -> dict[str, Any]:
-    """Cycles per token at plan.p from layers simulated in full on smaller grids of the same tiles: a layer's cycles
-    fitted as a + b x, x = line_steps(P) (its local work does not depend on P; its reductions take the line's
-    steps), the embedding's and head's likewise."""
+    """Cycles per token at plan.p from layers simulated in full on smaller grids of the same tiles (`scaled`): a
+    layer's cycles fitted as a + b hops + c steps over the grids (`reduction_terms`: its local work does not depend
+    on P; its reductions' latency is their hops and element steps), evaluated at plan.p; the embedding's and head's
+    likewise. Only grids whose attention reduces its scores as the large grid's does (`scores_local`) are used."""
     candidates = [p for p in range(4, GRID_LIMIT + 1) if scaled(spec, plan, p) is not None]
+    candidates = [p for p in candidates if plan_like(scaled(spec, plan, p), plan, p).scores_local == plan.scores_local]
     if len(candidates) > GRIDS:  # spread over the range: the fit's slope is read from the widest span
         candidates = [candidates[round(i * (len(candidates) - 1) / (GRIDS - 1))] for i in range(GRIDS)]
-    if len(candidates) < 2:
-        return {"extrapolated": None, "why": "no two grids up to GRID_LIMIT hold exactly the tiles this grid's hold"}
-    rows = []
+    if len(candidates) < 4:
+        return {"extrapolated": None, "why": "fewer than four grids up to GRID_LIMIT hold exactly this grid's tiles"}
+    rows: list[tuple[int, float, float]] = []
+    shapes: list[dict[str, Any]] = []
     for p in candidates:
         model = scaled(spec, plan, p)
         assert model is not None
@@ -186,33 +223,40 @@ def extrapolated(spec: ModelSpec, plan: g.GridPlan, image: str) -> dict[str, Any
         one = step_cycles(model, ctx, image, p, 1, plan.kv_copies)
         two = step_cycles(model, ctx, image, p, 2, plan.kv_copies)
         rows.append((p, two - one, one - (two - one)))  # (P, a layer, the embedding and head)
-    xs = np.array([line_steps(r[0]) for r in rows], dtype=float)
-    layer_fit = np.polyfit(xs, [r[1] for r in rows], 1)
-    ends_fit = np.polyfit(xs, [r[2] for r in rows], 1)
-    residual = float(np.max(np.abs(np.polyval(layer_fit, xs) - [r[1] for r in rows])))
-    # the fit's error where it matters: each grid left out in turn, the fit of the others evaluated at the large P
-    x_big = line_steps(plan.p)
+        small = plan_like(model, plan, p)
+        shapes.append({"row": small.line("row"), "col": small.line("col"), "terms": reduction_terms(small)})
+    layer_terms = [shape["terms"]["layer"] for shape in shapes]
+    end_terms = [shape["terms"]["ends"] for shape in shapes]
+    layer_fit = _fit(layer_terms, [r[1] for r in rows])
+    ends_fit = _fit(end_terms, [r[2] for r in rows])
+    residual = max(abs(_at(layer_fit, t) - r[1]) for t, r in zip(layer_terms, rows, strict=True))
+    big = reduction_terms(plan)
+    # the fit's error where it matters: each grid left out in turn, the others' fit evaluated at the large P
     spread = []
     for i in range(len(rows)):
         keep = [j for j in range(len(rows)) if j != i]
-        if len(keep) >= 2:
-            fit = np.polyfit(xs[keep], [rows[j][1] for j in keep], 1)
-            spread.append(float(np.polyval(fit, x_big)))
-    x = line_steps(plan.p)
-    layer = float(np.polyval(layer_fit, x))
-    ends = float(np.polyval(ends_fit, x))
+        fit = _fit([layer_terms[j] for j in keep], [rows[j][1] for j in keep])
+        spread.append(_at(fit, big["layer"]))
+    layer = _at(layer_fit, big["layer"])
+    ends = _at(ends_fit, big["ends"])
     total = ends + spec.layers * layer
+    low, high = ends + spec.layers * min(spread), ends + spec.layers * max(spread)
     return {
         "simulated_grids": [
-            {"p": p, "line_steps": line_steps(p), "layer_cycles": c, "embedding_and_head_cycles": e} for p, c, e in rows
+            {"p": p, "layer_cycles": c, "embedding_and_head_cycles": e, "row_segments": shape["row"],
+             "col_segments": shape["col"], "layer_hops_steps": shape["terms"]["layer"]}
+            for (p, c, e), shape in zip(rows, shapes, strict=True)
         ],  # fmt: skip
-        "line_steps": x,
-        "layer_fit": [float(v) for v in layer_fit],
-        "fit_max_error_cycles": residual,
+        "row_segments": plan.line("row"),
+        "col_segments": plan.line("col"),
+        "layer_hops_steps": big["layer"],
+        "layer_fit_a_hops_steps": [round(float(v), 3) for v in layer_fit],
+        "fit_max_error_cycles": round(residual, 1),
         "layer_cycles_leave_one_out": [round(v) for v in spread],
         "layer_cycles": round(layer),
         "cycles_per_token": round(total),
         "tokens_per_s": round(CLOCK_HZ / total, 1),
+        "tokens_per_s_leave_one_out_range": [round(CLOCK_HZ / high, 1), round(CLOCK_HZ / low, 1)],
     }
 
 

@@ -249,19 +249,26 @@ class PartLowering:
         along: str,
         combine: type[csl.BuiltinDsdOp],
         broadcast: bool = True,
+        segment_only: bool = False,
     ) -> None:
-        """Combine each element's `array[0:n]` along its row or column (`reduce_body`): copied into the line's
-        buffer, reduced by the one function of that kind (`reduce_<row|col>_<op>[_to_centre]`), copied back; one
-        function a kind keeps the element's code small (with grid.SEGMENTED; inline otherwise)."""
+        """Combine each element's `array[0:n]` along its row or column (`reduce_body`; `segment_only`: within its column
+        segment only): copied into the line's buffer, reduced by the one function of that kind
+        (`reduce_<row|col>_<op>[_to_centre|_local]`), copied back; one function a kind keeps the element's code small
+        (with grid.SEGMENTED; inline otherwise)."""
         if not g.SEGMENTED:  # inline: no copies, no call (the code of one segment a line is small)
+            assert not segment_only
             self.reduce_body(e, array, e.int(n, i16), along, combine, broadcast)
             return
-        name = f"reduce_{along}_{combine.name.removeprefix('csl.')}" + ("" if broadcast else "_to_centre")
+        words = self.program.arrays[f"line_{along}"][0]
+        if n > words:
+            raise PassError(f"{PASS}: a reduction of {n} words along a {along} exceeds its line buffer ({words})")
+        kind = "_local" if segment_only else ("" if broadcast else "_to_centre")
+        name = f"reduce_{along}_{combine.name.removeprefix('csl.')}" + kind
         if name not in self.program.reducers:
             block = Block(arg_types=[i16])
             body = Emit(block)
             line = self.program.get(body, f"line_{along}")
-            self.reduce_body(body, line, block.args[0], along, combine, broadcast)
+            self.reduce_body(body, line, block.args[0], along, combine, broadcast, segment_only)
             body.op(csl.ReturnOp())
             self.program.reducers[name] = csl.FuncOp(name, FunctionType.from_lists([i16], []), Region(block))
         line = self.arr(f"line_{along}")
@@ -277,12 +284,14 @@ class PartLowering:
         along: str,
         combine: type[csl.BuiltinDsdOp],
         broadcast: bool = True,
+        segment_only: bool = False,
     ) -> None:
         """Combine each element's `array[0:n]` along its row (`along="row"`) or column: each segment of the line
         toward its centre from both ends (the end element sends its own; each next one adds what arrives and passes
         it on in one DSD op, the wavelets streaming through: @fadds(out, in, mine); the centre adds both halves);
         then the segments' centres toward the line's centre the same way (the elements between them passing the
-        wavelets on); then (`broadcast`) the line's centre sends the total both ways (grid.segments)."""
+        wavelets on); then (`broadcast`) the line's centre sends the total both ways (grid.segments). `segment_only`: a
+        column's segments only, each segment's centre then sending its total to its segment (a KV head's rows)."""
         plan = self.plan
         if along == "row":
             near, far, bcast = g.ROW_WEST_CHAIN, g.ROW_EAST_CHAIN, g.ROW_BCAST
@@ -290,8 +299,8 @@ class PartLowering:
         else:
             near, far, bcast = g.COL_NORTH_CHAIN, g.COL_SOUTH_CHAIN, g.COL_BCAST
             west, east = g.COL_NORTH_CENTRES, g.COL_SOUTH_CENTRES
-        length, count, middle = g.segments(plan.p)
-        centre = plan.centre
+        length, count, middle = plan.line(along)
+        centre = plan.line_centre(along)
         k = self.coordinate(along, e)
         local = e.dsd(array, n)
         q, first, last, mid = _segment(e, k, length, plan.p, i32)
@@ -304,6 +313,14 @@ class PartLowering:
         self._receive_last(here, here.bin(arith.SubiOp, last, mid), local, n, far, combine)
         rest.end_branch(after, here, op2)
         e.end_branch(before, rest, op)
+        if segment_only:
+            assert along == "col" and broadcast
+            others, source, op3 = e.branch(e.cmp(k, mid, "ne"))
+            others.dsd_op(csl.FmovsOp, local, others.fabric(g.COL_SEGMENT_BCAST, n, True))
+            with source.when(source.cmp(first, last, "ne")) as sends:  # a segment of one element keeps its own
+                sends.dsd_op(csl.FmovsOp, sends.fabric(g.COL_SEGMENT_BCAST, n, False), local)
+            e.end_branch(others, source, op3)
+            return
         if count > 1:
             with e.when(e.cmp(k, mid, "eq")) as centres:
                 westward, other, op4 = centres.branch(centres.cmp(q, centres.int(middle), "slt"))
@@ -645,9 +662,11 @@ class PartLowering:
         keys = self.arr(self.cache_array(self.values[op.keys], c))
         values = self.arr(self.cache_array(self.values[op.values], c))
         heads, slots, chunk, p = plan.heads, plan.slots, q.chunk, plan.p
-        self.program.array("scores", heads * slots)
-        touched = 1 if plan.head_dim % c == 0 else -(-c // plan.head_dim) + 1  # KV heads a row's features touch
-        window = min(heads, group * touched)  # the heads whose queries the element holds
+        window = plan.window  # the heads whose queries the element holds
+        # the scores the element keeps: its window's heads (reduced within its KV head's column segment) or every
+        # head's (reduced down the whole column) when a row's features straddle KV heads
+        kept = window if plan.scores_local else heads
+        self.program.array("scores", kept * slots)
         self.program.array("head_max", window)
         scores, high = self.arr("scores"), self.arr("head_max")
         out = Vec("row", q.length, chunk, _name(op.result), q.order)
@@ -658,11 +677,15 @@ class PartLowering:
         layer = self.layer if self.layer is not None else e.int(0)
         base = e.bin(arith.MuliOp, layer, e.int(slots * c))
         first_kv = e.bin(arith.MuliOp, py, e.int(c))
-        e.dsd_op(csl.FmovsOp, e.dsd(scores, heads * slots), e.float(0.0))
+        h0 = e.bin(arith.MuliOp, e.bin(arith.DivSIOp, first_kv, e.int(plan.head_dim)), e.int(group))
+        highest = e.int(heads - window)
+        h0 = e.op(arith.SelectOp(e.cmp(h0, highest, "slt"), h0, highest)).results[0]
+        kept_from = h0 if plan.scores_local else e.int(0)  # the head of the scores' first row
+        e.dsd_op(csl.FmovsOp, e.dsd(scores, kept * slots), e.float(0.0))
         # partial scores: each of my query features r (head m of the group, KV feature t) adds q[r] * k[., t] over my
         # positions to its head's scores
         with e.loop(chunk) as (body, r, _, _y):
-            head = self._head_of(body, first_kv, r)
+            head = body.bin(arith.SubiOp, self._head_of(body, first_kv, r), kept_from)
             row = body.moved(body.dsd(scores, slots), body.bin(arith.MuliOp, head, body.int(slots)))
             t = body.bin(arith.RemSIOp, r, body.int(c))
             column = body.moved(body.dsd(keys, slots, 0, c), body.bin(arith.AddiOp, base, t), self.element_type)
@@ -671,25 +694,22 @@ class PartLowering:
                 body.dsd_op(csl.FmachsOp, row, row, column, body.op(arith.TruncFOp(value, f16)).results[0])
             else:
                 body.dsd_op(csl.FmacsOp, row, row, column, value)
-        self.reduce(e, scores, heads * slots, "col", csl.FaddsOp)
+        self.reduce(e, scores, kept * slots, "col", csl.FaddsOp, segment_only=plan.scores_local)
         e.dsd_op(
             csl.FmulsOp,
-            e.dsd(scores, heads * slots),
-            e.dsd(scores, heads * slots),
+            e.dsd(scores, kept * slots),
+            e.dsd(scores, kept * slots),
             e.float(1.0 / math.sqrt(plan.head_dim)),
         )
         # softmax for my heads (a window of `window` heads from h0; my row's elements share it): my positions after
         # the current one masked, each head's maximum over mine, then along the row
-        h0 = e.bin(arith.MuliOp, e.bin(arith.DivSIOp, first_kv, e.int(plan.head_dim)), e.int(group))
-        highest = e.int(heads - window)
-        h0 = e.op(arith.SelectOp(e.cmp(h0, highest, "slt"), h0, highest)).results[0]
-        rows_from = e.bin(arith.MuliOp, h0, e.int(slots))
+        rows_from = e.bin(arith.MuliOp, e.bin(arith.SubiOp, h0, kept_from), e.int(slots))
         e.dsd_op(csl.FmovsOp, e.dsd(high, window), e.float(-3.0e38))
         with e.loop(slots) as (outer, s, _, _y):
             t = outer.bin(arith.AddiOp, outer.bin(arith.MuliOp, s, outer.int(p)), px)
             later = outer.cmp(t, position, "sgt")
             with outer.when(later) as masked:
-                masked.dsd_op(csl.FmovsOp, masked.moved(masked.dsd(scores, heads, 0, slots), s), masked.float(-3.0e38))
+                masked.dsd_op(csl.FmovsOp, masked.moved(masked.dsd(scores, kept, 0, slots), s), masked.float(-3.0e38))
             mine = outer.moved(outer.dsd(scores, window, 0, slots), outer.bin(arith.AddiOp, rows_from, s))
             outer.dsd_op(csl.FmaxsOp, outer.dsd(high, window), outer.dsd(high, window), mine)
         self.reduce(e, high, window, "row", csl.FmaxsOp)
@@ -700,7 +720,7 @@ class PartLowering:
         e.dsd_op(csl.FmovsOp, e.dsd(sums, chunk + window), e.float(0.0))
         with e.loop(window) as (outer, j, _, _y):
             m = outer.load(high, j)
-            h = outer.bin(arith.AddiOp, h0, j)
+            h = outer.bin(arith.SubiOp, outer.bin(arith.AddiOp, h0, j), kept_from)  # its row of the scores
             total_at = outer.bin(arith.AddiOp, j, outer.int(chunk))
             with outer.loop(slots) as (body, s, _, _y2):
                 at = body.bin(arith.AddiOp, body.bin(arith.MuliOp, h, body.int(slots)), s)
@@ -712,7 +732,7 @@ class PartLowering:
         self.program.array("weights_by_feature", slots * chunk)
         spread = self.arr("weights_by_feature")
         with e.loop(chunk) as (body, r, _, _y):
-            head = self._head_of(body, first_kv, r)
+            head = body.bin(arith.SubiOp, self._head_of(body, first_kv, r), kept_from)
             row = body.moved(body.dsd(scores, slots), body.bin(arith.MuliOp, head, body.int(slots)))
             body.dsd_op(csl.FmovsOp, body.moved(body.dsd(spread, slots, 0, chunk), r), row)
         self.program.array("weighted", c)
@@ -908,18 +928,15 @@ def lower_parts(parts: Sequence[tuple[Any, Any, ModuleOp]], plan: g.GridPlan) ->
     for name in ("token_in", "position_in", "layer_at"):
         program.array(name, 1, i32)
     program.array("norm_sum", 1)
-    features = plan.query_chunk
-    longest = max(
-        plan.chunk(plan.vocab),
-        plan.heads * plan.slots,
-        3 * features,
-        2 * plan.chunk(plan.intermediate),
-        plan.chunk(plan.hidden),
-        features + plan.heads,
-    )
-    if g.SEGMENTED:  # the reduction functions' buffers
-        program.array("line_row", longest)
-        program.array("line_col", longest)
+    if g.SEGMENTED:  # the reduction functions' buffers: the longest message along a row, along a column
+        queries, keys, hidden = plan.query_chunk, plan.kv_chunk, plan.chunk(plan.hidden)
+        scores = (plan.window if plan.scores_local else plan.heads) * plan.slots
+        program.array(
+            "line_row",
+            max(plan.chunk(plan.vocab), queries + 2 * keys, 2 * plan.chunk(plan.intermediate), queries + plan.window,
+                hidden, 1),
+        )  # fmt: skip
+        program.array("line_col", max(hidden, scores))
     functions: list[Operation] = []
     identities: list[str] = []
     embed_cut, *layer_parts, head_cut = parts
@@ -1061,20 +1078,24 @@ def _segment(e: Emit, k: SSAValue, length: int, p: int, type_: IntegerType) -> t
     return q, first, last, mid
 
 
-def _line_routes(e: Emit, k: SSAValue, x: SSAValue, y: SSAValue, p: int, along: str) -> None:
+def _line_routes(e: Emit, k: SSAValue, x: SSAValue, y: SSAValue, plan: g.GridPlan, along: str) -> None:
     """The routes of a row (`along="row"`, k = x) or a column (k = y), as `PartLowering.reduce` uses them: each
     segment's halves toward its centre, the segments' centres toward the line's centre (the elements between two
-    centres passing their wavelets on), and the line centre's broadcast both ways."""
+    centres passing their wavelets on), the line centre's broadcast both ways, and (a column, `scores_local`) each
+    segment centre's broadcast to its segment."""
+    p = plan.p
     if along == "row":
         near, far, bcast, towards, away = g.ROW_WEST_CHAIN, g.ROW_EAST_CHAIN, g.ROW_BCAST, "EAST", "WEST"
         west, east = g.ROW_WEST_CENTRES, g.ROW_EAST_CENTRES
     else:
         near, far, bcast, towards, away = g.COL_NORTH_CHAIN, g.COL_SOUTH_CHAIN, g.COL_BCAST, "SOUTH", "NORTH"
         west, east = g.COL_NORTH_CENTRES, g.COL_SOUTH_CENTRES
-    length, count, middle = g.segments(p)
+    length, count, middle = plan.line(along)
     centre, last_element = g.segment_centre(middle, length, p), p - 1
     one, two, zero = e.int(1, i16), e.int(2, i16), e.int(0, i16)
     q, first, last, mid = _segment(e, k, length, p, i16)
+    if along == "col" and plan.scores_local:
+        _segment_broadcast_routes(e, k, x, y, first, last, mid, towards, away)
     with e.when(e.cmp(k, mid, "slt")) as half:
         _half_routes(half, x, y, half.bin(arith.SubiOp, k, first), near, towards, away, zero, one, two)
     with e.when(e.cmp(k, mid, "sgt")) as half:
@@ -1114,6 +1135,36 @@ def _line_routes(e: Emit, k: SSAValue, x: SSAValue, y: SSAValue, p: int, along: 
     after.end_branch(end, inner2, op8)
     other.end_branch(before, after, op6)
     e.end_branch(here2, other, op5)
+
+
+def _segment_broadcast_routes(
+    e: Emit, k: SSAValue, x: SSAValue, y: SSAValue, first: SSAValue, last: SSAValue, mid: SSAValue, towards: str,
+    away: str,
+) -> None:  # fmt: skip
+    """A segment's centre sends its total (grid.COL_SEGMENT_BCAST) both ways to the ends of its segment; the
+    elements between take it and pass it on."""
+    colour = g.COL_SEGMENT_BCAST
+    here, other, op = e.branch(e.cmp(k, mid, "eq"))
+    with here.when(here.cmp(mid, first, "sgt")) as both:
+        with both.when(both.cmp(mid, last, "slt")) as inner:
+            _route(inner, x, y, colour, ["RAMP"], [away, towards])
+    with here.when(here.cmp(mid, first, "sgt")) as up:
+        with up.when(up.cmp(mid, last, "eq")) as inner:
+            _route(inner, x, y, colour, ["RAMP"], [away])
+    with here.when(here.cmp(mid, first, "eq")) as down:
+        with down.when(down.cmp(mid, last, "slt")) as inner:
+            _route(inner, x, y, colour, ["RAMP"], [towards])
+    before, after, op2 = other.branch(other.cmp(k, mid, "slt"))
+    end, inner_b, op3 = before.branch(before.cmp(k, first, "eq"))
+    _route(end, x, y, colour, [towards], ["RAMP"])
+    _route(inner_b, x, y, colour, [towards], ["RAMP", away])
+    before.end_branch(end, inner_b, op3)
+    end2, inner_a, op4 = after.branch(after.cmp(k, last, "eq"))
+    _route(end2, x, y, colour, [away], ["RAMP"])
+    _route(inner_a, x, y, colour, [away], ["RAMP", towards])
+    after.end_branch(end2, inner_a, op4)
+    other.end_branch(before, after, op2)
+    e.end_branch(here, other, op)
 
 
 def _receive_routes(
@@ -1196,8 +1247,8 @@ def _layout(plan: g.GridPlan) -> csl.CslModuleOp:
             tile_params = cell.op(csl.MemberCallOp("get_params", csl.ComptimeStructType(), memcpy, [x])).results[0]
             struct = cell.op(csl.ConstStructOp(("memcpy_params", tile_params), ("px", x), ("py", y))).results[0]
             cell.op(csl.SetTileCodeOp("pe_program.csl", x, y, struct))
-            _line_routes(cell, x, x, y, plan.p, "row")
-            _line_routes(cell, y, x, y, plan.p, "col")
+            _line_routes(cell, x, x, y, plan, "row")
+            _line_routes(cell, y, x, y, plan, "col")
     top.op(csl.LayoutOp(Region(block)))
     return csl.CslModuleOp(
         regions=[Region(outer)],

@@ -44,6 +44,7 @@ COL_SOUTH_CHAIN = (11, 12)
 COL_NORTH_CENTRES = (13, 14)
 COL_SOUTH_CENTRES = (15, 16)
 COL_BCAST = 17
+COL_SEGMENT_BCAST = 18  # a column segment's total from its centre to the segment (attention's scores: one KV head's)
 USER_COLOURS = 21  # colours 0..20 are the program's
 RESERVED_COLOURS = (21, 22, 23)  # memcpy's on WSE-2
 # Local task ids (on WSE-2 a local task id may not be a colour the program routes).
@@ -109,9 +110,36 @@ class GridPlan:
 
     @property
     def centre(self) -> int:
-        """The element of a line its reductions end on (the head's logits are on this column)."""
-        length, count, middle = segments(self.p)
+        """The element of a row its reductions end on (the head's logits are on this column)."""
+        return self.line_centre("row")
+
+    def line_centre(self, along: str) -> int:
+        length, count, middle = self.line(along)
         return segment_centre(middle, length, self.p)
+
+    def line(self, along: str) -> tuple[int, int, int]:
+        """(segment length, segments, the middle segment) of a row or a column: a column's segments are a cached KV
+        head's rows when no row straddles two (`scores_local`), so a score is reduced within its head's segment."""
+        if along == "col" and self.scores_local:
+            return segments(self.p, self.head_rows)
+        return segments(self.p)
+
+    @property
+    def head_rows(self) -> int:
+        """The rows one cached KV head (copy) spans when none straddles two (kv_chunk divides head_dim), else 0."""
+        return self.head_dim // self.kv_chunk if self.head_dim % self.kv_chunk == 0 else 0
+
+    @property
+    def scores_local(self) -> bool:
+        """Attention's partial scores reduced within the column segment of their KV head, for its `window` heads
+        only, rather than every head's down the whole column."""
+        return SEGMENTED and self.head_rows >= 2  # (a KV copy a row: one-row segments, slow for the lines)
+
+    @property
+    def window(self) -> int:
+        """The query heads an element holds (those reading its KV copies): its softmax's heads."""
+        touched = 1 if self.head_rows else -(-self.kv_chunk // self.head_dim) + 1  # the KV copies a row touches
+        return min(self.heads, self.group * touched)
 
     @property
     def slots(self) -> int:
@@ -137,14 +165,16 @@ class GridPlan:
         return self.group * self.kv_chunk
 
 
-SEGMENTED = False  # one segment a line: in the simulator's costs, more segments made the 8B's layer slower (docs)
+SEGMENTED = True  # WaferLLM's two-phase reductions (off: one chain a line, about 1.5 P steps; docs/benchmarks.md)
 
 
-def segments(p: int) -> tuple[int, int, int]:
-    """(segment length, segments, the middle segment) of a line of P elements: about sqrt(P / 4) segments, so a
-    reduction costs about P + P / segments + segments steps rather than 1.5 P."""
-    wanted = max(1, int(math.sqrt(p / 4))) if SEGMENTED else 1
-    length = ceil_div(p, wanted)
+def segments(p: int, length: int = 0) -> tuple[int, int, int]:
+    """(segment length, segments, the middle segment) of a line of P elements: segments of `length`, or about
+    sqrt(P / 4) of them, so a reduction costs about P + P / segments + segments steps rather than 1.5 P."""
+    if not length:
+        wanted = max(1, int(math.sqrt(p / 4))) if SEGMENTED else 1
+        length = ceil_div(p, wanted)
+    length = min(length, p)
     count = ceil_div(p, length)
     return length, count, count // 2
 

@@ -212,8 +212,18 @@ def test_wavelets_per_step_are_the_mappings() -> None:
     fc = group * kc
     touched = 1 if plan.head_dim % kc == 0 else -(-kc // plan.head_dim) + 1  # the KV heads a row's features touch
     window = min(plan.heads, group * touched)  # the heads whose queries a row holds: its softmax's
-    allreduce = hc + plan.layers * (1 + fc + 2 * kc + plan.heads * plan.slots + 2 * window + fc + hc + 1 + 2 * ic + hc) + 1
-    expected = 2 * p * (p - 1) * allreduce + p * (p - 1) * vc
+    allreduce = hc + plan.layers * (1 + fc + 2 * kc + 2 * window + fc + hc + 1 + 2 * ic + hc) + 1
+    # the scores: every head's down the whole column, or (M: grid.SEGMENTED and no row straddling two KV copies) the
+    # window's heads within each KV copy's rows, when they are at least two (a column of P rows in segments of
+    # head_dim / kc: P - segments hops)
+    from logos_ir.passes.spatial import grid as g
+
+    if g.SEGMENTED and plan.head_dim % kc == 0 and plan.head_dim // kc >= 2:
+        segments = -(-p // min(p, plan.head_dim // kc))
+        scores = plan.layers * window * plan.slots * (p - segments)
+    else:
+        scores = plan.layers * plan.heads * plan.slots * (p - 1)
+    expected = 2 * p * (p - 1) * allreduce + 2 * p * scores + p * (p - 1) * vc
     assert machine.fabric.wavelets == expected
 
 
