@@ -507,6 +507,8 @@ def _answer(
     if args.json:
         print(json.dumps(_report(plan, generator, prompt, new, stream, sampler, ctx)), flush=True)
     seed = "" if sampler.greedy else f" (sampled, --seed {sampler.settings.seed})"  # so a run can be repeated
+    if launched_rank() != 0:
+        return stream, new  # rank 0 reports for every rank
     print(timing_line(generator.stats) + seed, file=sys.stderr)
     if generator.stats.stop == "ctx":
         print(f"{TOOL}: the cache of {ctx} positions is full: the answer ends there", file=sys.stderr)
@@ -593,8 +595,30 @@ def _chat(plan: Plan, conversation: Conversation, first: str | None, tokenizer: 
     return 0
 
 
+# The rank a process started by an MPI launcher (mpiexec / mpirun / srun) was given, from the launcher's environment
+# (MPICH's and Intel MPI's PMI, PMIx, Open MPI, Slurm): every rank runs the same loop and gets the same tokens, and
+# rank 0 alone prints them.
+_RANK_VARIABLES = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
+
+
+def launched_rank() -> int:
+    """This process's rank under an MPI launcher, else 0."""
+    for name in _RANK_VARIABLES:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _arguments().parse_args(argv)
+    if launched_rank() != 0:  # the answer, the JSON and the timing line from rank 0 alone; errors from every rank
+        with open(os.devnull, "w", encoding="utf-8") as quiet:
+            stdout, sys.stdout = sys.stdout, quiet
+            try:
+                return run_tool(TOOL, lambda: _generate(args), argv)
+            finally:
+                sys.stdout = stdout
     return run_tool(TOOL, lambda: _generate(args), argv)
 
 

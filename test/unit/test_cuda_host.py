@@ -197,3 +197,21 @@ def test_nccl_all_gather_lays_each_ranks_logits_side_by_side(rows: int) -> None:
         outs.append(out)
     for out in outs:
         assert np.array_equal(out, np.concatenate(shares, axis=1))
+
+
+@pytest.mark.parametrize(("variable", "rank"), [("PMI_RANK", "0"), ("PMI_RANK", "1"), ("OMPI_COMM_WORLD_RANK", "1")])
+def test_logos_run_prints_from_rank_0_alone(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], variable: str, rank: str
+) -> None:
+    """Under an MPI launcher every rank runs the same loop: rank 0 alone prints the answer and the timing line (the
+    launcher's rank variable, here set by hand on the reference backend, which starts no ranks itself)."""
+    from logos_ir.tools import logos_run
+
+    for name in ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, rank)
+    assert logos_run.main(["--model", "tiny", "--prompt-ids", "1,2", "--max-new-tokens", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert (out != "" and "tokens/s" in err) if rank == "0" else (out == "" and err == "")
+    assert logos_run.main(["--model", "tiny", "--prompt-ids", "999"]) == 1  # errors from every rank
+    assert "--prompt-ids" in capsys.readouterr().err
