@@ -194,6 +194,10 @@ def plan_of(module: Any, where: str = "step.mlir") -> HostPlan:
             buffers[named.data] = Buffer(named.data, "activation", tuple(kind.get_shape()), _tag(kind))
             names[op.result] = named.data
             steps.append(Gather(names[op.input], named.data, op.gather_axis.value.data))
+    # A buffer no step reads or writes is not allocated: a prefill chunk's attention scratch, which the fused
+    # tensor-core flash attention (one launch, `prefill_attention_tc`) no longer uses.
+    used = {n for s in steps for n in (s.buffers if isinstance(s, Launch) else (s.buffer, getattr(s, "result", "")))}
+    buffers = {name: buffer for name, buffer in buffers.items() if name in used}
     identity = module.attributes.get("cuda.identity")
     weights = module.attributes.get("cuda.weights")
     assert isinstance(identity, builtin.StringAttr) and isinstance(weights, builtin.StringAttr)

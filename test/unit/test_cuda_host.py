@@ -215,3 +215,18 @@ def test_logos_run_prints_from_rank_0_alone(
     assert (out != "" and "tokens/s" in err) if rank == "0" else (out == "" and err == "")
     assert logos_run.main(["--model", "tiny", "--prompt-ids", "999"]) == 1  # errors from every rank
     assert "--prompt-ids" in capsys.readouterr().err
+
+
+def test_a_bf16_prefill_chunk_allocates_no_scratch_its_fused_attention_does_not_use() -> None:
+    """The fused tensor-core flash attention (one launch) takes over the split attention's scratch: the plan keeps
+    only buffers some step reads or writes, so the runtime allocates neither `attention.partial` nor
+    `attention.count` for a bf16 prefill chunk (the f32 chunk's attention still uses both)."""
+    from logos_ir.program import Cut
+    from logos_ir.runtime.cuda import build_program
+
+    spec = ModelSpec.preset("tiny")
+    for weights, scratch in (("bf16", set()), ("f32", {"attention.partial", "attention.count"})):
+        plan = build_program(spec, Cut.parse("prefill rows=16 ctx=64"), 1, weights)[0]
+        assert {name for name in plan.buffers if name.startswith("attention.")} == scratch
+        used = {name for launch in plan.launches for name in launch.buffers}
+        assert set(plan.buffers) == used
