@@ -302,13 +302,17 @@ MAX_SPLITS = 8
 
 def qkv_splits(pairs: int, depth: int, element: Attribute) -> int:
     """The parts the QKV launch splits each rotation pair's depth into (split-K): doubled while the launch has
-    fewer than TARGET_WARPS warps, each part still a whole warp step of 16-byte loads (so every lane loads), at
-    most MAX_SPLITS. 1 where the pairs alone fill the SMs (the 8B: 3,072 pairs)."""
+    fewer than TARGET_WARPS warps, each part still at least one whole unrolled loop step of 16-byte loads (a
+    shorter part would cut the bytes a lane has in flight by as much as the split adds warps), at most
+    MAX_SPLITS. 1 where the pairs alone fill the SMs (the 8B: 3,072 pairs) or the rows are short (SmolLM2's 576
+    in bf16)."""
     vector = vector_width(depth, element)
+    size = 2 if isinstance(element, BFloat16Type) else 4
+    step = cuda.WARP * vector * max(1, UNROLL_BYTES // (vector * size) // 2)  # _dot_sums' main step, 2 streams
     splits = 1
     while pairs * splits < TARGET_WARPS and splits < MAX_SPLITS:
         span = depth // (2 * splits)
-        if depth % (2 * splits) or span % vector or span < cuda.WARP * vector:
+        if depth % (2 * splits) or span % vector or span < step:
             break
         splits *= 2
     return splits
@@ -369,16 +373,16 @@ def _qkv(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: 
         b.when(b.cmp("uge", head, q_heads + kv_heads), lambda: write_cache(values, (low, high), q_heads + kv_heads))
 
     streams = [(weight, first), (weight, second)]
-    lane0 = b.both(valid, b.cmp("eq", lane, 0))
     if splits == 1:
         dots, inverse = _dots(b, x, streams, [row], depth, lane, (scale, epsilon))
         low, high = (b.fmul(dots[s][0], inverse[0]) for s in range(2))
-        b.when(lane0, lambda: epilogue(low, high))
+        b.when(b.both(valid, b.cmp("eq", lane, 0)), lambda: epilogue(low, high))
         return
     assert part is not None
     partial_sums, count = split_k
     span = depth // splits
     sums = _dot_sums(b, x, streams, [row], depth, lane, (scale, epsilon), (b.mul(part, span), span))
+    lane0 = b.both(valid, b.cmp("eq", lane, 0))
 
     def finish() -> None:
         for index, value in enumerate(sums):
