@@ -110,6 +110,7 @@ def test_a_build_carries_its_identity_and_weight_image() -> None:
         check_artifact(artifact)
         assert artifact.data.decode().splitlines()[0] == "// " + artifact.identity.line()
     assert built.report["all_reduces"] == 4 and built.report["chips"] == 2
+    assert built.report["all_gathers"] == 1  # the head's logits, split by vocabulary rows
 
 
 def test_the_weight_image_holds_each_chips_bf16_shares() -> None:
