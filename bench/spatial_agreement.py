@@ -121,37 +121,43 @@ def agreement(steps: int) -> dict[str, Any]:
             "simulator_seconds_per_step": round(simulated / steps, 2)}  # fmt: skip
 
 
-def scaled(spec: ModelSpec, plan: g.GridPlan, p: int) -> ModelSpec | None:
-    """A model whose P x P grid holds exactly the tiles `plan`'s elements hold (None if no such model at p): the same
-    chunk of every vector (hidden, intermediate, vocabulary, the cached KV features and so the queries), the same
-    heads and KV heads (so the same softmax window), with the cached KV features a whole number of even heads."""
+def scaled(spec: ModelSpec, plan: g.GridPlan, p: int) -> tuple[ModelSpec, int] | None:
+    """A model (and its KV copies) whose P x P grid holds exactly the tiles `plan`'s elements hold, and does the same
+    local work (None if no such model at p): the same chunk of every vector (hidden, intermediate, vocabulary, the
+    cached KV features and so the queries), the same softmax window and, where attention's scores are reduced within
+    a KV head's column segment (`scores_local`), the same exponentials per element. With `scores_local` the small
+    model has one KV head (so its column is one segment, as long as the large grid's segments are) read by the
+    `group` query heads the large grid's elements hold; otherwise its heads and KV heads are the large model's."""
     hc, kc = plan.chunk(plan.hidden), plan.kv_chunk
-    head_dim = kc * p / (spec.kv_heads * plan.kv_copies)
-    if head_dim != int(head_dim) or int(head_dim) % 2:
+    common = dict(hidden=hc * p, intermediate=plan.chunk(plan.intermediate) * p, vocab=plan.chunk(plan.vocab) * p)
+    if plan.scores_local:
+        model, copies = replace(spec, heads=plan.group, kv_heads=1, head_dim=kc * p, **common), 1
+    else:
+        head_dim = kc * p / (spec.kv_heads * plan.kv_copies)
+        if head_dim != int(head_dim) or int(head_dim) % 2:
+            return None
+        model, copies = replace(spec, head_dim=int(head_dim), **common), plan.kv_copies
+    small = plan_like(model, plan, p, copies)
+    mine = (small.kv_chunk, small.query_chunk, small.window, small.scores_local, exponentials(small))
+    if mine != (plan.kv_chunk, plan.query_chunk, plan.window, plan.scores_local, exponentials(plan)):
         return None
-    model = replace(
-        spec,
-        hidden=hc * p,
-        head_dim=int(head_dim),
-        intermediate=plan.chunk(plan.intermediate) * p,
-        vocab=plan.chunk(plan.vocab) * p,
-    )
-    small = plan_like(model, plan, p)
-    same = (small.kv_chunk, small.query_chunk, window(small)) == (plan.kv_chunk, plan.query_chunk, window(plan))
-    return model if same else None
+    return model, copies
 
 
-def plan_like(spec: ModelSpec, plan: g.GridPlan, p: int) -> g.GridPlan:
+def exponentials(plan: g.GridPlan) -> int:
+    """The exponentials an element computes a layer: its window's over its positions, or (`scores_local`) its
+    share of its KV head's segment's, the shortest segment's share."""
+    items = plan.window * plan.slots
+    if not plan.scores_local:
+        return items
+    length, count, _ = plan.line("col")
+    return -(-items // min(length, plan.p - (count - 1) * length))
+
+
+def plan_like(spec: ModelSpec, plan: g.GridPlan, p: int, copies: int) -> g.GridPlan:
     from logos_ir.passes.spatial.convert_logos_to_csl import plan_for
 
-    return plan_for(spec, plan.slots * p, plan.image, p, plan.kv_copies)
-
-
-def window(plan: g.GridPlan) -> int:
-    """The heads whose queries an element holds (its softmax's window), as the lowering works it out."""
-    c = plan.kv_chunk
-    touched = 1 if plan.head_dim % c == 0 else -(-c // plan.head_dim) + 1
-    return min(plan.heads, plan.group * touched)
+    return plan_for(spec, plan.slots * p, plan.image, p, copies)
 
 
 def step_cycles(spec: ModelSpec, ctx: int, image: str, p: int, layers: int, copies: int) -> float:
@@ -209,7 +215,6 @@ def extrapolated(spec: ModelSpec, plan: g.GridPlan, image: str) -> dict[str, Any
     on P; its reductions' latency is their hops and element steps), evaluated at plan.p; the embedding's and head's
     likewise. Only grids whose attention reduces its scores as the large grid's does (`scores_local`) are used."""
     candidates = [p for p in range(4, GRID_LIMIT + 1) if scaled(spec, plan, p) is not None]
-    candidates = [p for p in candidates if plan_like(scaled(spec, plan, p), plan, p).scores_local == plan.scores_local]
     if len(candidates) > GRIDS:  # spread over the range: the fit's slope is read from the widest span
         candidates = [candidates[round(i * (len(candidates) - 1) / (GRIDS - 1))] for i in range(GRIDS)]
     if len(candidates) < 4:
@@ -217,13 +222,14 @@ def extrapolated(spec: ModelSpec, plan: g.GridPlan, image: str) -> dict[str, Any
     rows: list[tuple[int, float, float]] = []
     shapes: list[dict[str, Any]] = []
     for p in candidates:
-        model = scaled(spec, plan, p)
-        assert model is not None
+        found = scaled(spec, plan, p)
+        assert found is not None
+        model, copies = found
         ctx = plan.slots * p
-        one = step_cycles(model, ctx, image, p, 1, plan.kv_copies)
-        two = step_cycles(model, ctx, image, p, 2, plan.kv_copies)
+        one = step_cycles(model, ctx, image, p, 1, copies)
+        two = step_cycles(model, ctx, image, p, 2, copies)
         rows.append((p, two - one, one - (two - one)))  # (P, a layer, the embedding and head)
-        small = plan_like(model, plan, p)
+        small = plan_like(model, plan, p, copies)
         shapes.append({"row": small.line("row"), "col": small.line("col"), "terms": reduction_terms(small)})
     layer_terms = [shape["terms"]["layer"] for shape in shapes]
     end_terms = [shape["terms"]["ends"] for shape in shapes]
@@ -281,6 +287,7 @@ def placement(name: str | None, ctx: int, image: str = "f16") -> dict[str, Any]:
         "working_share_weighted_by_parameters": round(weighted_share(spec, shares), 4),
         "kv_copies": plan.kv_copies,
         "kv_slots_per_element": plan.slots,
+        "exponentials_per_element_per_layer": exponentials(plan),
         "memory_per_element": element_bytes(lowered),
     }
     report.update(extrapolated(spec, plan, image))

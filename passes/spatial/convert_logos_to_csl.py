@@ -718,17 +718,10 @@ class PartLowering:
         self.program.array("attention_sums", chunk + window)
         sums = self.arr("attention_sums")
         e.dsd_op(csl.FmovsOp, e.dsd(sums, chunk + window), e.float(0.0))
-        with e.loop(window) as (outer, j, _, _y):
-            m = outer.load(high, j)
-            h = outer.bin(arith.SubiOp, outer.bin(arith.AddiOp, h0, j), kept_from)  # its row of the scores
-            total_at = outer.bin(arith.AddiOp, j, outer.int(chunk))
-            with outer.loop(slots) as (body, s, _, _y2):
-                at = body.bin(arith.AddiOp, body.bin(arith.MuliOp, h, body.int(slots)), s)
-                weight = body.math(
-                    self.program.math, "exp_f32", body.op(arith.SubfOp(body.load(scores, at), m)).results[0]
-                )
-                body.store(weight, scores, at)
-                body.store(body.op(arith.AddfOp(body.load(sums, total_at), weight)).results[0], sums, total_at)
+        if plan.scores_local:
+            self._shared_exponentials(scores, high, sums, chunk)
+        else:
+            self._exponentials(h0, kept_from, scores, high, sums, chunk)
         self.program.array("weights_by_feature", slots * chunk)
         spread = self.arr("weights_by_feature")
         with e.loop(chunk) as (body, r, _, _y):
@@ -761,6 +754,55 @@ class PartLowering:
             total = body.load(sums, body.bin(arith.AddiOp, head, body.int(chunk)))
             body.store(body.op(arith.DivfOp(body.load(sums, r), total)).results[0], attended, r)
         self.values[op.result] = out
+
+    def _exponentials(
+        self, h0: SSAValue, kept_from: SSAValue, scores: SSAValue, high: SSAValue, sums: SSAValue, chunk: int
+    ) -> None:
+        """exp(score - max) of the element's window of heads over its positions, in place, and each head's sum of
+        them into sums[chunk + head]."""
+        e, window, slots = self.e, self.plan.window, self.plan.slots
+        with e.loop(window) as (outer, j, _, _y):
+            m = outer.load(high, j)
+            h = outer.bin(arith.SubiOp, outer.bin(arith.AddiOp, h0, j), kept_from)  # its row of the scores
+            total_at = outer.bin(arith.AddiOp, j, outer.int(chunk))
+            with outer.loop(slots) as (body, s, _, _y2):
+                at = body.bin(arith.AddiOp, body.bin(arith.MuliOp, h, body.int(slots)), s)
+                weight = body.math(
+                    self.program.math, "exp_f32", body.op(arith.SubfOp(body.load(scores, at), m)).results[0]
+                )
+                body.store(weight, scores, at)
+                body.store(body.op(arith.AddfOp(body.load(sums, total_at), weight)).results[0], sums, total_at)
+
+    def _shared_exponentials(self, scores: SSAValue, high: SSAValue, sums: SSAValue, chunk: int) -> None:
+        """The elements of a KV head's column segment hold the same scores: each computes exp(score - max) for every
+        segment-length-th of them (from its rank in the segment), zeros elsewhere, with its part of each head's sum of
+        weights; the segment's reduction (`segment_only`) gives every element all of them."""
+        plan, e = self.plan, self.e
+        window, slots, p = plan.window, plan.slots, plan.p
+        length, count, _ = plan.line("col")
+        shortest = min(length, p - (count - 1) * length)
+        items = window * slots
+        self.program.array("exponentials", items + window)
+        shared = self.arr("exponentials")
+        e.dsd_op(csl.FmovsOp, e.dsd(shared, items + window), e.float(0.0))
+        py = self.coordinate("col")
+        first = e.bin(arith.MuliOp, e.bin(arith.DivSIOp, py, e.int(length)), e.int(length))
+        bound = e.bin(arith.AddiOp, first, e.int(length))
+        end = e.int(p)
+        size = e.bin(arith.SubiOp, e.op(arith.SelectOp(e.cmp(bound, end, "slt"), bound, end)).results[0], first)
+        rank = e.bin(arith.SubiOp, py, first)
+        with e.loop(-(-items // shortest)) as (body, t, _, _y):
+            i = body.bin(arith.AddiOp, rank, body.bin(arith.MuliOp, t, size))
+            with body.when(body.cmp(i, body.int(items), "slt")) as mine:
+                j = mine.bin(arith.DivSIOp, i, mine.int(slots))
+                difference = mine.op(arith.SubfOp(mine.load(scores, i), mine.load(high, j))).results[0]
+                weight = mine.math(self.program.math, "exp_f32", difference)
+                mine.store(weight, shared, i)
+                total_at = mine.bin(arith.AddiOp, j, mine.int(items))
+                mine.store(mine.op(arith.AddfOp(mine.load(shared, total_at), weight)).results[0], shared, total_at)
+        self.reduce(e, shared, items + window, "col", csl.FaddsOp, segment_only=True)
+        e.dsd_op(csl.FmovsOp, e.dsd(scores, items), e.dsd(shared, items))
+        e.dsd_op(csl.FmovsOp, e.dsd(sums, window, chunk), e.dsd(shared, window, items))
 
     def _head_of(self, e: Emit, first_kv: SSAValue, r: SSAValue) -> SSAValue:
         """The query head of feature r of a row whose KV features start at `first_kv` (`grid.query_rows`)."""
@@ -930,7 +972,7 @@ def lower_parts(parts: Sequence[tuple[Any, Any, ModuleOp]], plan: g.GridPlan) ->
     program.array("norm_sum", 1)
     if g.SEGMENTED:  # the reduction functions' buffers: the longest message along a row, along a column
         queries, keys, hidden = plan.query_chunk, plan.kv_chunk, plan.chunk(plan.hidden)
-        scores = (plan.window if plan.scores_local else plan.heads) * plan.slots
+        scores = (plan.window if plan.scores_local else plan.heads) * plan.slots + plan.window
         program.array(
             "line_row",
             max(plan.chunk(plan.vocab), queries + 2 * keys, 2 * plan.chunk(plan.intermediate), queries + plan.window,
