@@ -884,6 +884,8 @@ class ConvertCudaKernelsToGpu(ModulePass):
         tensor_core.fold_prefill_norms(host)  # issue 19 (tensor cores): prefill norms in the products' prologue
         lowering = _Lowering(op)
         lowering.lower(host)
+        for buffer in [b for b in host.body.block.ops if isinstance(b, cuda.BufferOp) and not b.result.uses]:
+            host.body.block.erase_op(buffer)  # e.g. a prefill chunk's attention scratch the fused kernel does not use
         kernels = gpu.ModuleOp(StringAttr("kernels"), Region(lowering.gpu_block))  # type: ignore[arg-type]
         op.body.block.insert_op_before(kernels, host)
         op.attributes["gpu.container_module"] = UnitAttr()
