@@ -422,6 +422,9 @@ class MemDsd:
     offset: np.ndarray
     length: np.ndarray
     stride: np.ndarray
+    # (offset, length, stride) when they are constants of the program (the same for every element): the arrays are
+    # then not used
+    static: tuple[int, int, int] | None = None
 
 
 @dataclass
@@ -431,6 +434,16 @@ class FabDsd:
     colour: int
     inbound: bool
     extent: np.ndarray
+    static: int | None = None  # the extent when it is a constant of the program
+
+
+def _constant(value: SSAValue) -> int | None:
+    """The value of an integer constant of the program (None if `value` is computed)."""
+    owner = value.owner
+    if isinstance(owner, arith.ConstantOp):
+        data = owner.value.value.data  # type: ignore[attr-defined]
+        return int(data) if isinstance(data, int) else None
+    return None
 
 
 _DTYPES = {"f32": np.float32, "f16": np.float16, "i32": np.int64, "i16": np.int64}
@@ -488,6 +501,10 @@ class Fabric:
         colours = sorted({c for (_, _, c) in self.layout.routes} | self._colours_used())
         self.routes = trace_routes(self.layout, colours)
         self._shared = {}  # whether some receiver is reached by two senders on the colour
+        self._route_ok = {  # whether the element's wavelets on the colour reach a receiver (and stop nowhere)
+            c: (self.routes.dest[c] >= 0).any(axis=1) & ~self.routes.stuck[c] for c in colours
+        }
+        self._single = {c: self.routes.dest[c][:, 0] if self.routes.dest[c].shape[1] == 1 else None for c in colours}
         for c in colours:
             reached = self.routes.dest[c][self.routes.dest[c] >= 0]
             self._shared[c] = bool(reached.size) and np.unique(reached).size != reached.size
@@ -729,10 +746,13 @@ class Fabric:
         inputs = [self._reg(v) for v in op.operands]
         out = self._reg(op.results[0])
 
-        def run(idx: np.ndarray) -> np.ndarray:
-            out[idx] = function(*(r[idx] for r in inputs), op)
-            self.clock[idx] += CYCLES["scalar"]
-            return self._next(idx, at)
+        clock, n, cost = self.clock, self.n, CYCLES["scalar"]
+
+        def run(idx: np.ndarray) -> int:
+            rows = slice(None) if idx.size == n else idx  # every element (in order): no gather
+            out[rows] = function(*(r[rows] for r in inputs), op)
+            clock[rows] += cost
+            return at + 1
 
         self._emit(op.name, run)
 
@@ -742,13 +762,20 @@ class Fabric:
         index = self._reg(op.indices[0])
         out = self._reg(op.res)
 
-        def run(idx: np.ndarray) -> np.ndarray:
+        clock, n, cost = self.clock, self.n, CYCLES["scalar"]
+
+        def run(idx: np.ndarray) -> int:
             array = self.memory[name]
-            where = index[idx]
-            self._bounds(idx, where, array.shape[0], name, "a load")
-            out[idx] = array[where, idx]
-            self.clock[idx] += CYCLES["scalar"]
-            return self._next(idx, at)
+            rows = slice(None) if idx.size == n else idx
+            where = index[rows]
+            first = int(where[0])
+            if 0 <= first < array.shape[0] and (where == first).all():
+                out[rows] = array[first, rows]
+            else:
+                self._bounds(idx, where, array.shape[0], name, "a load")
+                out[rows] = array[where, idx]
+            clock[rows] += cost
+            return at + 1
 
         self._emit("load", run)
 
@@ -757,13 +784,20 @@ class Fabric:
         name = self._array_of(op.memref)
         index, value = self._reg(op.indices[0]), self._reg(op.value)
 
-        def run(idx: np.ndarray) -> np.ndarray:
+        clock, n, cost = self.clock, self.n, CYCLES["scalar"]
+
+        def run(idx: np.ndarray) -> int:
             array = self.memory[name]
-            where = index[idx]
-            self._bounds(idx, where, array.shape[0], name, "a store")
-            array[where, idx] = value[idx]
-            self.clock[idx] += CYCLES["scalar"]
-            return self._next(idx, at)
+            rows = slice(None) if idx.size == n else idx
+            where = index[rows]
+            first = int(where[0])
+            if 0 <= first < array.shape[0] and (where == first).all():
+                array[first, rows] = value[rows]
+            else:
+                self._bounds(idx, where, array.shape[0], name, "a store")
+                array[where, idx] = value[rows]
+            clock[rows] += cost
+            return at + 1
 
         self._emit("store", run)
 
@@ -782,14 +816,22 @@ class Fabric:
         offset = access.eval([0], [])[0] if access is not None else 0
         stride = (access.eval([1], [])[0] - offset) if access is not None else 1
         size = self._reg(op.sizes[0])
+        constant = _constant(op.sizes[0])
         reg = self.regs[op.result] = MemDsd(
-            name, np.zeros(self.n, np.int64), np.zeros(self.n, np.int64), np.zeros(self.n, np.int64)
+            name,
+            np.zeros(self.n, np.int64),
+            np.zeros(self.n, np.int64),
+            np.zeros(self.n, np.int64),
+            (int(offset), int(constant), int(stride)) if constant is not None else None,
         )
+        clock, n, cost = self.clock, self.n, CYCLES["dsd_setup"]
 
-        def run(idx: np.ndarray) -> np.ndarray:
-            reg.offset[idx], reg.length[idx], reg.stride[idx] = offset, size[idx], stride
-            self.clock[idx] += CYCLES["dsd_setup"]
-            return self._next(idx, at)
+        def run(idx: np.ndarray) -> int:
+            rows = slice(None) if idx.size == n else idx
+            if reg.static is None:
+                reg.offset[rows], reg.length[rows], reg.stride[rows] = offset, size[rows], stride
+            clock[rows] += cost
+            return at + 1
 
         self._emit("@get_dsd", run)
 
@@ -801,26 +843,40 @@ class Fabric:
         )
         source_value = op.op
 
-        def run(idx: np.ndarray) -> np.ndarray:
+        clock, n, cost = self.clock, self.n, CYCLES["dsd_setup"]
+
+        def run(idx: np.ndarray) -> int:
             source = self.regs[source_value]
             reg.array = source.array
-            reg.offset[idx] = source.offset[idx] + by[idx]
-            reg.length[idx], reg.stride[idx] = source.length[idx], source.stride[idx]
-            self.clock[idx] += CYCLES["dsd_setup"]
-            return self._next(idx, at)
+            rows = slice(None) if idx.size == n else idx
+            if source.static is not None:
+                offset, length, stride = source.static
+                reg.offset[rows] = offset + by[rows]
+                reg.length[rows], reg.stride[rows] = length, stride
+            else:
+                reg.offset[rows] = source.offset[rows] + by[rows]
+                reg.length[rows], reg.stride[rows] = source.length[rows], source.stride[rows]
+            clock[rows] += cost
+            return at + 1
 
         self._emit("@increment_dsd_offset", run)
 
     def _compile_fab_dsd(self, op: csl.GetFabDsdOp) -> None:
         at = len(self.instrs)
         inbound = op.result.type == csl.DsdType(csl.DsdKind.fabin_dsd)
-        reg = self.regs[op.result] = FabDsd(op.fabric_color.value.data, inbound, np.zeros(self.n, np.int64))
+        constant = _constant(op.sizes[0])
+        reg = self.regs[op.result] = FabDsd(
+            op.fabric_color.value.data, inbound, np.zeros(self.n, np.int64), int(constant) if constant is not None else None
+        )
         size = self._reg(op.sizes[0])
+        clock, n, cost = self.clock, self.n, CYCLES["dsd_setup"]
 
-        def run(idx: np.ndarray) -> np.ndarray:
-            reg.extent[idx] = size[idx]
-            self.clock[idx] += CYCLES["dsd_setup"]
-            return self._next(idx, at)
+        def run(idx: np.ndarray) -> int:
+            rows = slice(None) if idx.size == n else idx
+            if reg.static is None:
+                reg.extent[rows] = size[rows]
+            clock[rows] += cost
+            return at + 1
 
         self._emit("@get_dsd", run)
 
@@ -1076,21 +1132,26 @@ class Fabric:
             self.waits.add(at)
         self._emit(f"@{kind}", run)
 
-    def _length(self, value: SSAValue, idx: np.ndarray) -> np.ndarray:
+    def _length(self, value: SSAValue, idx: np.ndarray) -> np.ndarray | int:
         reg = self.regs[value]
+        if reg.static is not None:
+            return reg.static[1] if isinstance(reg, MemDsd) else reg.static
         return reg.length[idx] if isinstance(reg, MemDsd) else reg.extent[idx]
 
     def _dsd(
         self, idx: np.ndarray, at: int, kind: str, function: Callable[..., np.ndarray], operands: list[SSAValue]
     ) -> np.ndarray:
         lengths = self._length(operands[0], idx)
-        if (lengths != lengths[0]).any():
+        if isinstance(lengths, int):
+            length = lengths
+        elif (lengths != lengths[0]).any():
             out = np.empty(idx.size, dtype=np.int64)
             for length in np.unique(lengths):
                 part = lengths == length
                 out[part] = self._dsd(idx[part], at, kind, function, operands)
             return out
-        length = int(lengths[0])
+        else:
+            length = int(lengths[0])
         ready = np.ones(idx.size, dtype=bool)
         park = None  # the colour each waiting element waits for (-2: it waits to send)
         for value in operands[1:]:
@@ -1105,6 +1166,10 @@ class Fabric:
                         park = np.full(idx.size, -2, dtype=np.int64)
                     park[~has] = reg.colour
                     ready &= has
+        if park is not None and not self._retrying and not ready.any():  # none can go: all wait (set aside)
+            self.park_colour[idx] = park
+            self.park_need[idx] = length
+            return at
         target = self.regs[operands[0]]
         sending = isinstance(target, FabDsd)
         if sending:
@@ -1142,9 +1207,14 @@ class Fabric:
     def _uniform(self, reg: MemDsd, idx: np.ndarray, length: int, words: int, what: str) -> slice | None:
         """The DSD as one slice when every element of `idx` has the same offset and stride (the common case: the
         elements of a group run the same code on the same addresses), checked against the array's bounds."""
-        offsets, strides = reg.offset[idx], reg.stride[idx]
-        first, stride = int(offsets[0]), int(strides[0])
-        if stride <= 0 or (offsets != first).any() or (strides != stride).any():
+        if reg.static is not None:
+            first, _, stride = reg.static
+        else:
+            offsets, strides = reg.offset[idx], reg.stride[idx]
+            first, stride = int(offsets[0]), int(strides[0])
+            if stride <= 0 or (offsets != first).any() or (strides != stride).any():
+                return None
+        if stride <= 0:
             return None
         last = first + stride * (length - 1)
         if first < 0 or last >= words:
@@ -1209,6 +1279,12 @@ class Fabric:
         if dest is None:
             self._note_send(idx, colour, kind, f"colour {colour} has no route at all")
             return np.zeros(idx.size, dtype=bool)
+        single = self._single[colour]
+        if single is not None and not self._shared[colour] and self._route_ok[colour][idx].all():
+            # the common case, in fewer steps: one receiver each, no two senders to one, every route whole
+            room = self.queue_len[colour][single[idx]] + length <= self.capacity
+            if room.all():
+                return np.ones(idx.size, dtype=bool)
         targets = dest[idx]
         valid = targets >= 0
         ok = valid.any(axis=1) & ~self.routes.stuck[colour][idx]
@@ -1296,6 +1372,7 @@ class Fabric:
         self.park_colour[:] = -1
         self.waiting.clear()
         self._thread()
+        self._retrying = False
         groups = self.groups
         groups.clear()
         groups[self.entries[function]] = [np.arange(self.n)]
@@ -1313,6 +1390,7 @@ class Fabric:
                     if following == at and at in waits:  # none could go: they wait (set aside)
                         continue
                     progressed = True
+                    self._retrying = False
                     if following < 0:
                         self.pc[idx] = -1
                         self._start_tasks(idx)
@@ -1320,7 +1398,8 @@ class Fabric:
                         self._add(thread[following], idx)
                 else:
                     self._distribute(at, idx, following)
-                    progressed = progressed or bool((following != at).any())
+                    if (following != at).any():
+                        progressed, self._retrying = True, False
                 if runs > limit:
                     raise FabricError(f"the launch of '{function}' did not finish in {limit} instructions")
             parked = np.flatnonzero(self.park_colour != -1)
@@ -1334,6 +1413,7 @@ class Fabric:
             self.park_colour[parked] = -1
             self._add_many(parked)
             retried, progressed = True, False
+            self._retrying = True  # (every check made, so that a deadlock names what each element waits for)
         if not self.ended.all():
             e = int(np.flatnonzero(~self.ended)[0])
             pending = [t for t in range(32) if self.activated[e, t]]
@@ -1478,19 +1558,23 @@ class Fabric:
         return self.memory[name]
 
 
+def _f32(a: np.ndarray) -> np.ndarray:
+    return a if a.dtype == np.float32 else a.astype(np.float32)
+
+
 _DSD_OPS: dict[str, Callable[..., np.ndarray]] = {
     "fmovs": lambda a: a,
     "fmovh": lambda a: a,
-    "fadds": lambda a, b: np.float32(1) * a.astype(np.float32) + b.astype(np.float32),
-    "fsubs": lambda a, b: a.astype(np.float32) - b.astype(np.float32),
-    "fmuls": lambda a, b: a.astype(np.float32) * b.astype(np.float32),
-    "fmaxs": lambda a, b: np.maximum(a.astype(np.float32), b.astype(np.float32)),
-    "fmacs": lambda a, b, s: a.astype(np.float32) + b.astype(np.float32) * s.astype(np.float32),
+    "fadds": lambda a, b: _f32(a) + _f32(b),
+    "fsubs": lambda a, b: _f32(a) - _f32(b),
+    "fmuls": lambda a, b: _f32(a) * _f32(b),
+    "fmaxs": lambda a, b: np.maximum(_f32(a), _f32(b)),
+    "fmacs": lambda a, b, s: _f32(a) + _f32(b) * _f32(s),
     # f16 b and s multiplied (exact in f32) and accumulated in f32
     "fmachs": lambda a, b, s: (
-        a.astype(np.float32) + b.astype(np.float16).astype(np.float32) * s.astype(np.float16).astype(np.float32)
+        _f32(a) + b.astype(np.float16).astype(np.float32) * s.astype(np.float16).astype(np.float32)
     ),
-    "fs2h": lambda a: a.astype(np.float32).astype(np.float16),
+    "fs2h": lambda a: _f32(a).astype(np.float16),
     "fh2s": lambda a: a.astype(np.float16).astype(np.float32),
 }
 
