@@ -266,7 +266,47 @@ def extrapolated(spec: ModelSpec, plan: g.GridPlan, image: str) -> dict[str, Any
     }
 
 
-def placement(name: str | None, ctx: int, image: str = "f16") -> dict[str, Any]:
+def one_word_chunks(spec: ModelSpec, p: int) -> ModelSpec:
+    """The model with its hidden, intermediate and vocabulary sizes P (one word a chunk on a P x P grid) and its
+    attention as it is: on the large grid, the same reductions (lines, segments, colours, messages of attention)
+    with tiles small enough to simulate 466,489 elements here."""
+    return replace(spec, hidden=p, intermediate=p, vocab=p)
+
+
+def full_lines(spec: ModelSpec, plan: g.GridPlan, image: str, grids: list[dict[str, Any]]) -> dict[str, Any]:
+    """The large grid's reductions simulated in full: a model with one-word chunks (`one_word_chunks`) on the
+    large grid itself, one layer and two; the same on each small grid (its model's attention, one-word chunks).
+    A layer's cycles at plan.p are then, for each small grid P_s, the small grid's simulated layer (the large
+    grid's tiles and local work) plus what the one-word model's layer gains from P_s to plan.p (the reductions'
+    latency on the large grid's own lines): the figure and its spread over the P_s."""
+    big = one_word_chunks(spec, plan.p)
+    big_one = step_cycles(big, plan.ctx, image, plan.p, 1, plan.kv_copies)
+    big_two = step_cycles(big, plan.ctx, image, plan.p, 2, plan.kv_copies)
+    big_layer, big_ends = big_two - big_one, 2 * big_one - big_two
+    layers, ends = [], []
+    for row in grids:
+        p = row["p"]
+        found = scaled(spec, plan, p)
+        assert found is not None
+        model, copies = found
+        small = one_word_chunks(model, p)
+        one = step_cycles(small, plan.slots * p, image, p, 1, copies)
+        two = step_cycles(small, plan.slots * p, image, p, 2, copies)
+        layers.append(row["layer_cycles"] + big_layer - (two - one))
+        ends.append(row["embedding_and_head_cycles"] + big_ends - (2 * one - two))
+    per_token = [e + spec.layers * c for e, c in zip(ends, layers, strict=True)]
+    mean = float(np.mean(per_token))
+    return {
+        "one_word_model_on_the_large_grid": {"layer_cycles": big_layer, "embedding_and_head_cycles": big_ends},
+        "layer_cycles_by_small_grid": [round(v) for v in layers],
+        "layer_cycles": round(float(np.mean(layers))),
+        "cycles_per_token": round(mean),
+        "tokens_per_s": round(CLOCK_HZ / mean, 1),
+        "tokens_per_s_range": [round(CLOCK_HZ / max(per_token), 1), round(CLOCK_HZ / min(per_token), 1)],
+    }
+
+
+def placement(name: str | None, ctx: int, image: str = "f16", full: bool = False) -> dict[str, Any]:
     from logos_ir.models import ModelSource
     from logos_ir.passes.spatial.build import working_share
 
@@ -291,6 +331,8 @@ def placement(name: str | None, ctx: int, image: str = "f16") -> dict[str, Any]:
         "memory_per_element": element_bytes(lowered),
     }
     report.update(extrapolated(spec, plan, image))
+    if full and report.get("simulated_grids"):
+        report["full_lines"] = full_lines(spec, plan, image, report["simulated_grids"])
     report["seconds"] = round(time.perf_counter() - started, 1)
     return report
 
@@ -310,6 +352,8 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=16)
     parser.add_argument("--image", default="f32")
     parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--full-lines", action="store_true",
+                        help="placement: also simulate the large grid itself with one-word chunks (minutes)")  # fmt: skip
     parser.add_argument("--only", action="append", choices=["smollm2", "8b-2048", "8b-8192"], help="placement: one build")
     args = parser.parse_args()
     started = time.perf_counter()
@@ -319,7 +363,7 @@ def main() -> None:
         result = agreement(args.steps)
     else:
         which = {"smollm2": (None, 2048), "8b-2048": ("llama-3.1-8b", 2048), "8b-8192": ("llama-3.1-8b", 8192)}
-        result = [placement(*which[w]) for w in (args.only or list(which))]
+        result = [placement(*which[w], full=args.full_lines) for w in (args.only or list(which))]
         result.append({"waferllm_tokens_per_s": WAFERLLM_TOKENS_PER_S})
     print(json.dumps({"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                       "load_average_at_end": [round(v, 2) for v in os.getloadavg()], "result": result,

@@ -610,10 +610,23 @@ class PartLowering:
         position = e.bin(arith.SubiOp, e.load(self.arr("position_in"), e.int(0)), e.int(1))
         angle_base = e.op(arith.SIToFPOp(position, f32)).results[0]
         data, freq = self.arr(x.array), self.arr(table)
-        with e.loop(x.chunk // 2) as (body, i, _, _y):
-            angle = body.op(arith.MulfOp(angle_base, body.load(freq, i))).results[0]
-            cos = body.math(self.program.math, "cos_f32", angle)
-            sin = body.math(self.program.math, "sin_f32", angle)
+        pairs = x.chunk // 2
+        if self.layer is not None:  # the angles are the position's in every layer: layer 0 turns them into cos, sin
+            self.program.array(f"rope_cos_{x.chunk}", pairs)
+            self.program.array(f"rope_sin_{x.chunk}", pairs)
+            cosines, sines = self.arr(f"rope_cos_{x.chunk}"), self.arr(f"rope_sin_{x.chunk}")
+            with e.when(e.cmp(self.layer, e.int(0), "eq")) as first_layer:
+                with first_layer.loop(pairs) as (body, i, _, _y):
+                    angle = body.op(arith.MulfOp(angle_base, body.load(freq, i))).results[0]
+                    body.store(body.math(self.program.math, "cos_f32", angle), cosines, i)
+                    body.store(body.math(self.program.math, "sin_f32", angle), sines, i)
+        with e.loop(pairs) as (body, i, _, _y):
+            if self.layer is not None:
+                cos, sin = body.load(cosines, i), body.load(sines, i)
+            else:
+                angle = body.op(arith.MulfOp(angle_base, body.load(freq, i))).results[0]
+                cos = body.math(self.program.math, "cos_f32", angle)
+                sin = body.math(self.program.math, "sin_f32", angle)
             even = body.bin(arith.MuliOp, i, body.int(2))
             odd = body.bin(arith.AddiOp, even, body.int(1))
             a, b = body.load(data, even), body.load(data, odd)
