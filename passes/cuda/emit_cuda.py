@@ -278,7 +278,8 @@ class KernelPrinter:
             raise DiagnosticException(f"cuda target: gpu.shuffle {mode} is not printed (xor only)")
         value, offset, width = (self.name(v) for v in op.operands)
         self.assign(op.results[0], f"__shfl_xor_sync(0xffffffffu, {value}, {offset}, {width})")
-        self.assign(op.results[1], "true")
+        if op.results[1].first_use is not None:  # `valid`: always true for xor within the warp; printed only if read
+            self.assign(op.results[1], "true")
 
     def op_scf_for(self, op: Operation) -> None:
         lb, ub, step, *inits = op.operands
