@@ -249,8 +249,14 @@ def extrapolated(spec: ModelSpec, plan: g.GridPlan, image: str) -> dict[str, Any
     low, high = ends + spec.layers * min(spread), ends + spec.layers * max(spread)
     return {
         "simulated_grids": [
-            {"p": p, "layer_cycles": c, "embedding_and_head_cycles": e, "row_segments": shape["row"],
-             "col_segments": shape["col"], "layer_hops_steps": shape["terms"]["layer"]}
+            {
+                "p": p,
+                "layer_cycles": c,
+                "embedding_and_head_cycles": e,
+                "row_segments": shape["row"],
+                "col_segments": shape["col"],
+                "layer_hops_steps": shape["terms"]["layer"],
+            }
             for (p, c, e), shape in zip(rows, shapes, strict=True)
         ],  # fmt: skip
         "row_segments": plan.line("row"),
@@ -340,8 +346,9 @@ def placement(name: str | None, ctx: int, image: str = "f16", full: bool = False
 def weighted_share(spec: ModelSpec, shares: dict[str, float]) -> float:
     """The projections' working shares weighted by their parameters (a layer's multiply-accumulates)."""
     features, kv = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
+    inter = spec.intermediate
     sizes = {"query_weight": features, "key_weight": kv, "value_weight": kv, "output_weight": features,
-             "gate_weight": spec.intermediate, "up_weight": spec.intermediate, "down_weight": spec.intermediate}  # fmt: skip
+             "gate_weight": inter, "up_weight": inter, "down_weight": inter}  # fmt: skip
     total = sum(sizes[n] for n in shares if n in sizes)
     return sum(shares[n] * sizes[n] for n in shares if n in sizes) / total
 
@@ -353,8 +360,10 @@ def main() -> None:
     parser.add_argument("--image", default="f32")
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--full-lines", action="store_true",
-                        help="placement: also simulate the large grid itself with one-word chunks (minutes)")  # fmt: skip
-    parser.add_argument("--only", action="append", choices=["smollm2", "8b-2048", "8b-8192"], help="placement: one build")
+                        help="placement: also the large grid itself, one-word chunks (minutes)")  # fmt: skip
+    parser.add_argument(
+        "--only", action="append", choices=["smollm2", "8b-2048", "8b-8192"], help="placement: one build"
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     if args.what == "tokens":

@@ -823,7 +823,9 @@ class PartLowering:
         kv_head = e.bin(
             arith.DivSIOp, e.bin(arith.AddiOp, first_kv, e.bin(arith.RemSIOp, r, e.int(c))), e.int(self.plan.head_dim)
         )
-        head = e.bin(arith.AddiOp, e.bin(arith.MuliOp, kv_head, e.int(self.plan.group)), e.bin(arith.DivSIOp, r, e.int(c)))
+        head = e.bin(
+            arith.AddiOp, e.bin(arith.MuliOp, kv_head, e.int(self.plan.group)), e.bin(arith.DivSIOp, r, e.int(c))
+        )
         last = e.int(self.plan.heads - 1)
         return e.op(arith.SelectOp(e.cmp(head, last, "slt"), head, last)).results[0]
 
@@ -1394,9 +1396,9 @@ def lower_decode(
             if needed <= memory:
                 return lowered
         raise PassError(
-            f"{PASS}: the model does not fit a {p} x {p} grid of {memory}-byte elements "
-            f"({needed} bytes per element)",
-            hint="give a larger grid (--option grid=P) or leave it out to have the smallest that fits chosen",
+            f"{PASS}: the model does not fit a {p} x {p} grid of {memory}-byte elements ({needed} bytes per element)",
+            hint="give a larger grid (logos-compile --option grid=P; convert-logos-to-csl{grid=P} in logos-opt) "
+            "or none, to have the smallest that fits chosen",
         )
     largest = g.WSE2_FABRIC[0]
     needed = 0

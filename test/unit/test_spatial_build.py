@@ -1,7 +1,8 @@
 """`logos-compile --target spatial`: the build folder a Cerebras user would compile and run (layout.csl,
 pe_program.csl, commands.sh, run.py) and what the simulator reads (grid.mlir, host.json); that it reads no weight
-value; that the embedded model and llama-3.1-8b (ctx 8192) fit a WSE-2 (757 x 996 elements, 48 KiB each) with every element
-holding a tile of (nearly) every projection; its refusals.
+value; that the embedded model and llama-3.1-8b (ctx 8192) fit a WSE-2 (757 x 996 elements, 48 KiB each) with
+(nearly) every element holding a tile of every projection; KV heads kept narrow give the reference's tokens; its
+refusals.
 """
 
 from __future__ import annotations
@@ -65,12 +66,8 @@ def test_tiny_decode_build(monkeypatch: pytest.MonkeyPatch) -> None:
     json.dumps(report)
 
 
-@pytest.mark.parametrize(
-    ("name", "ctx", "low", "mlp"), [(None, 2048, 0.95, 0.95), ("llama-3.1-8b", 8192, 0.66, 0.95)]
-)
-def test_models_fit_a_wse2(
-    name: str | None, ctx: int, low: float, mlp: float, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.parametrize(("name", "ctx", "low", "mlp"), [(None, 2048, 0.95, 0.95), ("llama-3.1-8b", 8192, 0.74, 0.95)])
+def test_models_fit_a_wse2(name: str | None, ctx: int, low: float, mlp: float, monkeypatch: pytest.MonkeyPatch) -> None:
     """The embedded model at 2048 positions and llama-3.1-8b at 8192, f16, on one square grid of a WSE-2 within
     48 KiB per element (the 8B's KV heads kept narrow); the share of elements holding a tile of every projection of
     a layer (the 8B's query, key, value and output tiles follow its 1,024 KV features in whole rotary pairs, so only
