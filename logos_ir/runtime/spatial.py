@@ -505,6 +505,7 @@ class Fabric:
             c: (self.routes.dest[c] >= 0).any(axis=1) & ~self.routes.stuck[c] for c in colours
         }
         self._single = {c: self.routes.dest[c][:, 0] if self.routes.dest[c].shape[1] == 1 else None for c in colours}
+        self._hops_single = {c: self.routes.hops[c][:, 0] for c in colours}
         for c in colours:
             reached = self.routes.dest[c][self.routes.dest[c] >= 0]
             self._shared[c] = bool(reached.size) and np.unique(reached).size != reached.size
@@ -1124,13 +1125,133 @@ class Fabric:
         if function is None:
             raise FabricError(f"the fabric simulator does not run @{kind}")
         operands = list(op.ops)
+        fast = None if self._simple else self._fast_dsd(at, function, operands)
 
-        def run(idx: np.ndarray) -> np.ndarray:
+        def run(idx: np.ndarray) -> np.ndarray | int:
+            if fast is not None:
+                done = fast(idx)
+                if done is not None:
+                    return done
             return self._dsd(idx, at, kind, function, operands)
 
         if not self._simple:
             self.waits.add(at)
         self._emit(f"@{kind}", run)
+
+    def _fast_dsd(self, at: int, function: Callable[..., np.ndarray], operands: list[SSAValue]) -> Any:
+        """For a DSD op whose DSDs are all program constants (a line reduction's step, a broadcast's receive): a
+        shorter way through `_dsd` for the common case (every element of the group can go, at most one fabric input
+        each read from one place in its queue, a fabric result to one receiver each). It returns None where the
+        case is not that one (the caller then takes `_dsd`, which makes every check); the effects, cycles and
+        wavelets are `_dsd`'s."""
+        regs = [self.regs.get(v) for v in operands]
+        target = regs[0]
+        if not isinstance(target, MemDsd | FabDsd) or target.static is None:
+            return None
+        if isinstance(target, FabDsd) and target.inbound:
+            return None
+        length = target.static if isinstance(target, FabDsd) else target.static[1]
+        sources = []  # (kind, ...) per operand after the first
+        inbound = None
+        for reg in regs[1:]:
+            if isinstance(reg, FabDsd):
+                if not reg.inbound or inbound is not None or reg.static is None:
+                    return None
+                inbound = reg.colour
+                sources.append(("fabric", reg.colour))
+            elif isinstance(reg, MemDsd):
+                if reg.static is None:
+                    return None
+                sources.append(("memory", reg))
+            elif isinstance(reg, np.ndarray):
+                sources.append(("scalar", reg))
+            else:
+                return None
+        if inbound is None and isinstance(target, MemDsd):
+            return None  # no fabric operand: not a waiting op
+        n = self.n
+
+        def span_of(reg: MemDsd, words: int) -> slice | None:
+            offset, count, stride = reg.static  # type: ignore[misc]
+            last = offset + stride * (length - 1)
+            if stride <= 0 or count != length or offset < 0 or last >= words:
+                return None
+            return slice(offset, last + 1, stride)
+
+        def run(idx: np.ndarray) -> int | None:
+            if self._retrying:
+                return None
+            cap = self.capacity
+            rows = slice(None) if idx.size == n else idx
+            if inbound is not None:
+                count = self.queue_len[inbound]
+                has = count[rows] >= length
+                if not has.all():
+                    if has.any():
+                        return None
+                    self.park_colour[rows] = inbound  # none can go: all wait for wavelets
+                    self.park_need[rows] = length
+                    return at
+                head = self.queue_head[inbound]
+                heads = head[rows]
+                first = int(heads[0])
+                if first + length > cap or not (heads == first).all():
+                    return None
+            if isinstance(target, FabDsd):
+                single = self._single.get(target.colour)
+                if single is None or self._shared[target.colour] or not self._route_ok[target.colour][rows].all():
+                    return None
+                receivers = single[rows]
+                out_count, out_head = self.queue_len[target.colour], self.queue_head[target.colour]
+                starts = out_head[receivers] + out_count[receivers]
+                start = int(starts[0])
+                if start + length > cap or not (starts == start).all():
+                    return None
+            values = []
+            arrived = None
+            for source, what in sources:
+                if source == "fabric":
+                    values.append(self.queue[inbound][first : first + length, rows])
+                    arrived = self.queue_time[inbound][first : first + length, rows].max(axis=0)
+                elif source == "memory":
+                    array = self.memory[what.array]
+                    span = span_of(what, array.shape[0])
+                    if span is None:
+                        return None
+                    values.append(array[span, rows])
+                else:
+                    values.append(what[rows][None, :])
+            if isinstance(target, MemDsd):
+                array = self.memory[target.array]
+                span = span_of(target, array.shape[0])
+                if span is None:
+                    return None
+            # every check made: the op runs
+            if inbound is not None:
+                left = count[rows] - length
+                count[rows] = left
+                head[rows] = np.where(left == 0, 0, (first + length) % cap)
+            result = function(*values)
+            clock = self.clock
+            ended = clock[rows] + CYCLES["dsd_element"] * length
+            if arrived is not None:
+                ended = np.maximum(ended, arrived + 1)
+            clock[rows] = ended
+            size = idx.size
+            if isinstance(target, FabDsd):
+                colour = target.colour
+                self.queue[colour][start : start + length, receivers] = np.broadcast_to(result, (length, size))
+                self.queue_time[colour][start : start + length, receivers] = (
+                    ended + self._hops_single[colour][rows] * CYCLES["hop"]
+                )[None, :]
+                out_count[receivers] += length
+                self.wavelets += size * length
+                self._wake(receivers, colour)
+            else:
+                array[span, rows] = np.broadcast_to(result, (length, size))
+            return at + 1
+
+        return run
 
     def _length(self, value: SSAValue, idx: np.ndarray) -> np.ndarray | int:
         reg = self.regs[value]
