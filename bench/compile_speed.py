@@ -4,8 +4,8 @@
 
 In one process it builds, for each lane registered in `logos_ir.registry`, the builds issue 14 names, without
 weights: the CUDA decode step of `llama-3.1-70b` over 8 chips (ctx 8192) and its prefill chunk of 512 rows, the
-D5005 decode step of `llama-3.1-8b`, the spatial lane's `llama-3.1-8b` decode step (one program for one grid; at
-ctx 2048, since at 8192 its KV cache does not fit a WSE-2: docs/benchmarks.md), and the `logos` target's programs.
+D5005 decode step of `llama-3.1-8b`, the spatial lane's `llama-3.1-8b` decode step (one program for one grid of a
+WSE-2), and the `logos` target's programs.
 Each stage is timed where it runs: the author, the LOGOS parse, the verifier, cut extraction, tp split, every
 registered pass of the lane (each level of its lowering, timed by wrapping the pass's `apply`), every emitter (each
 `-t` target's `emit`), the lane functions its build calls instead of a pass or an emitter (`LANE_FUNCTIONS`), and
@@ -86,7 +86,9 @@ SCENARIOS = [
     Scenario("cuda decode 70b tp8", "cuda", "llama-3.1-70b", "decode ctx=8192", 8),
     Scenario("cuda prefill 70b 512 rows", "cuda", "llama-3.1-70b", "prefill rows=512 ctx=8192"),
     Scenario("d5005 decode 8b", "d5005", "llama-3.1-8b", "decode ctx=8192", scaling_model="llama-3.2-1b"),
-    Scenario("spatial decode 8b ctx 2048", "spatial", "llama-3.1-8b", "decode ctx=2048", scaling_model="smollm2-135m"),
+    Scenario(
+        "spatial decode 8b (one grid)", "spatial", "llama-3.1-8b", "decode ctx=8192", scaling_model="smollm2-135m"
+    ),
     Scenario("logos decode 70b", "logos", "llama-3.1-70b", "decode ctx=8192"),
 ]
 
