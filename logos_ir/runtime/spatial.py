@@ -469,6 +469,13 @@ class Blocked:
 class Fabric:
     """The grid of elements running one program (see the module docstring)."""
 
+    # Which waiting instruction's elements run next: "lowest" (the default) or "highest" (a test runs both: the
+    # cycles, wavelets and results must not depend on it)
+    schedule = "lowest"
+    # Whether DSD ops whose DSDs are program constants may take the shorter way (`_fast_dsd`); a test runs without
+    # it and compares
+    fast = True
+
     def __init__(self, module: ModuleOp, params: dict[str, int], memory: int = MEMORY, queue_words: int | None = None):
         program, layout_module = split_modules(module)
         self.program = program
@@ -1128,7 +1135,7 @@ class Fabric:
         fast = None if self._simple else self._fast_dsd(at, function, operands)
 
         def run(idx: np.ndarray) -> np.ndarray | int:
-            if fast is not None:
+            if fast is not None and self.fast:
                 done = fast(idx)
                 if done is not None:
                     return done
@@ -1485,6 +1492,7 @@ class Fabric:
         again, and if none moves, the step is deadlocked."""
         if function not in self.exports or function not in self.entries:
             raise FabricError(f"the host launches '{function}', which the program does not export")
+        pick = min if self.schedule == "lowest" else max
         start = float(self.clock.max())
         self.clock[:] = start
         self.pc[:] = self.entries[function]
@@ -1503,7 +1511,7 @@ class Fabric:
         retried = False
         while True:
             while groups:
-                at = min(groups)
+                at = pick(groups)
                 idx = self._take(at)
                 following = instrs[at](idx)
                 runs += 1

@@ -309,3 +309,26 @@ def test_lines_of_several_segments(monkeypatch: pytest.MonkeyPatch) -> None:
     store = RandomWeights(MODELS["gqa"], seed=2)
     lowered = lower_decode(store.spec, 16, "f32", 18)
     assert _run(lowered.module, lowered.host, store, 2) == Generator(store).generate(PROMPT, 2)
+
+
+def test_the_schedule_and_the_short_way_change_nothing() -> None:
+    """Which waiting elements the simulator advances first (the lowest instruction or the highest), and whether DSD
+    ops of constant DSDs take the shorter way or the op with every check, change no token, logit, cycle or wavelet:
+    each element's clock counts its own ops and the arrival of each wavelet it reads."""
+    from logos_ir.passes.spatial.convert_logos_to_csl import lower_decode
+    from logos_ir.runtime.spatial import Fabric
+
+    store = RandomWeights(MODELS["gqa"], seed=5)
+    lowered = lower_decode(store.spec, 16, "f16", 5)
+    runs = []
+    for schedule, fast in (("lowest", True), ("highest", True), ("lowest", False)):
+        machine = GridMachine(lowered.module, lowered.host, store)
+        machine.fabric.schedule, machine.fabric.fast = schedule, fast
+        machine.reset()
+        tokens = [machine.step(token, position) for position, token in enumerate([4, 9, 13], start=1)]
+        assert machine.logits is not None
+        runs.append((tokens, machine.cycles, machine.fabric.wavelets, machine.logits.copy()))
+    for tokens, cycles, wavelets, logits in runs[1:]:
+        assert tokens == runs[0][0] and cycles == runs[0][1] and wavelets == runs[0][2]
+        np.testing.assert_array_equal(logits, runs[0][3])
+    assert Fabric.schedule == "lowest" and Fabric.fast
