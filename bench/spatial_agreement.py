@@ -1,5 +1,5 @@
 """The spatial lane's figures, from the fabric simulator running the csl-level module (a script, not a test: the
-embedded model's grid is about 100 x 100 elements, slow to simulate here).
+embedded model's grid is 144 x 144 elements, about 9 s a simulated step here, so its runs take 3 to 20 minutes).
 
     python3 bench/spatial_agreement.py tokens [--new 16] [--image f32]    # greedy tokens against the reference
     python3 bench/spatial_agreement.py agreement [--steps 64]             # f16 teacher-forced next-token agreement
