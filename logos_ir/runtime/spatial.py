@@ -1153,22 +1153,19 @@ class Fabric:
         wavelets are `_dsd`'s."""
         regs = [self.regs.get(v) for v in operands]
         target = regs[0]
-        if not isinstance(target, MemDsd | FabDsd) or target.static is None:
+        if not isinstance(target, MemDsd | FabDsd):
             return None
         if isinstance(target, FabDsd) and target.inbound:
             return None
-        length = target.static if isinstance(target, FabDsd) else target.static[1]
         sources = []  # (kind, ...) per operand after the first
         inbound = None
         for reg in regs[1:]:
             if isinstance(reg, FabDsd):
-                if not reg.inbound or inbound is not None or reg.static is None:
+                if not reg.inbound or inbound is not None:
                     return None
                 inbound = reg.colour
                 sources.append(("fabric", reg.colour))
             elif isinstance(reg, MemDsd):
-                if reg.static is None:
-                    return None
                 sources.append(("memory", reg))
             elif isinstance(reg, np.ndarray):
                 sources.append(("scalar", reg))
@@ -1177,19 +1174,35 @@ class Fabric:
         if inbound is None and isinstance(target, MemDsd):
             return None  # no fabric operand: not a waiting op
         n = self.n
-
-        def span_of(reg: MemDsd, words: int) -> slice | None:
-            offset, count, stride = reg.static  # type: ignore[misc]
-            last = offset + stride * (length - 1)
-            if stride <= 0 or count != length or offset < 0 or last >= words:
-                return None
-            return slice(offset, last + 1, stride)
+        first_operand = operands[0]
 
         def run(idx: np.ndarray) -> int | None:
             if self._retrying:
                 return None
             cap = self.capacity
+            lengths = self._length(first_operand, idx)
+            if isinstance(lengths, int):
+                length = lengths
+            else:
+                length = int(lengths[0])
+                if not (lengths == length).all():
+                    return None
             rows = slice(None) if idx.size == n else idx
+
+            def span_of(reg: MemDsd, words: int) -> slice | None:
+                if reg.static is not None:
+                    offset, _, stride = reg.static
+                    last = offset + stride * (length - 1)
+                    if stride <= 0 or offset < 0 or last >= words:
+                        return None
+                    return slice(offset, last + 1, stride)
+                offsets, strides = reg.offset[rows], reg.stride[rows]
+                offset, stride = int(offsets[0]), int(strides[0])
+                last = offset + stride * (length - 1)
+                if stride <= 0 or offset < 0 or last >= words or (offsets != offset).any() or (strides != stride).any():
+                    return None
+                return slice(offset, last + 1, stride)
+
             if inbound is not None:
                 count = self.queue_len[inbound]
                 has = count[rows] >= length
