@@ -472,8 +472,8 @@ class Fabric:
     # Which waiting instruction's elements run next: "lowest" (the default) or "highest" (a test runs both: the
     # cycles, wavelets and results must not depend on it)
     schedule = "lowest"
-    # Whether DSD ops whose DSDs are program constants may take the shorter way (`_fast_dsd`); a test runs without
-    # it and compares
+    # Whether DSD ops with a fabric operand may take the shorter way (`_fast_dsd`); a test runs without it and
+    # compares
     fast = True
 
     def __init__(self, module: ModuleOp, params: dict[str, int], memory: int = MEMORY, queue_words: int | None = None):
@@ -874,7 +874,10 @@ class Fabric:
         inbound = op.result.type == csl.DsdType(csl.DsdKind.fabin_dsd)
         constant = _constant(op.sizes[0])
         reg = self.regs[op.result] = FabDsd(
-            op.fabric_color.value.data, inbound, np.zeros(self.n, np.int64), int(constant) if constant is not None else None
+            op.fabric_color.value.data,
+            inbound,
+            np.zeros(self.n, np.int64),
+            int(constant) if constant is not None else None,
         )
         size = self._reg(op.sizes[0])
         clock, n, cost = self.clock, self.n, CYCLES["dsd_setup"]
@@ -1146,11 +1149,11 @@ class Fabric:
         self._emit(f"@{kind}", run)
 
     def _fast_dsd(self, at: int, function: Callable[..., np.ndarray], operands: list[SSAValue]) -> Any:
-        """For a DSD op whose DSDs are all program constants (a line reduction's step, a broadcast's receive): a
-        shorter way through `_dsd` for the common case (every element of the group can go, at most one fabric input
-        each read from one place in its queue, a fabric result to one receiver each). It returns None where the
-        case is not that one (the caller then takes `_dsd`, which makes every check); the effects, cycles and
-        wavelets are `_dsd`'s."""
+        """For a DSD op with a fabric operand (a line reduction's step, a broadcast's receive): a shorter way
+        through `_dsd` for the common case (every element of the group can go, with the same length and the same
+        addresses, at most one fabric input read from one place in each queue, a fabric result to one receiver
+        each). It returns None where the case is not that one (the caller then takes `_dsd`, which makes every
+        check); the effects, cycles and wavelets are `_dsd`'s."""
         regs = [self.regs.get(v) for v in operands]
         target = regs[0]
         if not isinstance(target, MemDsd | FabDsd):
@@ -1477,7 +1480,12 @@ class Fabric:
             targets, rows, hop, senders = dest[which, k], data[:, which], hops[which, k], idx[which]
         if targets.size == 0:
             return
-        queue, times, head, count = self.queue[colour], self.queue_time[colour], self.queue_head[colour], self.queue_len[colour]
+        queue, times, head, count = (
+            self.queue[colour],
+            self.queue_time[colour],
+            self.queue_head[colour],
+            self.queue_len[colour],
+        )
         start = head[targets] + count[targets]
         arrival = self.clock[senders] + hop * CYCLES["hop"]  # the last wavelet, sent at the op's end
         first = int(start[0])

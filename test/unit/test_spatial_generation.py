@@ -313,8 +313,8 @@ def test_lines_of_several_segments(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_schedule_and_the_short_way_change_nothing() -> None:
     """Which waiting elements the simulator advances first (the lowest instruction or the highest), and whether DSD
-    ops of constant DSDs take the shorter way or the op with every check, change no token, logit, cycle or wavelet:
-    each element's clock counts its own ops and the arrival of each wavelet it reads."""
+    ops with a fabric operand take the shorter way or the op with every check, change no token, logit, cycle or
+    wavelet: each element's clock counts its own ops and the arrival of each wavelet it reads."""
     from logos_ir.passes.spatial.convert_logos_to_csl import lower_decode
     from logos_ir.runtime.spatial import Fabric
 
