@@ -1223,7 +1223,7 @@ def build_program(spec: Any, cut: Any, tp: int, weights: str) -> tuple[HostPlan,
     from logos_ir.passes.cuda.build import build_cuda
     from logos_ir.progress import Progress
 
-    options = {"ptxas": "off"}  # the code only: no nvcc run for the build report (U, issue 21)
+    options = {"ptxas": "off"}  # the code only: no nvcc run for the build report
     request = BuildRequest(ModelSource("preset", "run", spec), cut, tp, weights, False, Progress.silent(), options)
     built = build_cuda(request)
     files = {a.path: a for a in built.artifacts}

@@ -1799,7 +1799,7 @@ def layout_params(host: dict[str, Any]) -> dict[str, int]:
 def _plan_of(host: dict[str, Any], spec: Any) -> Any:
     from logos_ir.passes.spatial.convert_logos_to_csl import plan_for
 
-    return plan_for(spec, host["ctx"], host["image"], host["grid"], host.get("kv_copies", 1))  # (M: KV copies)
+    return plan_for(spec, host["ctx"], host["image"], host["grid"], host.get("kv_copies", 1))
 
 
 class SpatialGenerator(StepGenerator):

@@ -245,7 +245,7 @@ def plan_report(module: ModuleOp) -> dict[str, Any]:
         "launches": len(plan.launches),
         "launches_per_layer": launches_per_layer(plan),
         "all_reduces": len(plan.all_reduces),
-        "all_gathers": len(plan.all_gathers),  # a split head's logits (V, issue 21)
+        "all_gathers": len(plan.all_gathers),  # a split head's logits
         "weight_bytes": weight_bytes,
         "cache_bytes": cache_bytes,
         "bytes_read": read,

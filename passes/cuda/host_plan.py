@@ -106,10 +106,9 @@ def lowered_context() -> Any:
     extend_shard()  # upstream's shard.all_gather (a split head's logits), which xDSL 0.74's shard dialect lacks
 
     context = Context()
-    dialects = (builtin.Builtin, func.Func, arith.Arith, memref.MemRef, scf.Scf, math.Math, gpu.GPU, shard.Shard)
-    for dialect in (*dialects, vector.Vector):  # vector: the kernels' 16-byte loads (U, issue 21)
+    upstream = (builtin.Builtin, func.Func, arith.Arith, memref.MemRef, scf.Scf, math.Math, gpu.GPU, vector.Vector)
+    for dialect in (*upstream, shard.Shard, CUDA):  # vector: the kernels' 16-byte loads
         context.load_dialect(dialect)
-    context.load_dialect(CUDA)
     return context
 
 

@@ -213,7 +213,7 @@ def test_wavelets_per_step_are_the_mappings() -> None:
     touched = 1 if plan.head_dim % kc == 0 else -(-kc // plan.head_dim) + 1  # the KV heads a row's features touch
     window = min(plan.heads, group * touched)  # the heads whose queries a row holds: its softmax's
     allreduce = hc + plan.layers * (1 + fc + 2 * kc + 2 * window + fc + hc + 1 + 2 * ic + hc) + 1
-    # the scores: every head's down the whole column, or (M: grid.SEGMENTED and no row straddling two KV copies) the
+    # the scores: every head's down the whole column, or (grid.SEGMENTED and no row straddling two KV copies) the
     # window's heads within each KV copy's rows, when they are at least two (a column of P rows in segments of
     # head_dim / kc: P - segments hops)
     from logos_ir.passes.spatial import grid as g
