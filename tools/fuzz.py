@@ -568,8 +568,9 @@ def model_gguf(hidden: int = 4, qtype: str = "F32", tokenizer: bool = False, rop
     from gguf import GGMLQuantizationType as QT
     from gguf.quants import quantize
 
+    from logos_ir.rope import llama3_rope_divisors
     from logos_ir.spec import RopeScaling
-    from logos_ir.weights import RandomWeights, gguf_tensor_name, llama3_rope_divisors
+    from logos_ir.weights import RandomWeights, gguf_tensor_name
 
     spec = small_spec(hidden)
     store = RandomWeights(spec, seed=2)

@@ -640,7 +640,7 @@ _COMPILERS.update(TENSOR_CORE_COMPILERS)  # issue 19 (tensor cores): shared memo
 
 def rope_tables(spec: Any, length: int) -> tuple[np.ndarray, np.ndarray]:
     """cos and signed sin ([-sin, sin]) per position over a whole head, as the reference builds them."""
-    from logos_ir.interpreter import rope_inv_freq
+    from logos_ir.rope import rope_inv_freq
 
     inv_freq = rope_inv_freq(spec.head_dim, spec.rope_theta, spec.rope_scaling)
     angles = np.arange(length, dtype=np.float64)[:, None] * inv_freq[None, :]

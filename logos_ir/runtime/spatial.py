@@ -1755,7 +1755,7 @@ class GridMachine:
         self.cycles = []
 
     def _load_weights(self) -> None:
-        from logos_ir.interpreter import rope_inv_freq
+        from logos_ir.rope import rope_inv_freq
         from logos_ir.passes.spatial import grid as g
 
         p = self.host["grid"]

@@ -75,7 +75,7 @@ def bf16_bits(values: np.ndarray) -> np.ndarray:
 
 def rope_table(spec: ModelSpec, ctx: int) -> np.ndarray:
     """[ctx, head_dim] float32: row p-1 holds cos then sin of (p-1) * each frequency, as the reference's."""
-    from logos_ir.interpreter import rope_inv_freq
+    from logos_ir.rope import rope_inv_freq
 
     inv_freq = rope_inv_freq(spec.head_dim, spec.rope_theta, spec.rope_scaling)
     angles = np.arange(ctx, dtype=np.float64)[:, None] * inv_freq[None, :]

@@ -115,7 +115,7 @@ import json
 import numpy as np
 from cerebras.sdk.runtime.sdkruntimepybind import MemcpyDataType, MemcpyOrder, SdkRuntime  # type: ignore
 
-from logos_ir.interpreter import rope_inv_freq
+from logos_ir.rope import rope_inv_freq
 from logos_ir.models import ModelSource
 from logos_ir.passes.spatial import grid as g
 from logos_ir.passes.spatial.convert_logos_to_csl import plan_for

@@ -19,11 +19,12 @@ import pytest
 from logos_ir.author import decode_at, prefill_at, written, written_split
 from logos_ir.errors import LogosError, WeightError
 from logos_ir.generate import Generator
-from logos_ir.interpreter import Interpreter, KVState, rope_inv_freq, run_text
+from logos_ir.interpreter import Interpreter, KVState, run_text
 from logos_ir.parser import parse_program
 from logos_ir.program import Cut
+from logos_ir.rope import llama3_rope_divisors, rope_inv_freq
 from logos_ir.spec import ModelSpec, RopeScaling
-from logos_ir.weights import RandomWeights, llama3_rope_divisors, open_model, save_model
+from logos_ir.weights import RandomWeights, open_model, save_model
 
 TINY = ModelSpec.preset("tiny")
 TP8 = ModelSpec.preset("tiny-tp8")
