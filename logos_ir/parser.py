@@ -24,7 +24,7 @@ from logos_ir.builder import SectionBuilder
 from logos_ir.dialects import logos
 from logos_ir.errors import CutError, LogosError, ParseError, SourceLocation, SpecError
 from logos_ir.printer import INDENT, fact_lines, section_header, sentence
-from logos_ir.program import Cut, Identity
+from logos_ir.program import Cut
 from logos_ir.spec import ModelSpec, RopeScaling
 
 NAME = re.compile(r"[a-z][a-z0-9_]*")
@@ -70,11 +70,6 @@ def parse_program(source: str | bytes, filename: str = "<logos>", line_offset: i
     program = _Reader(src, cut, spec, chips).read(sections)
     builder.set_digest(program, hashlib.sha256(text.encode("utf-8")).hexdigest())
     return program
-
-
-def program_identity(program: logos.ProgramOp) -> Identity:
-    """The identity a program records (its cut, chips and digest)."""
-    return Identity(Cut.parse(program.cut.data), program.chips.value.data, bytes.fromhex(program.digest.data))
 
 
 # -- layout -----------------------------------------------------------------------------------------------------

@@ -148,11 +148,6 @@ def chat_text(template: str, messages: list[dict[str, str]]) -> str | None:
     return rendered if isinstance(rendered, str) and rendered else None
 
 
-def chat_prompt(template: str, question: str) -> str | None:
-    """`question` as a user turn in a model's chat template; None when it cannot be rendered here."""
-    return chat_text(template, [{"role": "user", "content": question}])
-
-
 def _read_text(source: str, what: str) -> str:
     if source == "-":
         text = sys.stdin.read()
