@@ -153,6 +153,18 @@ def emitters() -> dict[str, Callable[[], type[Target]]]:
     }
 
 
+def emitter_pipelines() -> dict[str, str]:
+    """The named pipeline that lowers LOGOS IR to what each lane's `-t` emitter prints (`logos-opt` names it when
+    an emitter is handed a module still in LOGOS IR)."""
+    return {
+        "cuda": "logos-to-cuda",
+        "d5005-listing": "logos-to-d5005",
+        "d5005-layout": "logos-to-d5005",
+        "d5005-opencl": "logos-to-d5005",
+        "csl": "logos-to-spatial",
+    }
+
+
 # -- logos-compile targets -----------------------------------------------------------------------------------
 
 

@@ -120,7 +120,7 @@ class LogosOptMain(xDSLOptMain):
         try:
             return super().output_resulting_program(prog)
         except (LogosError, DiagnosticException):
-            lowering = _LANE_PIPELINES.get(self.args.target.split("{")[0])
+            lowering = registry.emitter_pipelines().get(self.args.target.split("{")[0])
             if lowering and any(op.name == "logos.program" for op in prog.walk()):
                 raise DiagnosticException(
                     f"-t {self.args.target} prints a lowered module, and this one is still LOGOS IR: run "
@@ -186,15 +186,6 @@ class LogosOptMain(xDSLOptMain):
             self.args.print_between_passes = True
         self.args.passes = expand_pipelines(self.args.passes)
         super().setup_pipeline()
-
-
-_LANE_PIPELINES = {
-    "cuda": "logos-to-cuda",
-    "d5005-listing": "logos-to-d5005",
-    "d5005-layout": "logos-to-d5005",
-    "d5005-opencl": "logos-to-d5005",
-    "csl": "logos-to-spatial",
-}
 
 
 def skip_preamble(data: bytes) -> tuple[bytes, int]:
