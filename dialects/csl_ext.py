@@ -11,6 +11,10 @@ the lane's CSL print context (`passes/spatial/emit_csl.py`) and executed by the 
 - `csl_ext.block` / `csl_ext.unblock`: `@block(@get_local_task_id(n))` / `@unblock(...)`: a blocked task that is
   activated runs only once unblocked.
 - `csl_ext.comment`: a `// text` line (the identity line of the LOGOS program a function was lowered from).
+
+The module also holds the facts of the machine the lane targets (a WSE-2, as the Cerebras SDK documents it), once for
+the lowering that plans for them and the simulator that checks them: an element's memory, its colours, the bytes of
+each element type and the estimate of a program's code size.
 """
 
 from __future__ import annotations
@@ -18,11 +22,39 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from xdsl.dialects.builtin import ArrayAttr, IntAttr, StringAttr, i16
-from xdsl.ir import Dialect, Operation, SSAValue
+from xdsl.ir import Attribute, Dialect, Operation, SSAValue
 from xdsl.irdl import IRDLOperation, irdl_op_definition, operand_def, prop_def
 from xdsl.utils.exceptions import VerifyException
 
 DIRECTIONS = ("RAMP", "NORTH", "SOUTH", "EAST", "WEST")
+
+# -- the WSE-2 ---------------------------------------------------------------------------------------------------
+
+MEMORY = 48 * 1024  # bytes of memory per processing element
+COLOURS = 24  # routable colours
+RESERVED_COLOURS = (21, 22, 23)  # memcpy's colours on WSE-2: a program routes 0..20
+WSE2_FABRIC = (757, 996)  # the fabric a program may use (width, height)
+ELEMENT_BYTES = {"f16": 2, "i16": 2, "f32": 4, "i32": 4}  # bytes of an array element of each type
+# Ops that print as no instruction (constants fold into their uses, a global's name is an address, a yield closes a
+# block); every other op of a function or task counts CODE_BYTES_PER_OP of code (an estimate: the SDK publishes no
+# code size per builtin).
+NO_CODE = frozenset({"arith.constant", "memref.get_global", "csl_ext.comment", "scf.yield", "csl.return"})
+CODE_BYTES_PER_OP = 4
+
+
+def element_bytes(element: Attribute | str) -> int:
+    """The bytes one array element of type `element` (`f16`, `i16`, `f32`, `i32`) takes in an element's memory."""
+    name = str(element)
+    if name not in ELEMENT_BYTES:
+        raise VerifyException(f"csl_ext: an array element is one of {', '.join(ELEMENT_BYTES)}, not {name}")
+    return ELEMENT_BYTES[name]
+
+
+def code_bytes(program: Operation) -> int:
+    """The estimated code bytes of an element program (a `csl.module`): CODE_BYTES_PER_OP for each op of its
+    functions and tasks that prints as an instruction (not in NO_CODE)."""
+    ops = [o for top in program.regions[0].block.ops if top.name in ("csl.func", "csl.task") for o in top.walk()]
+    return CODE_BYTES_PER_OP * sum(1 for o in ops if o.name not in NO_CODE)
 
 
 def _directions(names: Sequence[str]) -> ArrayAttr[StringAttr]:
@@ -108,4 +140,20 @@ class CommentOp(IRDLOperation):
 
 CSL_EXT = Dialect("csl_ext", [SetColorConfigOp, BlockOp, UnblockOp, CommentOp], [])
 
-__all__ = ["CSL_EXT", "DIRECTIONS", "BlockOp", "CommentOp", "SetColorConfigOp", "UnblockOp", "i16"]
+__all__ = [
+    "CODE_BYTES_PER_OP",
+    "COLOURS",
+    "CSL_EXT",
+    "DIRECTIONS",
+    "ELEMENT_BYTES",
+    "MEMORY",
+    "NO_CODE",
+    "RESERVED_COLOURS",
+    "WSE2_FABRIC",
+    "BlockOp",
+    "CommentOp",
+    "SetColorConfigOp",
+    "UnblockOp",
+    "code_bytes",
+    "element_bytes",
+]

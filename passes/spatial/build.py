@@ -29,6 +29,7 @@ import numpy as np
 from xdsl.printer import Printer
 
 from logos_ir.build import Artifact, BuildError, BuildRequest, LaneBuild, program_module
+from logos_ir.dialects import csl_ext
 from logos_ir.errors import PassError
 from logos_ir.passes.spatial import grid as g
 from logos_ir.passes.spatial.convert_logos_to_csl import GridProgram, element_bytes, lower_decode
@@ -187,10 +188,10 @@ def spatial_report(lowered: GridProgram) -> dict[str, Any]:
     memory = element_bytes(lowered)
     shares = {name: round(working_share(w, plan.p), 4) for name, w in plan.weights.items() if w.kind == "matrix"}
     return {
-        "grid": {"name": "wse2", "fabric": list(g.WSE2_FABRIC), "memory": g.MEMORY, "p": plan.p},
+        "grid": {"name": "wse2", "fabric": list(csl_ext.WSE2_FABRIC), "memory": csl_ext.MEMORY, "p": plan.p},
         "weights": plan.image,
         "elements_used": plan.p * plan.p,
-        "grid_share": round(plan.p * plan.p / (g.WSE2_FABRIC[0] * g.WSE2_FABRIC[1]), 4),
+        "grid_share": round(plan.p * plan.p / (csl_ext.WSE2_FABRIC[0] * csl_ext.WSE2_FABRIC[1]), 4),
         "working_share_per_layer_projection": shares,
         "working_share_per_layer": min(shares.values()) if shares else None,
         "memory_per_element": memory,
@@ -220,9 +221,9 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     memory = report["memory_per_element"]
     return [
         f"grid {p} x {p} of a WSE-2 ({report['elements_used']} elements, {100 * report['grid_share']:.2f}% of its "
-        f"{g.WSE2_FABRIC[0]} x {g.WSE2_FABRIC[1]}), {report['weights']} weights",
+        f"{csl_ext.WSE2_FABRIC[0]} x {csl_ext.WSE2_FABRIC[1]}), {report['weights']} weights",
         f"memory per element: {memory['total']} bytes ({memory['arrays']} of arrays, {memory['code']} of code) "
-        f"of {g.MEMORY}",
+        f"of {csl_ext.MEMORY}",
         f"share of the elements working on each layer: {100 * (report['working_share_per_layer'] or 0):.1f}%",
         f"{report['element_programs']} part programs (embedding, layer, head) in one element program",
         "cycles per token: counted by the fabric simulator as it runs the build (bench/spatial_agreement.py placement)",

@@ -52,7 +52,6 @@ from logos_ir.errors import PassError
 from logos_ir.passes.spatial import grid as g
 
 PASS = "convert-logos-to-csl"
-NO_CODE = g.NO_CODE
 INDEX = IndexType()
 
 
@@ -1330,19 +1329,13 @@ def plan_for(spec: Any, ctx: int, image: str, p: int, kv_copies: int = 1) -> g.G
 
 
 def element_bytes(program: GridProgram) -> dict[str, int]:
-    """An element's memory: its arrays (every element declares the same) and its code, estimated at 4 bytes per
-    op of the program's functions and tasks that prints as an instruction (`grid.NO_CODE`: an assumption, the SDK
-    publishes no code-size figure per builtin)."""
-    arrays = 0
-    for words, element in program.host["arrays"].values():
-        arrays += words * (2 if element in ("f16", "i16") else 4)
+    """An element's memory: its arrays (every element declares the same) and its code (`csl_ext.code_bytes`, an
+    estimate: the SDK publishes no code-size figure per builtin)."""
+    arrays = sum(words * csl_ext.element_bytes(element) for words, element in program.host["arrays"].values())
     module = next(
         op for op in program.module.ops if isinstance(op, csl.CslModuleOp) and op.kind.data == csl.ModuleKind.PROGRAM
     )
-    code = 0
-    for op in module.body.block.ops:
-        if isinstance(op, csl.FuncOp | csl.TaskOp):
-            code += 4 * sum(1 for o in op.walk() if o.name not in NO_CODE)
+    code = csl_ext.code_bytes(module)
     return {"arrays": arrays, "code": code, "total": arrays + code}
 
 
@@ -1351,7 +1344,7 @@ def lower_decode(
     ctx: int,
     image: str = "f16",
     p: int = 0,
-    memory: int = g.MEMORY,
+    memory: int = csl_ext.MEMORY,
     progress: Any = None,
     copies: int | None = None,
 ) -> GridProgram:
@@ -1400,7 +1393,7 @@ def lower_decode(
             hint="give a larger grid (logos-compile --option grid=P; convert-logos-to-csl{grid=P} in logos-opt) "
             "or none, to have the smallest that fits chosen",
         )
-    largest = g.WSE2_FABRIC[0]
+    largest = csl_ext.WSE2_FABRIC[0]
     needed = 0
     for c in choices:  # the most KV copies that fit some grid (KV heads widened keep more rows working)
         lowered, needed = lowered_at(largest, c)

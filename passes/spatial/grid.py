@@ -29,11 +29,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-# Colours (WSE-2 has 24; memcpy reserves 21, 22 and 23 on WSE-2, so a program may use 0..20). A line (row or
-# column) is cut into segments; each segment is reduced toward its centre from both ends at once (each half a chain
-# on two colours alternating by the distance from its end), the segments' centres then toward the line's centre (a
-# chain from each end over the centres, the elements between passing the wavelets on), and the line's total is
-# broadcast both ways from its centre.
+from logos_ir.dialects.csl_ext import NO_CODE  # noqa: F401  (the fabric simulator reads it here)
+
+# Colours (WSE-2 has 24; memcpy reserves 21, 22 and 23 on WSE-2, so a program may use 0..20: the machine facts of
+# `dialects/csl_ext.py`). A line (row or column) is cut into segments; each segment is reduced toward its centre
+# from both ends at once (each half a chain on two colours alternating by the distance from its end), the segments'
+# centres then toward the line's centre (a chain from each end over the centres, the elements between passing the
+# wavelets on), and the line's total is broadcast both ways from its centre.
 ROW_WEST_CHAIN = (0, 1)  # a segment's western half, eastward to its centre
 ROW_EAST_CHAIN = (2, 3)  # its eastern half, westward
 ROW_WEST_CENTRES = (4, 5)  # the segments' centres west of the line's centre, eastward
@@ -45,16 +47,8 @@ COL_NORTH_CENTRES = (13, 14)
 COL_SOUTH_CENTRES = (15, 16)
 COL_BCAST = 17
 COL_SEGMENT_BCAST = 18  # a column segment's total from its centre to the segment (attention's scores: one KV head's)
-USER_COLOURS = 21  # colours 0..20 are the program's
-RESERVED_COLOURS = (21, 22, 23)  # memcpy's on WSE-2
 # Local task ids (on WSE-2 a local task id may not be a colour the program routes).
 EMBED_TASK, LAYER_TASK, HEAD_TASK = 24, 25, 26
-
-MEMORY = 48 * 1024  # bytes per element on a WSE-2
-# Ops that print as no instruction (constants fold into their uses, a global's name is an address, a yield closes a
-# block); every other op of a function or task counts 4 bytes of code (an estimate: the SDK publishes no code size).
-NO_CODE = frozenset({"arith.constant", "memref.get_global", "csl_ext.comment", "scf.yield", "csl.return"})
-WSE2_FABRIC = (757, 996)  # the fabric a program may use (the issue's figure for the WSE-2)
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -99,10 +93,6 @@ class GridPlan:
     layers: int
     kv_copies: int = 1  # how many rows' worth of copies each KV head's cache has (1: narrow; heads/kv_heads: widened)
     weights: dict[str, Weight] = field(default_factory=dict)
-
-    @property
-    def element_bytes(self) -> int:
-        return 2 if self.image == "f16" else 4
 
     def chunk(self, n: int, even: bool = False) -> int:
         c = ceil_div(n, self.p)
@@ -326,16 +316,3 @@ def best_grid(spec: object, smallest: int, largest: int = 757, copies: int = 1) 
         if share > best_share + 1e-9:
             best, best_share = p, share
     return best
-
-
-def smallest_grid(words_at: callable, image: str, code_bytes: int, memory: int = MEMORY, limit: int = 757) -> int:
-    """The smallest P (at least 2) whose element memory holds every array and the code; 0 if none up to `limit`."""
-    element = 2 if image == "f16" else 4
-    for p in range(2, limit + 1):
-        if words_at(p) * element + code_bytes <= memory:
-            return p
-    return 0
-
-
-def angle_bound(ctx: int) -> float:
-    return float(ctx) * math.pi
