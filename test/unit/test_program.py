@@ -1,6 +1,9 @@
 """The program API: the fourteen cuts, their display and option forms, identities, and what the author writes."""
 
 import hashlib
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -129,9 +132,33 @@ def test_text_does_not_depend_on_dir(cut):
     assert {entry.name for entry in plain.manifest} == {entry.name for entry in elsewhere.manifest}
 
 
-@pytest.mark.parametrize("cut", small_cuts(TINY), ids=str)
-def test_author_is_deterministic(cut):
-    assert written(TINY, cut)[0].text == written(TINY, cut)[0].text
+# Writes each cut named on its command line ("model:option") to stdout, and the tiny decode step split over 2 chips.
+AUTHOR_ALL = """
+import sys
+from logos_ir.author import written, written_split
+from logos_ir.program import Cut
+from logos_ir.spec import ModelSpec
+for arg in sys.argv[1:]:
+    model, option = arg.split(":")
+    sys.stdout.write(written(ModelSpec.preset(model), Cut.parse(option))[0].text)
+sys.stdout.write(written_split(ModelSpec.preset("tiny"), Cut.decode(16), "", 2)[0].text)
+"""
+
+
+def authored_in_a_fresh_process(hash_seed: str) -> bytes:
+    models = ("tiny", "smollm2-135m")
+    cuts = [f"{model}:{cut.option()}" for model in models for cut in small_cuts(ModelSpec.preset(model))]
+    env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+    done = subprocess.run([sys.executable, "-c", AUTHOR_ALL, *cuts], env=env, capture_output=True, check=True)
+    return done.stdout
+
+
+def test_author_is_deterministic_across_processes():
+    # Two interpreters with different string hashing (so different set and dict orders) write the same bytes,
+    # and the bytes this process writes.
+    first, second = authored_in_a_fresh_process("1"), authored_in_a_fresh_process("2")
+    assert first == second
+    assert first.startswith(written(TINY, Cut.decode(16))[0].text.encode("utf-8"))
 
 
 def test_manifest_lists_each_weight_once_with_dtype_and_shape():
