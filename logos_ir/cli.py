@@ -178,10 +178,53 @@ def umask() -> int:
     return mask
 
 
+def write_output(path: str, text: str | bytes) -> None:
+    """Write a tool's `-o`: `-` is standard output; a regular file (or a new one) is replaced atomically (see
+    `write_atomically`), through a symlink to it the target is replaced and the link kept; anything else that
+    exists (a device such as /dev/null, a FIFO, a terminal, a /proc or /dev/fd descriptor) is written in place, as
+    a shell's `>` would, and never replaced by a regular file. A socket or a folder is refused."""
+    import stat
+
+    from logos_ir.errors import LogosError
+
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    if path == "-":
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return
+    try:
+        mode = os.stat(path).st_mode  # follows symlinks: what a write would reach
+    except FileNotFoundError:
+        mode = None
+    except NotADirectoryError:
+        raise LogosError(f"cannot write {path}: a part of the path is not a folder") from None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise LogosError(f"{path}: is a folder, not a file to write")
+    if mode is not None and stat.S_ISSOCK(mode):
+        raise LogosError(f"{path}: is a socket, not a file to write")
+    if (mode is not None and not stat.S_ISREG(mode)) or _descriptor(path):
+        _write_in_place(path, data)
+        return
+    write_atomically(os.path.realpath(path) if os.path.islink(path) else path, data)
+
+
+def _descriptor(path: str) -> bool:
+    """A path that names an open descriptor (/proc/self/fd/1, /dev/stdout): written in place whatever it is."""
+    absolute = os.path.abspath(path)
+    return absolute.startswith(("/proc/", "/dev/fd/")) or absolute in ("/dev/stdout", "/dev/stderr")
+
+
+def _write_in_place(path: str, data: bytes) -> None:
+    with open(path, "wb") as stream:  # a device or a FIFO: O_TRUNC does nothing to it, and nothing is renamed
+        stream.write(data)
+
+
 def write_atomically(path: str, text: str | bytes) -> None:
-    """Write `text` to `path` through a temporary file in the same folder, renamed into place: a failure leaves the
-    old file (or no file), never half of a new one. The file gets the permissions the umask gives a new file
-    (0644 under umask 022), as a plain `open` would; a folder that cannot take it is one error naming `path`."""
+    """Write `text` to the regular file `path` through a temporary file in the same folder, renamed into place: a
+    failure leaves the old file (or no file), never half of a new one. The file gets the permissions the umask gives
+    a new file (0644 under umask 022), as a plain `open` would; a folder that cannot take it is one error naming
+    `path`. Tools write their `-o` with `write_output`, which calls this only for a regular file."""
     from logos_ir.errors import LogosError
 
     folder = os.path.dirname(os.path.abspath(path))

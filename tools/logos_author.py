@@ -4,8 +4,9 @@
 
 `--model` takes what every tool takes (`--list-models`): a preset, `embedded` (the default), a model folder, a
 `.gguf` file, a hub id in the local cache; and, here, a `config.json` alone (the author reads sizes, never a weight).
-The text goes to standard output or `-o` (written atomically: a temporary file renamed into place, so a failure
-leaves nothing half-written; the file gets the umask's permissions).
+The text goes to standard output or `-o` (a regular file is written atomically: a temporary file renamed into place,
+so a failure leaves nothing half-written, with the umask's permissions; a device, a FIFO or a descriptor is written
+in place, never replaced; `-o -` is standard output).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from logos_ir.cli import add_common, positive, run_tool, write_atomically
+from logos_ir.cli import add_common, positive, run_tool, write_output
 
 
 def _arguments() -> argparse.ArgumentParser:
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             text = authored.text
         if args.output:
-            write_atomically(args.output, text)
+            write_output(args.output, text)
         else:
             sys.stdout.write(text)
         return 0

@@ -21,7 +21,7 @@ from xdsl.utils.exceptions import DiagnosticException, ParseError
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from logos_ir import registry
-from logos_ir.cli import USAGE_ERROR, _ListModels, run_tool, write_atomically
+from logos_ir.cli import USAGE_ERROR, _ListModels, run_tool, write_output
 from logos_ir.errors import LogosError
 
 
@@ -43,10 +43,10 @@ class LogosOptMain(xDSLOptMain):
         return self._held
 
     def run(self) -> None:
-        """Run, then write `-o` atomically: a failing run leaves no output file, or the old one, never half."""
+        """Run, then write `-o` (`cli.write_output`): a failing run leaves no output, or the old one, never half."""
         super().run()
         if self._held is not None:
-            write_atomically(self.args.output_file, self._held.getvalue())
+            write_output(self.args.output_file, self._held.getvalue())
 
     def prepare_input(self):  # type: ignore[no-untyped-def]
         """xDSL's, with an input of no known kind reported as a usage mistake rather than a failure of the tool."""
