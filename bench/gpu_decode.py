@@ -11,10 +11,10 @@ On a GPU it
    runtime), the time of each kernel, and the achieved bandwidth (the bytes the step reads as its plan reads them:
    one embedding row, the live cache, `passes/cuda/build.step_bytes`; / step time) as a fraction of a read-only
    kernel's bandwidth and of a device-to-device copy, both measured in the same run, and of the published peak;
-3. the tensor-core prefill figures (`bench/gpu_prefill.py`, issue 19) in the same run.
+3. the tensor-core prefill figures (`bench/gpu_prefill.py`) in the same run.
 
 `--cpu-agreement` runs the embedded model teacher-forced over 64 decode steps through the reference and the
-emulated lane with bf16 weights: next-token agreement (the issue asks >= 98%) and the logits' cosine (>= 0.999).
+emulated lane with bf16 weights: next-token agreement (the lane is held to >= 98%) and the logits' cosine (>= 0.999).
 Without a GPU (and without `--cpu-agreement`) the script says so and exits 1: it claims no GPU figure.
 """
 
@@ -42,7 +42,7 @@ PROMPTS = [
 
 
 def cpu_agreement(steps: int) -> dict[str, Any]:
-    from logos_ir.runtime.cuda import teacher_forced
+    from logos_ir.runtime.cuda.agreement import teacher_forced
     from logos_ir.tokenizer import Tokenizer
     from logos_ir.weights import open_model
 
@@ -151,7 +151,10 @@ def shaped_model(cp: Any, name: str, peak: float, copy: float, read: float) -> d
     the bytes the step reads counted as the plan reads them (one embedding row, the live cache)."""
     from logos_ir.passes.cuda.build import step_bytes
     from logos_ir.program import Cut
-    from logos_ir.runtime.cuda import Gpu, HostRuntime, LocalRanks, Reduce, build_program
+    from logos_ir.runtime.cuda.artifacts import build_program
+    from logos_ir.runtime.cuda.devices import Gpu
+    from logos_ir.runtime.cuda.host import HostRuntime
+    from logos_ir.runtime.cuda.ranks import LocalRanks
     from logos_ir.spec import ModelSpec
 
     spec = ModelSpec.preset(name)
@@ -171,9 +174,7 @@ def shaped_model(cp: Any, name: str, peak: float, copy: float, read: float) -> d
     step = timed(program.step, DECODE_REPEATS)
     per_kernel: dict[str, float] = {}
     arrays = program.chips[0]
-    for launch in plan.steps:
-        if isinstance(launch, Reduce):
-            continue
+    for launch in plan.launches:
         args = [arrays[n] for n in launch.buffers]
         seconds = timed(lambda s=launch, a=args: device.launch(s.kernel, s.grid, s.block, a), 5)
         per_kernel[launch.kernel] = per_kernel.get(launch.kernel, 0.0) + seconds
@@ -196,7 +197,7 @@ def shaped_model(cp: Any, name: str, peak: float, copy: float, read: float) -> d
 def embedded(cp: Any) -> dict[str, Any]:
     from logos_ir.generate import Generator
     from logos_ir.runtime import RunRequest
-    from logos_ir.runtime.cuda import cuda_generator
+    from logos_ir.runtime.cuda.generator import cuda_generator
     from logos_ir.tokenizer import Tokenizer
     from logos_ir.weights import open_model
 
@@ -230,7 +231,7 @@ def on_gpu() -> dict[str, Any]:
     }
     report["embedded"] = embedded(cupy)
     report["models"] = [shaped_model(cupy, m, peak, copy, read) for m in ("smollm2-135m", "llama-3.1-8b")]
-    report["tensor_core_prefill"] = __import__("gpu_prefill").on_gpu()  # issue 19: bench/gpu_prefill.py, same run
+    report["tensor_core_prefill"] = __import__("gpu_prefill").on_gpu()  # bench/gpu_prefill.py, same run
     return report
 
 
@@ -242,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpu_agreement:
         print(json.dumps(cpu_agreement(args.steps), indent=2))
         return 0
-    from logos_ir.runtime.cuda import NO_GPU, gpu_count
+    from logos_ir.runtime.cuda.devices import NO_GPU, gpu_count
 
     if gpu_count() == 0:
         print(f"gpu_decode: {NO_GPU.replace('add --emulate', 'run --cpu-agreement')}", file=sys.stderr)

@@ -34,7 +34,7 @@ PROMPTS = [
 
 def _plan(model: str, rows: int) -> tuple[Any, str]:
     from logos_ir.program import Cut
-    from logos_ir.runtime.cuda import build_program
+    from logos_ir.runtime.cuda.artifacts import build_program
     from logos_ir.spec import ModelSpec
 
     plan, source, _ = build_program(ModelSpec.preset(model), Cut.prefill(rows, CTX), 1, "bf16")
@@ -50,7 +50,7 @@ def report(model: str = "llama-3.1-8b", rows: int = ROWS) -> dict[str, Any]:
 
 
 def cpu_agreement(steps: int, prefill_rows: int) -> dict[str, Any]:
-    from logos_ir.runtime.cuda import teacher_forced
+    from logos_ir.runtime.cuda.agreement import teacher_forced
     from logos_ir.tokenizer import Tokenizer
     from logos_ir.weights import open_model
 
@@ -123,7 +123,7 @@ def _flop(kernel: str, buffers: list[Any]) -> float:
 def on_gpu() -> dict[str, Any]:
     import cupy as cp  # type: ignore[import-not-found]
 
-    from logos_ir.runtime.cuda import _compile_cuda
+    from logos_ir.runtime.cuda.devices import _compile_cuda
 
     plan, source = _plan("llama-3.1-8b", ROWS)
     module = _compile_cuda(cp, _tensor_core_kernels(source))
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         del PROMPTS[args.prompts :]
         print(json.dumps(cpu_agreement(args.steps, args.prefill_rows), indent=2))
         return 0
-    from logos_ir.runtime.cuda import gpu_count
+    from logos_ir.runtime.cuda.devices import gpu_count
 
     if gpu_count() == 0:
         print("gpu_prefill: no CUDA GPU here (cupy sees none); run --report or --cpu-agreement", file=sys.stderr)

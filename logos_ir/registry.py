@@ -249,7 +249,7 @@ def backends() -> dict[str, Backend]:
             "cuda",
             "the CUDA lane's kernels on a GPU (cupy), or with --emulate executed on the CPU",
             ("bf16", "f32"),
-            _lazy("logos_ir.runtime.cuda", "cuda_generator"),
+            _lazy("logos_ir.runtime.cuda.generator", "cuda_generator"),
             emulates=True,
         ),
         "d5005": Backend(

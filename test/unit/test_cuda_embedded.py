@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from logos_ir.generate import Generator
 from logos_ir.runtime import RunRequest
-from logos_ir.runtime.cuda import cuda_generator
+from logos_ir.runtime.cuda.generator import cuda_generator
 from logos_ir.tokenizer import Tokenizer
 from logos_ir.weights import open_model
 

@@ -12,7 +12,7 @@ from xdsl.dialects import gpu
 from xdsl.dialects.builtin import Float32Type, MemRefType
 
 from logos_ir.passes.cuda.thread_code import Body
-from logos_ir.runtime.cuda import EmulatorFault, KernelEmulator, _Launch, fma_f32
+from logos_ir.runtime.cuda.emulator import EmulatorFault, KernelEmulator, LaunchShape, fma_f32
 
 
 def _run(body: Callable[[Body, list], None], size: int = 64, threads: int = 16) -> np.ndarray:
@@ -24,7 +24,7 @@ def _run(body: Callable[[Body, list], None], size: int = 64, threads: int = 16) 
     body(b, [x, out])
     b.op(gpu.ReturnOp([]))
     data, result = np.arange(size, dtype=np.float32), np.zeros(size, np.float32)
-    KernelEmulator(kernel).run([data, result], _Launch.of((1, 1, 1), threads))
+    KernelEmulator(kernel).run([data, result], LaunchShape.of((1, 1, 1), threads))
     return result
 
 

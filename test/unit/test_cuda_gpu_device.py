@@ -1,8 +1,8 @@
-"""The GPU device's own code (`logos_ir.runtime.cuda.Gpu`), run here against a stand-in for cupy that records which
-stream each allocation, fill, copy and launch goes on and executes the launches with the lane's emulator (bf16 as
-uint16 bit patterns, as on a GPU): every one of them is on the non-blocking work stream, never the legacy default
-stream; each kernel's function is resolved once; the decode step is captured once (after a synchronize) and
-replayed; the tokens are the reference's. No GPU is needed, and none is claimed."""
+"""The GPU device's own code (`logos_ir.runtime.cuda.devices.Gpu`), run here against a stand-in for cupy that
+records which stream each allocation, fill, copy and launch goes on and executes the launches with the lane's
+emulator (bf16 as uint16 bit patterns, as on a GPU): every one of them is on the non-blocking work stream, never the
+legacy default stream; each kernel's function is resolved once; the decode step is captured once (after a
+synchronize) and replayed; the tokens are the reference's. No GPU is needed, and none is claimed."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-import logos_ir.runtime.cuda as lane
 from logos_ir.generate import Generator
 from logos_ir.passes.cuda.host_plan import bf16_bits
 from logos_ir.runtime import RunRequest
+from logos_ir.runtime.cuda import devices, generator
+from logos_ir.runtime.cuda.emulator import KernelEmulator, LaunchShape
 from logos_ir.spec import ModelSpec
 from logos_ir.weights import RandomWeights
 
@@ -133,7 +134,7 @@ def _module(cp: FakeCupy, kernels: dict[str, Any]) -> Any:
 
     def get_function(name: str) -> Any:
         cp.resolved.append(name)
-        emulator = lane.KernelEmulator(kernels[name])
+        emulator = KernelEmulator(kernels[name])
         writes = kernel_writes(kernels[name])
 
         def run(grid: Any, block: Any, args: tuple[FakeArray, ...]) -> None:
@@ -141,7 +142,7 @@ def _module(cp: FakeCupy, kernels: dict[str, Any]) -> Any:
 
             def execute() -> None:
                 views = [a.values() for a in args]
-                emulator.run(views, lane._Launch.of(tuple(grid), block[0]))
+                emulator.run(views, LaunchShape.of(tuple(grid), block[0]))
                 for a, view, written in zip(args, views, writes, strict=True):
                     if a.dtype == np.uint16 and written:
                         a.host[...] = bf16_bits(view)
@@ -161,7 +162,7 @@ def _module(cp: FakeCupy, kernels: dict[str, Any]) -> Any:
 def test_the_gpu_device_keeps_everything_on_its_work_stream(monkeypatch: pytest.MonkeyPatch, weights: str) -> None:
     cp = FakeCupy()
     kernels: dict[str, Any] = {}
-    build = lane.build_program
+    build = generator.build_program
 
     def built(*args: Any) -> Any:
         plan, source, identity = build(*args)
@@ -169,15 +170,15 @@ def test_the_gpu_device_keeps_everything_on_its_work_stream(monkeypatch: pytest.
         return plan, source, identity
 
     monkeypatch.setitem(sys.modules, "cupy", cp)
-    monkeypatch.setattr(lane, "build_program", built)
-    monkeypatch.setattr(lane, "_compile_cuda", lambda cupy, source: _module(cupy, kernels))
+    monkeypatch.setattr(generator, "build_program", built)
+    monkeypatch.setattr(devices, "_compile_cuda", lambda cupy, source: _module(cupy, kernels))
     store = RandomWeights(ModelSpec.preset("tiny"), seed=9)
-    generator = lane.cuda_generator(RunRequest(store, None, 4, 1, weights))
-    got = generator.generate(PROMPT, 4)
+    lane = generator.cuda_generator(RunRequest(store, None, 4, 1, weights))
+    got = lane.generate(PROMPT, 4)
     if weights == "f32":
         assert got == Generator(store, prefill_rows=4).generate(PROMPT, 4)
-    (device,) = generator.runtime.devices
-    assert isinstance(device, lane.Gpu) and device.stream.non_blocking
+    (device,) = lane.runtime.devices
+    assert isinstance(device, devices.Gpu) and device.stream.non_blocking
     streams = {stream for what, stream in cp.log if what in ("alloc", "fill", "set", "get", "launch")}
     assert streams == {device.stream}  # nothing on the legacy default stream
     assert len(cp.resolved) == len(set(cp.resolved))  # each kernel's function resolved once

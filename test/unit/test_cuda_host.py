@@ -21,7 +21,9 @@ import pytest
 from logos_ir.generate import Generator
 from logos_ir.models import ModelSource
 from logos_ir.runtime import RunRequest
-from logos_ir.runtime.cuda import Emulator, NcclRanks, cuda_generator
+from logos_ir.runtime.cuda.devices import Emulator
+from logos_ir.runtime.cuda.generator import cuda_generator
+from logos_ir.runtime.cuda.ranks import NcclRanks
 from logos_ir.spec import ModelSpec
 from logos_ir.weights import RandomWeights
 
@@ -102,7 +104,7 @@ def test_a_build_folder_runs_its_step_module_and_weight_image(tmp_path: Path) ->
 MPI_STEP = """
 import hashlib, json, sys
 from logos_ir.runtime import RunRequest
-from logos_ir.runtime.cuda import cuda_generator
+from logos_ir.runtime.cuda.generator import cuda_generator
 from logos_ir.spec import ModelSpec
 from logos_ir.weights import RandomWeights
 from mpi4py import MPI
@@ -222,7 +224,7 @@ def test_a_bf16_prefill_chunk_allocates_no_scratch_its_fused_attention_does_not_
     only buffers some step reads or writes, so the runtime allocates neither `attention.partial` nor
     `attention.count` for a bf16 prefill chunk (the f32 chunk's attention still uses both)."""
     from logos_ir.program import Cut
-    from logos_ir.runtime.cuda import build_program
+    from logos_ir.runtime.cuda.artifacts import build_program
 
     spec = ModelSpec.preset("tiny")
     for weights, scratch in (("bf16", set()), ("f32", {"attention.partial", "attention.count"})):

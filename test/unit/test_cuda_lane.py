@@ -19,7 +19,9 @@ from logos_ir.models import ModelSource
 from logos_ir.program import Cut
 from logos_ir.progress import Progress
 from logos_ir.runtime import RunRequest
-from logos_ir.runtime.cuda import cuda_generator, gpu_count, teacher_forced
+from logos_ir.runtime.cuda.agreement import teacher_forced
+from logos_ir.runtime.cuda.devices import gpu_count
+from logos_ir.runtime.cuda.generator import cuda_generator
 from logos_ir.spec import ModelSpec
 from logos_ir.weights import RandomWeights
 
@@ -61,7 +63,7 @@ def test_the_qkv_launch_splits_k_where_its_pairs_cannot_fill_the_sms() -> None:
     part to keep a lane's loads in flight; the test model above splits in 2."""
     from dataclasses import replace
 
-    from logos_ir.runtime.cuda import build_program
+    from logos_ir.runtime.cuda.artifacts import build_program
 
     plan, _, _ = build_program(replace(ModelSpec.preset("llama-3.1-70b"), layers=2), Cut.decode(8192), 8, "bf16")
     qkv = [launch for launch in plan.launches if launch.kernel.startswith("qkv_")]
@@ -175,7 +177,9 @@ def test_a_batch_of_sequences_gives_the_reference_tokens(tp: int) -> None:
     from logos_ir.author import written, written_split
     from logos_ir.interpreter import Interpreter, KVState
     from logos_ir.parser import parse_program
-    from logos_ir.runtime.cuda import EmulatedDevice, EmulatedWeights, build_program
+    from logos_ir.runtime.cuda.artifacts import build_program
+    from logos_ir.runtime.cuda.host import EmulatedDevice
+    from logos_ir.runtime.cuda.weights import EmulatedWeights
 
     spec = ModelSpec.preset("tiny")
     store = RandomWeights(spec, seed=4)

@@ -86,7 +86,7 @@ def test_blocks_an_sm_follow_cudas_occupancy_rules_for_sm90() -> None:
 
 def test_the_report_measures_with_the_runtimes_flags_and_says_when_nvcc_is_absent(monkeypatch: Any) -> None:
     from logos_ir.passes.cuda.build import NOT_MEASURED, PTXAS_FLAGS, build_cuda
-    from logos_ir.runtime.cuda import NVCC_FLAGS
+    from logos_ir.runtime.cuda.devices import NVCC_FLAGS
 
     assert PTXAS_FLAGS == NVCC_FLAGS  # ptxas's figures are those of the kernels the runtime compiles
     monkeypatch.setenv("PATH", "/nonexistent")

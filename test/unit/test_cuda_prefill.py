@@ -30,7 +30,9 @@ from logos_ir.dialects import cuda
 from logos_ir.errors import LogosError
 from logos_ir.passes.cuda.host_plan import bf16_rounded, read_plan
 from logos_ir.program import Cut
-from logos_ir.runtime.cuda import KernelEmulator, _Launch, build_program
+from logos_ir.runtime.cuda.artifacts import build_program
+from logos_ir.runtime.cuda.emulator import KernelEmulator
+from logos_ir.runtime.cuda.emulator import LaunchShape as _Launch
 from logos_ir.spec import ModelSpec
 
 ROWS = 70  # a row tile of 64 and a partial one
@@ -355,7 +357,7 @@ def test_flash_attention_agrees_with_numpy(start: int) -> None:
 
 @pytest.mark.parametrize("start", [0, 37])
 def test_the_fused_prefill_attention_writes_the_cache_and_attends(start: int) -> None:
-    from logos_ir.runtime.cuda import rope_tables
+    from logos_ir.runtime.cuda.weights import rope_tables
 
     heads, kv_heads, ctx, head_dim = 4, 2, 128, 16
     module = _lowered(_fused_step(ROWS, heads, kv_heads, ctx, head_dim))

@@ -1,7 +1,8 @@
-"""The CUDA emulator's tensor-core ops (issue 19): shared memory, cp.async groups, barriers, ldmatrix, mma.sync.
+"""The CUDA emulator's tensor-core ops: shared memory, cp.async groups, barriers, ldmatrix, mma.sync.
 
-`logos_ir.runtime.cuda.KernelEmulator` runs every thread of a launch as one element of a numpy array, in
-lockstep; these are the compilers of the ops the tensor-core kernels add (`COMPILERS`, merged into its table).
+`logos_ir.runtime.cuda.emulator.KernelEmulator` runs every thread of a launch as one element of a numpy array, in
+lockstep; these are the compilers of the ops the tensor-core kernels add (`TENSOR_CORE_COMPILERS`, by op type,
+merged into its table).
 Each executes what the PTX ISA says the instruction does, so a kernel that puts a wrong element in a fragment, reads
 a copy before waiting for it, misaligns an address or reaches past a buffer gets wrong numbers or an error here, not
 only on a GPU:
@@ -34,15 +35,14 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from xdsl.dialects import gpu
+from xdsl.ir import Operation
 
+from logos_ir.dialects import cuda
+from logos_ir.dialects.cuda import SHARED, WARP
 from logos_ir.errors import LogosError
 from logos_ir.passes.cuda.host_plan import bf16_rounded
-
-WARP = 32
-SHARED = 3  # the memory space of shared memrefs (as the cuda dialect's)
-Env = list[Any]
-Mask = np.ndarray | None
-Step = Callable[[Env, Mask], None]
+from logos_ir.runtime.cuda.lockstep import Env, Mask, Step, row_major_strides
 
 _LANE = np.arange(WARP)
 _GROUP, _PAIR = _LANE // 4, _LANE % 4  # the PTX ISA's groupID and threadID_in_group
@@ -52,14 +52,6 @@ _B_PLACES = [(2 * _PAIR, _GROUP), (2 * _PAIR + 8, _GROUP)]  # (k, n) of the firs
 _C_PLACES = [(_GROUP, 2 * _PAIR), (_GROUP, 2 * _PAIR + 1), (_GROUP + 8, 2 * _PAIR), (_GROUP + 8, 2 * _PAIR + 1)]
 
 
-def _strides(kind: Any) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for size in reversed(list(kind.get_shape())):
-        strides.append(acc)
-        acc *= size
-    return tuple(reversed(strides))
-
-
 def _in_shared(kind: Any) -> bool:
     space = kind.memory_space
     return hasattr(space, "value") and space.value.data == SHARED
@@ -67,7 +59,7 @@ def _in_shared(kind: Any) -> bool:
 
 def _kernel_of(op: Any) -> Any:
     parent = op.parent_op()
-    while parent is not None and parent.name != "gpu.func":
+    while parent is not None and not isinstance(parent, gpu.FuncOp):
         parent = parent.parent_op()
     return parent
 
@@ -189,7 +181,7 @@ def _cp_async(em: Any, op: Any) -> Step:
     threads = _Threads(em, op)
     dst, src, valid = em._slot(op.dst), em._slot(op.src), em._slot(op.valid)
     dst_at, src_at = [em._slot(v) for v in op.dst_indices], [em._slot(v) for v in op.src_indices]
-    dst_strides, src_strides = _strides(op.dst.type), _strides(op.src.type)
+    dst_strides, src_strides = row_major_strides(op.dst.type), row_major_strides(op.src.type)
     width = op.elements()
     queue = _queue(em)
     span = np.arange(width)
@@ -259,7 +251,7 @@ def _barrier(em: Any, op: Any) -> Step:
 def _ldmatrix(em: Any, op: Any) -> Step:
     threads = _Threads(em, op)
     memory, at = em._slot(op.memref), [em._slot(v) for v in op.indices]
-    strides = _strides(op.memref.type)
+    strides = row_major_strides(op.memref.type)
     outs = [em._slot(r) for r in op.registers]
     transpose = op.transpose is not None
     # the lane whose row address each lane reads from, by matrix, and the elements of that row it takes: row l / 4,
@@ -294,7 +286,7 @@ def _ldmatrix(em: Any, op: Any) -> Step:
 def _load_bf16x2(em: Any, op: Any) -> Step:
     threads = _Threads(em, op)
     memory, at = em._slot(op.memref), [em._slot(v) for v in op.indices]
-    strides = _strides(op.memref.type)
+    strides = row_major_strides(op.memref.type)
     out = em._slot(op.result)
     shared = _in_shared(op.memref.type)
     norm = [em._slot(v) for v in (op.inverse, op.low_scale, op.high_scale)] if hasattr(op, "inverse") else None
@@ -341,7 +333,7 @@ def _pack_bf16x2(em: Any, op: Any) -> Step:
 def _store_bf16x2(em: Any, op: Any) -> Step:
     threads = _Threads(em, op)
     value, memory, at = em._slot(op.value), em._slot(op.memref), [em._slot(v) for v in op.indices]
-    strides = _strides(op.memref.type)
+    strides = row_major_strides(op.memref.type)
 
     shared = _in_shared(op.memref.type)
 
@@ -392,16 +384,16 @@ def _mma_sync(em: Any, op: Any) -> Step:
     return step
 
 
-COMPILERS: dict[str, Callable[[Any, Any], Step]] = {
-    "cuda.shared_memory": _shared_memory,
-    "cuda.cp_async": _cp_async,
-    "cuda.cp_async_commit": _commit,
-    "cuda.cp_async_wait": _wait,
-    "gpu.barrier": _barrier,
-    "cuda.ldmatrix": _ldmatrix,
-    "cuda.load_bf16x2": _load_bf16x2,
-    "cuda.load_norm_bf16x2": _load_bf16x2,
-    "cuda.pack_bf16x2": _pack_bf16x2,
-    "cuda.store_bf16x2": _store_bf16x2,
-    "cuda.mma_sync": _mma_sync,
+TENSOR_CORE_COMPILERS: dict[type[Operation], Callable[[Any, Any], Step]] = {
+    cuda.SharedMemoryOp: _shared_memory,
+    cuda.CpAsyncOp: _cp_async,
+    cuda.CpAsyncCommitOp: _commit,
+    cuda.CpAsyncWaitOp: _wait,
+    gpu.BarrierOp: _barrier,
+    cuda.LdmatrixOp: _ldmatrix,
+    cuda.LoadBF16x2Op: _load_bf16x2,
+    cuda.LoadNormBF16x2Op: _load_bf16x2,
+    cuda.PackBF16x2Op: _pack_bf16x2,
+    cuda.StoreBF16x2Op: _store_bf16x2,
+    cuda.MmaSyncOp: _mma_sync,
 }

@@ -1,0 +1,42 @@
+"""The build a CUDA run executes, as data: the host plan (read from `step.mlir`), the CUDA source (`kernels.cu`)
+and the identity of the program they were lowered from, either read from a build folder that `logos-compile` wrote
+(`read_build`) or built anew through the registry's `cuda` compile target and read back from its artifacts
+(`build_program`), so that a run and a build folder execute the same artifacts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from logos_ir.build import BuildRequest, read_manifest
+from logos_ir.errors import LogosError
+from logos_ir.models import ModelSource
+from logos_ir.passes.cuda.host_plan import HostPlan, read_plan
+from logos_ir.program import Cut, Identity
+from logos_ir.progress import Progress
+from logos_ir.registry import compile_targets
+
+
+def build_program(spec: Any, cut: Any, tp: int, weights: str) -> tuple[HostPlan, str, Any]:
+    """The lane's build of `cut` (no weights), read back from its artifacts: the host plan, the CUDA source and the
+    identity."""
+    options = {"ptxas": "off"}  # the code only: no nvcc run for the build report
+    request = BuildRequest(ModelSource("preset", "run", spec), cut, tp, weights, False, Progress.silent(), options)
+    built = compile_targets()["cuda"].build()(request)
+    files = {a.path: a for a in built.artifacts}
+    step = files["step.mlir"]
+    return read_plan(step.data.decode("utf-8")), files["kernels.cu"].data.decode("utf-8"), step.identity
+
+
+def read_build(folder: Any) -> tuple[Any, HostPlan, str, Any]:
+    """A CUDA build folder's cut, host plan (from step.mlir), CUDA source and identity, as logos-compile wrote them."""
+    folder = Path(folder)
+    target = read_manifest(folder).get("target") or {}
+    cut = Cut.parse(str(target.get("cut")))
+    step = (folder / "step.mlir").read_text(encoding="utf-8")
+    plan = read_plan(step, str(folder / "step.mlir"))
+    identity = Identity.from_line(plan.identity)
+    if identity is None:
+        raise LogosError(f"{folder}/step.mlir records no identity line of its program")
+    return cut, plan, (folder / "kernels.cu").read_text(encoding="utf-8"), identity

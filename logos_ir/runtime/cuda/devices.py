@@ -1,0 +1,234 @@
+"""The devices the CUDA host runtime drives, behind one interface (load kernels, allocate, upload, write, fill, read,
+launch, collectives on the work stream, graph capture and replay): `Emulator` (the emulator: numpy buffers, each
+kernel a `KernelEmulator` of the build's `gpu.func`, the stream executed in order and logged, a graph replayed in
+lockstep over the local ranks) and `Gpu` (cupy: one non-blocking work stream for everything, `kernels.cu` compiled
+once by nvcc or NVRTC and each kernel resolved once, the step captured as a CUDA graph with its all-reduces).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from logos_ir.passes.cuda.host_plan import bf16_bits, bf16_rounded
+from logos_ir.runtime.cuda.emulator import KernelEmulator, LaunchShape
+
+
+class Emulator:
+    """The emulator as a device of the host runtime: buffers are numpy arrays (bf16 held as bf16-rounded f32),
+    kernels are `KernelEmulator`s of the plan's `gpu.func`s (made once), the work stream is executed in order and
+    logged (`stream`: what was enqueued, by kind and buffer), a graph is the list of nodes (launches, collectives)
+    recorded between `begin_capture` and `end_capture`, replayed in that order."""
+
+    kind = "emulator"
+
+    def __init__(self, rank: int = 0):
+        self.rank = rank
+        self.stream: list[tuple[str, str]] = []
+        self.kernels: dict[str, KernelEmulator] = {}
+        self.launches: dict[tuple[tuple[int, int, int], int], LaunchShape] = {}
+        self.kernel_seconds: dict[str, float] = {}
+        self.graph: list[tuple[Any, ...]] | None = None
+
+    def load(self, kernels: dict[str, Any], cuda_source: str) -> None:
+        for name, kernel in kernels.items():
+            if name not in self.kernels:
+                self.kernels[name] = KernelEmulator(kernel)
+        self.stream.append(("load", f"{len(kernels)} kernels"))
+
+    def alloc(self, name: str, shape: tuple[int, ...], element: str) -> np.ndarray:
+        self.stream.append(("alloc", name))
+        return np.zeros(shape, np.int64 if element == "i64" else np.float32)
+
+    def upload(self, name: str, values: np.ndarray, element: str) -> np.ndarray:
+        self.stream.append(("upload", name))
+        if values.dtype == np.uint16:  # bf16 bit patterns from an image file
+            return (values.astype(np.uint32) << np.uint32(16)).view(np.float32)
+        if element == "i64":
+            return np.array(values, np.int64)
+        return bf16_rounded(values) if element == "bf16" else np.array(values, np.float32)
+
+    def write(self, name: str, array: np.ndarray, values: np.ndarray) -> None:
+        self.stream.append(("write", name))
+        array[...] = values
+
+    def fill(self, name: str, array: np.ndarray) -> None:
+        self.stream.append(("fill", name))
+        array.fill(0)
+
+    def read(self, name: str, array: np.ndarray) -> np.ndarray:
+        self.stream.append(("read", name))
+        return array.copy()
+
+    def launch(self, kernel: str, grid: tuple[int, int, int], block: int, arrays: list[np.ndarray]) -> None:
+        node = ("launch", kernel, grid, block, arrays)
+        if self.graph is not None:
+            self.graph.append(node)
+            return
+        self.stream.append(("launch", kernel))
+        self._execute(node)
+
+    def collective(self, name: str, work: Callable[[], None] | None, kind: str = "all_reduce") -> None:
+        """A collective on the work stream (None: this rank's part is done by another local rank's node)."""
+        node = ("collective", name, work)
+        if self.graph is not None:
+            self.graph.append(node)
+            return
+        self.stream.append((kind, name))
+        self._execute(node)
+
+    def begin_capture(self) -> None:
+        self.synchronize()
+        self.stream.append(("begin_capture", ""))
+        self.graph = []
+
+    def end_capture(self) -> list[tuple[Any, ...]]:
+        graph, self.graph = self.graph, None
+        assert graph is not None
+        self.stream.append(("end_capture", f"{len(graph)} nodes"))
+        return graph
+
+    @staticmethod
+    def replay(devices: Sequence[Emulator], graphs: Sequence[list[tuple[Any, ...]]]) -> None:
+        """The local ranks' graphs node by node in lockstep, so a collective runs once every rank reached it."""
+        for device in devices:
+            device.stream.append(("graph_launch", f"{len(graphs[0])} nodes"))
+        for nodes in zip(*graphs, strict=True):
+            for device, node in zip(devices, nodes, strict=True):
+                device._execute(node)
+
+    def synchronize(self) -> None:
+        """Everything enqueued has run (the emulator executes in order as it is enqueued)."""
+
+    def _execute(self, node: tuple[Any, ...]) -> None:
+        if node[0] == "collective":
+            if node[2] is not None:
+                node[2]()
+            return
+        _, kernel, grid, block, arrays = node
+        shape = self.launches.get((grid, block))
+        if shape is None:
+            shape = self.launches[(grid, block)] = LaunchShape.of(grid, block)
+        started = time.perf_counter()
+        self.kernels[kernel].run(arrays, shape)
+        self.kernel_seconds[kernel] = self.kernel_seconds.get(kernel, 0.0) + time.perf_counter() - started
+
+
+class Gpu:
+    """A GPU (through cupy) as a device of the host runtime: one non-blocking work stream that every allocation,
+    fill, copy, launch and collective goes on; `kernels.cu` compiled once per source and each kernel's function
+    resolved once; bf16 buffers as uint16 bit patterns; a graph captured from the work stream (after a check that
+    nothing before it failed) and replayed on it."""
+
+    kind = "gpu"
+
+    def __init__(self, rank: int = 0, cupy: Any = None):
+        if cupy is None:
+            import cupy  # type: ignore[import-not-found, no-redef]
+        self.cp, self.rank = cupy, rank
+        count = max(int(cupy.cuda.runtime.getDeviceCount()), 1)
+        cupy.cuda.Device(rank % count).use()
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.modules: dict[str, Any] = {}
+        self.functions: dict[str, Any] = {}
+        self.capturing = False
+
+    def _type(self, element: str) -> Any:
+        return {"f32": self.cp.float32, "bf16": self.cp.uint16, "i64": self.cp.int64}[element]
+
+    def load(self, kernels: dict[str, Any], cuda_source: str) -> None:
+        module = self.modules.get(cuda_source)
+        if module is None:
+            module = self.modules[cuda_source] = _compile_cuda(self.cp, cuda_source)
+        for name in kernels:
+            if name not in self.functions:
+                self.functions[name] = module.get_function(name)
+
+    def alloc(self, name: str, shape: tuple[int, ...], element: str) -> Any:
+        with self.stream:  # cupy's pool is stream-ordered; the zero fill is a kernel on the work stream
+            return self.cp.zeros(shape, self._type(element))
+
+    def upload(self, name: str, values: np.ndarray, element: str) -> Any:
+        host = values if values.dtype == np.uint16 else bf16_bits(values) if element == "bf16" else values
+        with self.stream:
+            array = self.cp.empty(values.shape, self._type(element))
+        array.set(np.ascontiguousarray(host), stream=self.stream)
+        return array
+
+    def write(self, name: str, array: Any, values: np.ndarray) -> None:
+        array.set(np.ascontiguousarray(values, array.dtype), stream=self.stream)
+
+    def fill(self, name: str, array: Any) -> None:
+        with self.stream:
+            array.fill(0)
+
+    def read(self, name: str, array: Any) -> np.ndarray:
+        return array.get(stream=self.stream)  # waits for the stream
+
+    def launch(self, kernel: str, grid: tuple[int, int, int], block: int, arrays: list[Any]) -> None:
+        with self.stream:
+            self.functions[kernel](grid, (block, 1, 1), tuple(arrays))
+
+    def collective(self, name: str, work: Callable[[], None] | None, kind: str = "all_reduce") -> None:
+        if work is not None:
+            work()
+
+    def begin_capture(self) -> None:
+        self.synchronize()  # a fault of an eager launch surfaces here, not as a broken capture
+        self.stream.begin_capture()
+        self.capturing = True
+
+    def end_capture(self) -> Any:
+        self.capturing = False
+        return self.stream.end_capture()
+
+    @staticmethod
+    def replay(devices: Sequence[Gpu], graphs: Sequence[Any]) -> None:
+        for device, graph in zip(devices, graphs, strict=True):
+            graph.launch(stream=device.stream)
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+        self.cp.cuda.runtime.deviceSynchronize()
+
+
+def gpu_count() -> int:
+    """How many CUDA GPUs this process sees (0 without cupy or a driver)."""
+    try:
+        import cupy  # type: ignore[import-not-found]
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # no cupy, no driver, no device: all mean no GPU here
+        return 0
+
+
+NO_GPU = (
+    "the cuda backend found no GPU here (no CUDA device visible through cupy);"
+    " add --emulate to run its kernels on the CPU"
+)
+
+# The rule the emitted CUDA and the IR share: products the IR keeps apart print as __fmul_rn and fused ones as
+# __fmaf_rn, so -fmad cannot change a rounding; -fmad=false says so to nvcc as well.
+NVCC_FLAGS = ("-O3", "-fmad=false")
+
+
+def _compile_cuda(cp: Any, source: str) -> Any:
+    """kernels.cu as a loaded module: nvcc to a cubin for the device's architecture when nvcc is here, else NVRTC
+    through cupy."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return cp.RawModule(code=source, options=("-std=c++17", "--fmad=false"), backend="nvrtc")
+    capability = cp.cuda.Device().compute_capability
+    arch = f"sm_{capability}"
+    with tempfile.TemporaryDirectory(prefix="logos-cuda-") as folder:
+        cu, cubin = Path(folder) / "kernels.cu", Path(folder) / "kernels.cubin"
+        cu.write_text(source)
+        subprocess.run([nvcc, "-cubin", f"-arch={arch}", *NVCC_FLAGS, "-o", str(cubin), str(cu)], check=True)
+        return cp.RawModule(path=str(cubin))

@@ -1,0 +1,601 @@
+"""The CUDA emulator: executes the lowered `gpu.func` bodies of a build (the kernels `step.mlir` holds and
+`kernels.cu` prints) on the CPU, with the target's semantics. Every thread of a launch is one element of a numpy
+array (blocks, then threads within a block, along one axis) and each op of a kernel body one numpy operation over
+all threads, in lockstep: shuffles are permutations of that axis within groups of 32; a loop whose bounds differ
+between threads runs until its last thread is done, each thread masked off past its bound; `scf.if` narrows the
+mask; loads of masked-off threads read element 0 and their stores are dropped. It fails where a GPU would: an
+access outside a buffer, a misaligned vector load, an index past the 32 bits the emitted C computes in
+(`EmulatorFault`); `math.fma` rounds once. bf16 buffers are held as f32 arrays of bf16-rounded values. Each op is
+compiled by a handler looked up by its type (`COMPILERS`, the tensor-core ops' from `tensor_core`); an op without
+one is refused by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from xdsl.dialects import arith, gpu, math, memref, scf, vector
+from xdsl.ir import Operation
+
+from logos_ir.dialects import cuda
+from logos_ir.dialects.cuda import WARP
+from logos_ir.errors import LogosError
+from logos_ir.passes.cuda.host_plan import bf16_rounded
+from logos_ir.runtime.cuda.lockstep import Env, Mask, Step, row_major_strides
+from logos_ir.runtime.cuda.tensor_core import TENSOR_CORE_COMPILERS
+
+
+@dataclass
+class LaunchShape:
+    """The thread indices of one launch shape, made once and reused by every launch of that shape."""
+
+    threads: int
+    thread_x: np.ndarray
+    block: tuple[np.ndarray, np.ndarray, np.ndarray]
+    lanes: dict[int, np.ndarray] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, grid: tuple[int, int, int], block: int) -> LaunchShape:
+        blocks = grid[0] * grid[1] * grid[2]
+        index = np.arange(blocks * block, dtype=np.int64)
+        which = index // block
+        bx, rest = which % grid[0], which // grid[0]
+        return cls(blocks * block, index % block, (bx, rest % grid[1], rest // grid[1]))
+
+    def partner(self, offset: int) -> np.ndarray:
+        found = self.lanes.get(offset)
+        if found is None:
+            found = self.lanes[offset] = np.arange(self.threads, dtype=np.int64) ^ offset
+        return found
+
+
+class KernelEmulator:
+    """One `gpu.func`, compiled into numpy closures over a value list (see the module docstring)."""
+
+    def __init__(self, kernel: Any):
+        self.name = kernel.sym_name.data
+        self.slots: dict[Any, int] = {}
+        block = kernel.body.block
+        self.args = [self._slot(arg) for arg in block.args]
+        self.strides = [row_major_strides(arg.type) for arg in block.args]
+        self.launch: LaunchShape | None = None
+        self.body = self._block(block)
+
+    def _slot(self, value: Any) -> int:
+        slot = self.slots.get(value)
+        if slot is None:
+            slot = self.slots[value] = len(self.slots)
+        return slot
+
+    def run(self, arrays: Sequence[np.ndarray], launch: LaunchShape) -> None:
+        env: Env = [None] * (len(self.slots) + 1)
+        for slot, array in zip(self.args, arrays, strict=True):
+            env[slot] = array.reshape(-1)
+        self.launch = launch
+        with np.errstate(all="ignore"):  # masked-off threads may compute garbage that is never stored
+            for step in self.body:
+                step(env, None)
+
+    # -- compiling --------------------------------------------------------------------------------------------
+
+    def _block(self, block: Any) -> list[Step]:
+        # A value defined here is dropped after the last op that reads it, so a launch over a million threads holds
+        # only its live arrays; what the terminator yields stays for the loop that reads it.
+        ops = list(block.ops)
+        defined = {id(op) for op in ops}
+        last_use: dict[Any, int] = {}
+        for index, op in enumerate(ops):
+            for value in _uses(op):
+                last_use[value] = index
+        kept = set(ops[-1].operands) if ops else set()
+        dying: dict[int, list[int]] = {}
+        for value, at in last_use.items():
+            if id(value.owner) in defined and value not in kept:
+                dying.setdefault(at, []).append(self._slot(value))
+        steps: list[Step] = []
+        for index, op in enumerate(ops):
+            step = self._op(op)
+            dead = dying.get(index, []) + [self._slot(v) for v in op.results if v not in last_use and v not in kept]
+            steps.append(_then_free(step, dead) if dead else step)
+        return steps
+
+    def _op(self, op: Any) -> Step:
+        compile_op = COMPILERS.get(type(op))
+        if compile_op is None:
+            raise LogosError(f"the CUDA emulator does not know '{op.name}' (in kernel {self.name})")
+        return compile_op(self, op)
+
+
+def _uses(op: Any) -> list[Any]:
+    """The values `op` reads, including those its regions read from outside them."""
+    found = list(op.operands)
+    for region in op.regions:
+        for inner in region.walk():
+            found += [v for v in inner.operands]
+    return found
+
+
+def _then_free(step: Step, dead: list[int]) -> Step:
+    def run(env: Env, mask: Mask) -> None:
+        step(env, mask)
+        for slot in dead:
+            env[slot] = None
+
+    return run
+
+
+def _flat(env: Env, slots: list[int], strides: tuple[int, ...], mask: Mask) -> Any:
+    total: Any = 0
+    for slot, stride in zip(slots, strides, strict=True):
+        total = total + env[slot] * stride
+    if mask is not None and isinstance(total, np.ndarray):
+        total = np.where(mask, total, 0)
+    return total
+
+
+INT32 = 2**31  # the emitted C holds an index in an `int`
+
+
+class EmulatorFault(LogosError):
+    """What a GPU would raise (or silently get wrong) at one op of a kernel: an access outside its buffer, a
+    misaligned vector load, an index past 32 bits."""
+
+
+def _fault(em: KernelEmulator, op: Any, what: str, bad: np.ndarray | None, values: Any) -> EmulatorFault:
+    """A fault of the first offending thread, naming the kernel, the op and the thread."""
+    assert em.launch is not None
+    if isinstance(values, np.ndarray) and values.shape == (em.launch.threads,) and bad is not None:
+        thread = int(np.flatnonzero(bad)[0])
+        block = tuple(int(axis[thread]) for axis in em.launch.block)
+        where = f" (block {block}, thread {int(em.launch.thread_x[thread])}: {int(values[thread])})"
+    else:
+        where = f" ({int(np.asarray(values).reshape(-1)[0])})"
+    return EmulatorFault(f"the CUDA emulator: kernel {em.name}: '{op.name}' {what}{where}")
+
+
+def _check_bounds(em: KernelEmulator, op: Any, flat: Any, size: int, role: str) -> None:
+    """A GPU faults (or reads another buffer) where a flat index leaves its buffer: refuse it by name."""
+    low, high = (flat.min(), flat.max()) if isinstance(flat, np.ndarray) else (flat, flat)
+    if low < 0 or high >= size:
+        bad = (flat < 0) | (flat >= size) if isinstance(flat, np.ndarray) else None
+        raise _fault(em, op, f"accesses {role} outside its {size} elements", bad, flat)
+
+
+def _size(value: Any) -> int:
+    return int(np.prod(value.type.get_shape()))
+
+
+def _role(value: Any) -> str:
+    return f"'{value.name_hint}'" if value.name_hint else "a buffer"
+
+
+# One compiler per op type: each returns the step that executes the op over all threads.
+
+
+def _constant(em: KernelEmulator, op: Any) -> Step:
+    out = em._slot(op.result)
+    data = op.value.value.data
+    value = np.float32(data) if isinstance(data, float) else np.int64(data)
+
+    def step(env: Env, mask: Mask) -> None:
+        env[out] = value
+
+    return step
+
+
+def _binary(fn: Callable[[Any, Any], Any]) -> Callable[[KernelEmulator, Any], Step]:
+    def compile_op(em: KernelEmulator, op: Any) -> Step:
+        a, b, out = em._slot(op.operands[0]), em._slot(op.operands[1]), em._slot(op.results[0])
+
+        def step(env: Env, mask: Mask) -> None:
+            env[out] = fn(env[a], env[b])
+
+        return step
+
+    return compile_op
+
+
+def _index_binary(fn: Callable[[Any, Any], Any]) -> Callable[[KernelEmulator, Any], Step]:
+    """Index arithmetic, refused where a thread that runs it leaves 32 bits: the emitted C computes it in `int`."""
+
+    def compile_op(em: KernelEmulator, op: Any) -> Step:
+        a, b, out = em._slot(op.operands[0]), em._slot(op.operands[1]), em._slot(op.results[0])
+        checked = op.results[0].type.name == "index"
+
+        def step(env: Env, mask: Mask) -> None:
+            value = env[out] = fn(env[a], env[b])
+            if not checked:
+                return
+            if isinstance(value, np.ndarray):
+                if value.size and (value.max() >= INT32 or value.min() < -INT32):
+                    bad = (value >= INT32) | (value < -INT32)
+                    if mask is not None:
+                        bad &= np.broadcast_to(mask, bad.shape)
+                    if bad.any():
+                        raise _fault(em, op, "overflows the 32-bit index the emitted C computes", bad, value)
+            elif value >= INT32 or value < -INT32:
+                raise _fault(em, op, "overflows the 32-bit index the emitted C computes", None, value)
+
+        return step
+
+    return compile_op
+
+
+def _fma(em: KernelEmulator, op: Any) -> Step:
+    """`math.fma` rounded once, as `__fmaf_rn`: a*b is exact in f64, the sum a*b+c is formed in f64 rounded to odd
+    (its error found by TwoSum), and rounding that to f32 is then the correctly rounded fused result."""
+    a, b, c, out = (em._slot(v) for v in (*op.operands, op.result))
+
+    def step(env: Env, mask: Mask) -> None:
+        env[out] = fma_f32(env[a], env[b], env[c])
+
+    return step
+
+
+def _to_bf16(x: Any) -> Any:
+    """arith.truncf f32 -> bf16 (round to nearest even), held as the f32 value a bf16 buffer keeps."""
+    if isinstance(x, np.ndarray):
+        return bf16_rounded(x)
+    return np.float32(bf16_rounded(np.array([x], np.float32))[0])
+
+
+def fma_f32(a: Any, b: Any, c: Any) -> Any:
+    """fmaf(a, b, c) over numpy float32 values, rounded once. The f64 sum of the exact f64 product rounds to the
+    f32 result except where it lands exactly halfway between two f32 values (then its own rounding may have made
+    the tie): only there is the sum's error found (TwoSum) and the sum moved off the tie towards it."""
+    product = np.multiply(a, b, dtype=np.float64)  # exact: 24 + 24 bits
+    if not isinstance(product, np.ndarray) or product.ndim == 0:
+        return np.float32(_off_tie(np.float64(product), np.float64(c), np.float64(product) + np.float64(c)))
+    total = np.add(product, c, out=product, dtype=np.float64)
+    low = np.bitwise_and(total.view(np.int64), 0x1FFFFFFF)
+    ties = np.flatnonzero(low == 0x10000000)
+    if ties.size:  # rare: the product again where it is needed
+        a64, b64, c64 = (np.broadcast_to(np.asarray(v, np.float64), total.shape) for v in (a, b, c))
+        total[ties] = [_off_tie(a64[i] * b64[i], c64[i], total[i]) for i in ties]
+    return total.astype(np.float32)
+
+
+def _off_tie(product: np.float64, addend: np.float64, total: np.float64) -> np.float64:
+    """`total` (= product + addend rounded to f64) moved one f64 step towards the exact sum where it is not exact
+    and sits on an f32 tie, so that rounding it to f32 rounds the exact sum."""
+    if (int(np.asarray(total).view(np.int64)) & 0x1FFFFFFF) != 0x10000000 or not np.isfinite(total):
+        return total
+    back = total - product
+    error = (product - (total - back)) + (addend - back)
+    return np.nextafter(total, np.inf if error > 0 else -np.inf) if error != 0 else total
+
+
+def _unary(fn: Callable[[Any], Any]) -> Callable[[KernelEmulator, Any], Step]:
+    def compile_op(em: KernelEmulator, op: Any) -> Step:
+        a, out = em._slot(op.operands[0]), em._slot(op.results[0])
+
+        def step(env: Env, mask: Mask) -> None:
+            env[out] = fn(env[a])
+
+        return step
+
+    return compile_op
+
+
+_CMPI = {"ult": np.less, "slt": np.less, "eq": np.equal, "ne": np.not_equal, "uge": np.greater_equal}
+_CMPF = {"oeq": np.equal, "ogt": np.greater, "olt": np.less}
+
+
+def _cmpi(em: KernelEmulator, op: Any) -> Step:
+    names = {0: "eq", 1: "ne", 2: "slt", 6: "ult", 9: "uge"}
+    return _binary(_CMPI[names[op.predicate.value.data]])(em, op)
+
+
+def _cmpf(em: KernelEmulator, op: Any) -> Step:
+    names = {1: "oeq", 2: "ogt", 4: "olt"}
+    return _binary(_CMPF[names[op.predicate.value.data]])(em, op)
+
+
+def _select(em: KernelEmulator, op: Any) -> Step:
+    c, a, b, out = (em._slot(v) for v in (*op.operands, op.result))
+
+    def step(env: Env, mask: Mask) -> None:
+        cond = env[c]
+        env[out] = (env[a] if cond else env[b]) if isinstance(cond, bool | np.bool_) else np.where(cond, env[a], env[b])
+
+    return step
+
+
+def _f32(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda x: fn(np.float32(x) if not isinstance(x, np.ndarray) else x)
+
+
+def _cast(kind: str) -> Callable[[KernelEmulator, Any], Step]:
+    def convert(x: Any) -> Any:
+        if kind == "float":
+            return x.astype(np.float32) if isinstance(x, np.ndarray) else np.float32(x)
+        if isinstance(x, np.ndarray):
+            return x.astype(np.int64)
+        return np.int64(x)
+
+    return _unary(convert)
+
+
+def _thread_id(em: KernelEmulator, op: Any) -> Step:
+    out = em._slot(op.result)
+
+    def step(env: Env, mask: Mask) -> None:
+        assert em.launch is not None
+        env[out] = em.launch.thread_x
+
+    return step
+
+
+def _block_id(em: KernelEmulator, op: Any) -> Step:
+    out = em._slot(op.result)
+    axis = "xyz".index(op.dimension.data.value)
+
+    def step(env: Env, mask: Mask) -> None:
+        assert em.launch is not None
+        env[out] = em.launch.block[axis]
+
+    return step
+
+
+def _load(em: KernelEmulator, op: Any) -> Step:
+    memory = em._slot(op.memref)
+    indices = [em._slot(v) for v in op.indices]
+    strides = row_major_strides(op.memref.type)
+    out = em._slot(op.res)
+
+    size, role = _size(op.memref), _role(op.memref)
+
+    def step(env: Env, mask: Mask) -> None:
+        flat = _flat(env, indices, strides, mask)
+        _check_bounds(em, op, flat, size, role)
+        env[out] = env[memory][flat]
+
+    return step
+
+
+def _store(em: KernelEmulator, op: Any) -> Step:
+    memory = em._slot(op.memref)
+    indices = [em._slot(v) for v in op.indices]
+    strides = row_major_strides(op.memref.type)
+    value = em._slot(op.value)
+
+    size, role = _size(op.memref), _role(op.memref)
+
+    def step(env: Env, mask: Mask) -> None:
+        assert em.launch is not None
+        flat = _flat(env, indices, strides, None)
+        data = env[value]
+        if mask is None:
+            _check_bounds(em, op, flat, size, role)
+            env[memory][flat] = data
+            return
+        threads = em.launch.threads
+        flat = np.broadcast_to(flat, (threads,))[mask]
+        if flat.size:
+            _check_bounds(em, op, flat, size, role)
+        env[memory][flat] = np.broadcast_to(data, (threads,))[mask]
+
+    return step
+
+
+def _vector_load(em: KernelEmulator, op: Any) -> Step:
+    """`vector.load`: `width` consecutive elements, one vector a thread (an array [threads, width]). Its address
+    must be a multiple of its `alignment` (the lane gives every vector load its own size: a GPU faults on a
+    misaligned 16-byte load), else of its element."""
+    memory = em._slot(op.base)
+    indices = [em._slot(v) for v in op.indices]
+    strides = row_major_strides(op.base.type)
+    out = em._slot(op.result)
+
+    width = op.result.type.get_shape()[0]
+    element = 2 if "bf16" in str(op.base.type.element_type) else 4
+    alignment = op.attributes.get("alignment")
+    aligned = max(int(alignment.value.data) // element, 1) if alignment is not None else 1
+
+    size, role = _size(op.base), _role(op.base)
+
+    def step(env: Env, mask: Mask) -> None:
+        # Buffers start 256-byte aligned, so the flat index must be a multiple of the alignment in elements. The
+        # buffer viewed as rows of `width` elements gives every aligned thread's vector in one gather.
+        flat = _flat(env, indices, strides, mask)
+        _check_bounds(em, op, flat + (width - 1), size, role)
+        _check_bounds(em, op, flat, size, role)
+        odd = flat % aligned
+        if np.any(odd):
+            raise _fault(em, op, f"loads {width} elements of {role} from a misaligned index", odd != 0, flat)
+        data = env[memory]
+        if aligned % width == 0:
+            env[out] = data.reshape(-1, width)[flat // width]
+        else:
+            env[out] = data[np.add.outer(flat, np.arange(width))]  # [threads, width], or [width] for one index
+
+    return step
+
+
+def _vector_extract(em: KernelEmulator, op: Any) -> Step:
+    """`vector.extract` of one static position: a column of the threads' vectors."""
+    (position,) = op.static_position.get_values()
+    if op.dynamic_position:
+        raise LogosError(f"the CUDA emulator runs vector.extract at static positions only (in kernel {em.name})")
+    return _unary(lambda v: v[..., position])(em, op)
+
+
+def _gpu_shuffle(em: KernelEmulator, op: Any) -> Step:
+    """`gpu.shuffle xor` over a whole warp: a permutation of the threads' axis within groups of 32 (all valid)."""
+    if op.mode.data.value != "xor":
+        raise LogosError(f"the CUDA emulator runs gpu.shuffle xor only (in kernel {em.name})")
+    value, offset, width = em._slot(op.value), em._slot(op.offset), em._slot(op.width)
+    out, valid = em._slot(op.results[0]), em._slot(op.results[1])
+
+    def step(env: Env, mask: Mask) -> None:
+        assert em.launch is not None
+        if int(env[width]) != WARP:
+            raise _fault(em, op, f"shuffles over {int(env[width])} lanes, not a warp's {WARP}", None, env[width])
+        data = env[value]
+        env[valid] = np.True_
+        if not isinstance(data, np.ndarray) or data.shape != (em.launch.threads,):
+            env[out] = data  # the same on every lane
+            return
+        env[out] = data[em.launch.partner(int(env[offset]))]
+
+    return step
+
+
+def _for(em: KernelEmulator, op: Any) -> Step:
+    lower, upper, stride = em._slot(op.lb), em._slot(op.ub), em._slot(op.step)
+    inits = [em._slot(v) for v in op.iter_args]
+    block = op.body.block
+    induction = em._slot(block.args[0])
+    carried = [em._slot(a) for a in block.args[1:]]
+    body = em._block(block)
+    yield_op = block.last_op
+    yielded = [em._slot(v) for v in yield_op.operands]
+    results = [em._slot(v) for v in op.res]
+
+    def run_body(env: Env, mask: Mask) -> list[Any]:
+        for inner in body:
+            inner(env, mask)
+        return [env[y] for y in yielded]
+
+    def step(env: Env, mask: Mask) -> None:
+        lb, ub, st = env[lower], env[upper], env[stride]
+        state = [env[i] for i in inits]
+        if not any(isinstance(v, np.ndarray) for v in (lb, ub, st)):
+            for index in range(int(lb), int(ub), int(st)):
+                env[induction] = np.int64(index)
+                for slot, value in zip(carried, state, strict=True):
+                    env[slot] = value
+                state = run_body(env, mask)
+        else:
+            assert em.launch is not None
+            iv: np.ndarray = np.broadcast_to(lb, (em.launch.threads,)).copy()
+            while True:
+                active = iv < ub if mask is None else mask & (iv < ub)
+                if not active.any():
+                    break
+                env[induction] = iv
+                for slot, value in zip(carried, state, strict=True):
+                    env[slot] = value
+                new = run_body(env, active)
+                state = [np.where(active, n, s) for n, s in zip(new, state, strict=True)]
+                iv = iv + st
+        for slot, value in zip(results, state, strict=True):
+            env[slot] = value
+
+    return step
+
+
+def _if(em: KernelEmulator, op: Any) -> Step:
+    cond = em._slot(op.cond)
+    then = em._block(op.true_region.block)
+    otherwise = em._block(op.false_region.block) if op.false_region.blocks else []
+    results = [em._slot(v) for v in op.results]
+    regions = (op.true_region, op.false_region) if results else ()
+    yields = [[em._slot(v) for v in region.block.last_op.operands] for region in regions]
+
+    def step(env: Env, mask: Mask) -> None:
+        c = env[cond]
+        if not isinstance(c, np.ndarray):
+            for inner in then if c else otherwise:
+                inner(env, mask)
+            for slot, value in zip(results, yields[0 if c else 1] if results else [], strict=True):
+                env[slot] = env[value]
+            return
+        got: list[list[Any]] = []
+        for index, (region, taken) in enumerate(((then, c), (otherwise, ~c))):
+            narrowed = taken if mask is None else mask & taken
+            ran = bool(narrowed.any())
+            if region and ran:
+                for inner in region:
+                    inner(env, narrowed)
+            if results:  # a branch no thread took yields nothing anyone reads
+                got.append([env[v] if ran else 0 for v in yields[index]])
+        for slot, a, b in zip(results, *got, strict=True) if results else []:
+            env[slot] = np.where(c, a, b)
+
+    return step
+
+
+def _atomic_rmw(em: KernelEmulator, op: Any) -> Step:
+    """memref.atomic_rmw addi: the threads that run it, in thread order, each add and get what was there."""
+    if op.kind.value.data != 1:
+        raise LogosError(f"the CUDA emulator runs memref.atomic_rmw addi only (in kernel {em.name})")
+    memory, value, out = em._slot(op.memref), em._slot(op.value), em._slot(op.result)
+    indices = [em._slot(v) for v in op.indices]
+    strides = row_major_strides(op.memref.type)
+    size, role = _size(op.memref), _role(op.memref)
+
+    def step(env: Env, mask: Mask) -> None:
+        assert em.launch is not None
+        threads = em.launch.threads
+        flat = np.broadcast_to(_flat(env, indices, strides, None), (threads,))
+        adds = np.broadcast_to(env[value], (threads,))
+        active = np.ones(threads, bool) if mask is None else mask
+        _check_bounds(em, op, flat[active], size, role)
+        before = np.zeros(threads, np.int64)
+        data = env[memory]
+        for thread in np.flatnonzero(active):
+            before[thread] = data[flat[thread]]
+            data[flat[thread]] += adds[thread]
+        env[out] = before
+
+    return step
+
+
+def _nothing(em: KernelEmulator, op: Any) -> Step:
+    def step(env: Env, mask: Mask) -> None:
+        """The terminator of a kernel or a region: nothing to execute."""
+
+    return step
+
+
+Compiler = Callable[[KernelEmulator, Any], Step]
+
+COMPILERS: dict[type[Operation], Compiler] = {
+    arith.ConstantOp: _constant,
+    arith.AddiOp: _index_binary(np.add),
+    arith.SubiOp: _index_binary(np.subtract),
+    arith.MuliOp: _index_binary(np.multiply),
+    arith.DivUIOp: _binary(np.floor_divide),
+    arith.RemUIOp: _binary(np.remainder),
+    arith.MinUIOp: _binary(np.minimum),
+    arith.MaxUIOp: _binary(np.maximum),
+    arith.CmpiOp: _cmpi,
+    arith.AndIOp: _binary(np.logical_and),
+    arith.OrIOp: _binary(np.logical_or),
+    arith.SelectOp: _select,
+    arith.AddfOp: _binary(np.add),
+    arith.SubfOp: _binary(np.subtract),
+    arith.MulfOp: _binary(np.multiply),
+    arith.DivfOp: _binary(np.divide),
+    arith.MaximumfOp: _binary(np.maximum),  # IEEE maximum: a NaN wins
+    arith.MaxnumfOp: _binary(np.fmax),  # fmaxf: a NaN loses to a number
+    arith.TruncFOp: _unary(lambda x: _to_bf16(x)),
+    math.FmaOp: _fma,
+    arith.CmpfOp: _cmpf,
+    arith.IndexCastOp: _cast("int"),
+    arith.SIToFPOp: _cast("float"),
+    arith.FPToSIOp: _cast("int"),
+    arith.ExtFOp: _unary(lambda x: x),  # a bf16 buffer (or loaded vector) already holds its values widened to f32
+    math.ExpOp: _unary(_f32(np.exp)),
+    math.SqrtOp: _unary(_f32(np.sqrt)),
+    math.TanhOp: _unary(_f32(np.tanh)),
+    memref.LoadOp: _load,
+    memref.StoreOp: _store,
+    vector.LoadOp: _vector_load,
+    vector.ExtractOp: _vector_extract,
+    cuda.GpuShuffleOp: _gpu_shuffle,
+    gpu.ThreadIdOp: _thread_id,
+    gpu.BlockIdOp: _block_id,
+    scf.ForOp: _for,
+    scf.IfOp: _if,
+    memref.AtomicRMWOp: _atomic_rmw,
+    cuda.FenceOp: _nothing,  # threads run in lockstep: every earlier write is already visible
+    cuda.WarpSyncOp: _nothing,  # and every lane of a warp already meets the others at each op
+    scf.YieldOp: _nothing,
+    gpu.ReturnOp: _nothing,
+    **TENSOR_CORE_COMPILERS,
+}

@@ -1,0 +1,88 @@
+"""What the CUDA host fills its device buffers from: each chip's share of each weight (cut from the weight store
+as the split program states it, or read from a build's device image files) and the tables the host computes (the
+rotary cos / signed sin, the chip index). The image's layout is the build's (`weights.bin`, one a chip
+`weights.chip<N>.bin`: a fixed-size header holding the identity line and a JSON index of each buffer's offset,
+shape and element, then the buffers, bf16 as bit patterns); nothing is kept on the host once a device has its copy.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from logos_ir.errors import LogosError
+from logos_ir.passes.cuda.host_plan import Buffer, bf16_rounded, weight_share
+from logos_ir.rope import rope_inv_freq
+
+
+def rope_tables(spec: Any, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and signed sin ([-sin, sin]) per position over a whole head, as the reference builds them."""
+    inv_freq = rope_inv_freq(spec.head_dim, spec.rope_theta, spec.rope_scaling)
+    angles = np.arange(length, dtype=np.float64)[:, None] * inv_freq[None, :]
+    cos, sin = np.cos(angles), np.sin(angles)
+    return (
+        np.concatenate([cos, cos], axis=1).astype(np.float32),
+        np.concatenate([-sin, sin], axis=1).astype(np.float32),
+    )
+
+
+def host_table(spec: Any, buffer: Buffer, chip: int) -> np.ndarray:
+    """A table the host fills: the rotary cos / signed sin, or `chip` (this chip's index)."""
+    if buffer.name == "chip":
+        return np.full(buffer.shape, chip, np.int64)
+    if buffer.name not in ("rope.cos", "rope.sin"):
+        raise LogosError(f"the CUDA runtime fills no table named '{buffer.name}'")
+    cos, sin = rope_tables(spec, buffer.shape[0])
+    return cos if buffer.name.endswith("cos") else sin
+
+
+class EmulatedWeights:
+    """Where a run's weights come from, one buffer (one chip's shard of one weight) at a time: the weight store
+    (each shard cut from the full tensor as the split program states it) or a build's device image files
+    (`weights.bin` / `weights.chip<N>.bin`, read through a memory map, bf16 as bit patterns). Nothing is kept on
+    the host: a device uploads each shard and keeps only its device copy."""
+
+    def __init__(self, store: Any, image: str, chips: int, folder: Any = None):
+        self.store, self.image, self.chips, self.folder = store, image, chips, folder
+        self._index: dict[int, dict[str, Any]] = {}
+
+    def share(self, chip: int, buffer: Buffer) -> np.ndarray:
+        """This chip's values of `buffer`: f32, or for a bf16 image read from a file its uint16 bit patterns."""
+        if self.folder is not None:
+            return self._from_image(chip, buffer)
+        return np.ascontiguousarray(weight_share(self.store, buffer.name, buffer.shape, chip, self.chips), np.float32)
+
+    def get(self, chip: int, buffer: Buffer) -> np.ndarray:
+        """The values a device holds (f32; bf16-rounded f32 for bf16): the emulator's view of the image."""
+        values = self.share(chip, buffer)
+        if values.dtype == np.uint16:
+            return (values.astype(np.uint32) << np.uint32(16)).view(np.float32)
+        return bf16_rounded(values) if buffer.element == "bf16" else values
+
+    def _from_image(self, chip: int, buffer: Buffer) -> np.ndarray:
+        from logos_ir.passes.cuda.build import HEADER_BYTES
+
+        name = "weights.bin" if self.chips == 1 else f"weights.chip{chip}.bin"
+        path = Path(self.folder) / name
+        if chip not in self._index:
+            if not path.is_file():
+                raise LogosError(f"{self.folder}: the build holds no weight image {name} (build it --with-weights)")
+            data = np.memmap(path, np.uint8, mode="r")
+            lines = bytes(data[:HEADER_BYTES]).rstrip(b"\0").split(b"\n", 2)
+            if lines[2].startswith(b"index-at-end "):
+                at = HEADER_BYTES + int(lines[2].split()[1])
+                index = json.loads(bytes(data[at:]).decode())
+            else:
+                index = json.loads(lines[2].decode())
+            self._index[chip] = {"data": data, "buffers": {b["name"]: b for b in index["buffers"]}}
+        found = self._index[chip]["buffers"].get(buffer.name)
+        if found is None or tuple(found["shape"]) != buffer.shape or found["element"] != buffer.element:
+            raise LogosError(f"{path}: holds no {buffer.element} buffer '{buffer.name}' of shape {buffer.shape}")
+        count = int(np.prod(buffer.shape))
+        start = HEADER_BYTES + int(found["offset"])
+        kind = np.uint16 if buffer.element == "bf16" else np.dtype("<f4")
+        size = count * np.dtype(kind).itemsize
+        return np.frombuffer(self._index[chip]["data"][start : start + size], kind).reshape(buffer.shape)
