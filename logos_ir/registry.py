@@ -56,8 +56,10 @@ def passes() -> dict[str, Callable[[], type[ModulePass]]]:
         "tp-split": _lazy("logos_ir.passes.tp_split", "TpSplit"),
         "verify-identity": _lazy("logos_ir.passes.verify_identity", "VerifyIdentity"),
         "inline-sections": _lazy("logos_ir.passes.inline_sections", "InlineSections"),
-        "convert-logos-to-cuda-kernels": _lazy("logos_ir.passes.cuda.logos_to_kernels", "ConvertLogosToCudaKernels"),
-        "convert-cuda-kernels-to-gpu": _lazy("logos_ir.passes.cuda.kernels_to_gpu", "ConvertCudaKernelsToGpu"),
+        "convert-logos-to-cuda-kernels": _lazy(
+            "logos_ir.passes.cuda.convert_logos_to_kernels", "ConvertLogosToCudaKernels"
+        ),
+        "convert-cuda-kernels-to-gpu": _lazy("logos_ir.passes.cuda.convert_kernels_to_gpu", "ConvertCudaKernelsToGpu"),
         "convert-logos-to-d5005": _lazy("logos_ir.passes.d5005.convert_logos_to_d5005", "ConvertLogosToD5005"),
         "convert-logos-to-csl": _lazy("logos_ir.passes.spatial.convert_logos_to_csl", "ConvertLogosToCsl"),
     }

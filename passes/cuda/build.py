@@ -46,8 +46,8 @@ ALIGN = 256
 def lower(module: ModuleOp, weights: str) -> ModuleOp:
     """The lane's pipeline on `module` in place (a `logos.program` in, the lowered module out), verified after
     each pass."""
-    from logos_ir.passes.cuda.kernels_to_gpu import ConvertCudaKernelsToGpu
-    from logos_ir.passes.cuda.logos_to_kernels import ConvertLogosToCudaKernels
+    from logos_ir.passes.cuda.convert_kernels_to_gpu import ConvertCudaKernelsToGpu
+    from logos_ir.passes.cuda.convert_logos_to_kernels import ConvertLogosToCudaKernels
 
     context = Context()
     for lowering in (ConvertLogosToCudaKernels(weights), ConvertCudaKernelsToGpu()):

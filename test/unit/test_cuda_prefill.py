@@ -298,7 +298,7 @@ def _lowered(text: str) -> Any:
     from xdsl.parser import Parser
 
     from logos_ir.passes.cuda.host_plan import lowered_context
-    from logos_ir.passes.cuda.kernels_to_gpu import ConvertCudaKernelsToGpu
+    from logos_ir.passes.cuda.convert_kernels_to_gpu import ConvertCudaKernelsToGpu
 
     module = Parser(lowered_context(), text).parse_module()
     module.verify()
@@ -312,7 +312,7 @@ def _attention_plan(edit: Any = None) -> tuple[Any, Any]:
     from xdsl.parser import Parser
 
     from logos_ir.passes.cuda.host_plan import lowered_context
-    from logos_ir.passes.cuda.kernels_to_gpu import ConvertCudaKernelsToGpu
+    from logos_ir.passes.cuda.convert_kernels_to_gpu import ConvertCudaKernelsToGpu
 
     module = Parser(lowered_context(), _attention_step(ROWS, 4, 2, 128, 16)).parse_module()
     module.verify()
@@ -428,7 +428,7 @@ def _tensor_core_source() -> tuple[str, list[str]]:
 
     from logos_ir.passes.cuda.emit_cuda import PREAMBLE, print_cuda
     from logos_ir.passes.cuda.host_plan import lowered_context
-    from logos_ir.passes.cuda.kernels_to_gpu import ConvertCudaKernelsToGpu
+    from logos_ir.passes.cuda.convert_kernels_to_gpu import ConvertCudaKernelsToGpu
 
     _, source, _ = build_program(ModelSpec.preset("llama-3.1-8b"), Cut.prefill(512, 1024), 1, "bf16")
     sources = [source]
