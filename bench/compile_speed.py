@@ -101,7 +101,7 @@ LANE_FUNCTIONS: dict[str, list[tuple[str, str, str]]] = {
         ("logos_ir.passes.spatial.build", "lower_decode", "convert-logos-to-csl: author, parse, plan the grid"),
         ("logos_ir.passes.spatial.convert_logos_to_csl", "lower_parts", "convert-logos-to-csl: lower the parts"),
         ("logos_ir.passes.spatial.build", "print_csl", "emit csl (print_csl)"),
-        ("logos_ir.runtime.spatial", "static_check", "static check of the printed CSL"),
+        ("logos_ir.passes.spatial.verify_grid", "static_check", "static check of the printed CSL"),
     ],
 }
 

@@ -62,6 +62,7 @@ def passes() -> dict[str, Callable[[], type[ModulePass]]]:
         "convert-cuda-kernels-to-gpu": _lazy("logos_ir.passes.cuda.convert_kernels_to_gpu", "ConvertCudaKernelsToGpu"),
         "convert-logos-to-d5005": _lazy("logos_ir.passes.d5005.convert_logos_to_d5005", "ConvertLogosToD5005"),
         "convert-logos-to-csl": _lazy("logos_ir.passes.spatial.convert_logos_to_csl", "ConvertLogosToCsl"),
+        "verify-csl-grid": _lazy("logos_ir.passes.spatial.verify_grid", "VerifyCslGrid"),
     }
 
 

@@ -2,7 +2,7 @@
 `pe_program.csl`), with the semantics of a Cerebras WSE-2 as its SDK documents them, and the host program that
 drives it (`run.py`'s steps, as `memcpy_h2d`, `launch`, `memcpy_d2h`).
 
-- **The layout** is executed first: `@set_rectangle`, each element's `@set_tile_code` parameters, and every router's
+- **The layout** is executed first (`verify_grid.read_layout`): `@set_rectangle`, each element's `@set_tile_code` parameters, and every router's
   colour configuration (`@set_color_config`: the directions a colour's wavelets are taken from and sent to).
   From these the simulator follows each sender's wavelets from router to router; a router with no configuration
   for a colour arriving from a direction stops them there.
@@ -22,8 +22,8 @@ drives it (`run.py`'s steps, as `memcpy_h2d`, `launch`, `memcpy_d2h`).
 - **A step that cannot finish** (a receive with no wavelets coming, a send whose route is broken or whose
   receiver's queue stays full, a launch whose tasks never run) stops with an error naming an element, the colour
   and the op, never a hang.
-- **Static check** before a run (`static_check`): a colour received but never sent, a colour memcpy reserves on
-  WSE-2 (21, 22, 23), a task id bound twice, or a name declared twice in one scope of the printed CSL is refused.
+- **What it runs** is a build's: `grid.mlir` and `host.json`, from a build folder or from the `spatial` compile
+  target's build in memory, which the grid's static check (`passes/spatial/verify_grid.py`) has passed.
 - **Cycles** are counted by the simulator as it runs, per element, from the per-op costs of `CYCLES` (see
   docs/spatial.md for their sources and assumptions): an element's clock advances by each op it runs; a receive
   waits for the wavelets' arrival (sender's clock + hops + one cycle per wavelet). A step's cycles are the latest
@@ -33,7 +33,6 @@ drives it (`run.py`'s steps, as `memcpy_h2d`, `launch`, `memcpy_d2h`).
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,13 +44,10 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Block, Operation, SSAValue
 
 from logos_ir.dialects import csl_ext
+from logos_ir.dialects.csl_ext import MEMORY, NO_CODE
 from logos_ir.errors import LogosError
-from logos_ir.generate import StepGenerator, default_ctx
-from logos_ir.passes.spatial.grid import NO_CODE
-
-MEMORY = 48 * 1024
-RESERVED_COLOURS = (21, 22, 23)  # memcpy's colours on WSE-2
-COLOURS = 24  # routable colours of a WSE-2
+from logos_ir.generate import StepGenerator
+from logos_ir.passes.spatial.verify_grid import Layout, layout_params, read_layout, split_modules
 
 # Cycles per op (docs/spatial.md, "Cycles", gives the sources and which are assumptions).
 CYCLES = {
@@ -70,85 +66,6 @@ _OPPOSITE = {"EAST": "WEST", "WEST": "EAST", "NORTH": "SOUTH", "SOUTH": "NORTH"}
 
 class FabricError(LogosError):
     """A step that cannot finish, or a module the static check refuses."""
-
-
-# -- the layout ------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Layout:
-    """What the layout module sets: the rectangle, each element's tile parameters, each router's colour configs."""
-
-    width: int
-    height: int
-    params: dict[tuple[int, int], dict[str, Any]]
-    routes: dict[tuple[int, int, int], tuple[tuple[str, ...], tuple[str, ...]]]
-    files: dict[tuple[int, int], str]
-
-
-def run_layout(module: csl.CslModuleOp, params: dict[str, int] | None = None) -> Layout:
-    """Execute a layout `csl.module` (its loops, branches and builtins), given its parameters (`cslc --params`),
-    into a `Layout`."""
-    state: dict[str, Any] = {"size": None, "params": {}, "routes": {}, "files": {}}
-    env: dict[SSAValue, Any] = {}
-    given = dict(params or {})
-    for op in module.body.block.ops:
-        if isinstance(op, csl.ParamOp):
-            name = op.param_name.data
-            if name not in given:
-                raise FabricError(f"the layout's parameter '{name}' is not given (cslc --params)")
-            env[op.res] = given[name]
-    _layout_block(module.body.block, env, state)
-    if state["size"] is None:
-        raise FabricError("the layout sets no rectangle (@set_rectangle)")
-    width, height = state["size"]
-    return Layout(width, height, state["params"], state["routes"], state["files"])
-
-
-def _layout_block(block: Block, env: dict[SSAValue, Any], state: dict[str, Any]) -> None:
-    for op in block.ops:
-        _layout_op(op, env, state)
-
-
-def _layout_op(op: Operation, env: dict[SSAValue, Any], state: dict[str, Any]) -> None:
-    match op:
-        case csl.LayoutOp():
-            _layout_block(op.body.block, env, state)
-        case arith.ConstantOp():
-            env[op.result] = op.value.value.data  # type: ignore[attr-defined]
-        case scf.ForOp():
-            for i in range(env[op.lb], env[op.ub], env[op.step]):
-                env[op.body.block.args[0]] = i
-                _layout_block(op.body.block, env, state)
-        case scf.IfOp():
-            region = op.true_region if env[op.cond] else op.false_region
-            if region.blocks:
-                _layout_block(region.block, env, state)
-        case scf.YieldOp() | csl.ParamOp():
-            pass
-        case csl.ImportModuleConstOp():
-            env[op.result] = {"module": op.module.data}
-        case csl.MemberCallOp():
-            env[op.result] = {"memcpy_column": env[op.args[0]]} if op.args else {}  # type: ignore[index]
-        case csl.ConstStructOp():
-            env[op.res] = {f.data: env[v] for f, v in zip(op.ssa_fields.data, op.ssa_values, strict=True)}  # type: ignore[union-attr]
-        case csl.ConcatStructOp():
-            env[op.result] = {**env[op.this_struct], **env[op.another_struct]}
-        case csl.SetRectangleOp():
-            state["size"] = (env[op.x_dim], env[op.y_dim])
-        case csl.SetTileCodeOp():
-            key = (env[op.x_coord], env[op.y_coord])
-            state["params"][key] = dict(env[op.params]) if op.params is not None else {}
-            state["files"][key] = op.file.data
-        case csl_ext.SetColorConfigOp():
-            key = (env[op.x], env[op.y], op.colour.data)
-            if key in state["routes"]:
-                raise FabricError(f"the layout configures colour {key[2]} twice at element ({key[0]}, {key[1]})")
-            state["routes"][key] = (op.receives, op.transmits)
-        case _ if op.name in _SCALAR:
-            env[op.results[0]] = _SCALAR[op.name](*(env[o] for o in op.operands), op)
-        case _:
-            raise FabricError(f"the fabric simulator does not run '{op.name}' in a layout")
 
 
 def _cmp(a: Any, b: Any, op: Any) -> Any:
@@ -265,152 +182,6 @@ def _follow(layout: Layout, colour: int, sx: int, sy: int, out: list[tuple[int, 
     return ""
 
 
-# -- the static check --------------------------------------------------------------------------------------------
-
-
-def static_check(module: ModuleOp, printed: str | None = None, params: dict[str, int] | None = None) -> None:
-    """Refuse (FabricError) a module that uses a reserved colour, receives a colour nothing sends, binds a task id
-    twice, declares a symbol twice, or (in `printed`, its CSL text) declares a name twice in one scope."""
-    program, layout = split_modules(module)
-    sent: set[int] = set()
-    received: list[tuple[int, Operation]] = []
-    for op in program.walk():
-        if isinstance(op, csl.GetFabDsdOp):
-            colour = op.fabric_color.value.data
-            _check_colour(colour, op)
-            if op.result.type == csl.DsdType(csl.DsdKind.fabin_dsd):
-                received.append((colour, op))
-            else:
-                sent.add(colour)
-    for op in layout.walk():
-        if isinstance(op, csl_ext.SetColorConfigOp):
-            _check_colour(op.colour.data, op)
-    for colour, op in received:
-        if colour not in sent:
-            where = _function_of(op)
-            elements = _elements_reaching(op, module, params)
-            raise FabricError(
-                f"static check: colour {colour} is received (@get_dsd(fabin_dsd) in {where}, on element "
-                f"{elements}) but no element sends it"
-            )
-    names: dict[str, str] = {}
-    tasks: dict[int, str] = {}
-    for op in program.body.block.ops:
-        name = None
-        if isinstance(op, memref.GlobalOp):
-            name = op.sym_name.data
-        elif isinstance(op, csl.FuncOp | csl.TaskOp):
-            name = op.sym_name.data
-        if name is not None:
-            if name in names:
-                raise FabricError(f"static check: '{name}' is declared twice in the program's top scope")
-            names[name] = op.name
-        if isinstance(op, csl.TaskOp) and op.id is not None:
-            task_id = op.id.value.data
-            if task_id in tasks:
-                raise FabricError(
-                    f"static check: task id {task_id} is bound to {tasks[task_id]} and {op.sym_name.data}"
-                )
-            if task_id in sent or task_id in {c for c, _ in received}:
-                raise FabricError(f"static check: local task id {task_id} is also a colour the program routes")
-            tasks[task_id] = op.sym_name.data
-    if printed is not None:
-        check_scopes(printed)
-
-
-def _check_colour(colour: int, op: Operation) -> None:
-    if colour in RESERVED_COLOURS:
-        raise FabricError(f"static check: colour {colour} ({op.name}) is reserved by memcpy on WSE-2 (21, 22, 23)")
-    if not 0 <= colour < COLOURS:
-        raise FabricError(f"static check: colour {colour} ({op.name}) is outside a WSE-2's 24 colours")
-
-
-def _function_of(op: Operation) -> str:
-    parent = op.parent_op()
-    while parent is not None and not isinstance(parent, csl.FuncOp | csl.TaskOp):
-        parent = parent.parent_op()
-    return parent.sym_name.data if parent is not None else "the program"
-
-
-def _elements_reaching(op: Operation, module: ModuleOp, params: dict[str, int] | None) -> str:
-    """The first element (x, y) whose parameters take every branch around `op` (branches on px/py only)."""
-    program, layout_module = split_modules(module)
-    layout = run_layout(layout_module, params)
-    conditions: list[tuple[SSAValue, bool]] = []
-    child: Operation = op
-    parent = op.parent_op()
-    while parent is not None and not isinstance(parent, csl.FuncOp | csl.TaskOp):
-        if isinstance(parent, scf.IfOp):
-            conditions.append((parent.cond, child.parent_region() is parent.true_region))
-        child, parent = parent, parent.parent_op()
-    params = {o.param_name.data: o.res for o in program.body.block.ops if isinstance(o, csl.ParamOp)}
-    for (x, y), values in sorted(layout.params.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        known = {params[k]: v for k, v in values.items() if k in params}
-        if all(_static_value(c, known) in (taken, None) for c, taken in conditions):
-            return f"({x}, {y})"
-    return "(none)"
-
-
-def _static_value(value: SSAValue, known: dict[SSAValue, Any]) -> Any:
-    if value in known:
-        return known[value]
-    op = value.owner
-    if isinstance(op, arith.ConstantOp):
-        return op.value.value.data  # type: ignore[attr-defined]
-    if isinstance(op, Operation) and op.name in _SCALAR:
-        args = [_static_value(o, known) for o in op.operands]
-        if any(a is None for a in args):
-            return None
-        return bool(_SCALAR[op.name](*args, op)) if op.name == "arith.cmpi" else _SCALAR[op.name](*args, op)
-    return None
-
-
-_DECLARATION = re.compile(r"^\s*(?:const|var|param)\s+([A-Za-z_][A-Za-z0-9_]*)")
-_CAPTURE = re.compile(r"\|\s*([A-Za-z_][A-Za-z0-9_]*)\s*\|\s*\{\s*$")
-
-
-def check_scopes(printed: str) -> None:
-    """Refuse CSL text (one file or several, split by `// FILE:` lines) that declares a name twice in one scope or
-    shadows a name of an enclosing scope (CSL, as Zig, allows neither)."""
-    for chunk in printed.split("// FILE:"):
-        scopes: list[set[str]] = [set()]
-        for number, line in enumerate(chunk.splitlines(), 1):
-            code = line.split("//", 1)[0]
-            match = _DECLARATION.match(code)
-            names = [match.group(1)] if match else []
-            capture = _CAPTURE.search(code)
-            if capture and "for" in code:
-                names.append(capture.group(1))
-            opening = code.count("{") - code.count("}")
-            for name in names:
-                if any(name in scope for scope in scopes):
-                    head = chunk.splitlines()[0].strip() if chunk.strip() else "?"
-                    raise FabricError(f"static check: '{name}' is declared twice in one scope ({head}, line {number})")
-                target = scopes[-1] if not (capture and name == capture.group(1)) else None
-                if target is not None:
-                    target.add(name)
-            for _ in range(max(opening, 0)):
-                scopes.append(set())
-            if capture and "for" in code:
-                scopes[-1].add(capture.group(1))
-            for _ in range(max(-opening, 0)):
-                if len(scopes) > 1:
-                    scopes.pop()
-
-
-def split_modules(module: ModuleOp) -> tuple[csl.CslModuleOp, csl.CslModuleOp]:
-    program = layout = None
-    for op in module.ops:
-        if isinstance(op, csl.CslModuleOp):
-            if op.kind.data == csl.ModuleKind.LAYOUT:
-                layout = op
-            else:
-                program = op
-    if program is None or layout is None:
-        raise FabricError("the fabric simulator needs a program csl.module and a layout csl.module")
-    return program, layout
-
-
 # -- the elements --------------------------------------------------------------------------------------------------
 
 
@@ -479,7 +250,7 @@ class Fabric:
     def __init__(self, module: ModuleOp, params: dict[str, int], memory: int = MEMORY, queue_words: int | None = None):
         program, layout_module = split_modules(module)
         self.program = program
-        self.layout = run_layout(layout_module, params)
+        self.layout = read_layout(layout_module, params)
         self.width, self.height = self.layout.width, self.layout.height
         n = self.n = self.width * self.height
         self.xs = np.arange(n) % self.width
@@ -1755,8 +1526,8 @@ class GridMachine:
         self.cycles = []
 
     def _load_weights(self) -> None:
-        from logos_ir.rope import rope_inv_freq
         from logos_ir.passes.spatial import grid as g
+        from logos_ir.rope import rope_inv_freq
 
         p = self.host["grid"]
         image = self.host["image"]
@@ -1791,11 +1562,6 @@ class GridMachine:
         return int(np.argmax(self.logits)) + 1
 
 
-def layout_params(host: dict[str, Any]) -> dict[str, int]:
-    """The layout's parameters (as commands.sh passes them to cslc): the grid's width and height."""
-    return {"width": host["grid"], "height": host["grid"]}
-
-
 def _plan_of(host: dict[str, Any], spec: Any) -> Any:
     from logos_ir.passes.spatial.convert_logos_to_csl import plan_for
 
@@ -1819,16 +1585,36 @@ class SpatialGenerator(StepGenerator):
                 raise LogosError(
                     f"the build in {self.build} holds a cache of {host['ctx']} positions; this run needs {ctx}"
                 )
-            return GridMachine(module, host, self.weights, host.get("identities", []))
-        from logos_ir.passes.spatial.convert_logos_to_csl import lower_decode
+        else:
+            module, host = build_in_memory(self.spec, ctx, self.image)
+        return GridMachine(module, host, self.weights, host.get("identities", []))
 
-        lowered = lower_decode(self.spec, ctx, self.image)
-        static_check(lowered.module, params=layout_params(lowered.host))
-        return GridMachine(lowered.module, lowered.host, self.weights, lowered.host["identities"])
+
+def build_in_memory(spec: Any, ctx: int, image: str) -> tuple[ModuleOp, dict[str, Any]]:
+    """The lane's build of the decode step over `ctx` positions (the `spatial` compile target, in memory), read as
+    a build folder is: its csl-level module and host plan."""
+    from logos_ir.build import BuildRequest
+    from logos_ir.models import ModelSource
+    from logos_ir.program import Cut
+    from logos_ir.progress import Progress
+    from logos_ir.registry import compile_targets
+
+    request = BuildRequest(ModelSource("preset", "run", spec), Cut.decode(ctx), 1, image, False, Progress.silent())
+    built = compile_targets()["spatial"].build()(request)
+    files = {a.path: a.data.decode("utf-8") for a in built.artifacts}
+    return read_grid(files["grid.mlir"], "grid.mlir"), json.loads(files["host.json"])
 
 
 def read_build(folder: Path) -> tuple[ModuleOp, dict[str, Any]]:
     """The csl-level module (`grid.mlir`) and host plan (`host.json`) of a build folder."""
+    mlir, plan = folder / "grid.mlir", folder / "host.json"
+    if not mlir.is_file() or not plan.is_file():
+        raise LogosError(f"{folder} is not a spatial build (no grid.mlir and host.json)")
+    return read_grid(mlir.read_text(), str(mlir)), json.loads(plan.read_text())
+
+
+def read_grid(text: str, name: str) -> ModuleOp:
+    """A build's `grid.mlir`: the csl-level module the fabric simulator runs."""
     from xdsl.context import Context
     from xdsl.dialects.arith import Arith
     from xdsl.dialects.builtin import Builtin
@@ -1837,16 +1623,10 @@ def read_build(folder: Path) -> tuple[ModuleOp, dict[str, Any]]:
     from xdsl.dialects.scf import Scf
     from xdsl.parser import Parser
 
-    mlir, plan = folder / "grid.mlir", folder / "host.json"
-    if not mlir.is_file() or not plan.is_file():
-        raise LogosError(f"{folder} is not a spatial build (no grid.mlir and host.json)")
     context = Context()
     for dialect in (Builtin, Arith, Scf, MemRef, CSL, csl_ext.CSL_EXT):
         context.load_dialect(dialect)
-    module = Parser(context, mlir.read_text(), str(mlir)).parse_module()
-    host = json.loads(plan.read_text())
-    static_check(module, params=layout_params(host))
-    return module, host
+    return Parser(context, text, name).parse_module()
 
 
 def spatial_generator(request: Any) -> SpatialGenerator:
@@ -1856,14 +1636,3 @@ def spatial_generator(request: Any) -> SpatialGenerator:
     if request.tp != 1:
         raise LogosError(f"the spatial backend places the model on one grid; --tp {request.tp} is not for it")
     return SpatialGenerator(request.store, ctx=request.ctx, image=request.weights, build=request.build)
-
-
-__all__ = [
-    "Fabric",
-    "FabricError",
-    "GridMachine",
-    "SpatialGenerator",
-    "default_ctx",
-    "spatial_generator",
-    "static_check",
-]

@@ -68,7 +68,7 @@ def build_spatial(request: BuildRequest) -> LaneBuild:
 
 
 def lane_build(lowered: GridProgram, line: str, identity: Any) -> LaneBuild:
-    from logos_ir.runtime.spatial import layout_params, static_check
+    from logos_ir.passes.spatial.verify_grid import layout_params, static_check
 
     texts = print_csl(lowered.module)
     static_check(lowered.module, "\n// FILE:".join(["", *texts.values()]), layout_params(lowered.host))

@@ -18,8 +18,10 @@ import pytest
 from xdsl.dialects import csl
 
 from logos_ir.dialects import csl_ext
+from logos_ir.errors import PassError
 from logos_ir.generate import Generator
 from logos_ir.passes.spatial.grid import ROW_BCAST
+from logos_ir.passes.spatial.verify_grid import check_scopes, layout_params, split_modules, static_check
 from logos_ir.program import Cut
 from logos_ir.runtime import RunRequest
 from logos_ir.runtime.spatial import (
@@ -27,11 +29,7 @@ from logos_ir.runtime.spatial import (
     FabricError,
     GridMachine,
     SpatialGenerator,
-    check_scopes,
-    layout_params,
     spatial_generator,
-    split_modules,
-    static_check,
 )
 from logos_ir.spec import ModelSpec
 from logos_ir.weights import RandomWeights, WeightStore
@@ -161,7 +159,7 @@ def test_a_receive_on_a_colour_nothing_sends_is_refused() -> None:
     receive = receives[-1]  # the last: a broadcast's, which every element but the line's centre runs
     receive.fabric_color = type(receive.fabric_color)(20, receive.fabric_color.type)
     with pytest.raises(
-        FabricError, match=r"colour 20 is received .* on element \(\d+, \d+\)\) but no element sends it"
+        PassError, match=r"colour 20 is received .* on element \(\d+, \d+\)\) but no element sends it"
     ):
         static_check(lowered.module, params=layout_params(lowered.host))
 
@@ -172,12 +170,12 @@ def test_reserved_colours_and_names_declared_twice_are_refused() -> None:
     program, _ = split_modules(lowered.module)
     send = next(op for op in program.walk() if isinstance(op, csl.GetFabDsdOp))
     send.fabric_color = type(send.fabric_color)(22, send.fabric_color.type)
-    with pytest.raises(FabricError, match="colour 22 .* reserved by memcpy on WSE-2"):
+    with pytest.raises(PassError, match="colour 22 .* reserved by memcpy on WSE-2"):
         static_check(lowered.module, params=layout_params(lowered.host))
     check_scopes(
         "fn f() void {\n  const a : i32 = 1;\n  if (a > 0) {\n    const b : i32 = 2;\n  }\n  const b : i32 = 3;\n}\n"
     )
-    with pytest.raises(FabricError, match="'a' is declared twice in one scope"):
+    with pytest.raises(PassError, match="'a' is declared twice in one scope"):
         check_scopes("fn f() void {\n  const a : i32 = 1;\n  if (a > 0) {\n    const a : i32 = 2;\n  }\n}\n")
 
 

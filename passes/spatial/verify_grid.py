@@ -1,0 +1,356 @@
+"""`verify-csl-grid{grid=P}`: the static check of the spatial lane's csl-level module, and the layout it reads.
+
+Assumes: a module holding the lane's two `csl.module`s, the element program and the layout (what
+`convert-logos-to-csl` gives). Guarantees: the IR is unchanged; a module is refused, naming the pass and the op, when
+it uses a colour memcpy reserves on WSE-2 (21, 22, 23) or one outside a WSE-2's 24, receives a colour no element
+sends, binds a local task id twice or to a colour the program routes, declares a symbol twice in the program's top
+scope, or, as CSL text, declares a name twice in one scope or shadows a name of an enclosing scope (CSL, as Zig, allows
+neither). With `grid` (the layout's width and height, as `cslc --params` gives them) a receive nothing sends names
+the first element that reaches it.
+
+The layout's meaning is here too (`read_layout`): its loops, branches and builtins executed into the rectangle, each
+element's tile parameters and each router's colour configurations, refusing a colour configured twice at one router.
+The check runs it to name an element; the fabric simulator reads a build's layout with it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from xdsl.context import Context
+from xdsl.dialects import arith, csl, memref, scf
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Block, Operation, SSAValue
+from xdsl.passes import ModulePass
+
+from logos_ir.dialects import csl_ext
+from logos_ir.errors import PassError
+
+PASS = "verify-csl-grid"
+
+
+@dataclass(frozen=True)
+class VerifyCslGrid(ModulePass):
+    """`verify-csl-grid{grid=P}`: the static check (see the module docstring); `grid=0` reads the program alone."""
+
+    name = "verify-csl-grid"
+
+    grid: int = 0
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        from logos_ir.passes.spatial.emit_csl import print_csl
+
+        params = {"width": self.grid, "height": self.grid} if self.grid else None
+        static_check(op, "\n// FILE:".join(["", *print_csl(op).values()]), params)
+
+
+def layout_params(host: dict[str, Any]) -> dict[str, int]:
+    """The layout's parameters (as commands.sh passes them to cslc) for a build's host plan: the grid's width and
+    height."""
+    return {"width": host["grid"], "height": host["grid"]}
+
+
+def split_modules(module: ModuleOp) -> tuple[csl.CslModuleOp, csl.CslModuleOp]:
+    """The element program and the layout `csl.module` of a csl-level module."""
+    program = layout = None
+    for op in module.ops:
+        if isinstance(op, csl.CslModuleOp):
+            if op.kind.data == csl.ModuleKind.LAYOUT:
+                layout = op
+            else:
+                program = op
+    if program is None or layout is None:
+        raise PassError(f"{PASS}: the grid needs a program csl.module and a layout csl.module")
+    return program, layout
+
+
+# -- the static check ------------------------------------------------------------------------------------------
+
+
+def static_check(module: ModuleOp, printed: str | None = None, params: dict[str, int] | None = None) -> None:
+    """Refuse (PassError) what the module docstring lists; `printed` is the module's CSL text (files split by
+    `// FILE:` lines), `params` the layout's parameters (None: the layout is not run)."""
+    program, layout = split_modules(module)
+    sent, received = _fabric_colours(program)
+    for op in layout.walk():
+        if isinstance(op, csl_ext.SetColorConfigOp):
+            _check_colour(op.colour.data, op)
+    for colour, op in received:
+        if colour not in sent:
+            elements = _elements_reaching(op, program, layout, params)
+            raise PassError(
+                f"{PASS}: colour {colour} is received (@get_dsd(fabin_dsd) in {_function_of(op)}, on element "
+                f"{elements}) but no element sends it"
+            )
+    _check_top_scope(program, sent | {c for c, _ in received})
+    if printed is not None:
+        check_scopes(printed)
+
+
+def _fabric_colours(program: csl.CslModuleOp) -> tuple[set[int], list[tuple[int, Operation]]]:
+    """The colours the program sends, and each fabric input DSD with its colour."""
+    sent: set[int] = set()
+    received: list[tuple[int, Operation]] = []
+    for op in program.walk():
+        if isinstance(op, csl.GetFabDsdOp):
+            colour = op.fabric_color.value.data
+            _check_colour(colour, op)
+            if op.result.type == csl.DsdType(csl.DsdKind.fabin_dsd):
+                received.append((colour, op))
+            else:
+                sent.add(colour)
+    return sent, received
+
+
+def _check_top_scope(program: csl.CslModuleOp, routed: set[int]) -> None:
+    names: set[str] = set()
+    tasks: dict[int, str] = {}
+    for op in program.body.block.ops:
+        if isinstance(op, memref.GlobalOp | csl.FuncOp | csl.TaskOp):
+            name = op.sym_name.data
+            if name in names:
+                raise PassError(f"{PASS}: '{name}' is declared twice in the program's top scope")
+            names.add(name)
+        if isinstance(op, csl.TaskOp) and op.id is not None:
+            task_id = op.id.value.data
+            if task_id in tasks:
+                raise PassError(f"{PASS}: task id {task_id} is bound to {tasks[task_id]} and {op.sym_name.data}")
+            if task_id in routed:
+                raise PassError(f"{PASS}: local task id {task_id} is also a colour the program routes")
+            tasks[task_id] = op.sym_name.data
+
+
+def _check_colour(colour: int, op: Operation) -> None:
+    if colour in csl_ext.RESERVED_COLOURS:
+        reserved = ", ".join(map(str, csl_ext.RESERVED_COLOURS))
+        raise PassError(f"{PASS}: colour {colour} ({op.name}) is reserved by memcpy on WSE-2 ({reserved})")
+    if not 0 <= colour < csl_ext.COLOURS:
+        raise PassError(f"{PASS}: colour {colour} ({op.name}) is outside a WSE-2's {csl_ext.COLOURS} colours")
+
+
+def _function_of(op: Operation) -> str:
+    parent = op.parent_op()
+    while parent is not None and not isinstance(parent, csl.FuncOp | csl.TaskOp):
+        parent = parent.parent_op()
+    return parent.sym_name.data if parent is not None else "the program"
+
+
+def _elements_reaching(
+    op: Operation, program: csl.CslModuleOp, layout_module: csl.CslModuleOp, params: dict[str, int] | None
+) -> str:
+    """The first element (x, y) whose parameters take every branch around `op` (branches on the element's
+    parameters and constants only); '(unknown: no grid given)' without the layout's parameters."""
+    if params is None:
+        return "(unknown: no grid given)"
+    layout = read_layout(layout_module, params)
+    conditions: list[tuple[SSAValue, bool]] = []
+    child: Operation = op
+    parent = op.parent_op()
+    while parent is not None and not isinstance(parent, csl.FuncOp | csl.TaskOp):
+        if isinstance(parent, scf.IfOp):
+            conditions.append((parent.cond, child.parent_region() is parent.true_region))
+        child, parent = parent, parent.parent_op()
+    declared = {o.param_name.data: o.res for o in program.body.block.ops if isinstance(o, csl.ParamOp)}
+    for (x, y), values in sorted(layout.params.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        known = {declared[k]: v for k, v in values.items() if k in declared}
+        if all(_static_value(c, known) in (taken, None) for c, taken in conditions):
+            return f"({x}, {y})"
+    return "(none)"
+
+
+def _static_value(value: SSAValue, known: dict[SSAValue, Any]) -> Any:
+    """The value of an integer computed from the element's parameters and constants (None if it depends on more)."""
+    if value in known:
+        return known[value]
+    op = value.owner
+    if isinstance(op, arith.ConstantOp):
+        return op.value.value.data  # type: ignore[attr-defined]
+    integer = INTEGER_OPS.get(type(op)) if isinstance(op, Operation) else None
+    if integer is None:
+        return None
+    args = [_static_value(o, known) for o in op.operands]  # type: ignore[union-attr]
+    if any(a is None for a in args):
+        return None
+    return integer(op, *args)
+
+
+_DECLARATION = re.compile(r"^\s*(?:const|var|param)\s+([A-Za-z_][A-Za-z0-9_]*)")
+_CAPTURE = re.compile(r"\|\s*([A-Za-z_][A-Za-z0-9_]*)\s*\|\s*\{\s*$")
+
+
+def check_scopes(printed: str) -> None:
+    """Refuse CSL text (one file or several, split by `// FILE:` lines) that declares a name twice in one scope or
+    shadows a name of an enclosing scope."""
+    for chunk in printed.split("// FILE:"):
+        scopes: list[set[str]] = [set()]
+        for number, line in enumerate(chunk.splitlines(), 1):
+            code = line.split("//", 1)[0]
+            match = _DECLARATION.match(code)
+            names = [match.group(1)] if match else []
+            capture = _CAPTURE.search(code)
+            if capture and "for" in code:
+                names.append(capture.group(1))
+            opening = code.count("{") - code.count("}")
+            for name in names:
+                if any(name in scope for scope in scopes):
+                    head = chunk.splitlines()[0].strip() if chunk.strip() else "?"
+                    raise PassError(f"{PASS}: '{name}' is declared twice in one scope ({head}, line {number})")
+                if not (capture and name == capture.group(1)):
+                    scopes[-1].add(name)
+            for _ in range(max(opening, 0)):
+                scopes.append(set())
+            if capture and "for" in code:
+                scopes[-1].add(capture.group(1))
+            for _ in range(max(-opening, 0)):
+                if len(scopes) > 1:
+                    scopes.pop()
+
+
+# -- the layout ------------------------------------------------------------------------------------------------
+
+
+def _compare(op: arith.CmpiOp, a: int, b: int) -> bool:
+    predicate = op.predicate.value.data
+    return [a == b, a != b, a < b, a <= b, a > b, a >= b, a < b, a <= b, a > b, a >= b][predicate]
+
+
+# The integer arithmetic a layout (and an element's choice of branch) computes with, by op type.
+INTEGER_OPS: dict[type[Operation], Callable[..., Any]] = {
+    arith.AddiOp: lambda op, a, b: a + b,
+    arith.SubiOp: lambda op, a, b: a - b,
+    arith.MuliOp: lambda op, a, b: a * b,
+    arith.DivSIOp: lambda op, a, b: int(a / b),
+    arith.RemSIOp: lambda op, a, b: int(math.fmod(a, b)),
+    arith.CmpiOp: _compare,
+    arith.AndIOp: lambda op, a, b: bool(a) and bool(b),
+    arith.SelectOp: lambda op, c, a, b: a if c else b,
+    arith.ExtSIOp: lambda op, a: a,
+    arith.TruncIOp: lambda op, a: a,
+    arith.IndexCastOp: lambda op, a: a,
+}
+
+
+@dataclass
+class Layout:
+    """What the layout module sets: the rectangle, each element's tile parameters and program file, and each
+    router's colour configurations ((x, y, colour): (the directions taken from, the directions sent to))."""
+
+    width: int
+    height: int
+    params: dict[tuple[int, int], dict[str, Any]]
+    routes: dict[tuple[int, int, int], tuple[tuple[str, ...], tuple[str, ...]]]
+    files: dict[tuple[int, int], str]
+
+
+@dataclass
+class _LayoutRun:
+    """The layout as it runs: each SSA value's value and what its builtins have set so far."""
+
+    env: dict[SSAValue, Any]
+    size: tuple[int, int] | None = None
+    params: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
+    routes: dict[tuple[int, int, int], tuple[tuple[str, ...], tuple[str, ...]]] = field(default_factory=dict)
+    files: dict[tuple[int, int], str] = field(default_factory=dict)
+
+    def block(self, block: Block) -> None:
+        for op in block.ops:
+            handler = _LAYOUT_OPS.get(type(op))
+            if handler is not None:
+                handler(self, op)
+            elif type(op) in INTEGER_OPS:
+                self.env[op.results[0]] = INTEGER_OPS[type(op)](op, *(self.env[o] for o in op.operands))
+            else:
+                raise PassError(f"{PASS}: a layout does not run '{op.name}'")
+
+
+def read_layout(module: csl.CslModuleOp, params: dict[str, int]) -> Layout:
+    """Execute a layout `csl.module` (its loops, branches and builtins), given its parameters (`cslc --params`),
+    into a `Layout`."""
+    run = _LayoutRun({})
+    for op in module.body.block.ops:
+        if isinstance(op, csl.ParamOp):
+            name = op.param_name.data
+            if name not in params:
+                raise PassError(f"{PASS}: the layout's parameter '{name}' is not given (cslc --params)")
+            run.env[op.res] = params[name]
+    run.block(module.body.block)
+    if run.size is None:
+        raise PassError(f"{PASS}: the layout sets no rectangle (@set_rectangle)")
+    width, height = run.size
+    return Layout(width, height, run.params, run.routes, run.files)
+
+
+def _for(run: _LayoutRun, op: scf.ForOp) -> None:
+    env = run.env
+    for i in range(env[op.lb], env[op.ub], env[op.step]):
+        env[op.body.block.args[0]] = i
+        run.block(op.body.block)
+
+
+def _if(run: _LayoutRun, op: scf.IfOp) -> None:
+    region = op.true_region if run.env[op.cond] else op.false_region
+    if region.blocks:
+        run.block(region.block)
+
+
+def _constant(run: _LayoutRun, op: arith.ConstantOp) -> None:
+    run.env[op.result] = op.value.value.data  # type: ignore[attr-defined]
+
+
+def _import(run: _LayoutRun, op: csl.ImportModuleConstOp) -> None:
+    run.env[op.result] = {"module": op.module.data}
+
+
+def _member_call(run: _LayoutRun, op: csl.MemberCallOp) -> None:
+    run.env[op.result] = {"memcpy_column": run.env[op.args[0]]} if op.args else {}  # type: ignore[index]
+
+
+def _struct(run: _LayoutRun, op: csl.ConstStructOp) -> None:
+    fields = op.ssa_fields.data  # type: ignore[union-attr]
+    run.env[op.res] = {f.data: run.env[v] for f, v in zip(fields, op.ssa_values, strict=True)}
+
+
+def _concat(run: _LayoutRun, op: csl.ConcatStructOp) -> None:
+    run.env[op.result] = {**run.env[op.this_struct], **run.env[op.another_struct]}
+
+
+def _tile_code(run: _LayoutRun, op: csl.SetTileCodeOp) -> None:
+    key = (run.env[op.x_coord], run.env[op.y_coord])
+    run.params[key] = dict(run.env[op.params]) if op.params is not None else {}
+    run.files[key] = op.file.data
+
+
+def _colour_config(run: _LayoutRun, op: csl_ext.SetColorConfigOp) -> None:
+    key = (run.env[op.x], run.env[op.y], op.colour.data)
+    if key in run.routes:
+        raise PassError(f"{PASS}: the layout configures colour {key[2]} twice at element ({key[0]}, {key[1]})")
+    run.routes[key] = (op.receives, op.transmits)
+
+
+def _rectangle(run: _LayoutRun, op: csl.SetRectangleOp) -> None:
+    run.size = (run.env[op.x_dim], run.env[op.y_dim])
+
+
+def _nothing(run: _LayoutRun, op: Operation) -> None:
+    pass
+
+
+_LAYOUT_OPS: dict[type[Operation], Callable[[_LayoutRun, Any], None]] = {
+    csl.LayoutOp: lambda run, op: run.block(op.body.block),
+    arith.ConstantOp: _constant,
+    scf.ForOp: _for,
+    scf.IfOp: _if,
+    scf.YieldOp: _nothing,
+    csl.ParamOp: _nothing,
+    csl.ImportModuleConstOp: _import,
+    csl.MemberCallOp: _member_call,
+    csl.ConstStructOp: _struct,
+    csl.ConcatStructOp: _concat,
+    csl.SetRectangleOp: _rectangle,
+    csl.SetTileCodeOp: _tile_code,
+    csl_ext.SetColorConfigOp: _colour_config,
+}
