@@ -29,7 +29,6 @@ from xdsl.dialects.builtin import ModuleOp
 
 from logos_ir.author import written
 from logos_ir.dialects import logos
-from logos_ir.errors import WeightError
 from logos_ir.interpreter import Interpreter, KVState
 from logos_ir.parser import parse_program
 from logos_ir.passes.tp_split import TpSplit
@@ -108,10 +107,6 @@ def test_tiny_tp8_random_weights(seed: int) -> None:
 
 def test_embedded_smollm2() -> None:
     """The embedded SmolLM2-135M-Instruct (9 heads, 3 KV heads: it splits over 1 and 3 chips)."""
-    try:
-        weights = open_model("embedded")
-    except WeightError as error:
-        pytest.skip(f"no embedded model: {error.message}")
-    with weights:
+    with open_model("embedded") as weights:
         assert weights.spec == ModelSpec.preset("smollm2-135m")
         check_widths(weights.spec, weights, (1, 3))
