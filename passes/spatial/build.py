@@ -26,14 +26,16 @@ import json
 from typing import Any
 
 import numpy as np
+from xdsl.context import Context
 from xdsl.printer import Printer
 
 from logos_ir.build import Artifact, BuildError, BuildRequest, LaneBuild, program_module
 from logos_ir.dialects import csl_ext
-from logos_ir.errors import PassError
+from logos_ir.passes.extract_parts import ExtractParts
 from logos_ir.passes.spatial import grid as g
-from logos_ir.passes.spatial.convert_logos_to_csl import GridProgram, element_bytes, lower_decode
+from logos_ir.passes.spatial.convert_logos_to_csl import GridProgram, element_bytes, lower_module
 from logos_ir.passes.spatial.emit_csl import print_csl
+from logos_ir.passes.verify_identity import VerifyIdentity
 from logos_ir.program import Cut
 
 _OPTIONS = ("grid",)
@@ -59,12 +61,10 @@ def build_spatial(request: BuildRequest) -> LaneBuild:
         p = int(request.options.get("grid", 0))
     except ValueError:
         raise BuildError("target spatial's option grid is a whole number") from None
-    _, identity, _ = program_module(request)
-    try:
-        lowered = lower_decode(request.spec, cut.ctx or 1, request.weights, p, progress=request.progress)
-    except PassError:
-        raise
-    return lane_build(lowered, identity.line(), identity)
+    module, identity, _ = program_module(request)
+    for stage in (VerifyIdentity(), ExtractParts()):  # the logos-to-spatial pipeline, its last stage kept whole
+        stage.apply(Context(), module)
+    return lane_build(lower_module(module, request.weights, p), identity.line(), identity)
 
 
 def lane_build(lowered: GridProgram, line: str, identity: Any) -> LaneBuild:

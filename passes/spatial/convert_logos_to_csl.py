@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xdsl.context import Context
-from xdsl.dialects import arith, csl, memref, scf
+from xdsl.dialects import arith, csl, func, memref, scf
 from xdsl.dialects.builtin import (
     AffineMapAttr,
     FloatAttr,
@@ -48,8 +48,12 @@ from xdsl.ir.affine import AffineMap
 from xdsl.passes import ModulePass
 
 from logos_ir.dialects import csl_ext, logos
-from logos_ir.errors import PassError
+from logos_ir.errors import CutError, PassError
+from logos_ir.identity import identity
+from logos_ir.passes.extract_parts import ExtractParts
 from logos_ir.passes.spatial import grid as g
+from logos_ir.passes.verify_identity import VerifyIdentity
+from logos_ir.program import Cut, Identity
 
 PASS = "convert-logos-to-csl"
 INDEX = IndexType()
@@ -959,18 +963,15 @@ def _function(name: str, program: Program, comment: str, args: Sequence[Any] = (
     return e, csl.FuncOp(name, FunctionType.from_lists(list(args), []), Region(block))
 
 
-def _part_body(module: ModuleOp) -> tuple[logos.ProgramOp, Block]:
-    from xdsl.dialects import func
-
-    program = next(op for op in module.ops if isinstance(op, logos.ProgramOp))
+def _part_body(program: logos.ProgramOp) -> Block:
     functions = [op for op in program.body.block.ops if isinstance(op, func.FuncOp) and op.sym_name.data != "main"]
     if len(functions) != 1:
         raise PassError(f"{PASS}: a part holds one function besides main, found {len(functions)}")
-    return program, functions[0].body.block
+    return functions[0].body.block
 
 
-def lower_parts(parts: Sequence[tuple[Any, Any, ModuleOp]], plan: g.GridPlan) -> GridProgram:
-    """The decode step's parts ((cut, identity, extracted module) in model order: embedding, layers, head) as one
+def lower_parts(parts: Sequence[tuple[Cut, Identity, logos.ProgramOp]], plan: g.GridPlan) -> GridProgram:
+    """The decode step's parts ((cut, identity, program) in model order: embedding, layers, head) as one
     element program and its layout for `plan`'s grid."""
     top = Block()
     program = Program(plan, Emit(top))
@@ -997,7 +998,7 @@ def lower_parts(parts: Sequence[tuple[Any, Any, ModuleOp]], plan: g.GridPlan) ->
     identities: list[str] = []
     embed_cut, *layer_parts, head_cut = parts
     # the embedding
-    _, body = _part_body(embed_cut[2])
+    body = _part_body(embed_cut[2])
     e, fn = _function("embedding", program, embed_cut[1].line())
     PartLowering(program, e, None, feeds_of(body)).lower(body)
     e.op(csl.ReturnOp())
@@ -1006,8 +1007,8 @@ def lower_parts(parts: Sequence[tuple[Any, Any, ModuleOp]], plan: g.GridPlan) ->
     # the layers: one function, every layer's program lowered to the same code
     layer_fn = None
     first_text = ""
-    for cut, ident, module in layer_parts:
-        _, body = _part_body(module)
+    for cut, ident, part in layer_parts:
+        body = _part_body(part)
         text = _layer_key(body)
         if layer_fn is None:
             e, layer_fn = _function("layer", program, "layers: " + ident.line(), [i32])
@@ -1020,7 +1021,7 @@ def lower_parts(parts: Sequence[tuple[Any, Any, ModuleOp]], plan: g.GridPlan) ->
     assert layer_fn is not None
     functions.append(layer_fn)
     # the head
-    _, body = _part_body(head_cut[2])
+    body = _part_body(head_cut[2])
     e, fn = _function("head", program, head_cut[1].line())
     lowering = PartLowering(program, e, None, feeds_of(body))
     lowering.lower(body)
@@ -1339,36 +1340,19 @@ def element_bytes(program: GridProgram) -> dict[str, int]:
     return {"arrays": arrays, "code": code, "total": arrays + code}
 
 
-def lower_decode(
-    spec: Any,
-    ctx: int,
-    image: str = "f16",
-    p: int = 0,
-    memory: int = csl_ext.MEMORY,
-    progress: Any = None,
-    copies: int | None = None,
+def lower_module(
+    module: ModuleOp, image: str = "f16", p: int = 0, memory: int = csl_ext.MEMORY, copies: int | None = None
 ) -> GridProgram:
-    """The decode step over a cache of `ctx` positions, authored, cut into its parts and lowered for the smallest
-    square grid whose elements hold it (or for P x P when `p` is given), with the most copies of each KV head (up to
-    its group: the widened cache) that fit, or `copies` (1: KV heads kept narrow)."""
-    from logos_ir.author import written
-    from logos_ir.build import extracted_parts, part_cuts
-    from logos_ir.identity import identity, the_program
-    from logos_ir.parser import parse_program
-    from logos_ir.program import Cut
-    from logos_ir.progress import Progress
-
+    """The decode step whose parts `module` holds (`parts_of`) lowered for the smallest square grid whose elements
+    hold it (or for P x P when `p` is given), with the most copies of each KV head (up to its group: the widened
+    cache) that fit, or `copies` (1: KV heads kept narrow). `module` is left as it is."""
     if image not in ("f16", "f32"):
         raise PassError(f"{PASS}: the grid holds f16 or f32 weights, not {image}")
+    parts = parts_of(module)
+    spec = parts[0][2].spec
+    ctx = parts[1][0].ctx or 1  # the first layer's cache
     if spec.heads % spec.kv_heads or spec.head_dim % 2:
         raise PassError(f"{PASS}: heads must be a multiple of KV heads and head_dim even")
-    progress = progress or Progress.silent()
-    whole = Cut.decode(ctx)
-    authored, _ = written(spec, whole)
-    module = ModuleOp([parse_program(authored.text, f"<{whole.option()}>")])
-    parts = []
-    for cut, extracted in extracted_parts(module, part_cuts(spec, whole), progress):
-        parts.append((cut, identity(the_program(extracted, PASS)), extracted))
     group = spec.heads // spec.kv_heads
     choices = [c for c in range(group if copies is None else copies, 0, -1) if group % c == 0]
     if copies is not None and copies not in choices:
@@ -1414,11 +1398,70 @@ def lower_decode(
     )
 
 
+def parts_of(module: ModuleOp) -> list[tuple[Cut, Identity, logos.ProgramOp]]:
+    """The parts of one decode step on one chip that `module` holds, each (cut, identity, program), in model order:
+    `decode_embed`, `decode_layer` 0 to L - 1 (one ctx), `decode_head`, all of one model; else a diagnostic."""
+    programs = [op for op in module.ops if isinstance(op, logos.ProgramOp)]
+    if len(programs) != len(list(module.ops)) or not programs:
+        raise PassError(f"{PASS}: expects a module of logos.program ops (a decode step's parts)")
+    parts = [(_cut_of(program), identity(program), program) for program in programs]
+    whole = [cut for cut, _, _ in parts if cut.kind in Cut.WHOLE]
+    if whole:
+        raise PassError(
+            f"{PASS}: lowers a decode step's parts (embedding, layers, head), not the whole '{whole[0].option()}'",
+            hint="extract its parts first: -p 'extract-parts,convert-logos-to-csl' (the logos-to-spatial pipeline)",
+        )
+    for cut, _, program in parts:
+        if not cut.kind.startswith("decode_") or program.chips.value.data != 1:
+            raise PassError(
+                f"{PASS}: lowers the parts of a decode step on one chip (every part on one grid), not "
+                f"'{cut.option()}' over {program.chips.value.data} chip(s)"
+            )
+    spec = programs[0].spec
+    ctx = next((cut.ctx for cut, _, _ in parts if cut.kind == "decode_layer"), None) or 1
+    expected = [Cut.decode_embed(), *(Cut.decode_layer(i, ctx) for i in range(spec.layers)), Cut.decode_head()]
+    found = [cut for cut, _, _ in parts]
+    if found != expected:
+        raise PassError(
+            f"{PASS}: lowers every part of a decode step (embedding, {spec.layers} layers, head) in model order, "
+            f"not {', '.join(repr(cut.option()) for cut in found)}"
+        )
+    for cut, _, program in parts:
+        if program.spec != spec:
+            raise PassError(f"{PASS}: the part '{cut.option()}' is of another model than '{found[0].option()}'")
+    return parts
+
+
+def _cut_of(program: logos.ProgramOp) -> Cut:
+    try:
+        return Cut.parse(program.cut.data)
+    except CutError as error:
+        raise PassError(f"{PASS}: the program's cut '{program.cut.data}' cannot be read: {error.message}") from None
+
+
+def lower_decode(
+    spec: Any, ctx: int, image: str = "f16", p: int = 0, memory: int = csl_ext.MEMORY, copies: int | None = None
+) -> GridProgram:
+    """The decode step of `spec` over a cache of `ctx` positions as the author writes it, through the lane's
+    pipeline (`verify-identity`, `extract-parts`, this pass's `lower_module`): for tests and benchmarks that start
+    from a model rather than a module."""
+    from logos_ir.author import written
+    from logos_ir.parser import parse_program
+
+    whole = Cut.decode(ctx)
+    authored, _ = written(spec, whole)
+    module = ModuleOp([parse_program(authored.text, f"<{whole.option()}>")])
+    for stage in (VerifyIdentity(), ExtractParts()):
+        stage.apply(Context(), module)
+    return lower_module(module, image, p, memory, copies)
+
+
 @dataclass(frozen=True)
 class ConvertLogosToCsl(ModulePass):
-    """`convert-logos-to-csl{weights=f16 grid=0}`: a module holding one whole decode step (`logos.program` of cut
-    `decode ctx=N` on one chip) replaced by its two `csl.module`s (program and layout) for the grid (see the module
-    docstring); `grid=0` picks P as the build does. Refuses anything else, naming the pass."""
+    """`convert-logos-to-csl{weights=f16 grid=0}`: a module holding the parts of one decode step (`logos.program`s
+    of cuts `decode_embed`, `decode_layer` 0 to L - 1, `decode_head` on one chip, as `extract-parts` makes them)
+    replaced by its two `csl.module`s (program and layout) for the grid (see the module docstring); `grid=0` picks
+    P as the build does. Refuses anything else, naming the pass, before changing the module."""
 
     name = "convert-logos-to-csl"
 
@@ -1426,32 +1469,9 @@ class ConvertLogosToCsl(ModulePass):
     grid: int = 0
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        from logos_ir.identity import the_program
-        from logos_ir.program import Cut
-
-        program = the_program(op, PASS)
-        cut = Cut.parse(program.cut.data)
-        if cut.kind != "decode" or program.chips.value.data != 1:
-            raise PassError(
-                f"{PASS}: lowers a whole decode step on one chip (every part on one grid), not '{cut.option()}' over "
-                f"{program.chips.value.data} chip(s)"
-            )
-        spec = _spec_of(program)
-        lowered = lower_decode(spec, cut.ctx or 1, self.weights, self.grid)
+        lowered = lower_module(op, self.weights, self.grid)
         for old in list(op.ops):
-            old.detach()
+            op.body.block.erase_op(old)
         for new in list(lowered.module.ops):
             new.detach()
             op.body.block.add_op(new)
-
-
-def _spec_of(program: logos.ProgramOp) -> Any:
-    """The model a program records (its `model` dictionary) as a ModelSpec."""
-    from logos_ir.spec import ModelSpec
-
-    fields: dict[str, Any] = {}
-    for name, value in program.model.data.items():
-        plain = getattr(getattr(value, "value", value), "data", None)
-        if name in ModelSpec.__dataclass_fields__ and isinstance(plain, int | float | bool):
-            fields[name] = plain
-    return ModelSpec(**fields)
