@@ -8,9 +8,10 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from xdsl.dialects import gpu
+from xdsl.dialects import gpu, math
 from xdsl.dialects.builtin import Float32Type, MemRefType
 
+from logos_ir.errors import LogosError
 from logos_ir.passes.cuda.thread_code import Body
 from logos_ir.runtime.cuda.emulator import EmulatorFault, KernelEmulator, LaunchShape, fma_f32
 
@@ -107,3 +108,13 @@ def test_maxnumf_keeps_fmaxf_nan_rule() -> None:
         b.store(b.fmax(nan, b.load(x, [t])), out, [t])
 
     assert _run(body)[:16].tolist() == list(range(16))  # fmaxf(NaN, v) is v
+
+
+def test_an_op_without_a_compiler_is_refused_by_name() -> None:
+    def body(b: Body, args: list) -> None:
+        x, out = args
+        t = b.thread()
+        b.store(b.op(math.LogOp(b.load(x, [t]))), out, [t])
+
+    with pytest.raises(LogosError, match=r"the CUDA emulator does not know 'math.log' \(in kernel probe\)"):
+        _run(body)

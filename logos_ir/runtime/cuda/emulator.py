@@ -60,7 +60,6 @@ class KernelEmulator:
         self.slots: dict[Any, int] = {}
         block = kernel.body.block
         self.args = [self._slot(arg) for arg in block.args]
-        self.strides = [row_major_strides(arg.type) for arg in block.args]
         self.launch: LaunchShape | None = None
         self.body = self._block(block)
 

@@ -289,7 +289,9 @@ def _load_bf16x2(em: Any, op: Any) -> Step:
     strides = row_major_strides(op.memref.type)
     out = em._slot(op.result)
     shared = _in_shared(op.memref.type)
-    norm = [em._slot(v) for v in (op.inverse, op.low_scale, op.high_scale)] if hasattr(op, "inverse") else None
+    norm = None
+    if isinstance(op, cuda.LoadNormBF16x2Op):
+        norm = [em._slot(v) for v in (op.inverse, op.low_scale, op.high_scale)]
 
     def step(env: Env, mask: Mask) -> None:
         flat = threads.flat(env, at, strides)
