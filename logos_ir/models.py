@@ -19,15 +19,9 @@ from typing import Any
 from logos_ir.errors import WeightError
 from logos_ir.progress import Progress
 from logos_ir.spec import ModelSpec
-from logos_ir.weights import (
-    EMBEDDED_PACKAGE,
-    SAFETENSORS_FILE,
-    SAFETENSORS_INDEX,
-    WeightStore,
-    embedded_model_path,
-    hub_snapshot,
-    open_model,
-)
+from logos_ir.weights import WeightStore, embedded_model_path, hub_snapshot, open_model
+from logos_ir.weights.hub import EMBEDDED_PACKAGE
+from logos_ir.weights.safetensors import SAFETENSORS_FILE, SAFETENSORS_INDEX
 
 _BLOCK = 1 << 20
 PRESET_NOTE = "a preset: random weights made from the seed, no weight files"

@@ -1039,7 +1039,8 @@ class _Stats:
 
 _READER_MODULES = [
     "logos_ir.errors", "logos_ir.spec", "logos_ir.program", "logos_ir.dialects.logos", "logos_ir.builder",
-    "logos_ir.printer", "logos_ir.author", "logos_ir.parser", "logos_ir.identity", "logos_ir.weights",
+    "logos_ir.printer", "logos_ir.author", "logos_ir.parser", "logos_ir.identity", "logos_ir.weights.store",
+    "logos_ir.weights.safetensors", "logos_ir.weights.gguf", "logos_ir.weights.hub",
     "logos_ir.tokenizer", "logos_ir.cli", "logos_ir.registry", "logos_ir.tools.logos_opt", "logos_ir.build",
     "logos_ir.models", "logos_ir.runtime.d5005",
 ]  # fmt: skip

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 
 from logos_ir.errors import LogosError, SpecError, WeightError
+from logos_ir.rope import llama3_rope_divisors
 from logos_ir.spec import ModelSpec, RopeScaling
 from logos_ir.weights import (
     ArrayStore,
@@ -33,7 +34,6 @@ from logos_ir.weights import (
     expected_weights,
     gguf_tensor_name,
     hf_tensor_name,
-    llama3_rope_divisors,
     open_model,
     permute_qk,
     save_model,

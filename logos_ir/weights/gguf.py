@@ -1,0 +1,509 @@
+"""llama.cpp's GGUF files: the file format, parsed and bounds-checked here, and the store that reads a `llama` GGUF
+through Hugging Face names and layouts (tensors renamed, dequantized to float32, Q/K rows put back in HF order), with
+the model's spec read from the file's metadata.
+
+GGUF is parsed here rather than with `gguf.GGUFReader`: that reader builds numpy views for every string of the
+tokenizer's vocabulary (about 4 s for the embedded SmolLM2 file) and may raise arbitrary exceptions on corrupt
+input, while this parser bounds-checks each read and takes a fraction of a second. `gguf` still supplies the
+type table and the block dequantizers.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import re
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize as _gguf_dequantize
+
+from logos_ir.errors import SpecError, WeightError
+from logos_ir.rope import llama3_rope_divisors
+from logos_ir.spec import ModelSpec, RopeScaling
+from logos_ir.weights.store import MAX_DIMENSION, WeightStore, check_expected, is_int
+
+_GGUF_MAGIC = b"GGUF"
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+_GGUF_SCALARS: dict[int, str] = {
+    0: "<u1",
+    1: "<i1",
+    2: "<u2",
+    3: "<i2",
+    4: "<u4",
+    5: "<i4",
+    6: "<f4",
+    7: "<u1",
+    10: "<u8",
+    11: "<i8",
+    12: "<f8",
+}
+_GGUF_BOOL, _GGUF_FLOAT32 = 7, 6
+_GGUF_MAX_DIMS = 4
+_GGUF_MAX_NESTING = 3
+_GGUF_SUPPORTED = frozenset(
+    {
+        GGMLQuantizationType.F32,
+        GGMLQuantizationType.F16,
+        GGMLQuantizationType.BF16,
+        GGMLQuantizationType.Q8_0,
+        GGMLQuantizationType.Q4_0,
+        GGMLQuantizationType.Q4_1,
+    }
+)
+_QUANT_HINT = "logos-ir reads F32, F16, BF16, Q8_0, Q4_0 and Q4_1 tensors; re-quantize with llama-quantize"
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    """One tensor of a GGUF file: its type, its shape in numpy order (GGUF lists dims innermost first), and
+    the absolute byte range of its data, already checked to lie inside the file."""
+
+    name: str
+    type: GGMLQuantizationType
+    shape: tuple[int, ...]
+    start: int
+    nbytes: int
+
+
+class _Cursor:
+    """Reads little-endian GGUF values from a buffer, refusing any read past its end."""
+
+    def __init__(self, buffer: mmap.mmap, path: Path):
+        self.buffer = buffer
+        self.size = len(buffer)
+        self.pos = 0
+        self.path = path
+
+    def truncated(self, what: str) -> WeightError:
+        return WeightError(
+            f"{self.path}: truncated or corrupt: {what} at byte {self.pos} runs past the end "
+            f"of the file ({self.size} bytes)"
+        )
+
+    def take(self, n: int, what: str) -> int:
+        if n > self.size - self.pos:
+            raise self.truncated(what)
+        start = self.pos
+        self.pos += n
+        return start
+
+    def scalar(self, code: str, what: str) -> Any:
+        dtype = np.dtype(code)
+        start = self.take(dtype.itemsize, what)
+        return np.frombuffer(self.buffer, dtype=dtype, count=1, offset=start)[0].item()
+
+    def u32(self, what: str) -> int:
+        return struct.unpack_from("<I", self.buffer, self.take(4, what))[0]
+
+    def u64(self, what: str) -> int:
+        return struct.unpack_from("<Q", self.buffer, self.take(8, what))[0]
+
+    def string(self, what: str) -> str:
+        n = self.u64(what)
+        start = self.take(n, what)
+        try:
+            return self.buffer[start : start + n].decode("utf-8")
+        except UnicodeDecodeError:
+            raise WeightError(f"{self.path}: {what} at byte {start} is not UTF-8 text") from None
+
+    def strings(self, count: int, what: str) -> list[str]:
+        # The hot loop of a GGUF with a tokenizer (about 100 000 strings), so it avoids per-item method calls.
+        buffer, size, pos, unpack = self.buffer, self.size, self.pos, struct.Struct("<Q").unpack_from
+        out: list[str] = []
+        try:
+            for _ in range(count):
+                if pos + 8 > size:
+                    break
+                n = unpack(buffer, pos)[0]
+                pos += 8
+                if n > size - pos:
+                    break
+                out.append(buffer[pos : pos + n].decode("utf-8"))
+                pos += n
+        except UnicodeDecodeError:
+            raise WeightError(f"{self.path}: {what}[{len(out)}] at byte {pos} is not UTF-8 text") from None
+        self.pos = pos
+        if len(out) != count:
+            raise self.truncated(f"{what}[{len(out)}]")
+        return out
+
+    def value(self, kind: int, what: str, depth: int = 0) -> Any:
+        if kind in _GGUF_SCALARS:
+            value = self.scalar(_GGUF_SCALARS[kind], what)
+            if kind == _GGUF_FLOAT32:
+                # The shortest text that reads back as this float32 (rms_eps 1e-05, not 9.99999974e-06).
+                return float(str(np.float32(value)))
+            return bool(value) if kind == _GGUF_BOOL else value
+        if kind == _GGUF_STRING:
+            return self.string(what)
+        if kind != _GGUF_ARRAY:
+            raise WeightError(f"{self.path}: {what} has unknown value type {kind}")
+        if depth >= _GGUF_MAX_NESTING:
+            raise WeightError(f"{self.path}: {what} nests arrays more than {_GGUF_MAX_NESTING} deep")
+        item_kind = self.u32(what)
+        count = self.u64(what)
+        return self.array(item_kind, count, what, depth)
+
+    def array(self, kind: int, count: int, what: str, depth: int) -> list[Any]:
+        # Each item takes at least `least` bytes, so a corrupt count is refused before any list is built.
+        least = np.dtype(_GGUF_SCALARS[kind]).itemsize if kind in _GGUF_SCALARS else 8 if kind == _GGUF_STRING else 12
+        if count * least > self.size - self.pos:
+            raise self.truncated(f"{what} ({count} items)")
+        if kind == _GGUF_STRING:
+            return self.strings(count, what)
+        if kind in _GGUF_SCALARS:
+            start = self.take(count * least, what)
+            values = np.frombuffer(self.buffer, dtype=_GGUF_SCALARS[kind], count=count, offset=start)
+            return values.astype(bool).tolist() if kind == _GGUF_BOOL else values.tolist()
+        return [self.value(kind, f"{what}[{i}]", depth + 1) for i in range(count)]
+
+
+class GGUFFile:
+    """A GGUF file, memory-mapped and validated: its metadata (plain Python values) and its tensors' extents.
+
+    Every count and length is checked against the bytes left before use, and every tensor's data against the
+    file size, so a truncated or corrupt file is a WeightError naming it, never an exception from deep inside
+    a reader."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._map = _map_file(self.path)
+        try:
+            cursor = _Cursor(self._map, self.path)
+            self.metadata: Mapping[str, Any] = MappingProxyType(_gguf_metadata(cursor))
+            self.tensors: Mapping[str, GGUFTensor] = MappingProxyType(self._tensor_infos(cursor))
+        except BaseException:
+            self.close()
+            raise
+
+    def _tensor_infos(self, cursor: _Cursor) -> dict[str, GGUFTensor]:
+        count = self.metadata["GGUF.tensor_count"]
+        if count * 24 > cursor.size - cursor.pos:  # name length, rank, type and offset take 24 bytes at least
+            raise cursor.truncated(f"the table of {count} tensors")
+        raw: list[tuple[str, list[int], int, int]] = []
+        for i in range(count):
+            name = cursor.string(f"tensor {i}'s name")
+            rank = cursor.u32(f"tensor '{name}'s rank")
+            if rank > _GGUF_MAX_DIMS:
+                raise WeightError(f"{self.path}: tensor '{name}' has {rank} dimensions, more than {_GGUF_MAX_DIMS}")
+            dims = [cursor.u64(f"tensor '{name}'s shape") for _ in range(rank)]
+            if any(d > MAX_DIMENSION for d in dims):
+                raise WeightError(f"{self.path}: tensor '{name}' claims a dimension above {MAX_DIMENSION}")
+            kind = cursor.u32(f"tensor '{name}'s type")
+            offset = cursor.u64(f"tensor '{name}'s offset")
+            raw.append((name, dims, kind, offset))
+        alignment = self.metadata.get("general.alignment", 32)
+        if not is_int(alignment) or alignment < 1 or alignment & (alignment - 1):
+            raise WeightError(f"{self.path}: general.alignment {alignment!r} is not a power of two")
+        data_start = -(-cursor.pos // alignment) * alignment
+        tensors: dict[str, GGUFTensor] = {}
+        for name, dims, kind, offset in raw:
+            if name in tensors:
+                raise WeightError(f"{self.path}: tensor '{name}' appears twice")
+            tensors[name] = self._tensor(name, dims, kind, offset, data_start, alignment)
+        spans = sorted((t.start, t.start + t.nbytes, t.name) for t in tensors.values() if t.nbytes)
+        for (_, stop, first), (start, _, second) in zip(spans, spans[1:], strict=False):
+            if start < stop:
+                raise WeightError(f"{self.path}: tensor '{second}' overlaps tensor '{first}'")
+        return tensors
+
+    def _tensor(
+        self, name: str, dims: list[int], kind: int, offset: int, data_start: int, alignment: int
+    ) -> GGUFTensor:
+        where = f"{self.path}: tensor '{name}'"
+        try:
+            qtype = GGMLQuantizationType(kind)
+            block, block_bytes = GGML_QUANT_SIZES[qtype]
+        except (ValueError, KeyError):
+            raise WeightError(f"{where} has unknown type number {kind}", hint=_QUANT_HINT) from None
+        if dims and dims[0] % block:
+            raise WeightError(f"{where}: its rows of {dims[0]} do not fill whole {qtype.name} blocks of {block}")
+        if offset % alignment:
+            raise WeightError(f"{where}: data offset {offset} is not a multiple of the alignment {alignment}")
+        nbytes = math.prod(dims) // block * block_bytes
+        start = data_start + offset
+        if start + nbytes > len(self._map):
+            raise WeightError(
+                f"{where}: its data (bytes {start} to {start + nbytes}) runs past the end of the file "
+                f"({len(self._map)} bytes); the file is truncated or corrupt"
+            )
+        return GGUFTensor(name, qtype, tuple(reversed(dims)), start, nbytes)
+
+    def read(self, name: str) -> np.ndarray:
+        """The tensor `name` as a new float32 array in numpy order (no llama.cpp permutation undone)."""
+        tensor = self.tensors.get(name)
+        if tensor is None:
+            raise WeightError(f"{self.path}: tensor '{name}' is not in the file")
+        if tensor.type not in _GGUF_SUPPORTED:
+            raise WeightError(
+                f"{self.path}: tensor '{name}' has type {tensor.type.name}, which logos-ir cannot dequantize",
+                hint=_QUANT_HINT,
+            )
+        if tensor.nbytes == 0:
+            return np.zeros(tensor.shape, dtype=np.float32)
+        raw = np.frombuffer(self._map, dtype=np.uint8, count=tensor.nbytes, offset=tensor.start)
+        return _dequantize(raw, tensor.type, tensor.shape)
+
+    def close(self) -> None:
+        if not self._map.closed:
+            self._map.close()
+
+
+def _map_file(path: Path) -> mmap.mmap:
+    try:
+        with path.open("rb") as f:
+            size = path.stat().st_size
+            if size < 24:  # magic, version, tensor count and metadata count
+                raise WeightError(f"{path}: truncated: {size} bytes is too short for a GGUF header")
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except FileNotFoundError:
+        raise WeightError(f"{path}: no such file") from None
+    except (OSError, ValueError) as error:
+        raise WeightError(f"{path}: cannot read: {error}") from None
+
+
+def _gguf_metadata(cursor: _Cursor) -> dict[str, Any]:
+    path = cursor.path
+    if cursor.buffer[:4] != _GGUF_MAGIC:
+        raise WeightError(f"{path}: not a GGUF file (it does not start with 'GGUF')")
+    cursor.take(4, "the magic")
+    version = cursor.u32("the version")
+    if version not in (2, 3):
+        what = "a big-endian GGUF" if version >= 1 << 16 else f"GGUF version {version}"
+        raise WeightError(f"{path}: {what} is not supported (only little-endian versions 2 and 3)")
+    meta: dict[str, Any] = {"GGUF.version": version, "GGUF.tensor_count": cursor.u64("the tensor count")}
+    count = cursor.u64("the metadata count")
+    if count * 12 > cursor.size - cursor.pos:  # key length and value type take 12 bytes at least
+        raise cursor.truncated(f"the {count} metadata entries")
+    for _ in range(count):
+        key = cursor.string("a metadata key")
+        if key in meta:
+            raise WeightError(f"{path}: metadata key '{key}' appears twice")
+        meta[key] = cursor.value(cursor.u32(f"metadata '{key}'"), f"metadata '{key}'")
+    return meta
+
+
+def _dequantize(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, ...]) -> np.ndarray:
+    if qtype == GGMLQuantizationType.F32:
+        return raw.view("<f4").astype(np.float32).reshape(shape)
+    if qtype == GGMLQuantizationType.F16:
+        return raw.view("<f2").astype(np.float32).reshape(shape)
+    if qtype == GGMLQuantizationType.BF16:
+        return (raw.view("<u2").astype(np.uint32) << np.uint32(16)).view(np.float32).reshape(shape)
+    block, block_bytes = GGML_QUANT_SIZES[qtype]
+    row_bytes = shape[-1] // block * block_bytes
+    # gguf's block decoders are checked against hand-written ones in test_weights.py. A corrupt scale makes
+    # NaN or inf, which `WeightStore.get` refuses; numpy need not warn about it on the way.
+    with np.errstate(invalid="ignore", over="ignore"):
+        values = _gguf_dequantize(raw.reshape(-1, row_bytes), qtype)
+    return np.asarray(values, dtype=np.float32).reshape(shape)
+
+
+# -- llama.cpp's naming and layout ---------------------------------------------------------------------------
+
+_GGUF_TOP = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_GGUF_BLOCK = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GGUF_BLOCK_NAME = re.compile(r"blk\.(0|[1-9][0-9]*)\.([a-z_]+)\.weight")
+
+
+def hf_tensor_name(gguf_name: str) -> str | None:
+    """The Hugging Face name of a llama.cpp tensor name (`blk.3.attn_q.weight` gives
+    `model.layers.3.self_attn.q_proj.weight`), or None for a tensor with no HF counterpart
+    (`rope_freqs.weight`)."""
+    if gguf_name in _GGUF_TOP:
+        return _GGUF_TOP[gguf_name]
+    match = _GGUF_BLOCK_NAME.fullmatch(gguf_name)
+    if match is None or match.group(2) not in _GGUF_BLOCK:
+        return None
+    return f"model.layers.{match.group(1)}.{_GGUF_BLOCK[match.group(2)]}.weight"
+
+
+_HF_TOP = {hf: name for name, hf in _GGUF_TOP.items()}
+_HF_BLOCK = {hf: name for name, hf in _GGUF_BLOCK.items()}
+_HF_LAYER_NAME = re.compile(r"model\.layers\.(0|[1-9][0-9]*)\.(.+)\.weight")
+
+
+def gguf_tensor_name(hf_name: str) -> str | None:
+    """llama.cpp's name of a Hugging Face tensor name, the inverse of `hf_tensor_name`, or None."""
+    if hf_name in _HF_TOP:
+        return _HF_TOP[hf_name]
+    match = _HF_LAYER_NAME.fullmatch(hf_name)
+    if match is None or match.group(2) not in _HF_BLOCK:
+        return None
+    return f"blk.{match.group(1)}.{_HF_BLOCK[match.group(2)]}.weight"
+
+
+def permute_qk(weight: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's `permute` of a Q or K projection (convert_hf_to_gguf.py): within each head, rows go from
+    HF's rotate-half order (all first halves, then all second halves) to interleaved pairs. `n_head` is the
+    number of heads of this projection (kv_heads for K)."""
+    rows = weight.shape[0]
+    return weight.reshape(n_head, 2, rows // n_head // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def unpermute_qk(weight: np.ndarray, n_head: int) -> np.ndarray:
+    """The inverse of `permute_qk`: a GGUF Q or K projection back in Hugging Face row order."""
+    rows = weight.shape[0]
+    return weight.reshape(n_head, rows // n_head // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+# -- GGUF store ----------------------------------------------------------------------------------------------
+
+
+class GGUFStore(WeightStore):
+    """A llama.cpp GGUF file of the `llama` architecture, read through HF names and layouts: tensors are
+    renamed, dequantized to float32 on first `get`, and Q/K rows are put back in HF order."""
+
+    def __init__(self, path: str | Path):
+        self.file = GGUFFile(path)
+        try:
+            spec = _spec_from_gguf(self.file)
+            super().__init__(spec, str(self.file.path))
+            self._gguf_names = {hf: g for g in self.file.tensors if (hf := hf_tensor_name(g)) is not None}
+            self._check()
+        except BaseException:
+            self.file.close()
+            raise
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        """The file's metadata (read-only), tokenizer included."""
+        return self.file.metadata
+
+    def _check(self) -> None:
+        for hf, gname in self._gguf_names.items():
+            tensor = self.file.tensors[gname]
+            if tensor.type not in _GGUF_SUPPORTED:
+                raise WeightError(
+                    f"{self.source}: tensor '{gname}' ({hf}) has type {tensor.type.name}, which "
+                    "logos-ir cannot dequantize",
+                    hint=_QUANT_HINT,
+                )
+        shapes = {hf: self.file.tensors[g].shape for hf, g in self._gguf_names.items()}
+        check_expected(self.spec, shapes, self.source)
+
+    def names(self) -> list[str]:
+        return sorted(self._gguf_names)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        gname = self._gguf_names.get(name)
+        if gname is None:
+            raise self._missing(name)
+        return self.file.tensors[gname].shape
+
+    def _load(self, name: str) -> np.ndarray:
+        gname = self._gguf_names.get(name)
+        if gname is None:
+            raise self._missing(name)
+        array = self.file.read(gname)
+        if name.endswith("self_attn.q_proj.weight"):
+            return unpermute_qk(array, self.spec.heads)
+        if name.endswith("self_attn.k_proj.weight"):
+            return unpermute_qk(array, self.spec.kv_heads)
+        return array
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _meta_number(meta: Mapping[str, Any], where: str, key: str, kind: type, default: Any = None) -> Any:
+    value = meta.get(key)
+    if value is None:
+        if default is None:
+            raise SpecError(f"{where}: GGUF metadata '{key}' is missing")
+        return default
+    if isinstance(value, bool) or not isinstance(value, (kind, int)):
+        raise SpecError(f"{where}: GGUF metadata '{key}' must be a single number, not {value!r}")
+    return value
+
+
+def _spec_from_gguf(file: GGUFFile) -> ModelSpec:
+    meta, where = file.metadata, str(file.path)
+    arch = meta.get("general.architecture")
+    if arch is None:
+        raise SpecError(f"{where}: GGUF metadata 'general.architecture' is missing")
+    if arch != "llama":
+        raise SpecError(
+            f"{where}: GGUF architecture '{arch}' is not supported",
+            hint="logos-ir reads GGUF files of the 'llama' architecture",
+        )
+    hidden = _meta_number(meta, where, "llama.embedding_length", int)
+    heads = _meta_number(meta, where, "llama.attention.head_count", int)
+    head_dim = meta.get("llama.attention.key_length", meta.get("llama.rope.dimension_count"))
+    if head_dim is None:
+        if heads < 1 or hidden % heads:
+            raise SpecError(f"{where}: embedding_length {hidden} is not a multiple of head_count {heads}")
+        head_dim = hidden // heads
+    tokens = meta.get("tokenizer.ggml.tokens")
+    embed = file.tensors.get("token_embd.weight")
+    vocab_default = len(tokens) if isinstance(tokens, list) else embed.shape[0] if embed and embed.shape else None
+    theta = float(_meta_number(meta, where, "llama.rope.freq_base", float, 10000.0))
+    try:
+        return ModelSpec(
+            vocab=_meta_number(meta, where, "llama.vocab_size", int, vocab_default),
+            hidden=hidden,
+            layers=_meta_number(meta, where, "llama.block_count", int),
+            heads=heads,
+            kv_heads=_meta_number(meta, where, "llama.attention.head_count_kv", int, heads),
+            head_dim=head_dim,
+            intermediate=_meta_number(meta, where, "llama.feed_forward_length", int),
+            rms_eps=float(_meta_number(meta, where, "llama.attention.layer_norm_rms_epsilon", float)),
+            rope_theta=theta,
+            tie_embeddings="output.weight" not in file.tensors,
+            rope_scaling=_gguf_rope_scaling(file, where, head_dim, theta),
+        )
+    except SpecError as error:
+        if error.message.startswith(where):
+            raise
+        raise SpecError(f"{where}: {error.message}", hint=error.hint) from None
+
+
+def _gguf_rope_scaling(file: GGUFFile, where: str, head_dim: Any, theta: float) -> RopeScaling | None:
+    """Llama 3 rope scaling. llama.cpp stores it not as parameters but as per-frequency divisors
+    (`rope_freqs`), so the parameters are recovered as the standard Llama 3.1 ones (low 1, high 4, original
+    8192) with the largest divisor as the factor, and accepted only if they reproduce every divisor."""
+    kind = file.metadata.get("llama.rope.scaling.type", "none")
+    if kind not in ("none", "llama3"):
+        raise SpecError(f"{where}: rope scaling of type '{kind}' is not supported (only Llama 3's)")
+    if "rope_freqs.weight" not in file.tensors:
+        return None
+    if not is_int(head_dim) or head_dim < 2 or head_dim % 2:
+        raise SpecError(f"{where}: head_dim {head_dim!r} must be a positive even integer")
+    try:
+        divisors = file.read("rope_freqs.weight").reshape(-1).astype(np.float64)
+    except WeightError as error:
+        raise SpecError(error.message) from None
+    if divisors.shape != (head_dim // 2,) or not np.all(np.isfinite(divisors)):
+        raise SpecError(f"{where}: rope_freqs.weight must hold {head_dim // 2} finite divisors")
+    if np.allclose(divisors, 1.0):
+        return None
+    scaling = RopeScaling(
+        factor=float(divisors.max()),
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=8192,
+    )
+    if not np.allclose(divisors, llama3_rope_divisors(scaling, head_dim, theta), rtol=1e-4):
+        raise SpecError(f"{where}: rope_freqs.weight is not a Llama 3 rope scaling logos-ir recognizes")
+    return scaling

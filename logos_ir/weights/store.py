@@ -1,0 +1,181 @@
+"""The weight store interface and the stores that need no file: a model's tensors by Hugging Face name, as
+read-only float32 arrays, each converted once and cached; deterministic random weights for a spec; arrays given in
+memory. The checks every reader shares (the tensors a spec needs, bounds on what a file may claim) live here too.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from logos_ir.errors import WeightError
+from logos_ir.spec import ModelSpec
+
+# No real tensor has a dimension near this (2**40 elements); a larger one is a file's word alone, refused before
+# anything is computed, printed or allocated from it (a zero-sized tensor's other dimensions included).
+MAX_DIMENSION = 2**40
+
+
+# -- the tensors of a model ----------------------------------------------------------------------------------
+
+
+def expected_weights(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """Every Hugging Face tensor name of a Llama model of `spec`, with its shape, in model order."""
+    return dict(spec.weights())
+
+
+def shape_text(shape: tuple[int, ...]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def check_expected(
+    spec: ModelSpec,
+    shapes: Mapping[str, tuple[int, ...]],
+    where: str,
+    file_of: Mapping[str, str] | None = None,
+) -> None:
+    """Refuse, by name, the first tensor the spec needs that is missing or has another shape."""
+    for name, want in spec.weights():
+        got = shapes.get(name)
+        place = file_of.get(name, where) if file_of else where
+        if got is None:
+            raise WeightError(
+                f"{place}: tensor '{name}' is missing", hint="the model's spec needs every layer's weights"
+            )
+        if got != want:
+            raise WeightError(
+                f"{place}: tensor '{name}' has shape {shape_text(got)}, but the model's spec says {shape_text(want)}"
+            )
+
+
+def is_int(value: Any) -> bool:
+    """Whether a value read from a file is an integer (a JSON `true` is not)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# -- the store interface -------------------------------------------------------------------------------------
+
+
+class WeightStore(ABC):
+    """A model's tensors by Hugging Face name: float32, HF layout, read-only, each converted once and then
+    cached. A store implements `names`, `shape` and `_load`; `get` does the caching."""
+
+    spec: ModelSpec
+    source: str
+
+    def __init__(self, spec: ModelSpec, source: str):
+        self.spec = spec
+        self.source = source
+        self._cache: dict[str, np.ndarray] = {}
+
+    @abstractmethod
+    def names(self) -> list[str]:
+        """The tensor names the store holds, sorted."""
+
+    @abstractmethod
+    def shape(self, name: str) -> tuple[int, ...]:
+        """A tensor's shape, without reading it; WeightError if the store does not hold it."""
+
+    @abstractmethod
+    def _load(self, name: str) -> np.ndarray:
+        """The tensor as a fresh float32 array (not yet cached); WeightError if the store does not hold it."""
+
+    def get(self, name: str) -> np.ndarray:
+        """The tensor `name` as a read-only float32 array in Hugging Face layout; later calls return the same
+        array."""
+        cached = self._cache.get(name)
+        if cached is not None:
+            return cached
+        array = np.ascontiguousarray(self._load(name), dtype=np.float32)
+        if not np.isfinite(array).all():  # a corrupt file, or a scale byte flipped in a quantized block
+            raise WeightError(f"{self.source}: tensor '{name}' holds NaN or infinite values")
+        array.setflags(write=False)
+        self._cache[name] = array
+        return array
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        try:
+            self.shape(name)
+        except WeightError:
+            return False
+        return True
+
+    def close(self) -> None:  # noqa: B027 - stores without files have nothing to release
+        """Release open files; cached arrays stay valid."""
+
+    def __enter__(self) -> WeightStore:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def _missing(self, name: str) -> WeightError:
+        return WeightError(f"{self.source}: tensor '{name}' is not in this model")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.source!r})"
+
+
+# -- random weights ------------------------------------------------------------------------------------------
+
+
+class RandomWeights(WeightStore):
+    """Deterministic random weights for a spec: the same (spec, seed, name) always gives the same tensor.
+
+    Each tensor has its own generator, seeded from the store's seed and a CRC of its name (Python's `hash` of
+    a string changes between processes), so tensors can be made lazily and in any order. Norm weights are near
+    1 and matrices are scaled by 1/sqrt(in_features), so activations stay of order 1 through any number of
+    layers."""
+
+    def __init__(self, spec: ModelSpec, seed: int = 0):
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise WeightError(f"a random-weights seed must be a non-negative integer, not {seed!r}")
+        super().__init__(spec, f"random weights (seed {seed})")
+        self.seed = seed
+        self._shapes = expected_weights(spec)
+
+    def names(self) -> list[str]:
+        return sorted(self._shapes)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        if name not in self._shapes:
+            raise self._missing(name)
+        return self._shapes[name]
+
+    def _load(self, name: str) -> np.ndarray:
+        shape = self.shape(name)
+        rng = np.random.default_rng([self.seed, zlib.crc32(name.encode("utf-8"))])
+        values = rng.standard_normal(shape, dtype=np.float32)
+        if len(shape) == 1:
+            return np.float32(1.0) + np.float32(0.1) * values
+        return values / np.float32(math.sqrt(shape[1]))
+
+
+class ArrayStore(WeightStore):
+    """Tensors given as arrays (for tests and for weights computed in memory), checked against the spec."""
+
+    def __init__(self, spec: ModelSpec, arrays: Mapping[str, np.ndarray], source: str = "arrays in memory"):
+        super().__init__(spec, source)
+        self._arrays = dict(arrays)
+        check_expected(spec, {n: tuple(np.shape(a)) for n, a in self._arrays.items()}, source)
+
+    def names(self) -> list[str]:
+        return sorted(self._arrays)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        if name not in self._arrays:
+            raise self._missing(name)
+        return tuple(np.shape(self._arrays[name]))
+
+    def _load(self, name: str) -> np.ndarray:
+        if name not in self._arrays:
+            raise self._missing(name)
+        return np.array(self._arrays[name], dtype=np.float32)  # a copy: the caller may still change theirs
