@@ -19,6 +19,7 @@ lower is refused with the op's name.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -211,6 +212,7 @@ class Program:
     memcpy: SSAValue | None = None
     functions: list[Operation] = field(default_factory=list)
     reducers: dict[str, Operation] = field(default_factory=dict)
+    layer_tensors: dict[str, tuple[str, ...]] = field(default_factory=dict)  # a layer weight's tensor in each layer
 
     def array(self, name: str, words: int, element: Any = f32) -> None:
         known = self.arrays.get(name)
@@ -490,8 +492,8 @@ class PartLowering:
         known = plan.weights.get(weight.name)
         if known is None:
             tensors = weight.tensors
-            if plan_layers:
-                tensors = tuple(_layer_tensor(weight.tensors[0], i) for i in range(plan.layers))
+            if plan_layers:  # the tensor each layer's program names for this weight
+                tensors = self.program.layer_tensors[weight.name]
             weight = g.Weight(**{**weight.__dict__, "tensors": tensors})
             plan.weights[weight.name] = weight
             element = self.element_type if weight.kind != "vector" else f32
@@ -889,14 +891,6 @@ def _name(value: SSAValue) -> str:
     return value.name_hint
 
 
-def _layer_tensor(tensor: str, layer: int) -> str:
-    parts = tensor.split(".")
-    for i, piece in enumerate(parts[:-1]):
-        if parts[i - 1] == "layers" and piece.isdigit():
-            parts[i] = str(layer)
-    return ".".join(parts)
-
-
 def fused_products(body: Block) -> tuple[dict[Operation, list[logos.LinearOp]], set[Operation]]:
     """Products of one input written one after another (only weights between them) and none feeding the head's
     arg-max: {first: the group}, and the rest of each group (lowered with its first)."""
@@ -997,6 +991,7 @@ def lower_parts(parts: Sequence[tuple[Cut, Identity, logos.ProgramOp]], plan: g.
     functions: list[Operation] = []
     identities: list[str] = []
     embed_cut, *layer_parts, head_cut = parts
+    program.layer_tensors = _layer_tensors([_part_body(part) for _, _, part in layer_parts])
     # the embedding
     body = _part_body(embed_cut[2])
     e, fn = _function("embedding", program, embed_cut[1].line())
@@ -1067,12 +1062,22 @@ def lower_parts(parts: Sequence[tuple[Cut, Identity, logos.ProgramOp]], plan: g.
 
 
 def _layer_key(body: Block) -> str:
-    """A layer's function as its LOGOS program writes it, its layer number left out: layers with the same key lower
-    to the same code (the lowering reads only the ops, their shapes and properties, never the layer number)."""
-    import re
-
+    """A layer's function as its LOGOS program writes it, its layer number and its weights' tensor names left out:
+    layers with the same key lower to the same code (the lowering reads the ops, their shapes and properties; a
+    weight's tensor is only what the host loads into its array, `_layer_tensors`)."""
     text = "\n".join(str(op) for op in body.ops)
+    text = re.sub(r'logos.weight "[^"]*"', 'logos.weight ""', text)
     return re.sub(r"(layers\.|layer )\d+", r"\1N", text)
+
+
+def _layer_tensors(bodies: Sequence[Block]) -> dict[str, tuple[str, ...]]:
+    """Each layer weight's tensor in each layer's program, by the weight's name (the array it is loaded into)."""
+    tensors: dict[str, list[str]] = {}
+    for body in bodies:
+        for op in body.ops:
+            if isinstance(op, logos.WeightOp):
+                tensors.setdefault(_name(op.result), []).append(op.tensor.data)
+    return {name: tuple(found) for name, found in tensors.items()}
 
 
 def _tasks(program: Program, layers: int) -> None:

@@ -9,9 +9,15 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
+from xdsl.context import Context
+from xdsl.dialects import arith, csl
+from xdsl.dialects.builtin import FloatAttr, ModuleOp, StringAttr
+from xdsl.ir import Operation
 
 from logos_ir.build import BuildError, BuildRequest, check_artifact
+from logos_ir.dialects import logos
 from logos_ir.errors import PassError
 from logos_ir.models import ModelSource
 from logos_ir.passes.spatial.build import build_spatial
@@ -128,3 +134,68 @@ def test_refusals() -> None:
         build_spatial(_request(tiny, "decode ctx=64", "bf16"))
     with pytest.raises(PassError, match=r"does not fit a 757 x 757 grid of 49152-byte elements"):
         build_spatial(_request(ModelSource.resolve("llama-3.1-8b"), "decode ctx=32768"))
+
+
+def _verified_decode(ctx: int) -> ModuleOp:
+    """The tiny model's decode step as the author writes it, parsed and through verify-identity (the edits below come
+    after the identity check, as a user's or a pass's would)."""
+    from logos_ir.author import written
+    from logos_ir.parser import parse_program
+    from logos_ir.passes.verify_identity import VerifyIdentity
+
+    authored, _ = written(ModelSource.resolve("tiny").spec, Cut.decode(ctx))
+    module = ModuleOp([parse_program(authored.text, f"<decode ctx={ctx}>")])
+    VerifyIdentity().apply(Context(), module)
+    return module
+
+
+def _float_constants(function: Operation) -> set[float]:
+    return {
+        op.value.value.data
+        for op in function.walk()
+        if isinstance(op, arith.ConstantOp) and isinstance(op.value, FloatAttr)
+    }
+
+
+def test_the_lane_lowers_the_module_it_is_given() -> None:
+    """Edits made after verify-identity (the head's norm epsilon, a weight's tensor in layer 1) are what the rest of
+    the lane's pipeline (extract-parts, convert-logos-to-csl) lowers: the epsilon is the constant the head's element
+    code adds, and the host loads the renamed tensor into the down projection's array for layer 1."""
+    from logos_ir.passes.extract_parts import ExtractParts
+    from logos_ir.passes.spatial.convert_logos_to_csl import lower_module
+
+    module = _verified_decode(16)
+    epsilon, renamed = 2.0**-9, "edited.layer_one.down"
+    norms = [op for op in module.walk() if isinstance(op, logos.RMSNormOp)]
+    authored_epsilon = np.float32(norms[0].epsilon.value.data)
+    norms[-1].epsilon = FloatAttr(epsilon, norms[-1].epsilon.type)  # the head's final norm
+    down = [
+        op for op in module.walk() if isinstance(op, logos.WeightOp) and op.tensor.data.endswith("down_proj.weight")
+    ]
+    layer_zero_tensor = down[0].tensor.data
+    down[1].tensor = StringAttr(renamed)
+    ExtractParts().apply(Context(), module)
+    lowered = lower_module(module, "f32", 5)
+    program = next(
+        op for op in lowered.module.ops if isinstance(op, csl.CslModuleOp) and op.sym_name.data == "pe_program"
+    )
+    functions = {op.sym_name.data: op for op in program.body.block.ops if isinstance(op, csl.FuncOp)}
+    assert epsilon in _float_constants(functions["head"]) and authored_epsilon not in _float_constants(
+        functions["head"]
+    )
+    assert np.float32(authored_epsilon) in {np.float32(v) for v in _float_constants(functions["layer"])}
+    assert lowered.host["weights"]["down_weight"]["tensors"] == [layer_zero_tensor, renamed]
+
+
+def test_layers_written_differently_are_refused() -> None:
+    """Every layer runs the one layer function, so an edit to one layer's ops (its norm's epsilon) is refused by name,
+    not lowered as layer 0's."""
+    from logos_ir.passes.extract_parts import ExtractParts
+    from logos_ir.passes.spatial.convert_logos_to_csl import lower_module
+
+    module = _verified_decode(16)
+    norms = [op for op in module.walk() if isinstance(op, logos.RMSNormOp)]
+    norms[2].epsilon = FloatAttr(2.0**-9, norms[2].epsilon.type)  # layer 1's attention norm
+    ExtractParts().apply(Context(), module)
+    with pytest.raises(PassError, match="decode_layer layer=1 ctx=16 is not written as layer 0 is"):
+        lower_module(module, "f32", 5)
