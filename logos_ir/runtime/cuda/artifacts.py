@@ -7,7 +7,7 @@ and the identity of the program they were lowered from, either read from a build
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from logos_ir.build import BuildRequest, read_manifest
 from logos_ir.errors import LogosError
@@ -18,19 +18,29 @@ from logos_ir.progress import Progress
 from logos_ir.registry import compile_targets
 
 
-def build_program(spec: Any, cut: Any, tp: int, weights: str) -> tuple[HostPlan, str, Any]:
-    """The lane's build of `cut` (no weights), read back from its artifacts: the host plan, the CUDA source and the
-    identity."""
+class Build(NamedTuple):
+    """What a run executes of a build: the host plan, the CUDA source and the identity of the program they were
+    lowered from."""
+
+    plan: HostPlan
+    source: str
+    identity: Identity
+
+
+def build_program(spec: Any, cut: Cut, tp: int, weights: str) -> Build:
+    """The lane's build of `cut` (no weights) through the registry's `cuda` compile target, read back from its
+    artifacts."""
     options = {"ptxas": "off"}  # the code only: no nvcc run for the build report
     request = BuildRequest(ModelSource("preset", "run", spec), cut, tp, weights, False, Progress.silent(), options)
     built = compile_targets()["cuda"].build()(request)
     files = {a.path: a for a in built.artifacts}
     step = files["step.mlir"]
-    return read_plan(step.data.decode("utf-8")), files["kernels.cu"].data.decode("utf-8"), step.identity
+    return Build(read_plan(step.data.decode("utf-8")), files["kernels.cu"].data.decode("utf-8"), step.identity)
 
 
-def read_build(folder: Any) -> tuple[Any, HostPlan, str, Any]:
-    """A CUDA build folder's cut, host plan (from step.mlir), CUDA source and identity, as logos-compile wrote them."""
+def read_build(folder: Path) -> tuple[Cut, Build]:
+    """A CUDA build folder's cut (from its manifest) and build (step.mlir's host plan, kernels.cu), as logos-compile
+    wrote them."""
     folder = Path(folder)
     target = read_manifest(folder).get("target") or {}
     cut = Cut.parse(str(target.get("cut")))
@@ -39,4 +49,4 @@ def read_build(folder: Any) -> tuple[Any, HostPlan, str, Any]:
     identity = Identity.from_line(plan.identity)
     if identity is None:
         raise LogosError(f"{folder}/step.mlir records no identity line of its program")
-    return cut, plan, (folder / "kernels.cu").read_text(encoding="utf-8"), identity
+    return cut, Build(plan, (folder / "kernels.cu").read_text(encoding="utf-8"), identity)
