@@ -36,7 +36,7 @@ from logos_ir.generate import Generator
 from logos_ir.passes.spatial import grid as g
 from logos_ir.passes.spatial.convert_logos_to_csl import element_bytes, lower_decode
 from logos_ir.program import Cut
-from logos_ir.runtime.spatial import GridMachine
+from logos_ir.runtime.spatial.host import GridMachine
 from logos_ir.spec import ModelSpec
 from logos_ir.tokenizer import Tokenizer
 from logos_ir.weights import RandomWeights, WeightStore, open_model

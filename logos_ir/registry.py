@@ -266,6 +266,6 @@ def backends() -> dict[str, Backend]:
             "spatial",
             "the spatial lane's simulator of a grid of processing elements, element by element, counting cycles",
             ("f16", "f32"),
-            _lazy("logos_ir.runtime.spatial", "spatial_generator"),
+            _lazy("logos_ir.runtime.spatial.generator", "spatial_generator"),
         ),
     }

@@ -24,13 +24,10 @@ from logos_ir.passes.spatial.grid import ROW_BCAST
 from logos_ir.passes.spatial.verify_grid import check_scopes, layout_params, split_modules, static_check
 from logos_ir.program import Cut
 from logos_ir.runtime import RunRequest
-from logos_ir.runtime.spatial import (
-    CYCLES,
-    FabricError,
-    GridMachine,
-    SpatialGenerator,
-    spatial_generator,
-)
+from logos_ir.runtime.spatial import CYCLES, FabricError
+from logos_ir.runtime.spatial.elements import Fabric
+from logos_ir.runtime.spatial.generator import SpatialGenerator, spatial_generator
+from logos_ir.runtime.spatial.host import GridMachine
 from logos_ir.spec import ModelSpec
 from logos_ir.weights import RandomWeights, WeightStore
 
@@ -180,8 +177,6 @@ def test_reserved_colours_and_names_declared_twice_are_refused() -> None:
 
 
 def test_memory_per_element_is_enforced() -> None:
-    from logos_ir.runtime.spatial import Fabric
-
     store = RandomWeights(MODELS["gqa"], seed=7)
     lowered = _lowered(store)
     with pytest.raises(FabricError, match=r"element \(0, 0\).* bytes of arrays and .* of code, over its 16384 bytes"):
@@ -314,8 +309,6 @@ def test_the_schedule_and_the_short_way_change_nothing() -> None:
     ops with a fabric operand take the shorter way or the op with every check, change no token, logit, cycle or
     wavelet: each element's clock counts its own ops and the arrival of each wavelet it reads."""
     from logos_ir.passes.spatial.convert_logos_to_csl import lower_decode
-    from logos_ir.runtime.spatial import Fabric
-
     store = RandomWeights(MODELS["gqa"], seed=5)
     lowered = lower_decode(store.spec, 16, "f16", 5)
     runs = []

@@ -1,0 +1,124 @@
+"""The host's side of the simulated grid: a build read as the host reads it (`read_build`: a folder's `grid.mlir` and
+`host.json`; `build_in_memory`: the `spatial` compile target's build of a decode step, read the same way), and a
+decode step driven as `run.py` drives a CS-2 (`GridMachine`): the weight tiles and rotary tables written once with
+memcpy, then for each token its id and position written, `step` launched and the logits read back.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from xdsl.dialects.builtin import ModuleOp
+
+from logos_ir.dialects import csl_ext
+from logos_ir.errors import LogosError
+from logos_ir.passes.spatial.verify_grid import layout_params
+from logos_ir.runtime.spatial.elements import Fabric
+
+
+class GridMachine:
+    """A decode step on the simulated grid, driven as `run.py` drives a CS-2: the weight tiles and rotary tables
+    written once with `memcpy_h2d`, then for each token its id and position written, `step` launched, and the
+    head's logits read back from the last column with `memcpy_d2h`; the host takes their arg-max."""
+
+    def __init__(self, module: ModuleOp, host: dict[str, Any], store: Any, identities: Sequence[Any] = ()):
+        self.module, self.host, self.store = module, host, store
+        self.identities = list(identities)
+        self.fabric = Fabric(module, layout_params(host))
+        self.logits: np.ndarray | None = None
+        self.cycles: list[float] = []
+        self._weights_loaded = False
+
+    def reset(self) -> None:
+        if not self._weights_loaded:
+            self._load_weights()
+            self._weights_loaded = True
+        for name in ("key_cache", "value_cache"):
+            if name in self.fabric.memory:
+                self.fabric.memory[name][:] = 0
+        self.cycles = []
+
+    def _load_weights(self) -> None:
+        from logos_ir.passes.spatial import grid as g
+        from logos_ir.rope import rope_inv_freq
+
+        p = self.host["grid"]
+        image = self.host["image"]
+        for name, fields in self.host["weights"].items():
+            weight = g.Weight(**{**fields, "tensors": tuple(fields["tensors"]), "row_map": tuple(fields["row_map"])})
+            parts = []
+            for tensor in weight.tensors:
+                array = np.asarray(self.store.get(tensor), dtype=np.float32)
+                if image == "f16" and weight.kind != "vector":
+                    array = array.astype(np.float16).astype(np.float32)
+                parts.append(g.tiles(array, weight, p))
+            self.fabric.memcpy_h2d(name, np.concatenate(parts, axis=2))
+        spec = self.store.spec
+        inv_freq = rope_inv_freq(spec.head_dim, spec.rope_theta, spec.rope_scaling)
+        plan = _plan_of(self.host, spec)
+        for table, chunk in self.host["rope_tables"].items():
+            rows = np.stack([g.inv_freq_chunk(inv_freq, plan, y, chunk) for y in range(p)])
+            self.fabric.memcpy_h2d(table, np.broadcast_to(rows[:, None, :], (p, p, chunk // 2)).copy())
+
+    def step(self, token: int, position: int) -> int:
+        """One decode step: token (from 1) at position (from 1); the next token (from 1)."""
+        if not self._weights_loaded:
+            self.reset()
+        fabric = self.fabric
+        fabric.memcpy_h2d("token_in", np.array([token - 1]))
+        fabric.memcpy_h2d("position_in", np.array([position]))
+        self.cycles.append(fabric.launch("step"))
+        logits = self.host["logits"]
+        p = self.host["grid"]
+        chunks = fabric.memcpy_d2h(logits["array"], logits["column"], 0, 1, p, logits["chunk"])
+        self.logits = chunks.reshape(-1)[: logits["length"]].astype(np.float32)
+        return int(np.argmax(self.logits)) + 1
+
+
+def _plan_of(host: dict[str, Any], spec: Any) -> Any:
+    from logos_ir.passes.spatial.convert_logos_to_csl import plan_for
+
+    return plan_for(spec, host["ctx"], host["image"], host["grid"], host.get("kv_copies", 1))
+
+
+def build_in_memory(spec: Any, ctx: int, image: str) -> tuple[ModuleOp, dict[str, Any]]:
+    """The lane's build of the decode step over `ctx` positions (the `spatial` compile target, in memory), read as
+    a build folder is: its csl-level module and host plan."""
+    from logos_ir.build import BuildRequest
+    from logos_ir.models import ModelSource
+    from logos_ir.program import Cut
+    from logos_ir.progress import Progress
+    from logos_ir.registry import compile_targets
+
+    request = BuildRequest(ModelSource("preset", "run", spec), Cut.decode(ctx), 1, image, False, Progress.silent())
+    built = compile_targets()["spatial"].build()(request)
+    files = {a.path: a.data.decode("utf-8") for a in built.artifacts}
+    return read_grid(files["grid.mlir"], "grid.mlir"), json.loads(files["host.json"])
+
+
+def read_build(folder: Path) -> tuple[ModuleOp, dict[str, Any]]:
+    """The csl-level module (`grid.mlir`) and host plan (`host.json`) of a build folder."""
+    mlir, plan = folder / "grid.mlir", folder / "host.json"
+    if not mlir.is_file() or not plan.is_file():
+        raise LogosError(f"{folder} is not a spatial build (no grid.mlir and host.json)")
+    return read_grid(mlir.read_text(), str(mlir)), json.loads(plan.read_text())
+
+
+def read_grid(text: str, name: str) -> ModuleOp:
+    """A build's `grid.mlir`: the csl-level module the fabric simulator runs."""
+    from xdsl.context import Context
+    from xdsl.dialects.arith import Arith
+    from xdsl.dialects.builtin import Builtin
+    from xdsl.dialects.csl import CSL
+    from xdsl.dialects.memref import MemRef
+    from xdsl.dialects.scf import Scf
+    from xdsl.parser import Parser
+
+    context = Context()
+    for dialect in (Builtin, Arith, Scf, MemRef, CSL, csl_ext.CSL_EXT):
+        context.load_dialect(dialect)
+    return Parser(context, text, name).parse_module()
