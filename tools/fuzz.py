@@ -25,11 +25,11 @@ Anything else is a failure: another exception, a file opened outside the model's
 but does not print back as it was read, a hang (libFuzzer's `-timeout`) or a memory blow-up (`-rss_limit_mb`).
 
 Seeds are real inputs: authored LOGOS programs and their MLIR, config.json files of the presets, tiny model
-folders written by `save_model`, tiny GGUF files, and the embedded SmolLM2 GGUF's header region (its
-tokenizer arrays cut short so that one input stays small). The inputs in `test/fuzz/corpus/<reader>/` (inputs
-that once failed) are added to the corpus and replayed by the unit tests through `check`. Atheris
-(`pip install atheris`) is needed only to fuzz; `check`, `seeds` and the file writers here import nothing
-beyond logos-ir's own dependencies. See docs/fuzzing.md.
+folders and GGUF files (written by `logos_ir.testing`, which the unit tests use too), and the embedded SmolLM2
+GGUF's header region (its tokenizer arrays cut short so that one input stays small). The regression corpus
+(`--corpus`, by default `test/fuzz/corpus/<reader>/` from the repository's root: inputs that once failed) is
+added to the corpus; the unit tests replay it through `check`. Atheris (`pip install atheris`) is needed only to
+fuzz; `check` and `seeds` import nothing beyond logos-ir's own dependencies. See docs/fuzzing.md.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ from pathlib import Path
 from typing import Any
 
 READERS = ("logos", "mlir", "config", "safetensors", "gguf", "tokenizer", "manifest", "d5005-stream", "d5005-image")
-REPO = Path(__file__).resolve().parent.parent
-CORPUS = REPO / "test" / "fuzz" / "corpus"
+# The regression corpus, one folder a reader: the repository's, when the driver runs from its root.
+CORPUS = Path("test") / "fuzz" / "corpus"
 
 # The largest input libFuzzer makes, per reader: a little above the largest seed.
 MAX_LEN = {
@@ -97,6 +97,22 @@ def apply_workarounds(reader: str) -> None:
         xdsl_guards.apply()
 
 
+def _code_folders() -> tuple[str, ...]:
+    """The folders of logos-ir's code, each ending in a separator: the package and its dialects, passes and tools
+    (top-level folders of the repository in an editable install, inside the package in an installed one)."""
+    import importlib.util
+
+    folders: set[str] = set()
+    for name in ("logos_ir", "logos_ir.dialects", "logos_ir.passes", "logos_ir.tools"):
+        spec = importlib.util.find_spec(name)
+        locations = spec.submodule_search_locations if spec is not None else None
+        folders.update(os.path.realpath(folder) + os.sep for folder in locations or ())
+    return tuple(sorted(folders))
+
+
+_CODE = _code_folders()
+
+
 def _where(error: BaseException) -> tuple[str, bool]:
     """The innermost of logos-ir's frames of `error` as "file.py:function", and whether every frame after it is
     xDSL's (called from the driver or logos-opt)."""
@@ -105,7 +121,7 @@ def _where(error: BaseException) -> tuple[str, bool]:
     frames = traceback.extract_tb(error.__traceback__)
     if not frames:
         return "", False
-    ours = [i for i, f in enumerate(frames) if Path(f.filename).resolve().is_relative_to(REPO)]
+    ours = [i for i, f in enumerate(frames) if os.path.realpath(f.filename).startswith(_CODE)]
     xdsl = str(Path(_xdsl_folder())) + os.sep
     inner = frames[ours[-1] + 1 :] if ours else frames
     entry_ok = not ours or Path(frames[ours[-1]].filename).name in ("fuzz.py", "logos_opt.py")
@@ -127,11 +143,6 @@ def failure_signature(error: BaseException) -> str:
     frames = traceback.extract_tb(error.__traceback__)
     where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "?"
     return f"{type(error).__name__} at {where}"
-
-
-def known_report(reader: str, place: str) -> str:
-    """The report of the known failure of `reader` at `place` (as in KNOWN)."""
-    return next(report for name, _, where, report in KNOWN if name == reader and where == place)
 
 
 def known_issue(reader: str, error: BaseException) -> str | None:
@@ -179,6 +190,8 @@ class _Sandbox:
     decoy files outside it: a valid shard and config that a path escaping the folder would reach."""
 
     def __init__(self, root: Path | None = None) -> None:
+        from logos_ir import testing
+
         if root is None:  # for the tests: removed at exit
             self.root = Path(tempfile.mkdtemp(prefix="logos-fuzz-")).resolve()
             atexit.register(shutil.rmtree, self.root, True)
@@ -187,15 +200,15 @@ class _Sandbox:
             root.mkdir(parents=True)
             self.root = root.resolve()
         outside = self.root / "outside"
-        _write_folder(outside, shards=1)
+        testing.write_model_folder(outside, shards=1)
         (outside / "evil.safetensors").write_bytes((outside / "model.safetensors").read_bytes())
         self.config = self._folder("config")
         self.gguf = self._folder("gguf")
-        self.build = _write_build(self.root / "build", outside)
+        self.build = testing.write_logos_build(self.root / "build", outside)
         self.modes: list[Path] = []
         for mode in range(4):
             folder = self.root / f"model{mode}"
-            _write_folder(folder, shards=2 if mode in (1, 2) else 1)
+            testing.write_model_folder(folder, shards=2 if mode in (1, 2) else 1)
             os.symlink(outside / "evil.safetensors", folder / "link.safetensors")
             os.symlink(outside, folder / "linkdir")
             self.modes.append(folder)
@@ -221,7 +234,7 @@ def sandbox(root: Path | None = None) -> _Sandbox:
 # sees every `open`, whatever opened it; memory maps open their file first).
 _WATCH: list[str] = []
 _ESCAPES: list[str] = []
-_TRUSTED = tuple({os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, REPO)})
+_TRUSTED = tuple({os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}) + _CODE
 
 
 def _audit(event: str, args: tuple[Any, ...]) -> None:
@@ -452,223 +465,7 @@ _TARGETS: dict[str, Callable[[bytes], None]] = {
 }
 
 
-# -- writers of small real inputs ----------------------------------------------------------------------------
-
-
-def small_spec(hidden: int = 4) -> Any:
-    """A model small enough that its whole weight file is a fuzz input: hidden 4 (or 32, for GGUF block
-    types)."""
-    from logos_ir.spec import ModelSpec
-
-    if hidden == 4:
-        return ModelSpec(
-            vocab=4,
-            hidden=4,
-            layers=1,
-            heads=2,
-            kv_heads=1,
-            head_dim=2,
-            intermediate=4,
-            rms_eps=1e-5,
-            rope_theta=10000.0,
-            tie_embeddings=False,
-        )
-    return ModelSpec(
-        vocab=8,
-        hidden=32,
-        layers=1,
-        heads=2,
-        kv_heads=1,
-        head_dim=16,
-        intermediate=32,
-        rms_eps=1e-5,
-        rope_theta=10000.0,
-        tie_embeddings=False,
-    )
-
-
-def _write_folder(folder: Path, shards: int = 1, dtype: str = "float32", seed: int = 1) -> Path:
-    from logos_ir.weights import RandomWeights, save_model
-
-    save_model(RandomWeights(small_spec(), seed=seed), folder, shards=shards, dtype=dtype)
-    return folder
-
-
-def write_model_folder(folder: Path, shards: int = 1, dtype: str = "float32", seed: int = 1) -> Path:
-    """A Hugging Face model folder of `small_spec()` with random weights, written by `save_model`."""
-    return _write_folder(Path(folder), shards, dtype, seed)
-
-
-# GGUF value types (the GGUF specification's numbering).
-U8, I8, U16, I16, U32, I32, F32, BOOL, STRING, ARRAY, U64, I64, F64 = range(13)
-_PACK = {
-    U8: "<B",
-    I8: "<b",
-    U16: "<H",
-    I16: "<h",
-    U32: "<I",
-    I32: "<i",
-    F32: "<f",
-    BOOL: "<?",
-    U64: "<Q",
-    I64: "<q",
-    F64: "<d",
-}
-
-
-def _gguf_string(text: str | bytes) -> bytes:
-    raw = text.encode("utf-8") if isinstance(text, str) else text
-    return struct.pack("<Q", len(raw)) + raw
-
-
-def _gguf_value(kind: int, value: Any) -> bytes:
-    if kind == STRING:
-        return _gguf_string(value)
-    if kind == ARRAY:
-        item_kind, items = value
-        return struct.pack("<IQ", item_kind, len(items)) + b"".join(_gguf_value(item_kind, v) for v in items)
-    return struct.pack(_PACK[kind], value)
-
-
-def gguf_bytes(
-    metadata: list[tuple[str, int, Any]],
-    tensors: list[tuple[str, tuple[int, ...], int, bytes]] = (),  # type: ignore[assignment]
-    alignment: int = 32,
-    version: int = 3,
-    header_only: bool = False,
-) -> bytes:
-    """A GGUF file: `metadata` as (key, value type, value) (an array's value is (item type, items)), `tensors`
-    as (name, numpy-order shape, GGML type number, data). With `header_only`, the tensors' data is left out (a
-    header region, as a truncated file)."""
-    out = [b"GGUF", struct.pack("<IQQ", version, len(tensors), len(metadata))]
-    for key, kind, value in metadata:
-        out += [_gguf_string(key), struct.pack("<I", kind), _gguf_value(kind, value)]
-    offset, data = 0, []
-    for name, shape, qtype, raw in tensors:
-        dims = tuple(reversed(shape))
-        out += [
-            _gguf_string(name),
-            struct.pack("<I", len(dims)),
-            struct.pack(f"<{len(dims)}Q", *dims),
-            struct.pack("<IQ", qtype, offset),
-        ]
-        padded = raw + b"\0" * (-len(raw) % alignment)
-        data.append(padded)
-        offset += len(padded)
-    head = b"".join(out)
-    if header_only:
-        return head
-    return head + b"\0" * (-len(head) % alignment) + b"".join(data)
-
-
-def model_gguf(hidden: int = 4, qtype: str = "F32", tokenizer: bool = False, rope_scaling: bool = False) -> bytes:
-    """A GGUF of `small_spec(hidden)` with random weights: norms F32, matrices `qtype` (F32, F16, Q8_0, Q4_0,
-    Q4_1; block types need hidden 32), optionally with a tokenizer and llama3 rope scaling (`rope_freqs`)."""
-    import numpy as np
-    from gguf import GGMLQuantizationType as QT
-    from gguf.quants import quantize
-
-    from logos_ir.rope import llama3_rope_divisors
-    from logos_ir.spec import RopeScaling
-    from logos_ir.weights import RandomWeights, gguf_tensor_name
-
-    spec = small_spec(hidden)
-    store = RandomWeights(spec, seed=2)
-    meta: list[tuple[str, int, Any]] = [
-        ("general.architecture", STRING, "llama"),
-        ("general.name", STRING, "logos-fuzz"),
-        ("llama.block_count", U32, spec.layers),
-        ("llama.context_length", U32, 2048),
-        ("llama.embedding_length", U32, spec.hidden),
-        ("llama.feed_forward_length", U32, spec.intermediate),
-        ("llama.attention.head_count", U32, spec.heads),
-        ("llama.attention.head_count_kv", U32, spec.kv_heads),
-        ("llama.rope.freq_base", F32, spec.rope_theta),
-        ("llama.attention.layer_norm_rms_epsilon", F32, spec.rms_eps),
-        ("llama.vocab_size", U32, spec.vocab),
-        ("llama.rope.dimension_count", U32, spec.head_dim),
-        ("general.alignment", U32, 32),
-    ]
-    if tokenizer:
-        meta += tokenizer_metadata(spec.vocab)
-    tensors = []
-    for hf in store.names():
-        array = np.array(store.get(hf))
-        kind = QT.F32 if array.ndim == 1 else QT[qtype]
-        if kind == QT.F32:
-            raw = array.astype("<f4").tobytes()
-        elif kind == QT.F16:
-            raw = array.astype("<f2").tobytes()
-        else:
-            raw = quantize(array, kind).tobytes()
-        tensors.append((gguf_tensor_name(hf), array.shape, int(kind), raw))
-    if rope_scaling:
-        scaling = RopeScaling(
-            factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
-        )
-        divisors = llama3_rope_divisors(scaling, spec.head_dim, spec.rope_theta).astype("<f4")
-        meta.append(("llama.rope.scaling.type", STRING, "llama3"))
-        tensors.append(("rope_freqs.weight", divisors.shape, int(QT.F32), divisors.tobytes()))
-    return gguf_bytes(meta, tensors)
-
-
-def _byte_level_alphabet() -> list[str]:
-    """GPT-2's byte-level alphabet: the character standing for each of the 256 bytes."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return [chars[b] for b in range(256)]
-
-
-def tokenizer_metadata(vocab: int | None = None, pre: str = "smollm") -> list[tuple[str, int, Any]]:
-    """The `tokenizer.ggml.*` metadata of a small byte-level BPE: the 256 byte tokens, a few merges, three
-    control tokens. With `vocab` (fewer than 256), a vocabulary of that many tokens and no merges."""
-    if vocab is not None and vocab < 256:
-        tokens = [f"t{i}" for i in range(vocab)]
-        return [
-            ("tokenizer.ggml.model", STRING, "gpt2"),
-            ("tokenizer.ggml.pre", STRING, pre),
-            ("tokenizer.ggml.tokens", ARRAY, (STRING, tokens)),
-            ("tokenizer.ggml.bos_token_id", U32, 0),
-            ("tokenizer.ggml.eos_token_id", U32, vocab - 1),
-        ]
-    tokens = _byte_level_alphabet()
-    merges = []
-    for left, right in (
-        ("Ġ", "w"),
-        ("h", "e"),
-        ("he", "l"),
-        ("hel", "l"),
-        ("hell", "o"),
-        ("Ġw", "o"),
-        ("l", "d"),
-    ):
-        merges.append(f"{left} {right}")
-        if left + right not in tokens:
-            tokens.append(left + right)
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    types = [1] * len(tokens) + [3] * len(specials)
-    tokens += specials
-    return [
-        ("tokenizer.ggml.model", STRING, "gpt2"),
-        ("tokenizer.ggml.pre", STRING, pre),
-        ("tokenizer.ggml.tokens", ARRAY, (STRING, tokens)),
-        ("tokenizer.ggml.token_type", ARRAY, (I32, types)),
-        ("tokenizer.ggml.merges", ARRAY, (STRING, merges)),
-        ("tokenizer.ggml.bos_token_id", U32, len(tokens) - 2),
-        ("tokenizer.ggml.eos_token_id", U32, len(tokens) - 1),
-        ("tokenizer.ggml.add_bos_token", BOOL, False),
-        (
-            "tokenizer.chat_template",
-            STRING,
-            "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}",
-        ),
-    ]
+# -- seeds ---------------------------------------------------------------------------------------------------
 
 
 def embedded_header(keep_tokens: int = 400, tensors: bool = True) -> bytes | None:
@@ -678,6 +475,7 @@ def embedded_header(keep_tokens: int = 400, tensors: bool = True) -> bytes | Non
     try:
         from gguf import GGUFReader, GGUFValueType
 
+        from logos_ir import testing
         from logos_ir.errors import LogosError
         from logos_ir.weights import embedded_model_path
 
@@ -718,10 +516,7 @@ def embedded_header(keep_tokens: int = 400, tensors: bool = True) -> bytes | Non
                     b"\0" * int(tensor.n_bytes),
                 )
             )
-    return gguf_bytes(meta, infos, header_only=True) if tensors else gguf_bytes(meta, [])
-
-
-# -- seeds ---------------------------------------------------------------------------------------------------
+    return testing.gguf_bytes(meta, infos, header_only=True) if tensors else testing.gguf_bytes(meta, [])
 
 
 _LOGOS_SEEDS = [
@@ -755,19 +550,9 @@ def _authored() -> list[tuple[str, str]]:
     return out
 
 
-def _mlir_text(text: str, generic: bool = False) -> str:
-    from xdsl.dialects.builtin import ModuleOp
-    from xdsl.printer import Printer
-
-    from logos_ir.parser import parse_program
-
-    stream = io.StringIO()
-    Printer(stream=stream, print_generic_format=generic).print_op(ModuleOp([parse_program(text)]))
-    return stream.getvalue() + "\n"
-
-
 def seeds(reader: str) -> dict[str, bytes]:
     """Real inputs of `reader`, by a file name."""
+    from logos_ir import testing
     from logos_ir.spec import ModelSpec
     from logos_ir.weights import hf_config
 
@@ -781,8 +566,8 @@ def seeds(reader: str) -> dict[str, bytes]:
             "tiny-prefill_layer-layer0-rows2-ctx8", "tiny-tp8-batch_layer-layer1-rows2-ctx8-tp4",
             "llama-3.2-1b-decode_layer-layer0-ctx128",
         ]  # fmt: skip
-        out = {f"{name}.mlir": _mlir_text(authored[name]).encode() for name in small}
-        generic = _mlir_text(authored["tiny-decode_embed"], generic=True)
+        out = {f"{name}.mlir": testing.mlir_text(authored[name]).encode() for name in small}
+        generic = testing.mlir_text(authored["tiny-decode_embed"], generic=True)
         out["tiny-decode_embed-generic.mlir"] = generic.encode()
         return out
     if reader == "config":
@@ -793,17 +578,17 @@ def seeds(reader: str) -> dict[str, bytes]:
         scaling = newer.pop("rope_scaling")
         newer["rope_parameters"] = {"rope_theta": newer.pop("rope_theta"), **scaling}
         out["llama-3.1-8b-rope-parameters.json"] = json.dumps(newer).encode()
-        out["small.json"] = json.dumps(hf_config(small_spec()), separators=(",", ":")).encode()
+        out["small.json"] = json.dumps(hf_config(testing.small_spec()), separators=(",", ":")).encode()
         return out
     if reader == "safetensors":
         return _safetensors_seeds()
     if reader == "gguf":
         out = {
-            "small-f32.gguf": model_gguf(4, "F32"),
-            "small-f16-tokenizer.gguf": model_gguf(4, "F16", tokenizer=True),
-            "small32-q8_0-rope.gguf": model_gguf(32, "Q8_0", rope_scaling=True),
-            "small32-q4_0.gguf": model_gguf(32, "Q4_0"),
-            "small32-q4_1.gguf": model_gguf(32, "Q4_1"),
+            "small-f32.gguf": testing.model_gguf(4, "F32"),
+            "small-f16-tokenizer.gguf": testing.model_gguf(4, "F16", tokenizer=True),
+            "small32-q8_0-rope.gguf": testing.model_gguf(32, "Q8_0", rope_scaling=True),
+            "small32-q4_0.gguf": testing.model_gguf(32, "Q4_0"),
+            "small32-q4_1.gguf": testing.model_gguf(32, "Q4_1"),
         }
         header = embedded_header(keep_tokens=200)
         if header is not None:
@@ -811,10 +596,10 @@ def seeds(reader: str) -> dict[str, bytes]:
         return out
     if reader == "tokenizer":
         out = {
-            "byte-level-smollm.gguf": gguf_bytes(tokenizer_metadata(pre="smollm")),
-            "byte-level-llama3.gguf": gguf_bytes(tokenizer_metadata(pre="llama-bpe")),
-            "byte-level-gpt2.gguf": gguf_bytes(tokenizer_metadata(pre="gpt2")),
-            "small-model-with-tokenizer.gguf": model_gguf(4, "F32", tokenizer=True),
+            "byte-level-smollm.gguf": testing.gguf_bytes(testing.tokenizer_metadata(pre="smollm")),
+            "byte-level-llama3.gguf": testing.gguf_bytes(testing.tokenizer_metadata(pre="llama-bpe")),
+            "byte-level-gpt2.gguf": testing.gguf_bytes(testing.tokenizer_metadata(pre="gpt2")),
+            "small-model-with-tokenizer.gguf": testing.model_gguf(4, "F32", tokenizer=True),
         }
         header = embedded_header(keep_tokens=600, tensors=False)
         if header is not None:
@@ -828,13 +613,15 @@ def seeds(reader: str) -> dict[str, bytes]:
 
 
 def _safetensors_seeds() -> dict[str, bytes]:
+    from logos_ir import testing
+
     out: dict[str, bytes] = {}
     with tempfile.TemporaryDirectory() as temporary:
         root = Path(temporary)
         for dtype in ("float32", "float16", "bfloat16"):
-            folder = _write_folder(root / dtype, dtype=dtype)
+            folder = testing.write_model_folder(root / dtype, dtype=dtype)
             out[f"0-single-{dtype}"] = b"\0" + (folder / "model.safetensors").read_bytes()
-        sharded = _write_folder(root / "sharded", shards=2)
+        sharded = testing.write_model_folder(root / "sharded", shards=2)
         index = (sharded / "model.safetensors.index.json").read_bytes()
         out["1-index"] = b"\1" + index
         for name, target in (
@@ -852,30 +639,11 @@ def _safetensors_seeds() -> dict[str, bytes]:
     return out
 
 
-def _write_build(folder: Path, outside: Path | None = None) -> Path:
-    """A `logos` build of the tiny preset (decode ctx=16, its parts), written by `write_build`, with a link to a
-    file and a link to a folder outside it (a manifest naming them must not make the checker read them)."""
-    from logos_ir.build import BuildRequest, build_logos, manifest_of, write_build
-    from logos_ir.models import ModelSource
-    from logos_ir.program import Cut
-    from logos_ir.progress import Progress
-
-    request = BuildRequest(ModelSource.resolve("tiny"), Cut.decode(16), 1, "f32", False, Progress.silent())
-
-    def produce() -> tuple[dict[str, Any], list[Any]]:
-        lane = build_logos(request)
-        return manifest_of(request, "logos", lane), lane.artifacts
-
-    write_build(folder, produce)
-    if outside is not None:
-        os.symlink(outside / "config.json", folder / "link.logos")
-        os.symlink(outside, folder / "linkdir")
-    return folder
-
-
 def _manifest_seeds() -> dict[str, bytes]:
+    from logos_ir import testing
+
     with tempfile.TemporaryDirectory() as temporary:
-        real = (_write_build(Path(temporary) / "build") / "manifest.json").read_bytes()
+        real = (testing.write_logos_build(Path(temporary) / "build") / "manifest.json").read_bytes()
     out = {"real.json": real}
     for name, path in (
         ("absolute", "/etc/hostname"),
@@ -935,9 +703,9 @@ def write_seeds(reader: str, folder: Path) -> int:
 # -- the regression corpus -----------------------------------------------------------------------------------
 
 
-def corpus_files(reader: str) -> list[Path]:
-    """The inputs of `test/fuzz/corpus/<reader>/`, sorted."""
-    folder = CORPUS / reader
+def corpus_files(corpus: Path, reader: str) -> list[Path]:
+    """The inputs of `<corpus>/<reader>/`, sorted."""
+    folder = corpus / reader
     return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")) if folder.is_dir() else []
 
 
@@ -1074,6 +842,13 @@ def _arguments() -> argparse.ArgumentParser:
         default=None,
         help="the corpus, crash files and stats go here (default: /tmp/logos-fuzz/<reader>)",
     )
+    parser.add_argument(
+        "--corpus",
+        type=Path,
+        default=CORPUS,
+        help="the regression corpus, a folder of inputs a reader (default: test/fuzz/corpus, from the repository's "
+        "root); --replay with no files replays it",
+    )
     parser.add_argument("--rss-limit-mb", type=int, default=2048, help="a memory blow-up past this is a failure")
     parser.add_argument("--timeout", type=int, default=10, help="an input taking longer (seconds) is a hang")
     parser.add_argument(
@@ -1119,7 +894,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.replay is not None:
         apply_workarounds(reader)
-        return _replay(reader, args.replay or corpus_files(reader))
+        return _replay(reader, args.replay or corpus_files(args.corpus, reader))
     try:
         import atheris
     except ImportError:
@@ -1158,7 +933,7 @@ def main(argv: list[str] | None = None) -> int:
             stats.known[signature] = stats.known.get(signature, 0) + 1
             stats.add("known")
 
-    regression = [str(CORPUS / reader)] if (CORPUS / reader).is_dir() else []
+    regression = [str(args.corpus / reader)] if (args.corpus / reader).is_dir() else []
     libfuzzer = [
         sys.argv[0],
         f"-max_total_time={args.seconds}",
@@ -1173,7 +948,7 @@ def main(argv: list[str] | None = None) -> int:
         *regression,
     ]
     print(
-        f"fuzz: {reader}: {count} seeds, {len(corpus_files(reader))} regression inputs, {args.seconds} s; "
+        f"fuzz: {reader}: {count} seeds, {len(corpus_files(args.corpus, reader))} regression inputs, {args.seconds} s; "
         f"work folder {workdir}",
         file=sys.stderr,
     )

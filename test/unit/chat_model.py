@@ -15,11 +15,11 @@ TEMPLATE = (
 def write_chat_gguf(path: Path, seed: int = 5) -> Path:
     import numpy as np
 
+    from logos_ir import testing
     from logos_ir.spec import ModelSpec
-    from logos_ir.tools import fuzz
     from logos_ir.weights import RandomWeights, gguf_tensor_name
 
-    tokenizer = [entry for entry in fuzz.tokenizer_metadata(None) if entry[0] != "tokenizer.chat_template"]
+    tokenizer = [entry for entry in testing.tokenizer_metadata(None) if entry[0] != "tokenizer.chat_template"]
     vocab = len(dict((key, value) for key, _, value in tokenizer)["tokenizer.ggml.tokens"][1])
     tiny = ModelSpec.preset("tiny")
     spec = ModelSpec(
@@ -35,26 +35,26 @@ def write_chat_gguf(path: Path, seed: int = 5) -> Path:
         tie_embeddings=False,
     )
     meta = [
-        ("general.architecture", fuzz.STRING, "llama"),
-        ("general.name", fuzz.STRING, "logos-chat-test"),
-        ("llama.block_count", fuzz.U32, spec.layers),
-        ("llama.context_length", fuzz.U32, 2048),
-        ("llama.embedding_length", fuzz.U32, spec.hidden),
-        ("llama.feed_forward_length", fuzz.U32, spec.intermediate),
-        ("llama.attention.head_count", fuzz.U32, spec.heads),
-        ("llama.attention.head_count_kv", fuzz.U32, spec.kv_heads),
-        ("llama.rope.freq_base", fuzz.F32, spec.rope_theta),
-        ("llama.attention.layer_norm_rms_epsilon", fuzz.F32, spec.rms_eps),
-        ("llama.vocab_size", fuzz.U32, spec.vocab),
-        ("llama.rope.dimension_count", fuzz.U32, spec.head_dim),
-        ("general.alignment", fuzz.U32, 32),
+        ("general.architecture", testing.STRING, "llama"),
+        ("general.name", testing.STRING, "logos-chat-test"),
+        ("llama.block_count", testing.U32, spec.layers),
+        ("llama.context_length", testing.U32, 2048),
+        ("llama.embedding_length", testing.U32, spec.hidden),
+        ("llama.feed_forward_length", testing.U32, spec.intermediate),
+        ("llama.attention.head_count", testing.U32, spec.heads),
+        ("llama.attention.head_count_kv", testing.U32, spec.kv_heads),
+        ("llama.rope.freq_base", testing.F32, spec.rope_theta),
+        ("llama.attention.layer_norm_rms_epsilon", testing.F32, spec.rms_eps),
+        ("llama.vocab_size", testing.U32, spec.vocab),
+        ("llama.rope.dimension_count", testing.U32, spec.head_dim),
+        ("general.alignment", testing.U32, 32),
         *tokenizer,
-        ("tokenizer.chat_template", fuzz.STRING, TEMPLATE),
+        ("tokenizer.chat_template", testing.STRING, TEMPLATE),
     ]
     store = RandomWeights(spec, seed=seed)
     tensors = []
     for name in store.names():
         array = np.array(store.get(name), dtype="<f4")
         tensors.append((gguf_tensor_name(name), array.shape, 0, array.tobytes()))  # GGML type 0: F32
-    path.write_bytes(fuzz.gguf_bytes(meta, tensors))
+    path.write_bytes(testing.gguf_bytes(meta, tensors))
     return path

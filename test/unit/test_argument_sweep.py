@@ -111,15 +111,16 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, subprocess.CompletedProcess[str]]]:
+    from logos_ir import testing
     from logos_ir.author import write
     from logos_ir.program import Cut
     from logos_ir.spec import ModelSpec
-    from logos_ir.tools import fuzz, logos_compile
+    from logos_ir.tools import logos_compile
 
     folder = tmp_path_factory.mktemp("sweep")
     (folder / "decode.logos").write_text(write(ModelSpec.preset("tiny"), Cut.decode(64)).text)
     (folder / "afile").write_text("a file\n")
-    (folder / "tok.gguf").write_bytes(fuzz.model_gguf(4, "F32", tokenizer=True))
+    (folder / "tok.gguf").write_bytes(testing.model_gguf(4, "F32", tokenizer=True))
     (folder / "hub").mkdir()
     assert logos_compile.main([*DECODE, "-o", str(folder / "build")]) == 0
     shutil.copytree(folder / "build", folder / "tampered")

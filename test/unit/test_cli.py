@@ -168,10 +168,11 @@ def test_logos_opt_help_lists_dialects_passes_pipelines_and_targets():
 def test_the_model_argument_is_the_same_in_every_tool(tmp_path, capsys):
     """logos-author takes what the others take, with the same default (the embedded model): `embedded`, a
     .gguf file (it read one as UTF-8 text before), a preset, a config.json alone."""
-    from logos_ir.tools import fuzz, logos_author, logos_compile, logos_run
+    from logos_ir import testing
+    from logos_ir.tools import logos_author, logos_compile, logos_run
 
     gguf = tmp_path / "model.gguf"
-    gguf.write_bytes(fuzz.model_gguf(4, "F32"))
+    gguf.write_bytes(testing.model_gguf(4, "F32"))
 
     def identity(*model: str) -> str:
         assert logos_author.main([*model, "--cut", "decode ctx=64", "--identity"]) == 0

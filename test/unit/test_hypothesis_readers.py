@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from logos_ir import testing
 from logos_ir.author import write
 from logos_ir.errors import LogosError
 from logos_ir.parser import parse_program
@@ -197,7 +198,7 @@ def test_authored_programs_parse_and_print_back_byte_for_byte(data):
 
 @cache
 def mlir_texts() -> list[str]:
-    return [fuzz._mlir_text(text) for text in logos_texts()[1:4]] + [fuzz._mlir_text(logos_texts()[2], True)]
+    return [testing.mlir_text(text) for text in logos_texts()[1:4]] + [testing.mlir_text(logos_texts()[2], True)]
 
 
 @contextmanager
@@ -293,7 +294,7 @@ def test_config_missing_a_required_field_names_it(field, preset):
 @cache
 def small_safetensors() -> tuple[dict, bytes]:
     with tempfile.TemporaryDirectory() as folder:
-        raw = (fuzz.write_model_folder(Path(folder) / "m") / "model.safetensors").read_bytes()
+        raw = (testing.write_model_folder(Path(folder) / "m") / "model.safetensors").read_bytes()
     length = struct.unpack("<Q", raw[:8])[0]
     return json.loads(raw[8 : 8 + length]), raw[8 + length :]
 
@@ -353,9 +354,9 @@ def test_safetensors_index_never_leads_outside_the_folder(weight_map):
 @cache
 def small_ggufs() -> list[bytes]:
     return [
-        fuzz.model_gguf(4, "F32", tokenizer=True),
-        fuzz.model_gguf(32, "Q4_0", rope_scaling=True),
-        fuzz.gguf_bytes(fuzz.tokenizer_metadata(pre="llama-bpe")),
+        testing.model_gguf(4, "F32", tokenizer=True),
+        testing.model_gguf(32, "Q4_0", rope_scaling=True),
+        testing.gguf_bytes(testing.tokenizer_metadata(pre="llama-bpe")),
     ]
 
 
@@ -416,7 +417,7 @@ def test_tokenizer_metadata_of_any_content_loads_or_refuses(tokens, merges, type
 @settings(max_examples=30, deadline=None)
 @given(st.text(max_size=40))
 def test_a_good_tokenizer_encodes_any_text_and_decodes_it_back(text):
-    meta = {key: value[1] if kind == fuzz.ARRAY else value for key, kind, value in fuzz.tokenizer_metadata()}
+    meta = {key: value[1] if kind == testing.ARRAY else value for key, kind, value in testing.tokenizer_metadata()}
     tokenizer = Tokenizer.from_gguf_metadata(meta, "t.gguf")
     assume("<|" not in text)
     assert tokenizer.decode(tokenizer.encode(text)) == text

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from logos_ir import errors
+from logos_ir import errors, testing
 from logos_ir.errors import LogosError, SourceLocation, SpecError, TokenizerError, WeightError
 from logos_ir.spec import ModelSpec
 from logos_ir.tokenizer import Tokenizer
@@ -69,15 +69,15 @@ def split_safetensors(raw: bytes) -> tuple[dict, bytes]:
 @pytest.fixture
 def folder(tmp_path: Path) -> Path:
     """A small model folder in its own parent, beside an `outside/` folder with a valid shard."""
-    outside = fuzz.write_model_folder(tmp_path / "outside")
+    outside = testing.write_model_folder(tmp_path / "outside")
     (outside / "evil.safetensors").write_bytes((outside / "model.safetensors").read_bytes())
-    return fuzz.write_model_folder(tmp_path / "model")
+    return testing.write_model_folder(tmp_path / "model")
 
 
 @pytest.fixture
 def sharded(tmp_path: Path) -> Path:
-    fuzz.write_model_folder(tmp_path / "outside")
-    return fuzz.write_model_folder(tmp_path / "model", shards=2)
+    testing.write_model_folder(tmp_path / "outside")
+    return testing.write_model_folder(tmp_path / "model", shards=2)
 
 
 def rewrite_index(folder: Path, target: str) -> str:
@@ -193,7 +193,7 @@ def test_safetensors_header_length_past_the_file_is_refused_without_reading_it(f
 
 
 def test_truncated_gguf_is_refused_before_any_large_allocation(tmp_path):
-    data = fuzz.model_gguf(32, "Q8_0", tokenizer=True)
+    data = testing.model_gguf(32, "Q8_0", tokenizer=True)
     path = tmp_path / "t.gguf"
     for cut in sorted({0, 3, 4, 23, 24, 40, 100, len(data) // 3, len(data) // 2, len(data) - 1}):
         path.write_bytes(data[:cut])
@@ -267,17 +267,17 @@ def test_safetensors_zero_size_tensor_of_absurd_shape_is_refused_at_open(folder)
 
 @pytest.mark.parametrize("dims", [(2**40, 2**40), (2**32, 2**32, 2**32, 2**32), (2**64 - 1,)])
 def test_gguf_tensor_of_absurd_shape_is_refused(tmp_path, dims):
-    meta = [("general.architecture", fuzz.STRING, "llama")]
+    meta = [("general.architecture", testing.STRING, "llama")]
     path = tmp_path / "absurd.gguf"
-    path.write_bytes(fuzz.gguf_bytes(meta, [("x", dims, 0, b"\0" * 64)]))
+    path.write_bytes(testing.gguf_bytes(meta, [("x", dims, 0, b"\0" * 64)]))
     refused(WeightError, lambda: GGUFFile(path), "'x'", "absurd.gguf")
     assert peak_allocation(lambda: GGUFFile(path)) < SMALL_ALLOCATION
 
 
 def test_gguf_zero_size_tensor_of_absurd_shape_is_refused(tmp_path):
-    meta = [("general.architecture", fuzz.STRING, "llama")]
+    meta = [("general.architecture", testing.STRING, "llama")]
     path = tmp_path / "absurd.gguf"
-    path.write_bytes(fuzz.gguf_bytes(meta, [("x", (2**63, 0), 0, b"")]))
+    path.write_bytes(testing.gguf_bytes(meta, [("x", (2**63, 0), 0, b"")]))
     with pytest.raises(LogosError):
         GGUFFile(path).read("x")
 
@@ -313,7 +313,7 @@ def test_safetensors_shape_disagreeing_with_the_spec_is_refused_by_name(folder):
 
 
 def test_gguf_shape_disagreeing_with_the_spec_is_refused_by_name(tmp_path):
-    data = fuzz.model_gguf(4, "F32")
+    data = testing.model_gguf(4, "F32")
     marker = struct.pack("<Q", len(b"llama.feed_forward_length")) + b"llama.feed_forward_length"
     at = data.index(marker) + len(marker)
     patched = data[: at + 4] + struct.pack("<I", 8) + data[at + 8 :]
@@ -388,14 +388,14 @@ def test_missing_config_and_missing_model_are_named(tmp_path):
     ],
 )
 def test_bad_tokenizer_metadata_gets_a_tokenizer_error(change, words):
-    meta = {key: value[1] if kind == fuzz.ARRAY else value for key, kind, value in fuzz.tokenizer_metadata()}
+    meta = {key: value[1] if kind == testing.ARRAY else value for key, kind, value in testing.tokenizer_metadata()}
     meta.update(change)
     refused(TokenizerError, lambda: Tokenizer.from_gguf_metadata(meta, "t.gguf"), "t.gguf", *words)
 
 
 def test_gguf_without_a_tokenizer_is_named(tmp_path):
     path = tmp_path / "none.gguf"
-    path.write_bytes(fuzz.model_gguf(4, "F32"))
+    path.write_bytes(testing.model_gguf(4, "F32"))
     refused(TokenizerError, lambda: Tokenizer.from_gguf(path), "none.gguf", "no tokenizer")
 
 
@@ -428,7 +428,9 @@ def test_logos_parse_error_has_file_line_and_column():
 # -- the fuzzing's regression corpus -------------------------------------------------------------------------------
 
 
-CORPUS = [(reader, path) for reader in fuzz.READERS for path in fuzz.corpus_files(reader)]
+# The regression corpus beside this folder, so it is found wherever logos-ir is installed.
+CORPUS_FOLDER = Path(__file__).resolve().parents[1] / "fuzz" / "corpus"
+CORPUS = [(reader, path) for reader in fuzz.READERS for path in fuzz.corpus_files(CORPUS_FOLDER, reader)]
 
 
 @pytest.mark.parametrize("reader, path", CORPUS, ids=[f"{r}/{p.name}" for r, p in CORPUS])
@@ -465,7 +467,7 @@ def hang_in_subprocess(reader: str, path: Path) -> None:
 
 
 def test_known_hang_has_its_workaround():
-    path = fuzz.CORPUS / "mlir" / "hang-unterminated-string.mlir"
+    path = CORPUS_FOLDER / "mlir" / "hang-unterminated-string.mlir"
     code = (
         "import sys; from logos_ir.tools import fuzz; fuzz.apply_workarounds('mlir'); "
         "print(fuzz.check('mlir', open(sys.argv[1], 'rb').read()))"

@@ -1,0 +1,252 @@
+"""Small real inputs for tests and the fuzzer, written here rather than downloaded: a model small enough that its
+whole weight file is one fuzz input (`small_spec`), written as a Hugging Face folder (`write_model_folder`) or as a
+GGUF file (`model_gguf`, with a byte-level BPE tokenizer from `tokenizer_metadata`); any GGUF file from metadata and
+tensors (`gguf_bytes`, with the GGUF specification's value types `U8` ... `F64`); a `logos` build folder of the tiny
+preset (`write_logos_build`); an authored program's MLIR (`mlir_text`).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+from gguf.quants import quantize
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.printer import Printer
+
+from logos_ir.build import BuildRequest, build_logos, manifest_of, write_build
+from logos_ir.models import ModelSource
+from logos_ir.parser import parse_program
+from logos_ir.program import Cut
+from logos_ir.progress import Progress
+from logos_ir.rope import llama3_rope_divisors
+from logos_ir.spec import ModelSpec, RopeScaling
+from logos_ir.weights import RandomWeights, gguf_tensor_name, save_model
+
+
+def small_spec(hidden: int = 4) -> ModelSpec:
+    """A model small enough that its whole weight file is a fuzz input: hidden 4 (or 32, for GGUF block
+    types)."""
+    if hidden == 4:
+        return ModelSpec(
+            vocab=4,
+            hidden=4,
+            layers=1,
+            heads=2,
+            kv_heads=1,
+            head_dim=2,
+            intermediate=4,
+            rms_eps=1e-5,
+            rope_theta=10000.0,
+            tie_embeddings=False,
+        )
+    return ModelSpec(
+        vocab=8,
+        hidden=32,
+        layers=1,
+        heads=2,
+        kv_heads=1,
+        head_dim=16,
+        intermediate=32,
+        rms_eps=1e-5,
+        rope_theta=10000.0,
+        tie_embeddings=False,
+    )
+
+
+def write_model_folder(folder: Path, shards: int = 1, dtype: str = "float32", seed: int = 1) -> Path:
+    """A Hugging Face model folder of `small_spec()` with random weights, written by `save_model`."""
+    save_model(RandomWeights(small_spec(), seed=seed), folder, shards=shards, dtype=dtype)
+    return Path(folder)
+
+
+# GGUF value types (the GGUF specification's numbering).
+U8, I8, U16, I16, U32, I32, F32, BOOL, STRING, ARRAY, U64, I64, F64 = range(13)
+_PACK = {
+    U8: "<B",
+    I8: "<b",
+    U16: "<H",
+    I16: "<h",
+    U32: "<I",
+    I32: "<i",
+    F32: "<f",
+    BOOL: "<?",
+    U64: "<Q",
+    I64: "<q",
+    F64: "<d",
+}
+
+
+def _gguf_string(text: str | bytes) -> bytes:
+    raw = text.encode("utf-8") if isinstance(text, str) else text
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def _gguf_value(kind: int, value: Any) -> bytes:
+    if kind == STRING:
+        return _gguf_string(value)
+    if kind == ARRAY:
+        item_kind, items = value
+        return struct.pack("<IQ", item_kind, len(items)) + b"".join(_gguf_value(item_kind, v) for v in items)
+    return struct.pack(_PACK[kind], value)
+
+
+def gguf_bytes(
+    metadata: list[tuple[str, int, Any]],
+    tensors: list[tuple[str, tuple[int, ...], int, bytes]] = (),  # type: ignore[assignment]
+    alignment: int = 32,
+    version: int = 3,
+    header_only: bool = False,
+) -> bytes:
+    """A GGUF file: `metadata` as (key, value type, value) (an array's value is (item type, items)), `tensors`
+    as (name, numpy-order shape, GGML type number, data). With `header_only`, the tensors' data is left out (a
+    header region, as a truncated file)."""
+    out = [b"GGUF", struct.pack("<IQQ", version, len(tensors), len(metadata))]
+    for key, kind, value in metadata:
+        out += [_gguf_string(key), struct.pack("<I", kind), _gguf_value(kind, value)]
+    offset, data = 0, []
+    for name, shape, qtype, raw in tensors:
+        dims = tuple(reversed(shape))
+        out += [
+            _gguf_string(name),
+            struct.pack("<I", len(dims)),
+            struct.pack(f"<{len(dims)}Q", *dims),
+            struct.pack("<IQ", qtype, offset),
+        ]
+        padded = raw + b"\0" * (-len(raw) % alignment)
+        data.append(padded)
+        offset += len(padded)
+    head = b"".join(out)
+    if header_only:
+        return head
+    return head + b"\0" * (-len(head) % alignment) + b"".join(data)
+
+
+def model_gguf(hidden: int = 4, qtype: str = "F32", tokenizer: bool = False, rope_scaling: bool = False) -> bytes:
+    """A GGUF of `small_spec(hidden)` with random weights: norms F32, matrices `qtype` (F32, F16, Q8_0, Q4_0,
+    Q4_1; block types need hidden 32), optionally with a tokenizer and llama3 rope scaling (`rope_freqs`)."""
+    spec = small_spec(hidden)
+    store = RandomWeights(spec, seed=2)
+    meta: list[tuple[str, int, Any]] = [
+        ("general.architecture", STRING, "llama"),
+        ("general.name", STRING, "logos-fuzz"),
+        ("llama.block_count", U32, spec.layers),
+        ("llama.context_length", U32, 2048),
+        ("llama.embedding_length", U32, spec.hidden),
+        ("llama.feed_forward_length", U32, spec.intermediate),
+        ("llama.attention.head_count", U32, spec.heads),
+        ("llama.attention.head_count_kv", U32, spec.kv_heads),
+        ("llama.rope.freq_base", F32, spec.rope_theta),
+        ("llama.attention.layer_norm_rms_epsilon", F32, spec.rms_eps),
+        ("llama.vocab_size", U32, spec.vocab),
+        ("llama.rope.dimension_count", U32, spec.head_dim),
+        ("general.alignment", U32, 32),
+    ]
+    if tokenizer:
+        meta += tokenizer_metadata(spec.vocab)
+    tensors = []
+    for hf in store.names():
+        array = np.array(store.get(hf))
+        kind = QT.F32 if array.ndim == 1 else QT[qtype]
+        if kind == QT.F32:
+            raw = array.astype("<f4").tobytes()
+        elif kind == QT.F16:
+            raw = array.astype("<f2").tobytes()
+        else:
+            raw = quantize(array, kind).tobytes()
+        tensors.append((gguf_tensor_name(hf), array.shape, int(kind), raw))
+    if rope_scaling:
+        scaling = RopeScaling(
+            factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
+        )
+        divisors = llama3_rope_divisors(scaling, spec.head_dim, spec.rope_theta).astype("<f4")
+        meta.append(("llama.rope.scaling.type", STRING, "llama3"))
+        tensors.append(("rope_freqs.weight", divisors.shape, int(QT.F32), divisors.tobytes()))
+    return gguf_bytes(meta, tensors)
+
+
+def _byte_level_alphabet() -> list[str]:
+    """GPT-2's byte-level alphabet: the character standing for each of the 256 bytes."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+def tokenizer_metadata(vocab: int | None = None, pre: str = "smollm") -> list[tuple[str, int, Any]]:
+    """The `tokenizer.ggml.*` metadata of a small byte-level BPE: the 256 byte tokens, a few merges, three
+    control tokens. With `vocab` (fewer than 256), a vocabulary of that many tokens and no merges."""
+    if vocab is not None and vocab < 256:
+        tokens = [f"t{i}" for i in range(vocab)]
+        return [
+            ("tokenizer.ggml.model", STRING, "gpt2"),
+            ("tokenizer.ggml.pre", STRING, pre),
+            ("tokenizer.ggml.tokens", ARRAY, (STRING, tokens)),
+            ("tokenizer.ggml.bos_token_id", U32, 0),
+            ("tokenizer.ggml.eos_token_id", U32, vocab - 1),
+        ]
+    tokens = _byte_level_alphabet()
+    merges = []
+    for left, right in (
+        ("Ġ", "w"),
+        ("h", "e"),
+        ("he", "l"),
+        ("hel", "l"),
+        ("hell", "o"),
+        ("Ġw", "o"),
+        ("l", "d"),
+    ):
+        merges.append(f"{left} {right}")
+        if left + right not in tokens:
+            tokens.append(left + right)
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    types = [1] * len(tokens) + [3] * len(specials)
+    tokens += specials
+    return [
+        ("tokenizer.ggml.model", STRING, "gpt2"),
+        ("tokenizer.ggml.pre", STRING, pre),
+        ("tokenizer.ggml.tokens", ARRAY, (STRING, tokens)),
+        ("tokenizer.ggml.token_type", ARRAY, (I32, types)),
+        ("tokenizer.ggml.merges", ARRAY, (STRING, merges)),
+        ("tokenizer.ggml.bos_token_id", U32, len(tokens) - 2),
+        ("tokenizer.ggml.eos_token_id", U32, len(tokens) - 1),
+        ("tokenizer.ggml.add_bos_token", BOOL, False),
+        (
+            "tokenizer.chat_template",
+            STRING,
+            "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}",
+        ),
+    ]
+
+
+def write_logos_build(folder: Path, outside: Path | None = None) -> Path:
+    """A `logos` build of the tiny preset (decode ctx=16, its parts), written by `write_build`; given `outside`, with
+    a link to a file and a link to a folder there (a manifest naming them must not make the checker read them)."""
+    request = BuildRequest(ModelSource.resolve("tiny"), Cut.decode(16), 1, "f32", False, Progress.silent())
+
+    def produce() -> tuple[dict[str, Any], list[Any]]:
+        lane = build_logos(request)
+        return manifest_of(request, "logos", lane), lane.artifacts
+
+    write_build(folder, produce)
+    if outside is not None:
+        os.symlink(outside / "config.json", folder / "link.logos")
+        os.symlink(outside, folder / "linkdir")
+    return folder
+
+
+def mlir_text(text: str, generic: bool = False) -> str:
+    """The MLIR of the LOGOS program `text`, as xDSL prints it (in the generic form with `generic`)."""
+    stream = io.StringIO()
+    Printer(stream=stream, print_generic_format=generic).print_op(ModuleOp([parse_program(text)]))
+    return stream.getvalue() + "\n"
