@@ -30,25 +30,25 @@ from xdsl.dialects.builtin import (
     I64,
     BoolAttr,
     DenseArrayBase,
-    DictionaryAttr,
     FlatSymbolRefAttr,
-    Float32Type,
+    Float64Type,
     FloatAttr,
     IntegerAttr,
     IntegerType,
     MemRefType,
+    NoneAttr,
     StringAttr,
     TensorType,
-    f32,
     f64,
     i64,
 )
 from xdsl.dialects.shard import GridOp
-from xdsl.ir import Attribute, Dialect, Operation, Region, SSAValue
+from xdsl.ir import Attribute, Block, Dialect, Operation, ParametrizedAttribute, Region, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
     VarConstraint,
     base,
+    irdl_attr_definition,
     irdl_op_definition,
     operand_def,
     opt_prop_def,
@@ -57,17 +57,16 @@ from xdsl.irdl import (
     result_def,
     traits_def,
 )
+from xdsl.parser import AttrParser
+from xdsl.printer import Printer
 from xdsl.traits import IsolatedFromAbove, NoTerminator, Pure, SymbolTable
 from xdsl.utils.exceptions import VerifyException
 
 from logos_ir.errors import SpecError
 from logos_ir.spec import ModelSpec, RopeScaling
 
-F32Tensor = TensorType[Float32Type]
-
 INPUT_KINDS = ("token", "position", "hidden")
 CACHE_KINDS = ("key", "value")
-SPLITS = ("rows", "columns", "heads")
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------
@@ -134,81 +133,157 @@ class LogosOp(IRDLOperation):
 # -- the program ------------------------------------------------------------------------------------------------
 
 MODEL_INT_KEYS = ("vocab", "hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate")
+MODEL_FLOAT_KEYS = ("rms_eps", "rope_theta")
+SCALING_FLOAT_KEYS = ("factor", "low_freq_factor", "high_freq_factor")
 
 
-def model_attr(spec: ModelSpec) -> DictionaryAttr:
-    """The spec as the `model` attribute of a `logos.program`."""
-    entries: dict[str, Attribute] = {key: IntegerAttr(getattr(spec, key), i64) for key in MODEL_INT_KEYS}
-    entries["rms_eps"] = FloatAttr(spec.rms_eps, f64)
-    entries["rope_theta"] = FloatAttr(spec.rope_theta, f64)
-    entries["tie_embeddings"] = BoolAttr.from_bool(spec.tie_embeddings)
-    if spec.rope_scaling is not None:
-        entries["rope_scaling"] = scaling_attr(spec.rope_scaling)
-    return DictionaryAttr(entries)
+def _float_text(value: float) -> str:
+    """A float as MLIR's float literals spell it (a `.` always), exactly: repr's digits, which read back the same."""
+    text = repr(value)
+    if "." in text:
+        return text
+    mantissa, e, exponent = text.partition("e")
+    return f"{mantissa}.0{e}{exponent}"
 
 
-@lru_cache(maxsize=64)
-def scaling_attr(scaling: RopeScaling) -> DictionaryAttr:
-    return DictionaryAttr(
-        {
-            "factor": FloatAttr(scaling.factor, f64),
-            "low_freq_factor": FloatAttr(scaling.low_freq_factor, f64),
-            "high_freq_factor": FloatAttr(scaling.high_freq_factor, f64),
-            "original_max_position_embeddings": IntegerAttr(scaling.original_max_position_embeddings, i64),
-        }
-    )
+def _parse_entry(parser: AttrParser, key: str, first: bool) -> None:
+    if not first:
+        parser.parse_punctuation(",")
+    parser.parse_keyword(key)
+    parser.parse_punctuation("=")
 
 
-def scaling_from_attr(attr: DictionaryAttr) -> RopeScaling:
-    data = attr.data
-
-    def number(key: str) -> float:
-        value = data.get(key)
-        if not isinstance(value, FloatAttr | IntegerAttr):
-            raise VerifyException(f"rope scaling needs a number '{key}'")
-        return float(value.value.data)
-
-    return RopeScaling(
-        factor=number("factor"),
-        low_freq_factor=number("low_freq_factor"),
-        high_freq_factor=number("high_freq_factor"),
-        original_max_position_embeddings=int(number("original_max_position_embeddings")),
-    )
+def _parse_float(parser: AttrParser) -> FloatAttr:
+    return FloatAttr(float(parser.parse_number()), f64)
 
 
-def spec_from_attr(attr: DictionaryAttr) -> ModelSpec:
-    """The spec a `logos.program`'s `model` attribute holds (VerifyException when it holds no valid spec)."""
-    data = attr.data
-    sizes: dict[str, int] = {}
-    for key in MODEL_INT_KEYS:
-        value = data.get(key)
-        if not isinstance(value, IntegerAttr):
-            raise VerifyException(f"model attribute needs an integer '{key}'")
-        sizes[key] = value.value.data
-    floats: dict[str, float] = {}
-    for key in ("rms_eps", "rope_theta"):
-        value = data.get(key)
-        if not isinstance(value, FloatAttr):
-            raise VerifyException(f"model attribute needs a float '{key}'")
-        floats[key] = value.value.data
-    tie = data.get("tie_embeddings")
-    if not isinstance(tie, IntegerAttr):
-        raise VerifyException("model attribute needs a boolean 'tie_embeddings'")
-    scaling = data.get("rope_scaling")
-    if scaling is not None and not isinstance(scaling, DictionaryAttr):
-        raise VerifyException("model attribute 'rope_scaling' must be a dictionary")
-    try:
-        return ModelSpec(
-            **sizes,
-            rms_eps=floats["rms_eps"],
-            rope_theta=floats["rope_theta"],
-            tie_embeddings=bool(tie.value.data),
-            rope_scaling=None if scaling is None else scaling_from_attr(scaling),
+@irdl_attr_definition
+class RopeScalingAttr(ParametrizedAttribute):
+    """Llama 3's rotary frequency scaling, as the spec's `RopeScaling` holds it.
+
+    ```mlir
+    #logos.rope_scaling<factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0,
+                        original_max_position_embeddings = 8192>
+    ```
+    """
+
+    name = "logos.rope_scaling"
+
+    factor: FloatAttr[Float64Type]
+    low_freq_factor: FloatAttr[Float64Type]
+    high_freq_factor: FloatAttr[Float64Type]
+    original_max_position_embeddings: IntegerAttr[I64]
+
+    @staticmethod
+    def of(scaling: RopeScaling) -> RopeScalingAttr:
+        return RopeScalingAttr(
+            *(FloatAttr(getattr(scaling, key), f64) for key in SCALING_FLOAT_KEYS),
+            IntegerAttr(scaling.original_max_position_embeddings, i64),
         )
-    except SpecError as error:  # report it as the verifier's
-        raise VerifyException(
-            f"'logos.program' op has a model attribute that is not a valid spec: {error.message}"
-        ) from None
+
+    @property
+    def scaling(self) -> RopeScaling:
+        return RopeScaling(
+            factor=self.factor.value.data,
+            low_freq_factor=self.low_freq_factor.value.data,
+            high_freq_factor=self.high_freq_factor.value.data,
+            original_max_position_embeddings=self.original_max_position_embeddings.value.data,
+        )
+
+    def print_parameters(self, printer: Printer) -> None:
+        floats = ", ".join(f"{key} = {_float_text(getattr(self, key).value.data)}" for key in SCALING_FLOAT_KEYS)
+        size = self.original_max_position_embeddings.value.data
+        printer.print_string(f"<{floats}, original_max_position_embeddings = {size}>")
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        with parser.in_angle_brackets():
+            values: list[Attribute] = []
+            for index, key in enumerate(SCALING_FLOAT_KEYS):
+                _parse_entry(parser, key, index == 0)
+                values.append(_parse_float(parser))
+            _parse_entry(parser, "original_max_position_embeddings", False)
+            values.append(IntegerAttr(parser.parse_integer(allow_boolean=False), i64))
+        return values
+
+
+@irdl_attr_definition
+class ModelAttr(ParametrizedAttribute):
+    """A model's spec, the `model` of a `logos.program`: its sizes, its norm's epsilon, its rotary base and scaling,
+    and whether its head reads the embedding's table. It verifies as the spec does, so IR cannot hold a model the
+    author could not have written.
+
+    ```mlir
+    #logos.model<vocab = 256, hidden = 64, layers = 2, heads = 4, kv_heads = 2, head_dim = 16, intermediate = 128,
+                 rms_eps = 1.0e-05, rope_theta = 10000.0, tie_embeddings = false>
+    ```
+    """
+
+    name = "logos.model"
+
+    vocab: IntegerAttr[I64]
+    hidden: IntegerAttr[I64]
+    layers: IntegerAttr[I64]
+    heads: IntegerAttr[I64]
+    kv_heads: IntegerAttr[I64]
+    head_dim: IntegerAttr[I64]
+    intermediate: IntegerAttr[I64]
+    rms_eps: FloatAttr[Float64Type]
+    rope_theta: FloatAttr[Float64Type]
+    tie_embeddings: BoolAttr
+    rope_scaling: RopeScalingAttr | NoneAttr
+
+    @staticmethod
+    def of(spec: ModelSpec) -> ModelAttr:
+        scaling = NoneAttr() if spec.rope_scaling is None else RopeScalingAttr.of(spec.rope_scaling)
+        return ModelAttr(
+            *(IntegerAttr(getattr(spec, key), i64) for key in MODEL_INT_KEYS),
+            *(FloatAttr(getattr(spec, key), f64) for key in MODEL_FLOAT_KEYS),
+            BoolAttr.from_bool(spec.tie_embeddings),
+            scaling,
+        )
+
+    @property
+    def spec(self) -> ModelSpec:
+        """The spec this attribute holds (SpecError when its values are no valid spec: the program op that holds it
+        reports that as its verifier's error, at the op's location)."""
+        scaling = self.rope_scaling
+        return ModelSpec(
+            **{key: getattr(self, key).value.data for key in MODEL_INT_KEYS},
+            **{key: getattr(self, key).value.data for key in MODEL_FLOAT_KEYS},
+            tie_embeddings=bool(self.tie_embeddings.value.data),
+            rope_scaling=scaling.scaling if isinstance(scaling, RopeScalingAttr) else None,
+        )
+
+    def print_parameters(self, printer: Printer) -> None:
+        entries = [f"{key} = {getattr(self, key).value.data}" for key in MODEL_INT_KEYS]
+        entries += [f"{key} = {_float_text(getattr(self, key).value.data)}" for key in MODEL_FLOAT_KEYS]
+        entries.append(f"tie_embeddings = {'true' if self.tie_embeddings.value.data else 'false'}")
+        printer.print_string("<" + ", ".join(entries))
+        if isinstance(self.rope_scaling, RopeScalingAttr):
+            printer.print_string(", rope_scaling = ")
+            printer.print_attribute(self.rope_scaling)
+        printer.print_string(">")
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        with parser.in_angle_brackets():
+            values: list[Attribute] = []
+            for index, key in enumerate(MODEL_INT_KEYS):
+                _parse_entry(parser, key, index == 0)
+                values.append(IntegerAttr(parser.parse_integer(allow_boolean=False), i64))
+            for key in MODEL_FLOAT_KEYS:
+                _parse_entry(parser, key, False)
+                values.append(_parse_float(parser))
+            _parse_entry(parser, "tie_embeddings", False)
+            values.append(BoolAttr.from_bool(parser.parse_boolean()))
+            scaling: Attribute = NoneAttr()
+            if parser.parse_optional_punctuation(",") is not None:
+                parser.parse_keyword("rope_scaling")
+                parser.parse_punctuation("=")
+                scaling = parser.parse_attribute()
+            values.append(scaling)
+        return values
 
 
 @irdl_op_definition
@@ -231,7 +306,7 @@ class ProgramOp(LogosOp):
     cut = prop_def(StringAttr)
     chips = prop_def(IntegerAttr[I64])
     digest = prop_def(StringAttr)
-    model = prop_def(DictionaryAttr)
+    model = prop_def(ModelAttr)
     body = region_def("single_block")
 
     traits = traits_def(NoTerminator(), SymbolTable(), IsolatedFromAbove())
@@ -244,14 +319,14 @@ class ProgramOp(LogosOp):
                 "cut": StringAttr(cut),
                 "chips": IntegerAttr(chips, i64),
                 "digest": StringAttr(digest),
-                "model": model_attr(spec),
+                "model": ModelAttr.of(spec),
             },
-            regions=[body if body is not None else Region(_empty_block())],
+            regions=[body if body is not None else Region(Block())],
         )
 
     @property
     def spec(self) -> ModelSpec:
-        return spec_from_attr(self.model)
+        return self.model.spec
 
     def function(self, name: str) -> func.FuncOp | None:
         """The section `@name` of this program, or None."""
@@ -261,7 +336,10 @@ class ProgramOp(LogosOp):
         return None
 
     def check_(self) -> None:
-        spec_from_attr(self.model)
+        try:
+            _ = self.model.spec
+        except SpecError as error:
+            raise _fail(self, f"has a model attribute that is not a valid spec: {error.message}") from None
         if self.chips.value.data < 1:
             raise _fail(self, f"expects at least 1 chip, got {self.chips.value.data}")
         digest = self.digest.data
@@ -269,12 +347,6 @@ class ProgramOp(LogosOp):
             raise _fail(self, f"expects a digest of 64 lowercase hex digits, got '{digest}'")
         if self.function("main") is None:
             raise _fail(self, "has no @main section")
-
-
-def _empty_block():
-    from xdsl.ir import Block
-
-    return Block()
 
 
 # -- values that enter a function -------------------------------------------------------------------------------
@@ -534,7 +606,7 @@ class RopeOp(LogosOp):
     positions = operand_def(TensorType)
     head_dim = prop_def(IntegerAttr[I64])
     theta = prop_def(FloatAttr)
-    scaling = opt_prop_def(DictionaryAttr)
+    scaling = opt_prop_def(RopeScalingAttr)
     result = result_def(TensorType)
 
     traits = traits_def(Pure())
@@ -755,14 +827,6 @@ class ArgmaxOp(LogosOp):
         _expect_same(self, "result shape", tensor_shape(self.result), (x[0],))
 
 
-def f32_tensor(*shape: int) -> TensorType:
-    return TensorType(f32, list(shape))
-
-
-def i64_tensor(rows: int) -> TensorType:
-    return TensorType(i64, [rows])
-
-
 LOGOS = Dialect(
     "logos",
     [
@@ -783,5 +847,5 @@ LOGOS = Dialect(
         RowOp,
         ArgmaxOp,
     ],
-    [],
+    [ModelAttr, RopeScalingAttr],
 )

@@ -192,7 +192,7 @@ class SectionBuilder:
             "theta": real(self.spec.rope_theta),
         }
         if self.spec.rope_scaling is not None:
-            props["scaling"] = logos.scaling_attr(self.spec.rope_scaling)
+            props["scaling"] = logos.RopeScalingAttr.of(self.spec.rope_scaling)
         op = logos.RopeOp.create(operands=[x, positions], properties=props, result_types=[x.type])
         return self._let(op, name)
 
@@ -281,7 +281,7 @@ def program(
             "cut": StringAttr(cut),
             "chips": IntegerAttr(chips, i64),
             "digest": StringAttr(digest or "0" * 64),
-            "model": logos.model_attr(spec),
+            "model": logos.ModelAttr.of(spec),
         },
         regions=[Region(body)],
     )

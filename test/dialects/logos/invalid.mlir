@@ -91,21 +91,21 @@ logos.cache_write %x, %c, %p : tensor<1x32xf32>, memref<2x8x8xf32>, tensor<1xi64
 %r = logos.argmax %x : (tensor<2x64xf32>) -> tensor<1xi64>
 // -----
 // CHECK: 'logos.program' op expects a digest of 64 lowercase hex digits, got 'abc'
-logos.program cut "decode ctx=64" chips 1 digest "abc" model {vocab = 256 : i64, hidden = 64 : i64, layers = 2 : i64, heads = 4 : i64, kv_heads = 2 : i64, head_dim = 16 : i64, intermediate = 128 : i64, rms_eps = 1.000000e-05 : f64, rope_theta = 1.000000e+04 : f64, tie_embeddings = false} {
+logos.program cut "decode ctx=64" chips 1 digest "abc" model <vocab = 256, hidden = 64, layers = 2, heads = 4, kv_heads = 2, head_dim = 16, intermediate = 128, rms_eps = 1.0e-05, rope_theta = 10000.0, tie_embeddings = false> {
   func.func @main() {
     func.return
   }
 }
 // -----
 // CHECK: 'logos.program' op has a model attribute that is not a valid spec: heads (3) must be a multiple of kv_heads (2) for grouped-query attention
-logos.program cut "decode ctx=64" chips 1 digest "0000000000000000000000000000000000000000000000000000000000000000" model {vocab = 256 : i64, hidden = 64 : i64, layers = 2 : i64, heads = 3 : i64, kv_heads = 2 : i64, head_dim = 16 : i64, intermediate = 128 : i64, rms_eps = 1.000000e-05 : f64, rope_theta = 1.000000e+04 : f64, tie_embeddings = false} {
+logos.program cut "decode ctx=64" chips 1 digest "0000000000000000000000000000000000000000000000000000000000000000" model <vocab = 256, hidden = 64, layers = 2, heads = 3, kv_heads = 2, head_dim = 16, intermediate = 128, rms_eps = 1.0e-05, rope_theta = 10000.0, tie_embeddings = false> {
   func.func @main() {
     func.return
   }
 }
 // -----
 // CHECK: 'logos.program' op has no @main section
-logos.program cut "decode ctx=64" chips 1 digest "0000000000000000000000000000000000000000000000000000000000000000" model {vocab = 256 : i64, hidden = 64 : i64, layers = 2 : i64, heads = 4 : i64, kv_heads = 2 : i64, head_dim = 16 : i64, intermediate = 128 : i64, rms_eps = 1.000000e-05 : f64, rope_theta = 1.000000e+04 : f64, tie_embeddings = false} {
+logos.program cut "decode ctx=64" chips 1 digest "0000000000000000000000000000000000000000000000000000000000000000" model <vocab = 256, hidden = 64, layers = 2, heads = 4, kv_heads = 2, head_dim = 16, intermediate = 128, rms_eps = 1.0e-05, rope_theta = 10000.0, tie_embeddings = false> {
   func.func @other() {
     func.return
   }
