@@ -1,0 +1,280 @@
+"""The reference interpreter's kernels: the numpy math of each `logos` op, in float32, as a step over register
+slots.
+
+A kernel's `make(*in_slots, out_slot)` returns the step closure. Constants (weights, caches, rotary tables) are
+bound when the kernel is chosen, so a step only indexes the register list: no IR, no dispatch and no dictionary
+lookups on the hot path.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from logos_ir.rope import rope_inv_freq
+from logos_ir.spec import RopeScaling
+
+Registers = list[Any]
+Step = Callable[[Registers], None]
+
+_F32 = np.float32
+
+
+# -- rotary tables -------------------------------------------------------------------------------------------
+
+
+class RopeTable:
+    """cos and signed sin per position (row p-1 for LOGOS position p, rotary angle (p-1)*inv_freq), laid out
+    over a whole head so that rotate-half is one multiply-add: out = x*cos + swap_halves(x)*sin with sin
+    laid out as [-sin, sin]."""
+
+    def __init__(self, head_dim: int, theta: float, scaling: RopeScaling | None, length: int):
+        self.inv_freq = rope_inv_freq(head_dim, theta, scaling)
+        self.cos = self.sin = np.zeros((0, head_dim), dtype=_F32)
+        self.ensure(length)
+
+    def ensure(self, length: int) -> None:
+        """Make the tables cover positions 1..length (only cacheless programs ever grow them)."""
+        if length <= self.cos.shape[0]:
+            return
+        angles = np.arange(length, dtype=np.float64)[:, None] * self.inv_freq[None, :]
+        cos, sin = np.cos(angles), np.sin(angles)
+        self.cos = np.concatenate([cos, cos], axis=1).astype(_F32)
+        self.sin = np.concatenate([-sin, sin], axis=1).astype(_F32)
+
+
+# -- the kernels: each builds one step over register slots ---------------------------------------------------
+
+
+def embed(table: np.ndarray) -> Callable[..., Step]:
+    def make(tokens: int, out: int) -> Step:
+        def step(r: Registers) -> None:
+            r[out] = table[r[tokens] - 1]
+
+        return step
+
+    return make
+
+
+def rms_norm(weight: np.ndarray, epsilon: float) -> Callable[..., Step]:
+    eps = _F32(epsilon)
+    inv_n = _F32(1.0 / weight.shape[0])
+    einsum, sqrt = np.einsum, np.sqrt
+
+    def make(x: int, out: int) -> Step:
+        def step(r: Registers) -> None:
+            v = r[x]
+            mean_square = einsum("ij,ij->i", v, v) * inv_n
+            r[out] = (v * (1 / sqrt(mean_square + eps))[:, None]) * weight
+
+        return step
+
+    return make
+
+
+def linear(weight: np.ndarray) -> Callable[..., Step]:
+    transposed = weight.T  # a view: x @ W^T is one BLAS call on the [out, in] array, no copy
+    matmul = np.matmul
+
+    def make(x: int, out: int) -> Step:
+        def step(r: Registers) -> None:
+            r[out] = matmul(r[x], transposed)
+
+        return step
+
+    return make
+
+
+def linear_dynamic(x: int, weight: int, out: int) -> Step:
+    def step(r: Registers) -> None:
+        r[out] = r[x] @ r[weight].T
+
+    return step
+
+
+def rope(table: RopeTable, head_dim: int) -> Callable[..., Step]:
+    half = head_dim // 2
+    concatenate = np.concatenate
+
+    def make(x: int, positions: int, out: int) -> Step:
+        def step(r: Registers) -> None:
+            v = r[x]
+            rows = v.shape[0]
+            heads = v.reshape(rows, -1, head_dim)
+            index = r[positions] - 1
+            cos = table.cos[index][:, None, :]
+            sin = table.sin[index][:, None, :]
+            swapped = concatenate((heads[..., half:], heads[..., :half]), axis=-1)
+            r[out] = (heads * cos + swapped * sin).reshape(rows, -1)
+
+        return step
+
+    return make
+
+
+def cache_write(cache: np.ndarray) -> Callable[..., Step]:
+    kv_heads, head_dim = cache.shape[-3], cache.shape[-1]
+    if cache.ndim == 4:
+        sequences = np.arange(cache.shape[0])
+
+        def make4(x: int, positions: int) -> Step:
+            def step(r: Registers) -> None:
+                v = r[x]
+                cache[sequences, :, r[positions] - 1, :] = v.reshape(v.shape[0], kv_heads, head_dim)
+
+            return step
+
+        return make4
+
+    def make(x: int, positions: int) -> Step:
+        def step(r: Registers) -> None:
+            v = r[x]
+            index = r[positions] - 1
+            if v.shape[0] == 1:  # a decode step: basic indexing, no fancy-index machinery
+                cache[:, index[0], :] = v.reshape(kv_heads, head_dim)
+            else:
+                cache[:, index, :] = v.reshape(v.shape[0], kv_heads, head_dim).transpose(1, 0, 2)
+
+        return step
+
+    return make
+
+
+def _softmax_rows(scores: np.ndarray) -> np.ndarray:
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    return scores
+
+
+def _causal_bias(positions: np.ndarray, length: int) -> np.ndarray:
+    """[rows, length]: 0 where a row at position p (from 1) may attend column c (c < p), else -inf."""
+    allowed = np.arange(length)[None, :] < positions[:, None]
+    return np.where(allowed, _F32(0), _F32(-np.inf)).astype(_F32)
+
+
+def attention(keys: np.ndarray, values: np.ndarray) -> Callable[..., Step]:
+    if keys.ndim == 4:
+        return _attention_per_sequence(keys, values)
+    kv_heads, head_dim = keys.shape[0], keys.shape[2]
+    scale = _F32(1 / math.sqrt(head_dim))
+    matmul = np.matmul
+
+    def make(query: int, positions: int, out: int) -> Step:
+        def step(r: Registers) -> None:
+            q = r[query]
+            pos = r[positions]
+            rows = q.shape[0]
+            group = q.shape[1] // (kv_heads * head_dim)
+            length = int(pos.max())
+            k = keys[:, :length]
+            v = values[:, :length]
+            # Query head h = kv * group + g reads KV head kv: gather each KV head's queries of all rows.
+            qh = q.reshape(rows, kv_heads, group, head_dim).transpose(1, 0, 2, 3).reshape(kv_heads, -1, head_dim)
+            scores = matmul(qh, k.transpose(0, 2, 1))
+            scores *= scale
+            if rows > 1:  # a decode row attends every cached position up to its own: nothing to mask
+                scores.reshape(kv_heads, rows, group, length)[...] += _causal_bias(pos, length)[None, :, None, :]
+            attended = matmul(_softmax_rows(scores), v)
+            r[out] = attended.reshape(kv_heads, rows, group, head_dim).transpose(1, 0, 2, 3).reshape(rows, -1)
+
+        return step
+
+    return make
+
+
+def _attention_per_sequence(keys: np.ndarray, values: np.ndarray) -> Callable[..., Step]:
+    kv_heads, head_dim = keys.shape[1], keys.shape[3]
+    scale = _F32(1 / math.sqrt(head_dim))
+    matmul = np.matmul
+
+    def make(query: int, positions: int, out: int) -> Step:
+        def step(r: Registers) -> None:
+            q = r[query]
+            pos = r[positions]
+            rows = q.shape[0]
+            length = int(pos.max())
+            qh = q.reshape(rows, kv_heads, -1, head_dim)
+            scores = matmul(qh, keys[:, :, :length].transpose(0, 1, 3, 2))
+            scores *= scale
+            scores += _causal_bias(pos, length)[:, None, None, :]
+            r[out] = matmul(_softmax_rows(scores), values[:, :, :length]).reshape(rows, -1)
+
+        return step
+
+    return make
+
+
+def self_attention(head_dim: int) -> Callable[..., Step]:
+    scale = _F32(1 / math.sqrt(head_dim))
+    matmul = np.matmul
+
+    def make(query: int, key: int, value: int, out: int) -> Step:
+        def step(r: Registers) -> None:
+            q, k, v = r[query], r[key], r[value]
+            rows = q.shape[0]
+            kv_heads = k.shape[1] // head_dim
+            group = q.shape[1] // k.shape[1]
+            qh = q.reshape(rows, kv_heads, group, head_dim).transpose(1, 0, 2, 3).reshape(kv_heads, -1, head_dim)
+            kh = k.reshape(rows, kv_heads, head_dim).transpose(1, 2, 0)
+            vh = v.reshape(rows, kv_heads, head_dim).transpose(1, 0, 2)
+            scores = matmul(qh, kh)
+            scores *= scale
+            bias = _causal_bias(np.arange(1, rows + 1), rows)
+            scores.reshape(kv_heads, rows, group, rows)[...] += bias[None, :, None, :]
+            attended = matmul(_softmax_rows(scores), vh)
+            r[out] = attended.reshape(kv_heads, rows, group, head_dim).transpose(1, 0, 2, 3).reshape(rows, -1)
+
+        return step
+
+    return make
+
+
+def binary(ufunc: np.ufunc) -> Callable[..., Step]:
+    def make(lhs: int, rhs: int, out: int) -> Step:
+        def step(r: Registers) -> None:
+            r[out] = ufunc(r[lhs], r[rhs])
+
+        return step
+
+    return make
+
+
+def silu(x: int, out: int) -> Step:
+    tanh = np.tanh
+
+    def step(r: Registers) -> None:
+        v = r[x]
+        # sigmoid(v) = (1 + tanh(v/2)) / 2 never overflows, unlike 1 / (1 + exp(-v)) for v below about -88.
+        r[out] = v * (tanh(v * _F32(0.5)) * _F32(0.5) + _F32(0.5))
+
+    return step
+
+
+def row(index: int) -> Callable[..., Step]:
+    def make(x: int, out: int) -> Step:
+        def step(r: Registers) -> None:
+            r[out] = r[x][index - 1 : index]
+
+        return step
+
+    return make
+
+
+def argmax(x: int, out: int) -> Step:
+    argmax = np.argmax
+
+    def step(r: Registers) -> None:
+        r[out] = argmax(r[x], axis=-1) + 1  # numpy takes the first maximum on ties, as logos.argmax does
+
+    return step
+
+
+def copy(x: int, out: int) -> Step:
+    def step(r: Registers) -> None:
+        r[out] = r[x]
+
+    return step
