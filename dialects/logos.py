@@ -10,9 +10,9 @@ are xDSL's `shard.all_reduce`.
 Token ids and positions carried by `logos.input` count from 1, as LOGOS indices do; `logos.argmax` yields ids from 1.
 
 ```mlir
-logos.program cut "decode ctx=64" chips 1 digest "5a1e..." model {...} {
+logos.program cut "decode ctx=64" chips 1 digest "5a1e..." model <vocab = 256, ...> {
   func.func @layer_0(%x : tensor<1x64xf32>, %position : tensor<1xi64>) -> tensor<1x64xf32> {
-    %keys = logos.cache key layer 0 shape [2, 64, 16] : memref<2x64x16xf32>
+    %keys = logos.cache "key" layer 0 shape [2, 64, 16] : memref<2x64x16xf32>
     %query_weight = logos.weight "model.layers.0.self_attn.q_proj.weight" shape [64, 64] : tensor<64x64xf32>
     %query = logos.linear %normed, %query_weight : (tensor<1x64xf32>, tensor<64x64xf32>) -> tensor<1x64xf32>
     ...
@@ -295,7 +295,7 @@ class ProgramOp(LogosOp):
     `func.func` sections and, when split, its `shard.grid`.
 
     ```mlir
-    logos.program cut "decode ctx=64" chips 1 digest "..." model {vocab = 256 : i64, ...} {
+    logos.program cut "decode ctx=64" chips 1 digest "..." model <vocab = 256, ...> {
       func.func @main() -> tensor<1xi64> { ... }
     }
     ```
@@ -357,8 +357,8 @@ class InputOp(LogosOp):
     """A runtime input: token ids or positions (from 1, placeholder values that a run replaces), or a hidden state.
 
     ```mlir
-    %token = logos.input token values array<i64: 1> : tensor<1xi64>
-    %x3 = logos.input hidden : tensor<1x64xf32>
+    %token = logos.input "token" values [1] : tensor<1xi64>
+    %x3 = logos.input "hidden" : tensor<1x64xf32>
     ```
     """
 
@@ -434,7 +434,7 @@ class WeightOp(LogosOp, _Sharded):
 
     ```mlir
     %w = logos.weight "model.layers.0.self_attn.q_proj.weight" shape [64, 64] : tensor<64x64xf32>
-    %w = logos.weight "model.layers.0.self_attn.q_proj.weight" shape [64, 64] split rows over @chips
+    %w = logos.weight "model.layers.0.self_attn.q_proj.weight" shape [64, 64] split "rows" over @chips
            : tensor<32x64xf32>
     ```
     """
@@ -470,7 +470,7 @@ class CacheOp(LogosOp, _Sharded):
     head size (the leading sequences axis only for a batch, where each sequence has its own cache).
 
     ```mlir
-    %keys = logos.cache key layer 0 shape [2, 64, 16] : memref<2x64x16xf32>
+    %keys = logos.cache "key" layer 0 shape [2, 64, 16] : memref<2x64x16xf32>
     ```
     """
 
@@ -540,7 +540,7 @@ class RMSNormOp(LogosOp):
     """RMS normalisation of each row, scaled by a weight: x / sqrt(mean(x^2) + epsilon) * weight.
 
     ```mlir
-    %normed = logos.rms_norm %x, %w epsilon 1.0e-05 : (tensor<1x64xf32>, tensor<64xf32>) -> tensor<1x64xf32>
+    %normed = logos.rms_norm %x, %w epsilon 1.0e-05 : f64 : (tensor<1x64xf32>, tensor<64xf32>) -> tensor<1x64xf32>
     ```
     """
 
@@ -596,7 +596,7 @@ class RopeOp(LogosOp):
     of each head (the Hugging Face Llama convention). `scaling` holds Llama 3's frequency scaling when the model has it.
 
     ```mlir
-    %turned = logos.rope %q, %position head_dim 16 theta 1.0e+04 : (tensor<1x64xf32>, tensor<1xi64>) -> tensor<1x64xf32>
+    %turned = logos.rope %q, %position head_dim 16 theta 1.0e+04 : f64 : (tensor<1x64xf32>, tensor<1xi64>) -> tensor<1x64xf32>
     ```
     """
 
