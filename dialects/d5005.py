@@ -2,23 +2,24 @@
 
 The engine is a fixed datapath (one bitstream) that reads a program, the decode step lowered to these
 instructions, and streams the weights from the card's four DDR4-2400 banks (8 GiB each). Its operands are of two
-kinds: named **on-chip buffers** (`d5005.buffer`, float32 words in the engine's on-chip memory, each at a word
-offset) and **board-memory regions** (`#d5005.region`, a matrix whose rows are striped over the four banks: row r
-lives in bank r % 4 at byte `offset + (r // 4) * stride` of that bank, so every bank holds the same offsets and a
-matrix-vector product streams from all four at once). A `d5005.program` holds the buffers and, in order, the
-instructions of one decode step; running it once is one launch of the engine.
+kinds: **on-chip buffers** (`d5005.buffer`, float32 words in the engine's on-chip memory, each at a word offset,
+an SSA value of type `!d5005.buffer` that the instructions read and write) and **board-memory regions**
+(`#d5005.region`, a matrix whose rows are striped over the four banks: row r lives in bank r % 4 at byte
+`offset + (r // 4) * stride` of that bank, so every bank holds the same offsets and a matrix-vector product
+streams from all four at once). A `d5005.program` holds the buffers and, in order, the instructions of one decode
+step; running it once is one launch of the engine.
 
 ```mlir
-d5005.program identity "LOGOS program: decode step, ctx 64, sha256 ..." weights "bf16" ctx 64 ... {
-  d5005.buffer "normed" words 64 at 64
-  d5005.matvec "query", "normed", #d5005.region<"model.layers.0.self_attn.q_proj.weight" at 8192 stride 128
-      rows 64 cols 64 bytes 2>
+d5005.program identity "LOGOS program: decode step" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
+  %normed = d5005.buffer "normed" words 64 at 0
+  %query = d5005.buffer "query" words 64 at 64
+  d5005.matvec %query, %normed, <"model.layers.0.self_attn.q_proj.weight" at 0 stride 128 rows 64 cols 64 bytes 2>
 }
 ```
 
 Each op's verifier checks what it can see alone (region inside its bank, aligned to the burst, shapes that agree);
-`d5005.program`'s verifier checks the buffers against the on-chip budget and every instruction's buffers against
-their declarations, in one walk over its block.
+`d5005.program`'s verifier checks the buffers against the on-chip budget and every instruction's buffers (each a
+`d5005.buffer` of the program, large enough for what the instruction reads or writes), in one walk over its block.
 """
 
 from __future__ import annotations
@@ -27,13 +28,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xdsl.dialects.builtin import I64, FloatAttr, IntAttr, IntegerAttr, StringAttr, i64
-from xdsl.ir import Attribute, Block, Dialect, ParametrizedAttribute, Region
+from xdsl.ir import Attribute, Block, Dialect, ParametrizedAttribute, Region, SSAValue, TypeAttribute
 from xdsl.irdl import (
     IRDLOperation,
     irdl_attr_definition,
     irdl_op_definition,
+    operand_def,
     prop_def,
     region_def,
+    result_def,
     traits_def,
 )
 from xdsl.parser import AttrParser
@@ -195,12 +198,24 @@ def _check_cache_precision(op: CacheWriteOp | AttentionOp, weights: str, burst: 
 # -- the program and its buffers ---------------------------------------------------------------------------------
 
 
+@irdl_attr_definition
+class BufferType(ParametrizedAttribute, TypeAttribute):
+    """The type of an on-chip buffer: `!d5005.buffer` (its words and offset are the `d5005.buffer` op's)."""
+
+    name = "d5005.buffer"
+
+
 @irdl_op_definition
 class ProgramOp(IRDLOperation):
     """One decode step for the engine: its identity line, weight precision, cache length and engine parameters;
     its block holds the on-chip buffers, then the instructions in order.
 
-    `d5005.program identity "LOGOS program: ..." weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 1048576 {...}`
+    ```mlir
+    d5005.program identity "LOGOS program: decode step" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
+      %logits = d5005.buffer "logits" words 256 at 0
+      d5005.argmax %logits size 256
+    }
+    ```
     """
 
     name = "d5005.program"
@@ -237,8 +252,8 @@ class ProgramOp(IRDLOperation):
     def params(self) -> EngineParams:
         return EngineParams(_int(self.clock_mhz), _int(self.burst), _int(self.onchip), self.weights.data)
 
-    def buffers(self) -> dict[str, BufferOp]:
-        return {op.sym.data: op for op in self.body.block.ops if isinstance(op, BufferOp)}
+    def buffers(self) -> list[BufferOp]:
+        return [op for op in self.body.block.ops if isinstance(op, BufferOp)]
 
     def instructions(self) -> list[InstructionOp]:
         return [op for op in self.body.block.ops if isinstance(op, InstructionOp)]
@@ -250,14 +265,14 @@ class ProgramOp(IRDLOperation):
         if burst < 4 or burst & (burst - 1):
             raise _fail(self, f"the burst is a power of two of at least 4 bytes, not {burst}")
         buffers = self.buffers()
-        used = sum(_int(b.words) for b in buffers.values())
+        used = sum(_int(b.words) for b in buffers)
         if used > onchip:
             raise _fail(self, f"its buffers take {used} words of on-chip memory, over the budget of {onchip}")
-        for buffer in buffers.values():
+        for buffer in buffers:
             if _int(buffer.offset) + _int(buffer.words) > onchip:
-                raise _fail(self, f"buffer '{buffer.sym.data}' lies past the {onchip} words of on-chip memory")
+                raise _fail(self, f"buffer '{buffer.label.data}' lies past the {onchip} words of on-chip memory")
         for op in self.instructions():
-            op.check_buffers(buffers, burst)
+            op.check_buffers(self, burst)
             for region in op.regions_read():
                 check_burst(op, region, burst)
             if isinstance(op, AttentionOp | CacheWriteOp):
@@ -266,24 +281,44 @@ class ProgramOp(IRDLOperation):
 
 @irdl_op_definition
 class BufferOp(IRDLOperation):
-    """A named on-chip buffer of float32 words at a word offset: `d5005.buffer "normed" words 64 at 128`."""
+    """An on-chip buffer of float32 words at a word offset, named for the listing and the stream's symbols.
+
+    ```mlir
+    %normed = d5005.buffer "normed" words 64 at 128
+    ```
+    """
 
     name = "d5005.buffer"
 
-    sym = prop_def(StringAttr)
+    label = prop_def(StringAttr)
     words = prop_def(IntegerAttr[I64])
     offset = prop_def(IntegerAttr[I64])
+    buffer = result_def(BufferType)
 
-    assembly_format = "$sym `words` $words `at` $offset attr-dict"
+    assembly_format = "$label `words` $words `at` $offset attr-dict"
 
-    def __init__(self, name: str, words: int, offset: int):
+    def __init__(self, label: str, words: int, offset: int):
         super().__init__(
-            properties={"sym": StringAttr(name), "words": IntegerAttr(words, i64), "offset": IntegerAttr(offset, i64)}
+            properties={
+                "label": StringAttr(label),
+                "words": IntegerAttr(words, i64),
+                "offset": IntegerAttr(offset, i64),
+            },
+            result_types=[BufferType()],
         )
+        if SSAValue.is_valid_name(label):
+            self.buffer.name_hint = label
 
     def verify_(self) -> None:
         if _int(self.words) < 1 or _int(self.offset) < 0:
-            raise _fail(self, f"buffer '{self.sym.data}' needs at least one word at an offset of at least 0")
+            raise _fail(self, f"buffer '{self.label.data}' needs at least one word at an offset of at least 0")
+
+
+def label(value: SSAValue) -> str:
+    """The name of the buffer an instruction's operand is (in a verified program, a `d5005.buffer`)."""
+    owner = value.owner
+    assert isinstance(owner, BufferOp), owner
+    return owner.label.data
 
 
 # -- the instructions --------------------------------------------------------------------------------------------
@@ -291,42 +326,56 @@ class BufferOp(IRDLOperation):
 
 class InstructionOp(IRDLOperation):
     """Base of the engine's instructions: `buffer_uses` says which buffers an instruction reads or writes and
-    how many words of each, `regions_read` which board-memory regions it streams."""
+    how many words of each, `written` and `read` which one it writes and which it reads (a scratch buffer is
+    neither: nothing lives in it from one instruction to the next), `regions_read` which board-memory regions it
+    streams."""
 
-    def buffer_uses(self, burst: int = 64) -> list[tuple[str, int]]:
+    def buffer_uses(self, burst: int = 64) -> list[tuple[SSAValue, int]]:
         raise NotImplementedError
+
+    def written(self) -> SSAValue | None:
+        return None
+
+    def read(self) -> list[SSAValue]:
+        return []
 
     def regions_read(self) -> list[RegionAttr]:
         return []
 
-    def check_buffers(self, buffers: dict[str, BufferOp], burst: int = 64) -> None:
-        for name, words in self.buffer_uses(burst):
-            buffer = buffers.get(name)
-            if buffer is None:
-                raise _fail(self, f"uses buffer '{name}', which the program does not declare")
-            if _int(buffer.words) < words:
-                raise _fail(self, f"needs {words} words of buffer '{name}', which has {_int(buffer.words)}")
+    def check_buffers(self, program: ProgramOp, burst: int = 64) -> None:
+        for value, words in self.buffer_uses(burst):
+            owner = value.owner
+            if not isinstance(owner, BufferOp) or owner.parent_op() is not program:
+                raise _fail(self, "uses a buffer that is not a d5005.buffer of its program")
+            if _int(owner.words) < words:
+                raise _fail(self, f"needs {words} words of buffer '{owner.label.data}', which has {_int(owner.words)}")
 
 
 @irdl_op_definition
 class EmbedRowOp(InstructionOp):
     """Fetch the table's row at the engine's token (from 1) into a buffer.
 
-    `d5005.embed_row "hidden", #d5005.region<"model.embed_tokens.weight" at 0 stride 128 rows 256 cols 64 bytes 2>`
+    ```mlir
+    %hidden = d5005.buffer "hidden" words 64 at 0
+    d5005.embed_row %hidden, <"model.embed_tokens.weight" at 0 stride 128 rows 256 cols 64 bytes 2>
+    ```
     """
 
     name = "d5005.embed_row"
 
-    dst = prop_def(StringAttr)
+    dst = operand_def(BufferType)
     table = prop_def(RegionAttr)
 
     assembly_format = "$dst `,` $table attr-dict"
 
-    def __init__(self, dst: str, table: RegionAttr):
-        super().__init__(properties={"dst": StringAttr(dst), "table": table})
+    def __init__(self, dst: SSAValue, table: RegionAttr):
+        super().__init__(operands=[dst], properties={"table": table})
 
-    def buffer_uses(self, burst: int = 64) -> list[tuple[str, int]]:
-        return [(self.dst.data, self.table.cols.data)]
+    def buffer_uses(self, burst: int = 64) -> list[tuple[SSAValue, int]]:
+        return [(self.dst, self.table.cols.data)]
+
+    def written(self) -> SSAValue | None:
+        return self.dst
 
     def regions_read(self) -> list[RegionAttr]:
         return [self.table]
@@ -337,29 +386,39 @@ class MatvecOp(InstructionOp):
     """dst = weight @ src: stream a weight matrix [rows, cols] from all four banks at once (bank b feeds rows
     b, b+4, ...), one vector of weights per bank per cycle.
 
-    `d5005.matvec "query", "normed", #d5005.region<"...q_proj.weight" at 8192 stride 128 rows 64 cols 64 bytes 2>`
+    ```mlir
+    %normed = d5005.buffer "normed" words 64 at 0
+    %query = d5005.buffer "query" words 64 at 64
+    d5005.matvec %query, %normed, <"model.layers.0.mlp.down_proj.weight" at 0 stride 128 rows 64 cols 64 bytes 2>
+    ```
     """
 
     name = "d5005.matvec"
 
-    dst = prop_def(StringAttr)
-    src = prop_def(StringAttr)
+    dst = operand_def(BufferType)
+    src = operand_def(BufferType)
     weight = prop_def(RegionAttr)
 
     assembly_format = "$dst `,` $src `,` $weight attr-dict"
 
-    def __init__(self, dst: str, src: str, weight: RegionAttr):
-        super().__init__(properties={"dst": StringAttr(dst), "src": StringAttr(src), "weight": weight})
+    def __init__(self, dst: SSAValue, src: SSAValue, weight: RegionAttr):
+        super().__init__(operands=[dst, src], properties={"weight": weight})
 
-    def buffer_uses(self, burst: int = 64) -> list[tuple[str, int]]:
-        return [(self.dst.data, self.weight.rows.data), (self.src.data, self.weight.cols.data)]
+    def buffer_uses(self, burst: int = 64) -> list[tuple[SSAValue, int]]:
+        return [(self.dst, self.weight.rows.data), (self.src, self.weight.cols.data)]
+
+    def written(self) -> SSAValue | None:
+        return self.dst
+
+    def read(self) -> list[SSAValue]:
+        return [self.src]
 
     def regions_read(self) -> list[RegionAttr]:
         return [self.weight]
 
     def verify_(self) -> None:
-        if self.dst.data == self.src.data:
-            raise _fail(self, f"writes buffer '{self.dst.data}' while it streams it: a matvec is never in place")
+        if self.dst == self.src:
+            raise _fail(self, "writes the buffer it streams: a matvec is never in place")
         if self.weight.cols.data > VECTOR_WORDS:
             raise _fail(
                 self,
@@ -371,31 +430,34 @@ class MatvecOp(InstructionOp):
 class RMSNormOp(InstructionOp):
     """dst = src / sqrt(mean(src^2) + epsilon) * weight, over the weight's length.
 
-    `d5005.rms_norm "normed", "x", #d5005.region<"...input_layernorm.weight" ...> epsilon 1.0e-05 : f32`
+    ```mlir
+    %x = d5005.buffer "x" words 64 at 0
+    %normed = d5005.buffer "normed" words 64 at 64
+    d5005.rms_norm %normed, %x, <"model.norm.weight" at 0 stride 128 rows 1 cols 64 bytes 2> epsilon 1.0e-05 : f32
+    ```
     """
 
     name = "d5005.rms_norm"
 
-    dst = prop_def(StringAttr)
-    src = prop_def(StringAttr)
+    dst = operand_def(BufferType)
+    src = operand_def(BufferType)
     weight = prop_def(RegionAttr)
     epsilon = prop_def(FloatAttr)
 
     assembly_format = "$dst `,` $src `,` $weight `epsilon` $epsilon attr-dict"
 
-    def __init__(self, dst: str, src: str, weight: RegionAttr, epsilon: float):
-        super().__init__(
-            properties={
-                "dst": StringAttr(dst),
-                "src": StringAttr(src),
-                "weight": weight,
-                "epsilon": FloatAttr(epsilon, 32),
-            }
-        )
+    def __init__(self, dst: SSAValue, src: SSAValue, weight: RegionAttr, epsilon: float):
+        super().__init__(operands=[dst, src], properties={"weight": weight, "epsilon": FloatAttr(epsilon, 32)})
 
-    def buffer_uses(self, burst: int = 64) -> list[tuple[str, int]]:
+    def buffer_uses(self, burst: int = 64) -> list[tuple[SSAValue, int]]:
         n = self.weight.cols.data
-        return [(self.dst.data, n), (self.src.data, n)]
+        return [(self.dst, n), (self.src, n)]
+
+    def written(self) -> SSAValue | None:
+        return self.dst
+
+    def read(self) -> list[SSAValue]:
+        return [self.src]
 
     def regions_read(self) -> list[RegionAttr]:
         return [self.weight]
@@ -410,32 +472,37 @@ class RopeOp(InstructionOp):
     """Rotate each head of `width` words at the engine's position, by the rotary table (row p-1 holds the cos of
     each of the head's half-frequencies, then their sin), the two halves of each head (Hugging Face's layout).
 
-    `d5005.rope "turned_query", "query", #d5005.region<"rope" ... rows 64 cols 16 bytes 4> width 64 head_dim 16`
+    ```mlir
+    %query = d5005.buffer "query" words 64 at 0
+    %turned = d5005.buffer "turned_query" words 64 at 64
+    d5005.rope %turned, %query, <"rope" at 0 stride 64 rows 64 cols 16 bytes 4> width 64 head_dim 16
+    ```
     """
 
     name = "d5005.rope"
 
-    dst = prop_def(StringAttr)
-    src = prop_def(StringAttr)
+    dst = operand_def(BufferType)
+    src = operand_def(BufferType)
     table = prop_def(RegionAttr)
     width = prop_def(IntegerAttr[I64])
     head_dim = prop_def(IntegerAttr[I64])
 
     assembly_format = "$dst `,` $src `,` $table `width` $width `head_dim` $head_dim attr-dict"
 
-    def __init__(self, dst: str, src: str, table: RegionAttr, width: int, head_dim: int):
+    def __init__(self, dst: SSAValue, src: SSAValue, table: RegionAttr, width: int, head_dim: int):
         super().__init__(
-            properties={
-                "dst": StringAttr(dst),
-                "src": StringAttr(src),
-                "table": table,
-                "width": IntegerAttr(width, i64),
-                "head_dim": IntegerAttr(head_dim, i64),
-            }
+            operands=[dst, src],
+            properties={"table": table, "width": IntegerAttr(width, i64), "head_dim": IntegerAttr(head_dim, i64)},
         )
 
-    def buffer_uses(self, burst: int = 64) -> list[tuple[str, int]]:
-        return [(self.dst.data, _int(self.width)), (self.src.data, _int(self.width))]
+    def buffer_uses(self, burst: int = 64) -> list[tuple[SSAValue, int]]:
+        return [(self.dst, _int(self.width)), (self.src, _int(self.width))]
+
+    def written(self) -> SSAValue | None:
+        return self.dst
+
+    def read(self) -> list[SSAValue]:
+        return [self.src]
 
     def regions_read(self) -> list[RegionAttr]:
         return [self.table]
@@ -453,22 +520,28 @@ class CacheWriteOp(InstructionOp):
     """Write a buffer of kv_heads x head_dim words into a cache at the engine's position: head h's row in the
     cache region is h * ctx + position - 1.
 
-    `d5005.cache_write "turned_key", #d5005.region<"cache.0.key" ... rows 128 cols 16 bytes 4> kv_heads 2`
+    ```mlir
+    %key = d5005.buffer "turned_key" words 32 at 0
+    d5005.cache_write %key, <"cache.0.key" at 0 stride 64 rows 128 cols 16 bytes 4> kv_heads 2
+    ```
     """
 
     name = "d5005.cache_write"
 
-    src = prop_def(StringAttr)
+    src = operand_def(BufferType)
     cache = prop_def(RegionAttr)
     kv_heads = prop_def(IntegerAttr[I64])
 
     assembly_format = "$src `,` $cache `kv_heads` $kv_heads attr-dict"
 
-    def __init__(self, src: str, cache: RegionAttr, kv_heads: int):
-        super().__init__(properties={"src": StringAttr(src), "cache": cache, "kv_heads": IntegerAttr(kv_heads, i64)})
+    def __init__(self, src: SSAValue, cache: RegionAttr, kv_heads: int):
+        super().__init__(operands=[src], properties={"cache": cache, "kv_heads": IntegerAttr(kv_heads, i64)})
 
-    def buffer_uses(self, burst: int = 64) -> list[tuple[str, int]]:
-        return [(self.src.data, _int(self.kv_heads) * self.cache.cols.data)]
+    def buffer_uses(self, burst: int = 64) -> list[tuple[SSAValue, int]]:
+        return [(self.src, _int(self.kv_heads) * self.cache.cols.data)]
+
+    def read(self) -> list[SSAValue]:
+        return [self.src]
 
     def regions_read(self) -> list[RegionAttr]:
         return [self.cache]
@@ -490,19 +563,26 @@ class AttentionOp(InstructionOp):
     `cache_write`s store), through a scratch buffer (`attention_scratch_words`). Each KV head's keys and values
     are read once for all the query heads of its group.
 
-    `d5005.attention "attended", "turned_query", #d5005.region<"cache.0.key" ...>, #d5005.region<"cache.0.value"
-     ...> current "turned_key", "value" scores "scores" heads 4 kv_heads 2`
+    ```mlir
+    %q = d5005.buffer "turned_query" words 64 at 0
+    %k = d5005.buffer "turned_key" words 32 at 64
+    %v = d5005.buffer "value" words 32 at 96
+    %o = d5005.buffer "attended" words 64 at 128
+    %s = d5005.buffer "scores" words 256 at 192
+    d5005.attention %o, %q, <"cache.0.key" at 0 stride 64 rows 128 cols 16 bytes 4>,
+        <"cache.0.value" at 8192 stride 64 rows 128 cols 16 bytes 4> current %k, %v scores %s heads 4 kv_heads 2
+    ```
     """
 
     name = "d5005.attention"
 
-    dst = prop_def(StringAttr)
-    query = prop_def(StringAttr)
+    dst = operand_def(BufferType)
+    query = operand_def(BufferType)
+    key = operand_def(BufferType)
+    value = operand_def(BufferType)
+    scores = operand_def(BufferType)
     keys = prop_def(RegionAttr)
     values = prop_def(RegionAttr)
-    key = prop_def(StringAttr)
-    value = prop_def(StringAttr)
-    scores = prop_def(StringAttr)
     heads = prop_def(IntegerAttr[I64])
     kv_heads = prop_def(IntegerAttr[I64])
 
@@ -513,44 +593,46 @@ class AttentionOp(InstructionOp):
 
     def __init__(
         self,
-        dst: str,
-        query: str,
+        dst: SSAValue,
+        query: SSAValue,
         keys: RegionAttr,
         values: RegionAttr,
-        current: tuple[str, str],
-        scores: str,
+        current: tuple[SSAValue, SSAValue],
+        scores: SSAValue,
         heads: int,
         kv: int,
     ):
         super().__init__(
+            operands=[dst, query, current[0], current[1], scores],
             properties={
-                "dst": StringAttr(dst),
-                "query": StringAttr(query),
                 "keys": keys,
                 "values": values,
-                "key": StringAttr(current[0]),
-                "value": StringAttr(current[1]),
-                "scores": StringAttr(scores),
                 "heads": IntegerAttr(heads, i64),
                 "kv_heads": IntegerAttr(kv, i64),
-            }
+            },
         )
 
     @property
     def ctx(self) -> int:
         return self.keys.rows.data // _int(self.kv_heads)
 
-    def buffer_uses(self, burst: int = 64) -> list[tuple[str, int]]:
+    def buffer_uses(self, burst: int = 64) -> list[tuple[SSAValue, int]]:
         head_dim, kv = self.keys.cols.data, _int(self.kv_heads)
         width = _int(self.heads) * head_dim
         scratch = attention_scratch_words(_int(self.heads), kv, head_dim, self.ctx, self.keys.element_bytes.data, burst)
         return [
-            (self.dst.data, width),
-            (self.query.data, width),
-            (self.key.data, kv * head_dim),
-            (self.value.data, kv * head_dim),
-            (self.scores.data, scratch),
+            (self.dst, width),
+            (self.query, width),
+            (self.key, kv * head_dim),
+            (self.value, kv * head_dim),
+            (self.scores, scratch),
         ]
+
+    def written(self) -> SSAValue | None:
+        return self.dst
+
+    def read(self) -> list[SSAValue]:
+        return [self.query, self.key, self.value]
 
     def regions_read(self) -> list[RegionAttr]:
         return [self.keys, self.values]
@@ -570,38 +652,53 @@ class AttentionOp(InstructionOp):
 class ElementwiseOp(InstructionOp):
     """Base of the elementwise instructions over `size` words of two buffers."""
 
-    dst = prop_def(StringAttr)
-    lhs = prop_def(StringAttr)
-    rhs = prop_def(StringAttr)
+    dst = operand_def(BufferType)
+    lhs = operand_def(BufferType)
+    rhs = operand_def(BufferType)
     size = prop_def(IntegerAttr[I64])
 
     assembly_format = "$dst `,` $lhs `,` $rhs `size` $size attr-dict"
 
-    def __init__(self, dst: str, lhs: str, rhs: str, size: int):
-        super().__init__(
-            properties={
-                "dst": StringAttr(dst),
-                "lhs": StringAttr(lhs),
-                "rhs": StringAttr(rhs),
-                "size": IntegerAttr(size, i64),
-            }
-        )
+    def __init__(self, dst: SSAValue, lhs: SSAValue, rhs: SSAValue, size: int):
+        super().__init__(operands=[dst, lhs, rhs], properties={"size": IntegerAttr(size, i64)})
 
-    def buffer_uses(self, burst: int = 64) -> list[tuple[str, int]]:
+    def buffer_uses(self, burst: int = 64) -> list[tuple[SSAValue, int]]:
         n = _int(self.size)
-        return [(self.dst.data, n), (self.lhs.data, n), (self.rhs.data, n)]
+        return [(self.dst, n), (self.lhs, n), (self.rhs, n)]
+
+    def written(self) -> SSAValue | None:
+        return self.dst
+
+    def read(self) -> list[SSAValue]:
+        return [self.lhs, self.rhs]
 
 
 @irdl_op_definition
 class SiluMulOp(ElementwiseOp):
-    """dst = silu(lhs) * rhs (SwiGLU's gate and up): `d5005.silu_mul "product", "gate", "up" size 128`"""
+    """dst = silu(lhs) * rhs (SwiGLU's gate and up).
+
+    ```mlir
+    %gate = d5005.buffer "gate" words 128 at 0
+    %up = d5005.buffer "up" words 128 at 128
+    %product = d5005.buffer "product" words 128 at 256
+    d5005.silu_mul %product, %gate, %up size 128
+    ```
+    """
 
     name = "d5005.silu_mul"
 
 
 @irdl_op_definition
 class AddOp(ElementwiseOp):
-    """dst = lhs + rhs (the residual connections): `d5005.add "mixed", "x", "projected" size 64`"""
+    """dst = lhs + rhs (the residual connections).
+
+    ```mlir
+    %x = d5005.buffer "x" words 64 at 0
+    %projected = d5005.buffer "projected" words 64 at 64
+    %mixed = d5005.buffer "mixed" words 64 at 128
+    d5005.add %mixed, %x, %projected size 64
+    ```
+    """
 
     name = "d5005.add"
 
@@ -610,20 +707,27 @@ class AddOp(ElementwiseOp):
 class ArgmaxOp(InstructionOp):
     """The engine's result: the index (from 1) of the greatest of `size` words, the first on a tie.
 
-    `d5005.argmax "logits" size 256`"""
+    ```mlir
+    %logits = d5005.buffer "logits" words 256 at 0
+    d5005.argmax %logits size 256
+    ```
+    """
 
     name = "d5005.argmax"
 
-    src = prop_def(StringAttr)
+    src = operand_def(BufferType)
     size = prop_def(IntegerAttr[I64])
 
     assembly_format = "$src `size` $size attr-dict"
 
-    def __init__(self, src: str, size: int):
-        super().__init__(properties={"src": StringAttr(src), "size": IntegerAttr(size, i64)})
+    def __init__(self, src: SSAValue, size: int):
+        super().__init__(operands=[src], properties={"size": IntegerAttr(size, i64)})
 
-    def buffer_uses(self, burst: int = 64) -> list[tuple[str, int]]:
-        return [(self.src.data, _int(self.size))]
+    def buffer_uses(self, burst: int = 64) -> list[tuple[SSAValue, int]]:
+        return [(self.src, _int(self.size))]
+
+    def read(self) -> list[SSAValue]:
+        return [self.src]
 
 
 D5005 = Dialect(
@@ -641,7 +745,7 @@ D5005 = Dialect(
         AddOp,
         ArgmaxOp,
     ],
-    [RegionAttr],
+    [RegionAttr, BufferType],
 )
 
 

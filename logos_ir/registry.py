@@ -103,7 +103,8 @@ def _to_cuda(options: dict[str, str]) -> list[str]:
 
 
 def _to_d5005(options: dict[str, str]) -> list[str]:
-    return ["verify-identity", f"convert-logos-to-d5005{{weights={options.get('weights', 'bf16')}}}"]
+    lowering = f"convert-logos-to-d5005{{weights={options.get('weights', 'bf16')}}}"
+    return ["verify-identity", "inline-sections", lowering]
 
 
 def _to_spatial(options: dict[str, str]) -> list[str]:

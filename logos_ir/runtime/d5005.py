@@ -255,18 +255,20 @@ def read_image(data: bytes) -> Image:
 
 
 def decode_ops(stream: Stream) -> list[Any]:
-    """The stream's instructions as `d5005` ops (names from its symbol section): the inverse of the emitter."""
+    """The stream's buffers (from its symbol section), then its instructions, as `d5005` ops over them: the
+    inverse of the emitter."""
     from xdsl.utils.exceptions import VerifyException
 
-    buffers = {offset: name for name, _, offset in stream.symbols.get("buffers", [])}
-    regions = {r[1]: r for r in stream.symbols.get("regions", [])}
     try:
-        return [_decode(stream, [int(v) for v in row], buffers, regions) for row in stream.words]
+        buffers = [d5005.BufferOp(name, words, offset) for name, words, offset in stream.symbols.get("buffers", [])]
+        at = {op.offset.value.data: op.buffer for op in buffers}
+        regions = {r[1]: r for r in stream.symbols.get("regions", [])}
+        return [*buffers, *(_decode(stream, [int(v) for v in row], at, regions) for row in stream.words)]
     except VerifyException as error:
         raise StreamError(f"the stream's symbols give an op that does not verify: {error}") from None
 
 
-def _decode(stream: Stream, w: list[int], buffers: dict[int, str], regions: dict[int, list[Any]]) -> Any:
+def _decode(stream: Stream, w: list[int], buffers: dict[int, Any], regions: dict[int, list[Any]]) -> Any:
     from xdsl.dialects.builtin import FloatAttr
 
     def region(offset_field: int = d5005.W_OFFSET) -> d5005.RegionAttr:
@@ -276,7 +278,7 @@ def _decode(stream: Stream, w: list[int], buffers: dict[int, str], regions: dict
             raise StreamError(f"the stream's symbols name no region at byte {offset}")
         return d5005.RegionAttr(*found)
 
-    def b(i: int) -> str:
+    def b(i: int) -> Any:
         if w[i] not in buffers:
             raise StreamError(f"the stream's symbols name no buffer at word {w[i]}")
         return buffers[w[i]]

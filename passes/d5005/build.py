@@ -25,17 +25,19 @@ def _emitted(target: Target, module: ModuleOp) -> str:
 
 
 def build_d5005(request: BuildRequest) -> LaneBuild:
-    """The lane's build: the registered pass, then the registered emitters, then the stream and the image."""
+    """The lane's build: the pipeline's passes, then the registered emitters, then the stream and the image."""
     from logos_ir.passes.d5005 import cost_model
     from logos_ir.passes.d5005.convert_logos_to_d5005 import ConvertLogosToD5005
     from logos_ir.passes.d5005.emit_layout import LayoutTarget, image_bytes, weight_image
     from logos_ir.passes.d5005.emit_listing import ListingTarget
     from logos_ir.passes.d5005.emit_opencl import EngineTarget, the_d5005_program
     from logos_ir.passes.d5005.emit_stream import encode_stream
+    from logos_ir.passes.inline_sections import InlineSections
 
     _check_request(request)
     module, identity, text = program_module(request)
-    ConvertLogosToD5005(request.weights).apply(Context(), module)
+    for stage in (InlineSections(), ConvertLogosToD5005(request.weights)):
+        stage.apply(Context(), module)
     program = the_d5005_program(module, "d5005")
     line = identity.line()
     size = image_bytes(program)

@@ -1,33 +1,40 @@
 """`convert-logos-to-d5005`: a decode step's `logos` IR to the D5005 engine's instructions.
 
-    logos-author --model tiny --cut 'decode ctx=64' | logos-opt -f logos -p 'convert-logos-to-d5005{weights=bf16}'
+    logos-author --model tiny --cut 'decode ctx=64' | logos-opt -f logos -p 'logos-to-d5005{weights=bf16}'
 
-Assumes: a module holding one `logos.program` whose cut is a whole decode step (`decode ctx=N`) on one chip, in the
-author's form: @main reads the token and position inputs and calls @embedding, each @layer_n and @head in turn.
+Assumes: a module holding one `logos.program` whose cut is a whole decode step (`decode ctx=N`) on one chip, its
+sections inlined into @main (`inline-sections`, which the `logos-to-d5005` pipeline runs first): @main reads the
+token and position inputs, then runs the step's ops in order.
 
 Guarantees: the program is replaced by one `d5005.program` carrying its identity line, whose block holds the
-on-chip buffers and then the decode step's instructions in execution order (each section inlined where @main calls
-it): one instruction per `logos` op, but SiLU and the product that reads it become one `silu_mul`, and weights and
-caches become board-memory regions (see `placement.py`: weights striped over the four banks, the rotary table, the
-KV caches). Buffers are named after the values they hold and reused across layers: a value goes into the buffer of
-its name once the previous value there is dead, so a layer's buffers serve every layer. The on-chip budget
-(`EngineParams.onchip_words`) holds every buffer, and no instruction writes a buffer it reads. A model whose
-weights and caches overflow the 32 GiB is refused with the sizes; other cuts, split programs and ops the engine
-has no instruction for are refused naming them. Nothing changes when it refuses: the new program is built and
-verified beside the old one, then swapped in. No weight value is read; the cost is one walk over the program.
+on-chip buffers and then the decode step's instructions in execution order. One rewrite pattern per `logos` op:
+each writes its result into a new `d5005.buffer` and replaces the op's value by it, so the next op's pattern reads
+that buffer (SiLU and the product that reads it become one `silu_mul`; weights and caches become the board-memory
+regions of `placement.py`: weights striped over the four banks, the rotary table, the KV caches). Then the
+buffers are shared: a value goes into the buffer of its name once the previous value there is dead, so a layer's
+buffers serve every layer. The on-chip budget (`EngineParams.onchip_words`) holds every buffer, and no
+instruction writes a buffer it reads. A model whose weights and caches overflow the 32 GiB is refused with the
+sizes; other cuts, split programs and ops the engine has no instruction for are refused naming them. Nothing
+changes when it refuses: a copy of the program is lowered and verified, then swapped in. No weight value is read;
+the cost is one walk over the program.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TypeAlias
+from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
+from xdsl.pattern_rewriter import (
+    GreedyRewritePatternApplier,
+    PatternRewriter,
+    PatternRewriteWalker,
+    RewritePattern,
+    op_type_rewrite_pattern,
+)
 from xdsl.utils.exceptions import VerifyException
 
 from logos_ir import identity
@@ -51,33 +58,74 @@ class ConvertLogosToD5005(ModulePass):
     weights: str = "bf16"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        lowered = lower_program(identity.the_program(op, NAME), self.weights)
-        old = next(iter(op.ops))
+        old = identity.the_program(op, NAME)
+        lowered = convert_program(old, self.weights)
         op.body.block.insert_op_before(lowered, old)
         old.detach()
         old.erase()
 
 
 def lower_program(program: logos.ProgramOp, weights: str, params: d5005.EngineParams | None = None) -> d5005.ProgramOp:
-    """The `d5005.program` of a decode step (PassError when it cannot be lowered)."""
+    """The `d5005.program` the lane's pipeline makes of a decode step as the author writes it (@main calling its
+    sections): `inline-sections`, then this pass, on a copy of `program`."""
+    from logos_ir.passes.inline_sections import InlineSections
+
+    module = ModuleOp([program.clone()])
+    InlineSections().apply(Context(), module)
+    return convert_program(next(iter(module.ops)), weights, params)
+
+
+def convert_program(program: Operation, weights: str, params: d5005.EngineParams | None = None) -> d5005.ProgramOp:
+    """The `d5005.program` of a decode step whose sections are inlined into @main (PassError when it cannot be
+    lowered); `program` itself is left as it is."""
+    assert isinstance(program, logos.ProgramOp)
     if weights not in d5005.WEIGHT_BYTES:
         raise PassError(f"{NAME}: weights are bf16 or f32, not '{weights}'")
     params = params or d5005.EngineParams(weights=weights)
     cut = _decode_cut(program)
     assert cut.ctx is not None
+    _check_inlined(program)
     placement = Placement.of(program, weights, params.burst_bytes, cut.ctx)
     refusal = fit_error(placement, NAME, weights, cut.ctx)
     if refusal is not None:
         raise refusal
-    flattener = _Flattener(program, placement)
-    pending = flattener.flatten()
-    ops = _Allocator(pending, params.onchip_words, flattener.scores_words).ops()
-    lowered = d5005.ProgramOp(identity.identity(program).line(), params, cut.ctx, ops)
+    work = ModuleOp([program.clone()])
+    patterns = [
+        EmbedToRow(placement),
+        RMSNormToInstruction(placement),
+        LinearToMatvec(placement),
+        RopeToInstruction(placement),
+        CacheWriteToInstruction(placement),
+        AttentionToInstruction(placement),
+        SiluIntoProduct(),
+        MulToSiluMul(),
+        AddToInstruction(),
+        ArgmaxToInstruction(),
+        ProgramToEngine(identity.identity(program).line(), params, cut.ctx),
+    ]
+    walker = PatternRewriteWalker(
+        GreedyRewritePatternApplier(patterns), walk_regions_first=True, apply_recursively=False
+    )
+    walker.rewrite_module(work)
+    lowered = next(iter(work.ops))
+    assert isinstance(lowered, d5005.ProgramOp)
     try:
         lowered.verify()
     except VerifyException as error:
         raise PassError(f"{NAME}: the lowered program does not verify: {error}") from None
+    lowered.detach()
     return lowered
+
+
+def _check_inlined(program: logos.ProgramOp) -> None:
+    main = program.function("main")
+    assert main is not None  # the program op's verifier requires it
+    call = next((op for op in main.body.block.ops if isinstance(op, func.CallOp)), None)
+    if call is not None:
+        raise PassError(
+            f"{NAME}: @main calls @{call.callee.root_reference.data}: the pass lowers one straight-line @main",
+            hint="run inline-sections first (the logos-to-d5005 pipeline does)",
+        )
 
 
 def _decode_cut(program: logos.ProgramOp) -> Cut:
@@ -95,260 +143,249 @@ def _decode_cut(program: logos.ProgramOp) -> Cut:
     return cut
 
 
-# -- flattening: the decode step as one list of instructions over value numbers ----------------------------------
+# -- what the patterns share -------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Silu:
-    """A SiLU the engine fuses into the product that reads it."""
-
-    value: int
-
-
-_Value: TypeAlias = "int | d5005.RegionAttr | _Silu | str"  # a value number, a region, a fused SiLU, a register
-
-
-@dataclass
-class _Pending:
-    """An instruction before buffers are chosen: `make(reads, write)` builds it from the buffer names."""
-
-    make: Callable[[list[str], str | None], d5005.InstructionOp]
-    reads: tuple[int, ...]
-    write: int | None
-
-
-@dataclass
-class _Flattener:
-    program: logos.ProgramOp
-    placement: Placement
-    pending: list[_Pending] = field(default_factory=list)
-    names: list[str] = field(default_factory=list)  # each value number's name
-    widths: list[int] = field(default_factory=list)  # and its words
-    cached: dict[str, int] = field(default_factory=dict)  # each cache region -> the value its cache_write stores
-    scores_words: int = 1  # the attention's scratch buffer, for the largest attention of the step
-
-    def flatten(self) -> tuple[list[_Pending], list[str], list[int]]:
-        main = self.program.function("main")
-        assert main is not None
-        env: dict[SSAValue, _Value] = {}
-        for op in main.body.block.ops:
-            if isinstance(op, logos.InputOp):
-                env[op.result] = op.kind.data  # the engine's token and position registers
-            elif isinstance(op, func.CallOp):
-                self._inline(op, env)
-            elif not isinstance(op, func.ReturnOp):
-                raise _refuse(op, "@main", "is not part of a decode step's @main")
-        return self.pending, self.names, self.widths
-
-    def _inline(self, call: func.CallOp, outer: dict[SSAValue, _Value]) -> None:
-        callee = self.program.function(call.callee.root_reference.data)
-        if callee is None:
-            raise _refuse(call, "@main", "calls a section the program does not have")
-        section = callee.sym_name.data
-        env: dict[SSAValue, _Value] = dict(zip(callee.args, (outer[a] for a in call.arguments), strict=True))
-        for op in callee.body.block.ops:
-            if isinstance(op, func.ReturnOp):
-                for result, value in zip(call.results, op.arguments, strict=True):
-                    outer[result] = env[value]
-                continue
-            rule = _RULES.get(type(op))
-            if rule is None:
-                raise _refuse(op, section, "has no instruction on the D5005 engine")
-            rule(self, op, env, section)
-
-    def new_value(self, result: SSAValue) -> int:
-        self.names.append(result.name_hint or "t")
-        self.widths.append(_words(result))
-        return len(self.names) - 1
-
-    def emit(
-        self,
-        make: Callable[[list[str], str | None], d5005.InstructionOp],
-        reads: list[int],
-        result: SSAValue | None = None,
-    ) -> int | None:
-        """Queue an instruction reading value numbers `reads`; the number of the value it writes, if any."""
-        write = None if result is None else self.new_value(result)
-        self.pending.append(_Pending(make, tuple(reads), write))
-        return write
+def _refuse(op: Operation, why: str) -> PassError:
+    name = op.results[0].name_hint if op.results else None
+    what = f"'{op.name}' %{name}" if name else f"'{op.name}'"
+    return PassError(f"{NAME}: {what} {why}")
 
 
 def _words(value: SSAValue) -> int:
-    shape = logos.tensor_shape(value)
     count = 1
-    for d in shape:
+    for d in logos.tensor_shape(value):
         count *= d
     return count
 
 
-def _refuse(op: Operation, section: str, why: str) -> PassError:
-    name = getattr(op.results[0], "name_hint", None) if op.results else None
-    what = f"'{op.name}' %{name}" if name else f"'{op.name}'"
-    return PassError(f"{NAME}: {what} in {section} {why}")
-
-
-def _number(value: _Value, op: Operation, section: str) -> int:
-    if not isinstance(value, int):
-        raise _refuse(op, section, "reads a value that is not an on-chip vector")
+def _buffer(value: SSAValue, op: Operation) -> SSAValue:
+    """The on-chip buffer an earlier pattern wrote `value` into."""
+    if not isinstance(value.owner, d5005.BufferOp):
+        raise _refuse(op, "reads a value that is not an on-chip vector")
     return value
 
 
-def _region(value: _Value, op: Operation, section: str) -> d5005.RegionAttr:
-    if not isinstance(value, d5005.RegionAttr):
-        raise _refuse(op, section, "reads a weight or cache that is not in board memory")
-    return value
+def _input(value: SSAValue, kind: str) -> bool:
+    return isinstance(value.owner, logos.InputOp) and value.owner.kind.data == kind
 
 
-# -- one rule per `logos` op -------------------------------------------------------------------------------------
+def _lower(op: Operation, rewriter: PatternRewriter, make: type[d5005.InstructionOp], *args: object) -> None:
+    """Replace `op` by a new buffer for its result and the instruction `make(buffer, *args)` that writes it."""
+    result = op.results[0]
+    buffer = d5005.BufferOp(result.name_hint or "t", _words(result), 0)
+    rewriter.replace(op, [buffer, make(buffer.buffer, *args)], [buffer.buffer])
 
 
-def _weight(f: _Flattener, op: logos.WeightOp, env: dict[SSAValue, _Value], section: str) -> None:
-    env[op.result] = f.placement.region(op.tensor.data)
+@dataclass
+class _Placed(RewritePattern):
+    """A pattern that reads weights and caches as their regions in the placement."""
+
+    placement: Placement
+
+    def region(self, value: SSAValue, op: Operation) -> d5005.RegionAttr:
+        owner = value.owner
+        if isinstance(owner, logos.WeightOp):
+            return self.placement.region(owner.tensor.data)
+        if isinstance(owner, logos.CacheOp):
+            return self.placement.region(cache_name(owner.layer.value.data, owner.kind.data))
+        raise _refuse(op, "reads a weight or cache that is not in board memory")
 
 
-def _cache(f: _Flattener, op: logos.CacheOp, env: dict[SSAValue, _Value], section: str) -> None:
-    env[op.result] = f.placement.region(cache_name(op.layer.value.data, op.kind.data))
+# -- one pattern per `logos` op ----------------------------------------------------------------------------------
 
 
-def _embed(f: _Flattener, op: logos.EmbedOp, env: dict[SSAValue, _Value], section: str) -> None:
-    table = _region(env[op.table], op, section)
-    if env[op.tokens] != "token" or logos.tensor_shape(op.result)[0] != 1:
-        raise _refuse(op, section, "does not embed the decode step's one token")
-    env[op.result] = f.emit(lambda r, w: d5005.EmbedRowOp(w, table), [], op.result)
+class EmbedToRow(_Placed):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.EmbedOp, rewriter: PatternRewriter) -> None:
+        table = self.region(op.table, op)
+        if not _input(op.tokens, "token") or logos.tensor_shape(op.result)[0] != 1:
+            raise _refuse(op, "does not embed the decode step's one token")
+        _lower(op, rewriter, d5005.EmbedRowOp, table)
 
 
-def _rms_norm(f: _Flattener, op: logos.RMSNormOp, env: dict[SSAValue, _Value], section: str) -> None:
-    weight, src = _region(env[op.weight], op, section), _number(env[op.input], op, section)
-    epsilon = op.epsilon.value.data
-    env[op.result] = f.emit(lambda r, w: d5005.RMSNormOp(w, r[0], weight, epsilon), [src], op.result)
+class RMSNormToInstruction(_Placed):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.RMSNormOp, rewriter: PatternRewriter) -> None:
+        weight = self.region(op.weight, op)
+        _lower(op, rewriter, d5005.RMSNormOp, _buffer(op.input, op), weight, op.epsilon.value.data)
 
 
-def _linear(f: _Flattener, op: logos.LinearOp, env: dict[SSAValue, _Value], section: str) -> None:
-    weight, src = _region(env[op.weight], op, section), _number(env[op.input], op, section)
-    if logos.tensor_shape(op.input)[0] != 1:
-        raise _refuse(op, section, "is not a matrix-vector product (a decode step has one row)")
-    env[op.result] = f.emit(lambda r, w: d5005.MatvecOp(w, r[0], weight), [src], op.result)
+class LinearToMatvec(_Placed):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.LinearOp, rewriter: PatternRewriter) -> None:
+        weight = self.region(op.weight, op)
+        if logos.tensor_shape(op.result)[0] != 1:
+            raise _refuse(op, "is not a matrix-vector product (a decode step has one row)")
+        _lower(op, rewriter, d5005.MatvecOp, _buffer(op.input, op), weight)
 
 
-def _rope(f: _Flattener, op: logos.RopeOp, env: dict[SSAValue, _Value], section: str) -> None:
-    src = _number(env[op.input], op, section)
-    if env[op.positions] != "position":
-        raise _refuse(op, section, "does not rotate to the decode step's position")
-    table, width, head_dim = f.placement.region(ROPE), _words(op.result), op.head_dim.value.data
-    if table.cols.data != head_dim:
-        raise _refuse(op, section, f"rotates heads of {head_dim}, but the program's rotary table has {table.cols}")
-    env[op.result] = f.emit(lambda r, w: d5005.RopeOp(w, r[0], table, width, head_dim), [src], op.result)
+class RopeToInstruction(_Placed):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.RopeOp, rewriter: PatternRewriter) -> None:
+        src = _buffer(op.input, op)
+        if not _input(op.positions, "position"):
+            raise _refuse(op, "does not rotate to the decode step's position")
+        table, head_dim = self.placement.region(ROPE), op.head_dim.value.data
+        if table.cols.data != head_dim:
+            raise _refuse(op, f"rotates heads of {head_dim}, but the program's rotary table has {table.cols}")
+        _lower(op, rewriter, d5005.RopeOp, src, table, _words(op.result), head_dim)
 
 
-def _cache_write(f: _Flattener, op: logos.CacheWriteOp, env: dict[SSAValue, _Value], section: str) -> None:
-    cache, src = _region(env[op.cache], op, section), _number(env[op.input], op, section)
-    kv_heads = logos.tensor_shape(op.cache)[0]
-    f.cached[cache.tensor.data] = src
-    f.emit(lambda r, w: d5005.CacheWriteOp(r[0], cache, kv_heads), [src])
+class CacheWriteToInstruction(_Placed):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.CacheWriteOp, rewriter: PatternRewriter) -> None:
+        cache, src = self.region(op.cache, op), _buffer(op.input, op)
+        rewriter.replace(op, d5005.CacheWriteOp(src, cache, logos.tensor_shape(op.cache)[0]))
 
 
-def _attention(f: _Flattener, op: logos.AttentionOp, env: dict[SSAValue, _Value], section: str) -> None:
-    keys, values = _region(env[op.keys], op, section), _region(env[op.values], op, section)
-    query = _number(env[op.query], op, section)
-    kv_heads, _, head_dim = logos.tensor_shape(op.keys)
-    heads = logos.tensor_shape(op.query)[1] // head_dim
-    current = [f.cached.get(r.tensor.data) for r in (keys, values)]
-    if current[0] is None or current[1] is None:
-        why = "reads a cache the step does not write first (the engine keeps the position's key and value on chip)"
-        raise _refuse(op, section, why)
-    ctx = keys.rows.data // kv_heads
-    scratch = d5005.attention_scratch_words(heads, kv_heads, head_dim, ctx, keys.element_bytes.data, f.placement.burst)
-    f.scores_words = max(f.scores_words, scratch)
-    make = lambda r, w: d5005.AttentionOp(w, r[0], keys, values, (r[1], r[2]), SCORES, heads, kv_heads)  # noqa: E731
-    env[op.result] = f.emit(make, [query, current[0], current[1]], op.result)
+def _stored(op: Operation, cache: d5005.RegionAttr) -> SSAValue | None:
+    """The buffer the step's `d5005.cache_write` into `cache` before `op` stores."""
+    at = op.prev_op
+    while at is not None:
+        if isinstance(at, d5005.CacheWriteOp) and at.cache == cache:
+            return at.src
+        at = at.prev_op
+    return None
 
 
-def _silu(f: _Flattener, op: logos.SiluOp, env: dict[SSAValue, _Value], section: str) -> None:
-    uses = list(op.result.uses)
-    if len(uses) != 1 or not isinstance(uses[0].operation, logos.MulOp):
-        raise _refuse(op, section, "is read by something other than one product: the engine fuses SiLU into it")
-    env[op.result] = _Silu(_number(env[op.input], op, section))
+class AttentionToInstruction(_Placed):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.AttentionOp, rewriter: PatternRewriter) -> None:
+        keys, values = self.region(op.keys, op), self.region(op.values, op)
+        query = _buffer(op.query, op)
+        kv_heads, _, head_dim = logos.tensor_shape(op.keys)
+        heads = logos.tensor_shape(op.result)[1] // head_dim
+        key, value = _stored(op, keys), _stored(op, values)
+        if key is None or value is None:
+            why = "reads a cache the step does not write first (the engine keeps the position's key and value on chip)"
+            raise _refuse(op, why)
+        ctx, element = keys.rows.data // kv_heads, keys.element_bytes.data
+        scratch = d5005.attention_scratch_words(heads, kv_heads, head_dim, ctx, element, self.placement.burst)
+        scores = d5005.BufferOp(SCORES, scratch, 0)
+        rewriter.insert_op(scores)
+        current = (key, value)
+        _lower(op, rewriter, d5005.AttentionOp, query, keys, values, current, scores.buffer, heads, kv_heads)
 
 
-def _mul(f: _Flattener, op: logos.MulOp, env: dict[SSAValue, _Value], section: str) -> None:
-    lhs, rhs = env[op.lhs], env[op.rhs]
-    if isinstance(rhs, _Silu):
-        lhs, rhs = rhs, lhs
-    if not isinstance(lhs, _Silu):
-        raise _refuse(op, section, "is a product without a SiLU: the engine multiplies only in silu_mul")
-    up, size = _number(rhs, op, section), _words(op.result)
-    env[op.result] = f.emit(lambda r, w: d5005.SiluMulOp(w, r[0], r[1], size), [lhs.value, up], op.result)
+class SiluIntoProduct(RewritePattern):
+    """A SiLU stays until the product that reads it becomes a `silu_mul`: it has no instruction of its own."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.SiluOp, rewriter: PatternRewriter) -> None:
+        uses = list(op.result.uses)
+        if len(uses) != 1 or not isinstance(uses[0].operation, logos.MulOp):
+            raise _refuse(op, "is read by something other than one product: the engine fuses SiLU into it")
+        _buffer(op.input, op)
 
 
-def _add(f: _Flattener, op: logos.AddOp, env: dict[SSAValue, _Value], section: str) -> None:
-    lhs, rhs, size = _number(env[op.lhs], op, section), _number(env[op.rhs], op, section), _words(op.result)
-    env[op.result] = f.emit(lambda r, w: d5005.AddOp(w, r[0], r[1], size), [lhs, rhs], op.result)
+class MulToSiluMul(RewritePattern):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.MulOp, rewriter: PatternRewriter) -> None:
+        silu, up = op.lhs.owner, op.rhs
+        if not isinstance(silu, logos.SiluOp):
+            silu, up = op.rhs.owner, op.lhs
+        if not isinstance(silu, logos.SiluOp):
+            raise _refuse(op, "is a product without a SiLU: the engine multiplies only in silu_mul")
+        gate = silu.input
+        _lower(op, rewriter, d5005.SiluMulOp, gate, _buffer(up, op), _words(op.result))
+        rewriter.erase(silu)
 
 
-def _argmax(f: _Flattener, op: logos.ArgmaxOp, env: dict[SSAValue, _Value], section: str) -> None:
-    src, size = _number(env[op.input], op, section), _words(op.input)
-    f.emit(lambda r, w: d5005.ArgmaxOp(r[0], size), [src])
-    env[op.result] = "result"
+class AddToInstruction(RewritePattern):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.AddOp, rewriter: PatternRewriter) -> None:
+        lhs, rhs = _buffer(op.lhs, op), _buffer(op.rhs, op)
+        _lower(op, rewriter, d5005.AddOp, lhs, rhs, _words(op.result))
 
 
-_RULES: dict[type[Operation], Callable[..., None]] = {
-    logos.WeightOp: _weight,
-    logos.CacheOp: _cache,
-    logos.EmbedOp: _embed,
-    logos.RMSNormOp: _rms_norm,
-    logos.LinearOp: _linear,
-    logos.RopeOp: _rope,
-    logos.CacheWriteOp: _cache_write,
-    logos.AttentionOp: _attention,
-    logos.SiluOp: _silu,
-    logos.MulOp: _mul,
-    logos.AddOp: _add,
-    logos.ArgmaxOp: _argmax,
-}
+class ArgmaxToInstruction(RewritePattern):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.ArgmaxOp, rewriter: PatternRewriter) -> None:
+        src = _buffer(op.input, op)
+        # the token is the engine's result register: @main's return of it goes with the program
+        rewriter.replace(op, d5005.ArgmaxOp(src, _words_of(src)), [None], safe_erase=False)
 
 
-# -- buffers: each value in the buffer of its name, once that buffer's previous value is dead --------------------
+# -- the program: its instructions, over shared buffers ----------------------------------------------------------
+
+# what the instructions read (or return), dropped with the program
+_READS = (logos.InputOp, logos.WeightOp, logos.CacheOp, func.ReturnOp, d5005.BufferOp, d5005.InstructionOp)
 
 
-class _Allocator:
-    def __init__(self, flat: tuple[list[_Pending], list[str], list[int]], budget: int, scores_words: int):
-        self.pending, self.names, self.widths = flat
-        self.budget, self.scores_words = budget, scores_words
+@dataclass
+class ProgramToEngine(RewritePattern):
+    """The `logos.program`, once every op of @main is an instruction, becomes the `d5005.program` of them, over
+    buffers shared by name (`share_buffers`)."""
 
-    def ops(self) -> list[d5005.InstructionOp | d5005.BufferOp]:
-        chosen = self._choose()
-        sizes: dict[str, int] = {SCORES: self.scores_words}
-        for value, buffer in enumerate(chosen):
-            sizes[buffer] = max(sizes.get(buffer, 0), self.widths[value])
-        buffers, offset = [], 0
-        for name, words in sizes.items():
-            buffers.append(d5005.BufferOp(name, words, offset))
-            offset += -(-words // VECTOR_ALIGN) * VECTOR_ALIGN
-        if offset > self.budget:
-            raise PassError(
-                f"{NAME}: the decode step's on-chip buffers need {offset} words ({offset * 4} bytes), over the"
-                f" engine's budget of {self.budget} words ({self.budget * 4} bytes)",
-                hint="the logits of a large vocabulary are the largest buffer",
-            )
-        instructions = [
-            p.make([chosen[v] for v in p.reads], None if p.write is None else chosen[p.write]) for p in self.pending
-        ]
-        return [*buffers, *instructions]
+    identity: str
+    params: d5005.EngineParams
+    ctx: int
 
-    def _choose(self) -> list[str]:
-        last_read = [-1] * len(self.names)
-        for index, p in enumerate(self.pending):
-            for value in p.reads:
-                last_read[value] = index
-        chosen = [""] * len(self.names)
-        holder: dict[str, int] = {}  # buffer -> the value it holds
-        for index, p in enumerate(self.pending):
-            if p.write is None:
-                continue
-            base = self.names[p.write]
-            name, suffix = base, 1
-            while name in holder and last_read[holder[name]] >= index:  # still to be read: take another buffer
-                suffix += 1
-                name = f"{base}_{suffix}"
-            chosen[p.write], holder[name] = name, p.write
-        return chosen
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.ProgramOp, rewriter: PatternRewriter) -> None:
+        main = op.function("main")
+        assert main is not None  # the program op's verifier requires it
+        for inner in main.body.block.ops:
+            if not isinstance(inner, _READS):
+                raise _refuse(inner, "has no instruction on the D5005 engine")
+        instructions = [inner for inner in main.body.block.ops if isinstance(inner, d5005.InstructionOp)]
+        buffers = share_buffers(instructions, self.params.onchip_words)
+        for inner in instructions:
+            inner.detach()
+        rewriter.replace(op, d5005.ProgramOp(self.identity, self.params, self.ctx, [*buffers, *instructions]), [])
+
+
+def share_buffers(instructions: list[d5005.InstructionOp], budget: int) -> list[d5005.BufferOp]:
+    """The buffers of the instructions, each value in the buffer of its name once that buffer's previous value is
+    dead (the attention's scratch buffers are one): the instructions' operands are redirected to them."""
+    written = [w for op in instructions if (w := op.written()) is not None]
+    chosen = _choose(instructions)
+    scratch = [op.scores for op in instructions if isinstance(op, d5005.AttentionOp)]
+    sizes: dict[str, int] = {SCORES: max([1, *(_words_of(s) for s in scratch)])}
+    for value in written:
+        sizes[chosen[value]] = max(sizes.get(chosen[value], 0), _words_of(value))
+    buffers, offset = {}, 0
+    for name, words in sizes.items():
+        buffers[name] = d5005.BufferOp(name, words, offset)
+        offset += -(-words // VECTOR_ALIGN) * VECTOR_ALIGN
+    if offset > budget:
+        raise PassError(
+            f"{NAME}: the decode step's on-chip buffers need {offset} words ({offset * 4} bytes), over the"
+            f" engine's budget of {budget} words ({budget * 4} bytes)",
+            hint="the logits of a large vocabulary are the largest buffer",
+        )
+    for value, name in [*((s, SCORES) for s in scratch), *chosen.items()]:
+        old = value.owner
+        value.replace_all_uses_with(buffers[name].buffer)
+        if isinstance(old, d5005.BufferOp) and old.parent is not None:
+            old.detach()
+            old.erase()
+    return list(buffers.values())
+
+
+def _words_of(buffer: SSAValue) -> int:
+    owner = buffer.owner
+    assert isinstance(owner, d5005.BufferOp)
+    return owner.words.value.data
+
+
+def _choose(instructions: list[d5005.InstructionOp]) -> dict[SSAValue, str]:
+    """Each written value's buffer name: its own, or its own with a suffix while that buffer's value is live."""
+    last_read: dict[SSAValue, int] = {}
+    for index, op in enumerate(instructions):
+        for value in op.read():
+            last_read[value] = index
+    chosen: dict[SSAValue, str] = {}
+    holder: dict[str, SSAValue] = {}  # buffer -> the value it holds
+    for index, op in enumerate(instructions):
+        value = op.written()
+        if value is None:
+            continue
+        base = d5005.label(value)
+        name, suffix = base, 1
+        while name in holder and last_read.get(holder[name], -1) >= index:  # still to be read: take another buffer
+            suffix += 1
+            name = f"{base}_{suffix}"
+        chosen[value], holder[name] = name, value
+    return chosen

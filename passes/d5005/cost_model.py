@@ -480,7 +480,6 @@ def estimate(program: d5005.ProgramOp, position: int | None = None, source: str 
     params = program.params
     engine = Engine.read(source if source is not None else engine_source(program.identity.data, params))
     position = position or program.ctx.value.data
-    offsets = {name: b.offset.value.data for name, b in program.buffers().items()}
     cycles = 0.0
     read = written = weights = 0
     by_opcode: dict[str, float] = {}
@@ -488,7 +487,7 @@ def estimate(program: d5005.ProgramOp, position: int | None = None, source: str 
     cache: dict[tuple[int, ...], dict[str, Any]] = {}
     fields = sorted(engine.fields_read() | {d5005.W_OPCODE, d5005.W_ROWS})
     for op in program.instructions():
-        word = encode_instruction(op, offsets, params.burst_bytes)
+        word = encode_instruction(op, params.burst_bytes)
         key = tuple(word[f] for f in fields)  # what the trip counts read of the word (and the bytes written)
         cost = cache.get(key) or cache.setdefault(key, instruction_cost(engine, word, 1, position))
         cycles += cost["cycles"]

@@ -16,6 +16,7 @@ from xdsl.utils.exceptions import DiagnosticException
 from xdsl.utils.target import Target
 
 from logos_ir.dialects import d5005
+from logos_ir.dialects.d5005 import label
 from logos_ir.passes.d5005.emit_opencl import the_d5005_program
 
 
@@ -24,43 +25,44 @@ def _region(r: d5005.RegionAttr) -> str:
 
 
 def _embed_row(op: d5005.EmbedRowOp) -> str:
-    return f"{op.dst.data} <- row[token] of {_region(op.table)}"
+    return f"{label(op.dst)} <- row[token] of {_region(op.table)}"
 
 
 def _matvec(op: d5005.MatvecOp) -> str:
-    return f"{op.dst.data} <- {_region(op.weight)} x {op.src.data}"
+    return f"{label(op.dst)} <- {_region(op.weight)} x {label(op.src)}"
 
 
 def _rms_norm(op: d5005.RMSNormOp) -> str:
-    return f"{op.dst.data} <- rms_norm({op.src.data}) * {_region(op.weight)} eps {op.epsilon.value.data:g}"
+    return f"{label(op.dst)} <- rms_norm({label(op.src)}) * {_region(op.weight)} eps {op.epsilon.value.data:g}"
 
 
 def _rope(op: d5005.RopeOp) -> str:
-    return f"{op.dst.data} <- rope({op.src.data}, position) heads of {op.head_dim.value.data} by {_region(op.table)}"
+    heads = f"heads of {op.head_dim.value.data} by {_region(op.table)}"
+    return f"{label(op.dst)} <- rope({label(op.src)}, position) {heads}"
 
 
 def _cache_write(op: d5005.CacheWriteOp) -> str:
-    return f"{_region(op.cache)}[position] <- {op.src.data} ({op.kv_heads.value.data} heads)"
+    return f"{_region(op.cache)}[position] <- {label(op.src)} ({op.kv_heads.value.data} heads)"
 
 
 def _attention(op: d5005.AttentionOp) -> str:
     return (
-        f"{op.dst.data} <- attention({op.query.data}, {op.heads.value.data} heads over {op.kv_heads.value.data})"
-        f" keys {_region(op.keys)} values {_region(op.values)} current {op.key.data}, {op.value.data}"
-        f" scores {op.scores.data}"
+        f"{label(op.dst)} <- attention({label(op.query)}, {op.heads.value.data} heads over {op.kv_heads.value.data})"
+        f" keys {_region(op.keys)} values {_region(op.values)} current {label(op.key)}, {label(op.value)}"
+        f" scores {label(op.scores)}"
     )
 
 
 def _silu_mul(op: d5005.SiluMulOp) -> str:
-    return f"{op.dst.data} <- silu({op.lhs.data}) * {op.rhs.data} [{op.size.value.data}]"
+    return f"{label(op.dst)} <- silu({label(op.lhs)}) * {label(op.rhs)} [{op.size.value.data}]"
 
 
 def _add(op: d5005.AddOp) -> str:
-    return f"{op.dst.data} <- {op.lhs.data} + {op.rhs.data} [{op.size.value.data}]"
+    return f"{label(op.dst)} <- {label(op.lhs)} + {label(op.rhs)} [{op.size.value.data}]"
 
 
 def _argmax(op: d5005.ArgmaxOp) -> str:
-    return f"result <- argmax({op.src.data} [{op.size.value.data}])"
+    return f"result <- argmax({label(op.src)} [{op.size.value.data}])"
 
 
 _LINES: dict[type[d5005.InstructionOp], Callable[..., str]] = {
@@ -83,9 +85,9 @@ def listing(program: d5005.ProgramOp) -> str:
         f"# d5005 engine: {params.clock_mhz} MHz, burst {params.burst_bytes} B, vector width {params.vector_width},"
         f" {params.mac_lanes} MAC lanes, {d5005.BANKS} banks, weights {params.weights}, ctx {program.ctx.value.data}",
     ]
-    buffers = program.buffers().values()
+    buffers = program.buffers()
     lines.append(f"# on-chip buffers: {sum(b.words.value.data for b in buffers)} of {params.onchip_words} words")
-    lines += [f"buffer {b.sym.data:<16} {b.words.value.data:>8} words at {b.offset.value.data}" for b in buffers]
+    lines += [f"buffer {b.label.data:<16} {b.words.value.data:>8} words at {b.offset.value.data}" for b in buffers]
     for index, op in enumerate(program.body.block.ops):
         if isinstance(op, d5005.BufferOp):
             continue

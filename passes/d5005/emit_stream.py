@@ -14,6 +14,7 @@ import struct
 import zlib
 
 import numpy as np
+from xdsl.ir import SSAValue
 
 from logos_ir.dialects import d5005
 from logos_ir.errors import PassError
@@ -30,8 +31,15 @@ def _f32_bits(value: float) -> int:
     return int(np.array(value, dtype=np.float32).view(np.uint32))
 
 
-def encode_instruction(op: d5005.InstructionOp, buffers: dict[str, int], burst: int) -> list[int]:
-    """The 16 words of one instruction; `buffers` maps buffer names to their word offsets."""
+def _at(buffer: SSAValue) -> int:
+    """The word offset of the on-chip buffer an instruction's operand is."""
+    owner = buffer.owner
+    assert isinstance(owner, d5005.BufferOp)
+    return owner.offset.value.data
+
+
+def encode_instruction(op: d5005.InstructionOp, burst: int) -> list[int]:
+    """The 16 words of one instruction."""
     w = [0] * d5005.INSTRUCTION_WORDS
     w[d5005.W_OPCODE] = d5005.OPCODES[op.name]
 
@@ -40,35 +48,35 @@ def encode_instruction(op: d5005.InstructionOp, buffers: dict[str, int], burst: 
         w[offset_field], w[d5005.W_STRIDE] = _burst_offset(r, burst), r.stride.data
 
     if isinstance(op, d5005.EmbedRowOp):
-        w[d5005.W_DST] = buffers[op.dst.data]
+        w[d5005.W_DST] = _at(op.dst)
         region(op.table)
     elif isinstance(op, d5005.MatvecOp | d5005.RMSNormOp | d5005.RopeOp):
-        w[d5005.W_DST], w[d5005.W_A] = buffers[op.dst.data], buffers[op.src.data]
+        w[d5005.W_DST], w[d5005.W_A] = _at(op.dst), _at(op.src)
         region(op.weight if not isinstance(op, d5005.RopeOp) else op.table)
         if isinstance(op, d5005.RMSNormOp):
             w[d5005.W_FLOAT] = _f32_bits(op.epsilon.value.data)
         if isinstance(op, d5005.RopeOp):
             w[d5005.W_WIDTH], w[d5005.W_HEAD_DIM] = op.width.value.data, op.head_dim.value.data
     elif isinstance(op, d5005.CacheWriteOp):
-        w[d5005.W_A], w[d5005.W_KV_HEADS] = buffers[op.src.data], op.kv_heads.value.data
+        w[d5005.W_A], w[d5005.W_KV_HEADS] = _at(op.src), op.kv_heads.value.data
         region(op.cache)
     elif isinstance(op, d5005.AttentionOp):
         w[d5005.W_DST], w[d5005.W_A], w[d5005.W_B] = (
-            buffers[op.dst.data],
-            buffers[op.query.data],
-            buffers[op.scores.data],
+            _at(op.dst),
+            _at(op.query),
+            _at(op.scores),
         )
         region(op.keys)
         w[d5005.W_OFFSET2] = _burst_offset(op.values, burst)
         w[d5005.W_HEADS], w[d5005.W_KV_HEADS] = op.heads.value.data, op.kv_heads.value.data
-        w[d5005.W_KEY], w[d5005.W_VALUE] = buffers[op.key.data], buffers[op.value.data]
+        w[d5005.W_KEY], w[d5005.W_VALUE] = _at(op.key), _at(op.value)
         w[d5005.W_HEAD_DIM], w[d5005.W_CTX] = op.keys.cols.data, op.ctx
         w[d5005.W_FLOAT] = _f32_bits(1 / np.sqrt(op.keys.cols.data))  # as the reference scales, in float32
     elif isinstance(op, d5005.ElementwiseOp):
-        w[d5005.W_DST], w[d5005.W_A], w[d5005.W_B] = buffers[op.dst.data], buffers[op.lhs.data], buffers[op.rhs.data]
+        w[d5005.W_DST], w[d5005.W_A], w[d5005.W_B] = _at(op.dst), _at(op.lhs), _at(op.rhs)
         w[d5005.W_ROWS] = op.size.value.data
     elif isinstance(op, d5005.ArgmaxOp):
-        w[d5005.W_A], w[d5005.W_ROWS] = buffers[op.src.data], op.size.value.data
+        w[d5005.W_A], w[d5005.W_ROWS] = _at(op.src), op.size.value.data
     else:
         raise PassError(f"d5005 stream: '{op.name}' has no instruction word")
     return w
@@ -82,7 +90,7 @@ def symbols(program: d5005.ProgramOp) -> dict[str, list[list[object]]]:
         for region in op.regions_read():
             regions.setdefault(region.tensor.data, region)
     return {
-        "buffers": [[b.sym.data, b.words.value.data, b.offset.value.data] for b in program.buffers().values()],
+        "buffers": [[b.label.data, b.words.value.data, b.offset.value.data] for b in program.buffers()],
         "regions": [
             [name, r.offset.data, r.stride.data, r.rows.data, r.cols.data, r.element_bytes.data]
             for name, r in regions.items()
@@ -110,8 +118,7 @@ def encode_stream(program: d5005.ProgramOp, image_bytes: int) -> bytes:
     """The whole stream: header, instruction words, symbols. `image_bytes` is what the weight image fills of each
     bank (the host loads that much, then zeroes the caches after it)."""
     params = program.params
-    offsets = {name: b.offset.value.data for name, b in program.buffers().items()}
-    words = [encode_instruction(op, offsets, params.burst_bytes) for op in program.instructions()]
+    words = [encode_instruction(op, params.burst_bytes) for op in program.instructions()]
     body = np.array(words, dtype="<u4").tobytes()
     names = json.dumps(symbols(program), separators=(",", ":")).encode("utf-8")
     identity = program.identity.data

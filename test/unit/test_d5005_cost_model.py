@@ -139,11 +139,10 @@ def test_the_bursts_are_what_the_bank_readers_send() -> None:
         source, encode_stream(program, image_bytes(program)), weight_image(program, spec, RandomWeights(spec))
     )
     model = cost_model.Engine.read(source)
-    offsets = {name: b.offset.value.data for name, b in program.buffers().items()}
     for position in range(1, 8):
         engine.step(position + 10, position)
     for index, op in enumerate(program.instructions()):
-        word = encode_instruction(op, offsets, 64)
+        word = encode_instruction(op, 64)
         bursts = cost_model.instruction_cost(model, word, 17, 7)["bursts"]
         assert bursts == _sent(engine, index, 17, 7), op.name
 

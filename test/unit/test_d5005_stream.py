@@ -48,12 +48,8 @@ def test_the_stream_round_trips_to_the_same_ops(weights: str) -> None:
     assert read.identity == program.identity.data and read.weights == weights and read.ctx == 64
     assert len(read.words) == len(program.instructions())
     decoded = decode_ops(read)
-    assert [str(op) for op in decoded] == [str(op) for op in program.instructions()]
-    rebuilt = d5005.ProgramOp(
-        read.identity, program.params, read.ctx, [op.clone() for op in program.buffers().values()]
-    )
-    for op in decoded:
-        rebuilt.body.block.add_op(op)
+    assert [str(op) for op in decoded] == [str(op) for op in program.body.block.ops]
+    rebuilt = d5005.ProgramOp(read.identity, program.params, read.ctx, decoded)
     rebuilt.verify()
     assert encode_stream(rebuilt, image_bytes(rebuilt)) == data
 

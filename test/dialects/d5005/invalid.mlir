@@ -4,90 +4,114 @@
 
 // CHECK: region 'w' ends at byte 8589934720 of its banks, past their 8589934592 bytes
 d5005.program identity "LOGOS program: decode step, ctx 64, sha256 36ba7865127a75ead80a68d1b38ee06a035b4d1b26eb1164653f00681a7913b5" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
-  d5005.buffer "a" words 64 at 0
-  d5005.buffer "b" words 64 at 64
-  d5005.matvec "a", "b", <"w" at 8589934592 stride 128 rows 4 cols 64 bytes 2>
+  %a = d5005.buffer "a" words 64 at 0
+  %b = d5005.buffer "b" words 64 at 64
+  d5005.matvec %a, %b, <"w" at 8589934592 stride 128 rows 4 cols 64 bytes 2>
 }
 // -----
 // CHECK: 'd5005.matvec' op region 'w': offset 100 is not a multiple of the 64-byte burst
 d5005.program identity "LOGOS program: decode step, ctx 64, sha256 36ba7865127a75ead80a68d1b38ee06a035b4d1b26eb1164653f00681a7913b5" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
-  d5005.buffer "a" words 64 at 0
-  d5005.buffer "b" words 64 at 64
-  d5005.matvec "a", "b", <"w" at 100 stride 128 rows 64 cols 64 bytes 2>
+  %a = d5005.buffer "a" words 64 at 0
+  %b = d5005.buffer "b" words 64 at 64
+  d5005.matvec %a, %b, <"w" at 100 stride 128 rows 64 cols 64 bytes 2>
 }
 // -----
 // CHECK: 'd5005.matvec' op region 'w': stride 160 is not a multiple of the 64-byte burst
 d5005.program identity "LOGOS program: decode step, ctx 64, sha256 36ba7865127a75ead80a68d1b38ee06a035b4d1b26eb1164653f00681a7913b5" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
-  d5005.buffer "a" words 64 at 0
-  d5005.buffer "b" words 80 at 64
-  d5005.matvec "a", "b", <"w" at 0 stride 160 rows 64 cols 80 bytes 2>
+  %a = d5005.buffer "a" words 64 at 0
+  %b = d5005.buffer "b" words 80 at 64
+  d5005.matvec %a, %b, <"w" at 0 stride 160 rows 64 cols 80 bytes 2>
 }
 // -----
 // CHECK: region 'w': a row of 64 elements of 4 bytes does not fit its stride of 128 bytes
 d5005.program identity "LOGOS program: decode step, ctx 64, sha256 36ba7865127a75ead80a68d1b38ee06a035b4d1b26eb1164653f00681a7913b5" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
-  d5005.buffer "a" words 64 at 0
-  d5005.buffer "b" words 64 at 64
-  d5005.matvec "a", "b", <"w" at 0 stride 128 rows 64 cols 64 bytes 4>
+  %a = d5005.buffer "a" words 64 at 0
+  %b = d5005.buffer "b" words 64 at 64
+  d5005.matvec %a, %b, <"w" at 0 stride 128 rows 64 cols 64 bytes 4>
 }
 // -----
 // CHECK: 'd5005.program' op its buffers take 4160 words of on-chip memory, over the budget of 4096
 d5005.program identity "LOGOS program: decode step, ctx 64, sha256 36ba7865127a75ead80a68d1b38ee06a035b4d1b26eb1164653f00681a7913b5" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
-  d5005.buffer "a" words 4096 at 0
-  d5005.buffer "b" words 64 at 4096
+  %a = d5005.buffer "a" words 4096 at 0
+  %b = d5005.buffer "b" words 64 at 4096
 }
 // -----
 // CHECK: 'd5005.program' op buffer 'b' lies past the 4096 words of on-chip memory
 d5005.program identity "LOGOS program: decode step, ctx 64, sha256 36ba7865127a75ead80a68d1b38ee06a035b4d1b26eb1164653f00681a7913b5" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
-  d5005.buffer "b" words 64 at 4090
+  %b = d5005.buffer "b" words 64 at 4090
 }
 // -----
 // CHECK: 'd5005.matvec' op needs 128 words of buffer 'a', which has 64
 d5005.program identity "LOGOS program: decode step, ctx 64, sha256 36ba7865127a75ead80a68d1b38ee06a035b4d1b26eb1164653f00681a7913b5" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
-  d5005.buffer "a" words 64 at 0
-  d5005.buffer "b" words 64 at 64
-  d5005.matvec "a", "b", <"w" at 0 stride 128 rows 128 cols 64 bytes 2>
+  %a = d5005.buffer "a" words 64 at 0
+  %b = d5005.buffer "b" words 64 at 64
+  d5005.matvec %a, %b, <"w" at 0 stride 128 rows 128 cols 64 bytes 2>
 }
 // -----
-// CHECK: 'd5005.add' op uses buffer 'c', which the program does not declare
+// CHECK: 'd5005.add' op uses a buffer that is not a d5005.buffer of its program
+%c = d5005.buffer "c" words 64 at 64
 d5005.program identity "LOGOS program: decode step, ctx 64, sha256 36ba7865127a75ead80a68d1b38ee06a035b4d1b26eb1164653f00681a7913b5" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
-  d5005.buffer "a" words 64 at 0
-  d5005.add "a", "a", "c" size 64
+  %a = d5005.buffer "a" words 64 at 0
+  d5005.add %a, %a, %c size 64
 }
 // -----
-// CHECK: 'd5005.matvec' op writes buffer 'a' while it streams it: a matvec is never in place
-d5005.matvec "a", "a", <"w" at 0 stride 128 rows 64 cols 64 bytes 2>
+// CHECK: 'd5005.matvec' op writes the buffer it streams: a matvec is never in place
+%a = d5005.buffer "a" words 64 at 0
+d5005.matvec %a, %a, <"w" at 0 stride 128 rows 64 cols 64 bytes 2>
 // -----
 // CHECK: 'd5005.rms_norm' op reads a weight vector, not a matrix of 2 rows
-d5005.rms_norm "a", "b", <"w" at 0 stride 128 rows 2 cols 64 bytes 2> epsilon 1.0e-05 : f32
+%a = d5005.buffer "a" words 64 at 0
+%b = d5005.buffer "b" words 64 at 64
+d5005.rms_norm %a, %b, <"w" at 0 stride 128 rows 2 cols 64 bytes 2> epsilon 1.0e-05 : f32
 // -----
 // CHECK: 'd5005.rope' op cannot rotate 60 words in heads of 16
-d5005.rope "a", "b", <"rope" at 0 stride 64 rows 64 cols 16 bytes 4> width 60 head_dim 16
+%a = d5005.buffer "a" words 64 at 0
+%b = d5005.buffer "b" words 64 at 64
+d5005.rope %a, %b, <"rope" at 0 stride 64 rows 64 cols 16 bytes 4> width 60 head_dim 16
 // -----
 // CHECK: 'd5005.rope' op its table has rows of 8, not the head's 16
-d5005.rope "a", "b", <"rope" at 0 stride 64 rows 64 cols 8 bytes 4> width 64 head_dim 16
+%a = d5005.buffer "a" words 64 at 0
+%b = d5005.buffer "b" words 64 at 64
+d5005.rope %a, %b, <"rope" at 0 stride 64 rows 64 cols 8 bytes 4> width 64 head_dim 16
 // -----
 // CHECK: 'd5005.cache_write' op cache 'k' holds 2-byte elements, not the f32 weights'
 d5005.program identity "x" weights "f32" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
-  d5005.buffer "a" words 64 at 0
-  d5005.cache_write "a", <"k" at 0 stride 64 rows 128 cols 16 bytes 2> kv_heads 2
+  %a = d5005.buffer "a" words 64 at 0
+  d5005.cache_write %a, <"k" at 0 stride 64 rows 128 cols 16 bytes 2> kv_heads 2
 }
 // -----
 // CHECK: 'd5005.attention' op 9 query heads share a KV head, over the engine's 8
-d5005.attention "o", "q", <"k" at 0 stride 64 rows 64 cols 16 bytes 4>, <"v" at 16384 stride 64 rows 64 cols 16 bytes 4> current "a", "b" scores "s" heads 9 kv_heads 1
+%o = d5005.buffer "o" words 64 at 0
+%q = d5005.buffer "q" words 64 at 64
+%a = d5005.buffer "a" words 64 at 128
+%b = d5005.buffer "b" words 64 at 192
+%s = d5005.buffer "s" words 64 at 256
+d5005.attention %o, %q, <"k" at 0 stride 64 rows 64 cols 16 bytes 4>, <"v" at 16384 stride 64 rows 64 cols 16 bytes 4> current %a, %b scores %s heads 9 kv_heads 1
 // -----
 // CHECK: 'd5005.cache_write' op cache 'k' of 100 rows is not 3 heads of positions
-d5005.cache_write "a", <"k" at 0 stride 64 rows 100 cols 16 bytes 4> kv_heads 3
+%a = d5005.buffer "a" words 64 at 0
+d5005.cache_write %a, <"k" at 0 stride 64 rows 100 cols 16 bytes 4> kv_heads 3
 // -----
 // CHECK: 'd5005.attention' op 6 query heads do not share 4 key-value heads evenly
-d5005.attention "o", "q", <"k" at 0 stride 64 rows 256 cols 16 bytes 4>, <"v" at 16384 stride 64 rows 256 cols 16 bytes 4> current "a", "b" scores "s" heads 6 kv_heads 4
+%o = d5005.buffer "o" words 64 at 0
+%q = d5005.buffer "q" words 64 at 64
+%a = d5005.buffer "a" words 64 at 128
+%b = d5005.buffer "b" words 64 at 192
+%s = d5005.buffer "s" words 64 at 256
+d5005.attention %o, %q, <"k" at 0 stride 64 rows 256 cols 16 bytes 4>, <"v" at 16384 stride 64 rows 256 cols 16 bytes 4> current %a, %b scores %s heads 6 kv_heads 4
 // -----
 // CHECK: 'd5005.attention' op its key and value caches differ in shape
-d5005.attention "o", "q", <"k" at 0 stride 64 rows 256 cols 16 bytes 4>, <"v" at 16384 stride 64 rows 128 cols 16 bytes 4> current "a", "b" scores "s" heads 4 kv_heads 4
+%o = d5005.buffer "o" words 64 at 0
+%q = d5005.buffer "q" words 64 at 64
+%a = d5005.buffer "a" words 64 at 128
+%b = d5005.buffer "b" words 64 at 192
+%s = d5005.buffer "s" words 64 at 256
+d5005.attention %o, %q, <"k" at 0 stride 64 rows 256 cols 16 bytes 4>, <"v" at 16384 stride 64 rows 128 cols 16 bytes 4> current %a, %b scores %s heads 4 kv_heads 4
 // -----
 // CHECK: 'd5005.program' op weights are bf16 or f32, not 'f16'
 d5005.program identity "x" weights "f16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
-  d5005.buffer "a" words 64 at 0
+  %a = d5005.buffer "a" words 64 at 0
 }
 // -----
 // CHECK: 'd5005.buffer' op buffer 'a' needs at least one word at an offset of at least 0
-d5005.buffer "a" words 0 at 0
+%a = d5005.buffer "a" words 0 at 0
