@@ -20,10 +20,10 @@ from xdsl.dialects import func
 from xdsl.dialects.shard import AllReduceOp, GridOp, ReductionKind
 from xdsl.ir import Operation, SSAValue
 
+import logos_ir.interpreter.kernels as kernels
 from logos_ir.dialects import logos
 from logos_ir.dialects.shard_ext import AllGatherOp
 from logos_ir.errors import LogosError, WeightError
-from logos_ir.interpreter import kernels
 from logos_ir.interpreter.kernels import Registers, RopeTable, Step
 from logos_ir.weights import WeightStore
 
