@@ -1,0 +1,480 @@
+"""The per-op lowering of a part onto the grid, as xDSL rewrite patterns: one pattern per logos op of a part's
+section, driven by one `PatternRewriteWalker` over a copy of the section (`lower_part`). Each pattern inserts the
+op's element code in front of it and replaces the op's result by the array it lives in (a `memref.get_global`, a
+symbol reference; `part.PartLowering.replace`): `logos.linear` a tile's multiply-accumulate (`@fmacs`, `@fmachs` for
+f16 weights) and a reduction on the fabric; `logos.rms_norm` a sum of squares reduced along the row; `logos.rope` the
+rotation of the element's pairs; `logos.cache_write` a store on the position's column; `logos.attention` scores,
+softmax and weighted values over the element's positions, reduced on the fabric; `logos.embed` a row of the table's
+tile on its owner row, summed down the column; `logos.argmax` is the host's, over the logits it reads back. Weights,
+caches and inputs are declarations the patterns read; they, the arg-max and the stand-ins are swept when the walk is
+done, and the element code is what remains. An op no pattern lowers is refused with its name.
+"""
+
+from __future__ import annotations
+
+import math
+
+from xdsl.dialects import arith, csl, func, memref
+from xdsl.dialects.builtin import f16, f32
+from xdsl.ir import Operation
+from xdsl.pattern_rewriter import (
+    GreedyRewritePatternApplier,
+    PatternRewriter,
+    PatternRewriteWalker,
+    RewritePattern,
+    op_type_rewrite_pattern,
+)
+
+from logos_ir.dialects import logos
+from logos_ir.errors import PassError
+from logos_ir.passes.spatial.part import PASS, PartLowering, Vec, array_name, fused_products
+
+# -- each op's element code ----------------------------------------------------------------------------------------
+
+
+def lower_func_return(part: PartLowering, op: func.ReturnOp) -> None:
+    """The part's result left in `residual`, the state each part leaves for the next (the head's arg-max is the
+    host's: nothing to copy)."""
+    result = part.values.get(op.operands[0]) if op.operands else None
+    if isinstance(result, Vec) and result.array != "residual":
+        e = part.e
+        e.dsd_op(csl.FmovsOp, e.dsd(part.arr("residual"), result.chunk), e.dsd(part.arr(result.array), result.chunk))
+
+
+def lower_embed(part: PartLowering, op: logos.EmbedOp) -> None:
+    plan, e = part.plan, part.e
+    table = part.program_weight(part.values[op.table], "col")
+    out = part.vec(array_name(op.result), "col", plan.hidden)
+    tile_rows = table.tile_rows
+    token = e.load(part.arr("token_in"), e.int(0))
+    owner = e.bin(arith.DivSIOp, token, e.int(tile_rows))
+    row = e.bin(arith.RemSIOp, token, e.int(tile_rows))
+    buffer = part.arr(out.array)
+    e.dsd_op(csl.FmovsOp, e.dsd(buffer, out.chunk), e.float(0.0))
+    py = part.coordinate("col")
+    with e.when(e.cmp(py, owner, "eq")) as inner:
+        source = inner.moved(inner.dsd(part.arr(table.name), out.chunk, 0, tile_rows), row, part.element_type)
+        convert = csl.Fh2sOp if plan.image == "f16" else csl.FmovsOp
+        inner.dsd_op(convert, inner.dsd(buffer, out.chunk), source)
+    part.reduce(e, buffer, out.chunk, "col", csl.FaddsOp)
+    part.values[op.result] = out
+
+
+def lower_rms_norm(part: PartLowering, op: logos.RMSNormOp) -> None:
+    e = part.e
+    x: Vec = part.values[op.input]
+    weight = part.program_weight(part.values[op.weight], "col")
+    out = part.vec(array_name(op.result), x.layout, x.length)
+    source, target = part.arr(x.array), part.arr(out.array)
+    with e.loop(x.chunk, [e.float(0.0)]) as (body, j, (total,), yielded):
+        v = body.load(source, j)
+        yielded.append(body.op(arith.AddfOp(total, body.op(arith.MulfOp(v, v)).results[0])).results[0])
+    squares = part.arr("norm_sum")
+    e.store(yielded[0], squares, e.int(0))
+    part.reduce(e, squares, 1, "row" if x.layout == "col" else "col", csl.FaddsOp)
+    mean = e.op(arith.MulfOp(e.load(squares, e.int(0)), e.float(1.0 / x.length))).results[0]
+    root = e.math(part.program.math, "sqrt_f32", e.op(arith.AddfOp(mean, e.float(op.epsilon.value.data))).results[0])
+    scale = e.op(arith.DivfOp(e.float(1.0), root)).results[0]
+    e.dsd_op(csl.FmulsOp, e.dsd(target, x.chunk), e.dsd(source, x.chunk), scale)
+    w = e.moved(e.dsd(part.arr(weight.name), x.chunk), part.weight_offset(weight))
+    e.dsd_op(csl.FmulsOp, e.dsd(target, x.chunk), e.dsd(target, x.chunk), w)
+    part.values[op.result] = out
+
+
+def lower_linear(part: PartLowering, op: logos.LinearOp) -> None:
+    """A product: each element multiplies its tile by its input chunk, then the partial sums are reduced along
+    the line. Products of one input written one after another (q, k and v; gate and up) are reduced together,
+    as one message: each element's partial sums side by side in one array, then copied to each product's."""
+    if op in part.fused_later:
+        return
+    group = part.fused.get(op, [op])
+    e = part.e
+    x: Vec = part.values[op.input]
+    along = "row" if x.layout == "col" else "col"
+    if len(group) == 1:
+        out, acc = part.product(op, None, 0)
+        final = any(isinstance(use.operation, logos.ArgmaxOp) for use in op.result.uses)
+        part.reduce(e, acc, out.chunk, along, csl.FaddsOp, broadcast=not final)
+        return
+    chunks = [part.product_plan(member)[1].tile_rows for member in group]
+    name = "sums_" + "_".join(array_name(member.result) for member in group)
+    part.program.array(name, sum(chunks))
+    fused = part.arr(name)
+    offsets = [sum(chunks[:i]) for i in range(len(group))]
+    outs = [part.product(member, fused, at)[0] for member, at in zip(group, offsets, strict=True)]
+    part.reduce(e, fused, sum(chunks), along, csl.FaddsOp)
+    for out, at in zip(outs, offsets, strict=True):
+        e.dsd_op(csl.FmovsOp, e.dsd(part.arr(out.array), out.chunk), e.dsd(fused, out.chunk, at))
+
+
+def lower_rope(part: PartLowering, op: logos.RopeOp) -> None:
+    e = part.e
+    x: Vec = part.values[op.input]
+    table = f"inv_freq_{x.chunk}"
+    part.program.array(table, x.chunk // 2)
+    part.program.handles.setdefault("rope_tables", {})[table] = x.chunk  # type: ignore[index]
+    position = e.bin(arith.SubiOp, e.load(part.arr("position_in"), e.int(0)), e.int(1))
+    angle_base = e.op(arith.SIToFPOp(position, f32)).results[0]
+    data, freq = part.arr(x.array), part.arr(table)
+    pairs = x.chunk // 2
+    if part.layer is not None:  # the angles are the position's in every layer: layer 0 turns them into cos, sin
+        part.program.array(f"rope_cos_{x.chunk}", pairs)
+        part.program.array(f"rope_sin_{x.chunk}", pairs)
+        cosines, sines = part.arr(f"rope_cos_{x.chunk}"), part.arr(f"rope_sin_{x.chunk}")
+        with e.when(e.cmp(part.layer, e.int(0), "eq")) as first_layer:
+            with first_layer.loop(pairs) as (body, i, _, _y):
+                angle = body.op(arith.MulfOp(angle_base, body.load(freq, i))).results[0]
+                body.store(body.math(part.program.math, "cos_f32", angle), cosines, i)
+                body.store(body.math(part.program.math, "sin_f32", angle), sines, i)
+    with e.loop(pairs) as (body, i, _, _y):
+        if part.layer is not None:
+            cos, sin = body.load(cosines, i), body.load(sines, i)
+        else:
+            angle = body.op(arith.MulfOp(angle_base, body.load(freq, i))).results[0]
+            cos = body.math(part.program.math, "cos_f32", angle)
+            sin = body.math(part.program.math, "sin_f32", angle)
+        even = body.bin(arith.MuliOp, i, body.int(2))
+        odd = body.bin(arith.AddiOp, even, body.int(1))
+        a, b = body.load(data, even), body.load(data, odd)
+        first = body.op(
+            arith.SubfOp(body.op(arith.MulfOp(a, cos)).results[0], body.op(arith.MulfOp(b, sin)).results[0])
+        ).results[0]
+        second = body.op(
+            arith.AddfOp(body.op(arith.MulfOp(a, sin)).results[0], body.op(arith.MulfOp(b, cos)).results[0])
+        ).results[0]
+        body.store(first, data, even)
+        body.store(second, data, odd)
+    part.values[op.result] = x  # rotated in place
+
+
+def lower_cache_write(part: PartLowering, op: logos.CacheWriteOp) -> None:
+    plan, e = part.plan, part.e
+    x: Vec = part.values[op.input]
+    name = part.cache_array(part.values[op.cache], x.chunk)
+    position = e.bin(arith.SubiOp, e.load(part.arr("position_in"), e.int(0)), e.int(1))
+    column = e.bin(arith.RemSIOp, position, e.int(plan.p))
+    slot = e.bin(arith.DivSIOp, position, e.int(plan.p))
+    px = part.coordinate("row")
+    with e.when(e.cmp(px, column, "eq")) as inner:
+        layer = part.layer if part.layer is not None else inner.int(0)
+        at = inner.bin(
+            arith.MuliOp,
+            inner.bin(arith.AddiOp, inner.bin(arith.MuliOp, layer, inner.int(plan.slots)), slot),
+            inner.int(x.chunk),
+        )
+        target = inner.moved(inner.dsd(part.arr(name), x.chunk), at, part.element_type)
+        convert = csl.Fs2hOp if plan.image == "f16" else csl.FmovsOp
+        inner.dsd_op(convert, target, inner.dsd(part.arr(x.array), x.chunk))
+
+
+def lower_attention(part: PartLowering, op: logos.AttentionOp) -> None:
+    """Attention over the element's positions with KV heads kept narrow: row y caches KV features
+    [y * kv_chunk, (y + 1) * kv_chunk) and holds the query features of every head of their group at those
+    dimensions (`grid.query_rows`), so each query head of a group reads the same cached K/V tile."""
+    plan, e = part.plan, part.e
+    q: Vec = part.values[op.query]
+    c, group = plan.kv_chunk, plan.group
+    keys = part.arr(part.cache_array(part.values[op.keys], c))
+    values = part.arr(part.cache_array(part.values[op.values], c))
+    heads, slots, chunk, p = plan.heads, plan.slots, q.chunk, plan.p
+    window = plan.window  # the heads whose queries the element holds
+    # the scores the element keeps: its window's heads (reduced within its KV head's column segment) or every
+    # head's (reduced down the whole column) when a row's features straddle KV heads
+    kept = window if plan.scores_local else heads
+    part.program.array("scores", kept * slots)
+    part.program.array("head_max", window)
+    scores, high = part.arr("scores"), part.arr("head_max")
+    out = Vec("row", q.length, chunk, array_name(op.result), q.order)
+    part.program.array(out.array, chunk)
+    attended, query = part.arr(out.array), part.arr(q.array)
+    position = e.bin(arith.SubiOp, e.load(part.arr("position_in"), e.int(0)), e.int(1))
+    px, py = part.coordinate("row"), part.coordinate("col")
+    layer = part.layer if part.layer is not None else e.int(0)
+    base = e.bin(arith.MuliOp, layer, e.int(slots * c))
+    first_kv = e.bin(arith.MuliOp, py, e.int(c))
+    h0 = e.bin(arith.MuliOp, e.bin(arith.DivSIOp, first_kv, e.int(plan.head_dim)), e.int(group))
+    highest = e.int(heads - window)
+    h0 = e.op(arith.SelectOp(e.cmp(h0, highest, "slt"), h0, highest)).results[0]
+    kept_from = h0 if plan.scores_local else e.int(0)  # the head of the scores' first row
+    e.dsd_op(csl.FmovsOp, e.dsd(scores, kept * slots), e.float(0.0))
+    # partial scores: each of my query features r (head m of the group, KV feature t) adds q[r] * k[., t] over my
+    # positions to its head's scores
+    with e.loop(chunk) as (body, r, _, _y):
+        head = body.bin(arith.SubiOp, part.head_of(body, first_kv, r), kept_from)
+        row = body.moved(body.dsd(scores, slots), body.bin(arith.MuliOp, head, body.int(slots)))
+        t = body.bin(arith.RemSIOp, r, body.int(c))
+        column = body.moved(body.dsd(keys, slots, 0, c), body.bin(arith.AddiOp, base, t), part.element_type)
+        value = body.load(query, r)
+        if part.plan.image == "f16":
+            body.dsd_op(csl.FmachsOp, row, row, column, body.op(arith.TruncFOp(value, f16)).results[0])
+        else:
+            body.dsd_op(csl.FmacsOp, row, row, column, value)
+    part.reduce(e, scores, kept * slots, "col", csl.FaddsOp, segment_only=plan.scores_local)
+    e.dsd_op(
+        csl.FmulsOp,
+        e.dsd(scores, kept * slots),
+        e.dsd(scores, kept * slots),
+        e.float(1.0 / math.sqrt(plan.head_dim)),
+    )
+    # softmax for my heads (a window of `window` heads from h0; my row's elements share it): my positions after
+    # the current one masked, each head's maximum over mine, then along the row
+    rows_from = e.bin(arith.MuliOp, e.bin(arith.SubiOp, h0, kept_from), e.int(slots))
+    e.dsd_op(csl.FmovsOp, e.dsd(high, window), e.float(-3.0e38))
+    with e.loop(slots) as (outer, s, _, _y):
+        t = outer.bin(arith.AddiOp, outer.bin(arith.MuliOp, s, outer.int(p)), px)
+        later = outer.cmp(t, position, "sgt")
+        with outer.when(later) as masked:
+            masked.dsd_op(csl.FmovsOp, masked.moved(masked.dsd(scores, kept, 0, slots), s), masked.float(-3.0e38))
+        mine = outer.moved(outer.dsd(scores, window, 0, slots), outer.bin(arith.AddiOp, rows_from, s))
+        outer.dsd_op(csl.FmaxsOp, outer.dsd(high, window), outer.dsd(high, window), mine)
+    part.reduce(e, high, window, "row", csl.FmaxsOp)
+    # exp(score - max); my features' weighted values and each head's sum of weights, side by side in one array,
+    # summed along the row as one message; then each value divided by its head's sum
+    part.program.array("attention_sums", chunk + window)
+    sums = part.arr("attention_sums")
+    e.dsd_op(csl.FmovsOp, e.dsd(sums, chunk + window), e.float(0.0))
+    if plan.scores_local:
+        part.shared_exponentials(scores, high, sums, chunk)
+    else:
+        part.exponentials(h0, kept_from, scores, high, sums, chunk)
+    part.program.array("weights_by_feature", slots * chunk)
+    spread = part.arr("weights_by_feature")
+    with e.loop(chunk) as (body, r, _, _y):
+        head = body.bin(arith.SubiOp, part.head_of(body, first_kv, r), kept_from)
+        row = body.moved(body.dsd(scores, slots), body.bin(arith.MuliOp, head, body.int(slots)))
+        body.dsd_op(csl.FmovsOp, body.moved(body.dsd(spread, slots, 0, chunk), r), row)
+    part.program.array("weighted", c)
+    scratch = part.arr("weighted")
+    if part.plan.image == "f16":
+        part.program.array("cached_value", c)
+    with e.loop(slots) as (body, s, _, _y):
+        cached = body.moved(
+            body.dsd(values, c), body.bin(arith.AddiOp, base, body.bin(arith.MuliOp, s, body.int(c))),
+            part.element_type,
+        )  # fmt: skip
+        if part.plan.image == "f16":
+            widened = part.program.get(body, "cached_value")
+            body.dsd_op(csl.Fh2sOp, body.dsd(widened, c), cached)
+            cached = body.dsd(widened, c)
+        at = body.bin(arith.MuliOp, s, body.int(chunk))
+        with body.loop(group) as (inner, m, _, _y2):  # each head of the group reads the same cached values
+            offset = inner.bin(arith.MuliOp, m, inner.int(c))
+            weights = inner.moved(inner.dsd(spread, c), inner.bin(arith.AddiOp, at, offset))
+            inner.dsd_op(csl.FmulsOp, inner.dsd(scratch, c), cached, weights)
+            into = inner.moved(inner.dsd(sums, c), offset)
+            inner.dsd_op(csl.FaddsOp, into, into, inner.dsd(scratch, c))
+    part.reduce(e, sums, chunk + window, "row", csl.FaddsOp)
+    with e.loop(chunk) as (body, r, _, _y):
+        head = body.bin(arith.SubiOp, part.head_of(body, first_kv, r), h0)
+        total = body.load(sums, body.bin(arith.AddiOp, head, body.int(chunk)))
+        body.store(body.op(arith.DivfOp(body.load(sums, r), total)).results[0], attended, r)
+    part.values[op.result] = out
+
+
+def lower_add(part: PartLowering, op: logos.AddOp) -> None:
+    part.elementwise(op, csl.FaddsOp)
+
+
+def lower_mul(part: PartLowering, op: logos.MulOp) -> None:
+    part.elementwise(op, csl.FmulsOp)
+
+
+def lower_silu(part: PartLowering, op: logos.SiluOp) -> None:
+    e = part.e
+    x: Vec = part.values[op.input]
+    out = part.vec(array_name(op.result), x.layout, x.length)
+    source, target = part.arr(x.array), part.arr(out.array)
+    with e.loop(x.chunk) as (body, j, _, _y):
+        v = body.load(source, j)
+        negative = body.op(arith.SubfOp(body.float(0.0), v)).results[0]
+        denominator = body.op(arith.AddfOp(body.float(1.0), body.math(part.program.math, "exp_f32", negative))).results[
+            0
+        ]
+        body.store(body.op(arith.DivfOp(v, denominator)).results[0], target, j)
+    part.values[op.result] = out
+
+
+def lower_argmax(part: PartLowering, op: logos.ArgmaxOp) -> None:
+    logits: Vec = part.values[op.input]
+    part.program.handles["logits"] = logits  # type: ignore[assignment]
+    part.values[op.result] = "argmax"
+
+
+# -- the patterns --------------------------------------------------------------------------------------------------
+
+
+class PartPattern(RewritePattern):
+    """A pattern of one part's lowering: it writes into `part`'s program."""
+
+    def __init__(self, part: PartLowering):
+        self.part = part
+
+
+class ReturnToCsl(PartPattern):
+    """`func.return`: the part's result into `residual`."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: func.ReturnOp, rewriter: PatternRewriter) -> None:
+        lower_func_return(self.part.at(op), op)
+        rewriter.erase(op)
+
+
+class EmbedToCsl(PartPattern):
+    """`logos.embed`: the token's row of the table's tile on its owner row, summed down the column."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.EmbedOp, rewriter: PatternRewriter) -> None:
+        lower_embed(self.part.at(op), op)
+        self.part.replace(rewriter, op)
+
+
+class RmsNormToCsl(PartPattern):
+    """`logos.rms_norm`: a sum of squares reduced along the line, then the scaled chunk."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.RMSNormOp, rewriter: PatternRewriter) -> None:
+        lower_rms_norm(self.part.at(op), op)
+        self.part.replace(rewriter, op)
+
+
+class LinearToCsl(PartPattern):
+    """`logos.linear`: a tile's multiply-accumulate and a reduction on the fabric."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.LinearOp, rewriter: PatternRewriter) -> None:
+        lower_linear(self.part.at(op), op)
+        self.part.replace(rewriter, op)
+
+
+class RopeToCsl(PartPattern):
+    """`logos.rope`: the rotation of the element's pairs, in place."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.RopeOp, rewriter: PatternRewriter) -> None:
+        lower_rope(self.part.at(op), op)
+        self.part.replace(rewriter, op)
+
+
+class CacheWriteToCsl(PartPattern):
+    """`logos.cache_write`: a store on the position's column."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.CacheWriteOp, rewriter: PatternRewriter) -> None:
+        lower_cache_write(self.part.at(op), op)
+        self.part.replace(rewriter, op)
+
+
+class AttentionToCsl(PartPattern):
+    """`logos.attention`: scores, softmax and weighted values over the element's positions."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.AttentionOp, rewriter: PatternRewriter) -> None:
+        lower_attention(self.part.at(op), op)
+        self.part.replace(rewriter, op)
+
+
+class AddToCsl(PartPattern):
+    """`logos.add`: `@fadds` over the chunks."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.AddOp, rewriter: PatternRewriter) -> None:
+        lower_add(self.part.at(op), op)
+        self.part.replace(rewriter, op)
+
+
+class MulToCsl(PartPattern):
+    """`logos.mul`: `@fmuls` over the chunks."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.MulOp, rewriter: PatternRewriter) -> None:
+        lower_mul(self.part.at(op), op)
+        self.part.replace(rewriter, op)
+
+
+class SiluToCsl(PartPattern):
+    """`logos.silu`: x / (1 + exp(-x)) over the chunk."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.SiluOp, rewriter: PatternRewriter) -> None:
+        lower_silu(self.part.at(op), op)
+        self.part.replace(rewriter, op)
+
+
+class ArgmaxToCsl(PartPattern):
+    """`logos.argmax`: the host's, over the logits it reads back (the op is swept after the walk)."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.ArgmaxOp, rewriter: PatternRewriter) -> None:
+        lower_argmax(self.part.at(op), op)
+        self.part.replace(rewriter, op)
+
+
+DECLARATIONS = (logos.WeightOp, logos.CacheOp, logos.InputOp)
+LOWERED = (
+    func.ReturnOp,
+    logos.EmbedOp,
+    logos.RMSNormOp,
+    logos.LinearOp,
+    logos.RopeOp,
+    logos.CacheWriteOp,
+    logos.AttentionOp,
+    logos.AddOp,
+    logos.MulOp,
+    logos.SiluOp,
+    logos.ArgmaxOp,
+)
+
+
+class RefuseUnlowered(RewritePattern):
+    """Any other op of a part's section: refused by name (the grid does not lower it)."""
+
+    def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
+        if isinstance(op, (*DECLARATIONS, *LOWERED, memref.GetGlobalOp)):
+            return
+        if isinstance(op, func.CallOp):
+            raise PassError(f"{PASS}: expects a part's function body, found a call")
+        raise PassError(f"{PASS}: the spatial grid does not lower '{op.name}'")
+
+
+def part_patterns(part: PartLowering) -> list[RewritePattern]:
+    return [
+        ReturnToCsl(part),
+        EmbedToCsl(part),
+        RmsNormToCsl(part),
+        LinearToCsl(part),
+        RopeToCsl(part),
+        CacheWriteToCsl(part),
+        AttentionToCsl(part),
+        AddToCsl(part),
+        MulToCsl(part),
+        SiluToCsl(part),
+        ArgmaxToCsl(part),
+        RefuseUnlowered(),
+    ]
+
+
+def lower_part(part: PartLowering, section: func.FuncOp) -> None:
+    """The ops of `section` (a copy of a part's section, which this changes) rewritten into the part's element
+    code, appended to `part.e`'s block; its hidden-state argument and result live in the `residual` array (the state
+    each part leaves for the next), its position argument in `position_in`."""
+    target = part.e
+    body = section.body.block
+    residual = part.vec("residual", "col", part.plan.hidden)
+    part.fused, part.fused_later = fused_products(body)
+    for op in body.ops:  # weights are names and shapes: known before any product that a group lowers early
+        if isinstance(op, logos.WeightOp | logos.CacheOp):
+            part.values[op.result] = op
+    for arg in body.args:
+        if len(arg.type.get_shape()) == 2:  # type: ignore[attr-defined]
+            stand_in = part.stand_in(residual)
+            body.insert_op_before(stand_in, body.ops.first)  # type: ignore[arg-type]
+            arg.replace_all_uses_with(stand_in.memref)
+    walker = PatternRewriteWalker(GreedyRewritePatternApplier(part_patterns(part)), apply_recursively=False)
+    walker.rewrite_region(section.body)
+    for op in reversed(list(body.ops)):  # the declarations, the host's arg-max and the stand-ins, all unused now
+        if isinstance(op, (*DECLARATIONS, logos.ArgmaxOp)) or op in part.placeholders:
+            body.erase_op(op)
+    for op in list(body.ops):
+        op.detach()
+        target.op(op)
+    part.e = target

@@ -1,0 +1,366 @@
+"""The state of one part's lowering onto the grid and the helpers the per-op patterns (`op_patterns.py`) share: the
+vectors on the grid (`Vec`: a layout, a chunk, the array that holds it), the element program being built
+(`Program`: its arrays, its reduction functions), and `PartLowering`, which knows the plan, declares the arrays and
+the weight tiles, emits a product's multiply-accumulate, attention's exponentials, and the reductions along a line
+(`reductions.LineReductions`).
+
+A logos value, once its op is lowered, is the array it lives in: the pattern replaces the op's result by a
+`memref.get_global` of that array (a symbol reference), and `PartLowering.values` holds, for that SSA value, the
+vector's layout. Weights and caches stay the logos ops they are until the part is lowered: a product reads its
+weight's op to tile it, as the grid needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from xdsl.dialects import arith, csl, memref
+from xdsl.dialects.builtin import MemRefType, f16, f32, i32
+from xdsl.ir import Block, Operation, SSAValue
+from xdsl.pattern_rewriter import PatternRewriter
+
+from logos_ir.dialects import logos
+from logos_ir.errors import PassError
+from logos_ir.passes.spatial import grid as g
+from logos_ir.passes.spatial.emit import Emit
+from logos_ir.passes.spatial.reductions import PASS, LineReductions
+
+
+@dataclass
+class Vec:
+    """A vector on the grid: its layout (`col`: element (x, y) holds chunk x; `row`: chunk y), its true length,
+    its chunk and the array that holds the element's chunk."""
+
+    layout: str
+    length: int
+    chunk: int
+    array: str
+    order: tuple[int, ...] = ()  # the source index of each padded position (a product taking it maps its columns)
+
+
+@dataclass
+class Program:
+    """The element program being built: its top block, the arrays declared (name -> (words, element type)), the
+    weights the host loads, the imported modules and the parameters."""
+
+    plan: g.GridPlan
+    top: Emit
+    arrays: dict[str, tuple[int, Any]] = field(default_factory=dict)
+    handles: dict[str, SSAValue] = field(default_factory=dict)
+    px: SSAValue | None = None
+    py: SSAValue | None = None
+    math: SSAValue | None = None
+    memcpy: SSAValue | None = None
+    functions: list[Operation] = field(default_factory=list)
+    reducers: dict[str, Operation] = field(default_factory=dict)
+    layer_tensors: dict[str, tuple[str, ...]] = field(default_factory=dict)  # a layer weight's tensor in each layer
+
+    def array(self, name: str, words: int, element: Any = f32) -> None:
+        known = self.arrays.get(name)
+        if known is not None:
+            if known != (words, element):
+                raise PassError(f"{PASS}: the array '{name}' is declared twice with different sizes")
+            return
+        self.arrays[name] = (words, element)
+
+    def get(self, e: Emit, name: str) -> SSAValue:
+        words, element = self.arrays[name]
+        return e.op(memref.GetGlobalOp(name, MemRefType(element, [words]))).results[0]
+
+
+class PartLowering(LineReductions):
+    """One part's lowering: the element code its patterns insert (`e`: in front of the op being rewritten), the
+    layer index (the layer function's argument; None for the embedding and head), what each product feeds, and the
+    layout of each value already lowered (see the module docstring)."""
+
+    def __init__(self, program: Program, e: Emit, layer: SSAValue | None, feeds: dict[SSAValue, set[str]]):
+        self.program, self.plan, self.e, self.layer = program, program.plan, e, layer
+        self.values: dict[SSAValue, Any] = {}
+        self.feeds = feeds
+        self.placeholders: list[Operation] = []  # the get_globals standing for lowered values, erased when done
+        self.fused: dict[Operation, list[logos.LinearOp]] = {}
+        self.fused_later: set[Operation] = set()
+
+    def at(self, op: Operation) -> PartLowering:
+        """This lowering, its element code now inserted in front of `op` (the op a pattern rewrites)."""
+        block = op.parent_block()
+        assert block is not None
+        self.e = Emit(block, before=op)
+        return self
+
+    def stand_in(self, vector: Vec) -> memref.GetGlobalOp:
+        """A `memref.get_global` of the array `vector` lives in, standing for the value it holds."""
+        words, element = self.program.arrays[vector.array]
+        placeholder = memref.GetGlobalOp(vector.array, MemRefType(element, [words]))
+        self.values[placeholder.memref] = vector
+        self.placeholders.append(placeholder)
+        return placeholder
+
+    def replace(self, rewriter: PatternRewriter, op: Operation) -> None:
+        """`op`, lowered, replaced by the array its result lives in (erased when it has no result); a result that is
+        no vector on the grid (the head's arg-max, the host's) is left for the sweep after the walk."""
+        if not op.results:
+            rewriter.erase(op)
+            return
+        vector = self.values.get(op.results[0])
+        if isinstance(vector, Vec):
+            rewriter.replace(op, self.stand_in(vector))
+
+    def coordinate(self, layout: str, e: Emit | None = None) -> SSAValue:
+        """px for a reduction along a row, py along a column (as i32, emitted by `e`, the part's emitter if none)."""
+        value = self.program.px if layout == "row" else self.program.py
+        assert value is not None
+        return (e or self.e).op(arith.ExtSIOp(value, i32)).results[0]
+
+    def vec(self, name: str, layout: str, length: int, even: bool = False) -> Vec:
+        chunk = self.plan.chunk(length, even)
+        self.program.array(name, chunk)
+        return Vec(layout, length, chunk, name)
+
+    def arr(self, name: str) -> SSAValue:
+        return self.program.get(self.e, name)
+
+    def weight_offset(self, weight: g.Weight) -> SSAValue:
+        """Where this layer's tile starts in the weight's array (the layer index times the tile)."""
+        size = self.e.int(weight.tile_rows * weight.tile_columns)
+        if len(weight.tensors) == 1 or self.layer is None:
+            return self.e.int(0)
+        return self.e.bin(arith.MuliOp, self.layer, size)
+
+    @property
+    def element_type(self) -> Any:
+        return f16 if self.plan.image == "f16" else f32
+
+    def program_weight(
+        self,
+        op: logos.WeightOp,
+        orient: str,
+        row_map: Sequence[int] = (),
+        in_chunk: int = 0,
+        column_map: Sequence[int] = (),
+    ) -> g.Weight:
+        """The weight array this op's tensor lives in (shared by every layer's tensor of the same role)."""
+        plan = self.plan
+        name = array_name(op.result)
+        tensor = op.tensor.data
+        shape = list(op.shape.get_values())
+        if len(shape) == 1:
+            chunk = plan.chunk(shape[0])
+            weight = g.Weight(name, (tensor,), "vector", "col", 1, shape[0], 1, chunk)
+            return self.declare(weight, plan_layers=self.layer is not None)
+        rows, columns = shape
+        padded_rows = len(row_map) if row_map else rows
+        kind = "table" if self.layer is None else "matrix"
+        tr = plan.chunk(padded_rows, even=bool(row_map))
+        tc = in_chunk or plan.chunk(columns)  # a product's tile is as wide as its input's chunk
+        weight = g.Weight(name, (tensor,), kind, orient, rows, columns, tr, tc, tuple(row_map), tuple(column_map))
+        return self.declare(weight, plan_layers=self.layer is not None)
+
+    def declare(self, weight: g.Weight, plan_layers: bool) -> g.Weight:
+        plan = self.plan
+        known = plan.weights.get(weight.name)
+        if known is None:
+            tensors = weight.tensors
+            if plan_layers:  # the tensor each layer's program names for this weight
+                tensors = self.program.layer_tensors[weight.name]
+            weight = g.Weight(**{**weight.__dict__, "tensors": tensors})
+            plan.weights[weight.name] = weight
+            element = self.element_type if weight.kind != "vector" else f32
+            self.program.array(weight.name, weight.words, element)
+            return weight
+        # the same role (another layer) or the same tensor (a tied head): the same tile
+        same = (known.tile_rows, known.tile_columns, known.orient, known.column_map) == (
+            weight.tile_rows,
+            weight.tile_columns,
+            weight.orient,
+            weight.column_map,
+        )
+        if not same:
+            raise PassError(f"{PASS}: the weight '{weight.name}' is tiled two ways")
+        return known
+
+    def product_plan(self, op: logos.LinearOp) -> tuple[list[int], g.Weight]:
+        plan = self.plan
+        x: Vec = self.values[op.input]
+        roles = self.feeds.get(op.result, set())
+        out_rows = op.weight.type.get_shape()[0]  # type: ignore[attr-defined]
+        row_map: list[int] = []
+        if "query" in roles:  # laid out to meet the narrow cache: the group's query heads at the row's KV features
+            row_map = g.query_rows(plan)
+        elif "cache" in roles:  # KV heads kept narrow, rotary pairs adjacent
+            if out_rows != plan.kv_heads * plan.head_dim:
+                raise PassError(f"{PASS}: a cached projection of {out_rows} rows, not KV heads x head_dim")
+            row_map = g.kv_rows(plan)
+        elif "rope" in roles:
+            raise PassError(f"{PASS}: the grid rotates only attention's query and the cached keys")
+        weight = self.program_weight(self.values[op.weight], x.layout, row_map, x.chunk, x.order)
+        return row_map, weight
+
+    def product(self, op: logos.LinearOp, into: SSAValue | None, at: int) -> tuple[Vec, SSAValue]:
+        """The element's tile times its input chunk, accumulated into `into[at:]` (or the product's own array)."""
+        plan, e = self.plan, self.e
+        x: Vec = self.values[op.input]
+        row_map, weight = self.product_plan(op)
+        out_layout = "row" if x.layout == "col" else "col"
+        length = len(row_map) if row_map else op.weight.type.get_shape()[0]  # type: ignore[attr-defined]
+        out = Vec(out_layout, length, weight.tile_rows, array_name(op.result), tuple(row_map))
+        self.program.array(out.array, out.chunk)
+        tile_rows = weight.tile_rows
+        acc, source = (into, at) if into is not None else (self.arr(out.array), 0)
+        e.dsd_op(csl.FmovsOp, e.dsd(acc, tile_rows, source), e.float(0.0))
+        source_array = self.arr(x.array)
+        base = self.weight_offset(weight)
+        w = self.arr(weight.name)
+        if plan.image == "f16":
+            half = self.arr(f"{x.array}_f16") if self.declare_half(x) else source_array
+            e.dsd_op(csl.Fs2hOp, e.dsd(half, x.chunk), e.dsd(source_array, x.chunk))
+            source_array = half
+        with e.loop(x.chunk) as (body, j, _, _y):
+            scalar = body.load(source_array, j)
+            offset = body.bin(arith.AddiOp, base, body.bin(arith.MuliOp, j, body.int(tile_rows)))
+            column = body.moved(body.dsd(w, tile_rows), offset, self.element_type)
+            mac = csl.FmachsOp if plan.image == "f16" else csl.FmacsOp
+            body.dsd_op(mac, body.dsd(acc, tile_rows, source), body.dsd(acc, tile_rows, source), column, scalar)
+        self.values[op.result] = out
+        return out, acc
+
+    def declare_half(self, x: Vec) -> bool:
+        self.program.array(f"{x.array}_f16", x.chunk, f16)
+        return True
+
+    def cache_array(self, cache: logos.CacheOp, chunk: int) -> str:
+        name = f"{cache.kind.data}_cache"
+        words = self.plan.layers * self.plan.slots * chunk
+        self.program.array(name, words, self.element_type)
+        return name
+
+    def exponentials(
+        self, h0: SSAValue, kept_from: SSAValue, scores: SSAValue, high: SSAValue, sums: SSAValue, chunk: int
+    ) -> None:
+        """exp(score - max) of the element's window of heads over its positions, in place, and each head's sum of
+        them into sums[chunk + head]."""
+        e, window, slots = self.e, self.plan.window, self.plan.slots
+        with e.loop(window) as (outer, j, _, _y):
+            m = outer.load(high, j)
+            h = outer.bin(arith.SubiOp, outer.bin(arith.AddiOp, h0, j), kept_from)  # its row of the scores
+            total_at = outer.bin(arith.AddiOp, j, outer.int(chunk))
+            with outer.loop(slots) as (body, s, _, _y2):
+                at = body.bin(arith.AddiOp, body.bin(arith.MuliOp, h, body.int(slots)), s)
+                weight = body.math(
+                    self.program.math, "exp_f32", body.op(arith.SubfOp(body.load(scores, at), m)).results[0]
+                )
+                body.store(weight, scores, at)
+                body.store(body.op(arith.AddfOp(body.load(sums, total_at), weight)).results[0], sums, total_at)
+
+    def shared_exponentials(self, scores: SSAValue, high: SSAValue, sums: SSAValue, chunk: int) -> None:
+        """The elements of a KV head's column segment hold the same scores: each computes exp(score - max) for every
+        segment-length-th of them (from its rank in the segment), zeros elsewhere, with its part of each head's sum of
+        weights; the segment's reduction (`segment_only`) gives every element all of them."""
+        plan, e = self.plan, self.e
+        window, slots, p = plan.window, plan.slots, plan.p
+        length, count, _ = plan.line("col")
+        shortest = min(length, p - (count - 1) * length)
+        items = window * slots
+        self.program.array("exponentials", items + window)
+        shared = self.arr("exponentials")
+        e.dsd_op(csl.FmovsOp, e.dsd(shared, items + window), e.float(0.0))
+        py = self.coordinate("col")
+        first = e.bin(arith.MuliOp, e.bin(arith.DivSIOp, py, e.int(length)), e.int(length))
+        bound = e.bin(arith.AddiOp, first, e.int(length))
+        end = e.int(p)
+        size = e.bin(arith.SubiOp, e.op(arith.SelectOp(e.cmp(bound, end, "slt"), bound, end)).results[0], first)
+        rank = e.bin(arith.SubiOp, py, first)
+        with e.loop(-(-items // shortest)) as (body, t, _, _y):
+            i = body.bin(arith.AddiOp, rank, body.bin(arith.MuliOp, t, size))
+            with body.when(body.cmp(i, body.int(items), "slt")) as mine:
+                j = mine.bin(arith.DivSIOp, i, mine.int(slots))
+                difference = mine.op(arith.SubfOp(mine.load(scores, i), mine.load(high, j))).results[0]
+                weight = mine.math(self.program.math, "exp_f32", difference)
+                mine.store(weight, shared, i)
+                total_at = mine.bin(arith.AddiOp, j, mine.int(items))
+                mine.store(mine.op(arith.AddfOp(mine.load(shared, total_at), weight)).results[0], shared, total_at)
+        self.reduce(e, shared, items + window, "col", csl.FaddsOp, segment_only=True)
+        e.dsd_op(csl.FmovsOp, e.dsd(scores, items), e.dsd(shared, items))
+        e.dsd_op(csl.FmovsOp, e.dsd(sums, window, chunk), e.dsd(shared, window, items))
+
+    def head_of(self, e: Emit, first_kv: SSAValue, r: SSAValue) -> SSAValue:
+        """The query head of feature r of a row whose KV features start at `first_kv` (`grid.query_rows`)."""
+        c = self.plan.kv_chunk
+        kv_head = e.bin(
+            arith.DivSIOp, e.bin(arith.AddiOp, first_kv, e.bin(arith.RemSIOp, r, e.int(c))), e.int(self.plan.head_dim)
+        )
+        head = e.bin(
+            arith.AddiOp, e.bin(arith.MuliOp, kv_head, e.int(self.plan.group)), e.bin(arith.DivSIOp, r, e.int(c))
+        )
+        last = e.int(self.plan.heads - 1)
+        return e.op(arith.SelectOp(e.cmp(head, last, "slt"), head, last)).results[0]
+
+    def elementwise(self, op: Operation, kind: type[csl.BuiltinDsdOp]) -> None:
+        a: Vec = self.values[op.operands[0]]
+        b: Vec = self.values[op.operands[1]]
+        if (a.layout, a.chunk) != (b.layout, b.chunk):
+            raise PassError(f"{PASS}: '{op.name}' of vectors laid out differently ({a.layout}, {b.layout})")
+        out = self.vec(array_name(op.results[0]), a.layout, a.length)
+        e = self.e
+        e.dsd_op(
+            kind,
+            e.dsd(self.arr(out.array), a.chunk),
+            e.dsd(self.arr(a.array), a.chunk),
+            e.dsd(self.arr(b.array), a.chunk),
+        )
+        self.values[op.results[0]] = out
+
+
+def array_name(value: SSAValue) -> str:
+    """The array a value lives in: its LOGOS name (every value the author writes has one)."""
+    if not value.name_hint:
+        raise PassError(f"{PASS}: a value of '{value.owner.name}' has no name to give its array")  # type: ignore[union-attr]
+    return value.name_hint
+
+
+def fused_products(body: Block) -> tuple[dict[Operation, list[logos.LinearOp]], set[Operation]]:
+    """Products of one input written one after another (only weights between them) and none feeding the head's
+    arg-max: {first: the group}, and the rest of each group (lowered with its first)."""
+    groups: dict[Operation, list[logos.LinearOp]] = {}
+    later: set[Operation] = set()
+    run: list[logos.LinearOp] = []
+
+    def close() -> None:
+        if len(run) > 1:
+            groups[run[0]] = list(run)
+            later.update(run[1:])
+        run.clear()
+
+    for op in body.ops:
+        if isinstance(op, logos.WeightOp):
+            continue
+        final = isinstance(op, logos.LinearOp) and any(isinstance(u.operation, logos.ArgmaxOp) for u in op.result.uses)
+        if isinstance(op, logos.LinearOp) and not final and (not run or run[0].input == op.input):
+            run.append(op)
+            continue
+        close()
+        if isinstance(op, logos.LinearOp) and not final:
+            run.append(op)
+    close()
+    return groups, later
+
+
+def feeds_of(body: Block) -> dict[SSAValue, set[str]]:
+    """What each linear's result feeds: a rotation (`rope`), a cache (`cache`, directly or through its rotation)."""
+    feeds: dict[SSAValue, set[str]] = {}
+    for op in body.ops:
+        if isinstance(op, logos.RopeOp):
+            feeds.setdefault(op.input, set()).add("rope")
+        if isinstance(op, logos.CacheWriteOp):
+            source = op.input
+            owner = source.owner
+            if isinstance(owner, logos.RopeOp):
+                source = owner.input
+            feeds.setdefault(source, set()).add("cache")
+        if isinstance(op, logos.AttentionOp):
+            owner = op.query.owner
+            source = owner.input if isinstance(owner, logos.RopeOp) else op.query
+            feeds.setdefault(source, set()).add("query")
+    return feeds
