@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 from xdsl.dialects import arith, gpu, math, memref, scf, vector
+from xdsl.dialects.builtin import IndexType
 from xdsl.ir import Operation
 
 from logos_ir.dialects import cuda
@@ -202,7 +203,7 @@ def _index_binary(fn: Callable[[Any, Any], Any]) -> Callable[[KernelEmulator, An
 
     def compile_op(em: KernelEmulator, op: Any) -> Step:
         a, b, out = em._slot(op.operands[0]), em._slot(op.operands[1]), em._slot(op.results[0])
-        checked = op.results[0].type.name == "index"
+        checked = isinstance(op.results[0].type, IndexType)
 
         def step(env: Env, mask: Mask) -> None:
             value = env[out] = fn(env[a], env[b])

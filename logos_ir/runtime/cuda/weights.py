@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from logos_ir.errors import LogosError
-from logos_ir.passes.cuda.host_plan import Buffer, bf16_rounded, weight_share
+from logos_ir.passes.cuda.host_plan import Buffer, weight_share
 from logos_ir.rope import rope_inv_freq
 
 
@@ -54,13 +54,6 @@ class EmulatedWeights:
         if self.folder is not None:
             return self._from_image(chip, buffer)
         return np.ascontiguousarray(weight_share(self.store, buffer.name, buffer.shape, chip, self.chips), np.float32)
-
-    def get(self, chip: int, buffer: Buffer) -> np.ndarray:
-        """The values a device holds (f32; bf16-rounded f32 for bf16): the emulator's view of the image."""
-        values = self.share(chip, buffer)
-        if values.dtype == np.uint16:
-            return (values.astype(np.uint32) << np.uint32(16)).view(np.float32)
-        return bf16_rounded(values) if buffer.element == "bf16" else values
 
     def _from_image(self, chip: int, buffer: Buffer) -> np.ndarray:
         from logos_ir.passes.cuda.build import HEADER_BYTES
