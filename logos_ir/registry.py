@@ -59,6 +59,11 @@ def passes() -> dict[str, Callable[[], type[ModulePass]]]:
         "convert-logos-to-cuda-kernels": _lazy(
             "logos_ir.passes.cuda.convert_logos_to_kernels", "ConvertLogosToCudaKernels"
         ),
+        "cuda-fold-norms": _lazy("logos_ir.passes.cuda.fold_norms", "FoldNorms"),
+        "cuda-fuse-qkv": _lazy("logos_ir.passes.cuda.fuse_qkv", "FuseQKV"),
+        "cuda-fold-residual-adds": _lazy("logos_ir.passes.cuda.fold_residual_adds", "FoldResidualAdds"),
+        "cuda-fuse-prefill-attention": _lazy("logos_ir.passes.cuda.fuse_prefill_attention", "FusePrefillAttention"),
+        "cuda-fold-prefill-norms": _lazy("logos_ir.passes.cuda.fold_prefill_norms", "FoldPrefillNorms"),
         "convert-cuda-kernels-to-gpu": _lazy("logos_ir.passes.cuda.convert_kernels_to_gpu", "ConvertCudaKernelsToGpu"),
         "convert-logos-to-d5005": _lazy("logos_ir.passes.d5005.convert_logos_to_d5005", "ConvertLogosToD5005"),
         "extract-parts": _lazy("logos_ir.passes.extract_parts", "ExtractParts"),
@@ -96,10 +101,19 @@ def _middle_end(options: dict[str, str]) -> list[str]:
     return stages
 
 
+CUDA_FUSIONS = (
+    "cuda-fold-norms",
+    "cuda-fuse-qkv",
+    "cuda-fold-residual-adds",
+    "cuda-fuse-prefill-attention",
+    "cuda-fold-prefill-norms",
+)
+
+
 def _to_cuda(options: dict[str, str]) -> list[str]:
-    middle = _middle_end({k: v for k, v in options.items() if k == "tp"})
-    weights = options.get("weights", "bf16")
-    return [*middle, f"convert-logos-to-cuda-kernels{{weights={weights}}}", "convert-cuda-kernels-to-gpu"]
+    split = [f"tp-split{{tp={options['tp']}}}"] if "tp" in options else []
+    lowering = f"convert-logos-to-cuda-kernels{{weights={options.get('weights', 'bf16')}}}"
+    return ["verify-identity", *split, "inline-sections", lowering, *CUDA_FUSIONS, "convert-cuda-kernels-to-gpu"]
 
 
 def _to_d5005(options: dict[str, str]) -> list[str]:

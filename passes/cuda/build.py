@@ -1,8 +1,8 @@
 """`logos-compile --target cuda`: the CUDA lane's build of a decode step, prefill chunk or batch (split or not).
 
-The build runs the lane's pipeline in one process on IR (no text round trip): `convert-logos-to-cuda-kernels`,
-then `convert-cuda-kernels-to-gpu`, verifying the IR after each, then the emitter. Its artifacts, each headed by the
-identity line of the program it was lowered from:
+The build runs the lane's pipeline (`logos-to-cuda`) in one process on IR (no text round trip), verifying the IR
+after each pass, then the emitter. Its artifacts, each headed by the identity line of the program it was lowered
+from:
 
 * `kernels.cu`: the kernels as CUDA C++ (`-t cuda`), one `extern "C"` function each;
 * `step.mlir`: the lowered module itself: the `gpu.module` of kernels the emulator executes and the host plan
@@ -44,13 +44,15 @@ ALIGN = 256
 
 
 def lower(module: ModuleOp, weights: str) -> ModuleOp:
-    """The lane's pipeline on `module` in place (a `logos.program` in, the lowered module out), verified after
-    each pass."""
-    from logos_ir.passes.cuda.convert_kernels_to_gpu import ConvertCudaKernelsToGpu
-    from logos_ir.passes.cuda.convert_logos_to_kernels import ConvertLogosToCudaKernels
+    """The lane's pipeline (`logos-to-cuda`, every stage of it) on `module` in place (a `logos.program` in, the
+    lowered module out), verified after each pass."""
+    from xdsl.passes import PassPipeline
 
+    from logos_ir.registry import passes, pipelines
+
+    stages = pipelines()["logos-to-cuda"].stages({"weights": weights})
     context = Context()
-    for lowering in (ConvertLogosToCudaKernels(weights), ConvertCudaKernelsToGpu()):
+    for lowering in PassPipeline.parse_spec(passes(), ",".join(stages)).passes:
         lowering.apply(context, module)
         try:
             module.verify()

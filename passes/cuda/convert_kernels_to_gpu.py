@@ -48,6 +48,7 @@ from xdsl.passes import ModulePass
 from logos_ir.dialects import cuda
 from logos_ir.errors import PassError
 from logos_ir.passes.cuda import tensor_core  # issue 19 (tensor cores)
+from logos_ir.passes.cuda.kernel_level import host_function
 from logos_ir.passes.cuda.thread_code import INDEX, Body, Kind, cdiv, rotated, vector_width
 
 NAME = "convert-cuda-kernels-to-gpu"
@@ -864,13 +865,6 @@ class _Lowering:
         return found
 
 
-def host_function(module: ModuleOp, pass_name: str) -> func.FuncOp:
-    for op in module.ops:
-        if isinstance(op, func.FuncOp) and op.sym_name.data == "step":
-            return op
-    raise PassError(f"{pass_name}: the module has no host function @step (run convert-logos-to-cuda-kernels first)")
-
-
 @dataclass(frozen=True)
 class ConvertCudaKernelsToGpu(ModulePass):
     """Expands each kernel-level op into `gpu.launch_func` of a `gpu.func` built once per distinct shape. The
@@ -880,8 +874,6 @@ class ConvertCudaKernelsToGpu(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         host = host_function(op, NAME)
-        tensor_core.fuse_prefill_attention(host)  # issue 19 (tensor cores): the cache write in attention's pass
-        tensor_core.fold_prefill_norms(host)  # issue 19 (tensor cores): prefill norms in the products' prologue
         lowering = _Lowering(op)
         lowering.lower(host)
         for buffer in [b for b in host.body.block.ops if isinstance(b, cuda.BufferOp) and not b.result.uses]:

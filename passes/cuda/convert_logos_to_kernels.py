@@ -174,31 +174,21 @@ class _Plan:
         for op in main.body.block.ops:
             if isinstance(op, logos.InputOp):
                 self.env[op.result] = self.activation(op.result, "input")
-            elif isinstance(op, func.CallOp):
-                self.call(op)
             elif not isinstance(op, func.ReturnOp):
-                raise PassError(f"{NAME}: @main holds '{op.name}', which is not in the author's form")
+                self.lower(op)
         if self.pending_key is not None:
             raise PassError(f"{NAME}: a rotated key is written into a cache with no value written after it")
 
-    def call(self, call: func.CallOp) -> None:
-        section = self.program.function(call.callee.root_reference.data)
-        if section is None:
-            raise PassError(f"{NAME}: 'func.call' calls @{call.callee.root_reference.data}, which does not exist")
-        block = section.body.block
-        for arg, operand in zip(block.args, call.arguments, strict=True):
-            self.env[arg] = self.env[operand]
-        for op in block.ops:
-            if isinstance(op, func.ReturnOp):
-                for result, value in zip(call.results, op.arguments, strict=True):
-                    self.env[result] = self.env[value]
-                continue
-            handler = _HANDLERS.get(type(op))
-            if handler is None:
-                raise PassError(
-                    f"{NAME}: @{section.sym_name.data} holds '{op.name}', which the CUDA lane does not lower"
-                )
-            handler(self, op)
+    def lower(self, op: Operation) -> None:
+        handler = _HANDLERS.get(type(op))
+        if isinstance(op, func.CallOp):
+            raise PassError(
+                f"{NAME}: @main calls @{op.callee.root_reference.data}: the lane lowers an inlined @main",
+                hint="run inline-sections first (logos-to-cuda does)",
+            )
+        if handler is None:
+            raise PassError(f"{NAME}: @main holds '{op.name}', which the CUDA lane does not lower")
+        handler(self, op)
 
     # -- one handler per source op ------------------------------------------------------------------------------
 
@@ -351,153 +341,6 @@ class _Plan:
         self.env[op.result] = result
 
 
-def _writes(step: _Kernel | _Reduce | _Gather) -> list[str]:
-    if isinstance(step, _Gather):
-        return [step.result]
-    return step.outs if isinstance(step, _Kernel) else [step.buffer]
-
-
-def _reads(step: _Kernel | _Reduce | _Gather) -> list[str]:
-    return step.ins if isinstance(step, _Kernel) else [step.buffer]
-
-
-def fold_norms(plan: _Plan) -> None:
-    """At batch 1, each RMS norm whose result only feeds projections (as their input x) is folded into their
-    prologue: each projection reads x and the scale itself (one pass over x gives its dot products and the sum of
-    squares), so the norm's launch and its buffer go. Norms of several rows (prefill, batches) and the prefill
-    head's row pick stay kernels."""
-    index = 0
-    while index < len(plan.steps):
-        step = plan.steps[index]
-        readers = _norm_readers(plan, index)
-        if readers is None:
-            index += 1
-            continue
-        assert isinstance(step, _Kernel)
-        x, scale = step.ins
-        for reader in readers:
-            reader.ins = [x, *reader.ins[1:], scale]
-            reader.props = {**reader.props, "epsilon": step.props["epsilon"]}
-        del plan.steps[index]
-
-
-def _norm_readers(plan: _Plan, index: int) -> list[_Kernel] | None:
-    """The projections that read the norm at `index` while its input and scale are unchanged, if they are its only
-    readers (else None)."""
-    step = plan.steps[index]
-    if not isinstance(step, _Kernel) or step.op is not cuda.RMSNormOp:
-        return None
-    if cast(Any, step.props["row"]).value.data >= 0:
-        return None
-    x, scale = step.ins
-    (normed,) = step.outs
-    if plan.buffers[normed].type.get_shape()[0] != 1:
-        return None
-    readers: list[_Kernel] = []
-    changed = False  # x or the scale rewritten since the norm
-    for later in plan.steps[index + 1 :]:
-        if normed in _reads(later):
-            projection = isinstance(later, _Kernel) and later.op in (cuda.LinearOp, cuda.GateUpOp)
-            if changed or not projection or "epsilon" in cast(_Kernel, later).props:
-                return None
-            later = cast(_Kernel, later)
-            if later.ins[0] != normed or normed in later.ins[1:] or x in later.outs:
-                return None
-            readers.append(later)
-        if normed in _writes(later):
-            break
-        changed = changed or x in _writes(later) or scale in _writes(later)
-    return readers or None
-
-
-def fold_residual_adds(plan: _Plan) -> None:
-    """In a split program, a residual add after an all-reduce (`add(h, all_reduce(p))`) becomes part of the
-    partial sum: the projection writing p adds h on chip 0 alone, so the all-reduce itself completes the residual
-    stream (its launch goes). Later readers of the add's result read the reduced buffer, where that is safe (p not
-    rewritten while they read it)."""
-    index = 0
-    while index + 3 <= len(plan.steps):
-        linear, reduce, add = plan.steps[index : index + 3]
-        plain = isinstance(linear, _Kernel) and linear.op is cuda.LinearOp and len(linear.ins) == 2 and not linear.props
-        if not (plain and isinstance(reduce, _Reduce) and isinstance(add, _Kernel) and add.op is cuda.AddOp):
-            index += 1
-            continue
-        assert isinstance(linear, _Kernel)
-        (partial_sum,) = linear.outs
-        if reduce.buffer != partial_sum or reduce.result not in add.ins:
-            index += 1
-            continue
-        residual = add.ins[0] if add.ins[1] == reduce.result else add.ins[1]
-        (summed,) = add.outs
-        readers = _readers_until_rewritten(plan, index + 3, summed)
-        if readers is None or any(partial_sum in _writes(s) for s in plan.steps[index + 3 : readers]):
-            index += 1
-            continue
-        chip = plan.buffer("chip", "table", MemRefType(i64, [1]))
-        linear.ins = [*linear.ins, residual, chip]
-        linear.props = {**linear.props, "residual_chip": IntegerAttr(0, i64)}
-        for later in plan.steps[index + 3 : readers]:
-            if isinstance(later, _Kernel):
-                later.ins = [reduce.result if name == summed else name for name in later.ins]
-        del plan.steps[index + 2]
-        index += 1
-
-
-def _readers_until_rewritten(plan: _Plan, start: int, buffer: str) -> int | None:
-    """The end (exclusive) of the steps from `start` that may read `buffer` before it is written again; None when
-    an all-reduce reads it (its readers must stay on the buffer)."""
-    end = start
-    for position in range(start, len(plan.steps)):
-        step = plan.steps[position]
-        if isinstance(step, _Reduce) and step.buffer == buffer:
-            return None
-        if buffer in _reads(step):
-            end = position + 1
-        if buffer in _writes(step):
-            break
-    return end
-
-
-def fuse_qkv(plan: _Plan) -> None:
-    """At batch 1, a layer's query, key and value projections (their norm folded), the key rotation with both
-    cache writes, and the query rotation become one `cuda.qkv` launch on one weight buffer holding the three
-    weights one after the other (named "<q>+<k>+<v>")."""
-    index = 0
-    while index + 5 <= len(plan.steps):
-        window = plan.steps[index : index + 5]
-        if not _is_qkv(plan, window):
-            index += 1
-            continue
-        q, k, v, cache_write, rope = cast(list[_Kernel], window)
-        x, scale = q.ins[0], q.ins[-1]
-        weights = [q.ins[1], k.ins[1], v.ins[1]]
-        kinds = [plan.buffers[w].type for w in weights]
-        rows = sum(kind.get_shape()[0] for kind in kinds)
-        fused_type = MemRefType(kinds[0].element_type, [rows, kinds[0].get_shape()[1]])
-        fused = plan.buffer("+".join(weights), "weight", fused_type)
-        _, _, positions, cos, sin = cache_write.ins
-        kernel = _Kernel(
-            cuda.QKVOp, [x, fused, scale, positions, cos, sin], [rope.outs[0], *cache_write.outs],
-            {"epsilon": q.props["epsilon"]},
-        )  # fmt: skip
-        plan.steps[index : index + 5] = [kernel]
-        index += 1
-
-
-def _is_qkv(plan: _Plan, window: list[_Kernel | _Reduce]) -> bool:
-    if not all(isinstance(s, _Kernel) for s in window):
-        return False
-    q, k, v, cache_write, rope = cast(list[_Kernel], window)
-    projections = all(s.op is cuda.LinearOp and len(s.ins) == 3 and "epsilon" in s.props for s in (q, k, v))
-    if not projections or cache_write.op is not cuda.RopeCacheWriteOp or rope.op is not cuda.RopeOp:
-        return False
-    same_input = q.ins[0] == k.ins[0] == v.ins[0] and q.ins[2] == k.ins[2] == v.ins[2]
-    wired = cache_write.ins[:2] == [k.outs[0], v.outs[0]] and rope.ins[0] == q.outs[0]
-    tables = rope.ins[1:] == cache_write.ins[2:]
-    one_cache = len(plan.buffers[cache_write.outs[0]].type.get_shape()) == 3  # a decode step's, not a batch's
-    return same_input and wired and tables and one_cache and plan.buffers[q.ins[0]].type.get_shape()[0] == 1
-
-
 _HANDLERS: dict[type[Operation], Any] = {
     logos.WeightOp: _Plan.weight,
     logos.CacheOp: _Plan.cache,
@@ -630,9 +473,6 @@ class ConvertLogosToCudaKernels(ModulePass):
         line = identity.identity(program).line()
         plan = _Plan(program, self.weights)
         plan.run()
-        fold_norms(plan)
-        fuse_qkv(plan)
-        fold_residual_adds(plan)
         host = _host_function(plan)
         block = op.body.block
         if plan.grid is not None:

@@ -20,7 +20,7 @@ and FlashAttention-2 build on Hopper's warp-level tensor cores:
   of a quarter warp fall in distinct banks;
 * epilogues as in decode: the residual add (`linear_residual_tc`) and SiLU times up (`gate_up_tc`, both weights'
   tiles in one block, so the product is formed in registers).
-* the RMS norm before a product as its prologue (`fold_prefill_norms`; `norm_linear_tc`, `norm_gate_up_tc`): the
+* the RMS norm before a product as its prologue (`cuda-fold-prefill-norms`; `norm_linear_tc`, `norm_gate_up_tc`): the
   block computes its rows' inverse RMS from global memory as `cuda.rms_norm` does (same bits) while slice 0's
   copies fly, and `cuda.load_norm_bf16x2` scales each A pair by it and by the norm's weight before rounding it.
 
@@ -31,7 +31,7 @@ in shared memory rather than read as bf16 (the lane's activations are f32; the f
 See docs/cuda.md.
 
 Flash attention over a prefill chunk (`_flash_attention`, FlashAttention-2's forward on the same ops) takes
-`cuda.attention` over a bf16 cache; `fuse_prefill_attention`, run first by the pass, folds the chunk's
+`cuda.attention` over a bf16 cache; `cuda-fuse-prefill-attention`, run before the conversion, folds the chunk's
 `cuda.rope_cache_write` and query `cuda.rope` into it (`cuda.prefill_attention`), so the new keys and values are
 written to the cache in the attention's own pass. The module also prints the ops as CUDA (`print_*`, called by the
 emitter's one method an op) and models each product's HBM bytes for the build report (`product_traffic`).
@@ -87,7 +87,7 @@ def handles(op: cuda.KernelOp) -> bool:
     if isinstance(op, cuda.PrefillAttentionOp):
         return True
     if isinstance(op, cuda.AttentionOp):
-        return _flash_attention_fits(op)
+        return flash_attention_fits(op)
     if not isinstance(op, cuda.LinearOp | cuda.GateUpOp):
         return False
     if getattr(op, "residual_chip", None) is not None:  # a split program's partial sum stays on CUDA cores
@@ -103,7 +103,7 @@ def grid(rows: int, columns: int, weights: int) -> tuple[int, int, int]:
     return (-(-rows // BLOCK_ROWS), -(-columns // block_columns(weights)), 1)
 
 
-def _flash_attention_fits(op: cuda.AttentionOp) -> bool:
+def flash_attention_fits(op: cuda.AttentionOp) -> bool:
     keys = op.ins[1].type
     assert isinstance(keys, MemRefType)
     rows = _shape(op.ins[0].type)[0]
@@ -570,84 +570,6 @@ def _stage_fused(b: Any, tid, tiles, caches, chunk, kv_head, slot, start, chunk_
         b.when(inside, compute)
 
     _each_tile_chunk(b, tid, head_dim, start, one)
-
-
-def fuse_prefill_attention(host: Any) -> None:
-    """Fold each prefill chunk's `cuda.rope_cache_write` and query `cuda.rope` into the `cuda.attention` they feed
-    (`cuda.prefill_attention`: the new keys and values written to the cache in the attention's own pass), where the
-    three are adjacent, the attention fits the tensor-core kernel and the rotated queries go nowhere else."""
-    ops = list(host.body.block.ops)
-    fusions = []
-    for index, op in enumerate(ops):
-        if not isinstance(op, cuda.AttentionOp) or index < 2 or not _flash_attention_fits(op):
-            continue
-        before = {type(ops[index - 2]): ops[index - 2], type(ops[index - 1]): ops[index - 1]}
-        write, rope = before.get(cuda.RopeCacheWriteOp), before.get(cuda.RopeOp)
-        if write is None or rope is None:
-            continue
-        query, keys, values, positions = op.ins
-        if rope.outs[0] != query or list(write.outs) != [keys, values] or positions not in (write.ins[2], rope.ins[1]):
-            continue
-        if rope.ins[1] != positions or write.ins[2] != positions or list(rope.ins[2:]) != list(write.ins[3:]):
-            continue
-        if any(not isinstance(use.operation, cuda.RopeOp | cuda.AttentionOp) for use in query.uses):
-            continue
-        fusions.append((write, rope, op))
-    for write, rope, op in fusions:
-        fused = cuda.PrefillAttentionOp(
-            [rope.ins[0], write.ins[0], write.ins[1], op.ins[3], write.ins[3], write.ins[4]],
-            [op.outs[0], op.ins[1], op.ins[2]],
-        )
-        host.body.block.insert_op_before(fused, op)
-        for old in (op, rope, write):
-            host.body.block.erase_op(old)
-
-
-def fold_prefill_norms(host: Any) -> None:
-    """Fold each RMS norm of several rows whose result only feeds projections that run on tensor cores (as their
-    input x, while x and the norm's scale are unchanged) into those products' prologue: each product takes x and
-    the scale, computes its rows' inverse RMS and scales the A operand as it rounds it (`_Product.inverse_rms`,
-    `cuda.load_norm_bf16x2`), so the norm's launch goes. Decode steps keep logos-to-cuda's `fold_norms`; f32
-    images (no tensor-core product) keep the norm kernel."""
-    ops = list(host.body.block.ops)
-    folds = []
-    for index, norm in enumerate(ops):
-        if not isinstance(norm, cuda.RMSNormOp) or norm.row.value.data >= 0 or _shape(norm.ins[0].type)[0] < 2:
-            continue
-        readers = _norm_readers(ops, index)
-        if readers:
-            folds.append((norm, readers))
-    block = host.body.block
-    for norm, readers in folds:
-        x, scale = norm.ins
-        for reader in readers:
-            props = {**reader.properties, "epsilon": norm.epsilon}
-            props.pop("operandSegmentSizes", None)
-            fused = type(reader)([x, *reader.ins[1:], scale], list(reader.outs), props)
-            block.insert_op_before(fused, reader)
-            block.erase_op(reader)
-        block.erase_op(norm)
-
-
-def _norm_readers(ops: list[Any], index: int) -> list[Any] | None:
-    """The projections reading the norm at `index` until its buffer is rewritten, if all of them would run on
-    tensor cores with the norm folded and read it only as x while x and the scale are unchanged (else None)."""
-    norm = ops[index]
-    (x, scale), (normed,) = norm.ins, norm.outs
-    readers: list[Any] = []
-    changed = False
-    for later in ops[index + 1 :]:
-        reads = normed in later.operands and (not isinstance(later, cuda.KernelOp) or normed in later.ins)
-        if reads:
-            if changed or not isinstance(later, cuda.LinearOp | cuda.GateUpOp) or later.epsilon is not None:
-                return None
-            if later.ins[0] != normed or normed in later.ins[1:] or x in later.outs or not handles(later):
-                return None
-            readers.append(later)
-        if isinstance(later, cuda.KernelOp) and normed in later.outs:
-            break
-        changed = changed or (isinstance(later, cuda.KernelOp) and (x in later.outs or scale in later.outs))
-    return readers or None
 
 
 def _kv_tile(b: Any, name: str, head_dim: int) -> SSAValue:

@@ -1,11 +1,11 @@
 // Flash attention over a tiny prefill chunk (4 rows, 4 query heads over 2 KV heads of 16, a bf16 cache of 64):
-// convert-cuda-kernels-to-gpu folds the chunk's rope_cache_write and query rope into the attention they feed
+// cuda-fuse-prefill-attention folds the chunk's rope_cache_write and query rope into the attention they feed
 // (cuda.prefill_attention) and builds one tensor-core kernel: queries rotated and rounded into shared memory, the
 // chunk's keys rotated (values rounded) into the K/V tiles and written to the cache in the same pass, earlier
 // positions by cp.async from the cache, S = Q K^T and O += P V on mma.sync, the online softmax over a quad's
 // shuffles, P packed to bf16 from the accumulators, V read by ldmatrix .trans.
-// RUN: %logos-opt %s -p convert-cuda-kernels-to-gpu | %filecheck %s
-// RUN: %logos-opt %s -p convert-cuda-kernels-to-gpu -t cuda | %filecheck %s --check-prefix=CU
+// RUN: %logos-opt %s -p cuda-fuse-prefill-attention,convert-cuda-kernels-to-gpu | %filecheck %s
+// RUN: %logos-opt %s -p cuda-fuse-prefill-attention,convert-cuda-kernels-to-gpu -t cuda | %filecheck %s --check-prefix=CU
 
 builtin.module attributes {cuda.identity = "test", cuda.weights = "bf16"} {
   func.func @step() {

@@ -297,11 +297,13 @@ def _lowered(text: str) -> Any:
     from xdsl.context import Context
     from xdsl.parser import Parser
 
-    from logos_ir.passes.cuda.host_plan import lowered_context
     from logos_ir.passes.cuda.convert_kernels_to_gpu import ConvertCudaKernelsToGpu
+    from logos_ir.passes.cuda.fuse_prefill_attention import FusePrefillAttention
+    from logos_ir.passes.cuda.host_plan import lowered_context
 
     module = Parser(lowered_context(), text).parse_module()
     module.verify()
+    FusePrefillAttention().apply(Context(), module)
     ConvertCudaKernelsToGpu().apply(Context(), module)
     module.verify()
     return module
@@ -311,8 +313,8 @@ def _attention_plan(edit: Any = None) -> tuple[Any, Any]:
     from xdsl.context import Context
     from xdsl.parser import Parser
 
-    from logos_ir.passes.cuda.host_plan import lowered_context
     from logos_ir.passes.cuda.convert_kernels_to_gpu import ConvertCudaKernelsToGpu
+    from logos_ir.passes.cuda.host_plan import lowered_context
 
     module = Parser(lowered_context(), _attention_step(ROWS, 4, 2, 128, 16)).parse_module()
     module.verify()
@@ -426,14 +428,16 @@ def _tensor_core_source() -> tuple[str, list[str]]:
     from xdsl.context import Context
     from xdsl.parser import Parser
 
-    from logos_ir.passes.cuda.emit_cuda import PREAMBLE, print_cuda
-    from logos_ir.passes.cuda.host_plan import lowered_context
     from logos_ir.passes.cuda.convert_kernels_to_gpu import ConvertCudaKernelsToGpu
+    from logos_ir.passes.cuda.emit_cuda import PREAMBLE, print_cuda
+    from logos_ir.passes.cuda.fuse_prefill_attention import FusePrefillAttention
+    from logos_ir.passes.cuda.host_plan import lowered_context
 
     _, source, _ = build_program(ModelSpec.preset("llama-3.1-8b"), Cut.prefill(512, 1024), 1, "bf16")
     sources = [source]
     for step in (_attention_step(512, 32, 8, 1024, 128), _fused_step(512, 32, 8, 1024, 128)):
         module = Parser(lowered_context(), step).parse_module()
+        FusePrefillAttention().apply(Context(), module)
         ConvertCudaKernelsToGpu().apply(Context(), module)
         text = io.StringIO()
         print_cuda(module, text)

@@ -1,0 +1,99 @@
+"""`cuda-fold-residual-adds`: in a split program, the residual add after an all-reduce folded into the partial sum.
+
+    logos-opt step.mlir -p cuda-fold-residual-adds
+
+Assumes: the kernel level of a program split over chips. Guarantees: each `cuda.add` of a residual h and an
+all-reduce of p that directly follows the plain `cuda.linear` writing p (`add(h, all_reduce(p))`) is erased: the
+projection adds h on chip 0 alone (`residual_chip = 0`, reading the host's `chip` table, added after the other
+buffers), so the all-reduce itself completes the residual stream. Later kernels that read the add's result read the
+reduced buffer instead, where that is safe (p not rewritten while they read it, and no all-reduce of the result).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import IntegerAttr, MemRefType, ModuleOp, i64
+from xdsl.dialects.shard import AllReduceOp
+from xdsl.ir import Operation, SSAValue, Use
+from xdsl.passes import ModulePass
+from xdsl.pattern_rewriter import PatternRewriter, PatternRewriteWalker, RewritePattern, op_type_rewrite_pattern
+
+from logos_ir.dialects import cuda
+from logos_ir.passes.cuda.kernel_level import (
+    buffer,
+    drop_unused_buffers,
+    host_function,
+    previous_step,
+    reads,
+    steps_after,
+    writes,
+)
+
+NAME = "cuda-fold-residual-adds"
+
+
+def _readers_until_rewritten(add: cuda.AddOp, summed: SSAValue) -> list[Operation] | None:
+    """The steps after `add` up to the last that may read `summed` before it is written again; None when an
+    all-reduce reads it (its readers must stay on the buffer)."""
+    steps: list[Operation] = []
+    end = 0
+    for step in steps_after(add):
+        steps.append(step)
+        if isinstance(step, AllReduceOp) and step.input == summed:
+            return None
+        if summed in reads(step):
+            end = len(steps)
+        if summed in writes(step):
+            break
+    return steps[:end]
+
+
+class FoldResidualAdd(RewritePattern):
+    """`add(h, all_reduce(linear(x, w)))` as `all_reduce(linear(x, w, h, chip))`, h added on chip 0."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: cuda.AddOp, rewriter: PatternRewriter) -> None:
+        reduce = previous_step(op)
+        linear = previous_step(reduce) if reduce is not None else None
+        if not isinstance(reduce, AllReduceOp) or not _plain_linear(linear):
+            return
+        assert isinstance(linear, cuda.LinearOp)
+        (partial_sum,) = linear.outs
+        if reduce.input != partial_sum or reduce.result not in op.ins:
+            return
+        residual = op.ins[0] if op.ins[1] == reduce.result else op.ins[1]
+        (summed,) = op.outs
+        readers = _readers_until_rewritten(op, summed)
+        if readers is None or any(partial_sum in writes(s) for s in readers):
+            return
+        host = op.parent_op()
+        chip = buffer(rewriter, host, "chip", "table", MemRefType(i64, [1]))  # type: ignore[arg-type]
+        props = {"residual_chip": IntegerAttr(0, i64)}
+        rewriter.replace(linear, cuda.LinearOp([*linear.ins, residual, chip], list(linear.outs), props))
+        kernels = {id(s) for s in readers if isinstance(s, cuda.KernelOp)}
+        rewriter.replace_uses_with_if(summed, reduce.result, lambda use: _reads_as_input(use, kernels))
+        rewriter.erase(op)
+
+
+def _plain_linear(op: Operation | None) -> bool:
+    plain = isinstance(op, cuda.LinearOp) and len(op.ins) == 2
+    return plain and op.epsilon is None and op.residual_chip is None  # type: ignore[union-attr]
+
+
+def _reads_as_input(use: Use, kernels: set[int]) -> bool:
+    op = use.operation
+    return id(op) in kernels and isinstance(op, cuda.KernelOp) and use.index < len(op.ins)
+
+
+@dataclass(frozen=True)
+class FoldResidualAdds(ModulePass):
+    """Folds each residual add after an all-reduce into the partial sum before it (see the module docstring)."""
+
+    name = NAME
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        host = host_function(op, NAME)
+        PatternRewriteWalker(FoldResidualAdd(), apply_recursively=False).rewrite_module(op)
+        drop_unused_buffers(host)
