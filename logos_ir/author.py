@@ -24,9 +24,7 @@ from logos_ir.errors import CutError, NotYet, SpecError
 from logos_ir.printer import print_program
 from logos_ir.program import Cut, Identity
 from logos_ir.spec import ModelSpec
-from logos_ir.tensor_parallel import HEAD_SPLIT, head_refusal, weight_split
-
-NOT_YET_SPLIT = "a cut other than a decode step, a batch or a layer of either, split over chips"
+from logos_ir.tensor_parallel import HEAD_SPLIT, NOT_YET_SPLIT, head_refusal, weight_split
 
 # The file a weight is read from, under the model's directory (a sharded model's index refines it).
 WEIGHTS_FILE = "model.safetensors"

@@ -23,6 +23,8 @@ SPLIT_OF_ROLE = {
     "mlp.down_proj": "columns",
 }
 
+NOT_YET_SPLIT = "a cut other than a decode step, a batch or a layer of either, split over chips"
+
 HEAD_SPLIT = "rows"  # the head's [vocab, hidden] table: each chip holds vocab / chips rows, in chip order
 
 _LAYER_WEIGHT = re.compile(r"model\.layers\.(?:0|[1-9][0-9]*)\.(?P<role>[a-z_]+\.[a-z_]+)\.weight")

@@ -40,13 +40,12 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
 from logos_ir import builder, identity
-from logos_ir.author import EMBEDDING, LM_HEAD, NOT_YET_SPLIT
 from logos_ir.dialects import logos
 from logos_ir.dialects.shard_ext import AllGatherOp
 from logos_ir.errors import CutError, LogosError, PassError
 from logos_ir.program import Cut
 from logos_ir.spec import ModelSpec
-from logos_ir.tensor_parallel import HEAD_SPLIT, head_refusal, weight_split
+from logos_ir.tensor_parallel import HEAD_SPLIT, NOT_YET_SPLIT, head_refusal, weight_split
 
 PASS = "tp-split"
 
@@ -179,7 +178,7 @@ def _plan_function(plan: _Plan, spec: ModelSpec, function: func.FuncOp) -> None:
         if isinstance(op, logos.WeightOp):
             split = weight_split(op.tensor.data)
             full = op.full_shape
-            if head and op.tensor.data in (LM_HEAD, EMBEDDING) and len(full) == 2:
+            if head and len(full) == 2:  # the head's one table: lm_head, or the embedding's when tied
                 split = HEAD_SPLIT
                 head_tables.add(op.result)
             if split is None:

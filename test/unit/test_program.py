@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from logos_ir.author import NOT_YET_SPLIT, decode_at, prefill_at, written, written_in, written_split
+from logos_ir.author import decode_at, prefill_at, written, written_in, written_split
 from logos_ir.errors import CutError, NotYet, SpecError
 from logos_ir.program import Cut, Identity
 from logos_ir.spec import ModelSpec
+from logos_ir.tensor_parallel import NOT_YET_SPLIT
 
 TINY = ModelSpec.preset("tiny")
 GOLDEN = Path(__file__).parent / "golden" / "tiny_decode_ctx64.logos"

@@ -19,7 +19,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.utils.arg_spec import parse_pipeline
 
-from logos_ir import author, identity, registry
+from logos_ir import author, identity, registry, tensor_parallel
 from logos_ir.author import written, written_split
 from logos_ir.dialects import logos
 from logos_ir.errors import NotYet, PassError, SpecError
@@ -188,8 +188,8 @@ def test_refuses_cuts_that_do_not_split_as_the_author_does(cut: Cut) -> None:
     with pytest.raises(NotYet) as not_yet:
         written_split(spec, cut, "", 2)
     error = refused(written(spec, cut)[0].text, 2)
-    assert not_yet.value.message == author.NOT_YET_SPLIT
-    assert f"logos.program '{cut.option()}': not yet: {author.NOT_YET_SPLIT}" in error.message
+    assert not_yet.value.message == tensor_parallel.NOT_YET_SPLIT
+    assert f"logos.program '{cut.option()}': not yet: {tensor_parallel.NOT_YET_SPLIT}" in error.message
 
 
 @pytest.mark.parametrize(
