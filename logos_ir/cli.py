@@ -51,10 +51,10 @@ def run_tool(tool: str, body: Callable[[], int | None], argv: list[str] | None =
             raise
         print(f"{tool}: error: {os_message(error)}", file=sys.stderr)
         return USER_ERROR
-    except VerifyException as error:
+    except VerifyException as error:  # located at the op's file:line:col where the op has one
         if debug:
             raise
-        print(f"{tool}: error: {error}", file=sys.stderr)
+        print(diagnostic_text(tool, str(error)), file=sys.stderr)
         return USER_ERROR
     except (ParseError, DiagnosticException) as error:  # these carry their own location, or are given the tool's
         if debug:

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from xdsl.dialects import func
-from xdsl.dialects.builtin import MemRefType, TensorType, f32, i64
+from xdsl.dialects.builtin import FileLineColLoc, IntAttr, MemRefType, StringAttr, TensorType, f32, i64
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.utils.exceptions import VerifyException
 
@@ -51,6 +52,10 @@ class _Source:
         self.lines = text.split("\n")
         self.line_offset = line_offset
 
+    def location(self, line: int, column: int) -> FileLineColLoc:
+        """Where an op read from this text stands, as MLIR writes it: `loc("file":line:col)`."""
+        return FileLineColLoc(StringAttr(self.filename), IntAttr(line + self.line_offset), IntAttr(column))
+
     def error(self, line: int, column: int, message: str, hint: str | None = None) -> ParseError:
         text = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
         where = SourceLocation(self.filename, line + self.line_offset, max(column, 1), text)
@@ -68,6 +73,7 @@ def parse_program(source: str | bytes, filename: str = "<logos>", line_offset: i
     spec, chips = _read_facts(src, lines, facts_end)
     sections = _split_sections(src, lines[facts_end:])
     program = _Reader(src, cut, spec, chips).read(sections)
+    program.location = src.location(lines[0].number, 1)
     builder.set_digest(program, hashlib.sha256(text.encode("utf-8")).hexdigest())
     return program
 
@@ -440,13 +446,18 @@ class _Reader:
             )
         body = section.body
         for index, line in enumerate(body):
+            last = scope.build.block.last_op
             if line.text.startswith(INDENT + "Return "):
                 if index != len(body) - 1:
                     raise self.src.error(
                         body[index + 1].number, 5, "a statement after Return", "Return ends its section"
                     )
-                return scope.return_(line)
+                function = scope.return_(line)
+                self._locate(scope.build.block.ops, last, line.number, len(INDENT) + 1)
+                function.location = self.src.location(section.header.number, 1)
+                return function
             scope.statement(line)
+            self._locate(scope.build.block.ops, last, line.number, len(INDENT) + 1)
         last = body[-1]
         raise self.src.error(
             last.number,
@@ -454,6 +465,13 @@ class _Reader:
             f"{_sym_title(sym)} ends without 'Return <name>.'",
             "is the file truncated?",
         )
+
+    def _locate(self, ops: Iterable[Operation], after: Operation | None, line: int, column: int) -> None:
+        """The ops a line added (those after `after`) located at that line, as MLIR locates ops it reads."""
+        op = next(iter(ops), None) if after is None else after.next_op
+        while op is not None:
+            op.location = self.src.location(line, column)
+            op = op.next_op
 
     def _int(self, line: _Line, text: str, column: int) -> int:
         return int(_number(self.src, line, text, column, int))

@@ -2,27 +2,38 @@
 
 It is xDSL's `xDSLOptMain` with the project's dialects, passes, named pipelines and targets registered (see
 `logos_ir.registry`), a `.logos` frontend (LOGOS text, `-f logos` for standard input) and a `logos` target that
-prints LOGOS text. Everything `xdsl-opt` users know keeps working: `-p` pipelines with options, `-t`, `-o`,
-`--split-input-file`, `--verify-diagnostics`, `--print-op-generic`, `--print-between-passes` (alias
-`--print-ir-after-all`). A named pipeline in `-p` (`logos-middle-end{cut="decode_layer layer=3 ctx=128" tp=2}`)
-expands into its passes.
+prints LOGOS text. What `xdsl-opt` users know keeps working: `-p` pipelines with options, `-t`, `-o`,
+`--split-input-file`, `--print-op-generic`, `--print-between-passes` (alias `--print-ir-after-all`). What `mlir-opt`
+users know works too: `--pass-pipeline='builtin.module(...)'` (also in `-p`), `-` for standard input and `-o -`
+for standard output, `--mlir-print-op-generic`, `--mlir-print-debuginfo`, `--mlir-print-ir-before-all`,
+`--mlir-print-ir-after-all`, `--mlir-print-ir-after-change` and `--mlir-timing` (on standard error), and
+`--verify-diagnostics` checking the input's `// expected-error {{...}}` comments (`expected_diagnostics`). Every op
+read from MLIR or LOGOS is located at its `file:line:col`, and a verifier error names that place. A named pipeline
+in `-p` (`logos-middle-end{cut="decode_layer layer=3 ctx=128" tp=2}`) expands into its passes.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from typing import IO
 
-from xdsl.dialects.builtin import ModuleOp
-from xdsl.utils.exceptions import DiagnosticException, ParseError
+from xdsl.dialects.builtin import FileLineColLoc, IntAttr, ModuleOp, StringAttr, UnknownLoc
+from xdsl.ir import Operation
+from xdsl.parser import Parser
+from xdsl.passes import ModulePass
+from xdsl.printer import Printer
+from xdsl.utils.exceptions import DiagnosticException, ParseError, VerifyException
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from logos_ir import registry
-from logos_ir.cli import USAGE_ERROR, _ListModels, run_tool, write_output
+from logos_ir.cli import USAGE_ERROR, USER_ERROR, _ListModels, diagnostic_text, run_tool, version_text, write_output
 from logos_ir.errors import LogosError
+from logos_ir.tools import expected_diagnostics, pass_pipeline
 
 
 class _Held(io.StringIO):
@@ -32,9 +43,31 @@ class _Held(io.StringIO):
         """Kept open: `run` reads what was written once the whole run has succeeded."""
 
 
+class _InputError(DiagnosticException):
+    """The input cannot be read (LOGOS text that does not parse, bytes that are not text): a parse diagnostic."""
+
+
+class _LocatingParser(Parser):
+    """xDSL's MLIR parser, each op it reads without a `loc(...)` located at the `file:line:col` it starts at."""
+
+    line_offset = 0
+
+    def parse_operation(self) -> Operation:
+        start = self._current_token.span
+        op = super().parse_operation()
+        if isinstance(op.location, UnknownLoc):
+            where = start.get_location()
+            op.location = FileLineColLoc(
+                StringAttr(where.file), IntAttr(where.line + self.line_offset), IntAttr(where.col)
+            )
+        return op
+
+
 class LogosOptMain(xDSLOptMain):
     version_format = "logos-opt (logos-ir) built on xdsl version {xdsl_version}"
     _held: _Held | None = None
+    exit_code = 0
+    _timings: list[tuple[str, float]]
 
     def prepare_output(self) -> IO[str]:
         if self.args.output_file is None:
@@ -42,11 +75,71 @@ class LogosOptMain(xDSLOptMain):
         self._held = _Held()
         return self._held
 
+    def get_input_stream(self) -> tuple[IO[bytes], str]:
+        if self.args.input_file == "-":  # mlir-opt's name for standard input
+            return sys.stdin.buffer, "mlir"
+        return super().get_input_stream()
+
+    def get_input_name(self) -> str:
+        return "stdin" if self.args.input_file in (None, "-") else self.args.input_file
+
     def run(self) -> None:
-        """Run, then write `-o` (`cli.write_output`): a failing run leaves no output, or the old one, never half."""
-        super().run()
+        """Run every chunk, then write `-o` (`cli.write_output`): a failing run leaves no output, or the old one,
+        never half. With `--verify-diagnostics` and `expected-*` comments in the input, the diagnostics are checked
+        against them (`exit_code` 1 on a mismatch); with no such comment, each diagnostic is printed, as xdsl-opt
+        does."""
+        chunks, extension = self.prepare_input()
+        texts = [(_read_all(chunk), offset) for chunk, offset in chunks]
+        checking = self.args.verify_diagnostics and any(
+            expected_diagnostics.expectations(data.decode("utf-8", "replace")) for data, _ in texts
+        )
+        output = self.prepare_output()
+        problems: list[str] = []
+        for index, (data, offset) in enumerate(texts):
+            if index > 0:
+                output.write("// -----\n")
+            diagnostics = self._run_chunk(data, extension, offset, output, checking)
+            if checking:
+                expected = expected_diagnostics.expectations(data.decode("utf-8", "replace"), offset)
+                problems += expected_diagnostics.mismatches(self.get_input_name(), expected, diagnostics)
+        self._report_timing()
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        self.exit_code = USER_ERROR if problems else 0
         if self._held is not None:
             write_output(self.args.output_file, self._held.getvalue())
+
+    def _run_chunk(
+        self, data: bytes, extension: str, offset: int, output: IO[str], checking: bool
+    ) -> list[expected_diagnostics.Produced]:
+        """One chunk through the pipeline into `output`; the diagnostics it gave where they are being checked."""
+        try:
+            started = time.perf_counter()
+            module = self.parse_chunk(io.BytesIO(data), extension, offset)
+            self._timings.append(("Parser", time.perf_counter() - started))
+            if module is not None:
+                self.apply_passes(module)
+                started = time.perf_counter()
+                output.write(self.output_resulting_program(module))
+                self._timings.append(("Output", time.perf_counter() - started))
+            output.flush()
+        except (ParseError, _InputError) as error:
+            if isinstance(error, ParseError):
+                error.span = dataclasses.replace(error.span, line_offset=offset)
+            if checking:
+                return [expected_diagnostics.produced(diagnostic_text("logos-opt", str(error)))]
+            if not (self.args.parsing_diagnostics or self.args.verify_diagnostics):
+                raise
+            print(error)
+        except DiagnosticException as error:
+            if checking:
+                return [expected_diagnostics.produced(diagnostic_text("logos-opt", str(error)))]
+            if not self.args.verify_diagnostics:
+                raise
+            print(error)
+            for note in getattr(error, "__notes__", ()):
+                print(note)
+        return []
 
     def prepare_input(self):  # type: ignore[no-untyped-def]
         """xDSL's, with an input of no known kind reported as a usage mistake rather than a failure of the tool."""
@@ -89,19 +182,19 @@ class LogosOptMain(xDSLOptMain):
         try:
             module = self._read(chunk, file_extension, start_offset)
             if module is not None and not self.args.disable_verify:
-                module.verify()
+                verify_located(module)
             return module
         except LogosError as error:
-            raise DiagnosticException(str(error)) from None
+            raise _InputError(str(error)) from None
         except (DiagnosticException, ParseError):
             raise
         except UnicodeDecodeError as error:
-            raise DiagnosticException(
+            raise _InputError(
                 f"logos-opt: error: {self.get_input_name()}: the input is not UTF-8 text "
                 f"(byte 0x{error.object[error.start]:02x} at offset {error.start})"
             ) from None
         except Exception as error:  # xDSL's reader fails on some malformed MLIR with other exceptions
-            raise DiagnosticException(
+            raise _InputError(
                 f"logos-opt: error: {self.get_input_name()}: cannot read this input as MLIR: "
                 f"{type(error).__name__}: {error}"
             ) from None
@@ -114,6 +207,10 @@ class LogosOptMain(xDSLOptMain):
                 file_extension = "logos"
         if file_extension == "logos":
             return self._parse_logos(chunk, start_offset)
+        if file_extension == "mlir":
+            parser = _LocatingParser(self.ctx, chunk.read(), self.get_input_name())
+            parser.line_offset = start_offset
+            return parser.parse_module(not self.args.no_implicit_module)
         return super().parse_chunk(chunk, file_extension, start_offset)
 
     def output_resulting_program(self, prog: ModuleOp) -> str:
@@ -155,7 +252,15 @@ class LogosOptMain(xDSLOptMain):
 
     def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
         super().register_all_arguments(arg_parser)
-        arg_parser.add_argument("--print-ir-after-all", action="store_true", help="alias of --print-between-passes")
+        for action in arg_parser._actions:  # the version the other tools print, and xDSL's beside it
+            if "--version" in action.option_strings:
+                action.version_format = version_text("logos-opt")  # type: ignore[attr-defined]
+        arg_parser.add_argument(
+            "--print-ir-after-all",
+            action="store_true",
+            help="alias of --print-between-passes: the IR after every pass, on standard error",
+        )
+        _mlir_opt_arguments(arg_parser)
         arg_parser.add_argument(
             "--verify-identity",
             action="store_true",
@@ -182,10 +287,146 @@ class LogosOptMain(xDSLOptMain):
         return "\n".join(lines)
 
     def setup_pipeline(self) -> None:
-        if self.args.print_ir_after_all:
-            self.args.print_between_passes = True
-        self.args.passes = expand_pipelines(self.args.passes)
-        super().setup_pipeline()
+        """The passes of `-p` or `--pass-pipeline`, in either spelling, named pipelines expanded; with the IR
+        printed (on standard error) and timed between them as asked, and verified after each."""
+        from xdsl.passes import PassPipeline
+        from xdsl.utils.exceptions import ArgSpecParseError
+
+        self._timings = []
+        option, text = self._pipeline_text()
+        try:
+            flat = expand_pipelines(pass_pipeline.flat_pipeline(text, option), option)
+            pass_pipeline.check_options(flat, self.available_passes, option)
+            self.pipeline = PassPipeline.parse_spec(self.available_passes, flat, _Watch(self).callback)
+        except ArgSpecParseError as error:  # a BaseException in xDSL; what reaches here is a value it refused
+            raise pass_pipeline.PipelineError(f"{option}: {error}") from None
+        except pass_pipeline.PipelineError:
+            raise
+        except ValueError as error:  # xDSL's refusal of a pass or of an option's value: its own words
+            raise pass_pipeline.PipelineError(str(error)) from None
+
+    def _pipeline_text(self) -> tuple[str, str]:
+        if self.args.pass_pipeline is not None and self.args.passes:
+            raise pass_pipeline.PipelineError("give the passes once: -p or --pass-pipeline, not both")
+        if self.args.pass_pipeline is not None:
+            return "--pass-pipeline", self.args.pass_pipeline
+        return "-p", self.args.passes
+
+    def _report_timing(self) -> None:
+        """`--mlir-timing`: mlir-opt's execution time report, on standard error."""
+        if not self.args.mlir_timing:
+            return
+        total = sum(seconds for _, seconds in self._timings) or 1e-9
+        rule = "===" + "-" * 73 + "==="
+        lines = [rule, " " * 25 + "... Execution time report ...", rule]
+        lines += [f"  Total Execution Time: {total:.4f} seconds", "", "  ----Wall Time----  ----Name----"]
+        lines += [f"  {seconds:8.4f} ({100 * seconds / total:5.1f}%)  {name}" for name, seconds in self._timings]
+        lines.append(f"  {total:8.4f} (100.0%)  Total")
+        print("\n".join(lines), file=sys.stderr)
+
+
+class _Watch:
+    """What runs between passes: the verifier, the IR printed before or after a pass as asked (mlir-opt's
+    `// -----// IR Dump After ...` headers, or xdsl-opt's `IR after ...:`), the timings."""
+
+    def __init__(self, tool: LogosOptMain):
+        self.tool, self.args = tool, tool.args
+        self.started = time.perf_counter()
+        self.before = ""
+
+    def callback(self, previous: ModulePass | None, module: ModuleOp, following: ModulePass | None) -> None:
+        if previous is not None:
+            self._after(previous, module)
+        if not self.args.disable_verify:
+            module.verify()
+        if following is not None:
+            self._before(following, module)
+        self.started = time.perf_counter()
+
+    def _after(self, previous: ModulePass, module: ModuleOp) -> None:
+        seconds = time.perf_counter() - self.started
+        self.tool._timings.append((f"{type(previous).__name__} ({previous.name})", seconds))
+        if self.args.time_passes:
+            print(f"Pass {previous.name} took {seconds} seconds", file=sys.stderr)
+        if self.args.print_between_passes or self.args.print_ir_after_all:
+            print(f"IR after {previous.name}:\n{self._print(module)}\n\n\n", file=sys.stderr)
+        changed = self.args.mlir_print_ir_after_change and self._print(module) != self.before
+        if self.args.mlir_print_ir_after_all or changed:
+            self._dump("After", previous, module)
+
+    def _before(self, following: ModulePass, module: ModuleOp) -> None:
+        if self.args.mlir_print_ir_before_all:
+            self._dump("Before", following, module)
+        if self.args.mlir_print_ir_after_change:
+            self.before = self._print(module)
+
+    def _dump(self, when: str, which: ModulePass, module: ModuleOp) -> None:
+        header = f"// -----// IR Dump {when} {type(which).__name__} ({which.name}) //----- //"
+        print(f"{header}\n{self._print(module)}\n", file=sys.stderr)
+
+    def _print(self, module: ModuleOp) -> str:
+        out = io.StringIO()
+        Printer(
+            out, print_generic_format=self.args.print_op_generic, print_debuginfo=self.args.print_debuginfo
+        ).print_op(module)
+        return out.getvalue()
+
+
+def _mlir_opt_arguments(parser: argparse.ArgumentParser) -> None:
+    """mlir-opt's spellings of what logos-opt does."""
+    parser.add_argument(
+        "--pass-pipeline",
+        default=None,
+        metavar="PIPELINE",
+        help="the passes in MLIR's textual form, builtin.module(pass{option=value},...) (or -p's flat list)",
+    )
+    parser.add_argument("--mlir-print-op-generic", dest="print_op_generic", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--mlir-print-debuginfo", dest="print_debuginfo", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--mlir-print-ir-before-all", action="store_true", help="the IR before every pass (stderr)")
+    parser.add_argument("--mlir-print-ir-after-all", action="store_true", help="the IR after every pass (stderr)")
+    parser.add_argument(
+        "--mlir-print-ir-after-change", action="store_true", help="the IR after every pass that changed it (stderr)"
+    )
+    parser.add_argument("--mlir-timing", action="store_true", help="the time of parsing, each pass and printing")
+
+
+def _read_all(chunk: IO[bytes]) -> bytes:
+    try:
+        return chunk.read()
+    finally:
+        chunk.close()
+
+
+def verify_located(module: ModuleOp) -> None:
+    """Verify `module`; a failing op with a location is named at its `file:line:col`, as mlir-opt does."""
+    try:
+        module.verify()
+    except VerifyException as error:
+        op = next((op for op in _post_order(module) if _fails(op)), None)
+        if op is None or not isinstance(op.location, FileLineColLoc):
+            raise
+        loc = op.location
+        located = VerifyException(f"{loc.filename.data}:{loc.line.data}:{loc.column.data}: error: {error}")
+        for note in getattr(error, "__notes__", ()):
+            located.add_note(note)
+        raise located from None
+
+
+def _post_order(op: Operation) -> Iterator[Operation]:
+    """Ops in the order xDSL's verifier checks them: an op's nested ops before the op itself."""
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.ops:
+                yield from _post_order(inner)
+    yield op
+
+
+def _fails(op: Operation) -> bool:
+    try:
+        op.verify(verify_nested_ops=False)
+    except VerifyException:
+        return True
+    return False
 
 
 def skip_preamble(data: bytes) -> tuple[bytes, int]:
@@ -199,22 +440,23 @@ def skip_preamble(data: bytes) -> tuple[bytes, int]:
     return data, skipped
 
 
-def expand_pipelines(spec: str) -> str:
+def expand_pipelines(spec: str, option: str = "-p") -> str:
     """`-p` with each named pipeline replaced by the passes it runs."""
-    from xdsl.utils.arg_spec import parse_pipeline
-
     if not spec:
         return spec
     named = registry.pipelines()
     out: list[str] = []
-    for item in parse_pipeline(spec):
+    for item in pass_pipeline.parsed(spec, option):
         pipeline = named.get(item.name)
         if pipeline is None:
             out.append(str(item))
             continue
         unknown = set(item.parameters) - set(pipeline.options)
         if unknown:
-            raise ValueError(f"pipeline {item.name} has no option {', '.join(sorted(unknown))}")
+            raise pass_pipeline.PipelineError(
+                f"{option}: pipeline {item.name} has no option '{sorted(unknown)[0]}' (its options: "
+                f"{', '.join(pipeline.options)})"
+            )
         options = {key: _option_text(values) for key, values in item.parameters.items()}  # plain values
         out += pipeline.stages(options)
     return ",".join(out)
@@ -236,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"logos-opt: error: {error}", file=sys.stderr)
             return USAGE_ERROR
         tool.run()
-        return 0
+        return tool.exit_code
 
     return run_tool("logos-opt", body, argv)
 
