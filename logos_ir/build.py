@@ -39,7 +39,6 @@ from logos_ir.progress import Progress
 
 MANIFEST = "manifest.json"
 FORMAT = "logos-build 1"
-WEIGHT_IMAGES = ("f32", "bf16", "f16")
 TEXT_IDENTITY_LINES = 3  # a text artifact names its program within its first three lines
 BINARY_IDENTITY_BYTES = 4096  # a binary artifact names its program within its header's first 4 KiB
 
@@ -50,7 +49,7 @@ BINARY_IDENTITY_BYTES = 4096  # a binary artifact names its program within its h
 @dataclass(frozen=True)
 class BuildRequest:
     """What `logos-compile` asks a lane to build: `cut` of the model's program, split over `tp` chips when tp > 1,
-    with the weight image `weights` (one of `WEIGHT_IMAGES`); the image's bytes only when `with_weights`.
+    with the weight image `weights` (f32, bf16 or f16); the image's bytes only when `with_weights`.
     `options` are the target's own options (`--option key=value`). `model.store()` opens the weights, which a
     lane calls only to write the weight image: a build of code reads no weight value."""
 

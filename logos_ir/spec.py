@@ -130,11 +130,6 @@ class ModelSpec:
             "mlp.down_proj": (hidden, inter),
         }
 
-    def check_layer(self, layer: int) -> None:
-        """Refuse a layer index (from 0) the model does not have."""
-        if not 0 <= layer < self.layers:
-            raise SpecError(f"layer {layer} does not exist: the model has layers 0 to {self.layers - 1}")
-
     def splits_over(self, tp: int) -> str | None:
         """None when the model splits over `tp` chips, else the name of the first width that does not divide."""
         for name in ("heads", "kv_heads", "intermediate"):
