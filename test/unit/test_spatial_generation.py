@@ -104,9 +104,9 @@ def test_logits_are_read_back_from_the_fabric() -> None:
     reference = Generator(store, ctx=16).program(Cut.decode(16))
     names = {kind: name for name, kind in reference.inputs.items()}
     reference.run(**{names["token"]: np.array([4]), names["position"]: np.array([1])})
-    expected = getattr(reference, "logits", None)
-    if expected is not None:
-        np.testing.assert_allclose(machine.logits, np.asarray(expected).reshape(-1), rtol=1e-3, atol=1e-3)
+    expected = reference.logits
+    assert expected is not None
+    np.testing.assert_allclose(machine.logits, np.asarray(expected).reshape(-1), rtol=1e-3, atol=1e-3)
 
 
 def test_an_edited_dsd_op_changes_the_tokens() -> None:
@@ -155,9 +155,7 @@ def test_a_receive_on_a_colour_nothing_sends_is_refused() -> None:
     ]
     receive = receives[-1]  # the last: a broadcast's, which every element but the line's centre runs
     receive.fabric_color = type(receive.fabric_color)(20, receive.fabric_color.type)
-    with pytest.raises(
-        PassError, match=r"colour 20 is received .* on element \(\d+, \d+\)\) but no element sends it"
-    ):
+    with pytest.raises(PassError, match=r"colour 20 is received .* on element \(\d+, \d+\)\) but no element sends it"):
         static_check(lowered.module, params=layout_params(lowered.host))
 
 
@@ -183,40 +181,69 @@ def test_memory_per_element_is_enforced() -> None:
         Fabric(lowered.module, layout_params(lowered.host), memory=16384)
 
 
-def test_wavelets_per_step_are_the_mappings() -> None:
-    """The wavelets the simulated fabric delivers in one step are those the whole-grid mapping sends: each
-    all-reduce of n words over P lines of P elements delivers P (P - 1) n wavelets on its chain and as many on its
-    broadcast; the head's reduction has no broadcast; softmax's maximum and sum are reduced for the heads a row's
-    features belong to. (Counted from the mapping's description, not the code.)"""
-    store = RandomWeights(MODELS["gqa"], seed=7)
-    lowered = _lowered(store, ctx=16)
-    plan = lowered.plan
-    p = plan.p
+def _up(n: int, d: int) -> int:
+    return -(-n // d)
+
+
+@pytest.mark.parametrize(
+    ("p", "copies"),
+    [
+        (4, 2),  # each KV head cached twice: a row's KV chunk is one whole head (a one-row segment)
+        (6, 1),  # narrow: a row's KV chunk (6 features) does not divide head_dim (16)
+        (8, 1),  # narrow: a KV head spans 4 rows, so a column is 2 segments of 4
+    ],
+)
+def test_wavelets_per_step_are_the_mappings(p: int, copies: int) -> None:
+    """The wavelets the simulated fabric delivers in one step are those docs/spatial.md's mapping sends, counted here
+    from the model's sizes, the grid P and the KV copies alone:
+
+    - a vector of n features is cut in chunks of ceil(n / P) per element; the cached KV features (KV heads x copies x
+      head_dim) in chunks kc, rounded up to even (whole rotary pairs); a row holds the kc features and, for each of
+      the `group` query heads reading one KV copy (heads / (KV heads x copies)), a query chunk at the same dimensions;
+    - an all-reduce of n words along the P lines of a P x P grid delivers P (P - 1) n wavelets as it reduces (every
+      element of a line but the one it ends on hears once, within its segment or between centres) and as many on
+      its broadcast. A step all-reduces the embedding's row (a hidden chunk, down the column), and per layer: the
+      norm's sum of squares (1 word), q, k and v as one message (a query chunk and two KV chunks), softmax's
+      maximum and its sums (a word each for each head whose queries the row holds: the `window`), the weighted
+      values (a query chunk), the output projection (a hidden chunk), the MLP's norm (1), gate and up as one
+      message (two intermediate chunks) and down (a hidden chunk); then the final norm (1). The head reduces its
+      logits (a vocabulary chunk) along the row with no broadcast;
+    - attention's scores, one per head and cached slot (position t on column t mod P, slot t div P): when kc divides
+      head_dim, a KV copy spans head_dim / kc whole rows and, when those are at least two, the column is cut into
+      segments of them: the window's heads' scores are reduced within each segment and sent back from its centre
+      (P - segments wavelets a column each way), then a second segment reduction gives every row of the segment
+      the window's exponentials with each head's sum of weights; otherwise every head's scores go down the whole
+      column and back.
+    """
+    spec = MODELS["gqa"]
+    ctx = 16
+    store = RandomWeights(spec, seed=7)
+    from logos_ir.passes.spatial.convert_logos_to_csl import lower_decode
+
+    lowered = lower_decode(spec, ctx, "f32", p, copies=copies)
+    assert lowered.host["grid"] == p and lowered.host["kv_copies"] == copies
     machine = GridMachine(lowered.module, lowered.host, store)
     machine.reset()
     machine.step(4, 1)
-    hc, ic = plan.chunk(plan.hidden), plan.chunk(plan.intermediate)
-    vc = plan.chunk(plan.vocab)
-    # (M, KV heads cached in kv_copies copies) a row holds kc of the cached KV features (even) and the query heads
-    # reading each copy at them: fc queries
-    kc = -(-plan.kv_heads * plan.kv_copies * plan.head_dim // p)
-    kc += kc % 2
-    group = plan.heads // (plan.kv_heads * plan.kv_copies)
-    fc = group * kc
-    touched = 1 if plan.head_dim % kc == 0 else -(-kc // plan.head_dim) + 1  # the KV heads a row's features touch
-    window = min(plan.heads, group * touched)  # the heads whose queries a row holds: its softmax's
-    allreduce = hc + plan.layers * (1 + fc + 2 * kc + 2 * window + fc + hc + 1 + 2 * ic + hc) + 1
-    # the scores: every head's down the whole column, or (grid.SEGMENTED and no row straddling two KV copies) the
-    # window's heads within each KV copy's rows, when they are at least two (a column of P rows in segments of
-    # head_dim / kc: P - segments hops)
-    from logos_ir.passes.spatial import grid as g
 
-    if g.SEGMENTED and plan.head_dim % kc == 0 and plan.head_dim // kc >= 2:
-        segments = -(-p // min(p, plan.head_dim // kc))
-        scores = plan.layers * window * plan.slots * (p - segments)
+    hidden, intermediate, vocab = _up(spec.hidden, p), _up(spec.intermediate, p), _up(spec.vocab, p)
+    kc = _up(spec.kv_heads * copies * spec.head_dim, p)
+    kc += kc % 2
+    group = spec.heads // (spec.kv_heads * copies)
+    query = group * kc
+    kv_heads_a_row_touches = 1 if spec.head_dim % kc == 0 else _up(kc, spec.head_dim) + 1
+    window = min(spec.heads, group * kv_heads_a_row_touches)
+    layer = 1 + (query + 2 * kc) + 2 * window + query + hidden + 1 + 2 * intermediate + hidden
+    all_reduced = hidden + spec.layers * layer + 1
+    slots = _up(ctx, p)
+    rows_a_kv_head = spec.head_dim // kc if spec.head_dim % kc == 0 else 0
+    if rows_a_kv_head >= 2:
+        segments = _up(p, rows_a_kv_head)
+        exponentials_and_sums = window * slots + window
+        scores = spec.layers * (window * slots + exponentials_and_sums) * (p - segments)
     else:
-        scores = plan.layers * plan.heads * plan.slots * (p - 1)
-    expected = 2 * p * (p - 1) * allreduce + 2 * p * scores + p * (p - 1) * vc
+        scores = spec.layers * spec.heads * slots * (p - 1)
+    expected = 2 * p * (p - 1) * all_reduced + 2 * p * scores + p * (p - 1) * vocab
     assert machine.fabric.wavelets == expected
 
 
@@ -291,13 +318,12 @@ def test_grids_of_other_sizes(p: int) -> None:
     assert _run(lowered.module, lowered.host, store, 3) == Generator(store).generate(PROMPT, 3)
 
 
-def test_lines_of_several_segments(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With grid.SEGMENTED (not the default: docs/benchmarks.md), a grid of 18 has two segments a line, each
-    reduced to its centre, the centres then to the line's, by one function a kind of reduction."""
+def test_lines_of_several_segments() -> None:
+    """A grid of 18 has two segments a line (about sqrt(P / 4), docs/spatial.md's reductions), each reduced to its
+    centre, the centres then to the line's, by one function a kind of reduction: the reference's tokens."""
     from logos_ir.passes.spatial import grid as g
     from logos_ir.passes.spatial.convert_logos_to_csl import lower_decode
 
-    monkeypatch.setattr(g, "SEGMENTED", True)
     assert g.segments(18)[1] == 2
     store = RandomWeights(MODELS["gqa"], seed=2)
     lowered = lower_decode(store.spec, 16, "f32", 18)
@@ -309,6 +335,7 @@ def test_the_schedule_and_the_short_way_change_nothing() -> None:
     ops with a fabric operand take the shorter way or the op with every check, change no token, logit, cycle or
     wavelet: each element's clock counts its own ops and the arrival of each wavelet it reads."""
     from logos_ir.passes.spatial.convert_logos_to_csl import lower_decode
+
     store = RandomWeights(MODELS["gqa"], seed=5)
     lowered = lower_decode(store.spec, 16, "f16", 5)
     runs = []
