@@ -6,9 +6,11 @@ build folder a Cerebras user compiles and runs with the SDK:
   functions, the tasks that run them, the exported `step`), both printed by xDSL's CSL printer;
 - `commands.sh`: the `cslc` call (`--arch=wse2`, `--fabric-dims`, `--fabric-offsets`, `--params`, `--memcpy`,
   `--channels`) and the `cs_python run.py` that follows;
-- `run.py`: the host program on the SDK's `SdkRuntime`: the weight tiles and rotary tables written with
-  `memcpy_h2d`, then for each token its id and position written, `step` launched, the logits read back with
-  `memcpy_d2h` and their arg-max taken;
+- `run.py`: the host program on the SDK's `SdkRuntime`: the weights read from a folder of safetensors and tiled, the
+  tiles and rotary tables written with `memcpy_h2d`, then for each token its id and position written, `step`
+  launched, the logits read back with `memcpy_d2h` and their arg-max taken. It needs Python, numpy and the SDK, not
+  logos-ir: the tiling is `grid.tiles`'s source copied in, the rotary tables are computed by the build; without the
+  SDK (`cerebras.sdk` not importable, as here) `--check` tiles the weights and stops;
 - `grid.mlir` (the `csl`-level module the two .csl files print, which the fabric simulator runs) and `host.json`
   (the grid, each exported array's tensors and tiling, the logits' place): what `logos-run --backend spatial`
   reads from a build folder.
@@ -21,6 +23,7 @@ weight value. `--with-weights` is refused: `run.py` tiles the weights itself.
 
 from __future__ import annotations
 
+import inspect
 import io
 import json
 from typing import Any
@@ -31,12 +34,14 @@ from xdsl.printer import Printer
 
 from logos_ir.build import Artifact, BuildError, BuildRequest, LaneBuild, program_module
 from logos_ir.dialects import csl_ext
+from logos_ir.identity import the_program
 from logos_ir.passes.extract_parts import ExtractParts
 from logos_ir.passes.spatial import grid as g
 from logos_ir.passes.spatial.convert_logos_to_csl import GridProgram, element_bytes, lower_module
 from logos_ir.passes.spatial.emit_csl import print_csl
 from logos_ir.passes.verify_identity import VerifyIdentity
 from logos_ir.program import Cut
+from logos_ir.rope import rope_inv_freq
 
 _OPTIONS = ("grid",)
 
@@ -62,12 +67,13 @@ def build_spatial(request: BuildRequest) -> LaneBuild:
     except ValueError:
         raise BuildError("target spatial's option grid is a whole number") from None
     module, identity, _ = program_module(request)
+    spec = the_program(module, "convert-logos-to-csl").spec
     for stage in (VerifyIdentity(), ExtractParts()):  # the logos-to-spatial pipeline, its last stage kept whole
         stage.apply(Context(), module)
-    return lane_build(lower_module(module, request.weights, p), identity.line(), identity)
+    return lane_build(lower_module(module, request.weights, p), identity.line(), identity, spec)
 
 
-def lane_build(lowered: GridProgram, line: str, identity: Any) -> LaneBuild:
+def lane_build(lowered: GridProgram, line: str, identity: Any, spec: Any) -> LaneBuild:
     from logos_ir.passes.spatial.verify_grid import layout_params, static_check
 
     texts = print_csl(lowered.module)
@@ -80,7 +86,7 @@ def lane_build(lowered: GridProgram, line: str, identity: Any) -> LaneBuild:
         Artifact.text("layout.csl", f"// {line}\n{texts['layout.csl']}", identity, "layout"),
         Artifact.text("pe_program.csl", f"// {line}\n{texts['pe_program.csl']}", identity, "program"),
         Artifact.text("commands.sh", commands(line, lowered.plan.p), identity, "commands"),
-        Artifact.text("run.py", run_py(line), identity, "host"),
+        Artifact.text("run.py", run_py(line, rope_tables(lowered, spec)), identity, "host"),
         Artifact.text("grid.mlir", f"// {line}\n{mlir.getvalue()}\n", identity, "ir"),
         Artifact.text("host.json", json.dumps(host, indent=1) + "\n", identity, "host"),
     ]
@@ -102,63 +108,97 @@ def commands(line: str, p: int) -> str:
     )
 
 
-def run_py(line: str) -> str:
-    return f'''#!/usr/bin/env cs_python
+def rope_tables(lowered: GridProgram, spec: Any) -> dict[str, list[list[float]]]:
+    """Each rotary table's rows as `run.py` writes them: row y's rotary frequency of each pair of its chunk
+    (`grid.inv_freq_chunk`), for the model's head_dim, theta and scaling."""
+    inv_freq = rope_inv_freq(spec.head_dim, spec.rope_theta, spec.rope_scaling)
+    plan = lowered.plan
+    return {
+        table: [g.inv_freq_chunk(inv_freq, plan, y, chunk).tolist() for y in range(plan.p)]
+        for table, chunk in lowered.host["rope_tables"].items()
+    }
+
+
+def run_py(line: str, tables: dict[str, list[list[float]]]) -> str:
+    """The host program: standalone (Python, numpy and the SDK; not logos-ir), with the weight tiling of
+    `grid.tiles` copied in from its one definition and the rotary tables the build computed."""
+    tiling = "\n\n".join(inspect.getsource(f) for f in (g.tiles, g._columns))
+    return _RUN_PY.format(line=line, tiling=tiling, tables=json.dumps(tables))
+
+
+_RUN_PY = '''#!/usr/bin/env cs_python
 # {line}
 """Host program of the spatial lane's decode step on the Cerebras SDK (SdkRuntime). It reads host.json (the grid,
-each exported array's tensors and tiling), tiles the model's weights with logos-ir's own tiling (the same the
-fabric simulator loads), writes them with memcpy_h2d, then for each token writes its id and position, launches
-`step`, reads the logits back from the grid's last column with memcpy_d2h and takes their arg-max."""
+each exported array's tensors and tiling) and the model's weights from a Hugging Face folder of safetensors, tiles
+them as the element program reads them, writes them with memcpy_h2d, then for each token writes its id and position,
+launches `step`, reads the logits back from the grid's centre column with memcpy_d2h and takes their arg-max.
+
+It needs Python, numpy and, to run on a CS-2 or the SDK's simulator, the SDK (`cs_python`), nothing of logos-ir.
+Without the SDK, `--check` tiles every weight and says what would be written, and stops there."""
+
+from __future__ import annotations
 
 import argparse
 import json
+import struct
+import sys
+from pathlib import Path
+from types import SimpleNamespace
 
-import numpy as np
-from cerebras.sdk.runtime.sdkruntimepybind import MemcpyDataType, MemcpyOrder, SdkRuntime  # type: ignore
+try:
+    import numpy as np
+except ImportError:  # --help needs none; main() says so
+    np = None
 
-from logos_ir.rope import rope_inv_freq
-from logos_ir.models import ModelSource
-from logos_ir.passes.spatial import grid as g
-from logos_ir.passes.spatial.convert_logos_to_csl import plan_for
-
-
-def words(array: np.ndarray, image: str, vector: bool) -> tuple[np.ndarray, object]:
-    """32-bit words for memcpy: f32 as they are, f16 in the low half of a word (MEMCPY_16BIT)."""
-    if image == "f16" and not vector:
-        return array.astype(np.float16).view(np.uint16).astype(np.uint32), MemcpyDataType.MEMCPY_16BIT
-    return array.astype(np.float32).view(np.uint32), MemcpyDataType.MEMCPY_32BIT
+Weight = SimpleNamespace  # a weight of host.json (the fields of logos-ir's grid.Weight)
+ROPE_TABLES = {tables}  # each rotary table's rows: row y's frequency of each pair of its chunk
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--name", default="out", help="the cslc output folder")
     parser.add_argument("--cmaddr", default=None, help="IP:port of a CS-2 (none: the SDK simulator)")
-    parser.add_argument("--model", default=None, help="the model (a preset, a folder, a GGUF file)")
+    parser.add_argument("--weights", required=True, help="a folder of safetensors files (a Hugging Face model)")
     parser.add_argument("--prompt-ids", default="1,2,3")
     parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--check", action="store_true", help="tile the weights and stop (no SDK needed)")
     args = parser.parse_args()
-    host = json.load(open("host.json"))
+    if np is None:
+        sys.exit("run.py: needs numpy")
+    host = json.loads((Path(__file__).parent / "host.json").read_text())
     p, image = host["grid"], host["image"]
-    store = ModelSource.resolve(args.model).store()
+    tensors = Safetensors(Path(args.weights))
+    arrays = {{}}
+    for name, fields in host["weights"].items():
+        maps = {{"row_map": tuple(fields["row_map"]), "column_map": tuple(fields["column_map"])}}
+        weight = SimpleNamespace(**{{**fields, **maps}})
+        arrays[name] = (np.concatenate([tiles(tensors.get(t), weight, p) for t in weight.tensors], axis=2),
+                        weight.kind == "vector")
+    for table, rows in ROPE_TABLES.items():
+        chunk = np.asarray(rows, dtype=np.float32)
+        arrays[table] = (np.broadcast_to(chunk[:, None, :], (p, p, chunk.shape[1])).copy(), True)
+    if args.check:
+        for name, (data, _) in arrays.items():
+            print(f"{{name}}: {{data.shape[2]}} words on each of {{p}} x {{p}} elements")
+        return
+    try:
+        from cerebras.sdk.runtime.sdkruntimepybind import MemcpyDataType, MemcpyOrder, SdkRuntime  # type: ignore
+    except ImportError:
+        sys.exit("run.py: the Cerebras SDK is not installed (run it with cs_python; --check needs no SDK)")
     runner = SdkRuntime(args.name, cmaddr=args.cmaddr)
     runner.load()
     runner.run()
 
     def h2d(name: str, data: np.ndarray, vector: bool = True) -> None:
-        flat, kind = words(data, image, vector)
+        if image == "f16" and not vector:  # f16 in the low half of a 32-bit word (MEMCPY_16BIT)
+            flat, kind = data.astype(np.float16).view(np.uint16).astype(np.uint32), MemcpyDataType.MEMCPY_16BIT
+        else:
+            flat, kind = data.astype(np.float32).view(np.uint32), MemcpyDataType.MEMCPY_32BIT
         runner.memcpy_h2d(runner.get_id(name), flat.ravel(), 0, 0, p, p, flat.shape[-1], streaming=False,
                           order=MemcpyOrder.ROW_MAJOR, data_type=kind, nonblock=False)
 
-    for name, fields in host["weights"].items():
-        weight = g.Weight(**{{**fields, "tensors": tuple(fields["tensors"]), "row_map": tuple(fields["row_map"])}})
-        tiles = [g.tiles(np.asarray(store.get(t), dtype=np.float32), weight, p) for t in weight.tensors]
-        h2d(name, np.concatenate(tiles, axis=2), weight.kind == "vector")
-    spec = store.spec
-    plan = plan_for(spec, host["ctx"], image, p, host.get("kv_copies", 1))
-    inv_freq = rope_inv_freq(spec.head_dim, spec.rope_theta, spec.rope_scaling)
-    for table, chunk in host["rope_tables"].items():
-        rows = np.stack([g.inv_freq_chunk(inv_freq, plan, y, chunk) for y in range(p)])
-        h2d(table, np.broadcast_to(rows[:, None, :], (p, p, chunk // 2)).copy())
+    for name, (data, vector) in arrays.items():
+        h2d(name, data, vector)
     logits = host["logits"]
     tokens = [int(t) for t in args.prompt_ids.split(",")]
     out = np.zeros(p * logits["chunk"], dtype=np.float32)
@@ -176,6 +216,42 @@ def main() -> None:
     runner.stop()
     print(",".join(map(str, generated)))
 
+
+class Safetensors:
+    """The tensors of every .safetensors file in a folder, read as float32 (F32, F16 and BF16 are read)."""
+
+    def __init__(self, folder: Path):
+        self.where = {{}}
+        for file in sorted(folder.glob("*.safetensors")):
+            with open(file, "rb") as f:
+                size = struct.unpack("<Q", f.read(8))[0]
+                header = json.loads(f.read(size))
+            for name, entry in header.items():
+                if name != "__metadata__":
+                    self.where[name] = (file, 8 + size, entry)
+        if not self.where:
+            sys.exit(f"run.py: no .safetensors file in {{folder}}")
+
+    def get(self, name: str) -> np.ndarray:
+        if name not in self.where:
+            sys.exit(f"run.py: the weights have no tensor '{{name}}'")
+        file, base, entry = self.where[name]
+        start, end = entry["data_offsets"]
+        with open(file, "rb") as f:
+            f.seek(base + start)
+            raw = f.read(end - start)
+        kind = entry["dtype"]
+        if kind == "BF16":
+            values = (np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+        elif kind in ("F16", "F32"):
+            values = np.frombuffer(raw, dtype=np.float16 if kind == "F16" else np.float32).astype(np.float32)
+        else:
+            sys.exit(f"run.py: tensor '{{name}}' is {{kind}}, not F32, F16 or BF16")
+        return values.reshape(entry["shape"])
+
+
+# The tiling of logos-ir's spatial lane (passes/spatial/grid.py), as the element program reads its tiles.
+{tiling}
 
 if __name__ == "__main__":
     main()

@@ -8,6 +8,10 @@ refusals.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -102,7 +106,7 @@ def test_narrow_kv_heads_give_the_reference_tokens(shape: dict, copies: int) -> 
     allows (most copies that fit); tiny models fit widened, so narrow is forced here."""
     from logos_ir.generate import Generator
     from logos_ir.passes.spatial.convert_logos_to_csl import lower_decode
-    from logos_ir.runtime.spatial.host import GridMachine
+    from logos_ir.runtime.spatial import GridMachine
     from logos_ir.spec import ModelSpec
     from logos_ir.weights import RandomWeights
 
@@ -199,3 +203,45 @@ def test_layers_written_differently_are_refused() -> None:
     ExtractParts().apply(Context(), module)
     with pytest.raises(PassError, match="decode_layer layer=1 ctx=16 is not written as layer 0 is"):
         lower_module(module, "f32", 5)
+
+
+def test_run_py_runs_without_logos_ir(tmp_path: Path) -> None:
+    """The build folder's run.py needs Python, numpy and the Cerebras SDK, not logos-ir: run where logos-ir cannot be
+    imported (no site-packages, numpy alone on the path), it parses its arguments, reads a safetensors folder and
+    tiles every weight to the words its array holds on an element (`--check`); past that it needs the SDK, absent
+    here, and says so."""
+    from logos_ir.weights import save_model
+
+    model = ModelSource.resolve("tiny")
+    lane = build_spatial(_request(model, "decode ctx=64", "f32"))
+    build = tmp_path / "build"
+    build.mkdir()
+    for artifact in lane.artifacts:
+        (build / artifact.path).write_bytes(artifact.data)
+    save_model(model.store(), tmp_path / "weights")
+    sandbox = tmp_path / "sandbox"  # numpy, and nothing else of site-packages
+    sandbox.mkdir()
+    numpy_dir = Path(np.__file__).parent
+    for package in (numpy_dir, numpy_dir.parent / "numpy.libs"):
+        if package.exists():
+            (sandbox / package.name).symlink_to(package)
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(sandbox)}
+
+    def run(*args: str, isolated: bool = False) -> subprocess.CompletedProcess[str]:
+        flags = ["-I", "-S"] if isolated else ["-S"]
+        command = [sys.executable, *flags, *args]
+        return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+    assert run("-c", "import logos_ir").returncode != 0  # the sandbox has no logos-ir
+    usage = run(str(build / "run.py"), "--help", isolated=True)
+    assert usage.returncode == 0 and "--weights" in usage.stdout
+    checked = run(str(build / "run.py"), "--weights", str(tmp_path / "weights"), "--check")
+    assert checked.returncode == 0, checked.stderr
+    host = json.loads((build / "host.json").read_text())
+    words = dict(line.split(": ") for line in checked.stdout.splitlines())
+    expected = [*host["weights"], *host["rope_tables"]]
+    assert sorted(words) == sorted(expected)
+    for name in expected:
+        assert words[name].startswith(f"{host['arrays'][name][0]} words on each of ")
+    no_sdk = run(str(build / "run.py"), "--weights", str(tmp_path / "weights"))
+    assert no_sdk.returncode != 0 and "the Cerebras SDK is not installed" in no_sdk.stderr
