@@ -10,12 +10,20 @@ are xDSL's `shard.all_reduce`.
 Token ids and positions carried by `logos.input` count from 1, as LOGOS indices do; `logos.argmax` yields ids from 1.
 
 ```mlir
-logos.program cut "decode ctx=64" chips 1 digest "5a1e..." model <vocab = 256, ...> {
+logos.program cut "decode ctx=64" chips 1 digest "0000000000000000000000000000000000000000000000000000000000000000"
+    model <vocab = 256, hidden = 64, layers = 2, heads = 4, kv_heads = 2, head_dim = 16, intermediate = 128,
+           rms_eps = 1.0e-05, rope_theta = 10000.0, tie_embeddings = false> {
   func.func @layer_0(%x : tensor<1x64xf32>, %position : tensor<1xi64>) -> tensor<1x64xf32> {
     %keys = logos.cache "key" layer 0 shape [2, 64, 16] : memref<2x64x16xf32>
+    %norm_weight = logos.weight "model.layers.0.input_layernorm.weight" shape [64] : tensor<64xf32>
+    %normed = logos.rms_norm %x, %norm_weight epsilon 1.0e-05 : f64 : (tensor<1x64xf32>, tensor<64xf32>) -> tensor<1x64xf32>
     %query_weight = logos.weight "model.layers.0.self_attn.q_proj.weight" shape [64, 64] : tensor<64x64xf32>
     %query = logos.linear %normed, %query_weight : (tensor<1x64xf32>, tensor<64x64xf32>) -> tensor<1x64xf32>
     ...
+    func.return %result : tensor<1x64xf32>
+  }
+  ...
+}
 ```
 """
 
@@ -295,8 +303,17 @@ class ProgramOp(LogosOp):
     `func.func` sections and, when split, its `shard.grid`.
 
     ```mlir
-    logos.program cut "decode ctx=64" chips 1 digest "..." model <vocab = 256, ...> {
-      func.func @main() -> tensor<1xi64> { ... }
+    logos.program cut "decode_embed" chips 1 digest "0000000000000000000000000000000000000000000000000000000000000000"
+        model <vocab = 256, hidden = 64, layers = 2, heads = 4, kv_heads = 2, head_dim = 16, intermediate = 128,
+               rms_eps = 1.0e-05, rope_theta = 10000.0, tie_embeddings = false> {
+      func.func @main() -> tensor<1x64xf32> {
+        %token = logos.input "token" values [1] : tensor<1xi64>
+        %x0 = func.call @embedding(%token) : (tensor<1xi64>) -> tensor<1x64xf32>
+        func.return %x0 : tensor<1x64xf32>
+      }
+      func.func @embedding(%token : tensor<1xi64>) -> tensor<1x64xf32> {
+        ...
+      }
     }
     ```
     """
@@ -434,7 +451,7 @@ class WeightOp(LogosOp, _Sharded):
 
     ```mlir
     %w = logos.weight "model.layers.0.self_attn.q_proj.weight" shape [64, 64] : tensor<64x64xf32>
-    %w = logos.weight "model.layers.0.self_attn.q_proj.weight" shape [64, 64] split "rows" over @chips
+    %w_share = logos.weight "model.layers.0.self_attn.q_proj.weight" shape [64, 64] split "rows" over @chips
            : tensor<32x64xf32>
     ```
     """
