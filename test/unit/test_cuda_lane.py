@@ -198,3 +198,70 @@ def test_a_batch_of_sequences_gives_the_reference_tokens(tp: int) -> None:
         device.run(plan, chips)
         assert chips[0]["next"].tolist() == want.tolist()
         tokens = want
+
+
+def test_an_edit_after_the_identity_check_is_what_the_lane_lowers() -> None:
+    """The lane lowers the module it is given: after verify-identity, the head's norm gets another epsilon and
+    a projection's weight another tensor name; the rest of logos-to-cuda lowers them, so the head's projection
+    carries the new epsilon (the kernel level's property, the constant of its gpu.func) and the host plan names the
+    renamed tensor's buffer, not the old one."""
+    from xdsl.context import Context
+    from xdsl.dialects import arith, gpu
+    from xdsl.dialects.builtin import FloatAttr, ModuleOp, StringAttr
+    from xdsl.passes import PassPipeline
+
+    from logos_ir.author import written
+    from logos_ir.dialects import cuda, logos
+    from logos_ir.parser import parse_program
+    from logos_ir.passes.cuda.host_plan import plan_of
+    from logos_ir.registry import passes, pipelines
+
+    authored, _ = written(ModelSpec.preset("tiny"), Cut.decode(64))
+    module = ModuleOp([parse_program(authored.text, "<decode>")])
+    stages = pipelines()["logos-to-cuda"].stages({"weights": "f32"})
+    assert stages[0] == "verify-identity"
+    context = Context()
+    PassPipeline.parse_spec(passes(), stages[0]).apply(context, module)
+
+    epsilon, old_name, new_name = 3.5e-4, "model.layers.1.mlp.down_proj.weight", "renamed.down_proj.weight"
+    (head_norm,) = [
+        op
+        for op in module.walk()
+        if isinstance(op, logos.RMSNormOp)
+        and isinstance(op.weight.owner, logos.WeightOp)
+        and op.weight.owner.tensor.data == "model.norm.weight"
+    ]
+    head_norm.properties["epsilon"] = FloatAttr(epsilon, head_norm.epsilon.type)
+    (weight,) = [op for op in module.walk() if isinstance(op, logos.WeightOp) and op.tensor.data == old_name]
+    weight.properties["tensor"] = StringAttr(new_name)
+
+    *kernel_level, to_gpu = stages[1:]
+    PassPipeline.parse_spec(passes(), ",".join(kernel_level)).apply(context, module)
+    (head,) = [op for op in module.walk() if isinstance(op, cuda.LinearOp) and cuda.shape_of(op.outs[0].type)[1] == 256]
+    assert head.epsilon is not None and np.float32(head.epsilon.value.data) == np.float32(epsilon)
+
+    PassPipeline.parse_spec(passes(), to_gpu).apply(context, module)
+    module.verify()
+    plan = plan_of(module)
+    assert new_name in plan.buffers and old_name not in plan.buffers
+    assert any(new_name in launch.buffers for launch in plan.launches)
+    head_kernel = plan.kernels[plan.launches[-3].kernel]
+    assert isinstance(head_kernel, gpu.FuncOp) and head_kernel.sym_name.data.startswith("norm_linear_")
+    constants = [
+        op.value.value.data
+        for op in head_kernel.walk()
+        if isinstance(op, arith.ConstantOp) and isinstance(op.value, FloatAttr)
+    ]
+    assert np.float32(epsilon) in [np.float32(c) for c in constants]
+
+
+def test_every_fusion_is_a_pass_of_the_pipeline() -> None:
+    """Each of the lane's fusions is a registered pass that logos-to-cuda runs as a stage of its own."""
+    from logos_ir.registry import passes, pipelines
+
+    stages = [s.split("{")[0] for s in pipelines()["logos-to-cuda"].stages({"weights": "bf16"})]
+    fusions = [name for name in passes() if name.startswith("cuda-f")]
+    assert fusions == ["cuda-fold-norms", "cuda-fuse-qkv", "cuda-fold-residual-adds",
+                       "cuda-fuse-prefill-attention", "cuda-fold-prefill-norms"]  # fmt: skip
+    assert stages == ["verify-identity", "inline-sections", "convert-logos-to-cuda-kernels", *fusions,
+                      "convert-cuda-kernels-to-gpu"]  # fmt: skip
