@@ -16,7 +16,8 @@ logos.program cut "decode ctx=64" chips 1 digest "000000000000000000000000000000
   func.func @layer_0(%x : tensor<1x64xf32>, %position : tensor<1xi64>) -> tensor<1x64xf32> {
     %keys = logos.cache "key" layer 0 shape [2, 64, 16] : memref<2x64x16xf32>
     %norm_weight = logos.weight "model.layers.0.input_layernorm.weight" shape [64] : tensor<64xf32>
-    %normed = logos.rms_norm %x, %norm_weight epsilon 1.0e-05 : f64 : (tensor<1x64xf32>, tensor<64xf32>) -> tensor<1x64xf32>
+    %normed = logos.rms_norm %x, %norm_weight epsilon 1.0e-05 : f64
+                : (tensor<1x64xf32>, tensor<64xf32>) -> tensor<1x64xf32>
     %query_weight = logos.weight "model.layers.0.self_attn.q_proj.weight" shape [64, 64] : tensor<64x64xf32>
     %query = logos.linear %normed, %query_weight : (tensor<1x64xf32>, tensor<64x64xf32>) -> tensor<1x64xf32>
     ...
@@ -613,7 +614,8 @@ class RopeOp(LogosOp):
     of each head (the Hugging Face Llama convention). `scaling` holds Llama 3's frequency scaling when the model has it.
 
     ```mlir
-    %turned = logos.rope %q, %position head_dim 16 theta 1.0e+04 : f64 : (tensor<1x64xf32>, tensor<1xi64>) -> tensor<1x64xf32>
+    %turned = logos.rope %q, %position head_dim 16 theta 1.0e+04 : f64
+                : (tensor<1x64xf32>, tensor<1xi64>) -> tensor<1x64xf32>
     ```
     """
 
