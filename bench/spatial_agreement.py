@@ -45,7 +45,7 @@ PROMPT = "The capital of France is"
 GRID_LIMIT = 72  # the largest grid simulated for the extrapolation (5,184 elements)
 GRIDS = 9  # how many grids the fit uses (at most)
 CLOCK_HZ = 1.1e9  # docs/spatial.md, "Cycles"
-WAFERLLM_TOKENS_PER_S = 2700  # WaferLLM (OSDI 2025), Llama-3-8B decode on a WSE-2, as issue 17 cites it
+WAFERLLM_TOKENS_PER_S = 2700  # WaferLLM (OSDI 2025), Llama-3-8B decode on a WSE-2, as its paper reports it
 
 
 def prompt_ids(store: WeightStore) -> list[int]:

@@ -63,9 +63,15 @@ def _directions(names: Sequence[str]) -> ArrayAttr[StringAttr]:
 
 @irdl_op_definition
 class SetColorConfigOp(IRDLOperation):
-    """A router's configuration for one colour at one element of the layout:
+    """A router's configuration for one colour at one element (x, y) of the layout (i16 coordinates):
 
-    `csl_ext.set_color_config %x, %y colour 3 rx ["WEST"] tx ["RAMP", "EAST"]`
+    ```mlir
+    %x = arith.constant 1 : i16
+    %y = arith.constant 0 : i16
+    csl_ext.set_color_config %x, %y colour #builtin.int<3> rx ["WEST"] tx ["RAMP", "EAST"]
+    ```
+
+    prints as `@set_color_config(x, y, @get_color(3), .{ .routes = .{ .rx = .{ WEST }, .tx = .{ RAMP, EAST } } });`.
     """
 
     name = "csl_ext.set_color_config"
@@ -114,21 +120,36 @@ class _TaskControl(IRDLOperation):
 
 @irdl_op_definition
 class BlockOp(_TaskControl):
-    """`csl_ext.block 10`: `@block(@get_local_task_id(10));`"""
+    """A local task held back: activated, it runs only once unblocked. Prints as `@block(@get_local_task_id(10));`.
+
+    ```mlir
+    csl_ext.block #builtin.int<10>
+    ```
+    """
 
     name = "csl_ext.block"
 
 
 @irdl_op_definition
 class UnblockOp(_TaskControl):
-    """`csl_ext.unblock 10`: `@unblock(@get_local_task_id(10));`"""
+    """A blocked local task released. Prints as `@unblock(@get_local_task_id(10));`.
+
+    ```mlir
+    csl_ext.unblock #builtin.int<10>
+    ```
+    """
 
     name = "csl_ext.unblock"
 
 
 @irdl_op_definition
 class CommentOp(IRDLOperation):
-    """`csl_ext.comment "text"`: a `// text` line in the printed CSL."""
+    """A `// text` line in the printed CSL (a function's identity line).
+
+    ```mlir
+    csl_ext.comment "LOGOS program: decode step's head, sha256 0123"
+    ```
+    """
 
     name = "csl_ext.comment"
     text = prop_def(StringAttr)

@@ -29,8 +29,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from logos_ir.dialects.csl_ext import NO_CODE  # noqa: F401  (the fabric simulator reads it here)
-
 # Colours (WSE-2 has 24; memcpy reserves 21, 22 and 23 on WSE-2, so a program may use 0..20: the machine facts of
 # `dialects/csl_ext.py`). A line (row or column) is cut into segments; each segment is reduced toward its centre
 # from both ends at once (each half a chain on two colours alternating by the distance from its end), the segments'

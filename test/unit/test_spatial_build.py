@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -69,11 +70,22 @@ def test_tiny_decode_build(monkeypatch: pytest.MonkeyPatch) -> None:
     host = json.loads(files["host.json"])
     assert host["grid"] == p and host["logits"]["column"] == p // 2  # the row reductions end on the centre
     report = lane.report
-    assert report["elements_used"] == p * p
+    assert report["elements_used"] == _elements_given_code(layout, command)
     assert report["memory_per_element"]["total"] <= WSE2_MEMORY
     assert report["working_share_per_layer"] == 1.0
     assert len(report["regions"]) == model.spec.layers + 2
     json.dumps(report)
+
+
+def _elements_given_code(layout: str, command: str) -> int:
+    """The elements the printed layout gives a program: its one `@set_tile_code` sits in a loop over the width and
+    one over the height, which commands.sh gives cslc (`--params=width:W,height:H`)."""
+    params = dict(pair.split(":") for pair in re.search(r"--params=(\S+)", command).group(1).split(","))  # type: ignore[union-attr]
+    assert layout.count("@set_tile_code(") == 1
+    tile = layout.index("@set_tile_code(")
+    loops = re.findall(r"for\(@range\(i16, 0, (\w+), 1\)\)", layout[:tile])
+    assert loops[-2:] == ["width", "height"]
+    return int(params["width"]) * int(params["height"])
 
 
 @pytest.mark.parametrize(("name", "ctx", "low", "mlp"), [(None, 2048, 0.95, 0.95), ("llama-3.1-8b", 8192, 0.74, 0.95)])
@@ -106,7 +118,7 @@ def test_narrow_kv_heads_give_the_reference_tokens(shape: dict, copies: int) -> 
     allows (most copies that fit); tiny models fit widened, so narrow is forced here."""
     from logos_ir.generate import Generator
     from logos_ir.passes.spatial.convert_logos_to_csl import lower_decode
-    from logos_ir.runtime.spatial import GridMachine
+    from logos_ir.runtime.spatial.host import GridMachine
     from logos_ir.spec import ModelSpec
     from logos_ir.weights import RandomWeights
 
