@@ -18,7 +18,7 @@ from xdsl.ir import Block, Operation, SSAValue
 from logos_ir.dialects import csl_ext
 from logos_ir.runtime.spatial import CYCLES, FabricError
 from logos_ir.runtime.spatial.dsd import DSD_OPS, DsdOps
-from logos_ir.runtime.spatial.memory import Memory, _dtype
+from logos_ir.runtime.spatial.memory import Memory, dtype_of
 
 
 def _cmp(a: Any, b: Any, op: Any) -> Any:
@@ -99,7 +99,7 @@ class Compiler:
     def _constant_op(self, op: arith.ConstantOp) -> None:
         """A constant: the same value in every element's register."""
         value = op.value.value.data  # type: ignore[attr-defined]
-        self.regs[op.result] = np.full(self.n, value, dtype=_dtype(op.result.type))
+        self.regs[op.result] = np.full(self.n, value, dtype=dtype_of(op.result.type))
 
     def _no_effect(self, op: Operation) -> None:
         """An op with no run-time effect (a global's address, a module import, a parameter, a comment)."""
@@ -151,7 +151,7 @@ class Compiler:
         if isinstance(fn, csl.TaskOp) and fn.id is not None:
             self.tasks[fn.id.value.data] = len(self.instrs)
         for arg in fn.body.block.args:
-            self.regs[arg] = np.zeros(self.n, dtype=_dtype(arg.type))
+            self.regs[arg] = np.zeros(self.n, dtype=dtype_of(arg.type))
         self._compile_block(fn.body.block)
 
     def _compile_block(self, block: Block) -> None:
@@ -161,7 +161,7 @@ class Compiler:
     def _reg(self, value: SSAValue) -> np.ndarray:
         reg = self.regs.get(value)
         if reg is None:
-            reg = self.regs[value] = np.zeros(self.n, dtype=_dtype(value.type))
+            reg = self.regs[value] = np.zeros(self.n, dtype=dtype_of(value.type))
         return reg
 
     def _next(self, idx: np.ndarray, at: int) -> int:

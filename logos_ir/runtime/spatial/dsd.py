@@ -12,12 +12,21 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from xdsl.dialects import csl
+from xdsl.dialects import arith, csl
 from xdsl.ir import SSAValue
 
 from logos_ir.runtime.spatial import CYCLES, FabricError
 from logos_ir.runtime.spatial.fabric import Blocked, FabDsd
-from logos_ir.runtime.spatial.memory import MemDsd, _constant
+from logos_ir.runtime.spatial.memory import MemDsd
+
+
+def _constant(value: SSAValue) -> int | None:
+    """The value of an integer constant of the program (None if `value` is computed)."""
+    owner = value.owner
+    if isinstance(owner, arith.ConstantOp):
+        data = owner.value.value.data  # type: ignore[attr-defined]
+        return int(data) if isinstance(data, int) else None
+    return None
 
 
 def _f32(a: np.ndarray) -> np.ndarray:

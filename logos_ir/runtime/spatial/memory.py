@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from xdsl.dialects import arith, csl, memref
+from xdsl.dialects import csl, memref
 from xdsl.ir import SSAValue
 
 from logos_ir.dialects import csl_ext
@@ -31,19 +31,11 @@ class MemDsd:
     static: tuple[int, int, int] | None = None
 
 
-def _constant(value: SSAValue) -> int | None:
-    """The value of an integer constant of the program (None if `value` is computed)."""
-    owner = value.owner
-    if isinstance(owner, arith.ConstantOp):
-        data = owner.value.value.data  # type: ignore[attr-defined]
-        return int(data) if isinstance(data, int) else None
-    return None
-
-
 _DTYPES = {"f32": np.float32, "f16": np.float16, "i32": np.int64, "i16": np.int64}
 
 
-def _dtype(type_: Any) -> Any:
+def dtype_of(type_: Any) -> Any:
+    """The numpy type that holds a value of MLIR type `type_` (f32, f16; i1 as bool; every integer as int64)."""
     text = str(type_)
     if text in ("f32", "f16"):
         return _DTYPES[text]
