@@ -337,7 +337,7 @@ def add_common(parser, tool: str, model: bool = True) -> None:  # type: ignore[n
     parser.add_argument("--version", action="version", version=version_text(tool))
     parser.add_argument("--list-models", action=_ListModels, help="list the models --model takes and exit")
     if model:
-        parser.add_argument("--model", default=None, help=MODEL_HELP)
+        parser.add_argument("-m", "--model", default=None, help=MODEL_HELP)
         parser.add_argument(
             "--model-seed", type=count, default=0, metavar="N", help="the seed of a preset's random weights (default 0)"
         )

@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,13 @@ def _ids(text: str) -> list[int]:
     return ids
 
 
+def _new_tokens(text: str) -> int:
+    """`-n`: a count from 0, or -1 (llama-cli's "until the end of the text or of the cache")."""
+    if text.strip() == "-1":
+        return -1
+    return count(text)
+
+
 def _arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=TOOL,
@@ -67,27 +75,56 @@ def _arguments() -> argparse.ArgumentParser:
     given.add_argument("-p", "--prompt", help="the prompt text; '-' reads it from standard input")
     given.add_argument("-f", "--prompt-file", metavar="FILE", help="read the prompt from FILE ('-': standard input)")
     given.add_argument("--prompt-ids", type=_ids, help="the prompt as comma-separated token ids, from 0 (no template)")
-    prompt.add_argument("--system", help="a system message, for the chat template")
+    prompt.add_argument(
+        "-sys", "--system", "--system-prompt", dest="system", help="a system message, for the chat template"
+    )
+    prompt.add_argument(
+        "--chat-template",
+        metavar="JINJA",
+        help="a chat template (Jinja text, or 'chatml') used instead of the model's own",
+    )
     template = prompt.add_mutually_exclusive_group()
     template.add_argument(
         "--chat", action="store_true", help="require the model's chat template (the default when it has one)"
     )
     template.add_argument("--raw", action="store_true", help="send the prompt as it is, without the chat template")
     prompt.add_argument(
-        "-i", "--interactive", action="store_true", help="a conversation: each line of standard input is a turn"
+        "-i",
+        "--interactive",
+        "-cnv",
+        "--conversation",
+        action="store_true",
+        help="a conversation: each line of standard input is a turn (Ctrl-C stops an answer, end of input ends it)",
     )
     gen = parser.add_argument_group("generation")
-    gen.add_argument("-n", "--max-new-tokens", type=count, default=32, help="how many tokens to generate at most")
+    gen.add_argument(
+        "-n",
+        "--max-new-tokens",
+        "--n-predict",
+        dest="max_new_tokens",
+        type=_new_tokens,
+        default=32,
+        help="how many tokens to generate at most (-1: until the end of the text or of the cache; default 32)",
+    )
     gen.add_argument(
         "--stop", action="append", default=[], metavar="TEXT", help="end the answer at this text (repeatable)"
     )
-    gen.add_argument("--temperature", type=fraction, default=0.0, help="0 (default): greedy; above 0: sample")
+    gen.add_argument(
+        "--temp",
+        "--temperature",
+        dest="temperature",
+        type=fraction,
+        default=0.0,
+        help="0 (default): greedy; above 0: sample",
+    )
     gen.add_argument("--top-k", type=count, default=40, help="sample from the K likeliest tokens (0: all; default 40)")
     gen.add_argument("--top-p", type=fraction, default=0.95, help="nucleus: the likeliest tokens reaching P (0.95)")
     gen.add_argument("--min-p", type=fraction, default=0.05, help="drop tokens below P times the likeliest (0.05)")
     gen.add_argument("--repeat-penalty", type=fraction, default=1.0, help="penalise repeated tokens (1: off)")
     gen.add_argument("--repeat-last-n", type=count, default=64, help="the penalty's window, in tokens (64)")
-    gen.add_argument("--seed", type=count, default=None, help="the sampling seed (default: a fresh one, reported)")
+    gen.add_argument(
+        "-s", "--seed", type=count, default=None, help="the sampling seed (default: a fresh one, reported)"
+    )
     run = parser.add_argument_group("what runs it")
     backends = _backends()
     run.add_argument(
@@ -109,13 +146,34 @@ def _arguments() -> argparse.ArgumentParser:
     run.add_argument("--tp", type=positive, default=None, help="split the decode step over this many chips")
     run.add_argument("--prefill-rows", type=positive, default=16, help="prompt tokens per prefill chunk")
     run.add_argument(
+        "-c",
         "--ctx",
+        "--ctx-size",
+        dest="ctx",
         type=positive,
         default=None,
         help="cache positions (default: prompt plus new tokens, rounded up to 64; 2048 with -i; a build's own)",
     )
     run.add_argument(
         "--aocx", default=None, metavar="FILE", help="an engine compiled ahead of time (the d5005 backend)"
+    )
+    run.add_argument(
+        "-t",
+        "--threads",
+        type=positive,
+        default=None,
+        help="the BLAS threads the CPU backends use (default: the BLAS library's own, usually one per core)",
+    )
+    run.add_argument(
+        "-ngl",
+        "--n-gpu-layers",
+        "--gpu-layers",
+        dest="gpu_layers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="llama-cli's; here the backend decides where layers run (--backend cuda: all on the GPU), so it is "
+        "read and has no effect",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object per answer instead of the text")
     return parser
@@ -148,6 +206,25 @@ def chat_text(template: str, messages: list[dict[str, str]]) -> str | None:
     return rendered if isinstance(rendered, str) and rendered else None
 
 
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+NAMED_TEMPLATES = {"chatml": CHATML}  # llama-cli's --chat-template names that have a template here
+
+
+def _chat_template(given: str | None) -> str | None:
+    """`--chat-template`: a name logos-run knows, or Jinja text; None: the model's own."""
+    if given is None:
+        return None
+    if given in NAMED_TEMPLATES:
+        return NAMED_TEMPLATES[given]
+    if "{%" not in given and "{{" not in given:
+        names = ", ".join(sorted(NAMED_TEMPLATES))
+        raise LogosError(f"--chat-template {given}: not a template logos-run knows ({names}), nor Jinja text")
+    return given
+
+
 def _read_text(source: str, what: str) -> str:
     if source == "-":
         text = sys.stdin.read()
@@ -171,9 +248,14 @@ class Conversation:
     """The turns so far, and the prompt ids they make for the next answer: in the model's chat template (unless
     raw), or as plain text."""
 
-    def __init__(self, tokenizer: Any, model: str, system: str | None, raw: bool, chat: bool):
+    def __init__(
+        self, tokenizer: Any, model: str, system: str | None, raw: bool, chat: bool, template: str | None = None
+    ):
         self.tokenizer, self.model, self.raw = tokenizer, model, raw
-        template = None if tokenizer is None else tokenizer.chat_template
+        if template is None:
+            template = None if tokenizer is None else tokenizer.chat_template
+        elif chat_text(template, [{"role": "user", "content": "?"}]) is None:
+            raise LogosError("--chat-template cannot be rendered (give Jinja text, or 'chatml')")
         self.template = None if raw else template
         if chat and not template:
             raise LogosError(f"the model {model} has no chat template (--chat)")
@@ -283,6 +365,7 @@ class Plan:
 
         self.args = args
         self.build: Path | None = None
+        self.loaded_s = 0.0  # loading the model and authoring and compiling its programs, until it is reported
         self.backend_name = args.backend or "reference"
         self.tp, self.weights, self.ctx = args.tp or 1, args.weights, args.ctx
         if args.model is not None and (Path(args.model) / "manifest.json").is_file():
@@ -342,6 +425,7 @@ class Plan:
         self.build, self.backend_name = folder, backend
         self.tp, self.weights, self.ctx = int(target.get("tp", 1)), str(target.get("weights")), cut.ctx
         kind = recorded.get("kind")
+        self._refuse_seed(folder, kind, recorded)
         if self.args.model is not None:
             seed = recorded.get("seed", 0) if kind == "preset" and self.args.model_seed == 0 else self.args.model_seed
             source = ModelSource.resolve(self.args.model, seed=seed)
@@ -357,6 +441,17 @@ class Plan:
             )
         check_model_matches(source, recorded)
         return source
+
+    def _refuse_seed(self, folder: Path, kind: Any, recorded: dict[str, Any]) -> None:
+        """--model-seed chooses a preset's random weights, which a build's manifest fixes: a different one is
+        refused, not ignored."""
+        seed = self.args.model_seed
+        if seed == 0 or self.args.model is not None:
+            return
+        if kind != "preset":
+            raise LogosError(f"{folder}: --model-seed makes a preset's weights; the build's model is the {kind} one")
+        if seed != int(recorded.get("seed", 0)):
+            raise LogosError(f"{folder}: the build was made with --model-seed {recorded.get('seed', 0)}, not {seed}")
 
     def generator(self) -> Any:
         from logos_ir.runtime import RunRequest
@@ -471,7 +566,8 @@ def _report(
         "sampling": sampler.settings.describe(),
         "prompt_tokens": stats.prompt_tokens,
         "cached_tokens": stats.cached_tokens,
-        "ttft_s": round(stats.first_token_s, 4),
+        "ttft_s": round(first_token_s(stats), 4),
+        "load_s": round(plan.loaded_s, 4),
         "prompt_tokens_per_s": round(stats.prompt_tokens_per_s, 3),
         "decode_tokens_per_s": round(stats.decode_tokens_per_s, 3),
         "tokens_per_s": round(stats.tokens_per_s, 3),
@@ -482,43 +578,81 @@ def _report(
     }
 
 
-def timing_line(stats: Any) -> str:
+def first_token_s(stats: Any) -> float:
+    """The time to the first token from the prompt's arrival: the prefill and the first choice, not the loading
+    and compiling before it (reported apart as the load time)."""
+    return max(stats.first_token_s - stats.prepare_s, 0.0)
+
+
+def timing_line(stats: Any, loaded_s: float = 0.0) -> str:
     return (
         f"{TOOL}: prompt {stats.prompt_tokens} tokens in {stats.prefill_s:.3f} s ({stats.prompt_tokens_per_s:.1f} "
-        f"tokens/s), first token after {stats.first_token_s:.3f} s, {stats.new_tokens} new tokens, decode "
+        f"tokens/s), first token after {first_token_s(stats):.3f} s, {stats.new_tokens} new tokens, decode "
         f"{stats.decode_tokens_per_s:.1f} tokens/s"
         + (f" ({stats.cached_tokens} prompt tokens from the cache)" if stats.cached_tokens else "")
+        + (f"; loading and compiling {loaded_s:.3f} s before it" if loaded_s > 0 else "")
     )
 
 
+def new_tokens(asked: int, ctx: int, prompt: int) -> int:
+    """How many tokens an answer may make: `-n`, or with -1 as many as the cache has room for."""
+    return max(ctx - prompt + 1, 0) if asked < 0 else asked
+
+
+def _ctx_for(plan: Plan, prompt: int) -> int:
+    """The cache: the one given or fixed by the build; else room for the prompt and `-n` (2048 with -n -1)."""
+    from logos_ir.generate import default_ctx
+
+    if plan.ctx is not None:
+        return plan.ctx
+    if plan.args.max_new_tokens < 0:
+        return max(INTERACTIVE_CTX, default_ctx(prompt, 1))
+    return default_ctx(prompt, plan.args.max_new_tokens)
+
+
 def _answer(
-    plan: Plan, generator: Any, prompt: list[int], tokenizer: Any, sampler: Any, ctx: int, keep: bool
+    plan: Plan,
+    generator: Any,
+    prompt: list[int],
+    tokenizer: Any,
+    sampler: Any,
+    ctx: int,
+    keep: bool,
+    stream: Stream | None = None,
 ) -> tuple[Stream, list[int]]:
     args = plan.args
-    stream = Stream(tokenizer, args.stop, live=not args.json)
+    stream = stream or Stream(tokenizer, args.stop, live=not args.json)
     eos = tokenizer.eos_id if tokenizer is not None else None
-    new = generator.generate(prompt, args.max_new_tokens, eos_id=eos, on_token=stream, sampler=sampler, keep_cache=keep)
-    stream.finish()
+    wanted = new_tokens(args.max_new_tokens, ctx, len(prompt))
+    try:
+        new = generator.generate(prompt, wanted, eos_id=eos, on_token=stream, sampler=sampler, keep_cache=keep)
+    finally:
+        stream.finish()
+    plan.loaded_s += generator.stats.prepare_s  # authoring and compiling the programs this answer needed
     if args.json:
         print(json.dumps(_report(plan, generator, prompt, new, stream, sampler, ctx)), flush=True)
     seed = "" if sampler.greedy else f" (sampled, --seed {sampler.settings.seed})"  # so a run can be repeated
     if launched_rank() != 0:
         return stream, new  # rank 0 reports for every rank
-    print(timing_line(generator.stats) + seed, file=sys.stderr)
+    print(timing_line(generator.stats, plan.loaded_s) + seed, file=sys.stderr)
+    plan.loaded_s = 0.0
     if generator.stats.stop == "ctx":
         print(f"{TOOL}: the cache of {ctx} positions is full: the answer ends there", file=sys.stderr)
     return stream, new
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from logos_ir.generate import default_ctx
     from logos_ir.tokenizer import Tokenizer
 
     if args.interactive and (args.prompt == "-" or args.prompt_file == "-"):
         raise LogosError("-i reads the conversation from standard input: give the first turn with --prompt TEXT")
+    started = time.perf_counter()
     plan = Plan(args)
+    plan.loaded_s = time.perf_counter() - started
     tokenizer = Tokenizer.from_store(plan.store)
     model = plan.store.source
+    if args.gpu_layers and plan.backend_name != "cuda":
+        print(f"{TOOL}: note: -ngl has no effect: the {plan.backend_name} backend runs on the CPU", file=sys.stderr)
     sampler = _sampler(args, plan.backend_name)
     if args.prompt_ids is not None:
         if args.interactive:
@@ -530,19 +664,19 @@ def _generate(args: argparse.Namespace) -> int:
         prompt = list(args.prompt_ids)
         if any(i >= plan.store.spec.vocab for i in prompt):
             raise LogosError(f"--prompt-ids: ids run from 0 to {plan.store.spec.vocab - 1} for this model")
-        ctx = plan.ctx or default_ctx(len(prompt), args.max_new_tokens)
-        _fits(ctx, len(prompt), max(args.max_new_tokens, 1))
+        ctx = _ctx_for(plan, len(prompt))
+        _fits(ctx, len(prompt), max(new_tokens(args.max_new_tokens, ctx, len(prompt)), 1))
         _refuse_too_large(plan.store.spec, "", ctx)
         _answer(plan, _generator_for(plan, ctx), prompt, tokenizer, sampler, ctx, False)
         return 0
     if tokenizer is None:
         raise LogosError(f"the model {model} has no tokenizer: give the prompt as --prompt-ids (ids from 0)")
-    conversation = Conversation(tokenizer, model, args.system, args.raw, args.chat)
+    conversation = Conversation(tokenizer, model, args.system, args.raw, args.chat, _chat_template(args.chat_template))
     first = _question(args)
     if not args.interactive:
         prompt = conversation.ask(DEFAULT_QUESTION if first is None else first)
-        ctx = plan.ctx or default_ctx(len(prompt), args.max_new_tokens)
-        _fits(ctx, len(prompt), max(args.max_new_tokens, 1))
+        ctx = _ctx_for(plan, len(prompt))
+        _fits(ctx, len(prompt), max(new_tokens(args.max_new_tokens, ctx, len(prompt)), 1))
         _refuse_too_large(plan.store.spec, "", ctx)
         _answer(plan, _generator_for(plan, ctx), prompt, tokenizer, sampler, ctx, False)
         return 0
@@ -552,7 +686,10 @@ def _generate(args: argparse.Namespace) -> int:
 def _generator_for(plan: Plan, ctx: int) -> Any:
     if plan.ctx is None:
         plan.ctx = ctx
-    return plan.generator()
+    started = time.perf_counter()
+    generator = plan.generator()
+    plan.loaded_s += time.perf_counter() - started
+    return generator
 
 
 def _chat(plan: Plan, conversation: Conversation, first: str | None, tokenizer: Any, sampler: Any) -> int:
@@ -578,16 +715,27 @@ def _chat(plan: Plan, conversation: Conversation, first: str | None, tokenizer: 
             if line.strip() in ("/exit", "/quit"):
                 break
         prompt = conversation.ask(line if conversation.template is not None or not turns else "\n" + line)
-        if len(prompt) + max(plan.args.max_new_tokens, 1) - 1 > ctx:
+        if len(prompt) + max(new_tokens(plan.args.max_new_tokens, ctx, len(prompt)), 1) - 1 > ctx:
             raise LogosError(
                 f"the conversation's {len(prompt)} tokens and --max-new-tokens {plan.args.max_new_tokens} no longer "
                 f"fit the cache of {ctx} positions",
                 hint="start again with a larger --ctx",
             )
-        stream, _ = _answer(plan, generator, prompt, tokenizer, sampler, ctx, keep=True)
-        conversation.answered(stream.text)
+        conversation.answered(_turn(plan, generator, prompt, tokenizer, sampler, ctx))
         turns += 1
     return 0
+
+
+def _turn(plan: Plan, generator: Any, prompt: list[int], tokenizer: Any, sampler: Any, ctx: int) -> str:
+    """One answer of a conversation; Ctrl-C stops it where it is (the conversation keeps what was said) and
+    returns to the prompt, as llama-cli does. The cache keeps only what it held before the answer began."""
+    stream = Stream(tokenizer, plan.args.stop, live=not plan.args.json)
+    try:
+        _answer(plan, generator, prompt, tokenizer, sampler, ctx, keep=True, stream=stream)
+    except KeyboardInterrupt:
+        print(f"{TOOL}: interrupted: the answer stops here", file=sys.stderr, flush=True)
+        plan.loaded_s = 0.0
+    return stream.text
 
 
 # The rank a process started by an MPI launcher (mpiexec / mpirun / srun) was given, from the launcher's environment
@@ -605,8 +753,32 @@ def launched_rank() -> int:
     return 0
 
 
+_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
+
+
+def limit_threads(threads: int | None) -> None:
+    """`-t`: the BLAS libraries' threads. Set in their environment before numpy loads them; where numpy is already
+    loaded (a caller in this process), through threadpoolctl when it is installed."""
+    if threads is None:
+        return
+    for name in _THREAD_VARIABLES:
+        os.environ[name] = str(threads)
+    if "numpy" not in sys.modules:
+        return
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        print(
+            f"{TOOL}: warning: -t {threads}: numpy is already loaded, and threadpoolctl is not installed",
+            file=sys.stderr,
+        )
+        return
+    threadpool_limits(limits=threads, user_api="blas")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _arguments().parse_args(argv)
+    limit_threads(args.threads)
     if launched_rank() != 0:  # the answer, the JSON and the timing line from rank 0 alone; errors from every rank
         with open(os.devnull, "w", encoding="utf-8") as quiet:
             stdout, sys.stdout = sys.stdout, quiet
