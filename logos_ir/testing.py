@@ -149,7 +149,7 @@ def model_gguf(hidden: int = 4, qtype: str = "F32", tokenizer: bool = False, rop
     ]
     if tokenizer:
         meta += tokenizer_metadata(spec.vocab)
-    tensors = []
+    tensors: list[tuple[str, tuple[int, ...], int, bytes]] = []
     for hf in store.names():
         array = np.array(store.get(hf))
         kind = QT.F32 if array.ndim == 1 else QT[qtype]
@@ -159,7 +159,9 @@ def model_gguf(hidden: int = 4, qtype: str = "F32", tokenizer: bool = False, rop
             raw = array.astype("<f2").tobytes()
         else:
             raw = quantize(array, kind).tobytes()
-        tensors.append((gguf_tensor_name(hf), array.shape, int(kind), raw))
+        name = gguf_tensor_name(hf)
+        assert name is not None, f"{hf} has no GGUF name"
+        tensors.append((name, array.shape, int(kind), raw))
     if rope_scaling:
         scaling = RopeScaling(
             factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
