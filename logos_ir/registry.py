@@ -168,7 +168,7 @@ def emitters() -> dict[str, Callable[[], type[Target]]]:
         "cuda": _lazy("logos_ir.passes.cuda.emit_cuda", "CudaTarget"),
         "d5005-listing": _lazy("logos_ir.passes.d5005.emit_listing", "ListingTarget"),
         "d5005-layout": _lazy("logos_ir.passes.d5005.emit_layout", "LayoutTarget"),
-        "d5005-opencl": _lazy("logos_ir.passes.d5005.emit_opencl", "EngineTarget"),
+        "d5005-opencl": _lazy("logos_ir.passes.d5005.emit_opencl", "OpenclTarget"),
         "csl": _lazy("logos_ir.passes.spatial.emit_csl", "CslTarget"),
     }
 

@@ -30,7 +30,7 @@ def build_d5005(request: BuildRequest) -> LaneBuild:
     from logos_ir.passes.d5005.convert_logos_to_d5005 import ConvertLogosToD5005
     from logos_ir.passes.d5005.emit_layout import LayoutTarget, image_bytes, weight_image
     from logos_ir.passes.d5005.emit_listing import ListingTarget
-    from logos_ir.passes.d5005.emit_opencl import EngineTarget, the_d5005_program
+    from logos_ir.passes.d5005.emit_opencl import OpenclTarget, the_d5005_program
     from logos_ir.passes.d5005.emit_stream import encode_stream
     from logos_ir.passes.inline_sections import InlineSections
 
@@ -41,7 +41,7 @@ def build_d5005(request: BuildRequest) -> LaneBuild:
     program = the_d5005_program(module, "d5005")
     line = identity.line()
     size = image_bytes(program)
-    engine = _emitted(EngineTarget(), module)
+    engine = _emitted(OpenclTarget(), module)
     artifacts = [
         Artifact("program.logos", text.encode("utf-8"), identity, kind="logos", role="program"),
         Artifact.text("decode.d5005.mlir", f"// {line}\n{program}\n", identity, role="ir"),

@@ -15,13 +15,14 @@ local memory (M20K), and `UNROLL`, `IVDEP` and `IVDEP_SAFELEN` are Intel's pragm
 (PoCL's CPU device here) each channel is an ordered buffer: the host launches the four readers over a run of
 instructions, each filling its buffer in channel order, then the compute kernel over the same run, draining them
 in the same order (`logos_ir.runtime.d5005`). The cost model (`cost_model.py`) reads this source's loops: each
-pipelined loop is marked `/* loop NAME */` and each routine `/* routine NAME */`. `EngineTarget` is the
+pipelined loop is marked `/* loop NAME */` and each routine `/* routine NAME */`. `OpenclTarget` is the
 `-t d5005-opencl` emitter.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from string import Template
 from typing import IO, ClassVar
 
 from xdsl.context import Context
@@ -65,7 +66,7 @@ def engine_source(identity: str, params: d5005.EngineParams) -> str:
     return f"// {identity}\n{about}\n{defines}\n{_BODY}"
 
 
-_BODY = r"""
+_TEMPLATE = r"""
 /* ---- Intel's FPGA SDK for OpenCL, or any other OpenCL device (PoCL's CPU device here) ---------------------- */
 #if defined(INTELFPGA_CL)
 #pragma OPENCL EXTENSION cl_intel_channels : enable
@@ -279,8 +280,7 @@ inline void matvec(ONCHIP float *x, __local float *restrict vector, channels_t *
         float shift[BANKS][SHIFT_DEPTH + 1];
         UNROLL(BANKS)
         for (uint b = 0; b < BANKS; b++) {
-            UNROLL(SHIFT_DEPTH + 1)
-            for (uint d = 0; d <= SHIFT_DEPTH; d++) shift[b][d] = 0.0f;
+${matvec_clear}
         }
         /* loop matvec.words */
         for (uint c = 0; c < words; c++) {
@@ -292,16 +292,12 @@ inline void matvec(ONCHIP float *x, __local float *restrict vector, channels_t *
                     UNROLL(VECTOR_WIDTH)
                     for (uint e = 0; e < VECTOR_WIDTH; e++) sum += WEIGHT_AT(word, e) * vector[c * VECTOR_WIDTH + e];
                 }
-                shift[b][SHIFT_DEPTH] = shift[b][0] + sum;
-                UNROLL(SHIFT_DEPTH)
-                for (uint d = 0; d < SHIFT_DEPTH; d++) shift[b][d] = shift[b][d + 1];
+${matvec_add}
             }
         }
         UNROLL(BANKS)
         for (uint b = 0; b < BANKS; b++) {
-            float total = 0.0f;
-            UNROLL(SHIFT_DEPTH)
-            for (uint d = 0; d < SHIFT_DEPTH; d++) total += shift[b][d];
+${matvec_total}
             if (i * BANKS + b < rows) x[dst + i * BANKS + b] = total;
         }
     }
@@ -312,8 +308,7 @@ inline void rms_norm(ONCHIP float *x, channels_t *ch, const uint16 w) {
     uint n = w.s5, dst = w.s1, src = w.s2;
     uint words = WORDS(n, WEIGHT_BYTES);
     float shift[SHIFT_DEPTH + 1];
-    UNROLL(SHIFT_DEPTH + 1)
-    for (uint d = 0; d <= SHIFT_DEPTH; d++) shift[d] = 0.0f;
+${rms_norm_clear}
     /* loop rms_norm.squares */
     for (uint c = 0; c < n; c += OV) {
         float sum = 0.0f;
@@ -322,13 +317,9 @@ inline void rms_norm(ONCHIP float *x, channels_t *ch, const uint16 w) {
             float v = SELECT(c + e < n, x[src + c + e], 0.0f);
             sum += v * v;
         }
-        shift[SHIFT_DEPTH] = shift[0] + sum;
-        UNROLL(SHIFT_DEPTH)
-        for (uint d = 0; d < SHIFT_DEPTH; d++) shift[d] = shift[d + 1];
+${rms_norm_add}
     }
-    float squares = 0.0f;
-    UNROLL(SHIFT_DEPTH)
-    for (uint d = 0; d < SHIFT_DEPTH; d++) squares += shift[d];
+${rms_norm_total}
     float scale = 1.0f / sqrt(squares * (1.0f / (float)n) + as_float(w.sd));
     IVDEP
     /* loop rms_norm.scale */
@@ -484,8 +475,7 @@ inline void attention(ONCHIP float *x, __local float *restrict queries, __local 
         float here[GROUP_MAX][SHIFT_DEPTH + 1];
         UNROLL(GROUP_MAX)
         for (uint g = 0; g < GROUP_MAX; g++) {
-            UNROLL(SHIFT_DEPTH + 1)
-            for (uint d = 0; d <= SHIFT_DEPTH; d++) here[g][d] = 0.0f;
+${current_clear}
         }
         /* loop attention.current */
         for (uint c = 0; c < row_words * CPW; c += OV) {
@@ -498,9 +488,7 @@ inline void attention(ONCHIP float *x, __local float *restrict queries, __local 
                     float k_here = SELECT(d < head_dim, cached(x[key + h * head_dim + d]), 0.0f);
                     sum += k_here * queries[g * row_words * CPW + d];
                 }
-                here[g][SHIFT_DEPTH] = here[g][0] + sum;
-                UNROLL(SHIFT_DEPTH)
-                for (uint d = 0; d < SHIFT_DEPTH; d++) here[g][d] = here[g][d + 1];
+${current_add}
             }
         }
         float most[GROUP_MAX], total[GROUP_MAX];
@@ -518,8 +506,7 @@ inline void attention(ONCHIP float *x, __local float *restrict queries, __local 
         /* loop attention.softmax_heads */
         for (uint g = 0; g < group; g++) {
             float sums[SHIFT_DEPTH + 1];
-            UNROLL(SHIFT_DEPTH + 1)
-            for (uint d = 0; d <= SHIFT_DEPTH; d++) sums[d] = 0.0f;
+${softmax_clear}
             IVDEP
             /* loop attention.softmax */
             for (uint c = 0; c < position; c += OV) {
@@ -532,13 +519,9 @@ inline void attention(ONCHIP float *x, __local float *restrict queries, __local 
                         sum += p;
                     }
                 }
-                sums[SHIFT_DEPTH] = sums[0] + sum;
-                UNROLL(SHIFT_DEPTH)
-                for (uint d = 0; d < SHIFT_DEPTH; d++) sums[d] = sums[d + 1];
+${softmax_add}
             }
-            float all = 0.0f;
-            UNROLL(SHIFT_DEPTH)
-            for (uint d = 0; d < SHIFT_DEPTH; d++) all += sums[d];
+${softmax_total}
             total[g] = all;
         }
         /* loop attention.clear */
@@ -703,8 +686,50 @@ TASK void d5005_compute(__global const uint16 *restrict program, const uint firs
 """
 
 
+def _shift_clear(register: str, indent: int) -> str:
+    """Zero a shift register of SHIFT_DEPTH partial sums (and the slot each step adds into)."""
+    at = " " * indent
+    return f"{at}UNROLL(SHIFT_DEPTH + 1)\n{at}for (uint d = 0; d <= SHIFT_DEPTH; d++) {register}[d] = 0.0f;"
+
+
+def _shift_add(register: str, value: str, indent: int) -> str:
+    """Add `value` into a shift register: the sum it makes is read SHIFT_DEPTH steps later, so no floating-point
+    add waits on the one before it."""
+    at = " " * indent
+    return (
+        f"{at}{register}[SHIFT_DEPTH] = {register}[0] + {value};\n{at}UNROLL(SHIFT_DEPTH)\n"
+        f"{at}for (uint d = 0; d < SHIFT_DEPTH; d++) {register}[d] = {register}[d + 1];"
+    )
+
+
+def _shift_total(total: str, register: str, indent: int) -> str:
+    """`total`, the sum of a shift register's SHIFT_DEPTH partial sums."""
+    at = " " * indent
+    return (
+        f"{at}float {total} = 0.0f;\n{at}UNROLL(SHIFT_DEPTH)\n"
+        f"{at}for (uint d = 0; d < SHIFT_DEPTH; d++) {total} += {register}[d];"
+    )
+
+
+# The shift-register sums of the matvec's rows, the norm's squares and the softmax's exponentials (and the
+# attention's dot product with the position's own key) are printed by the three functions above.
+_BODY = Template(_TEMPLATE).substitute(
+    matvec_clear=_shift_clear("shift[b]", 12),
+    matvec_add=_shift_add("shift[b]", "sum", 16),
+    matvec_total=_shift_total("total", "shift[b]", 12),
+    rms_norm_clear=_shift_clear("shift", 4),
+    rms_norm_add=_shift_add("shift", "sum", 8),
+    rms_norm_total=_shift_total("squares", "shift", 4),
+    current_clear=_shift_clear("here[g]", 12),
+    current_add=_shift_add("here[g]", "sum", 16),
+    softmax_clear=_shift_clear("sums", 12),
+    softmax_add=_shift_add("sums", "sum", 16),
+    softmax_total=_shift_total("all", "sums", 12),
+)
+
+
 @dataclass(frozen=True)
-class EngineTarget(Target):
+class OpenclTarget(Target):
     """`-t d5005-opencl`: the engine's OpenCL C for the `d5005.program` in the module."""
 
     name: ClassVar[str] = "d5005-opencl"

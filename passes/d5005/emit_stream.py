@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import struct
 import zlib
+from collections.abc import Callable
 
 import numpy as np
 from xdsl.ir import SSAValue
@@ -38,48 +39,93 @@ def _at(buffer: SSAValue) -> int:
     return owner.offset.value.data
 
 
+class _Word:
+    """One instruction word being filled: its 16 fields and the burst its region offsets count in."""
+
+    def __init__(self, op: d5005.InstructionOp, burst: int):
+        self.w = [0] * d5005.INSTRUCTION_WORDS
+        self.w[d5005.W_OPCODE] = d5005.OPCODES[op.name]
+        self.burst = burst
+
+    def region(self, r: d5005.RegionAttr, offset_field: int = d5005.W_OFFSET) -> None:
+        self.w[d5005.W_ROWS], self.w[d5005.W_COLS] = r.rows.data, r.cols.data
+        self.w[offset_field], self.w[d5005.W_STRIDE] = _burst_offset(r, self.burst), r.stride.data
+
+    def buffers(self, *fields: tuple[int, SSAValue]) -> None:
+        for index, buffer in fields:
+            self.w[index] = _at(buffer)
+
+
+def _embed_row(op: d5005.EmbedRowOp, word: _Word) -> None:
+    word.buffers((d5005.W_DST, op.dst))
+    word.region(op.table)
+
+
+def _matvec(op: d5005.MatvecOp, word: _Word) -> None:
+    word.buffers((d5005.W_DST, op.dst), (d5005.W_A, op.src))
+    word.region(op.weight)
+
+
+def _rms_norm(op: d5005.RMSNormOp, word: _Word) -> None:
+    word.buffers((d5005.W_DST, op.dst), (d5005.W_A, op.src))
+    word.region(op.weight)
+    word.w[d5005.W_FLOAT] = _f32_bits(op.epsilon.value.data)
+
+
+def _rope(op: d5005.RopeOp, word: _Word) -> None:
+    word.buffers((d5005.W_DST, op.dst), (d5005.W_A, op.src))
+    word.region(op.table)
+    word.w[d5005.W_WIDTH], word.w[d5005.W_HEAD_DIM] = op.width.value.data, op.head_dim.value.data
+
+
+def _cache_write(op: d5005.CacheWriteOp, word: _Word) -> None:
+    word.buffers((d5005.W_A, op.src))
+    word.w[d5005.W_KV_HEADS] = op.kv_heads.value.data
+    word.region(op.cache)
+
+
+def _attention(op: d5005.AttentionOp, word: _Word) -> None:
+    w = word.w
+    word.buffers((d5005.W_DST, op.dst), (d5005.W_A, op.query), (d5005.W_B, op.scores))
+    word.region(op.keys)
+    w[d5005.W_OFFSET2] = _burst_offset(op.values, word.burst)
+    w[d5005.W_HEADS], w[d5005.W_KV_HEADS] = op.heads.value.data, op.kv_heads.value.data
+    word.buffers((d5005.W_KEY, op.key), (d5005.W_VALUE, op.value))
+    w[d5005.W_HEAD_DIM], w[d5005.W_CTX] = op.keys.cols.data, op.ctx
+    w[d5005.W_FLOAT] = _f32_bits(1 / np.sqrt(op.keys.cols.data))  # as the reference scales, in float32
+
+
+def _elementwise(op: d5005.ElementwiseOp, word: _Word) -> None:
+    word.buffers((d5005.W_DST, op.dst), (d5005.W_A, op.lhs), (d5005.W_B, op.rhs))
+    word.w[d5005.W_ROWS] = op.size.value.data
+
+
+def _argmax(op: d5005.ArgmaxOp, word: _Word) -> None:
+    word.buffers((d5005.W_A, op.src))
+    word.w[d5005.W_ROWS] = op.size.value.data
+
+
+_FIELDS: dict[type[d5005.InstructionOp], Callable[..., None]] = {
+    d5005.EmbedRowOp: _embed_row,
+    d5005.MatvecOp: _matvec,
+    d5005.RMSNormOp: _rms_norm,
+    d5005.RopeOp: _rope,
+    d5005.CacheWriteOp: _cache_write,
+    d5005.AttentionOp: _attention,
+    d5005.SiluMulOp: _elementwise,
+    d5005.AddOp: _elementwise,
+    d5005.ArgmaxOp: _argmax,
+}
+
+
 def encode_instruction(op: d5005.InstructionOp, burst: int) -> list[int]:
     """The 16 words of one instruction."""
-    w = [0] * d5005.INSTRUCTION_WORDS
-    w[d5005.W_OPCODE] = d5005.OPCODES[op.name]
-
-    def region(r: d5005.RegionAttr, offset_field: int = d5005.W_OFFSET) -> None:
-        w[d5005.W_ROWS], w[d5005.W_COLS] = r.rows.data, r.cols.data
-        w[offset_field], w[d5005.W_STRIDE] = _burst_offset(r, burst), r.stride.data
-
-    if isinstance(op, d5005.EmbedRowOp):
-        w[d5005.W_DST] = _at(op.dst)
-        region(op.table)
-    elif isinstance(op, d5005.MatvecOp | d5005.RMSNormOp | d5005.RopeOp):
-        w[d5005.W_DST], w[d5005.W_A] = _at(op.dst), _at(op.src)
-        region(op.weight if not isinstance(op, d5005.RopeOp) else op.table)
-        if isinstance(op, d5005.RMSNormOp):
-            w[d5005.W_FLOAT] = _f32_bits(op.epsilon.value.data)
-        if isinstance(op, d5005.RopeOp):
-            w[d5005.W_WIDTH], w[d5005.W_HEAD_DIM] = op.width.value.data, op.head_dim.value.data
-    elif isinstance(op, d5005.CacheWriteOp):
-        w[d5005.W_A], w[d5005.W_KV_HEADS] = _at(op.src), op.kv_heads.value.data
-        region(op.cache)
-    elif isinstance(op, d5005.AttentionOp):
-        w[d5005.W_DST], w[d5005.W_A], w[d5005.W_B] = (
-            _at(op.dst),
-            _at(op.query),
-            _at(op.scores),
-        )
-        region(op.keys)
-        w[d5005.W_OFFSET2] = _burst_offset(op.values, burst)
-        w[d5005.W_HEADS], w[d5005.W_KV_HEADS] = op.heads.value.data, op.kv_heads.value.data
-        w[d5005.W_KEY], w[d5005.W_VALUE] = _at(op.key), _at(op.value)
-        w[d5005.W_HEAD_DIM], w[d5005.W_CTX] = op.keys.cols.data, op.ctx
-        w[d5005.W_FLOAT] = _f32_bits(1 / np.sqrt(op.keys.cols.data))  # as the reference scales, in float32
-    elif isinstance(op, d5005.ElementwiseOp):
-        w[d5005.W_DST], w[d5005.W_A], w[d5005.W_B] = _at(op.dst), _at(op.lhs), _at(op.rhs)
-        w[d5005.W_ROWS] = op.size.value.data
-    elif isinstance(op, d5005.ArgmaxOp):
-        w[d5005.W_A], w[d5005.W_ROWS] = _at(op.src), op.size.value.data
-    else:
+    fill = _FIELDS.get(type(op))
+    if fill is None:
         raise PassError(f"d5005 stream: '{op.name}' has no instruction word")
-    return w
+    word = _Word(op, burst)
+    fill(op, word)
+    return word.w
 
 
 def symbols(program: d5005.ProgramOp) -> dict[str, list[list[object]]]:
