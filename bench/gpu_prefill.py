@@ -43,7 +43,7 @@ def _plan(model: str, rows: int) -> tuple[Any, str]:
 
 def report(model: str = "llama-3.1-8b", rows: int = ROWS) -> dict[str, Any]:
     """Each tensor-core product's HBM bytes (modelled from its launch) against the minimum."""
-    from logos_ir.passes.cuda.tensor_core import product_traffic
+    from logos_ir.passes.cuda.build import product_traffic
 
     plan, _ = _plan(model, rows)
     return {"model": model, "rows": rows, "products": product_traffic(plan)}

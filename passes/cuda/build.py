@@ -35,7 +35,6 @@ from xdsl.utils.exceptions import VerifyException
 
 from logos_ir.build import Artifact, BuildRequest, LaneBuild, program_module
 from logos_ir.errors import PassError
-from logos_ir.passes.cuda import tensor_core  # issue 19 (tensor cores)
 from logos_ir.program import Identity
 
 IMAGE_MAGIC = b"LOGOS-CUDA-WEIGHTS 1\n"
@@ -91,7 +90,7 @@ def build_cuda(request: BuildRequest) -> LaneBuild:
         Artifact.text("step.mlir", step, identity, role="host"),
     ]
     report = plan_report(module)
-    report.update(tensor_core.report(module))  # issue 19 (tensor cores): each product's HBM bytes vs the minimum
+    report.update(tensor_core_report(module))  # each tensor-core product's HBM bytes against the minimum
     report["ptxas"] = measured_kernels(request, artifacts[0].data.decode(), module)
     if request.with_weights:
         artifacts += weight_images(request, module, identity)
@@ -103,6 +102,64 @@ def build_cuda(request: BuildRequest) -> LaneBuild:
         ptxas_summary(report["ptxas"]),
     ]
     return LaneBuild(artifacts, report, summary)
+
+
+# -- HBM traffic of the products (the build report) -----------------------------------------------------------------
+
+BLOCKS_PER_SM = 4  # the emitter's launch bound (and 40 KB of shared memory a block fits 4 times in 228 KB)
+L2_BYTES = 50 * 2**20  # H100 / H200 L2
+
+
+def product_traffic(plan: Any) -> list[dict[str, Any]]:
+    """Each distinct tensor-core product of a host plan (with its launch count): the bytes it must move at least
+    (every weight, the activations and the output once) and the HBM bytes modelled from its grid: the row tiles of
+    one weight tile are launched together (x fastest) and are resident together when they fit on the SMs, so each
+    weight tile is read from HBM once a wave they share; the activations are read once while they fit in half the
+    L2 (the other half streams weights), else once a wave of blocks (the resident blocks walk k together). L2-to-SM
+    bytes (every block reads its tiles) are given beside. A model, computed from the launch: no GPU measured it."""
+    out: dict[str, dict[str, Any]] = {}
+    resident = SMS * BLOCKS_PER_SM
+    for launch in plan.launches:
+        stem = launch.kernel.removeprefix("norm_")  # a folded norm: its scale is the last input
+        if not stem.startswith(("linear_tc", "linear_residual_tc", "gate_up_tc")):
+            continue
+        if launch.kernel in out:
+            out[launch.kernel]["launches"] += 1
+            continue
+        buffers = [plan.buffers[name] for name in launch.buffers]
+        ins = buffers[:-1]
+        scales = [ins.pop()] if stem != launch.kernel else []
+        count = 2 if stem.startswith("gate_up") else 1
+        x, weights, outputs = ins[0], ins[1 : 1 + count], buffers[-1:]
+        residual = [*ins[1 + count :], *scales]  # read once, as the output is written once
+        size = {id(b): int(np.prod(b.shape)) * SIZES[b.element] for b in buffers}
+        row_tiles, column_tiles, _ = launch.grid
+        waves = -(-row_tiles * column_tiles // resident)
+        weight_bytes = sum(size[id(w)] for w in weights)
+        x_bytes = size[id(x)]
+        rest = sum(size[id(b)] for b in (*residual, *outputs))
+        weight_reads = -(-row_tiles // resident)  # row tiles of one weight tile that cannot be resident together
+        x_reads = 1 if x_bytes <= L2_BYTES // 2 else waves
+        minimum = weight_bytes + x_bytes + rest
+        modelled = weight_bytes * weight_reads + x_bytes * x_reads + rest
+        out[launch.kernel] = {
+            "kernel": launch.kernel,
+            "launches": 1,
+            "grid": list(launch.grid),
+            "minimum_bytes": minimum,
+            "hbm_bytes": modelled,
+            "ratio": round(modelled / minimum, 3),
+            "l2_to_sm_bytes": weight_bytes * row_tiles + x_bytes * column_tiles + rest,
+        }
+    return list(out.values())
+
+
+def tensor_core_report(module: ModuleOp) -> dict[str, Any]:
+    """The build report's entry for the tensor-core products of a lowered module (nothing when it has none)."""
+    from logos_ir.passes.cuda.host_plan import plan_of
+
+    products = product_traffic(plan_of(module))
+    return {"tensor_core_products": products} if products else {}
 
 
 # -- registers, spills and bytes in flight, from ptxas ------------------------------------------------------------

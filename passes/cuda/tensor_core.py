@@ -1,4 +1,4 @@
-"""The CUDA lane's tensor-core kernels (issue 19): tiled bf16 matrix products for prefill chunks and batches.
+"""The CUDA lane's tensor-core kernels: tiled bf16 matrix products and flash attention for prefill chunks and batches.
 
 A prompt of hundreds of rows makes each projection a matrix product, bound by arithmetic rather than by memory, so
 `convert-cuda-kernels-to-gpu` hands `cuda.linear` and `cuda.gate_up` with a bf16 weight and more than one row to
@@ -20,8 +20,8 @@ and FlashAttention-2 build on Hopper's warp-level tensor cores:
   of a quarter warp fall in distinct banks;
 * epilogues as in decode: the residual add (`linear_residual_tc`) and SiLU times up (`gate_up_tc`, both weights'
   tiles in one block, so the product is formed in registers).
-* the RMS norm before a product as its prologue (`cuda-fold-prefill-norms`; `norm_linear_tc`, `norm_gate_up_tc`): the
-  block computes its rows' inverse RMS from global memory as `cuda.rms_norm` does (same bits) while slice 0's
+* the RMS norm before a product as its prologue (`cuda-fold-prefill-norms`; `norm_linear_tc`, `norm_gate_up_tc`):
+  the block computes its rows' inverse RMS from global memory as `cuda.rms_norm` does (same bits) while slice 0's
   copies fly, and `cuda.load_norm_bf16x2` scales each A pair by it and by the norm's weight before rounding it.
 
 Where this differs from CUTLASS and cuBLAS on Hopper: `mma.sync` rather than `wgmma` with TMA (Hopper's
@@ -33,8 +33,9 @@ See docs/cuda.md.
 Flash attention over a prefill chunk (`_flash_attention`, FlashAttention-2's forward on the same ops) takes
 `cuda.attention` over a bf16 cache; `cuda-fuse-prefill-attention`, run before the conversion, folds the chunk's
 `cuda.rope_cache_write` and query `cuda.rope` into it (`cuda.prefill_attention`), so the new keys and values are
-written to the cache in the attention's own pass. The module also prints the ops as CUDA (`print_*`, called by the
-emitter's one method an op) and models each product's HBM bytes for the build report (`product_traffic`).
+written to the cache in the attention's own pass. This module builds the kernels' `gpu.func` bodies (part of
+`convert-cuda-kernels-to-gpu`); the emitter prints the ops (`emit_cuda`), the build report models each product's HBM
+bytes (`build.product_traffic`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 from xdsl.dialects import gpu
 from xdsl.dialects.builtin import BFloat16Type, IntegerAttr, MemRefType, bf16, f32, i64
 from xdsl.ir import Attribute, SSAValue
@@ -59,16 +59,6 @@ PAD = 8  # elements a shared row is padded by
 MMA_M, MMA_N, MMA_K = 16, 8, 16
 LINEAR_COLUMNS = 64  # output columns a block owns: one weight (128 needs 64 accumulators: spills at 4 blocks an SM)
 GATE_UP_COLUMNS = 64  # ... with two weights (gate and up), the same registers of accumulators
-
-
-ATTENTION_BLOCKS_PER_SM = 2  # flash attention's bound: up to 255 registers (O alone is 64 a thread at head_dim 128)
-
-
-def min_blocks_per_sm(kernel: str, default: int) -> int:
-    """The blocks an SM must hold at once (`__launch_bounds__`'s second argument) for a kernel: the flash attention
-    kernels keep FlashAttention-2's budget (2 blocks of 4 warps, 255 registers a thread); every other kernel the
-    lane's default."""
-    return ATTENTION_BLOCKS_PER_SM if "attention_tc" in kernel else default
 
 
 def block_columns(weights: int) -> int:
@@ -611,157 +601,3 @@ def _each_tile_chunk(
             one()
         else:
             b.when(b.cmp("ult", item, chunks), one)
-
-
-# -- CUDA C++ of the tensor-core ops (the emitter's methods for them call these) ----------------------------------
-
-
-def _shared_address(printer: Any, memory: SSAValue, indices: Sequence[SSAValue]) -> str:
-    return f"(unsigned int)__cvta_generic_to_shared(&{printer.name(memory)}[{printer.flat(memory, list(indices))}])"
-
-
-def print_shared_memory(printer: Any, op: cuda.SharedMemoryOp) -> None:
-    kind = op.result.type
-    assert isinstance(kind, MemRefType)
-    element = "__nv_bfloat16" if isinstance(kind.element_type, BFloat16Type) else "float"
-    size = 1
-    for extent in kind.get_shape():
-        size *= extent
-    printer.line(f"__shared__ __align__(16) {element} {printer.name(op.result)}[{size}];")
-
-
-def print_cp_async(printer: Any, op: cuda.CpAsyncOp) -> None:
-    dst = _shared_address(printer, op.dst, op.dst_indices)
-    src = f"&{printer.name(op.src)}[{printer.flat(op.src, list(op.src_indices))}]"
-    size = f"{printer.name(op.valid)} ? 16 : 0"  # source size 0: the 16 bytes are zero-filled
-    printer.line(
-        f'asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\\n" :: "r"({dst}), "l"({src}), "r"({size}));'
-    )
-
-
-def print_cp_async_commit(printer: Any, op: cuda.CpAsyncCommitOp) -> None:
-    printer.line('asm volatile("cp.async.commit_group;\\n" ::);')
-
-
-def print_cp_async_wait(printer: Any, op: cuda.CpAsyncWaitOp) -> None:
-    printer.line(f'asm volatile("cp.async.wait_group %0;\\n" :: "n"({op.pending.value.data}) : "memory");')
-
-
-def print_barrier(printer: Any, op: gpu.BarrierOp) -> None:
-    printer.line("__syncthreads();")
-
-
-def print_ldmatrix(printer: Any, op: cuda.LdmatrixOp) -> None:
-    names = [printer.name(r) for r in op.registers]
-    count = len(names)
-    places = ", ".join(f"%{i}" for i in range(count))
-    outs = ", ".join(f'"=r"({n})' for n in names)
-    printer.line(f"unsigned int {', '.join(names)};")
-    trans = ".trans" if op.transpose is not None else ""
-    printer.line(
-        f'asm volatile("ldmatrix.sync.aligned.m8n8.x{count}{trans}.shared.b16 {{{places}}}, [%{count}];\\n"'
-        f' : {outs} : "r"({_shared_address(printer, op.memref, op.indices)}));'
-    )
-
-
-def print_load_bf16x2(printer: Any, op: cuda.LoadBF16x2Op) -> None:
-    name = printer.name(op.result)
-    where = f"&{printer.name(op.memref)}[{printer.flat(op.memref, list(op.indices))}]"
-    printer.line(f"const float2 {name}_f32 = *reinterpret_cast<const float2*>({where});")
-    printer.line(f"const __nv_bfloat162 {name}_bf16 = __floats2bfloat162_rn({name}_f32.x, {name}_f32.y);")
-    printer.line(f"const unsigned int {name} = *reinterpret_cast<const unsigned int*>(&{name}_bf16);")
-
-
-def print_mma_sync(printer: Any, op: cuda.MmaSyncOp) -> None:
-    d = [printer.name(v) for v in op.d]
-    ins = [f'"r"({printer.name(v)})' for v in (*op.a, *op.b)] + [f'"f"({printer.name(v)})' for v in op.c]
-    printer.line(f"float {', '.join(d)};")
-    printer.line(
-        'asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7},'
-        ' {%8, %9}, {%10, %11, %12, %13};\\n"'
-        f" : {', '.join(chr(34) + '=f' + chr(34) + f'({n})' for n in d)} : {', '.join(ins)});"
-    )
-
-
-# -- HBM traffic of the products (the build report) -----------------------------------------------------------------
-
-SMS = 132  # streaming multiprocessors of an H100 / H200
-BLOCKS_PER_SM = 4  # the emitter's launch bound (and 40 KB of shared memory a block fits 4 times in 228 KB)
-L2_BYTES = 50 * 2**20  # H100 / H200 L2
-BYTES = {"bf16": 2, "f32": 4, "i64": 8}
-
-
-def product_traffic(plan: Any) -> list[dict[str, Any]]:
-    """Each distinct tensor-core product of a host plan (with its launch count): the bytes it must move at least
-    (every weight, the activations and the output once) and the HBM bytes modelled from its grid: the row tiles of
-    one weight tile are launched together (x fastest) and are resident together when they fit on the SMs, so each
-    weight tile is read from HBM once a wave they share; the activations are read once while they fit in half the
-    L2 (the other half streams weights), else once a wave of blocks (the resident blocks walk k together). L2-to-SM
-    bytes (every block reads its tiles) are given beside. A model, computed from the launch: no GPU measured it."""
-    out: dict[str, dict[str, Any]] = {}
-    resident = SMS * BLOCKS_PER_SM
-    for launch in plan.launches:
-        stem = launch.kernel.removeprefix("norm_")  # a folded norm: its scale is the last input
-        if not stem.startswith(("linear_tc", "linear_residual_tc", "gate_up_tc")):
-            continue
-        if launch.kernel in out:
-            out[launch.kernel]["launches"] += 1
-            continue
-        buffers = [plan.buffers[name] for name in launch.buffers]
-        ins = buffers[:-1]
-        scales = [ins.pop()] if stem != launch.kernel else []
-        count = 2 if stem.startswith("gate_up") else 1
-        x, weights, outputs = ins[0], ins[1 : 1 + count], buffers[-1:]
-        residual = [*ins[1 + count :], *scales]  # read once, as the output is written once
-        size = {id(b): int(np.prod(b.shape)) * BYTES[b.element] for b in buffers}
-        row_tiles, column_tiles, _ = launch.grid
-        waves = -(-row_tiles * column_tiles // resident)
-        weight_bytes = sum(size[id(w)] for w in weights)
-        x_bytes = size[id(x)]
-        rest = sum(size[id(b)] for b in (*residual, *outputs))
-        weight_reads = -(-row_tiles // resident)  # row tiles of one weight tile that cannot be resident together
-        x_reads = 1 if x_bytes <= L2_BYTES // 2 else waves
-        minimum = weight_bytes + x_bytes + rest
-        modelled = weight_bytes * weight_reads + x_bytes * x_reads + rest
-        out[launch.kernel] = {
-            "kernel": launch.kernel,
-            "launches": 1,
-            "grid": list(launch.grid),
-            "minimum_bytes": minimum,
-            "hbm_bytes": modelled,
-            "ratio": round(modelled / minimum, 3),
-            "l2_to_sm_bytes": weight_bytes * row_tiles + x_bytes * column_tiles + rest,
-        }
-    return list(out.values())
-
-
-def report(module: Any) -> dict[str, Any]:
-    """The build report's entry for the tensor-core products of a lowered module (nothing when it has none)."""
-    from logos_ir.passes.cuda.host_plan import plan_of
-
-    products = product_traffic(plan_of(module))
-    return {"tensor_core_products": products} if products else {}
-
-
-def print_load_norm_bf16x2(printer: Any, op: cuda.LoadNormBF16x2Op) -> None:
-    name = printer.name(op.result)
-    where = f"&{printer.name(op.memref)}[{printer.flat(op.memref, list(op.indices))}]"
-    inverse, low, high = (printer.name(v) for v in (op.inverse, op.low_scale, op.high_scale))
-    printer.line(f"const float2 {name}_f32 = *reinterpret_cast<const float2*>({where});")
-    printer.line(
-        f"const __nv_bfloat162 {name}_bf16 = __floats2bfloat162_rn(__fmul_rn(__fmul_rn({name}_f32.x, {inverse}),"
-        f" {low}), __fmul_rn(__fmul_rn({name}_f32.y, {inverse}), {high}));"
-    )
-    printer.line(f"const unsigned int {name} = *reinterpret_cast<const unsigned int*>(&{name}_bf16);")
-
-
-def print_pack_bf16x2(printer: Any, op: cuda.PackBF16x2Op) -> None:
-    name = printer.name(op.result)
-    low, high = printer.name(op.low), printer.name(op.high)
-    printer.line(f"const __nv_bfloat162 {name}_bf16 = __floats2bfloat162_rn({low}, {high});")
-    printer.line(f"const unsigned int {name} = *reinterpret_cast<const unsigned int*>(&{name}_bf16);")
-
-
-def print_store_bf16x2(printer: Any, op: cuda.StoreBF16x2Op) -> None:
-    where = f"&{printer.name(op.memref)}[{printer.flat(op.memref, list(op.indices))}]"
-    printer.line(f"*reinterpret_cast<unsigned int*>({where}) = {printer.name(op.value)};")
