@@ -15,8 +15,13 @@ question "What is the capital of France?". The tokens are the backend's arg-max 
 is above 0 or a repetition penalty is set: then `logos_ir.sampling` draws them from the backend's logits, seeded
 by `--seed`. The answer streams to standard output as it is generated (with `--json`, one JSON object per answer
 instead); the timing line (time to the first token, prompt and decode tokens per second) goes to standard error.
-`-i` holds a conversation: each line of standard input is a user turn, the cache kept between turns. Heavy
-modules are imported inside `main`, so `--help` answers at once.
+`-i` holds a conversation: each line of standard input is a user turn, the cache kept between turns; Ctrl-C stops
+an answer and returns to the prompt. llama-cli's options mean what they mean there: `-m`, `-p`, `-f`, `-n` (-1:
+until the end of the text or of the cache), `-c`/`--ctx-size`, `-t`/`--threads` (the BLAS threads), `-s`, `-sys`,
+`-cnv`, `--chat-template`, `--temp`, `--top-k`, `--top-p`, `--min-p`, `--repeat-penalty`, `--repeat-last-n`;
+`-ngl` is read and has no effect (the backend decides where layers run). The load time (reading the model,
+authoring and compiling its programs) is reported apart from the time to the first token. Heavy modules are
+imported inside `main`, so `--help` answers at once.
 """
 
 from __future__ import annotations
