@@ -8,7 +8,8 @@ defined here under its upstream name and generic form: `gpu.shuffle` (a warp's b
 `__shfl_xor_sync`), `llvm.fence` (`__threadfence()`) and `nvvm.bar.warp.sync` (`__syncwarp()`). A 16-byte load is
 upstream's `vector.load` (xDSL's op, carrying upstream's `alignment` as an attribute: xDSL 0.74's op lacks the
 property, and upstream reads an inherent attribute from the attribute dictionary of a generic op), widened by
-`arith.extf` and taken apart by `vector.extract`. The tensor-core ops of issue 19 close the file.
+`arith.extf` and taken apart by `vector.extract`. The tensor-core ops (prefill chunks' products and attention)
+close the file.
 
 ```mlir
 %w = cuda.buffer "model.layers.0.self_attn.q_proj.weight" kind "weight" : memref<576x576xbf16>
@@ -32,6 +33,7 @@ from xdsl.dialects.builtin import (
     IntegerType,
     MemRefType,
     StringAttr,
+    UnitAttr,
     VectorType,
 )
 from xdsl.dialects.utils import EnumAttribute
@@ -77,7 +79,9 @@ class BufferOp(IRDLOperation):
     """A named device buffer of the host plan: a weight (its Hugging Face name), a KV cache, an activation, an
     input, the output, a table the host fills (rotary cos/sin) or a kernel's scratch.
 
-    `%keys = cuda.buffer "cache.key.0" kind "cache" : memref<3x64x64xf32>`
+    ```mlir
+    %keys = cuda.buffer "cache.key.0" kind "cache" : memref<3x64x64xf32>
+    ```
     """
 
     name = "cuda.buffer"
@@ -402,7 +406,9 @@ class GpuShuffleOp(IRDLOperation):
     value of lane (this lane xor `offset`), and whether that lane took part (always, at width 32). CUDA's
     `__shfl_xor_sync(0xffffffff, value, offset)`.
 
-    `%r, %ok = "gpu.shuffle"(%v, %c16, %c32) <{mode = #gpu<shuffle_mode xor>}> : (f32, i32, i32) -> (f32, i1)`
+    ```mlir
+    %r, %ok = "gpu.shuffle"(%v, %c16, %c32) <{mode = #gpu<shuffle_mode xor>}> : (f32, i32, i32) -> (f32, i1)
+    ```
     """
 
     name = "gpu.shuffle"
@@ -436,7 +442,9 @@ class FenceOp(IRDLOperation):
     `__threadfence()`, PTX `fence.sc.gpu`). What a warp does before it counts itself done with an atomic, so the
     last to count reads the others' results.
 
-    `"llvm.fence"() <{ordering = 7 : i64, syncscope = "device"}> : () -> ()`
+    ```mlir
+    "llvm.fence"() <{ordering = 7 : i64, syncscope = "device"}> : () -> ()
+    ```
     """
 
     name = "llvm.fence"
@@ -461,7 +469,9 @@ class WarpSyncOp(IRDLOperation):
     """Upstream MLIR's `nvvm.bar.warp.sync` (xDSL 0.74 has no `nvvm`): the lanes of `mask` meet (CUDA's
     `__syncwarp(mask)`; the lane uses the whole warp, mask -1).
 
-    `"nvvm.bar.warp.sync"(%mask) : (i32) -> ()`
+    ```mlir
+    "nvvm.bar.warp.sync"(%mask) : (i32) -> ()
+    ```
     """
 
     name = "nvvm.bar.warp.sync"
@@ -471,27 +481,6 @@ class WarpSyncOp(IRDLOperation):
     def __init__(self, mask: SSAValue):
         super().__init__(operands=[mask])
 
-
-CUDA = Dialect(
-    "cuda",
-    [
-        BufferOp,
-        EmbedOp,
-        RMSNormOp,
-        LinearOp,
-        GateUpOp,
-        QKVOp,
-        RopeOp,
-        RopeCacheWriteOp,
-        AttentionOp,
-        AddOp,
-        ArgmaxOp,
-        GpuShuffleOp,
-        FenceOp,
-        WarpSyncOp,
-    ],
-    [ShuffleModeAttr],
-)
 
 KERNEL_OPS: tuple[type[KernelOp], ...] = (
     EmbedOp,
@@ -507,7 +496,7 @@ KERNEL_OPS: tuple[type[KernelOp], ...] = (
 )
 
 
-# -- tensor cores (issue 19): shared memory, asynchronous copies, ldmatrix, mma.sync -----------------------------
+# -- tensor cores: shared memory, asynchronous copies, ldmatrix, mma.sync ---------------------------------------
 #
 # The ops a tiled matrix product on Hopper's (and Ampere's) warp-level tensor cores needs beyond xDSL's `gpu`
 # (which has `gpu.barrier`, used as `__syncthreads`): a block's shared memory, the asynchronous global-to-shared
@@ -517,8 +506,6 @@ KERNEL_OPS: tuple[type[KernelOp], ...] = (
 # operands of `cuda.mma_sync` are exactly the PTX instruction's. Shared memrefs carry memory space 3 (NVVM's
 # shared address space, as upstream spells it).
 
-from xdsl.dialects.builtin import UnitAttr  # noqa: E402 (this section's own imports)
-from xdsl.irdl import opt_prop_def  # noqa: E402
 
 BF16X2 = VectorType(BFloat16Type(), [2])  # a b32 register of two bf16
 SHARED = 3  # NVVM's address space of shared memory
@@ -547,7 +534,9 @@ class SharedMemoryOp(IRDLOperation):
     """A block's statically sized shared memory (CUDA `__shared__ __align__(16)`), zero when the block starts in
     the emulator and undefined on a GPU (every kernel writes before it reads).
 
-    `%a = cuda.shared_memory : memref<2x64x40xf32, 3>`
+    ```mlir
+    %a = cuda.shared_memory : memref<2x64x40xf32, 3>
+    ```
     """
 
     name = "cuda.shared_memory"
@@ -570,7 +559,9 @@ class CpAsyncOp(IRDLOperation):
     `cuda.cp_async_wait` that covers its group; when `valid` is false the 16 bytes are zero-filled (source size 0)
     and nothing is read. Both addresses must be 16-byte aligned.
 
-    `cuda.cp_async %tile[%s, %r, %c], %x[%row, %k], %valid : memref<2x64x40xf32, 3>, memref<16x576xf32>`
+    ```mlir
+    cuda.cp_async %tile[%s, %r, %c], %x[%row, %k], %valid : memref<2x64x40xf32, 3>, memref<16x576xf32>
+    ```
     """
 
     name = "cuda.cp_async"
@@ -615,7 +606,9 @@ class CpAsyncOp(IRDLOperation):
 class CpAsyncCommitOp(IRDLOperation):
     """PTX `cp.async.commit_group`: this thread's copies issued since the last commit form one group.
 
-    `cuda.cp_async_commit`
+    ```mlir
+    cuda.cp_async_commit
+    ```
     """
 
     name = "cuda.cp_async_commit"
@@ -628,7 +621,9 @@ class CpAsyncWaitOp(IRDLOperation):
     """PTX `cp.async.wait_group N`: wait until at most `pending` of this thread's committed groups are still in
     flight (the older ones have landed in shared memory).
 
-    `cuda.cp_async_wait 1`
+    ```mlir
+    cuda.cp_async_wait 1
+    ```
     """
 
     name = "cuda.cp_async_wait"
@@ -652,7 +647,10 @@ class LdmatrixOp(IRDLOperation):
     in its register i, the two elements 2w and 2w+1 of row r of matrix i; with `transpose` (`.trans`), elements
     (2w, r) and (2w+1, r) of matrix i, i.e. its column r. Every lane of the warp takes part.
 
-    `%r0, %r1, %r2, %r3 = cuda.ldmatrix %tile[%s, %n, %k] : memref<2x128x40xbf16, 3> -> vector<2xbf16>, ...`
+    ```mlir
+    %r0, %r1, %r2, %r3 = cuda.ldmatrix %tile[%s, %n, %k] : memref<2x128x40xbf16, 3> -> vector<2xbf16>, vector<2xbf16>,
+        vector<2xbf16>, vector<2xbf16>
+    ```
     """
 
     name = "cuda.ldmatrix"
@@ -690,7 +688,9 @@ class LoadBF16x2Op(IRDLOperation):
     the low half: a b32 register of an mma fragment built from f32 values (CUDA: a `float2` load,
     `__floats2bfloat162_rn`). The index of the last axis must be even.
 
-    `%a0 = cuda.load_bf16x2 %tile[%s, %row, %k] : memref<2x64x40xf32, 3> -> vector<2xbf16>`
+    ```mlir
+    %a0 = cuda.load_bf16x2 %tile[%s, %row, %k] : memref<2x64x40xf32, 3>
+    ```
     """
 
     name = "cuda.load_bf16x2"
@@ -719,7 +719,9 @@ class PackBF16x2Op(IRDLOperation):
     """Two f32 values rounded to nearest even into one bf16 pair, `low` in the low half (PTX `cvt.rn.bf16x2.f32`,
     CUDA `__floats2bfloat162_rn`): an accumulator fragment turned into an A fragment (flash attention's P).
 
-    `%p = cuda.pack_bf16x2 %low, %high`
+    ```mlir
+    %p = cuda.pack_bf16x2 %low, %high
+    ```
     """
 
     name = "cuda.pack_bf16x2"
@@ -739,7 +741,9 @@ class StoreBF16x2Op(IRDLOperation):
     """A bf16 pair (one b32 register) stored to two consecutive bf16 of shared (or global) memory, the low half
     first (PTX `st.shared.b32` / `st.global.b32`). The index of the last axis must be even.
 
-    `cuda.store_bf16x2 %pair, %tile[%r, %c] : memref<64x136xbf16, 3>`
+    ```mlir
+    cuda.store_bf16x2 %pair, %tile[%r, %c] : memref<64x136xbf16, 3>
+    ```
     """
 
     name = "cuda.store_bf16x2"
@@ -768,7 +772,9 @@ class MmaSyncOp(IRDLOperation):
     A registers 0-3 hold A[g][2t..2t+1], A[g+8][2t..], A[g][2t+8..], A[g+8][2t+8..]; B registers 0-1 hold
     B[2t..2t+1][g], B[2t+8..2t+9][g]; C and D 0-3 hold C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
 
-    `%d0, %d1, %d2, %d3 = cuda.mma_sync (%a0, %a1, %a2, %a3), (%b0, %b1), (%c0, %c1, %c2, %c3) : f32, f32, f32, f32`
+    ```mlir
+    %d0, %d1, %d2, %d3 = cuda.mma_sync (%a0, %a1, %a2, %a3), (%b0, %b1), (%c0, %c1, %c2, %c3) : f32, f32, f32, f32
+    ```
     """
 
     name = "cuda.mma_sync"
@@ -800,7 +806,11 @@ class PrefillAttentionOp(KernelOp):
     attend each row causally over the cache before the chunk and the chunk up to itself. ins (query, key, value,
     positions, cos, sin), outs (out, key cache, value cache [kv_heads, ctx, head_dim]).
 
-    `cuda.prefill_attention ins(%q, %k, %v, %p, %cos, %sin : ...) outs(%o, %keys, %values : ...)`
+    ```mlir
+    cuda.prefill_attention ins(%q, %k, %v, %p, %cos, %sin : memref<4x64xf32>, memref<4x32xf32>, memref<4x32xf32>,
+        memref<4xi64>, memref<64x16xf32>, memref<64x16xf32>)
+        outs(%o, %keys, %values : memref<4x64xf32>, memref<2x64x16xbf16>, memref<2x64x16xbf16>)
+    ```
     """
 
     name = "cuda.prefill_attention"
@@ -824,12 +834,14 @@ class PrefillAttentionOp(KernelOp):
 
 @irdl_op_definition
 class LoadNormBF16x2Op(IRDLOperation):
-    """`cuda.load_bf16x2` with an RMS norm applied before the rounding (issue 19: the norm folded into a prefill
+    """`cuda.load_bf16x2` with an RMS norm applied before the rounding (the norm folded into a prefill
     product's prologue): element i of the pair is round_bf16((x_i * inverse) * scale_i), each product rounded to
     f32 as `cuda.rms_norm` computes it (CUDA: `__fmul_rn` twice, then `__floats2bfloat162_rn`), so the operand is
     the bf16 rounding of exactly what the separate norm kernel would have written.
 
-    `%a0 = cuda.load_norm_bf16x2 %tile[%s, %row, %k] * %inv, %g0, %g1 : memref<2x64x40xf32, 3> -> vector<2xbf16>`
+    ```mlir
+    %a0 = cuda.load_norm_bf16x2 %tile[%s, %row, %k] * %inv, %g0, %g1 : memref<2x64x40xf32, 3>
+    ```
     """
 
     name = "cuda.load_norm_bf16x2"
@@ -868,4 +880,15 @@ TENSOR_CORE_OPS = (
     MmaSyncOp,
 )
 
-CUDA = Dialect("cuda", [*CUDA.operations, *TENSOR_CORE_OPS], [*CUDA.attributes])
+CUDA = Dialect(
+    "cuda",
+    [
+        BufferOp,
+        *KERNEL_OPS,
+        GpuShuffleOp,
+        FenceOp,
+        WarpSyncOp,
+        *TENSOR_CORE_OPS,
+    ],
+    [ShuffleModeAttr],
+)

@@ -31,9 +31,7 @@ from xdsl.dialects import arith, func, gpu
 from xdsl.dialects.builtin import (
     BFloat16Type,
     Float32Type,
-    FunctionType,
     IntegerAttr,
-    IntegerType,
     MemRefType,
     ModuleOp,
     StringAttr,
@@ -47,7 +45,7 @@ from xdsl.passes import ModulePass
 
 from logos_ir.dialects import cuda
 from logos_ir.errors import PassError
-from logos_ir.passes.cuda import tensor_core  # issue 19 (tensor cores)
+from logos_ir.passes.cuda import tensor_core
 from logos_ir.passes.cuda.kernel_level import host_function
 from logos_ir.passes.cuda.thread_code import INDEX, Body, Kind, cdiv, rotated, vector_width
 
@@ -68,11 +66,6 @@ class _Launch:
     kernel: str
     grid: tuple[int, int, int]
     operands: tuple[int, ...]  # indices into ins + outs
-
-
-def _element_tag(kind: Attribute) -> str:
-    assert isinstance(kind, MemRefType)
-    return "bf16" if isinstance(kind.element_type, BFloat16Type) else "f32"
 
 
 def _warp_and_lane(b: Body) -> tuple[SSAValue, SSAValue, SSAValue]:
@@ -711,7 +704,7 @@ def _kinds(op: cuda.KernelOp) -> list[Kind]:
     """The launches of `op`, in order (two for the two-stage kernels)."""
     (ins, outs) = op.shapes()
     shapes = [*ins, *outs]
-    if tensor_core.handles(op):  # issue 19 (tensor cores)
+    if tensor_core.handles(op):  # a prefill chunk's products and attention: tensor-core kernels
         return tensor_core.kinds(op)
     if isinstance(op, cuda.EmbedOp):
         return [Kind("embed", (0, 1, 2), lambda s: (cdiv(s[0][1], THREADS), s[1][0], 1), _embed)]
@@ -881,6 +874,3 @@ class ConvertCudaKernelsToGpu(ModulePass):
         kernels = gpu.ModuleOp(StringAttr("kernels"), Region(lowering.gpu_block))  # type: ignore[arg-type]
         op.body.block.insert_op_before(kernels, host)
         op.attributes["gpu.container_module"] = UnitAttr()
-
-
-__all__ = ["ConvertCudaKernelsToGpu", "FunctionType", "IntegerType", "host_function"]

@@ -1,4 +1,4 @@
-"""The CUDA lane's tensor-core products (issue 19), executed by the emulator from the lowered IR as printed.
+"""The CUDA lane's tensor-core products, executed by the emulator from the lowered IR as printed.
 
 * Every tensor-core kernel kind of a tiny model's bf16 prefill chunk (`norm_linear_tc`, `linear_residual_tc`,
   `norm_gate_up_tc`; a chunk of 70 rows, so the last row tile is partial, and projections narrower than a block
