@@ -34,7 +34,8 @@ import numpy as np
 
 from logos_ir.generate import Generator
 from logos_ir.passes.spatial import grid as g
-from logos_ir.passes.spatial.convert_logos_to_csl import element_bytes, lower_decode
+from logos_ir.passes.spatial.build import lower_decode
+from logos_ir.passes.spatial.convert_logos_to_csl import element_bytes
 from logos_ir.program import Cut
 from logos_ir.runtime.spatial.host import GridMachine
 from logos_ir.spec import ModelSpec

@@ -30,11 +30,14 @@ from typing import Any
 
 import numpy as np
 from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
 from xdsl.printer import Printer
 
+from logos_ir.author import written
 from logos_ir.build import Artifact, BuildError, BuildRequest, LaneBuild, program_module
 from logos_ir.dialects import csl_ext
 from logos_ir.identity import the_program
+from logos_ir.parser import parse_program
 from logos_ir.passes.extract_parts import ExtractParts
 from logos_ir.passes.spatial import grid as g
 from logos_ir.passes.spatial.convert_logos_to_csl import GridProgram, element_bytes, lower_module
@@ -71,6 +74,20 @@ def build_spatial(request: BuildRequest) -> LaneBuild:
     for stage in (VerifyIdentity(), ExtractParts()):  # the logos-to-spatial pipeline, its last stage kept whole
         stage.apply(Context(), module)
     return lane_build(lower_module(module, request.weights, p), identity.line(), identity, spec)
+
+
+def lower_decode(
+    spec: Any, ctx: int, image: str = "f16", p: int = 0, memory: int = csl_ext.MEMORY, copies: int | None = None
+) -> GridProgram:
+    """The decode step of `spec` over a cache of `ctx` positions as the author writes it, through the lane's
+    pipeline (`verify-identity`, `extract-parts`, `convert-logos-to-csl`'s `lower_module`): for the tests and
+    benchmarks that start from a model rather than a module."""
+    whole = Cut.decode(ctx)
+    authored, _ = written(spec, whole)
+    module = ModuleOp([parse_program(authored.text, f"<{whole.option()}>")])
+    for stage in (VerifyIdentity(), ExtractParts()):
+        stage.apply(Context(), module)
+    return lower_module(module, image, p, memory, copies)
 
 
 def lane_build(lowered: GridProgram, line: str, identity: Any, spec: Any) -> LaneBuild:

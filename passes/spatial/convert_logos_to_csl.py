@@ -35,16 +35,15 @@ from xdsl.passes import ModulePass
 from logos_ir.dialects import csl_ext, logos
 from logos_ir.errors import CutError, PassError
 from logos_ir.identity import identity
-from logos_ir.passes.extract_parts import ExtractParts
 from logos_ir.passes.spatial import grid as g
+from logos_ir.passes.spatial.element_program import PASS, Program, Vec
 from logos_ir.passes.spatial.emit import Emit
 from logos_ir.passes.spatial.layout import layout_module
 from logos_ir.passes.spatial.op_patterns import lower_part
-from logos_ir.passes.spatial.part import PASS, PartLowering, Program, Vec, array_name, feeds_of
-from logos_ir.passes.verify_identity import VerifyIdentity
+from logos_ir.passes.spatial.part import PartLowering, array_name, feeds_of
 from logos_ir.program import Cut, Identity
 
-__all__ = ["PASS", "ConvertLogosToCsl", "GridProgram", "element_bytes", "lower_decode", "lower_module", "plan_for"]
+__all__ = ["PASS", "ConvertLogosToCsl", "GridProgram", "element_bytes", "lower_module", "plan_for"]
 
 
 # -- the element program and the host's description ------------------------------------------------------------
@@ -359,23 +358,6 @@ def _cut_of(program: logos.ProgramOp) -> Cut:
         return Cut.parse(program.cut.data)
     except CutError as error:
         raise PassError(f"{PASS}: the program's cut '{program.cut.data}' cannot be read: {error.message}") from None
-
-
-def lower_decode(
-    spec: Any, ctx: int, image: str = "f16", p: int = 0, memory: int = csl_ext.MEMORY, copies: int | None = None
-) -> GridProgram:
-    """The decode step of `spec` over a cache of `ctx` positions as the author writes it, through the lane's
-    pipeline (`verify-identity`, `extract-parts`, this pass's `lower_module`): for tests and benchmarks that start
-    from a model rather than a module."""
-    from logos_ir.author import written
-    from logos_ir.parser import parse_program
-
-    whole = Cut.decode(ctx)
-    authored, _ = written(spec, whole)
-    module = ModuleOp([parse_program(authored.text, f"<{whole.option()}>")])
-    for stage in (VerifyIdentity(), ExtractParts()):
-        stage.apply(Context(), module)
-    return lower_module(module, image, p, memory, copies)
 
 
 @dataclass(frozen=True)

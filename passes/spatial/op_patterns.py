@@ -27,7 +27,8 @@ from xdsl.pattern_rewriter import (
 
 from logos_ir.dialects import logos
 from logos_ir.errors import PassError
-from logos_ir.passes.spatial.part import PASS, PartLowering, Vec, array_name, fused_products
+from logos_ir.passes.spatial.element_program import PASS, Vec
+from logos_ir.passes.spatial.part import PartLowering, array_name, fused_products
 
 # -- each op's element code ----------------------------------------------------------------------------------------
 

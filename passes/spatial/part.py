@@ -1,8 +1,7 @@
-"""The state of one part's lowering onto the grid and the helpers the per-op patterns (`op_patterns.py`) share: the
-vectors on the grid (`Vec`: a layout, a chunk, the array that holds it), the element program being built
-(`Program`: its arrays, its reduction functions), and `PartLowering`, which knows the plan, declares the arrays and
-the weight tiles, emits a product's multiply-accumulate, attention's exponentials, and the reductions along a line
-(`reductions.LineReductions`).
+"""The state of one part's lowering onto the grid and the helpers the per-op patterns (`op_patterns.py`)
+share: `PartLowering` writes into the element program being built (`element_program.Program`), knows the plan,
+declares the arrays and the weight tiles, emits a product's multiply-accumulate, attention's exponentials, and the
+reductions along a line (`reductions.LineReductions`).
 
 A logos value, once its op is lowered, is the array it lives in: the pattern replaces the op's result by a
 `memref.get_global` of that array (a symbol reference), and `PartLowering.values` holds, for that SSA value, the
@@ -13,7 +12,6 @@ weight's op to tile it, as the grid needs.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from xdsl.dialects import arith, csl, memref
@@ -24,50 +22,9 @@ from xdsl.pattern_rewriter import PatternRewriter
 from logos_ir.dialects import logos
 from logos_ir.errors import PassError
 from logos_ir.passes.spatial import grid as g
+from logos_ir.passes.spatial.element_program import PASS, Program, Vec
 from logos_ir.passes.spatial.emit import Emit
-from logos_ir.passes.spatial.reductions import PASS, LineReductions
-
-
-@dataclass
-class Vec:
-    """A vector on the grid: its layout (`col`: element (x, y) holds chunk x; `row`: chunk y), its true length,
-    its chunk and the array that holds the element's chunk."""
-
-    layout: str
-    length: int
-    chunk: int
-    array: str
-    order: tuple[int, ...] = ()  # the source index of each padded position (a product taking it maps its columns)
-
-
-@dataclass
-class Program:
-    """The element program being built: its top block, the arrays declared (name -> (words, element type)), the
-    weights the host loads, the imported modules and the parameters."""
-
-    plan: g.GridPlan
-    top: Emit
-    arrays: dict[str, tuple[int, Any]] = field(default_factory=dict)
-    handles: dict[str, SSAValue] = field(default_factory=dict)
-    px: SSAValue | None = None
-    py: SSAValue | None = None
-    math: SSAValue | None = None
-    memcpy: SSAValue | None = None
-    functions: list[Operation] = field(default_factory=list)
-    reducers: dict[str, Operation] = field(default_factory=dict)
-    layer_tensors: dict[str, tuple[str, ...]] = field(default_factory=dict)  # a layer weight's tensor in each layer
-
-    def array(self, name: str, words: int, element: Any = f32) -> None:
-        known = self.arrays.get(name)
-        if known is not None:
-            if known != (words, element):
-                raise PassError(f"{PASS}: the array '{name}' is declared twice with different sizes")
-            return
-        self.arrays[name] = (words, element)
-
-    def get(self, e: Emit, name: str) -> SSAValue:
-        words, element = self.arrays[name]
-        return e.op(memref.GetGlobalOp(name, MemRefType(element, [words]))).results[0]
+from logos_ir.passes.spatial.reductions import LineReductions
 
 
 class PartLowering(LineReductions):

@@ -9,20 +9,14 @@ for a product's partial sums, a norm's sum of squares, attention's scores, maxim
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from xdsl.dialects import arith, csl
 from xdsl.dialects.builtin import FunctionType, SymbolRefAttr, i16, i32
 from xdsl.ir import Block, Region, SSAValue
 
 from logos_ir.errors import PassError
 from logos_ir.passes.spatial import grid as g
+from logos_ir.passes.spatial.element_program import PASS, Program
 from logos_ir.passes.spatial.emit import Emit, segment_bounds
-
-if TYPE_CHECKING:
-    from logos_ir.passes.spatial.part import Program
-
-PASS = "convert-logos-to-csl"
 
 
 class LineReductions:
