@@ -6,8 +6,9 @@ instruction word's opcode and fields against the engine's limits): a malformed o
 with a `StreamError` naming what is wrong, never run. `Engine` is the host program: it builds the engine source
 (here on PoCL's CPU device, `logos_ir.runtime.opencl`), allocates the four banks, copies each bank's part of the
 image, zeroes the caches after it, and launches the engine once per decode step (token and position from 1).
-`D5005Generator` is `logos-run --backend d5005`: it lowers the decode step for the ctx a call needs, through the
-lane's build (in memory), and feeds the prompt, then each new token, through decode steps.
+`D5005Generator` is `logos-run --backend d5005`: it builds the decode step for the ctx a call needs with the
+registry's `d5005` compile target (in memory, or reads a build folder), and feeds the prompt, then each new token,
+through decode steps.
 """
 
 from __future__ import annotations
@@ -609,16 +610,17 @@ class LoadedBuild:
 
 
 def engine_for(store: Any, ctx: int, weights: str, binary: bytes | None = None) -> LoadedBuild:
-    """Lower the decode step of `ctx` through the lane's build (in memory), then load it as the host does (the
-    engine from `binary`, a compiled program of its source, when given)."""
+    """Build the decode step of `ctx` with the registry's `d5005` compile target (in memory), then load its
+    artifacts as the host loads a build folder (the engine from `binary`, a compiled program of its source, when
+    given)."""
     from logos_ir.build import BuildRequest
     from logos_ir.models import ModelSource
-    from logos_ir.passes.d5005.build import build_d5005
     from logos_ir.progress import Progress
+    from logos_ir.registry import compile_targets
 
     source = ModelSource("preset", str(store.source), store.spec, _store=store)
     request = BuildRequest(source, Cut.decode(ctx), 1, weights, True, Progress.silent())
-    artifacts = {a.role: a for a in build_d5005(request).artifacts}
+    artifacts = {a.role: a for a in compile_targets()["d5005"].build()(request).artifacts}
     engine = Engine(
         artifacts["engine"].data.decode("utf-8"), artifacts["instructions"].data, artifacts["weights"].data, binary
     )
