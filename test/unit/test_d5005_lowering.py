@@ -1,5 +1,5 @@
 """convert-logos-to-d5005 and the d5005 build: placement over the four banks, buffers, refusals, the cost model,
-and issue 14's shape of the build (routines shared by every layer, no weight read, seconds for 8B)."""
+and the shape of the build (routines shared by every layer, no weight read, seconds for 8B)."""
 
 from __future__ import annotations
 
