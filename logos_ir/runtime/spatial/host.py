@@ -23,7 +23,8 @@ from logos_ir.runtime.spatial.elements import Fabric
 class GridMachine:
     """A decode step on the simulated grid, driven as `run.py` drives a CS-2: the weight tiles and rotary tables
     written once with `memcpy_h2d`, then for each token its id and position written, `step` launched, and the
-    head's logits read back from the last column with `memcpy_d2h`; the host takes their arg-max."""
+    head's logits read back with `memcpy_d2h` from the column the host plan names (where the rows' reductions
+    end); the host takes their arg-max."""
 
     def __init__(self, module: ModuleOp, host: dict[str, Any], store: Any, identities: Sequence[Any] = ()):
         self.module, self.host, self.store = module, host, store
