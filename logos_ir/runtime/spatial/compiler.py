@@ -1,5 +1,3 @@
-# Each method runs on the composed `elements.Fabric` (its self type), which mypy accepts only from a protocol.
-# mypy: disable-error-code="misc"
 """The element program compiled into instructions: its top level read (each element's parameters, arrays, exports),
 each op of a function or task made a closure over the elements at it (numpy over those elements), looked up by op
 type in one table (an op it does not know is refused by name). Straight-line ops that never wait are fused into one
@@ -11,7 +9,7 @@ calls, returns, and loops and branches that can wait become instructions that ju
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from xdsl.dialects import arith, csl, memref, scf
@@ -21,9 +19,6 @@ from logos_ir.dialects import csl_ext
 from logos_ir.runtime.spatial import CYCLES, FabricError
 from logos_ir.runtime.spatial.dsd import DSD_OPS, DsdOps
 from logos_ir.runtime.spatial.memory import Memory, dtype_of
-
-if TYPE_CHECKING:
-    from logos_ir.runtime.spatial.elements import Fabric
 
 
 def _cmp(a: Any, b: Any, op: Any) -> Any:
@@ -69,7 +64,7 @@ SCALAR: dict[type[Operation], Callable[..., Any]] = {
 class Compiler:
     """The compiling side of `elements.Fabric`: the program loaded, its functions and tasks compiled."""
 
-    def _load(self: Fabric, memory: int) -> None:
+    def _load(self, memory: int) -> None:
         """The program's top level: each element's parameters from its tile code, arrays allocated, functions and
         tasks compiled, exports bound; an element whose arrays and code exceed `memory` bytes is refused."""
         params = {op.param_name.data: op.res for op in self.program.body.block.ops if isinstance(op, csl.ParamOp)}
@@ -97,19 +92,19 @@ class Compiler:
                 f"{code} of code, over its {memory} bytes"
             )
 
-    def _export(self: Fabric, op: csl.SymbolExportOp) -> None:
+    def _export(self, op: csl.SymbolExportOp) -> None:
         name = op.get_name()
         self.exports[name] = self._array_of(op.value) if op.value is not None else name
 
-    def _constant_op(self: Fabric, op: arith.ConstantOp) -> None:
+    def _constant_op(self, op: arith.ConstantOp) -> None:
         """A constant: the same value in every element's register."""
         value = op.value.value.data  # type: ignore[attr-defined]
         self.regs[op.result] = np.full(self.n, value, dtype=dtype_of(op.result.type))
 
-    def _no_effect(self: Fabric, op: Operation) -> None:
+    def _no_effect(self, op: Operation) -> None:
         """An op with no run-time effect (a global's address, a module import, a parameter, a comment)."""
 
-    def _emit(self: Fabric, name: str, run: Callable[[np.ndarray], np.ndarray]) -> int:
+    def _emit(self, name: str, run: Callable[[np.ndarray], np.ndarray]) -> int:
         if self._simple:
             self.pending.append((name, run))
             return len(self.instrs)
@@ -118,7 +113,7 @@ class Compiler:
         self.names.append(name)
         return len(self.instrs) - 1
 
-    def _flush(self: Fabric) -> None:
+    def _flush(self) -> None:
         """Fuse the pending straight-line ops (none of which can wait) into one instruction: the elements at it run
         them all, in order, each op adding its own cycles."""
         if not self.pending:
@@ -138,7 +133,7 @@ class Compiler:
         self.names.append(names)
         del at
 
-    def _is_simple(self: Fabric, op: Operation) -> bool:
+    def _is_simple(self, op: Operation) -> bool:
         """An op that never waits and never leaves its function: a DSD op with no fabric operand, a scalar op, and
         a loop or branch whose every op is simple (it can be fused with its neighbours, the loop or branch run within
         the fused instruction)."""
@@ -148,7 +143,7 @@ class Compiler:
             return all(self._is_simple(inner) for region in op.regions for b in region.blocks for inner in b.ops)
         return not isinstance(op, csl.CallOp | csl.ReturnOp)
 
-    def _compile_function(self: Fabric, fn: csl.FuncOp | csl.TaskOp) -> None:
+    def _compile_function(self, fn: csl.FuncOp | csl.TaskOp) -> None:
         name = fn.sym_name.data
         if isinstance(fn, csl.TaskOp) and fn.kind.data != csl.TaskKind.LOCAL:
             raise FabricError(f"the fabric simulator runs local tasks only; '{name}' is a {fn.kind.data.value} task")
@@ -159,33 +154,33 @@ class Compiler:
             self.regs[arg] = np.zeros(self.n, dtype=dtype_of(arg.type))
         self._compile_block(fn.body.block)
 
-    def _compile_block(self: Fabric, block: Block) -> None:
+    def _compile_block(self, block: Block) -> None:
         for op in block.ops:
             self._compile_op(op)
 
-    def _reg(self: Fabric, value: SSAValue) -> np.ndarray:
+    def _reg(self, value: SSAValue) -> np.ndarray:
         reg = self.regs.get(value)
         if reg is None:
             reg = self.regs[value] = np.zeros(self.n, dtype=dtype_of(value.type))
         return reg
 
-    def _next(self: Fabric, idx: np.ndarray, at: int) -> int:
+    def _next(self, idx: np.ndarray, at: int) -> int:
         return at + 1
 
-    def _compile_op(self: Fabric, op: Operation) -> None:
+    def _compile_op(self, op: Operation) -> None:
         self._simple = self._is_simple(op)
         if not self._simple:
             self._flush()
         self._compile_one(op)
         self._simple = False
 
-    def _compile_one(self: Fabric, op: Operation) -> None:
+    def _compile_one(self, op: Operation) -> None:
         handler = _INSTRUCTIONS.get(type(op))
         if handler is None:
             raise FabricError(f"the fabric simulator does not run '{op.name}'")
         handler(self, op)
 
-    def _compile_activate(self: Fabric, op: csl.ActivateOp) -> None:
+    def _compile_activate(self, op: csl.ActivateOp) -> None:
         at = len(self.instrs)
         task = op.id.value.data
 
@@ -196,7 +191,7 @@ class Compiler:
 
         self._emit("@activate", activate)
 
-    def _compile_task_control(self: Fabric, op: csl_ext.BlockOp | csl_ext.UnblockOp) -> None:
+    def _compile_task_control(self, op: csl_ext.BlockOp | csl_ext.UnblockOp) -> None:
         at = len(self.instrs)
         task, value = op.task.data, isinstance(op, csl_ext.BlockOp)
 
@@ -207,23 +202,23 @@ class Compiler:
 
         self._emit("@block" if value else "@unblock", block)
 
-    def _compile_return(self: Fabric, op: csl.ReturnOp) -> None:
+    def _compile_return(self, op: csl.ReturnOp) -> None:
         self._flush()
         self._emit("return", self._return)
 
-    def _compile_loop(self: Fabric, op: scf.ForOp) -> None:
+    def _compile_loop(self, op: scf.ForOp) -> None:
         if self._simple:
             self._compile_simple_for(op)
         else:
             self._compile_for(op)
 
-    def _compile_branching(self: Fabric, op: scf.IfOp) -> None:
+    def _compile_branching(self, op: scf.IfOp) -> None:
         if self._simple:
             self._compile_simple_if(op)
         else:
             self._compile_if(op)
 
-    def _compile_scalar(self: Fabric, op: Operation) -> None:
+    def _compile_scalar(self, op: Operation) -> None:
         at = len(self.instrs)
         function = SCALAR[type(op)]
         inputs = [self._reg(v) for v in op.operands]
@@ -239,7 +234,7 @@ class Compiler:
 
         self._emit(op.name, run)
 
-    def _compile_call(self: Fabric, op: csl.CallOp) -> None:
+    def _compile_call(self, op: csl.CallOp) -> None:
         at = len(self.instrs)
         callee = op.callee.string_value()
         self.fixups.append((at, callee))
@@ -263,7 +258,7 @@ class Compiler:
 
         self._emit(f"call {callee}", run)
 
-    def _return(self: Fabric, idx: np.ndarray) -> np.ndarray:
+    def _return(self, idx: np.ndarray) -> np.ndarray:
         self.clock[idx] += CYCLES["call"]
         out = np.full(idx.size, -1, dtype=np.int64)
         inner = self.depth[idx] > 0
@@ -273,7 +268,7 @@ class Compiler:
             out[inner] = self.stack[callers, self.depth[callers]]
         return out
 
-    def _compile_for(self: Fabric, op: scf.ForOp) -> None:
+    def _compile_for(self, op: scf.ForOp) -> None:
         lower, upper, step = self._reg(op.lb), self._reg(op.ub), self._reg(op.step)
         iv, *carried = (self._reg(a) for a in op.body.block.args)
         initial = [self._reg(v) for v in op.iter_args]
@@ -323,7 +318,7 @@ class Compiler:
         self._emit("for (end)", finish)
         del back_at
 
-    def _compile_if(self: Fabric, op: scf.IfOp) -> None:
+    def _compile_if(self, op: scf.IfOp) -> None:
         condition = self._reg(op.cond)
         at = len(self.instrs)
         targets: list[int] = []
@@ -346,7 +341,7 @@ class Compiler:
         self._emit("if (end)", lambda idx: targets[1] + 1)
         del jump_at
 
-    def _simple_body(self: Fabric, ops: Sequence[Operation]) -> list[Callable[[np.ndarray], Any]]:
+    def _simple_body(self, ops: Sequence[Operation]) -> list[Callable[[np.ndarray], Any]]:
         """The closures of simple ops (run in order, within one instruction)."""
         saved, self.pending = self.pending, []
         for inner in ops:
@@ -357,7 +352,7 @@ class Compiler:
         self._simple = True
         return runs
 
-    def _compile_simple_for(self: Fabric, op: scf.ForOp) -> None:
+    def _compile_simple_for(self, op: scf.ForOp) -> None:
         """A loop whose body never waits, run within one instruction: the same steps and cycles as the loop's
         instructions (the start, each test, each step back), for each element its own trip count."""
         lower, upper, step = self._reg(op.lb), self._reg(op.ub), self._reg(op.step)
@@ -395,7 +390,7 @@ class Compiler:
 
         self._emit("for", run)
 
-    def _compile_simple_if(self: Fabric, op: scf.IfOp) -> None:
+    def _compile_simple_if(self, op: scf.IfOp) -> None:
         """A branch whose arms never wait, run within one instruction (each element its arm)."""
         condition = self._reg(op.cond)
         results = [self._reg(r) for r in op.results]
@@ -427,7 +422,7 @@ class Compiler:
 
         self._emit("if", run)
 
-    def _compile_branch(self: Fabric, block: Block, results: list[np.ndarray]) -> None:
+    def _compile_branch(self, block: Block, results: list[np.ndarray]) -> None:
         ops = list(block.ops)
         for inner in ops[:-1]:
             self._compile_op(inner)
@@ -445,7 +440,7 @@ class Compiler:
             self._simple = False
         self._flush()
 
-    def _compile_member_call(self: Fabric, op: csl.MemberCallOp) -> None:
+    def _compile_member_call(self, op: csl.MemberCallOp) -> None:
         at = len(self.instrs)
         name = op.field.data
         module = op.struct.owner

@@ -1,5 +1,3 @@
-# Each method runs on the composed `elements.Fabric` (its self type), which mypy accepts only from a protocol.
-# mypy: disable-error-code="misc"
 """The DSD operations: `@get_dsd` and `@increment_dsd_offset` compiled into the DSDs each element holds (a memory
 DSD's array, offset, length and stride; a fabric DSD's colour and extent), and each DSD op (`DSD_OPS`, by op type)
 run on its operands, one element of a DSD a cycle: memory DSDs read and written, a fabric input DSD's wavelets
@@ -11,7 +9,7 @@ fabric operand, with the same effects, cycles and wavelets (`DsdOps`, the part o
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from xdsl.dialects import arith, csl
@@ -20,9 +18,6 @@ from xdsl.ir import SSAValue
 from logos_ir.runtime.spatial import CYCLES, FabricError
 from logos_ir.runtime.spatial.fabric import Blocked, FabDsd
 from logos_ir.runtime.spatial.memory import MemDsd
-
-if TYPE_CHECKING:
-    from logos_ir.runtime.spatial.elements import Fabric
 
 
 def _constant(value: SSAValue) -> int | None:
@@ -59,7 +54,7 @@ DSD_OPS: dict[type[csl.BuiltinDsdOp], Callable[..., np.ndarray]] = {
 class DsdOps:
     """The DSD side of `elements.Fabric`: DSDs made and DSD ops run."""
 
-    def _compile_mem_dsd(self: Fabric, op: csl.GetMemDsdOp) -> None:
+    def _compile_mem_dsd(self, op: csl.GetMemDsdOp) -> None:
         at = len(self.instrs)
         name = self._array_of(op.base_addr)
         access = op.tensor_access.data if op.tensor_access is not None else None
@@ -85,7 +80,7 @@ class DsdOps:
 
         self._emit("@get_dsd", run)
 
-    def _compile_increment(self: Fabric, op: csl.IncrementDsdOffsetOp) -> None:
+    def _compile_increment(self, op: csl.IncrementDsdOffsetOp) -> None:
         at = len(self.instrs)
         by = self._reg(op.offset)
         reg = self.regs[op.result] = MemDsd(
@@ -111,7 +106,7 @@ class DsdOps:
 
         self._emit("@increment_dsd_offset", run)
 
-    def _compile_fab_dsd(self: Fabric, op: csl.GetFabDsdOp) -> None:
+    def _compile_fab_dsd(self, op: csl.GetFabDsdOp) -> None:
         at = len(self.instrs)
         inbound = op.result.type == csl.DsdType(csl.DsdKind.fabin_dsd)
         constant = _constant(op.sizes[0])
@@ -133,7 +128,7 @@ class DsdOps:
 
         self._emit("@get_dsd", run)
 
-    def _compile_dsd_op(self: Fabric, op: csl.BuiltinDsdOp) -> None:
+    def _compile_dsd_op(self, op: csl.BuiltinDsdOp) -> None:
         at = len(self.instrs)
         kind = op.name.removeprefix("csl.")
         function = DSD_OPS[type(op)]
@@ -151,7 +146,7 @@ class DsdOps:
             self.waits.add(at)
         self._emit(f"@{kind}", run)
 
-    def _fast_dsd(self: Fabric, at: int, function: Callable[..., np.ndarray], operands: list[SSAValue]) -> Any:
+    def _fast_dsd(self, at: int, function: Callable[..., np.ndarray], operands: list[SSAValue]) -> Any:
         """For a DSD op with a fabric operand (a line reduction's step, a broadcast's receive): a shorter way
         through `_dsd` for the common case (every element of the group can go, with the same length and the same
         addresses, at most one fabric input read from one place in each queue, a fabric result to one receiver
@@ -279,14 +274,14 @@ class DsdOps:
 
         return run
 
-    def _length(self: Fabric, value: SSAValue, idx: np.ndarray) -> np.ndarray | int:
+    def _length(self, value: SSAValue, idx: np.ndarray) -> np.ndarray | int:
         reg = self.regs[value]
         if reg.static is not None:
             return reg.static[1] if isinstance(reg, MemDsd) else reg.static
         return reg.length[idx] if isinstance(reg, MemDsd) else reg.extent[idx]
 
     def _dsd(
-        self: Fabric, idx: np.ndarray, at: int, kind: str, function: Callable[..., np.ndarray], operands: list[SSAValue]
+        self, idx: np.ndarray, at: int, kind: str, function: Callable[..., np.ndarray], operands: list[SSAValue]
     ) -> np.ndarray:
         lengths = self._length(operands[0], idx)
         if isinstance(lengths, int):
@@ -346,12 +341,12 @@ class DsdOps:
             self._write(operands[0], go, np.broadcast_to(result, (length, go.size)), kind)
         return at + 1 if go is idx else np.where(ready, at + 1, at)
 
-    def _note_wait(self: Fabric, idx: np.ndarray, colour: int, op: str, why: str) -> None:
+    def _note_wait(self, idx: np.ndarray, colour: int, op: str, why: str) -> None:
         if idx.size:
             e = int(idx[0])
             self.waiting[e] = Blocked(e, colour, op, why)
 
-    def _read(self: Fabric, value: SSAValue, idx: np.ndarray, length: int) -> np.ndarray:
+    def _read(self, value: SSAValue, idx: np.ndarray, length: int) -> np.ndarray:
         """A source operand's values on each element of `idx`: [length, elements] (a scalar as [1, elements])."""
         reg = self.regs.get(value)
         if isinstance(reg, MemDsd):

@@ -1,5 +1,3 @@
-# Each method runs on the composed `elements.Fabric` (its self type), which mypy accepts only from a protocol.
-# mypy: disable-error-code="misc"
 """The fabric: where each element's wavelets on each colour go (`trace_routes`, through the layout's router
 configurations, hop by hop), each element's input queue for each colour (a ring of 32-bit wavelets, each with the
 cycle it arrives), and sending and receiving on them (`Wavelets`, the part of `elements.Fabric` that moves
@@ -11,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 from xdsl.dialects import arith, csl
@@ -19,9 +16,6 @@ from xdsl.ir import SSAValue
 
 from logos_ir.passes.spatial.verify_grid import Layout
 from logos_ir.runtime.spatial import CYCLES
-
-if TYPE_CHECKING:
-    from logos_ir.runtime.spatial.elements import Fabric
 
 _STEP = {"EAST": (1, 0), "WEST": (-1, 0), "NORTH": (0, -1), "SOUTH": (0, 1)}
 _OPPOSITE = {"EAST": "WEST", "WEST": "EAST", "NORTH": "SOUTH", "SOUTH": "NORTH"}
@@ -120,7 +114,7 @@ class Blocked:
 class Wavelets:
     """The fabric's side of `elements.Fabric`: routes traced, queues made, wavelets sent and received."""
 
-    def _connect(self: Fabric, queue_words: int | None) -> None:
+    def _connect(self, queue_words: int | None) -> None:
         """Trace each colour's routes and make every element's queue for it (once the program is loaded: a queue
         holds at least twice the longest message, unless `queue_words` says)."""
         n = self.n
@@ -144,10 +138,10 @@ class Wavelets:
         self._lane = np.arange(cap)
         self.capacity = cap
 
-    def _colours_used(self: Fabric) -> set[int]:
+    def _colours_used(self) -> set[int]:
         return {op.fabric_color.value.data for op in self.program.walk() if isinstance(op, csl.GetFabDsdOp)}
 
-    def _longest_message(self: Fabric) -> int:
+    def _longest_message(self) -> int:
         """The most wavelets one fabric DSD moves: its constant extent, or, for an extent known only at run time (a
         reduction function's argument), the size of the arrays whose memory DSDs take the same extent."""
         longest = 1
@@ -164,7 +158,7 @@ class Wavelets:
                 longest = max(longest, self.memory[self._array_of(op.base_addr)].shape[0])
         return longest
 
-    def _receive(self: Fabric, reg: FabDsd, idx: np.ndarray, length: int) -> np.ndarray:
+    def _receive(self, reg: FabDsd, idx: np.ndarray, length: int) -> np.ndarray:
         """`length` wavelets taken from the queues of receivers `idx` for the DSD's colour (each element's oldest
         first); the op's latest arrival (`_arrived`) follows them."""
         c = reg.colour
@@ -184,7 +178,7 @@ class Wavelets:
         self._arrived = np.maximum(self._arrived, arrived)
         return data
 
-    def _can_send(self: Fabric, idx: np.ndarray, colour: int, length: int, kind: str, ready: np.ndarray) -> np.ndarray:
+    def _can_send(self, idx: np.ndarray, colour: int, length: int, kind: str, ready: np.ndarray) -> np.ndarray:
         """Which of the senders `idx` can send `length` wavelets on `colour` now: their route reaches a receiver
         (else they wait for ever: the deadlock names where the wavelets stop), every receiver's queue has room,
         and no other sender of this step delivers to the same receiver (that one goes next time)."""
@@ -228,12 +222,12 @@ class Wavelets:
                 seen |= mine
         return ok
 
-    def _note_send(self: Fabric, idx: np.ndarray, colour: int, op: str, why: str) -> None:
+    def _note_send(self, idx: np.ndarray, colour: int, op: str, why: str) -> None:
         if idx.size:
             e = int(idx[0])
             self.waiting[e] = Blocked(e, colour, op, "cannot send: " + why)
 
-    def _send(self: Fabric, idx: np.ndarray, colour: int, data: np.ndarray) -> None:
+    def _send(self, idx: np.ndarray, colour: int, data: np.ndarray) -> None:
         """Senders `idx` each send their row of `data` on `colour`: every receiver its route reaches gets the
         wavelets at the end of its queue, each arriving at the sender's clock plus the routers crossed."""
         dest, hops = self.routes.dest[colour][idx], self.routes.hops[colour][idx]
@@ -269,7 +263,7 @@ class Wavelets:
         self.wavelets += targets.size * length
         self._wake(targets, colour)
 
-    def _wake(self: Fabric, targets: np.ndarray, colour: int) -> None:
+    def _wake(self, targets: np.ndarray, colour: int) -> None:
         """Receivers waiting for wavelets on `colour` that now have them go back to run."""
         waiting = self.park_colour[targets] == colour
         if not waiting.any():

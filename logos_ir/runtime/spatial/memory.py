@@ -1,5 +1,3 @@
-# Each method runs on the composed `elements.Fabric` (its self type), which mypy accepts only from a protocol.
-# mypy: disable-error-code="misc"
 """Each element's memory: the program's arrays, held as [words, elements] so that word i of every element is one row
 (a DSD over a group of elements reads one block), the bytes an element needs (its arrays and an estimate of its
 code, `dialects/csl_ext.py`'s machine facts), memory DSDs read and written within their array's bounds, `memref.load`
@@ -10,7 +8,7 @@ and `memref.store` compiled, and the host's memcpy into and out of the exported 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from xdsl.dialects import csl, memref
@@ -18,9 +16,6 @@ from xdsl.ir import SSAValue
 
 from logos_ir.dialects import csl_ext
 from logos_ir.runtime.spatial import CYCLES, FabricError
-
-if TYPE_CHECKING:
-    from logos_ir.runtime.spatial.elements import Fabric
 
 
 @dataclass
@@ -52,13 +47,13 @@ def dtype_of(type_: Any) -> Any:
 class Memory:
     """The memory side of `elements.Fabric`: arrays allocated, DSDs over them, loads, stores and memcpy."""
 
-    def element_bytes(self: Fabric) -> tuple[int, int]:
+    def element_bytes(self) -> tuple[int, int]:
         """(array bytes, code bytes) of every element: the program's arrays (`csl_ext.element_bytes` each) and its
         code (`csl_ext.code_bytes`, an estimate: the SDK publishes no code size per builtin)."""
         arrays = sum(a.shape[0] * csl_ext.element_bytes(self.array_types[name]) for name, a in self.memory.items())
         return arrays, csl_ext.code_bytes(self.program)
 
-    def _allocate(self: Fabric, op: memref.GlobalOp) -> None:
+    def _allocate(self, op: memref.GlobalOp) -> None:
         """A global of the program: an array of its words for every element, [words, elements] (word i of every
         element together: a DSD over all elements reads one contiguous block)."""
         shape = op.type.get_shape()  # type: ignore[union-attr]
@@ -68,7 +63,7 @@ class Memory:
         )
         self.array_types[op.sym_name.data] = element_type
 
-    def _array_of(self: Fabric, value: SSAValue) -> str:
+    def _array_of(self, value: SSAValue) -> str:
         op = value.owner
         if isinstance(op, csl.AddressOfOp):
             return self._array_of(op.value)
@@ -76,7 +71,7 @@ class Memory:
             return op.name_.root_reference.data
         raise FabricError(f"the fabric simulator cannot tell which array '{value}' is")
 
-    def _compile_load(self: Fabric, op: memref.LoadOp) -> None:
+    def _compile_load(self, op: memref.LoadOp) -> None:
         at = len(self.instrs)
         name = self._array_of(op.memref)
         index = self._reg(op.indices[0])
@@ -99,7 +94,7 @@ class Memory:
 
         self._emit("load", run)
 
-    def _compile_store(self: Fabric, op: memref.StoreOp) -> None:
+    def _compile_store(self, op: memref.StoreOp) -> None:
         at = len(self.instrs)
         name = self._array_of(op.memref)
         index, value = self._reg(op.indices[0]), self._reg(op.value)
@@ -121,7 +116,7 @@ class Memory:
 
         self._emit("store", run)
 
-    def _bounds(self: Fabric, idx: np.ndarray, where: np.ndarray, words: int, name: str, what: str) -> None:
+    def _bounds(self, idx: np.ndarray, where: np.ndarray, words: int, name: str, what: str) -> None:
         bad = (where < 0) | (where >= words)
         if bad.any():
             e = int(idx[np.argmax(bad.any(axis=0) if bad.ndim == 2 else bad)])  # where: [words, elements] or [elements]
@@ -129,7 +124,7 @@ class Memory:
                 f"element ({self.xs[e]}, {self.ys[e]}): {what} reaches outside the array '{name}' of {words} words"
             )
 
-    def _uniform(self: Fabric, reg: MemDsd, idx: np.ndarray, length: int, words: int, what: str) -> slice | None:
+    def _uniform(self, reg: MemDsd, idx: np.ndarray, length: int, words: int, what: str) -> slice | None:
         """The DSD as one slice when every element of `idx` has the same offset and stride (the common case: the
         elements of a group run the same code on the same addresses), checked against the array's bounds."""
         if reg.static is not None:
@@ -149,13 +144,13 @@ class Memory:
             )
         return slice(first, last + 1, stride)
 
-    def _rows(self: Fabric, idx: np.ndarray) -> slice | np.ndarray:
+    def _rows(self, idx: np.ndarray) -> slice | np.ndarray:
         """All elements as a slice (no copy) when `idx` is every element in order."""
         if idx.size == self.n and idx[0] == 0 and idx[-1] == self.n - 1:
             return slice(None)
         return idx
 
-    def _read_memory(self: Fabric, reg: MemDsd, idx: np.ndarray, length: int) -> np.ndarray:
+    def _read_memory(self, reg: MemDsd, idx: np.ndarray, length: int) -> np.ndarray:
         """The `length` words a memory DSD reads on each element of `idx`: [length, elements]."""
         array = self.memory[reg.array]
         span = self._uniform(reg, idx, length, array.shape[0], "a DSD")
@@ -165,7 +160,7 @@ class Memory:
         self._bounds(idx, where, array.shape[0], reg.array, "a DSD")
         return array[where, idx[None, :]]
 
-    def _write(self: Fabric, value: SSAValue, idx: np.ndarray, data: np.ndarray, kind: str) -> None:
+    def _write(self, value: SSAValue, idx: np.ndarray, data: np.ndarray, kind: str) -> None:
         reg = self.regs[value]
         array = self.memory[reg.array]
         length = data.shape[0]
@@ -177,7 +172,7 @@ class Memory:
         self._bounds(idx, where, array.shape[0], reg.array, f"@{kind}'s destination")
         array[where, idx[None, :]] = data.astype(array.dtype)
 
-    def memcpy_h2d(self: Fabric, symbol: str, data: np.ndarray) -> None:
+    def memcpy_h2d(self, symbol: str, data: np.ndarray) -> None:
         """Write `data` ([height, width, words], or [words] for every element) into each element's exported array."""
         array = self._exported(symbol)
         values = np.asarray(data)
@@ -189,7 +184,7 @@ class Memory:
             raise FabricError(f"memcpy_h2d: {flat.shape[1]} words for '{symbol}' of {array.shape[0]} per element")
         array[: flat.shape[1], :] = flat.T.astype(array.dtype)
 
-    def memcpy_d2h(self: Fabric, symbol: str, x: int, y: int, width: int, height: int, words: int) -> np.ndarray:
+    def memcpy_d2h(self, symbol: str, x: int, y: int, width: int, height: int, words: int) -> np.ndarray:
         """[height, width, words] read from the exported array of the elements of a rectangle."""
         array = self._exported(symbol)
         rows = []
@@ -197,7 +192,7 @@ class Memory:
             rows.append(array[:words, j * self.width + x : j * self.width + x + width].T)
         return np.stack(rows).astype(np.float32)
 
-    def _exported(self: Fabric, symbol: str) -> np.ndarray:
+    def _exported(self, symbol: str) -> np.ndarray:
         name = self.exports.get(symbol)
         if name is None or name not in self.memory:
             raise FabricError(f"memcpy: the program exports no array '{symbol}'")
