@@ -74,7 +74,8 @@ def parse_program(source: str | bytes, filename: str = "<logos>", line_offset: i
     sections = _split_sections(src, lines[facts_end:])
     program = _Reader(src, cut, spec, chips).read(sections)
     program.location = src.location(lines[0].number, 1)
-    builder.set_digest(program, hashlib.sha256(text.encode("utf-8")).hexdigest())
+    program_text = "".join(line.text + "\n" for line in lines)  # the text itself when it has no comment
+    builder.set_digest(program, hashlib.sha256(program_text.encode("utf-8")).hexdigest())
     return program
 
 
@@ -97,15 +98,24 @@ def _decode(source: str | bytes, filename: str) -> str:
 
 
 def _check_layout(src: _Source, text: str) -> list[_Line]:
-    """Lines, after refusing what a canonical LOGOS file never has: tabs, carriage returns, trailing spaces, a
-    missing final newline, runs of blank lines."""
+    """The program's lines, after refusing what a canonical LOGOS file never has: tabs, carriage returns, trailing
+    spaces, a missing final newline, runs of blank lines. Comment lines (`//` at any indentation: a lit test's RUN
+    and CHECK lines) are not the program's: they are left out, with a blank line they leave at the start, at the end
+    or beside another, so the program is the text around them and its digest that text's."""
     if not text:
         raise src.error(1, 1, "the file is empty", "a LOGOS program starts with '## Program: <cut>'")
     if not text.endswith("\n"):
         last = len(src.lines)
         raise src.error(last, len(src.lines[-1]) + 1, "the file does not end with a newline (is it truncated?)")
     lines: list[_Line] = []
+    after_comment = False
     for number, line in enumerate(src.lines[:-1], start=1):
+        if line.lstrip(" ").startswith("//"):
+            after_comment = True
+            continue
+        if not line and after_comment and (not lines or not lines[-1].text):
+            continue  # a blank line a comment leaves at the start or beside another blank line
+        after_comment = after_comment and not line
         for bad, what in (("\t", "a tab"), ("\r", "a carriage return")):
             if bad in line:
                 raise src.error(number, line.index(bad) + 1, f"{what} in LOGOS text", "indent with four spaces")
@@ -114,6 +124,10 @@ def _check_layout(src: _Source, text: str) -> list[_Line]:
         if not line and lines and not lines[-1].text:
             raise src.error(number, 1, "more than one blank line", "sections are separated by one blank line")
         lines.append(_Line(number, line))
+    if after_comment and lines and not lines[-1].text:
+        lines.pop()  # the blank line before comments at the end
+    if not lines:
+        raise src.error(1, 1, "the file holds only comments", "a LOGOS program starts with '## Program: <cut>'")
     if not lines[-1].text:
         raise src.error(
             lines[-1].number,
