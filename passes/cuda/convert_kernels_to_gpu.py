@@ -12,6 +12,8 @@ of one width emit the same set. Each body is upstream MLIR: `arith`/`memref`/`sc
 `vector.extract`, and `llvm.fence` + `nvvm.bar.warp.sync` (attention's combine). Each kernel-level op
 becomes its `gpu.launch_func` (two for the two-stage kernels: attention's split and combine, arg-max's stages) with
 constant grid and block sizes, on the same named buffers, in the same order; `shard.all_reduce` stays where it is.
+One rewrite pattern a kernel-level op (`Launch<Op>`, the kernels it launches); a kernel-level op without one is
+refused by name before anything is rewritten.
 
 The kernels are built for decode at batch 1, where the step is bound by memory: every block is 4 warps and a warp
 owns one work item (an output column of a projection, a row of a norm, a (head, split) of attention, a chunk of the
@@ -25,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any, ClassVar
 
 from xdsl.context import Context
 from xdsl.dialects import arith, func, gpu
@@ -42,6 +45,8 @@ from xdsl.dialects.builtin import (
 )
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
+from xdsl.pattern_rewriter import GreedyRewritePatternApplier, PatternRewriter, PatternRewriteWalker, RewritePattern
+from xdsl.rewriter import InsertPoint
 
 from logos_ir.dialects import cuda
 from logos_ir.errors import PassError
@@ -700,67 +705,148 @@ def _add(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
 # -- kernels by shape --------------------------------------------------------------------------------------------
 
 
-def _kinds(op: cuda.KernelOp) -> list[Kind]:
-    """The launches of `op`, in order (two for the two-stage kernels)."""
-    (ins, outs) = op.shapes()
-    shapes = [*ins, *outs]
-    if tensor_core.handles(op):  # a prefill chunk's products and attention: tensor-core kernels
-        return tensor_core.kinds(op)
-    if isinstance(op, cuda.EmbedOp):
+def _columns(s: list[tuple[int, ...]]) -> tuple[int, int, int]:
+    """A projection's grid: a warp an output column, a block a tile of ROW_TILE rows."""
+    return (cdiv(s[1][0], WARPS), cdiv(s[0][0], ROW_TILE), 1)
+
+
+def _rows_by_threads(s: list[tuple[int, ...]]) -> tuple[int, int, int]:
+    """An elementwise kernel's grid: a thread a column of the first buffer's row, a block row a row."""
+    return (cdiv(s[0][1], THREADS), s[0][0], 1)
+
+
+class _LaunchKernel(RewritePattern):
+    """A kernel-level op of type `source` as the launches of its kernels (`kinds`, in order: two for the two-stage
+    kernels), each kernel built once a shape; a prefill chunk's products and attention take the tensor-core
+    kernels instead (`tensor_core.handles`)."""
+
+    source: ClassVar[type[cuda.KernelOp]]
+
+    def __init__(self, lowering: _Lowering):
+        self.lowering = lowering
+
+    def kinds(self, op: Any) -> list[Kind]:
+        raise NotImplementedError
+
+    def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
+        if type(op) is not self.source:
+            return
+        assert isinstance(op, cuda.KernelOp)
+        kinds = tensor_core.kinds(op) if tensor_core.handles(op) else self.kinds(op)
+        self.lowering.launch(op, kinds, rewriter)
+
+
+class LaunchEmbed(_LaunchKernel):
+    source = cuda.EmbedOp
+
+    def kinds(self, op: cuda.EmbedOp) -> list[Kind]:
         return [Kind("embed", (0, 1, 2), lambda s: (cdiv(s[0][1], THREADS), s[1][0], 1), _embed)]
-    if isinstance(op, cuda.RMSNormOp):
+
+
+class LaunchRMSNorm(_LaunchKernel):
+    source = cuda.RMSNormOp
+
+    def kinds(self, op: cuda.RMSNormOp) -> list[Kind]:
         epsilon, row = op.epsilon.value.data, op.row.value.data
-        return [
-            Kind(
-                "rms_norm" if row < 0 else f"rms_norm_row{row}",
-                (0, 1, 2),
-                lambda s: (cdiv(s[2][0], WARPS), 1, 1),
-                lambda b, a, s: _rms_norm(b, a, s, epsilon, row),
-            )
-        ]
-    columns = lambda s: (cdiv(s[1][0], WARPS), cdiv(s[0][0], ROW_TILE), 1)  # noqa: E731
-    if isinstance(op, cuda.LinearOp):
+        stem = "rms_norm" if row < 0 else f"rms_norm_row{row}"
+        grid = lambda s: (cdiv(s[2][0], WARPS), 1, 1)  # noqa: E731
+        return [Kind(stem, (0, 1, 2), grid, lambda b, a, s: _rms_norm(b, a, s, epsilon, row))]
+
+
+class LaunchLinear(_LaunchKernel):
+    source = cuda.LinearOp
+
+    def kinds(self, op: cuda.LinearOp) -> list[Kind]:
         epsilon = op.epsilon.value.data if op.epsilon is not None else None
         on_chip = op.residual_chip.value.data if op.residual_chip is not None else None
         residual = len(op.ins) - (1 if epsilon is not None else 0) - (1 if on_chip is not None else 0) == 3
         stem = ("norm_" if epsilon is not None else "") + ("linear_residual" if residual else "linear")
         stem += f"_chip{on_chip}" if on_chip is not None else ""
-        operands = tuple(range(len(shapes)))
-        return [Kind(stem, operands, columns, lambda b, a, s: _linear(b, a, s, epsilon, on_chip))]
-    if isinstance(op, cuda.GateUpOp):
+        operands = tuple(range(len(op.ins) + len(op.outs)))
+        return [Kind(stem, operands, _columns, lambda b, a, s: _linear(b, a, s, epsilon, on_chip))]
+
+
+class LaunchGateUp(_LaunchKernel):
+    source = cuda.GateUpOp
+
+    def kinds(self, op: cuda.GateUpOp) -> list[Kind]:
         epsilon = op.epsilon.value.data if op.epsilon is not None else None
         stem = "norm_gate_up" if epsilon is not None else "gate_up"
-        return [Kind(stem, tuple(range(len(shapes))), columns, lambda b, a, s: _gate_up(b, a, s, epsilon))]
-    if isinstance(op, cuda.QKVOp):
+        operands = tuple(range(len(op.ins) + len(op.outs)))
+        return [Kind(stem, operands, _columns, lambda b, a, s: _gate_up(b, a, s, epsilon))]
+
+
+class LaunchQKV(_LaunchKernel):
+    source = cuda.QKVOp
+
+    def kinds(self, op: cuda.QKVOp) -> list[Kind]:
         epsilon = op.epsilon.value.data
-        splits = qkv_splits(shapes[1][0] // 2, shapes[0][1], op.ins[1].type.element_type)  # type: ignore[attr-defined]
+        (ins, _) = op.shapes()
+        splits = qkv_splits(ins[1][0] // 2, ins[0][1], op.ins[1].type.element_type)  # type: ignore[attr-defined]
         pairs = lambda s: (cdiv(s[1][0] // 2 * splits, WARPS), 1, 1)  # noqa: E731
         operands = tuple(range(9 if splits == 1 else 11))  # split-K: + partial, count (the lowering's scratch)
         return [Kind("qkv", operands, pairs, lambda b, a, s: _qkv(b, a, s, epsilon))]
-    if isinstance(op, cuda.RopeOp):
+
+
+class LaunchRope(_LaunchKernel):
+    source = cuda.RopeOp
+
+    def kinds(self, op: cuda.RopeOp) -> list[Kind]:
         head_dim = op.head_dim.value.data
-        grid = lambda s: (cdiv(s[0][1], THREADS), s[0][0], 1)  # noqa: E731
-        return [Kind("rope", (0, 1, 2, 3, 4), grid, lambda b, a, s: _rope(b, a, s, head_dim))]
-    if isinstance(op, cuda.RopeCacheWriteOp):
-        grid = lambda s: (cdiv(s[0][1], THREADS), s[0][0], 1)  # noqa: E731
-        return [Kind("rope_cache_write", tuple(range(7)), grid, _rope_cache_write)]
-    if isinstance(op, cuda.AttentionOp):
+        return [Kind("rope", (0, 1, 2, 3, 4), _rows_by_threads, lambda b, a, s: _rope(b, a, s, head_dim))]
+
+
+class LaunchRopeCacheWrite(_LaunchKernel):
+    source = cuda.RopeCacheWriteOp
+
+    def kinds(self, op: cuda.RopeCacheWriteOp) -> list[Kind]:
+        return [Kind("rope_cache_write", tuple(range(7)), _rows_by_threads, _rope_cache_write)]
+
+
+class LaunchAttention(_LaunchKernel):
+    source = cuda.AttentionOp
+
+    def kinds(self, op: cuda.AttentionOp) -> list[Kind]:
         kv_splits = lambda s: (cdiv(s[1][-3] * s[5][2], WARPS), s[0][0], 1)  # noqa: E731
         return [Kind("attention", tuple(range(7)), kv_splits, _attention)]
-    if isinstance(op, cuda.AddOp):
-        return [Kind("add", (0, 1, 2), lambda s: (cdiv(s[0][1], THREADS), s[0][0], 1), _add)]
-    if isinstance(op, cuda.ArgmaxOp):
+
+
+class LaunchPrefillAttention(_LaunchKernel):
+    source = cuda.PrefillAttentionOp  # always the tensor-core flash attention
+
+
+class LaunchAdd(_LaunchKernel):
+    source = cuda.AddOp
+
+    def kinds(self, op: cuda.AddOp) -> list[Kind]:
+        return [Kind("add", (0, 1, 2), _rows_by_threads, _add)]
+
+
+class LaunchArgmax(_LaunchKernel):
+    source = cuda.ArgmaxOp
+
+    def kinds(self, op: cuda.ArgmaxOp) -> list[Kind]:
         chunk = op.chunk.value.data
+        chunks = lambda s: (cdiv(s[1][1], WARPS), s[0][0], 1)  # noqa: E731
         return [
-            Kind(
-                "argmax_chunks",
-                (0, 2),
-                lambda s: (cdiv(s[1][1], WARPS), s[0][0], 1),
-                lambda b, a, s: _argmax_chunks(b, a, s, chunk),
-            ),
+            Kind("argmax_chunks", (0, 2), chunks, lambda b, a, s: _argmax_chunks(b, a, s, chunk)),
             Kind("argmax_final", (2, 1), lambda s: (cdiv(s[0][0], WARPS), 1, 1), _argmax_final),
         ]
-    raise PassError(f"{NAME}: '{op.name}' has no kernel")
+
+
+PATTERNS: tuple[type[_LaunchKernel], ...] = (
+    LaunchEmbed,
+    LaunchRMSNorm,
+    LaunchLinear,
+    LaunchGateUp,
+    LaunchQKV,
+    LaunchRope,
+    LaunchRopeCacheWrite,
+    LaunchAttention,
+    LaunchPrefillAttention,
+    LaunchAdd,
+    LaunchArgmax,
+)
 
 
 def _signature(stem: str, types: list[Attribute]) -> str:
@@ -779,8 +865,7 @@ def _signature(stem: str, types: list[Attribute]) -> str:
 class _Lowering:
     """Builds each distinct kernel once and the host's launches."""
 
-    def __init__(self, module: ModuleOp):
-        self.module = module
+    def __init__(self) -> None:
         self.kernels: dict[str, gpu.FuncOp] = {}
         self.gpu_block = Block()
         self.constants: dict[int, SSAValue] = {}
@@ -799,13 +884,10 @@ class _Lowering:
         self.gpu_block.add_op(function)
         return name
 
-    def lower(self, host: func.FuncOp) -> None:
-        for op in list(host.body.block.ops):
-            if isinstance(op, cuda.KernelOp):
-                self.launch(host, op)
-
-    def launch(self, host: func.FuncOp, op: cuda.KernelOp) -> None:
-        block = host.body.block
+    def launch(self, op: cuda.KernelOp, kinds: list[Kind], rewriter: PatternRewriter) -> None:
+        """`op` replaced by the launches of `kinds` on its buffers (and the scratch this lowering adds)."""
+        host = op.parent_op()
+        assert isinstance(host, func.FuncOp)
         operands = [*op.ins, *op.outs]
         ins, outs = op.shapes()
         shapes = [*ins, *outs]
@@ -815,23 +897,23 @@ class _Lowering:
             splits = qkv_splits(pairs, depth, op.ins[1].type.element_type)  # type: ignore[attr-defined]
             if splits > 1:
                 operands += [
-                    self.scratch(host, "qkv.partial", MemRefType(f32, [pairs, splits, 3])),
-                    self.scratch(host, "qkv.count", MemRefType(i64, [pairs])),
+                    self.scratch(host, "qkv.partial", MemRefType(f32, [pairs, splits, 3]), rewriter),
+                    self.scratch(host, "qkv.count", MemRefType(i64, [pairs]), rewriter),
                 ]
                 shapes += [(pairs, splits, 3), (pairs,)]
                 all_roles = [*all_roles, "partial", "count"]
-        for kind in _kinds(op):
+        for kind in kinds:
             chosen = [operands[i] for i in kind.operands]
             picked = [shapes[i] for i in kind.operands]
             roles = [all_roles[i] for i in kind.operands]
             name = self.kernel(kind, [v.type for v in chosen], picked, roles)
             grid = kind.grid(picked)
-            sizes = [self.constant(block, op, n) for n in (*grid, THREADS, 1, 1)]
+            sizes = [self.constant(host, n, rewriter) for n in (*grid, THREADS, 1, 1)]
             call = gpu.LaunchFuncOp(SymbolRefAttr("kernels", [name]), sizes[:3], sizes[3:], kernelOperands=chosen)
-            block.insert_op_before(call, op)
-        block.erase_op(op)
+            rewriter.insert_op(call, InsertPoint.before(op))
+        rewriter.erase_op(op)
 
-    def scratch(self, host: func.FuncOp, name: str, kind: MemRefType) -> SSAValue:
+    def scratch(self, host: func.FuncOp, name: str, kind: MemRefType, rewriter: PatternRewriter) -> SSAValue:
         """A scratch buffer of the host plan made by this lowering (zero when allocated; a kernel that counts in it
         returns it to zero), one for all the launches of its shape."""
         block = host.body.block
@@ -842,18 +924,15 @@ class _Lowering:
                 return op.result
         buffer = cuda.BufferOp(name, "scratch", kind)
         buffer.result.name_hint = name.replace(".", "_")
-        first = block.first_op
-        assert first is not None
-        block.insert_op_before(buffer, first)
+        rewriter.insert_op(buffer, InsertPoint.at_start(block))
         return buffer.result
 
-    def constant(self, block: Block, before: Operation, value: int) -> SSAValue:
+    def constant(self, host: func.FuncOp, value: int, rewriter: PatternRewriter) -> SSAValue:
+        """The host's index constant `value`, one for every launch that uses it."""
         found = self.constants.get(value)
         if found is None:
             constant = arith.ConstantOp(IntegerAttr(value, INDEX))
-            first = block.first_op
-            assert first is not None
-            block.insert_op_before(constant, first)
+            rewriter.insert_op(constant, InsertPoint.at_start(host.body.block))
             found = self.constants[value] = constant.result
         return found
 
@@ -867,8 +946,13 @@ class ConvertCudaKernelsToGpu(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         host = host_function(op, NAME)
-        lowering = _Lowering(op)
-        lowering.lower(host)
+        lowered = {pattern.source for pattern in PATTERNS}
+        for step in host.body.block.ops:
+            if isinstance(step, cuda.KernelOp) and type(step) not in lowered:
+                raise PassError(f"{NAME}: '{step.name}' has no kernel")
+        lowering = _Lowering()
+        patterns = GreedyRewritePatternApplier([pattern(lowering) for pattern in PATTERNS])
+        PatternRewriteWalker(patterns, apply_recursively=False).rewrite_module(op)
         for buffer in [b for b in host.body.block.ops if isinstance(b, cuda.BufferOp) and not b.result.uses]:
             host.body.block.erase_op(buffer)  # e.g. a prefill chunk's attention scratch the fused kernel does not use
         kernels = gpu.ModuleOp(StringAttr("kernels"), Region(lowering.gpu_block))  # type: ignore[arg-type]

@@ -496,7 +496,8 @@ def _vector_elements(load: Operation) -> list[SSAValue]:
     found: dict[int, SSAValue] = {}
     for use in vector.uses:
         extract = use.operation
-        position = extract.static_position.get_values() if extract.name == "vector.extract" else ()  # type: ignore[attr-defined]
+        is_extract = extract.name == "vector.extract"
+        position = extract.static_position.get_values() if is_extract else ()  # type: ignore[attr-defined]
         if len(position) != 1 or extract.operands[1:] or position[0] in found:
             raise DiagnosticException("cuda target: a loaded vector is read by one vector.extract an element only")
         found[position[0]] = extract.results[0]
