@@ -23,11 +23,12 @@ from collections.abc import Iterator, Sequence
 from typing import IO
 
 from xdsl.dialects.builtin import FileLineColLoc, IntAttr, ModuleOp, StringAttr, UnknownLoc
-from xdsl.ir import Operation
-from xdsl.parser import Parser
+from xdsl.ir import AttributeInvT, Operation, SSAValue
+from xdsl.parser import Parser, UnresolvedOperand
 from xdsl.passes import ModulePass
 from xdsl.printer import Printer
 from xdsl.utils.exceptions import DiagnosticException, ParseError, VerifyException
+from xdsl.utils.lexer import Span
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from logos_ir import registry
@@ -48,9 +49,28 @@ class _InputError(DiagnosticException):
 
 
 class _LocatingParser(Parser):
-    """xDSL's MLIR parser, each op it reads without a `loc(...)` located at the `file:line:col` it starts at."""
+    """xDSL's MLIR parser, each op it reads without a `loc(...)` located at the `file:line:col` it starts at, and a
+    value used but never defined reported at its first use (xDSL reports it at the end of the input)."""
 
     line_offset = 0
+    _first_uses: dict[str, Span[str] | Span[bytes]] | None = None
+
+    def resolve_operand(self, operand: UnresolvedOperand, type: AttributeInvT) -> SSAValue[AttributeInvT]:
+        if self._first_uses is None:
+            self._first_uses = {}
+        if operand.operand_name not in self.ssa_values:
+            self._first_uses.setdefault(operand.operand_name, operand.span)
+        return super().resolve_operand(operand, type)
+
+    def parse_module(self, allow_implicit_module: bool = True) -> ModuleOp:
+        try:
+            return super().parse_module(allow_implicit_module)
+        except ParseError as error:
+            undefined = next(iter(self.forward_ssa_references), None)
+            first = (self._first_uses or {}).get(undefined or "")
+            if not error.msg.startswith("values used but not defined") or first is None:
+                raise
+            raise ParseError(first, f"use of undefined value %{undefined}: it is defined nowhere") from None
 
     def parse_operation(self) -> Operation:
         start = self._current_token.span

@@ -240,3 +240,16 @@ def test_verify_diagnostics_without_expectations_prints_them(capfd: pytest.Captu
     source.write_text(f"%t = {BAD_INPUT}\n")
     code, out, _ = opt(capfd, str(source), "--verify-diagnostics")
     assert code == 0 and "unknown input kind 'tokenz'" in out
+
+
+def test_an_undefined_value_is_reported_at_its_use(capfd: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    source = tmp_path / "undefined.mlir"
+    source.write_text(
+        "func.func @f() -> tensor<1xi64> {\n"
+        "  %a = logos.argmax %nope : (tensor<1x4xf32>) -> tensor<1xi64>\n"
+        "  func.return %a : tensor<1xi64>\n"
+        "}\n"
+    )
+    code, _, err = opt(capfd, str(source))
+    assert code == USER_ERROR
+    assert err.startswith(f"{source}:2:21: error: use of undefined value %nope")
