@@ -189,7 +189,55 @@ def reused_prefix(cached: Sequence[int], prompt: Sequence[int]) -> int:
     return min(same, len(prompt) - 1)
 
 
-class Generator:
+@dataclass
+class _Call:
+    """What one `generate` call starts from: when it was made, its prompt (checked, ids from 0), its cache length,
+    its sampler and how many of the prompt's tokens the cache keeps from the last call."""
+
+    called: float
+    prompt: list[int]
+    ctx: int
+    sampler: Sampler
+    kept: int
+
+
+class _Generation:
+    """What both generators keep between calls: the model's spec, the cache length (None: sized per call), the
+    timings of the last call and the tokens the cache holds."""
+
+    def __init__(self, weights: WeightStore, ctx: int | None):
+        if ctx is not None and ctx < 1:
+            raise LogosError(f"the cache holds at least 1 position, not {ctx}")
+        self.weights, self.spec, self.ctx = weights, weights.spec, ctx
+        self.stats = GenerationStats()
+        self._cached: tuple[int, list[int]] = (0, [])  # the cache length and the tokens (from 0) it holds
+
+    @property
+    def cached_tokens(self) -> list[int]:
+        """The tokens (ids from 0) the cache holds after the last `generate`: the prompt and every new token but
+        the last (which no step has fed yet)."""
+        return list(self._cached[1])
+
+    def _begin(
+        self, prompt_ids: Sequence[int], max_new_tokens: int, sampler: Sampler | None, keep_cache: bool
+    ) -> _Call:
+        """Check the prompt, size the cache, find what it keeps of this prompt (`keep_cache`: a common prefix with
+        the last call's tokens, same cache length) and start the call's stats."""
+        called = time.perf_counter()
+        prompt = checked_prompt(self.spec, prompt_ids)
+        ctx = cache_for(self.ctx, len(prompt), max_new_tokens)
+        kept = reused_prefix(self._cached[1], prompt) if keep_cache and self._cached[0] == ctx else 0
+        self.stats = GenerationStats(prompt_tokens=len(prompt) - kept, cached_tokens=kept)
+        self._cached = (ctx, prompt[:kept])
+        return _Call(called, prompt, ctx, sampler or Sampler(), kept)
+
+    def _end(self, call: _Call, new: list[int]) -> list[int]:
+        """Record what the cache holds after the call (the last new token is not fed yet); its new tokens."""
+        self._cached = (call.ctx, call.prompt + new[: self.stats.decode_steps])
+        return new
+
+
+class Generator(_Generation):
     """Greedy generation for the model in `weights` over a cache of `ctx` positions (None: sized per call with
     `default_ctx`), the prompt fed `prefill_rows` tokens at a time, split over `tp` chips when tp > 1. `stats`
     holds the timings of the last `generate`."""
@@ -199,15 +247,11 @@ class Generator:
             raise LogosError(f"a prefill chunk has at least 1 row, not {prefill_rows}")
         if tp < 1:
             raise LogosError(f"generation runs on at least 1 chip, not {tp}")
-        if ctx is not None and ctx < 1:
-            raise LogosError(f"the cache holds at least 1 position, not {ctx}")
-        self.weights, self.spec = weights, weights.spec
-        self.ctx, self.prefill_rows, self.tp = ctx, prefill_rows, tp
-        self.stats = GenerationStats()
+        super().__init__(weights, ctx)
+        self.prefill_rows, self.tp = prefill_rows, tp
         self._programs: dict[Cut, Compiled] = {}
         self._states: dict[int, KVState] = {}
         self._used: dict[Cut, Identity] = {}
-        self._cached: tuple[int, list[int]] = (0, [])  # the cache length and the tokens (from 0) it holds
         self.prompt_by_step = tp > 1  # feed the prompt through the decode step (no prefill program to run)
         self._last: Any = None  # the program that ran last (its logits are the ones the next choice reads)
 
@@ -220,12 +264,6 @@ class Generator:
             compiled = self._programs[cut] = self.compile_program(cut)
         self._used[cut] = compiled.identity
         return compiled.program
-
-    @property
-    def cached_tokens(self) -> list[int]:
-        """The tokens (ids from 0) the cache holds after the last `generate`: the prompt and every new token but
-        the last (which no step has fed yet)."""
-        return list(self._cached[1])
 
     def compile_program(self, cut: Cut) -> Compiled:
         """The hook a lane overrides: `cut` as the author writes it, made runnable. Here: parsed, and compiled by
@@ -268,28 +306,22 @@ class Generator:
         `eos_id` (which is returned), when `on_token` returns True or when the cache is full. Each token is the
         backend's arg-max unless `sampler` chooses otherwise. `keep_cache`: keep what the cache holds of this
         prompt (a common prefix with the last call's tokens, same cache length) and feed only the rest."""
-        called = time.perf_counter()
-        prompt = checked_prompt(self.spec, prompt_ids)
-        ctx = cache_for(self.ctx, len(prompt), max_new_tokens)
-        sampler = sampler or Sampler()
-        kept = reused_prefix(self._cached[1], prompt) if keep_cache and self._cached[0] == ctx else 0
-        self.stats = GenerationStats(prompt_tokens=len(prompt) - kept, cached_tokens=kept)
+        call = self._begin(prompt_ids, max_new_tokens, sampler, keep_cache)
+        prompt, ctx, kept = call.prompt, call.ctx, call.kept
         self._used = {}
         if not kept:
             self.kv_state(ctx).reset()
-        self._cached = (ctx, prompt[:kept])
         if max_new_tokens <= 0:
             return []
-        sampler.reset()
-        sampler.accept(prompt)
+        call.sampler.reset()
+        call.sampler.accept(prompt)
         self._prepare(len(prompt), ctx, max_new_tokens, kept)
-        self.stats.prepare_s = time.perf_counter() - called
+        self.stats.prepare_s = time.perf_counter() - call.called
         started = time.perf_counter()
         token = self._prefill(prompt, ctx, kept)
         self.stats.prefill_s = time.perf_counter() - started
-        new = self._decode(token, len(prompt) + 1, ctx, max_new_tokens, eos_id, on_token, sampler, called)
-        self._cached = (ctx, prompt + new[: self.stats.decode_steps])
-        return new
+        new = self._decode(token, len(prompt) + 1, ctx, max_new_tokens, eos_id, on_token, call.sampler, call.called)
+        return self._end(call, new)
 
     def _chunks(self, length: int, start: int) -> list[tuple[int, int]]:
         """The prefill chunks (first position, from 0; rows) of a prompt of `length` tokens fed from `start`."""
@@ -408,19 +440,15 @@ class StepMachine(Protocol):
     def step(self, token: int, position: int) -> int: ...
 
 
-class StepGenerator:
+class StepGenerator(_Generation):
     """Greedy generation on a machine that runs the decode step alone: the prompt goes through it one token at a
     time, as on a chip that holds the model in place, then each new token. A subclass gives `machine(ctx)` (one
     per cache length, made on first use)."""
 
     def __init__(self, weights: WeightStore, ctx: int | None = None):
-        if ctx is not None and ctx < 1:
-            raise LogosError(f"the cache holds at least 1 position, not {ctx}")
-        self.weights, self.spec, self.ctx = weights, weights.spec, ctx
-        self.stats = GenerationStats()
+        super().__init__(weights, ctx)
         self._machines: dict[int, StepMachine] = {}
         self._machine: StepMachine | None = None
-        self._cached: tuple[int, list[int]] = (0, [])
 
     def machine(self, ctx: int) -> StepMachine:
         """The hook a lane overrides: its machine for a cache of `ctx` positions."""
@@ -437,11 +465,6 @@ class StepGenerator:
         """The identities of the programs the last `generate` ran."""
         return list(self._machine.identities) if self._machine is not None else []
 
-    @property
-    def cached_tokens(self) -> list[int]:
-        """As `Generator.cached_tokens`."""
-        return list(self._cached[1])
-
     def generate(
         self,
         prompt_ids: Sequence[int],
@@ -453,21 +476,16 @@ class StepGenerator:
         keep_cache: bool = False,
     ) -> list[int]:
         """As `Generator.generate`."""
-        called = time.perf_counter()
-        prompt = checked_prompt(self.spec, prompt_ids)
-        ctx = cache_for(self.ctx, len(prompt), max_new_tokens)
-        sampler = sampler or Sampler()
-        kept = reused_prefix(self._cached[1], prompt) if keep_cache and self._cached[0] == ctx else 0
-        self.stats = GenerationStats(prompt_tokens=len(prompt) - kept, cached_tokens=kept)
-        self._cached = (ctx, prompt[:kept])
+        call = self._begin(prompt_ids, max_new_tokens, sampler, keep_cache)
+        prompt, ctx, kept = call.prompt, call.ctx, call.kept
         if max_new_tokens <= 0:
             return []
         machine = self._machine = self._machine_for(ctx)
         if not kept:
             machine.reset()
-        sampler.reset()
-        sampler.accept(prompt)
-        self.stats.prepare_s = time.perf_counter() - called
+        call.sampler.reset()
+        call.sampler.accept(prompt)
+        self.stats.prepare_s = time.perf_counter() - call.called
         started = time.perf_counter()
         for position in range(kept + 1, len(prompt) + 1):
             predicted = machine.step(prompt[position - 1] + 1, position)
@@ -481,12 +499,11 @@ class StepGenerator:
             on_token,
             machine.step,
             self.stats,
-            sampler,
+            call.sampler,
             lambda: getattr(machine, "logits", None),
-            called,
+            call.called,
         )
-        self._cached = (ctx, prompt + new[: self.stats.decode_steps])
-        return new
+        return self._end(call, new)
 
 
 def run_program(program: Any, tokens: list[int], positions: list[int]) -> np.ndarray:
