@@ -337,5 +337,5 @@ def test_logos_run_on_a_preset(capsys: pytest.CaptureFixture[str]) -> None:
     assert logos_run.main(["--model", "tiny", "--prompt-ids", "1", "--tp", "3"]) == 1
     assert "does not split over 3 chips" in capsys.readouterr().err
     with pytest.raises(SystemExit) as usage:
-        logos_run.main(["--max-new-tokens", "-1"])
+        logos_run.main(["--max-new-tokens", "-2"])
     assert usage.value.code == 2
