@@ -44,6 +44,14 @@ def mlir_text(module: ModuleOp) -> str:
     return out.getvalue()
 
 
+def mlir_context() -> Context:
+    """A context that parses the MLIR form of a `logos` program (the dialects its IR uses)."""
+    ctx = Context()
+    for dialect in (builtin.Builtin, func.Func, shard.Shard, LOGOS):
+        ctx.load_dialect(dialect)
+    return ctx
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama-3.1-70b")
@@ -56,9 +64,7 @@ def main() -> None:
     module = ModuleOp([program])
     ops = sum(1 for _ in module.walk())
     mlir = mlir_text(module)
-    ctx = Context()
-    for dialect in (builtin.Builtin, func.Func, shard.Shard, LOGOS):
-        ctx.load_dialect(dialect)
+    ctx = mlir_context()
 
     figures = {
         "LOGOS parse": best_of(args.repeat, lambda: parse_program(text)),

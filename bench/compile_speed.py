@@ -2,7 +2,7 @@
 
     python bench/compile_speed.py [--layers 10,20,40,80] [--skip-scaling] [--only NAME] [--repeat 3]
 
-In one process it builds, for each lane registered in `logos_ir.registry`, the builds issue 14 names, without
+In one process it builds, for each lane registered in `logos_ir.registry`, the largest builds it makes, without
 weights: the CUDA decode step of `llama-3.1-70b` over 8 chips (ctx 8192) and its prefill chunk of 512 rows, the
 D5005 decode step of `llama-3.1-8b`, the spatial lane's `llama-3.1-8b` decode step (one program for one grid of a
 WSE-2), and the `logos` target's programs.
@@ -20,7 +20,6 @@ import argparse
 import dataclasses
 import gc
 import importlib
-import io
 import math
 import os
 import platform
@@ -35,16 +34,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench_frontend import best_of, mlir_context, mlir_text  # beside this script, on its path
 from xdsl.context import Context
-from xdsl.dialects import builtin, func, shard
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.parser import Parser
-from xdsl.printer import Printer
 
 from logos_ir import registry
 from logos_ir.author import written, written_split
 from logos_ir.build import BuildRequest, manifest_of, write_build
-from logos_ir.dialects.logos import LOGOS
 from logos_ir.models import ModelSource
 from logos_ir.parser import parse_program
 from logos_ir.program import Cut
@@ -54,7 +51,7 @@ from logos_ir.spec import ModelSpec
 
 @dataclasses.dataclass(frozen=True)
 class Scenario:
-    """One build issue 14 names: a lane's target, a preset, a cut, the chips."""
+    """One build to time: a lane's target, a preset, a cut, the chips."""
 
     name: str
     target: str
@@ -215,7 +212,12 @@ def time_build(scenario: Scenario, spec: ModelSpec, stages: Stages) -> int:
     # source's hash after the warm-up build): the NVIDIA toolchain's time, not logos-ir's, so it is left out here.
     options = {"ptxas": "off"} if scenario.target == "cuda" else {}
     request = BuildRequest(
-        source, cut, scenario.tp, registry.compile_targets()[scenario.target].weights[0], False, Progress.silent(),
+        source,
+        cut,
+        scenario.tp,
+        registry.compile_targets()[scenario.target].weights[0],
+        False,
+        Progress.silent(),
         options,
     )
     build = registry.compile_targets()[scenario.target].build()
@@ -229,18 +231,10 @@ def time_build(scenario: Scenario, spec: ModelSpec, stages: Stages) -> int:
 # -- the baseline: xDSL's MLIR parse and print of the same IR ---------------------------------------------------
 
 
-def mlir_text(module: ModuleOp) -> str:
-    out = io.StringIO()
-    Printer(stream=out).print_op(module)
-    return out.getvalue()
-
-
 def baseline(spec: ModelSpec, cut: Cut) -> dict[str, float]:
     text = written(spec, cut)[0].text
     module = ModuleOp([parse_program(text)])
-    ctx = Context()
-    for dialect in (builtin.Builtin, func.Func, shard.Shard, LOGOS):
-        ctx.load_dialect(dialect)
+    ctx = mlir_context()
     mlir = mlir_text(module)
     ops = sum(1 for _ in module.walk())
     return {
@@ -249,15 +243,6 @@ def baseline(spec: ModelSpec, cut: Cut) -> dict[str, float]:
         "xDSL MLIR parse": best_of(3, lambda: Parser(ctx, mlir).parse_module()),
         "LOGOS parse": best_of(3, lambda: parse_program(text)),
     }
-
-
-def best_of(repeat: int, work: Callable[[], object]) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        work()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 # -- whole processes --------------------------------------------------------------------------------------------
