@@ -331,12 +331,7 @@ def hf_tensor_name(gguf_name: str) -> str | None:
     """The Hugging Face name of a llama.cpp tensor name (`blk.3.attn_q.weight` gives
     `model.layers.3.self_attn.q_proj.weight`), or None for a tensor with no HF counterpart
     (`rope_freqs.weight`)."""
-    if gguf_name in _GGUF_TOP:
-        return _GGUF_TOP[gguf_name]
-    match = _GGUF_BLOCK_NAME.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _GGUF_BLOCK:
-        return None
-    return f"model.layers.{match.group(1)}.{_GGUF_BLOCK[match.group(2)]}.weight"
+    return _renamed(gguf_name, _GGUF_TOP, _GGUF_BLOCK_NAME, _GGUF_BLOCK, "model.layers.{}.{}.weight")
 
 
 _HF_TOP = {hf: name for name, hf in _GGUF_TOP.items()}
@@ -346,12 +341,20 @@ _HF_LAYER_NAME = re.compile(r"model\.layers\.(0|[1-9][0-9]*)\.(.+)\.weight")
 
 def gguf_tensor_name(hf_name: str) -> str | None:
     """llama.cpp's name of a Hugging Face tensor name, the inverse of `hf_tensor_name`, or None."""
-    if hf_name in _HF_TOP:
-        return _HF_TOP[hf_name]
-    match = _HF_LAYER_NAME.fullmatch(hf_name)
-    if match is None or match.group(2) not in _HF_BLOCK:
+    return _renamed(hf_name, _HF_TOP, _HF_LAYER_NAME, _HF_BLOCK, "blk.{}.{}.weight")
+
+
+def _renamed(
+    name: str, top: Mapping[str, str], layer_name: re.Pattern[str], block: Mapping[str, str], layer_format: str
+) -> str | None:
+    """`name` in the other vocabulary: a top-level tensor by `top`; a layer's (`layer_name` matching its layer
+    and its part) as `layer_format` of the layer and `block`'s name of the part; else None."""
+    if name in top:
+        return top[name]
+    match = layer_name.fullmatch(name)
+    if match is None or match.group(2) not in block:
         return None
-    return f"blk.{match.group(1)}.{_HF_BLOCK[match.group(2)]}.weight"
+    return layer_format.format(match.group(1), block[match.group(2)])
 
 
 def permute_qk(weight: np.ndarray, n_head: int) -> np.ndarray:
