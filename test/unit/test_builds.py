@@ -52,28 +52,10 @@ def test_a_rebuild_is_byte_identical_under_another_hash_seed_locale_and_folder(t
     first, second = tmp_path / "one", tmp_path / "elsewhere" / "deeper"
     second.mkdir(parents=True)
     base = dict(os.environ)
-    a = compile_(
-        "--model",
-        "tiny",
-        "--target",
-        "logos",
-        "--cut",
-        "decode ctx=64",
-        "-o",
-        str(first / "build"),
-        env=base | {"PYTHONHASHSEED": "1", "LC_ALL": "C", "TZ": "UTC"},
-    )
+    build = ("--model", "tiny", "--target", "logos", "--cut", "decode ctx=64", "-o")
+    a = compile_(*build, str(first / "build"), env=base | {"PYTHONHASHSEED": "1", "LC_ALL": "C", "TZ": "UTC"})
     b = compile_(
-        "--model",
-        "tiny",
-        "--target",
-        "logos",
-        "--cut",
-        "decode ctx=64",
-        "-o",
-        "build",
-        cwd=second,
-        env=base | {"PYTHONHASHSEED": "4242", "LC_ALL": "C.UTF-8", "TZ": "Asia/Kathmandu"},
+        *build, "build", cwd=second, env=base | {"PYTHONHASHSEED": "4242", "LC_ALL": "C.UTF-8", "TZ": "Asia/Kathmandu"}
     )
     assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
     assert files_of(first / "build") == files_of(second / "build")
