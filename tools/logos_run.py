@@ -112,6 +112,9 @@ def _arguments() -> argparse.ArgumentParser:
         help="how many tokens to generate at most (-1: until the end of the text or of the cache; default 32)",
     )
     gen.add_argument(
+        "--ignore-eos", action="store_true", help="go on past the end-of-text token (llama-cli's --ignore-eos)"
+    )
+    gen.add_argument(
         "--stop", action="append", default=[], metavar="TEXT", help="end the answer at this text (repeatable)"
     )
     gen.add_argument(
@@ -350,6 +353,44 @@ class Stream:
 
 
 # -- what runs ----------------------------------------------------------------------------------------------
+
+
+class Progress:
+    """On a terminal, a line on standard error saying what is under way and for how long, once it has taken a
+    second (loading a large model or compiling its programs can take minutes); cleared when it ends."""
+
+    def __init__(self, what: str):
+        import threading
+
+        self.what = what
+        self.done = threading.Event()
+        self.shown = False
+        self.thread = threading.Thread(target=self._tick, daemon=True)
+
+    def __enter__(self) -> Progress:
+        if sys.stderr.isatty() and launched_rank() == 0:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self.done.is_set():
+            return
+        self.done.set()
+        if self.thread.is_alive():
+            self.thread.join()
+        if self.shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+
+    def _tick(self) -> None:
+        started = time.perf_counter()
+        while not self.done.wait(1.0):
+            sys.stderr.write(f"\r{TOOL}: {self.what} ({time.perf_counter() - started:.0f} s)")
+            sys.stderr.flush()
+            self.shown = True
 
 
 def _weights_for(backend: Any, wanted: str | None) -> str:
@@ -627,10 +668,17 @@ def _answer(
 ) -> tuple[Stream, list[int]]:
     args = plan.args
     stream = stream or Stream(tokenizer, args.stop, live=not args.json)
-    eos = tokenizer.eos_id if tokenizer is not None else None
+    eos = tokenizer.eos_id if tokenizer is not None and not args.ignore_eos else None
     wanted = new_tokens(args.max_new_tokens, ctx, len(prompt))
+    waiting = Progress("compiling and reading the prompt, to the first token")
+
+    def on_token(token: int) -> bool:
+        waiting.stop()
+        return stream(token)
+
     try:
-        new = generator.generate(prompt, wanted, eos_id=eos, on_token=stream, sampler=sampler, keep_cache=keep)
+        with waiting:
+            new = generator.generate(prompt, wanted, eos_id=eos, on_token=on_token, sampler=sampler, keep_cache=keep)
     finally:
         stream.finish()
     plan.loaded_s += generator.stats.prepare_s  # authoring and compiling the programs this answer needed
@@ -652,7 +700,8 @@ def _generate(args: argparse.Namespace) -> int:
     if args.interactive and (args.prompt == "-" or args.prompt_file == "-"):
         raise LogosError("-i reads the conversation from standard input: give the first turn with --prompt TEXT")
     started = time.perf_counter()
-    plan = Plan(args)
+    with Progress("reading the model"):
+        plan = Plan(args)
     plan.loaded_s = time.perf_counter() - started
     tokenizer = Tokenizer.from_store(plan.store)
     model = plan.store.source
@@ -692,7 +741,8 @@ def _generator_for(plan: Plan, ctx: int) -> Any:
     if plan.ctx is None:
         plan.ctx = ctx
     started = time.perf_counter()
-    generator = plan.generator()
+    with Progress(f"preparing the {plan.backend_name} backend"):
+        generator = plan.generator()
     plan.loaded_s += time.perf_counter() - started
     return generator
 

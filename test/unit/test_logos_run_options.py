@@ -127,7 +127,7 @@ def test_ctrl_c_in_a_conversation_returns_to_the_prompt(model: Path) -> None:
     import pty
 
     tool = Path(sys.executable).parent / "logos-run"
-    argv = [str(tool), "-m", str(model), "-cnv", "-n", "-1", "-c", "4096", "--chat-template", "chatml"]
+    argv = [str(tool), "-m", str(model), "-cnv", "-n", "-1", "-c", "4096", "--ignore-eos", "--chat-template", "chatml"]
     pid, fd = pty.fork()
     if pid == 0:  # the child: logos-run on the terminal
         os.execv(argv[0], argv)
@@ -150,3 +150,28 @@ def test_ctrl_c_in_a_conversation_returns_to_the_prompt(model: Path) -> None:
         _, status = os.waitpid(pid, 0)
         os.close(fd)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, seen.decode(errors="replace")
+
+
+class _Terminal:
+    def __init__(self) -> None:
+        self.text = ""
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, text: str) -> None:
+        self.text += text
+
+    def flush(self) -> None:
+        pass
+
+
+def test_progress_on_a_terminal_for_a_step_slower_than_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    with logos_run.Progress("compiling"):
+        time.sleep(0.2)
+    assert terminal.text == ""  # a quick step says nothing
+    with logos_run.Progress("compiling"):
+        time.sleep(1.3)
+    assert terminal.text.startswith("\rlogos-run: compiling (1 s)") and terminal.text.endswith("\r\x1b[K")
