@@ -1,6 +1,6 @@
 """Coverage-guided fuzzing of every reader of untrusted input, run for a bounded time (not in every test run).
 
-    python -m logos_ir.tools.fuzz --reader logos|mlir|config|safetensors|gguf|tokenizer --seconds 600
+    python -m logos_ir.tools.fuzz --reader READER --seconds 600 [--corpus DIR] [--replay [FILE ...]]
 
 The readers and what one input is:
 
@@ -79,14 +79,14 @@ class ReaderFailure(AssertionError):
     differently)."""
 
 
-# -- known, reported failures in code the fuzzing owner may not change ---------------------------------------
+# -- known failures outside the readers' own code -----------------------------------------------------------
 
 # (reader, exception type name or "*", where it was raised, report): a failure matching one is counted and
 # reported by the driver but does not stop the run, and the regression tests mark its corpus input as an
 # expected failure. Where: "file.py:function" of logos-ir's innermost frame, or "xdsl" for one raised inside
 # xDSL's own code, called straight from the driver or logos-opt, never through logos-ir's dialect. Remove an
 # entry once its bug is fixed.
-KNOWN: list[tuple[str, str, str, str]] = []  # every failure found so far is fixed (docs/fuzzing.md)
+KNOWN: list[tuple[str, str, str, str]] = []  # none: each failure found is guarded against (docs/fuzzing.md)
 
 
 def apply_workarounds(reader: str) -> None:

@@ -6,8 +6,8 @@ Each test runs the same `check` as the coverage-guided fuzzer (`logos_ir.tools.f
 hand, see docs/fuzzing.md) on inputs drawn from real ones: authored programs and their MLIR with edits, configs
 with fields removed or replaced by any JSON value, safetensors headers of any shape, GGUF files with bytes
 overwritten, tokenizer metadata of any content. They are kept small so that each test takes a few seconds.
-Failures already reported in code these tests do not own (`fuzz.KNOWN`) are tolerated here and pinned as
-expected failures in test_robustness.py."""
+Known failures outside the readers' own code (`fuzz.KNOWN`) are tolerated here and pinned as expected failures
+in test_robustness.py."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ FAST = settings(max_examples=80, deadline=None, suppress_health_check=[HealthChe
 
 
 def checked(reader: str, data: bytes) -> str:
-    """`fuzz.check`, with the failures already reported in code these tests do not own counted as 'known'."""
+    """`fuzz.check`, with the known failures outside the readers' own code (`fuzz.KNOWN`) counted as 'known'."""
     try:
         return fuzz.check(reader, data)
     except BaseException as error:
