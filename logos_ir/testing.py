@@ -1,8 +1,9 @@
 """Small real inputs for tests and the fuzzer, written here rather than downloaded: a model small enough that its
 whole weight file is one fuzz input (`small_spec`), written as a Hugging Face folder (`write_model_folder`) or as a
-GGUF file (`model_gguf`, with a byte-level BPE tokenizer from `tokenizer_metadata`); any GGUF file from metadata and
-tensors (`gguf_bytes`, with the GGUF specification's value types `U8` ... `F64`); a `logos` build folder of the tiny
-preset (`write_logos_build`); an authored program's MLIR (`mlir_text`).
+GGUF file (`model_gguf`, with a byte-level BPE tokenizer from `tokenizer_metadata`, over GPT-2's byte alphabet,
+`byte_level_alphabet`); any GGUF file from metadata and tensors (`gguf_bytes`, with the GGUF specification's value
+types `U8` ... `F64`); a `logos` build folder of the tiny preset (`write_logos_build`); an authored program's MLIR
+(`mlir_text`).
 """
 
 from __future__ import annotations
@@ -172,7 +173,7 @@ def model_gguf(hidden: int = 4, qtype: str = "F32", tokenizer: bool = False, rop
     return gguf_bytes(meta, tensors)
 
 
-def _byte_level_alphabet() -> list[str]:
+def byte_level_alphabet() -> list[str]:
     """GPT-2's byte-level alphabet: the character standing for each of the 256 bytes."""
     printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
     chars, extra = {}, 0
@@ -197,7 +198,7 @@ def tokenizer_metadata(vocab: int | None = None, pre: str = "smollm") -> list[tu
             ("tokenizer.ggml.bos_token_id", U32, 0),
             ("tokenizer.ggml.eos_token_id", U32, vocab - 1),
         ]
-    tokens = _byte_level_alphabet()
+    tokens = byte_level_alphabet()
     merges = []
     for left, right in (
         ("Ġ", "w"),
