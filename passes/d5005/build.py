@@ -3,8 +3,9 @@
 From the decode step's LOGOS program (`program.logos`) it writes the lowered `d5005` IR (`decode.d5005.mlir`), the
 instruction stream (`instructions.bin`) and its listing (`instructions.txt`), the weight layout (`layout.txt`),
 the engine's OpenCL C (`engine.cl`), how to compile it with Intel's `aoc` for the card (`compile.sh`) and, with
-`--with-weights`, the weight image (`weights.bin`); the report is the cost model's estimate, read from
-`engine.cl`. A build of code reads no weight value: only `weight_image` does, and only when asked.
+`--with-weights`, the weight image (`weights.bin`); the report is the cost model's estimate of the engine's loops
+over this program's instruction words. A build of code reads no weight value: only `weight_image` does, and only
+when asked.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def build_d5005(request: BuildRequest) -> LaneBuild:
     if request.with_weights:
         image = weight_image(program, request.spec, request.model.store(), request.progress)
         artifacts.append(Artifact("weights.bin", image, identity, kind="binary", role="weights"))
-    cost = cost_model.estimate(program, source=engine)  # read from the engine.cl of this build
+    cost = cost_model.estimate(program)  # the loops engine.cl prints, costed for this program's words
     report = {
         "cost_model": cost,
         "instructions": len(program.instructions()),

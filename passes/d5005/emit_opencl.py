@@ -14,9 +14,9 @@ channels (`cl_intel_channels`), the bank arguments carry `buffer_location`, the 
 local memory (M20K), and `UNROLL`, `IVDEP` and `IVDEP_SAFELEN` are Intel's pragmas. On any other OpenCL device
 (PoCL's CPU device here) each channel is an ordered buffer: the host launches the four readers over a run of
 instructions, each filling its buffer in channel order, then the compute kernel over the same run, draining them
-in the same order (`logos_ir.runtime.d5005`). The cost model (`cost_model.py`) reads this source's loops: each
-pipelined loop is marked `/* loop NAME */` and each routine `/* routine NAME */`. `OpenclTarget` is the
-`-t d5005-opencl` emitter.
+in the same order (`logos_ir.runtime.d5005`). Each pipelined loop is marked `/* loop NAME */` and each routine
+`/* routine NAME */`; `engine_loops.py` states those loops as data, which the cost model costs. `OpenclTarget` is
+the `-t d5005-opencl` emitter.
 """
 
 from __future__ import annotations
@@ -37,27 +37,30 @@ SHIFT_DEPTH = 8  # partial sums a carried floating-point add rotates through: co
 CHANNEL_DEPTH = 512  # bank words each reader may run ahead of the compute kernel
 
 
+def engine_constants(params: d5005.EngineParams) -> dict[str, int]:
+    """The engine's parameters, as the source's `#define`s state them (the cost model reads them here)."""
+    weight_bytes = d5005.WEIGHT_BYTES[params.weights]
+    return {
+        "BANKS": d5005.BANKS,
+        "BURST_BYTES": params.burst_bytes,
+        "VECTOR_WIDTH": params.vector_width,
+        "MAC_LANES": params.mac_lanes,
+        "ONCHIP_WORDS": params.onchip_words,
+        "WEIGHT_BYTES": weight_bytes,
+        "CACHE_BYTES": weight_bytes,
+        "INSTRUCTION_WORDS": d5005.INSTRUCTION_WORDS,
+        "SHIFT_DEPTH": SHIFT_DEPTH,
+        "CHANNEL_DEPTH": CHANNEL_DEPTH,
+        "GROUP_MAX": d5005.GROUP_MAX,
+        "ROW_WORDS_MAX": d5005.ROW_WORDS_MAX,
+        "VECTOR_WORDS": d5005.VECTOR_WORDS,
+        **{f"OP_{name.split('.')[1].upper()}": code for name, code in d5005.OPCODES.items()},
+    }
+
+
 def engine_source(identity: str, params: d5005.EngineParams) -> str:
     """The engine's OpenCL C for `params`, its first line the identity line of the program it was emitted for."""
-    weight_bytes = d5005.WEIGHT_BYTES[params.weights]
-    defines = "\n".join(
-        [
-            f"#define BANKS {d5005.BANKS}",
-            f"#define BURST_BYTES {params.burst_bytes}",
-            f"#define VECTOR_WIDTH {params.vector_width}",
-            f"#define MAC_LANES {params.mac_lanes}",
-            f"#define ONCHIP_WORDS {params.onchip_words}",
-            f"#define WEIGHT_BYTES {weight_bytes}",
-            f"#define CACHE_BYTES {weight_bytes}",
-            f"#define INSTRUCTION_WORDS {d5005.INSTRUCTION_WORDS}",
-            f"#define SHIFT_DEPTH {SHIFT_DEPTH}",
-            f"#define CHANNEL_DEPTH {CHANNEL_DEPTH}",
-            f"#define GROUP_MAX {d5005.GROUP_MAX}",
-            f"#define ROW_WORDS_MAX {d5005.ROW_WORDS_MAX}",
-            f"#define VECTOR_WORDS {d5005.VECTOR_WORDS}",
-            *(f"#define OP_{name.split('.')[1].upper()} {code}" for name, code in d5005.OPCODES.items()),
-        ]
-    )
+    defines = "\n".join(f"#define {name} {value}" for name, value in engine_constants(params).items())
     about = (
         f"// D5005 decode engine: {params.clock_mhz} MHz, {params.burst_bytes}-byte bursts, vector width"
         f" {params.vector_width}, {params.mac_lanes} MAC lanes, {params.onchip_words} on-chip words, {params.weights}"

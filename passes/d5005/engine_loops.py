@@ -1,0 +1,228 @@
+"""The engine's pipelined loops as data: for each routine of `engine.cl` (`emit_opencl.py` prints them), the loops
+it marks `/* loop NAME */`, with the `for` header it prints, what each iteration carries and how many times each
+runs for an instruction word. The cost model (`cost_model.py`) costs these loops; it never reads the printed source
+(a test checks that each loop here is printed, with this header, under its mark).
+
+A routine is a function of the engine's constants (the `#define`s `engine_constants` gives the emitter), one
+instruction word (16 fields, `d5005.W_*`), the step's token and position and, for a bank reader, its bank; it returns
+its outermost loops. A loop whose inner loops' bounds change from one iteration to the next gives them per iteration
+(`inner_of`): its iterations cannot overlap, so each inner loop's invocation pays its fill and drain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from logos_ir.dialects import d5005
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class Loop:
+    """One pipelined loop: its name (its mark in the source), the `for` header printed under the mark, its trip
+    count for the word being costed, and what its iterations carry: `carried` is the distance (in iterations) at
+    which a floating-point result feeds the next one (None: nothing carried), `aliased` a loop that stores to and
+    loads from a memory it does not own with no `ivdep`."""
+
+    name: str
+    header: str
+    trips: int
+    inner: tuple[Loop, ...] = ()
+    inner_of: Callable[[int], tuple[Loop, ...]] | None = field(default=None, compare=False)
+    carried: int | None = None
+    aliased: bool = False
+
+
+@dataclass(frozen=True)
+class Step:
+    """What a routine's trip counts read: the engine's constants, the instruction word, the token, the position and
+    (for a bank reader) the bank."""
+
+    constants: dict[str, int]
+    word: list[int]
+    token: int
+    position: int
+    bank: int = 0
+
+    def __getitem__(self, name: str) -> int:
+        return self.constants[name]
+
+    def field(self, index: int) -> int:
+        return self.word[index]
+
+    def words(self, elements: int, element_bytes: int) -> int:
+        """Bank words (bursts) of `elements` of `element_bytes`: the source's WORDS(n, bytes)."""
+        return ceil_div(elements * element_bytes, self["BURST_BYTES"])
+
+    @property
+    def ov(self) -> int:
+        """float32 words of one bank word (the source's OV)."""
+        return self["BURST_BYTES"] // 4
+
+    @property
+    def cpw(self) -> int:
+        """Cache elements in one bank word (the source's CPW)."""
+        return self["BURST_BYTES"] // self["CACHE_BYTES"]
+
+
+Routine = Callable[[Step], list[Loop]]
+
+
+def _counted(name: str, var: str, bound: str, trips: int, step: str = "", **kind: object) -> Loop:
+    """A loop `for (uint var = 0; var < bound; var++ or var += step)` of `trips` iterations."""
+    advance = f"{var} += {step}" if step else f"{var}++"
+    return Loop(name, f"for (uint {var} = 0; {var} < {bound}; {advance})", trips, **kind)  # type: ignore[arg-type]
+
+
+def _by_ov(name: str, bound: str, count: int, s: Step, **kind: object) -> Loop:
+    """A loop over `count` float32 words, a bank word of them an iteration."""
+    return _counted(name, "c", bound, ceil_div(count, s.ov), "OV", **kind)
+
+
+# -- the bank readers: one burst an iteration --------------------------------------------------------------------
+
+
+def read_embed_row(s: Step) -> list[Loop]:
+    row = s.token - 1
+    words = s.words(s.field(d5005.W_COLS), s["WEIGHT_BYTES"]) if row % s["BANKS"] == s.bank else 0
+    return [_counted("read_embed_row.words", "c", "words", words)]
+
+
+def read_matvec(s: Step) -> list[Loop]:
+    rows, cols = s.field(d5005.W_ROWS), s.field(d5005.W_COLS)
+    mine = (rows + s["BANKS"] - 1 - s.bank) // s["BANKS"]
+    return [_counted("read_matvec.words", "n", "mine * words", mine * s.words(cols, s["WEIGHT_BYTES"]))]
+
+
+def read_rms_norm(s: Step) -> list[Loop]:
+    words = s.words(s.field(d5005.W_COLS), s["WEIGHT_BYTES"]) if s.bank == 0 else 0
+    return [_counted("read_rms_norm.words", "c", "words", words)]
+
+
+def read_rope(s: Step) -> list[Loop]:
+    row = s.position - 1
+    words = s.words(s.field(d5005.W_HEAD_DIM), 4) if row % s["BANKS"] == s.bank else 0
+    return [_counted("read_rope.words", "c", "words", words)]
+
+
+def read_attention(s: Step) -> list[Loop]:
+    """Head h's earlier positions in this bank: its keys, then its values (the bounds change with h)."""
+    banks, ctx, past = s["BANKS"], s.field(d5005.W_CTX), s.position - 1
+    row_words = s.words(s.field(d5005.W_HEAD_DIM), s["CACHE_BYTES"])
+
+    def head(h: int) -> tuple[Loop, ...]:
+        first = (s.bank + banks - (h * ctx) % banks) % banks
+        mine = (past - first + banks - 1) // banks if past > first else 0
+        return tuple(
+            _counted(f"read_attention.{n}", "n", "mine * row_words", mine * row_words) for n in ("keys", "values")
+        )
+
+    kv_heads = s.field(d5005.W_KV_HEADS)
+    return [Loop("read_attention.kv_heads", "for (uint h = 0; h < kv_heads; h++)", kv_heads, inner_of=head)]
+
+
+# -- the compute kernel's routines -------------------------------------------------------------------------------
+
+
+def embed_row(s: Step) -> list[Loop]:
+    return [_counted("embed_row.words", "c", "words", s.words(s.field(d5005.W_COLS), s["WEIGHT_BYTES"]))]
+
+
+def matvec(s: Step) -> list[Loop]:
+    """The input copied on chip, then rows 4i .. 4i+3 a word of each bank a cycle, summed in shift registers."""
+    rows, words = s.field(d5005.W_ROWS), s.words(s.field(d5005.W_COLS), s["WEIGHT_BYTES"])
+    row_words = _counted("matvec.words", "c", "words", words, carried=s["SHIFT_DEPTH"])
+    return [
+        _by_ov("matvec.load", "words * VECTOR_WIDTH", words * s["VECTOR_WIDTH"], s),
+        _counted("matvec.rows", "i", "quads", ceil_div(rows, s["BANKS"]), inner=(row_words,)),
+    ]
+
+
+def rms_norm(s: Step) -> list[Loop]:
+    n = s.field(d5005.W_COLS)
+    return [
+        _by_ov("rms_norm.squares", "n", n, s, carried=s["SHIFT_DEPTH"]),
+        _counted("rms_norm.scale", "c", "words", s.words(n, s["WEIGHT_BYTES"])),
+    ]
+
+
+def rope(s: Step) -> list[Loop]:
+    return [
+        _counted("rope.table", "c", "words", s.words(s.field(d5005.W_HEAD_DIM), 4)),
+        _by_ov("rope.rotate", "width / 2", s.field(d5005.W_WIDTH) // 2, s),
+    ]
+
+
+def cache_write(s: Step) -> list[Loop]:
+    words = _counted("cache_write.words", "c", "words", s.words(s.field(d5005.W_COLS), s["CACHE_BYTES"]))
+    return [_counted("cache_write.heads", "h", "kv_heads", s.field(d5005.W_KV_HEADS), inner=(words,))]
+
+
+def attention(s: Step) -> list[Loop]:
+    """One KV head at a time: its keys once for its group, the scores, the position's own key, the softmax of
+    each query head, then its values once into rotating accumulators."""
+    heads, kv_heads = s.field(d5005.W_HEADS), s.field(d5005.W_KV_HEADS)
+    group, past, depth = heads // kv_heads, s.position - 1, s["SHIFT_DEPTH"]
+    quads = ceil_div(past, s["BANKS"])
+    row_words = s.words(s.field(d5005.W_HEAD_DIM), s["CACHE_BYTES"])
+    slots = row_words * ceil_div(depth, row_words)
+    softmax = _by_ov("attention.softmax", "position", s.position, s, carried=depth)
+    inner = (
+        _by_ov("attention.queries", "group * row_words * CPW", group * row_words * s.cpw, s),
+        _counted("attention.keys", "n", "quads * row_words", quads * row_words),
+        _counted("attention.scores", "r", "quads", quads, carried=depth),
+        _by_ov("attention.current", "row_words * CPW", row_words * s.cpw, s, carried=depth),
+        _counted("attention.softmax_heads", "g", "group", group, inner=(softmax,)),
+        _counted("attention.clear", "r", "slots", slots),
+        _counted("attention.values", "n", "quads * row_words", quads * row_words, carried=depth),
+        _counted("attention.output", "c", "group * row_words", group * row_words),
+    )
+    return [_counted("attention.kv_heads", "h", "kv_heads", kv_heads, inner=inner)]
+
+
+def silu_mul(s: Step) -> list[Loop]:
+    return [_by_ov("silu_mul.words", "n", s.field(d5005.W_ROWS), s)]
+
+
+def add(s: Step) -> list[Loop]:
+    return [_by_ov("add.words", "n", s.field(d5005.W_ROWS), s)]
+
+
+def argmax(s: Step) -> list[Loop]:
+    return [_by_ov("argmax.words", "n", s.field(d5005.W_ROWS), s, carried=s["SHIFT_DEPTH"])]
+
+
+# Each opcode's routine in the compute kernel and, for those that stream board memory, in the bank readers.
+COMPUTE: dict[str, Routine] = {
+    "embed_row": embed_row,
+    "matvec": matvec,
+    "rms_norm": rms_norm,
+    "rope": rope,
+    "cache_write": cache_write,
+    "attention": attention,
+    "silu_mul": silu_mul,
+    "add": add,
+    "argmax": argmax,
+}
+READERS: dict[str, Routine] = {
+    "embed_row": read_embed_row,
+    "matvec": read_matvec,
+    "rms_norm": read_rms_norm,
+    "rope": read_rope,
+    "attention": read_attention,
+}
+# The fields of an instruction word any trip count reads: words equal in these cost the same.
+TRIP_FIELDS = (
+    d5005.W_OPCODE,
+    d5005.W_ROWS,
+    d5005.W_COLS,
+    d5005.W_HEADS,
+    d5005.W_KV_HEADS,
+    d5005.W_HEAD_DIM,
+    d5005.W_CTX,
+    d5005.W_WIDTH,
+)
