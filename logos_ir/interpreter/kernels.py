@@ -156,6 +156,18 @@ def _causal_bias(positions: np.ndarray, length: int) -> np.ndarray:
     return np.where(allowed, _F32(0), _F32(-np.inf)).astype(_F32)
 
 
+def _queries_by_kv_head(q: np.ndarray, kv_heads: int, group: int, head_dim: int) -> np.ndarray:
+    """[kv_heads, rows * group, head_dim]: query head h = kv * group + g reads KV head kv, so each KV head's queries
+    of all rows are gathered together."""
+    rows = q.shape[0]
+    return q.reshape(rows, kv_heads, group, head_dim).transpose(1, 0, 2, 3).reshape(kv_heads, -1, head_dim)
+
+
+def _rows_from_kv_heads(attended: np.ndarray, rows: int, kv_heads: int, group: int, head_dim: int) -> np.ndarray:
+    """The inverse of `_queries_by_kv_head`: [rows, heads * head_dim], each row's heads side by side."""
+    return attended.reshape(kv_heads, rows, group, head_dim).transpose(1, 0, 2, 3).reshape(rows, -1)
+
+
 def attention(keys: np.ndarray, values: np.ndarray) -> Callable[..., Step]:
     if keys.ndim == 4:
         return _attention_per_sequence(keys, values)
@@ -172,14 +184,12 @@ def attention(keys: np.ndarray, values: np.ndarray) -> Callable[..., Step]:
             length = int(pos.max())
             k = keys[:, :length]
             v = values[:, :length]
-            # Query head h = kv * group + g reads KV head kv: gather each KV head's queries of all rows.
-            qh = q.reshape(rows, kv_heads, group, head_dim).transpose(1, 0, 2, 3).reshape(kv_heads, -1, head_dim)
+            qh = _queries_by_kv_head(q, kv_heads, group, head_dim)
             scores = matmul(qh, k.transpose(0, 2, 1))
             scores *= scale
             if rows > 1:  # a decode row attends every cached position up to its own: nothing to mask
                 scores.reshape(kv_heads, rows, group, length)[...] += _causal_bias(pos, length)[None, :, None, :]
-            attended = matmul(_softmax_rows(scores), v)
-            r[out] = attended.reshape(kv_heads, rows, group, head_dim).transpose(1, 0, 2, 3).reshape(rows, -1)
+            r[out] = _rows_from_kv_heads(matmul(_softmax_rows(scores), v), rows, kv_heads, group, head_dim)
 
         return step
 
@@ -218,15 +228,14 @@ def self_attention(head_dim: int) -> Callable[..., Step]:
             rows = q.shape[0]
             kv_heads = k.shape[1] // head_dim
             group = q.shape[1] // k.shape[1]
-            qh = q.reshape(rows, kv_heads, group, head_dim).transpose(1, 0, 2, 3).reshape(kv_heads, -1, head_dim)
+            qh = _queries_by_kv_head(q, kv_heads, group, head_dim)
             kh = k.reshape(rows, kv_heads, head_dim).transpose(1, 2, 0)
             vh = v.reshape(rows, kv_heads, head_dim).transpose(1, 0, 2)
             scores = matmul(qh, kh)
             scores *= scale
             bias = _causal_bias(np.arange(1, rows + 1), rows)
             scores.reshape(kv_heads, rows, group, rows)[...] += bias[None, :, None, :]
-            attended = matmul(_softmax_rows(scores), vh)
-            r[out] = attended.reshape(kv_heads, rows, group, head_dim).transpose(1, 0, 2, 3).reshape(rows, -1)
+            r[out] = _rows_from_kv_heads(matmul(_softmax_rows(scores), vh), rows, kv_heads, group, head_dim)
 
         return step
 
