@@ -269,44 +269,85 @@ def decode_ops(stream: Stream) -> list[Any]:
         raise StreamError(f"the stream's symbols give an op that does not verify: {error}") from None
 
 
-def _decode(stream: Stream, w: list[int], buffers: dict[int, Any], regions: dict[int, list[Any]]) -> Any:
-    from xdsl.dialects.builtin import FloatAttr
+@dataclass
+class _Word:
+    """One instruction word being read back: its fields, and the buffers and regions the symbols name."""
 
-    def region(offset_field: int = d5005.W_OFFSET) -> d5005.RegionAttr:
-        offset = w[offset_field] * stream.burst
-        found = regions.get(offset)
+    stream: Stream
+    w: list[int]
+    buffers: dict[int, Any]
+    regions: dict[int, list[Any]]
+
+    def region(self, offset_field: int = d5005.W_OFFSET) -> d5005.RegionAttr:
+        offset = self.w[offset_field] * self.stream.burst
+        found = self.regions.get(offset)
         if found is None:
             raise StreamError(f"the stream's symbols name no region at byte {offset}")
         return d5005.RegionAttr(*found)
 
-    def b(i: int) -> Any:
-        if w[i] not in buffers:
-            raise StreamError(f"the stream's symbols name no buffer at word {w[i]}")
-        return buffers[w[i]]
+    def buffer(self, index: int) -> Any:
+        if self.w[index] not in self.buffers:
+            raise StreamError(f"the stream's symbols name no buffer at word {self.w[index]}")
+        return self.buffers[self.w[index]]
 
-    name = _OPCODE_NAMES[w[0]]
-    as_float = float(np.array(w[d5005.W_FLOAT], dtype=np.uint32).view(np.float32))
-    if name == "d5005.embed_row":
-        return d5005.EmbedRowOp(b(d5005.W_DST), region())
-    if name == "d5005.matvec":
-        return d5005.MatvecOp(b(d5005.W_DST), b(d5005.W_A), region())
-    if name == "d5005.rms_norm":
-        op = d5005.RMSNormOp(b(d5005.W_DST), b(d5005.W_A), region(), as_float)
-        op.epsilon = FloatAttr(as_float, 32)
-        return op
-    if name == "d5005.rope":
-        return d5005.RopeOp(b(d5005.W_DST), b(d5005.W_A), region(), w[d5005.W_WIDTH], w[d5005.W_HEAD_DIM])
-    if name == "d5005.cache_write":
-        return d5005.CacheWriteOp(b(d5005.W_A), region(), w[d5005.W_KV_HEADS])
-    if name == "d5005.attention":
-        return d5005.AttentionOp(
-            b(d5005.W_DST), b(d5005.W_A), region(), region(d5005.W_OFFSET2), (b(d5005.W_KEY), b(d5005.W_VALUE)),
-            b(d5005.W_B), w[d5005.W_HEADS], w[d5005.W_KV_HEADS],
-        )  # fmt: skip
-    if name == "d5005.argmax":
-        return d5005.ArgmaxOp(b(d5005.W_A), w[d5005.W_ROWS])
-    kind = d5005.SiluMulOp if name == "d5005.silu_mul" else d5005.AddOp
-    return kind(b(d5005.W_DST), b(d5005.W_A), b(d5005.W_B), w[d5005.W_ROWS])
+    def float(self) -> float:
+        return float(np.array(self.w[d5005.W_FLOAT], dtype=np.uint32).view(np.float32))
+
+
+def _embed_row(x: _Word) -> Any:
+    return d5005.EmbedRowOp(x.buffer(d5005.W_DST), x.region())
+
+
+def _matvec(x: _Word) -> Any:
+    return d5005.MatvecOp(x.buffer(d5005.W_DST), x.buffer(d5005.W_A), x.region())
+
+
+def _rms_norm(x: _Word) -> Any:
+    return d5005.RMSNormOp(x.buffer(d5005.W_DST), x.buffer(d5005.W_A), x.region(), x.float())
+
+
+def _rope(x: _Word) -> Any:
+    w = x.w
+    return d5005.RopeOp(x.buffer(d5005.W_DST), x.buffer(d5005.W_A), x.region(), w[d5005.W_WIDTH], w[d5005.W_HEAD_DIM])
+
+
+def _cache_write(x: _Word) -> Any:
+    return d5005.CacheWriteOp(x.buffer(d5005.W_A), x.region(), x.w[d5005.W_KV_HEADS])
+
+
+def _attention(x: _Word) -> Any:
+    current = (x.buffer(d5005.W_KEY), x.buffer(d5005.W_VALUE))
+    keys, values = x.region(), x.region(d5005.W_OFFSET2)
+    dst, query, scores = x.buffer(d5005.W_DST), x.buffer(d5005.W_A), x.buffer(d5005.W_B)
+    return d5005.AttentionOp(dst, query, keys, values, current, scores, x.w[d5005.W_HEADS], x.w[d5005.W_KV_HEADS])
+
+
+def _elementwise(kind: type[d5005.ElementwiseOp]) -> Any:
+    def make(x: _Word) -> Any:
+        return kind(x.buffer(d5005.W_DST), x.buffer(d5005.W_A), x.buffer(d5005.W_B), x.w[d5005.W_ROWS])
+
+    return make
+
+
+def _argmax(x: _Word) -> Any:
+    return d5005.ArgmaxOp(x.buffer(d5005.W_A), x.w[d5005.W_ROWS])
+
+
+_OPS = {
+    "d5005.embed_row": _embed_row,
+    "d5005.matvec": _matvec,
+    "d5005.rms_norm": _rms_norm,
+    "d5005.rope": _rope,
+    "d5005.cache_write": _cache_write,
+    "d5005.attention": _attention,
+    "d5005.silu_mul": _elementwise(d5005.SiluMulOp),
+    "d5005.add": _elementwise(d5005.AddOp),
+    "d5005.argmax": _argmax,
+}
+
+
+def _decode(stream: Stream, w: list[int], buffers: dict[int, Any], regions: dict[int, list[Any]]) -> Any:
+    return _OPS[_OPCODE_NAMES[w[0]]](_Word(stream, w, buffers, regions))
 
 
 # -- the host program ------------------------------------------------------------------------------------------

@@ -32,7 +32,6 @@ from xdsl.utils.target import Target
 
 from logos_ir.dialects import d5005
 
-COMPUTE_KERNEL, READER_KERNELS = d5005.COMPUTE_KERNEL, d5005.READER_KERNELS
 SHIFT_DEPTH = 8  # partial sums a carried floating-point add rotates through: covers its latency (docs/d5005.md)
 CHANNEL_DEPTH = 512  # bank words each reader may run ahead of the compute kernel
 

@@ -144,3 +144,25 @@ def test_logits_over_the_on_chip_budget_are_refused() -> None:
     spec = replace(ModelSpec.preset("tiny"), vocab=1 << 21)
     with pytest.raises(PassError, match=r"on-chip buffers need \d+ words .* over the engine's budget of 1048576"):
         lower_program(logos_program(spec, Cut.decode(64)), "bf16")
+
+
+def test_compile_sh_runs_with_only_the_vendor_tools(tmp_path) -> None:  # noqa: ANN001
+    """The build's compile.sh needs Intel's aoc and nothing of this package: here aoc is a stub that records its
+    arguments, and python or a logos tool, if the script called one, would fail."""
+    import subprocess
+
+    lane = build_d5005(request("tiny", 64))
+    for artifact in lane.artifacts:
+        (tmp_path / artifact.path).write_bytes(artifact.data)
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for name in ("python", "python3", "logos-run", "logos-compile", "logos-opt", "logos-author"):
+        (tools / name).write_text("#!/bin/sh\nexit 97\n")
+    (tools / "aoc").write_text('#!/bin/sh\necho "$@" > aoc.args\n')
+    for stub in tools.iterdir():
+        stub.chmod(0o755)
+    env = {"PATH": f"{tools}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    subprocess.run(["sh", "compile.sh"], cwd=tmp_path, env=env, check=True, timeout=30)
+    assert (tmp_path / "aoc.args").read_text().split() == [
+        "-board=pac_s10_dc", "-fp-relaxed", "-no-interleaving=DDR", "-report", "engine.cl", "-o", "engine.aocx"
+    ]  # fmt: skip
