@@ -1,29 +1,34 @@
-"""`convert-logos-to-cuda-kernels`: a `logos` program -> the CUDA lane's kernel level (host plan of fused kernels).
+"""`convert-logos-to-cuda-kernels`: a `logos` program -> the CUDA lane's kernel level (host plan of kernels).
 
-    logos-opt decode.logos -p 'convert-logos-to-cuda-kernels{weights=bf16}'
+    logos-opt decode.logos -p 'inline-sections,convert-logos-to-cuda-kernels{weights=bf16}'
 
 Assumes: a module holding one `logos.program` of a whole decode step, prefill chunk or batch (split over chips or
-not), in the author's form: @main calls @embedding, each @layer_n and @head in order; a layer computes its
-projections, rotates queries and keys, writes keys and values into its caches, attends, projects back with a
-residual add, and runs SwiGLU with a residual add.
+not) whose @main is inlined (`inline-sections`), in the author's form: each layer computes its projections, rotates
+queries and keys, writes keys and values into its caches, attends, projects back with a residual add, and runs
+SwiGLU with a residual add.
 
 Guarantees: the program is replaced by one host function `@step` (and, when split, the program's `shard.grid`):
 `cuda.buffer` ops naming every device buffer (each weight by its tensor name in the `weights` image, norm scales in
-f32 whatever the image, each layer's
-caches, the inputs, the output, the activations named by the value names the author gave them, so that every layer
-reuses the same activation buffers, and the rotary cos/sin tables), then one kernel-level op per fused kernel in
-launch order, with `shard.all_reduce` kept between kernels where the program has it, and a split head's
-`shard.all_gather` (this chip's logits into the whole row, a new buffer named by the op's `cuda.buffer` attribute,
-the arg-max's input). Fusions: the residual add into
-the projection before it (unless an all-reduce sits between), SiLU and the product into one gate/up kernel, the key
-rotation and both cache writes into one kernel, the prefill head's row pick into its RMS norm. The module records
-the program's identity line (`cuda.identity`) and the weight image (`cuda.weights`). Any other cut, or a program
-not in the author's form, is refused with a `PassError` naming the pass and the op, before anything is changed.
+f32 whatever the image, each layer's caches, the inputs, the output, the activations named by the value names the
+author gave them, so that every layer reuses the same activation buffers, and the rotary cos/sin tables), in the
+order they were first needed, then one kernel-level op per kernel in launch order, with `shard.all_reduce` kept
+between kernels where the program has it, and a split head's `shard.all_gather` (this chip's logits into the whole
+row, a new buffer named by the op's `cuda.buffer` attribute, the arg-max's input). What an op's pattern folds into
+the kernel it lowers to: the residual add into the projection right before it (unless an all-reduce sits between),
+SiLU and the product into one gate/up kernel, the key rotation and both cache writes into one kernel, the prefill
+head's row pick into its RMS norm; the fusions across kernels are passes of their own (`cuda-fold-norms`,
+`cuda-fuse-qkv`, `cuda-fold-residual-adds`, `cuda-fuse-prefill-attention`, `cuda-fold-prefill-norms`). The module
+records the program's identity line (`cuda.identity`) and the weight image (`cuda.weights`).
+
+One rewrite pattern a logos op (`Lower<Op>`), driven by one walker over @main: each names the buffers it needs (a
+name already given is the same buffer) and stands for its result with an `unrealized_conversion_cast` of its
+buffer, which the patterns of its readers read; a rotation, SiLU or row pick waits for the pattern of the op that
+reads it. Any other cut, or a program not in the author's form, is refused with a `PassError` naming the pass and
+the op, and the module is left as it was (the program is rewritten as a copy).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -31,6 +36,9 @@ from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import (
     BFloat16Type,
+    BytesAttr,
+    DenseArrayBase,
+    FlatSymbolRefAttr,
     Float32Type,
     FloatAttr,
     IndexType,
@@ -40,17 +48,27 @@ from xdsl.dialects.builtin import (
     ModuleOp,
     StringAttr,
     TensorType,
+    UnrealizedConversionCastOp,
     f32,
+    i16,
     i64,
 )
 from xdsl.dialects.shard import AllReduceOp, GridOp
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
+from xdsl.pattern_rewriter import (
+    GreedyRewritePatternApplier,
+    PatternRewriter,
+    PatternRewriteWalker,
+    RewritePattern,
+    op_type_rewrite_pattern,
+)
 
 from logos_ir import identity
 from logos_ir.dialects import cuda, logos
 from logos_ir.dialects.shard_ext import AllGatherOp
 from logos_ir.errors import PassError
+from logos_ir.passes.cuda.kernel_level import value_name, writes
 from logos_ir.program import Cut
 
 NAME = "convert-logos-to-cuda-kernels"
@@ -58,6 +76,7 @@ LOWERED = ("decode", "prefill", "batch")
 ATTENTION_WARPS = 4 * 132  # warps attention aims at: 4 a block over an H200's 132 SMs
 ATTENTION_MIN_SPLIT = 32  # the fewest positions a split holds at a full cache
 ARGMAX_CHUNK = 1024  # values one warp reduces in the first stage of the arg-max
+LAZY = (logos.RopeOp, logos.SiluOp, logos.RowOp)  # folded into the kernel that reads them
 
 
 def attention_split(kv_items: int, ctx: int) -> int:
@@ -69,379 +88,397 @@ def attention_split(kv_items: int, ctx: int) -> int:
 
 
 @dataclass
-class _Kernel:
-    """A kernel-level op before it is built: its class, the buffers it reads and writes, its properties."""
+class _Lowering:
+    """What the patterns share: the weight image's element, the buffers named so far (a buffer is named once, where
+    it is first needed, so that every layer reuses its activation buffers), the caches' length (the rotary tables'),
+    the key a rotation waits to write with its value, the chips' grid, and the first refusal."""
 
-    op: type[cuda.KernelOp]
-    ins: list[str]
-    outs: list[str]
-    props: Mapping[str, Attribute] = field(default_factory=dict)
+    spec: Any  # the program's ModelSpec
+    element: Attribute
+    grid: GridOp | None
+    buffers: dict[str, SSAValue] = field(default_factory=dict)
+    kinds: dict[str, str] = field(default_factory=dict)
+    ctx: int = 1
+    pending_key: tuple[SSAValue, SSAValue, SSAValue] | None = None  # (rotated key source, cache, positions)
+    refusal: PassError | None = None
 
-
-@dataclass
-class _Reduce:
-    """A `shard.all_reduce` of a buffer, in place: later readers of `result` read the reduced buffer."""
-
-    buffer: str
-    result: str
-
-
-@dataclass
-class _Gather:
-    """A `shard.all_gather` of a buffer along `axis` into the new buffer `result` (the chips' shares in chip
-    order): later readers of the gathered value read `result`."""
-
-    buffer: str
-    result: str
-    axis: int
-
-
-@dataclass(frozen=True)
-class _Lazy:
-    """A value the plan folds into the kernel that reads it: a rotation, a SiLU, a row pick."""
-
-    kind: str
-    source: SSAValue
-    name: str
-    index: int = 0
-
-
-@dataclass
-class _Buffer:
-    name: str
-    kind: str
-    type: MemRefType
-
-
-class _Plan:
-    """The host plan of one program: buffers by name, then kernels (and all-reduces) in launch order."""
-
-    def __init__(self, program: logos.ProgramOp, weights: str):
-        self.program = program
-        self.spec = program.spec
-        self.element: Attribute = BFloat16Type() if weights == "bf16" else Float32Type()
-        self.buffers: dict[str, _Buffer] = {}
-        self.steps: list[_Kernel | _Reduce | _Gather] = []
-        self.env: dict[SSAValue, str | _Lazy] = {}
-        self.producer: dict[str, int] = {}
-        self.pending_key: tuple[str, str, str] | None = None  # (rotated key source, cache, positions)
-        self.grid: GridOp | None = None
-        self.ctx = 1
-
-    # -- buffers ------------------------------------------------------------------------------------------------
-
-    def buffer(self, name: str, kind: str, kind_type: MemRefType) -> str:
+    def buffer(self, rewriter: PatternRewriter, name: str, kind: str, kind_type: MemRefType) -> SSAValue:
+        """The buffer `name` (named `<name>.<shape>` when `name` holds another type), added before the op being
+        rewritten when it is new."""
         known = self.buffers.get(name)
         if known is not None and known.type != kind_type:
-            return self.buffer(f"{name}.{'x'.join(str(d) for d in kind_type.get_shape())}", kind, kind_type)
-        if known is None:
-            self.buffers[name] = _Buffer(name, kind, kind_type)
-        return name
+            return self.buffer(rewriter, f"{name}.{'x'.join(str(d) for d in kind_type.get_shape())}", kind, kind_type)
+        if known is not None:
+            return known
+        op = cuda.BufferOp(name, kind, kind_type)
+        op.result.name_hint = value_name(name)
+        rewriter.insert_op(op, rewriter.insertion_point)
+        self.buffers[name] = op.result
+        return op.result
 
-    def activation(self, value: SSAValue, kind: str = "activation") -> str:
+    def activation(self, rewriter: PatternRewriter, value: SSAValue, kind: str = "activation") -> SSAValue:
         shape = logos.tensor_shape(value)
         element = i64 if isinstance(cast(TensorType, value.type).element_type, IntegerType) else f32
-        return self.buffer(value.name_hint or "value", kind, MemRefType(element, list(shape)))
+        return self.buffer(rewriter, value.name_hint or "value", kind, MemRefType(element, list(shape)))
 
-    def of(self, value: SSAValue, op: Operation) -> str:
-        found = self.env.get(value)
-        if isinstance(found, str):
-            return found
-        raise PassError(f"{NAME}: '{op.name}' reads a value the CUDA lane cannot hold in a buffer ({found})")
+    def rope_tables(self, rewriter: PatternRewriter, head_dim: int) -> tuple[SSAValue, SSAValue]:
+        kind_type = MemRefType(f32, [self.ctx, head_dim])
+        return self.buffer(rewriter, "rope.cos", "table", kind_type), self.buffer(
+            rewriter, "rope.sin", "table", kind_type
+        )
 
-    def lazy(self, value: SSAValue) -> _Lazy | None:
-        found = self.env.get(value)
-        return found if isinstance(found, _Lazy) else None
+    def refuse(self, message: str) -> None:
+        if self.refusal is None:
+            self.refusal = PassError(f"{NAME}: {message}")
 
-    def add(self, kernel: _Kernel | _Reduce | _Gather) -> None:
-        self.steps.append(kernel)
-        outs = kernel.outs if isinstance(kernel, _Kernel) else [kernel.result]
-        for out in outs:
-            self.producer[out] = len(self.steps) - 1
 
-    def rope_tables(self) -> tuple[str, str]:
-        kind_type = MemRefType(f32, [self.ctx, self.spec.head_dim])
-        return self.buffer("rope.cos", "table", kind_type), self.buffer("rope.sin", "table", kind_type)
+def _buffer_of(value: SSAValue) -> SSAValue | None:
+    """The buffer a lowered value lives in (the input of the cast that stands for it), or None for a value that is
+    not in a buffer (a rotation, a SiLU, a row pick waiting for the kernel that reads it)."""
+    owner = value.owner
+    if isinstance(owner, UnrealizedConversionCastOp) and isinstance(owner.inputs[0].type, MemRefType):
+        return owner.inputs[0]
+    return None
 
-    # -- walking the program ------------------------------------------------------------------------------------
 
-    def run(self) -> None:
-        main = self.program.function("main")
-        assert main is not None
-        for op in self.program.body.block.ops:
-            if isinstance(op, GridOp):
-                self.grid = op
-        for op in main.body.block.ops:
-            if isinstance(op, logos.InputOp):
-                self.env[op.result] = self.activation(op.result, "input")
-            elif not isinstance(op, func.ReturnOp):
-                self.lower(op)
-        if self.pending_key is not None:
-            raise PassError(f"{NAME}: a rotated key is written into a cache with no value written after it")
+def _stands_for(rewriter: PatternRewriter, op: Operation, buffer: SSAValue) -> None:
+    """`op`'s one result replaced by a cast of `buffer` (what later patterns read its buffer from), `op` erased."""
+    stand_in = UnrealizedConversionCastOp.get([buffer], [op.results[0].type])
+    rewriter.insert_op(stand_in, rewriter.insertion_point)
+    rewriter.replace_op(op, [], [stand_in.results[0]])
 
-    def lower(self, op: Operation) -> None:
-        handler = _HANDLERS.get(type(op))
-        if isinstance(op, func.CallOp):
-            raise PassError(
-                f"{NAME}: @main calls @{op.callee.root_reference.data}: the lane lowers an inlined @main",
-                hint="run inline-sections first (logos-to-cuda does)",
-            )
-        if handler is None:
-            raise PassError(f"{NAME}: @main holds '{op.name}', which the CUDA lane does not lower")
-        handler(self, op)
 
-    # -- one handler per source op ------------------------------------------------------------------------------
+def _last_step(op: Operation) -> Operation | None:
+    """The kernel or collective launched last before `op`."""
+    earlier = op.prev_op
+    while earlier is not None and not _is_step(earlier):
+        earlier = earlier.prev_op
+    return earlier
 
-    def weight(self, op: logos.WeightOp) -> None:
+
+def _is_step(op: Operation) -> bool:
+    memref_collective = isinstance(op, AllReduceOp | AllGatherOp) and isinstance(op.results[0].type, MemRefType)
+    return isinstance(op, cuda.KernelOp) or memref_collective
+
+
+class _LoweringPattern(RewritePattern):
+    """A pattern of this pass: it reads and names buffers through the shared `_Lowering`, and does nothing once a
+    pattern has refused the program."""
+
+    def __init__(self, lowering: _Lowering):
+        self.lowering = lowering
+
+    def of(self, value: SSAValue, op: Operation) -> SSAValue:
+        buffer = _buffer_of(value)
+        if buffer is None:
+            owner = value.owner
+            what = owner.name if isinstance(owner, Operation) else "an argument"
+            self.lowering.refuse(f"'{op.name}' reads a value the CUDA lane cannot hold in a buffer ({what})")
+            return value
+        return buffer
+
+
+class LowerInput(_LoweringPattern):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.InputOp, rewriter: PatternRewriter) -> None:
+        _stands_for(rewriter, op, self.lowering.activation(rewriter, op.result, "input"))
+
+
+class LowerWeight(_LoweringPattern):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.WeightOp, rewriter: PatternRewriter) -> None:
         shape = logos.tensor_shape(op.result)
         # Norm scales (the only 1-D weights) stay f32 in a bf16 image: a rounding of them would scale every channel
         # of every row, and they are some 0.03% of a model's bytes.
-        element = self.element if len(shape) > 1 else f32
-        self.env[op.result] = self.buffer(op.tensor.data, "weight", MemRefType(element, list(shape)))
+        element = self.lowering.element if len(shape) > 1 else f32
+        weight = self.lowering.buffer(rewriter, op.tensor.data, "weight", MemRefType(element, list(shape)))
+        _stands_for(rewriter, op, weight)
 
-    def cache(self, op: logos.CacheOp) -> None:
+
+class LowerCache(_LoweringPattern):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.CacheOp, rewriter: PatternRewriter) -> None:
         shape = logos.tensor_shape(op.result)
-        self.ctx = shape[-2]
+        self.lowering.ctx = shape[-2]
         name = f"cache.{op.kind.data}.{op.layer.value.data}"
         # the cache holds the weight image's element: bf16 beside bf16 weights (half attention's bytes), f32 beside
         # f32 weights (the exact path)
-        self.env[op.result] = self.buffer(name, "cache", MemRefType(self.element, list(shape)))
+        kind_type = MemRefType(self.lowering.element, list(shape))
+        _stands_for(rewriter, op, self.lowering.buffer(rewriter, name, "cache", kind_type))
 
-    def embed(self, op: logos.EmbedOp) -> None:
-        out = self.activation(op.result)
-        self.add(_Kernel(cuda.EmbedOp, [self.of(op.table, op), self.of(op.tokens, op)], [out]))
-        self.env[op.result] = out
 
-    def rms_norm(self, op: logos.RMSNormOp) -> None:
-        row = -1
-        picked = self.lazy(op.input)
-        source = op.input
-        if picked is not None and picked.kind == "row":
-            source, row = picked.source, picked.index - 1
-        out = self.activation(op.result)
+class LowerEmbed(_LoweringPattern):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.EmbedOp, rewriter: PatternRewriter) -> None:
+        out = self.lowering.activation(rewriter, op.result)
+        rewriter.insert_op(cuda.EmbedOp([self.of(op.table, op), self.of(op.tokens, op)], [out]))
+        _stands_for(rewriter, op, out)
+
+
+class LowerRMSNorm(_LoweringPattern):
+    """An RMS norm as `cuda.rms_norm`; of a row pick (the prefill head's last row), that row alone (`row`)."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.RMSNormOp, rewriter: PatternRewriter) -> None:
+        row, source = -1, op.input
+        picked = op.input.owner
+        if isinstance(picked, logos.RowOp):
+            source, row = picked.input, picked.index.value.data - 1
+        out = self.lowering.activation(rewriter, op.result)
         props = {"epsilon": FloatAttr(op.epsilon.value.data, f32), "row": IntegerAttr(row, i64)}
-        self.add(_Kernel(cuda.RMSNormOp, [self.of(source, op), self.of(op.weight, op)], [out], props))
-        self.env[op.result] = out
+        rewriter.insert_op(cuda.RMSNormOp([self.of(source, op), self.of(op.weight, op)], [out], props))
+        _stands_for(rewriter, op, out)
 
-    def row(self, op: logos.RowOp) -> None:
-        self.env[op.result] = _Lazy("row", op.input, op.result.name_hint or "row", op.index.value.data)
 
-    def linear(self, op: logos.LinearOp) -> None:
-        out = self.activation(op.result)
-        self.add(_Kernel(cuda.LinearOp, [self.of(op.input, op), self.of(op.weight, op)], [out]))
-        self.env[op.result] = out
+class LowerLinear(_LoweringPattern):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.LinearOp, rewriter: PatternRewriter) -> None:
+        out = self.lowering.activation(rewriter, op.result)
+        rewriter.insert_op(cuda.LinearOp([self.of(op.input, op), self.of(op.weight, op)], [out]))
+        _stands_for(rewriter, op, out)
 
-    def silu(self, op: logos.SiluOp) -> None:
-        self.env[op.result] = _Lazy("silu", op.input, op.result.name_hint or "silu")
 
-    def mul(self, op: logos.MulOp) -> None:
-        activated = self.lazy(op.lhs)
-        if activated is None or activated.kind != "silu":
-            raise PassError(f"{NAME}: 'logos.mul' is lowered only as SwiGLU's silu(gate) times up")
-        gate = self._linear_of(self.of(activated.source, op), op)
+class LowerSwiGLU(_LoweringPattern):
+    """silu(x @ gate^T) * (x @ up^T): the two projections already lowered become one `cuda.gate_up`."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.MulOp, rewriter: PatternRewriter) -> None:
+        activated = op.lhs.owner
+        if not isinstance(activated, logos.SiluOp):
+            self.lowering.refuse("'logos.mul' is lowered only as SwiGLU's silu(gate) times up")
+            return
+        gate = self._linear_of(self.of(activated.input, op), op)
         up = self._linear_of(self.of(op.rhs, op), op)
+        if gate is None or up is None:
+            return
         if gate.ins[0] != up.ins[0]:
-            raise PassError(f"{NAME}: 'logos.mul' multiplies projections of two different inputs")
-        self.steps = [s for s in self.steps if s is not gate and s is not up]
-        out = self.activation(op.result)
-        self.add(_Kernel(cuda.GateUpOp, [gate.ins[0], gate.ins[1], up.ins[1]], [out]))
-        self.env[op.result] = out
+            self.lowering.refuse("'logos.mul' multiplies projections of two different inputs")
+            return
+        rewriter.erase_op(gate)
+        rewriter.erase_op(up)
+        out = self.lowering.activation(rewriter, op.result)
+        rewriter.insert_op(cuda.GateUpOp([gate.ins[0], gate.ins[1], up.ins[1]], [out]))
+        _stands_for(rewriter, op, out)
 
-    def _linear_of(self, buffer: str, op: Operation) -> _Kernel:
-        index = self.producer.get(buffer)
-        step = self.steps[index] if index is not None and index < len(self.steps) else None
-        if not isinstance(step, _Kernel) or step.op is not cuda.LinearOp or step.outs != [buffer]:
-            raise PassError(f"{NAME}: '{op.name}' expects a projection feeding it, found none for '{buffer}'")
+    def _linear_of(self, buffer: SSAValue, op: Operation) -> cuda.LinearOp | None:
+        """The projection that last wrote `buffer`, when it is one writing only that."""
+        step = _last_step(op)
+        while step is not None and buffer not in writes(step):
+            step = _last_step(step)
+        if not isinstance(step, cuda.LinearOp) or list(step.outs) != [buffer]:
+            self.lowering.refuse(f"'{op.name}' expects a projection feeding it, found none")
+            return None
         return step
 
-    def elementwise_add(self, op: logos.AddOp) -> None:
-        out = self.activation(op.result)
+
+class LowerAdd(_LoweringPattern):
+    """An elementwise add; a residual add right after the projection of its right-hand side (read by nothing else)
+    goes into that projection (its third input)."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.AddOp, rewriter: PatternRewriter) -> None:
+        out = self.lowering.activation(rewriter, op.result)
         lhs, rhs = self.of(op.lhs, op), self.of(op.rhs, op)
-        last = self.steps[-1] if self.steps else None
-        fusable = isinstance(last, _Kernel) and last.op is cuda.LinearOp and len(last.ins) == 2
-        if fusable and isinstance(last, _Kernel) and last.outs == [rhs] and op.rhs.has_one_use():
-            last.ins.append(lhs)
-            last.outs = [out]
-            self.producer[out] = len(self.steps) - 1
+        last = _last_step(op)
+        plain = isinstance(last, cuda.LinearOp) and len(last.ins) == 2
+        if plain and isinstance(last, cuda.LinearOp) and list(last.outs) == [rhs] and op.rhs.has_one_use():
+            rewriter.replace_op(last, cuda.LinearOp([*last.ins, lhs], [out]))
         else:
-            self.add(_Kernel(cuda.AddOp, [lhs, rhs], [out]))
-        self.env[op.result] = out
+            rewriter.insert_op(cuda.AddOp([lhs, rhs], [out]))
+        _stands_for(rewriter, op, out)
 
-    def rope(self, op: logos.RopeOp) -> None:
-        if op.head_dim.value.data != self.spec.head_dim:
-            raise PassError(f"{NAME}: 'logos.rope' rotates heads of {op.head_dim.value.data}, not the model's")
-        self.env[op.result] = _Lazy("rope", op.input, op.result.name_hint or "turned")
 
-    def cache_write(self, op: logos.CacheWriteOp) -> None:
-        rotated = self.lazy(op.input)
+class CheckRope(_LoweringPattern):
+    """A rotation is folded into the kernel that reads it (the key's cache write, the attention's query)."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.RopeOp, rewriter: PatternRewriter) -> None:
+        head_dim = self.lowering.spec.head_dim  # type: ignore[attr-defined]
+        if op.head_dim.value.data != head_dim:
+            self.lowering.refuse(f"'logos.rope' rotates heads of {op.head_dim.value.data}, not the model's")
+
+
+class LowerCacheWrite(_LoweringPattern):
+    """A rotated key's cache write waits for the value's; the two become one `cuda.rope_cache_write`."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.CacheWriteOp, rewriter: PatternRewriter) -> None:
+        lowering = self.lowering
+        rotated = op.input.owner
         cache, positions = self.of(op.cache, op), self.of(op.positions, op)
-        if rotated is not None and rotated.kind == "rope":
-            if self.pending_key is not None:
-                raise PassError(f"{NAME}: 'logos.cache_write' writes two rotated keys with no value between")
-            self.pending_key = (self.of(rotated.source, op), cache, positions)
+        if isinstance(rotated, logos.RopeOp):
+            if lowering.pending_key is not None:
+                lowering.refuse("'logos.cache_write' writes two rotated keys with no value between")
+            lowering.pending_key = (self.of(rotated.input, op), cache, positions)
+            rewriter.erase_op(op)
             return
-        if self.pending_key is None:
-            raise PassError(f"{NAME}: 'logos.cache_write' writes values before their rotated keys")
-        key, keys, key_positions = self.pending_key
-        self.pending_key = None
-        cos, sin = self.rope_tables()
+        if lowering.pending_key is None:
+            lowering.refuse("'logos.cache_write' writes values before their rotated keys")
+            return
+        key, keys, _ = lowering.pending_key
+        lowering.pending_key = None
+        cos, sin = lowering.rope_tables(rewriter, lowering.spec.head_dim)  # type: ignore[attr-defined]
         ins = [key, self.of(op.input, op), positions, cos, sin]
-        self.add(_Kernel(cuda.RopeCacheWriteOp, ins, [keys, cache]))
+        rewriter.insert_op(cuda.RopeCacheWriteOp(ins, [keys, cache]))
+        rewriter.erase_op(op)
 
-    def attention(self, op: logos.AttentionOp) -> None:
-        query = self._rotated_query(op)
+
+class LowerAttention(_LoweringPattern):
+    """Attention (flash-decoding's split over the cache) as `cuda.attention`, its rotated queries by a `cuda.rope`
+    launched before it."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.AttentionOp, rewriter: PatternRewriter) -> None:
+        lowering = self.lowering
+        query = self._rotated_query(op, rewriter)
         keys, values, positions = self.of(op.keys, op), self.of(op.values, op), self.of(op.positions, op)
         rows, width = logos.tensor_shape(op.query)
-        cache = logos.tensor_shape(op.keys)
-        heads, split = width // cache[-1], attention_split(cache[-3] * rows, cache[-2])
-        splits = -(-cache[-2] // split)
-        scratch = self.buffer("attention.partial", "scratch", MemRefType(f32, [rows, heads, splits, cache[-1] + 2]))
-        count = self.buffer("attention.count", "scratch", MemRefType(i64, [rows, cache[-3]]))
-        out = self.activation(op.result)
+        cache_shape = logos.tensor_shape(op.keys)
+        heads, split = width // cache_shape[-1], attention_split(cache_shape[-3] * rows, cache_shape[-2])
+        splits = -(-cache_shape[-2] // split)
+        partial_type = MemRefType(f32, [rows, heads, splits, cache_shape[-1] + 2])
+        scratch = lowering.buffer(rewriter, "attention.partial", "scratch", partial_type)
+        count = lowering.buffer(rewriter, "attention.count", "scratch", MemRefType(i64, [rows, cache_shape[-3]]))
+        out = lowering.activation(rewriter, op.result)
         props = {"split": IntegerAttr(split, i64)}
-        self.add(_Kernel(cuda.AttentionOp, [query, keys, values, positions], [out, scratch, count], props))
-        self.env[op.result] = out
+        rewriter.insert_op(cuda.AttentionOp([query, keys, values, positions], [out, scratch, count], props))
+        _stands_for(rewriter, op, out)
 
-    def _rotated_query(self, op: logos.AttentionOp) -> str:
-        rotated = self.lazy(op.query)
-        if rotated is None or rotated.kind != "rope":
+    def _rotated_query(self, op: logos.AttentionOp, rewriter: PatternRewriter) -> SSAValue:
+        rotated = op.query.owner
+        if not isinstance(rotated, logos.RopeOp):
             return self.of(op.query, op)
-        cos, sin = self.rope_tables()
-        x = self.of(rotated.source, op)
-        shape = self.buffers[x].type
-        out = self.buffer(rotated.name, "activation", shape)
-        props = {"head_dim": IntegerAttr(self.spec.head_dim, i64)}
-        positions = self.of(op.positions, op)
-        self.add(_Kernel(cuda.RopeOp, [x, positions, cos, sin], [out], props))
+        head_dim = self.lowering.spec.head_dim  # type: ignore[attr-defined]
+        cos, sin = self.lowering.rope_tables(rewriter, head_dim)
+        x = self.of(rotated.input, op)
+        out = self.lowering.buffer(rewriter, rotated.result.name_hint or "turned", "activation", x.type)  # type: ignore[arg-type]
+        props = {"head_dim": IntegerAttr(head_dim, i64)}
+        rewriter.insert_op(cuda.RopeOp([x, self.of(op.positions, op), cos, sin], [out], props))
         return out
 
-    def argmax(self, op: logos.ArgmaxOp) -> None:
+
+class LowerArgmax(_LoweringPattern):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.ArgmaxOp, rewriter: PatternRewriter) -> None:
         rows, width = logos.tensor_shape(op.input)
         chunks = -(-width // ARGMAX_CHUNK)
-        scratch = self.buffer("argmax.partial", "scratch", MemRefType(f32, [rows, chunks, 2]))
-        out = self.activation(op.result, "output")
+        scratch = self.lowering.buffer(rewriter, "argmax.partial", "scratch", MemRefType(f32, [rows, chunks, 2]))
+        out = self.lowering.activation(rewriter, op.result, "output")
         props = {"chunk": IntegerAttr(ARGMAX_CHUNK, i64)}
-        self.add(_Kernel(cuda.ArgmaxOp, [self.of(op.input, op)], [out, scratch], props))
-        self.env[op.result] = out
+        rewriter.insert_op(cuda.ArgmaxOp([self.of(op.input, op)], [out, scratch], props))
+        _stands_for(rewriter, op, out)
 
-    def all_reduce(self, op: AllReduceOp) -> None:
+
+class LowerAllReduce(_LoweringPattern):
+    """A chips' all-reduce of a value as one of its buffer, in place; later kernels read the reduced buffer."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: AllReduceOp, rewriter: PatternRewriter) -> None:
+        if not isinstance(op.input.type, TensorType):
+            return
+        grid = self.lowering.grid
+        assert grid is not None
         source = self.of(op.input, op)
-        result = f"{source}@reduced"
-        self.add(_Reduce(source, result))
-        self.env[op.result] = result
+        reduce = AllReduceOp.build(
+            operands=[source],
+            result_types=[source.type],
+            properties={"grid": FlatSymbolRefAttr(grid.sym_name.data), "grid_axes": _grid_axes(grid)},
+        )
+        reduce.result.name_hint = value_name(_name_of(source)) + "_reduced"
+        rewriter.insert_op(reduce)
+        _stands_for(rewriter, op, reduce.result)
 
-    def all_gather(self, op: AllGatherOp) -> None:
+
+class LowerAllGather(_LoweringPattern):
+    """A split head's all-gather (this chip's logits into the whole row) as one of its buffer into a new buffer,
+    named by the op's `cuda.buffer` attribute."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: AllGatherOp, rewriter: PatternRewriter) -> None:
+        if not isinstance(op.input.type, TensorType):
+            return
         if op.grid_axes.get_values() != (0,):
-            raise PassError(f"{NAME}: 'shard.all_gather' gathers over the chips' one grid axis, [0]")
+            self.lowering.refuse("'shard.all_gather' gathers over the chips' one grid axis, [0]")
+            return
+        grid = self.lowering.grid
+        assert grid is not None
         source = self.of(op.input, op)
-        result = op.result.name_hint or f"{source}@gathered"
-        if result in self.buffers:
-            result = f"{source}@gathered"
-        self.add(_Gather(source, result, op.gather_axis.value.data))
-        self.env[op.result] = result
+        name = _name_of(source)
+        result = op.result.name_hint or f"{name}@gathered"
+        if result in self.lowering.buffers:
+            result = f"{name}@gathered"
+        kind = cast(MemRefType, source.type)
+        axis = op.gather_axis.value.data
+        shape = list(kind.get_shape())
+        shape[axis] *= grid.shape.get_values()[0]
+        gather = AllGatherOp.build(
+            operands=[source],
+            result_types=[MemRefType(kind.element_type, shape)],
+            properties={
+                "grid": FlatSymbolRefAttr(grid.sym_name.data),
+                "grid_axes": _grid_axes(grid),
+                "gather_axis": IntegerAttr(axis, IndexType()),
+            },
+            attributes={"cuda.buffer": StringAttr(result)},  # the new buffer's name, for the host plan
+        )
+        gather.result.name_hint = value_name(result)
+        rewriter.insert_op(gather)
+        _stands_for(rewriter, op, gather.result)
 
 
-_HANDLERS: dict[type[Operation], Any] = {
-    logos.WeightOp: _Plan.weight,
-    logos.CacheOp: _Plan.cache,
-    logos.EmbedOp: _Plan.embed,
-    logos.RMSNormOp: _Plan.rms_norm,
-    logos.RowOp: _Plan.row,
-    logos.LinearOp: _Plan.linear,
-    logos.SiluOp: _Plan.silu,
-    logos.MulOp: _Plan.mul,
-    logos.AddOp: _Plan.elementwise_add,
-    logos.RopeOp: _Plan.rope,
-    logos.CacheWriteOp: _Plan.cache_write,
-    logos.AttentionOp: _Plan.attention,
-    logos.ArgmaxOp: _Plan.argmax,
-    AllReduceOp: _Plan.all_reduce,
-    AllGatherOp: _Plan.all_gather,
-}
-
-
-def _host_function(plan: _Plan) -> func.FuncOp:
-    """The plan as IR: buffers first (in the order they were named), then the kernels and all-reduces."""
-    block = Block()
-    values: dict[str, SSAValue] = {}
-    used = {name for step in plan.steps for name in _names(step)}
-    for buffer in plan.buffers.values():
-        if buffer.name not in used:
-            continue  # named for a value a fusion removed
-        op = cuda.BufferOp(buffer.name, buffer.kind, buffer.type)
-        op.result.name_hint = _hint(buffer.name)
-        block.add_op(op)
-        values[buffer.name] = op.result
-    for step in plan.steps:
-        if isinstance(step, _Reduce):
-            assert plan.grid is not None
-            reduce = AllReduceOp.build(
-                operands=[values[step.buffer]],
-                result_types=[values[step.buffer].type],
-                properties={"grid": _grid_ref(plan.grid), "grid_axes": _grid_axes(plan.grid)},
-            )
-            reduce.result.name_hint = _hint(step.buffer) + "_reduced"
-            block.add_op(reduce)
-            values[step.result] = reduce.result
-            continue
-        if isinstance(step, _Gather):
-            assert plan.grid is not None
-            source = values[step.buffer]
-            kind = cast(MemRefType, source.type)
-            shape = list(kind.get_shape())
-            shape[step.axis] *= plan.grid.shape.get_values()[0]
-            gather = AllGatherOp.build(
-                operands=[source],
-                result_types=[MemRefType(kind.element_type, shape)],
-                properties={
-                    "grid": _grid_ref(plan.grid),
-                    "grid_axes": _grid_axes(plan.grid),
-                    "gather_axis": IntegerAttr(step.axis, IndexType()),
-                },
-                attributes={"cuda.buffer": StringAttr(step.result)},  # the new buffer's name, for the host plan
-            )
-            gather.result.name_hint = _hint(step.result)
-            block.add_op(gather)
-            values[step.result] = gather.result
-            continue
-        _check_no_alias(step)
-        ins = [values[name] for name in step.ins]
-        outs = [values[name] for name in step.outs]
-        block.add_op(step.op(ins, outs, step.props))
-    block.add_op(func.ReturnOp())
-    return func.FuncOp("step", ((), ()), Region(block))
-
-
-def _names(step: _Kernel | _Reduce | _Gather) -> list[str]:
-    return [*step.ins, *step.outs] if isinstance(step, _Kernel) else [step.buffer]
-
-
-def _grid_ref(grid: GridOp) -> Attribute:
-    from xdsl.dialects.builtin import FlatSymbolRefAttr
-
-    return FlatSymbolRefAttr(grid.sym_name.data)
+def _name_of(buffer: SSAValue) -> str:
+    """The name of a buffer (a reduced buffer's is its source's with `@reduced`, as the host plan reads it)."""
+    owner = buffer.owner
+    if isinstance(owner, cuda.BufferOp):
+        return owner.buffer.data
+    if isinstance(owner, AllReduceOp):
+        return f"{_name_of(owner.input)}@reduced"
+    attribute = owner.attributes.get("cuda.buffer") if isinstance(owner, Operation) else None
+    assert isinstance(attribute, StringAttr)
+    return attribute.data
 
 
 def _grid_axes(grid: GridOp) -> Attribute:
     """Every axis of the chips' grid (a 1-D grid: axis 0): upstream reads empty `grid_axes` as "each device alone",
     so an all-reduce without them would be a no-op its canonicalizer erases."""
-    from xdsl.dialects.builtin import BytesAttr, DenseArrayBase, i16
-
     axes = list(range(len(grid.shape.get_values())))
     return DenseArrayBase(i16, BytesAttr(i16.pack(axes)))
 
 
-def _check_no_alias(step: _Kernel) -> None:
-    both = set(step.ins) & set(step.outs)
-    if both:
-        raise PassError(f"{NAME}: the {step.op.name} kernel would read and write buffer '{sorted(both)[0]}'")
-
-
-def _hint(name: str) -> str:
-    if "+" in name:  # the fused query/key/value weight
-        name = name.split("+")[0].replace("q_proj", "qkv_proj")
-    cleaned = "".join(c if c.isalnum() else "_" for c in name.removeprefix("model."))
-    return cleaned if not cleaned[0].isdigit() else f"b{cleaned}"
+PATTERNS: tuple[type[_LoweringPattern], ...] = (
+    LowerInput,
+    LowerWeight,
+    LowerCache,
+    LowerEmbed,
+    LowerRMSNorm,
+    LowerLinear,
+    LowerSwiGLU,
+    LowerAdd,
+    CheckRope,
+    LowerCacheWrite,
+    LowerAttention,
+    LowerArgmax,
+    LowerAllReduce,
+    LowerAllGather,
+)
+LOWERED_OPS = (
+    logos.InputOp,
+    logos.WeightOp,
+    logos.CacheOp,
+    logos.EmbedOp,
+    logos.RMSNormOp,
+    logos.LinearOp,
+    logos.SiluOp,
+    logos.MulOp,
+    logos.AddOp,
+    logos.RopeOp,
+    logos.RowOp,
+    logos.CacheWriteOp,
+    logos.AttentionOp,
+    logos.ArgmaxOp,
+    AllReduceOp,
+    AllGatherOp,
+)
 
 
 def check_cut(program: logos.ProgramOp) -> Cut:
@@ -456,10 +493,55 @@ def check_cut(program: logos.ProgramOp) -> Cut:
     return cut
 
 
+def _check_main(main: func.FuncOp) -> None:
+    """Refuse, before anything is rewritten, a @main the lane does not lower."""
+    for op in main.body.block.ops:
+        if isinstance(op, func.CallOp):
+            raise PassError(
+                f"{NAME}: @main calls @{op.callee.root_reference.data}: the lane lowers an inlined @main",
+                hint="run inline-sections first (logos-to-cuda does)",
+            )
+        if not isinstance(op, (*LOWERED_OPS, func.ReturnOp)):
+            raise PassError(f"{NAME}: @main holds '{op.name}', which the CUDA lane does not lower")
+
+
+def _host_function(main: func.FuncOp) -> func.FuncOp:
+    """@main's lowered body as the host function: the buffers first (in the order they were named, those a kernel
+    or collective uses), then the kernels and collectives; the casts that stood for values, and the rotations,
+    SiLUs and row picks folded into their readers, are gone."""
+    block = main.body.block
+    ops = list(block.ops)
+    for op in reversed(ops):
+        if isinstance(op, (func.ReturnOp, UnrealizedConversionCastOp, *LAZY)):
+            if any(result.uses for result in op.results):
+                raise PassError(f"{NAME}: '{op.name}' is read by an op the lane does not fold it into")
+            block.erase_op(op)
+    host = Block()
+    buffers = [op for op in block.ops if isinstance(op, cuda.BufferOp)]
+    for op in buffers:
+        op.detach()
+        if op.result.uses:
+            host.add_op(op)
+    for op in list(block.ops):
+        if isinstance(op, cuda.KernelOp):
+            _check_no_alias(op)
+        op.detach()
+        host.add_op(op)
+    host.add_op(func.ReturnOp())
+    return func.FuncOp("step", ((), ()), Region(host))
+
+
+def _check_no_alias(step: cuda.KernelOp) -> None:
+    both = {_name_of(v) for v in step.ins} & {_name_of(v) for v in step.outs}
+    if both:
+        raise PassError(f"{NAME}: the {step.name} kernel would read and write buffer '{sorted(both)[0]}'")
+
+
 @dataclass(frozen=True)
 class ConvertLogosToCudaKernels(ModulePass):
     """Lowers the module's `logos.program` to the CUDA lane's kernel level; `weights` (bf16 or f32) is the weight
-    image the kernels read. The module's docstring says what it assumes and guarantees."""
+    image the kernels read. One rewrite pattern a logos op, driven by one walker over @main; the module's docstring
+    says what it assumes and guarantees."""
 
     name = NAME
 
@@ -471,13 +553,25 @@ class ConvertLogosToCudaKernels(ModulePass):
         program = identity.the_program(op, NAME)
         check_cut(program)
         line = identity.identity(program).line()
-        plan = _Plan(program, self.weights)
-        plan.run()
-        host = _host_function(plan)
+        main = program.function("main")
+        assert main is not None
+        _check_main(main)
+        work = cast(logos.ProgramOp, program.clone())  # rewritten apart: a refusal leaves the module as it was
+        grids = [g for g in work.body.block.ops if isinstance(g, GridOp)]
+        element = BFloat16Type() if self.weights == "bf16" else Float32Type()
+        lowering = _Lowering(work.spec, element, grids[-1] if grids else None)
+        patterns = GreedyRewritePatternApplier([pattern(lowering) for pattern in PATTERNS])
+        work_main = work.function("main")
+        assert work_main is not None
+        PatternRewriteWalker(patterns, apply_recursively=False).rewrite_region(work_main.body)
+        if lowering.refusal is None and lowering.pending_key is not None:
+            lowering.refuse("a rotated key is written into a cache with no value written after it")
+        if lowering.refusal is not None:
+            raise lowering.refusal
+        host = _host_function(work_main)
         block = op.body.block
-        if plan.grid is not None:
-            grid = plan.grid.clone()
-            block.insert_op_before(grid, program)
+        if grids:
+            block.insert_op_before(grids[-1].clone(), program)
         block.insert_op_before(host, program)
         block.erase_op(program)
         op.attributes["cuda.identity"] = StringAttr(line)
