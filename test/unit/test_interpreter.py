@@ -27,7 +27,6 @@ from logos_ir.spec import ModelSpec, RopeScaling
 from logos_ir.weights import RandomWeights, open_model, save_model
 
 TINY = ModelSpec.preset("tiny")
-TP8 = ModelSpec.preset("tiny-tp8")
 CTX = 40
 FIRST = 7  # a first token (from 1) whose greedy continuation on these seeds does not settle into one repeated id
 EXACT = {"rtol": 1e-6, "atol": 1e-6}

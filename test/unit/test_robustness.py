@@ -27,7 +27,6 @@ from logos_ir.weights import GGUFFile, GGUFStore, SafetensorsStore, hf_config, o
 
 REPO = Path(__file__).resolve().parents[2]
 INDEX = "model.safetensors.index.json"
-SHARD1, SHARD2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
 # A reader may use a little memory for headers; a file's word must never make it allocate more than this.
 SMALL_ALLOCATION = 4 * 1024 * 1024
 
