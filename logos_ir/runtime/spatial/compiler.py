@@ -19,6 +19,7 @@ from logos_ir.dialects import csl_ext
 from logos_ir.runtime.spatial import CYCLES, FabricError
 from logos_ir.runtime.spatial.dsd import DSD_OPS, DsdOps
 from logos_ir.runtime.spatial.memory import Memory, dtype_of
+from logos_ir.runtime.spatial.state import FabricState
 
 
 def _cmp(a: Any, b: Any, op: Any) -> Any:
@@ -61,7 +62,7 @@ SCALAR: dict[type[Operation], Callable[..., Any]] = {
 }
 
 
-class Compiler:
+class Compiler(FabricState):
     """The compiling side of `elements.Fabric`: the program loaded, its functions and tasks compiled."""
 
     def _load(self, memory: int) -> None:

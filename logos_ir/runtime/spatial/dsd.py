@@ -18,6 +18,7 @@ from xdsl.ir import SSAValue
 from logos_ir.runtime.spatial import CYCLES, FabricError
 from logos_ir.runtime.spatial.fabric import Blocked, FabDsd
 from logos_ir.runtime.spatial.memory import MemDsd
+from logos_ir.runtime.spatial.state import FabricState
 
 
 def _constant(value: SSAValue) -> int | None:
@@ -51,7 +52,7 @@ DSD_OPS: dict[type[csl.BuiltinDsdOp], Callable[..., np.ndarray]] = {
 }
 
 
-class DsdOps:
+class DsdOps(FabricState):
     """The DSD side of `elements.Fabric`: DSDs made and DSD ops run."""
 
     def _compile_mem_dsd(self, op: csl.GetMemDsdOp) -> None:

@@ -16,6 +16,7 @@ from xdsl.ir import SSAValue
 
 from logos_ir.passes.spatial.verify_grid import Layout
 from logos_ir.runtime.spatial import CYCLES
+from logos_ir.runtime.spatial.state import FabricState
 
 _STEP = {"EAST": (1, 0), "WEST": (-1, 0), "NORTH": (0, -1), "SOUTH": (0, 1)}
 _OPPOSITE = {"EAST": "WEST", "WEST": "EAST", "NORTH": "SOUTH", "SOUTH": "NORTH"}
@@ -111,7 +112,7 @@ class Blocked:
     why: str
 
 
-class Wavelets:
+class Wavelets(FabricState):
     """The fabric's side of `elements.Fabric`: routes traced, queues made, wavelets sent and received."""
 
     def _connect(self, queue_words: int | None) -> None:

@@ -16,6 +16,7 @@ from xdsl.ir import SSAValue
 
 from logos_ir.dialects import csl_ext
 from logos_ir.runtime.spatial import CYCLES, FabricError
+from logos_ir.runtime.spatial.state import FabricState
 
 
 @dataclass
@@ -44,7 +45,7 @@ def dtype_of(type_: Any) -> Any:
     return np.int64
 
 
-class Memory:
+class Memory(FabricState):
     """The memory side of `elements.Fabric`: arrays allocated, DSDs over them, loads, stores and memcpy."""
 
     def element_bytes(self) -> tuple[int, int]:
