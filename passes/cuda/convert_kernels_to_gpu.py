@@ -750,7 +750,7 @@ class LaunchRMSNorm(_LaunchKernel):
         epsilon, row = op.epsilon.value.data, op.row.value.data
         stem = "rms_norm" if row < 0 else f"rms_norm_row{row}"
         grid = lambda s: (cdiv(s[2][0], WARPS), 1, 1)  # noqa: E731
-        return [Kind(stem, (0, 1, 2), grid, lambda b, a, s: _rms_norm(b, a, s, epsilon, row))]
+        return [Kind(stem, (0, 1, 2), grid, lambda b, a, s: _rms_norm(b, a, s, epsilon, row), (epsilon,))]
 
 
 class LaunchLinear(_LaunchKernel):
@@ -763,7 +763,8 @@ class LaunchLinear(_LaunchKernel):
         stem = ("norm_" if epsilon is not None else "") + ("linear_residual" if residual else "linear")
         stem += f"_chip{on_chip}" if on_chip is not None else ""
         operands = tuple(range(len(op.ins) + len(op.outs)))
-        return [Kind(stem, operands, _columns, lambda b, a, s: _linear(b, a, s, epsilon, on_chip))]
+        body = lambda b, a, s: _linear(b, a, s, epsilon, on_chip)  # noqa: E731
+        return [Kind(stem, operands, _columns, body, (epsilon, on_chip))]
 
 
 class LaunchGateUp(_LaunchKernel):
@@ -773,7 +774,7 @@ class LaunchGateUp(_LaunchKernel):
         epsilon = op.epsilon.value.data if op.epsilon is not None else None
         stem = "norm_gate_up" if epsilon is not None else "gate_up"
         operands = tuple(range(len(op.ins) + len(op.outs)))
-        return [Kind(stem, operands, _columns, lambda b, a, s: _gate_up(b, a, s, epsilon))]
+        return [Kind(stem, operands, _columns, lambda b, a, s: _gate_up(b, a, s, epsilon), (epsilon,))]
 
 
 class LaunchQKV(_LaunchKernel):
@@ -785,7 +786,7 @@ class LaunchQKV(_LaunchKernel):
         splits = qkv_splits(ins[1][0] // 2, ins[0][1], op.ins[1].type.element_type)  # type: ignore[attr-defined]
         pairs = lambda s: (cdiv(s[1][0] // 2 * splits, WARPS), 1, 1)  # noqa: E731
         operands = tuple(range(9 if splits == 1 else 11))  # split-K: + partial, count (the lowering's scratch)
-        return [Kind("qkv", operands, pairs, lambda b, a, s: _qkv(b, a, s, epsilon))]
+        return [Kind("qkv", operands, pairs, lambda b, a, s: _qkv(b, a, s, epsilon), (epsilon,))]
 
 
 class LaunchRope(_LaunchKernel):
@@ -793,7 +794,8 @@ class LaunchRope(_LaunchKernel):
 
     def kinds(self, op: cuda.RopeOp) -> list[Kind]:
         head_dim = op.head_dim.value.data
-        return [Kind("rope", (0, 1, 2, 3, 4), _rows_by_threads, lambda b, a, s: _rope(b, a, s, head_dim))]
+        body = lambda b, a, s: _rope(b, a, s, head_dim)  # noqa: E731
+        return [Kind("rope", (0, 1, 2, 3, 4), _rows_by_threads, body, (head_dim,))]
 
 
 class LaunchRopeCacheWrite(_LaunchKernel):
@@ -829,7 +831,7 @@ class LaunchArgmax(_LaunchKernel):
         chunk = op.chunk.value.data
         chunks = lambda s: (cdiv(s[1][1], WARPS), s[0][0], 1)  # noqa: E731
         return [
-            Kind("argmax_chunks", (0, 2), chunks, lambda b, a, s: _argmax_chunks(b, a, s, chunk)),
+            Kind("argmax_chunks", (0, 2), chunks, lambda b, a, s: _argmax_chunks(b, a, s, chunk), (chunk,)),
             Kind("argmax_final", (2, 1), lambda s: (cdiv(s[0][0], WARPS), 1, 1), _argmax_final),
         ]
 
@@ -867,13 +869,21 @@ class _Lowering:
 
     def __init__(self) -> None:
         self.kernels: dict[str, gpu.FuncOp] = {}
+        self.params: dict[str, tuple[object, ...]] = {}
         self.gpu_block = Block()
         self.constants: dict[int, SSAValue] = {}
 
     def kernel(self, kind: Kind, types: list[Attribute], shapes: list[tuple[int, ...]], roles: list[str]) -> str:
-        name = _signature(kind.stem, types)
+        """The kernel of `kind` for these buffers, built the first time it is needed; a kernel of the same signature
+        built from other params (another norm's epsilon) is a variant of its own (`<signature>_v2` ...)."""
+        signature = _signature(kind.stem, types)
+        name, variant = signature, 1
+        while name in self.kernels and self.params[name] != kind.params:
+            variant += 1
+            name = f"{signature}_v{variant}"
         if name in self.kernels:
             return name
+        self.params[name] = kind.params
         function = gpu.FuncOp(name, (types, []), kernel=True, known_block_size=[THREADS, 1, 1])
         for arg, role in zip(function.body.block.args, roles, strict=True):
             arg.name_hint = role

@@ -116,10 +116,10 @@ def kinds(op: cuda.KernelOp) -> list[Any]:
     operands = tuple(range(len(op.ins) + 1))
     if isinstance(op, cuda.GateUpOp):
         body = lambda b, a, s: _gate_up(b, a, s, epsilon)  # noqa: E731
-        return [Kind(prefix + "gate_up_tc", operands, lambda s: grid(s[0][0], s[1][0], 2), body)]
+        return [Kind(prefix + "gate_up_tc", operands, lambda s: grid(s[0][0], s[1][0], 2), body, (epsilon,))]
     stem = "linear_residual_tc" if len(op.ins) - (1 if epsilon is not None else 0) == 3 else "linear_tc"
     body = lambda b, a, s: _linear(b, a, s, epsilon)  # noqa: E731
-    return [Kind(prefix + stem, operands, lambda s: grid(s[0][0], s[1][0], 1), body)]
+    return [Kind(prefix + stem, operands, lambda s: grid(s[0][0], s[1][0], 1), body, (epsilon,))]
 
 
 # -- the product ---------------------------------------------------------------------------------------------------

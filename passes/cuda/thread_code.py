@@ -269,9 +269,12 @@ def rotated(b: Body, x: SSAValue, row: SSAValue, column: SSAValue, head_dim: int
 
 @dataclass(frozen=True)
 class Kind:
-    """How one launch of a kernel-level op is built: a name stem, the op's buffers it takes, its grid, its body."""
+    """How one launch of a kernel-level op is built: a name stem, the op's buffers it takes, its grid, its body, and
+    the values beyond the shapes its body is built from (`params`: a norm's epsilon ...); two launches share one
+    kernel only when their names and their params agree."""
 
     stem: str
     operands: tuple[int, ...]
     grid: Callable[[list[tuple[int, ...]]], tuple[int, int, int]]
     body: Callable[[Body, list[SSAValue], list[tuple[int, ...]]], None]
+    params: tuple[object, ...] = ()

@@ -201,10 +201,11 @@ def test_a_batch_of_sequences_gives_the_reference_tokens(tp: int) -> None:
 
 
 def test_an_edit_after_the_identity_check_is_what_the_lane_lowers() -> None:
-    """The lane lowers the module it is given: after verify-identity, the head's norm gets another epsilon and
-    a projection's weight another tensor name; the rest of logos-to-cuda lowers them, so the head's projection
-    carries the new epsilon (the kernel level's property, the constant of its gpu.func) and the host plan names the
-    renamed tensor's buffer, not the old one."""
+    """The lane lowers the module it is given: after verify-identity, the head's norm and layer 1's second norm
+    get other epsilons and a projection's weight another tensor name; the rest of logos-to-cuda lowers them, so the
+    head's projection carries the new epsilon (the kernel level's property, the constant of its gpu.func), layer
+    1's gate/up launches a kernel of its own (its shapes are layer 0's, its epsilon is not), and the host plan names
+    the renamed tensor's buffer, not the old one."""
     from xdsl.context import Context
     from xdsl.dialects import arith, gpu
     from xdsl.dialects.builtin import FloatAttr, ModuleOp, StringAttr
@@ -232,6 +233,14 @@ def test_an_edit_after_the_identity_check_is_what_the_lane_lowers() -> None:
         and op.weight.owner.tensor.data == "model.norm.weight"
     ]
     head_norm.properties["epsilon"] = FloatAttr(epsilon, head_norm.epsilon.type)
+    (layer_norm,) = [
+        op
+        for op in module.walk()
+        if isinstance(op, logos.RMSNormOp)
+        and isinstance(op.weight.owner, logos.WeightOp)
+        and op.weight.owner.tensor.data == "model.layers.1.post_attention_layernorm.weight"
+    ]
+    layer_norm.properties["epsilon"] = FloatAttr(7e-4, layer_norm.epsilon.type)  # a kernel shape layer 0 shares
     (weight,) = [op for op in module.walk() if isinstance(op, logos.WeightOp) and op.tensor.data == old_name]
     weight.properties["tensor"] = StringAttr(new_name)
 
@@ -253,6 +262,10 @@ def test_an_edit_after_the_identity_check_is_what_the_lane_lowers() -> None:
         if isinstance(op, arith.ConstantOp) and isinstance(op.value, FloatAttr)
     ]
     assert np.float32(epsilon) in [np.float32(c) for c in constants]
+    gate_ups = [launch.kernel for launch in plan.launches if launch.kernel.startswith("norm_gate_up_")]
+    assert len(gate_ups) == 2 and gate_ups[1] == gate_ups[0] + "_v2"  # layer 1's epsilon: a kernel of its own
+    layer_1 = [op.value.value.data for op in plan.kernels[gate_ups[1]].walk() if isinstance(op, arith.ConstantOp)]
+    assert np.float32(7e-4) in [np.float32(c) for c in layer_1 if isinstance(c, float)]
 
 
 def test_every_fusion_is_a_pass_of_the_pipeline() -> None:
