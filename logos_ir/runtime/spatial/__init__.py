@@ -1,10 +1,11 @@
 """The spatial lane's fabric simulator: it runs a build's `csl`-level module (`grid.mlir`, the module `layout.csl`
 and `pe_program.csl` print) with the semantics of a Cerebras WSE-2 as its SDK documents them, and the host program
 that drives it (`run.py`'s steps, as `memcpy_h2d`, `launch`, `memcpy_d2h`). This module holds the one error type
-and the cycle costs every part counts; the parts are `fabric` (routes, colours, queues, wavelets), `memory` (each
-element's arrays, memory DSDs, loads and stores, memcpy), `dsd` (the DSD operations), `compiler` (the element
-program compiled into instructions), `elements` (the grid of elements and a launch run to its end), `host` (a build
-read, and a decode step driven as run.py drives a CS-2) and `generator` (the `spatial` backend's greedy generation).
+and the cycle costs every part counts; the parts are `state` (what they share), `fabric` (routes, colours, queues,
+wavelets), `memory` (each element's arrays, memory DSDs, loads and stores, memcpy), `dsd` (the DSD operations),
+`compiler` (the element program compiled into instructions), `elements` (the grid of elements and a launch run to
+its end), `host` (a build read, and a decode step driven as run.py drives a CS-2) and `generator` (the `spatial`
+backend's greedy generation).
 
 - **The layout** is executed first (`passes/spatial/verify_grid.read_layout`): `@set_rectangle`, each element's
   `@set_tile_code` parameters, and every router's colour configuration (`@set_color_config`: the directions a
