@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import os
 import struct
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,31 +34,19 @@ from logos_ir.weights import RandomWeights, gguf_tensor_name, save_model
 def small_spec(hidden: int = 4) -> ModelSpec:
     """A model small enough that its whole weight file is a fuzz input: hidden 4 (or 32, for GGUF block
     types)."""
-    if hidden == 4:
-        return ModelSpec(
-            vocab=4,
-            hidden=4,
-            layers=1,
-            heads=2,
-            kv_heads=1,
-            head_dim=2,
-            intermediate=4,
-            rms_eps=1e-5,
-            rope_theta=10000.0,
-            tie_embeddings=False,
-        )
-    return ModelSpec(
-        vocab=8,
-        hidden=32,
+    spec = ModelSpec(
+        vocab=4,
+        hidden=4,
         layers=1,
         heads=2,
         kv_heads=1,
-        head_dim=16,
-        intermediate=32,
+        head_dim=2,
+        intermediate=4,
         rms_eps=1e-5,
         rope_theta=10000.0,
         tie_embeddings=False,
     )
+    return spec if hidden == 4 else replace(spec, vocab=8, hidden=32, head_dim=16, intermediate=32)
 
 
 def write_model_folder(folder: Path, shards: int = 1, dtype: str = "float32", seed: int = 1) -> Path:
