@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable, Iterator
+from typing import Any, get_type_hints
 
 from xdsl.passes import ModulePass
 
@@ -129,8 +130,24 @@ def check_options(spec: str, passes: dict[str, Callable[[], type[ModulePass]]], 
         factory = passes.get(item.name)
         if factory is None:
             continue
-        fields = [f.name for f in dataclasses.fields(factory()) if f.init and f.name != "name"]
+        cls = factory()
+        fields = [f.name for f in dataclasses.fields(cls) if f.init and f.name != "name"]
         unknown = [name for name in item.parameters if name.replace("-", "_") not in fields]
         if unknown:
             has = ", ".join(name.replace("_", "-") for name in fields) or "none"
             raise PipelineError(f"{option}: pass {item.name} has no option '{unknown[0]}' (its options: {has})")
+        _check_values(item.name, cls, item.parameters, option)
+
+
+def _check_values(name: str, cls: type[ModulePass], parameters: dict[str, Any], option: str) -> None:
+    """Each option's value of the type its field has, or an error naming the option (xDSL's names only types)."""
+    from xdsl.utils.arg_spec import _convert_arg_to_type  # the conversion `from_pass_spec` makes
+
+    hints = get_type_hints(cls)
+    for key, values in parameters.items():
+        try:
+            _convert_arg_to_type(values, hints[key.replace("-", "_")])
+        except ValueError:
+            wanted = getattr(hints[key.replace("-", "_")], "__name__", str(hints[key.replace("-", "_")]))
+            given = ",".join(str(value) for value in values) or "nothing"
+            raise PipelineError(f"{option}: pass {name}: option '{key}' takes {wanted}, not {given}") from None

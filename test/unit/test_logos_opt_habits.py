@@ -53,6 +53,8 @@ MALFORMED = {
     "tp-split{=2}": ["column 10", "expected argument name"],
     "tp-split{tp=2}x": ["column 15", "expected a comma"],
     "tp-split{tpp=2}": ["pass tp-split has no option 'tpp'", "its options: tp"],
+    "tp-split{tp=2,3}": ["pass tp-split: option 'tp' takes int, not 2,3"],
+    "tp-split{tp}": ["pass tp-split: option 'tp' takes int, not nothing"],
     "logos-middle-end{cutt=decode_head}": ["pipeline logos-middle-end has no option 'cutt'"],
     "func.func(tp-split{tp=2})": ["module passes only", "func.func"],
     "no-such-pass": ["no-such-pass"],
