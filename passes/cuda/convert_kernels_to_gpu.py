@@ -13,20 +13,13 @@ of one width emit the same set. Each body is upstream MLIR: `arith`/`memref`/`sc
 becomes its `gpu.launch_func` (two for the two-stage kernels: attention's split and combine, arg-max's stages) with
 constant grid and block sizes, on the same named buffers, in the same order; `shard.all_reduce` stays where it is.
 One rewrite pattern a kernel-level op (`Launch<Op>`, the kernels it launches); a kernel-level op without one is
-refused by name before anything is rewritten.
-
-The kernels are built for decode at batch 1, where the step is bound by memory: every block is 4 warps and a warp
-owns one work item (an output column of a projection, a row of a norm, a (head, split) of attention, a chunk of the
-arg-max), reducing across its lanes with shuffles, so there is no shared memory and no barrier anywhere. A
-projection's warp streams its weight row with 16-byte loads (8 bf16 or 4 f32) and applies each loaded vector to a
-tile of up to `ROW_TILE` rows (prefill chunks and batches), so a weight byte is read once per tile of rows.
+refused by name before anything is rewritten. The decode kernels' bodies are `decode_kernels`', the tensor-core
+kernels' (a prefill chunk's products and attention) `tensor_core`'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, ClassVar
 
 from xdsl.context import Context
@@ -50,656 +43,12 @@ from xdsl.rewriter import InsertPoint
 
 from logos_ir.dialects import cuda
 from logos_ir.errors import PassError
-from logos_ir.passes.cuda import tensor_core
+from logos_ir.passes.cuda import decode_kernels, tensor_core
+from logos_ir.passes.cuda.decode_kernels import ROW_TILE, THREADS, WARPS, qkv_splits
 from logos_ir.passes.cuda.kernel_level import host_function
-from logos_ir.passes.cuda.thread_code import INDEX, Body, Kind, cdiv, rotated, vector_width
+from logos_ir.passes.cuda.thread_code import INDEX, Body, Kind, cdiv
 
 NAME = "convert-cuda-kernels-to-gpu"
-WARPS = 4  # warps a block: each owns one work item
-THREADS = WARPS * cuda.WARP
-ROW_TILE = 4  # rows a projection's warp applies each loaded weight vector to
-NEG_BIG = -3.0e38  # a finite "minus infinity": exp(NEG_BIG - m) is 0 with no inf - inf
-
-
-# -- the kernels -------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Launch:
-    """One launch of a kernel: its name, grid and block sizes, and which of the op's buffers it takes."""
-
-    kernel: str
-    grid: tuple[int, int, int]
-    operands: tuple[int, ...]  # indices into ins + outs
-
-
-def _warp_and_lane(b: Body) -> tuple[SSAValue, SSAValue, SSAValue]:
-    tid = b.thread()
-    return tid, b.div(tid, cuda.WARP), b.rem(tid, cuda.WARP)
-
-
-def _embed(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
-    table, tokens, out = args
-    width = shapes[0][1]
-    column = b.add(b.mul(b.block("x"), THREADS), b.thread())
-    row = b.block("y")
-
-    def body() -> None:
-        token = b.sub(b.to_index(b.load(tokens, [row])), 1)
-        b.store(b.load(table, [token, column]), out, [row, column])
-
-    b.when(b.cmp("ult", column, width), body)
-
-
-def _rms_norm(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float, source: int) -> None:
-    x, weight, out = args
-    rows, width = shapes[2]
-    _, warp, lane = _warp_and_lane(b)
-    row = b.add(b.mul(b.block("x"), WARPS), warp)
-    vector = vector_width(width, f32)
-
-    def body() -> None:
-        src = row if source < 0 else b.const(source)
-        start = b.mul(lane, vector)
-
-        def squares(k: SSAValue, acc: list[SSAValue]) -> list[SSAValue]:
-            total = acc[0]
-            for value in b.vload(x, [src, k], vector):
-                total = b.fma(value, value, total)
-            return [total]
-
-        (total,) = b.loop(start, width, cuda.WARP * vector, [b.fconst(0.0)], squares)
-        mean = b.fmul(b.warp_sum(total), b.fconst(1.0 / width))
-        inverse = b.fdiv(b.fconst(1.0), b.sqrt(b.fadd(mean, b.fconst(epsilon))))
-
-        def scale(k: SSAValue, acc: list[SSAValue]) -> list[SSAValue]:
-            values = b.vload(x, [src, k], vector)
-            scales = b.vload(weight, [k], vector)
-            for i, (value, factor) in enumerate(zip(values, scales, strict=True)):
-                b.store(b.fmul(b.fmul(value, inverse), factor), out, [row, b.add(k, i)])
-            return []
-
-        b.loop(start, width, cuda.WARP * vector, [], scale)
-
-    b.when(b.cmp("ult", row, rows), body)
-
-
-UNROLL_BYTES = 64  # bytes of weights a lane has in flight per loop step at batch 1 (16-byte loads, unrolled)
-
-
-def _dots(
-    b: Body,
-    x: SSAValue,
-    streams: list[tuple[SSAValue, SSAValue]],
-    rows: list[SSAValue],
-    depth: int,
-    lane: SSAValue,
-    norm: tuple[SSAValue, float] | None = None,
-) -> tuple[list[list[SSAValue]], list[SSAValue]]:
-    """The warp-reduced dot products of each stream (weight, row index) with each of `rows` of x (sums[stream][row]),
-    and with `norm` (scale, epsilon) x scaled elementwise and each row's 1/rms (else an empty list). A lane loads
-    16-byte vectors, `unroll` of them a stream per loop step at batch 1 (so UNROLL_BYTES are in flight a stream),
-    then a remainder loop takes the last whole vectors; f32 accumulation with fma."""
-    sums = _dot_sums(b, x, streams, rows, depth, lane, norm)
-    tile = len(rows)
-    dots = [[sums[s_index * tile + t] for t in range(tile)] for s_index in range(len(streams))]
-    inverse = []
-    if norm:
-        for t in range(tile):
-            inverse.append(_inverse_rms(b, sums[len(streams) * tile + t], depth, norm[1]))
-    return dots, inverse
-
-
-def _inverse_rms(b: Body, squares: SSAValue, depth: int, epsilon: float) -> SSAValue:
-    mean = b.fmul(squares, b.fconst(1.0 / depth))
-    return b.fdiv(b.fconst(1.0), b.sqrt(b.fadd(mean, b.fconst(epsilon))))
-
-
-def _dot_sums(
-    b: Body,
-    x: SSAValue,
-    streams: list[tuple[SSAValue, SSAValue]],
-    rows: list[SSAValue],
-    depth: int,
-    lane: SSAValue,
-    norm: tuple[SSAValue, float] | None = None,
-    part: tuple[SSAValue, int] | None = None,
-) -> list[SSAValue]:
-    """`_dots`' warp-reduced sums (stream-major, then each row's sum of squares with `norm`), over the `part`
-    (start, length) of the depth when given (split-K), else all of it."""
-    weight0 = streams[0][0]
-    vector = vector_width(depth, weight0.type.element_type)  # type: ignore[attr-defined]
-    size = 2 if isinstance(weight0.type.element_type, BFloat16Type) else 4  # type: ignore[attr-defined]
-    start, length = part if part is not None else (None, depth)
-    x_vector = min(vector, 4)
-    unroll = max(1, UNROLL_BYTES // (vector * size) // len(streams)) if len(rows) == 1 else 1
-    unroll = max(1, min(unroll, length // (cuda.WARP * vector)))  # a main loop step no longer than the row
-    tile = len(rows)
-
-    def step_of(count: int) -> Callable[[SSAValue, list[SSAValue]], list[SSAValue]]:
-        def step(k: SSAValue, acc: list[SSAValue]) -> list[SSAValue]:
-            ks = [b.add(k, u * cuda.WARP * vector) if u else k for u in range(count)]
-            loaded = [[b.vload(w, [r, kk], vector) for kk in ks] for w, r in streams]  # every load issued first
-            scales: list[list[SSAValue]] = []
-            for kk in ks:  # the norm's scale is f32: its vectors are x's width
-                parts = range(0, vector, x_vector) if norm else range(0)
-                where = [b.add(kk, part) if part else kk for part in parts]
-                scales.append([v for at in where for v in b.vload(norm[0], [at], x_vector)])  # type: ignore[index]
-            out = list(acc)
-            for t, row in enumerate(rows):
-                for u, kk in enumerate(ks):
-                    values: list[SSAValue] = []
-                    for part in range(0, vector, x_vector):
-                        values += b.vload(x, [row, b.add(kk, part) if part else kk], x_vector)
-                    if norm:
-                        square = len(streams) * tile + t
-                        for v in values:
-                            out[square] = b.fma(v, v, out[square])
-                        values = [b.fmul(v, g) for v, g in zip(values, scales[u], strict=True)]
-                    for s_index in range(len(streams)):
-                        total = out[s_index * tile + t]
-                        for wi, xi in zip(loaded[s_index][u], values, strict=True):
-                            total = b.fma(wi, xi, total)
-                        out[s_index * tile + t] = total
-            return out
-
-        return step
-
-    zeros = [b.fconst(0.0) for _ in range(len(streams) * tile + (tile if norm else 0))]
-    chunk = cuda.WARP * vector * unroll
-    main = length - length % chunk
-    first = b.mul(lane, vector) if start is None else b.add(start, b.mul(lane, vector))
-
-    def at(offset: int) -> SSAValue | int:  # start + offset
-        return offset if start is None else b.add(start, offset) if offset else start
-
-    sums = zeros
-    if main:
-        sums = b.loop(first, at(main), chunk, sums, step_of(unroll))
-    if main < length:
-        sums = b.loop(b.add(first, main) if main else first, at(length), cuda.WARP * vector, sums, step_of(1))
-    return [b.warp_sum(v) for v in sums]
-
-
-def _projection(
-    b: Body,
-    x: SSAValue,
-    weights: list[SSAValue],
-    shape: tuple[int, int, int],
-    epilogue: Callable[[SSAValue, list[SSAValue]], None],
-    norm: tuple[SSAValue, float] | None = None,
-) -> None:
-    """A warp per output column n: row n of each weight against a tile of rows of x (`_dots`), and lane 0 of a
-    valid column writes each row through `epilogue` (the folded norm's 1/rms applied first)."""
-    rows, columns, depth = shape
-    tile = min(rows, ROW_TILE)
-    _, warp, lane = _warp_and_lane(b)
-    column = b.add(b.mul(b.block("x"), WARPS), warp)
-    valid = b.cmp("ult", column, columns)
-    clamped = b.min(column, columns - 1)  # an idle warp reads a real row and writes nothing
-    first = b.mul(b.block("y"), tile)
-    tile_rows = [b.min(b.add(first, t), rows - 1) for t in range(tile)]
-    dots, inverse = _dots(b, x, [(w, clamped) for w in weights], tile_rows, depth, lane, norm)
-    lane0 = b.cmp("eq", lane, 0)
-    for t in range(tile):
-        row = b.add(first, t)
-        ok = b.both(b.both(lane0, valid), b.cmp("ult", row, rows))
-        sums = [dots[w][t] for w in range(len(weights))]
-        if inverse:
-            sums = [b.fmul(v, inverse[t]) for v in sums]
-        b.when(ok, partial(epilogue, row, sums))
-
-
-def _linear(
-    b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float | None = None,
-    residual_chip: int | None = None,
-) -> None:  # fmt: skip
-    x, weight, *rest, out = args
-    scale = rest.pop() if epsilon is not None else None
-    chip = rest.pop() if residual_chip is not None else None
-    residual = rest
-    rows, depth = shapes[0]
-    columns = shapes[1][0]
-    _, warp, _ = _warp_and_lane(b)
-
-    def write(row: SSAValue, sums: list[SSAValue]) -> None:
-        column = b.add(b.mul(b.block("x"), WARPS), warp)
-        if not residual:
-            b.store(sums[0], out, [row, column])
-            return
-        added = b.load(residual[0], [row, column])
-        if chip is not None and residual_chip is not None:  # a partial sum: the residual on one chip, the rest by AR
-            here = b.op(arith.CmpiOp(b.load(chip, [0]), b.op(arith.ConstantOp(IntegerAttr(residual_chip, i64))), "eq"))
-            added = b.select(here, added, b.fconst(0.0))
-        b.store(b.fadd(added, sums[0]), out, [row, column])
-
-    norm = (scale, epsilon) if scale is not None and epsilon is not None else None
-    _projection(b, x, [weight], (rows, columns, depth), write, norm)
-
-
-def _gate_up(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float | None = None) -> None:
-    x, gate, up, *rest, out = args
-    rows, depth = shapes[0]
-    columns = shapes[1][0]
-    _, warp, _ = _warp_and_lane(b)
-
-    def write(row: SSAValue, sums: list[SSAValue]) -> None:
-        column = b.add(b.mul(b.block("x"), WARPS), warp)
-        g, u = sums
-        half = b.fconst(0.5)
-        # sigmoid(g) = (1 + tanh(g/2)) / 2 never overflows, as the reference computes it
-        sigmoid = b.fadd(b.fmul(b.tanh(b.fmul(g, half)), half), half)
-        b.store(b.fmul(b.fmul(g, sigmoid), u), out, [row, column])
-
-    norm = (rest[0], epsilon) if rest and epsilon is not None else None
-    _projection(b, x, [gate, up], (rows, columns, depth), write, norm)
-
-
-TARGET_WARPS = 132 * 16  # a GEMV launch's warps: 16 an SM of 132 keep ~29 KB of weights in flight at 64 B a lane
-MAX_SPLITS = 8
-
-
-def qkv_splits(pairs: int, depth: int, element: Attribute) -> int:
-    """The parts the QKV launch splits each rotation pair's depth into (split-K): doubled while the launch has
-    fewer than TARGET_WARPS warps, each part still at least one whole unrolled loop step of 16-byte loads (a
-    shorter part would cut the bytes a lane has in flight by as much as the split adds warps), at most
-    MAX_SPLITS. 1 where the pairs alone fill the SMs (the 8B: 3,072 pairs) or the rows are short (SmolLM2's 576
-    in bf16)."""
-    vector = vector_width(depth, element)
-    size = 2 if isinstance(element, BFloat16Type) else 4
-    step = cuda.WARP * vector * max(1, UNROLL_BYTES // (vector * size) // 2)  # _dot_sums' main step, 2 streams
-    splits = 1
-    while pairs * splits < TARGET_WARPS and splits < MAX_SPLITS:
-        span = depth // (2 * splits)
-        if depth % (2 * splits) or span % vector or span < step:
-            break
-        splits *= 2
-    return splits
-
-
-def _qkv(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float) -> None:
-    """A warp per rotation pair (d, d + head_dim/2) of one head of the concatenated [Q; K; V] weight: the folded
-    norm, both dot products, then lane 0 rotates a query or key pair at the row's position and writes it (queries
-    to `query`, keys rounded into the key cache), or writes a value pair into the value cache.
-
-    Split-K (`partial` [pairs, splits, 3] and `count` [pairs] given): `splits` consecutive warps share a pair, each
-    summing one part of the depth; lane 0 of each writes its part's two dot products and sum of squares, makes
-    them visible device-wide (`llvm.fence`) and counts itself done; the last of a pair adds the parts in split
-    order (the same order whichever warp is last), resets the count and runs the epilogue."""
-    x, weight, scale, positions, cos, sin, query, keys, values, *split_k = args
-    depth = shapes[0][1]
-    q_width = shapes[6][1]
-    kv_heads, _, head_dim = shapes[7]
-    half = head_dim // 2
-    q_heads = q_width // head_dim
-    pairs = (q_heads + 2 * kv_heads) * half
-    splits = shapes[9][1] if split_k else 1
-    _, warp, lane = _warp_and_lane(b)
-    item = b.add(b.mul(b.block("x"), WARPS), warp)
-    part = b.rem(item, splits) if splits > 1 else None
-    item = b.div(item, splits) if splits > 1 else item
-    valid = b.cmp("ult", item, pairs)
-    item = b.min(item, pairs - 1)
-    head, d = b.div(item, half), b.rem(item, half)
-    first = b.add(b.mul(head, head_dim), d)
-    second = b.add(first, half)
-    row = b.const(0)
-    rounded = isinstance(keys.type.element_type, BFloat16Type)  # type: ignore[attr-defined]
-
-    def epilogue(low: SSAValue, high: SSAValue) -> None:
-        place = b.sub(b.to_index(b.load(positions, [row])), 1)
-        d2 = b.add(d, half)
-
-        def rotated() -> tuple[SSAValue, SSAValue]:
-            turned_low = b.fadd(b.fmul(low, b.load(cos, [place, d])), b.fmul(high, b.load(sin, [place, d])))
-            turned_high = b.fadd(b.fmul(high, b.load(cos, [place, d2])), b.fmul(low, b.load(sin, [place, d2])))
-            return turned_low, turned_high
-
-        def write_query() -> None:
-            a, c = rotated()
-            b.store(a, query, [row, b.add(b.mul(head, head_dim), d)])
-            b.store(c, query, [row, b.add(b.mul(head, head_dim), d2)])
-
-        def write_cache(cache: SSAValue, pair: tuple[SSAValue, SSAValue], first_head: int) -> None:
-            kv = b.sub(head, first_head)
-            for value, where in zip(pair, (d, d2), strict=True):
-                b.store(b.to_bf16(value) if rounded else value, cache, [kv, place, where])
-
-        is_query = b.cmp("ult", head, q_heads)
-        is_key = b.both(b.cmp("uge", head, q_heads), b.cmp("ult", head, q_heads + kv_heads))
-        b.when(is_query, write_query)
-        b.when(is_key, lambda: write_cache(keys, rotated(), q_heads))
-        b.when(b.cmp("uge", head, q_heads + kv_heads), lambda: write_cache(values, (low, high), q_heads + kv_heads))
-
-    streams = [(weight, first), (weight, second)]
-    if splits == 1:
-        dots, inverse = _dots(b, x, streams, [row], depth, lane, (scale, epsilon))
-        low, high = (b.fmul(dots[s][0], inverse[0]) for s in range(2))
-        b.when(b.both(valid, b.cmp("eq", lane, 0)), lambda: epilogue(low, high))
-        return
-    assert part is not None
-    partial_sums, count = split_k
-    span = depth // splits
-    sums = _dot_sums(b, x, streams, [row], depth, lane, (scale, epsilon), (b.mul(part, span), span))
-    lane0 = b.both(valid, b.cmp("eq", lane, 0))
-
-    def finish() -> None:
-        for index, value in enumerate(sums):
-            b.store(value, partial_sums, [item, part, index])
-        b.op(cuda.FenceOp("device"))  # this lane's partials visible before it counts (lane 0 alone: no warp sync)
-        one = b.op(arith.ConstantOp(IntegerAttr(1, i64)))
-        before = b.atomic_add(one, count, [item])
-        last = b.op(arith.CmpiOp(before, b.op(arith.ConstantOp(IntegerAttr(splits - 1, i64))), "eq"))
-
-        def combine() -> None:
-            b.op(cuda.FenceOp("device"))  # the acquire side: no load of the others' partials moves above the count
-            b.store(b.op(arith.ConstantOp(IntegerAttr(0, i64))), count, [item])
-            totals = [b.load(partial_sums, [item, 0, index]) for index in range(3)]
-            for other in range(1, splits):
-                totals = [b.fadd(t, b.load(partial_sums, [item, other, index])) for index, t in enumerate(totals)]
-            inverse = _inverse_rms(b, totals[2], depth, epsilon)
-            epilogue(b.fmul(totals[0], inverse), b.fmul(totals[1], inverse))
-
-        b.when(last, combine)
-
-    b.when(lane0, finish)
-
-
-def _rope(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], head_dim: int) -> None:
-    x, positions, cos, sin, out = args
-    width = shapes[0][1]
-    column = b.add(b.mul(b.block("x"), THREADS), b.thread())
-    row = b.block("y")
-
-    def body() -> None:
-        place = b.sub(b.to_index(b.load(positions, [row])), 1)
-        value, _, _ = rotated(b, x, row, column, head_dim, (cos, sin), place)
-        b.store(value, out, [row, column])
-
-    b.when(b.cmp("ult", column, width), body)
-
-
-def _rope_cache_write(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
-    key, value, positions, cos, sin, keys, values = args
-    width = shapes[0][1]
-    head_dim = shapes[5][-1]
-    per_sequence = len(shapes[5]) == 4
-    column = b.add(b.mul(b.block("x"), THREADS), b.thread())
-    row = b.block("y")
-
-    def body() -> None:
-        place = b.sub(b.to_index(b.load(positions, [row])), 1)
-        turned, head, d = rotated(b, key, row, column, head_dim, (cos, sin), place)
-        where = [row, head, place, d] if per_sequence else [head, place, d]
-        stored = b.load(value, [row, column])
-        if isinstance(keys.type.element_type, BFloat16Type):  # type: ignore[attr-defined]
-            turned, stored = b.to_bf16(turned), b.to_bf16(stored)
-        b.store(turned, keys, where)
-        b.store(stored, values, where)
-
-    b.when(b.cmp("ult", column, width), body)
-
-
-def _cache_width(head_dim: int, element: Attribute, group: int) -> int:
-    """The elements of a cache row a lane loads at once: 16 bytes where the lane's share of the group's queries
-    and sums stays within 32 registers each (group x width <= 32), narrower otherwise."""
-    width = vector_width(head_dim, element)
-    while width > 1 and group * width > 32:
-        width //= 2
-    return width
-
-
-def _attention_layout(head_dim: int, element: Attribute, group: int) -> tuple[int, int, int, int]:
-    """(width, lanes a position, vectors a lane, positions a warp step): a position's key row is spread over
-    `lanes` lanes (a power of two) loading `width` elements each, so a warp attends 32 / lanes positions at once."""
-    width = _cache_width(head_dim, element, group)
-    vectors = head_dim // width
-    lanes = 1
-    while lanes < min(vectors, cuda.WARP):
-        lanes *= 2
-    return width, lanes, cdiv(vectors, lanes), cuda.WARP // lanes
-
-
-MIN_SPAN = 16  # the fewest positions a split attends: a short cache uses fewer splits
-
-
-def _span(b: Body, length: SSAValue, splits: int) -> SSAValue:
-    """The positions each split attends at this live length: the length shared by all splits, at least MIN_SPAN."""
-    return b.op(arith.MaxUIOp(b.div(b.add(length, splits - 1), splits), b.const(MIN_SPAN)))
-
-
-def _attention(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
-    """A warp per (row, KV head, split): the keys and values of its positions are read once for all the query
-    heads of the KV head's group. A position's row is spread over `lanes` lanes with 16-byte loads, so a warp step
-    covers 32 / lanes positions, each lane group keeping its own online softmax per query head; the lane groups
-    merge their states with shuffles at the end. The split's positions are the live length shared out over the
-    splits (at least MIN_SPAN each), so the work follows the length, not the cache size."""
-    query, keys, values, positions, out, scratch, count = args
-    rows, width = shapes[0]
-    cache = shapes[1]
-    per_sequence = len(cache) == 4
-    kv_heads, ctx, head_dim = cache[-3], cache[-2], cache[-1]
-    heads = width // head_dim
-    group = heads // kv_heads
-    splits = shapes[5][2]
-    element = keys.type.element_type  # type: ignore[attr-defined]
-    vec, lanes, per_lane, steps = _attention_layout(head_dim, element, group)
-    vectors = head_dim // vec
-    _, warp, lane = _warp_and_lane(b)
-    item = b.add(b.mul(b.block("x"), WARPS), warp)
-    row = b.block("y")
-    valid = b.cmp("ult", item, kv_heads * splits)
-    item = b.min(item, kv_heads * splits - 1)
-    kv_head, part = b.div(item, splits), b.rem(item, splits)
-    sub, slot = b.div(lane, lanes), b.rem(lane, lanes)
-    zero = b.fconst(0.0)
-    # the vectors this lane holds: slot + c * lanes, those past the row clamped and masked
-    starts, inside = [], []
-    for c in range(per_lane):
-        index = b.add(slot, c * lanes) if c else slot
-        inside.append(b.cmp("ult", index, vectors) if (c + 1) * lanes > vectors else None)
-        starts.append(b.mul(b.min(index, vectors - 1), vec))
-    x_vec = min(vec, 4)
-
-    def query_part(h: int, c: int) -> list[SSAValue]:
-        head = b.add(b.mul(kv_head, group), h) if h else b.mul(kv_head, group)
-        base = b.add(b.mul(head, head_dim), starts[c])
-        got: list[SSAValue] = []
-        for piece in range(0, vec, x_vec):
-            got += b.vload(query, [row, b.add(base, piece) if piece else base], x_vec)
-        keep = inside[c]
-        if keep is not None:
-            got = [b.select(keep, g, zero) for g in got]
-        return got
-
-    scale = b.fconst(1.0 / head_dim**0.5)
-    q = [[b.fmul(v, scale) for c in range(per_lane) for v in query_part(h, c)] for h in range(group)]
-    length = b.to_index(b.load(positions, [row]))
-    span = _span(b, length, splits)
-    start = b.min(b.mul(part, span), length)
-    stop = b.min(b.add(start, span), length)
-
-    def cache_at(j: SSAValue, c: int) -> list[SSAValue]:
-        return [row, kv_head, j, starts[c]] if per_sequence else [kv_head, j, starts[c]]
-
-    def position(first: SSAValue, state: list[SSAValue]) -> list[SSAValue]:
-        j = b.add(first, sub)
-        live = b.cmp("ult", j, stop)
-        j = b.min(j, ctx - 1)
-        k = [v for c in range(per_lane) for v in b.vload(keys, cache_at(j, c), vec)]
-        v_row = [v for c in range(per_lane) for v in b.vload(values, cache_at(j, c), vec)]
-        new: list[SSAValue] = []
-        for h in range(group):
-            m, total, *acc = state[h * stride : (h + 1) * stride]
-            dot = zero
-            for qi, ki in zip(q[h], k, strict=True):
-                dot = b.fma(qi, ki, dot)
-            offset = lanes // 2
-            while offset:  # the position's lanes sum their parts
-                dot = b.fadd(dot, b.shuffle(dot, offset))
-                offset //= 2
-            high = b.fmax(m, dot)
-            fade, weight = b.exp(b.fsub(m, high)), b.exp(b.fsub(dot, high))
-            updated = [high, b.fma(total, fade, weight)]
-            updated += [b.fma(weight, vi, b.fmul(a, fade)) for a, vi in zip(acc, v_row, strict=True)]
-            new += [b.select(live, u, o) for u, o in zip(updated, [m, total, *acc], strict=True)]
-        return new
-
-    stride = 2 + per_lane * vec
-    state = b.loop(start, stop, steps, [b.fconst(NEG_BIG), zero, *[zero] * (per_lane * vec)] * group, position)
-    # merge the lane groups' states (each attended every `steps`-th position of the split)
-    offset = lanes
-    while offset < cuda.WARP:
-        merged: list[SSAValue] = []
-        for h in range(group):
-            m, total, *acc = state[h * stride : (h + 1) * stride]
-            m_o, total_o = b.shuffle(m, offset), b.shuffle(total, offset)
-            high = b.fmax(m, m_o)
-            fade, fade_o = b.exp(b.fsub(m, high)), b.exp(b.fsub(m_o, high))
-            merged += [high, b.fma(total, fade, b.fmul(total_o, fade_o))]
-            merged += [b.fma(a, fade, b.fmul(b.shuffle(a, offset), fade_o)) for a in acc]
-        state = merged
-        offset *= 2
-
-    def write() -> None:
-        for h in range(group):
-            head = b.add(b.mul(kv_head, group), h) if h else b.mul(kv_head, group)
-            m, total, *acc = state[h * stride : (h + 1) * stride]
-            for c in range(per_lane):
-
-                def store(c: int = c, acc: list[SSAValue] = acc, head: SSAValue = head) -> None:
-                    for e in range(vec):
-                        where = b.add(starts[c], e) if e else starts[c]
-                        b.store(acc[c * vec + e], scratch, [row, head, part, where])
-
-                keep = inside[c]
-                b.when(keep, store) if keep is not None else store()
-
-            def ends(m: SSAValue = m, total: SSAValue = total, head: SSAValue = head) -> None:
-                b.store(m, scratch, [row, head, part, head_dim])
-                b.store(total, scratch, [row, head, part, head_dim + 1])
-
-            b.when(b.cmp("eq", slot, 0), ends)
-
-    b.when(b.both(valid, b.cmp("eq", sub, 0)), write)
-    # the last warp of this (row, KV head) to count itself done combines the splits (flash-decoding's second
-    # stage folded in): each warp's partials are made visible, then lane 0 counts; the count returns to zero
-    b.thread_fence()
-    one, none = b.op(arith.ConstantOp(IntegerAttr(1, i64))), b.op(arith.ConstantOp(IntegerAttr(0, i64)))
-    lane0 = b.both(valid, b.cmp("eq", lane, 0))
-    (before,) = b.choose(lane0, lambda: [b.atomic_add(one, count, [row, kv_head])], lambda: [none])
-    for offset in (16, 8, 4, 2, 1):  # lane 0's count to every lane
-        before = b.op(arith.AddiOp(before, b.shuffle(before, offset)))
-    last = b.both(valid, b.op(arith.CmpiOp(before, b.op(arith.ConstantOp(IntegerAttr(splits - 1, i64))), "eq")))
-
-    def combine() -> None:
-        b.op(cuda.FenceOp("device"))  # the acquire side: no load of the other warps' partials moves above the count
-        b.when(b.cmp("eq", lane, 0), lambda: b.store(none, count, [row, kv_head]))
-        used = b.div(b.add(length, b.sub(span, 1)), span)
-        for h in range(group):
-            head = b.add(b.mul(kv_head, group), h) if h else b.mul(kv_head, group)
-            _combine(b, scratch, out, row, head, lane, used, head_dim)
-
-    b.when(last, combine)
-
-
-def _combine(
-    b: Body, scratch: SSAValue, out: SSAValue, row: SSAValue, head: SSAValue, lane: SSAValue, used: SSAValue,
-    head_dim: int,
-) -> None:  # fmt: skip
-    """A warp writes one head's output: each lane a dimension at a time, the `used` splits' partial sums rescaled
-    to their common maximum."""
-    for c in range(cdiv(head_dim, cuda.WARP)):
-        d = b.add(lane, c * cuda.WARP) if c else lane
-
-        def element(d: SSAValue = d) -> None:
-            def highest(s: SSAValue, state: list[SSAValue]) -> list[SSAValue]:
-                return [b.fmax(state[0], b.load(scratch, [row, head, s, head_dim]))]
-
-            (high,) = b.loop(0, used, 1, [b.fconst(NEG_BIG)], highest)
-
-            def gather(s: SSAValue, state: list[SSAValue]) -> list[SSAValue]:
-                fade = b.exp(b.fsub(b.load(scratch, [row, head, s, head_dim]), high))
-                total = b.fma(b.load(scratch, [row, head, s, head_dim + 1]), fade, state[0])
-                return [total, b.fma(b.load(scratch, [row, head, s, d]), fade, state[1])]
-
-            total, summed = b.loop(0, used, 1, [b.fconst(0.0), b.fconst(0.0)], gather)
-            b.store(b.fdiv(summed, total), out, [row, b.add(b.mul(head, head_dim), d)])
-
-        if (c + 1) * cuda.WARP > head_dim:
-            b.when(b.cmp("ult", d, head_dim), element)
-        else:
-            element()
-
-
-def _better(b: Body, value: SSAValue, index: SSAValue, best: SSAValue, best_index: SSAValue) -> SSAValue:
-    """Whether (value, index) beats (best, best_index): greater, or equal at a lower index (the first maximum)."""
-    tie = b.both(b.fcmp("oeq", value, best), b.cmp("ult", index, best_index))
-    return b.either(b.fcmp("ogt", value, best), tie)
-
-
-def _warp_argmax(b: Body, best: SSAValue, index: SSAValue) -> tuple[SSAValue, SSAValue]:
-    for offset in (16, 8, 4, 2, 1):
-        other, other_index = b.shuffle(best, offset), b.shuffle(index, offset)
-        take = _better(b, other, other_index, best, index)
-        best, index = b.select(take, other, best), b.select(take, other_index, index)
-    return best, index
-
-
-def _argmax_chunks(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], chunk: int) -> None:
-    x, scratch = args
-    width = shapes[0][1]
-    chunks = shapes[1][1]
-    _, warp, lane = _warp_and_lane(b)
-    item = b.add(b.mul(b.block("x"), WARPS), warp)
-    row = b.block("y")
-    start = b.mul(b.min(item, chunks - 1), chunk)
-    stop = b.min(b.add(start, chunk), width)
-
-    def scan(i: SSAValue, state: list[SSAValue]) -> list[SSAValue]:
-        value = b.load(x, [row, i])
-        take = b.fcmp("ogt", value, state[0])  # a lane sees its indices in order: strictly greater keeps the first
-        return [b.select(take, value, state[0]), b.select(take, i, state[1])]
-
-    best, index = b.loop(b.add(start, lane), stop, cuda.WARP, [b.fconst(NEG_BIG), b.const(width)], scan)
-    best, index = _warp_argmax(b, best, index)
-
-    def write() -> None:
-        b.store(best, scratch, [row, item, 0])
-        b.store(b.to_float(index), scratch, [row, item, 1])
-
-    b.when(b.both(b.cmp("eq", lane, 0), b.cmp("ult", item, chunks)), write)
-
-
-def _argmax_final(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
-    scratch, out = args
-    rows, chunks, _ = shapes[0]
-    _, warp, lane = _warp_and_lane(b)
-    row = b.add(b.mul(b.block("x"), WARPS), warp)
-
-    def body() -> None:
-        def scan(i: SSAValue, state: list[SSAValue]) -> list[SSAValue]:
-            value, index = b.load(scratch, [row, i, 0]), b.float_to_index(b.load(scratch, [row, i, 1]))
-            take = _better(b, value, index, state[0], state[1])
-            return [b.select(take, value, state[0]), b.select(take, index, state[1])]
-
-        big = b.const(1 << 30)
-        best, index = b.loop(lane, chunks, cuda.WARP, [b.fconst(NEG_BIG), big], scan)
-        best, index = _warp_argmax(b, best, index)
-        b.when(b.cmp("eq", lane, 0), lambda: b.store(b.to_i64(b.add(index, 1)), out, [row]))
-
-    b.when(b.cmp("ult", row, rows), body)
-
-
-def _add(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
-    lhs, rhs, out = args
-    width = shapes[0][1]
-    column = b.add(b.mul(b.block("x"), THREADS), b.thread())
-    row = b.block("y")
-    b.when(
-        b.cmp("ult", column, width),
-        lambda: b.store(b.fadd(b.load(lhs, [row, column]), b.load(rhs, [row, column])), out, [row, column]),
-    )
 
 
 # -- kernels by shape --------------------------------------------------------------------------------------------
@@ -740,7 +89,7 @@ class LaunchEmbed(_LaunchKernel):
     source = cuda.EmbedOp
 
     def kinds(self, op: cuda.EmbedOp) -> list[Kind]:
-        return [Kind("embed", (0, 1, 2), lambda s: (cdiv(s[0][1], THREADS), s[1][0], 1), _embed)]
+        return [Kind("embed", (0, 1, 2), lambda s: (cdiv(s[0][1], THREADS), s[1][0], 1), decode_kernels.embed)]
 
 
 class LaunchRMSNorm(_LaunchKernel):
@@ -750,7 +99,7 @@ class LaunchRMSNorm(_LaunchKernel):
         epsilon, row = op.epsilon.value.data, op.row.value.data
         stem = "rms_norm" if row < 0 else f"rms_norm_row{row}"
         grid = lambda s: (cdiv(s[2][0], WARPS), 1, 1)  # noqa: E731
-        return [Kind(stem, (0, 1, 2), grid, lambda b, a, s: _rms_norm(b, a, s, epsilon, row), (epsilon,))]
+        return [Kind(stem, (0, 1, 2), grid, lambda b, a, s: decode_kernels.rms_norm(b, a, s, epsilon, row), (epsilon,))]
 
 
 class LaunchLinear(_LaunchKernel):
@@ -763,7 +112,7 @@ class LaunchLinear(_LaunchKernel):
         stem = ("norm_" if epsilon is not None else "") + ("linear_residual" if residual else "linear")
         stem += f"_chip{on_chip}" if on_chip is not None else ""
         operands = tuple(range(len(op.ins) + len(op.outs)))
-        body = lambda b, a, s: _linear(b, a, s, epsilon, on_chip)  # noqa: E731
+        body = lambda b, a, s: decode_kernels.linear(b, a, s, epsilon, on_chip)  # noqa: E731
         return [Kind(stem, operands, _columns, body, (epsilon, on_chip))]
 
 
@@ -774,7 +123,7 @@ class LaunchGateUp(_LaunchKernel):
         epsilon = op.epsilon.value.data if op.epsilon is not None else None
         stem = "norm_gate_up" if epsilon is not None else "gate_up"
         operands = tuple(range(len(op.ins) + len(op.outs)))
-        return [Kind(stem, operands, _columns, lambda b, a, s: _gate_up(b, a, s, epsilon), (epsilon,))]
+        return [Kind(stem, operands, _columns, lambda b, a, s: decode_kernels.gate_up(b, a, s, epsilon), (epsilon,))]
 
 
 class LaunchQKV(_LaunchKernel):
@@ -786,7 +135,7 @@ class LaunchQKV(_LaunchKernel):
         splits = qkv_splits(ins[1][0] // 2, ins[0][1], op.ins[1].type.element_type)  # type: ignore[attr-defined]
         pairs = lambda s: (cdiv(s[1][0] // 2 * splits, WARPS), 1, 1)  # noqa: E731
         operands = tuple(range(9 if splits == 1 else 11))  # split-K: + partial, count (the lowering's scratch)
-        return [Kind("qkv", operands, pairs, lambda b, a, s: _qkv(b, a, s, epsilon), (epsilon,))]
+        return [Kind("qkv", operands, pairs, lambda b, a, s: decode_kernels.qkv(b, a, s, epsilon), (epsilon,))]
 
 
 class LaunchRope(_LaunchKernel):
@@ -794,7 +143,7 @@ class LaunchRope(_LaunchKernel):
 
     def kinds(self, op: cuda.RopeOp) -> list[Kind]:
         head_dim = op.head_dim.value.data
-        body = lambda b, a, s: _rope(b, a, s, head_dim)  # noqa: E731
+        body = lambda b, a, s: decode_kernels.rope(b, a, s, head_dim)  # noqa: E731
         return [Kind("rope", (0, 1, 2, 3, 4), _rows_by_threads, body, (head_dim,))]
 
 
@@ -802,7 +151,7 @@ class LaunchRopeCacheWrite(_LaunchKernel):
     source = cuda.RopeCacheWriteOp
 
     def kinds(self, op: cuda.RopeCacheWriteOp) -> list[Kind]:
-        return [Kind("rope_cache_write", tuple(range(7)), _rows_by_threads, _rope_cache_write)]
+        return [Kind("rope_cache_write", tuple(range(7)), _rows_by_threads, decode_kernels.rope_cache_write)]
 
 
 class LaunchAttention(_LaunchKernel):
@@ -810,7 +159,7 @@ class LaunchAttention(_LaunchKernel):
 
     def kinds(self, op: cuda.AttentionOp) -> list[Kind]:
         kv_splits = lambda s: (cdiv(s[1][-3] * s[5][2], WARPS), s[0][0], 1)  # noqa: E731
-        return [Kind("attention", tuple(range(7)), kv_splits, _attention)]
+        return [Kind("attention", tuple(range(7)), kv_splits, decode_kernels.attention)]
 
 
 class LaunchPrefillAttention(_LaunchKernel):
@@ -821,7 +170,7 @@ class LaunchAdd(_LaunchKernel):
     source = cuda.AddOp
 
     def kinds(self, op: cuda.AddOp) -> list[Kind]:
-        return [Kind("add", (0, 1, 2), _rows_by_threads, _add)]
+        return [Kind("add", (0, 1, 2), _rows_by_threads, decode_kernels.add)]
 
 
 class LaunchArgmax(_LaunchKernel):
@@ -831,8 +180,10 @@ class LaunchArgmax(_LaunchKernel):
         chunk = op.chunk.value.data
         chunks = lambda s: (cdiv(s[1][1], WARPS), s[0][0], 1)  # noqa: E731
         return [
-            Kind("argmax_chunks", (0, 2), chunks, lambda b, a, s: _argmax_chunks(b, a, s, chunk), (chunk,)),
-            Kind("argmax_final", (2, 1), lambda s: (cdiv(s[0][0], WARPS), 1, 1), _argmax_final),
+            Kind(
+                "argmax_chunks", (0, 2), chunks, lambda b, a, s: decode_kernels.argmax_chunks(b, a, s, chunk), (chunk,)
+            ),
+            Kind("argmax_final", (2, 1), lambda s: (cdiv(s[0][0], WARPS), 1, 1), decode_kernels.argmax_final),
         ]
 
 

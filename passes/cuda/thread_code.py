@@ -1,8 +1,8 @@
 """A small builder of thread code for the CUDA lane's kernels: `Body` appends thread-level ops (`arith`, `memref`,
-`scf`, `math`, `vector`, `gpu` and the upstream ops
-`dialects/cuda.py` adds) to a `gpu.func`'s block, with regions nested by callbacks; `Kind` says how
-one launch of a kernel-level op is built. Shared by the decode kernels (`convert_kernels_to_gpu`) and the tensor-core
-kernels (`tensor_core`), which is why it is a module of its own: neither of those imports the other's builders.
+`scf`, `math`, `vector`, `gpu` and the upstream ops `dialects/cuda.py` adds) to a `gpu.func`'s block, with regions
+nested by callbacks; `Kind` says how one launch of a kernel-level op is built. Shared by the decode kernels
+(`decode_kernels`) and the tensor-core kernels (`tensor_core`), which is why it is a module of its own: neither of
+those imports the other's builders.
 """
 
 from __future__ import annotations
