@@ -160,9 +160,9 @@ def exponentials(plan: g.GridPlan) -> int:
 
 
 def plan_like(spec: ModelSpec, plan: g.GridPlan, p: int, copies: int) -> g.GridPlan:
-    from logos_ir.passes.spatial.convert_logos_to_csl import plan_for
+    from logos_ir.passes.spatial.grid import GridPlan
 
-    return plan_for(spec, plan.slots * p, plan.image, p, copies)
+    return GridPlan.of(spec, plan.slots * p, plan.image, p, copies)
 
 
 def step_cycles(spec: ModelSpec, ctx: int, image: str, p: int, layers: int, copies: int) -> float:

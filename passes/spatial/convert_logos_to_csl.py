@@ -43,7 +43,7 @@ from logos_ir.passes.spatial.op_patterns import lower_part
 from logos_ir.passes.spatial.part import PartLowering, array_name, feeds_of
 from logos_ir.program import Cut, Identity
 
-__all__ = ["PASS", "ConvertLogosToCsl", "GridProgram", "element_bytes", "lower_module", "plan_for"]
+__all__ = ["PASS", "ConvertLogosToCsl", "GridProgram", "element_bytes", "lower_module"]
 
 
 # -- the element program and the host's description ------------------------------------------------------------
@@ -234,22 +234,6 @@ def _tasks(program: Program, layers: int) -> None:
     t.op(csl.FuncOp("step", FunctionType.from_lists([], []), Region(block)))
 
 
-def plan_for(spec: Any, ctx: int, image: str, p: int, kv_copies: int = 1) -> g.GridPlan:
-    return g.GridPlan(
-        p,
-        ctx,
-        image,
-        spec.hidden,
-        spec.heads,
-        spec.kv_heads,
-        spec.head_dim,
-        spec.intermediate,
-        spec.vocab,
-        spec.layers,
-        kv_copies,
-    )
-
-
 def element_bytes(program: GridProgram) -> dict[str, int]:
     """An element's memory: its arrays (every element declares the same) and its code (`csl_ext.code_bytes`, an
     estimate: the SDK publishes no code-size figure per builtin)."""
@@ -282,7 +266,7 @@ def lower_module(
         choices = [copies]
 
     def lowered_at(size: int, c: int) -> tuple[GridProgram, int]:
-        program = lower_parts(parts, plan_for(spec, ctx, image, size, c))
+        program = lower_parts(parts, g.GridPlan.of(spec, ctx, image, size, c))
         return program, element_bytes(program)["total"]
 
     if p:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -91,6 +92,13 @@ class GridPlan:
     layers: int
     kv_copies: int = 1  # how many rows' worth of copies each KV head's cache has (1: narrow; heads/kv_heads: widened)
     weights: dict[str, Weight] = field(default_factory=dict)
+
+    @staticmethod
+    def of(spec: Any, ctx: int, image: str, p: int, kv_copies: int = 1) -> GridPlan:
+        """The plan of a model's decode step over `ctx` positions on a P x P grid (a build's `host.json` names the
+        same figures, which is how its runtime reads the plan back)."""
+        sizes = (spec.hidden, spec.heads, spec.kv_heads, spec.head_dim, spec.intermediate, spec.vocab, spec.layers)
+        return GridPlan(p, ctx, image, *sizes, kv_copies)
 
     def chunk(self, n: int, even: bool = False) -> int:
         c = ceil_div(n, self.p)

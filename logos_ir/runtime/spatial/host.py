@@ -81,9 +81,9 @@ class GridMachine:
 
 
 def _plan_of(host: dict[str, Any], spec: Any) -> Any:
-    from logos_ir.passes.spatial.convert_logos_to_csl import plan_for
+    from logos_ir.passes.spatial.grid import GridPlan
 
-    return plan_for(spec, host["ctx"], host["image"], host["grid"], host.get("kv_copies", 1))
+    return GridPlan.of(spec, host["ctx"], host["image"], host["grid"], host.get("kv_copies", 1))
 
 
 def build_in_memory(spec: Any, ctx: int, image: str) -> tuple[ModuleOp, dict[str, Any]]:
