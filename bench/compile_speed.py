@@ -95,7 +95,7 @@ SCENARIOS = [
 # does): (module, function, stage), each wrapped where the build looks it up.
 LANE_FUNCTIONS: dict[str, list[tuple[str, str, str]]] = {
     "spatial": [
-        ("logos_ir.passes.spatial.build", "lower_decode", "convert-logos-to-csl: author, parse, plan the grid"),
+        ("logos_ir.passes.spatial.build", "lower_module", "convert-logos-to-csl: plan the grid, lower the parts"),
         ("logos_ir.passes.spatial.convert_logos_to_csl", "lower_parts", "convert-logos-to-csl: lower the parts"),
         ("logos_ir.passes.spatial.build", "print_csl", "emit csl (print_csl)"),
         ("logos_ir.passes.spatial.verify_grid", "static_check", "static check of the printed CSL"),

@@ -3,7 +3,7 @@
 xDSL's `csl` dialect has tasks, `@activate`, DSDs and their operations, `@set_rectangle` and `@set_tile_code`, but no
 route configuration, no `@block`/`@unblock` and no way to put a comment in the printed text. These ops are printed by
 the lane's CSL print context (`passes/spatial/emit_csl.py`) and executed by the fabric simulator
-(`logos_ir/runtime/spatial.py`), exactly as the other `csl` ops are:
+(`logos_ir/runtime/spatial/`), exactly as the other `csl` ops are:
 
 - `csl_ext.set_color_config`: `@set_color_config(x, y, @get_color(c), .{ .routes = .{ .rx = .{ WEST }, .tx = .{ RAMP,
   EAST } } })` in a layout: the router of element (x, y) takes colour c's wavelets from the `rx` directions and
