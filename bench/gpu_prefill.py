@@ -1,4 +1,4 @@
-"""The CUDA lane's prefill on tensor cores (issue 19): one prepared script.
+"""The CUDA lane's prefill on tensor cores: one prepared script.
 
     python3 bench/gpu_prefill.py                 # on a machine with a CUDA GPU and cupy: the 8B's 512-row prefill
     python3 bench/gpu_prefill.py --report        # no GPU needed: each product's modelled HBM bytes vs the minimum

@@ -1,6 +1,6 @@
 """The golden builds: the SHA-256 of every artifact that `logos-compile` writes for a fixed set of builds (the tiny
 preset and the embedded SmolLM2, every target, without weights), so a change that means to print nothing new can be
-checked byte for byte against what was built before it (`test/unit/test_golden_builds.py`).
+checked byte for byte against the recorded digests (`test/unit/test_golden_builds.py`).
 
     python3 tools/golden_builds.py            # rewrite test/unit/golden/builds.json from the tree as it is
     python3 tools/golden_builds.py --check    # compare, print the builds that differ, exit 1 if any

@@ -1,4 +1,4 @@
-"""A sweep of wrong arguments over the four tools, as a new user makes them (issue 20's list and their kind: paths,
+"""A sweep of wrong arguments over the four tools, as a new user makes them (of every kind: paths,
 sizes, numbers too large, options a tool or target does not take): each is one clear message naming what was
 wrong, in the tools' one style (`tool: error: ...`, or `file:line:col: error: ...` where there is a source), exit
 1 or 2, never an internal error (exit 70) and never a traceback. The processes run together, once per session."""

@@ -142,7 +142,7 @@ def test_run_tool_passes_system_exit_through():
         run_tool("t", raising(SystemExit(2)), [])
 
 
-# -- one set of common arguments in every tool (issue 20) ------------------------------------------------------------
+# -- one set of common arguments in every tool -------------------------------------------------------------------------
 
 TOOLS = ("logos-opt", "logos-author", "logos-compile", "logos-run")
 
