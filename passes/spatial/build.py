@@ -322,5 +322,3 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         "cycles per token: counted by the fabric simulator as it runs the build (bench/spatial_agreement.py placement)",
     ]
 
-
-__all__ = ["Cut", "build_spatial"]
