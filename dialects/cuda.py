@@ -61,6 +61,12 @@ from xdsl.utils.str_enum import StrEnum
 BUFFER_KINDS = ("weight", "cache", "activation", "input", "output", "table", "scratch")
 WARP = 32
 
+# The device weight image (`weights.bin`, one a chip) the build writes and the runtime reads: this magic and the
+# program's identity line, then the index of its buffers, in a header of HEADER_BYTES; each buffer ALIGN-aligned.
+IMAGE_MAGIC = b"LOGOS-CUDA-WEIGHTS 1\n"
+HEADER_BYTES = 4096
+ALIGN = 256
+
 
 def _fail(op: Operation, message: str) -> VerifyException:
     return VerifyException(f"'{op.name}' op {message}")

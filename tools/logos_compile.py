@@ -64,7 +64,7 @@ def _arguments(targets: dict[str, Any]) -> argparse.ArgumentParser:
     return parser
 
 
-TARGETS_WITH_OPTIONS = ("spatial",)  # the targets that read --option (each checks its own keys)
+TARGETS_WITH_OPTIONS = ("cuda", "spatial")  # the targets that read --option (each checks its own keys)
 
 
 def _request(args: argparse.Namespace, targets: dict[str, Any], progress: Any) -> Any:

@@ -34,12 +34,9 @@ from xdsl.printer import Printer
 from xdsl.utils.exceptions import VerifyException
 
 from logos_ir.build import Artifact, BuildRequest, LaneBuild, program_module
+from logos_ir.dialects.cuda import ALIGN, HEADER_BYTES, IMAGE_MAGIC
 from logos_ir.errors import PassError
 from logos_ir.program import Identity
-
-IMAGE_MAGIC = b"LOGOS-CUDA-WEIGHTS 1\n"
-HEADER_BYTES = 4096
-ALIGN = 256
 
 
 def lower(module: ModuleOp, weights: str) -> ModuleOp:

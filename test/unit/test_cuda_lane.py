@@ -116,7 +116,8 @@ def test_a_build_carries_its_identity_and_weight_image() -> None:
 
 
 def test_the_weight_image_holds_each_chips_bf16_shares() -> None:
-    from logos_ir.passes.cuda.build import HEADER_BYTES, build_cuda
+    from logos_ir.dialects.cuda import HEADER_BYTES
+    from logos_ir.passes.cuda.build import build_cuda
 
     spec = ModelSpec.preset("tiny")
     source = ModelSource("preset", "tiny", spec)

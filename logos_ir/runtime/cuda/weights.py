@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from logos_ir.dialects import cuda
 from logos_ir.errors import LogosError
 from logos_ir.passes.cuda.host_plan import Buffer, weight_share
 from logos_ir.rope import rope_inv_freq
@@ -56,17 +57,15 @@ class EmulatedWeights:
         return np.ascontiguousarray(weight_share(self.store, buffer.name, buffer.shape, chip, self.chips), np.float32)
 
     def _from_image(self, chip: int, buffer: Buffer) -> np.ndarray:
-        from logos_ir.passes.cuda.build import HEADER_BYTES
-
         name = "weights.bin" if self.chips == 1 else f"weights.chip{chip}.bin"
         path = Path(self.folder) / name
         if chip not in self._index:
             if not path.is_file():
                 raise LogosError(f"{self.folder}: the build holds no weight image {name} (build it --with-weights)")
             data = np.memmap(path, np.uint8, mode="r")
-            lines = bytes(data[:HEADER_BYTES]).rstrip(b"\0").split(b"\n", 2)
+            lines = bytes(data[: cuda.HEADER_BYTES]).rstrip(b"\0").split(b"\n", 2)
             if lines[2].startswith(b"index-at-end "):
-                at = HEADER_BYTES + int(lines[2].split()[1])
+                at = cuda.HEADER_BYTES + int(lines[2].split()[1])
                 index = json.loads(bytes(data[at:]).decode())
             else:
                 index = json.loads(lines[2].decode())
@@ -75,7 +74,7 @@ class EmulatedWeights:
         if found is None or tuple(found["shape"]) != buffer.shape or found["element"] != buffer.element:
             raise LogosError(f"{path}: holds no {buffer.element} buffer '{buffer.name}' of shape {buffer.shape}")
         count = int(np.prod(buffer.shape))
-        start = HEADER_BYTES + int(found["offset"])
+        start = cuda.HEADER_BYTES + int(found["offset"])
         kind = np.uint16 if buffer.element == "bf16" else np.dtype("<f4")
         size = count * np.dtype(kind).itemsize
         return np.frombuffer(self._index[chip]["data"][start : start + size], kind).reshape(buffer.shape)
