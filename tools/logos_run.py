@@ -1,7 +1,8 @@
 """`logos-run`: generation with a model's LOGOS programs, on the reference interpreter or a lane's backend, or from
 a build folder that `logos-compile` wrote.
 
-    logos-run [BUILD_DIR] [--model MODEL] [--prompt TEXT | --prompt - | --prompt-file FILE | --prompt-ids 1,2,3]
+    logos-run [BUILD_DIR | PROGRAM.logos [--strict]] [--model MODEL]
+              [--prompt TEXT | --prompt - | --prompt-file FILE | --prompt-ids 1,2,3]
               [--system TEXT] [--raw] [-i] [--max-new-tokens 32] [--temperature T --top-k K --top-p P --min-p P
               --repeat-penalty R --repeat-last-n N --seed S] [--stop TEXT ...] [--backend B] [--emulate]
               [--weights f32|bf16|f16] [--tp N] [--ctx N] [--json]
@@ -9,8 +10,11 @@ a build folder that `logos-compile` wrote.
 `BUILD_DIR` (a folder `logos-compile` wrote) is checked against its manifest first, as `logos-compile --check`
 does, and a folder that does not match is refused before anything runs; then its target's backend runs its
 artifacts (the `logos` target: its LOGOS program on the reference interpreter), with the model its manifest names
-(or `--model`, which must be that model). With no `--model` it runs the embedded SmolLM2-135M-Instruct. A prompt
-goes through the model's chat template when it has one (`--raw` sends the text as it is); with no prompt, the
+(or `--model`, which must be that model). A LOGOS program (`PROGRAM.logos`, a whole `decode ctx=N` step, say
+one `logos-author` wrote and a person edited) runs alone on the reference interpreter with `--model`'s weights, its
+cut and chips fixed by its text; one that is not the program the author writes for that model, cut and chips is
+said on standard error, and refused with `--strict`. With no `--model` it runs the embedded SmolLM2-135M-Instruct.
+A prompt goes through the model's chat template when it has one (`--raw` sends the text as it is); with no prompt, the
 question "What is the capital of France?". The tokens are the backend's arg-max (greedy) unless `--temperature`
 is above 0 or a repetition penalty is set: then `logos_ir.sampling` draws them from the backend's logits, seeded
 by `--seed`. The answer streams to standard output as it is generated (with `--json`, one JSON object per answer
@@ -72,7 +76,16 @@ def _arguments() -> argparse.ArgumentParser:
         "or run a build folder that logos-compile wrote.",
     )
     parser.add_argument(
-        "build", nargs="?", metavar="BUILD_DIR", help="a build folder (logos-compile -o): checked, then run"
+        "build",
+        nargs="?",
+        metavar="BUILD_DIR|PROGRAM",
+        help="a build folder (logos-compile -o): checked, then run; or a LOGOS program (a whole 'decode ctx=N' "
+        "step, e.g. written by logos-author and edited), run on the reference backend with --model's weights",
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse a LOGOS program that is not the one the author writes for the model (default: a warning)",
     )
     add_common(parser, TOOL)
     prompt = parser.add_argument_group("the prompt")
@@ -419,7 +432,10 @@ class Plan:
                 f"{args.model} is a build folder, not a model",
                 hint=f"run a build with: logos-run {args.model} (the model is the one its manifest names)",
             )
-        if args.build is not None:
+        self.program: Any = None  # a LOGOS program given instead of a build folder, and its identity
+        if args.build is not None and Path(args.build).is_file():
+            self.source = self._from_program(Path(args.build))
+        elif args.build is not None:
             self.source = self._from_build(Path(args.build))
         else:
             self.source = ModelSource.resolve(args.model, seed=args.model_seed)
@@ -488,6 +504,50 @@ class Plan:
         check_model_matches(source, recorded)
         return source
 
+    def _from_program(self, path: Path) -> Any:
+        """A hand-written LOGOS program: parsed, refused unless it is a whole decode step, run on the reference
+        backend with --model's weights. Its identity is checked against the program the author writes for that
+        model, cut and chips: a difference is a warning (refused with --strict)."""
+        from logos_ir.author import written, written_split
+        from logos_ir.identity import identity
+        from logos_ir.models import ModelSource
+        from logos_ir.parser import parse_program
+
+        program = parse_program(path.read_bytes(), str(path))
+        mine = identity(program)
+        cut, chips = mine.cut, mine.chips
+        if cut.kind != "decode":
+            raise LogosError(
+                f"{path}: a program of '{cut.option()}' is not a whole decode step: logos-run runs a program of "
+                "'decode ctx=N'",
+                hint="write it with: logos-author --cut 'decode ctx=N'",
+            )
+        args = self.args
+        if args.backend not in (None, "reference"):
+            raise LogosError(f"{path}: a LOGOS program runs on the reference backend, not {args.backend}")
+        for flag, given, fixed in (("--tp", args.tp, chips), ("--ctx", args.ctx, cut.ctx)):
+            if given is not None and given != fixed:
+                raise LogosError(f"{path}: the program fixes {flag} {fixed}, not {given}")
+        if args.emulate or args.aocx is not None:
+            raise LogosError(f"{path}: a LOGOS program runs on the reference interpreter: no --emulate or --aocx")
+        source = ModelSource.resolve(args.model, seed=args.model_seed)
+        split = any(op.name == "shard.grid" for op in program.body.block.ops)  # "The program runs on N chips."
+        if split:
+            _, theirs = written_split(source.spec, cut, "", chips)
+        else:
+            _, theirs = written(source.spec, cut)
+        if theirs != mine:
+            what = (
+                f"{path}: not the program the author writes for the model {source.name} ({theirs.line()}): its text "
+                f"hashes to sha256 {mine.hex()}"
+            )
+            if args.strict:
+                raise LogosError(f"{what}: refused (--strict)", hint="run it without --strict to run it anyway")
+            print(f"{TOOL}: warning: {what}", file=sys.stderr)
+        self.program = (program, mine)
+        self.tp, self.ctx = chips, cut.ctx
+        return source
+
     def _refuse_seed(self, folder: Path, kind: Any, recorded: dict[str, Any]) -> None:
         """--model-seed chooses a preset's random weights, which a build's manifest fixes: a different one is
         refused, not ignored."""
@@ -501,6 +561,9 @@ class Plan:
 
     def generator(self) -> Any:
         from logos_ir.runtime import RunRequest
+
+        if self.program is not None:
+            return program_generator(self.store, *self.program)
 
         request = RunRequest(
             self.store,
@@ -516,6 +579,28 @@ class Plan:
 
     def run_command(self) -> str:
         return f"logos-run {self.build}" if self.build is not None else TOOL
+
+
+def program_generator(weights: Any, program: Any, identity: Any) -> Any:
+    """A generator running the hand-written `program` (a whole decode step, with its `identity`) on the reference
+    interpreter (made here, so --help imports no numpy)."""
+    from logos_ir.generate import Compiled, Generator
+    from logos_ir.interpreter import Interpreter
+
+    class ProgramGenerator(Generator):
+        """The reference interpreter running one given LOGOS program, split over its chips where it is: the prompt
+        goes through it one token at a time, then each new token, so nothing the author writes runs beside it."""
+
+        def __init__(self) -> None:
+            super().__init__(weights, ctx=identity.cut.ctx, tp=identity.chips)
+            self.prompt_by_step = True
+
+        def compile_program(self, cut: Any) -> Any:
+            if cut != identity.cut:
+                raise LogosError(f"the program is '{identity.cut.option()}', not '{cut.option()}'")
+            return Compiled(Interpreter(program, self.weights, self.kv_state(cut.ctx or 1)), identity)
+
+    return ProgramGenerator()
 
 
 def _physical_memory() -> int | None:
