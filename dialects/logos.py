@@ -770,21 +770,36 @@ class ElementwiseBinaryOp(LogosOp):
 
 @irdl_op_definition
 class AddOp(ElementwiseBinaryOp):
-    """Elementwise sum (the residual connections). `%mixed = logos.add %x, %projected : tensor<1x64xf32>`"""
+    """Elementwise sum (the residual connections).
+
+    ```mlir
+    %mixed = logos.add %x, %projected : tensor<1x64xf32>
+    ```
+    """
 
     name = "logos.add"
 
 
 @irdl_op_definition
 class MulOp(ElementwiseBinaryOp):
-    """Elementwise product (SwiGLU's gate times up). `%product = logos.mul %activated, %up : tensor<1x128xf32>`"""
+    """Elementwise product (SwiGLU's gate times up).
+
+    ```mlir
+    %product = logos.mul %activated, %up : tensor<1x128xf32>
+    ```
+    """
 
     name = "logos.mul"
 
 
 @irdl_op_definition
 class SiluOp(LogosOp):
-    """x * sigmoid(x), elementwise. `%activated = logos.silu %gate : tensor<1x128xf32>`"""
+    """x * sigmoid(x), elementwise.
+
+    ```mlir
+    %activated = logos.silu %gate : tensor<1x128xf32>
+    ```
+    """
 
     name = "logos.silu"
 
@@ -803,7 +818,12 @@ class SiluOp(LogosOp):
 
 @irdl_op_definition
 class RowOp(LogosOp):
-    """One row (from 1) of a stack of rows, kept as a stack of one. `%last = logos.row %x index 4 : ...`"""
+    """One row (from 1) of a stack of rows, kept as a stack of one.
+
+    ```mlir
+    %last = logos.row %x index 4 : (tensor<4x64xf32>) -> tensor<1x64xf32>
+    ```
+    """
 
     name = "logos.row"
 
@@ -828,7 +848,9 @@ class RowOp(LogosOp):
 class ArgmaxOp(LogosOp):
     """The index (from 1) of each row's greatest value, the first on a tie: greedy decoding's next token.
 
-    `%next = logos.argmax %logits : (tensor<1x256xf32>) -> tensor<1xi64>`
+    ```mlir
+    %next = logos.argmax %logits : (tensor<1x256xf32>) -> tensor<1xi64>
+    ```
     """
 
     name = "logos.argmax"

@@ -8,8 +8,11 @@ could not take the arg-max; `shard.all_gather` is upstream's op for this, and th
 does (`mlir/include/mlir/Dialect/Shard/IR/ShardOps.td`): the same operands, properties and assembly format, so
 the printed form is the one upstream parses:
 
-    %logits = shard.all_gather %logits_part on @chips grid_axes = [0] gather_axis = 1
-        : tensor<1x24xf32> -> tensor<1x48xf32>
+```mlir
+shard.grid @chips(shape = 2)
+%logits = shard.all_gather %logits_part on @chips grid_axes = [0] gather_axis = 1
+    : tensor<1x24xf32> -> tensor<1x48xf32>
+```
 
 `grid_axes` names the grid axes whose devices form one group (the chips' one axis, 0: empty axes would make each
 device a group of its own), and the result is the group's inputs concatenated along `gather_axis` in the order
