@@ -9,7 +9,7 @@ On a GPU it builds the `llama-3.1-8b` prefill chunk of 512 rows (bf16 image, ran
 compiles its `kernels.cu` with nvcc for the device, and times each distinct projection kernel of a layer (q, k, v,
 o with its residual, gate/up with SiLU, down with its residual) against `cupy.matmul` of the same shapes in the same
 run (cuBLAS; f16, as cupy has no bf16 matrices: the same bytes and the same tensor-core rate), reporting each
-kernel's time, TFLOP/s and the fraction of cuBLAS (the issue aims at 60%). `bench/gpu_decode.py` runs it after its
+kernel's time, TFLOP/s and the fraction of cuBLAS (the aim: 60%). `bench/gpu_decode.py` runs it after its
 own figures (a one-line hook), so one prepared script gives both. Without a GPU (and without `--report` or
 `--cpu-agreement`) it says so and exits 1: it claims no GPU figure.
 """

@@ -1,4 +1,4 @@
-"""Issue 14: what a build emits does not grow with the model's depth, at the scale of the largest models.
+"""What a build emits does not grow with the model's depth, at the scale of the largest models.
 
 Every lane emits one kernel, engine routine or element program per distinct shape, shared by every layer that has
 it, so an 80-layer model of given widths emits exactly the set a 2-layer model of the same widths does. Timings are

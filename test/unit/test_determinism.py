@@ -1,7 +1,7 @@
 """Determinism: the author, the printers and the passes give byte-identical output run to run and machine to
 machine. The same runs are made in two fresh processes that differ in everything a machine may differ in
 (PYTHONHASHSEED, locale, time zone, working folder, output folder) and their outputs compared byte for byte;
-the pipeline of the issue also runs as a real shell pipe, `logos-author ... | logos-opt -f logos -p ...`."""
+the author-to-optimizer pipeline also runs as a real shell pipe, `logos-author ... | logos-opt -f logos -p ...`."""
 
 from __future__ import annotations
 
