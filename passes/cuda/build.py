@@ -91,14 +91,20 @@ def build_cuda(request: BuildRequest) -> LaneBuild:
     report["ptxas"] = measured_kernels(request, artifacts[0].data.decode(), module)
     if request.with_weights:
         artifacts += weight_images(request, module, identity)
-    summary = [
+    return LaneBuild(artifacts, report, build_summary(report))
+
+
+def build_summary(report: dict[str, Any]) -> list[str]:
+    """The lines logos-compile prints for a build, one figure a quantity, each named for what it is: the weights a
+    chip holds (every table whole), the bytes a chip's step reads, and the least a step must read (the weights it
+    uses, the embedding one row, and the full cache)."""
+    return [
         f"{report['kernels']} kernels, {report['launches']} launches a step, "
-        f"{report['weight_bytes'] / 1e6:.1f} MB of weights read a step (each chip)",
-        f"{report['launches_per_layer']} launches a layer; {report['bytes_read'] / 1e6:.1f} MB read a step against"
-        f" a minimum of {report['bytes_minimum'] / 1e6:.1f} MB (weights and the full cache, each chip)",
+        f"{report['weight_bytes'] / 1e6:.1f} MB of weights held (each chip)",
+        f"{report['launches_per_layer']} launches a layer; each chip reads {report['bytes_read'] / 1e6:.1f} MB a step"
+        f" against a minimum of {report['bytes_minimum'] / 1e6:.1f} MB (the weights a step uses and the full cache)",
         ptxas_summary(report["ptxas"]),
     ]
-    return LaneBuild(artifacts, report, summary)
 
 
 # -- HBM traffic of the products (the build report) -----------------------------------------------------------------

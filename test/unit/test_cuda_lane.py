@@ -279,3 +279,22 @@ def test_every_fusion_is_a_pass_of_the_pipeline() -> None:
                        "cuda-fuse-prefill-attention", "cuda-fold-prefill-norms"]  # fmt: skip
     assert stages == ["verify-identity", "inline-sections", "convert-logos-to-cuda-kernels", *fusions,
                       "convert-cuda-kernels-to-gpu"]  # fmt: skip
+
+
+def test_the_build_summary_gives_one_figure_a_quantity() -> None:
+    """The summary logos-compile prints names each byte figure for what it is (the weights a chip holds, what a
+    chip's step reads, the least a step must read), and no quantity twice: on a split step, where the weights a
+    chip holds (the embedding table whole) differ from what its step reads."""
+    import re
+
+    build = _build(_spec(), "decode ctx=64", tp=2)
+    text = "\n".join(build.summary)
+    figures = re.findall(r"(\d+\.\d) MB", text)
+    assert len(figures) == 3, text
+    named = re.findall(r"([\d.]+) MB of weights held \(each chip\)|each chip reads ([\d.]+) MB a step|a minimum of "
+                       r"([\d.]+) MB \(the weights a step uses and the full cache\)", text)  # fmt: skip
+    assert sorted(f for match in named for f in match if f) == sorted(figures), text
+    assert text.count("read a step") + text.count("reads") == 1, text
+    report = build.report
+    assert report["weight_bytes"] != report["bytes_read"]  # two quantities, so two names
+    assert f"{report['bytes_read'] / 1e6:.1f} MB a step" in text and f"{report['weight_bytes'] / 1e6:.1f} MB of" in text
