@@ -43,10 +43,11 @@ from xdsl.rewriter import InsertPoint
 
 from logos_ir.dialects import cuda
 from logos_ir.errors import PassError
+from logos_ir.numerics import ceil_div as cdiv
 from logos_ir.passes.cuda import decode_kernels, tensor_core
 from logos_ir.passes.cuda.decode_kernels import ROW_TILE, THREADS, WARPS, qkv_splits
 from logos_ir.passes.cuda.kernel_level import host_function
-from logos_ir.passes.cuda.thread_code import INDEX, Body, Kind, cdiv
+from logos_ir.passes.cuda.thread_code import INDEX, Body, Kind
 
 NAME = "convert-cuda-kernels-to-gpu"
 

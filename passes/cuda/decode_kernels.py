@@ -18,7 +18,8 @@ from xdsl.dialects.builtin import BFloat16Type, IntegerAttr, f32, i64
 from xdsl.ir import Attribute, SSAValue
 
 from logos_ir.dialects import cuda
-from logos_ir.passes.cuda.thread_code import Body, cdiv, rotated, vector_width
+from logos_ir.numerics import ceil_div as cdiv
+from logos_ir.passes.cuda.thread_code import Body, rotated, vector_width
 
 WARPS = 4  # warps a block: each owns one work item
 THREADS = WARPS * cuda.WARP

@@ -4,8 +4,8 @@ The lowered module's host function `@step` is a list of named buffers (`cuda.buf
 `gpu.launch_func`, `shard.all_reduce` and (a split head's logits) `shard.all_gather` ops. `plan_of` (a module) and
 `read_plan` (its text, as a build folder holds it) turn it into a `HostPlan`: the buffers by name, the steps in
 order, and the `gpu.func` kernels kept as IR for the emulator. The build's report and weight image and the runtime
-both read plans through here, so the runtime never reaches back into the lowering. `bf16_rounded` / `bf16_bits` are
-the image's rounding (to nearest even, as torch does); `weight_share` is a chip's contiguous share of a split
+both read plans through here, so the runtime never reaches back into the lowering. The image's bf16 rounding is
+`logos_ir.numerics`'s (to nearest even, as torch does); `weight_share` is a chip's contiguous share of a split
 weight, as the interpreter takes it (which axis is split is read off the buffer's shape against the full tensor's,
 so the head's table split by vocabulary rows and, tied, the same table whole for the embedding both come from one
 tensor).
@@ -20,19 +20,7 @@ from typing import Any
 import numpy as np
 
 from logos_ir.errors import LogosError
-
-
-def bf16_rounded(values: np.ndarray) -> np.ndarray:
-    """float32 rounded to the nearest bfloat16 (ties to even), kept as float32: the values a bf16 image holds."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)) << np.uint32(16)
-    return np.where(np.isnan(values), np.float32(np.nan), rounded.view(np.float32)).astype(np.float32)
-
-
-def bf16_bits(values: np.ndarray) -> np.ndarray:
-    """float32 to bfloat16 bit patterns (ties to even), as the device image stores them."""
-    return (bf16_rounded(values).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
-
+from logos_ir.numerics import bf16_bits as bf16_bits
 
 # -- the host plan: what step.mlir says to do ---------------------------------------------------------------
 

@@ -244,10 +244,6 @@ class Body:
         )
 
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def vector_width(row: int, element: Attribute) -> int:
     """The widest vector of at most 16 bytes that divides a row."""
     width = 8 if isinstance(element, BFloat16Type) else 4

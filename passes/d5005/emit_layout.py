@@ -20,6 +20,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.utils.target import Target
 
 from logos_ir.dialects import d5005
+from logos_ir.numerics import bf16_bits
 from logos_ir.passes.d5005.emit_opencl import the_d5005_program
 from logos_ir.passes.d5005.emit_stream import HEADER_FIELDS, header
 from logos_ir.passes.d5005.placement import ROPE
@@ -64,13 +65,6 @@ def layout(program: d5005.ProgramOp) -> str:
 
 
 # -- the weight image ------------------------------------------------------------------------------------------
-
-
-def bf16_bits(values: np.ndarray) -> np.ndarray:
-    """float32 -> bfloat16 bits, rounded to nearest even (NaN kept a NaN)."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    return np.where(np.isnan(values), 0x7FC0, rounded).astype(np.uint16)
 
 
 def rope_table(spec: ModelSpec, ctx: int) -> np.ndarray:

@@ -15,10 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from logos_ir.dialects import d5005
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
+from logos_ir.numerics import ceil_div
 
 
 @dataclass(frozen=True)

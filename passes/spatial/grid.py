@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from logos_ir.numerics import ceil_div
+
 # Colours (WSE-2 has 24; memcpy reserves 21, 22 and 23 on WSE-2, so a program may use 0..20: the machine facts of
 # `dialects/csl_ext.py`). A line (row or column) is cut into segments; each segment is reduced toward its centre
 # from both ends at once (each half a chain on two colours alternating by the distance from its end), the segments'
@@ -48,10 +50,6 @@ COL_BCAST = 17
 COL_SEGMENT_BCAST = 18  # a column segment's total from its centre to the segment (attention's scores: one KV head's)
 # Local task ids (on WSE-2 a local task id may not be a colour the program routes).
 EMBED_TASK, LAYER_TASK, HEAD_TASK = 24, 25, 26
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from logos_ir.generate import Generator
-from logos_ir.passes.cuda.host_plan import bf16_bits
+from logos_ir.numerics import bf16_bits
 from logos_ir.runtime import RunRequest
 from logos_ir.runtime.cuda import devices, generator
 from logos_ir.runtime.cuda.emulator import KernelEmulator, LaunchShape

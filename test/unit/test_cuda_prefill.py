@@ -28,7 +28,8 @@ from xdsl.printer import Printer
 
 from logos_ir.dialects import cuda
 from logos_ir.errors import LogosError
-from logos_ir.passes.cuda.host_plan import bf16_rounded, read_plan
+from logos_ir.numerics import bf16_rounded
+from logos_ir.passes.cuda.host_plan import read_plan
 from logos_ir.program import Cut
 from logos_ir.runtime.cuda.artifacts import build_program
 from logos_ir.runtime.cuda.emulator import KernelEmulator

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from logos_ir.passes.cuda.host_plan import bf16_bits, bf16_rounded
+from logos_ir.numerics import bf16_bits, bf16_rounded
 from logos_ir.runtime.cuda.emulator import KernelEmulator, LaunchShape
 
 

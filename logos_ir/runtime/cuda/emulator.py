@@ -24,7 +24,7 @@ from xdsl.ir import Operation
 from logos_ir.dialects import cuda
 from logos_ir.dialects.cuda import WARP
 from logos_ir.errors import LogosError
-from logos_ir.passes.cuda.host_plan import bf16_rounded
+from logos_ir.numerics import bf16_rounded
 from logos_ir.runtime.cuda.lockstep import Env, Mask, Step, row_major_strides
 from logos_ir.runtime.cuda.tensor_core import TENSOR_CORE_COMPILERS
 

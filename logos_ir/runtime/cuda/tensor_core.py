@@ -41,7 +41,7 @@ from xdsl.ir import Operation
 from logos_ir.dialects import cuda
 from logos_ir.dialects.cuda import SHARED, WARP
 from logos_ir.errors import LogosError
-from logos_ir.passes.cuda.host_plan import bf16_rounded
+from logos_ir.numerics import bf16_rounded
 from logos_ir.runtime.cuda.lockstep import Env, Mask, Step, row_major_strides
 
 _LANE = np.arange(WARP)
