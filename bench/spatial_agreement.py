@@ -34,11 +34,11 @@ import numpy as np
 
 from logos_ir.generate import Generator
 from logos_ir.passes.spatial import grid as g
-from logos_ir.passes.spatial.build import lower_decode
-from logos_ir.passes.spatial.convert_logos_to_csl import element_bytes
+from logos_ir.passes.spatial.convert_logos_to_csl import memory_use
 from logos_ir.program import Cut
 from logos_ir.runtime.spatial.host import GridMachine
 from logos_ir.spec import ModelSpec
+from logos_ir.testing import lower_decode
 from logos_ir.tokenizer import Tokenizer
 from logos_ir.weights import RandomWeights, WeightStore, open_model
 
@@ -342,7 +342,7 @@ def placement(name: str | None, ctx: int, image: str = "f16", full: bool = False
         "kv_copies": plan.kv_copies,
         "kv_slots_per_element": plan.slots,
         "exponentials_per_element_per_layer": exponentials(plan),
-        "memory_per_element": element_bytes(lowered),
+        "memory_per_element": memory_use(lowered),
     }
     report.update(extrapolated(spec, plan, image))
     if full and report.get("simulated_grids"):

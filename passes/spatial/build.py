@@ -30,20 +30,16 @@ from typing import Any
 
 import numpy as np
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
 from xdsl.printer import Printer
 
-from logos_ir.author import written
 from logos_ir.build import Artifact, BuildError, BuildRequest, LaneBuild, program_module
 from logos_ir.dialects import csl_ext
 from logos_ir.identity import the_program
-from logos_ir.parser import parse_program
 from logos_ir.passes.extract_parts import ExtractParts
 from logos_ir.passes.spatial import grid as g
-from logos_ir.passes.spatial.convert_logos_to_csl import GridProgram, element_bytes, lower_module
+from logos_ir.passes.spatial.convert_logos_to_csl import GridProgram, lower_module, memory_use
 from logos_ir.passes.spatial.emit_csl import print_csl
 from logos_ir.passes.verify_identity import VerifyIdentity
-from logos_ir.program import Cut
 from logos_ir.rope import rope_inv_freq
 
 _OPTIONS = ("grid",)
@@ -74,20 +70,6 @@ def build_spatial(request: BuildRequest) -> LaneBuild:
     for stage in (VerifyIdentity(), ExtractParts()):  # the logos-to-spatial pipeline, its last stage kept whole
         stage.apply(Context(), module)
     return lane_build(lower_module(module, request.weights, p), identity.line(), identity, spec)
-
-
-def lower_decode(
-    spec: Any, ctx: int, image: str = "f16", p: int = 0, memory: int = csl_ext.MEMORY, copies: int | None = None
-) -> GridProgram:
-    """The decode step of `spec` over a cache of `ctx` positions as the author writes it, through the lane's
-    pipeline (`verify-identity`, `extract-parts`, `convert-logos-to-csl`'s `lower_module`): for the tests and
-    benchmarks that start from a model rather than a module."""
-    whole = Cut.decode(ctx)
-    authored, _ = written(spec, whole)
-    module = ModuleOp([parse_program(authored.text, f"<{whole.option()}>")])
-    for stage in (VerifyIdentity(), ExtractParts()):
-        stage.apply(Context(), module)
-    return lower_module(module, image, p, memory, copies)
 
 
 def lane_build(lowered: GridProgram, line: str, identity: Any, spec: Any) -> LaneBuild:
@@ -278,7 +260,7 @@ if __name__ == "__main__":
 def spatial_report(lowered: GridProgram) -> dict[str, Any]:
     """The placement's figures (see the module docstring)."""
     plan = lowered.plan
-    memory = element_bytes(lowered)
+    memory = memory_use(lowered)
     shares = {name: round(working_share(w, plan.p), 4) for name, w in plan.weights.items() if w.kind == "matrix"}
     return {
         "grid": {"name": "wse2", "fabric": list(csl_ext.WSE2_FABRIC), "memory": csl_ext.MEMORY, "p": plan.p},
@@ -321,4 +303,3 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         f"{report['element_programs']} part programs (embedding, layer, head) in one element program",
         "cycles per token: counted by the fabric simulator as it runs the build (bench/spatial_agreement.py placement)",
     ]
-

@@ -43,9 +43,6 @@ from logos_ir.passes.spatial.op_patterns import lower_part
 from logos_ir.passes.spatial.part import PartLowering, array_name, feeds_of
 from logos_ir.program import Cut, Identity
 
-__all__ = ["PASS", "ConvertLogosToCsl", "GridProgram", "element_bytes", "lower_module"]
-
-
 # -- the element program and the host's description ------------------------------------------------------------
 
 
@@ -234,7 +231,7 @@ def _tasks(program: Program, layers: int) -> None:
     t.op(csl.FuncOp("step", FunctionType.from_lists([], []), Region(block)))
 
 
-def element_bytes(program: GridProgram) -> dict[str, int]:
+def memory_use(program: GridProgram) -> dict[str, int]:
     """An element's memory: its arrays (every element declares the same) and its code (`csl_ext.code_bytes`, an
     estimate: the SDK publishes no code-size figure per builtin)."""
     arrays = sum(words * csl_ext.element_bytes(element) for words, element in program.host["arrays"].values())
@@ -267,7 +264,7 @@ def lower_module(
 
     def lowered_at(size: int, c: int) -> tuple[GridProgram, int]:
         program = lower_parts(parts, g.GridPlan.of(spec, ctx, image, size, c))
-        return program, element_bytes(program)["total"]
+        return program, memory_use(program)["total"]
 
     if p:
         if p < 2:

@@ -117,9 +117,9 @@ def test_narrow_kv_heads_give_the_reference_tokens(shape: dict, copies: int) -> 
     the narrow-KV module gives the reference's greedy tokens (f32). The lane widens the cache only as far as memory
     allows (most copies that fit); tiny models fit widened, so narrow is forced here."""
     from logos_ir.generate import Generator
-    from logos_ir.passes.spatial.build import lower_decode
     from logos_ir.runtime.spatial.host import GridMachine
     from logos_ir.spec import ModelSpec
+    from logos_ir.testing import lower_decode
     from logos_ir.weights import RandomWeights
 
     sizes: dict = dict(vocab=256, hidden=64, layers=2, intermediate=128, rms_eps=1e-5, rope_theta=10000.0,

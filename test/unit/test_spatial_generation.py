@@ -74,7 +74,7 @@ def test_f32_tokens_match_reference(name: str) -> None:
 
 
 def _lowered(store: WeightStore, ctx: int = 16, image: str = "f32"):  # type: ignore[no-untyped-def]
-    from logos_ir.passes.spatial.build import lower_decode
+    from logos_ir.testing import lower_decode
 
     return lower_decode(store.spec, ctx, image)
 
@@ -218,7 +218,7 @@ def test_wavelets_per_step_are_the_mappings(p: int, copies: int) -> None:
     spec = MODELS["gqa"]
     ctx = 16
     store = RandomWeights(spec, seed=7)
-    from logos_ir.passes.spatial.build import lower_decode
+    from logos_ir.testing import lower_decode
 
     lowered = lower_decode(spec, ctx, "f32", p, copies=copies)
     assert lowered.host["grid"] == p and lowered.host["kv_copies"] == copies
@@ -311,7 +311,7 @@ def test_logos_run_from_a_build_folder(tmp_path: Path) -> None:
 def test_grids_of_other_sizes(p: int) -> None:
     """An odd grid (its centres, its halves of unequal parity) and chunks that are not even (a product's tile as
     wide as its input's chunk) give the same tokens."""
-    from logos_ir.passes.spatial.build import lower_decode
+    from logos_ir.testing import lower_decode
 
     store = RandomWeights(MODELS["gqa"], seed=2)
     lowered = lower_decode(store.spec, 16, "f32", p)
@@ -322,7 +322,7 @@ def test_lines_of_several_segments() -> None:
     """A grid of 18 has two segments a line (about sqrt(P / 4), docs/spatial.md's reductions), each reduced to its
     centre, the centres then to the line's, by one function a kind of reduction: the reference's tokens."""
     from logos_ir.passes.spatial import grid as g
-    from logos_ir.passes.spatial.build import lower_decode
+    from logos_ir.testing import lower_decode
 
     assert g.segments(18)[1] == 2
     store = RandomWeights(MODELS["gqa"], seed=2)
@@ -334,7 +334,7 @@ def test_the_schedule_and_the_short_way_change_nothing() -> None:
     """Which waiting elements the simulator advances first (the lowest instruction or the highest), and whether DSD
     ops with a fabric operand take the shorter way or the op with every check, change no token, logit, cycle or
     wavelet: each element's clock counts its own ops and the arrival of each wavelet it reads."""
-    from logos_ir.passes.spatial.build import lower_decode
+    from logos_ir.testing import lower_decode
 
     store = RandomWeights(MODELS["gqa"], seed=5)
     lowered = lower_decode(store.spec, 16, "f16", 5)
