@@ -3,7 +3,7 @@ whole weight file is one fuzz input (`small_spec`), written as a Hugging Face fo
 GGUF file (`model_gguf`, with a byte-level BPE tokenizer from `tokenizer_metadata`, over GPT-2's byte alphabet,
 `byte_level_alphabet`); any GGUF file from metadata and tensors (`gguf_bytes`, with the GGUF specification's value
 types `U8` ... `F64`); a `logos` build folder of the tiny preset (`write_logos_build`); an authored program's MLIR
-(`mlir_text`).
+(`mlir_text`); a model's decode step lowered by the spatial lane (`lower_decode`).
 The D5005 lane's decode step as its pipeline lowers it: `lower_program`.
 """
 
@@ -23,6 +23,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.printer import Printer
 
 from logos_ir.build import BuildRequest, build_logos, manifest_of, write_build
+from logos_ir.dialects import csl_ext
 from logos_ir.models import ModelSource
 from logos_ir.parser import parse_program
 from logos_ir.program import Cut
@@ -257,3 +258,24 @@ def lower_program(program: Any, weights: str, params: Any = None) -> Any:
     module = ModuleOp([program.clone()])
     InlineSections().apply(Context(), module)
     return convert_program(next(iter(module.ops)), weights, params)
+
+
+def lower_decode(
+    spec: Any, ctx: int, image: str = "f16", p: int = 0, memory: int = csl_ext.MEMORY, copies: int | None = None
+) -> Any:
+    """The decode step of `spec` over a cache of `ctx` positions as the author writes it, through the spatial lane's
+    pipeline (`verify-identity`, `extract-parts`, `convert-logos-to-csl`'s `lower_module`), as a `GridProgram`: for
+    the tests and benchmarks that start from a model rather than a module."""
+    from xdsl.context import Context
+
+    from logos_ir.author import written
+    from logos_ir.passes.extract_parts import ExtractParts
+    from logos_ir.passes.spatial.convert_logos_to_csl import lower_module
+    from logos_ir.passes.verify_identity import VerifyIdentity
+
+    whole = Cut.decode(ctx)
+    authored, _ = written(spec, whole)
+    module = ModuleOp([parse_program(authored.text, f"<{whole.option()}>")])
+    for stage in (VerifyIdentity(), ExtractParts()):
+        stage.apply(Context(), module)
+    return lower_module(module, image, p, memory, copies)
