@@ -668,11 +668,11 @@ def _d5005_seeds(reader: str) -> dict[str, bytes]:
 
     from logos_ir.author import written
     from logos_ir.parser import parse_program
-    from logos_ir.passes.d5005.convert_logos_to_d5005 import lower_program
     from logos_ir.passes.d5005.emit_layout import image_bytes, weight_image
     from logos_ir.passes.d5005.emit_stream import encode_stream
     from logos_ir.program import Cut
     from logos_ir.spec import ModelSpec
+    from logos_ir.testing import lower_program
     from logos_ir.weights import RandomWeights
 
     tiny = ModelSpec.preset("tiny")

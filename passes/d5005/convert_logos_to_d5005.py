@@ -6,17 +6,18 @@ Assumes: a module holding one `logos.program` whose cut is a whole decode step (
 sections inlined into @main (`inline-sections`, which the `logos-to-d5005` pipeline runs first): @main reads the
 token and position inputs, then runs the step's ops in order.
 
-Guarantees: the program is replaced by one `d5005.program` carrying its identity line, whose block holds the
-on-chip buffers and then the decode step's instructions in execution order. One rewrite pattern per `logos` op:
-each writes its result into a new `d5005.buffer` and replaces the op's value by it, so the next op's pattern reads
-that buffer (SiLU and the product that reads it become one `silu_mul`; weights and caches become the board-memory
-regions of `placement.py`: weights striped over the four banks, the rotary table, the KV caches). Then the
-buffers are shared: a value goes into the buffer of its name once the previous value there is dead, so a layer's
-buffers serve every layer. The on-chip budget (`EngineParams.onchip_words`) holds every buffer, and no
-instruction writes a buffer it reads. A model whose weights and caches overflow the 32 GiB is refused with the
-sizes; other cuts, split programs and ops the engine has no instruction for are refused naming them. Nothing
-changes when it refuses: a copy of the program is lowered and verified, then swapped in. No weight value is read;
-the cost is one walk over the program.
+Guarantees: the program is replaced by one `d5005.program` carrying its identity line, whose block holds the on-chip
+buffers and then the decode step's instructions in execution order. One rewrite pattern per `logos` op: each writes
+its result into a new `d5005.buffer` and replaces the op's value by it, so the next op's pattern reads that buffer
+(SiLU and the product that reads it select one instruction, `silu_mul`: the engine has no SiLU instruction of its
+own, so this is instruction selection, not a fusion of two engine instructions; weights and caches become the
+board-memory regions of `placement.py`: weights striped over the four banks, the rotary table, the KV caches). Then
+the buffers are shared: a value goes into the buffer of its name once the previous value there is dead, so a layer's
+buffers serve every layer. The on-chip budget (`EngineParams.onchip_words`) holds every buffer, and no instruction
+writes a buffer it reads. A model whose weights and caches overflow the 32 GiB is refused with the sizes; other
+cuts, split programs and ops the engine has no instruction for are refused naming them. Nothing changes when it
+refuses: a copy of the program is lowered and verified, then swapped in. No weight value is read; the cost is one
+walk over the program.
 """
 
 from __future__ import annotations
@@ -63,16 +64,6 @@ class ConvertLogosToD5005(ModulePass):
         op.body.block.insert_op_before(lowered, old)
         old.detach()
         old.erase()
-
-
-def lower_program(program: logos.ProgramOp, weights: str, params: d5005.EngineParams | None = None) -> d5005.ProgramOp:
-    """The `d5005.program` the lane's pipeline makes of a decode step as the author writes it (@main calling its
-    sections): `inline-sections`, then this pass, on a copy of `program`."""
-    from logos_ir.passes.inline_sections import InlineSections
-
-    module = ModuleOp([program.clone()])
-    InlineSections().apply(Context(), module)
-    return convert_program(next(iter(module.ops)), weights, params)
 
 
 def convert_program(program: Operation, weights: str, params: d5005.EngineParams | None = None) -> d5005.ProgramOp:
@@ -269,17 +260,19 @@ class AttentionToInstruction(_Placed):
 
 
 class SiluIntoProduct(RewritePattern):
-    """A SiLU stays until the product that reads it becomes a `silu_mul`: it has no instruction of its own."""
+    """A SiLU stays until the product that reads it selects `silu_mul`: the engine has no SiLU instruction."""
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: logos.SiluOp, rewriter: PatternRewriter) -> None:
         uses = list(op.result.uses)
         if len(uses) != 1 or not isinstance(uses[0].operation, logos.MulOp):
-            raise _refuse(op, "is read by something other than one product: the engine fuses SiLU into it")
+            raise _refuse(op, "is read by something other than one product: the engine has SiLU only in silu_mul")
         _buffer(op.input, op)
 
 
 class MulToSiluMul(RewritePattern):
+    """SiLU(gate) times up selects the one instruction `silu_mul` (SwiGLU), erasing the SiLU it reads."""
+
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: logos.MulOp, rewriter: PatternRewriter) -> None:
         silu, up = op.lhs.owner, op.rhs

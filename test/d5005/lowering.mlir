@@ -1,5 +1,5 @@
-// convert-logos-to-d5005 on tiny's decode step: one instruction per logos op (SiLU fused into the product that
-// reads it), the sections @main calls inlined in order (inline-sections), weights and caches as regions striped over the four banks, the
+// convert-logos-to-d5005 on tiny's decode step: one instruction per logos op (SiLU and the product that reads
+// it select one, silu_mul), the sections @main calls inlined in order (inline-sections), weights and caches as regions striped over the four banks, the
 // on-chip buffers named after the values they hold and shared by both layers; the identity line carried over.
 // RUN: %logos-author --model tiny --cut 'decode ctx=64' | %logos-opt -f logos -p 'inline-sections,convert-logos-to-d5005{weights=bf16}' | filecheck %s
 // RUN: %logos-author --model tiny --cut 'decode ctx=64' | %logos-opt -f logos -p 'logos-to-d5005{weights=f32}' | filecheck %s --check-prefix=F32

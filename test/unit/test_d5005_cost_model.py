@@ -21,12 +21,12 @@ from logos_ir.dialects import d5005
 from logos_ir.generate import Generator
 from logos_ir.parser import parse_program
 from logos_ir.passes.d5005 import cost_model, engine_loops
-from logos_ir.passes.d5005.convert_logos_to_d5005 import lower_program
 from logos_ir.passes.d5005.emit_opencl import engine_source
 from logos_ir.passes.d5005.engine_loops import Loop, Step
 from logos_ir.program import Cut
 from logos_ir.runtime.opencl import opencl_available
 from logos_ir.spec import ModelSpec
+from logos_ir.testing import lower_program
 from logos_ir.weights import RandomWeights
 
 NO_OPENCL = opencl_available()

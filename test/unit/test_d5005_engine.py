@@ -170,10 +170,10 @@ def test_the_engine_follows_its_parameters(burst: int) -> None:
     tokens, from the same source emitted for those parameters."""
     from logos_ir.author import written
     from logos_ir.parser import parse_program
-    from logos_ir.passes.d5005.convert_logos_to_d5005 import lower_program
     from logos_ir.passes.d5005.emit_layout import image_bytes, weight_image
     from logos_ir.passes.d5005.emit_stream import encode_stream
     from logos_ir.runtime.d5005 import Engine
+    from logos_ir.testing import lower_program
 
     spec = SHAPES["head-dim-not-hidden-over-heads"]
     store = RandomWeights(spec, seed=11)

@@ -17,10 +17,11 @@ from logos_ir.errors import PassError
 from logos_ir.models import ModelSource
 from logos_ir.parser import parse_program
 from logos_ir.passes.d5005.build import build_d5005
-from logos_ir.passes.d5005.convert_logos_to_d5005 import ConvertLogosToD5005, lower_program
+from logos_ir.passes.d5005.convert_logos_to_d5005 import ConvertLogosToD5005
 from logos_ir.program import Cut
 from logos_ir.progress import Progress
 from logos_ir.spec import ModelSpec
+from logos_ir.testing import lower_program
 
 
 def logos_program(spec: ModelSpec, cut: Cut):  # noqa: ANN201

@@ -13,13 +13,13 @@ from xdsl.dialects.builtin import ModuleOp
 from logos_ir.author import written
 from logos_ir.dialects import d5005
 from logos_ir.parser import parse_program
-from logos_ir.passes.d5005.convert_logos_to_d5005 import lower_program
 from logos_ir.passes.d5005.emit_layout import image_bytes, weight_image
 from logos_ir.passes.d5005.emit_opencl import engine_source
 from logos_ir.passes.d5005.emit_stream import encode_stream
 from logos_ir.program import Cut
 from logos_ir.runtime.d5005 import StreamError, decode_ops, read_image, read_stream
 from logos_ir.spec import ModelSpec
+from logos_ir.testing import lower_program
 from logos_ir.weights import RandomWeights
 
 SPEC = ModelSpec.preset("tiny")
