@@ -67,6 +67,7 @@ def passes() -> dict[str, Callable[[], type[ModulePass]]]:
         "convert-cuda-kernels-to-gpu": _lazy("logos_ir.passes.cuda.convert_kernels_to_gpu", "ConvertCudaKernelsToGpu"),
         "convert-logos-to-d5005": _lazy("logos_ir.passes.d5005.convert_logos_to_d5005", "ConvertLogosToD5005"),
         "extract-parts": _lazy("logos_ir.passes.extract_parts", "ExtractParts"),
+        "csl-fuse-products": _lazy("logos_ir.passes.spatial.fuse_products", "CslFuseProducts"),
         "convert-logos-to-csl": _lazy("logos_ir.passes.spatial.convert_logos_to_csl", "ConvertLogosToCsl"),
         "verify-csl-grid": _lazy("logos_ir.passes.spatial.verify_grid", "VerifyCslGrid"),
     }
@@ -123,7 +124,7 @@ def _to_d5005(options: dict[str, str]) -> list[str]:
 
 def _to_spatial(options: dict[str, str]) -> list[str]:
     lowering = f"convert-logos-to-csl{{weights={options.get('weights', 'f16')} grid={options.get('grid', '0')}}}"
-    return ["verify-identity", "extract-parts", lowering]
+    return ["verify-identity", "extract-parts", "csl-fuse-products", lowering]
 
 
 def pipelines() -> dict[str, Pipeline]:

@@ -264,18 +264,20 @@ def lower_decode(
     spec: Any, ctx: int, image: str = "f16", p: int = 0, memory: int = csl_ext.MEMORY, copies: int | None = None
 ) -> Any:
     """The decode step of `spec` over a cache of `ctx` positions as the author writes it, through the spatial lane's
-    pipeline (`verify-identity`, `extract-parts`, `convert-logos-to-csl`'s `lower_module`), as a `GridProgram`: for
+    pipeline (`verify-identity`, `extract-parts`, `csl-fuse-products`, `convert-logos-to-csl`'s `lower_module`), as a
+    `GridProgram`: for
     the tests and benchmarks that start from a model rather than a module."""
     from xdsl.context import Context
 
     from logos_ir.author import written
     from logos_ir.passes.extract_parts import ExtractParts
     from logos_ir.passes.spatial.convert_logos_to_csl import lower_module
+    from logos_ir.passes.spatial.fuse_products import CslFuseProducts
     from logos_ir.passes.verify_identity import VerifyIdentity
 
     whole = Cut.decode(ctx)
     authored, _ = written(spec, whole)
     module = ModuleOp([parse_program(authored.text, f"<{whole.option()}>")])
-    for stage in (VerifyIdentity(), ExtractParts()):
+    for stage in (VerifyIdentity(), ExtractParts(), CslFuseProducts()):
         stage.apply(Context(), module)
     return lower_module(module, image, p, memory, copies)

@@ -39,6 +39,7 @@ from logos_ir.passes.extract_parts import ExtractParts
 from logos_ir.passes.spatial import grid as g
 from logos_ir.passes.spatial.convert_logos_to_csl import GridProgram, lower_module, memory_use
 from logos_ir.passes.spatial.emit_csl import print_csl
+from logos_ir.passes.spatial.fuse_products import CslFuseProducts
 from logos_ir.passes.verify_identity import VerifyIdentity
 from logos_ir.rope import rope_inv_freq
 
@@ -67,7 +68,7 @@ def build_spatial(request: BuildRequest) -> LaneBuild:
         raise BuildError("target spatial's option grid is a whole number") from None
     module, identity, _ = program_module(request)
     spec = the_program(module, "convert-logos-to-csl").spec
-    for stage in (VerifyIdentity(), ExtractParts()):  # the logos-to-spatial pipeline, its last stage kept whole
+    for stage in (VerifyIdentity(), ExtractParts(), CslFuseProducts()):  # logos-to-spatial, its lowering kept whole
         stage.apply(Context(), module)
     return lane_build(lower_module(module, request.weights, p), identity.line(), identity, spec)
 

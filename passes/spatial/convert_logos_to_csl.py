@@ -311,7 +311,8 @@ def parts_of(module: ModuleOp) -> list[tuple[Cut, Identity, logos.ProgramOp]]:
     if whole:
         raise PassError(
             f"{PASS}: lowers a decode step's parts (embedding, layers, head), not the whole '{whole[0].option()}'",
-            hint="extract its parts first: -p 'extract-parts,convert-logos-to-csl' (the logos-to-spatial pipeline)",
+            hint="extract its parts first: -p 'extract-parts,csl-fuse-products,convert-logos-to-csl'"
+            " (the logos-to-spatial pipeline)",
         )
     for cut, _, program in parts:
         if not cut.kind.startswith("decode_") or program.chips.value.data != 1:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from xdsl.dialects import arith, csl, memref
-from xdsl.dialects.builtin import MemRefType, f16, f32, i32
+from xdsl.dialects.builtin import IntegerAttr, MemRefType, f16, f32, i32
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.pattern_rewriter import PatternRewriter
 
@@ -24,6 +24,7 @@ from logos_ir.errors import PassError
 from logos_ir.passes.spatial import grid as g
 from logos_ir.passes.spatial.element_program import PASS, Program, Vec
 from logos_ir.passes.spatial.emit import Emit
+from logos_ir.passes.spatial.fuse_products import FUSED
 from logos_ir.passes.spatial.reductions import LineReductions
 
 
@@ -278,30 +279,14 @@ def array_name(value: SSAValue) -> str:
 
 
 def fused_products(body: Block) -> tuple[dict[Operation, list[logos.LinearOp]], set[Operation]]:
-    """Products of one input written one after another (only weights between them) and none feeding the head's
-    arg-max: {first: the group}, and the rest of each group (lowered with its first)."""
-    groups: dict[Operation, list[logos.LinearOp]] = {}
-    later: set[Operation] = set()
-    run: list[logos.LinearOp] = []
-
-    def close() -> None:
-        if len(run) > 1:
-            groups[run[0]] = list(run)
-            later.update(run[1:])
-        run.clear()
-
+    """The products `csl-fuse-products` marked to be reduced together: {first: its run}, and the rest of each run
+    (lowered with its first)."""
+    runs: dict[int, list[logos.LinearOp]] = {}
     for op in body.ops:
-        if isinstance(op, logos.WeightOp):
-            continue
-        final = isinstance(op, logos.LinearOp) and any(isinstance(u.operation, logos.ArgmaxOp) for u in op.result.uses)
-        if isinstance(op, logos.LinearOp) and not final and (not run or run[0].input == op.input):
-            run.append(op)
-            continue
-        close()
-        if isinstance(op, logos.LinearOp) and not final:
-            run.append(op)
-    close()
-    return groups, later
+        if isinstance(op, logos.LinearOp) and isinstance(mark := op.attributes.get(FUSED), IntegerAttr):
+            runs.setdefault(mark.value.data, []).append(op)
+    groups = {run[0]: run for run in runs.values() if len(run) > 1}
+    return groups, {op for run in groups.values() for op in run[1:]}
 
 
 def feeds_of(body: Block) -> dict[SSAValue, set[str]]:

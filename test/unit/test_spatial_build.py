@@ -175,10 +175,11 @@ def _float_constants(function: Operation) -> set[float]:
 
 def test_the_lane_lowers_the_module_it_is_given() -> None:
     """Edits made after verify-identity (the head's norm epsilon, a weight's tensor in layer 1) are what the rest of
-    the lane's pipeline (extract-parts, convert-logos-to-csl) lowers: the epsilon is the constant the head's element
-    code adds, and the host loads the renamed tensor into the down projection's array for layer 1."""
+    the lane's pipeline (extract-parts, csl-fuse-products, convert-logos-to-csl) lowers: the epsilon is the constant
+    the head's element code adds, and the host loads the renamed tensor into the down projection's array for layer 1."""
     from logos_ir.passes.extract_parts import ExtractParts
     from logos_ir.passes.spatial.convert_logos_to_csl import lower_module
+    from logos_ir.passes.spatial.fuse_products import CslFuseProducts
 
     module = _verified_decode(16)
     epsilon, renamed = 2.0**-9, "edited.layer_one.down"
@@ -191,6 +192,7 @@ def test_the_lane_lowers_the_module_it_is_given() -> None:
     layer_zero_tensor = down[0].tensor.data
     down[1].tensor = StringAttr(renamed)
     ExtractParts().apply(Context(), module)
+    CslFuseProducts().apply(Context(), module)
     lowered = lower_module(module, "f32", 5)
     program = next(
         op for op in lowered.module.ops if isinstance(op, csl.CslModuleOp) and op.sym_name.data == "pe_program"
@@ -208,11 +210,13 @@ def test_layers_written_differently_are_refused() -> None:
     not lowered as layer 0's."""
     from logos_ir.passes.extract_parts import ExtractParts
     from logos_ir.passes.spatial.convert_logos_to_csl import lower_module
+    from logos_ir.passes.spatial.fuse_products import CslFuseProducts
 
     module = _verified_decode(16)
     norms = [op for op in module.walk() if isinstance(op, logos.RMSNormOp)]
     norms[2].epsilon = FloatAttr(2.0**-9, norms[2].epsilon.type)  # layer 1's attention norm
     ExtractParts().apply(Context(), module)
+    CslFuseProducts().apply(Context(), module)
     with pytest.raises(PassError, match="decode_layer layer=1 ctx=16 is not written as layer 0 is"):
         lower_module(module, "f32", 5)
 
