@@ -14,9 +14,30 @@ import io
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.utils.exceptions import VerifyException
 from xdsl.utils.target import Target
 
 from logos_ir.build import Artifact, BuildError, BuildRequest, LaneBuild, program_module
+from logos_ir.errors import PassError
+
+
+def lower(module: ModuleOp, weights: str) -> ModuleOp:
+    """The lane's pipeline (`logos-to-d5005`, every stage of it: `verify-identity`, `inline-sections`,
+    `convert-logos-to-d5005`) on `module` in place (a `logos.program` in, a `d5005.program` out), verified after
+    each pass."""
+    from xdsl.passes import PassPipeline
+
+    from logos_ir.registry import passes, pipelines
+
+    stages = pipelines()["logos-to-d5005"].stages({"weights": weights})
+    context = Context()
+    for lowering in PassPipeline.parse_spec(passes(), ",".join(stages)).passes:
+        lowering.apply(context, module)
+        try:
+            module.verify()
+        except VerifyException as error:
+            raise PassError(f"{lowering.name}: its output does not verify: {error}") from None
+    return module
 
 
 def _emitted(target: Target, module: ModuleOp) -> str:
@@ -26,19 +47,16 @@ def _emitted(target: Target, module: ModuleOp) -> str:
 
 
 def build_d5005(request: BuildRequest) -> LaneBuild:
-    """The lane's build: the pipeline's passes, then the registered emitters, then the stream and the image."""
+    """The lane's build: the pipeline (`lower`), then the registered emitters, then the stream and the image."""
     from logos_ir.passes.d5005 import cost_model
-    from logos_ir.passes.d5005.convert_logos_to_d5005 import ConvertLogosToD5005
     from logos_ir.passes.d5005.emit_layout import LayoutTarget, image_bytes, weight_image
     from logos_ir.passes.d5005.emit_listing import ListingTarget
     from logos_ir.passes.d5005.emit_opencl import OpenclTarget, the_d5005_program
     from logos_ir.passes.d5005.emit_stream import encode_stream
-    from logos_ir.passes.inline_sections import InlineSections
 
     _check_request(request)
     module, identity, text = program_module(request)
-    for stage in (InlineSections(), ConvertLogosToD5005(request.weights)):
-        stage.apply(Context(), module)
+    lower(module, request.weights)
     program = the_d5005_program(module, "d5005")
     line = identity.line()
     size = image_bytes(program)
