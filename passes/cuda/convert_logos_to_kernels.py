@@ -8,17 +8,16 @@ queries and keys, writes keys and values into its caches, attends, projects back
 SwiGLU with a residual add.
 
 Guarantees: the program is replaced by one host function `@step` (and, when split, the program's `shard.grid`):
-`cuda.buffer` ops naming every device buffer (each weight by its tensor name in the `weights` image, norm scales in
-f32 whatever the image, each layer's caches, the inputs, the output, the activations named by the value names the
-author gave them, so that every layer reuses the same activation buffers, and the rotary cos/sin tables), in the
-order they were first needed, then one kernel-level op per kernel in launch order, with `shard.all_reduce` kept
-between kernels where the program has it, and a split head's `shard.all_gather` (this chip's logits into the whole
-row, a new buffer named by the op's `cuda.buffer` attribute, the arg-max's input). What an op's pattern folds into
-the kernel it lowers to: the residual add into the projection right before it (unless an all-reduce sits between),
-SiLU and the product into one gate/up kernel, the key rotation and both cache writes into one kernel, the prefill
-head's row pick into its RMS norm; the fusions across kernels are passes of their own (`cuda-fold-norms`,
-`cuda-fuse-qkv`, `cuda-fold-residual-adds`, `cuda-fuse-prefill-attention`, `cuda-fold-prefill-norms`). The module
-records the program's identity line (`cuda.identity`) and the weight image (`cuda.weights`).
+`cuda.buffer` ops naming every device buffer (each weight by its tensor name in the `weights` image, norm scales in f32
+whatever the image, each layer's caches, the inputs, the output, the activations named by the value names the author
+gave them, so that every layer reuses the same activation buffers, and the rotary cos/sin tables), in the order they
+were first needed, then one kernel-level op per kernel in launch order, with `shard.all_reduce` kept between kernels
+where the program has it, and a split head's `shard.all_gather` (this chip's logits into the whole row, a new buffer
+named by the op's `cuda.buffer` attribute, the arg-max's input). Each add is one `cuda.add`. What an op's pattern folds
+into the kernel it lowers to: SiLU and the product into one gate/up kernel, the key rotation and both cache writes into
+one kernel, the prefill head's row pick into its RMS norm; the fusions across kernels are passes of their own (`cuda-
+fold-norms`, `cuda-fuse-qkv`, `cuda-fold-residual-adds`, `cuda-fuse-prefill-attention`, `cuda-fold-prefill-norms`). The
+module records the program's identity line (`cuda.identity`) and the weight image (`cuda.weights`).
 
 One rewrite pattern a logos op (`Lower<Op>`), driven by one walker over @main: each names the buffers it needs (a
 name already given is the same buffer) and stands for its result with an `unrealized_conversion_cast` of its
@@ -272,19 +271,12 @@ class LowerSwiGLU(_LoweringPattern):
 
 
 class LowerAdd(_LoweringPattern):
-    """An elementwise add; a residual add right after the projection of its right-hand side (read by nothing else)
-    goes into that projection (its third input)."""
+    """An elementwise add, one `cuda.add` (`cuda-fold-residual-adds` folds a residual add into its projection)."""
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: logos.AddOp, rewriter: PatternRewriter) -> None:
         out = self.lowering.activation(rewriter, op.result)
-        lhs, rhs = self.of(op.lhs, op), self.of(op.rhs, op)
-        last = _last_step(op)
-        plain = isinstance(last, cuda.LinearOp) and len(last.ins) == 2
-        if plain and isinstance(last, cuda.LinearOp) and list(last.outs) == [rhs] and op.rhs.has_one_use():
-            rewriter.replace_op(last, cuda.LinearOp([*last.ins, lhs], [out]))
-        else:
-            rewriter.insert_op(cuda.AddOp([lhs, rhs], [out]))
+        rewriter.insert_op(cuda.AddOp([self.of(op.lhs, op), self.of(op.rhs, op)], [out]))
         _stands_for(rewriter, op, out)
 
 

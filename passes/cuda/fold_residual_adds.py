@@ -1,17 +1,23 @@
-"""`cuda-fold-residual-adds`: in a split program, the residual add after an all-reduce folded into the partial sum.
+"""`cuda-fold-residual-adds`: each residual add folded into the projection whose result it adds.
 
     logos-opt step.mlir -p cuda-fold-residual-adds
 
-Assumes: the kernel level of a program split over chips. Guarantees: each `cuda.add` of a residual h and an
-all-reduce of p that directly follows the plain `cuda.linear` writing p (`add(h, all_reduce(p))`) is erased: the
-projection adds h on chip 0 alone (`residual_chip = 0`, reading the host's `chip` table, added after the other
-buffers), so the all-reduce itself completes the residual stream. Later kernels that read the add's result read the
-reduced buffer instead, where that is safe (p not rewritten while they read it, and no all-reduce of the result).
+Assumes: the kernel level (`convert-logos-to-cuda-kernels`' output), split over chips or not. Guarantees:
+- each `cuda.add(h, p)` right after the plain `cuda.linear` writing p, where no later step reads p before it is
+  written again, is erased: the projection adds h (its third input) and writes the add's result itself, so the
+  add's launch and p's buffer go;
+- each `cuda.add` of a residual h and an all-reduce of p that directly follows the plain `cuda.linear` writing p
+  (`add(h, all_reduce(p))`) is erased: the projection adds h on chip 0 alone (`residual_chip = 0`, reading the
+  host's `chip` table, added after the other buffers), so the all-reduce itself completes the residual stream. Later
+  kernels that read the add's result read the reduced buffer instead, where that is safe (p not rewritten while
+  they read it, and no all-reduce of the result).
+A plain projection is one with no residual and no norm folded into it yet.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import IntegerAttr, MemRefType, ModuleOp, i64
@@ -50,11 +56,39 @@ def _readers_until_rewritten(add: cuda.AddOp, summed: SSAValue) -> list[Operatio
     return steps[:end]
 
 
+def _read_again(add: cuda.AddOp, value: SSAValue) -> bool:
+    """Whether a step after `add` reads `value` before a step writes it again."""
+    for step in steps_after(add):
+        if value in reads(step):
+            return True
+        if value in writes(step):
+            return False
+    return False
+
+
 class FoldResidualAdd(RewritePattern):
-    """`add(h, all_reduce(linear(x, w)))` as `all_reduce(linear(x, w, h, chip))`, h added on chip 0."""
+    """`add(h, linear(x, w))` as `linear(x, w, h)`, and `add(h, all_reduce(linear(x, w)))` as
+    `all_reduce(linear(x, w, h, chip))`, h added on chip 0."""
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: cuda.AddOp, rewriter: PatternRewriter) -> None:
+        last = previous_step(op)
+        if _plain_linear(last):
+            self._into_projection(op, cast(cuda.LinearOp, last), rewriter)
+        else:
+            self._into_partial_sum(op, rewriter)
+
+    @staticmethod
+    def _into_projection(op: cuda.AddOp, linear: cuda.LinearOp, rewriter: PatternRewriter) -> None:
+        residual, projected = op.ins
+        (result,) = linear.outs
+        if projected != result or residual == result or _read_again(op, result):
+            return
+        rewriter.replace(linear, cuda.LinearOp([*linear.ins, residual], list(op.outs)))
+        rewriter.erase(op)
+
+    @staticmethod
+    def _into_partial_sum(op: cuda.AddOp, rewriter: PatternRewriter) -> None:
         reduce = previous_step(op)
         linear = previous_step(reduce) if reduce is not None else None
         if not isinstance(reduce, AllReduceOp) or not _plain_linear(linear):
@@ -89,7 +123,8 @@ def _reads_as_input(use: Use, kernels: set[int]) -> bool:
 
 @dataclass(frozen=True)
 class FoldResidualAdds(ModulePass):
-    """Folds each residual add after an all-reduce into the partial sum before it (see the module docstring)."""
+    """Folds each residual add into the projection before it, or after an all-reduce into the partial sum before it
+    (see the module docstring)."""
 
     name = NAME
 
