@@ -27,7 +27,7 @@ def tool(name: str) -> str:
         return str(found)
     which = shutil.which(name)
     if which is None:
-        pytest.skip(f"{name} is not installed")
+        pytest.fail(f"{name} is not installed: the package's console scripts come with `pip install -e .`")
     return which
 
 

@@ -30,7 +30,16 @@ from logos_ir.testing import lower_program
 from logos_ir.weights import RandomWeights
 
 NO_OPENCL = opencl_available()
-needs_opencl = pytest.mark.skipif(NO_OPENCL is not None, reason=f"no OpenCL CPU device: {NO_OPENCL}")
+needs_opencl = pytest.mark.usefixtures("opencl_device")
+
+
+@pytest.fixture
+def opencl_device() -> None:
+    """The OpenCL CPU device the engine runs on: PoCL gives it and is a declared dependency, so a test fails without
+    it rather than skipping."""
+    if NO_OPENCL is not None:
+        pytest.fail(f"no OpenCL CPU device ({NO_OPENCL}): install PoCL, `pip install pocl-binary-distribution`")
+
 
 # Two edits an engineer could make to the engine's source: the matvec's row sum as one carried floating-point
 # add (no shift register), and SiLU*mul one word a cycle instead of a bank word of sixteen; each with the same

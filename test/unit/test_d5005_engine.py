@@ -23,7 +23,15 @@ from logos_ir.spec import ModelSpec, RopeScaling
 from logos_ir.weights import RandomWeights
 
 NO_OPENCL = opencl_available()
-needs_opencl = pytest.mark.skipif(NO_OPENCL is not None, reason=f"no OpenCL CPU device: {NO_OPENCL}")
+needs_opencl = pytest.mark.usefixtures("opencl_device")
+
+
+@pytest.fixture
+def opencl_device() -> None:
+    """The OpenCL CPU device the engine runs on: PoCL gives it and is a declared dependency, so a test fails without
+    it rather than skipping."""
+    if NO_OPENCL is not None:
+        pytest.fail(f"no OpenCL CPU device ({NO_OPENCL}): install PoCL, `pip install pocl-binary-distribution`")
 
 
 def spec(**sizes: object) -> ModelSpec:
