@@ -123,8 +123,9 @@ def _to_d5005(options: dict[str, str]) -> list[str]:
 
 
 def _to_spatial(options: dict[str, str]) -> list[str]:
-    lowering = f"convert-logos-to-csl{{weights={options.get('weights', 'f16')} grid={options.get('grid', '0')}}}"
-    return ["verify-identity", "extract-parts", "csl-fuse-products", lowering]
+    grid = options.get("grid", "0")
+    lowering = f"convert-logos-to-csl{{weights={options.get('weights', 'f16')} grid={grid}}}"
+    return ["verify-identity", "extract-parts", "csl-fuse-products", lowering, f"verify-csl-grid{{grid={grid}}}"]
 
 
 def pipelines() -> dict[str, Pipeline]:

@@ -30,17 +30,16 @@ from typing import Any
 
 import numpy as np
 from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import PassPipeline
 from xdsl.printer import Printer
 
 from logos_ir.build import Artifact, BuildError, BuildRequest, LaneBuild, program_module
 from logos_ir.dialects import csl_ext
 from logos_ir.identity import the_program
-from logos_ir.passes.extract_parts import ExtractParts
 from logos_ir.passes.spatial import grid as g
-from logos_ir.passes.spatial.convert_logos_to_csl import GridProgram, lower_module, memory_use
+from logos_ir.passes.spatial.convert_logos_to_csl import ConvertLogosToCsl, GridProgram, lower_module, memory_use
 from logos_ir.passes.spatial.emit_csl import print_csl
-from logos_ir.passes.spatial.fuse_products import CslFuseProducts
-from logos_ir.passes.verify_identity import VerifyIdentity
 from logos_ir.rope import rope_inv_freq
 
 _OPTIONS = ("grid",)
@@ -68,9 +67,21 @@ def build_spatial(request: BuildRequest) -> LaneBuild:
         raise BuildError("target spatial's option grid is a whole number") from None
     module, identity, _ = program_module(request)
     spec = the_program(module, "convert-logos-to-csl").spec
-    for stage in (VerifyIdentity(), ExtractParts(), CslFuseProducts()):  # logos-to-spatial, its lowering kept whole
-        stage.apply(Context(), module)
-    return lane_build(lower_module(module, request.weights, p), identity.line(), identity, spec)
+    return lane_build(lower(module, request.weights, p), identity.line(), identity, spec)
+
+
+def lower(module: ModuleOp, weights: str, p: int) -> GridProgram:
+    """The lane's pipeline (`logos-to-spatial`) on `module`: the stages before the lowering applied in place, the
+    lowering (`convert-logos-to-csl`'s `lower_module`) kept whole, as the build needs its plan and host description;
+    the last stage, `verify-csl-grid`, is `lane_build`'s static check of the printed CSL."""
+    from logos_ir.registry import passes, pipelines
+
+    context = Context()
+    for stage in PassPipeline.parse_spec(passes(), ",".join(pipelines()["logos-to-spatial"].stages({}))).passes:
+        if isinstance(stage, ConvertLogosToCsl):
+            return lower_module(module, weights, p)
+        stage.apply(context, module)
+    raise BuildError("the logos-to-spatial pipeline has no convert-logos-to-csl stage")
 
 
 def lane_build(lowered: GridProgram, line: str, identity: Any, spec: Any) -> LaneBuild:
