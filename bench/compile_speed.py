@@ -91,7 +91,7 @@ SCENARIOS = [
 
 
 # The functions a lane's build calls in place of a registered pass's `apply` or an emitter's `emit` (the spatial
-# build lowers with `lower_decode`, as the pass `convert-logos-to-csl` does, and prints with `print_csl`, as `-t csl`
+# build lowers with `lower_module`, as the pass `convert-logos-to-csl` does, and prints with `print_csl`, as `-t csl`
 # does): (module, function, stage), each wrapped where the build looks it up.
 LANE_FUNCTIONS: dict[str, list[tuple[str, str, str]]] = {
     "spatial": [
