@@ -113,22 +113,6 @@ def program_module(request: BuildRequest) -> tuple[ModuleOp, Identity, str]:
     return ModuleOp([program]), identity, authored.text
 
 
-def part_cuts(spec: Any, whole: Cut) -> list[Cut]:
-    """The parts of a whole program in model order: its embedding, each layer, its head. A prefill chunk and a
-    forward have no embedding part (no cut names it)."""
-    layers = range(spec.layers)
-    rows, ctx = whole.rows or 1, whole.ctx or 1
-    if whole.kind == "decode":
-        return [Cut.decode_embed(), *(Cut.decode_layer(i, ctx) for i in layers), Cut.decode_head()]
-    if whole.kind == "batch":
-        return [Cut.batch_embed(rows), *(Cut.batch_layer(i, rows, ctx) for i in layers), Cut.batch_head(rows)]
-    if whole.kind == "prefill":
-        return [*(Cut.prefill_layer(i, rows, ctx) for i in layers), Cut.prefill_head(rows)]
-    if whole.kind == "forward":
-        return [*(Cut.forward_layer(i) for i in layers), Cut.forward_head()]
-    return []
-
-
 def extracted_parts(module: ModuleOp, parts: Sequence[Cut], progress: Progress) -> Iterator[tuple[Cut, ModuleOp]]:
     """Each part of the whole program in `module`, extracted as `cut-extract` does (so each prints back as exactly
     the author's text for it, its identity restamped), as its own module. `module` is left as it was, and only the
@@ -442,7 +426,7 @@ def build_logos(request: BuildRequest) -> LaneBuild:
 
     module, identity, text = program_module(request)
     artifacts = [_logos_artifact("program.logos", text, identity)]
-    parts = part_cuts(request.spec, request.cut) if request.cut.kind in Cut.WHOLE else []
+    parts = request.cut.parts(request.spec.layers) if request.cut.kind in Cut.WHOLE else []
     if request.tp > 1:  # of a split program the author writes only the layers split (the rest is on every chip)
         parts = [cut for cut in parts if cut.layer is not None]
     width = len(str(max(request.spec.layers - 1, 0)))

@@ -229,6 +229,20 @@ class Cut:
             return False
         return all(getattr(self, name) in (None, getattr(whole, name)) for name in ("rows", "ctx"))
 
+    def parts(self, layers: int) -> list[Cut]:
+        """The parts of this whole program, of `layers` layers, in model order: its embedding, each layer, its head.
+        A prefill chunk and a forward have no embedding part (no cut names it); a part has no parts."""
+        rows, ctx, each = self.rows or 1, self.ctx or 1, range(layers)
+        if self.kind == "decode":
+            return [Cut.decode_embed(), *(Cut.decode_layer(i, ctx) for i in each), Cut.decode_head()]
+        if self.kind == "batch":
+            return [Cut.batch_embed(rows), *(Cut.batch_layer(i, rows, ctx) for i in each), Cut.batch_head(rows)]
+        if self.kind == "prefill":
+            return [*(Cut.prefill_layer(i, rows, ctx) for i in each), Cut.prefill_head(rows)]
+        if self.kind == "forward":
+            return [*(Cut.forward_layer(i) for i in each), Cut.forward_head()]
+        return []
+
 
 @dataclass(frozen=True)
 class Identity:

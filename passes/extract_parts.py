@@ -30,20 +30,6 @@ from logos_ir.program import Cut
 NAME = "extract-parts"
 
 
-def part_cuts(whole: Cut, layers: int) -> list[Cut]:
-    """The parts of a whole program of `layers` layers in model order: its embedding, each layer, its head."""
-    rows, ctx = whole.rows or 1, whole.ctx or 1
-    if whole.kind == "decode":
-        return [Cut.decode_embed(), *(Cut.decode_layer(i, ctx) for i in range(layers)), Cut.decode_head()]
-    if whole.kind == "batch":
-        return [Cut.batch_embed(rows), *(Cut.batch_layer(i, rows, ctx) for i in range(layers)), Cut.batch_head(rows)]
-    if whole.kind == "prefill":
-        return [*(Cut.prefill_layer(i, rows, ctx) for i in range(layers)), Cut.prefill_head(rows)]
-    if whole.kind == "forward":
-        return [*(Cut.forward_layer(i) for i in range(layers)), Cut.forward_head()]
-    return []
-
-
 @dataclass(frozen=True)
 class ExtractParts(ModulePass):
     """Replaces the module's whole program by its parts, each a `logos.program` with its own identity. The module's
@@ -62,7 +48,7 @@ class ExtractParts(ModulePass):
                 f"{NAME}: the program is the {whole} ('{whole.option()}'), a part already, not a whole program",
                 hint="give the whole program (logos-author --cut 'decode ctx=N')",
             )
-        parts = [_extracted(program, cut) for cut in part_cuts(whole, program.spec.layers)]
+        parts = [_extracted(program, cut) for cut in whole.parts(program.spec.layers)]
         block = program.parent_block()
         assert block is not None
         for part in parts:
