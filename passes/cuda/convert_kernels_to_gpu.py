@@ -36,9 +36,15 @@ from xdsl.dialects.builtin import (
     f32,
     i64,
 )
-from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+from xdsl.ir import Attribute, Block, Region, SSAValue
 from xdsl.passes import ModulePass
-from xdsl.pattern_rewriter import GreedyRewritePatternApplier, PatternRewriter, PatternRewriteWalker, RewritePattern
+from xdsl.pattern_rewriter import (
+    GreedyRewritePatternApplier,
+    PatternRewriter,
+    PatternRewriteWalker,
+    RewritePattern,
+    op_type_rewrite_pattern,
+)
 from xdsl.rewriter import InsertPoint
 
 from logos_ir.dialects import cuda
@@ -66,9 +72,9 @@ def _rows_by_threads(s: list[tuple[int, ...]]) -> tuple[int, int, int]:
 
 
 class _LaunchKernel(RewritePattern):
-    """A kernel-level op of type `source` as the launches of its kernels (`kinds`, in order: two for the two-stage
-    kernels), each kernel built once a shape; a prefill chunk's products and attention take the tensor-core
-    kernels instead (`tensor_core.handles`)."""
+    """A kernel-level op of type `source` (each subclass's typed `match_and_rewrite`) as the launches of its kernels
+    (`kinds`, in order: two for the two-stage kernels), each kernel built once a shape; a prefill chunk's products
+    and attention take the tensor-core kernels instead (`tensor_core.handles`)."""
 
     source: ClassVar[type[cuda.KernelOp]]
 
@@ -78,10 +84,7 @@ class _LaunchKernel(RewritePattern):
     def kinds(self, op: Any) -> list[Kind]:
         raise NotImplementedError
 
-    def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
-        if type(op) is not self.source:
-            return
-        assert isinstance(op, cuda.KernelOp)
+    def launch(self, op: cuda.KernelOp, rewriter: PatternRewriter) -> None:
         kinds = tensor_core.kinds(op) if tensor_core.handles(op) else self.kinds(op)
         self.lowering.launch(op, kinds, rewriter)
 
@@ -89,12 +92,20 @@ class _LaunchKernel(RewritePattern):
 class LaunchEmbed(_LaunchKernel):
     source = cuda.EmbedOp
 
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: cuda.EmbedOp, rewriter: PatternRewriter) -> None:
+        self.launch(op, rewriter)
+
     def kinds(self, op: cuda.EmbedOp) -> list[Kind]:
         return [Kind("embed", (0, 1, 2), lambda s: (cdiv(s[0][1], THREADS), s[1][0], 1), decode_kernels.embed)]
 
 
 class LaunchRMSNorm(_LaunchKernel):
     source = cuda.RMSNormOp
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: cuda.RMSNormOp, rewriter: PatternRewriter) -> None:
+        self.launch(op, rewriter)
 
     def kinds(self, op: cuda.RMSNormOp) -> list[Kind]:
         epsilon, row = op.epsilon.value.data, op.row.value.data
@@ -105,6 +116,10 @@ class LaunchRMSNorm(_LaunchKernel):
 
 class LaunchLinear(_LaunchKernel):
     source = cuda.LinearOp
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: cuda.LinearOp, rewriter: PatternRewriter) -> None:
+        self.launch(op, rewriter)
 
     def kinds(self, op: cuda.LinearOp) -> list[Kind]:
         epsilon = op.epsilon.value.data if op.epsilon is not None else None
@@ -120,6 +135,10 @@ class LaunchLinear(_LaunchKernel):
 class LaunchGateUp(_LaunchKernel):
     source = cuda.GateUpOp
 
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: cuda.GateUpOp, rewriter: PatternRewriter) -> None:
+        self.launch(op, rewriter)
+
     def kinds(self, op: cuda.GateUpOp) -> list[Kind]:
         epsilon = op.epsilon.value.data if op.epsilon is not None else None
         stem = "norm_gate_up" if epsilon is not None else "gate_up"
@@ -129,6 +148,10 @@ class LaunchGateUp(_LaunchKernel):
 
 class LaunchQKV(_LaunchKernel):
     source = cuda.QKVOp
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: cuda.QKVOp, rewriter: PatternRewriter) -> None:
+        self.launch(op, rewriter)
 
     def kinds(self, op: cuda.QKVOp) -> list[Kind]:
         epsilon = op.epsilon.value.data
@@ -142,6 +165,10 @@ class LaunchQKV(_LaunchKernel):
 class LaunchRope(_LaunchKernel):
     source = cuda.RopeOp
 
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: cuda.RopeOp, rewriter: PatternRewriter) -> None:
+        self.launch(op, rewriter)
+
     def kinds(self, op: cuda.RopeOp) -> list[Kind]:
         head_dim = op.head_dim.value.data
         body = lambda b, a, s: decode_kernels.rope(b, a, s, head_dim)  # noqa: E731
@@ -151,12 +178,20 @@ class LaunchRope(_LaunchKernel):
 class LaunchRopeCacheWrite(_LaunchKernel):
     source = cuda.RopeCacheWriteOp
 
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: cuda.RopeCacheWriteOp, rewriter: PatternRewriter) -> None:
+        self.launch(op, rewriter)
+
     def kinds(self, op: cuda.RopeCacheWriteOp) -> list[Kind]:
         return [Kind("rope_cache_write", tuple(range(7)), _rows_by_threads, decode_kernels.rope_cache_write)]
 
 
 class LaunchAttention(_LaunchKernel):
     source = cuda.AttentionOp
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: cuda.AttentionOp, rewriter: PatternRewriter) -> None:
+        self.launch(op, rewriter)
 
     def kinds(self, op: cuda.AttentionOp) -> list[Kind]:
         kv_splits = lambda s: (cdiv(s[1][-3] * s[5][2], WARPS), s[0][0], 1)  # noqa: E731
@@ -166,9 +201,17 @@ class LaunchAttention(_LaunchKernel):
 class LaunchPrefillAttention(_LaunchKernel):
     source = cuda.PrefillAttentionOp  # always the tensor-core flash attention
 
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: cuda.PrefillAttentionOp, rewriter: PatternRewriter) -> None:
+        self.launch(op, rewriter)
+
 
 class LaunchAdd(_LaunchKernel):
     source = cuda.AddOp
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: cuda.AddOp, rewriter: PatternRewriter) -> None:
+        self.launch(op, rewriter)
 
     def kinds(self, op: cuda.AddOp) -> list[Kind]:
         return [Kind("add", (0, 1, 2), _rows_by_threads, decode_kernels.add)]
@@ -176,6 +219,10 @@ class LaunchAdd(_LaunchKernel):
 
 class LaunchArgmax(_LaunchKernel):
     source = cuda.ArgmaxOp
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: cuda.ArgmaxOp, rewriter: PatternRewriter) -> None:
+        self.launch(op, rewriter)
 
     def kinds(self, op: cuda.ArgmaxOp) -> list[Kind]:
         chunk = op.chunk.value.data
