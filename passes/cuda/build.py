@@ -433,7 +433,8 @@ def occupancy(registers: int, threads: int = 128, shared: int = 0) -> int:
 
 def weight_images(request: BuildRequest, module: ModuleOp, identity: Identity) -> list[Artifact]:
     """The device image of each chip's weights, in the order of the plan's weight buffers."""
-    from logos_ir.passes.cuda.host_plan import bf16_bits, plan_of, weight_share
+    from logos_ir.numerics import bf16_bits
+    from logos_ir.passes.cuda.host_plan import plan_of, weight_share
 
     plan = plan_of(module)
     store = request.model.store()

@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 
 from logos_ir.errors import LogosError
-from logos_ir.numerics import bf16_bits as bf16_bits
 
 # -- the host plan: what step.mlir says to do ---------------------------------------------------------------
 
