@@ -160,7 +160,12 @@ def _expect(op: Operation, what: str, got: object, want: object) -> None:
 
 @irdl_op_definition
 class EmbedOp(KernelOp):
-    """out[r] = table[tokens[r] - 1] (token ids from 1), widened to f32. ins (table, tokens), outs (out)."""
+    """out[r] = table[tokens[r] - 1] (token ids from 1), widened to f32. ins (table, tokens), outs (out).
+
+    ```mlir
+    cuda.embed ins(%table, %token : memref<256x64xbf16>, memref<1xi64>) outs(%hidden : memref<1x64xf32>)
+    ```
+    """
 
     name = "cuda.embed"
     ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (("table", "tokens"), ("out",))
@@ -174,7 +179,13 @@ class EmbedOp(KernelOp):
 @irdl_op_definition
 class RMSNormOp(KernelOp):
     """out = x / sqrt(mean(x^2) + epsilon) * weight per row, one warp a row; `row` >= 0 normalises only that row
-    of x (the prefill head's last row, fused here instead of a copy). ins (x, weight), outs (out)."""
+    of x (the prefill head's last row, fused here instead of a copy). ins (x, weight), outs (out).
+
+    ```mlir
+    cuda.rms_norm ins(%hidden, %norm_weight : memref<1x64xf32>, memref<64xf32>) outs(%normed : memref<1x64xf32>)
+        {epsilon = 1.000000e-05 : f32, row = -1 : i64}
+    ```
+    """
 
     name = "cuda.rms_norm"
     ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (("x", "weight"), ("out",))
@@ -215,7 +226,13 @@ class LinearOp(_NormPrologue, KernelOp):
     a warp per output column, each weight vector reused across a tile of rows. ins (x, weight[, residual[, chip]]
     [, scale]) (scale with `epsilon`: the folded RMS norm; chip with `residual_chip`: a partial sum of a split
     program that the all-reduce after it completes, the residual added on that chip alone, `chip` holding this
-    chip's index)."""
+    chip's index).
+
+    ```mlir
+    cuda.linear ins(%attended, %o_proj_weight, %hidden : memref<1x64xf32>, memref<64x64xbf16>, memref<1x64xf32>)
+        outs(%mixed : memref<1x64xf32>)
+    ```
+    """
 
     name = "cuda.linear"
     ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (("x", "weight", "residual", "chip"), ("out",))
@@ -243,7 +260,13 @@ class LinearOp(_NormPrologue, KernelOp):
 @irdl_op_definition
 class GateUpOp(_NormPrologue, KernelOp):
     """out = silu(x @ gate^T) * (x @ up^T): SwiGLU's two projections and its product in one pass over x.
-    ins (x, gate, up[, scale]), outs (out) (scale with `epsilon`: the folded RMS norm)."""
+    ins (x, gate, up[, scale]), outs (out) (scale with `epsilon`: the folded RMS norm).
+
+    ```mlir
+    cuda.gate_up ins(%mixed, %gate_weight, %up_weight, %norm_weight : memref<1x64xf32>, memref<128x64xbf16>,
+        memref<128x64xbf16>, memref<64xf32>) outs(%product : memref<1x128xf32>) {epsilon = 1.000000e-05 : f32}
+    ```
+    """
 
     name = "cuda.gate_up"
     ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (("x", "gate", "up"), ("out",))
@@ -269,7 +292,15 @@ class QKVOp(KernelOp):
     other), then in the epilogue the rotation of queries and keys at the row's position, the rotated queries to
     `query`, and the keys and values into the caches at that position. A warp owns a rotation pair of columns
     (d, d + head_dim/2) of one head. ins (x, weight, scale, positions, cos, sin), outs (query, key cache, value
-    cache)."""
+    cache).
+
+    ```mlir
+    cuda.qkv ins(%hidden, %qkv_weight, %norm_weight, %position, %rope_cos, %rope_sin : memref<1x64xf32>,
+        memref<128x64xbf16>, memref<64xf32>, memref<1xi64>, memref<16x16xf32>, memref<16x16xf32>)
+        outs(%turned_query, %cache_key, %cache_value : memref<1x64xf32>, memref<2x16x16xbf16>, memref<2x16x16xbf16>)
+        {epsilon = 1.000000e-05 : f32}
+    ```
+    """
 
     name = "cuda.qkv"
     ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (
@@ -295,7 +326,13 @@ class QKVOp(KernelOp):
 @irdl_op_definition
 class RopeOp(KernelOp):
     """Rotary embedding of each head of each row at its position, from the host's cos/sin tables
-    ([positions, head_dim], sin signed [-sin, sin]). ins (x, positions, cos, sin), outs (out)."""
+    ([positions, head_dim], sin signed [-sin, sin]). ins (x, positions, cos, sin), outs (out).
+
+    ```mlir
+    cuda.rope ins(%query, %position, %rope_cos, %rope_sin : memref<1x64xf32>, memref<1xi64>, memref<16x16xf32>,
+        memref<16x16xf32>) outs(%turned_query : memref<1x64xf32>) {head_dim = 16 : i64}
+    ```
+    """
 
     name = "cuda.rope"
     ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (("x", "positions", "cos", "sin"), ("out",))
@@ -312,7 +349,14 @@ class RopeOp(KernelOp):
 @irdl_op_definition
 class RopeCacheWriteOp(KernelOp):
     """Rotate each row's keys and write them, with its values, into the caches at the row's position (row r into
-    sequence r's cache for a batch). ins (key, value, positions, cos, sin), outs (key cache, value cache)."""
+    sequence r's cache for a batch). ins (key, value, positions, cos, sin), outs (key cache, value cache).
+
+    ```mlir
+    cuda.rope_cache_write ins(%key, %value, %position, %rope_cos, %rope_sin : memref<1x32xf32>, memref<1x32xf32>,
+        memref<1xi64>, memref<16x16xf32>, memref<16x16xf32>) outs(%cache_key, %cache_value : memref<2x16x16xbf16>,
+        memref<2x16x16xbf16>)
+    ```
+    """
 
     name = "cuda.rope_cache_write"
     ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (
@@ -335,7 +379,14 @@ class AttentionOp(KernelOp):
     query heads; `split` is the most positions a split attends at a full cache (the live length is shared over
     the ctx / split splits); partial softmax sums into `scratch`; the last warp of a (row, KV head) to finish, as
     counted in `count` (zero between steps), combines them. ins (query, key cache, value cache, positions), outs
-    (out, scratch [rows, heads, splits, head_dim + 2], count [rows, kv_heads] i64)."""
+    (out, scratch [rows, heads, splits, head_dim + 2], count [rows, kv_heads] i64).
+
+    ```mlir
+    cuda.attention ins(%turned_query, %cache_key, %cache_value, %position : memref<1x64xf32>, memref<2x16x16xbf16>,
+        memref<2x16x16xbf16>, memref<1xi64>) outs(%attended, %attention_partial, %attention_count : memref<1x64xf32>,
+        memref<1x4x1x18xf32>, memref<1x2xi64>) {split = 16 : i64}
+    ```
+    """
 
     name = "cuda.attention"
     ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (
@@ -358,7 +409,13 @@ class AttentionOp(KernelOp):
 
 @irdl_op_definition
 class AddOp(KernelOp):
-    """out = lhs + rhs, elementwise (a residual add the lane could not fuse: after an all-reduce)."""
+    """out = lhs + rhs, elementwise: a residual add (`cuda-fold-residual-adds` folds it into the projection or
+    all-reduce before it where it can).
+
+    ```mlir
+    cuda.add ins(%hidden, %projected : memref<1x64xf32>, memref<1x64xf32>) outs(%mixed : memref<1x64xf32>)
+    ```
+    """
 
     name = "cuda.add"
     ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (("lhs", "rhs"), ("out",))
@@ -374,7 +431,13 @@ class AddOp(KernelOp):
 class ArgmaxOp(KernelOp):
     """The index (from 1) of each row's greatest value, the first on a tie, as a two-stage reduction: warps reduce
     `chunk` values each into `scratch` (value, index), then a warp a row reduces those. ins (x), outs (out, scratch
-    [rows, chunks, 2])."""
+    [rows, chunks, 2]).
+
+    ```mlir
+    cuda.argmax ins(%logits : memref<1x256xf32>) outs(%next, %argmax_partial : memref<1xi64>, memref<1x1x2xf32>)
+        {chunk = 1024 : i64}
+    ```
+    """
 
     name = "cuda.argmax"
     ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (("logits",), ("next", "partial"))

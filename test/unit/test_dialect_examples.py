@@ -105,3 +105,27 @@ def test_the_example_parses(where: str, text: str) -> None:
         parse_example(text)
     except ParseError as error:
         pytest.fail(f"the example in {where}'s docstring does not parse:\n{text}\n{error}")
+
+
+def ops_of(path: Path) -> list[tuple[str, ast.ClassDef]]:
+    """The op classes a dialect module defines: each class that sets `name` to an op's dotted name."""
+    found = []
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if not isinstance(node, ast.ClassDef) or not node.name.endswith("Op"):
+            continue
+        for statement in node.body:
+            if isinstance(statement, ast.Assign) and any(
+                isinstance(target, ast.Name) and target.id == "name" for target in statement.targets
+            ):
+                found.append((f"{path.stem}.{node.name}", node))
+    return found
+
+
+def test_every_op_has_an_example() -> None:
+    """Each op's docstring shows its textual form (a dialect of one op may show it in the module's docstring)."""
+    missing = []
+    for path in sorted(DIALECTS.glob("*.py")):
+        ops = ops_of(path)
+        module_has_one = len(ops) == 1 and bool(EXAMPLE.search(ast.get_docstring(ast.parse(path.read_text())) or ""))
+        missing += [w for w, node in ops if not EXAMPLE.search(ast.get_docstring(node) or "") and not module_has_one]
+    assert missing == []
