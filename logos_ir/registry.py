@@ -160,6 +160,25 @@ def pipelines() -> dict[str, Pipeline]:
     }
 
 
+def run_pipeline(name: str, options: dict[str, str], module: Any) -> Any:
+    """Every stage of the named pipeline on `module`, in place, as `logos-opt -p name{...}` runs it, the IR verified
+    after each pass (a failure named by the pass): how a lane's build lowers what it builds."""
+    from xdsl.context import Context
+    from xdsl.passes import PassPipeline
+    from xdsl.utils.exceptions import VerifyException
+
+    from logos_ir.errors import PassError
+
+    context = Context()
+    for stage in PassPipeline.parse_spec(passes(), ",".join(pipelines()[name].stages(options))).passes:
+        stage.apply(context, module)
+        try:
+            module.verify()
+        except VerifyException as error:
+            raise PassError(f"{stage.name}: its output does not verify: {error}") from None
+    return module
+
+
 # -- emitters: `logos-opt -t NAME` ---------------------------------------------------------------------------
 
 

@@ -28,10 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.printer import Printer
-from xdsl.utils.exceptions import VerifyException
 
 from logos_ir.build import Artifact, BuildRequest, LaneBuild, program_module
 from logos_ir.dialects.cuda import ALIGN, HEADER_BYTES, IMAGE_MAGIC
@@ -42,19 +40,9 @@ from logos_ir.program import Identity
 def lower(module: ModuleOp, weights: str) -> ModuleOp:
     """The lane's pipeline (`logos-to-cuda`, every stage of it) on `module` in place (a `logos.program` in, the
     lowered module out), verified after each pass."""
-    from xdsl.passes import PassPipeline
+    from logos_ir.registry import run_pipeline
 
-    from logos_ir.registry import passes, pipelines
-
-    stages = pipelines()["logos-to-cuda"].stages({"weights": weights})
-    context = Context()
-    for lowering in PassPipeline.parse_spec(passes(), ",".join(stages)).passes:
-        lowering.apply(context, module)
-        try:
-            module.verify()
-        except VerifyException as error:
-            raise PassError(f"{lowering.name}: its output does not verify: {error}") from None
-    return module
+    return run_pipeline("logos-to-cuda", {"weights": weights}, module)
 
 
 def module_text(module: ModuleOp, identity: Identity) -> str:

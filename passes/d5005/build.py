@@ -14,30 +14,18 @@ import io
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.utils.exceptions import VerifyException
 from xdsl.utils.target import Target
 
 from logos_ir.build import Artifact, BuildError, BuildRequest, LaneBuild, program_module
-from logos_ir.errors import PassError
 
 
 def lower(module: ModuleOp, weights: str) -> ModuleOp:
     """The lane's pipeline (`logos-to-d5005`, every stage of it: `verify-identity`, `inline-sections`,
     `convert-logos-to-d5005`) on `module` in place (a `logos.program` in, a `d5005.program` out), verified after
     each pass."""
-    from xdsl.passes import PassPipeline
+    from logos_ir.registry import run_pipeline
 
-    from logos_ir.registry import passes, pipelines
-
-    stages = pipelines()["logos-to-d5005"].stages({"weights": weights})
-    context = Context()
-    for lowering in PassPipeline.parse_spec(passes(), ",".join(stages)).passes:
-        lowering.apply(context, module)
-        try:
-            module.verify()
-        except VerifyException as error:
-            raise PassError(f"{lowering.name}: its output does not verify: {error}") from None
-    return module
+    return run_pipeline("logos-to-d5005", {"weights": weights}, module)
 
 
 def _emitted(target: Target, module: ModuleOp) -> str:
