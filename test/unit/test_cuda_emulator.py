@@ -100,6 +100,22 @@ def test_fma_rounds_once() -> None:
     assert np.all(np.abs(got.astype(np.float64) - exact) <= np.spacing(np.abs(got)) / 2 * (1 + 1e-9))
 
 
+def test_fma_moves_a_double_rounded_tie_the_way_the_exact_sum_lies() -> None:
+    # a*b = 2^-24 (1 - 2^-46), so a*b + c lies just below the f32 midpoint between c and its next value; the f64
+    # sum rounds onto that midpoint, and f32 rounding of it (ties to even) would give the wrong neighbour.
+    a, b, c = np.float32(1 + 2**-23), np.float32(2**-24 * (1 - 2**-23)), np.float32(1 + 2**-23)
+    assert np.float32(np.float64(a) * np.float64(b) + np.float64(c)) != c  # the double rounding this avoids
+    assert fma_f32(a, b, c) == c
+    # the same tie among ordinary values, each direction, in a 2-d array (the vectorised path)
+    rng = np.random.default_rng(1)
+    x, y, z = (rng.standard_normal((3, 50)).astype(np.float32) for _ in range(3))
+    x[1, 7], y[1, 7], z[1, 7] = a, b, c
+    x[2, 9], y[2, 9], z[2, 9] = -a, b, -c
+    got = fma_f32(x, y, z)
+    assert got[1, 7] == c and got[2, 9] == -c
+    assert got[0].tolist() == [fma_f32(*v) for v in zip(x[0], y[0], z[0], strict=True)]
+
+
 def test_maxnumf_keeps_fmaxf_nan_rule() -> None:
     def body(b: Body, args: list) -> None:
         x, out = args

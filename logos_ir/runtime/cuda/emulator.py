@@ -251,11 +251,29 @@ def fma_f32(a: Any, b: Any, c: Any) -> Any:
         return np.float32(_off_tie(np.float64(product), np.float64(c), np.float64(product) + np.float64(c)))
     total = np.add(product, c, out=product, dtype=np.float64)
     low = np.bitwise_and(total.view(np.int64), 0x1FFFFFFF)
-    ties = np.flatnonzero(low == 0x10000000)
-    if ties.size:  # rare: the product again where it is needed
-        a64, b64, c64 = (np.broadcast_to(np.asarray(v, np.float64), total.shape) for v in (a, b, c))
-        total[ties] = [_off_tie(a64[i] * b64[i], c64[i], total[i]) for i in ties]
+    ties = np.nonzero(low == 0x10000000)
+    if ties[0].size:  # the product again where it is needed, as arrays (a decode step meets thousands of ties)
+        a64, b64, c64 = (_at_ties(v, total.shape, ties) for v in (a, b, c))
+        total[ties] = _off_ties(a64 * b64, c64, total[ties])
     return total.astype(np.float32)
+
+
+def _at_ties(value: Any, shape: tuple[int, ...], ties: tuple[np.ndarray, ...]) -> Any:
+    """An operand of `fma_f32` in f64 at the tie positions of its (broadcast) result."""
+    if isinstance(value, np.ndarray) and value.shape == shape:
+        return value[ties].astype(np.float64)
+    if np.ndim(value) == 0:
+        return np.float64(value)
+    return np.broadcast_to(value, shape)[ties].astype(np.float64)
+
+
+def _off_ties(product: np.ndarray, addend: np.ndarray, total: np.ndarray) -> np.ndarray:
+    """`_off_tie` over arrays of sums that each sit on an f32 tie."""
+    back = total - product
+    with np.errstate(invalid="ignore"):  # an infinite sum's error is NaN: it stays where it is
+        error = (product - (total - back)) + (addend - back)
+    moved = np.nextafter(total, np.where(error > 0, np.inf, -np.inf))
+    return np.where(np.isfinite(total) & (error != 0) & ~np.isnan(error), moved, total)
 
 
 def _off_tie(product: np.float64, addend: np.float64, total: np.float64) -> np.float64:
@@ -396,19 +414,27 @@ def _vector_load(em: KernelEmulator, op: Any) -> Step:
     aligned = max(int(alignment.value.data) // element, 1) if alignment is not None else 1
 
     size, role = _size(op.base), _role(op.base)
+    # widths and alignments are powers of two: a mask and a shift then stand for % and // (3-4x faster in numpy)
+    odd_bits = aligned - 1 if aligned & (aligned - 1) == 0 else None
+    shift = width.bit_length() - 1 if width & (width - 1) == 0 else None
 
     def step(env: Env, mask: Mask) -> None:
         # Buffers start 256-byte aligned, so the flat index must be a multiple of the alignment in elements. The
-        # buffer viewed as rows of `width` elements gives every aligned thread's vector in one gather.
+        # buffer viewed as rows of `width` elements gives every aligned thread's vector in one gather (np.take:
+        # several times faster than fancy indexing over a decode step's million threads).
         flat = _flat(env, indices, strides, mask)
-        _check_bounds(em, op, flat + (width - 1), size, role)
-        _check_bounds(em, op, flat, size, role)
-        odd = flat % aligned
-        if np.any(odd):
-            raise _fault(em, op, f"loads {width} elements of {role} from a misaligned index", odd != 0, flat)
+        low, high = (flat.min(), flat.max()) if isinstance(flat, np.ndarray) else (flat, flat)
+        if low < 0 or high + (width - 1) >= size:
+            _check_bounds(em, op, flat + (width - 1), size, role)
+            _check_bounds(em, op, flat, size, role)
+        if aligned > 1:
+            odd = flat & odd_bits if odd_bits is not None else flat % aligned
+            if np.any(odd):
+                raise _fault(em, op, f"loads {width} elements of {role} from a misaligned index", odd != 0, flat)
         data = env[memory]
         if aligned % width == 0:
-            env[out] = data.reshape(-1, width)[flat // width]
+            rows = flat >> shift if shift is not None else flat // width
+            env[out] = np.take(data.reshape(-1, width), rows, axis=0)
         else:
             env[out] = data[np.add.outer(flat, np.arange(width))]  # [threads, width], or [width] for one index
 
