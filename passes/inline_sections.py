@@ -54,9 +54,9 @@ class InlineSectionCall(RewritePattern):
         ret = body.last_op
         assert isinstance(ret, func.ReturnOp)
         returned = list(ret.arguments)
-        rewriter.erase_op(ret, safe_erase=False)
+        rewriter.erase(ret, safe_erase=False)
         rewriter.inline_block(body, InsertPoint.before(op), op.arguments)
-        rewriter.replace_op(op, [], returned)
+        rewriter.replace(op, [], returned)
 
 
 def _check_calls(program: logos.ProgramOp) -> None:

@@ -319,8 +319,8 @@ class _Lowering:
             grid = kind.grid(picked)
             sizes = [self.constant(host, n, rewriter) for n in (*grid, THREADS, 1, 1)]
             call = gpu.LaunchFuncOp(SymbolRefAttr("kernels", [name]), sizes[:3], sizes[3:], kernelOperands=chosen)
-            rewriter.insert_op(call, InsertPoint.before(op))
-        rewriter.erase_op(op)
+            rewriter.insert(call, InsertPoint.before(op))
+        rewriter.erase(op)
 
     def scratch(self, host: func.FuncOp, name: str, kind: MemRefType, rewriter: PatternRewriter) -> SSAValue:
         """A scratch buffer of the host plan made by this lowering (zero when allocated; a kernel that counts in it
@@ -333,7 +333,7 @@ class _Lowering:
                 return op.result
         buffer = cuda.BufferOp(name, "scratch", kind)
         buffer.result.name_hint = name.replace(".", "_")
-        rewriter.insert_op(buffer, InsertPoint.at_start(block))
+        rewriter.insert(buffer, InsertPoint.at_start(block))
         return buffer.result
 
     def constant(self, host: func.FuncOp, value: int, rewriter: PatternRewriter) -> SSAValue:
@@ -341,7 +341,7 @@ class _Lowering:
         found = self.constants.get(value)
         if found is None:
             constant = arith.ConstantOp(IntegerAttr(value, INDEX))
-            rewriter.insert_op(constant, InsertPoint.at_start(host.body.block))
+            rewriter.insert(constant, InsertPoint.at_start(host.body.block))
             found = self.constants[value] = constant.result
         return found
 

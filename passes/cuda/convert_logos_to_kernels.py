@@ -111,7 +111,7 @@ class _Lowering:
             return known
         op = cuda.BufferOp(name, kind, kind_type)
         op.result.name_hint = value_name(name)
-        rewriter.insert_op(op, rewriter.insertion_point)
+        rewriter.insert(op, rewriter.insertion_point)
         self.buffers[name] = op.result
         return op.result
 
@@ -143,8 +143,8 @@ def _buffer_of(value: SSAValue) -> SSAValue | None:
 def _stands_for(rewriter: PatternRewriter, op: Operation, buffer: SSAValue) -> None:
     """`op`'s one result replaced by a cast of `buffer` (what later patterns read its buffer from), `op` erased."""
     stand_in = UnrealizedConversionCastOp.get([buffer], [op.results[0].type])
-    rewriter.insert_op(stand_in, rewriter.insertion_point)
-    rewriter.replace_op(op, [], [stand_in.results[0]])
+    rewriter.insert(stand_in, rewriter.insertion_point)
+    rewriter.replace(op, [], [stand_in.results[0]])
 
 
 def _last_step(op: Operation) -> Operation | None:
@@ -210,7 +210,7 @@ class LowerEmbed(_LoweringPattern):
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: logos.EmbedOp, rewriter: PatternRewriter) -> None:
         out = self.lowering.activation(rewriter, op.result)
-        rewriter.insert_op(cuda.EmbedOp([self.of(op.table, op), self.of(op.tokens, op)], [out]))
+        rewriter.insert(cuda.EmbedOp([self.of(op.table, op), self.of(op.tokens, op)], [out]))
         _stands_for(rewriter, op, out)
 
 
@@ -225,7 +225,7 @@ class LowerRMSNorm(_LoweringPattern):
             source, row = picked.input, picked.index.value.data - 1
         out = self.lowering.activation(rewriter, op.result)
         props = {"epsilon": FloatAttr(op.epsilon.value.data, f32), "row": IntegerAttr(row, i64)}
-        rewriter.insert_op(cuda.RMSNormOp([self.of(source, op), self.of(op.weight, op)], [out], props))
+        rewriter.insert(cuda.RMSNormOp([self.of(source, op), self.of(op.weight, op)], [out], props))
         _stands_for(rewriter, op, out)
 
 
@@ -233,7 +233,7 @@ class LowerLinear(_LoweringPattern):
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: logos.LinearOp, rewriter: PatternRewriter) -> None:
         out = self.lowering.activation(rewriter, op.result)
-        rewriter.insert_op(cuda.LinearOp([self.of(op.input, op), self.of(op.weight, op)], [out]))
+        rewriter.insert(cuda.LinearOp([self.of(op.input, op), self.of(op.weight, op)], [out]))
         _stands_for(rewriter, op, out)
 
 
@@ -253,10 +253,10 @@ class LowerSwiGLU(_LoweringPattern):
         if gate.ins[0] != up.ins[0]:
             self.lowering.refuse("'logos.mul' multiplies projections of two different inputs")
             return
-        rewriter.erase_op(gate)
-        rewriter.erase_op(up)
+        rewriter.erase(gate)
+        rewriter.erase(up)
         out = self.lowering.activation(rewriter, op.result)
-        rewriter.insert_op(cuda.GateUpOp([gate.ins[0], gate.ins[1], up.ins[1]], [out]))
+        rewriter.insert(cuda.GateUpOp([gate.ins[0], gate.ins[1], up.ins[1]], [out]))
         _stands_for(rewriter, op, out)
 
     def _linear_of(self, buffer: SSAValue, op: Operation) -> cuda.LinearOp | None:
@@ -276,7 +276,7 @@ class LowerAdd(_LoweringPattern):
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: logos.AddOp, rewriter: PatternRewriter) -> None:
         out = self.lowering.activation(rewriter, op.result)
-        rewriter.insert_op(cuda.AddOp([self.of(op.lhs, op), self.of(op.rhs, op)], [out]))
+        rewriter.insert(cuda.AddOp([self.of(op.lhs, op), self.of(op.rhs, op)], [out]))
         _stands_for(rewriter, op, out)
 
 
@@ -302,7 +302,7 @@ class LowerCacheWrite(_LoweringPattern):
             if lowering.pending_key is not None:
                 lowering.refuse("'logos.cache_write' writes two rotated keys with no value between")
             lowering.pending_key = (self.of(rotated.input, op), cache, positions)
-            rewriter.erase_op(op)
+            rewriter.erase(op)
             return
         if lowering.pending_key is None:
             lowering.refuse("'logos.cache_write' writes values before their rotated keys")
@@ -311,8 +311,8 @@ class LowerCacheWrite(_LoweringPattern):
         lowering.pending_key = None
         cos, sin = lowering.rope_tables(rewriter, lowering.spec.head_dim)  # type: ignore[attr-defined]
         ins = [key, self.of(op.input, op), positions, cos, sin]
-        rewriter.insert_op(cuda.RopeCacheWriteOp(ins, [keys, cache]))
-        rewriter.erase_op(op)
+        rewriter.insert(cuda.RopeCacheWriteOp(ins, [keys, cache]))
+        rewriter.erase(op)
 
 
 class LowerAttention(_LoweringPattern):
@@ -333,7 +333,7 @@ class LowerAttention(_LoweringPattern):
         count = lowering.buffer(rewriter, "attention.count", "scratch", MemRefType(i64, [rows, cache_shape[-3]]))
         out = lowering.activation(rewriter, op.result)
         props = {"split": IntegerAttr(split, i64)}
-        rewriter.insert_op(cuda.AttentionOp([query, keys, values, positions], [out, scratch, count], props))
+        rewriter.insert(cuda.AttentionOp([query, keys, values, positions], [out, scratch, count], props))
         _stands_for(rewriter, op, out)
 
     def _rotated_query(self, op: logos.AttentionOp, rewriter: PatternRewriter) -> SSAValue:
@@ -345,7 +345,7 @@ class LowerAttention(_LoweringPattern):
         x = self.of(rotated.input, op)
         out = self.lowering.buffer(rewriter, rotated.result.name_hint or "turned", "activation", x.type)  # type: ignore[arg-type]
         props = {"head_dim": IntegerAttr(head_dim, i64)}
-        rewriter.insert_op(cuda.RopeOp([x, self.of(op.positions, op), cos, sin], [out], props))
+        rewriter.insert(cuda.RopeOp([x, self.of(op.positions, op), cos, sin], [out], props))
         return out
 
 
@@ -357,7 +357,7 @@ class LowerArgmax(_LoweringPattern):
         scratch = self.lowering.buffer(rewriter, "argmax.partial", "scratch", MemRefType(f32, [rows, chunks, 2]))
         out = self.lowering.activation(rewriter, op.result, "output")
         props = {"chunk": IntegerAttr(ARGMAX_CHUNK, i64)}
-        rewriter.insert_op(cuda.ArgmaxOp([self.of(op.input, op)], [out, scratch], props))
+        rewriter.insert(cuda.ArgmaxOp([self.of(op.input, op)], [out, scratch], props))
         _stands_for(rewriter, op, out)
 
 
@@ -377,7 +377,7 @@ class LowerAllReduce(_LoweringPattern):
             properties={"grid": FlatSymbolRefAttr(grid.sym_name.data), "grid_axes": _grid_axes(grid)},
         )
         reduce.result.name_hint = value_name(_name_of(source)) + "_reduced"
-        rewriter.insert_op(reduce)
+        rewriter.insert(reduce)
         _stands_for(rewriter, op, reduce.result)
 
 
@@ -414,7 +414,7 @@ class LowerAllGather(_LoweringPattern):
             attributes={"cuda.buffer": StringAttr(result)},  # the new buffer's name, for the host plan
         )
         gather.result.name_hint = value_name(result)
-        rewriter.insert_op(gather)
+        rewriter.insert(gather)
         _stands_for(rewriter, op, gather.result)
 
 

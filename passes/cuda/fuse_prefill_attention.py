@@ -50,7 +50,7 @@ class FoldIntoPrefillAttention(RewritePattern):
             [rope.ins[0], write.ins[0], write.ins[1], positions, write.ins[3], write.ins[4]],
             [op.outs[0], keys, values],
         )
-        rewriter.insert_op(fused, rewriter.insertion_point)
+        rewriter.insert(fused, rewriter.insertion_point)
         for old in (op, rope, write):
             rewriter.erase(old)
 

@@ -63,7 +63,7 @@ class FuseAttentionInput(RewritePattern):
         kernel = cuda.QKVOp(
             [x, fused, scale, positions, cos, sin], [rope.outs[0], *cache_write.outs], {"epsilon": q.epsilon}
         )  # type: ignore[dict-item]
-        rewriter.insert_op(kernel, rewriter.insertion_point)
+        rewriter.insert(kernel, rewriter.insertion_point)
         for step in window:
             rewriter.erase(step)
 

@@ -99,7 +99,7 @@ def buffer(rewriter: PatternRewriter, host: func.FuncOp, name: str, kind: str, k
     assert last is not None and isinstance(kind_type, MemRefType)
     op = cuda.BufferOp(name, kind, kind_type)
     op.result.name_hint = value_name(name)
-    rewriter.insert_op(op, InsertPoint.after(last))
+    rewriter.insert(op, InsertPoint.after(last))
     return op.result
 
 

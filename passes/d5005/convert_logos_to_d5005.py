@@ -254,7 +254,7 @@ class AttentionToInstruction(_Placed):
         ctx, element = keys.rows.data // kv_heads, keys.element_bytes.data
         scratch = d5005.attention_scratch_words(heads, kv_heads, head_dim, ctx, element, self.placement.burst)
         scores = d5005.BufferOp(SCORES, scratch, 0)
-        rewriter.insert_op(scores)
+        rewriter.insert(scores)
         current = (key, value)
         _lower(op, rewriter, d5005.AttentionOp, query, keys, values, current, scores.buffer, heads, kv_heads)
 
