@@ -237,6 +237,112 @@ def _rope_settings(config: Mapping[str, Any], where: str) -> tuple[float, RopeSc
     )
 
 
+# -- every key of a config.json accounted for -----------------------------------------------------------------
+# A key is read into the spec (`_READ`), known not to change what the model computes (`_NEUTRAL`: provenance,
+# token ids, generation defaults, training-only settings, the longest context trained on),
+# or accepted only at the value a Llama computes with (`_LLAMA_VALUE`: anything else is a feature the program does
+# not say). Any other key is refused by name: a model computed without what a key says would be silently wrong.
+
+_READ = frozenset(
+    {
+        "model_type",
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "intermediate_size",
+        "rms_norm_eps",
+        "rope_theta",
+        "rope_scaling",
+        "rope_parameters",
+        "tie_word_embeddings",
+    }
+)
+
+_NEUTRAL = frozenset(
+    {
+        # provenance and loading
+        "architectures", "_name_or_path", "name_or_path", "transformers_version", "torch_dtype", "dtype",
+        "_attn_implementation", "_commit_hash", "auto_map", "tokenizer_class", "use_bfloat16", "torchscript",
+        "is_llama_config", "transformers.js_config", "tf_legacy_loss",
+        # token ids (the tokenizer's and the decode loop's, not the network's)
+        "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+        "forced_bos_token_id", "forced_eos_token_id",
+        # what the forward pass returns and caches, not what it computes
+        "use_cache", "return_dict", "output_hidden_states", "output_attentions", "output_scores",
+        "return_dict_in_generate", "pruned_heads", "chunk_size_feed_forward",
+        # generation defaults (the sampler's, set on logos-run's command line)
+        "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+        "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty",
+        "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences",
+        "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
+        # training only: initialisation, dropout, task heads, the tensor-parallel degree of pretraining (HF's
+        # slices of each product sum to the same product)
+        "initializer_range", "attention_dropout", "hidden_dropout", "dropout", "pretraining_tp", "finetuning_task",
+        "id2label", "label2id", "problem_type", "task_specific_params", "prefix",
+        # the longest context trained on: how far the model is good, not what it computes (transformers
+        # computes past it alike)
+        "max_position_embeddings",
+        # an encoder-decoder's settings, false for every causal LM (a decoder-only model reads none of them)
+        "is_encoder_decoder", "is_decoder", "add_cross_attention", "cross_attention_hidden_size",
+        "tie_encoder_decoder",
+    }
+)  # fmt: skip
+
+# key: the values with which a Llama computes (a key absent means the same)
+_LLAMA_VALUE: dict[str, tuple[Any, ...]] = {
+    "hidden_act": ("silu",),
+    "attention_bias": (False,),
+    "mlp_bias": (False,),
+    "partial_rotary_factor": (1.0,),
+    "rope_interleaved": (False,),
+    "sliding_window": (None,),
+    "use_sliding_window": (False,),
+    "attn_logit_softcapping": (None,),
+    "final_logit_softcapping": (None,),
+    "embedding_multiplier": (1.0,),
+    "logits_scaling": (1.0,),
+    "residual_multiplier": (1.0,),
+    "attention_multiplier": (None,),
+    "num_experts": (None, 0, 1),
+    "num_local_experts": (None, 0, 1),
+    "num_experts_per_tok": (None, 0, 1),
+    "quantization_config": (None,),
+}
+
+
+def _is_value(value: Any, ok: Any) -> bool:
+    """Whether a JSON value is `ok`: null and booleans by identity (JSON's true is not 1), numbers by value."""
+    if ok is None or isinstance(ok, bool) or value is None or isinstance(value, bool):
+        return value is ok
+    if isinstance(ok, str) or isinstance(value, str):
+        return value == ok and isinstance(value, str) and isinstance(ok, str)
+    return isinstance(value, (int, float)) and value == ok
+
+
+def _check_every_key(config: Mapping[str, Any], where: str) -> None:
+    """Refuse, by name, the first key of `config` whose meaning the spec does not carry."""
+    for key, value in config.items():
+        if key in _READ or key in _NEUTRAL:
+            continue
+        allowed = _LLAMA_VALUE.get(key)
+        if allowed is None:
+            raise SpecError(
+                f"{where}: config key '{key}' is not one logos-ir reads",
+                hint="the program would be computed without it; a key that does not change the computation "
+                "belongs in logos_ir.spec's list of neutral keys",
+            )
+        if not any(_is_value(value, ok) for ok in allowed):
+            said = " or ".join(json.dumps(ok) for ok in allowed)
+            raise SpecError(
+                f"{where}: config key '{key}' is {json.dumps(value)}, which a LOGOS program cannot say yet"
+                f" (a Llama has {said})",
+                hint="logos-ir refuses a model it would compute without this feature",
+            )
+
+
 def _spec_from_config(config: Mapping[str, Any], where: str) -> ModelSpec:
     model_type = config.get("model_type")
     if model_type is None:
@@ -246,6 +352,7 @@ def _spec_from_config(config: Mapping[str, Any], where: str) -> ModelSpec:
             f"{where}: model_type '{model_type}' is not supported",
             hint=f"logos-ir writes programs for the Llama family: {', '.join(SUPPORTED_MODEL_TYPES)}",
         )
+    _check_every_key(config, where)
     hidden = _field(config, where, "hidden_size", int)
     heads = _field(config, where, "num_attention_heads", int)
     if heads < 1:

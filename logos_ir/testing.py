@@ -119,9 +119,18 @@ def gguf_bytes(
     return head + b"\0" * (-len(head) % alignment) + b"".join(data)
 
 
-def model_gguf(hidden: int = 4, qtype: str = "F32", tokenizer: bool = False, rope_scaling: bool = False) -> bytes:
+def model_gguf(
+    hidden: int = 4,
+    qtype: str = "F32",
+    tokenizer: bool = False,
+    rope_scaling: bool = False,
+    extra_metadata: list[tuple[str, int, Any]] = (),  # type: ignore[assignment]
+    extra_tensors: list[str] = (),  # type: ignore[assignment]
+) -> bytes:
     """A GGUF of `small_spec(hidden)` with random weights: norms F32, matrices `qtype` (F32, F16, Q8_0, Q4_0,
-    Q4_1; block types need hidden 32), optionally with a tokenizer and llama3 rope scaling (`rope_freqs`)."""
+    Q4_1; block types need hidden 32), optionally with a tokenizer and llama3 rope scaling (`rope_freqs`); then
+    `extra_metadata`, and `extra_tensors` (names of F32 vectors of the hidden size, as a bias a file might
+    carry)."""
     spec = small_spec(hidden)
     store = RandomWeights(spec, seed=2)
     meta: list[tuple[str, int, Any]] = [
@@ -161,6 +170,9 @@ def model_gguf(hidden: int = 4, qtype: str = "F32", tokenizer: bool = False, rop
         divisors = llama3_rope_divisors(scaling, spec.head_dim, spec.rope_theta).astype("<f4")
         meta.append(("llama.rope.scaling.type", STRING, "llama3"))
         tensors.append(("rope_freqs.weight", divisors.shape, int(QT.F32), divisors.tobytes()))
+    meta += list(extra_metadata)
+    for name in extra_tensors:
+        tensors.append((name, (spec.hidden,), int(QT.F32), np.full(spec.hidden, 0.5, "<f4").tobytes()))
     return gguf_bytes(meta, tensors)
 
 

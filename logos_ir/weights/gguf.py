@@ -27,7 +27,7 @@ from gguf.quants import dequantize as _gguf_dequantize
 from logos_ir.errors import SpecError, WeightError
 from logos_ir.rope import llama3_rope_divisors
 from logos_ir.spec import ModelSpec, RopeScaling
-from logos_ir.weights.store import MAX_DIMENSION, WeightStore, check_expected, is_int
+from logos_ir.weights.store import MAX_DIMENSION, WeightStore, check_expected, check_unread, is_int
 
 _GGUF_MAGIC = b"GGUF"
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
@@ -405,6 +405,13 @@ class GGUFStore(WeightStore):
                 )
         shapes = {hf: self.file.tensors[g].shape for hf, g in self._gguf_names.items()}
         check_expected(self.spec, shapes, self.source)
+        for gname in sorted(self.file.tensors):  # a bias, an expert, a norm llama.cpp applies and HF names lack
+            if gname not in self._gguf_names.values() and gname != "rope_freqs.weight":
+                raise WeightError(
+                    f"{self.source}: tensor '{gname}' is not read by the model's program",
+                    hint="llama.cpp would apply it; logos-ir refuses a model it would compute without it",
+                )
+        check_unread(self.spec, self._gguf_names, self.source)
 
     def names(self) -> list[str]:
         return sorted(self._gguf_names)
@@ -441,6 +448,56 @@ def _meta_number(meta: Mapping[str, Any], where: str, key: str, kind: type, defa
     return value
 
 
+# Every metadata key of a GGUF is read into the spec, known not to change the computation, or refused by name
+# (as every key of a config.json: logos_ir.spec). The reader's own (`GGUF.`), provenance (`general.`), the
+# tokenizer's (`tokenizer.`, read by logos_ir.tokenizer) and a quantizer's notes (`quantize.`) are neutral.
+_GGUF_NEUTRAL_PREFIXES = ("GGUF.", "general.", "tokenizer.", "quantize.")
+_GGUF_READ = frozenset(
+    {
+        "block_count",
+        "embedding_length",
+        "feed_forward_length",
+        "attention.head_count",
+        "attention.head_count_kv",
+        "attention.key_length",
+        "attention.value_length",
+        "attention.layer_norm_rms_epsilon",
+        "rope.freq_base",
+        "rope.dimension_count",
+        "rope.scaling.type",
+        "vocab_size",
+    }
+)
+# the longest context trained on (how far the model is good, not what it computes); Llama 3's scaling parameters beside the divisors
+# (`rope_freqs`) that llama.cpp computes with and this reader checks
+_GGUF_NEUTRAL = frozenset(
+    {"context_length", "rope.scaling.factor", "rope.scaling.original_context_length", "rope.scaling.finetuned"}
+)
+_GGUF_LLAMA_VALUE: dict[str, tuple[Any, ...]] = {"expert_count": (0,), "expert_used_count": (0,)}
+
+
+def _check_every_key(meta: Mapping[str, Any], arch: str, where: str) -> None:
+    """Refuse, by name, the first metadata key whose meaning the spec does not carry."""
+    prefix = arch + "."
+    for key, value in meta.items():
+        if key.startswith(_GGUF_NEUTRAL_PREFIXES):
+            continue
+        own = key[len(prefix) :] if key.startswith(prefix) else None
+        if own in _GGUF_READ or own in _GGUF_NEUTRAL:
+            continue
+        allowed = _GGUF_LLAMA_VALUE.get(own or "")
+        if allowed is None:
+            raise SpecError(
+                f"{where}: GGUF metadata '{key}' is not one logos-ir reads",
+                hint="llama.cpp would compute with it; logos-ir refuses a model it would compute without it",
+            )
+        if value not in allowed or isinstance(value, bool):
+            raise SpecError(
+                f"{where}: GGUF metadata '{key}' is {value!r}, which a LOGOS program cannot say yet"
+                f" (a Llama has {' or '.join(map(repr, allowed))})"
+            )
+
+
 def _spec_from_gguf(file: GGUFFile) -> ModelSpec:
     meta, where = file.metadata, str(file.path)
     arch = meta.get("general.architecture")
@@ -451,9 +508,16 @@ def _spec_from_gguf(file: GGUFFile) -> ModelSpec:
             f"{where}: GGUF architecture '{arch}' is not supported",
             hint="logos-ir reads GGUF files of the 'llama' architecture",
         )
+    _check_every_key(meta, arch, where)
     hidden = _meta_number(meta, where, "llama.embedding_length", int)
     heads = _meta_number(meta, where, "llama.attention.head_count", int)
     head_dim = meta.get("llama.attention.key_length", meta.get("llama.rope.dimension_count"))
+    for other in ("llama.attention.value_length", "llama.rope.dimension_count"):
+        if head_dim is not None and meta.get(other, head_dim) != head_dim:  # partial rotary; values of another width
+            raise SpecError(
+                f"{where}: GGUF metadata '{other}' is {meta[other]!r}, not the head size {head_dim!r}",
+                hint="a LOGOS program cannot say yet a rotation over part of the head or values of another width",
+            )
     if head_dim is None:
         if heads < 1 or hidden % heads:
             raise SpecError(f"{where}: embedding_length {hidden} is not a multiple of head_count {heads}")

@@ -21,7 +21,7 @@ import numpy as np
 from logos_ir.errors import WeightError
 from logos_ir.spec import ModelSpec
 from logos_ir.weights.hub import link_root
-from logos_ir.weights.store import MAX_DIMENSION, WeightStore, check_expected, is_int, shape_text
+from logos_ir.weights.store import MAX_DIMENSION, WeightStore, check_expected, check_unread, is_int, shape_text
 
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -177,6 +177,7 @@ class SafetensorsStore(WeightStore):
             str(directory),
             {n: str(e.file) for n, e in self._entries.items()},
         )
+        check_unread(spec, self._entries, str(directory), {n: str(e.file) for n, e in self._entries.items()})
         for name, _ in spec.weights():
             self._check_dtype(name, self._entries[name])
         self._maps: dict[Path, mmap.mmap] = {}

@@ -6,9 +6,10 @@ memory. The checks every reader shares (the tensors a spec needs, bounds on what
 from __future__ import annotations
 
 import math
+import re
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -52,6 +53,25 @@ def check_expected(
             raise WeightError(
                 f"{place}: tensor '{name}' has shape {shape_text(got)}, but the model's spec says {shape_text(want)}"
             )
+
+
+# Tensors a file may hold that no model reads: older Llama checkpoints store each layer's rotary inverse
+# frequencies, a buffer recomputed from the config (Hugging Face ignores it on load too).
+_NOT_WEIGHTS = re.compile(r"model\.layers\.(0|[1-9][0-9]*)\.self_attn\.rotary_emb\.inv_freq")
+
+
+def check_unread(spec: ModelSpec, names: Iterable[str], where: str, file_of: Mapping[str, str] | None = None) -> None:
+    """Refuse, by name, the first tensor of a file that the spec's program does not read: a bias, a layer the
+    config does not have, a second head beside a tied one. Computing without it would be silently wrong."""
+    wanted = dict(spec.weights())
+    for name in sorted(names):
+        if name in wanted or _NOT_WEIGHTS.fullmatch(name):
+            continue
+        place = file_of.get(name, where) if file_of else where
+        hint = "logos-ir refuses a model it would compute without one of its tensors"
+        if name == "lm_head.weight" and spec.tie_embeddings:
+            hint = "the config ties the head to the embedding (tie_word_embeddings), yet the file holds its own head"
+        raise WeightError(f"{place}: tensor '{name}' is not read by the model's program", hint=hint)
 
 
 def is_int(value: Any) -> bool:
@@ -166,6 +186,7 @@ class ArrayStore(WeightStore):
         super().__init__(spec, source)
         self._arrays = dict(arrays)
         check_expected(spec, {n: tuple(np.shape(a)) for n, a in self._arrays.items()}, source)
+        check_unread(spec, self._arrays, source)
 
     def names(self) -> list[str]:
         return sorted(self._arrays)

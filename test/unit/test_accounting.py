@@ -1,0 +1,177 @@
+"""Everything in a model's files is accounted for: every key of a `config.json` and of GGUF metadata is read into
+the spec, known not to change the computation, or refused by name; every tensor is read by the program or refused
+by name. Each case here ran before as a plain Llama and gave its tokens, silently wrong (an independent
+implementation that applies the feature gives other tokens): a bias after a projection, a biased MLP, GELU,
+rotation over half the head, a sliding window, a layer the config does not have, a bias a GGUF carries."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from logos_ir.errors import SpecError, WeightError
+from logos_ir.spec import ModelSpec
+from logos_ir.testing import F32, STRING, U32, model_gguf, small_spec, write_model_folder
+from logos_ir.weights import hf_config, open_model
+
+
+def _folder(tmp_path: Path, config: dict | None = None, tensors: dict | None = None) -> Path:
+    """A small Llama folder, its config updated with `config` and its safetensors with `tensors`."""
+    folder = write_model_folder(tmp_path / "model")
+    if config:
+        path = folder / "config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **config}))
+    if tensors:
+        weights = folder / "model.safetensors"
+        save_file({**load_file(weights), **tensors}, weights)
+    return folder
+
+
+def _bias(size: int) -> np.ndarray:
+    return np.full(size, 0.25, np.float32)
+
+
+@pytest.mark.parametrize(
+    ("config", "tensors", "named"),
+    [
+        (
+            {"attention_bias": True},
+            {f"model.layers.0.self_attn.{p}_proj.bias": _bias(4) for p in "qkv"},
+            "config key 'attention_bias' is true",
+        ),
+        ({"mlp_bias": True}, {}, "config key 'mlp_bias' is true"),
+        ({"hidden_act": "gelu"}, {}, "config key 'hidden_act' is \"gelu\""),
+        ({"hidden_act": "gelu_pytorch_tanh"}, {}, "config key 'hidden_act' is \"gelu_pytorch_tanh\""),
+        ({"partial_rotary_factor": 0.5}, {}, "config key 'partial_rotary_factor' is 0.5"),
+        ({"model_type": "mistral", "sliding_window": 2}, {}, "config key 'sliding_window' is 2"),
+        ({"attn_logit_softcapping": 50.0}, {}, "config key 'attn_logit_softcapping' is 50.0"),
+        ({"num_local_experts": 8}, {}, "config key 'num_local_experts' is 8"),
+        ({"query_pre_attn_scalar": 256}, {}, "config key 'query_pre_attn_scalar' is not one logos-ir reads"),
+        ({"frobnicate": True}, {}, "config key 'frobnicate' is not one logos-ir reads"),
+    ],
+    ids=lambda v: next(iter(v)) if isinstance(v, dict) and v else None,
+)
+def test_a_config_key_the_program_cannot_say_is_refused_by_name(
+    tmp_path: Path, config: dict, tensors: dict, named: str
+) -> None:
+    folder = _folder(tmp_path, config, tensors)
+    with pytest.raises(SpecError, match=named.replace("(", r"\(")):
+        open_model(str(folder))
+
+
+def test_the_keys_a_llama_config_carries_beside_its_sizes_are_accepted(tmp_path: Path) -> None:
+    neutral = {
+        "architectures": ["LlamaForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 1,
+        "eos_token_id": [2, 3],
+        "hidden_act": "silu",
+        "initializer_range": 0.02,
+        "max_position_embeddings": 2048,
+        "mlp_bias": False,
+        "pretraining_tp": 1,
+        "use_cache": True,
+        "transformers_version": "4.46.0",
+        "rope_interleaved": False,
+        "partial_rotary_factor": 1,
+        "sliding_window": None,
+    }
+    plain = open_model(str(_folder(tmp_path / "plain")))
+    store = open_model(str(_folder(tmp_path / "neutral", neutral)))
+    assert store.spec == plain.spec
+
+
+@pytest.mark.parametrize(
+    ("tensor", "hint"),
+    [
+        ("model.layers.1.mlp.down_proj.weight", "computes without one of its tensors"),  # a layer beyond the config
+        ("model.layers.0.self_attn.q_proj.bias", "computes without one of its tensors"),
+        ("model.layers.0.post_feedforward_layernorm.weight", "computes without one of its tensors"),
+    ],
+)
+def test_a_tensor_the_program_does_not_read_is_refused_by_name(tmp_path: Path, tensor: str, hint: str) -> None:
+    folder = _folder(tmp_path, tensors={tensor: _bias(4)})
+    with pytest.raises(WeightError, match=rf"model.safetensors: tensor '{tensor}' is not read") as error:
+        open_model(str(folder))
+    assert "compute without one of its tensors" in str(error.value)
+
+
+def test_a_head_beside_a_tied_embedding_is_refused(tmp_path: Path) -> None:
+    folder = _folder(tmp_path, {"tie_word_embeddings": True})  # the file holds the untied model's lm_head.weight
+    with pytest.raises(WeightError, match="tensor 'lm_head.weight' is not read") as error:
+        open_model(str(folder))
+    assert "tie_word_embeddings" in str(error.value)
+
+
+def test_rotary_buffers_of_older_checkpoints_are_not_weights(tmp_path: Path) -> None:
+    buffers = {"model.layers.0.self_attn.rotary_emb.inv_freq": np.ones(1, np.float32)}  # recomputed, as HF does
+    store = open_model(str(_folder(tmp_path / "buffers", tensors=buffers)))
+    assert store.spec == open_model(str(_folder(tmp_path / "plain"))).spec
+
+
+def _gguf(tmp_path: Path, name: str, **extra: object) -> Path:
+    path = tmp_path / f"{name}.gguf"
+    path.write_bytes(model_gguf(**extra))  # type: ignore[arg-type]
+    return path
+
+
+def test_a_gguf_bias_llama_cpp_would_apply_is_refused_by_name(tmp_path: Path) -> None:
+    path = _gguf(tmp_path, "bias", extra_tensors=["blk.0.attn_q.bias"])
+    with pytest.raises(WeightError, match=r"bias.gguf: tensor 'blk.0.attn_q.bias' is not read by the model"):
+        open_model(str(path))
+    open_model(str(_gguf(tmp_path, "plain")))  # the same file without it opens
+
+
+@pytest.mark.parametrize(
+    ("key", "kind", "value", "named"),
+    [
+        ("llama.attention.sliding_window", U32, 2, "'llama.attention.sliding_window' is not one logos-ir reads"),
+        ("llama.expert_count", U32, 8, "'llama.expert_count' is 8"),
+        ("llama.attention.value_length", U32, 1, "'llama.attention.value_length' is 1, not the head size 2"),
+        ("llama.logit_scale", F32, 0.5, "'llama.logit_scale' is not one logos-ir reads"),
+        ("split.count", U32, 2, "'split.count' is not one logos-ir reads"),
+    ],
+)
+def test_a_gguf_key_the_program_cannot_say_is_refused_by_name(
+    tmp_path: Path, key: str, kind: int, value: object, named: str
+) -> None:
+    path = _gguf(tmp_path, "key", extra_metadata=[(key, kind, value)])
+    with pytest.raises(SpecError, match=named):
+        open_model(str(path))
+
+
+def test_neutral_gguf_keys_are_accepted(tmp_path: Path) -> None:
+    meta = [
+        ("general.license", STRING, "apache-2.0"),
+        ("llama.expert_count", U32, 0),
+        ("quantize.imatrix.file", STRING, "x"),
+    ]
+    assert (
+        open_model(str(_gguf(tmp_path, "neutral", extra_metadata=meta))).spec
+        == open_model(str(_gguf(tmp_path, "plain"))).spec
+    )
+
+
+def test_logos_run_refuses_before_anything_runs(tmp_path: Path) -> None:
+    folder = _folder(tmp_path, {"attention_bias": True})
+    done = subprocess.run(
+        [sys.executable, "-m", "logos_ir.tools.logos_run", "--model", str(folder), "--prompt-ids", "1,2", "-n", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode not in (0, 70), done.stderr
+    assert "config key 'attention_bias' is true" in done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_a_neutral_key_changes_nothing() -> None:
+    config = hf_config(small_spec())
+    assert ModelSpec.from_hf_config({**config, "use_cache": False, "bos_token_id": 9}) == small_spec()
