@@ -65,6 +65,23 @@ def test_threads_reach_the_blas_environment(monkeypatch: pytest.MonkeyPatch) -> 
     assert all(os.environ[name] == "1" for name in logos_run._THREAD_VARIABLES)
 
 
+def test_the_default_threads_are_the_cores_not_already_busy(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert logos_run.default_threads(cores=2, load=0.1) == 2  # idle: a thread a core, BLAS's own default
+    assert logos_run.default_threads(cores=2, load=1.2) == 1
+    assert logos_run.default_threads(cores=2, load=3.7) == 1  # never fewer than one
+    assert logos_run.default_threads(cores=16, load=3.6) == 12
+    for name in logos_run._THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delitem(sys.modules, "numpy", raising=False)
+    monkeypatch.setattr(logos_run, "default_threads", lambda: 3)
+    logos_run.limit_threads(None)
+    assert all(os.environ[name] == "3" for name in logos_run._THREAD_VARIABLES)
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "5")  # the user's own setting is kept
+    monkeypatch.setattr(logos_run, "default_threads", lambda: 1)
+    logos_run.limit_threads(None)
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "5"
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_chat_gguf(tmp_path_factory.mktemp("chat") / "chat.gguf")
