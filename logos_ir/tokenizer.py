@@ -37,6 +37,23 @@ _LLAMA3_STYLE = ("llama-bpe", "llama3")
 _KNOWN_PRE = _GPT2_STYLE + _DIGIT_STYLE + _LLAMA3_STYLE
 
 
+def _folder_template(folder: Path, config: Mapping[str, Any]) -> str | None:
+    """A folder's chat template as transformers finds it: `chat_template.jinja` (what newer versions save) before
+    `tokenizer_config.json`'s `chat_template`, which is either the template or a list of named ones (then the one
+    named "default")."""
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        try:
+            return jinja.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise TokenizerError(f"{jinja}: cannot read: {error}") from None
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    return template if isinstance(template, str) else None
+
+
 class Tokenizer:
     """A model's tokenizer: `encode` gives the model's token ids (from 0), `decode` turns ids back to text."""
 
@@ -133,13 +150,12 @@ class Tokenizer:
             raise TokenizerError(f"{path}: cannot load the tokenizer: {error}") from None
         config = _json_object(path.parent / "tokenizer_config.json")
         model_config = _json_object(path.parent / "config.json")
-        template = config.get("chat_template")
         return cls(
             backend,
             str(path),
             bos_id=_special_id(backend, config.get("bos_token"), model_config.get("bos_token_id")),
             eos_id=_special_id(backend, config.get("eos_token"), model_config.get("eos_token_id")),
-            chat_template=template if isinstance(template, str) else None,
+            chat_template=_folder_template(path.parent, config),
         )
 
     @classmethod

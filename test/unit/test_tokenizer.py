@@ -190,6 +190,16 @@ def test_folder_with_tokenizer_json(tmp_path, tiny):
         Tokenizer.from_store(SafetensorsStore(tmp_path))
 
 
+def test_a_folders_chat_template_is_found_where_transformers_finds_it(tmp_path, tiny):
+    save_model(RandomWeights(ModelSpec.preset("tiny")), tmp_path)
+    tiny.backend.save(str(tmp_path / "tokenizer.json"))
+    named = [{"name": "tool_use", "template": "{{ tools }}"}, {"name": "default", "template": "{{ messages }}"}]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": named}))
+    assert Tokenizer.from_store(SafetensorsStore(tmp_path)).chat_template == "{{ messages }}"  # the default one
+    (tmp_path / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert Tokenizer.from_store(SafetensorsStore(tmp_path)).chat_template.startswith("{% for m in messages %}")
+
+
 # -- the embedded SmolLM2 tokenizer --------------------------------------------------------------------------
 
 
