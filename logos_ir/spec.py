@@ -283,7 +283,7 @@ _NEUTRAL = frozenset(
         "initializer_range", "attention_dropout", "hidden_dropout", "dropout", "pretraining_tp", "finetuning_task",
         "id2label", "label2id", "problem_type", "task_specific_params", "prefix",
         # the longest context trained on: how far the model is good, not what it computes (transformers
-        # computes past it alike)
+        # computes past it alike; logos-run warns of a longer cache, as llama.cpp does)
         "max_position_embeddings",
         # an encoder-decoder's settings, false for every causal LM (a decoder-only model reads none of them)
         "is_encoder_decoder", "is_decoder", "add_cross_attention", "cross_attention_hidden_size",

@@ -826,6 +826,12 @@ def _generate(args: argparse.Namespace) -> int:
 def _generator_for(plan: Plan, ctx: int) -> Any:
     if plan.ctx is None:
         plan.ctx = ctx
+    trained = getattr(plan.store, "trained_ctx", None)
+    if trained is not None and plan.ctx > trained:  # llama.cpp's warning: computed alike, but past what it learned
+        print(
+            f"{TOOL}: warning: a cache of {plan.ctx} positions is longer than the {trained} the model was trained on",
+            file=sys.stderr,
+        )
     started = time.perf_counter()
     with Progress(f"preparing the {plan.backend_name} backend"):
         generator = plan.generator()

@@ -385,6 +385,8 @@ class GGUFStore(WeightStore):
             super().__init__(spec, str(self.file.path))
             self._gguf_names = {hf: g for g in self.file.tensors if (hf := hf_tensor_name(g)) is not None}
             self._check()
+            trained = self.file.metadata.get("llama.context_length")
+            self.trained_ctx = trained if is_int(trained) and trained > 0 else None
         except BaseException:
             self.file.close()
             raise
@@ -468,8 +470,8 @@ _GGUF_READ = frozenset(
         "vocab_size",
     }
 )
-# the longest context trained on (how far the model is good, not what it computes); Llama 3's scaling parameters beside the divisors
-# (`rope_freqs`) that llama.cpp computes with and this reader checks
+# the longest context trained on (how far the model is good, not what it computes); Llama 3's scaling parameters
+# beside the divisors (`rope_freqs`) that llama.cpp computes with and this reader checks
 _GGUF_NEUTRAL = frozenset(
     {"context_length", "rope.scaling.factor", "rope.scaling.original_context_length", "rope.scaling.finetuned"}
 )

@@ -181,6 +181,8 @@ class SafetensorsStore(WeightStore):
         for name, _ in spec.weights():
             self._check_dtype(name, self._entries[name])
         self._maps: dict[Path, mmap.mmap] = {}
+        trained = json.loads((directory / "config.json").read_text(encoding="utf-8")).get("max_position_embeddings")
+        self.trained_ctx = trained if is_int(trained) and trained > 0 else None
 
     def names(self) -> list[str]:
         return sorted(self._entries)

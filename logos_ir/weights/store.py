@@ -88,6 +88,7 @@ class WeightStore(ABC):
 
     spec: ModelSpec
     source: str
+    trained_ctx: int | None = None  # the longest context the model was trained on, where its file says
 
     def __init__(self, spec: ModelSpec, source: str):
         self.spec = spec

@@ -175,3 +175,22 @@ def test_logos_run_refuses_before_anything_runs(tmp_path: Path) -> None:
 def test_a_neutral_key_changes_nothing() -> None:
     config = hf_config(small_spec())
     assert ModelSpec.from_hf_config({**config, "use_cache": False, "bos_token_id": 9}) == small_spec()
+
+
+def test_a_cache_longer_than_the_trained_context_is_warned_of(tmp_path: Path) -> None:
+    # max_position_embeddings changes nothing computed (transformers computes past it alike), so it is neutral;
+    # logos-run says, as llama.cpp does, when the cache is longer than what the model was trained on
+    folder = _folder(tmp_path, {"max_position_embeddings": 32})
+    assert open_model(str(folder)).trained_ctx == 32
+    assert open_model(str(_gguf(tmp_path, "gguf"))).trained_ctx == 2048  # llama.context_length
+
+    def run(ctx: str) -> subprocess.CompletedProcess[str]:
+        command = ["--model", str(folder), "--prompt-ids", "1,2", "-n", "2", "--ctx", ctx]
+        return subprocess.run(
+            [sys.executable, "-m", "logos_ir.tools.logos_run", *command], capture_output=True, text=True, timeout=120
+        )
+
+    longer, within = run("64"), run("32")
+    assert longer.returncode == 0 and within.returncode == 0, longer.stderr + within.stderr
+    assert "a cache of 64 positions is longer than the 32 the model was trained on" in longer.stderr
+    assert "trained on" not in within.stderr
