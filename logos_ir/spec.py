@@ -17,7 +17,7 @@ from typing import Any
 
 from logos_ir.errors import SourceLocation, SpecError
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "phi3")  # phi3: a Llama whose checkpoint fuses projections
 _LAYER_TENSOR = re.compile(r"model\.layers\.(?P<layer>0|[1-9][0-9]*)\.(?P<role>.+)\.weight")
 
 
@@ -208,11 +208,41 @@ def _field(config: Mapping[str, Any], where: str, key: str, kind: type | tuple[t
     return value
 
 
+_ROPE_KEYS = frozenset(
+    {
+        "rope_theta",
+        "rope_type",
+        "type",
+        "factor",
+        "low_freq_factor",
+        "high_freq_factor",
+        "original_max_position_embeddings",
+    }
+)
+
+
+def _check_rope_keys(rope: Mapping[str, Any], where: str) -> None:
+    """Every key of a rope object is one the spec reads (or a rotary factor of 1.0), else refused by name."""
+    for key, value in rope.items():
+        if key == "partial_rotary_factor" and _is_value(value, 1.0):
+            continue
+        if key == "partial_rotary_factor":
+            raise SpecError(
+                f"{where}: 'partial_rotary_factor' is {json.dumps(value)}, which a LOGOS program cannot say yet"
+                " (a Llama has 1.0)"
+            )
+        if key not in _ROPE_KEYS:
+            raise SpecError(f"{where}: key '{key}' is not one logos-ir reads")
+
+
 def _rope_settings(config: Mapping[str, Any], where: str) -> tuple[float, RopeScaling | None]:
     """rope_theta and rope_scaling, either at the top level (older files) or under `rope_parameters` (newer)."""
     params = config.get("rope_parameters")
     if params is not None and not isinstance(params, dict):
         raise SpecError(f"{where}: field 'rope_parameters' must be an object")
+    for key, rope in (("rope_parameters", params), ("rope_scaling", config.get("rope_scaling"))):
+        if isinstance(rope, dict):
+            _check_rope_keys(rope, f"{where}: {key}")
     if params:
         theta = _field(params, where + " rope_parameters", "rope_theta", (int, float))
         scaling = params if params.get("rope_type", "default") != "default" else None
@@ -280,11 +310,13 @@ _NEUTRAL = frozenset(
         "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
         # training only: initialisation, dropout, task heads, the tensor-parallel degree of pretraining (HF's
         # slices of each product sum to the same product)
-        "initializer_range", "attention_dropout", "hidden_dropout", "dropout", "pretraining_tp", "finetuning_task",
+        "initializer_range", "attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop",
+        "pretraining_tp", "finetuning_task",
         "id2label", "label2id", "problem_type", "task_specific_params", "prefix",
         # the longest context trained on: how far the model is good, not what it computes (transformers
         # computes past it alike; logos-run warns of a longer cache, as llama.cpp does)
         "max_position_embeddings",
+        "original_max_position_embeddings",  # read only by a "longrope" scaling, which is refused
         # an encoder-decoder's settings, false for every causal LM (a decoder-only model reads none of them)
         "is_encoder_decoder", "is_decoder", "add_cross_attention", "cross_attention_hidden_size",
         "tie_encoder_decoder",

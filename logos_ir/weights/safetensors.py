@@ -21,6 +21,7 @@ import numpy as np
 from logos_ir.errors import WeightError
 from logos_ir.spec import ModelSpec
 from logos_ir.weights.hub import link_root
+from logos_ir.weights.manifest import fused_parts
 from logos_ir.weights.store import MAX_DIMENSION, WeightStore, check_expected, check_unread, is_int, shape_text
 
 SAFETENSORS_FILE = "model.safetensors"
@@ -170,7 +171,8 @@ class SafetensorsStore(WeightStore):
         spec = ModelSpec.from_hf_config(directory)
         super().__init__(spec, str(directory))
         self.directory = directory
-        self._entries = _safetensors_entries(directory)
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+        self._entries = _unfused(_safetensors_entries(directory), str(config.get("model_type")), spec)
         check_expected(
             spec,
             {n: e.shape for n, e in self._entries.items()},
@@ -181,7 +183,7 @@ class SafetensorsStore(WeightStore):
         for name, _ in spec.weights():
             self._check_dtype(name, self._entries[name])
         self._maps: dict[Path, mmap.mmap] = {}
-        trained = json.loads((directory / "config.json").read_text(encoding="utf-8")).get("max_position_embeddings")
+        trained = config.get("max_position_embeddings")
         self.trained_ctx = trained if is_int(trained) and trained > 0 else None
 
     def names(self) -> list[str]:
@@ -228,6 +230,30 @@ class SafetensorsStore(WeightStore):
         for mapped in self._maps.values():
             mapped.close()
         self._maps.clear()
+
+
+def _unfused(entries: dict[str, _Entry], model_type: str, spec: ModelSpec) -> dict[str, _Entry]:
+    """`entries` with each fused tensor of the family's manifest replaced by its parts, each a row range of the
+    fused tensor's bytes; a fused tensor whose rows are not its parts' is refused by name."""
+    out: dict[str, _Entry] = {}
+    for name, entry in entries.items():
+        parts = fused_parts(model_type, spec, name)
+        if parts is None:
+            out[name] = entry
+            continue
+        rows = parts[-1][2]
+        if len(entry.shape) != 2 or entry.shape[0] != rows:
+            raise WeightError(
+                f"{entry.file}: tensor '{name}' has shape {shape_text(entry.shape)}, but the model's spec says "
+                f"{shape_text((rows, spec.hidden))} (its parts: {', '.join(p for p, _, _ in parts)})"
+            )
+        row_bytes = (entry.stop - entry.start) // rows if rows else 0
+        for part, first, end in parts:
+            start = entry.start + first * row_bytes
+            out[part] = _Entry(
+                entry.file, entry.dtype, (end - first, entry.shape[1]), start, entry.start + end * row_bytes
+            )
+    return out
 
 
 def _safetensors_entries(directory: Path) -> dict[str, _Entry]:

@@ -50,6 +50,17 @@ def _bias(size: int) -> np.ndarray:
         ({"hidden_act": "gelu_pytorch_tanh"}, {}, "config key 'hidden_act' is \"gelu_pytorch_tanh\""),
         ({"partial_rotary_factor": 0.5}, {}, "config key 'partial_rotary_factor' is 0.5"),
         ({"model_type": "mistral", "sliding_window": 2}, {}, "config key 'sliding_window' is 2"),
+        (
+            {"rope_parameters": {"rope_theta": 1e4, "rope_type": "default", "partial_rotary_factor": 0.5}},
+            {},
+            "rope_parameters: 'partial_rotary_factor' is 0.5",
+        ),
+        (
+            {"rope_parameters": {"rope_theta": 1e4, "rope_type": "default", "mrope_section": [1]}},
+            {},
+            "rope_parameters: key 'mrope_section' is not one logos-ir reads",
+        ),
+        ({"model_type": "phi3", "rope_scaling": {"type": "longrope"}}, {}, "rope scaling of type 'longrope'"),
         ({"attn_logit_softcapping": 50.0}, {}, "config key 'attn_logit_softcapping' is 50.0"),
         ({"num_local_experts": 8}, {}, "config key 'num_local_experts' is 8"),
         ({"query_pre_attn_scalar": 256}, {}, "config key 'query_pre_attn_scalar' is not one logos-ir reads"),

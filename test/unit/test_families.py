@@ -1,0 +1,57 @@
+"""Each model family gives transformers' greedy tokens, on the reference and on every lane.
+
+The tiny random models under `test/unit/families/` and their greedy continuations (`goldens.json`) were made by
+Hugging Face transformers itself (`tools/family_goldens.py`: the families' own config and model classes, eager
+attention, float32), so the tokens here come from the definition, not from logos-ir. A family that computes as a
+Llama but stores its checkpoint otherwise (Phi-3's fused `qkv_proj` and `gate_up_proj`) is read through the
+weight manifest (`logos_ir/weights/manifest.py`): its program is a Llama's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from logos_ir.registry import backends
+from logos_ir.runtime import RunRequest
+from logos_ir.weights import open_model
+
+FAMILIES = Path(__file__).parent / "families"
+GOLDENS = json.loads((FAMILIES / "goldens.json").read_text())["families"]
+
+
+def _runs() -> list[tuple[str, list[int], list[int]]]:
+    return [(family, run["prompt"], run["tokens"]) for family, made in GOLDENS.items() for run in made["runs"]]
+
+
+@pytest.mark.parametrize(("family", "prompt", "tokens"), _runs(), ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_reference_gives_transformers_tokens(family: str, prompt: list[int], tokens: list[int], tp: int) -> None:
+    lane = backends()["reference"].generator()(RunRequest(open_model(str(FAMILIES / family)), tp=tp))
+    assert lane.generate(prompt, len(tokens)) == tokens
+
+
+@pytest.mark.parametrize("family", sorted(GOLDENS))
+@pytest.mark.parametrize(
+    ("backend", "emulate"),
+    [("cuda", True), ("d5005", False), ("spatial", False)],
+    ids=["cuda-emulated", "d5005-pocl", "spatial-fabric"],
+)
+def test_every_lane_gives_transformers_tokens(family: str, backend: str, emulate: bool) -> None:
+    run = GOLDENS[family]["runs"][0]
+    store = open_model(str(FAMILIES / family))
+    request = RunRequest(store, ctx=32, prefill_rows=4, weights="f32", emulate=emulate)
+    lane = backends()[backend].generator()(request)
+    assert lane.generate(run["prompt"], len(run["tokens"])) == run["tokens"]
+
+
+def test_the_goldens_are_transformers_own() -> None:
+    made = json.loads((FAMILIES / "goldens.json").read_text())
+    assert made["made_by"] == "tools/family_goldens.py" and made["transformers"]
+    for family in GOLDENS:
+        config = json.loads((FAMILIES / family / "config.json").read_text())
+        assert config["model_type"] == family and config["transformers_version"] == made["transformers"]
+    # each step's best logit leads the next by more than f32 noise, so the tokens are not a near-tie's
+    assert min(run["min_top1_margin"] for made in GOLDENS.values() for run in made["runs"]) > 1e-3

@@ -1,0 +1,117 @@
+"""Make the model families' goldens from their definition, Hugging Face transformers (a script, not a test: it needs
+torch and transformers, `pip install -e '.[families]'` (here: `pip install torch==2.13.0 transformers`, the CPU
+build of torch on this machine's disk); the suite reads what it wrote and needs neither).
+
+    python3 tools/family_goldens.py [--out test/unit/families]
+
+For each family, a tiny model of random weights made by transformers' own config and model classes (seeded), saved
+by `save_pretrained` as a folder (`config.json` and `model.safetensors`, float32), and the greedy continuation of
+fixed prompts as transformers computes it (eager attention, float32, the argmax of each step's logits), with the
+margin between the best and the second-best logit at each step (a near-tie would make a token test flaky, so the
+weights are drawn wider than the library's default initialisation). All of it goes to `goldens.json` beside the
+folders, with the versions that computed it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+PROMPTS = [[1, 17, 42, 200, 5], [3, 3, 9]]
+NEW_TOKENS = 12
+
+# Sizes shared by every family's tiny model: GQA (2 KV heads) so it splits over 2 chips; widths the lanes take.
+TINY = {
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "initializer_range": 0.25,  # wider than the default 0.02: well-separated logits, no near-ties
+}
+
+# family name -> (transformers config class, model class, its own settings beyond TINY)
+FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "phi3": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        {
+            "original_max_position_embeddings": 128,
+            "sliding_window": None,  # Phi-3-mini-4k's is 2047: windows are not said in LOGOS yet, so refused
+            "rope_scaling": None,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "pad_token_id": 0,
+        },
+    ),
+}
+
+
+def greedy(model: Any, prompt: list[int], new: int) -> tuple[list[int], float]:
+    """The greedy continuation by whole-sequence forward passes (no cache), and the smallest top-1 margin."""
+    import torch
+
+    ids, margin = list(prompt), float("inf")
+    with torch.no_grad():
+        for _ in range(new):
+            logits = model(torch.tensor([ids])).logits[0, -1].double()
+            top = torch.topk(logits, 2).values
+            margin = min(margin, float(top[0] - top[1]))
+            ids.append(int(torch.argmax(logits)))
+    return ids[len(prompt) :], margin
+
+
+def make(family: str, out: Path) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    config_class, model_class, own = FAMILIES[family]
+    torch.manual_seed(0)
+    config = getattr(transformers, config_class)(**TINY, **own)
+    config._attn_implementation = "eager"
+    model = getattr(transformers, model_class)(config).float().eval()
+    folder = out / family
+    shutil.rmtree(folder, ignore_errors=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    for extra in ("generation_config.json",):  # the sampler's defaults, not the model's: not committed
+        (folder / extra).unlink(missing_ok=True)
+    runs = []
+    for prompt in PROMPTS:
+        tokens, margin = greedy(model, prompt, NEW_TOKENS)
+        runs.append({"prompt": prompt, "tokens": tokens, "min_top1_margin": round(margin, 4)})
+    return {"model_class": model_class, "runs": runs}
+
+
+def main() -> int:
+    import torch
+    import transformers
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "test" / "unit" / "families"))
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    goldens = {
+        "made_by": "tools/family_goldens.py",
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "new_tokens": NEW_TOKENS,
+        "families": {family: make(family, out) for family in FAMILIES},
+    }
+    (out / "goldens.json").write_text(json.dumps(goldens, indent=1) + "\n")
+    for family, made in goldens["families"].items():
+        print(family, [(run["tokens"], run["min_top1_margin"]) for run in made["runs"]])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
