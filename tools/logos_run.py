@@ -781,6 +781,7 @@ def _answer(
 
 
 def _generate(args: argparse.Namespace) -> int:
+    from logos_ir.errors import TokenizerError
     from logos_ir.tokenizer import Tokenizer
 
     if args.interactive and (args.prompt == "-" or args.prompt_file == "-"):
@@ -789,7 +790,13 @@ def _generate(args: argparse.Namespace) -> int:
     with Progress("reading the model"):
         plan = Plan(args)
     plan.loaded_s = time.perf_counter() - started
-    tokenizer = Tokenizer.from_store(plan.store)
+    try:
+        tokenizer = Tokenizer.from_store(plan.store)
+    except TokenizerError as error:
+        if args.prompt_ids is None or args.stop:  # text in or out needs the tokenizer
+            raise
+        print(f"{TOOL}: warning: {error.message}; the answer is given as token ids", file=sys.stderr)
+        tokenizer = None
     model = plan.store.source
     if args.gpu_layers and plan.backend_name != "cuda":
         print(f"{TOOL}: note: -ngl has no effect: the {plan.backend_name} backend runs on the CPU", file=sys.stderr)

@@ -205,3 +205,18 @@ def test_a_cache_longer_than_the_trained_context_is_warned_of(tmp_path: Path) ->
     assert longer.returncode == 0 and within.returncode == 0, longer.stderr + within.stderr
     assert "a cache of 64 positions is longer than the 32 the model was trained on" in longer.stderr
     assert "trained on" not in within.stderr
+
+
+def test_prompt_ids_run_a_gguf_whose_tokenizer_logos_ir_cannot_rebuild(tmp_path: Path) -> None:
+    # a SentencePiece tokenizer (Llama 2, Gemma, Mistral v0.1): text is refused, ids run, the answer as ids
+    path = _gguf(tmp_path, "spm", extra_metadata=[("tokenizer.ggml.model", STRING, "llama")])
+
+    def run(*given: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "logos_ir.tools.logos_run", "--model", str(path), *given, "-n", "3"]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+    ids, text = run("--prompt-ids", "1,2"), run("--prompt", "hello")
+    assert ids.returncode == 0, ids.stderr
+    assert "tokenizer model 'llama' is not supported; the answer is given as token ids" in ids.stderr
+    assert text.returncode not in (0, 70) and "tokenizer model 'llama' is not supported" in text.stderr
+    assert "Traceback" not in ids.stderr + text.stderr
