@@ -30,6 +30,7 @@ logos.program cut "decode ctx=64" chips 1 digest "000000000000000000000000000000
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import ClassVar, cast
@@ -241,15 +242,18 @@ class ModelAttr(ParametrizedAttribute):
     rope_theta: FloatAttr[Float64Type]
     tie_embeddings: BoolAttr
     rope_scaling: RopeScalingAttr | NoneAttr
+    sliding_window: IntegerAttr[I64] | NoneAttr
 
     @staticmethod
     def of(spec: ModelSpec) -> ModelAttr:
         scaling = NoneAttr() if spec.rope_scaling is None else RopeScalingAttr.of(spec.rope_scaling)
+        window = NoneAttr() if spec.sliding_window is None else IntegerAttr(spec.sliding_window, i64)
         return ModelAttr(
             *(IntegerAttr(getattr(spec, key), i64) for key in MODEL_INT_KEYS),
             *(FloatAttr(getattr(spec, key), f64) for key in MODEL_FLOAT_KEYS),
             BoolAttr.from_bool(spec.tie_embeddings),
             scaling,
+            window,
         )
 
     @property
@@ -262,6 +266,7 @@ class ModelAttr(ParametrizedAttribute):
             **{key: getattr(self, key).value.data for key in MODEL_FLOAT_KEYS},
             tie_embeddings=bool(self.tie_embeddings.value.data),
             rope_scaling=scaling.scaling if isinstance(scaling, RopeScalingAttr) else None,
+            sliding_window=self.sliding_window.value.data if isinstance(self.sliding_window, IntegerAttr) else None,
         )
 
     def print_parameters(self, printer: Printer) -> None:
@@ -272,6 +277,8 @@ class ModelAttr(ParametrizedAttribute):
         if isinstance(self.rope_scaling, RopeScalingAttr):
             printer.print_string(", rope_scaling = ")
             printer.print_attribute(self.rope_scaling)
+        if isinstance(self.sliding_window, IntegerAttr):
+            printer.print_string(f", sliding_window = {self.sliding_window.value.data}")
         printer.print_string(">")
 
     @classmethod
@@ -287,11 +294,18 @@ class ModelAttr(ParametrizedAttribute):
             _parse_entry(parser, "tie_embeddings", False)
             values.append(BoolAttr.from_bool(parser.parse_boolean()))
             scaling: Attribute = NoneAttr()
+            window: Attribute = NoneAttr()
             if parser.parse_optional_punctuation(",") is not None:
-                parser.parse_keyword("rope_scaling")
-                parser.parse_punctuation("=")
-                scaling = parser.parse_attribute()
-            values.append(scaling)
+                if parser.parse_optional_keyword("rope_scaling") is not None:
+                    parser.parse_punctuation("=")
+                    scaling = parser.parse_attribute()
+                    if parser.parse_optional_punctuation(",") is not None:
+                        _parse_entry(parser, "sliding_window", True)
+                        window = IntegerAttr(parser.parse_integer(allow_boolean=False), i64)
+                else:
+                    _parse_entry(parser, "sliding_window", True)
+                    window = IntegerAttr(parser.parse_integer(allow_boolean=False), i64)
+            values += [scaling, window]
         return values
 
 
@@ -365,6 +379,10 @@ class ProgramOp(LogosOp):
             raise _fail(self, f"expects a digest of 64 lowercase hex digits, got '{digest}'")
         if self.function("main") is None:
             raise _fail(self, "has no @main section")
+        window = self.model.spec.sliding_window
+        ctx = re.search(r"\bctx=([0-9]+)", self.cut.data)
+        if window is not None and ctx is not None and int(ctx[1]) > window:
+            raise _fail(self, f"holds a cache of {ctx[1]} positions, more than its model's sliding window of {window}")
 
 
 # -- values that enter a function -------------------------------------------------------------------------------

@@ -178,6 +178,7 @@ _SCALING = re.compile(
     rf"The rotary frequencies are scaled as in Llama 3 by {_N}, with low frequency factor {_N}, "
     rf"high frequency factor {_N} and original context {_N}\."
 )
+_WINDOW = re.compile(rf"Attention looks back over a sliding window of {_N} positions?\.")
 _TIES = {"The head reads the embedding table.": True, "The head has its own table.": False}
 _CHIPS = re.compile(rf"The program runs on {_N} chips?\.")
 
@@ -213,6 +214,10 @@ def _read_facts(src: _Source, lines: list[_Line], end: int) -> tuple[ModelSpec, 
     if line is not None and line.text.startswith(INDENT + "The rotary frequencies"):
         scaling = _scaling(src, line)
         line = next(facts, None)
+    window = None
+    if line is not None and line.text.startswith(INDENT + "Attention looks back"):
+        window = _window(src, line)
+        line = next(facts, None)
     if line is None or line.text[len(INDENT) :] not in _TIES:
         where = line or last
         raise src.error(
@@ -239,7 +244,7 @@ def _read_facts(src: _Source, lines: list[_Line], end: int) -> tuple[ModelSpec, 
         rest = next(facts, None)
         if rest is not None:
             raise src.error(rest.number, len(INDENT) + 1, "unknown fact after the chips")
-    spec = _spec(src, lines[0], values, tie, scaling)
+    spec = _spec(src, lines[0], values, tie, scaling, window)
     _check_canonical_facts(src, lines[1:end], spec, chips)
     return spec, chips
 
@@ -307,9 +312,23 @@ def _scaling(src: _Source, line: _Line) -> RopeScaling:
         raise src.error(line.number, len(INDENT) + 1, error.message) from None
 
 
-def _spec(src: _Source, header: _Line, values: dict, tie: bool, scaling: RopeScaling | None) -> ModelSpec:
+def _window(src: _Source, line: _Line) -> int:
+    match = _WINDOW.fullmatch(line.text[len(INDENT) :])
+    if not match:
+        raise src.error(
+            line.number,
+            len(INDENT) + 1,
+            "malformed sliding window fact",
+            "write 'Attention looks back over a sliding window of 4096 positions.'",
+        )
+    return int(_number(src, line, match[1], len(INDENT) + match.start(1) + 1, int))
+
+
+def _spec(
+    src: _Source, header: _Line, values: dict, tie: bool, scaling: RopeScaling | None, window: int | None = None
+) -> ModelSpec:
     try:
-        return ModelSpec(**values, tie_embeddings=tie, rope_scaling=scaling)
+        return ModelSpec(**values, tie_embeddings=tie, rope_scaling=scaling, sliding_window=window)
     except SpecError as error:
         raise src.error(
             header.number + 1, len(INDENT) + 1, f"the model's facts do not make a model: {error.message}"

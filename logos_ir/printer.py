@@ -56,6 +56,8 @@ def fact_lines(spec: ModelSpec, chips: int | None) -> list[str]:
             f"{s.low_freq_factor!r}, high frequency factor {s.high_freq_factor!r} and original context "
             f"{s.original_max_position_embeddings}."
         )
+    if spec.sliding_window is not None:
+        lines.append(f"Attention looks back over a sliding window of {count(spec.sliding_window, 'position')}.")
     lines.append("The head reads the embedding table." if spec.tie_embeddings else "The head has its own table.")
     if chips is not None:
         lines.append(f"The program runs on {count(chips, 'chip')}.")

@@ -59,6 +59,10 @@ class ModelSpec:
     rope_theta: float
     tie_embeddings: bool
     rope_scaling: RopeScaling | None = field(default=None)
+    # Each query attends the last `sliding_window` positions only (Mistral, Phi-3). A program says it as a fact and
+    # computes it exactly where its cache holds no more positions than the window (then the window never bites);
+    # the author refuses a longer cache, which a LOGOS program cannot compute yet.
+    sliding_window: int | None = field(default=None)
 
     def __post_init__(self) -> None:
         for name in ("vocab", "hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate"):
@@ -77,6 +81,9 @@ class ModelSpec:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise SpecError(f"'{name}' must be a positive number, not {value!r}")
+        window = self.sliding_window
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise SpecError(f"'sliding_window' must be a positive integer or absent, not {window!r}")
         if not isinstance(self.tie_embeddings, bool):
             raise SpecError(f"'tie_embeddings' must be true or false, not {self.tie_embeddings!r}")
         # Floats are kept as floats so that printing them is one rule (`repr`) everywhere.
@@ -163,8 +170,10 @@ class ModelSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as plain data (for JSON reports and manifests)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "rope_scaling"}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("rope_scaling", "sliding_window")}
         out["rope_scaling"] = None if self.rope_scaling is None else dict(vars(self.rope_scaling))
+        if self.sliding_window is not None:  # absent for a model without one, as the program's facts leave it out
+            out["sliding_window"] = self.sliding_window
         return out
 
 
@@ -288,6 +297,7 @@ _READ = frozenset(
         "rope_scaling",
         "rope_parameters",
         "tie_word_embeddings",
+        "sliding_window",  # unless use_sliding_window is false (Qwen2's configs carry a window they do not use)
     }
 )
 
@@ -319,6 +329,8 @@ _NEUTRAL = frozenset(
         "original_max_position_embeddings",  # read only by a "longrope" scaling, which is refused
         # an encoder-decoder's settings, false for every causal LM (a decoder-only model reads none of them)
         "is_encoder_decoder", "is_decoder", "add_cross_attention", "cross_attention_hidden_size",
+        # the layers a window applies to, read only where use_sliding_window is true (which is refused)
+        "max_window_layers",
         "tie_encoder_decoder",
     }
 )  # fmt: skip
@@ -330,7 +342,6 @@ _LLAMA_VALUE: dict[str, tuple[Any, ...]] = {
     "mlp_bias": (False,),
     "partial_rotary_factor": (1.0,),
     "rope_interleaved": (False,),
-    "sliding_window": (None,),
     "use_sliding_window": (False,),
     "attn_logit_softcapping": (None,),
     "final_logit_softcapping": (None,),
@@ -408,7 +419,18 @@ def _spec_from_config(config: Mapping[str, Any], where: str) -> ModelSpec:
         rope_theta=theta,
         tie_embeddings=bool(_field(config, where, "tie_word_embeddings", bool, default=False)),
         rope_scaling=scaling,
+        sliding_window=_window(config, where),
     )
+
+
+def _window(config: Mapping[str, Any], where: str) -> int | None:
+    """The attention's sliding window, or None: absent, null, or not used (`use_sliding_window: false`)."""
+    if config.get("use_sliding_window", True) is False or config.get("sliding_window") is None:
+        return None
+    window = config["sliding_window"]
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise SpecError(f"{where}: field 'sliding_window' must be a positive integer or null, not {window!r}")
+    return window
 
 
 _LLAMA3_SCALING = RopeScaling(

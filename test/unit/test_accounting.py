@@ -9,15 +9,26 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
+from xdsl.context import Context
+from xdsl.dialects import builtin, func, shard
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.parser import Parser
+from xdsl.utils.exceptions import VerifyException
 
-from logos_ir.errors import SpecError, WeightError
+from logos_ir.author import write
+from logos_ir.dialects.logos import LOGOS
+from logos_ir.errors import NotYet, SpecError, WeightError
+from logos_ir.parser import parse_program
+from logos_ir.printer import print_program
+from logos_ir.program import Cut
 from logos_ir.spec import ModelSpec
-from logos_ir.testing import F32, STRING, U32, model_gguf, small_spec, write_model_folder
+from logos_ir.testing import F32, STRING, U32, mlir_text, model_gguf, small_spec, write_model_folder
 from logos_ir.weights import hf_config, open_model
 
 
@@ -49,7 +60,7 @@ def _bias(size: int) -> np.ndarray:
         ({"hidden_act": "gelu"}, {}, "config key 'hidden_act' is \"gelu\""),
         ({"hidden_act": "gelu_pytorch_tanh"}, {}, "config key 'hidden_act' is \"gelu_pytorch_tanh\""),
         ({"partial_rotary_factor": 0.5}, {}, "config key 'partial_rotary_factor' is 0.5"),
-        ({"model_type": "mistral", "sliding_window": 2}, {}, "config key 'sliding_window' is 2"),
+        ({"use_sliding_window": True, "sliding_window": 2}, {}, "config key 'use_sliding_window' is true"),
         (
             {"rope_parameters": {"rope_theta": 1e4, "rope_type": "default", "partial_rotary_factor": 0.5}},
             {},
@@ -220,3 +231,44 @@ def test_prompt_ids_run_a_gguf_whose_tokenizer_logos_ir_cannot_rebuild(tmp_path:
     assert "tokenizer model 'llama' is not supported; the answer is given as token ids" in ids.stderr
     assert text.returncode not in (0, 70) and "tokenizer model 'llama' is not supported" in text.stderr
     assert "Traceback" not in ids.stderr + text.stderr
+
+
+def test_a_sliding_window_is_said_and_a_cache_longer_than_it_refused(tmp_path: Path) -> None:
+    # Mistral's window: every program of the model says it, and computes it exactly while the cache fits in it
+    folder = _folder(tmp_path, {"model_type": "mistral", "sliding_window": 2})
+    spec = open_model(str(folder)).spec
+    assert spec.sliding_window == 2
+    assert "Attention looks back over a sliding window of 2 positions." in write(spec, Cut.decode(2)).text
+    with pytest.raises(NotYet, match="a cache of 64 positions for a model whose attention slides over a window of 2"):
+        write(spec, Cut.decode(64))
+    done = subprocess.run(
+        [sys.executable, "-m", "logos_ir.tools.logos_run", "--model", str(folder), "--prompt-ids", "1,2", "-n", "4"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode not in (0, 70) and "slides over a window of 2" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    # a window the config says it does not use (Qwen2's files carry one) is no window
+    unused = {"sliding_window": 4, "use_sliding_window": False, "max_window_layers": 1}
+    assert open_model(str(_folder(tmp_path / "unused", unused))).spec.sliding_window is None
+
+
+def test_the_window_fact_round_trips_and_the_verifier_holds_the_cache_to_it() -> None:
+    spec = replace(small_spec(), sliding_window=64)
+    text = write(spec, Cut.decode(64)).text
+    assert print_program(parse_program(text)) == text
+    module = mlir_text(text)
+    assert "sliding_window = 64>" in module
+    narrowed = module.replace("sliding_window = 64>", "sliding_window = 32>")
+    with pytest.raises(
+        VerifyException, match="holds a cache of 64 positions, more than its model's sliding window of 32"
+    ):
+        _parse_mlir(narrowed).verify()
+
+
+def _parse_mlir(text: str) -> ModuleOp:
+    context = Context()
+    for dialect in (builtin.Builtin, func.Func, shard.Shard, LOGOS):
+        context.load_dialect(dialect)
+    return Parser(context, text).parse_module()
