@@ -33,7 +33,9 @@ def test_the_reference_gives_transformers_tokens(family: str, prompt: list[int],
     assert lane.generate(prompt, len(tokens)) == tokens
 
 
-@pytest.mark.parametrize("family", sorted(GOLDENS))
+# Llama itself is left out here: its lanes are held to the reference by each lane's own tests, and the reference to
+# transformers above; a family is here for what it changes below the program (a checkpoint's layout, a window).
+@pytest.mark.parametrize("family", sorted(set(GOLDENS) - {"llama"}))
 @pytest.mark.parametrize(
     ("backend", "emulate"),
     [("cuda", True), ("d5005", False), ("spatial", False)],
