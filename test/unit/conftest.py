@@ -1,8 +1,7 @@
 """The suite's one piece of set-up: under pytest-xdist (the default, `-n auto` in pyproject.toml, at most 4 workers),
-`auto` is one worker more than the cores (many tests wait on a tool, nvcc or mpiexec they start, and the spare
-worker takes the core meanwhile), and each worker and every process a test starts keeps BLAS to one thread, so
-that the workers do not each start a BLAS thread a core and spin against one another. `python3 -m pytest -n 0`
-runs the suite in one process, with BLAS's own default."""
+each worker and every process a test starts keeps BLAS to one thread, so that N workers on N cores do not each
+start N BLAS threads and spin against one another. `python3 -m pytest -n 0` runs the suite in one process,
+with BLAS's own default."""
 
 from __future__ import annotations
 
@@ -19,8 +18,3 @@ def pytest_configure(config: pytest.Config) -> None:
     if workers and not os.environ.get("PYTEST_XDIST_WORKER"):  # the controller, before it starts the workers
         for name in _BLAS_THREADS:
             os.environ.setdefault(name, "1")
-
-
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return cores + 1
