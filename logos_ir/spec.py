@@ -162,11 +162,12 @@ class ModelSpec:
             ) from None
 
     @staticmethod
-    def from_hf_config(source: str | Path | Mapping[str, Any]) -> ModelSpec:
+    def from_hf_config(source: str | Path | Mapping[str, Any], where: str | None = None) -> ModelSpec:
         """The spec of a Hugging Face `config.json` of the Llama family: a path to the file or to its folder, or the
-        parsed mapping. Reads rope settings both at the top level and under `rope_parameters`."""
-        config, where = _load_config(source)
-        return _spec_from_config(config, where)
+        parsed mapping (`where` names its file in messages). Reads rope settings both at the top level and under
+        `rope_parameters`."""
+        config, read_from = read_config(source)
+        return _spec_from_config(config, where or read_from)
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as plain data (for JSON reports and manifests)."""
@@ -177,7 +178,8 @@ class ModelSpec:
         return out
 
 
-def _load_config(source: str | Path | Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
+def read_config(source: str | Path | Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
+    """A `config.json` (a folder, a file, or an already parsed mapping) as a mapping, with where it came from."""
     if isinstance(source, Mapping):
         return source, "config"
     path = Path(source)

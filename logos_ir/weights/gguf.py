@@ -407,8 +407,9 @@ class GGUFStore(WeightStore):
                 )
         shapes = {hf: self.file.tensors[g].shape for hf, g in self._gguf_names.items()}
         check_expected(self.spec, shapes, self.source)
+        read = {*self._gguf_names.values(), "rope_freqs.weight"}
         for gname in sorted(self.file.tensors):  # a bias, an expert, a norm llama.cpp applies and HF names lack
-            if gname not in self._gguf_names.values() and gname != "rope_freqs.weight":
+            if gname not in read:
                 raise WeightError(
                     f"{self.source}: tensor '{gname}' is not read by the model's program",
                     hint="llama.cpp would apply it; logos-ir refuses a model it would compute without it",

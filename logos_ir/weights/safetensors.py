@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from logos_ir.errors import WeightError
-from logos_ir.spec import ModelSpec
+from logos_ir.spec import ModelSpec, read_config
 from logos_ir.weights.hub import link_root
 from logos_ir.weights.manifest import fused_parts
 from logos_ir.weights.store import MAX_DIMENSION, WeightStore, check_expected, check_unread, is_int, shape_text
@@ -168,10 +168,10 @@ class SafetensorsStore(WeightStore):
         directory = Path(directory)
         if not directory.is_dir():
             raise WeightError(f"{directory}: no such folder")
-        spec = ModelSpec.from_hf_config(directory)
+        config, where = read_config(directory)  # read once: the spec, the family's manifest, the trained context
+        spec = ModelSpec.from_hf_config(config, where)
         super().__init__(spec, str(directory))
         self.directory = directory
-        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
         self._entries = _unfused(_safetensors_entries(directory), str(config.get("model_type")), spec)
         check_expected(
             spec,
