@@ -37,8 +37,11 @@ def _arguments() -> argparse.ArgumentParser:
 
 def load_spec(model: str | None):
     """The sizes of the model `--model` names (its headers only: no weight is read)."""
-    from logos_ir.models import ModelSource
     from logos_ir.spec import ModelSpec
+
+    if model in ModelSpec.presets():  # a preset's sizes are the spec module's own (no weight reader is loaded)
+        return ModelSpec.preset(model)
+    from logos_ir.models import ModelSource
 
     if model is not None:
         path = Path(model)

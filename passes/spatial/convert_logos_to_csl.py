@@ -21,6 +21,7 @@ patterns, not one of them.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -262,9 +263,13 @@ def lower_module(
     if copies is not None:
         choices = [copies]
 
+    lowerings: dict[tuple[int, int], tuple[GridProgram, int]] = {}
+
     def lowered_at(size: int, c: int) -> tuple[GridProgram, int]:
-        program = lower_parts(parts, g.GridPlan.of(spec, ctx, image, size, c))
-        return program, memory_use(program)["total"]
+        if (size, c) not in lowerings:  # a lowering is the search's cost: each grid is lowered once
+            program = lower_parts(parts, g.GridPlan.of(spec, ctx, image, size, c))
+            lowerings[size, c] = program, memory_use(program)["total"]
+        return lowerings[size, c]
 
     if p:
         if p < 2:
@@ -285,9 +290,9 @@ def lower_module(
         lowered, needed = lowered_at(largest, c)
         if needed > memory:
             continue
-        low, high = 1, largest  # the smallest P that fits (an element's bytes fall as P grows)
-        while high - low > 1:
-            middle = (low + high) // 2
+        low, high = 1, largest  # the smallest P that fits: an element's bytes fall as P grows, about as 1 / P^2
+        while high - low > 1:  # so the search halves the range of log P (a small model is found in few lowerings)
+            middle = min(max(math.isqrt(low * high), low + 1), high - 1)
             if lowered_at(middle, c)[1] <= memory:
                 high = middle
             else:
