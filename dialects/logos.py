@@ -46,6 +46,7 @@ from xdsl.dialects.builtin import (
     IntegerAttr,
     IntegerType,
     MemRefType,
+    ModuleOp,
     NoneAttr,
     StringAttr,
     TensorType,
@@ -314,20 +315,26 @@ class ProgramOp(LogosOp):
     """One LOGOS program: one cut of one model, with the identity of the text it was written as.
 
     `cut` is the cut's option form (`decode ctx=64`), `chips` the number of chips it is split over (1 when it is
-    not), `digest` the SHA-256 (64 hex digits) of its LOGOS text, `model` the spec. The body holds the program's
-    `func.func` sections and, when split, its `shard.grid`.
+    not), `digest` the SHA-256 (64 hex digits) of its LOGOS text, `model` the spec. The body holds one
+    `builtin.module`, the program's symbol table, which holds its `func.func` sections and, when split, its
+    `shard.grid` (`block` is that module's block). The module makes the sections' calls resolve by upstream MLIR's
+    symbol rules too: upstream knows no `logos` op, so it takes none for a symbol table (an unregistered op of one
+    region may be one it cannot see into: `SymbolTable::getNearestSymbolTable` stops there), and a `func.call`
+    finds its callee in the nearest enclosing module, as in a `gpu.module`.
 
     ```mlir
     logos.program cut "decode_embed" chips 1 digest "0000000000000000000000000000000000000000000000000000000000000000"
         model <vocab = 256, hidden = 64, layers = 2, heads = 4, kv_heads = 2, head_dim = 16, intermediate = 128,
                rms_eps = 1.0e-05, rope_theta = 10000.0, tie_embeddings = false> {
-      func.func @main() -> tensor<1x64xf32> {
-        %token = logos.input "token" values [1] : tensor<1xi64>
-        %x0 = func.call @embedding(%token) : (tensor<1xi64>) -> tensor<1x64xf32>
-        func.return %x0 : tensor<1x64xf32>
-      }
-      func.func @embedding(%token : tensor<1xi64>) -> tensor<1x64xf32> {
-        ...
+      builtin.module {
+        func.func @main() -> tensor<1x64xf32> {
+          %token = logos.input "token" values [1] : tensor<1xi64>
+          %x0 = func.call @embedding(%token) : (tensor<1xi64>) -> tensor<1x64xf32>
+          func.return %x0 : tensor<1x64xf32>
+        }
+        func.func @embedding(%token : tensor<1xi64>) -> tensor<1x64xf32> {
+          ...
+        }
       }
     }
     ```
@@ -339,30 +346,37 @@ class ProgramOp(LogosOp):
     chips = prop_def(IntegerAttr[I64])
     digest = prop_def(StringAttr)
     model = prop_def(ModelAttr)
-    body = region_def("single_block")
+    body = region_def("single_block")  # one builtin.module: the program's symbol table
 
-    traits = traits_def(NoTerminator(), SymbolTable(), IsolatedFromAbove())
+    traits = traits_def(NoTerminator(), IsolatedFromAbove())
 
     assembly_format = "`cut` $cut `chips` $chips `digest` $digest `model` $model $body attr-dict"
 
-    def __init__(self, cut: str, chips: int, digest: str, spec: ModelSpec, body: Region | None = None):
-        super().__init__(
-            properties={
-                "cut": StringAttr(cut),
-                "chips": IntegerAttr(chips, i64),
-                "digest": StringAttr(digest),
-                "model": ModelAttr.of(spec),
-            },
-            regions=[body if body is not None else Region(Block())],
-        )
+    def __init__(self, cut: str, chips: int, digest: str, spec: ModelSpec, contents: Sequence[Operation] = ()):
+        properties: dict[str, Attribute] = {"cut": StringAttr(cut), "chips": IntegerAttr(chips, i64)}
+        properties |= {"digest": StringAttr(digest), "model": ModelAttr.of(spec)}
+        super().__init__(properties=properties, regions=[program_body(contents)])
 
     @property
     def spec(self) -> ModelSpec:
         return self.model.spec
 
+    @property
+    def module(self) -> ModuleOp:
+        """The module the body holds: the program's symbol table."""
+        module = self.body.block.first_op
+        if not isinstance(module, ModuleOp) or module.next_op is not None:
+            raise _fail(self, "expects its body to hold one builtin.module, the program's sections and chip grid")
+        return module
+
+    @property
+    def block(self) -> Block:
+        """The program's sections (and, when split, its `shard.grid`), in order: the block of its module."""
+        return self.module.body.block
+
     def function(self, name: str) -> func.FuncOp | None:
         """The section `@name` of this program, or None."""
-        for op in self.body.block.ops:
+        for op in self.block.ops:
             if isinstance(op, func.FuncOp) and op.sym_name.data == name:
                 return op
         return None
@@ -377,12 +391,20 @@ class ProgramOp(LogosOp):
         digest = self.digest.data
         if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
             raise _fail(self, f"expects a digest of 64 lowercase hex digits, got '{digest}'")
-        if self.function("main") is None:
+        if self.function("main") is None:  # (`function` reads the module: a body of no module is refused there)
             raise _fail(self, "has no @main section")
         window = self.model.spec.sliding_window
         ctx = re.search(r"\bctx=([0-9]+)", self.cut.data)
         if window is not None and ctx is not None and int(ctx[1]) > window:
             raise _fail(self, f"holds a cache of {ctx[1]} positions, more than its model's sliding window of {window}")
+
+
+def program_body(contents: Sequence[Operation]) -> Region:
+    """A `logos.program`'s body: one module holding `contents` (its sections and chip grid), detached first."""
+    for op in contents:
+        if op.parent is not None:
+            op.detach()
+    return Region(Block([ModuleOp(list(contents))]))
 
 
 # -- values that enter a function -------------------------------------------------------------------------------

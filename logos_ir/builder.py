@@ -271,20 +271,7 @@ def program(
     digest: str = "",
 ) -> logos.ProgramOp:
     """A `logos.program` of `sections` (and a chip grid when `split`); `digest` may be filled in later."""
-    body = Block()
-    if split:
-        body.add_op(grid_op(chips))
-    for section in sections:
-        body.add_op(section)
-    return logos.ProgramOp.create(
-        properties={
-            "cut": StringAttr(cut),
-            "chips": IntegerAttr(chips, i64),
-            "digest": StringAttr(digest or "0" * 64),
-            "model": logos.ModelAttr.of(spec),
-        },
-        regions=[Region(body)],
-    )
+    return logos.ProgramOp(cut, chips, digest or "0" * 64, spec, ([grid_op(chips)] if split else []) + list(sections))
 
 
 def set_digest(program_op: logos.ProgramOp, digest: str) -> None:

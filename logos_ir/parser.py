@@ -488,6 +488,8 @@ class _Reader:
                 function = scope.return_(line)
                 self._locate(scope.build.block.ops, last, line.number, len(INDENT) + 1)
                 function.location = self.src.location(section.header.number, 1)
+                for arg in function.body.block.args:  # a section's parameters are named in its header
+                    arg.location = function.location
                 return function
             scope.statement(line)
             self._locate(scope.build.block.ops, last, line.number, len(INDENT) + 1)

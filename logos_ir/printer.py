@@ -81,12 +81,12 @@ class _Names:
 def print_program(program: logos.ProgramOp) -> str:
     """The LOGOS text of a `logos.program`."""
     cut = Cut.parse(program.cut.data)
-    grid = any(isinstance(op, GridOp) for op in program.body.block.ops)
+    grid = any(isinstance(op, GridOp) for op in program.block.ops)
     chips = program.chips.value.data if grid else None
     lines = [f"## Program: {cut}"]
     lines += [INDENT + line for line in fact_lines(program.spec, chips)]
     names = _Names()
-    for op in program.body.block.ops:
+    for op in program.block.ops:
         if isinstance(op, func.FuncOp):
             lines.append("")
             lines += _section(op, names)

@@ -29,7 +29,7 @@ from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import FunctionType, ModuleOp
 from xdsl.dialects.shard import GridOp
-from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import VerifyException
 
@@ -129,7 +129,7 @@ def _not_part_because(program: logos.ProgramOp, have: Cut, wanted: Cut) -> tuple
 
 def _check_split(program: logos.ProgramOp, have: Cut, wanted: Cut) -> None:
     """Refuse a part of a split program that the author does not write split (all but a layer)."""
-    if wanted.kind in Cut.SPLITTABLE or not any(isinstance(op, GridOp) for op in program.body.block.ops):
+    if wanted.kind in Cut.SPLITTABLE or not any(isinstance(op, GridOp) for op in program.block.ops):
         return
     chips = program.chips.value.data
     raise PassError(
@@ -168,7 +168,7 @@ class _Extraction:
     def build(self) -> logos.ProgramOp:
         sections: dict[str, func.FuncOp] = {}
         top: list[Operation] = []
-        for op in self.program.body.block.ops:
+        for op in self.program.block.ops:
             if isinstance(op, func.FuncOp):
                 sections[op.sym_name.data] = op
             elif not isinstance(op, GridOp):
@@ -189,7 +189,7 @@ class _Extraction:
         return logos.ProgramOp.create(
             properties=self.program.properties.copy(),
             attributes=self.program.attributes.copy(),
-            regions=[Region(Block(ops))],
+            regions=[logos.program_body(ops)],
         )
 
     def _main(self, main: func.FuncOp) -> func.FuncOp:

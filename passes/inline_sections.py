@@ -34,10 +34,11 @@ PASS = "inline-sections"
 def _program_of(call: func.CallOp) -> logos.ProgramOp | None:
     """The program whose `@main` holds `call`, or None when the call is elsewhere."""
     caller = call.parent_op()
-    program = caller.parent_op() if caller is not None else None
+    module = caller.parent_op() if caller is not None else None
+    program = module.parent_op() if module is not None else None
     if not isinstance(caller, func.FuncOp) or caller.sym_name.data != "main":
         return None
-    return program if isinstance(program, logos.ProgramOp) else None
+    return program if isinstance(program, logos.ProgramOp) and program.module is module else None
 
 
 class InlineSectionCall(RewritePattern):
@@ -69,9 +70,9 @@ def _check_calls(program: logos.ProgramOp) -> None:
 
 def _erase_uncalled_sections(program: logos.ProgramOp) -> None:
     called = {op.callee.root_reference.data for op in program.walk() if isinstance(op, func.CallOp)}
-    for op in list(program.body.block.ops):
+    for op in list(program.block.ops):
         if isinstance(op, func.FuncOp) and op.sym_name.data != "main" and op.sym_name.data not in called:
-            program.body.block.erase_op(op)
+            program.block.erase_op(op)
 
 
 @dataclass(frozen=True)

@@ -124,7 +124,7 @@ def _plan(program: logos.ProgramOp, tp: int) -> _Plan:
     except LogosError as error:
         raise PassError(f"{PASS}: {where} has no LOGOS print: {error.message}") from None
     plan = _Plan(cut, tp)
-    for function in program.body.block.ops:
+    for function in program.block.ops:
         if isinstance(function, func.FuncOp):
             _plan_function(plan, spec, function)
     return plan
@@ -295,7 +295,7 @@ def _rewrite(program: logos.ProgramOp, plan: _Plan) -> None:
         part.replace_uses_with_if(whole, lambda use, gather=gather: use.operation is not gather)
         part.name_hint = None if name is None else f"{name}_part"
         whole.name_hint = name
-    block = program.body.block
+    block = program.block
     grid = builder.grid_op(plan.tp)
     if block.first_op is None:
         block.add_op(grid)
@@ -326,7 +326,7 @@ def communication_report(program: logos.ProgramOp) -> dict[str, object]:
     count = 0
     gathers = gathered = 0  # the split head's logits: each chip receives the whole row
     layers = 0
-    for function in program.body.block.ops:
+    for function in program.block.ops:
         if not isinstance(function, func.FuncOp):
             continue
         sym = function.sym_name.data

@@ -22,8 +22,8 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import IO
 
-from xdsl.dialects.builtin import FileLineColLoc, IntAttr, ModuleOp, StringAttr, UnknownLoc
-from xdsl.ir import AttributeInvT, Operation, SSAValue
+from xdsl.dialects.builtin import FileLineColLoc, IntAttr, ModuleOp, NameLoc, StringAttr, UnknownLoc
+from xdsl.ir import Attribute, AttributeInvT, Operation, SSAValue
 from xdsl.parser import Parser, UnresolvedOperand
 from xdsl.passes import ModulePass
 from xdsl.printer import Printer
@@ -234,6 +234,8 @@ class LogosOptMain(xDSLOptMain):
         return super().parse_chunk(chunk, file_extension, start_offset)
 
     def output_resulting_program(self, prog: ModuleOp) -> str:
+        if self.args.print_debuginfo and self.args.target.split("{")[0] == "mlir":
+            names_as_locations(prog)
         try:
             return super().output_resulting_program(prog)
         except (LogosError, DiagnosticException):
@@ -417,15 +419,42 @@ def _read_all(chunk: IO[bytes]) -> bytes:
         chunk.close()
 
 
+def names_as_locations(module: ModuleOp) -> None:
+    """Each named value's name carried in its location, as MLIR's `NameLoc` (`loc("normed"("f.logos":26:5))`): the
+    debug info a printed module takes upstream, where SSA names are not kept but `--mlir-use-nameloc-as-prefix`
+    prints each value under its location's name. The values are an op's one result and a block's arguments; a
+    location that already names its value is left as it is."""
+    for op in module.walk():
+        if len(op.results) == 1:
+            op.location = _named(op.results[0], op.location)
+        for region in op.regions:
+            for block in region.blocks:
+                for arg in block.args:
+                    arg.location = _named(arg, arg.location)
+
+
+def _named(value: SSAValue, location: Attribute) -> Attribute:
+    if value.name_hint is None or isinstance(location, NameLoc):
+        return location
+    return NameLoc(StringAttr(value.name_hint), location)
+
+
+def _file_location(location: Attribute) -> FileLineColLoc | None:
+    """The `file:line:col` a location names, through the names (`NameLoc`) that wrap it."""
+    while isinstance(location, NameLoc):
+        location = location.location
+    return location if isinstance(location, FileLineColLoc) else None
+
+
 def verify_located(module: ModuleOp) -> None:
     """Verify `module`; a failing op with a location is named at its `file:line:col`, as mlir-opt does."""
     try:
         module.verify()
     except VerifyException as error:
         op = next((op for op in _post_order(module) if _fails(op)), None)
-        if op is None or not isinstance(op.location, FileLineColLoc):
+        loc = None if op is None else _file_location(op.location)
+        if loc is None:
             raise
-        loc = op.location
         located = VerifyException(f"{loc.filename.data}:{loc.line.data}:{loc.column.data}: error: {error}")
         for note in getattr(error, "__notes__", ()):
             located.add_note(note)

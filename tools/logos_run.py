@@ -532,7 +532,7 @@ class Plan:
         if args.emulate or args.aocx is not None:
             raise LogosError(f"{path}: a LOGOS program runs on the reference interpreter: no --emulate or --aocx")
         source = ModelSource.resolve(args.model, seed=args.model_seed)
-        split = any(op.name == "shard.grid" for op in program.body.block.ops)  # "The program runs on N chips."
+        split = any(op.name == "shard.grid" for op in program.block.ops)  # "The program runs on N chips."
         if split:
             _, theirs = written_split(source.spec, cut, "", chips)
         else:

@@ -438,7 +438,7 @@ def _communication(nodes: Sequence[_Node], chips: int) -> Communication:
 
 def grid_chips(program: logos.ProgramOp) -> int:
     chips = 1
-    for op in program.body.block.ops:
+    for op in program.block.ops:
         if isinstance(op, GridOp):
             shape = logos.int_values(op.shape)
             if len(shape) != 1:

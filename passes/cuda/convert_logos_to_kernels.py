@@ -549,7 +549,7 @@ class ConvertLogosToCudaKernels(ModulePass):
         assert main is not None
         _check_main(main)
         work = cast(logos.ProgramOp, program.clone())  # rewritten apart: a refusal leaves the module as it was
-        grids = [g for g in work.body.block.ops if isinstance(g, GridOp)]
+        grids = [g for g in work.block.ops if isinstance(g, GridOp)]
         element = BFloat16Type() if self.weights == "bf16" else Float32Type()
         lowering = _Lowering(work.spec, element, grids[-1] if grids else None)
         patterns = GreedyRewritePatternApplier([pattern(lowering) for pattern in PATTERNS])

@@ -66,7 +66,7 @@ def _function(name: str, program: Program, comment: str, args: Sequence[Any] = (
 
 def _section(program: logos.ProgramOp) -> func.FuncOp:
     """The one section of a part (its function besides @main)."""
-    functions = [op for op in program.body.block.ops if isinstance(op, func.FuncOp) and op.sym_name.data != "main"]
+    functions = [op for op in program.block.ops if isinstance(op, func.FuncOp) and op.sym_name.data != "main"]
     if len(functions) != 1:
         raise PassError(f"{PASS}: a part holds one function besides main, found {len(functions)}")
     return functions[0]

@@ -149,7 +149,7 @@ def test_the_extracted_program_passes_verify_identity_and_reparses() -> None:
 def test_main_is_rewritten_with_its_function_type() -> None:
     whole = whole_module("tiny", "batch rows=3 ctx=64").clone()
     program = extract(whole, "batch_layer layer=1 rows=3 ctx=64")
-    sections = [op.sym_name.data for op in program.body.block.ops if isinstance(op, func.FuncOp)]
+    sections = [op.sym_name.data for op in program.block.ops if isinstance(op, func.FuncOp)]
     assert sections == ["main", "layer_1"]
     main = program.function("main")
     assert main is not None
@@ -284,7 +284,7 @@ def test_refuses_a_program_missing_the_section_and_changes_nothing() -> None:
     program = identity.the_program(module, "test")
     layer = program.function("layer_1")
     assert layer is not None
-    program.body.block.erase_op(layer)
+    program.block.erase_op(layer)
     reference = module.clone()
     error = refused(module, "decode_layer layer=1 ctx=64")
     assert error.message.startswith("cut-extract: cannot extract the decode step's layer 1, ctx 64")

@@ -98,7 +98,7 @@ def test_split_is_the_authors(model: str, cut: Cut) -> None:
 def test_split_ir_shapes() -> None:
     """The shares and the all-reduces, read off the IR (tiny-tp8 over 4 chips: 4 query heads, 2 KV heads)."""
     program = only(split(_unsplit("tiny-tp8", Cut.decode(64)), 4))
-    first = program.body.block.first_op
+    first = program.block.first_op
     assert first is not None and first.name == "shard.grid"
     layer = program.function("layer_0")
     assert layer is not None
@@ -251,7 +251,7 @@ def test_a_tied_head_splits_its_own_use_of_the_table() -> None:
     program = only(split(parse_program(written(spec, Cut.decode(16))[0].text), 2))
     shapes = {
         (function.sym_name.data, op.tensor.data): (logos.tensor_shape(op.result), op.split)
-        for function in program.body.block.ops
+        for function in program.block.ops
         if isinstance(function, func.FuncOp)
         for op in function.body.block.ops
         if isinstance(op, logos.WeightOp)

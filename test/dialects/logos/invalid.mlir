@@ -92,21 +92,34 @@ logos.cache_write %x, %c, %p : tensor<1x32xf32>, memref<2x8x8xf32>, tensor<1xi64
 // -----
 // CHECK: 'logos.program' op expects a digest of 64 lowercase hex digits, got 'abc'
 logos.program cut "decode ctx=64" chips 1 digest "abc" model <vocab = 256, hidden = 64, layers = 2, heads = 4, kv_heads = 2, head_dim = 16, intermediate = 128, rms_eps = 1.0e-05, rope_theta = 10000.0, tie_embeddings = false> {
-  func.func @main() {
-    func.return
+  builtin.module {
+    func.func @main() {
+      func.return
+    }
   }
 }
 // -----
 // CHECK: 'logos.program' op has a model attribute that is not a valid spec: heads (3) must be a multiple of kv_heads (2) for grouped-query attention
 logos.program cut "decode ctx=64" chips 1 digest "0000000000000000000000000000000000000000000000000000000000000000" model <vocab = 256, hidden = 64, layers = 2, heads = 3, kv_heads = 2, head_dim = 16, intermediate = 128, rms_eps = 1.0e-05, rope_theta = 10000.0, tie_embeddings = false> {
-  func.func @main() {
-    func.return
+  builtin.module {
+    func.func @main() {
+      func.return
+    }
   }
 }
 // -----
 // CHECK: 'logos.program' op has no @main section
 logos.program cut "decode ctx=64" chips 1 digest "0000000000000000000000000000000000000000000000000000000000000000" model <vocab = 256, hidden = 64, layers = 2, heads = 4, kv_heads = 2, head_dim = 16, intermediate = 128, rms_eps = 1.0e-05, rope_theta = 10000.0, tie_embeddings = false> {
-  func.func @other() {
+  builtin.module {
+    func.func @other() {
+      func.return
+    }
+  }
+}
+// -----
+// CHECK: 'logos.program' op expects its body to hold one builtin.module, the program's sections and chip grid
+logos.program cut "decode ctx=64" chips 1 digest "0000000000000000000000000000000000000000000000000000000000000000" model <vocab = 256, hidden = 64, layers = 2, heads = 4, kv_heads = 2, head_dim = 16, intermediate = 128, rms_eps = 1.0e-05, rope_theta = 10000.0, tie_embeddings = false> {
+  func.func @main() {
     func.return
   }
 }
