@@ -38,6 +38,7 @@ from typing import ClassVar, cast
 from xdsl.dialects import func
 from xdsl.dialects.builtin import (
     I64,
+    ArrayAttr,
     BoolAttr,
     DenseArrayBase,
     FlatSymbolRefAttr,
@@ -244,6 +245,7 @@ class ModelAttr(ParametrizedAttribute):
     tie_embeddings: BoolAttr
     rope_scaling: RopeScalingAttr | NoneAttr
     sliding_window: IntegerAttr[I64] | NoneAttr
+    biases: ArrayAttr[StringAttr]  # the projections that add a bias (empty: none, and not printed)
 
     @staticmethod
     def of(spec: ModelSpec) -> ModelAttr:
@@ -255,6 +257,7 @@ class ModelAttr(ParametrizedAttribute):
             BoolAttr.from_bool(spec.tie_embeddings),
             scaling,
             window,
+            ArrayAttr([StringAttr(p) for p in spec.biases]),
         )
 
     @property
@@ -268,6 +271,7 @@ class ModelAttr(ParametrizedAttribute):
             tie_embeddings=bool(self.tie_embeddings.value.data),
             rope_scaling=scaling.scaling if isinstance(scaling, RopeScalingAttr) else None,
             sliding_window=self.sliding_window.value.data if isinstance(self.sliding_window, IntegerAttr) else None,
+            biases=tuple(p.data for p in self.biases.data),
         )
 
     def print_parameters(self, printer: Printer) -> None:
@@ -280,6 +284,9 @@ class ModelAttr(ParametrizedAttribute):
             printer.print_attribute(self.rope_scaling)
         if isinstance(self.sliding_window, IntegerAttr):
             printer.print_string(f", sliding_window = {self.sliding_window.value.data}")
+        if self.biases.data:
+            printer.print_string(", biases = ")
+            printer.print_attribute(self.biases)
         printer.print_string(">")
 
     @classmethod
@@ -294,19 +301,20 @@ class ModelAttr(ParametrizedAttribute):
                 values.append(_parse_float(parser))
             _parse_entry(parser, "tie_embeddings", False)
             values.append(BoolAttr.from_bool(parser.parse_boolean()))
-            scaling: Attribute = NoneAttr()
-            window: Attribute = NoneAttr()
-            if parser.parse_optional_punctuation(",") is not None:
-                if parser.parse_optional_keyword("rope_scaling") is not None:
-                    parser.parse_punctuation("=")
-                    scaling = parser.parse_attribute()
-                    if parser.parse_optional_punctuation(",") is not None:
-                        _parse_entry(parser, "sliding_window", True)
-                        window = IntegerAttr(parser.parse_integer(allow_boolean=False), i64)
+            optional: dict[str, Attribute] = {"rope_scaling": NoneAttr(), "sliding_window": NoneAttr()}
+            optional["biases"] = ArrayAttr([])
+            keys = list(optional)  # each at most once, in this order
+            while parser.parse_optional_punctuation(",") is not None:
+                key = next((k for k in keys if parser.parse_optional_keyword(k) is not None), None)
+                if key is None:
+                    parser.raise_error(f"expected one of {', '.join(keys)}")
+                keys = keys[keys.index(key) + 1 :]
+                parser.parse_punctuation("=")
+                if key == "sliding_window":
+                    optional[key] = IntegerAttr(parser.parse_integer(allow_boolean=False), i64)
                 else:
-                    _parse_entry(parser, "sliding_window", True)
-                    window = IntegerAttr(parser.parse_integer(allow_boolean=False), i64)
-            values += [scaling, window]
+                    optional[key] = parser.parse_attribute()
+            values += optional.values()
         return values
 
 
@@ -833,6 +841,33 @@ class MulOp(ElementwiseBinaryOp):
 
 
 @irdl_op_definition
+class BiasAddOp(LogosOp):
+    """A bias added to each row: a projection's bias (Qwen2's query, key and value; a Llama's with
+    `attention_bias` or `mlp_bias`), a vector as long as the rows.
+
+    ```mlir
+    %query = logos.bias_add %unbiased_query, %query_bias : (tensor<1x64xf32>, tensor<64xf32>) -> tensor<1x64xf32>
+    ```
+    """
+
+    name = "logos.bias_add"
+
+    input = operand_def(TensorType)
+    bias = operand_def(TensorType)
+    result = result_def(TensorType)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$input `,` $bias attr-dict `:` `(` type($input) `,` type($bias) `)` `->` type($result)"
+
+    def check_(self) -> None:
+        rows = tensor_shape(self.input)
+        _expect_rank(self, "an input", rows, 2)
+        _expect_same(self, "bias shape", tensor_shape(self.bias), rows[1:])
+        _expect_same(self, "result shape", tensor_shape(self.result), rows)
+
+
+@irdl_op_definition
 class SiluOp(LogosOp):
     """x * sigmoid(x), elementwise.
 
@@ -924,6 +959,7 @@ LOGOS = Dialect(
         SelfAttentionOp,
         AddOp,
         MulOp,
+        BiasAddOp,
         SiluOp,
         RowOp,
         ArgmaxOp,

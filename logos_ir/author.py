@@ -9,8 +9,9 @@ its weight manifest. Split programs (`tp` chips, Megatron-style) are written her
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from xdsl.dialects import func
@@ -299,27 +300,37 @@ class _Plan:
         split = self.split
         w = self._weight
         normed = section.rms_norm("normed", x, w(section, "attention_norm", names["attention_norm"], (spec.hidden,)))
-        query = section.linear("query", w(section, "query_weight", names["query"], (spec.q_dim, spec.hidden)), normed)
-        key = section.linear("key", w(section, "key_weight", names["key"], (spec.kv_dim, spec.hidden)), normed)
-        value = section.linear("value", w(section, "value_weight", names["value"], (spec.kv_dim, spec.hidden)), normed)
+        b = functools.partial(self._biased, section, names)
+        query_weight = w(section, "query_weight", names["query"], (spec.q_dim, spec.hidden))
+        query = b("query", "query", lambda name: section.linear(name, query_weight, normed))
+        key_weight = w(section, "key_weight", names["key"], (spec.kv_dim, spec.hidden))
+        key = b("key", "key", lambda name: section.linear(name, key_weight, normed))
+        value_weight = w(section, "value_weight", names["value"], (spec.kv_dim, spec.hidden))
+        value = b("value", "value", lambda name: section.linear(name, value_weight, normed))
         turned_query = section.rope("turned_query", query, position)
         turned_key = section.rope("turned_key", key, position)
         attended = self._attend(section, layer, turned_query, turned_key, value, position)
         output = w(section, "output_weight", names["output"], (spec.hidden, spec.q_dim))
-        projected = self._reduced(section, "projected", section.linear(_part("projected", split), output, attended))
+        projected = b(
+            "output",
+            "projected",
+            lambda name: self._reduced(section, name, section.linear(_part(name, split), output, attended)),
+        )
         mixed = section.add("mixed", x, projected)
         normed_mixed = section.rms_norm(
             "normed_mixed", mixed, w(section, "mlp_norm", names["mlp_norm"], (spec.hidden,))
         )
-        gate = section.linear(
-            "gate",
-            w(section, "gate_weight", names["gate"], (spec.intermediate, spec.hidden)),
-            normed_mixed,
-        )
-        up = section.linear("up", w(section, "up_weight", names["up"], (spec.intermediate, spec.hidden)), normed_mixed)
+        gate_weight = w(section, "gate_weight", names["gate"], (spec.intermediate, spec.hidden))
+        gate = b("gate", "gate", lambda name: section.linear(name, gate_weight, normed_mixed))
+        up_weight = w(section, "up_weight", names["up"], (spec.intermediate, spec.hidden))
+        up = b("up", "up", lambda name: section.linear(name, up_weight, normed_mixed))
         product = section.mul("product", section.silu("activated", gate), up)
         down_weight = w(section, "down_weight", names["down"], (spec.hidden, spec.intermediate))
-        down = self._reduced(section, "down", section.linear(_part("down", split), down_weight, product))
+        down = b(
+            "down",
+            "down",
+            lambda name: self._reduced(section, name, section.linear(_part(name, split), down_weight, product)),
+        )
         return section.ret(section.add("result", mixed, down))
 
     def _attend(
@@ -345,6 +356,25 @@ class _Plan:
 
     def _reduced(self, section: SectionBuilder, name: str, partial: SSAValue) -> SSAValue:
         return section.all_reduce(name, partial) if self.split else partial
+
+    def _biased(
+        self,
+        section: SectionBuilder,
+        names: dict[str, str],
+        projection: str,
+        name: str,
+        product: Callable[[str], SSAValue],
+    ) -> SSAValue:
+        """The projection's result named `name`: its product, then its bias added where the model has one (the
+        product is then `unbiased_<name>`, the bias `<projection>_bias`, a vector as long as the product's rows)."""
+        if projection not in self.spec.biases:
+            return product(name)
+        unbiased = product(f"unbiased_{name}")
+        tensor = names[projection].removesuffix(".weight") + ".bias"
+        shape = self.spec.weight_shape(tensor)
+        assert shape is not None  # the spec has the bias of each projection in `biases`
+        bias = self._weight(section, f"{projection}_bias", tensor, shape)
+        return section.bias_add(name, unbiased, bias)
 
     def _weight(self, section: SectionBuilder, name: str, tensor: str, shape: tuple[int, ...]) -> SSAValue:
         return section.weight(name, tensor, shape, weight_split(tensor) if self.split else None)

@@ -217,6 +217,9 @@ class SectionBuilder:
     def mul(self, name: str, lhs: SSAValue, rhs: SSAValue) -> SSAValue:
         return self._let(logos.MulOp.create(operands=[lhs, rhs], result_types=[lhs.type]), name)
 
+    def bias_add(self, name: str, x: SSAValue, bias: SSAValue) -> SSAValue:
+        return self._let(logos.BiasAddOp.create(operands=[x, bias], result_types=[x.type]), name)
+
     def silu(self, name: str, x: SSAValue) -> SSAValue:
         return self._let(logos.SiluOp.create(operands=[x], result_types=[x.type]), name)
 

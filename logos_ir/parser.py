@@ -24,9 +24,9 @@ from logos_ir import builder
 from logos_ir.builder import SectionBuilder
 from logos_ir.dialects import logos
 from logos_ir.errors import CutError, LogosError, ParseError, SourceLocation, SpecError
-from logos_ir.printer import INDENT, fact_lines, section_header, sentence
+from logos_ir.printer import INDENT, fact_lines, section_header, sentence, word_list
 from logos_ir.program import Cut
-from logos_ir.spec import ModelSpec, RopeScaling
+from logos_ir.spec import PROJECTIONS, ModelSpec, RopeScaling
 
 NAME = re.compile(r"[a-z][a-z0-9_]*")
 _SUFFIX = re.compile(r"_[0-9]+$")
@@ -179,6 +179,7 @@ _SCALING = re.compile(
     rf"high frequency factor {_N} and original context {_N}\."
 )
 _WINDOW = re.compile(rf"Attention looks back over a sliding window of {_N} positions?\.")
+_BIASES = re.compile(r"The (.+) projections add biases\.")
 _TIES = {"The head reads the embedding table.": True, "The head has its own table.": False}
 _CHIPS = re.compile(rf"The program runs on {_N} chips?\.")
 
@@ -218,6 +219,10 @@ def _read_facts(src: _Source, lines: list[_Line], end: int) -> tuple[ModelSpec, 
     if line is not None and line.text.startswith(INDENT + "Attention looks back"):
         window = _window(src, line)
         line = next(facts, None)
+    biases: tuple[str, ...] = ()
+    if line is not None and line.text.endswith(" projections add biases."):
+        biases = _biases(src, line)
+        line = next(facts, None)
     if line is None or line.text[len(INDENT) :] not in _TIES:
         where = line or last
         raise src.error(
@@ -244,7 +249,7 @@ def _read_facts(src: _Source, lines: list[_Line], end: int) -> tuple[ModelSpec, 
         rest = next(facts, None)
         if rest is not None:
             raise src.error(rest.number, len(INDENT) + 1, "unknown fact after the chips")
-    spec = _spec(src, lines[0], values, tie, scaling, window)
+    spec = _spec(src, lines[0], values, tie, scaling, window, biases)
     _check_canonical_facts(src, lines[1:end], spec, chips)
     return spec, chips
 
@@ -324,11 +329,37 @@ def _window(src: _Source, line: _Line) -> int:
     return int(_number(src, line, match[1], len(INDENT) + match.start(1) + 1, int))
 
 
+def _biases(src: _Source, line: _Line) -> tuple[str, ...]:
+    match = _BIASES.fullmatch(line.text[len(INDENT) :])
+    names = re.split(r", | and ", match[1]) if match else []
+    if not names or any(name not in PROJECTIONS for name in names):
+        raise src.error(
+            line.number,
+            len(INDENT) + 1,
+            "malformed biases fact",
+            f"write 'The query, key and value projections add biases.' (projections of {', '.join(PROJECTIONS)})",
+        )
+    if names != [p for p in PROJECTIONS if p in names]:
+        raise src.error(
+            line.number,
+            len(INDENT) + 1,
+            "the projections of a biases fact are named in model order, each once",
+            f"write 'The {word_list([p for p in PROJECTIONS if p in names])} projections add biases.'",
+        )
+    return tuple(names)
+
+
 def _spec(
-    src: _Source, header: _Line, values: dict, tie: bool, scaling: RopeScaling | None, window: int | None = None
+    src: _Source,
+    header: _Line,
+    values: dict,
+    tie: bool,
+    scaling: RopeScaling | None,
+    window: int | None = None,
+    biases: tuple[str, ...] = (),
 ) -> ModelSpec:
     try:
-        return ModelSpec(**values, tie_embeddings=tie, rope_scaling=scaling, sliding_window=window)
+        return ModelSpec(**values, tie_embeddings=tie, rope_scaling=scaling, sliding_window=window, biases=biases)
     except SpecError as error:
         raise src.error(
             header.number + 1, len(INDENT) + 1, f"the model's facts do not make a model: {error.message}"
@@ -587,6 +618,7 @@ _EXPRESSIONS: dict[str, tuple[re.Pattern[str], str]] = {
     "rotated": (re.compile(r"(\S+) rotated to (\S+)"), "query rotated to position"),
     "plus": (re.compile(r"(\S+) plus (\S+)"), "x plus projected"),
     "times": (re.compile(r"(\S+) times (\S+)"), "activated times up"),
+    "with": (re.compile(r"(\S+) with (\S+) added to each row"), "unbiased_query with query_bias added to each row"),
 }
 _LAYOUT = re.compile(r"(?:(\S+) sequences? by )?(\S+) heads? by (\S+) positions? by (\S+) numbers?")
 
@@ -601,7 +633,7 @@ def _expression_kind(expr: str) -> str | None:
         return words[1] if words[1] in _EXPRESSIONS else None
     if words[0] in ("layer", "row"):
         return words[0]
-    if len(words) >= 3 and words[1] in ("applied", "rotated", "plus", "times"):
+    if len(words) >= 3 and words[1] in ("applied", "rotated", "plus", "times", "with"):
         return words[1]
     return None
 
@@ -831,6 +863,9 @@ class _Scope:
 
     def _times(self, name: str, m: re.Match[str]) -> SSAValue:
         return self.build.mul(name, self._tensor(m[1], m.start(1)), self._tensor(m[2], m.start(2)))
+
+    def _with(self, name: str, m: re.Match[str]) -> SSAValue:
+        return self.build.bias_add(name, self._tensor(m[1], m.start(1)), self._tensor(m[2], m.start(2)))
 
     def _write(self, line: _Line) -> None:
         match = _WRITE.fullmatch(line.text)

@@ -37,6 +37,11 @@ def number_list(values: tuple[int, ...] | list[int]) -> str:
     return ", ".join(str(v) for v in values)
 
 
+def word_list(words: tuple[str, ...] | list[str]) -> str:
+    """`query`, `query and key`, `query, key and value`."""
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
+
+
 def fact_lines(spec: ModelSpec, chips: int | None) -> list[str]:
     """The model's facts, one sentence each, in their fixed order (the grammar's `facts`)."""
     lines = [
@@ -58,6 +63,8 @@ def fact_lines(spec: ModelSpec, chips: int | None) -> list[str]:
         )
     if spec.sliding_window is not None:
         lines.append(f"Attention looks back over a sliding window of {count(spec.sliding_window, 'position')}.")
+    if spec.biases:
+        lines.append(f"The {word_list(spec.biases)} projections add biases.")
     lines.append("The head reads the embedding table." if spec.tie_embeddings else "The head has its own table.")
     if chips is not None:
         lines.append(f"The program runs on {count(chips, 'chip')}.")
@@ -208,6 +215,7 @@ _SENTENCES: dict[type[Operation], Callable[..., str]] = {
     logos.RopeOp: lambda op, n: _let(op, n, f"{n(op.input)} rotated to {n(op.positions)}"),
     logos.AddOp: lambda op, n: _let(op, n, f"{n(op.lhs)} plus {n(op.rhs)}"),
     logos.MulOp: lambda op, n: _let(op, n, f"{n(op.lhs)} times {n(op.rhs)}"),
+    logos.BiasAddOp: lambda op, n: _let(op, n, f"{n(op.input)} with {n(op.bias)} added to each row"),
     logos.SiluOp: lambda op, n: _let(op, n, f"the SiLU of {n(op.input)}"),
     logos.RowOp: lambda op, n: _let(op, n, f"row {op.index.value.data} of {n(op.input)}"),
     logos.ArgmaxOp: lambda op, n: _let(op, n, f"the arg-max of {n(op.input)}"),

@@ -17,8 +17,18 @@ from typing import Any
 
 from logos_ir.errors import SourceLocation, SpecError
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "phi3")  # phi3: a Llama whose checkpoint fuses projections
-_LAYER_TENSOR = re.compile(r"model\.layers\.(?P<layer>0|[1-9][0-9]*)\.(?P<role>.+)\.weight")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "phi3", "qwen2")  # phi3: a Llama whose checkpoint fuses projections
+# The projections that may add a bias, in model order, with the Hugging Face module each is (`<module>.bias`).
+PROJECTIONS = {
+    "query": "self_attn.q_proj",
+    "key": "self_attn.k_proj",
+    "value": "self_attn.v_proj",
+    "output": "self_attn.o_proj",
+    "gate": "mlp.gate_proj",
+    "up": "mlp.up_proj",
+    "down": "mlp.down_proj",
+}
+_LAYER_TENSOR = re.compile(r"model\.layers\.(?P<layer>0|[1-9][0-9]*)\.(?P<role>.+)\.(?P<kind>weight|bias)")
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,9 @@ class ModelSpec:
     # computes it exactly where its cache holds no more positions than the window (then the window never bites);
     # the author refuses a longer cache, which a LOGOS program cannot compute yet.
     sliding_window: int | None = field(default=None)
+    # The projections (`PROJECTIONS`' names, in its order) that add a bias after their product: Qwen2's query, key
+    # and value; a Llama's with `attention_bias` (and the output) or `mlp_bias` (gate, up, down).
+    biases: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
         for name in ("vocab", "hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate"):
@@ -84,6 +97,10 @@ class ModelSpec:
         window = self.sliding_window
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
             raise SpecError(f"'sliding_window' must be a positive integer or absent, not {window!r}")
+        if not isinstance(self.biases, tuple) or list(self.biases) != [p for p in PROJECTIONS if p in self.biases]:
+            raise SpecError(
+                f"'biases' must name projections of {', '.join(PROJECTIONS)} in that order, not {self.biases!r}"
+            )
         if not isinstance(self.tie_embeddings, bool):
             raise SpecError(f"'tie_embeddings' must be true or false, not {self.tie_embeddings!r}")
         # Floats are kept as floats so that printing them is one rule (`repr`) everywhere.
@@ -105,9 +122,12 @@ class ModelSpec:
         generator, so a check against a file whose metadata claims a billion layers stops at the first missing."""
         yield "model.embed_tokens.weight", (self.vocab, self.hidden)
         per_layer = self._layer_weight_shapes()
+        biases = self._layer_bias_shapes()
         for layer in range(self.layers):
             for role, shape in per_layer.items():
                 yield f"model.layers.{layer}.{role}.weight", shape
+                if role in biases:
+                    yield f"model.layers.{layer}.{role}.bias", biases[role]
         yield "model.norm.weight", (self.hidden,)
         if not self.tie_embeddings:
             yield "lm_head.weight", (self.vocab, self.hidden)
@@ -121,7 +141,14 @@ class ModelSpec:
         match = _LAYER_TENSOR.fullmatch(tensor)
         if match is None or int(match["layer"]) >= self.layers:
             return None
+        if match["kind"] == "bias":
+            return self._layer_bias_shapes().get(match["role"])
         return self._layer_weight_shapes().get(match["role"])
+
+    def _layer_bias_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The bias of each projection that adds one: as long as the projection's rows."""
+        shapes = self._layer_weight_shapes()
+        return {PROJECTIONS[p]: shapes[PROJECTIONS[p]][:1] for p in self.biases}
 
     def _layer_weight_shapes(self) -> dict[str, tuple[int, ...]]:
         hidden, inter = self.hidden, self.intermediate
@@ -171,10 +198,13 @@ class ModelSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as plain data (for JSON reports and manifests)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("rope_scaling", "sliding_window")}
+        optional = ("rope_scaling", "sliding_window", "biases")
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in optional}
         out["rope_scaling"] = None if self.rope_scaling is None else dict(vars(self.rope_scaling))
         if self.sliding_window is not None:  # absent for a model without one, as the program's facts leave it out
             out["sliding_window"] = self.sliding_window
+        if self.biases:
+            out["biases"] = list(self.biases)
         return out
 
 
@@ -300,6 +330,8 @@ _READ = frozenset(
         "rope_parameters",
         "tie_word_embeddings",
         "sliding_window",  # unless use_sliding_window is false (Qwen2's configs carry a window they do not use)
+        "attention_bias",  # a Llama's: the query, key, value and output projections add biases
+        "mlp_bias",  # a Llama's: the gate, up and down projections add biases
     }
 )
 
@@ -340,8 +372,6 @@ _NEUTRAL = frozenset(
 # key: the values with which a Llama computes (a key absent means the same)
 _LLAMA_VALUE: dict[str, tuple[Any, ...]] = {
     "hidden_act": ("silu",),
-    "attention_bias": (False,),
-    "mlp_bias": (False,),
     "partial_rotary_factor": (1.0,),
     "rope_interleaved": (False,),
     "use_sliding_window": (False,),
@@ -372,6 +402,9 @@ def _check_every_key(config: Mapping[str, Any], where: str) -> None:
     for key, value in config.items():
         if key in _READ or key in _NEUTRAL:
             continue
+        if key == "layer_types":  # transformers 5's attention kind a layer (Qwen2, Gemma): one kind for all is said
+            _check_layer_types(value, config, where)
+            continue
         allowed = _LLAMA_VALUE.get(key)
         if allowed is None:
             raise SpecError(
@@ -386,6 +419,20 @@ def _check_every_key(config: Mapping[str, Any], where: str) -> None:
                 f" (a Llama has {said})",
                 hint="logos-ir refuses a model it would compute without this feature",
             )
+
+
+def _check_layer_types(kinds: Any, config: Mapping[str, Any], where: str) -> None:
+    """`layer_types`: every layer's attention full, or every layer's windowed where the model has a window."""
+    windowed = _window(config, where) is not None
+    if isinstance(kinds, list) and all(
+        kind == ("sliding_attention" if windowed else "full_attention") for kind in kinds
+    ):
+        return
+    raise SpecError(
+        f"{where}: config key 'layer_types' is {json.dumps(kinds)}, which a LOGOS program cannot say yet"
+        f" (every layer's attention {'windowed' if windowed else 'full'})",
+        hint="logos-ir refuses a model whose layers attend differently (local and global layers)",
+    )
 
 
 def _spec_from_config(config: Mapping[str, Any], where: str) -> ModelSpec:
@@ -422,7 +469,24 @@ def _spec_from_config(config: Mapping[str, Any], where: str) -> ModelSpec:
         tie_embeddings=bool(_field(config, where, "tie_word_embeddings", bool, default=False)),
         rope_scaling=scaling,
         sliding_window=_window(config, where),
+        biases=_biases(config, where, model_type),
     )
+
+
+def _biases(config: Mapping[str, Any], where: str, model_type: str) -> tuple[str, ...]:
+    """The projections that add a bias: Qwen2's query, key and value always (its attention has them, with no key
+    saying so); a Llama's attention (query, key, value, output) with `attention_bias`, its MLP with `mlp_bias`."""
+    biased = {"query", "key", "value"} if model_type == "qwen2" else set()
+    for key, projections in (
+        ("attention_bias", ("query", "key", "value", "output")),
+        ("mlp_bias", ("gate", "up", "down")),
+    ):
+        value = config.get(key, False)
+        if not isinstance(value, bool):
+            raise SpecError(f"{where}: field '{key}' must be true or false, not {json.dumps(value)}")
+        if value:
+            biased |= set(projections)
+    return tuple(p for p in PROJECTIONS if p in biased)
 
 
 def _window(config: Mapping[str, Any], where: str) -> int | None:

@@ -27,13 +27,18 @@ NOT_YET_SPLIT = "a cut other than a decode step, a batch or a layer of either, s
 
 HEAD_SPLIT = "rows"  # the head's [vocab, hidden] table: each chip holds vocab / chips rows, in chip order
 
-_LAYER_WEIGHT = re.compile(r"model\.layers\.(?:0|[1-9][0-9]*)\.(?P<role>[a-z_]+\.[a-z_]+)\.weight")
+_LAYER_WEIGHT = re.compile(r"model\.layers\.(?:0|[1-9][0-9]*)\.(?P<role>[a-z_]+\.[a-z_]+)\.(?P<kind>weight|bias)")
 
 
 def weight_split(tensor: str) -> str | None:
-    """How the weight named `tensor` splits over chips: `rows`, `columns`, or None (every chip holds all of it)."""
+    """How the weight named `tensor` splits over chips: `rows`, `columns`, or None (every chip holds all of it). A
+    column-parallel projection's bias splits with its output rows; a row-parallel one's is added whole, after the
+    all-reduce (Megatron-LM's `RowParallelLinear` adds its bias once, to the reduced sum)."""
     match = _LAYER_WEIGHT.fullmatch(tensor)
-    return None if match is None else SPLIT_OF_ROLE.get(match["role"])
+    split = None if match is None else SPLIT_OF_ROLE.get(match["role"])
+    if match is not None and match["kind"] == "bias":
+        return "rows" if split == "rows" else None
+    return split
 
 
 def head_refusal(vocab: int, tp: int) -> str | None:

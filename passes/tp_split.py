@@ -184,7 +184,7 @@ def _plan_function(plan: _Plan, spec: ModelSpec, function: func.FuncOp) -> None:
             if split is None:
                 continue
             axis = 0 if split == "rows" else len(full) - 1
-            if len(full) != 2 or full[axis] % tp:
+            if len(full) != (1 if op.tensor.data.endswith(".bias") else 2) or full[axis] % tp:
                 what = f"of '{op.tensor.data}' {list(full)}"
                 raise refuse(op, f"{what}: its {split} do not divide over {tp} chips")
             new = tuple(builder.share(full, axis, tp))
@@ -234,6 +234,12 @@ def _plan_function(plan: _Plan, spec: ModelSpec, function: func.FuncOp) -> None:
                 raise refuse(op, "combines a split value with a value that is not split the same way")
             if lhs is not None:
                 retype(op, lhs)
+        elif isinstance(op, logos.BiasAddOp):  # a column-parallel product's bias splits with it; else whole
+            x, bias = share(op.input), share(op.bias)
+            if (x is None) != (bias is None) or (x is not None and bias is not None and x[-1:] != bias):
+                raise refuse(op, "adds a bias that is not split as the rows it is added to")
+            if x is not None:
+                retype(op, x)
         elif isinstance(op, logos.CacheWriteOp):
             x, cache = share(op.input), share(op.cache)
             if x is None or cache is None or x[-1] != cache[-3] * cache[-1]:

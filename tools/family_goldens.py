@@ -55,6 +55,10 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
             "pad_token_id": 0,
         },
     ),
+    # biases on the query, key and value projections (always, in Qwen2's attention); its window unused
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"bos_token_id": 1, "eos_token_id": 2}),
+    # a Llama with every projection's bias: the output's and the down projection's added after the chips' sum
+    "llama-biases": ("LlamaConfig", "LlamaForCausalLM", {"attention_bias": True, "mlp_bias": True}),
 }
 
 
@@ -81,6 +85,10 @@ def make(family: str, out: Path) -> dict[str, Any]:
     config = getattr(transformers, config_class)(**TINY, **own)
     config._attn_implementation = "eager"
     model = getattr(transformers, model_class)(config).float().eval()
+    with torch.no_grad():  # transformers starts every bias at zero, which would prove nothing: drawn like the weights
+        for name, parameter in model.named_parameters():
+            if name.endswith(".bias"):
+                parameter.normal_(0.0, TINY["initializer_range"])
     folder = out / family
     shutil.rmtree(folder, ignore_errors=True)
     model.save_pretrained(folder, safe_serialization=True)

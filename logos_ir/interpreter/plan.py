@@ -165,6 +165,7 @@ class ChipCompiler:
             logos.SelfAttentionOp: self._self_attention,
             logos.AddOp: self._elementwise,
             logos.MulOp: self._elementwise,
+            logos.BiasAddOp: self._bias_add,
             logos.SiluOp: self._silu,
             logos.RowOp: self._row,
             logos.ArgmaxOp: self._argmax,
@@ -345,6 +346,11 @@ class ChipCompiler:
             self._value(env[op.rhs], section, "an operand"),
         ]
         env[op.result] = self._emit(kernels.binary(ufunc), ins, section)
+
+    def _bias_add(self, op: logos.BiasAddOp, env: dict[SSAValue, _Ref], section: str) -> None:
+        x = self._value(env[op.input], section, "the input")
+        bias = self._value(env[op.bias], section, "the bias")
+        env[op.result] = self._emit(kernels.binary(np.add), [x, bias], section)  # the bias broadcast over the rows
 
     def _silu(self, op: logos.SiluOp, env: dict[SSAValue, _Ref], section: str) -> None:
         env[op.result] = self._emit(kernels.silu, [self._value(env[op.input], section, "the input")], section)

@@ -117,6 +117,24 @@ def _check_inlined(program: logos.ProgramOp) -> None:
             f"{NAME}: @main calls @{call.callee.root_reference.data}: the pass lowers one straight-line @main",
             hint="run inline-sections first (the logos-to-d5005 pipeline does)",
         )
+    unlowered = next((op for op in main.body.block.ops if not isinstance(op, (*_LOWERED, *_READS))), None)
+    if unlowered is not None:  # refused by name before any rewrite (its users would fail first, less clearly)
+        raise _refuse(unlowered, "has no instruction on the D5005 engine")
+
+
+# the ops a pattern below lowers to instructions (a SiLU goes into its product's silu_mul)
+_LOWERED = (
+    logos.EmbedOp,
+    logos.RMSNormOp,
+    logos.LinearOp,
+    logos.RopeOp,
+    logos.CacheWriteOp,
+    logos.AttentionOp,
+    logos.SiluOp,
+    logos.MulOp,
+    logos.AddOp,
+    logos.ArgmaxOp,
+)
 
 
 def _decode_cut(program: logos.ProgramOp) -> Cut:

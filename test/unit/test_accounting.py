@@ -7,6 +7,7 @@ rotation over half the head, a sliding window, a layer the config does not have,
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -23,7 +24,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from logos_ir.author import write
 from logos_ir.dialects.logos import LOGOS
-from logos_ir.errors import NotYet, SpecError, WeightError
+from logos_ir.errors import LogosError, NotYet, SpecError, WeightError
 from logos_ir.parser import parse_program
 from logos_ir.printer import print_program
 from logos_ir.program import Cut
@@ -51,12 +52,12 @@ def _bias(size: int) -> np.ndarray:
 @pytest.mark.parametrize(
     ("config", "tensors", "named"),
     [
+        ({"attention_bias": "yes"}, {}, "field 'attention_bias' must be true or false, not \"yes\""),
         (
-            {"attention_bias": True},
-            {f"model.layers.0.self_attn.{p}_proj.bias": _bias(4) for p in "qkv"},
-            "config key 'attention_bias' is true",
+            {"layer_types": ["full_attention", "sliding_attention"]},
+            {},
+            'config key \'layer_types\' is ["full_attention", "sliding_attention"]',
         ),
-        ({"mlp_bias": True}, {}, "config key 'mlp_bias' is true"),
         ({"hidden_act": "gelu"}, {}, "config key 'hidden_act' is \"gelu\""),
         ({"hidden_act": "gelu_pytorch_tanh"}, {}, "config key 'hidden_act' is \"gelu_pytorch_tanh\""),
         ({"partial_rotary_factor": 0.5}, {}, "config key 'partial_rotary_factor' is 0.5"),
@@ -83,8 +84,29 @@ def test_a_config_key_the_program_cannot_say_is_refused_by_name(
     tmp_path: Path, config: dict, tensors: dict, named: str
 ) -> None:
     folder = _folder(tmp_path, config, tensors)
-    with pytest.raises(SpecError, match=named.replace("(", r"\(")):
+    with pytest.raises(SpecError, match=re.escape(named)):
         open_model(str(folder))
+
+
+@pytest.mark.parametrize(
+    ("config", "biased", "missing"),
+    [  # a Llama's attention_bias is the output projection's bias too (Qwen2's attention has none there)
+        ({"attention_bias": True}, "qkv", "model.layers.0.self_attn.o_proj.bias"),
+        ({"mlp_bias": True}, "", "model.layers.0.mlp.gate_proj.bias"),
+    ],
+    ids=["attention_bias", "mlp_bias"],
+)
+def test_a_bias_the_config_says_is_read_and_a_missing_one_refused_by_name(
+    tmp_path: Path, config: dict, biased: str, missing: str
+) -> None:
+    spec = small_spec()
+    tensors = {
+        f"model.layers.{n}.self_attn.{p}_proj.bias": _bias(spec.q_dim if p == "q" else spec.kv_dim)
+        for p in biased
+        for n in range(spec.layers)
+    }
+    with pytest.raises(WeightError, match=re.escape(f"tensor '{missing}' is missing")):
+        open_model(str(_folder(tmp_path, config, tensors)))
 
 
 def test_the_keys_a_llama_config_carries_beside_its_sizes_are_accepted(tmp_path: Path) -> None:
@@ -182,7 +204,7 @@ def test_neutral_gguf_keys_are_accepted(tmp_path: Path) -> None:
 
 
 def test_logos_run_refuses_before_anything_runs(tmp_path: Path) -> None:
-    folder = _folder(tmp_path, {"attention_bias": True})
+    folder = _folder(tmp_path, {"hidden_act": "gelu"})
     done = subprocess.run(
         [sys.executable, "-m", "logos_ir.tools.logos_run", "--model", str(folder), "--prompt-ids", "1,2", "-n", "2"],
         capture_output=True,
@@ -190,7 +212,7 @@ def test_logos_run_refuses_before_anything_runs(tmp_path: Path) -> None:
         timeout=120,
     )
     assert done.returncode not in (0, 70), done.stderr
-    assert "config key 'attention_bias' is true" in done.stderr
+    assert "config key 'hidden_act' is \"gelu\"" in done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
 
 
@@ -272,3 +294,39 @@ def _parse_mlir(text: str) -> ModuleOp:
     for dialect in (builtin.Builtin, func.Func, shard.Shard, LOGOS):
         context.load_dialect(dialect)
     return Parser(context, text).parse_module()
+
+
+def test_the_biases_fact_and_sentence_round_trip_and_the_verifier_holds_a_bias_to_its_rows() -> None:
+    spec = replace(small_spec(), sliding_window=64, biases=("query", "key", "value", "down"))
+    text = write(spec, Cut.decode(64)).text
+    assert "    The query, key, value and down projections add biases.\n" in text
+    assert "    Let query be unbiased_query with query_bias added to each row.\n" in text
+    assert print_program(parse_program(text)) == text
+    module = mlir_text(text)
+    assert 'sliding_window = 64, biases = ["query", "key", "value", "down"]>' in module
+    assert _parse_mlir(module).ops.first.spec == spec  # type: ignore[union-attr]
+    bias = f'"model.layers.0.self_attn.q_proj.bias" shape [{spec.q_dim}] : tensor<{spec.q_dim}xf32>'
+    narrowed = module.replace(bias, '"model.layers.0.self_attn.q_proj.bias" shape [3] : tensor<3xf32>', 1)
+    narrowed = narrowed.replace(
+        f"%query_bias : (tensor<1x{spec.q_dim}xf32>, tensor<{spec.q_dim}xf32>)",
+        "%query_bias : (tensor<1x4xf32>, tensor<3xf32>)",
+        1,
+    )
+    assert narrowed.count("tensor<3xf32>") == 2
+    with pytest.raises(VerifyException, match=re.escape(f"bias shape mismatch: got (3,), expected ({spec.q_dim},)")):
+        _parse_mlir(narrowed).verify()
+
+
+@pytest.mark.parametrize(
+    ("fact", "message"),
+    [
+        ("The query and bananas projections add biases.", "malformed biases fact"),
+        ("The key and query projections add biases.", "the projections of a biases fact are named in model order"),
+    ],
+)
+def test_a_wrong_biases_fact_is_located(fact: str, message: str) -> None:
+    text = write(replace(small_spec(), biases=("query", "key")), Cut.decode(8)).text
+    at = text.split("\n").index("    The query and key projections add biases.") + 1
+    with pytest.raises(LogosError, match=re.escape(message)) as raised:
+        parse_program(text.replace("The query and key projections add biases.", fact), "p.logos")
+    assert str(raised.value).startswith(f"p.logos:{at}:5: error: ")
