@@ -26,7 +26,7 @@ from gguf.quants import dequantize as _gguf_dequantize
 
 from logos_ir.errors import SpecError, WeightError
 from logos_ir.rope import llama3_rope_divisors
-from logos_ir.spec import ModelSpec, RopeScaling
+from logos_ir.spec import PROJECTIONS, ModelSpec, RopeScaling
 from logos_ir.weights.store import MAX_DIMENSION, WeightStore, check_expected, check_unread, is_int
 
 _GGUF_MAGIC = b"GGUF"
@@ -324,37 +324,38 @@ _GGUF_BLOCK = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-_GGUF_BLOCK_NAME = re.compile(r"blk\.(0|[1-9][0-9]*)\.([a-z_]+)\.weight")
+_GGUF_BLOCK_NAME = re.compile(r"blk\.(0|[1-9][0-9]*)\.([a-z_]+)\.(weight|bias)")
 
 
 def hf_tensor_name(gguf_name: str) -> str | None:
     """The Hugging Face name of a llama.cpp tensor name (`blk.3.attn_q.weight` gives
     `model.layers.3.self_attn.q_proj.weight`), or None for a tensor with no HF counterpart
     (`rope_freqs.weight`)."""
-    return _renamed(gguf_name, _GGUF_TOP, _GGUF_BLOCK_NAME, _GGUF_BLOCK, "model.layers.{}.{}.weight")
+    return _renamed(gguf_name, _GGUF_TOP, _GGUF_BLOCK_NAME, _GGUF_BLOCK, "model.layers.{}.{}.{}")
 
 
 _HF_TOP = {hf: name for name, hf in _GGUF_TOP.items()}
 _HF_BLOCK = {hf: name for name, hf in _GGUF_BLOCK.items()}
-_HF_LAYER_NAME = re.compile(r"model\.layers\.(0|[1-9][0-9]*)\.(.+)\.weight")
+_HF_LAYER_NAME = re.compile(r"model\.layers\.(0|[1-9][0-9]*)\.(.+)\.(weight|bias)")
 
 
 def gguf_tensor_name(hf_name: str) -> str | None:
     """llama.cpp's name of a Hugging Face tensor name, the inverse of `hf_tensor_name`, or None."""
-    return _renamed(hf_name, _HF_TOP, _HF_LAYER_NAME, _HF_BLOCK, "blk.{}.{}.weight")
+    return _renamed(hf_name, _HF_TOP, _HF_LAYER_NAME, _HF_BLOCK, "blk.{}.{}.{}")
 
 
 def _renamed(
     name: str, top: Mapping[str, str], layer_name: re.Pattern[str], block: Mapping[str, str], layer_format: str
 ) -> str | None:
-    """`name` in the other vocabulary: a top-level tensor by `top`; a layer's (`layer_name` matching its layer
-    and its part) as `layer_format` of the layer and `block`'s name of the part; else None."""
+    """`name` in the other vocabulary: a top-level tensor by `top`; a layer's (`layer_name` matching its layer,
+    its part and its kind, weight or bias) as `layer_format` of the layer, `block`'s name of the part and the kind;
+    else None."""
     if name in top:
         return top[name]
     match = layer_name.fullmatch(name)
     if match is None or match.group(2) not in block:
         return None
-    return layer_format.format(match.group(1), block[match.group(2)])
+    return layer_format.format(match.group(1), block[match.group(2)], match.group(3))
 
 
 def permute_qk(weight: np.ndarray, n_head: int) -> np.ndarray:
@@ -430,9 +431,9 @@ class GGUFStore(WeightStore):
         if gname is None:
             raise self._missing(name)
         array = self.file.read(gname)
-        if name.endswith("self_attn.q_proj.weight"):
+        if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):  # a bias is permuted as its rows
             return unpermute_qk(array, self.spec.heads)
-        if name.endswith("self_attn.k_proj.weight"):
+        if name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):
             return unpermute_qk(array, self.spec.kv_heads)
         return array
 
@@ -501,6 +502,18 @@ def _check_every_key(meta: Mapping[str, Any], arch: str, where: str) -> None:
             )
 
 
+def _gguf_biases(file: GGUFFile) -> tuple[str, ...]:
+    """The projections that add a bias: those whose first layer's bias tensor the file holds (llama.cpp's llama
+    applies `blk.N.attn_q.bias` and the others where present, with no metadata key saying so). Every layer must
+    then hold it: the store refuses a missing one by name."""
+    found: set[str] = set()
+    for name in file.tensors:
+        match = _GGUF_BLOCK_NAME.fullmatch(name)
+        if match and match.group(1) == "0" and match.group(3) == "bias" and match.group(2) in _GGUF_BLOCK:
+            found |= {p for p, module in PROJECTIONS.items() if module == _GGUF_BLOCK[match.group(2)]}
+    return tuple(p for p in PROJECTIONS if p in found)
+
+
 def _spec_from_gguf(file: GGUFFile) -> ModelSpec:
     meta, where = file.metadata, str(file.path)
     arch = meta.get("general.architecture")
@@ -542,6 +555,7 @@ def _spec_from_gguf(file: GGUFFile) -> ModelSpec:
             rope_theta=theta,
             tie_embeddings="output.weight" not in file.tensors,
             rope_scaling=_gguf_rope_scaling(file, where, head_dim, theta),
+            biases=_gguf_biases(file),
         )
     except SpecError as error:
         if error.message.startswith(where):

@@ -166,9 +166,11 @@ def _gguf(tmp_path: Path, name: str, **extra: object) -> Path:
     return path
 
 
-def test_a_gguf_bias_llama_cpp_would_apply_is_refused_by_name(tmp_path: Path) -> None:
-    path = _gguf(tmp_path, "bias", extra_tensors=["blk.0.attn_q.bias"])
-    with pytest.raises(WeightError, match=r"bias.gguf: tensor 'blk.0.attn_q.bias' is not read by the model"):
+def test_a_gguf_bias_is_read_and_one_of_a_layer_the_model_lacks_refused_by_name(tmp_path: Path) -> None:
+    # a first layer's bias says the projection adds one, as llama.cpp applies it (every layer must then hold it)
+    assert open_model(str(_gguf(tmp_path, "bias", extra_tensors=["blk.0.attn_q.bias"]))).spec.biases == ("query",)
+    path = _gguf(tmp_path, "late", extra_tensors=["blk.1.attn_q.bias"])  # the model has one layer
+    with pytest.raises(WeightError, match=r"late.gguf: tensor 'model.layers.1.self_attn.q_proj.bias' is not read"):
         open_model(str(path))
     open_model(str(_gguf(tmp_path, "plain")))  # the same file without it opens
 

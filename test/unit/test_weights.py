@@ -56,7 +56,7 @@ def gguf_name(hf: str) -> str:
     }
     if hf in top:
         return top[hf]
-    layer, rest = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.weight", hf).groups()
+    layer, rest, kind = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", hf).groups()
     block = {
         "input_layernorm": "attn_norm",
         "self_attn.q_proj": "attn_q",
@@ -68,7 +68,7 @@ def gguf_name(hf: str) -> str:
         "mlp.up_proj": "ffn_up",
         "mlp.down_proj": "ffn_down",
     }
-    return f"blk.{layer}.{block[rest]}.weight"
+    return f"blk.{layer}.{block[rest]}.{kind}"
 
 
 def write_gguf(
@@ -99,9 +99,9 @@ def write_gguf(
         if hf in skip:
             continue
         array = np.array(store.get(hf))
-        if hf.endswith("q_proj.weight"):
+        if hf.endswith(("q_proj.weight", "q_proj.bias")):  # convert_hf_to_gguf.py permutes a bias with its rows
             array = permute_qk(array, spec.heads)
-        elif hf.endswith("k_proj.weight"):
+        elif hf.endswith(("k_proj.weight", "k_proj.bias")):
             array = permute_qk(array, spec.kv_heads)
         kind = (types or {}).get(hf, QT.F32 if array.ndim == 1 else qtype)
         if kind == QT.F32:
@@ -603,10 +603,12 @@ def test_gguf_name_mapping():
     for other in (
         "rope_freqs.weight",
         "blk.01.attn_q.weight",
-        "blk.0.attn_q.bias",
+        "blk.0.attn_norm.scale",
         "blk.0.ffn_gate_exps.weight",
     ):
         assert hf_tensor_name(other) is None
+    assert hf_tensor_name("blk.0.attn_q.bias") == "model.layers.0.self_attn.q_proj.bias"  # a projection's bias
+    assert gguf_tensor_name("model.layers.2.mlp.down_proj.bias") == "blk.2.ffn_down.bias"
 
 
 @settings(max_examples=40, deadline=None)
@@ -832,3 +834,21 @@ def test_embedded_model_knows_the_capital_of_france(embedded):
     tokenizer = Tokenizer.from_store(embedded)
     ids = tokenizer.encode("The capital of France is")
     assert tokenizer.decode([greedy_next(embedded, ids)]) == " Paris"
+
+
+def test_a_llama_gguf_with_biases_gives_transformers_tokens(tmp_path: Path) -> None:
+    """llama.cpp's llama applies `blk.N.attn_q.bias` and the other projections' biases where a file holds them: the
+    tiny Llama with every projection's bias (tools/family_goldens.py), written as convert_hf_to_gguf.py writes it
+    (Q and K rows and biases permuted), gives transformers' greedy tokens on the reference."""
+    import json
+
+    from logos_ir.registry import backends
+    from logos_ir.runtime import RunRequest
+
+    families = Path(__file__).parent / "families"
+    run = json.loads((families / "goldens.json").read_text())["families"]["llama-biases"]["runs"][0]
+    folder = open_model(str(families / "llama-biases"))
+    store = open_model(str(write_gguf(tmp_path / "biases.gguf", folder, QT.F32)))
+    assert store.spec == folder.spec and "down" in store.spec.biases
+    lane = backends()["reference"].generator()(RunRequest(store))
+    assert lane.generate(run["prompt"], len(run["tokens"])) == run["tokens"]
