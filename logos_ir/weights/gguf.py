@@ -1,4 +1,4 @@
-"""llama.cpp's GGUF files: the file format, parsed and bounds-checked here, and the store that reads a `llama` GGUF
+"""llama.cpp's GGUF files: the file format, parsed and bounds-checked here, and the store that reads a GGUF
 through Hugging Face names and layouts (tensors renamed, dequantized to float32, Q/K rows put back in HF order), with
 the model's spec read from the file's metadata.
 
@@ -376,8 +376,9 @@ def unpermute_qk(weight: np.ndarray, n_head: int) -> np.ndarray:
 
 
 class GGUFStore(WeightStore):
-    """A llama.cpp GGUF file of the `llama` architecture, read through HF names and layouts: tensors are
-    renamed, dequantized to float32 on first `get`, and Q/K rows are put back in HF order."""
+    """A llama.cpp GGUF file of an architecture in `GGUF_ARCHITECTURES`, read through HF names and layouts:
+    tensors are renamed, dequantized to float32 on first `get`, and Q/K rows are put back in HF order where
+    llama.cpp's converter permuted them."""
 
     def __init__(self, path: str | Path):
         self.file = GGUFFile(path)
@@ -386,7 +387,9 @@ class GGUFStore(WeightStore):
             super().__init__(spec, str(self.file.path))
             self._gguf_names = {hf: g for g in self.file.tensors if (hf := hf_tensor_name(g)) is not None}
             self._check()
-            trained = self.file.metadata.get("llama.context_length")
+            arch = self.file.metadata["general.architecture"]
+            self._permuted = GGUF_ARCHITECTURES[arch][0]
+            trained = self.file.metadata.get(f"{arch}.context_length")
             self.trained_ctx = trained if is_int(trained) and trained > 0 else None
         except BaseException:
             self.file.close()
@@ -431,6 +434,8 @@ class GGUFStore(WeightStore):
         if gname is None:
             raise self._missing(name)
         array = self.file.read(gname)
+        if not self._permuted:
+            return array
         if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):  # a bias is permuted as its rows
             return unpermute_qk(array, self.spec.heads)
         if name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):
@@ -502,16 +507,30 @@ def _check_every_key(meta: Mapping[str, Any], arch: str, where: str) -> None:
             )
 
 
-def _gguf_biases(file: GGUFFile) -> tuple[str, ...]:
+def _gguf_biases(file: GGUFFile, arch: str, where: str) -> tuple[str, ...]:
     """The projections that add a bias: those whose first layer's bias tensor the file holds (llama.cpp's llama
-    applies `blk.N.attn_q.bias` and the others where present, with no metadata key saying so). Every layer must
-    then hold it: the store refuses a missing one by name."""
+    applies `blk.N.attn_q.bias` and the others where present, with no metadata key saying so; its qwen2 requires
+    the query, key and value biases). Every layer must then hold them: the store refuses a missing one by name."""
     found: set[str] = set()
     for name in file.tensors:
         match = _GGUF_BLOCK_NAME.fullmatch(name)
         if match and match.group(1) == "0" and match.group(3) == "bias" and match.group(2) in _GGUF_BLOCK:
             found |= {p for p, module in PROJECTIONS.items() if module == _GGUF_BLOCK[match.group(2)]}
+    required = GGUF_ARCHITECTURES[arch][1]
+    if not set(required) <= found:
+        missing = next(p for p in required if p not in found)
+        raise WeightError(f"{where}: tensor '{gguf_tensor_name(f'model.layers.0.{PROJECTIONS[missing]}.bias')}' is "
+                          f"missing: a '{arch}' model's {', '.join(required)} projections add biases")  # fmt: skip
     return tuple(p for p in PROJECTIONS if p in found)
+
+
+# The architectures read, each with whether llama.cpp's converter permuted its Q and K rows (a Llama's rotary
+# pairs interleaved for llama.cpp's "norm" rope; Qwen2's "neox" rope keeps Hugging Face's rotate-half order) and
+# the projections whose biases it always has.
+GGUF_ARCHITECTURES: dict[str, tuple[bool, tuple[str, ...]]] = {
+    "llama": (True, ()),
+    "qwen2": (False, ("query", "key", "value")),
+}
 
 
 def _spec_from_gguf(file: GGUFFile) -> ModelSpec:
@@ -519,16 +538,17 @@ def _spec_from_gguf(file: GGUFFile) -> ModelSpec:
     arch = meta.get("general.architecture")
     if arch is None:
         raise SpecError(f"{where}: GGUF metadata 'general.architecture' is missing")
-    if arch != "llama":
+    if arch not in GGUF_ARCHITECTURES:
         raise SpecError(
             f"{where}: GGUF architecture '{arch}' is not supported",
-            hint="logos-ir reads GGUF files of the 'llama' architecture",
+            hint=f"logos-ir reads GGUF files of the architectures {', '.join(GGUF_ARCHITECTURES)}",
         )
     _check_every_key(meta, arch, where)
-    hidden = _meta_number(meta, where, "llama.embedding_length", int)
-    heads = _meta_number(meta, where, "llama.attention.head_count", int)
-    head_dim = meta.get("llama.attention.key_length", meta.get("llama.rope.dimension_count"))
-    for other in ("llama.attention.value_length", "llama.rope.dimension_count"):
+    a = arch + "."  # the architecture's own keys: llama.block_count, qwen2.block_count
+    hidden = _meta_number(meta, where, a + "embedding_length", int)
+    heads = _meta_number(meta, where, a + "attention.head_count", int)
+    head_dim = meta.get(a + "attention.key_length", meta.get(a + "rope.dimension_count"))
+    for other in (a + "attention.value_length", a + "rope.dimension_count"):
         if head_dim is not None and meta.get(other, head_dim) != head_dim:  # partial rotary; values of another width
             raise SpecError(
                 f"{where}: GGUF metadata '{other}' is {meta[other]!r}, not the head size {head_dim!r}",
@@ -541,21 +561,21 @@ def _spec_from_gguf(file: GGUFFile) -> ModelSpec:
     tokens = meta.get("tokenizer.ggml.tokens")
     embed = file.tensors.get("token_embd.weight")
     vocab_default = len(tokens) if isinstance(tokens, list) else embed.shape[0] if embed and embed.shape else None
-    theta = float(_meta_number(meta, where, "llama.rope.freq_base", float, 10000.0))
+    theta = float(_meta_number(meta, where, a + "rope.freq_base", float, 10000.0))
     try:
         return ModelSpec(
-            vocab=_meta_number(meta, where, "llama.vocab_size", int, vocab_default),
+            vocab=_meta_number(meta, where, a + "vocab_size", int, vocab_default),
             hidden=hidden,
-            layers=_meta_number(meta, where, "llama.block_count", int),
+            layers=_meta_number(meta, where, a + "block_count", int),
             heads=heads,
-            kv_heads=_meta_number(meta, where, "llama.attention.head_count_kv", int, heads),
+            kv_heads=_meta_number(meta, where, a + "attention.head_count_kv", int, heads),
             head_dim=head_dim,
-            intermediate=_meta_number(meta, where, "llama.feed_forward_length", int),
-            rms_eps=float(_meta_number(meta, where, "llama.attention.layer_norm_rms_epsilon", float)),
+            intermediate=_meta_number(meta, where, a + "feed_forward_length", int),
+            rms_eps=float(_meta_number(meta, where, a + "attention.layer_norm_rms_epsilon", float)),
             rope_theta=theta,
             tie_embeddings="output.weight" not in file.tensors,
-            rope_scaling=_gguf_rope_scaling(file, where, head_dim, theta),
-            biases=_gguf_biases(file),
+            rope_scaling=_gguf_rope_scaling(file, where, head_dim, theta, arch),
+            biases=_gguf_biases(file, arch, where),
         )
     except SpecError as error:
         if error.message.startswith(where):
@@ -563,11 +583,11 @@ def _spec_from_gguf(file: GGUFFile) -> ModelSpec:
         raise SpecError(f"{where}: {error.message}", hint=error.hint) from None
 
 
-def _gguf_rope_scaling(file: GGUFFile, where: str, head_dim: Any, theta: float) -> RopeScaling | None:
+def _gguf_rope_scaling(file: GGUFFile, where: str, head_dim: Any, theta: float, arch: str) -> RopeScaling | None:
     """Llama 3 rope scaling. llama.cpp stores it not as parameters but as per-frequency divisors
     (`rope_freqs`), so the parameters are recovered as the standard Llama 3.1 ones (low 1, high 4, original
     8192) with the largest divisor as the factor, and accepted only if they reproduce every divisor."""
-    kind = file.metadata.get("llama.rope.scaling.type", "none")
+    kind = file.metadata.get(f"{arch}.rope.scaling.type", "none")
     if kind not in ("none", "llama3"):
         raise SpecError(f"{where}: rope scaling of type '{kind}' is not supported (only Llama 3's)")
     if "rope_freqs.weight" not in file.tensors:

@@ -80,9 +80,11 @@ def write_gguf(
     types: dict | None = None,
     skip: tuple[str, ...] = (),
     extra=None,
+    permute: bool = True,
 ) -> Path:
     """A llama.cpp-style GGUF of `store`: matrices in `qtype` (or `types[hf_name]`), norms F32, Q/K permuted
-    as convert_hf_to_gguf.py does. `extra(writer)` may add metadata or tensors."""
+    as convert_hf_to_gguf.py does for a Llama (`permute`; its Qwen2 does not). `extra(writer)` may add metadata or
+    tensors."""
     spec = store.spec
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(spec.layers)
@@ -99,7 +101,9 @@ def write_gguf(
         if hf in skip:
             continue
         array = np.array(store.get(hf))
-        if hf.endswith(("q_proj.weight", "q_proj.bias")):  # convert_hf_to_gguf.py permutes a bias with its rows
+        if not permute:
+            pass
+        elif hf.endswith(("q_proj.weight", "q_proj.bias")):  # convert_hf_to_gguf.py permutes a bias with its rows
             array = permute_qk(array, spec.heads)
         elif hf.endswith(("k_proj.weight", "k_proj.bias")):
             array = permute_qk(array, spec.kv_heads)
@@ -665,8 +669,27 @@ def test_gguf_rope_freqs_give_llama3_scaling(tmp_path):
 
 def test_gguf_of_other_architecture_is_a_spec_error(tmp_path):
     with pytest.raises(SpecError) as error:
-        GGUFStore(write_gguf(tmp_path / "q.gguf", RandomWeights(TINY), arch="qwen2"))
-    assert_refused(error, "qwen2", "q.gguf")
+        GGUFStore(write_gguf(tmp_path / "g.gguf", RandomWeights(TINY), arch="gemma2"))
+    assert_refused(error, "gemma2", "g.gguf")
+
+
+def test_a_qwen2_gguf_gives_transformers_tokens_and_one_without_its_biases_is_refused(tmp_path: Path) -> None:
+    """llama.cpp's qwen2: keys under `qwen2.`, Q and K rows as Hugging Face stores them (its rotary is "neox", so
+    convert_hf_to_gguf.py does not permute them), query, key and value biases required."""
+    import json
+
+    from logos_ir.registry import backends
+    from logos_ir.runtime import RunRequest
+
+    families = Path(__file__).parent / "families"
+    run = json.loads((families / "goldens.json").read_text())["families"]["qwen2"]["runs"][0]
+    folder = open_model(str(families / "qwen2"))
+    store = open_model(str(write_gguf(tmp_path / "qwen2.gguf", folder, QT.F32, arch="qwen2", permute=False)))
+    assert store.spec == folder.spec
+    lane = backends()["reference"].generator()(RunRequest(store))
+    assert lane.generate(run["prompt"], len(run["tokens"])) == run["tokens"]
+    with pytest.raises(WeightError, match="tensor 'blk.0.attn_q.bias' is missing: a 'qwen2' model's query, key"):
+        open_model(str(write_gguf(tmp_path / "plain.gguf", RandomWeights(TINY), QT.F32, arch="qwen2")))
 
 
 def test_gguf_missing_tensor_and_wrong_shape_are_named(tmp_path):
