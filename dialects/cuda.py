@@ -428,6 +428,25 @@ class AddOp(KernelOp):
 
 
 @irdl_op_definition
+class BiasAddOp(KernelOp):
+    """out = input + bias on each row: a projection's bias (Qwen2's query, key and value), one thread a column.
+
+    ```mlir
+    cuda.bias_add ins(%query, %query_bias : memref<1x64xf32>, memref<64xbf16>) outs(%query_biased : memref<1x64xf32>)
+    ```
+    """
+
+    name = "cuda.bias_add"
+    ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (("input", "bias"), ("out",))
+    ARITY: ClassVar[tuple[int, int]] = (2, 1)
+
+    def check_(self) -> None:
+        (rows, bias), (out,) = self.shapes()
+        _expect(self, "bias shape", bias, rows[1:])
+        _expect(self, "result shape", out, rows)
+
+
+@irdl_op_definition
 class ArgmaxOp(KernelOp):
     """The index (from 1) of each row's greatest value, the first on a tie, as a two-stage reduction: warps reduce
     `chunk` values each into `scratch` (value, index), then a warp a row reduces those. ins (x), outs (out, scratch
@@ -561,6 +580,7 @@ KERNEL_OPS: tuple[type[KernelOp], ...] = (
     RopeCacheWriteOp,
     AttentionOp,
     AddOp,
+    BiasAddOp,
     ArgmaxOp,
 )
 

@@ -217,6 +217,17 @@ class LaunchAdd(_LaunchKernel):
         return [Kind("add", (0, 1, 2), _rows_by_threads, decode_kernels.add)]
 
 
+class LaunchBiasAdd(_LaunchKernel):
+    source = cuda.BiasAddOp
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: cuda.BiasAddOp, rewriter: PatternRewriter) -> None:
+        self.launch(op, rewriter)
+
+    def kinds(self, op: cuda.BiasAddOp) -> list[Kind]:
+        return [Kind("bias_add", (0, 1, 2), _rows_by_threads, decode_kernels.bias_add)]
+
+
 class LaunchArgmax(_LaunchKernel):
     source = cuda.ArgmaxOp
 
@@ -246,6 +257,7 @@ PATTERNS: tuple[type[_LaunchKernel], ...] = (
     LaunchAttention,
     LaunchPrefillAttention,
     LaunchAdd,
+    LaunchBiasAdd,
     LaunchArgmax,
 )
 

@@ -264,6 +264,9 @@ class LowerSwiGLU(_LoweringPattern):
         step = _last_step(op)
         while step is not None and buffer not in writes(step):
             step = _last_step(step)
+        if isinstance(step, cuda.BiasAddOp):
+            self.lowering.refuse("SwiGLU's fused kernel (cuda.gate_up) adds no bias to its gate and up products yet")
+            return None
         if not isinstance(step, cuda.LinearOp) or list(step.outs) != [buffer]:
             self.lowering.refuse(f"'{op.name}' expects a projection feeding it, found none")
             return None
@@ -277,6 +280,16 @@ class LowerAdd(_LoweringPattern):
     def match_and_rewrite(self, op: logos.AddOp, rewriter: PatternRewriter) -> None:
         out = self.lowering.activation(rewriter, op.result)
         rewriter.insert(cuda.AddOp([self.of(op.lhs, op), self.of(op.rhs, op)], [out]))
+        _stands_for(rewriter, op, out)
+
+
+class LowerBiasAdd(_LoweringPattern):
+    """A projection's bias added to each row, one `cuda.bias_add` (the bias a weight buffer)."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.BiasAddOp, rewriter: PatternRewriter) -> None:
+        out = self.lowering.activation(rewriter, op.result)
+        rewriter.insert(cuda.BiasAddOp([self.of(op.input, op), self.of(op.bias, op)], [out]))
         _stands_for(rewriter, op, out)
 
 
@@ -446,6 +459,7 @@ PATTERNS: tuple[type[_LoweringPattern], ...] = (
     LowerLinear,
     LowerSwiGLU,
     LowerAdd,
+    LowerBiasAdd,
     CheckRope,
     LowerCacheWrite,
     LowerAttention,
@@ -463,6 +477,7 @@ LOWERED_OPS = (
     logos.SiluOp,
     logos.MulOp,
     logos.AddOp,
+    logos.BiasAddOp,
     logos.RopeOp,
     logos.RowOp,
     logos.CacheWriteOp,

@@ -648,6 +648,18 @@ def argmax_final(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -
     b.when(b.cmp("ult", row, rows), body)
 
 
+def bias_add(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
+    """out[row, column] = x[row, column] + bias[column]: a thread a column, a block row of them a row."""
+    x, bias, out = args
+    width = shapes[0][1]
+    column = b.add(b.mul(b.block("x"), THREADS), b.thread())
+    row = b.block("y")
+    b.when(
+        b.cmp("ult", column, width),
+        lambda: b.store(b.fadd(b.load(x, [row, column]), b.load(bias, [column])), out, [row, column]),
+    )
+
+
 def add(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
     lhs, rhs, out = args
     width = shapes[0][1]
