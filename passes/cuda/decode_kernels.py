@@ -648,24 +648,24 @@ def argmax_final(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -
     b.when(b.cmp("ult", row, rows), body)
 
 
-def bias_add(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
-    """out[row, column] = x[row, column] + bias[column]: a thread a column, a block row of them a row."""
-    x, bias, out = args
-    width = shapes[0][1]
-    column = b.add(b.mul(b.block("x"), THREADS), b.thread())
-    row = b.block("y")
-    b.when(
-        b.cmp("ult", column, width),
-        lambda: b.store(b.fadd(b.load(x, [row, column]), b.load(bias, [column])), out, [row, column]),
-    )
-
-
 def add(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
+    """out = lhs + rhs, elementwise."""
+    _sum_by_columns(b, args, shapes, broadcast=False)
+
+
+def bias_add(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
+    """out[row, column] = x[row, column] + bias[column]."""
+    _sum_by_columns(b, args, shapes, broadcast=True)
+
+
+def _sum_by_columns(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], broadcast: bool) -> None:
+    """A thread a column, a block row of them a row: out = lhs + rhs, the rhs one row for every row (`broadcast`)."""
     lhs, rhs, out = args
     width = shapes[0][1]
     column = b.add(b.mul(b.block("x"), THREADS), b.thread())
     row = b.block("y")
+    at = [column] if broadcast else [row, column]
     b.when(
         b.cmp("ult", column, width),
-        lambda: b.store(b.fadd(b.load(lhs, [row, column]), b.load(rhs, [row, column])), out, [row, column]),
+        lambda: b.store(b.fadd(b.load(lhs, [row, column]), b.load(rhs, at)), out, [row, column]),
     )

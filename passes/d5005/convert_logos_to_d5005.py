@@ -75,7 +75,7 @@ def convert_program(program: Operation, weights: str, params: d5005.EngineParams
     params = params or d5005.EngineParams(weights=weights)
     cut = _decode_cut(program)
     assert cut.ctx is not None
-    _check_inlined(program)
+    _check_main(program)
     placement = Placement.of(program, weights, params.burst_bytes, cut.ctx)
     refusal = fit_error(placement, NAME, weights, cut.ctx)
     if refusal is not None:
@@ -108,7 +108,8 @@ def convert_program(program: Operation, weights: str, params: d5005.EngineParams
     return lowered
 
 
-def _check_inlined(program: logos.ProgramOp) -> None:
+def _check_main(program: logos.ProgramOp) -> None:
+    """Refuse, before anything is rewritten, a @main the engine does not run: calls, an op with no instruction."""
     main = program.function("main")
     assert main is not None  # the program op's verifier requires it
     call = next((op for op in main.body.block.ops if isinstance(op, func.CallOp)), None)

@@ -101,11 +101,9 @@ def write_gguf(
         if hf in skip:
             continue
         array = np.array(store.get(hf))
-        if not permute:
-            pass
-        elif hf.endswith(("q_proj.weight", "q_proj.bias")):  # convert_hf_to_gguf.py permutes a bias with its rows
+        if permute and hf.endswith(("q_proj.weight", "q_proj.bias")):  # convert_hf_to_gguf permutes a bias too
             array = permute_qk(array, spec.heads)
-        elif hf.endswith(("k_proj.weight", "k_proj.bias")):
+        elif permute and hf.endswith(("k_proj.weight", "k_proj.bias")):
             array = permute_qk(array, spec.kv_heads)
         kind = (types or {}).get(hf, QT.F32 if array.ndim == 1 else qtype)
         if kind == QT.F32:
