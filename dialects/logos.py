@@ -246,6 +246,7 @@ class ModelAttr(ParametrizedAttribute):
     rope_scaling: RopeScalingAttr | NoneAttr
     sliding_window: IntegerAttr[I64] | NoneAttr
     biases: ArrayAttr[StringAttr]  # the projections that add a bias (empty: none, and not printed)
+    head_norms: BoolAttr  # each head of the query and of the key RMS-normed (false: not printed)
 
     @staticmethod
     def of(spec: ModelSpec) -> ModelAttr:
@@ -258,6 +259,7 @@ class ModelAttr(ParametrizedAttribute):
             scaling,
             window,
             ArrayAttr([StringAttr(p) for p in spec.biases]),
+            BoolAttr.from_bool(spec.head_norms),
         )
 
     @property
@@ -272,6 +274,7 @@ class ModelAttr(ParametrizedAttribute):
             rope_scaling=scaling.scaling if isinstance(scaling, RopeScalingAttr) else None,
             sliding_window=self.sliding_window.value.data if isinstance(self.sliding_window, IntegerAttr) else None,
             biases=tuple(p.data for p in self.biases.data),
+            head_norms=bool(self.head_norms.value.data),
         )
 
     def print_parameters(self, printer: Printer) -> None:
@@ -287,6 +290,8 @@ class ModelAttr(ParametrizedAttribute):
         if self.biases.data:
             printer.print_string(", biases = ")
             printer.print_attribute(self.biases)
+        if self.head_norms.value.data:
+            printer.print_string(", head_norms = true")
         printer.print_string(">")
 
     @classmethod
@@ -303,6 +308,7 @@ class ModelAttr(ParametrizedAttribute):
             values.append(BoolAttr.from_bool(parser.parse_boolean()))
             optional: dict[str, Attribute] = {"rope_scaling": NoneAttr(), "sliding_window": NoneAttr()}
             optional["biases"] = ArrayAttr([])
+            optional["head_norms"] = BoolAttr.from_bool(False)
             keys = list(optional)  # each at most once, in this order
             while parser.parse_optional_punctuation(",") is not None:
                 key = next((k for k in keys if parser.parse_optional_keyword(k) is not None), None)
@@ -312,6 +318,8 @@ class ModelAttr(ParametrizedAttribute):
                 parser.parse_punctuation("=")
                 if key == "sliding_window":
                     optional[key] = IntegerAttr(parser.parse_integer(allow_boolean=False), i64)
+                elif key == "head_norms":
+                    optional[key] = BoolAttr.from_bool(parser.parse_boolean())
                 else:
                     optional[key] = parser.parse_attribute()
             values += optional.values()
@@ -625,6 +633,36 @@ class RMSNormOp(LogosOp):
         x, weight = tensor_shape(self.input), tensor_shape(self.weight)
         _expect_rank(self, "input", x, 2)
         _expect_same(self, "weight shape", weight, (x[1],))
+        _expect_same(self, "result shape", tensor_shape(self.result), x)
+
+
+@irdl_op_definition
+class HeadRMSNormOp(LogosOp):
+    """RMS normalisation of each head of each row, scaled by a weight as long as a head: the row is cut into heads of
+    the weight's length and each is normed alone (Qwen3's and Gemma 3's `q_norm` and `k_norm`).
+
+    ```mlir
+    %q = logos.head_rms_norm %query, %w epsilon 1.0e-05 : f64 : (tensor<1x64xf32>, tensor<16xf32>) -> tensor<1x64xf32>
+    ```
+    """
+
+    name = "logos.head_rms_norm"
+
+    input = operand_def(TensorType)
+    weight = operand_def(TensorType)
+    epsilon = prop_def(FloatAttr)
+    result = result_def(TensorType)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$input `,` $weight `epsilon` $epsilon attr-dict `:` functional-type(operands, results)"
+
+    def check_(self) -> None:
+        x, weight = tensor_shape(self.input), tensor_shape(self.weight)
+        _expect_rank(self, "input", x, 2)
+        _expect_rank(self, "weight", weight, 1)
+        if weight[0] == 0 or x[1] % weight[0]:
+            raise _fail(self, f"expects rows of whole heads: {x[1]} numbers are not heads of {weight[0]}")
         _expect_same(self, "result shape", tensor_shape(self.result), x)
 
 
@@ -952,6 +990,7 @@ LOGOS = Dialect(
         CacheOp,
         EmbedOp,
         RMSNormOp,
+        HeadRMSNormOp,
         LinearOp,
         RopeOp,
         CacheWriteOp,

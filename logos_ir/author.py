@@ -158,6 +158,8 @@ def layer_weights(layer: int) -> dict[str, str]:
         "query": p + "self_attn.q_proj.weight",
         "key": p + "self_attn.k_proj.weight",
         "value": p + "self_attn.v_proj.weight",
+        "query_norm": p + "self_attn.q_norm.weight",  # a model with head norms only (Qwen3)
+        "key_norm": p + "self_attn.k_norm.weight",
         "output": p + "self_attn.o_proj.weight",
         "mlp_norm": p + "post_attention_layernorm.weight",
         "gate": p + "mlp.gate_proj.weight",
@@ -307,6 +309,11 @@ class _Plan:
         key = b("key", "key", lambda name: section.linear(name, key_weight, normed))
         value_weight = w(section, "value_weight", names["value"], (spec.kv_dim, spec.hidden))
         value = b("value", "value", lambda name: section.linear(name, value_weight, normed))
+        if spec.head_norms:  # each head of the query and of the key normed before it is rotated (Qwen3)
+            query_norm = w(section, "query_norm", names["query_norm"], (spec.head_dim,))
+            query = section.head_rms_norm("normed_query", query, query_norm)
+            key_norm = w(section, "key_norm", names["key_norm"], (spec.head_dim,))
+            key = section.head_rms_norm("normed_key", key, key_norm)
         turned_query = section.rope("turned_query", query, position)
         turned_key = section.rope("turned_key", key, position)
         attended = self._attend(section, layer, turned_query, turned_key, value, position)

@@ -181,6 +181,14 @@ class SectionBuilder:
         )
         return self._let(op, name)
 
+    def head_rms_norm(self, name: str, x: SSAValue, weight: SSAValue) -> SSAValue:
+        op = logos.HeadRMSNormOp.create(
+            operands=[x, weight],
+            properties={"epsilon": real(self.spec.rms_eps)},
+            result_types=[x.type],
+        )
+        return self._let(op, name)
+
     def linear(self, name: str, weight: SSAValue, x: SSAValue) -> SSAValue:
         rows, out = _shape(x)[0], _shape(weight)[0]
         op = logos.LinearOp.create(operands=[x, weight], result_types=[f32_tensor((rows, out))])

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import FileLineColLoc, IntAttr, MemRefType, StringAttr, TensorType, f32, i64
@@ -24,7 +25,7 @@ from logos_ir import builder
 from logos_ir.builder import SectionBuilder
 from logos_ir.dialects import logos
 from logos_ir.errors import CutError, LogosError, ParseError, SourceLocation, SpecError
-from logos_ir.printer import INDENT, fact_lines, section_header, sentence, word_list
+from logos_ir.printer import HEAD_NORMS, INDENT, fact_lines, section_header, sentence, word_list
 from logos_ir.program import Cut
 from logos_ir.spec import PROJECTIONS, ModelSpec, RopeScaling
 
@@ -211,18 +212,11 @@ def _read_facts(src: _Source, lines: list[_Line], end: int) -> tuple[ModelSpec, 
         last = line
         values.update(_fact(src, line, key, pattern))
     line = next(facts, None)
-    scaling = None
-    if line is not None and line.text.startswith(INDENT + "The rotary frequencies"):
-        scaling = _scaling(src, line)
-        line = next(facts, None)
-    window = None
-    if line is not None and line.text.startswith(INDENT + "Attention looks back"):
-        window = _window(src, line)
-        line = next(facts, None)
-    biases: tuple[str, ...] = ()
-    if line is not None and line.text.endswith(" projections add biases."):
-        biases = _biases(src, line)
-        line = next(facts, None)
+    optional: dict[str, Any] = {}
+    for spec_field, starts, read in _OPTIONAL_FACTS:  # each at most once, in this order
+        if line is not None and starts(line.text[len(INDENT) :]):
+            optional[spec_field] = read(src, line)
+            line = next(facts, None)
     if line is None or line.text[len(INDENT) :] not in _TIES:
         where = line or last
         raise src.error(
@@ -249,7 +243,7 @@ def _read_facts(src: _Source, lines: list[_Line], end: int) -> tuple[ModelSpec, 
         rest = next(facts, None)
         if rest is not None:
             raise src.error(rest.number, len(INDENT) + 1, "unknown fact after the chips")
-    spec = _spec(src, lines[0], values, tie, scaling, window, biases)
+    spec = _spec(src, lines[0], values, tie, optional)
     _check_canonical_facts(src, lines[1:end], spec, chips)
     return spec, chips
 
@@ -349,17 +343,25 @@ def _biases(src: _Source, line: _Line) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _spec(
-    src: _Source,
-    header: _Line,
-    values: dict,
-    tie: bool,
-    scaling: RopeScaling | None,
-    window: int | None = None,
-    biases: tuple[str, ...] = (),
-) -> ModelSpec:
+def _head_norms(src: _Source, line: _Line) -> bool:
+    if line.text[len(INDENT) :] != HEAD_NORMS:
+        raise src.error(line.number, len(INDENT) + 1, "malformed head norms fact", f"write '{HEAD_NORMS}'")
+    return True
+
+
+# The facts a model may have between the rotary base and its head's table, in their fixed order: the spec's field
+# each says, how its sentence starts, and its reader (which refuses a malformed one at its line).
+_OPTIONAL_FACTS: list[tuple[str, Callable[[str], bool], Callable[[_Source, _Line], Any]]] = [
+    ("rope_scaling", lambda text: text.startswith("The rotary frequencies"), _scaling),
+    ("sliding_window", lambda text: text.startswith("Attention looks back"), _window),
+    ("biases", lambda text: text.endswith(" projections add biases."), _biases),
+    ("head_norms", lambda text: text.startswith("Each head of the query"), _head_norms),
+]
+
+
+def _spec(src: _Source, header: _Line, values: dict, tie: bool, optional: dict[str, Any]) -> ModelSpec:
     try:
-        return ModelSpec(**values, tie_embeddings=tie, rope_scaling=scaling, sliding_window=window, biases=biases)
+        return ModelSpec(**values, tie_embeddings=tie, **optional)
     except SpecError as error:
         raise src.error(
             header.number + 1, len(INDENT) + 1, f"the model's facts do not make a model: {error.message}"
@@ -600,7 +602,10 @@ _EXPRESSIONS: dict[str, tuple[re.Pattern[str], str]] = {
         "the key cache of layer 0, with 2 heads by 64 positions by 16 numbers",
     ),
     "rows": (re.compile(r"the rows of (\S+) at (\S+)"), "the rows of table at token"),
-    "RMS": (re.compile(r"the RMS norm of (\S+) with (\S+)"), "the RMS norm of x with attention_norm"),
+    "RMS": (
+        re.compile(r"the RMS norm of (each head of )?(\S+) with (\S+)"),
+        "the RMS norm of x with attention_norm (of each head: 'the RMS norm of each head of query with query_norm')",
+    ),
     "attention": (
         re.compile(r"the attention of (\S+) over (\S+) and (\S+?)(?: up to (\S+)|(, with no history))"),
         "the attention of turned_query over keys and values up to position",
@@ -814,7 +819,13 @@ class _Scope:
         return self.build.embed(name, table, tokens)
 
     def _RMS(self, name: str, m: re.Match[str]) -> SSAValue:
-        return self.build.rms_norm(name, self._tensor(m[1], m.start(1)), self._tensor(m[2], m.start(2)))
+        x, weight = self._tensor(m[2], m.start(2)), self._tensor(m[3], m.start(3))
+        if m[1] is None:
+            return self.build.rms_norm(name, x, weight)
+        if not self.spec.head_norms:
+            hint = f"add the fact '{HEAD_NORMS}'"
+            raise self._here(m.start(1), "an RMS norm of each head, but the model's facts do not say so", hint)
+        return self.build.head_rms_norm(name, x, weight)
 
     def _attention(self, name: str, m: re.Match[str]) -> SSAValue:
         query = self._tensor(m[1], m.start(1))

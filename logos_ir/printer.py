@@ -42,6 +42,9 @@ def word_list(words: tuple[str, ...] | list[str]) -> str:
     return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
 
 
+HEAD_NORMS = "Each head of the query and of the key is RMS-normed."
+
+
 def fact_lines(spec: ModelSpec, chips: int | None) -> list[str]:
     """The model's facts, one sentence each, in their fixed order (the grammar's `facts`)."""
     lines = [
@@ -65,6 +68,8 @@ def fact_lines(spec: ModelSpec, chips: int | None) -> list[str]:
         lines.append(f"Attention looks back over a sliding window of {count(spec.sliding_window, 'position')}.")
     if spec.biases:
         lines.append(f"The {word_list(spec.biases)} projections add biases.")
+    if spec.head_norms:
+        lines.append(HEAD_NORMS)
     lines.append("The head reads the embedding table." if spec.tie_embeddings else "The head has its own table.")
     if chips is not None:
         lines.append(f"The program runs on {count(chips, 'chip')}.")
@@ -211,6 +216,7 @@ _SENTENCES: dict[type[Operation], Callable[..., str]] = {
     logos.SelfAttentionOp: _self_attention,
     logos.EmbedOp: lambda op, n: _let(op, n, f"the rows of {n(op.table)} at {n(op.tokens)}"),
     logos.RMSNormOp: lambda op, n: _let(op, n, f"the RMS norm of {n(op.input)} with {n(op.weight)}"),
+    logos.HeadRMSNormOp: lambda op, n: _let(op, n, f"the RMS norm of each head of {n(op.input)} with {n(op.weight)}"),
     logos.LinearOp: lambda op, n: _let(op, n, f"{n(op.weight)} applied to {n(op.input)}"),
     logos.RopeOp: lambda op, n: _let(op, n, f"{n(op.input)} rotated to {n(op.positions)}"),
     logos.AddOp: lambda op, n: _let(op, n, f"{n(op.lhs)} plus {n(op.rhs)}"),

@@ -17,7 +17,9 @@ from typing import Any
 
 from logos_ir.errors import SourceLocation, SpecError
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "phi3", "qwen2")  # phi3: a Llama whose checkpoint fuses projections
+# phi3: a Llama whose checkpoint fuses projections; qwen2: biases on Q, K and V; qwen3: an RMS norm on each head of
+# Q and K
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "phi3", "qwen2", "qwen3")
 # The projections that may add a bias, in model order, with the Hugging Face module each is (`<module>.bias`).
 PROJECTIONS = {
     "query": "self_attn.q_proj",
@@ -76,6 +78,9 @@ class ModelSpec:
     # The projections (`PROJECTIONS`' names, in its order) that add a bias after their product: Qwen2's query, key
     # and value; a Llama's with `attention_bias` (and the output) or `mlp_bias` (gate, up, down).
     biases: tuple[str, ...] = field(default=())
+    # Each head of the query and of the key is RMS-normed (over its head_dim numbers, with a weight of its own, the
+    # model's epsilon) before it is rotated: Qwen3's `q_norm` and `k_norm`, Gemma 3's.
+    head_norms: bool = field(default=False)
 
     def __post_init__(self) -> None:
         for name in ("vocab", "hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate"):
@@ -101,8 +106,9 @@ class ModelSpec:
             raise SpecError(
                 f"'biases' must name projections of {', '.join(PROJECTIONS)} in that order, not {self.biases!r}"
             )
-        if not isinstance(self.tie_embeddings, bool):
-            raise SpecError(f"'tie_embeddings' must be true or false, not {self.tie_embeddings!r}")
+        for name in ("tie_embeddings", "head_norms"):
+            if not isinstance(getattr(self, name), bool):
+                raise SpecError(f"'{name}' must be true or false, not {getattr(self, name)!r}")
         # Floats are kept as floats so that printing them is one rule (`repr`) everywhere.
         object.__setattr__(self, "rms_eps", float(self.rms_eps))
         object.__setattr__(self, "rope_theta", float(self.rope_theta))
@@ -152,11 +158,13 @@ class ModelSpec:
 
     def _layer_weight_shapes(self) -> dict[str, tuple[int, ...]]:
         hidden, inter = self.hidden, self.intermediate
+        head_norms = {"self_attn.q_norm": (self.head_dim,), "self_attn.k_norm": (self.head_dim,)}
         return {
             "input_layernorm": (hidden,),
             "self_attn.q_proj": (self.q_dim, hidden),
             "self_attn.k_proj": (self.kv_dim, hidden),
             "self_attn.v_proj": (self.kv_dim, hidden),
+            **(head_norms if self.head_norms else {}),
             "self_attn.o_proj": (hidden, self.q_dim),
             "post_attention_layernorm": (hidden,),
             "mlp.gate_proj": (inter, hidden),
@@ -198,13 +206,15 @@ class ModelSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as plain data (for JSON reports and manifests)."""
-        optional = ("rope_scaling", "sliding_window", "biases")
+        optional = ("rope_scaling", "sliding_window", "biases", "head_norms")
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in optional}
         out["rope_scaling"] = None if self.rope_scaling is None else dict(vars(self.rope_scaling))
         if self.sliding_window is not None:  # absent for a model without one, as the program's facts leave it out
             out["sliding_window"] = self.sliding_window
         if self.biases:
             out["biases"] = list(self.biases)
+        if self.head_norms:
+            out["head_norms"] = True
         return out
 
 
@@ -470,13 +480,14 @@ def _spec_from_config(config: Mapping[str, Any], where: str) -> ModelSpec:
         rope_scaling=scaling,
         sliding_window=_window(config, where),
         biases=_biases(config, where, model_type),
+        head_norms=model_type == "qwen3",
     )
 
 
 def _biases(config: Mapping[str, Any], where: str, model_type: str) -> tuple[str, ...]:
     """The projections that add a bias: Qwen2's query, key and value always (its attention has them, with no key
     saying so); a Llama's attention (query, key, value, output) with `attention_bias`, its MLP with `mlp_bias`."""
-    biased = {"query", "key", "value"} if model_type == "qwen2" else set()
+    biased = {"query", "key", "value"} if model_type == "qwen2" else set()  # Qwen3's attention has none by default
     for key, projections in (
         ("attention_bias", ("query", "key", "value", "output")),
         ("mlp_bias", ("gate", "up", "down")),

@@ -240,6 +240,14 @@ def _plan_function(plan: _Plan, spec: ModelSpec, function: func.FuncOp) -> None:
                 raise refuse(op, "adds a bias that is not split as the rows it is added to")
             if x is not None:
                 retype(op, x)
+        elif isinstance(op, logos.HeadRMSNormOp):  # whole heads on each chip: each normed alone, by the whole weight
+            x = share(op.input)
+            if share(op.weight) is not None:
+                raise refuse(op, "norms heads by a weight that is split")
+            if x is not None:
+                if x[-1] % logos.tensor_shape(op.weight)[0]:
+                    raise refuse(op, f"norms a share of {x[-1]} numbers, not whole heads")
+                retype(op, x)
         elif isinstance(op, logos.CacheWriteOp):
             x, cache = share(op.input), share(op.cache)
             if x is None or cache is None or x[-1] != cache[-3] * cache[-1]:

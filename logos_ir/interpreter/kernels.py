@@ -59,6 +59,23 @@ def embed(table: np.ndarray) -> Callable[..., Step]:
     return make
 
 
+def head_rms_norm(weight: np.ndarray, epsilon: float) -> Callable[..., Step]:
+    """RMS norm of each head (the weight's length) of each row, as `rms_norm` computes a row's."""
+    eps, head = _F32(epsilon), weight.shape[0]
+    inv_n = _F32(1.0 / head)
+    einsum, sqrt = np.einsum, np.sqrt
+
+    def make(x: int, out: int) -> Step:
+        def step(r: Registers) -> None:
+            v = r[x].reshape(r[x].shape[0], -1, head)
+            mean_square = einsum("ijk,ijk->ij", v, v) * inv_n
+            r[out] = ((v * (1 / sqrt(mean_square + eps))[:, :, None]) * weight).reshape(r[x].shape)
+
+        return step
+
+    return make
+
+
 def rms_norm(weight: np.ndarray, epsilon: float) -> Callable[..., Step]:
     eps = _F32(epsilon)
     inv_n = _F32(1.0 / weight.shape[0])

@@ -166,6 +166,7 @@ class ChipCompiler:
             logos.AddOp: self._elementwise,
             logos.MulOp: self._elementwise,
             logos.BiasAddOp: self._bias_add,
+            logos.HeadRMSNormOp: self._rms_norm,
             logos.SiluOp: self._silu,
             logos.RowOp: self._row,
             logos.ArgmaxOp: self._argmax,
@@ -288,12 +289,13 @@ class ChipCompiler:
         tokens = self._value(env[op.tokens], section, "the tokens")
         env[op.result] = self._emit(kernels.embed(table.array), [tokens], section)
 
-    def _rms_norm(self, op: logos.RMSNormOp, env: dict[SSAValue, _Ref], section: str) -> None:
+    def _rms_norm(self, op: logos.RMSNormOp | logos.HeadRMSNormOp, env: dict[SSAValue, _Ref], section: str) -> None:
         weight = env[op.weight]
         if not isinstance(weight, _Const):
             raise LogosError(f"@{section}: the reference interpreter scales an RMS norm by a weight only")
         x = self._value(env[op.input], section, "the input")
-        env[op.result] = self._emit(kernels.rms_norm(weight.array, op.epsilon.value.data), [x], section)
+        norm = kernels.head_rms_norm if isinstance(op, logos.HeadRMSNormOp) else kernels.rms_norm
+        env[op.result] = self._emit(norm(weight.array, op.epsilon.value.data), [x], section)
 
     def _linear(self, op: logos.LinearOp, env: dict[SSAValue, _Ref], section: str) -> None:
         x = self._value(env[op.input], section, "the input")

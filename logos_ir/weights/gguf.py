@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -318,6 +318,8 @@ _GGUF_BLOCK = {
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
+    "attn_q_norm": "self_attn.q_norm",  # Qwen3's norm of each head of the query and the key
+    "attn_k_norm": "self_attn.k_norm",
     "attn_output": "self_attn.o_proj",
     "ffn_norm": "post_attention_layernorm",
     "ffn_gate": "mlp.gate_proj",
@@ -388,7 +390,7 @@ class GGUFStore(WeightStore):
             self._gguf_names = {hf: g for g in self.file.tensors if (hf := hf_tensor_name(g)) is not None}
             self._check()
             arch = self.file.metadata["general.architecture"]
-            self._permuted = GGUF_ARCHITECTURES[arch][0]
+            self._permuted = GGUF_ARCHITECTURES[arch].permuted
             trained = self.file.metadata.get(f"{arch}.context_length")
             self.trained_ctx = trained if is_int(trained) and trained > 0 else None
         except BaseException:
@@ -516,7 +518,7 @@ def _gguf_biases(file: GGUFFile, arch: str, where: str) -> tuple[str, ...]:
         match = _GGUF_BLOCK_NAME.fullmatch(name)
         if match and match.group(1) == "0" and match.group(3) == "bias" and match.group(2) in _GGUF_BLOCK:
             found |= {p for p, module in PROJECTIONS.items() if module == _GGUF_BLOCK[match.group(2)]}
-    required = GGUF_ARCHITECTURES[arch][1]
+    required = GGUF_ARCHITECTURES[arch].biases
     if not set(required) <= found:
         missing = next(p for p in required if p not in found)
         raise WeightError(f"{where}: tensor '{gguf_tensor_name(f'model.layers.0.{PROJECTIONS[missing]}.bias')}' is "
@@ -524,12 +526,21 @@ def _gguf_biases(file: GGUFFile, arch: str, where: str) -> tuple[str, ...]:
     return tuple(p for p in PROJECTIONS if p in found)
 
 
-# The architectures read, each with whether llama.cpp's converter permuted its Q and K rows (a Llama's rotary
-# pairs interleaved for llama.cpp's "norm" rope; Qwen2's "neox" rope keeps Hugging Face's rotate-half order) and
-# the projections whose biases it always has.
-GGUF_ARCHITECTURES: dict[str, tuple[bool, tuple[str, ...]]] = {
-    "llama": (True, ()),
-    "qwen2": (False, ("query", "key", "value")),
+class GGUFArchitecture(NamedTuple):
+    """What a GGUF architecture says without a key: whether llama.cpp's converter permuted its Q and K rows (a
+    Llama's rotary pairs interleaved for llama.cpp's "norm" rope; Qwen's "neox" rope keeps Hugging Face's
+    rotate-half order), the projections whose biases it always has, and whether each head of its query and key is
+    RMS-normed (`blk.N.attn_q_norm.weight`, `attn_k_norm`)."""
+
+    permuted: bool
+    biases: tuple[str, ...] = ()
+    head_norms: bool = False
+
+
+GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
+    "llama": GGUFArchitecture(permuted=True),
+    "qwen2": GGUFArchitecture(permuted=False, biases=("query", "key", "value")),
+    "qwen3": GGUFArchitecture(permuted=False, head_norms=True),
 }
 
 
@@ -576,6 +587,7 @@ def _spec_from_gguf(file: GGUFFile) -> ModelSpec:
             tie_embeddings="output.weight" not in file.tensors,
             rope_scaling=_gguf_rope_scaling(file, where, head_dim, theta, arch),
             biases=_gguf_biases(file, arch, where),
+            head_norms=GGUF_ARCHITECTURES[arch].head_norms,
         )
     except SpecError as error:
         if error.message.startswith(where):

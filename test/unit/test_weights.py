@@ -62,6 +62,8 @@ def gguf_name(hf: str) -> str:
         "self_attn.q_proj": "attn_q",
         "self_attn.k_proj": "attn_k",
         "self_attn.v_proj": "attn_v",
+        "self_attn.q_norm": "attn_q_norm",  # gguf-py's MODEL_TENSOR.ATTN_Q_NORM (Qwen3)
+        "self_attn.k_norm": "attn_k_norm",
         "self_attn.o_proj": "attn_output",
         "post_attention_layernorm": "ffn_norm",
         "mlp.gate_proj": "ffn_gate",
@@ -688,6 +690,25 @@ def test_a_qwen2_gguf_gives_transformers_tokens_and_one_without_its_biases_is_re
     assert lane.generate(run["prompt"], len(run["tokens"])) == run["tokens"]
     with pytest.raises(WeightError, match="tensor 'blk.0.attn_q.bias' is missing: a 'qwen2' model's query, key"):
         open_model(str(write_gguf(tmp_path / "plain.gguf", RandomWeights(TINY), QT.F32, arch="qwen2")))
+
+
+def test_a_qwen3_gguf_gives_transformers_tokens_with_its_head_norms(tmp_path: Path) -> None:
+    """llama.cpp's qwen3: keys under `qwen3.`, Q and K rows unpermuted (its rotary is "neox"), and the norm of each
+    head of the query and key as `blk.N.attn_q_norm.weight` and `attn_k_norm`; a file without them is refused."""
+    import json
+
+    from logos_ir.registry import backends
+    from logos_ir.runtime import RunRequest
+
+    families = Path(__file__).parent / "families"
+    run = json.loads((families / "goldens.json").read_text())["families"]["qwen3"]["runs"][0]
+    folder = open_model(str(families / "qwen3"))
+    store = open_model(str(write_gguf(tmp_path / "qwen3.gguf", folder, QT.F32, arch="qwen3", permute=False)))
+    assert store.spec == folder.spec and store.spec.head_norms
+    lane = backends()["reference"].generator()(RunRequest(store))
+    assert lane.generate(run["prompt"], len(run["tokens"])) == run["tokens"]
+    with pytest.raises(WeightError, match=r"tensor .model.layers.0.self_attn.q_norm.weight. is missing"):
+        open_model(str(write_gguf(tmp_path / "plain.gguf", RandomWeights(TINY), QT.F32, arch="qwen3")))
 
 
 def test_gguf_missing_tensor_and_wrong_shape_are_named(tmp_path):
