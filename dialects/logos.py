@@ -30,7 +30,6 @@ logos.program cut "decode ctx=64" chips 1 digest "000000000000000000000000000000
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import ClassVar, cast
@@ -245,6 +244,7 @@ class ModelAttr(ParametrizedAttribute):
     tie_embeddings: BoolAttr
     rope_scaling: RopeScalingAttr | NoneAttr
     sliding_window: IntegerAttr[I64] | NoneAttr
+    full_layers: DenseArrayBase[I64]  # the layers that attend the whole cache despite the window (empty: not printed)
     biases: ArrayAttr[StringAttr]  # the projections that add a bias (empty: none, and not printed)
     head_norms: BoolAttr  # each head of the query and of the key RMS-normed (false: not printed)
 
@@ -258,6 +258,7 @@ class ModelAttr(ParametrizedAttribute):
             BoolAttr.from_bool(spec.tie_embeddings),
             scaling,
             window,
+            DenseArrayBase.from_list(i64, spec.full_layers),
             ArrayAttr([StringAttr(p) for p in spec.biases]),
             BoolAttr.from_bool(spec.head_norms),
         )
@@ -273,6 +274,7 @@ class ModelAttr(ParametrizedAttribute):
             tie_embeddings=bool(self.tie_embeddings.value.data),
             rope_scaling=scaling.scaling if isinstance(scaling, RopeScalingAttr) else None,
             sliding_window=self.sliding_window.value.data if isinstance(self.sliding_window, IntegerAttr) else None,
+            full_layers=tuple(self.full_layers.get_values()),
             biases=tuple(p.data for p in self.biases.data),
             head_norms=bool(self.head_norms.value.data),
         )
@@ -287,6 +289,9 @@ class ModelAttr(ParametrizedAttribute):
             printer.print_attribute(self.rope_scaling)
         if isinstance(self.sliding_window, IntegerAttr):
             printer.print_string(f", sliding_window = {self.sliding_window.value.data}")
+        if self.full_layers.get_values():
+            printer.print_string(", full_layers = ")
+            printer.print_attribute(self.full_layers)
         if self.biases.data:
             printer.print_string(", biases = ")
             printer.print_attribute(self.biases)
@@ -307,6 +312,7 @@ class ModelAttr(ParametrizedAttribute):
             _parse_entry(parser, "tie_embeddings", False)
             values.append(BoolAttr.from_bool(parser.parse_boolean()))
             optional: dict[str, Attribute] = {"rope_scaling": NoneAttr(), "sliding_window": NoneAttr()}
+            optional["full_layers"] = DenseArrayBase.from_list(i64, ())
             optional["biases"] = ArrayAttr([])
             optional["head_norms"] = BoolAttr.from_bool(False)
             keys = list(optional)  # each at most once, in this order
@@ -409,10 +415,38 @@ class ProgramOp(LogosOp):
             raise _fail(self, f"expects a digest of 64 lowercase hex digits, got '{digest}'")
         if self.function("main") is None:  # (`function` reads the module: a body of no module is refused there)
             raise _fail(self, "has no @main section")
-        window = self.model.spec.sliding_window
-        ctx = re.search(r"\bctx=([0-9]+)", self.cut.data)
-        if window is not None and ctx is not None and int(ctx[1]) > window:
-            raise _fail(self, f"holds a cache of {ctx[1]} positions, more than its model's sliding window of {window}")
+        self._check_windows()
+
+    def _check_windows(self) -> None:
+        """Each attention says its layer's sliding window exactly where the window bites (a cache longer than it),
+        and nowhere else: a program cannot attend past the window its model has, nor window a full layer."""
+        spec = self.model.spec
+        for op in self.walk():
+            if isinstance(op, SelfAttentionOp) and spec.sliding_window is not None:
+                rows = tensor_shape(op.query)[0]
+                if rows > spec.sliding_window:
+                    raise _fail(self, f"attends {rows} rows with no history, more than the sliding window")
+            if not isinstance(op, AttentionOp):
+                continue
+            cache = op.keys.owner
+            if not isinstance(cache, CacheOp):
+                continue
+            window = spec.window_of(cache.layer.value.data)
+            bites = window is not None and tensor_shape(op.keys)[-2] > window
+            said = None if op.window is None else op.window.value.data
+            if said != (window if bites else None):
+                raise _fail(
+                    self, f"has an attention of layer {cache.layer.value.data} {window_mismatch(said, window, bites)}"
+                )
+
+
+def window_mismatch(said: int | None, window: int | None, bites: bool) -> str:
+    """What is wrong with an attention that says window `said` where its layer's is `window` (`bites`: the cache is
+    longer than it), for the verifier's and the parser's messages."""
+    what = "over every cached position" if said is None else f"within the last {said} positions"
+    if not bites:
+        return f"{what}, but its layer's attention has no window that bites here (a cache the window covers, or none)"
+    return f"{what}, but its layer's attention slides over a window of {window} positions"
 
 
 def program_body(contents: Sequence[Operation]) -> Region:
@@ -764,10 +798,14 @@ class CacheWriteOp(LogosOp):
 @irdl_op_definition
 class AttentionOp(LogosOp):
     """Grouped-query attention of each row's query heads over the cached keys and values at positions 1 up to the
-    row's own position (causal); query head h reads KV head h // (query heads / KV heads).
+    row's own position (causal); query head h reads KV head h // (query heads / KV heads). With a `window` of W, a
+    row at position p attends positions p - W + 1 to p only (a sliding window; present only where it bites, a
+    cache of more than W positions).
 
     ```mlir
     %attended = logos.attention %q, %keys, %values, %position
+                  : (tensor<1x64xf32>, memref<2x64x16xf32>, memref<2x64x16xf32>, tensor<1xi64>) -> tensor<1x64xf32>
+    %windowed = logos.attention %q, %keys, %values, %position window 16
                   : (tensor<1x64xf32>, memref<2x64x16xf32>, memref<2x64x16xf32>, tensor<1xi64>) -> tensor<1x64xf32>
     ```
     """
@@ -778,9 +816,13 @@ class AttentionOp(LogosOp):
     keys = operand_def(MemRefType)
     values = operand_def(MemRefType)
     positions = operand_def(TensorType)
+    window = opt_prop_def(IntegerAttr[I64])
     result = result_def(TensorType)
 
-    assembly_format = "$query `,` $keys `,` $values `,` $positions attr-dict `:` functional-type(operands, results)"
+    assembly_format = (
+        "$query `,` $keys `,` $values `,` $positions (`window` $window^)? attr-dict "
+        "`:` functional-type(operands, results)"
+    )
 
     def check_(self) -> None:
         q, keys, values = tensor_shape(self.query), tensor_shape(self.keys), tensor_shape(self.values)
@@ -791,6 +833,9 @@ class AttentionOp(LogosOp):
             raise _fail(self, f"attends {q[0]} rows over caches of {keys[0]} sequences")
         _check_heads(self, q[1], keys[-3], keys[-1])
         _expect_same(self, "result shape", tensor_shape(self.result), q)
+        if self.window is not None and not 1 <= self.window.value.data < keys[-2]:
+            window, length = self.window.value.data, keys[-2]
+            raise _fail(self, f"has a window of {window}, not 1 to {length - 1} (shorter than its cache)")
 
 
 @irdl_op_definition

@@ -68,7 +68,6 @@ def write(
         _check_split(spec, cut, tp)
     if cut.layer is not None:
         _check_layer(spec, cut.layer)
-    _check_window(spec, cut)
     plan = _Plan(spec, cut, chips=tp or 1, split=tp is not None, tokens=tokens, pos0=pos0)
     program_op = plan.program()
     text = print_program(program_op)
@@ -132,17 +131,6 @@ def _check_split(spec: ModelSpec, cut: Cut, tp: int) -> None:
     refusal = head_refusal(spec.vocab, tp) if cut.kind.partition("_")[2] in ("", "head") else None
     if refusal is not None:
         raise SpecError(f"the model does not split over {tp} chips: {refusal}")
-
-
-def _check_window(spec: ModelSpec, cut: Cut) -> None:
-    """A cache longer than the model's sliding window would need the window applied, which no program says yet;
-    within the window, attending every cached position is the window's own result."""
-    if spec.sliding_window is not None and cut.ctx is not None and cut.ctx > spec.sliding_window:
-        raise NotYet(
-            f"a cache of {cut.ctx} positions for a model whose attention slides over a window of "
-            f"{spec.sliding_window} (a program computes such a model exactly with a cache of at most "
-            f"{spec.sliding_window} positions)"
-        )
 
 
 def _check_layer(spec: ModelSpec, layer: int) -> None:
@@ -359,7 +347,9 @@ class _Plan:
         values = section.cache("values", "value", layer, shape, self.split)
         section.cache_write(key, keys, position)
         section.cache_write(value, values, position)
-        return section.attention("attended", query, keys, values, position)
+        window = spec.window_of(layer)
+        bites = window is not None and (self.ctx or 1) > window  # within the window, every position is the window's
+        return section.attention("attended", query, keys, values, position, window if bites else None)
 
     def _reduced(self, section: SectionBuilder, name: str, partial: SSAValue) -> SSAValue:
         return section.all_reduce(name, partial) if self.split else partial

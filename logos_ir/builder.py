@@ -207,8 +207,19 @@ class SectionBuilder:
     def cache_write(self, x: SSAValue, cache: SSAValue, positions: SSAValue) -> None:
         self.block.add_op(logos.CacheWriteOp.create(operands=[x, cache, positions]))
 
-    def attention(self, name: str, query: SSAValue, keys: SSAValue, values: SSAValue, positions: SSAValue) -> SSAValue:
-        op = logos.AttentionOp.create(operands=[query, keys, values, positions], result_types=[query.type])
+    def attention(
+        self,
+        name: str,
+        query: SSAValue,
+        keys: SSAValue,
+        values: SSAValue,
+        positions: SSAValue,
+        window: int | None = None,
+    ) -> SSAValue:
+        properties = {} if window is None else {"window": integer(window)}
+        op = logos.AttentionOp.create(
+            operands=[query, keys, values, positions], properties=properties, result_types=[query.type]
+        )
         return self._let(op, name)
 
     def self_attention(self, name: str, query: SSAValue, key: SSAValue, value: SSAValue) -> SSAValue:

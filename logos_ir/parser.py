@@ -179,7 +179,10 @@ _SCALING = re.compile(
     rf"The rotary frequencies are scaled as in Llama 3 by {_N}, with low frequency factor {_N}, "
     rf"high frequency factor {_N} and original context {_N}\."
 )
-_WINDOW = re.compile(rf"Attention looks back over a sliding window of {_N} positions?\.")
+_WINDOW = re.compile(
+    rf"Attention looks back over a sliding window of {_N} positions?"
+    r"(?:, except in layers? ([0-9]+(?:(?:, | and )[0-9]+)*))?\."
+)
 _BIASES = re.compile(r"The (.+) projections add biases\.")
 _TIES = {"The head reads the embedding table.": True, "The head has its own table.": False}
 _CHIPS = re.compile(rf"The program runs on {_N} chips?\.")
@@ -213,9 +216,9 @@ def _read_facts(src: _Source, lines: list[_Line], end: int) -> tuple[ModelSpec, 
         values.update(_fact(src, line, key, pattern))
     line = next(facts, None)
     optional: dict[str, Any] = {}
-    for spec_field, starts, read in _OPTIONAL_FACTS:  # each at most once, in this order
+    for starts, read in _OPTIONAL_FACTS:  # each at most once, in this order
         if line is not None and starts(line.text[len(INDENT) :]):
-            optional[spec_field] = read(src, line)
+            optional.update(read(src, line))
             line = next(facts, None)
     if line is None or line.text[len(INDENT) :] not in _TIES:
         where = line or last
@@ -311,16 +314,19 @@ def _scaling(src: _Source, line: _Line) -> RopeScaling:
         raise src.error(line.number, len(INDENT) + 1, error.message) from None
 
 
-def _window(src: _Source, line: _Line) -> int:
+def _window(src: _Source, line: _Line) -> dict[str, Any]:
     match = _WINDOW.fullmatch(line.text[len(INDENT) :])
     if not match:
         raise src.error(
             line.number,
             len(INDENT) + 1,
             "malformed sliding window fact",
-            "write 'Attention looks back over a sliding window of 4096 positions.'",
+            "write 'Attention looks back over a sliding window of 4096 positions.' (some layers full: '..., except"
+            " in layers 5 and 11.')",
         )
-    return int(_number(src, line, match[1], len(INDENT) + match.start(1) + 1, int))
+    window = int(_number(src, line, match[1], len(INDENT) + match.start(1) + 1, int))
+    full = tuple(int(n) for n in re.split(r", | and ", match[2])) if match[2] else ()
+    return {"sliding_window": window, "full_layers": full}
 
 
 def _biases(src: _Source, line: _Line) -> tuple[str, ...]:
@@ -343,19 +349,19 @@ def _biases(src: _Source, line: _Line) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _head_norms(src: _Source, line: _Line) -> bool:
+def _head_norms(src: _Source, line: _Line) -> dict[str, Any]:
     if line.text[len(INDENT) :] != HEAD_NORMS:
         raise src.error(line.number, len(INDENT) + 1, "malformed head norms fact", f"write '{HEAD_NORMS}'")
-    return True
+    return {"head_norms": True}
 
 
-# The facts a model may have between the rotary base and its head's table, in their fixed order: the spec's field
-# each says, how its sentence starts, and its reader (which refuses a malformed one at its line).
-_OPTIONAL_FACTS: list[tuple[str, Callable[[str], bool], Callable[[_Source, _Line], Any]]] = [
-    ("rope_scaling", lambda text: text.startswith("The rotary frequencies"), _scaling),
-    ("sliding_window", lambda text: text.startswith("Attention looks back"), _window),
-    ("biases", lambda text: text.endswith(" projections add biases."), _biases),
-    ("head_norms", lambda text: text.startswith("Each head of the query"), _head_norms),
+# The facts a model may have between the rotary base and its head's table, in their fixed order: how each one's
+# sentence starts, and its reader (the spec's fields it says; a malformed one refused at its line).
+_OPTIONAL_FACTS: list[tuple[Callable[[str], bool], Callable[[_Source, _Line], dict[str, Any]]]] = [
+    (lambda text: text.startswith("The rotary frequencies"), lambda src, line: {"rope_scaling": _scaling(src, line)}),
+    (lambda text: text.startswith("Attention looks back"), _window),
+    (lambda text: text.endswith(" projections add biases."), lambda src, line: {"biases": _biases(src, line)}),
+    (lambda text: text.startswith("Each head of the query"), _head_norms),
 ]
 
 
@@ -607,7 +613,10 @@ _EXPRESSIONS: dict[str, tuple[re.Pattern[str], str]] = {
         "the RMS norm of x with attention_norm (of each head: 'the RMS norm of each head of query with query_norm')",
     ),
     "attention": (
-        re.compile(r"the attention of (\S+) over (\S+) and (\S+?)(?: up to (\S+)|(, with no history))"),
+        re.compile(
+            r"the attention of (\S+) over (\S+) and (\S+?)"
+            r"(?: up to (\S+)(?:, within the last (\S+) positions)?|(, with no history))"
+        ),
         "the attention of turned_query over keys and values up to position",
     ),
     "SiLU": (re.compile(r"the SiLU of (\S+)"), "the SiLU of gate"),
@@ -829,12 +838,21 @@ class _Scope:
 
     def _attention(self, name: str, m: re.Match[str]) -> SSAValue:
         query = self._tensor(m[1], m.start(1))
-        if m[5] is not None:
+        if m[6] is not None:
             return self.build.self_attention(
                 name, query, self._tensor(m[2], m.start(2)), self._tensor(m[3], m.start(3))
             )
         keys, values = self._cache_value(m[2], m.start(2)), self._cache_value(m[3], m.start(3))
-        return self.build.attention(name, query, keys, values, self._ids(m[4], m.start(4)))
+        window = None if m[5] is None else self._int(m[5], m.start(5))
+        cache = keys.owner
+        if isinstance(cache, logos.CacheOp):  # the window its layer's attention has where the cache is longer
+            model = self.spec.window_of(cache.layer.value.data)
+            bites = model is not None and logos.tensor_shape(keys)[-2] > model
+            if window != (model if bites else None):
+                column = m.start(5) if window is not None else m.end(4)
+                hint = f"write ', within the last {model} positions' after the position" if bites else None
+                raise self._here(column, logos.window_mismatch(window, model, bites), hint)
+        return self.build.attention(name, query, keys, values, self._ids(m[4], m.start(4)), window)
 
     def _SiLU(self, name: str, m: re.Match[str]) -> SSAValue:
         return self.build.silu(name, self._tensor(m[1], m.start(1)))

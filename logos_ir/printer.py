@@ -65,7 +65,11 @@ def fact_lines(spec: ModelSpec, chips: int | None) -> list[str]:
             f"{s.original_max_position_embeddings}."
         )
     if spec.sliding_window is not None:
-        lines.append(f"Attention looks back over a sliding window of {count(spec.sliding_window, 'position')}.")
+        full = spec.full_layers
+        layers = ""
+        if full:
+            layers = f", except in {'layer' if len(full) == 1 else 'layers'} {word_list([str(i) for i in full])}"
+        lines.append(f"Attention looks back over a sliding window of {count(spec.sliding_window, 'position')}{layers}.")
     if spec.biases:
         lines.append(f"The {word_list(spec.biases)} projections add biases.")
     if spec.head_norms:
@@ -198,7 +202,10 @@ def _write(op: logos.CacheWriteOp, n: Callable[[SSAValue], str]) -> str:
 
 
 def _attention(op: logos.AttentionOp, n: Callable[[SSAValue], str]) -> str:
-    return _let(op, n, f"the attention of {n(op.query)} over {n(op.keys)} and {n(op.values)} up to {n(op.positions)}")
+    window = "" if op.window is None else f", within the last {op.window.value.data} positions"
+    return _let(
+        op, n, f"the attention of {n(op.query)} over {n(op.keys)} and {n(op.values)} up to {n(op.positions)}{window}"
+    )
 
 
 def _self_attention(op: logos.SelfAttentionOp, n: Callable[[SSAValue], str]) -> str:

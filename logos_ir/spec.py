@@ -71,10 +71,11 @@ class ModelSpec:
     rope_theta: float
     tie_embeddings: bool
     rope_scaling: RopeScaling | None = field(default=None)
-    # Each query attends the last `sliding_window` positions only (Mistral, Phi-3). A program says it as a fact and
-    # computes it exactly where its cache holds no more positions than the window (then the window never bites);
-    # the author refuses a longer cache, which a LOGOS program cannot compute yet.
+    # Each query attends the last `sliding_window` positions only (Mistral, Phi-3), its own included, in every layer
+    # but `full_layers` (Gemma 2 and 3's global layers, Qwen2's first `max_window_layers`), which attend the whole
+    # cache. A program says both as a fact; its attention says the window where it bites (a longer cache).
     sliding_window: int | None = field(default=None)
+    full_layers: tuple[int, ...] = field(default=())
     # The projections (`PROJECTIONS`' names, in its order) that add a bias after their product: Qwen2's query, key
     # and value; a Llama's with `attention_bias` (and the output) or `mlp_bias` (gate, up, down).
     biases: tuple[str, ...] = field(default=())
@@ -102,6 +103,16 @@ class ModelSpec:
         window = self.sliding_window
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
             raise SpecError(f"'sliding_window' must be a positive integer or absent, not {window!r}")
+        full = self.full_layers
+        if not isinstance(full, tuple) or any(isinstance(i, bool) or not isinstance(i, int) for i in full):
+            raise SpecError(f"'full_layers' must be a tuple of layer numbers, not {full!r}")
+        if full and (window is None or list(full) != sorted(set(full)) or full[0] < 0 or full[-1] >= self.layers):
+            raise SpecError(
+                f"'full_layers' {list(full)} must be layers of 0 to {self.layers - 1}, ascending, each once, of a"
+                " model with a sliding window"
+            )
+        if full and len(full) == self.layers:
+            raise SpecError("'full_layers' names every layer: a model whose window applies to none has no window")
         if not isinstance(self.biases, tuple) or list(self.biases) != [p for p in PROJECTIONS if p in self.biases]:
             raise SpecError(
                 f"'biases' must name projections of {', '.join(PROJECTIONS)} in that order, not {self.biases!r}"
@@ -172,6 +183,10 @@ class ModelSpec:
             "mlp.down_proj": (hidden, inter),
         }
 
+    def window_of(self, layer: int) -> int | None:
+        """The sliding window layer `layer` attends over, or None (the whole cache)."""
+        return None if layer in self.full_layers else self.sliding_window
+
     def splits_over(self, tp: int) -> str | None:
         """None when the model splits over `tp` chips, else the name of the first width that does not divide."""
         for name in ("heads", "kv_heads", "intermediate"):
@@ -206,11 +221,13 @@ class ModelSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as plain data (for JSON reports and manifests)."""
-        optional = ("rope_scaling", "sliding_window", "biases", "head_norms")
+        optional = ("rope_scaling", "sliding_window", "full_layers", "biases", "head_norms")
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in optional}
         out["rope_scaling"] = None if self.rope_scaling is None else dict(vars(self.rope_scaling))
         if self.sliding_window is not None:  # absent for a model without one, as the program's facts leave it out
             out["sliding_window"] = self.sliding_window
+        if self.full_layers:
+            out["full_layers"] = list(self.full_layers)
         if self.biases:
             out["biases"] = list(self.biases)
         if self.head_norms:
@@ -340,6 +357,9 @@ _READ = frozenset(
         "rope_parameters",
         "tie_word_embeddings",
         "sliding_window",  # unless use_sliding_window is false (Qwen2's configs carry a window they do not use)
+        "use_sliding_window",  # Qwen2's: the window applies (to the layers from max_window_layers on)
+        "max_window_layers",  # Qwen2's: the first layers that attend the whole cache, where its window applies
+        "layer_types",  # transformers 5's attention kind a layer: "full_attention" or "sliding_attention"
         "attention_bias",  # a Llama's: the query, key, value and output projections add biases
         "mlp_bias",  # a Llama's: the gate, up and down projections add biases
     }
@@ -373,8 +393,6 @@ _NEUTRAL = frozenset(
         "original_max_position_embeddings",  # read only by a "longrope" scaling, which is refused
         # an encoder-decoder's settings, false for every causal LM (a decoder-only model reads none of them)
         "is_encoder_decoder", "is_decoder", "add_cross_attention", "cross_attention_hidden_size",
-        # the layers a window applies to, read only where use_sliding_window is true (which is refused)
-        "max_window_layers",
         "tie_encoder_decoder",
     }
 )  # fmt: skip
@@ -384,7 +402,6 @@ _LLAMA_VALUE: dict[str, tuple[Any, ...]] = {
     "hidden_act": ("silu",),
     "partial_rotary_factor": (1.0,),
     "rope_interleaved": (False,),
-    "use_sliding_window": (False,),
     "attn_logit_softcapping": (None,),
     "final_logit_softcapping": (None,),
     "embedding_multiplier": (1.0,),
@@ -412,9 +429,6 @@ def _check_every_key(config: Mapping[str, Any], where: str) -> None:
     for key, value in config.items():
         if key in _READ or key in _NEUTRAL:
             continue
-        if key == "layer_types":  # transformers 5's attention kind a layer (Qwen2, Gemma): one kind for all is said
-            _check_layer_types(value, config, where)
-            continue
         allowed = _LLAMA_VALUE.get(key)
         if allowed is None:
             raise SpecError(
@@ -429,20 +443,6 @@ def _check_every_key(config: Mapping[str, Any], where: str) -> None:
                 f" (a Llama has {said})",
                 hint="logos-ir refuses a model it would compute without this feature",
             )
-
-
-def _check_layer_types(kinds: Any, config: Mapping[str, Any], where: str) -> None:
-    """`layer_types`: every layer's attention full, or every layer's windowed where the model has a window."""
-    windowed = _window(config, where) is not None
-    if isinstance(kinds, list) and all(
-        kind == ("sliding_attention" if windowed else "full_attention") for kind in kinds
-    ):
-        return
-    raise SpecError(
-        f"{where}: config key 'layer_types' is {json.dumps(kinds)}, which a LOGOS program cannot say yet"
-        f" (every layer's attention {'windowed' if windowed else 'full'})",
-        hint="logos-ir refuses a model whose layers attend differently (local and global layers)",
-    )
 
 
 def _spec_from_config(config: Mapping[str, Any], where: str) -> ModelSpec:
@@ -466,10 +466,12 @@ def _spec_from_config(config: Mapping[str, Any], where: str) -> ModelSpec:
         head_dim = hidden // heads
     head_dim = _field({"head_dim": head_dim}, where, "head_dim", int)
     theta, scaling = _rope_settings(config, where)
+    layers = _field(config, where, "num_hidden_layers", int)
+    window, full_layers = _windows(config, where, layers, model_type)
     return ModelSpec(
         vocab=_field(config, where, "vocab_size", int),
         hidden=hidden,
-        layers=_field(config, where, "num_hidden_layers", int),
+        layers=layers,
         heads=heads,
         kv_heads=_field(config, where, "num_key_value_heads", int, default=heads),
         head_dim=head_dim,
@@ -478,7 +480,8 @@ def _spec_from_config(config: Mapping[str, Any], where: str) -> ModelSpec:
         rope_theta=theta,
         tie_embeddings=bool(_field(config, where, "tie_word_embeddings", bool, default=False)),
         rope_scaling=scaling,
-        sliding_window=_window(config, where),
+        sliding_window=window,
+        full_layers=full_layers,
         biases=_biases(config, where, model_type),
         head_norms=model_type == "qwen3",
     )
@@ -500,14 +503,38 @@ def _biases(config: Mapping[str, Any], where: str, model_type: str) -> tuple[str
     return tuple(p for p in PROJECTIONS if p in biased)
 
 
-def _window(config: Mapping[str, Any], where: str) -> int | None:
-    """The attention's sliding window, or None: absent, null, or not used (`use_sliding_window: false`)."""
-    if config.get("use_sliding_window", True) is False or config.get("sliding_window") is None:
-        return None
-    window = config["sliding_window"]
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+def _windows(config: Mapping[str, Any], where: str, layers: int, model_type: str) -> tuple[int | None, tuple[int, ...]]:
+    """The attention's sliding window and the layers that attend the whole cache instead, as transformers reads
+    them: no window where `sliding_window` is absent or null or `use_sliding_window` is false (Qwen2's configs carry
+    one they do not use); the layers' kinds from `layer_types` where it is given (transformers 5: Gemma 2 and 3's
+    local and global layers), else Qwen2's first `max_window_layers` full where its window is used, else every
+    layer windowed (Mistral, Phi-3)."""
+    use = config.get("use_sliding_window")
+    if use is not None and not isinstance(use, bool):
+        raise SpecError(f"{where}: field 'use_sliding_window' must be true or false, not {json.dumps(use)}")
+    window = config.get("sliding_window")
+    if use is False:
+        window = None
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise SpecError(f"{where}: field 'sliding_window' must be a positive integer or null, not {window!r}")
-    return window
+    kinds = config.get("layer_types")
+    if kinds is not None:
+        allowed = ("full_attention", "sliding_attention") if window is not None else ("full_attention",)
+        if not isinstance(kinds, list) or len(kinds) != layers or any(kind not in allowed for kind in kinds):
+            raise SpecError(
+                f"{where}: config key 'layer_types' is {json.dumps(kinds)}, which a LOGOS program cannot say"
+                f" (one of {', '.join(json.dumps(k) for k in allowed)} for each of the {layers} layers)",
+                hint="a layer's attention is full, or windowed where the model has a sliding window",
+            )
+        full = tuple(i for i, kind in enumerate(kinds) if kind == "full_attention")
+    elif window is not None and use is True:  # Qwen2 and Qwen3: from max_window_layers on (by default 28)
+        first = _field(config, where, "max_window_layers", int, default=28 if model_type in ("qwen2", "qwen3") else 0)
+        full = tuple(range(min(max(first, 0), layers)))
+    else:
+        full = ()
+    if window is None or len(full) == layers:
+        return None, ()
+    return window, full
 
 
 _LLAMA3_SCALING = RopeScaling(

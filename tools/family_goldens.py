@@ -61,6 +61,18 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "llama-biases": ("LlamaConfig", "LlamaForCausalLM", {"attention_bias": True, "mlp_bias": True}),
     # an RMS norm on each head of the query and of the key (q_norm, k_norm), before the rotation
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16, "bos_token_id": 1, "eos_token_id": 2}),
+    # a window that bites: 4 positions, shorter than every run (prompt and new tokens), in every layer
+    "mistral-window": (
+        "MistralConfig",
+        "MistralForCausalLM",
+        {"sliding_window": 4, "bos_token_id": 1, "eos_token_id": 2},
+    ),
+    # Qwen2's window used: layer 0 (below max_window_layers) attends everything, layer 1 its last 4 positions
+    "qwen2-window": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1, "bos_token_id": 1, "eos_token_id": 2},
+    ),
 }
 # Families whose norm weights are drawn as 1 + N(0, initializer_range) rather than left at transformers' ones, so
 # that a norm read from the wrong tensor (or not applied) changes the tokens: the families made after the first five

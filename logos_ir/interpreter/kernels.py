@@ -167,9 +167,14 @@ def _softmax_rows(scores: np.ndarray) -> np.ndarray:
     return scores
 
 
-def _causal_bias(positions: np.ndarray, length: int) -> np.ndarray:
-    """[rows, length]: 0 where a row at position p (from 1) may attend column c (c < p), else -inf."""
-    allowed = np.arange(length)[None, :] < positions[:, None]
+def _causal_bias(positions: np.ndarray, length: int, window: int | None = None) -> np.ndarray:
+    """[rows, length]: 0 where a row at position p (from 1) may attend column c (c < p; within a sliding window of
+    W positions also c >= p - W: the last W positions, its own included, as transformers' sliding-window mask),
+    else -inf."""
+    columns = np.arange(length)[None, :]
+    allowed = columns < positions[:, None]
+    if window is not None:
+        allowed &= columns >= positions[:, None] - window
     return np.where(allowed, _F32(0), _F32(-np.inf)).astype(_F32)
 
 
@@ -185,9 +190,10 @@ def _rows_from_kv_heads(attended: np.ndarray, rows: int, kv_heads: int, group: i
     return attended.reshape(kv_heads, rows, group, head_dim).transpose(1, 0, 2, 3).reshape(rows, -1)
 
 
-def attention(keys: np.ndarray, values: np.ndarray) -> Callable[..., Step]:
+def attention(keys: np.ndarray, values: np.ndarray, window: int | None = None) -> Callable[..., Step]:
+    """Each row's query heads over the cached positions up to its own (within the last `window` when given)."""
     if keys.ndim == 4:
-        return _attention_per_sequence(keys, values)
+        return _attention_per_sequence(keys, values, window)
     kv_heads, head_dim = keys.shape[0], keys.shape[2]
     scale = _F32(1 / math.sqrt(head_dim))
     matmul = np.matmul
@@ -204,8 +210,10 @@ def attention(keys: np.ndarray, values: np.ndarray) -> Callable[..., Step]:
             qh = _queries_by_kv_head(q, kv_heads, group, head_dim)
             scores = matmul(qh, k.transpose(0, 2, 1))
             scores *= scale
-            if rows > 1:  # a decode row attends every cached position up to its own: nothing to mask
-                scores.reshape(kv_heads, rows, group, length)[...] += _causal_bias(pos, length)[None, :, None, :]
+            if rows > 1 or (window is not None and length > window):  # else a decode row attends every position
+                scores.reshape(kv_heads, rows, group, length)[...] += _causal_bias(pos, length, window)[
+                    None, :, None, :
+                ]
             r[out] = _rows_from_kv_heads(matmul(_softmax_rows(scores), v), rows, kv_heads, group, head_dim)
 
         return step
@@ -213,7 +221,7 @@ def attention(keys: np.ndarray, values: np.ndarray) -> Callable[..., Step]:
     return make
 
 
-def _attention_per_sequence(keys: np.ndarray, values: np.ndarray) -> Callable[..., Step]:
+def _attention_per_sequence(keys: np.ndarray, values: np.ndarray, window: int | None) -> Callable[..., Step]:
     kv_heads, head_dim = keys.shape[1], keys.shape[3]
     scale = _F32(1 / math.sqrt(head_dim))
     matmul = np.matmul
@@ -227,7 +235,7 @@ def _attention_per_sequence(keys: np.ndarray, values: np.ndarray) -> Callable[..
             qh = q.reshape(rows, kv_heads, -1, head_dim)
             scores = matmul(qh, keys[:, :, :length].transpose(0, 1, 3, 2))
             scores *= scale
-            scores += _causal_bias(pos, length)[:, None, None, :]
+            scores += _causal_bias(pos, length, window)[:, None, None, :]
             r[out] = matmul(_softmax_rows(scores), values[:, :, :length]).reshape(rows, -1)
 
         return step

@@ -335,7 +335,8 @@ class ChipCompiler:
             self._value(env[op.query], section, "the query"),
             self._value(env[op.positions], section, "positions"),
         ]
-        env[op.result] = self._emit(kernels.attention(keys, values), ins, section)
+        window = None if op.window is None else op.window.value.data
+        env[op.result] = self._emit(kernels.attention(keys, values, window), ins, section)
 
     def _self_attention(self, op: logos.SelfAttentionOp, env: dict[SSAValue, _Ref], section: str) -> None:
         ins = [self._value(env[v], section, "an operand") for v in (op.query, op.key, op.value)]

@@ -370,6 +370,11 @@ class AttentionToCsl(PartPattern):
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: logos.AttentionOp, rewriter: PatternRewriter) -> None:
+        if op.window is not None:  # every cached position is attended: a window that bites is refused, not ignored
+            raise PassError(
+                f"{PASS}: the spatial grid does not apply a sliding window"
+                f" ('logos.attention' window {op.window.value.data})"
+            )
         lower_attention(self.part.at(op), op)
         self.part.replace(rewriter, op)
 

@@ -41,6 +41,9 @@ BIASED = {"qwen2", "llama-biases"}
 # The families whose heads of the query and key are RMS-normed (logos.head_rms_norm): the reference computes them;
 # no lane lowers the op yet, and each refuses it by name before anything runs.
 HEAD_NORMED = {"qwen3"}
+# The families whose sliding window bites (shorter than the runs): the reference applies it (logos.attention's
+# window); no lane does yet, and each refuses a window that bites by name rather than attend past it.
+WINDOWED = {"mistral-window", "qwen2-window"}
 
 
 def _lane(family: str, backend: str, emulate: bool, tp: int = 1):  # noqa: ANN202
@@ -52,7 +55,7 @@ def _lane(family: str, backend: str, emulate: bool, tp: int = 1):  # noqa: ANN20
 
 # Llama itself is left out here: its lanes are held to the reference by each lane's own tests, and the reference to
 # transformers above; a family is here for what it changes below the program (a checkpoint's layout, a window).
-@pytest.mark.parametrize("family", sorted(set(GOLDENS) - {"llama"} - BIASED - HEAD_NORMED))
+@pytest.mark.parametrize("family", sorted(set(GOLDENS) - {"llama"} - BIASED - HEAD_NORMED - WINDOWED))
 @pytest.mark.parametrize(
     ("backend", "emulate"),
     [("cuda", True), ("d5005", False), ("spatial", False)],
@@ -78,8 +81,21 @@ def test_qwen2s_biases_on_the_cuda_lane_give_transformers_tokens(tp: int) -> Non
         ("qwen3", "cuda", True, "@main holds 'logos.head_rms_norm', which the CUDA lane does not lower"),
         ("qwen3", "d5005", False, "'logos.head_rms_norm' %normed_query has no instruction on the D5005 engine"),
         ("qwen3", "spatial", False, "the spatial grid does not lower 'logos.head_rms_norm'"),
+        ("mistral-window", "cuda", True, "slides over a window of 4 positions, which the CUDA lane does not apply"),
+        ("mistral-window", "d5005", False, "slides over a window of 4 positions, which the engine does not apply"),
+        ("mistral-window", "spatial", False, "the spatial grid does not apply a sliding window"),
     ],
-    ids=["cuda-mlp", "d5005", "spatial", "cuda-head-norms", "d5005-head-norms", "spatial-head-norms"],
+    ids=[
+        "cuda-mlp",
+        "d5005",
+        "spatial",
+        "cuda-head-norms",
+        "d5005-head-norms",
+        "spatial-head-norms",
+        "cuda-window",
+        "d5005-window",
+        "spatial-window",
+    ],
 )
 def test_a_lane_refuses_an_op_it_does_not_lower_by_name(family: str, backend: str, emulate: bool, refusal: str) -> None:
     with pytest.raises(LogosError) as refused:
