@@ -40,6 +40,7 @@ from xdsl.dialects.builtin import (
     ArrayAttr,
     BoolAttr,
     DenseArrayBase,
+    DictionaryAttr,
     FlatSymbolRefAttr,
     Float64Type,
     FloatAttr,
@@ -50,6 +51,7 @@ from xdsl.dialects.builtin import (
     NoneAttr,
     StringAttr,
     TensorType,
+    UnitAttr,
     f64,
     i64,
 )
@@ -74,7 +76,7 @@ from xdsl.traits import IsolatedFromAbove, NoTerminator, Pure, SymbolTable
 from xdsl.utils.exceptions import VerifyException
 
 from logos_ir.errors import SpecError
-from logos_ir.spec import ModelSpec, RopeScaling
+from logos_ir.spec import LLAMA_FEATURES, ModelSpec, RopeScaling
 
 INPUT_KINDS = ("token", "position", "hidden")
 CACHE_KINDS = ("key", "value")
@@ -218,6 +220,22 @@ class RopeScalingAttr(ParametrizedAttribute):
         return values
 
 
+def _feature_attr(value: bool | str | float) -> Attribute:
+    if isinstance(value, bool):
+        return BoolAttr.from_bool(value)
+    return StringAttr(value) if isinstance(value, str) else FloatAttr(value, f64)
+
+
+def _feature_value(attr: Attribute) -> bool | str | float:
+    if isinstance(attr, StringAttr):
+        return attr.data
+    if isinstance(attr, FloatAttr):
+        return attr.value.data
+    if isinstance(attr, IntegerAttr) and attr.type == IntegerType(1):
+        return bool(attr.value.data)
+    raise SpecError(f"a model feature is a boolean, a string or an f64 number, not {attr}")
+
+
 @irdl_attr_definition
 class ModelAttr(ParametrizedAttribute):
     """A model's spec, the `model` of a `logos.program`: its sizes, its norm's epsilon, its rotary base and scaling,
@@ -247,6 +265,7 @@ class ModelAttr(ParametrizedAttribute):
     full_layers: DenseArrayBase[I64]  # the layers that attend the whole cache despite the window (empty: not printed)
     biases: ArrayAttr[StringAttr]  # the projections that add a bias (empty: none, and not printed)
     head_norms: BoolAttr  # each head of the query and of the key RMS-normed (false: not printed)
+    features: DictionaryAttr  # Gemma's features where they differ from a Llama's (`LLAMA_FEATURES`; empty: not printed)
 
     @staticmethod
     def of(spec: ModelSpec) -> ModelAttr:
@@ -261,6 +280,13 @@ class ModelAttr(ParametrizedAttribute):
             DenseArrayBase.from_list(i64, spec.full_layers),
             ArrayAttr([StringAttr(p) for p in spec.biases]),
             BoolAttr.from_bool(spec.head_norms),
+            DictionaryAttr(
+                {  # in key order, as MLIR prints a dictionary
+                    key: _feature_attr(getattr(spec, key))
+                    for key, llama in sorted(LLAMA_FEATURES.items())
+                    if getattr(spec, key) != llama
+                }
+            ),
         )
 
     @property
@@ -277,6 +303,7 @@ class ModelAttr(ParametrizedAttribute):
             full_layers=tuple(self.full_layers.get_values()),
             biases=tuple(p.data for p in self.biases.data),
             head_norms=bool(self.head_norms.value.data),
+            **{key: _feature_value(value) for key, value in self.features.data.items()},
         )
 
     def print_parameters(self, printer: Printer) -> None:
@@ -297,6 +324,9 @@ class ModelAttr(ParametrizedAttribute):
             printer.print_attribute(self.biases)
         if self.head_norms.value.data:
             printer.print_string(", head_norms = true")
+        if self.features.data:
+            printer.print_string(", features = ")
+            printer.print_attribute(self.features)
         printer.print_string(">")
 
     @classmethod
@@ -315,6 +345,7 @@ class ModelAttr(ParametrizedAttribute):
             optional["full_layers"] = DenseArrayBase.from_list(i64, ())
             optional["biases"] = ArrayAttr([])
             optional["head_norms"] = BoolAttr.from_bool(False)
+            optional["features"] = DictionaryAttr({})
             keys = list(optional)  # each at most once, in this order
             while parser.parse_optional_punctuation(",") is not None:
                 key = next((k for k in keys if parser.parse_optional_keyword(k) is not None), None)
@@ -419,9 +450,24 @@ class ProgramOp(LogosOp):
 
     def _check_windows(self) -> None:
         """Each attention says its layer's sliding window exactly where the window bites (a cache longer than it),
-        and nowhere else: a program cannot attend past the window its model has, nor window a full layer."""
+        and nowhere else: a program cannot attend past the window its model has, nor window a full layer; its norms,
+        scores' scale and soft-cap are its model's (Gemma's)."""
         spec = self.model.spec
+        scale = None if spec.query_pre_attn_scalar is None else spec.query_pre_attn_scalar**-0.5
         for op in self.walk():
+            if isinstance(op, RMSNormOp | HeadRMSNormOp) and (op.plus_one is not None) != spec.norm_plus_one:
+                raise _fail(self, f"has an RMS norm {'without' if spec.norm_plus_one else 'with'} its model's one plus")
+            if isinstance(op, AttentionOp):
+                said = (
+                    None if op.scale is None else op.scale.value.data,
+                    None if op.softcap is None else op.softcap.value.data,
+                )
+                if said != (scale, spec.attention_softcap):
+                    raise _fail(
+                        self,
+                        f"has an attention whose scale and soft-cap {said} are not its model's"
+                        f" {(scale, spec.attention_softcap)}",
+                    )
             if isinstance(op, SelfAttentionOp) and spec.sliding_window is not None:
                 rows = tensor_shape(op.query)[0]
                 if rows > spec.sliding_window:
@@ -657,11 +703,15 @@ class RMSNormOp(LogosOp):
     input = operand_def(TensorType)
     weight = operand_def(TensorType)
     epsilon = prop_def(FloatAttr)
+    plus_one = opt_prop_def(UnitAttr)  # scaled by one plus the weight (Gemma's norms)
     result = result_def(TensorType)
 
     traits = traits_def(Pure())
 
-    assembly_format = "$input `,` $weight `epsilon` $epsilon attr-dict `:` functional-type(operands, results)"
+    assembly_format = (
+        "$input `,` $weight `epsilon` $epsilon (`plus_one` $plus_one^)? attr-dict "
+        "`:` functional-type(operands, results)"
+    )
 
     def check_(self) -> None:
         x, weight = tensor_shape(self.input), tensor_shape(self.weight)
@@ -685,11 +735,15 @@ class HeadRMSNormOp(LogosOp):
     input = operand_def(TensorType)
     weight = operand_def(TensorType)
     epsilon = prop_def(FloatAttr)
+    plus_one = opt_prop_def(UnitAttr)  # scaled by one plus the weight (Gemma's norms)
     result = result_def(TensorType)
 
     traits = traits_def(Pure())
 
-    assembly_format = "$input `,` $weight `epsilon` $epsilon attr-dict `:` functional-type(operands, results)"
+    assembly_format = (
+        "$input `,` $weight `epsilon` $epsilon (`plus_one` $plus_one^)? attr-dict "
+        "`:` functional-type(operands, results)"
+    )
 
     def check_(self) -> None:
         x, weight = tensor_shape(self.input), tensor_shape(self.weight)
@@ -817,11 +871,13 @@ class AttentionOp(LogosOp):
     values = operand_def(MemRefType)
     positions = operand_def(TensorType)
     window = opt_prop_def(IntegerAttr[I64])
+    scale = opt_prop_def(FloatAttr)  # the scores' scale (absent: 1 / sqrt(head_dim)); Gemma's 1 / sqrt(scalar)
+    softcap = opt_prop_def(FloatAttr)  # scores soft-capped, tanh(s / cap) * cap, before the mask (Gemma 2)
     result = result_def(TensorType)
 
     assembly_format = (
-        "$query `,` $keys `,` $values `,` $positions (`window` $window^)? attr-dict "
-        "`:` functional-type(operands, results)"
+        "$query `,` $keys `,` $values `,` $positions (`window` $window^)? (`scale` $scale^)? (`softcap` $softcap^)? "
+        "attr-dict `:` functional-type(operands, results)"
     )
 
     def check_(self) -> None:
@@ -951,6 +1007,91 @@ class BiasAddOp(LogosOp):
 
 
 @irdl_op_definition
+class GeluTanhOp(LogosOp):
+    """GELU with the tanh approximation, elementwise: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) (Gemma's
+    GeGLU gate, PyTorch's `gelu(approximate="tanh")`).
+
+    ```mlir
+    %activated = logos.gelu_tanh %gate : tensor<1x128xf32>
+    ```
+    """
+
+    name = "logos.gelu_tanh"
+
+    T: ClassVar = VarConstraint("T", base(TensorType))
+
+    input = operand_def(T)
+    result = result_def(T)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$input attr-dict `:` type($result)"
+
+
+@irdl_op_definition
+class SoftcapOp(LogosOp):
+    """A tanh soft-cap, elementwise: tanh(x / cap) * cap (Gemma 2's logits).
+
+    ```mlir
+    %logits = logos.softcap %raw_logits cap 3.000000e+01 : f64 : tensor<1x256xf32>
+    ```
+    """
+
+    name = "logos.softcap"
+
+    T: ClassVar = VarConstraint("T", base(TensorType))
+
+    input = operand_def(T)
+    cap = prop_def(FloatAttr)
+    result = result_def(T)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$input `cap` $cap attr-dict `:` type($result)"
+
+    def check_(self) -> None:
+        if not self.cap.value.data > 0:
+            raise _fail(self, f"expects a positive cap, got {self.cap.value.data}")
+
+
+@irdl_op_definition
+class ScaleOp(LogosOp):
+    """Each number times a constant, rounded to f32 first (Gemma's embedding times the square root of the width).
+
+    ```mlir
+    %scaled = logos.scale %hidden by 8.000000e+00 : f64 : tensor<1x64xf32>
+    ```
+    """
+
+    name = "logos.scale"
+
+    T: ClassVar = VarConstraint("T", base(TensorType))
+
+    input = operand_def(T)
+    factor = prop_def(FloatAttr)
+    result = result_def(T)
+
+    traits = traits_def(Pure())
+
+    assembly_format = "$input `by` $factor attr-dict `:` type($result)"
+
+
+def variant(op: Operation) -> str | None:
+    """What `op` says beyond the plain form of its kind, in words (a lane refuses an op it would otherwise lower
+    when this is not None and it does not lower the variant), or None."""
+    if isinstance(op, RMSNormOp | HeadRMSNormOp) and op.plus_one is not None:
+        return "scales by one plus its weight"
+    if isinstance(op, AttentionOp):
+        if op.window is not None:
+            return f"slides over a window of {op.window.value.data} positions"
+        if op.scale is not None:
+            return f"scales its scores by {op.scale.value.data!r}"
+        if op.softcap is not None:
+            return f"soft-caps its scores at {op.softcap.value.data!r}"
+    return None
+
+
+@irdl_op_definition
 class SiluOp(LogosOp):
     """x * sigmoid(x), elementwise.
 
@@ -1045,6 +1186,9 @@ LOGOS = Dialect(
         MulOp,
         BiasAddOp,
         SiluOp,
+        GeluTanhOp,
+        SoftcapOp,
+        ScaleOp,
         RowOp,
         ArgmaxOp,
     ],

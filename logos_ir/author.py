@@ -149,7 +149,9 @@ def layer_weights(layer: int) -> dict[str, str]:
         "query_norm": p + "self_attn.q_norm.weight",  # a model with head norms only (Qwen3)
         "key_norm": p + "self_attn.k_norm.weight",
         "output": p + "self_attn.o_proj.weight",
-        "mlp_norm": p + "post_attention_layernorm.weight",
+        "mlp_norm": p + "post_attention_layernorm.weight",  # with sandwich norms: attention's output's (Gemma)
+        "pre_mlp_norm": p + "pre_feedforward_layernorm.weight",  # sandwich norms only
+        "post_mlp_norm": p + "post_feedforward_layernorm.weight",
         "gate": p + "mlp.gate_proj.weight",
         "up": p + "mlp.up_proj.weight",
         "down": p + "mlp.down_proj.weight",
@@ -261,7 +263,10 @@ class _Plan:
     def _embedding(self) -> func.FuncOp:
         section = self._section("embedding", [(self.token_name, TensorType(i64, [self.rows]))])
         table = self._weight(section, "table", EMBEDDING, (self.spec.vocab, self.spec.hidden))
-        return section.ret(section.embed("hidden", table, section.args[0]))
+        if not self.spec.embedding_scaled:
+            return section.ret(section.embed("hidden", table, section.args[0]))
+        rows = section.embed("rows", table, section.args[0])  # Gemma: times the square root of the width
+        return section.ret(section.scale("hidden", rows, self.spec.hidden**0.5))
 
     def _head(self) -> func.FuncOp:
         spec = self.spec
@@ -270,13 +275,17 @@ class _Plan:
         if self.family == "prefill":
             x = section.row("last", x, self.rows)
         norm = self._weight(section, "final_norm", FINAL_NORM, (spec.hidden,))
-        normed = section.rms_norm("normed", x, norm)
+        normed = section.rms_norm("normed", x, norm, spec.norm_plus_one)
         tensor = EMBEDDING if spec.tie_embeddings else LM_HEAD
         split = HEAD_SPLIT if self.split else None  # each chip the logits of its vocabulary rows, then gathered
         table = section.weight("head_table", tensor, (spec.vocab, spec.hidden), split)
-        logits = section.linear(_part("logits", self.split), table, normed)
+        capped = spec.final_softcap is not None  # Gemma 2: tanh(logits / cap) * cap, of the raw logits
+        raw = "raw_logits" if capped else "logits"
+        logits = section.linear(_part(raw, self.split), table, normed)
         if self.split:
-            logits = section.all_gather("logits", logits)
+            logits = section.all_gather(raw, logits)
+        if spec.final_softcap is not None:
+            logits = section.softcap("logits", logits, spec.final_softcap)
         if self.returns_logits:
             return section.ret(logits)
         return section.ret(section.argmax("next", logits))
@@ -289,7 +298,9 @@ class _Plan:
         x, position = section.args
         split = self.split
         w = self._weight
-        normed = section.rms_norm("normed", x, w(section, "attention_norm", names["attention_norm"], (spec.hidden,)))
+        one = spec.norm_plus_one  # Gemma's norms scale by one plus their weight
+        attention_norm = w(section, "attention_norm", names["attention_norm"], (spec.hidden,))
+        normed = section.rms_norm("normed", x, attention_norm, one)
         b = functools.partial(self._biased, section, names)
         query_weight = w(section, "query_weight", names["query"], (spec.q_dim, spec.hidden))
         query = b("query", "query", lambda name: section.linear(name, query_weight, normed))
@@ -299,9 +310,9 @@ class _Plan:
         value = b("value", "value", lambda name: section.linear(name, value_weight, normed))
         if spec.head_norms:  # each head of the query and of the key normed before it is rotated (Qwen3)
             query_norm = w(section, "query_norm", names["query_norm"], (spec.head_dim,))
-            query = section.head_rms_norm("normed_query", query, query_norm)
+            query = section.head_rms_norm("normed_query", query, query_norm, one)
             key_norm = w(section, "key_norm", names["key_norm"], (spec.head_dim,))
-            key = section.head_rms_norm("normed_key", key, key_norm)
+            key = section.head_rms_norm("normed_key", key, key_norm, one)
         turned_query = section.rope("turned_query", query, position)
         turned_key = section.rope("turned_key", key, position)
         attended = self._attend(section, layer, turned_query, turned_key, value, position)
@@ -311,21 +322,29 @@ class _Plan:
             "projected",
             lambda name: self._reduced(section, name, section.linear(_part(name, split), output, attended)),
         )
+        sandwich = spec.sandwich_norms  # Gemma: attention's output normed before it is added, the MLP's too
+        if sandwich:
+            output_norm = w(section, "output_norm", names["mlp_norm"], (spec.hidden,))
+            projected = section.rms_norm("normed_projected", projected, output_norm, one)
         mixed = section.add("mixed", x, projected)
-        normed_mixed = section.rms_norm(
-            "normed_mixed", mixed, w(section, "mlp_norm", names["mlp_norm"], (spec.hidden,))
-        )
+        mlp_norm = w(section, "mlp_norm", names["pre_mlp_norm" if sandwich else "mlp_norm"], (spec.hidden,))
+        normed_mixed = section.rms_norm("normed_mixed", mixed, mlp_norm, one)
         gate_weight = w(section, "gate_weight", names["gate"], (spec.intermediate, spec.hidden))
         gate = b("gate", "gate", lambda name: section.linear(name, gate_weight, normed_mixed))
         up_weight = w(section, "up_weight", names["up"], (spec.intermediate, spec.hidden))
         up = b("up", "up", lambda name: section.linear(name, up_weight, normed_mixed))
-        product = section.mul("product", section.silu("activated", gate), up)
+        gelu = spec.activation == "gelu_tanh"  # Gemma's GeGLU; else SwiGLU
+        activated = section.gelu_tanh("activated", gate) if gelu else section.silu("activated", gate)
+        product = section.mul("product", activated, up)
         down_weight = w(section, "down_weight", names["down"], (spec.hidden, spec.intermediate))
         down = b(
             "down",
             "down",
             lambda name: self._reduced(section, name, section.linear(_part(name, split), down_weight, product)),
         )
+        if sandwich:
+            down_norm = w(section, "down_norm", names["post_mlp_norm"], (spec.hidden,))
+            down = section.rms_norm("normed_down", down, down_norm, one)
         return section.ret(section.add("result", mixed, down))
 
     def _attend(
@@ -349,7 +368,10 @@ class _Plan:
         section.cache_write(value, values, position)
         window = spec.window_of(layer)
         bites = window is not None and (self.ctx or 1) > window  # within the window, every position is the window's
-        return section.attention("attended", query, keys, values, position, window if bites else None)
+        scale = None if spec.query_pre_attn_scalar is None else spec.query_pre_attn_scalar**-0.5
+        return section.attention(
+            "attended", query, keys, values, position, window if bites else None, scale, spec.attention_softcap
+        )
 
     def _reduced(self, section: SectionBuilder, name: str, partial: SSAValue) -> SSAValue:
         return section.all_reduce(name, partial) if self.split else partial

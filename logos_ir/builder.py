@@ -21,6 +21,7 @@ from xdsl.dialects.builtin import (
     MemRefType,
     StringAttr,
     TensorType,
+    UnitAttr,
     f32,
     f64,
     i16,
@@ -173,20 +174,31 @@ class SectionBuilder:
         op = logos.EmbedOp.create(operands=[table, tokens], result_types=[f32_tensor((rows, width))])
         return self._let(op, name)
 
-    def rms_norm(self, name: str, x: SSAValue, weight: SSAValue) -> SSAValue:
+    def rms_norm(self, name: str, x: SSAValue, weight: SSAValue, plus_one: bool = False) -> SSAValue:
         op = logos.RMSNormOp.create(
             operands=[x, weight],
-            properties={"epsilon": real(self.spec.rms_eps)},
+            properties={"epsilon": real(self.spec.rms_eps), **({"plus_one": UnitAttr()} if plus_one else {})},
             result_types=[x.type],
         )
         return self._let(op, name)
 
-    def head_rms_norm(self, name: str, x: SSAValue, weight: SSAValue) -> SSAValue:
+    def head_rms_norm(self, name: str, x: SSAValue, weight: SSAValue, plus_one: bool = False) -> SSAValue:
         op = logos.HeadRMSNormOp.create(
             operands=[x, weight],
-            properties={"epsilon": real(self.spec.rms_eps)},
+            properties={"epsilon": real(self.spec.rms_eps), **({"plus_one": UnitAttr()} if plus_one else {})},
             result_types=[x.type],
         )
+        return self._let(op, name)
+
+    def gelu_tanh(self, name: str, x: SSAValue) -> SSAValue:
+        return self._let(logos.GeluTanhOp.create(operands=[x], result_types=[x.type]), name)
+
+    def softcap(self, name: str, x: SSAValue, cap: float) -> SSAValue:
+        op = logos.SoftcapOp.create(operands=[x], properties={"cap": real(cap)}, result_types=[x.type])
+        return self._let(op, name)
+
+    def scale(self, name: str, x: SSAValue, factor: float) -> SSAValue:
+        op = logos.ScaleOp.create(operands=[x], properties={"factor": real(factor)}, result_types=[x.type])
         return self._let(op, name)
 
     def linear(self, name: str, weight: SSAValue, x: SSAValue) -> SSAValue:
@@ -215,8 +227,14 @@ class SectionBuilder:
         values: SSAValue,
         positions: SSAValue,
         window: int | None = None,
+        scale: float | None = None,
+        softcap: float | None = None,
     ) -> SSAValue:
-        properties = {} if window is None else {"window": integer(window)}
+        properties: dict[str, Attribute] = {} if window is None else {"window": integer(window)}
+        if scale is not None:
+            properties["scale"] = real(scale)
+        if softcap is not None:
+            properties["softcap"] = real(softcap)
         op = logos.AttentionOp.create(
             operands=[query, keys, values, positions], properties=properties, result_types=[query.type]
         )

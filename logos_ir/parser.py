@@ -10,6 +10,7 @@ identity of the source is the identity of the IR. The grammar is documented in `
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Callable, Iterable
@@ -25,7 +26,7 @@ from logos_ir import builder
 from logos_ir.builder import SectionBuilder
 from logos_ir.dialects import logos
 from logos_ir.errors import CutError, LogosError, ParseError, SourceLocation, SpecError
-from logos_ir.printer import HEAD_NORMS, INDENT, fact_lines, section_header, sentence, word_list
+from logos_ir.printer import FEATURE_FACTS, HEAD_NORMS, INDENT, fact_lines, section_header, sentence, word_list
 from logos_ir.program import Cut
 from logos_ir.spec import PROJECTIONS, ModelSpec, RopeScaling
 
@@ -355,6 +356,29 @@ def _head_norms(src: _Source, line: _Line) -> dict[str, Any]:
     return {"head_norms": True}
 
 
+def _feature_start(key: str) -> str:
+    """The words a feature's fact starts with (up to its number, if it has one)."""
+    return FEATURE_FACTS[key].split("{}")[0].removesuffix(".")
+
+
+def _starts_feature(key: str, text: str) -> bool:
+    return text.startswith(_feature_start(key))
+
+
+def _feature(key: str, src: _Source, line: _Line) -> dict[str, Any]:
+    """One of Gemma's facts (`FEATURE_FACTS`): its spec field at the value a model with it has."""
+    fact, text = FEATURE_FACTS[key], line.text[len(INDENT) :]
+    if "{}" not in fact:
+        if text != fact:
+            raise src.error(line.number, len(INDENT) + 1, "malformed fact", f"write '{fact}'")
+        return {key: "gelu_tanh" if key == "activation" else True}
+    before, after = fact.split("{}")
+    if not (text.startswith(before) and text.endswith(after)) or len(text) <= len(before) + len(after):
+        raise src.error(line.number, len(INDENT) + 1, "malformed fact", f"write '{fact.format('50.0')}'")
+    number = text[len(before) : len(text) - len(after)]
+    return {key: float(_number(src, line, number, len(INDENT) + len(before) + 1, float))}
+
+
 # The facts a model may have between the rotary base and its head's table, in their fixed order: how each one's
 # sentence starts, and its reader (the spec's fields it says; a malformed one refused at its line).
 _OPTIONAL_FACTS: list[tuple[Callable[[str], bool], Callable[[_Source, _Line], dict[str, Any]]]] = [
@@ -362,6 +386,7 @@ _OPTIONAL_FACTS: list[tuple[Callable[[str], bool], Callable[[_Source, _Line], di
     (lambda text: text.startswith("Attention looks back"), _window),
     (lambda text: text.endswith(" projections add biases."), lambda src, line: {"biases": _biases(src, line)}),
     (lambda text: text.startswith("Each head of the query"), _head_norms),
+    *((functools.partial(_starts_feature, key), functools.partial(_feature, key)) for key in FEATURE_FACTS),
 ]
 
 
@@ -609,17 +634,21 @@ _EXPRESSIONS: dict[str, tuple[re.Pattern[str], str]] = {
     ),
     "rows": (re.compile(r"the rows of (\S+) at (\S+)"), "the rows of table at token"),
     "RMS": (
-        re.compile(r"the RMS norm of (each head of )?(\S+) with (\S+)"),
+        re.compile(r"the RMS norm of (each head of )?(\S+) with (one plus )?(\S+)"),
         "the RMS norm of x with attention_norm (of each head: 'the RMS norm of each head of query with query_norm')",
     ),
     "attention": (
         re.compile(
             r"the attention of (\S+) over (\S+) and (\S+?)"
-            r"(?: up to (\S+)(?:, within the last (\S+) positions)?|(, with no history))"
+            r"(?: up to (\S+)(?:, within the last (\S+) positions)?(?:, scaling its scores by (\S+))?"
+            r"(?:, soft-capping its scores at (\S+))?|(, with no history))"
         ),
         "the attention of turned_query over keys and values up to position",
     ),
     "SiLU": (re.compile(r"the SiLU of (\S+)"), "the SiLU of gate"),
+    "tanh-approximated": (re.compile(r"the tanh-approximated GELU of (\S+)"), "the tanh-approximated GELU of gate"),
+    "soft-capped": (re.compile(r"(\S+) soft-capped at (\S+)"), "capped_logits soft-capped at 30.0"),
+    "scaled": (re.compile(r"(\S+) scaled by (\S+)"), "hidden scaled by 8.0"),
     "arg-max": (re.compile(r"the arg-max of (\S+)"), "the arg-max of logits"),
     "sum": (re.compile(r"the sum over the chips of (\S+)"), "the sum over the chips of projected_part"),
     "concatenation": (
@@ -647,7 +676,7 @@ def _expression_kind(expr: str) -> str | None:
         return words[1] if words[1] in _EXPRESSIONS else None
     if words[0] in ("layer", "row"):
         return words[0]
-    if len(words) >= 3 and words[1] in ("applied", "rotated", "plus", "times", "with"):
+    if len(words) >= 3 and words[1] in ("applied", "rotated", "plus", "times", "with", "soft-capped", "scaled"):
         return words[1]
     return None
 
@@ -828,22 +857,62 @@ class _Scope:
         return self.build.embed(name, table, tokens)
 
     def _RMS(self, name: str, m: re.Match[str]) -> SSAValue:
-        x, weight = self._tensor(m[2], m.start(2)), self._tensor(m[3], m.start(3))
+        x, weight = self._tensor(m[2], m.start(2)), self._tensor(m[4], m.start(4))
+        plus_one = m[3] is not None
+        if plus_one != self.spec.norm_plus_one:
+            fact = FEATURE_FACTS["norm_plus_one"]
+            if plus_one:
+                raise self._here(m.start(3), "a norm by one plus its weight, but the model's facts do not say so",
+                                 f"add the fact '{fact}'")  # fmt: skip
+            raise self._here(m.start(4), "the model's norms scale by one plus their weight", f"write 'one plus {m[4]}'")
         if m[1] is None:
-            return self.build.rms_norm(name, x, weight)
+            return self.build.rms_norm(name, x, weight, plus_one)
         if not self.spec.head_norms:
             hint = f"add the fact '{HEAD_NORMS}'"
             raise self._here(m.start(1), "an RMS norm of each head, but the model's facts do not say so", hint)
-        return self.build.head_rms_norm(name, x, weight)
+        return self.build.head_rms_norm(name, x, weight, plus_one)
+
+    def _tanh_approximated(self, name: str, m: re.Match[str]) -> SSAValue:
+        if self.spec.activation != "gelu_tanh":
+            raise self._here(0, "a GELU, but the model's facts do not say its gate is one",
+                             f"add the fact '{FEATURE_FACTS['activation']}'")  # fmt: skip
+        return self.build.gelu_tanh(name, self._tensor(m[1], m.start(1)))
+
+    def _soft_capped(self, name: str, m: re.Match[str]) -> SSAValue:
+        cap = self._float(m[2], m.start(2))
+        if cap != self.spec.final_softcap:
+            said = "no soft-cap" if self.spec.final_softcap is None else f"a soft-cap at {self.spec.final_softcap!r}"
+            raise self._here(m.start(2), f"the logits soft-capped at {cap!r}, but the model's facts say {said}")
+        return self.build.softcap(name, self._tensor(m[1], m.start(1)), cap)
+
+    def _scaled(self, name: str, m: re.Match[str]) -> SSAValue:
+        factor = self._float(m[2], m.start(2))
+        expected = self.spec.hidden**0.5
+        if not self.spec.embedding_scaled or factor != expected:
+            raise self._here(m.start(2), f"a scale of {factor!r}, but the model's facts say none here",
+                             f"the embedding is scaled by {expected!r} where the facts say so")  # fmt: skip
+        return self.build.scale(name, self._tensor(m[1], m.start(1)), factor)
 
     def _attention(self, name: str, m: re.Match[str]) -> SSAValue:
         query = self._tensor(m[1], m.start(1))
-        if m[6] is not None:
+        if m[8] is not None:
             return self.build.self_attention(
                 name, query, self._tensor(m[2], m.start(2)), self._tensor(m[3], m.start(3))
             )
         keys, values = self._cache_value(m[2], m.start(2)), self._cache_value(m[3], m.start(3))
         window = None if m[5] is None else self._int(m[5], m.start(5))
+        scale = None if m[6] is None else self._float(m[6], m.start(6))
+        softcap = None if m[7] is None else self._float(m[7], m.start(7))
+        expected = self.spec.query_pre_attn_scalar
+        if scale != (None if expected is None else expected**-0.5):
+            fact = "1 / sqrt(head_dim)" if expected is None else f"{expected**-0.5!r}"
+            raise self._here(m.start(6) if scale is not None else m.end(4), f"the scores' scale is {fact} here",
+                             f"write ', scaling its scores by {expected**-0.5!r}'" if expected else None)  # fmt: skip
+        if softcap != self.spec.attention_softcap:
+            cap = self.spec.attention_softcap
+            raise self._here(m.start(7) if softcap is not None else m.end(4),
+                             f"the scores' soft-cap is {'none' if cap is None else repr(cap)} here",
+                             f"write ', soft-capping its scores at {cap!r}'" if cap else None)  # fmt: skip
         cache = keys.owner
         if isinstance(cache, logos.CacheOp):  # the window its layer's attention has where the cache is longer
             model = self.spec.window_of(cache.layer.value.data)
@@ -852,7 +921,7 @@ class _Scope:
                 column = m.start(5) if window is not None else m.end(4)
                 hint = f"write ', within the last {model} positions' after the position" if bites else None
                 raise self._here(column, logos.window_mismatch(window, model, bites), hint)
-        return self.build.attention(name, query, keys, values, self._ids(m[4], m.start(4)), window)
+        return self.build.attention(name, query, keys, values, self._ids(m[4], m.start(4)), window, scale, softcap)
 
     def _SiLU(self, name: str, m: re.Match[str]) -> SSAValue:
         return self.build.silu(name, self._tensor(m[1], m.start(1)))
@@ -948,6 +1017,9 @@ class _Scope:
 
     def _int(self, text: str, start: int) -> int:
         return int(_number(self.src, self.line, text, self.offset + start + 1, int))
+
+    def _float(self, text: str, start: int) -> float:
+        return float(_number(self.src, self.line, text, self.offset + start + 1, float))
 
     def _shape(self, text: str, start: int) -> tuple[int, ...]:
         dims, column = [], start

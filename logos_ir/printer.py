@@ -18,7 +18,7 @@ from logos_ir.dialects import logos
 from logos_ir.dialects.shard_ext import AllGatherOp
 from logos_ir.errors import PassError
 from logos_ir.program import Cut
-from logos_ir.spec import ModelSpec
+from logos_ir.spec import LLAMA_FEATURES, ModelSpec
 
 INDENT = "    "
 
@@ -43,6 +43,17 @@ def word_list(words: tuple[str, ...] | list[str]) -> str:
 
 
 HEAD_NORMS = "Each head of the query and of the key is RMS-normed."
+# Gemma's facts, in their fixed order after the head norms: the spec's field and its sentence ({} its number, by
+# repr), each said only where the spec differs from a Llama (`LLAMA_FEATURES`).
+FEATURE_FACTS: dict[str, str] = {
+    "norm_plus_one": "Each RMS norm scales by one plus its weight.",
+    "embedding_scaled": "The embedding is scaled by the square root of the hidden size.",
+    "activation": "The feed-forward network's gate is GELU with the tanh approximation.",
+    "sandwich_norms": "The outputs of attention and of the feed-forward network are RMS-normed too.",
+    "query_pre_attn_scalar": "Attention scores are scaled by one over the square root of {}.",
+    "attention_softcap": "Attention scores are soft-capped at {}.",
+    "final_softcap": "The logits are soft-capped at {}.",
+}
 
 
 def fact_lines(spec: ModelSpec, chips: int | None) -> list[str]:
@@ -74,6 +85,10 @@ def fact_lines(spec: ModelSpec, chips: int | None) -> list[str]:
         lines.append(f"The {word_list(spec.biases)} projections add biases.")
     if spec.head_norms:
         lines.append(HEAD_NORMS)
+    for key, fact in FEATURE_FACTS.items():
+        value = getattr(spec, key)
+        if value != LLAMA_FEATURES[key]:
+            lines.append(fact.format(repr(value)))
     lines.append("The head reads the embedding table." if spec.tie_embeddings else "The head has its own table.")
     if chips is not None:
         lines.append(f"The program runs on {count(chips, 'chip')}.")
@@ -201,8 +216,16 @@ def _write(op: logos.CacheWriteOp, n: Callable[[SSAValue], str]) -> str:
     return f"Write {n(op.input)} into {n(op.cache)} at {n(op.positions)}."
 
 
+def _norm_weight(op: logos.RMSNormOp | logos.HeadRMSNormOp, n: Callable[[SSAValue], str]) -> str:
+    return f"one plus {n(op.weight)}" if op.plus_one is not None else n(op.weight)
+
+
 def _attention(op: logos.AttentionOp, n: Callable[[SSAValue], str]) -> str:
     window = "" if op.window is None else f", within the last {op.window.value.data} positions"
+    if op.scale is not None:
+        window += f", scaling its scores by {op.scale.value.data!r}"
+    if op.softcap is not None:
+        window += f", soft-capping its scores at {op.softcap.value.data!r}"
     return _let(
         op, n, f"the attention of {n(op.query)} over {n(op.keys)} and {n(op.values)} up to {n(op.positions)}{window}"
     )
@@ -222,8 +245,13 @@ _SENTENCES: dict[type[Operation], Callable[..., str]] = {
     logos.AttentionOp: _attention,
     logos.SelfAttentionOp: _self_attention,
     logos.EmbedOp: lambda op, n: _let(op, n, f"the rows of {n(op.table)} at {n(op.tokens)}"),
-    logos.RMSNormOp: lambda op, n: _let(op, n, f"the RMS norm of {n(op.input)} with {n(op.weight)}"),
-    logos.HeadRMSNormOp: lambda op, n: _let(op, n, f"the RMS norm of each head of {n(op.input)} with {n(op.weight)}"),
+    logos.RMSNormOp: lambda op, n: _let(op, n, f"the RMS norm of {n(op.input)} with {_norm_weight(op, n)}"),
+    logos.HeadRMSNormOp: lambda op, n: _let(
+        op, n, f"the RMS norm of each head of {n(op.input)} with {_norm_weight(op, n)}"
+    ),
+    logos.GeluTanhOp: lambda op, n: _let(op, n, f"the tanh-approximated GELU of {n(op.input)}"),
+    logos.SoftcapOp: lambda op, n: _let(op, n, f"{n(op.input)} soft-capped at {op.cap.value.data!r}"),
+    logos.ScaleOp: lambda op, n: _let(op, n, f"{n(op.input)} scaled by {op.factor.value.data!r}"),
     logos.LinearOp: lambda op, n: _let(op, n, f"{n(op.weight)} applied to {n(op.input)}"),
     logos.RopeOp: lambda op, n: _let(op, n, f"{n(op.input)} rotated to {n(op.positions)}"),
     logos.AddOp: lambda op, n: _let(op, n, f"{n(op.lhs)} plus {n(op.rhs)}"),

@@ -19,7 +19,8 @@ from logos_ir.errors import SourceLocation, SpecError
 
 # phi3: a Llama whose checkpoint fuses projections; qwen2: biases on Q, K and V; qwen3: an RMS norm on each head of
 # Q and K
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "phi3", "qwen2", "qwen3")
+# gemma2: Gemma's norms, GeGLU, soft-caps and sandwich norms (`GEMMA`)
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "phi3", "qwen2", "qwen3", "gemma2")
 # The projections that may add a bias, in model order, with the Hugging Face module each is (`<module>.bias`).
 PROJECTIONS = {
     "query": "self_attn.q_proj",
@@ -29,6 +30,18 @@ PROJECTIONS = {
     "gate": "mlp.gate_proj",
     "up": "mlp.up_proj",
     "down": "mlp.down_proj",
+}
+# The MLP's gate activations: a Llama's SiLU (SwiGLU), Gemma's GELU with the tanh approximation (GeGLU).
+ACTIVATIONS = ("silu", "gelu_tanh")
+# Each Gemma feature's value in a Llama (a spec at these values computes as a Llama; `to_dict` leaves them out).
+LLAMA_FEATURES: dict[str, Any] = {
+    "norm_plus_one": False,
+    "embedding_scaled": False,
+    "activation": "silu",
+    "sandwich_norms": False,
+    "query_pre_attn_scalar": None,
+    "attention_softcap": None,
+    "final_softcap": None,
 }
 _LAYER_TENSOR = re.compile(r"model\.layers\.(?P<layer>0|[1-9][0-9]*)\.(?P<role>.+)\.(?P<kind>weight|bias)")
 
@@ -82,6 +95,19 @@ class ModelSpec:
     # Each head of the query and of the key is RMS-normed (over its head_dim numbers, with a weight of its own, the
     # model's epsilon) before it is rotated: Qwen3's `q_norm` and `k_norm`, Gemma 3's.
     head_norms: bool = field(default=False)
+    # Gemma's features, each at a Llama's value by default (`LLAMA_FEATURES`): every RMS norm scales by one plus its
+    # weight; the embedding is scaled by the square root of the hidden size; the MLP's gate is GELU with the tanh
+    # approximation (GeGLU); attention's output and the MLP's are normed too, before each is added back (sandwich
+    # norms: `post_attention_layernorm` then norms attention's output, `pre_feedforward_layernorm` the MLP's input);
+    # attention scores scaled by 1 / sqrt(query_pre_attn_scalar) (else 1 / sqrt(head_dim)); tanh soft-caps of the
+    # scores and of the logits.
+    norm_plus_one: bool = field(default=False)
+    embedding_scaled: bool = field(default=False)
+    activation: str = field(default="silu")
+    sandwich_norms: bool = field(default=False)
+    query_pre_attn_scalar: float | None = field(default=None)
+    attention_softcap: float | None = field(default=None)
+    final_softcap: float | None = field(default=None)
 
     def __post_init__(self) -> None:
         for name in ("vocab", "hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate"):
@@ -117,9 +143,18 @@ class ModelSpec:
             raise SpecError(
                 f"'biases' must name projections of {', '.join(PROJECTIONS)} in that order, not {self.biases!r}"
             )
-        for name in ("tie_embeddings", "head_norms"):
+        for name in ("tie_embeddings", "head_norms", "norm_plus_one", "embedding_scaled", "sandwich_norms"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(f"'{name}' must be true or false, not {getattr(self, name)!r}")
+        if self.activation not in ACTIVATIONS:
+            raise SpecError(f"'activation' must be one of {', '.join(ACTIVATIONS)}, not {self.activation!r}")
+        for name in ("query_pre_attn_scalar", "attention_softcap", "final_softcap"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise SpecError(f"'{name}' must be a positive number or absent, not {value!r}")
+            object.__setattr__(self, name, float(value))
         # Floats are kept as floats so that printing them is one rule (`repr`) everywhere.
         object.__setattr__(self, "rms_eps", float(self.rms_eps))
         object.__setattr__(self, "rope_theta", float(self.rope_theta))
@@ -177,10 +212,12 @@ class ModelSpec:
             "self_attn.v_proj": (self.kv_dim, hidden),
             **(head_norms if self.head_norms else {}),
             "self_attn.o_proj": (hidden, self.q_dim),
-            "post_attention_layernorm": (hidden,),
+            "post_attention_layernorm": (hidden,),  # with sandwich norms, attention's output's norm
+            **({"pre_feedforward_layernorm": (hidden,)} if self.sandwich_norms else {}),
             "mlp.gate_proj": (inter, hidden),
             "mlp.up_proj": (inter, hidden),
             "mlp.down_proj": (hidden, inter),
+            **({"post_feedforward_layernorm": (hidden,)} if self.sandwich_norms else {}),
         }
 
     def window_of(self, layer: int) -> int | None:
@@ -221,7 +258,7 @@ class ModelSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as plain data (for JSON reports and manifests)."""
-        optional = ("rope_scaling", "sliding_window", "full_layers", "biases", "head_norms")
+        optional = ("rope_scaling", "sliding_window", "full_layers", "biases", "head_norms", *LLAMA_FEATURES)
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in optional}
         out["rope_scaling"] = None if self.rope_scaling is None else dict(vars(self.rope_scaling))
         if self.sliding_window is not None:  # absent for a model without one, as the program's facts leave it out
@@ -232,6 +269,7 @@ class ModelSpec:
             out["biases"] = list(self.biases)
         if self.head_norms:
             out["head_norms"] = True
+        out.update({k: getattr(self, k) for k, llama in LLAMA_FEATURES.items() if getattr(self, k) != llama})
         return out
 
 
@@ -360,6 +398,10 @@ _READ = frozenset(
         "use_sliding_window",  # Qwen2's: the window applies (to the layers from max_window_layers on)
         "max_window_layers",  # Qwen2's: the first layers that attend the whole cache, where its window applies
         "layer_types",  # transformers 5's attention kind a layer: "full_attention" or "sliding_attention"
+        "hidden_activation",  # Gemma's name for hidden_act
+        "query_pre_attn_scalar",  # Gemma's: scores scaled by 1 / sqrt of it
+        "attn_logit_softcapping",  # Gemma 2's tanh soft-cap of the scores (null: none)
+        "final_logit_softcapping",  # Gemma 2's tanh soft-cap of the logits (null: none)
         "attention_bias",  # a Llama's: the query, key, value and output projections add biases
         "mlp_bias",  # a Llama's: the gate, up and down projections add biases
     }
@@ -402,8 +444,7 @@ _LLAMA_VALUE: dict[str, tuple[Any, ...]] = {
     "hidden_act": ("silu",),
     "partial_rotary_factor": (1.0,),
     "rope_interleaved": (False,),
-    "attn_logit_softcapping": (None,),
-    "final_logit_softcapping": (None,),
+    "use_bidirectional_attention": (None, False),
     "embedding_multiplier": (1.0,),
     "logits_scaling": (1.0,),
     "residual_multiplier": (1.0,),
@@ -428,6 +469,8 @@ def _check_every_key(config: Mapping[str, Any], where: str) -> None:
     """Refuse, by name, the first key of `config` whose meaning the spec does not carry."""
     for key, value in config.items():
         if key in _READ or key in _NEUTRAL:
+            continue
+        if key == "hidden_act" and config.get("model_type") == "gemma2":  # Gemma 2 computes with hidden_activation
             continue
         allowed = _LLAMA_VALUE.get(key)
         if allowed is None:
@@ -484,6 +527,7 @@ def _spec_from_config(config: Mapping[str, Any], where: str) -> ModelSpec:
         full_layers=full_layers,
         biases=_biases(config, where, model_type),
         head_norms=model_type == "qwen3",
+        **_gemma(config, where, model_type),
     )
 
 
@@ -501,6 +545,31 @@ def _biases(config: Mapping[str, Any], where: str, model_type: str) -> tuple[str
         if value:
             biased |= set(projections)
     return tuple(p for p in PROJECTIONS if p in biased)
+
+
+def _gemma(config: Mapping[str, Any], where: str, model_type: str) -> dict[str, Any]:
+    """Gemma's features from its config (`LLAMA_FEATURES` for every other family): its norms, embedding scale and
+    sandwich norms by its model_type, its activation, query scalar and soft-caps by their keys."""
+    for key in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "hidden_activation"):
+        if model_type != "gemma2" and config.get(key) is not None:
+            raise SpecError(f"{where}: config key '{key}' is not one a '{model_type}' model reads")
+    if model_type != "gemma2":
+        return {}
+    activation = config.get("hidden_activation", config.get("hidden_act"))
+    if activation not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise SpecError(
+            f"{where}: config key 'hidden_activation' is {json.dumps(activation)}, which a LOGOS program cannot say"
+            ' yet (Gemma has "gelu_pytorch_tanh")'
+        )
+    return {
+        "norm_plus_one": True,
+        "embedding_scaled": True,
+        "activation": "gelu_tanh",
+        "sandwich_norms": True,
+        "query_pre_attn_scalar": _field(config, where, "query_pre_attn_scalar", (int, float)),
+        "attention_softcap": config.get("attn_logit_softcapping"),
+        "final_softcap": config.get("final_logit_softcapping"),
+    }
 
 
 def _windows(config: Mapping[str, Any], where: str, layers: int, model_type: str) -> tuple[int | None, tuple[int, ...]]:

@@ -222,7 +222,7 @@ def _plan_function(plan: _Plan, spec: ModelSpec, function: func.FuncOp) -> None:
                     plan.gathered.append(op)
             elif x is not None:
                 raise refuse(op, "applies a replicated weight to split rows")
-        elif isinstance(op, logos.RopeOp | logos.SiluOp):
+        elif isinstance(op, logos.RopeOp | logos.SiluOp | logos.GeluTanhOp | logos.SoftcapOp | logos.ScaleOp):
             x = share(op.operands[0])
             if x is not None:
                 if isinstance(op, logos.RopeOp) and x[-1] % op.head_dim.value.data:

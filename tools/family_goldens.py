@@ -73,28 +73,48 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         "Qwen2ForCausalLM",
         {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1, "bos_token_id": 1, "eos_token_id": 2},
     ),
+    # Gemma 2: norms by one plus their weight, the embedding times sqrt(64), GeGLU, sandwich norms, scores scaled by
+    # 1 / sqrt(4) (not the head's 16) and soft-capped, the logits soft-capped, layer 0 windowed over 4 positions;
+    # caps small enough to bite at these widths (the published 50 and 30 would not change a tiny model's tokens);
+    # its head untied as TINY's (a tied one, its rows scaled by sqrt(64), repeats the last token: a weak test)
+    "gemma2": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        {
+            "head_dim": 16,
+            "query_pre_attn_scalar": 4,
+            "sliding_window": 4,
+            "attn_logit_softcapping": 2.0,
+            "final_logit_softcapping": 5.0,
+        },
+    ),
 }
 # Families whose norm weights are drawn as 1 + N(0, initializer_range) rather than left at transformers' ones, so
 # that a norm read from the wrong tensor (or not applied) changes the tokens: the families made after the first five
 # (whose committed files stay as they were made).
-DRAWN_NORMS = {"qwen3"}
+DRAWN_NORMS = {"qwen3": 1.0, "gemma2": 0.0}  # the mean of each (Gemma's norms scale by one plus the weight)
+# Families whose runs also record the first step's logits (the soft-capped logits of Gemma 2, which greedy tokens
+# alone cannot pin).
+FIRST_LOGITS = {"gemma2"}
 # A family whose first draw (seeded by its place in FAMILIES) had a near-tie (a top-1 margin of 1e-3 or less, which
 # f32 rounding could flip) takes another seed, said here.
 SEEDS = {"qwen3": 105}
 
 
-def greedy(model: Any, prompt: list[int], new: int) -> tuple[list[int], float]:
-    """The greedy continuation by whole-sequence forward passes (no cache), and the smallest top-1 margin."""
+def greedy(model: Any, prompt: list[int], new: int) -> tuple[list[int], float, list[float]]:
+    """The greedy continuation by whole-sequence forward passes (no cache), the smallest top-1 margin, and the
+    first step's logits (a monotonic map of the logits, such as a soft-cap, never changes a greedy token)."""
     import torch
 
-    ids, margin = list(prompt), float("inf")
+    ids, margin, first = list(prompt), float("inf"), []
     with torch.no_grad():
         for _ in range(new):
             logits = model(torch.tensor([ids])).logits[0, -1].double()
             top = torch.topk(logits, 2).values
             margin = min(margin, float(top[0] - top[1]))
+            first = first or [round(float(v), 5) for v in logits]
             ids.append(int(torch.argmax(logits)))
-    return ids[len(prompt) :], margin
+    return ids[len(prompt) :], margin, first
 
 
 def make(family: str, out: Path) -> dict[str, Any]:
@@ -103,7 +123,7 @@ def make(family: str, out: Path) -> dict[str, Any]:
 
     config_class, model_class, own = FAMILIES[family]
     torch.manual_seed(SEEDS.get(family, list(FAMILIES).index(family)))  # a model of its own for each family
-    config = getattr(transformers, config_class)(**TINY, **own)
+    config = getattr(transformers, config_class)(**{**TINY, **own})
     config._attn_implementation = "eager"
     model = getattr(transformers, model_class)(config).float().eval()
     with torch.no_grad():  # transformers starts every bias at zero, which would prove nothing: drawn like the weights
@@ -111,7 +131,7 @@ def make(family: str, out: Path) -> dict[str, Any]:
             if name.endswith(".bias"):
                 parameter.normal_(0.0, TINY["initializer_range"])
             elif family in DRAWN_NORMS and name.endswith("norm.weight"):
-                parameter.normal_(1.0, TINY["initializer_range"])
+                parameter.normal_(DRAWN_NORMS[family], TINY["initializer_range"])
     folder = out / family
     shutil.rmtree(folder, ignore_errors=True)
     model.save_pretrained(folder, safe_serialization=True)
@@ -119,8 +139,11 @@ def make(family: str, out: Path) -> dict[str, Any]:
         (folder / extra).unlink(missing_ok=True)
     runs = []
     for prompt in PROMPTS:
-        tokens, margin = greedy(model, prompt, NEW_TOKENS)
-        runs.append({"prompt": prompt, "tokens": tokens, "min_top1_margin": round(margin, 4)})
+        tokens, margin, first = greedy(model, prompt, NEW_TOKENS)
+        run = {"prompt": prompt, "tokens": tokens, "min_top1_margin": round(margin, 4)}
+        if family in FIRST_LOGITS:
+            run["first_logits"] = first
+        runs.append(run)
     return {"model_class": model_class, "runs": runs}
 
 

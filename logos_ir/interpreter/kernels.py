@@ -190,12 +190,21 @@ def _rows_from_kv_heads(attended: np.ndarray, rows: int, kv_heads: int, group: i
     return attended.reshape(kv_heads, rows, group, head_dim).transpose(1, 0, 2, 3).reshape(rows, -1)
 
 
-def attention(keys: np.ndarray, values: np.ndarray, window: int | None = None) -> Callable[..., Step]:
-    """Each row's query heads over the cached positions up to its own (within the last `window` when given)."""
+def attention(
+    keys: np.ndarray,
+    values: np.ndarray,
+    window: int | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+) -> Callable[..., Step]:
+    """Each row's query heads over the cached positions up to its own (within the last `window` when given), the
+    scores scaled by `scale` (else 1 / sqrt(head_dim)) and soft-capped at `softcap` (tanh(s / cap) * cap, before
+    the mask, as transformers' Gemma 2 computes them)."""
     if keys.ndim == 4:
-        return _attention_per_sequence(keys, values, window)
+        return _attention_per_sequence(keys, values, window, scale, softcap)
     kv_heads, head_dim = keys.shape[0], keys.shape[2]
-    scale = _F32(1 / math.sqrt(head_dim))
+    scale = _F32(1 / math.sqrt(head_dim) if scale is None else scale)
+    cap = None if softcap is None else _F32(softcap)
     matmul = np.matmul
 
     def make(query: int, positions: int, out: int) -> Step:
@@ -210,6 +219,8 @@ def attention(keys: np.ndarray, values: np.ndarray, window: int | None = None) -
             qh = _queries_by_kv_head(q, kv_heads, group, head_dim)
             scores = matmul(qh, k.transpose(0, 2, 1))
             scores *= scale
+            if cap is not None:
+                scores = np.tanh(scores / cap) * cap
             if rows > 1 or (window is not None and length > window):  # else a decode row attends every position
                 scores.reshape(kv_heads, rows, group, length)[...] += _causal_bias(pos, length, window)[
                     None, :, None, :
@@ -221,9 +232,12 @@ def attention(keys: np.ndarray, values: np.ndarray, window: int | None = None) -
     return make
 
 
-def _attention_per_sequence(keys: np.ndarray, values: np.ndarray, window: int | None) -> Callable[..., Step]:
+def _attention_per_sequence(
+    keys: np.ndarray, values: np.ndarray, window: int | None, scale: float | None, softcap: float | None
+) -> Callable[..., Step]:
     kv_heads, head_dim = keys.shape[1], keys.shape[3]
-    scale = _F32(1 / math.sqrt(head_dim))
+    scale = _F32(1 / math.sqrt(head_dim) if scale is None else scale)
+    cap = None if softcap is None else _F32(softcap)
     matmul = np.matmul
 
     def make(query: int, positions: int, out: int) -> Step:
@@ -235,6 +249,8 @@ def _attention_per_sequence(keys: np.ndarray, values: np.ndarray, window: int | 
             qh = q.reshape(rows, kv_heads, -1, head_dim)
             scores = matmul(qh, keys[:, :, :length].transpose(0, 1, 3, 2))
             scores *= scale
+            if cap is not None:
+                scores = np.tanh(scores / cap) * cap
             scores += _causal_bias(pos, length, window)[:, None, None, :]
             r[out] = matmul(_softmax_rows(scores), values[:, :, :length]).reshape(rows, -1)
 
@@ -286,6 +302,41 @@ def silu(x: int, out: int) -> Step:
         r[out] = v * (tanh(v * _F32(0.5)) * _F32(0.5) + _F32(0.5))
 
     return step
+
+
+def gelu_tanh(x: int, out: int) -> Step:
+    """GELU with the tanh approximation, as PyTorch's `gelu(approximate="tanh")` writes it, in f32."""
+    tanh, c, k, half = np.tanh, _F32(math.sqrt(2 / math.pi)), _F32(0.044715), _F32(0.5)
+
+    def step(r: Registers) -> None:
+        v = r[x]
+        r[out] = half * v * (_F32(1) + tanh(c * (v + k * v * v * v)))
+
+    return step
+
+
+def softcap(cap: float) -> Callable[..., Step]:
+    c = _F32(cap)
+
+    def make(x: int, out: int) -> Step:
+        def step(r: Registers) -> None:
+            r[out] = np.tanh(r[x] / c) * c
+
+        return step
+
+    return make
+
+
+def scale(factor: float) -> Callable[..., Step]:
+    f = _F32(factor)
+
+    def make(x: int, out: int) -> Step:
+        def step(r: Registers) -> None:
+            r[out] = r[x] * f
+
+        return step
+
+    return make
 
 
 def row(index: int) -> Callable[..., Step]:

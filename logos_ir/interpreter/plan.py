@@ -167,6 +167,9 @@ class ChipCompiler:
             logos.MulOp: self._elementwise,
             logos.BiasAddOp: self._bias_add,
             logos.HeadRMSNormOp: self._rms_norm,
+            logos.GeluTanhOp: self._gelu_tanh,
+            logos.SoftcapOp: self._softcap,
+            logos.ScaleOp: self._scale,
             logos.SiluOp: self._silu,
             logos.RowOp: self._row,
             logos.ArgmaxOp: self._argmax,
@@ -295,7 +298,8 @@ class ChipCompiler:
             raise LogosError(f"@{section}: the reference interpreter scales an RMS norm by a weight only")
         x = self._value(env[op.input], section, "the input")
         norm = kernels.head_rms_norm if isinstance(op, logos.HeadRMSNormOp) else kernels.rms_norm
-        env[op.result] = self._emit(norm(weight.array, op.epsilon.value.data), [x], section)
+        scale = weight.array if op.plus_one is None else (np.float32(1) + weight.array).astype(np.float32)
+        env[op.result] = self._emit(norm(scale, op.epsilon.value.data), [x], section)
 
     def _linear(self, op: logos.LinearOp, env: dict[SSAValue, _Ref], section: str) -> None:
         x = self._value(env[op.input], section, "the input")
@@ -336,7 +340,9 @@ class ChipCompiler:
             self._value(env[op.positions], section, "positions"),
         ]
         window = None if op.window is None else op.window.value.data
-        env[op.result] = self._emit(kernels.attention(keys, values, window), ins, section)
+        scale = None if op.scale is None else op.scale.value.data
+        softcap = None if op.softcap is None else op.softcap.value.data
+        env[op.result] = self._emit(kernels.attention(keys, values, window, scale, softcap), ins, section)
 
     def _self_attention(self, op: logos.SelfAttentionOp, env: dict[SSAValue, _Ref], section: str) -> None:
         ins = [self._value(env[v], section, "an operand") for v in (op.query, op.key, op.value)]
@@ -354,6 +360,17 @@ class ChipCompiler:
         x = self._value(env[op.input], section, "the input")
         bias = self._value(env[op.bias], section, "the bias")
         env[op.result] = self._emit(kernels.binary(np.add), [x, bias], section)  # the bias broadcast over the rows
+
+    def _gelu_tanh(self, op: logos.GeluTanhOp, env: dict[SSAValue, _Ref], section: str) -> None:
+        env[op.result] = self._emit(kernels.gelu_tanh, [self._value(env[op.input], section, "the input")], section)
+
+    def _softcap(self, op: logos.SoftcapOp, env: dict[SSAValue, _Ref], section: str) -> None:
+        x = self._value(env[op.input], section, "the input")
+        env[op.result] = self._emit(kernels.softcap(op.cap.value.data), [x], section)
+
+    def _scale(self, op: logos.ScaleOp, env: dict[SSAValue, _Ref], section: str) -> None:
+        x = self._value(env[op.input], section, "the input")
+        env[op.result] = self._emit(kernels.scale(op.factor.value.data), [x], section)
 
     def _silu(self, op: logos.SiluOp, env: dict[SSAValue, _Ref], section: str) -> None:
         env[op.result] = self._emit(kernels.silu, [self._value(env[op.input], section, "the input")], section)

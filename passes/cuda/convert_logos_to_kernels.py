@@ -510,11 +510,9 @@ def _check_main(main: func.FuncOp) -> None:
             )
         if not isinstance(op, (*LOWERED_OPS, func.ReturnOp)):
             raise PassError(f"{NAME}: @main holds '{op.name}', which the CUDA lane does not lower")
-        if isinstance(op, logos.AttentionOp) and op.window is not None:  # its kernels read every cached position
-            raise PassError(
-                f"{NAME}: @main's '{op.name}' slides over a window of {op.window.value.data} positions, which the"
-                " CUDA lane does not apply"
-            )
+        said = logos.variant(op)
+        if said is not None:  # an op the lane lowers in its plain form only: a variant is refused, not run as plain
+            raise PassError(f"{NAME}: @main's '{op.name}' {said}, which the CUDA lane does not compute")
 
 
 def _host_function(main: func.FuncOp) -> func.FuncOp:

@@ -121,11 +121,10 @@ def _check_main(program: logos.ProgramOp) -> None:
     unlowered = next((op for op in main.body.block.ops if not isinstance(op, (*_LOWERED, *_READS))), None)
     if unlowered is not None:  # refused by name before any rewrite (its users would fail first, less clearly)
         raise _refuse(unlowered, "has no instruction on the D5005 engine")
-    for op in main.body.block.ops:  # the engine's attention reads every cached position: a window is refused
-        if isinstance(op, logos.AttentionOp) and op.window is not None:
-            raise _refuse(
-                op, f"slides over a window of {op.window.value.data} positions, which the engine does not apply"
-            )
+    for op in main.body.block.ops:  # an op the engine lowers in its plain form only: a variant is refused
+        said = logos.variant(op)
+        if said is not None:
+            raise _refuse(op, f"{said}, which the engine does not compute")
 
 
 # the ops a pattern below lowers to instructions (a SiLU goes into its product's silu_mul)

@@ -370,11 +370,6 @@ class AttentionToCsl(PartPattern):
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: logos.AttentionOp, rewriter: PatternRewriter) -> None:
-        if op.window is not None:  # every cached position is attended: a window that bites is refused, not ignored
-            raise PassError(
-                f"{PASS}: the spatial grid does not apply a sliding window"
-                f" ('logos.attention' window {op.window.value.data})"
-            )
         lower_attention(self.part.at(op), op)
         self.part.replace(rewriter, op)
 
@@ -465,6 +460,10 @@ def lower_part(part: PartLowering, section: func.FuncOp) -> None:
     each part leaves for the next), its position argument in `position_in`."""
     target = part.e
     body = section.body.block
+    for op in body.ops:  # an op the grid lowers only in its plain form: a variant is refused, not computed as plain
+        said = logos.variant(op)
+        if said is not None:
+            raise PassError(f"{PASS}: the spatial grid's '{op.name}' {said}, which the grid does not compute")
     residual = part.vec("residual", "col", part.plan.hidden)
     part.fused, part.fused_later = fused_products(body)
     for op in body.ops:  # weights are names and shapes: known before any product that a group lowers early
