@@ -260,3 +260,22 @@ def test_8b_at_ctx_8192_reads_weights_and_each_kv_head_once() -> None:
     assert cost["band_tokens_per_s"] == [low["tokens_per_s"], high["tokens_per_s"]]
     earlier = cost_model.estimate(program, position=2)  # attention reads one earlier position
     assert earlier["tokens_per_s"] > low["tokens_per_s"]
+
+
+def test_the_aoc_form_renders_the_attributes_aoc_reads(one_b: d5005.ProgramOp) -> None:
+    """The source as aoc compiles it (INTELFPGA_CL defined): the pragmas as the #pragma lines aoc sees, the
+    channels with their depth, the on-chip arrays as __local, and nothing of the PoCL build's ordered buffers."""
+    from logos_ir.passes.d5005 import aoc_report
+
+    source = engine_source(one_b.identity.data, one_b.params)
+    text = aoc_report.expand(aoc_report.aoc_form(source))
+    width, depth = one_b.params.vector_width, 8
+    matvec = text[text.index("/* loop matvec.words */") :]
+    assert re.search(r"#pragma unroll BANKS\n\s*for \(uint b = 0; b < BANKS; b\+\+\)", matvec)
+    assert re.search(r"#pragma unroll VECTOR_WIDTH\n\s*for \(uint e = 0; e < VECTOR_WIDTH; e\+\+\) sum \+=", matvec)
+    assert re.search(r"#pragma ivdep safelen\(SHIFT_DEPTH\)\n\s*/\* loop attention.values \*/", text)
+    assert "channel bank_word_t bank_words[BANKS] __attribute__((depth(CHANNEL_DEPTH)));" in text
+    assert "__local float onchip[ONCHIP_WORDS];" in text and "fifo" not in text and "UNROLL(" not in text
+    read = aoc_report.read_source(source)
+    assert (read.numbers["VECTOR_WIDTH"], read.numbers["SHIFT_DEPTH"]) == (width, depth)
+    assert read.channel_depth == 512 and read.arrays["vector"].words == d5005.VECTOR_WORDS
