@@ -130,6 +130,9 @@ def expand(text: str) -> str:
                 lambda m, p=param, t=pragma: "#pragma " + re.sub(rf"\b{p}\b", m.group(1), t),
                 body,
             )
+    attributes = re.findall(r"^#define (\w+)\((\w+)\) (__attribute__\(\(.*\)\))$", text, flags=re.MULTILINE)
+    for name, param, value in attributes:  # BANKED(n): the memory attributes aoc reads
+        body = re.sub(rf"\b{name}\(([^()]*)\)", lambda m, p=param, v=value: re.sub(rf"\b{p}\b", m.group(1), v), body)
     for _ in range(3):
         for name, value in macros.items():
             body = re.sub(rf"\b{name}\b(?!\s*\()", value, body)
@@ -286,20 +289,22 @@ class Array:
 @dataclass
 class Routine:
     name: str
+    signature: str
     params: list[str]
     body: str
     loops: list[ForLoop]
     memories: dict[str, str]  # parameter (or kernel array) name -> the kernel's array it is
 
 
-def _functions(text: str) -> dict[str, tuple[list[str], str, int]]:
+def _functions(text: str) -> dict[str, tuple[str, list[str], str]]:
     found = {}
     for match in re.finditer(r"/\* routine (\w+) \*/\s*inline [\w ]+?\b(\w+)\s*\(", text):
         close = _matching(text, match.end() - 1, "(", ")")
         params = [p.strip() for p in _split(text[match.end() : close])]
         open_ = text.index("{", close)
         end = _matching(text, open_, "{", "}")
-        found[match.group(1)] = ([re.findall(r"\w+", p)[-1] for p in params], text[open_ + 1 : end], match.start())
+        names = [re.findall(r"\w+", p)[-1] for p in params]
+        found[match.group(1)] = (text[match.end() : close], names, text[open_ + 1 : end])
     return found
 
 
@@ -348,14 +353,14 @@ def read_source(source: str) -> Source:
     compute = text[open_ + 1 : _matching(text, open_, "{", "}")]
     arrays = kernel_arrays(compute, numbers)
     routines = {}
-    for name, (params, body, _) in _functions(text).items():
+    for name, (signature, params, body) in _functions(text).items():
         memories = {a: a for a in arrays}
         call = re.search(rf"\b{name}\(([^;]*)\);", compute)
         if call:
             for param, argument in zip(params, _split(call.group(1)), strict=False):
                 if argument.strip() in arrays:
                     memories[param] = argument.strip()
-        routines[name] = Routine(name, params, body, loops_of(body), memories)
+        routines[name] = Routine(name, signature, params, body, loops_of(body), memories)
     depth = re.search(r"channel bank_word_t \w+\[\w+\] __attribute__\(\(depth\(([^)]+)\)\)\)", text)
     return Source(text, numbers, routines, arrays, _evaluate(depth.group(1), numbers) if depth else None)
 
@@ -392,6 +397,7 @@ class LoopReport:
     dynamic_channels: int = 0
     serial: list[tuple[int, int, LoopReport]] = field(default_factory=list)  # (copies, trips, loop) run in turn
     unrolls: dict[str, int] = field(default_factory=dict)  # the unrolled loops' variables and factors
+    dividers: int = 0  # integer divisions (or remainders) by a run-time value an iteration builds
 
 
 @dataclass
@@ -540,8 +546,11 @@ class _LoopReader:
         self._collect(loop, [], own, report, every)
         declared_inside = {n for at, _, n, _, _ in self.probe.declared if loop.body_start <= at < loop.end}
         floats = {n for _, t, n, _, _ in self.probe.declared if t == "float"}
+        integers = self._integers()
         for start, end, unrolled in own:
             text = body[start:end]
+            copies = math.prod(_trips(u, self.numbers) or 1 for u in unrolled)
+            report.dividers += copies * _dividers(text, integers, self.numbers)
             self._sites(text, start, unrolled, loop, report)
             self._carried(text, unrolled, loop, declared_inside, floats, report)
         stored = {s.array for s in report.sites if s.store}
@@ -568,6 +577,12 @@ class _LoopReader:
             sub = _LoopReader(self.source, self.routine).read(inner, f"{report.name}/{inner.var}", every)
             report.serial.append((copies, math.ceil(trips / max(1, factor or 1)), sub))
         own.append((at, loop.end, unrolled))
+
+    def _integers(self) -> set[str]:
+        """The routine's integer names: its uint declarations and parameters, its loop variables, the word."""
+        declared = {n for _, kind, n, _, _ in self.probe.declared if kind in ("uint", "int")}
+        params = set(re.findall(r"\buint\s+(\w+)", self.routine.signature))
+        return declared | params | {loop.var for loop in _all(self.routine.loops)}
 
     def _sites(self, text: str, offset: int, unrolled: list[ForLoop], loop: ForLoop, report: LoopReport) -> None:
         memories = self.routine.memories
@@ -639,6 +654,21 @@ class _LoopReader:
                 report.carried_fp.append(written - at if written > at else 1)
 
 
+def _dividers(text: str, integers: set[str], numbers: dict[str, int]) -> int:
+    """Integer divisions and remainders in `text` whose divisor is a run-time value (a constant power of two is a
+    shift, another constant a multiply; a float division is not counted)."""
+    count = 0
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.DOTALL)
+    for match in re.finditer(r"[/%]\s*(\((?:[^()]|\([^()]*\))*\)|\w+(?:\.\w+)?)", text):
+        divisor = match.group(1)
+        if evaluate(divisor, numbers) is not None or re.search(r"\d\.\d|\d\.?f\b|\(float\)", divisor):
+            continue
+        names = set(re.findall(r"[A-Za-z_]\w*", re.sub(r"\bw\.s[0-9a-f]\b", "", divisor))) - set(numbers)
+        if names <= integers:
+            count += 1
+    return count
+
+
 def _linear(subscripts: list[str], dims: tuple[int, ...]) -> str:
     """The flat float32 index of a (possibly many-dimensional) access."""
     index = "0"
@@ -658,6 +688,17 @@ def analyse(source: str) -> Analysis:
                 loops[loop.mark] = _LoopReader(read, routine).read(loop, loop.mark, every)
     banks, arbitrated, copies = _bank_arrays(read, loops)
     warnings = [
+        f"loop {name}: {report.dividers} integer dividers by a run-time value in each iteration"
+        " (Best Practices Guide: avoid expensive functions such as integer division in loops)"
+        for name, report in loops.items()
+        if report.dividers
+    ]
+    if re.search(r"__global[^;{()]*\*\s*(?:const\s*)?\*|__global\s+\w+\s*\*\s*\w+\s*\[", read.text):
+        warnings.append(
+            "a global pointer chosen at run time (an array of bank pointers): every access through it"
+            " is an LSU to each bank it may name"
+        )
+    warnings += [
         f"loop {name}: a channel read whose channel is a run-time value (aoc requires a constant channel id,"
         " Programming Guide §5.4.4): the model costs it as serial reads"
         for name, report in loops.items()
@@ -697,6 +738,9 @@ def _bank_arrays(read: Source, loops: dict[str, LoopReport]):
         ]
     budget = int(M20K_BLOCKS * M20K_USABLE)
     arbitrated: dict[str, set[int]] = {name: {b for b, n in enumerate(v) if n is None} for name, v in need.items()}
+    for name, found in sites.items():  # a site whose bank is a run-time value reaches every bank through an arbiter
+        if banks[name] > 1 and any(site.known % banks[name] for site in found):
+            arbitrated[name] = set(range(banks[name]))
     used = sum(n for v in need.values() for n in v if n is not None)
     for name in sorted(need, key=lambda n: -sum(x or 0 for x in need[n])):
         if used <= budget:

@@ -145,9 +145,12 @@ def rms_norm(s: Step) -> list[Loop]:
 
 
 def rope(s: Step) -> list[Loop]:
+    """The table's row, then each head's two halves rotated a bank word of floats at a time."""
+    head_dim = s.field(d5005.W_HEAD_DIM)
+    rotate = _by_ov("rope.rotate", "mid", head_dim // 2, s)
     return [
         _counted("rope.table", "c", "words", s.words(s.field(d5005.W_HEAD_DIM), 4)),
-        _by_ov("rope.rotate", "width / 2", s.field(d5005.W_WIDTH) // 2, s),
+        _counted("rope.heads", "head", "heads", s.field(d5005.W_WIDTH) // head_dim, inner=(rotate,)),
     ]
 
 
@@ -165,15 +168,17 @@ def attention(s: Step) -> list[Loop]:
     row_words = s.words(s.field(d5005.W_HEAD_DIM), s["CACHE_BYTES"])
     slots = row_words * ceil_div(depth, row_words)
     softmax = _by_ov("attention.softmax", "position", s.position, s)
+    queries = _by_ov("attention.queries", "row_words * CPW", row_words * s.cpw, s)
+    output = _counted("attention.output", "i", "row_words", row_words)
     inner = (
-        _by_ov("attention.queries", "group * row_words * CPW", group * row_words * s.cpw, s),
+        _counted("attention.query_heads", "g", "group", group, inner=(queries,)),
         _counted("attention.keys", "n", "quads * row_words", quads * row_words),
         _counted("attention.scores", "r", "quads", quads),
         _by_ov("attention.current", "row_words * CPW", row_words * s.cpw, s),
         _counted("attention.softmax_heads", "g", "group", group, inner=(softmax,)),
         _counted("attention.clear", "r", "slots", slots),
         _counted("attention.values", "n", "quads * row_words", quads * row_words),
-        _counted("attention.output", "c", "group * row_words", group * row_words),
+        _counted("attention.output_heads", "g", "group", group, inner=(output,)),
     )
     return [_counted("attention.kv_heads", "h", "kv_heads", kv_heads, inner=inner)]
 

@@ -276,6 +276,28 @@ def test_the_aoc_form_renders_the_attributes_aoc_reads(one_b: d5005.ProgramOp) -
     assert re.search(r"#pragma ivdep safelen\(SHIFT_DEPTH\)\n\s*/\* loop attention.values \*/", text)
     assert "channel bank_word_t bank_words[BANKS] __attribute__((depth(CHANNEL_DEPTH)));" in text
     assert "__local float onchip[ONCHIP_WORDS];" in text and "fifo" not in text and "UNROLL(" not in text
+    assert "__local float queries[GROUP_MAX * ROW_WORDS_MAX * CPW] __attribute__((numbanks(OV), bankwidth(4)));" in text
     read = aoc_report.read_source(source)
     assert (read.numbers["VECTOR_WIDTH"], read.numbers["SHIFT_DEPTH"]) == (width, depth)
     assert read.channel_depth == 512 and read.arrays["vector"].words == d5005.VECTOR_WORDS
+    assert read.arrays["vector"].numbanks == read.arrays["queries"].numbanks == one_b.params.burst_bytes // 4
+
+
+# What the engine no longer has and the reader finds when it comes back: a divider by a run-time value in an
+# inner loop (rope's head and offset by k / mid, k % mid) and a bank pointer chosen at run time.
+DIVIDED = ("uint i = c + e, at = head * head_dim + i;", "uint i = (c + e) % mid, at = head * head_dim + i;")
+POINTER_ARRAY = (
+    "    channels_t ch;\n",
+    "    __global bank_word_t *banks[BANKS] = {bank0, bank1, bank2, bank3};\n    channels_t ch;\n",
+)
+
+
+def test_no_divider_in_a_loop_and_no_pointer_chosen_at_run_time(one_b: d5005.ProgramOp) -> None:
+    source = engine_source(one_b.identity.data, one_b.params)
+    loops = cost_model.Engine.read(source).analysis.loops
+    assert [name for name, report in loops.items() if report.dividers] == []
+    divided = cost_model.Engine.read(edited(source, DIVIDED)).analysis
+    assert divided.loops["rope.rotate"].dividers == one_b.params.burst_bytes // 4  # one in each unrolled lane
+    assert "rope.rotate: 16 integer dividers" in divided.warnings[0]
+    pointers = cost_model.Engine.read(edited(source, POINTER_ARRAY)).analysis
+    assert any("global pointer chosen at run time" in warning for warning in pointers.warnings)
