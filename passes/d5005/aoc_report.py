@@ -439,6 +439,7 @@ class _Probe:
         spans = [m.span() for m in _DECLARED.finditer(routine.body)]
         spans += [(loop.start, loop.body_start) for loop in loops]  # a loop's own header
         self._bases: dict[tuple[tuple[int, ...], int], dict[str, int]] = {}
+        self._arounds: dict[int, tuple[int, ...]] = {}
         self._plans: dict[tuple[str, int, frozenset[str]], list[tuple[str, Any]]] = {}
         self.mutated = {
             m.group(1)
@@ -446,10 +447,16 @@ class _Probe:
             if not any(a <= m.start() < b for a, b in spans)
         }
 
+    def _around(self, position: int) -> tuple[int, ...]:
+        """The loops (by index) around `position`, outermost first."""
+        if position not in self._arounds:
+            self._arounds[position] = tuple(i for i, loop in enumerate(self.loops) if loop.start <= position < loop.end)
+        return self._arounds[position]
+
     def _base(self, position: int, seed: int) -> dict[str, int]:
         """The run-time values at `position`: the parameters, the word's fields, the variables the routine
         changes and the loop variables around it, drawn from `seed`."""
-        around = tuple(i for i, loop in enumerate(self.loops) if loop.start <= position < loop.end)
+        around = self._around(position)
         key = (around, seed)
         if key not in self._bases:
             draw = random.Random(seed)
@@ -467,7 +474,7 @@ class _Probe:
         key = (expression, position, fixed)
         if key in self._plans:
             return self._plans[key]
-        around = {loop.var for loop in self.loops if loop.start <= position < loop.end}
+        around = {self.loops[i].var for i in self._around(position)}
         skip = around | set(fixed) | self.mutated | set(self.numbers)
         chosen: dict[str, tuple[int, str | None]] = {}
         todo = re.findall(r"[A-Za-z_]\w*", expression)
@@ -490,10 +497,13 @@ class _Probe:
     def env(self, fixed: dict[str, int], position: int, seed: int, expression: str = "") -> dict[str, int]:
         env = dict(self._base(position, seed))
         env.update(fixed)
-        draw = random.Random(seed * 7919 + position)
+        draw = None
         for name, code in self._plan(expression, position, frozenset(fixed)):
             got = _run(code, env)
-            env[name] = got if got is not None else draw.randrange(1 << 12, 1 << 20)
+            if got is None:  # a value the reader cannot compute (a call, a float): a run-time value
+                draw = draw or random.Random(seed * 7919 + position)
+                got = draw.randrange(1 << 12, 1 << 20)
+            env[name] = got
         return env
 
     def value(self, expression: str, fixed: dict[str, int], position: int, seed: int) -> int | None:

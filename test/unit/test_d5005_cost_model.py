@@ -89,6 +89,14 @@ def one_b() -> d5005.ProgramOp:
     return lowered(ModelSpec.preset("llama-3.2-1b"), 2048)
 
 
+@pytest.fixture(scope="module")
+def printed(one_b: d5005.ProgramOp) -> tuple[str, cost_model.Engine, dict]:
+    """The engine as the emitter prints it for the 1B, read once, and its band."""
+    source = engine_source(one_b.identity.data, one_b.params)
+    engine = cost_model.Engine.read(source)
+    return source, engine, cost_model.band(one_b, engine)
+
+
 def _every(loops: list[Loop] | tuple[Loop, ...]) -> list[Loop]:
     found = []
     for loop in loops:
@@ -111,9 +119,9 @@ def test_the_loops_are_the_ones_the_source_prints(one_b: d5005.ProgramOp) -> Non
     }
 
 
-def test_what_aoc_would_report_of_the_printed_engine(one_b: d5005.ProgramOp) -> None:
+def test_what_aoc_would_report_of_the_printed_engine(printed: tuple[str, cost_model.Engine, dict]) -> None:
     """The reader's view of the engine as printed, against counts taken from the constants alone."""
-    engine = cost_model.Engine.read(engine_source(one_b.identity.data, one_b.params))
+    _, engine, _ = printed
     c, loops = engine.constants, engine.analysis.loops
     words = loops["matvec.words"]
     assert words.carried_fp == [c["SHIFT_DEPTH"]] and words.channels == set(range(c["BANKS"]))  # a shift register
@@ -130,9 +138,10 @@ def test_what_aoc_would_report_of_the_printed_engine(one_b: d5005.ProgramOp) -> 
 
 
 @pytest.mark.parametrize("edit", FOUR_EDITS, ids=["serial-sum", "serial-banks", "channel-depth-1", "bare-ivdep"])
-def test_each_edit_of_the_printed_engine_lowers_the_band(one_b: d5005.ProgramOp, edit: tuple[str, str]) -> None:
-    source = engine_source(one_b.identity.data, one_b.params)
-    base = cost_model.band(one_b, cost_model.Engine.read(source))
+def test_each_edit_of_the_printed_engine_lowers_the_band(
+    one_b: d5005.ProgramOp, printed: tuple[str, cost_model.Engine, dict], edit: tuple[str, str]
+) -> None:
+    source, _, base = printed
     changed = cost_model.band(one_b, cost_model.Engine.read(edited(source, edit)))
     (low, high), (new_low, new_high) = base["band_tokens_per_s"], changed["band_tokens_per_s"]
     assert new_low < low and new_high <= high
@@ -147,9 +156,10 @@ def test_each_edit_of_the_printed_engine_lowers_the_band(one_b: d5005.ProgramOp,
         assert new_low == 0.0 and "attention.values" in changed["hazards"][0]
 
 
-def test_the_carried_add_and_the_devectorised_loop_lower_the_band(one_b: d5005.ProgramOp) -> None:
-    source = engine_source(one_b.identity.data, one_b.params)
-    base = cost_model.band(one_b, cost_model.Engine.read(source))
+def test_the_carried_add_and_the_devectorised_loop_lower_the_band(
+    one_b: d5005.ProgramOp, printed: tuple[str, cost_model.Engine, dict]
+) -> None:
+    source, _, base = printed
     carried = cost_model.band(one_b, cost_model.Engine.read(edited(source, CARRIED_ADD)))
     scalar = cost_model.band(one_b, cost_model.Engine.read(edited(source, DEVECTORISED)))
     # the matvec's 4 x 32 weights a cycle now wait FP_LATENCY cycles each: compute-bound, far below the banks
@@ -292,9 +302,11 @@ POINTER_ARRAY = (
 )
 
 
-def test_no_divider_in_a_loop_and_no_pointer_chosen_at_run_time(one_b: d5005.ProgramOp) -> None:
-    source = engine_source(one_b.identity.data, one_b.params)
-    loops = cost_model.Engine.read(source).analysis.loops
+def test_no_divider_in_a_loop_and_no_pointer_chosen_at_run_time(
+    one_b: d5005.ProgramOp, printed: tuple[str, cost_model.Engine, dict]
+) -> None:
+    source, engine, _ = printed
+    loops = engine.analysis.loops
     assert [name for name, report in loops.items() if report.dividers] == []
     divided = cost_model.Engine.read(edited(source, DIVIDED)).analysis
     assert divided.loops["rope.rotate"].dividers == one_b.params.burst_bytes // 4  # one in each unrolled lane
