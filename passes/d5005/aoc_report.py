@@ -630,10 +630,9 @@ class _LoopReader:
 
     def _follows(self, index: str, loop: ForLoop, fixed: dict[str, int], position: int) -> bool:
         """Whether the index moves with the loop's induction variable (each iteration a new address)."""
-        env = self.probe.env(fixed, position, 7, index)
-        one, other = dict(env), dict(env)
-        other[loop.var] = env[loop.var] + (_evaluate(loop.step, self.numbers) or 1)
-        return _evaluate(index, one) != _evaluate(index, other)
+        step = _evaluate(loop.step, self.numbers) or 1
+        here, next_ = ({**fixed, loop.var: step * n} for n in (5, 6))  # declarations re-evaluated at each
+        return self.probe.value(index, here, position, 7) != self.probe.value(index, next_, position, 7)
 
     def _distance(self, loop: ForLoop) -> int | None:
         if loop.safelen is not None:
