@@ -36,7 +36,7 @@ GOLDEN_STEPS = 128
 
 
 def cost_table() -> None:
-    print("model            ctx   build s  instr  GB read/token  est tok/s  roofline  of roofline")
+    print("model            ctx   build s  instr  GB read/token  band tok/s (low, high)  roofline  low of roofline")
     for name, ctx in [*MODELS, ("llama-3.1-70b", 8192)]:
         source = ModelSource.resolve(name)
         request = BuildRequest(source, Cut.decode(ctx), 1, "bf16", False, Progress.silent())
@@ -47,15 +47,16 @@ def cost_table() -> None:
             print(f"{name:<15} {ctx:>5}  refused: {error.message}")
             continue
         cost = lane.report["cost_model"]
+        low, high = cost["band_tokens_per_s"]
         print(
             f"{name:<15} {ctx:>5} {time.perf_counter() - started:>8.2f} {lane.report['instructions']:>6}"
-            f" {cost['bytes_read_per_token'] / 1e9:>14.3f} {cost['tokens_per_s']:>10.3f}"
-            f" {cost['roofline_tokens_per_s']:>9.3f} {cost['fraction_of_roofline'] * 100:>11.1f}%"
+            f" {cost['low']['bytes_read_per_token'] / 1e9:>14.3f} {low:>10.3f} {high:>10.3f}"
+            f" {cost['roofline_tokens_per_s']:>10.3f} {low / cost['roofline_tokens_per_s'] * 100:>15.1f}%"
         )
         if (name, ctx) == ("llama-3.1-8b", 8192):
-            print(f"    cycles by opcode: {cost['cycles_by_opcode']}")
-            weights, kv = cost["weight_bytes_per_token"], cost["kv_bytes_per_token"]
-            print(f"    bytes read: weights {weights}, K and V {kv}, written {cost['bytes_written_per_token']}")
+            for end in ("low", "high"):
+                print(f"    ms by opcode ({end}): {cost[end]['ms_by_opcode']}")
+            print(f"    arbitrated: {cost['arbitrated']}, banks: {cost['banks']}")
 
 
 def reference_run(steps: int) -> dict[str, object]:

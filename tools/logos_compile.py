@@ -4,6 +4,7 @@
                   [--with-weights] [--option key=value ...] -o DIR
     logos-compile --check DIR [--model MODEL]
     logos-compile --rebuild-check DIR [--model MODEL]
+    logos-compile --cost DIR                 # a d5005 build folder's engine.cl, as it is now, re-costed
 
 `MODEL` is a preset, `embedded`, a Hugging Face folder or cache snapshot, a `.gguf` file or a hub id in the local
 Hugging Face cache. The targets are the registry's (`logos_ir.registry.compile_targets`): `--help` lists them. A
@@ -61,6 +62,7 @@ def _arguments(targets: dict[str, Any]) -> argparse.ArgumentParser:
     checks = parser.add_mutually_exclusive_group()
     checks.add_argument("--check", metavar="DIR", help="re-hash a build folder against its manifest")
     checks.add_argument("--rebuild-check", metavar="DIR", help="rebuild a build folder and compare byte for byte")
+    checks.add_argument("--cost", metavar="DIR", help="re-cost a d5005 build folder's engine.cl as it is now")
     return parser
 
 
@@ -170,6 +172,18 @@ def _check(folder: Path, model: str | None, seed: int | None) -> int:
     return 1
 
 
+def _cost(folder: Path) -> int:
+    from logos_ir.build import BuildError, read_manifest
+    from logos_ir.passes.d5005.build import cost_folder
+    from logos_ir.passes.d5005.cost_model import summary_lines
+
+    if read_manifest(folder).get("target", {}).get("name") != "d5005":
+        raise BuildError(f"{folder}: --cost re-costs a d5005 build folder; this one is not")
+    for line in summary_lines(cost_folder(folder)):
+        print(f"logos-compile: {folder}: {line}")
+    return 0
+
+
 def _rebuild_check(folder: Path, args: argparse.Namespace, targets: dict[str, Any]) -> int:
     """Rebuild from the inputs the manifest records, into a temporary folder, and compare byte for byte."""
     from logos_ir.build import BuildError, compare_folders, read_manifest
@@ -232,11 +246,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def body() -> int:
-        if args.check or args.rebuild_check:
+        if args.check or args.rebuild_check or args.cost:
             given = [flag for flag, value in _BUILD_ONLY if getattr(args, value) not in (None, False, [], 1)]
             if given:
                 parser.print_usage(sys.stderr)
-                which = "--check" if args.check else "--rebuild-check"
+                which = "--check" if args.check else "--rebuild-check" if args.rebuild_check else "--cost"
                 print(
                     f"logos-compile: error: {which} reads what to check from the manifest: it takes no "
                     f"{', '.join(given)}",
@@ -247,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
             return _check(Path(args.check), args.model, args.model_seed)
         if args.rebuild_check:
             return _rebuild_check(Path(args.rebuild_check), args, targets)
+        if args.cost:
+            return _cost(Path(args.cost))
         needed = (("--target", args.target), ("--cut", args.cut), ("-o", args.output))
         missing = [flag for flag, value in needed if not value]
         if missing:

@@ -11,6 +11,8 @@ when asked.
 from __future__ import annotations
 
 import io
+from pathlib import Path
+from typing import Any
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
@@ -61,7 +63,7 @@ def build_d5005(request: BuildRequest) -> LaneBuild:
     if request.with_weights:
         image = weight_image(program, request.spec, request.model.store(), request.progress)
         artifacts.append(Artifact("weights.bin", image, identity, kind="binary", role="weights"))
-    cost = cost_model.estimate(program)  # the loops engine.cl prints, costed for this program's words
+    cost = cost_model.band(program, cost_model.Engine.read(engine))  # engine.cl as printed, read as aoc would
     report = {
         "cost_model": cost,
         "instructions": len(program.instructions()),
@@ -69,6 +71,23 @@ def build_d5005(request: BuildRequest) -> LaneBuild:
         "image_bytes_per_bank": size,
     }
     return LaneBuild(artifacts, report, cost_model.summary_lines(cost))
+
+
+def cost_folder(folder: Path) -> dict[str, Any]:
+    """The cost band of a build folder as it is now: its `engine.cl` read afresh (edited or not) over the words
+    of its `instructions.bin`."""
+    from logos_ir.passes.d5005 import aoc_report, cost_model
+    from logos_ir.runtime.d5005 import StreamError, read_stream
+
+    try:
+        engine = cost_model.Engine.read((folder / "engine.cl").read_text(encoding="utf-8"))
+        stream = read_stream((folder / "instructions.bin").read_bytes())
+    except OSError as error:
+        raise BuildError(f"{folder}: {error.strerror}: {Path(error.filename or '').name}") from None
+    except (aoc_report.ReportError, StreamError) as error:
+        raise BuildError(f"{folder}: {error}") from None
+    words = [[int(v) for v in row] for row in stream.words.reshape(-1, 16)]
+    return cost_model.band(engine=engine, words=words, ctx=stream.ctx)
 
 
 def compile_commands(identity_line: str) -> str:

@@ -81,6 +81,7 @@ _TEMPLATE = r"""
 #define ONCHIP __local
 #define ONCHIP_DECL __local float onchip[ONCHIP_WORDS]
 #define SCRATCH_ARG
+#define BANKED(n) __attribute__((numbanks(n), bankwidth(4)))
 #else
 #define UNROLL(n)
 #define IVDEP
@@ -90,6 +91,7 @@ _TEMPLATE = r"""
 #define ONCHIP __global
 #define ONCHIP_DECL ONCHIP float *onchip = scratch
 #define SCRATCH_ARG __global float *restrict scratch,
+#define BANKED(n)
 #endif
 
 #define OV (BURST_BYTES / 4)               /* float32 words of one bank word: the on-chip routines' width */
@@ -352,18 +354,21 @@ inline void rope(ONCHIP float *x, __local float *restrict table, channels_t *ch,
             }
         }
     }
-    IVDEP
-    /* loop rope.rotate */
-    for (uint c = 0; c < width / 2; c += OV) {
-        UNROLL(OV)
-        for (uint e = 0; e < OV; e++) {
-            uint k = c + e, head = k / mid, i = k % mid;
-            if (k < width / 2) {
-                uint at = head * head_dim + i;
-                float first = x[src + at], second = x[src + at + mid];
-                float cosine = table[i], sine = table[mid + i];
-                x[dst + at] = first * cosine + second * (-sine);
-                x[dst + at + mid] = second * cosine + first * sine;
+    uint heads = width / head_dim;
+    /* loop rope.heads */
+    for (uint head = 0; head < heads; head++) {
+        IVDEP
+        /* loop rope.rotate */
+        for (uint c = 0; c < mid; c += OV) {
+            UNROLL(OV)
+            for (uint e = 0; e < OV; e++) {
+                uint i = c + e, at = head * head_dim + i;
+                if (i < mid) {
+                    float first = x[src + at], second = x[src + at + mid];
+                    float cosine = table[i], sine = table[mid + i];
+                    x[dst + at] = first * cosine + second * (-sine);
+                    x[dst + at + mid] = second * cosine + first * sine;
+                }
             }
         }
     }
@@ -371,13 +376,15 @@ inline void rope(ONCHIP float *x, __local float *restrict table, channels_t *ch,
 
 /* Head h's key (or value) at the position goes to cache row h * ctx + position - 1, in the cache's precision. */
 /* routine cache_write */
-inline void cache_write(ONCHIP float *x, __global bank_word_t *const *banks, const uint16 w, uint position) {
+inline void cache_write(ONCHIP float *x, __global bank_word_t *restrict bank0, __global bank_word_t *restrict bank1,
+                        __global bank_word_t *restrict bank2, __global bank_word_t *restrict bank3, const uint16 w,
+                        uint position) {
     uint head_dim = w.s5, kv_heads = w.sa, ctx = w.s4 / kv_heads, src = w.s2;
     uint words = WORDS(head_dim, CACHE_BYTES);
     /* loop cache_write.heads */
     for (uint h = 0; h < kv_heads; h++) {
-        uint row = h * ctx + position - 1;
-        __global bank_word_t *line = banks[row % BANKS] + w.s6 + (row / BANKS) * (w.s7 / BURST_BYTES);
+        uint row = h * ctx + position - 1, bank = row % BANKS;
+        uint line = w.s6 + (row / BANKS) * (w.s7 / BURST_BYTES);
         /* loop cache_write.words */
         for (uint c = 0; c < words; c++) {
             bank_word_t word;
@@ -393,7 +400,11 @@ inline void cache_write(ONCHIP float *x, __global bank_word_t *const *banks, con
                 word.u[u] = as_uint(SELECT(k < head_dim, x[src + h * head_dim + k], 0.0f));
 #endif
             }
-            line[c] = word;
+            /* each bank its own store site: no global pointer chosen at run time */
+            if (bank == 0) bank0[line + c] = word;
+            if (bank == 1) bank1[line + c] = word;
+            if (bank == 2) bank2[line + c] = word;
+            if (bank == 3) bank3[line + c] = word;
         }
     }
 }
@@ -416,12 +427,16 @@ inline void attention(ONCHIP float *x, __local float *restrict queries, __local 
     /* loop attention.kv_heads */
     for (uint h = 0; h < kv_heads; h++) {
         uint base = (h * ctx) % BANKS;
-        /* loop attention.queries */
-        for (uint c = 0; c < group * row_words * CPW; c += OV) {
-            UNROLL(OV)
-            for (uint e = 0; e < OV; e++) {
-                uint k = c + e, g = k / (row_words * CPW), d = k % (row_words * CPW);
-                if (g < group) queries[k] = SELECT(d < head_dim, x[query + (h * group + g) * head_dim + d], 0.0f);
+        /* loop attention.query_heads */
+        for (uint g = 0; g < group; g++) {
+            /* loop attention.queries */
+            for (uint c = 0; c < row_words * CPW; c += OV) {
+                UNROLL(OV)
+                for (uint e = 0; e < OV; e++) {
+                    uint d = c + e;
+                    queries[g * row_words * CPW + d] =
+                        SELECT(d < head_dim, x[query + (h * group + g) * head_dim + d], 0.0f);
+                }
             }
         }
         uint q = 0, j = 0;
@@ -569,20 +584,22 @@ ${softmax_total}
             j++;
             if (j == row_words) { j = 0; q++; }
         }
-        IVDEP
-        /* loop attention.output */
-        for (uint c = 0; c < group * row_words; c++) {
-            uint g = c / row_words, i = c % row_words;
+        /* loop attention.output_heads */
+        for (uint g = 0; g < group; g++) {
             float p = x[scores + g * position + past] / total[g];
-            UNROLL(CPW)
-            for (uint e = 0; e < CPW; e++) {
-                uint d = i * CPW + e;
-                float sum = 0.0f;
-                UNROLL(SLOTS_MAX)
-                for (uint r = 0; r < SLOTS_MAX; r++)
-                    if (r * row_words + i < slots) sum += acc[((r * row_words + i) * GROUP_MAX + g) * CPW + e];
-                if (d < head_dim)
-                    x[dst + (h * group + g) * head_dim + d] = sum + p * cached(x[value + h * head_dim + d]);
+            IVDEP
+            /* loop attention.output */
+            for (uint i = 0; i < row_words; i++) {
+                UNROLL(CPW)
+                for (uint e = 0; e < CPW; e++) {
+                    uint d = i * CPW + e;
+                    float sum = 0.0f;
+                    UNROLL(SLOTS_MAX)
+                    for (uint r = 0; r < SLOTS_MAX; r++)
+                        if (r * row_words + i < slots) sum += acc[((r * row_words + i) * GROUP_MAX + g) * CPW + e];
+                    if (d < head_dim)
+                        x[dst + (h * group + g) * head_dim + d] = sum + p * cached(x[value + h * head_dim + d]);
+                }
             }
         }
     }
@@ -660,10 +677,10 @@ TASK void d5005_compute(__global const uint16 *restrict program, const uint firs
                         const uint token, const uint position, __global uint *restrict result,
                         __global float *restrict logits FIFO_IN_ARGS) {
     ONCHIP_DECL;
-    __local float vector[VECTOR_WORDS];
-    __local float table[ROPE_WORDS];
-    __local float acc[SLOTS_MAX * GROUP_MAX * CPW];
-    __global bank_word_t *banks[BANKS] = {bank0, bank1, bank2, bank3};
+    __local float vector[VECTOR_WORDS] BANKED(OV);
+    __local float queries[GROUP_MAX * ROW_WORDS_MAX * CPW] BANKED(OV);
+    __local float table[ROPE_WORDS] BANKED(OV);
+    __local float acc[SLOTS_MAX * GROUP_MAX * CPW] BANKED(CPW);
     channels_t ch;
 #if !defined(INTELFPGA_CL)
     ch.fifo[0] = fifo0; ch.fifo[1] = fifo1; ch.fifo[2] = fifo2; ch.fifo[3] = fifo3;
@@ -676,8 +693,8 @@ TASK void d5005_compute(__global const uint16 *restrict program, const uint firs
         case OP_MATVEC: matvec(onchip, vector, &ch, w); break;
         case OP_RMS_NORM: rms_norm(onchip, &ch, w); break;
         case OP_ROPE: rope(onchip, table, &ch, w, position); break;
-        case OP_CACHE_WRITE: cache_write(onchip, banks, w, position); break;
-        case OP_ATTENTION: attention(onchip, vector, acc, &ch, w, position); break;
+        case OP_CACHE_WRITE: cache_write(onchip, bank0, bank1, bank2, bank3, w, position); break;
+        case OP_ATTENTION: attention(onchip, queries, acc, &ch, w, position); break;
         case OP_SILU_MUL: silu_mul(onchip, w); break;
         case OP_ADD: add(onchip, w); break;
         case OP_ARGMAX: result[0] = argmax(onchip, logits, w); break;

@@ -1,7 +1,8 @@
 """The engine's pipelined loops as data: for each routine of `engine.cl` (`emit_opencl.py` prints them), the loops
 it marks `/* loop NAME */`, with the `for` header it prints, what each iteration carries and how many times each
-runs for an instruction word. The cost model (`cost_model.py`) costs these loops; it never reads the printed source
-(a test checks that each loop here is printed, with this header, under its mark).
+runs for an instruction word: the trip counts, which depend on the instruction word. What each iteration costs
+(unrolls, carried results, ports, channels) the cost model reads from the printed source itself (`aoc_report.py`);
+a test checks that each loop here is printed, with this header, under its mark.
 
 A routine is a function of the engine's constants (the `#define`s `engine_constants` gives the emitter), one
 instruction word (16 fields, `d5005.W_*`), the step's token and position and, for a bank reader, its bank; it returns
@@ -20,18 +21,14 @@ from logos_ir.numerics import ceil_div
 
 @dataclass(frozen=True)
 class Loop:
-    """One pipelined loop: its name (its mark in the source), the `for` header printed under the mark, its trip
-    count for the word being costed, and what its iterations carry: `carried` is the distance (in iterations) at
-    which a floating-point result feeds the next one (None: nothing carried), `aliased` a loop that stores to and
-    loads from a memory it does not own with no `ivdep`."""
+    """One pipelined loop: its name (its mark in the source), the `for` header printed under the mark, and its
+    trip count for the word being costed. What an iteration costs is read from the source (`aoc_report`)."""
 
     name: str
     header: str
     trips: int
     inner: tuple[Loop, ...] = ()
     inner_of: Callable[[int], tuple[Loop, ...]] | None = field(default=None, compare=False)
-    carried: int | None = None
-    aliased: bool = False
 
 
 @dataclass(frozen=True)
@@ -132,7 +129,7 @@ def embed_row(s: Step) -> list[Loop]:
 def matvec(s: Step) -> list[Loop]:
     """The input copied on chip, then rows 4i .. 4i+3 a word of each bank a cycle, summed in shift registers."""
     rows, words = s.field(d5005.W_ROWS), s.words(s.field(d5005.W_COLS), s["WEIGHT_BYTES"])
-    row_words = _counted("matvec.words", "c", "words", words, carried=s["SHIFT_DEPTH"])
+    row_words = _counted("matvec.words", "c", "words", words)
     return [
         _by_ov("matvec.load", "words * VECTOR_WIDTH", words * s["VECTOR_WIDTH"], s),
         _counted("matvec.rows", "i", "quads", ceil_div(rows, s["BANKS"]), inner=(row_words,)),
@@ -142,15 +139,18 @@ def matvec(s: Step) -> list[Loop]:
 def rms_norm(s: Step) -> list[Loop]:
     n = s.field(d5005.W_COLS)
     return [
-        _by_ov("rms_norm.squares", "n", n, s, carried=s["SHIFT_DEPTH"]),
+        _by_ov("rms_norm.squares", "n", n, s),
         _counted("rms_norm.scale", "c", "words", s.words(n, s["WEIGHT_BYTES"])),
     ]
 
 
 def rope(s: Step) -> list[Loop]:
+    """The table's row, then each head's two halves rotated a bank word of floats at a time."""
+    head_dim = s.field(d5005.W_HEAD_DIM)
+    rotate = _by_ov("rope.rotate", "mid", head_dim // 2, s)
     return [
         _counted("rope.table", "c", "words", s.words(s.field(d5005.W_HEAD_DIM), 4)),
-        _by_ov("rope.rotate", "width / 2", s.field(d5005.W_WIDTH) // 2, s),
+        _counted("rope.heads", "head", "heads", s.field(d5005.W_WIDTH) // head_dim, inner=(rotate,)),
     ]
 
 
@@ -167,16 +167,18 @@ def attention(s: Step) -> list[Loop]:
     quads = ceil_div(past, s["BANKS"])
     row_words = s.words(s.field(d5005.W_HEAD_DIM), s["CACHE_BYTES"])
     slots = row_words * ceil_div(depth, row_words)
-    softmax = _by_ov("attention.softmax", "position", s.position, s, carried=depth)
+    softmax = _by_ov("attention.softmax", "position", s.position, s)
+    queries = _by_ov("attention.queries", "row_words * CPW", row_words * s.cpw, s)
+    output = _counted("attention.output", "i", "row_words", row_words)
     inner = (
-        _by_ov("attention.queries", "group * row_words * CPW", group * row_words * s.cpw, s),
+        _counted("attention.query_heads", "g", "group", group, inner=(queries,)),
         _counted("attention.keys", "n", "quads * row_words", quads * row_words),
-        _counted("attention.scores", "r", "quads", quads, carried=depth),
-        _by_ov("attention.current", "row_words * CPW", row_words * s.cpw, s, carried=depth),
+        _counted("attention.scores", "r", "quads", quads),
+        _by_ov("attention.current", "row_words * CPW", row_words * s.cpw, s),
         _counted("attention.softmax_heads", "g", "group", group, inner=(softmax,)),
         _counted("attention.clear", "r", "slots", slots),
-        _counted("attention.values", "n", "quads * row_words", quads * row_words, carried=depth),
-        _counted("attention.output", "c", "group * row_words", group * row_words),
+        _counted("attention.values", "n", "quads * row_words", quads * row_words),
+        _counted("attention.output_heads", "g", "group", group, inner=(output,)),
     )
     return [_counted("attention.kv_heads", "h", "kv_heads", kv_heads, inner=inner)]
 
@@ -190,7 +192,7 @@ def add(s: Step) -> list[Loop]:
 
 
 def argmax(s: Step) -> list[Loop]:
-    return [_by_ov("argmax.words", "n", s.field(d5005.W_ROWS), s, carried=s["SHIFT_DEPTH"])]
+    return [_by_ov("argmax.words", "n", s.field(d5005.W_ROWS), s)]
 
 
 # Each opcode's routine in the compute kernel and, for those that stream board memory, in the bank readers.

@@ -81,8 +81,9 @@ def test_an_8b_build_of_code_takes_seconds_and_reads_no_weight() -> None:
     assert time.perf_counter() - started < 20
     assert built.model._store is None
     cost = lane.report["cost_model"]
-    assert cost["bytes_read_per_token"] > 15e9 and 0.8 < cost["fraction_of_roofline"] < cost["ddr_efficiency"]
-    assert cost["tokens_per_s"] < cost["roofline_tokens_per_s"]  # test_d5005_cost_model.py holds the model
+    low, high = cost["band_tokens_per_s"]
+    assert cost["low"]["bytes_read_per_token"] > 15e9 and 0 < low < high < cost["roofline_tokens_per_s"]
+    assert lane.summary[0].startswith("d5005 cost model")  # test_d5005_cost_model.py holds the model
     paths = {a.path for a in lane.artifacts}
     assert paths == {
         "program.logos",
