@@ -578,7 +578,7 @@ def _windows(config: Mapping[str, Any], where: str, layers: int, model_type: str
     one they do not use); the layers' kinds from `layer_types` where it is given (transformers 5: Gemma 2 and 3's
     local and global layers), else Qwen2's first `max_window_layers` full where its window is used, else every
     layer windowed (Mistral, Phi-3)."""
-    use = config.get("use_sliding_window")
+    use = config.get("use_sliding_window", False if model_type in ("qwen2", "qwen3") else None)  # Qwen's default
     if use is not None and not isinstance(use, bool):
         raise SpecError(f"{where}: field 'use_sliding_window' must be true or false, not {json.dumps(use)}")
     window = config.get("sliding_window")
@@ -687,5 +687,81 @@ _PRESETS: dict[str, ModelSpec] = {
         rope_theta=500000.0,
         tie_embeddings=False,
         rope_scaling=_LLAMA3_SCALING,
+    ),
+    # The families' published shapes (each one's config.json on its hub page), for the build and compile-speed
+    # checks: Qwen2.5's Q, K and V biases, Qwen3's head norms, Mistral 7B v0.1's and Phi-3-mini-4k's windows,
+    # Gemma 2's features with its local (even) and global (odd) layers.
+    "qwen2.5-7b": ModelSpec(
+        vocab=152064,
+        hidden=3584,
+        layers=28,
+        heads=28,
+        kv_heads=4,
+        head_dim=128,
+        intermediate=18944,
+        rms_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_embeddings=False,
+        biases=("query", "key", "value"),
+    ),
+    "qwen3-8b": ModelSpec(
+        vocab=151936,
+        hidden=4096,
+        layers=36,
+        heads=32,
+        kv_heads=8,
+        head_dim=128,
+        intermediate=12288,
+        rms_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_embeddings=False,
+        head_norms=True,
+    ),
+    "mistral-7b-v0.1": ModelSpec(
+        vocab=32000,
+        hidden=4096,
+        layers=32,
+        heads=32,
+        kv_heads=8,
+        head_dim=128,
+        intermediate=14336,
+        rms_eps=1e-5,
+        rope_theta=10000.0,
+        tie_embeddings=False,
+        sliding_window=4096,
+    ),
+    "phi-3-mini-4k": ModelSpec(
+        vocab=32064,
+        hidden=3072,
+        layers=32,
+        heads=32,
+        kv_heads=32,
+        head_dim=96,
+        intermediate=8192,
+        rms_eps=1e-5,
+        rope_theta=10000.0,
+        tie_embeddings=False,
+        sliding_window=2047,
+    ),
+    "gemma-2-9b": ModelSpec(
+        vocab=256000,
+        hidden=3584,
+        layers=42,
+        heads=16,
+        kv_heads=8,
+        head_dim=256,
+        intermediate=14336,
+        rms_eps=1e-6,
+        rope_theta=10000.0,
+        tie_embeddings=True,
+        sliding_window=4096,
+        full_layers=tuple(range(1, 42, 2)),
+        norm_plus_one=True,
+        embedding_scaled=True,
+        activation="gelu_tanh",
+        sandwich_norms=True,
+        query_pre_attn_scalar=256.0,
+        attention_softcap=50.0,
+        final_softcap=30.0,
     ),
 }

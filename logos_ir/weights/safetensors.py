@@ -37,12 +37,13 @@ _MAX_RANK = 8
 
 
 def hf_config(spec: ModelSpec, dtype: str = "float32") -> dict[str, Any]:
-    """A Llama `config.json` for `spec` (rope settings at the top level), as `ModelSpec.from_hf_config` reads
-    it."""
+    """A `config.json` for `spec` (rope settings at the top level), as `ModelSpec.from_hf_config` reads it back to
+    the same spec: a Llama's, or the family's whose features the spec has (Gemma 2's, Qwen3's head norms, Qwen2's
+    Q, K and V biases); a spec no family's config says is refused."""
     scaling = None
     if spec.rope_scaling is not None:
         scaling = dict(vars(spec.rope_scaling))
-    return {
+    config: dict[str, Any] = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "vocab_size": spec.vocab,
@@ -59,6 +60,46 @@ def hf_config(spec: ModelSpec, dtype: str = "float32") -> dict[str, Any]:
         "tie_word_embeddings": spec.tie_embeddings,
         "torch_dtype": dtype,
     }
+    family = _family(spec)
+    config["model_type"], config["architectures"] = family, [_ARCHITECTURES[family]]
+    if spec.sliding_window is not None:
+        config["sliding_window"] = spec.sliding_window
+        if family in ("qwen2", "qwen3"):  # a Qwen's window is used only where it says so, from max_window_layers on
+            config["use_sliding_window"], config["max_window_layers"] = True, 0
+        if spec.full_layers:
+            kinds = ["full_attention" if i in spec.full_layers else "sliding_attention" for i in range(spec.layers)]
+            config["layer_types"] = kinds
+    if family == "llama":
+        attention, mlp = ("query", "key", "value", "output"), ("gate", "up", "down")
+        config["attention_bias"] = all(p in spec.biases for p in attention)
+        config["mlp_bias"] = all(p in spec.biases for p in mlp)
+    if family == "gemma2":
+        del config["hidden_act"]
+        config["hidden_activation"] = "gelu_pytorch_tanh"
+        config["query_pre_attn_scalar"] = spec.query_pre_attn_scalar
+        config["attn_logit_softcapping"] = spec.attention_softcap
+        config["final_logit_softcapping"] = spec.final_softcap
+    back = ModelSpec.from_hf_config(config)
+    if back != spec:
+        raise WeightError(f"no family's config.json says this model's spec (a {family} config reads as {back})")
+    return config
+
+
+_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+}
+
+
+def _family(spec: ModelSpec) -> str:
+    """The model_type whose config says `spec`'s features."""
+    if spec.norm_plus_one:
+        return "gemma2"
+    if spec.head_norms:
+        return "qwen3"
+    return "qwen2" if spec.biases == ("query", "key", "value") else "llama"
 
 
 def save_model(store: WeightStore, directory: str | Path, shards: int = 1, dtype: str = "float32") -> None:

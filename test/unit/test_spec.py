@@ -163,3 +163,24 @@ def test_splits_over_names_the_width_that_does_not_divide():
     assert spec.splits_over(3) is None
     assert spec.splits_over(2) == "heads"
     assert ModelSpec.preset("tiny").splits_over(4) == "kv_heads"
+
+
+@pytest.mark.parametrize("name", ModelSpec.presets())
+def test_every_presets_config_reads_back_as_it(name: str) -> None:
+    """`hf_config` writes a preset as its family's config.json (Qwen2's biases, Qwen3's head norms, Gemma 2's
+    features, a window's layers); reading it back gives the same spec, so a folder saved from it is the same model."""
+    from logos_ir.weights.safetensors import hf_config
+
+    spec = ModelSpec.preset(name)
+    assert ModelSpec.from_hf_config(hf_config(spec)) == spec
+
+
+def test_the_families_presets_have_their_published_shapes() -> None:
+    gemma = ModelSpec.preset("gemma-2-9b")
+    assert (gemma.layers, gemma.hidden, gemma.heads, gemma.kv_heads, gemma.head_dim) == (42, 3584, 16, 8, 256)
+    assert gemma.full_layers == tuple(range(1, 42, 2)) and gemma.sliding_window == 4096
+    assert (gemma.attention_softcap, gemma.final_softcap, gemma.query_pre_attn_scalar) == (50.0, 30.0, 256.0)
+    assert ModelSpec.preset("qwen2.5-7b").biases == ("query", "key", "value")
+    assert ModelSpec.preset("qwen3-8b").head_norms and ModelSpec.preset("qwen3-8b").head_dim == 128
+    assert ModelSpec.preset("mistral-7b-v0.1").sliding_window == 4096
+    assert ModelSpec.preset("phi-3-mini-4k").sliding_window == 2047
