@@ -1076,11 +1076,23 @@ class ScaleOp(LogosOp):
     assembly_format = "$input `by` $factor attr-dict `:` type($result)"
 
 
+def program_spec(op: Operation) -> ModelSpec | None:
+    """The spec of the `logos.program` that holds `op`, or None when it is in none."""
+    parent = op.parent_op()
+    while parent is not None and not isinstance(parent, ProgramOp):
+        parent = parent.parent_op()
+    return None if parent is None else parent.model.spec
+
+
 def variant(op: Operation) -> str | None:
     """What `op` says beyond the plain form of its kind, in words (a lane refuses an op it would otherwise lower
     when this is not None and it does not lower the variant), or None."""
     if isinstance(op, RMSNormOp | HeadRMSNormOp) and op.plus_one is not None:
         return "scales by one plus its weight"
+    if isinstance(op, RopeOp):
+        spec = program_spec(op)
+        if spec is not None and op.theta.value.data != spec.rope_theta:
+            return f"rotates with base {op.theta.value.data!r}, not its model's {spec.rope_theta!r}"
     if isinstance(op, AttentionOp):
         if op.window is not None:
             return f"slides over a window of {op.window.value.data} positions"

@@ -313,8 +313,9 @@ class _Plan:
             query = section.head_rms_norm("normed_query", query, query_norm, one)
             key_norm = w(section, "key_norm", names["key_norm"], (spec.head_dim,))
             key = section.head_rms_norm("normed_key", key, key_norm, one)
-        turned_query = section.rope("turned_query", query, position)
-        turned_key = section.rope("turned_key", key, position)
+        theta = spec.rope_theta_of(layer)  # Gemma 3's windowed layers rotate with a base of their own
+        turned_query = section.rope("turned_query", query, position, theta)
+        turned_key = section.rope("turned_key", key, position, theta)
         attended = self._attend(section, layer, turned_query, turned_key, value, position)
         output = w(section, "output_weight", names["output"], (spec.hidden, spec.q_dim))
         projected = b(

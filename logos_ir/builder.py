@@ -206,10 +206,11 @@ class SectionBuilder:
         op = logos.LinearOp.create(operands=[x, weight], result_types=[f32_tensor((rows, out))])
         return self._let(op, name)
 
-    def rope(self, name: str, x: SSAValue, positions: SSAValue) -> SSAValue:
+    def rope(self, name: str, x: SSAValue, positions: SSAValue, theta: float | None = None) -> SSAValue:
+        """A rotation by the model's rope base, or by `theta` (a windowed layer's own, Gemma 3's local layers)."""
         props: dict[str, Attribute] = {
             "head_dim": integer(self.spec.head_dim),
-            "theta": real(self.spec.rope_theta),
+            "theta": real(self.spec.rope_theta if theta is None else theta),
         }
         if self.spec.rope_scaling is not None:
             props["scaling"] = logos.RopeScalingAttr.of(self.spec.rope_scaling)

@@ -658,7 +658,7 @@ _EXPRESSIONS: dict[str, tuple[re.Pattern[str], str]] = {
     "layer": (re.compile(r"layer (\S+) of (\S+) at (\S+)"), "layer 0 of x0 at position"),
     "row": (re.compile(r"row (\S+) of (\S+)"), "row 4 of x"),
     "applied": (re.compile(r"(\S+) applied to (\S+)"), "query_weight applied to normed"),
-    "rotated": (re.compile(r"(\S+) rotated to (\S+)"), "query rotated to position"),
+    "rotated": (re.compile(r"(\S+) rotated to (\S+?)(?:, with base (\S+))?"), "query rotated to position"),
     "plus": (re.compile(r"(\S+) plus (\S+)"), "x plus projected"),
     "times": (re.compile(r"(\S+) times (\S+)"), "activated times up"),
     "with": (re.compile(r"(\S+) with (\S+) added to each row"), "unbiased_query with query_bias added to each row"),
@@ -954,7 +954,14 @@ class _Scope:
         return self.build.linear(name, self._tensor(m[1], m.start(1)), self._tensor(m[2], m.start(2)))
 
     def _rotated(self, name: str, m: re.Match[str]) -> SSAValue:
-        return self.build.rope(name, self._tensor(m[1], m.start(1)), self._ids(m[2], m.start(2)))
+        theta = self.spec.rope_theta if m[3] is None else self._float(m[3], m.start(3))
+        layer = re.fullmatch(r"layer_([0-9]+)", self.build.sym)
+        expected = self.spec.rope_theta_of(int(layer[1])) if layer else self.spec.rope_theta
+        if theta != expected:
+            hint = "" if expected == self.spec.rope_theta else f", with base {expected!r}"
+            raise self._here(m.start(3) if m[3] else m.end(2), f"this layer rotates with base {expected!r}",
+                             f"write 'rotated to {m[2]}{hint}'")  # fmt: skip
+        return self.build.rope(name, self._tensor(m[1], m.start(1)), self._ids(m[2], m.start(2)), theta)
 
     def _plus(self, name: str, m: re.Match[str]) -> SSAValue:
         return self.build.add(name, self._tensor(m[1], m.start(1)), self._tensor(m[2], m.start(2)))
@@ -1053,7 +1060,7 @@ class _Scope:
             raise self._here(0, f"{op.name}: {error}") from None
 
     def _check_canonical(self, op: Operation) -> None:
-        canonical = INDENT + sentence(op, lambda v: v.name_hint or "")
+        canonical = INDENT + sentence(op, lambda v: v.name_hint or "", self.spec)
         if canonical != self.line.text:
             raise self.src.error(
                 self.line.number,

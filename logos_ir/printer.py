@@ -53,6 +53,7 @@ FEATURE_FACTS: dict[str, str] = {
     "query_pre_attn_scalar": "Attention scores are scaled by one over the square root of {}.",
     "attention_softcap": "Attention scores are soft-capped at {}.",
     "final_softcap": "The logits are soft-capped at {}.",
+    "local_rope_theta": "The layers with a sliding window rotate with base {}.",
 }
 
 
@@ -120,7 +121,7 @@ def print_program(program: logos.ProgramOp) -> str:
     for op in program.block.ops:
         if isinstance(op, func.FuncOp):
             lines.append("")
-            lines += _section(op, names)
+            lines += _section(op, names, program.spec)
         elif not isinstance(op, GridOp):
             raise PassError(f"LOGOS printer: '{op.name}' cannot stand at the top of a program")
     return "\n".join(lines) + "\n"
@@ -148,15 +149,20 @@ def _layer_index(sym: str) -> int | None:
     return None
 
 
-def _section(function: func.FuncOp, names: _Names) -> list[str]:
+def _section(function: func.FuncOp, names: _Names, spec: ModelSpec) -> list[str]:
     lines = [section_header(function, names)]
     for op in function.body.block.ops:
-        lines.append(INDENT + sentence(op, names))
+        lines.append(INDENT + sentence(op, names, spec))
     return lines
 
 
-def sentence(op: Operation, names: Callable[[SSAValue], str]) -> str:
-    """The one sentence that `op` reads as."""
+def sentence(op: Operation, names: Callable[[SSAValue], str], spec: ModelSpec | None = None) -> str:
+    """The one sentence that `op` reads as, in a program of the model `spec` (else the one that holds it)."""
+    if isinstance(op, logos.RopeOp):  # the one sentence that says what differs from the model's facts
+        spec = spec if spec is not None else logos.program_spec(op)
+        theta = op.theta.value.data
+        base = "" if spec is None or theta == spec.rope_theta else f", with base {theta!r}"
+        return _let(op, names, f"{names(op.input)} rotated to {names(op.positions)}{base}")
     printer = _SENTENCES.get(type(op))
     if printer is None:
         raise PassError(f"LOGOS printer: '{op.name}' has no LOGOS sentence")
@@ -253,7 +259,6 @@ _SENTENCES: dict[type[Operation], Callable[..., str]] = {
     logos.SoftcapOp: lambda op, n: _let(op, n, f"{n(op.input)} soft-capped at {op.cap.value.data!r}"),
     logos.ScaleOp: lambda op, n: _let(op, n, f"{n(op.input)} scaled by {op.factor.value.data!r}"),
     logos.LinearOp: lambda op, n: _let(op, n, f"{n(op.weight)} applied to {n(op.input)}"),
-    logos.RopeOp: lambda op, n: _let(op, n, f"{n(op.input)} rotated to {n(op.positions)}"),
     logos.AddOp: lambda op, n: _let(op, n, f"{n(op.lhs)} plus {n(op.rhs)}"),
     logos.MulOp: lambda op, n: _let(op, n, f"{n(op.lhs)} times {n(op.rhs)}"),
     logos.BiasAddOp: lambda op, n: _let(op, n, f"{n(op.input)} with {n(op.bias)} added to each row"),

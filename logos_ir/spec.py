@@ -20,7 +20,8 @@ from logos_ir.errors import SourceLocation, SpecError
 # phi3: a Llama whose checkpoint fuses projections; qwen2: biases on Q, K and V; qwen3: an RMS norm on each head of
 # Q and K
 # gemma2: Gemma's norms, GeGLU, soft-caps and sandwich norms (`GEMMA`)
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "phi3", "qwen2", "qwen3", "gemma2")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "phi3", "qwen2", "qwen3", "gemma2", "gemma3_text")
+GEMMAS = ("gemma2", "gemma3_text")  # gemma3_text: Gemma 2's features with head norms and a rope base per layer kind
 # The projections that may add a bias, in model order, with the Hugging Face module each is (`<module>.bias`).
 PROJECTIONS = {
     "query": "self_attn.q_proj",
@@ -42,6 +43,7 @@ LLAMA_FEATURES: dict[str, Any] = {
     "query_pre_attn_scalar": None,
     "attention_softcap": None,
     "final_softcap": None,
+    "local_rope_theta": None,  # the windowed layers' own rope base (Gemma 3's local layers), else the model's
 }
 _LAYER_TENSOR = re.compile(r"model\.layers\.(?P<layer>0|[1-9][0-9]*)\.(?P<role>.+)\.(?P<kind>weight|bias)")
 
@@ -108,6 +110,7 @@ class ModelSpec:
     query_pre_attn_scalar: float | None = field(default=None)
     attention_softcap: float | None = field(default=None)
     final_softcap: float | None = field(default=None)
+    local_rope_theta: float | None = field(default=None)
 
     def __post_init__(self) -> None:
         for name in ("vocab", "hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate"):
@@ -148,7 +151,9 @@ class ModelSpec:
                 raise SpecError(f"'{name}' must be true or false, not {getattr(self, name)!r}")
         if self.activation not in ACTIVATIONS:
             raise SpecError(f"'activation' must be one of {', '.join(ACTIVATIONS)}, not {self.activation!r}")
-        for name in ("query_pre_attn_scalar", "attention_softcap", "final_softcap"):
+        if self.local_rope_theta is not None and (self.sliding_window is None or self.rope_scaling is not None):
+            raise SpecError("'local_rope_theta' needs a sliding window, and no rope scaling (not said yet)")
+        for name in ("query_pre_attn_scalar", "attention_softcap", "final_softcap", "local_rope_theta"):
             value = getattr(self, name)
             if value is None:
                 continue
@@ -219,6 +224,11 @@ class ModelSpec:
             "mlp.down_proj": (hidden, inter),
             **({"post_feedforward_layernorm": (hidden,)} if self.sandwich_norms else {}),
         }
+
+    def rope_theta_of(self, layer: int) -> float:
+        """The rope base layer `layer` rotates with: its own where it is windowed and the model says one."""
+        local = self.local_rope_theta is not None and self.window_of(layer) is not None
+        return self.local_rope_theta if local else self.rope_theta  # type: ignore[return-value]
 
     def window_of(self, layer: int) -> int | None:
         """The sliding window layer `layer` attends over, or None (the whole cache)."""
@@ -341,11 +351,27 @@ def _check_rope_keys(rope: Mapping[str, Any], where: str) -> None:
             raise SpecError(f"{where}: key '{key}' is not one logos-ir reads")
 
 
-def _rope_settings(config: Mapping[str, Any], where: str) -> tuple[float, RopeScaling | None]:
-    """rope_theta and rope_scaling, either at the top level (older files) or under `rope_parameters` (newer)."""
+def _rope_settings(config: Mapping[str, Any], where: str) -> tuple[float, RopeScaling | None, float | None]:
+    """rope_theta and rope_scaling, either at the top level (older files) or under `rope_parameters` (newer), and
+    the windowed layers' own base where the config gives one (Gemma 3: `rope_parameters` by layer kind, or the
+    older `rope_local_base_freq`), else None."""
     params = config.get("rope_parameters")
     if params is not None and not isinstance(params, dict):
         raise SpecError(f"{where}: field 'rope_parameters' must be an object")
+    local = config.get("rope_local_base_freq")
+    if isinstance(params, dict) and set(params) & {"full_attention", "sliding_attention"}:  # one a layer kind
+        kinds = {kind: params.get(kind) for kind in params}
+        for kind, sub in kinds.items():
+            if kind not in ("full_attention", "sliding_attention") or not isinstance(sub, dict):
+                raise SpecError(f"{where}: rope_parameters: key '{kind}' is not a layer kind logos-ir reads")
+        local_params = kinds.get("sliding_attention") or {}
+        _check_rope_keys(local_params, f"{where}: rope_parameters sliding_attention")
+        if local_params.get("rope_type", "default") != "default":
+            raise SpecError(f"{where}: a rope scaling of the windowed layers is not said yet")
+        local = local_params.get("rope_theta", local)
+        params = kinds.get("full_attention") or {"rope_theta": 1000000.0}  # Gemma 3's global default
+    if local is not None and (isinstance(local, bool) or not isinstance(local, (int, float))):
+        raise SpecError(f"{where}: the windowed layers' rope_theta must be a number, not {local!r}")
     for key, rope in (("rope_parameters", params), ("rope_scaling", config.get("rope_scaling"))):
         if isinstance(rope, dict):
             _check_rope_keys(rope, f"{where}: {key}")
@@ -355,21 +381,26 @@ def _rope_settings(config: Mapping[str, Any], where: str) -> tuple[float, RopeSc
     else:
         theta = _field(config, where, "rope_theta", (int, float), default=10000.0)
         scaling = config.get("rope_scaling")
+    local = None if local is None or float(local) == float(theta) else float(local)
     if scaling is None:
-        return float(theta), None
+        return float(theta), None, local
     if not isinstance(scaling, dict):
         raise SpecError(f"{where}: field 'rope_scaling' must be an object")
     rope_type = scaling.get("rope_type", scaling.get("type"))
     if rope_type in (None, "default"):
-        return float(theta), None
+        return float(theta), None, local
     if rope_type != "llama3":
         raise SpecError(f"{where}: rope scaling of type '{rope_type}' is not supported (only 'llama3')")
     sub = where + " rope scaling"
-    return float(theta), RopeScaling(
-        factor=float(_field(scaling, sub, "factor", (int, float))),
-        low_freq_factor=float(_field(scaling, sub, "low_freq_factor", (int, float))),
-        high_freq_factor=float(_field(scaling, sub, "high_freq_factor", (int, float))),
-        original_max_position_embeddings=_field(scaling, sub, "original_max_position_embeddings", int),
+    return (
+        float(theta),
+        RopeScaling(
+            factor=float(_field(scaling, sub, "factor", (int, float))),
+            low_freq_factor=float(_field(scaling, sub, "low_freq_factor", (int, float))),
+            high_freq_factor=float(_field(scaling, sub, "high_freq_factor", (int, float))),
+            original_max_position_embeddings=_field(scaling, sub, "original_max_position_embeddings", int),
+        ),
+        local,
     )
 
 
@@ -402,6 +433,9 @@ _READ = frozenset(
         "query_pre_attn_scalar",  # Gemma's: scores scaled by 1 / sqrt of it
         "attn_logit_softcapping",  # Gemma 2's tanh soft-cap of the scores (null: none)
         "final_logit_softcapping",  # Gemma 2's tanh soft-cap of the logits (null: none)
+        "rope_local_base_freq",  # Gemma 3's (older files): the windowed layers' rope base
+        "_sliding_window_pattern",  # Gemma 3's: every pattern-th layer global, where layer_types is not given
+        "sliding_window_pattern",
         "attention_bias",  # a Llama's: the query, key, value and output projections add biases
         "mlp_bias",  # a Llama's: the gate, up and down projections add biases
     }
@@ -470,7 +504,7 @@ def _check_every_key(config: Mapping[str, Any], where: str) -> None:
     for key, value in config.items():
         if key in _READ or key in _NEUTRAL:
             continue
-        if key == "hidden_act" and config.get("model_type") == "gemma2":  # Gemma 2 computes with hidden_activation
+        if key == "hidden_act" and config.get("model_type") in GEMMAS:  # Gemma computes with hidden_activation
             continue
         allowed = _LLAMA_VALUE.get(key)
         if allowed is None:
@@ -508,7 +542,7 @@ def _spec_from_config(config: Mapping[str, Any], where: str) -> ModelSpec:
             raise SpecError(f"{where}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
         head_dim = hidden // heads
     head_dim = _field({"head_dim": head_dim}, where, "head_dim", int)
-    theta, scaling = _rope_settings(config, where)
+    theta, scaling, local_theta = _rope_settings(config, where)
     layers = _field(config, where, "num_hidden_layers", int)
     window, full_layers = _windows(config, where, layers, model_type)
     return ModelSpec(
@@ -526,8 +560,8 @@ def _spec_from_config(config: Mapping[str, Any], where: str) -> ModelSpec:
         sliding_window=window,
         full_layers=full_layers,
         biases=_biases(config, where, model_type),
-        head_norms=model_type == "qwen3",
-        **_gemma(config, where, model_type),
+        **{"head_norms": model_type == "qwen3", **_gemma(config, where, model_type)},
+        local_rope_theta=local_theta,
     )
 
 
@@ -551,9 +585,9 @@ def _gemma(config: Mapping[str, Any], where: str, model_type: str) -> dict[str, 
     """Gemma's features from its config (`LLAMA_FEATURES` for every other family): its norms, embedding scale and
     sandwich norms by its model_type, its activation, query scalar and soft-caps by their keys."""
     for key in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "hidden_activation"):
-        if model_type != "gemma2" and config.get(key) is not None:
+        if model_type not in GEMMAS and config.get(key) is not None:
             raise SpecError(f"{where}: config key '{key}' is not one a '{model_type}' model reads")
-    if model_type != "gemma2":
+    if model_type not in GEMMAS:
         return {}
     activation = config.get("hidden_activation", config.get("hidden_act"))
     if activation not in ("gelu_pytorch_tanh", "gelu_tanh"):
@@ -569,6 +603,7 @@ def _gemma(config: Mapping[str, Any], where: str, model_type: str) -> dict[str, 
         "query_pre_attn_scalar": _field(config, where, "query_pre_attn_scalar", (int, float)),
         "attention_softcap": config.get("attn_logit_softcapping"),
         "final_softcap": config.get("final_logit_softcapping"),
+        **({"head_norms": True} if model_type == "gemma3_text" else {}),
     }
 
 
@@ -587,6 +622,11 @@ def _windows(config: Mapping[str, Any], where: str, layers: int, model_type: str
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise SpecError(f"{where}: field 'sliding_window' must be a positive integer or null, not {window!r}")
     kinds = config.get("layer_types")
+    pattern = config.get("_sliding_window_pattern", config.get("sliding_window_pattern"))
+    if kinds is None and pattern is not None and window is not None:  # Gemma 3's every pattern-th layer global
+        if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
+            raise SpecError(f"{where}: field 'sliding_window_pattern' must be a positive integer, not {pattern!r}")
+        kinds = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
     if kinds is not None:
         allowed = ("full_attention", "sliding_attention") if window is not None else ("full_attention",)
         if not isinstance(kinds, list) or len(kinds) != layers or any(kind not in allowed for kind in kinds):

@@ -88,11 +88,29 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
             "final_logit_softcapping": 5.0,
         },
     ),
+    # Gemma 3: Gemma 2's norms, embedding, GeGLU and sandwich norms, head norms (by one plus their weight), no
+    # soft-caps, layer 1 global (a pattern of 2) rotating with base 1e6 and layer 0 local with 1e4 over 4 positions
+    "gemma3_text": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        {
+            "head_dim": 16,
+            "query_pre_attn_scalar": 4,
+            "sliding_window": 4,
+            "sliding_window_pattern": 2,
+            "rope_theta": 1000000.0,
+            "rope_local_base_freq": 10000.0,
+        },
+    ),
 }
 # Families whose norm weights are drawn as 1 + N(0, initializer_range) rather than left at transformers' ones, so
 # that a norm read from the wrong tensor (or not applied) changes the tokens: the families made after the first five
 # (whose committed files stay as they were made).
-DRAWN_NORMS = {"qwen3": 1.0, "gemma2": 0.0}  # the mean of each (Gemma's norms scale by one plus the weight)
+DRAWN_NORMS = {
+    "qwen3": 1.0,
+    "gemma2": 0.0,
+    "gemma3_text": 0.0,
+}  # the mean of each (Gemma's norms scale by one plus the weight)
 # Families whose runs also record the first step's logits (the soft-capped logits of Gemma 2, which greedy tokens
 # alone cannot pin).
 FIRST_LOGITS = {"gemma2"}

@@ -73,7 +73,9 @@ def hf_config(spec: ModelSpec, dtype: str = "float32") -> dict[str, Any]:
         attention, mlp = ("query", "key", "value", "output"), ("gate", "up", "down")
         config["attention_bias"] = all(p in spec.biases for p in attention)
         config["mlp_bias"] = all(p in spec.biases for p in mlp)
-    if family == "gemma2":
+    if spec.local_rope_theta is not None:
+        config["rope_local_base_freq"] = spec.local_rope_theta
+    if family in ("gemma2", "gemma3_text"):
         del config["hidden_act"]
         config["hidden_activation"] = "gelu_pytorch_tanh"
         config["query_pre_attn_scalar"] = spec.query_pre_attn_scalar
@@ -90,13 +92,14 @@ _ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
 }
 
 
 def _family(spec: ModelSpec) -> str:
     """The model_type whose config says `spec`'s features."""
     if spec.norm_plus_one:
-        return "gemma2"
+        return "gemma3_text" if spec.head_norms else "gemma2"
     if spec.head_norms:
         return "qwen3"
     return "qwen2" if spec.biases == ("query", "key", "value") else "llama"

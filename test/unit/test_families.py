@@ -48,7 +48,7 @@ HEAD_NORMED = {"qwen3"}
 WINDOWED = {"mistral-window", "qwen2-window"}
 # Gemma 2: its norms by one plus the weight, scaled embedding, GeGLU, soft-caps and sandwich norms on the reference;
 # no lane lowers them yet (the first each meets, the embedding's logos.scale, is refused by name).
-GEMMA = {"gemma2"}
+GEMMA = {"gemma2", "gemma3_text"}
 
 
 def _lane(family: str, backend: str, emulate: bool, tp: int = 1):  # noqa: ANN202
