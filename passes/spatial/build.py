@@ -42,7 +42,7 @@ from logos_ir.passes.spatial.convert_logos_to_csl import ConvertLogosToCsl, Grid
 from logos_ir.passes.spatial.emit_csl import print_csl
 from logos_ir.rope import rope_inv_freq
 
-_OPTIONS = ("grid",)
+_OPTIONS = ("grid", "arch")
 
 
 def build_spatial(request: BuildRequest) -> LaneBuild:
@@ -59,18 +59,22 @@ def build_spatial(request: BuildRequest) -> LaneBuild:
     unknown = sorted(set(request.options) - set(_OPTIONS))
     if unknown:
         raise BuildError(
-            f"target spatial has no option {', '.join(unknown)}", hint="its option: grid=P (P x P elements)"
+            f"target spatial has no option {', '.join(unknown)}",
+            hint="its options: grid=P (P x P elements), arch=wse2|wse3 (the machine)",
         )
     try:
         p = int(request.options.get("grid", 0))
     except ValueError:
         raise BuildError("target spatial's option grid is a whole number") from None
+    arch = request.options.get("arch", "wse2")
+    if arch not in csl_ext.TARGETS:
+        raise BuildError(f"target spatial builds for {' or '.join(csl_ext.TARGETS)} (--option arch=), not '{arch}'")
     module, identity, _ = program_module(request)
     spec = the_program(module, "convert-logos-to-csl").spec
-    return lane_build(lower(module, request.weights, p), identity.line(), identity, spec)
+    return lane_build(lower(module, request.weights, p, arch), identity.line(), identity, spec)
 
 
-def lower(module: ModuleOp, weights: str, p: int) -> GridProgram:
+def lower(module: ModuleOp, weights: str, p: int, arch: str = "wse2") -> GridProgram:
     """The lane's pipeline (`logos-to-spatial`) on `module`: the stages before the lowering applied in place, the
     lowering (`convert-logos-to-csl`'s `lower_module`) kept whole, as the build needs its plan and host description;
     the last stage, `verify-csl-grid`, is `lane_build`'s static check of the printed CSL."""
@@ -79,13 +83,13 @@ def lower(module: ModuleOp, weights: str, p: int) -> GridProgram:
     context = Context()
     for stage in PassPipeline.parse_spec(passes(), ",".join(pipelines()["logos-to-spatial"].stages({}))).passes:
         if isinstance(stage, ConvertLogosToCsl):
-            return lower_module(module, weights, p)
+            return lower_module(module, weights, p, arch=arch)
         stage.apply(context, module)
     raise BuildError("the logos-to-spatial pipeline has no convert-logos-to-csl stage")
 
 
 def lane_build(lowered: GridProgram, line: str, identity: Any, spec: Any) -> LaneBuild:
-    from logos_ir.passes.spatial.verify_grid import layout_params, static_check
+    from logos_ir.passes.spatial.verify_grid import layout_params, static_check, target_of
 
     texts = print_csl(lowered.module)
     static_check(lowered.module, "\n// FILE:".join(["", *texts.values()]), layout_params(lowered.host))
@@ -96,7 +100,7 @@ def lane_build(lowered: GridProgram, line: str, identity: Any, spec: Any) -> Lan
     artifacts = [
         Artifact.text("layout.csl", f"// {line}\n{texts['layout.csl']}", identity, "layout"),
         Artifact.text("pe_program.csl", f"// {line}\n{texts['pe_program.csl']}", identity, "program"),
-        Artifact.text("commands.sh", commands(line, lowered.plan.p), identity, "commands"),
+        Artifact.text("commands.sh", commands(line, lowered.plan.p, target_of(lowered.module)), identity, "commands"),
         Artifact.text("run.py", run_py(line, rope_tables(lowered, spec)), identity, "host"),
         Artifact.text("grid.mlir", f"// {line}\n{mlir.getvalue()}\n", identity, "ir"),
         Artifact.text("host.json", json.dumps(host, indent=1) + "\n", identity, "host"),
@@ -104,16 +108,25 @@ def lane_build(lowered: GridProgram, line: str, identity: Any, spec: Any) -> Lan
     return LaneBuild(artifacts, report, summary_lines(report))
 
 
-def commands(line: str, p: int) -> str:
-    """The SDK commands: memcpy needs the program's rectangle offset by (4, 1) in a fabric 7 columns wider and 2
-    rows taller than it (the SDK's memcpy examples: `--fabric-dims=w+7,h+2 --fabric-offsets=4,1`)."""
+def commands(line: str, p: int, target: csl_ext.Target) -> str:
+    """The SDK commands: on the machine, its whole fabric and the program's offset in it (`--fabric-dims` and
+    `--fabric-offsets` as WaferLLM compiles for a WSE-2: 757,996 and 4,1); for the SDK's simulator, a fabric 7
+    columns wider and 2 rows taller than the rectangle is enough (memcpy's columns and rows around it: the SDK's
+    examples' `--fabric-dims=w+7,h+2 --fabric-offsets=4,1`), chosen with `SIMULATOR=1`."""
+    width, height = target.fabric
+    x, y = target.offsets
+    machine = "CS-2" if target.name == "wse2" else "CS-3"
     return (
         "#!/usr/bin/env bash\n"
         f"# {line}\n"
-        "# Compile the decode step for a WSE-2 with the Cerebras SDK, then run it (on a CS-2 with --cmaddr, or the\n"
-        "# SDK's simulator without). Not run here: this project has no SDK.\n"
+        f"# Compile the decode step for a {target.name.upper().replace('WSE', 'WSE-')} with the Cerebras SDK, then run"
+        f" it (on a {machine} with --cmaddr, or\n"
+        "# the SDK's simulator without, SIMULATOR=1: a fabric just larger than the program). Not run here: this\n"
+        "# project has no SDK.\n"
         "set -e\n"
-        f"cslc --arch=wse2 ./layout.csl --fabric-dims={p + 7},{p + 2} --fabric-offsets=4,1 \\\n"
+        f"DIMS={width},{height}\n"
+        f'if [ -n "$SIMULATOR" ]; then DIMS={p + 7},{p + 2}; fi\n'
+        f"cslc --arch={target.name} ./layout.csl --fabric-dims=$DIMS --fabric-offsets={x},{y} \\\n"
         f"  --params=width:{p},height:{p} --memcpy --channels=1 -o out\n"
         'cs_python run.py --name out "$@"\n'
     )
@@ -274,11 +287,13 @@ def spatial_report(lowered: GridProgram) -> dict[str, Any]:
     plan = lowered.plan
     memory = memory_use(lowered)
     shares = {name: round(working_share(w, plan.p), 4) for name, w in plan.weights.items() if w.kind == "matrix"}
+    target = csl_ext.TARGETS[lowered.host.get("arch", "wse2")]
+    grid = {"name": target.name, "fabric": list(target.fabric), "usable": list(target.usable)}
     return {
-        "grid": {"name": "wse2", "fabric": list(csl_ext.WSE2_FABRIC), "memory": csl_ext.MEMORY, "p": plan.p},
+        "grid": {**grid, "memory": csl_ext.MEMORY, "p": plan.p},
         "weights": plan.image,
         "elements_used": plan.p * plan.p,
-        "grid_share": round(plan.p * plan.p / (csl_ext.WSE2_FABRIC[0] * csl_ext.WSE2_FABRIC[1]), 4),
+        "grid_share": round(plan.p * plan.p / (target.fabric[0] * target.fabric[1]), 4),
         "working_share_per_layer_projection": shares,
         "working_share_per_layer": min(shares.values()) if shares else None,
         "memory_per_element": memory,
@@ -307,8 +322,10 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     p = report["grid"]["p"]
     memory = report["memory_per_element"]
     return [
-        f"grid {p} x {p} of a WSE-2 ({report['elements_used']} elements, {100 * report['grid_share']:.2f}% of its "
-        f"{csl_ext.WSE2_FABRIC[0]} x {csl_ext.WSE2_FABRIC[1]}), {report['weights']} weights",
+        f"grid {p} x {p} of a {report['grid']['name'].upper().replace('WSE', 'WSE-')} ({report['elements_used']} "
+        f"elements, {100 * report['grid_share']:.2f}% of its {report['grid']['fabric'][0]} x "
+        f"{report['grid']['fabric'][1]}, {report['grid']['usable'][0]} x {report['grid']['usable'][1]} usable), "
+        f"{report['weights']} weights",
         f"memory per element: {memory['total']} bytes ({memory['arrays']} of arrays, {memory['code']} of code) "
         f"of {csl_ext.MEMORY}",
         f"share of the elements working on each layer: {100 * (report['working_share_per_layer'] or 0):.1f}%",

@@ -42,6 +42,7 @@ from logos_ir.passes.spatial.emit import Emit
 from logos_ir.passes.spatial.layout import layout_module
 from logos_ir.passes.spatial.op_patterns import lower_part
 from logos_ir.passes.spatial.part import PartLowering, array_name, feeds_of
+from logos_ir.passes.spatial.queues import bind_queues
 from logos_ir.program import Cut, Identity
 
 # -- the element program and the host's description ------------------------------------------------------------
@@ -244,11 +245,30 @@ def memory_use(program: GridProgram) -> dict[str, int]:
 
 
 def lower_module(
-    module: ModuleOp, image: str = "f16", p: int = 0, memory: int = csl_ext.MEMORY, copies: int | None = None
+    module: ModuleOp,
+    image: str = "f16",
+    p: int = 0,
+    memory: int = csl_ext.MEMORY,
+    copies: int | None = None,
+    arch: str = "wse2",
 ) -> GridProgram:
-    """The decode step whose parts `module` holds (`parts_of`) lowered for the smallest square grid whose elements
-    hold it (or for P x P when `p` is given), with the most copies of each KV head (up to its group: the widened
-    cache) that fit, or `copies` (1: KV heads kept narrow). `module` is left as it is."""
+    """The decode step whose parts `module` holds (`parts_of`) lowered for the smallest square grid of `arch`'s
+    usable rectangle whose elements hold it (or for P x P when `p` is given), with the most copies of each KV head
+    (up to its group: the widened cache) that fit, or `copies` (1: KV heads kept narrow), its queues bound for the
+    target (`queues.bind_queues`). `module` is left as it is."""
+    if arch not in csl_ext.TARGETS:
+        raise PassError(f"{PASS}: no target '{arch}' (the targets: {', '.join(csl_ext.TARGETS)})")
+    target = csl_ext.TARGETS[arch]
+    lowered = _search(module, image, p, memory, copies, target)
+    program = next(op for op in lowered.module.ops if isinstance(op, csl.CslModuleOp))
+    bind_queues(program, target)
+    lowered.host["arch"] = target.name
+    return lowered
+
+
+def _search(
+    module: ModuleOp, image: str, p: int, memory: int, copies: int | None, target: csl_ext.Target
+) -> GridProgram:
     if image not in ("f16", "f32"):
         raise PassError(f"{PASS}: the grid holds f16 or f32 weights, not {image}")
     parts = parts_of(module)
@@ -271,9 +291,16 @@ def lower_module(
             lowerings[size, c] = program, memory_use(program)["total"]
         return lowerings[size, c]
 
+    largest = min(target.usable)
     if p:
         if p < 2:
             raise PassError(f"{PASS}: a grid of {p} x {p} elements has no rows to reduce along (P >= 2)")
+        if p > largest:
+            width, height = target.usable
+            raise PassError(
+                f"{PASS}: a grid of {p} x {p} is more than a {target.name} gives a program: {width} x {height} of its "
+                f"{target.fabric[0]} x {target.fabric[1]} (memcpy takes 7 columns and 2 rows)"
+            )
         needed = 0
         for c in choices:  # the most KV copies that fit: the most rows working on attention
             lowered, needed = lowered_at(p, c)
@@ -284,7 +311,6 @@ def lower_module(
             hint="give a larger grid (logos-compile --option grid=P; convert-logos-to-csl{grid=P} in logos-opt) "
             "or none, to have the smallest that fits chosen",
         )
-    largest = csl_ext.WSE2_FABRIC[0]
     needed = 0
     for c in choices:  # the most KV copies that fit some grid (KV heads widened keep more rows working)
         lowered, needed = lowered_at(largest, c)
@@ -349,18 +375,20 @@ def _cut_of(program: logos.ProgramOp) -> Cut:
 
 @dataclass(frozen=True)
 class ConvertLogosToCsl(ModulePass):
-    """`convert-logos-to-csl{weights=f16 grid=0}`: a module holding the parts of one decode step (`logos.program`s
-    of cuts `decode_embed`, `decode_layer` 0 to L - 1, `decode_head` on one chip, as `extract-parts` makes them)
-    replaced by its two `csl.module`s (program and layout) for the grid (see the module docstring); `grid=0` picks
-    P as the build does. Refuses anything else, naming the pass, before changing the module."""
+    """`convert-logos-to-csl{weights=f16 grid=0 arch=wse2}`: a module holding the parts of one decode step
+    (`logos.program`s of cuts `decode_embed`, `decode_layer` 0 to L - 1, `decode_head` on one chip, as `extract-parts`
+    makes them) replaced by its two `csl.module`s (program and layout) for the grid (see the module docstring) and the
+    machine (`arch`: wse2 or wse3); `grid=0` picks P as the build does. Refuses anything else, naming the pass,
+    before changing the module."""
 
     name = "convert-logos-to-csl"
 
     weights: str = "f16"
     grid: int = 0
+    arch: str = "wse2"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        lowered = lower_module(op, self.weights, self.grid)
+        lowered = lower_module(op, self.weights, self.grid, arch=self.arch)
         for old in list(op.ops):
             op.body.block.erase_op(old)
         for new in list(lowered.module.ops):

@@ -1,8 +1,8 @@
 """`logos-compile --target spatial`: the build folder a Cerebras user would compile and run (layout.csl,
 pe_program.csl, commands.sh, run.py) and what the simulator reads (grid.mlir, host.json); that it reads no weight
-value; that the embedded model and llama-3.1-8b (ctx 8192) fit a WSE-2 (757 x 996 elements, 48 KiB each) with
-(nearly) every element holding a tile of every projection; KV heads kept narrow give the reference's tokens; its
-refusals.
+value; that the embedded model and llama-3.1-8b (ctx 8192) fit a WSE-2 (750 x 994 of its 757 x 996 elements, 48 KiB
+each) with (nearly) every element holding a tile of every projection; KV heads kept narrow give the reference's
+tokens; its refusals.
 """
 
 from __future__ import annotations
@@ -55,7 +55,9 @@ def test_tiny_decode_build(monkeypatch: pytest.MonkeyPatch) -> None:
         check_artifact(artifact)
     p = lane.report["grid"]["p"]
     command = files["commands.sh"]
-    flags = ("--arch=wse2", f"--fabric-dims={p + 7},{p + 2}", "--fabric-offsets=4,1", f"--params=width:{p},height:{p}")
+    # the machine's fabric (WaferLLM's 757,996), or for the SDK's simulator one just larger than the program
+    flags = ("--arch=wse2", "DIMS=757,996", f"DIMS={p + 7},{p + 2}", "--fabric-dims=$DIMS", "--fabric-offsets=4,1",
+             f"--params=width:{p},height:{p}")  # fmt: skip
     for flag in (*flags, "--memcpy", "--channels=1"):
         assert flag in command
     assert "SdkRuntime" in files["run.py"] and "memcpy_h2d" in files["run.py"] and 'launch("step"' in files["run.py"]
@@ -97,7 +99,7 @@ def test_models_fit_a_wse2(name: str | None, ctx: int, low: float, mlp: float, m
     model = _no_weights(ModelSource.resolve(name), monkeypatch)
     report = build_spatial(_request(model, f"decode ctx={ctx}", "f16")).report
     p = report["grid"]["p"]
-    assert p <= 757
+    assert p <= 750  # memcpy takes 7 of the WSE-2's 757 columns
     assert report["memory_per_element"]["total"] <= WSE2_MEMORY
     assert report["working_share_per_layer"] >= low
     shares = report["working_share_per_layer_projection"]
@@ -148,7 +150,11 @@ def test_refusals() -> None:
         build_spatial(_request(tiny, "decode ctx=64", colour="3"))
     with pytest.raises(BuildError, match="f16 or f32"):
         build_spatial(_request(tiny, "decode ctx=64", "bf16"))
-    with pytest.raises(PassError, match=r"does not fit a 757 x 757 grid of 49152-byte elements"):
+    with pytest.raises(BuildError, match=r"builds for wse2 or wse3 \(--option arch=\), not 'wse4'"):
+        build_spatial(_request(tiny, "decode ctx=64", arch="wse4"))
+    with pytest.raises(PassError, match=r"751 x 751 is more than a wse2 gives a program: 750 x 994 of its 757 x 996"):
+        build_spatial(_request(tiny, "decode ctx=64", grid="751"))
+    with pytest.raises(PassError, match=r"does not fit a 750 x 750 grid of 49152-byte elements"):
         build_spatial(_request(ModelSource.resolve("llama-3.1-8b"), "decode ctx=32768"))
 
 
