@@ -272,6 +272,7 @@ class DsdOps(FabricState):
                         return None
                     self.park_colour[rows] = inbound  # none can go: all wait for wavelets
                     self.park_need[rows] = length
+                    self.receiving[rows] = inbound
                     return at
                 head = self.queue_head[inbound]
                 heads = head[rows]
@@ -288,6 +289,8 @@ class DsdOps(FabricState):
                 start = int(starts[0])
                 if start + length > cap or not (starts == start).all():
                     return None
+                if not self.room(receivers, target.colour, length).all():
+                    return None  # a receiver's queue is full: `_dsd` makes the sender wait
             values = []
             arrived = None
             for source, what in sources:
@@ -309,6 +312,7 @@ class DsdOps(FabricState):
                     return None
             # every check made: the op runs
             if inbound is not None:
+                self.receiving[rows] = -1
                 left = count[rows] - length
                 count[rows] = left
                 head[rows] = np.where(left == 0, 0, (first + length) % cap)
@@ -317,6 +321,8 @@ class DsdOps(FabricState):
             ended = clock[rows] + CYCLES["dsd_element"] * length
             if arrived is not None:
                 ended = np.maximum(ended, arrived + 1)
+            if isinstance(target, FabDsd):  # a message longer than the room: sent as the receiver takes it
+                ended = np.maximum(ended, self.streamed_end(receivers, target.colour, length))
             clock[rows] = ended
             size = idx.size
             if isinstance(target, FabDsd):
@@ -368,6 +374,8 @@ class DsdOps(FabricState):
                         park = np.full(idx.size, -2, dtype=np.int64)
                     park[~has] = reg.colour
                     ready &= has
+        if park is not None:  # a receiver waiting for its wavelets takes a longer message as it comes
+            self.receiving[idx] = np.where(park >= 0, park, -1)
         if park is not None and not self._retrying and not ready.any():  # none can go: all wait (set aside)
             self.park_colour[idx] = park
             self.park_need[idx] = length
@@ -387,6 +395,7 @@ class DsdOps(FabricState):
             go = idx
         if go.size == 0:
             return at
+        self.receiving[go] = -1
         # one element per cycle from the element's clock; a fabric operand's wavelets stream in as they arrive (the
         # op ends no earlier than one cycle after its last wavelet), and a fabric result streams out as it is made
         self._arrived = np.full(go.size, -np.inf)
