@@ -87,6 +87,48 @@ NO_CODE = frozenset(
 CODE_BYTES_PER_OP = 4
 
 
+@dataclass(frozen=True)
+class Band:
+    """A constant known only within a range, with where the range comes from."""
+
+    low: int
+    high: int
+    source: str
+
+
+# An element's memory beyond its arrays, as a band (`memory_band`): the SDK publishes no code size per builtin, nor
+# the size of its libraries, memcpy's component or the stack; Cerebras's own examples keep their arrays under 46 KiB
+# of the 48 (csl-examples' benchmarks), which bounds what the rest may take.
+MEMORY_TERMS = {
+    "code_per_op": Band(4, 6, "assumption: a DSD op's instruction and its DSR loads, 2 to 3 16-bit words"),
+    "math_routine": Band(128, 512, "assumption: each <math> routine the program calls (exp, sqrt, sin, cos)"),
+    "f32_division": Band(64, 256, "assumption: f32 division in software, if the program divides"),
+    "memcpy": Band(1024, 2560, "memcpy's component on every element: the 2 KiB the SDK's examples leave, and more"),
+    "stack": Band(256, 1024, "assumption: call frames of the step's functions and tasks"),
+}
+FOLDED = frozenset({"arith.index_cast", "arith.extsi", "arith.trunci"})  # cslc folds these into their uses
+
+
+def memory_band(program: Operation, arrays: int) -> dict[str, int]:
+    """An element's bytes as a band: `arrays` plus its code (each op of its functions and tasks that prints as an
+    instruction, at MEMORY_TERMS' bytes an op; the low end leaves out the casts cslc folds), the `<math>` routines it
+    calls, software f32 division if it divides, memcpy's component and a stack."""
+    ops = [o for top in program.regions[0].block.ops if top.name in ("csl.func", "csl.task") for o in top.walk()]
+    counted = [o for o in ops if o.name not in NO_CODE]
+    folded = sum(1 for o in counted if o.name in FOLDED)
+    routines = {o.properties["field"].data for o in ops if o.name == "csl.member_call" and "field" in o.properties}
+    divides = any(o.name == "arith.divf" for o in ops)
+    terms = MEMORY_TERMS
+
+    def end(side: str) -> int:
+        pick = (lambda b: b.low) if side == "low" else (lambda b: b.high)
+        code = pick(terms["code_per_op"]) * (len(counted) - (folded if side == "low" else 0))
+        extra = pick(terms["math_routine"]) * len(routines) + (pick(terms["f32_division"]) if divides else 0)
+        return arrays + code + extra + pick(terms["memcpy"]) + pick(terms["stack"])
+
+    return {"low": end("low"), "high": end("high")}
+
+
 def element_bytes(element: Attribute | str) -> int:
     """The bytes one array element of type `element` (`f16`, `i16`, `f32`, `i32`) takes in an element's memory."""
     name = str(element)
@@ -256,8 +298,12 @@ __all__ = [
     "CommentOp",
     "InitializeQueueOp",
     "SetColorConfigOp",
+    "Band",
+    "FOLDED",
+    "MEMORY_TERMS",
     "Target",
     "UnblockOp",
+    "memory_band",
     "code_bytes",
     "element_bytes",
 ]

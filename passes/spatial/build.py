@@ -92,6 +92,7 @@ def lane_build(lowered: GridProgram, line: str, identity: Any, spec: Any) -> Lan
     from logos_ir.passes.spatial.verify_grid import layout_params, static_check, target_of
 
     texts = print_csl(lowered.module)
+    target = target_of(lowered.module)
     static_check(lowered.module, "\n// FILE:".join(["", *texts.values()]), layout_params(lowered.host))
     mlir = io.StringIO()
     Printer(stream=mlir, print_generic_format=True).print_op(lowered.module)
@@ -100,8 +101,10 @@ def lane_build(lowered: GridProgram, line: str, identity: Any, spec: Any) -> Lan
     artifacts = [
         Artifact.text("layout.csl", f"// {line}\n{texts['layout.csl']}", identity, "layout"),
         Artifact.text("pe_program.csl", f"// {line}\n{texts['pe_program.csl']}", identity, "program"),
-        Artifact.text("commands.sh", commands(line, lowered.plan.p, target_of(lowered.module)), identity, "commands"),
+        Artifact.text("commands.sh", commands(line, lowered.plan.p, target), identity, "commands"),
         Artifact.text("run.py", run_py(line, rope_tables(lowered, spec)), identity, "host"),
+        Artifact.text("compile_appliance.py", compile_appliance_py(line, lowered.plan.p, target), identity, "commands"),
+        Artifact.text("run_appliance.py", _RUN_APPLIANCE.format(line=line), identity, "host"),
         Artifact.text("grid.mlir", f"// {line}\n{mlir.getvalue()}\n", identity, "ir"),
         Artifact.text("host.json", json.dumps(host, indent=1) + "\n", identity, "host"),
     ]
@@ -187,11 +190,32 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--check", action="store_true", help="tile the weights and stop (no SDK needed)")
     args = parser.parse_args()
+    host, arrays = weight_arrays(Path(args.weights))
+    if args.check:
+        for name, (data, _) in arrays.items():
+            print(f"{{name}}: {{data.shape[2]}} words on each of {{host['grid']}} x {{host['grid']}} elements")
+        return
+    try:
+        from cerebras.sdk.runtime.sdkruntimepybind import MemcpyDataType, MemcpyOrder, SdkRuntime  # type: ignore
+    except ImportError:
+        sys.exit("run.py: the Cerebras SDK is not installed (run it with cs_python; --check needs no SDK)")
+    runner = SdkRuntime(args.name, cmaddr=args.cmaddr)
+    runner.load()
+    runner.run()
+    tokens = [int(t) for t in args.prompt_ids.split(",")]
+    generated = decode(runner, host, arrays, MemcpyDataType, MemcpyOrder, tokens, args.max_new_tokens)
+    runner.stop()
+    print(",".join(map(str, generated)))
+
+
+def weight_arrays(folder: Path) -> tuple[dict, dict]:
+    """host.json, and every array the host writes before the first token: each weight's tiles (read from the
+    safetensors of `folder`) and each rotary table, with whether it is a vector (32-bit words)."""
     if np is None:
         sys.exit("run.py: needs numpy")
     host = json.loads((Path(__file__).parent / "host.json").read_text())
-    p, image = host["grid"], host["image"]
-    tensors = Safetensors(Path(args.weights))
+    p = host["grid"]
+    tensors = Safetensors(folder)
     arrays = {{}}
     for name, fields in host["weights"].items():
         maps = {{"row_map": tuple(fields["row_map"]), "column_map": tuple(fields["column_map"])}}
@@ -201,17 +225,14 @@ def main() -> None:
     for table, rows in ROPE_TABLES.items():
         chunk = np.asarray(rows, dtype=np.float32)
         arrays[table] = (np.broadcast_to(chunk[:, None, :], (p, p, chunk.shape[1])).copy(), True)
-    if args.check:
-        for name, (data, _) in arrays.items():
-            print(f"{{name}}: {{data.shape[2]}} words on each of {{p}} x {{p}} elements")
-        return
-    try:
-        from cerebras.sdk.runtime.sdkruntimepybind import MemcpyDataType, MemcpyOrder, SdkRuntime  # type: ignore
-    except ImportError:
-        sys.exit("run.py: the Cerebras SDK is not installed (run it with cs_python; --check needs no SDK)")
-    runner = SdkRuntime(args.name, cmaddr=args.cmaddr)
-    runner.load()
-    runner.run()
+    return host, arrays
+
+
+def decode(runner, host: dict, arrays: dict, MemcpyDataType, MemcpyOrder, tokens: list, new: int) -> list:
+    """The weights written, then the greedy decode: for each position the token and position written to every
+    element, `step` launched, the logits read back from the centre column, their arg-max. `runner` is the SDK's
+    SdkRuntime, direct (run.py) or the appliance client's (run_appliance.py): the calls are the same."""
+    p, image = host["grid"], host["image"]
 
     def h2d(name: str, data: np.ndarray, vector: bool = True) -> None:
         if image == "f16" and not vector:  # f16 in the low half of a 32-bit word (MEMCPY_16BIT)
@@ -224,10 +245,9 @@ def main() -> None:
     for name, (data, vector) in arrays.items():
         h2d(name, data, vector)
     logits = host["logits"]
-    tokens = [int(t) for t in args.prompt_ids.split(",")]
     out = np.zeros(p * logits["chunk"], dtype=np.float32)
     generated: list[int] = []
-    for position in range(1, len(tokens) + args.max_new_tokens):
+    for position in range(1, len(tokens) + new):
         token = tokens[position - 1] if position <= len(tokens) else generated[-1]
         h2d("token_in", np.full((p, p, 1), token, dtype=np.int32).view(np.float32))
         h2d("position_in", np.full((p, p, 1), position, dtype=np.int32).view(np.float32))
@@ -237,8 +257,7 @@ def main() -> None:
                           nonblock=False)
         if position >= len(tokens):
             generated.append(int(np.argmax(out[: logits["length"]])))
-    runner.stop()
-    print(",".join(map(str, generated)))
+    return generated
 
 
 class Safetensors:
@@ -276,6 +295,95 @@ class Safetensors:
 
 # The tiling of logos-ir's spatial lane (passes/spatial/grid.py), as the element program reads its tiles.
 {tiling}
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def compile_appliance_py(line: str, p: int, target: csl_ext.Target) -> str:
+    """The appliance-mode compile (cerebras.sdk.client's SdkCompiler), with commands.sh's flags."""
+    width, height = target.fabric
+    x, y = target.offsets
+    rest = f"--fabric-offsets={x},{y} --params=width:{p},height:{p} --memcpy --channels=1 -o out"
+    machine = f"--arch={target.name} --fabric-dims={width},{height} {rest}"
+    simulator = f"--arch={target.name} --fabric-dims={p + 7},{p + 2} {rest}"
+    return _COMPILE_APPLIANCE.format(line=line, machine=machine, simulator=simulator)
+
+
+_COMPILE_APPLIANCE = '''#!/usr/bin/env python3
+# {line}
+"""Compile the decode step on a Wafer-Scale Cluster in appliance mode (cerebras.sdk.client's SdkCompiler, as
+WaferLLM compiles its decode), with the flags commands.sh gives cslc; the artifact's id is written to artifact.json
+for run_appliance.py. It needs Python and the SDK's appliance client (the PyPI package cerebras-sdk), nothing of
+logos-ir."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+MACHINE = "{machine}"
+SIMULATOR = "{simulator}"  # a fabric just larger than the program, for the SDK's simulator
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--simulator", action="store_true", help="compile for the SDK's simulator")
+    args = parser.parse_args()
+    try:
+        from cerebras.sdk.client import SdkCompiler  # type: ignore
+    except ImportError:
+        sys.exit("compile_appliance.py: the Cerebras SDK's appliance client is not installed (cerebras-sdk)")
+    here = Path(__file__).parent
+    with SdkCompiler() as compiler:
+        artifact = compiler.compile(str(here), "layout.csl", SIMULATOR if args.simulator else MACHINE, "out")
+    (here / "artifact.json").write_text(json.dumps({{"artifact_id": artifact, "simulator": args.simulator}}))
+    print(artifact)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+_RUN_APPLIANCE = '''#!/usr/bin/env python3
+# {line}
+"""Run the decode step compiled by compile_appliance.py in appliance mode: cerebras.sdk.client's SdkRuntime as a
+context manager (memcpy_h2d of the weights, then for each token launch and memcpy_d2h, as run.py does with the
+direct runtime; the weights read and tiled by run.py's code beside it). It needs Python, numpy and the SDK's
+appliance client (the PyPI package cerebras-sdk), nothing of logos-ir."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import run  # noqa: E402  (run.py beside it: the weights read and tiled, the decode loop)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--weights", required=True, help="a folder of safetensors files (a Hugging Face model)")
+    parser.add_argument("--prompt-ids", default="1,2,3")
+    parser.add_argument("--max-new-tokens", type=int, default=16)
+    args = parser.parse_args()
+    host, arrays = run.weight_arrays(Path(args.weights))
+    try:
+        from cerebras.appliance.pb.sdk.sdk_common_pb2 import MemcpyDataType, MemcpyOrder  # type: ignore
+        from cerebras.sdk.client import SdkRuntime  # type: ignore
+    except ImportError:
+        sys.exit("run_appliance.py: the Cerebras SDK's appliance client is not installed (cerebras-sdk)")
+    artifact = json.loads((Path(__file__).parent / "artifact.json").read_text())
+    tokens = [int(t) for t in args.prompt_ids.split(",")]
+    with SdkRuntime(artifact["artifact_id"], simulator=artifact["simulator"]) as runner:
+        generated = run.decode(runner, host, arrays, MemcpyDataType, MemcpyOrder, tokens, args.max_new_tokens)
+    print(",".join(map(str, generated)))
+
 
 if __name__ == "__main__":
     main()
@@ -326,8 +434,9 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         f"elements, {100 * report['grid_share']:.2f}% of its {report['grid']['fabric'][0]} x "
         f"{report['grid']['fabric'][1]}, {report['grid']['usable'][0]} x {report['grid']['usable'][1]} usable), "
         f"{report['weights']} weights",
-        f"memory per element: {memory['total']} bytes ({memory['arrays']} of arrays, {memory['code']} of code) "
-        f"of {csl_ext.MEMORY}",
+        f"memory per element: {memory['band']['low']} to {memory['band']['high']} bytes of {csl_ext.MEMORY} "
+        f"({memory['arrays']} of arrays, {memory['code']} of code at 4 bytes an op; the band adds the <math> "
+        "routines, memcpy's component and a stack: docs/spatial.md)",
         f"share of the elements working on each layer: {100 * (report['working_share_per_layer'] or 0):.1f}%",
         f"{report['element_programs']} part programs (embedding, layer, head) in one element program",
         "cycles per token: counted by the fabric simulator as it runs the build (bench/spatial_agreement.py placement)",

@@ -233,15 +233,18 @@ def _tasks(program: Program, layers: int) -> None:
     t.op(csl.FuncOp("step", FunctionType.from_lists([], []), Region(block)))
 
 
-def memory_use(program: GridProgram) -> dict[str, int]:
+def memory_use(program: GridProgram) -> dict[str, Any]:
     """An element's memory: its arrays (every element declares the same) and its code (`csl_ext.code_bytes`, an
-    estimate: the SDK publishes no code-size figure per builtin)."""
+    estimate: the SDK publishes no code-size figure per builtin), and as a band (`csl_ext.memory_band`: the code at
+    the low and high bytes an op, the `<math>` routines, software division, memcpy's component, a stack). `fits` is
+    the band's high end: a grid fits when it is within the element's memory."""
     arrays = sum(words * csl_ext.element_bytes(element) for words, element in program.host["arrays"].values())
     module = next(
         op for op in program.module.ops if isinstance(op, csl.CslModuleOp) and op.kind.data == csl.ModuleKind.PROGRAM
     )
     code = csl_ext.code_bytes(module)
-    return {"arrays": arrays, "code": code, "total": arrays + code}
+    band = csl_ext.memory_band(module, arrays)
+    return {"arrays": arrays, "code": code, "total": arrays + code, "band": band, "fits": band["high"]}
 
 
 def lower_module(
@@ -288,7 +291,7 @@ def _search(
     def lowered_at(size: int, c: int) -> tuple[GridProgram, int]:
         if (size, c) not in lowerings:  # a lowering is the search's cost: each grid is lowered once
             program = lower_parts(parts, g.GridPlan.of(spec, ctx, image, size, c))
-            lowerings[size, c] = program, memory_use(program)["total"]
+            lowerings[size, c] = program, memory_use(program)["fits"]  # the band's high end must fit
         return lowerings[size, c]
 
     largest = min(target.usable)
@@ -307,7 +310,8 @@ def _search(
             if needed <= memory:
                 return lowered
         raise PassError(
-            f"{PASS}: the model does not fit a {p} x {p} grid of {memory}-byte elements ({needed} bytes per element)",
+            f"{PASS}: the model does not fit a {p} x {p} grid of {memory}-byte elements ({needed} bytes per element "
+            "at the high end of its memory band)",
             hint="give a larger grid (logos-compile --option grid=P; convert-logos-to-csl{grid=P} in logos-opt) "
             "or none, to have the smallest that fits chosen",
         )
@@ -327,7 +331,7 @@ def _search(
         return lowered_at(best, c)[0]
     raise PassError(
         f"{PASS}: the model does not fit a {largest} x {largest} grid of {memory}-byte elements "
-        f"({needed} bytes per element)"
+        f"({needed} bytes per element at the high end of its memory band)"
     )
 
 
