@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from logos_ir.errors import PassError
 from logos_ir.generate import Generator
 from logos_ir.passes.spatial import grid as g
 from logos_ir.passes.spatial.convert_logos_to_csl import memory_use
@@ -325,7 +326,10 @@ def placement(name: str | None, ctx: int, image: str = "f16", full: bool = False
     from logos_ir.passes.spatial.build import working_share
 
     spec = ModelSource.resolve(name).spec
-    lowered = lower_decode(spec, ctx, image)
+    try:
+        lowered = lower_decode(spec, ctx, image)
+    except PassError as error:  # the build refused (the 8B: the high end of its memory band, docs/spatial.md)
+        return {"model": name or "smollm2-135m (embedded)", "ctx": ctx, "image": image, "refused": error.message}
     plan = lowered.plan
     started = time.perf_counter()
     shares = {n: round(working_share(w, plan.p), 4) for n, w in plan.weights.items() if w.kind == "matrix"}

@@ -20,6 +20,7 @@ each element type and the estimate of a program's code size.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from xdsl.dialects.builtin import ArrayAttr, IntAttr, StringAttr, i16
 from xdsl.ir import Attribute, Dialect, Operation, SSAValue
@@ -33,13 +34,99 @@ DIRECTIONS = ("RAMP", "NORTH", "SOUTH", "EAST", "WEST")
 MEMORY = 48 * 1024  # bytes of memory per processing element
 COLOURS = 24  # routable colours
 RESERVED_COLOURS = (21, 22, 23)  # memcpy's colours on WSE-2: a program routes 0..20
-WSE2_FABRIC = (757, 996)  # the fabric a program may use (width, height)
+WSE2_FABRIC = (757, 996)  # the machine's fabric (width, height), cslc's --fabric-dims (WaferLLM's compile.py)
+
+
+@dataclass(frozen=True)
+class Target:
+    """The facts of one Cerebras machine the lane builds for (`--option arch=wse2|wse3`), each with its source:
+
+    - `fabric`, `offsets`: the machine's `--fabric-dims` and `--fabric-offsets` (WaferLLM compiles for a WSE-2 with
+      757,996 and 4,1, `Decode/WSE-2/compile.py`; for a WSE-3 with 762,1172 and 4,1, `Decode/WSE-3/compile.py`).
+    - `usable`: the program's rectangle at most: memcpy takes three columns west and two east of it and a row above
+      and below (the SDK's examples: `--fabric-dims=w+7,h+2 --fabric-offsets=4,1`), so 750 x 994 of a WSE-2.
+    - `input_queues`, `output_queues`: the queue ids a fabric DSD may name, memcpy's taken out (csl-examples
+      gemv-checkerboard `pe.csl`: "memcpy reserves input queue 0 and output queue 0" on WSE-2;
+      `pipeline-03-multiple/memcpy_edge.csl`: "On WSE-3, memcpy module reserves queues 0 and 1"; 8 queues, ids 0 to
+      7, `topic-15-wse3-microthreads`).
+    - `one_colour_per_queue`: WSE-3 binds each queue to one colour with `@initialize_queue` in a comptime block
+      (gemv-checkerboard `pe.csl`, `topic-16-queue-flush`: "On WSE-3, each output queue can only bind to a single
+      color"); WSE-2 takes the colour from the DSD, so one queue may serve several.
+    - `local_tasks`: the ids a local task may bind (`topic-05-sentinels`: 0 to 30 on WSE-2, 8 to 30 on WSE-3), less
+      `reserved_tasks` (the gemv-checkerboard layout's task map: 21-23, 27, 28, 30 memcpy's, 29 and 31 reserved).
+    """
+
+    name: str
+    fabric: tuple[int, int]
+    offsets: tuple[int, int]
+    input_queues: tuple[int, ...]
+    output_queues: tuple[int, ...]
+    one_colour_per_queue: bool
+    local_tasks: tuple[int, int]  # the lowest and highest id
+
+    @property
+    def usable(self) -> tuple[int, int]:
+        return (self.fabric[0] - 7, self.fabric[1] - 2)
+
+    def task_ok(self, task: int) -> bool:
+        return self.local_tasks[0] <= task <= self.local_tasks[1] and task not in RESERVED_TASKS
+
+
+RESERVED_TASKS = (21, 22, 23, 27, 28, 29, 30, 31)  # memcpy's ids and the reserved ones (gemv-checkerboard layout.csl)
+TARGETS = {
+    "wse2": Target("wse2", WSE2_FABRIC, (4, 1), tuple(range(1, 8)), tuple(range(1, 8)), False, (0, 30)),
+    "wse3": Target("wse3", (762, 1172), (4, 1), tuple(range(2, 8)), tuple(range(2, 8)), True, (8, 30)),
+}
 ELEMENT_BYTES = {"f16": 2, "i16": 2, "f32": 4, "i32": 4}  # bytes of an array element of each type
 # Ops that print as no instruction (constants fold into their uses, a global's name is an address, a yield closes a
 # block); every other op of a function or task counts CODE_BYTES_PER_OP of code (an estimate: the SDK publishes no
 # code size per builtin).
-NO_CODE = frozenset({"arith.constant", "memref.get_global", "csl_ext.comment", "scf.yield", "csl.return"})
+NO_CODE = frozenset(
+    {"arith.constant", "memref.get_global", "csl_ext.comment", "scf.yield", "csl.return", "csl.mlir.signedness_cast"}
+)  # (a signedness cast is of a literal: `@as(u16, 91)`, folded)
 CODE_BYTES_PER_OP = 4
+
+
+@dataclass(frozen=True)
+class Band:
+    """A constant known only within a range, with where the range comes from."""
+
+    low: int
+    high: int
+    source: str
+
+
+# An element's memory beyond its arrays, as a band (`memory_band`): the SDK publishes no code size per builtin, nor
+# the size of its libraries, memcpy's component or the stack; Cerebras's own examples keep their arrays under 46 KiB
+# of the 48 (csl-examples' benchmarks), which bounds what the rest may take.
+MEMORY_TERMS = {
+    "code_per_op": Band(4, 6, "assumption: a DSD op's instruction and its DSR loads, 2 to 3 16-bit words"),
+    "math_routine": Band(128, 512, "assumption: each <math> routine the program calls (exp, sqrt, sin, cos)"),
+    "f32_division": Band(64, 256, "assumption: f32 division in software, if the program divides"),
+    "memcpy": Band(1024, 2560, "memcpy's component on every element: the 2 KiB the SDK's examples leave, and more"),
+    "stack": Band(256, 1024, "assumption: call frames of the step's functions and tasks"),
+}
+FOLDED = frozenset({"arith.index_cast", "arith.extsi", "arith.trunci"})  # cslc folds these into their uses
+
+
+def memory_band(program: Operation, arrays: int) -> dict[str, int]:
+    """An element's bytes as a band: `arrays` plus its code (each op of its functions and tasks that prints as an
+    instruction, at MEMORY_TERMS' bytes an op; the low end leaves out the casts cslc folds), the `<math>` routines it
+    calls, software f32 division if it divides, memcpy's component and a stack."""
+    ops = [o for top in program.regions[0].block.ops if top.name in ("csl.func", "csl.task") for o in top.walk()]
+    counted = [o for o in ops if o.name not in NO_CODE]
+    folded = sum(1 for o in counted if o.name in FOLDED)
+    routines = {o.properties["field"].data for o in ops if o.name == "csl.member_call" and "field" in o.properties}
+    divides = any(o.name == "arith.divf" for o in ops)
+    terms = MEMORY_TERMS
+
+    def end(side: str) -> int:
+        pick = (lambda b: b.low) if side == "low" else (lambda b: b.high)
+        code = pick(terms["code_per_op"]) * (len(counted) - (folded if side == "low" else 0))
+        extra = pick(terms["math_routine"]) * len(routines) + (pick(terms["f32_division"]) if divides else 0)
+        return arrays + code + extra + pick(terms["memcpy"]) + pick(terms["stack"])
+
+    return {"low": end("low"), "high": end("high")}
 
 
 def element_bytes(element: Attribute | str) -> int:
@@ -159,7 +246,41 @@ class CommentOp(IRDLOperation):
         super().__init__(properties={"text": StringAttr(text)})
 
 
-CSL_EXT = Dialect("csl_ext", [SetColorConfigOp, BlockOp, UnblockOp, CommentOp], [])
+@irdl_op_definition
+class InitializeQueueOp(IRDLOperation):
+    """A queue bound to one colour, as a WSE-3 needs for every queue a program's fabric DSDs use. Prints, in a
+    top-level comptime block, as `@initialize_queue(@get_input_queue(2), .{ .color = @get_color(9) });`.
+
+    ```mlir
+    csl_ext.initialize_queue "input" #builtin.int<2> colour #builtin.int<9>
+    ```
+    """
+
+    name = "csl_ext.initialize_queue"
+    side = prop_def(StringAttr)
+    queue = prop_def(IntAttr)
+    colour = prop_def(IntAttr)
+
+    assembly_format = "$side $queue `colour` $colour attr-dict"
+
+    def __init__(self, inbound: bool, queue: int, colour: int):
+        side = StringAttr("input" if inbound else "output")
+        super().__init__(properties={"side": side, "queue": IntAttr(queue), "colour": IntAttr(colour)})
+
+    @property
+    def inbound(self) -> bool:
+        return self.side.data == "input"
+
+    def verify_(self) -> None:
+        if self.side.data not in ("input", "output"):
+            raise VerifyException(f"{self.name}: a queue is an input or an output queue, not '{self.side.data}'")
+        if not 0 <= self.queue.data < 8:
+            raise VerifyException(f"{self.name}: queue {self.queue.data} is outside 0..7")
+        if not 0 <= self.colour.data < COLOURS:
+            raise VerifyException(f"{self.name}: colour {self.colour.data} is outside 0..{COLOURS - 1}")
+
+
+CSL_EXT = Dialect("csl_ext", [SetColorConfigOp, BlockOp, UnblockOp, CommentOp, InitializeQueueOp], [])
 
 __all__ = [
     "CODE_BYTES_PER_OP",
@@ -170,11 +291,19 @@ __all__ = [
     "MEMORY",
     "NO_CODE",
     "RESERVED_COLOURS",
+    "RESERVED_TASKS",
+    "TARGETS",
     "WSE2_FABRIC",
     "BlockOp",
     "CommentOp",
+    "InitializeQueueOp",
     "SetColorConfigOp",
+    "Band",
+    "FOLDED",
+    "MEMORY_TERMS",
+    "Target",
     "UnblockOp",
+    "memory_band",
     "code_bytes",
     "element_bytes",
 ]

@@ -42,7 +42,7 @@ from logos_ir.passes.spatial.convert_logos_to_csl import ConvertLogosToCsl, Grid
 from logos_ir.passes.spatial.emit_csl import print_csl
 from logos_ir.rope import rope_inv_freq
 
-_OPTIONS = ("grid",)
+_OPTIONS = ("grid", "arch")
 
 
 def build_spatial(request: BuildRequest) -> LaneBuild:
@@ -59,18 +59,22 @@ def build_spatial(request: BuildRequest) -> LaneBuild:
     unknown = sorted(set(request.options) - set(_OPTIONS))
     if unknown:
         raise BuildError(
-            f"target spatial has no option {', '.join(unknown)}", hint="its option: grid=P (P x P elements)"
+            f"target spatial has no option {', '.join(unknown)}",
+            hint="its options: grid=P (P x P elements), arch=wse2|wse3 (the machine)",
         )
     try:
         p = int(request.options.get("grid", 0))
     except ValueError:
         raise BuildError("target spatial's option grid is a whole number") from None
+    arch = request.options.get("arch", "wse2")
+    if arch not in csl_ext.TARGETS:
+        raise BuildError(f"target spatial builds for {' or '.join(csl_ext.TARGETS)} (--option arch=), not '{arch}'")
     module, identity, _ = program_module(request)
     spec = the_program(module, "convert-logos-to-csl").spec
-    return lane_build(lower(module, request.weights, p), identity.line(), identity, spec)
+    return lane_build(lower(module, request.weights, p, arch), identity.line(), identity, spec)
 
 
-def lower(module: ModuleOp, weights: str, p: int) -> GridProgram:
+def lower(module: ModuleOp, weights: str, p: int, arch: str = "wse2") -> GridProgram:
     """The lane's pipeline (`logos-to-spatial`) on `module`: the stages before the lowering applied in place, the
     lowering (`convert-logos-to-csl`'s `lower_module`) kept whole, as the build needs its plan and host description;
     the last stage, `verify-csl-grid`, is `lane_build`'s static check of the printed CSL."""
@@ -79,15 +83,16 @@ def lower(module: ModuleOp, weights: str, p: int) -> GridProgram:
     context = Context()
     for stage in PassPipeline.parse_spec(passes(), ",".join(pipelines()["logos-to-spatial"].stages({}))).passes:
         if isinstance(stage, ConvertLogosToCsl):
-            return lower_module(module, weights, p)
+            return lower_module(module, weights, p, arch=arch)
         stage.apply(context, module)
     raise BuildError("the logos-to-spatial pipeline has no convert-logos-to-csl stage")
 
 
 def lane_build(lowered: GridProgram, line: str, identity: Any, spec: Any) -> LaneBuild:
-    from logos_ir.passes.spatial.verify_grid import layout_params, static_check
+    from logos_ir.passes.spatial.verify_grid import layout_params, static_check, target_of
 
     texts = print_csl(lowered.module)
+    target = target_of(lowered.module)
     static_check(lowered.module, "\n// FILE:".join(["", *texts.values()]), layout_params(lowered.host))
     mlir = io.StringIO()
     Printer(stream=mlir, print_generic_format=True).print_op(lowered.module)
@@ -96,24 +101,35 @@ def lane_build(lowered: GridProgram, line: str, identity: Any, spec: Any) -> Lan
     artifacts = [
         Artifact.text("layout.csl", f"// {line}\n{texts['layout.csl']}", identity, "layout"),
         Artifact.text("pe_program.csl", f"// {line}\n{texts['pe_program.csl']}", identity, "program"),
-        Artifact.text("commands.sh", commands(line, lowered.plan.p), identity, "commands"),
+        Artifact.text("commands.sh", commands(line, lowered.plan.p, target), identity, "commands"),
         Artifact.text("run.py", run_py(line, rope_tables(lowered, spec)), identity, "host"),
+        Artifact.text("compile_appliance.py", compile_appliance_py(line, lowered.plan.p, target), identity, "commands"),
+        Artifact.text("run_appliance.py", _RUN_APPLIANCE.format(line=line), identity, "host"),
         Artifact.text("grid.mlir", f"// {line}\n{mlir.getvalue()}\n", identity, "ir"),
         Artifact.text("host.json", json.dumps(host, indent=1) + "\n", identity, "host"),
     ]
     return LaneBuild(artifacts, report, summary_lines(report))
 
 
-def commands(line: str, p: int) -> str:
-    """The SDK commands: memcpy needs the program's rectangle offset by (4, 1) in a fabric 7 columns wider and 2
-    rows taller than it (the SDK's memcpy examples: `--fabric-dims=w+7,h+2 --fabric-offsets=4,1`)."""
+def commands(line: str, p: int, target: csl_ext.Target) -> str:
+    """The SDK commands: on the machine, its whole fabric and the program's offset in it (`--fabric-dims` and
+    `--fabric-offsets` as WaferLLM compiles for a WSE-2: 757,996 and 4,1); for the SDK's simulator, a fabric 7
+    columns wider and 2 rows taller than the rectangle is enough (memcpy's columns and rows around it: the SDK's
+    examples' `--fabric-dims=w+7,h+2 --fabric-offsets=4,1`), chosen with `SIMULATOR=1`."""
+    width, height = target.fabric
+    x, y = target.offsets
+    machine = "CS-2" if target.name == "wse2" else "CS-3"
     return (
         "#!/usr/bin/env bash\n"
         f"# {line}\n"
-        "# Compile the decode step for a WSE-2 with the Cerebras SDK, then run it (on a CS-2 with --cmaddr, or the\n"
-        "# SDK's simulator without). Not run here: this project has no SDK.\n"
+        f"# Compile the decode step for a {target.name.upper().replace('WSE', 'WSE-')} with the Cerebras SDK, then run"
+        f" it (on a {machine} with --cmaddr, or\n"
+        "# the SDK's simulator without, SIMULATOR=1: a fabric just larger than the program). Not run here: this\n"
+        "# project has no SDK.\n"
         "set -e\n"
-        f"cslc --arch=wse2 ./layout.csl --fabric-dims={p + 7},{p + 2} --fabric-offsets=4,1 \\\n"
+        f"DIMS={width},{height}\n"
+        f'if [ -n "$SIMULATOR" ]; then DIMS={p + 7},{p + 2}; fi\n'
+        f"cslc --arch={target.name} ./layout.csl --fabric-dims=$DIMS --fabric-offsets={x},{y} \\\n"
         f"  --params=width:{p},height:{p} --memcpy --channels=1 -o out\n"
         'cs_python run.py --name out "$@"\n'
     )
@@ -174,11 +190,32 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--check", action="store_true", help="tile the weights and stop (no SDK needed)")
     args = parser.parse_args()
+    host, arrays = weight_arrays(Path(args.weights))
+    if args.check:
+        for name, (data, _) in arrays.items():
+            print(f"{{name}}: {{data.shape[2]}} words on each of {{host['grid']}} x {{host['grid']}} elements")
+        return
+    try:
+        from cerebras.sdk.runtime.sdkruntimepybind import MemcpyDataType, MemcpyOrder, SdkRuntime  # type: ignore
+    except ImportError:
+        sys.exit("run.py: the Cerebras SDK is not installed (run it with cs_python; --check needs no SDK)")
+    runner = SdkRuntime(args.name, cmaddr=args.cmaddr)
+    runner.load()
+    runner.run()
+    tokens = [int(t) for t in args.prompt_ids.split(",")]
+    generated = decode(runner, host, arrays, MemcpyDataType, MemcpyOrder, tokens, args.max_new_tokens)
+    runner.stop()
+    print(",".join(map(str, generated)))
+
+
+def weight_arrays(folder: Path) -> tuple[dict, dict]:
+    """host.json, and every array the host writes before the first token: each weight's tiles (read from the
+    safetensors of `folder`) and each rotary table, with whether it is a vector (32-bit words)."""
     if np is None:
         sys.exit("run.py: needs numpy")
     host = json.loads((Path(__file__).parent / "host.json").read_text())
-    p, image = host["grid"], host["image"]
-    tensors = Safetensors(Path(args.weights))
+    p = host["grid"]
+    tensors = Safetensors(folder)
     arrays = {{}}
     for name, fields in host["weights"].items():
         maps = {{"row_map": tuple(fields["row_map"]), "column_map": tuple(fields["column_map"])}}
@@ -188,17 +225,14 @@ def main() -> None:
     for table, rows in ROPE_TABLES.items():
         chunk = np.asarray(rows, dtype=np.float32)
         arrays[table] = (np.broadcast_to(chunk[:, None, :], (p, p, chunk.shape[1])).copy(), True)
-    if args.check:
-        for name, (data, _) in arrays.items():
-            print(f"{{name}}: {{data.shape[2]}} words on each of {{p}} x {{p}} elements")
-        return
-    try:
-        from cerebras.sdk.runtime.sdkruntimepybind import MemcpyDataType, MemcpyOrder, SdkRuntime  # type: ignore
-    except ImportError:
-        sys.exit("run.py: the Cerebras SDK is not installed (run it with cs_python; --check needs no SDK)")
-    runner = SdkRuntime(args.name, cmaddr=args.cmaddr)
-    runner.load()
-    runner.run()
+    return host, arrays
+
+
+def decode(runner, host: dict, arrays: dict, MemcpyDataType, MemcpyOrder, tokens: list, new: int) -> list:
+    """The weights written, then the greedy decode: for each position the token and position written to every
+    element, `step` launched, the logits read back from the centre column, their arg-max. `runner` is the SDK's
+    SdkRuntime, direct (run.py) or the appliance client's (run_appliance.py): the calls are the same."""
+    p, image = host["grid"], host["image"]
 
     def h2d(name: str, data: np.ndarray, vector: bool = True) -> None:
         if image == "f16" and not vector:  # f16 in the low half of a 32-bit word (MEMCPY_16BIT)
@@ -211,10 +245,9 @@ def main() -> None:
     for name, (data, vector) in arrays.items():
         h2d(name, data, vector)
     logits = host["logits"]
-    tokens = [int(t) for t in args.prompt_ids.split(",")]
     out = np.zeros(p * logits["chunk"], dtype=np.float32)
     generated: list[int] = []
-    for position in range(1, len(tokens) + args.max_new_tokens):
+    for position in range(1, len(tokens) + new):
         token = tokens[position - 1] if position <= len(tokens) else generated[-1]
         h2d("token_in", np.full((p, p, 1), token, dtype=np.int32).view(np.float32))
         h2d("position_in", np.full((p, p, 1), position, dtype=np.int32).view(np.float32))
@@ -224,8 +257,7 @@ def main() -> None:
                           nonblock=False)
         if position >= len(tokens):
             generated.append(int(np.argmax(out[: logits["length"]])))
-    runner.stop()
-    print(",".join(map(str, generated)))
+    return generated
 
 
 class Safetensors:
@@ -269,16 +301,107 @@ if __name__ == "__main__":
 '''
 
 
+def compile_appliance_py(line: str, p: int, target: csl_ext.Target) -> str:
+    """The appliance-mode compile (cerebras.sdk.client's SdkCompiler), with commands.sh's flags."""
+    width, height = target.fabric
+    x, y = target.offsets
+    rest = f"--fabric-offsets={x},{y} --params=width:{p},height:{p} --memcpy --channels=1 -o out"
+    machine = f"--arch={target.name} --fabric-dims={width},{height} {rest}"
+    simulator = f"--arch={target.name} --fabric-dims={p + 7},{p + 2} {rest}"
+    return _COMPILE_APPLIANCE.format(line=line, machine=machine, simulator=simulator)
+
+
+_COMPILE_APPLIANCE = '''#!/usr/bin/env python3
+# {line}
+"""Compile the decode step on a Wafer-Scale Cluster in appliance mode (cerebras.sdk.client's SdkCompiler, as
+WaferLLM compiles its decode), with the flags commands.sh gives cslc; the artifact's id is written to artifact.json
+for run_appliance.py. It needs Python and the SDK's appliance client (the PyPI package cerebras-sdk), nothing of
+logos-ir."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+MACHINE = "{machine}"
+SIMULATOR = "{simulator}"  # a fabric just larger than the program, for the SDK's simulator
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--simulator", action="store_true", help="compile for the SDK's simulator")
+    args = parser.parse_args()
+    try:
+        from cerebras.sdk.client import SdkCompiler  # type: ignore
+    except ImportError:
+        sys.exit("compile_appliance.py: the Cerebras SDK's appliance client is not installed (cerebras-sdk)")
+    here = Path(__file__).parent
+    with SdkCompiler() as compiler:
+        artifact = compiler.compile(str(here), "layout.csl", SIMULATOR if args.simulator else MACHINE, "out")
+    (here / "artifact.json").write_text(json.dumps({{"artifact_id": artifact, "simulator": args.simulator}}))
+    print(artifact)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+_RUN_APPLIANCE = '''#!/usr/bin/env python3
+# {line}
+"""Run the decode step compiled by compile_appliance.py in appliance mode: cerebras.sdk.client's SdkRuntime as a
+context manager (memcpy_h2d of the weights, then for each token launch and memcpy_d2h, as run.py does with the
+direct runtime; the weights read and tiled by run.py's code beside it). It needs Python, numpy and the SDK's
+appliance client (the PyPI package cerebras-sdk), nothing of logos-ir."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import run  # noqa: E402  (run.py beside it: the weights read and tiled, the decode loop)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--weights", required=True, help="a folder of safetensors files (a Hugging Face model)")
+    parser.add_argument("--prompt-ids", default="1,2,3")
+    parser.add_argument("--max-new-tokens", type=int, default=16)
+    args = parser.parse_args()
+    host, arrays = run.weight_arrays(Path(args.weights))
+    try:
+        from cerebras.appliance.pb.sdk.sdk_common_pb2 import MemcpyDataType, MemcpyOrder  # type: ignore
+        from cerebras.sdk.client import SdkRuntime  # type: ignore
+    except ImportError:
+        sys.exit("run_appliance.py: the Cerebras SDK's appliance client is not installed (cerebras-sdk)")
+    artifact = json.loads((Path(__file__).parent / "artifact.json").read_text())
+    tokens = [int(t) for t in args.prompt_ids.split(",")]
+    with SdkRuntime(artifact["artifact_id"], simulator=artifact["simulator"]) as runner:
+        generated = run.decode(runner, host, arrays, MemcpyDataType, MemcpyOrder, tokens, args.max_new_tokens)
+    print(",".join(map(str, generated)))
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
 def spatial_report(lowered: GridProgram) -> dict[str, Any]:
     """The placement's figures (see the module docstring)."""
     plan = lowered.plan
     memory = memory_use(lowered)
     shares = {name: round(working_share(w, plan.p), 4) for name, w in plan.weights.items() if w.kind == "matrix"}
+    target = csl_ext.TARGETS[lowered.host.get("arch", "wse2")]
+    grid = {"name": target.name, "fabric": list(target.fabric), "usable": list(target.usable)}
     return {
-        "grid": {"name": "wse2", "fabric": list(csl_ext.WSE2_FABRIC), "memory": csl_ext.MEMORY, "p": plan.p},
+        "grid": {**grid, "memory": csl_ext.MEMORY, "p": plan.p},
         "weights": plan.image,
         "elements_used": plan.p * plan.p,
-        "grid_share": round(plan.p * plan.p / (csl_ext.WSE2_FABRIC[0] * csl_ext.WSE2_FABRIC[1]), 4),
+        "grid_share": round(plan.p * plan.p / (target.fabric[0] * target.fabric[1]), 4),
         "working_share_per_layer_projection": shares,
         "working_share_per_layer": min(shares.values()) if shares else None,
         "memory_per_element": memory,
@@ -307,10 +430,13 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     p = report["grid"]["p"]
     memory = report["memory_per_element"]
     return [
-        f"grid {p} x {p} of a WSE-2 ({report['elements_used']} elements, {100 * report['grid_share']:.2f}% of its "
-        f"{csl_ext.WSE2_FABRIC[0]} x {csl_ext.WSE2_FABRIC[1]}), {report['weights']} weights",
-        f"memory per element: {memory['total']} bytes ({memory['arrays']} of arrays, {memory['code']} of code) "
-        f"of {csl_ext.MEMORY}",
+        f"grid {p} x {p} of a {report['grid']['name'].upper().replace('WSE', 'WSE-')} ({report['elements_used']} "
+        f"elements, {100 * report['grid_share']:.2f}% of its {report['grid']['fabric'][0]} x "
+        f"{report['grid']['fabric'][1]}, {report['grid']['usable'][0]} x {report['grid']['usable'][1]} usable), "
+        f"{report['weights']} weights",
+        f"memory per element: {memory['band']['low']} to {memory['band']['high']} bytes of {csl_ext.MEMORY} "
+        f"({memory['arrays']} of arrays, {memory['code']} of code at 4 bytes an op; the band adds the <math> "
+        "routines, memcpy's component and a stack: docs/spatial.md)",
         f"share of the elements working on each layer: {100 * (report['working_share_per_layer'] or 0):.1f}%",
         f"{report['element_programs']} part programs (embedding, layer, head) in one element program",
         "cycles per token: counted by the fabric simulator as it runs the build (bench/spatial_agreement.py placement)",

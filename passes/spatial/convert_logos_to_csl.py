@@ -42,6 +42,7 @@ from logos_ir.passes.spatial.emit import Emit
 from logos_ir.passes.spatial.layout import layout_module
 from logos_ir.passes.spatial.op_patterns import lower_part
 from logos_ir.passes.spatial.part import PartLowering, array_name, feeds_of
+from logos_ir.passes.spatial.queues import bind_queues
 from logos_ir.program import Cut, Identity
 
 # -- the element program and the host's description ------------------------------------------------------------
@@ -232,23 +233,45 @@ def _tasks(program: Program, layers: int) -> None:
     t.op(csl.FuncOp("step", FunctionType.from_lists([], []), Region(block)))
 
 
-def memory_use(program: GridProgram) -> dict[str, int]:
+def memory_use(program: GridProgram) -> dict[str, Any]:
     """An element's memory: its arrays (every element declares the same) and its code (`csl_ext.code_bytes`, an
-    estimate: the SDK publishes no code-size figure per builtin)."""
+    estimate: the SDK publishes no code-size figure per builtin), and as a band (`csl_ext.memory_band`: the code at
+    the low and high bytes an op, the `<math>` routines, software division, memcpy's component, a stack). `fits` is
+    the band's high end: a grid fits when it is within the element's memory."""
     arrays = sum(words * csl_ext.element_bytes(element) for words, element in program.host["arrays"].values())
     module = next(
         op for op in program.module.ops if isinstance(op, csl.CslModuleOp) and op.kind.data == csl.ModuleKind.PROGRAM
     )
     code = csl_ext.code_bytes(module)
-    return {"arrays": arrays, "code": code, "total": arrays + code}
+    band = csl_ext.memory_band(module, arrays)
+    return {"arrays": arrays, "code": code, "total": arrays + code, "band": band, "fits": band["high"]}
 
 
 def lower_module(
-    module: ModuleOp, image: str = "f16", p: int = 0, memory: int = csl_ext.MEMORY, copies: int | None = None
+    module: ModuleOp,
+    image: str = "f16",
+    p: int = 0,
+    memory: int = csl_ext.MEMORY,
+    copies: int | None = None,
+    arch: str = "wse2",
 ) -> GridProgram:
-    """The decode step whose parts `module` holds (`parts_of`) lowered for the smallest square grid whose elements
-    hold it (or for P x P when `p` is given), with the most copies of each KV head (up to its group: the widened
-    cache) that fit, or `copies` (1: KV heads kept narrow). `module` is left as it is."""
+    """The decode step whose parts `module` holds (`parts_of`) lowered for the smallest square grid of `arch`'s
+    usable rectangle whose elements hold it (or for P x P when `p` is given), with the most copies of each KV head
+    (up to its group: the widened cache) that fit, or `copies` (1: KV heads kept narrow), its queues bound for the
+    target (`queues.bind_queues`). `module` is left as it is."""
+    if arch not in csl_ext.TARGETS:
+        raise PassError(f"{PASS}: no target '{arch}' (the targets: {', '.join(csl_ext.TARGETS)})")
+    target = csl_ext.TARGETS[arch]
+    lowered = _search(module, image, p, memory, copies, target)
+    program = next(op for op in lowered.module.ops if isinstance(op, csl.CslModuleOp))
+    bind_queues(program, target)
+    lowered.host["arch"] = target.name
+    return lowered
+
+
+def _search(
+    module: ModuleOp, image: str, p: int, memory: int, copies: int | None, target: csl_ext.Target
+) -> GridProgram:
     if image not in ("f16", "f32"):
         raise PassError(f"{PASS}: the grid holds f16 or f32 weights, not {image}")
     parts = parts_of(module)
@@ -268,23 +291,30 @@ def lower_module(
     def lowered_at(size: int, c: int) -> tuple[GridProgram, int]:
         if (size, c) not in lowerings:  # a lowering is the search's cost: each grid is lowered once
             program = lower_parts(parts, g.GridPlan.of(spec, ctx, image, size, c))
-            lowerings[size, c] = program, memory_use(program)["total"]
+            lowerings[size, c] = program, memory_use(program)["fits"]  # the band's high end must fit
         return lowerings[size, c]
 
+    largest = min(target.usable)
     if p:
         if p < 2:
             raise PassError(f"{PASS}: a grid of {p} x {p} elements has no rows to reduce along (P >= 2)")
+        if p > largest:
+            width, height = target.usable
+            raise PassError(
+                f"{PASS}: a grid of {p} x {p} is more than a {target.name} gives a program: {width} x {height} of its "
+                f"{target.fabric[0]} x {target.fabric[1]} (memcpy takes 7 columns and 2 rows)"
+            )
         needed = 0
         for c in choices:  # the most KV copies that fit: the most rows working on attention
             lowered, needed = lowered_at(p, c)
             if needed <= memory:
                 return lowered
         raise PassError(
-            f"{PASS}: the model does not fit a {p} x {p} grid of {memory}-byte elements ({needed} bytes per element)",
+            f"{PASS}: the model does not fit a {p} x {p} grid of {memory}-byte elements ({needed} bytes per element "
+            "at the high end of its memory band)",
             hint="give a larger grid (logos-compile --option grid=P; convert-logos-to-csl{grid=P} in logos-opt) "
             "or none, to have the smallest that fits chosen",
         )
-    largest = csl_ext.WSE2_FABRIC[0]
     needed = 0
     for c in choices:  # the most KV copies that fit some grid (KV heads widened keep more rows working)
         lowered, needed = lowered_at(largest, c)
@@ -301,7 +331,7 @@ def lower_module(
         return lowered_at(best, c)[0]
     raise PassError(
         f"{PASS}: the model does not fit a {largest} x {largest} grid of {memory}-byte elements "
-        f"({needed} bytes per element)"
+        f"({needed} bytes per element at the high end of its memory band)"
     )
 
 
@@ -349,18 +379,20 @@ def _cut_of(program: logos.ProgramOp) -> Cut:
 
 @dataclass(frozen=True)
 class ConvertLogosToCsl(ModulePass):
-    """`convert-logos-to-csl{weights=f16 grid=0}`: a module holding the parts of one decode step (`logos.program`s
-    of cuts `decode_embed`, `decode_layer` 0 to L - 1, `decode_head` on one chip, as `extract-parts` makes them)
-    replaced by its two `csl.module`s (program and layout) for the grid (see the module docstring); `grid=0` picks
-    P as the build does. Refuses anything else, naming the pass, before changing the module."""
+    """`convert-logos-to-csl{weights=f16 grid=0 arch=wse2}`: a module holding the parts of one decode step
+    (`logos.program`s of cuts `decode_embed`, `decode_layer` 0 to L - 1, `decode_head` on one chip, as `extract-parts`
+    makes them) replaced by its two `csl.module`s (program and layout) for the grid (see the module docstring) and the
+    machine (`arch`: wse2 or wse3); `grid=0` picks P as the build does. Refuses anything else, naming the pass,
+    before changing the module."""
 
     name = "convert-logos-to-csl"
 
     weights: str = "f16"
     grid: int = 0
+    arch: str = "wse2"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        lowered = lower_module(op, self.weights, self.grid)
+        lowered = lower_module(op, self.weights, self.grid, arch=self.arch)
         for old in list(op.ops):
             op.body.block.erase_op(old)
         for new in list(lowered.module.ops):

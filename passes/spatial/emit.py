@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 from xdsl.dialects import arith, csl, memref, scf
@@ -18,6 +19,20 @@ from xdsl.ir.affine import AffineMap
 from logos_ir.dialects import csl_ext
 
 INDEX = IndexType()
+U16 = IntegerType(16, csl.Signedness.UNSIGNED)  # a run-time DSD length (the SDK's `extent` is a u16)
+
+
+@dataclass(frozen=True)
+class RunLength:
+    """A DSD length known only at run time (`value`, a u16), at most `bound`: the DSD is built with the bound, known
+    at compile time, and `@set_dsd_length` sets the run-time length. With `top` (the program's top level), a fabric
+    DSD is built there once per colour and direction (`fabrics`), a compile-time constant as csl-examples declare
+    theirs, and each use sets its length."""
+
+    value: SSAValue
+    bound: int
+    top: Emit | None = None
+    fabrics: dict[tuple[int, bool], SSAValue] = field(default_factory=dict)
 
 
 class Emit:
@@ -58,17 +73,29 @@ class Emit:
     def math(self, module: SSAValue, name: str, *args: SSAValue) -> SSAValue:
         return self.op(csl.MemberCallOp(name, f32, module, list(args))).results[0]
 
-    def dsd(self, array: SSAValue, length: int | SSAValue, offset: int = 0, stride: int = 1) -> SSAValue:
-        """A mem1d DSD over array[offset + stride * i] for i < length."""
+    def dsd(self, array: SSAValue, length: int | RunLength, offset: int = 0, stride: int = 1) -> SSAValue:
+        """A mem1d DSD over array[offset + stride * i] for i < length: a compile-time length (a literal: the SDK's
+        `tensor_access` takes only lengths known at compile time), or, for a length known at run time (`RunLength`),
+        a DSD of its bound with `@set_dsd_length` to the run-time u16 length."""
         access = AffineMap.from_callable(lambda i: (i * stride + offset,))
-        size = length if isinstance(length, SSAValue) else self.int(length, i16)
-        return self.op(
+        size = self.int(length.bound if isinstance(length, RunLength) else length, i16)
+        dsd = self.op(
             csl.GetMemDsdOp.build(
                 operands=[array, [size]],
                 result_types=[csl.DsdType(csl.DsdKind.mem1d_dsd)],
                 properties={"tensor_access": AffineMapAttr(access)},
             )
         ).results[0]
+        return self.set_length(dsd, length)
+
+    def u16(self, value: int) -> SSAValue:
+        """`@as(u16, value)`: a length passed to a function whose argument is a DSD's run-time length."""
+        return self.op(csl.SignednessCastOp(self.int(value, i16), U16)).results[0]
+
+    def set_length(self, dsd: SSAValue, length: int | RunLength) -> SSAValue:
+        if not isinstance(length, RunLength):
+            return dsd
+        return self.op(csl.SetDsdLengthOp(operands=[dsd, length.value], result_types=[dsd.type])).results[0]
 
     def moved(self, dsd: SSAValue, by: SSAValue, element: Any = f32) -> SSAValue:
         """The DSD moved on by `by` (an i32 value) elements: `@increment_dsd_offset`."""
@@ -81,11 +108,19 @@ class Emit:
             )
         ).results[0]
 
-    def fabric(self, colour: int, extent: int | SSAValue, inbound: bool) -> SSAValue:
+    def fabric(self, colour: int, extent: int | RunLength, inbound: bool) -> SSAValue:
+        """A fabric DSD of `extent` wavelets on `colour` (a compile-time u16 extent; a `RunLength`'s bound with
+        `@set_dsd_length`), on input queue 2 or output queue 3 (as csl-examples' gemv tutorials; on WSE-3,
+        `queues.bind_queues` gives each colour its own)."""
+        if isinstance(extent, RunLength) and extent.top is not None:
+            key = (colour, inbound)
+            if key not in extent.fabrics:
+                extent.fabrics[key] = extent.top.fabric(colour, extent.bound, inbound)
+            return self.set_length(extent.fabrics[key], extent)
         kind = csl.DsdKind.fabin_dsd if inbound else csl.DsdKind.fabout_dsd
-        size = extent if isinstance(extent, SSAValue) else self.int(extent, i16)
+        size = self.int(extent.bound if isinstance(extent, RunLength) else extent, i16)
         queue = 2 if inbound else 3
-        return self.op(
+        dsd = self.op(
             csl.GetFabDsdOp.build(
                 operands=[[size]],
                 result_types=[csl.DsdType(kind)],
@@ -95,6 +130,7 @@ class Emit:
                 },
             )
         ).results[0]
+        return self.set_length(dsd, extent)
 
     def dsd_op(self, kind: type[csl.BuiltinDsdOp], *operands: SSAValue) -> None:
         self.op(kind(operands=[list(operands)]))

@@ -41,6 +41,12 @@ class LaneCslPrintContext(CslPrintContext):
             verb = "block" if isinstance(op, csl_ext.BlockOp) else "unblock"
             self.print(f"@{verb}(@get_local_task_id({op.task.data}));")
             return None
+        if isinstance(op, csl_ext.InitializeQueueOp):
+            side = op.side.data
+            queue = f"@get_{side}_queue({op.queue.data})"
+            with self.descend("comptime") as inner:
+                inner.print(f"@initialize_queue({queue}, .{{ .color = @get_color({op.colour.data}) }});")
+            return None
         if isinstance(op, csl_ext.CommentOp):
             self.print(f"// {op.text.data}")
             return None

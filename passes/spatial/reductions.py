@@ -10,13 +10,13 @@ for a product's partial sums, a norm's sum of squares, attention's scores, maxim
 from __future__ import annotations
 
 from xdsl.dialects import arith, csl
-from xdsl.dialects.builtin import FunctionType, SymbolRefAttr, i16, i32
+from xdsl.dialects.builtin import FunctionType, SymbolRefAttr, i32
 from xdsl.ir import Block, Region, SSAValue
 
 from logos_ir.errors import PassError
 from logos_ir.passes.spatial import grid as g
 from logos_ir.passes.spatial.element_program import PASS, Program
-from logos_ir.passes.spatial.emit import Emit, segment_bounds
+from logos_ir.passes.spatial.emit import U16, Emit, RunLength, segment_bounds
 
 
 class LineReductions:
@@ -47,7 +47,7 @@ class LineReductions:
         (with grid.SEGMENTED; inline otherwise)."""
         if not g.SEGMENTED:  # inline: no copies, no call (the code of one segment a line is small)
             assert not segment_only
-            self.reduce_body(e, array, e.int(n, i16), along, combine, broadcast)
+            self.reduce_body(e, array, n, along, combine, broadcast)
             return
         words = self.program.arrays[f"line_{along}"][0]
         if n > words:
@@ -55,22 +55,26 @@ class LineReductions:
         kind = "_local" if segment_only else ("" if broadcast else "_to_centre")
         name = f"reduce_{along}_{combine.name.removeprefix('csl.')}" + kind
         if name not in self.program.reducers:
-            block = Block(arg_types=[i16])
+            # the length is the function's u16 argument: its DSDs are the line buffer's, compile-time, with
+            # @set_dsd_length (the SDK's tensor_access lengths and extents are known at compile time)
+            block = Block(arg_types=[U16])
             body = Emit(block)
             line = self.program.get(body, f"line_{along}")
-            self.reduce_body(body, line, block.args[0], along, combine, broadcast, segment_only)
+            self.reduce_body(
+                body, line, RunLength(block.args[0], words, self.program.top), along, combine, broadcast, segment_only
+            )
             body.op(csl.ReturnOp())
-            self.program.reducers[name] = csl.FuncOp(name, FunctionType.from_lists([i16], []), Region(block))
+            self.program.reducers[name] = csl.FuncOp(name, FunctionType.from_lists([U16], []), Region(block))
         line = self.arr(f"line_{along}")
         e.dsd_op(csl.FmovsOp, e.dsd(line, n), e.dsd(array, n))
-        e.op(csl.CallOp(SymbolRefAttr(name), [e.int(n, i16)]))
+        e.op(csl.CallOp(SymbolRefAttr(name), [e.u16(n)]))
         e.dsd_op(csl.FmovsOp, e.dsd(array, n), e.dsd(line, n))
 
     def reduce_body(
         self,
         e: Emit,
         array: SSAValue,
-        n: SSAValue,
+        n: int | RunLength,
         along: str,
         combine: type[csl.BuiltinDsdOp],
         broadcast: bool = True,
@@ -137,7 +141,7 @@ class LineReductions:
         e: Emit,
         distance: SSAValue,
         local: SSAValue,
-        n: int | SSAValue,
+        n: int | RunLength,
         chain: tuple[int, int],
         combine: type[csl.BuiltinDsdOp],
     ) -> None:
@@ -153,7 +157,7 @@ class LineReductions:
         e: Emit,
         distance: SSAValue,
         local: SSAValue,
-        n: int | SSAValue,
+        n: int | RunLength,
         chain: tuple[int, int],
         combine: type[csl.BuiltinDsdOp],
         at_end: SSAValue,

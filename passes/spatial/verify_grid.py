@@ -23,7 +23,7 @@ from typing import Any
 
 from xdsl.context import Context
 from xdsl.dialects import arith, csl, memref, scf
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import IntegerType, ModuleOp, Signedness, StringAttr
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
@@ -40,12 +40,13 @@ class VerifyCslGrid(ModulePass):
     name = "verify-csl-grid"
 
     grid: int = 0
+    arch: str = ""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         from logos_ir.passes.spatial.emit_csl import print_csl
 
         params = {"width": self.grid, "height": self.grid} if self.grid else None
-        static_check(op, "\n// FILE:".join(["", *print_csl(op).values()]), params)
+        static_check(op, "\n// FILE:".join(["", *print_csl(op).values()]), params, self.arch or None)
 
 
 def layout_params(host: dict[str, Any]) -> dict[str, int]:
@@ -71,10 +72,28 @@ def split_modules(module: ModuleOp) -> tuple[csl.CslModuleOp, csl.CslModuleOp]:
 # -- the static check ------------------------------------------------------------------------------------------
 
 
-def static_check(module: ModuleOp, printed: str | None = None, params: dict[str, int] | None = None) -> None:
+def target_of(module: ModuleOp, arch: str | None = None) -> csl_ext.Target:
+    """The machine a module is built for: `arch` if given, else the program's `csl_ext.arch` attribute (the
+    lowering's `--option arch`), else a WSE-2."""
+    if arch is None:
+        program, _ = split_modules(module)
+        found = program.attributes.get("csl_ext.arch")
+        arch = found.data if isinstance(found, StringAttr) else "wse2"
+    if arch not in csl_ext.TARGETS:
+        raise PassError(f"{PASS}: no target '{arch}' (the targets: {', '.join(csl_ext.TARGETS)})")
+    return csl_ext.TARGETS[arch]
+
+
+def static_check(
+    module: ModuleOp, printed: str | None = None, params: dict[str, int] | None = None, arch: str | None = None
+) -> None:
     """Refuse (PassError) what the module docstring lists; `printed` is the module's CSL text (files split by
-    `// FILE:` lines), `params` the layout's parameters (None: the layout is not run)."""
+    `// FILE:` lines), `params` the layout's parameters (None: the layout is not run), `arch` the target (None: the
+    module's, `target_of`)."""
     program, layout = split_modules(module)
+    target = target_of(module, arch)
+    _check_dsd_lengths(program)
+    _check_queues(program, target)
     sent, received = _fabric_colours(program)
     for op in layout.walk():
         if isinstance(op, csl_ext.SetColorConfigOp):
@@ -86,7 +105,7 @@ def static_check(module: ModuleOp, printed: str | None = None, params: dict[str,
                 f"{PASS}: colour {colour} is received (@get_dsd(fabin_dsd) in {_function_of(op)}, on element "
                 f"{elements}) but no element sends it"
             )
-    _check_top_scope(program, sent | {c for c, _ in received})
+    _check_top_scope(program, sent | {c for c, _ in received}, target)
     if printed is not None:
         check_scopes(printed)
 
@@ -100,13 +119,15 @@ def _fabric_colours(program: csl.CslModuleOp) -> tuple[set[int], list[tuple[int,
             colour = op.fabric_color.value.data
             _check_colour(colour, op)
             if op.result.type == csl.DsdType(csl.DsdKind.fabin_dsd):
-                received.append((colour, op))
+                # a DSD of the program's top level is named where a function uses it (its @set_dsd_length)
+                uses = [u.operation for u in op.result.uses] if op.parent_op() is program else []
+                received.extend((colour, use) for use in (uses or [op]))
             else:
                 sent.add(colour)
     return sent, received
 
 
-def _check_top_scope(program: csl.CslModuleOp, routed: set[int]) -> None:
+def _check_top_scope(program: csl.CslModuleOp, routed: set[int], target: csl_ext.Target) -> None:
     names: set[str] = set()
     tasks: dict[int, str] = {}
     for op in program.body.block.ops:
@@ -121,7 +142,107 @@ def _check_top_scope(program: csl.CslModuleOp, routed: set[int]) -> None:
                 raise PassError(f"{PASS}: task id {task_id} is bound to {tasks[task_id]} and {op.sym_name.data}")
             if task_id in routed:
                 raise PassError(f"{PASS}: local task id {task_id} is also a colour the program routes")
+            if not target.task_ok(task_id):
+                low, high = target.local_tasks
+                raise PassError(
+                    f"{PASS}: local task id {task_id} ({op.sym_name.data}) is not one a {target.name} gives: "
+                    f"{low} to {high}, less memcpy's and the reserved ({', '.join(map(str, csl_ext.RESERVED_TASKS))})"
+                )
             tasks[task_id] = op.sym_name.data
+
+
+U16 = IntegerType(16, Signedness.UNSIGNED)
+_DSD_NAMES = {
+    csl.DsdKind.mem1d_dsd: "mem1d_dsd",
+    csl.DsdKind.mem4d_dsd: "mem4d_dsd",
+    csl.DsdKind.fabin_dsd: "fabin_dsd",
+    csl.DsdKind.fabout_dsd: "fabout_dsd",
+}
+
+
+def _dsd_where(op: csl.GetMemDsdOp | csl.GetFabDsdOp | csl.SetDsdLengthOp) -> str:
+    if isinstance(op, csl.GetMemDsdOp):
+        what = f"@get_dsd(mem1d_dsd) over {_array_name(op.base_addr)}"
+    elif isinstance(op, csl.GetFabDsdOp):
+        what = f"@get_dsd({_DSD_NAMES[op.result.type.data]}) on colour {op.fabric_color.value.data}"
+    else:
+        source = op.op.owner
+        what = _dsd_where(source).split(" in ")[0] if isinstance(source, csl.GetFabDsdOp) else "@set_dsd_length"
+    return f"{what} in {_function_of(op)}"
+
+
+def _array_name(value: SSAValue) -> str:
+    owner = value.owner
+    if isinstance(owner, csl.AddressOfOp):
+        return _array_name(owner.value)
+    if isinstance(owner, memref.GetGlobalOp):
+        return owner.name_.root_reference.data
+    return "an array"
+
+
+def _check_dsd_lengths(program: csl.CslModuleOp) -> None:
+    """What cslc takes of a DSD's length (the SDK's DSD documentation, sdk.cerebras.ai/csl/language/dsds): a
+    `tensor_access` length and a fabric DSD's `extent` known at compile time (a constant or a parameter of the
+    program: printed as a literal, CSL's comptime_int, as csl-examples' `.extent = 1`), from 0 to 65535 (a u16);
+    a length known only at run time is `@set_dsd_length`'s, whose argument is a u16 (a signed i16 is refused)."""
+    for op in program.walk():
+        if isinstance(op, csl.GetMemDsdOp | csl.GetFabDsdOp):
+            for size in op.sizes:
+                owner = size.owner
+                if not isinstance(owner, arith.ConstantOp | csl.ParamOp):
+                    raise PassError(
+                        f"{PASS}: {_dsd_where(op)} has a length known only at run time: cslc takes a DSD's length "
+                        "known at compile time (give the DSD its longest length and @set_dsd_length the run-time one)"
+                    )
+                if isinstance(owner, arith.ConstantOp):
+                    value = owner.value.value.data  # type: ignore[attr-defined]
+                    if not 0 <= value < 1 << 16:
+                        raise PassError(f"{PASS}: {_dsd_where(op)} has length {value}: a u16 holds 0 to 65535")
+        if isinstance(op, csl.SetDsdLengthOp) and op.length.type != U16:
+            raise PassError(f"{PASS}: {_dsd_where(op)} sets a length of type {op.length.type}: it takes a u16")
+
+
+def _check_queues(program: csl.CslModuleOp, target: csl_ext.Target) -> None:
+    """Each fabric DSD's queue is one the target gives the program (memcpy's left out); on a target that binds each
+    queue to one colour (WSE-3), no queue serves two colours and each is bound, by `@initialize_queue`, to the colour
+    its DSDs name."""
+    colours: dict[tuple[bool, int], dict[int, Operation]] = {}
+    bound: dict[tuple[bool, int], int] = {}
+    for op in program.walk():
+        if isinstance(op, csl_ext.InitializeQueueOp):
+            key = (op.inbound, op.queue.data)
+            if key in bound and bound[key] != op.colour.data:
+                raise PassError(
+                    f"{PASS}: {op.side.data} queue {op.queue.data} is initialized with colours {bound[key]} and "
+                    f"{op.colour.data}"
+                )
+            bound[key] = op.colour.data
+        if isinstance(op, csl.GetFabDsdOp):
+            inbound = op.result.type == csl.DsdType(csl.DsdKind.fabin_dsd)
+            queue = op.queue_id.value.data
+            side = "input" if inbound else "output"
+            free = target.input_queues if inbound else target.output_queues
+            if queue not in free:
+                raise PassError(
+                    f"{PASS}: {_dsd_where(op)} uses {side} queue {queue}: a {target.name} program has {side} queues "
+                    f"{free[0]} to {free[-1]} (memcpy takes the others)"
+                )
+            colours.setdefault((inbound, queue), {}).setdefault(op.fabric_color.value.data, op)
+    if not target.one_colour_per_queue:
+        return
+    for (inbound, queue), by_colour in sorted(colours.items()):
+        side = "input" if inbound else "output"
+        if len(by_colour) > 1:
+            raise PassError(
+                f"{PASS}: {side} queue {queue} serves colours {', '.join(map(str, sorted(by_colour)))}: a "
+                f"{target.name} binds each queue to one colour (@initialize_queue)"
+            )
+        colour, op = next(iter(by_colour.items()))
+        if bound.get((inbound, queue)) != colour:
+            raise PassError(
+                f"{PASS}: {_dsd_where(op)} uses {side} queue {queue}, which no @initialize_queue binds to colour "
+                f"{colour} (a {target.name} needs it)"
+            )
 
 
 def _check_colour(colour: int, op: Operation) -> None:

@@ -31,8 +31,11 @@ backend's greedy generation).
   target's build in memory, which the grid's static check (`passes/spatial/verify_grid.py`) has passed.
 - **Cycles** are counted by the simulator as it runs, per element, from the per-op costs of `CYCLES` (see
   docs/spatial.md for their sources and assumptions): an element's clock advances by each op it runs; a receive
-  waits for the wavelets' arrival (sender's clock + hops + one cycle per wavelet). A step's cycles are the latest
-  element clock when the launch ends.
+  waits for the wavelets' arrival (sender's clock + hops + one cycle per wavelet). A launch reaches element (x, y)
+  after `CYCLES["launch"]` and the x + 3 hops from memcpy's west columns, where the element starts; a step's cycles
+  are the latest element clock when the launch ends, from the launch's issue. A queue holds `QUEUE_DEPTH` wavelets:
+  a longer message goes only while its receiver waits at the receive, its sender stalling until it is taken.
+  memcpy's copies are counted apart (`memcpy_cycles`): one wavelet a cycle per channel, plus the hops across.
 """
 
 from __future__ import annotations
@@ -47,7 +50,19 @@ CYCLES = {
     "hop": 1,  # a wavelet crossing one router
     "call": 2,  # a call or a return
     "task_switch": 4,  # an idle element picking its next task: an assumption
+    "launch": 100,  # the host's launch command decoded by memcpy before it leaves the west edge: an assumption
+    "memcpy_wavelet": 1,  # memcpy moves one wavelet a cycle on each of its channels (--channels=1): an assumption
 }
+
+# memcpy's columns west of the program (the SDK examples' --fabric-offsets=4,1 with three of the four columns
+# memcpy's): the hops a launch or a memcpy_h2d crosses before the program's column 0.
+MEMCPY_WEST = 3
+
+# The wavelets a colour's queue at an element holds before its sender stalls: the one published figure, csl-examples'
+# pipeline-01-basic README ("The program stalls when size exceeds 14": the queues between memcpy's H2D and a PE).
+# A message longer than the room left goes only when its receiver is at the receive and takes the wavelets as they
+# come: the sender's op then ends no earlier than the receiver's start plus the wavelets the queue could not hold.
+QUEUE_DEPTH = 14
 
 
 class FabricError(LogosError):

@@ -17,7 +17,7 @@ from xdsl.ir import Block, Operation, SSAValue
 
 from logos_ir.dialects import csl_ext
 from logos_ir.runtime.spatial import CYCLES, FabricError
-from logos_ir.runtime.spatial.dsd import DSD_OPS, DsdOps
+from logos_ir.runtime.spatial.dsd import DSD_OPS, DsdOps, _fabric_dsd
 from logos_ir.runtime.spatial.memory import Memory, dtype_of
 from logos_ir.runtime.spatial.state import FabricState
 
@@ -102,6 +102,12 @@ class Compiler(FabricState):
         value = op.value.value.data  # type: ignore[attr-defined]
         self.regs[op.result] = np.full(self.n, value, dtype=dtype_of(op.result.type))
 
+    def _cast_constant(self, op: csl.SignednessCastOp) -> None:
+        """`@as(u16, 91)`: a literal's cast, folded as cslc folds it (no instruction, no cycle)."""
+        if not isinstance(op.inp.owner, arith.ConstantOp):
+            raise FabricError(f"the fabric simulator casts only constants ({op.name} of '{op.inp}')")
+        self.regs[op.result] = np.asarray(self._reg(op.inp)) % 65536
+
     def _no_effect(self, op: Operation) -> None:
         """An op with no run-time effect (a global's address, a module import, a parameter, a comment)."""
 
@@ -139,7 +145,7 @@ class Compiler(FabricState):
         a loop or branch whose every op is simple (it can be fused with its neighbours, the loop or branch run within
         the fused instruction)."""
         if isinstance(op, csl.BuiltinDsdOp):
-            return not any(isinstance(v.owner, csl.GetFabDsdOp) for v in op.ops)
+            return not any(_fabric_dsd(v) for v in op.ops)
         if isinstance(op, scf.ForOp | scf.IfOp):
             return all(self._is_simple(inner) for region in op.regions for b in region.blocks for inner in b.ops)
         return not isinstance(op, csl.CallOp | csl.ReturnOp)
@@ -483,6 +489,8 @@ _TOP_LEVEL: dict[type[Operation], Callable[[Any, Any], None]] = {
     csl.AddressOfOp: Compiler._no_effect,
     csl.ParamOp: Compiler._no_effect,
     csl_ext.CommentOp: Compiler._no_effect,
+    csl_ext.InitializeQueueOp: Compiler._no_effect,  # the static check holds each queue to its colour
+    csl.GetFabDsdOp: DsdOps._fab_dsd_constant,
 }
 
 # Each op of a function or task, by op type: what compiles it into instructions.
@@ -496,6 +504,8 @@ _INSTRUCTIONS: dict[type[Operation], Callable[[Any, Any], None]] = {
     csl.GetMemDsdOp: DsdOps._compile_mem_dsd,
     csl.IncrementDsdOffsetOp: DsdOps._compile_increment,
     csl.GetFabDsdOp: DsdOps._compile_fab_dsd,
+    csl.SetDsdLengthOp: DsdOps._compile_set_length,
+    csl.SignednessCastOp: Compiler._cast_constant,
     **{op_type: DsdOps._compile_dsd_op for op_type in DSD_OPS},
     csl.MemberCallOp: Compiler._compile_member_call,
     csl.ActivateOp: Compiler._compile_activate,

@@ -30,6 +30,19 @@ def _constant(value: SSAValue) -> int | None:
     return None
 
 
+def _fabric_source(value: SSAValue) -> csl.GetFabDsdOp:
+    """The `@get_dsd` of a fabric DSD, through any `@set_dsd_length`s."""
+    owner = value.owner
+    while isinstance(owner, csl.SetDsdLengthOp):
+        owner = owner.op.owner
+    return owner  # type: ignore[return-value]
+
+
+def _fabric_dsd(value: SSAValue) -> bool:
+    """Whether `value` is a fabric DSD (made by `@get_dsd(fab*_dsd)`, its length perhaps set at run time)."""
+    return isinstance(_fabric_source(value), csl.GetFabDsdOp)
+
+
 def _f32(a: np.ndarray) -> np.ndarray:
     return a if a.dtype == np.float32 else a.astype(np.float32)
 
@@ -107,6 +120,17 @@ class DsdOps(FabricState):
 
         self._emit("@increment_dsd_offset", run)
 
+    def _fab_dsd_constant(self, op: csl.GetFabDsdOp) -> None:
+        """A fabric DSD of the program's top level: a compile-time constant (its extent a constant), every
+        element's the same; the functions set its length where they use it (`@set_dsd_length`)."""
+        constant = _constant(op.sizes[0])
+        if constant is None:
+            raise FabricError(
+                f"a fabric DSD of the program's top level (colour {op.fabric_color.value.data}) needs a constant extent"
+            )
+        inbound = op.result.type == csl.DsdType(csl.DsdKind.fabin_dsd)
+        self.regs[op.result] = FabDsd(op.fabric_color.value.data, inbound, np.full(self.n, constant), int(constant))
+
     def _compile_fab_dsd(self, op: csl.GetFabDsdOp) -> None:
         at = len(self.instrs)
         inbound = op.result.type == csl.DsdType(csl.DsdKind.fabin_dsd)
@@ -128,6 +152,41 @@ class DsdOps(FabricState):
             return at + 1
 
         self._emit("@get_dsd", run)
+
+    def _compile_set_length(self, op: csl.SetDsdLengthOp) -> None:
+        """`@set_dsd_length(dsd, n)`: the DSD (memory or fabric) with each element's run-time length n."""
+        at = len(self.instrs)
+        by = self._reg(op.length)
+        source_value = op.op
+        if _fabric_dsd(source_value):
+            owner = _fabric_source(source_value)
+            reg: MemDsd | FabDsd = FabDsd(
+                owner.fabric_color.value.data,
+                owner.result.type == csl.DsdType(csl.DsdKind.fabin_dsd),
+                np.zeros(self.n, np.int64),
+            )
+        else:
+            reg = MemDsd("", np.zeros(self.n, np.int64), np.zeros(self.n, np.int64), np.zeros(self.n, np.int64))
+        self.regs[op.result] = reg
+        clock, n, cost = self.clock, self.n, CYCLES["dsd_setup"]
+
+        def run(idx: np.ndarray) -> int:
+            rows = slice(None) if idx.size == n else idx
+            source = self.regs[source_value]
+            if isinstance(reg, FabDsd):
+                reg.extent[rows] = by[rows]
+            else:
+                reg.array = source.array
+                if source.static is not None:
+                    offset, _, stride = source.static
+                    reg.offset[rows], reg.stride[rows] = offset, stride
+                else:
+                    reg.offset[rows], reg.stride[rows] = source.offset[rows], source.stride[rows]
+                reg.length[rows] = by[rows]
+            clock[rows] += cost
+            return at + 1
+
+        self._emit("@set_dsd_length", run)
 
     def _compile_dsd_op(self, op: csl.BuiltinDsdOp) -> None:
         at = len(self.instrs)
@@ -213,6 +272,7 @@ class DsdOps(FabricState):
                         return None
                     self.park_colour[rows] = inbound  # none can go: all wait for wavelets
                     self.park_need[rows] = length
+                    self.receiving[rows] = inbound
                     return at
                 head = self.queue_head[inbound]
                 heads = head[rows]
@@ -229,6 +289,8 @@ class DsdOps(FabricState):
                 start = int(starts[0])
                 if start + length > cap or not (starts == start).all():
                     return None
+                if not self.room(receivers, target.colour, length).all():
+                    return None  # a receiver's queue is full: `_dsd` makes the sender wait
             values = []
             arrived = None
             for source, what in sources:
@@ -250,6 +312,7 @@ class DsdOps(FabricState):
                     return None
             # every check made: the op runs
             if inbound is not None:
+                self.receiving[rows] = -1
                 left = count[rows] - length
                 count[rows] = left
                 head[rows] = np.where(left == 0, 0, (first + length) % cap)
@@ -258,6 +321,8 @@ class DsdOps(FabricState):
             ended = clock[rows] + CYCLES["dsd_element"] * length
             if arrived is not None:
                 ended = np.maximum(ended, arrived + 1)
+            if isinstance(target, FabDsd):  # a message longer than the room: sent as the receiver takes it
+                ended = np.maximum(ended, self.streamed_end(receivers, target.colour, length))
             clock[rows] = ended
             size = idx.size
             if isinstance(target, FabDsd):
@@ -309,6 +374,8 @@ class DsdOps(FabricState):
                         park = np.full(idx.size, -2, dtype=np.int64)
                     park[~has] = reg.colour
                     ready &= has
+        if park is not None:  # a receiver waiting for its wavelets takes a longer message as it comes
+            self.receiving[idx] = np.where(park >= 0, park, -1)
         if park is not None and not self._retrying and not ready.any():  # none can go: all wait (set aside)
             self.park_colour[idx] = park
             self.park_need[idx] = length
@@ -328,6 +395,7 @@ class DsdOps(FabricState):
             go = idx
         if go.size == 0:
             return at
+        self.receiving[go] = -1
         # one element per cycle from the element's clock; a fabric operand's wavelets stream in as they arrive (the
         # op ends no earlier than one cycle after its last wavelet), and a fabric result streams out as it is made
         self._arrived = np.full(go.size, -np.inf)

@@ -17,7 +17,7 @@ from xdsl.ir import SSAValue
 
 from logos_ir.dialects.csl_ext import MEMORY
 from logos_ir.passes.spatial.verify_grid import read_layout, split_modules
-from logos_ir.runtime.spatial import CYCLES, FabricError
+from logos_ir.runtime.spatial import CYCLES, MEMCPY_WEST, FabricError
 from logos_ir.runtime.spatial.compiler import Compiler
 from logos_ir.runtime.spatial.dsd import DsdOps
 from logos_ir.runtime.spatial.fabric import Blocked, Wavelets
@@ -66,6 +66,9 @@ class Fabric(Compiler, DsdOps, Wavelets, Memory):
         self._load(memory)
         self._connect(queue_words)
         self.park_colour = np.full(n, -1, dtype=np.int64)  # an element waiting at a DSD op: the colour (-2: to send)
+        self.receiving = np.full(n, -1, dtype=np.int64)  # an element at a receive: its colour (kept over retries)
+        self.memcpy_cycles = 0.0  # memcpy's copies so far (Memory.memcpy_h2d, memcpy_d2h)
+        self.channels = 1  # memcpy's channels, as commands.sh compiles it
         self.park_need = np.zeros(n, dtype=np.int64)
         self.groups: dict[int, list[np.ndarray]] = {}  # the elements ready to run, by instruction
         self.wavelets = 0
@@ -83,11 +86,13 @@ class Fabric(Compiler, DsdOps, Wavelets, Memory):
             raise FabricError(f"the host launches '{function}', which the program does not export")
         pick = min if self.schedule == "lowest" else max
         start = float(self.clock.max())
-        self.clock[:] = start
+        # each element starts as the launch reaches it: memcpy's command, then eastward from its west columns
+        self.clock[:] = start + CYCLES["launch"] + (self.xs + MEMCPY_WEST) * CYCLES["hop"]
         self.pc[:] = self.entries[function]
         self.depth[:] = 0
         self.ended[:] = False
         self.park_colour[:] = -1
+        self.receiving[:] = -1
         self.waiting.clear()
         self._thread()
         self._retrying = False

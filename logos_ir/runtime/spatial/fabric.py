@@ -15,7 +15,7 @@ from xdsl.dialects import arith, csl
 from xdsl.ir import SSAValue
 
 from logos_ir.passes.spatial.verify_grid import Layout
-from logos_ir.runtime.spatial import CYCLES
+from logos_ir.runtime.spatial import CYCLES, QUEUE_DEPTH
 from logos_ir.runtime.spatial.state import FabricState
 
 _STEP = {"EAST": (1, 0), "WEST": (-1, 0), "NORTH": (0, -1), "SOUTH": (0, 1)}
@@ -137,7 +137,8 @@ class Wavelets(FabricState):
         # each wavelet's arrival (the cycle its message's last wavelet reaches the receiver's router)
         self.queue_time = {c: np.zeros((cap, n)) for c in colours}
         self._lane = np.arange(cap)
-        self.capacity = cap
+        self.capacity = cap  # the ring's size (the simulator's store); the hardware's room is `depth`
+        self.queue_depth = QUEUE_DEPTH
 
     def _colours_used(self) -> set[int]:
         return {op.fabric_color.value.data for op in self.program.walk() if isinstance(op, csl.GetFabDsdOp)}
@@ -190,7 +191,7 @@ class Wavelets(FabricState):
         single = self._single[colour]
         if single is not None and not self._shared[colour] and self._route_ok[colour][idx].all():
             # the common case, in fewer steps: one receiver each, no two senders to one, every route whole
-            room = self.queue_len[colour][single[idx]] + length <= self.capacity
+            room = self.room(single[idx], colour, length)
             if room.all():
                 return np.ones(idx.size, dtype=bool)
         targets = dest[idx]
@@ -203,11 +204,15 @@ class Wavelets(FabricState):
                 or f"element ({self.xs[e]}, {self.ys[e]}) has no route for colour {colour} from RAMP"
             )
             self._note_send(np.array([e]), colour, kind, why)
-        room = np.where(valid, self.queue_len[colour][np.maximum(targets, 0)] + length <= self.capacity, True).all(
-            axis=1
-        )
+        room = np.where(valid, self.room(np.maximum(targets, 0), colour, length), True).all(axis=1)
         if (~room & ok).any():
-            self._note_send(idx[~room & ok], colour, kind, f"the receiver's queue for colour {colour} stays full")
+            self._note_send(
+                idx[~room & ok],
+                colour,
+                kind,
+                f"the receiver's queue for colour {colour} holds {self.queue_depth} wavelets, not {length}, and the "
+                "receiver is not taking them",
+            )
         ok &= room
         going = ok & ready
         if not self._shared[colour]:  # no two senders' routes reach one receiver on this colour
@@ -222,6 +227,20 @@ class Wavelets(FabricState):
                     ok[k] = False
                 seen |= mine
         return ok
+
+    def room(self, receivers: np.ndarray, colour: int, length: int) -> np.ndarray:
+        """Whether each receiver takes `length` more wavelets on `colour` now: its queue holds them (the hardware's
+        depth), or it waits at a receive on the colour and takes them as they come (the ring holds them)."""
+        count = self.queue_len[colour][receivers]
+        fits = count + length <= self.queue_depth
+        taking = (self.receiving[receivers] == colour) & (count + length <= self.capacity)
+        return fits | taking
+
+    def streamed_end(self, receivers: np.ndarray, colour: int, length: int) -> np.ndarray:
+        """The earliest cycle a send of `length` wavelets to each receiver can end: the wavelets past the room its
+        queue has wait until the receiver takes them, from the cycle it began waiting at its receive."""
+        over = self.queue_len[colour][receivers] + length - self.queue_depth
+        return np.where(over > 0, self.clock[receivers] + over * CYCLES["dsd_element"], -np.inf)
 
     def _note_send(self, idx: np.ndarray, colour: int, op: str, why: str) -> None:
         if idx.size:
@@ -251,6 +270,9 @@ class Wavelets(FabricState):
             self.queue_len[colour],
         )
         start = head[targets] + count[targets]
+        ends = self.streamed_end(targets, colour, length)  # a message longer than the room: sent as it is taken
+        if (ends > -np.inf).any():
+            np.maximum.at(self.clock, senders, ends)
         arrival = self.clock[senders] + hop * CYCLES["hop"]  # the last wavelet, sent at the op's end
         first = int(start[0])
         if first + length <= self.capacity and (start == first).all():

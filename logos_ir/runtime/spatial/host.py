@@ -31,7 +31,8 @@ class GridMachine:
         self.identities = list(identities)
         self.fabric = Fabric(module, layout_params(host))
         self.logits: np.ndarray | None = None
-        self.cycles: list[float] = []
+        self.cycles: list[float] = []  # each step's launch, from its issue to its end
+        self.memcpy_cycles: list[float] = []  # each step's memcpy copies (token and position in, logits out)
         self._weights_loaded = False
 
     def reset(self) -> None:
@@ -42,6 +43,7 @@ class GridMachine:
             if name in self.fabric.memory:
                 self.fabric.memory[name][:] = 0
         self.cycles = []
+        self.memcpy_cycles = []
 
     def _load_weights(self) -> None:
         from logos_ir.passes.spatial import grid as g
@@ -70,12 +72,14 @@ class GridMachine:
         if not self._weights_loaded:
             self.reset()
         fabric = self.fabric
+        copied = fabric.memcpy_cycles
         fabric.memcpy_h2d("token_in", np.array([token - 1]))
         fabric.memcpy_h2d("position_in", np.array([position]))
         self.cycles.append(fabric.launch("step"))
         logits = self.host["logits"]
         p = self.host["grid"]
         chunks = fabric.memcpy_d2h(logits["array"], logits["column"], 0, 1, p, logits["chunk"])
+        self.memcpy_cycles.append(fabric.memcpy_cycles - copied)  # the step's copies: token, position, logits
         self.logits = chunks.reshape(-1)[: logits["length"]].astype(np.float32)
         return int(np.argmax(self.logits)) + 1
 

@@ -15,7 +15,7 @@ from xdsl.dialects import csl, memref
 from xdsl.ir import SSAValue
 
 from logos_ir.dialects import csl_ext
-from logos_ir.runtime.spatial import CYCLES, FabricError
+from logos_ir.runtime.spatial import CYCLES, MEMCPY_WEST, FabricError
 from logos_ir.runtime.spatial.state import FabricState
 
 
@@ -174,19 +174,29 @@ class Memory(FabricState):
         array[where, idx[None, :]] = data.astype(array.dtype)
 
     def memcpy_h2d(self, symbol: str, data: np.ndarray) -> None:
-        """Write `data` ([height, width, words], or [words] for every element) into each element's exported array."""
+        """Write `data` ([height, width, words], or [words] for every element) into each element's exported array;
+        its cycles (`_memcpy_cost`) added to `memcpy_cycles`."""
         array = self._exported(symbol)
         values = np.asarray(data)
         if values.ndim == 1:
             array[: values.size, :] = values.astype(array.dtype)[:, None]
+            self.memcpy_cycles += self._memcpy_cost(values.size * self.n, self.width)
             return
         flat = values.reshape(self.n, -1)
         if flat.shape[1] > array.shape[0]:
             raise FabricError(f"memcpy_h2d: {flat.shape[1]} words for '{symbol}' of {array.shape[0]} per element")
         array[: flat.shape[1], :] = flat.T.astype(array.dtype)
+        self.memcpy_cycles += self._memcpy_cost(flat.size, self.width)
+
+    def _memcpy_cost(self, wavelets: int, columns: int) -> float:
+        """memcpy's cycles for `wavelets` to or from a rectangle `columns` wide: one wavelet a cycle on each channel
+        (the build's --channels=1), plus the hops between memcpy's west columns and the farthest column."""
+        return wavelets * CYCLES["memcpy_wavelet"] / self.channels + (columns + MEMCPY_WEST) * CYCLES["hop"]
 
     def memcpy_d2h(self, symbol: str, x: int, y: int, width: int, height: int, words: int) -> np.ndarray:
-        """[height, width, words] read from the exported array of the elements of a rectangle."""
+        """[height, width, words] read from the exported array of the elements of a rectangle; its cycles added to
+        `memcpy_cycles`."""
+        self.memcpy_cycles += self._memcpy_cost(width * height * words, x + width)
         array = self._exported(symbol)
         rows = []
         for j in range(y, y + height):

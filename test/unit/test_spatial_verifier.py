@@ -1,0 +1,158 @@
+"""The spatial lane's static check refuses what cslc would (issue 31): a DSD whose length is known only at run time
+(the SDK's `tensor_access` and `extent` take lengths known at compile time; a run-time length is `@set_dsd_length`'s,
+a u16), a length outside a u16, a queue the target does not give a program (memcpy's), a queue serving two colours
+or unbound on a WSE-3, a local task id outside the target's. Each refusal is made from the tiny model's lowered
+module with one op edited, so the unedited module passing is what the edit breaks.
+"""
+
+from __future__ import annotations
+
+import pytest
+from xdsl.dialects import arith, csl
+from xdsl.dialects.builtin import IntegerAttr, ModuleOp, i16, i32
+from xdsl.ir import Operation
+
+from logos_ir.errors import PassError
+from logos_ir.passes.spatial.verify_grid import layout_params, split_modules, static_check
+from logos_ir.spec import ModelSpec
+
+SPEC = ModelSpec(
+    vocab=256,
+    hidden=64,
+    layers=2,
+    heads=4,
+    kv_heads=2,
+    head_dim=16,
+    intermediate=128,
+    rms_eps=1e-5,
+    rope_theta=10000.0,
+    tie_embeddings=False,
+)
+
+
+@pytest.fixture(scope="module")
+def lowered():  # type: ignore[no-untyped-def]
+    from logos_ir.testing import lower_decode
+
+    return lower_decode(SPEC, 16, "f32")
+
+
+def _check(module: ModuleOp, host: dict, arch: str | None = None) -> None:
+    static_check(module, params=layout_params(host), arch=arch)
+
+
+def _ops(module: ModuleOp, kind: type[Operation], function: str | None = None) -> list:
+    program, _ = split_modules(module)
+    found = []
+    for top in program.body.block.ops:
+        if function is not None and getattr(top, "sym_name", None) is not None and top.sym_name.data != function:
+            continue
+        if function is not None and not isinstance(top, csl.FuncOp):
+            continue
+        found.extend(op for op in top.walk() if isinstance(op, kind))
+    return found
+
+
+def test_the_lowered_program_passes_and_its_run_time_lengths_are_set_on_compile_time_dsds(lowered) -> None:  # type: ignore[no-untyped-def]
+    _check(lowered.module, lowered.host)
+    sizes = [op.sizes[0].owner for op in _ops(lowered.module, csl.GetMemDsdOp | csl.GetFabDsdOp)]
+    assert sizes and all(isinstance(s, arith.ConstantOp) for s in sizes)
+    lengths = _ops(lowered.module, csl.SetDsdLengthOp, "reduce_row_fadds")
+    assert lengths and all(str(op.length.type) == "ui16" for op in lengths)
+
+
+def test_a_dsd_length_known_only_at_run_time_is_refused(lowered) -> None:  # type: ignore[no-untyped-def]
+    module = lowered.module.clone()
+    fn = next(op for op in _ops(module, csl.FuncOp) if op.sym_name.data == "reduce_row_fadds")
+    memory = next(op for op in fn.walk() if isinstance(op, csl.GetMemDsdOp))
+    memory.operands[1] = fn.body.block.args[0]  # the function's argument as the tensor_access length
+    with pytest.raises(
+        PassError, match=r"mem1d_dsd\) over line_row in reduce_row_fadds has a length known only at run"
+    ):
+        _check(module, lowered.host)
+
+
+def test_a_signed_run_time_length_and_a_length_past_a_u16_are_refused(lowered) -> None:  # type: ignore[no-untyped-def]
+    module = lowered.module.clone()
+    length = _ops(module, csl.SetDsdLengthOp, "reduce_row_fadds")[0]
+    signed = arith.ConstantOp(IntegerAttr(3, i16))
+    length.parent_block().insert_op_before(signed, length)
+    length.operands[1] = signed.result
+    with pytest.raises(PassError, match=r"in reduce_row_fadds sets a length of type i16: it takes a u16"):
+        _check(module, lowered.host)
+    module = lowered.module.clone()
+    dsd = _ops(module, csl.GetMemDsdOp, "embedding")[0]
+    wide = arith.ConstantOp(IntegerAttr(70000, i32))
+    dsd.parent_block().insert_op_before(wide, dsd)
+    dsd.operands[1] = wide.result
+    with pytest.raises(PassError, match=r"over .* in embedding has length 70000: a u16 holds 0 to 65535"):
+        _check(module, lowered.host)
+
+
+def test_queues_the_target_does_not_give_are_refused(lowered) -> None:  # type: ignore[no-untyped-def]
+    module = lowered.module.clone()
+    receive = next(op for op in _ops(module, csl.GetFabDsdOp) if op.result.type == csl.DsdType(csl.DsdKind.fabin_dsd))
+    receive.queue_id = IntegerAttr(0, receive.queue_id.type)  # memcpy's input queue
+    with pytest.raises(PassError, match=r"uses input queue 0: a wse2 program has input queues 1 to 7"):
+        _check(module, lowered.host)
+    # a WSE-2's program (one input queue for every colour) on a WSE-3, which binds a queue to one colour; and the
+    # lowering's binding for a WSE-3, refused by name: more colours than a WSE-3 has queues
+    with pytest.raises(PassError, match=r"queue [23] serves colours 0, 1, .*: a wse3 binds each queue to one colour"):
+        _check(lowered.module, lowered.host, "wse3")
+    from logos_ir.dialects import csl_ext
+    from logos_ir.passes.spatial.queues import bind_queues
+
+    program, _ = split_modules(lowered.module.clone())
+    with pytest.raises(PassError, match=r"gives a program 6 input queues \(2 to 7\); the element program receives on"):
+        bind_queues(program, csl_ext.TARGETS["wse3"])
+
+
+def test_local_task_ids_outside_the_target_are_refused(lowered) -> None:  # type: ignore[no-untyped-def]
+    module = lowered.module.clone()
+    task = next(op for op in _ops(module, csl.TaskOp))
+    task.id = IntegerAttr(27, task.id.type)  # memcpy's
+    with pytest.raises(PassError, match=r"local task id 27 \(\w+\) is not one a wse2 gives: 0 to 30, less memcpy's"):
+        _check(module, lowered.host)
+
+
+def _one_colour_program() -> ModuleOp:
+    """A program that sends and receives on colour 5 (one output and one input fabric DSD) and an empty layout."""
+    from xdsl.dialects.builtin import FunctionType, StringAttr
+    from xdsl.ir import Block, Region
+
+    from logos_ir.passes.spatial.emit import Emit
+
+    block = Block()
+    e = Emit(block)
+    e.fabric(5, 4, False)
+    e.fabric(5, 4, True)
+    e.op(csl.ReturnOp())
+    top = Block([csl.FuncOp("f", FunctionType.from_lists([], []), Region(block))])
+    program = csl.CslModuleOp(
+        regions=[Region(top)],
+        properties={"kind": csl.ModuleKindAttr(csl.ModuleKind.PROGRAM), "sym_name": StringAttr("pe_program")},
+    )
+    layout = csl.CslModuleOp(
+        regions=[Region(Block())],
+        properties={"kind": csl.ModuleKindAttr(csl.ModuleKind.LAYOUT), "sym_name": StringAttr("layout")},
+    )
+    return ModuleOp([program, layout])
+
+
+def test_a_wse3_program_binds_each_queue_to_its_one_colour() -> None:
+    from logos_ir.dialects import csl_ext
+    from logos_ir.passes.spatial.emit_csl import print_csl
+    from logos_ir.passes.spatial.queues import bind_queues
+
+    module = _one_colour_program()
+    program, _ = split_modules(module)
+    with pytest.raises(PassError, match=r"uses output queue 3, which no @initialize_queue binds to colour 5"):
+        static_check(module, arch="wse3")
+    bind_queues(program, csl_ext.TARGETS["wse3"])
+    static_check(module)  # the program's own target (csl_ext.arch = wse3)
+    text = print_csl(module)["pe_program.csl"]
+    assert "@initialize_queue(@get_input_queue(2), .{ .color = @get_color(5) });" in text
+    assert "@initialize_queue(@get_output_queue(2), .{ .color = @get_color(5) });" in text
+    program.body.block.add_op(csl_ext.InitializeQueueOp(True, 2, 6))
+    with pytest.raises(PassError, match=r"input queue 2 is initialized with colours 5 and 6"):
+        static_check(module)
