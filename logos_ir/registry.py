@@ -123,9 +123,10 @@ def _to_d5005(options: dict[str, str]) -> list[str]:
 
 
 def _to_spatial(options: dict[str, str]) -> list[str]:
-    grid = options.get("grid", "0")
-    lowering = f"convert-logos-to-csl{{weights={options.get('weights', 'f16')} grid={grid}}}"
-    return ["verify-identity", "extract-parts", "csl-fuse-products", lowering, f"verify-csl-grid{{grid={grid}}}"]
+    grid, arch = options.get("grid", "0"), options.get("arch", "wse2")
+    lowering = f"convert-logos-to-csl{{weights={options.get('weights', 'f16')} grid={grid} arch={arch}}}"
+    verify = f"verify-csl-grid{{grid={grid} arch={arch}}}"
+    return ["verify-identity", "extract-parts", "csl-fuse-products", lowering, verify]
 
 
 def pipelines() -> dict[str, Pipeline]:
@@ -152,9 +153,10 @@ def pipelines() -> dict[str, Pipeline]:
         ),
         "logos-to-spatial": Pipeline(
             "logos-to-spatial",
-            "a decode step to one program for a P x P grid of a WSE-2 (the csl modules of the element program and"
-            " the layout; weights=f16|f32, grid=P or 0 for the smallest that fits); then -t csl",
-            ("weights", "grid"),
+            "a decode step to one program for a P x P grid of a WSE-2 or WSE-3 (the csl modules of the element"
+            " program and the layout; weights=f16|f32, grid=P or 0 for the smallest that fits, arch=wse2|wse3);"
+            " then -t csl",
+            ("weights", "grid", "arch"),
             _to_spatial,
         ),
     }
