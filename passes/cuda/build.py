@@ -421,7 +421,6 @@ def occupancy(registers: int, threads: int = 128, shared: int = 0) -> int:
 
 def weight_images(request: BuildRequest, module: ModuleOp, identity: Identity) -> list[Artifact]:
     """The device image of each chip's weights, in the order of the plan's weight buffers."""
-    from logos_ir.numerics import bf16_bits
     from logos_ir.passes.cuda.host_plan import plan_of, weight_share
 
     plan = plan_of(module)
@@ -431,8 +430,12 @@ def weight_images(request: BuildRequest, module: ModuleOp, identity: Identity) -
     for chip in range(plan.chips):
         index, blobs, offset = [], [], 0
         for buffer in request.progress.over(weights, f"weights of chip {chip}"):
-            share = np.ascontiguousarray(weight_share(store, buffer.name, buffer.shape, chip, plan.chips), np.float32)
-            data = (bf16_bits(share) if buffer.element == "bf16" else share.astype("<f4")).tobytes()
+            element = "bf16" if buffer.element == "bf16" else "f32"  # bf16: bit patterns rounded to nearest even
+            data = (
+                weight_share(store, buffer.name, buffer.shape, chip, plan.chips, element)
+                .astype("<u2" if element == "bf16" else "<f4")
+                .tobytes()
+            )
             index.append(
                 {"name": buffer.name, "offset": offset, "shape": list(buffer.shape), "element": buffer.element}
             )
