@@ -5,11 +5,13 @@ index past the 32 bits the emitted C computes in are errors naming the kernel an
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
 from xdsl.dialects import gpu, math
 from xdsl.dialects.builtin import Float32Type, MemRefType
+from xdsl.rewriter import InsertPoint
 
 from logos_ir.errors import LogosError
 from logos_ir.passes.cuda.thread_code import Body
@@ -134,3 +136,131 @@ def test_an_op_without_a_compiler_is_refused_by_name() -> None:
 
     with pytest.raises(LogosError, match=r"the CUDA emulator does not know 'math.log' \(in kernel probe\)"):
         _run(body)
+
+
+# -- what a GPU does not promise: ordering between warps, the order they run in, a warp that diverges -------------
+
+
+def _attention() -> tuple[Any, Any, list[np.ndarray]]:
+    """The tiny model's decode attention kernel as the lane lowers it (f32: 2 KV heads of 2 query heads, 2 splits
+    each, 4 warps in 1 block: each warp writes its split's partials, fences, counts itself with an atomic; the last
+    of a KV head fences again and combines), with random queries and caches at position 40, and a partials buffer
+    of NaN (what a read before the write would see)."""
+    from logos_ir.program import Cut
+    from logos_ir.runtime.cuda.artifacts import build_program
+    from logos_ir.spec import ModelSpec
+
+    plan, _, _ = build_program(ModelSpec.preset("tiny"), Cut.decode(64), 1, "f32")
+    launch = next(launch for launch in plan.launches if launch.kernel.startswith("attention_"))
+    rng = np.random.default_rng(4)
+    arrays = []
+    for name in launch.buffers:
+        buffer = plan.buffers[name]
+        if name == "position":
+            arrays.append(np.array([40], np.int64))
+        elif buffer.element == "i64":
+            arrays.append(np.zeros(buffer.shape, np.int64))
+        elif name == "attention.partial":
+            arrays.append(np.full(buffer.shape, np.nan, np.float32))
+        else:
+            arrays.append(rng.standard_normal(buffer.shape).astype(np.float32))
+    return plan.kernels[launch.kernel], launch, arrays
+
+
+def _attend(kernel: Any, launch: Any, arrays: list[np.ndarray], seed: int | None = None) -> np.ndarray:
+    copies = [a.copy() for a in arrays]
+    KernelEmulator(kernel, seed).run(copies, LaunchShape.of(launch.grid, launch.block))
+    return copies[launch.buffers.index("attended")]
+
+
+def _mutated(kernel: Any, edit: Callable[[list[Any]], None]) -> Any:
+    clone = kernel.clone()
+    edit(list(clone.walk()))
+    return clone
+
+
+def test_removing_a_fence_of_attentions_hand_off_is_a_fault() -> None:
+    """Both fences gone (the tokens stayed the same before: lockstep made every write visible), or the last warp's
+    alone (its loads could move above its count): the combine's read of another warp's partial is refused."""
+    kernel, launch, arrays = _attention()
+    assert np.isfinite(_attend(kernel, launch, arrays)).all()
+    fences = [op for op in kernel.walk() if op.name == "llvm.fence"]
+    assert len(fences) == 2
+
+    def drop(which: list[int]) -> Callable[[list[Any]], None]:
+        def edit(ops: list[Any]) -> None:
+            found = [op for op in ops if op.name == "llvm.fence"]
+            for i in which:
+                found[i].detach()
+                found[i].erase()
+
+        return edit
+
+    with pytest.raises(EmulatorFault, match=r"reads 'partial' written by another warp .* no fence between that write"):
+        _attend(_mutated(kernel, drop([0, 1])), launch, arrays)
+    with pytest.raises(EmulatorFault, match=r"no fence between its warp's atomic count and the read"):
+        _attend(_mutated(kernel, drop([1])), launch, arrays)
+
+
+def test_seeded_interleavings_keep_attention_and_catch_a_combine_that_assumes_an_order() -> None:
+    """With a seed the kernel's warps run as separate parts in a seeded order and atomics serve in a seeded order:
+    the lane's kernel gives the lockstep bits under every seed (the combine adds the splits in split order, whoever
+    is last). A kernel that takes its split index for its place in the count (the highest split's warp combines,
+    as if warps finished in order) gives the right bits in lockstep, where warps count in thread order; seeded, its
+    combine reads partials not yet written (NaN) or before their writers counted, and is caught."""
+    from xdsl.dialects import arith
+    from xdsl.dialects.builtin import IntegerType
+    from xdsl.rewriter import Rewriter
+
+    kernel, launch, arrays = _attention()
+    want = _attend(kernel, launch, arrays)
+    for seed in range(4):
+        assert np.array_equal(_attend(kernel, launch, arrays, seed), want)
+
+    def in_order(ops: list[Any]) -> None:
+        partial = ops[0].body.block.args[launch.buffers.index("attention.partial")]
+        split = next(op for op in ops if op.name == "memref.store" and op.operands[1] is partial).operands[4]
+        atomic = next(op for op in ops if op.name == "memref.atomic_rmw")
+        place = arith.IndexCastOp(split, IntegerType(64))
+        Rewriter.insert_op(place, InsertPoint.before(atomic))
+        atomic.result.replace_all_uses_with(place.result)
+
+    ordered = _mutated(kernel, in_order)
+    assert np.array_equal(_attend(ordered, launch, arrays), want)  # lockstep hides it
+    caught = 0
+    for seed in range(4):
+        try:
+            got = _attend(ordered, launch, arrays, seed)
+        except EmulatorFault as fault:
+            assert "before its warp counted after the writer's" in str(fault)
+            caught += 1
+        else:
+            caught += int(not np.array_equal(got, want, equal_nan=True))
+    assert caught >= 2, caught
+
+
+def test_a_shuffle_or_warp_barrier_under_divergence_is_a_fault() -> None:
+    """`__shfl_xor_sync(0xffffffff, ...)` and `__syncwarp()` need all 32 lanes: reached by the first 16 lanes of a
+    warp alone they are refused, naming the warp; reached by whole warps (a condition on the warp) they run."""
+
+    def body(split: int, op: str) -> Callable[[Body, list], None]:
+        def build(b: Body, args: list) -> None:
+            x, out = args
+            t = b.thread()
+
+            def then() -> None:
+                if op == "shuffle":
+                    b.store(b.shuffle(b.load(x, [t]), 1), out, [t])
+                else:
+                    b.thread_fence()
+
+            b.when(b.cmp("ult", t, split), then)
+
+        return build
+
+    assert _run(body(32, "shuffle"), threads=64)[:4].tolist() == [1, 0, 3, 2]
+    _run(body(32, "sync"), threads=64)
+    with pytest.raises(EmulatorFault, match=r"'gpu.shuffle' .* is reached by 16 of the 32 lanes of the warp from"):
+        _run(body(16, "shuffle"), threads=64)
+    with pytest.raises(EmulatorFault, match=r"'nvvm.bar.warp.sync' .* is reached by 16 of the 32 lanes"):
+        _run(body(16, "sync"), threads=64)

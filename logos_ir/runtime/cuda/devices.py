@@ -29,8 +29,8 @@ class Emulator:
 
     kind = "emulator"
 
-    def __init__(self, rank: int = 0):
-        self.rank = rank
+    def __init__(self, rank: int = 0, seed: int | None = None):
+        self.rank, self.seed = rank, seed  # seed: kernels that hand work between warps run interleaved by it
         self.stream: list[tuple[str, str]] = []
         self.kernels: dict[str, KernelEmulator] = {}
         self.launches: dict[tuple[tuple[int, int, int], int], LaunchShape] = {}
@@ -40,7 +40,7 @@ class Emulator:
     def load(self, kernels: dict[str, Any], cuda_source: str) -> None:
         for name, kernel in kernels.items():
             if name not in self.kernels:
-                self.kernels[name] = KernelEmulator(kernel)
+                self.kernels[name] = KernelEmulator(kernel, self.seed)
         self.stream.append(("load", f"{len(kernels)} kernels"))
 
     def alloc(self, name: str, shape: tuple[int, ...], element: str) -> np.ndarray:
