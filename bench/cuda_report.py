@@ -21,6 +21,7 @@ from typing import Any
 BUILDS = [
     ("smollm2-135m", "decode ctx=1024", 1),
     ("llama-3.1-8b", "decode ctx=1024", 1),
+    ("llama-3.1-8b", "decode ctx=8192", 1),
     ("llama-3.1-70b", "decode ctx=8192", 8),
 ]
 
@@ -47,6 +48,7 @@ def report(model: str, cut: str, tp: int) -> dict[str, Any]:
         "read_over_minimum": round(plan_report["bytes_read"] / plan_report["bytes_minimum"], 4),
         "nvcc": ptxas if isinstance(ptxas, str) else ptxas["nvcc"],
         "kernels": {} if isinstance(ptxas, str) else ptxas["kernels"],
+        "latency_model": plan_report.get("latency_model"),
         "seconds": round(time.perf_counter() - started, 1),
     }  # fmt: skip
 
@@ -83,6 +85,31 @@ def markdown(reports: list[dict[str, Any]]) -> str:
             lines.append(
                 f"| {r['model']} | `{name}` | {k.get('registers', '?')} | {spill} | {k.get('blocks_per_sm', '?')}"
                 f" | {flight} |"
+            )
+    lines += [
+        "",
+        "Latency model (passes/cuda/cost_model.py; bands from each constant's range; occupancy from ptxas where"
+        " measured):",
+        "",
+        "| model | live length | estimated step (ms) | minimum MB | est. fraction of HBM | attention in flight an SM |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in reports:
+        model = r.get("latency_model") or {"steps": {}}
+        for live, step in model["steps"].items():
+            flight = step["attention_bytes_in_flight_per_sm"]
+            lines.append(
+                f"| {r['model']} {r['cut']} x{r['chips']} | {live} | {step['ms'][0]:.2f}-{step['ms'][1]:.2f}"
+                f" | {step['minimum_mb']:.1f} | {step['hbm_fraction'][0]:.0%}-{step['hbm_fraction'][1]:.0%}"
+                f" | {flight / 1024:.1f} KB |"
+            )
+    lines += ["", "| model | kernel | launches | in flight an SM (full cache) | estimated us (all launches) |"]
+    lines += ["|---|---|---|---|---|"]
+    for r in reports:
+        for name, k in ((r.get("latency_model") or {}).get("kernels") or {}).items():
+            lines.append(
+                f"| {r['model']} {r['cut']} | `{name[:48]}` | {k['launches']}"
+                f" | {k['bytes_in_flight_per_sm'] / 1024:.1f} KB | {k['us'][0]:.1f}-{k['us'][1]:.1f} |"
             )
     return "\n".join(lines)
 

@@ -1,4 +1,4 @@
-"""The CUDA lane on one GPU (an H200 here): one prepared script, under 5 minutes.
+"""The CUDA lane on one GPU (an H200 here): one prepared script, under 10 minutes (it stops starting work at 9).
 
     python3 bench/gpu_decode.py                 # on a machine with a CUDA GPU and cupy
     python3 bench/gpu_decode.py --cpu-agreement # no GPU needed: the bf16 agreement of the emulated kernels
@@ -6,12 +6,16 @@
 On a GPU it
 1. builds and runs the embedded SmolLM2-135M end to end (f32 image) and checks its greedy tokens against the
    reference interpreter's, then times the bf16 image;
-2. for a `smollm2-135m`-shaped and a `llama-3.1-8b`-shaped model with random bf16 weights (made on the GPU): decode
-   tokens/s at batch 1 with the bf16 cache filled to ctx 1024 (the step replayed as a CUDA graph through the host
-   runtime), the time of each kernel, and the achieved bandwidth (the bytes the step reads as its plan reads them:
-   one embedding row, the live cache, `passes/cuda/build.step_bytes`; / step time) as a fraction of a read-only
-   kernel's bandwidth and of a device-to-device copy, both measured in the same run, and of the published peak;
-3. the tensor-core prefill figures (`bench/gpu_prefill.py`) in the same run.
+2. for a `smollm2-135m`-shaped model at ctx 1024 and a `llama-3.1-8b`-shaped one at ctx 256, 1024 and 8192, with
+   random bf16 weights (made on the GPU): decode tokens/s at batch 1 with the bf16 cache filled (the step replayed
+   as a CUDA graph through the host runtime; the eager step, the capture and 3 replays outside the clock), the
+   achieved bandwidth (the bytes the step reads as its plan reads them, `passes/cuda/build.step_bytes`) against a
+   read-only kernel and a device-to-device copy measured in the same run (compiled and warmed before timing) and
+   the minimum bytes against the published peak, the latency model's band for the same step; each distinct kernel
+   timed alone with the L2 flushed (256 MB written) before every launch, each projection beside cuBLAS's GEMV
+   (`cublasGemmEx`, n = 1, on the same bytes) and a device copy of its weight's bytes;
+3. the tensor-core prefill figures (`bench/gpu_prefill.py`: each product beside `cupy.matmul`) in the same run;
+4. appends its rows, dated and naming the device, to docs/benchmarks.md (`--no-docs`: print only).
 
 `--cpu-agreement` runs the embedded model teacher-forced over 64 decode steps through the reference and the
 emulated lane with bf16 weights: next-token agreement (the lane is held to >= 98%) and the logits' cosine (>= 0.999).
@@ -75,27 +79,64 @@ def cpu_agreement(steps: int) -> dict[str, Any]:
 
 # -- on the GPU ------------------------------------------------------------------------------------------------
 
+WARMUP = 3
+FLUSH_BYTES = (
+    256 << 20
+)  # written between per-kernel timings: 5x the H200's 50 MB L2, so no kernel finds its bytes there
+CONTEXTS = (256, 1024, 8192)
+DEADLINE_S = 540  # the run stops starting new work after 9 minutes (an H200 loan gives 10 a command)
 
-def _timer(cp: Any, stream: Any) -> Any:
-    def timed(work: Any, repeats: int) -> float:
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record(stream)
+
+class Clock:
+    """Timings on one stream with CUDA events: every piece of work is run WARMUP times first (kernels compiled and
+    loaded, graphs instantiated, caches warm where that is the point), then timed; `flushed` writes FLUSH_BYTES
+    before each timed repetition and times each one alone, so the L2 holds nothing of the kernel's inputs."""
+
+    def __init__(self, cp: Any, stream: Any):
+        self.cp, self.stream = cp, stream
+        with stream:
+            self.flush = cp.empty(FLUSH_BYTES // 4, cp.float32)
+        stream.synchronize()
+
+    def warm(self, work: Any, repeats: int) -> float:
+        for _ in range(WARMUP):
+            work()
+        self.stream.synchronize()
+        start, stop = self.cp.cuda.Event(), self.cp.cuda.Event()
+        start.record(self.stream)
         for _ in range(repeats):
             work()
-        stop.record(stream)
+        stop.record(self.stream)
         stop.synchronize()
-        return cp.cuda.get_elapsed_time(start, stop) / 1e3 / repeats
+        return self.cp.cuda.get_elapsed_time(start, stop) / 1e3 / repeats
 
-    return timed
+    def flushed(self, work: Any, repeats: int) -> float:
+        for _ in range(WARMUP):
+            work()
+        times = []
+        for _ in range(repeats):
+            with self.stream:
+                self.flush.fill(0)
+            start, stop = self.cp.cuda.Event(), self.cp.cuda.Event()
+            start.record(self.stream)
+            work()
+            stop.record(self.stream)
+            stop.synchronize()
+            times.append(self.cp.cuda.get_elapsed_time(start, stop) / 1e3)
+        return float(np.median(times))
 
 
-def copy_bandwidth(cp: Any, stream: Any) -> float:
+def copy_bandwidth(cp: Any, clock: Clock) -> float:
     """Bytes a second of a device-to-device copy of 2 GiB (read plus write)."""
-    source = cp.zeros(1 << 29, cp.float32)
-    target = cp.empty_like(source)
-    with stream:
-        seconds = _timer(cp, stream)(lambda: target.__setitem__(slice(None), source), 10)
-    return 2 * source.nbytes / seconds
+    with clock.stream:
+        source = cp.zeros(1 << 29, cp.float32)
+        target = cp.empty_like(source)
+
+    def copy() -> None:
+        with clock.stream:
+            target[...] = source
+
+    return 2 * source.nbytes / clock.warm(copy, 10)
 
 
 READ_ONLY = r"""
@@ -115,17 +156,63 @@ extern "C" __global__ void read_only(const uint4* __restrict__ data, unsigned lo
 """
 
 
-def read_bandwidth(cp: Any, stream: Any) -> float:
+def read_bandwidth(cp: Any, clock: Clock) -> float:
     """Bytes a second a read-only kernel streams from 2 GiB (16-byte loads, four in flight a thread): the ceiling a
-    decode step, which reads far more than it writes, is held to."""
-    data = cp.zeros(1 << 29, cp.uint32)
-    out = cp.zeros(1, cp.uint32)
+    decode step, which reads far more than it writes, is held to. Compiled before the clock starts."""
+    with clock.stream:
+        data = cp.zeros(1 << 29, cp.uint32)
+        out = cp.zeros(1, cp.uint32)
     kernel = cp.RawKernel(READ_ONLY, "read_only")
+    kernel.compile()
     sms = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
     vectors = data.nbytes // 16
-    with stream:
-        seconds = _timer(cp, stream)(lambda: kernel((sms * 8,), (256,), (data, cp.uint64(vectors), out)), 10)
-    return data.nbytes / seconds
+
+    def read() -> None:
+        with clock.stream:
+            kernel((sms * 8,), (256,), (data, cp.uint64(vectors), out))
+
+    return data.nbytes / clock.warm(read, 10)
+
+
+_CUDA_R_16BF, _CUDA_R_32F, _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT = 14, 0, 68, -1
+
+
+def cublas_gemv(cp: Any, clock: Clock, rows: int, depth: int) -> float:
+    """cuBLAS on the same bytes as a bf16 GEMV of `rows` x `depth` (y = W x, W row-major bf16, x and y f32 accumulate):
+    cublasGemmEx with n = 1 (bf16 A, bf16 x, f32 y, f32 compute), its time with the L2 flushed first."""
+    from cupy_backends.cuda.libs import cublas  # type: ignore[import-not-found]
+
+    with clock.stream:
+        # 2-byte elements that cuBLAS reads as bf16 (the time does not depend on the values; cupy has no bf16 dtype)
+        weight = cp.random.standard_normal((rows, depth), dtype=cp.float32).astype(cp.float16)
+        x = cp.random.standard_normal(depth, dtype=cp.float32).astype(cp.float16)
+        y = cp.zeros(rows, cp.float32)
+    handle = cp.cuda.device.get_cublas_handle()
+    cublas.setStream(handle, clock.stream.ptr)
+    one, zero = np.array(1.0, np.float32), np.array(0.0, np.float32)
+
+    def gemv() -> None:
+        # column-major view: W^T is depth x rows with leading dimension depth; op(A) = A^T gives rows x depth
+        cublas.gemmEx(
+            handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, rows, 1, depth,
+            one.ctypes.data, weight.data.ptr, _CUDA_R_16BF, depth, x.data.ptr, _CUDA_R_16BF, depth,
+            zero.ctypes.data, y.data.ptr, _CUDA_R_32F, rows, _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT,
+        )  # fmt: skip
+
+    return clock.flushed(gemv, 10)
+
+
+def device_copy(cp: Any, clock: Clock, nbytes: int) -> float:
+    """A device-to-device copy of `nbytes` (read `nbytes`, write as many), L2 flushed first."""
+    with clock.stream:
+        source = cp.zeros(nbytes // 2, cp.uint16)
+        target = cp.empty_like(source)
+
+    def copy() -> None:
+        with clock.stream:
+            target[...] = source
+
+    return clock.flushed(copy, 10)
 
 
 class RandomGpuWeights:
@@ -146,10 +233,14 @@ class RandomGpuWeights:
             return (values.view(cp.uint32) >> 16).astype(cp.uint16)
 
 
-def shaped_model(cp: Any, name: str, peak: float, copy: float, read: float) -> dict[str, Any]:
-    """Decode at batch 1 with the cache filled to CTX, the step replayed as a CUDA graph through the host runtime;
-    the bytes the step reads counted as the plan reads them (one embedding row, the live cache)."""
-    from logos_ir.passes.cuda.build import step_bytes
+def shaped_model(cp: Any, clock: Clock, name: str, ctx: int, peak: float, copy: float, read: float) -> dict[str, Any]:
+    """Decode at batch 1 with the cache filled to `ctx`, the step replayed as a CUDA graph through the host runtime
+    (the eager step, the capture and WARMUP replays outside the clock); the bytes the step reads counted as the plan
+    reads them (one embedding row, the live cache); each distinct kernel of layer 0 timed alone with the L2 flushed,
+    beside cuBLAS's GEMV and a device copy of the same bytes where it is a projection; the latency model's estimate
+    of the same step for comparison."""
+    from logos_ir.passes.cuda.build import _launch_bytes, kernel_reads, step_bytes
+    from logos_ir.passes.cuda.cost_model import step_estimate
     from logos_ir.program import Cut
     from logos_ir.runtime.cuda.artifacts import build_program
     from logos_ir.runtime.cuda.devices import Gpu
@@ -158,39 +249,53 @@ def shaped_model(cp: Any, name: str, peak: float, copy: float, read: float) -> d
     from logos_ir.spec import ModelSpec
 
     spec = ModelSpec.preset(name)
-    plan, source, _ = build_program(spec, Cut.decode(CTX), 1, "bf16")
+    plan, source, _ = build_program(spec, Cut.decode(ctx), 1, "bf16")
     device = Gpu(0, cp)
+    device.stream = clock.stream
     runtime = HostRuntime(spec, RandomGpuWeights(cp), [device], LocalRanks())
     program = runtime.program(plan, source, graph=True)
     with device.stream:
-        for cache in runtime.caches[0].values():  # a context of CTX positions, bf16 bit patterns
+        for cache in runtime.caches[0].values():  # a context of ctx positions, bf16 bit patterns
             cache[...] = (cp.random.standard_normal(cache.shape, dtype=cp.float32).view(cp.uint32) >> 16).astype(
                 cache.dtype
             )
-    inputs = {"token": np.array([1], np.int64), "position": np.array([CTX], np.int64)}
-    program.run(**inputs)  # eager, then captured and replayed
+    inputs = {"token": np.array([1], np.int64), "position": np.array([ctx], np.int64)}
+    program.run(**inputs)  # eager (kernels compiled and loaded here), then captured and replayed
     program.run(**inputs)
-    timed = _timer(cp, device.stream)
-    step = timed(program.step, DECODE_REPEATS)
-    per_kernel: dict[str, float] = {}
+    step = clock.warm(program.step, DECODE_REPEATS)
+    per_kernel: dict[str, dict[str, Any]] = {}
     arrays = program.chips[0]
     for launch in plan.launches:
+        if launch.kernel in per_kernel:
+            continue
         args = [arrays[n] for n in launch.buffers]
-        seconds = timed(lambda s=launch, a=args: device.launch(s.kernel, s.grid, s.block, a), 5)
-        per_kernel[launch.kernel] = per_kernel.get(launch.kernel, 0.0) + seconds
-    moved, minimum = step_bytes(plan, live=CTX)
+        seconds = clock.flushed(lambda s=launch, a=args: device.launch(s.kernel, s.grid, s.block, a), 10)
+        reads = kernel_reads(plan.kernels[launch.kernel])
+        moved = sum(_launch_bytes(plan, launch, n, ctx) for n, r in zip(launch.buffers, reads, strict=True) if r)
+        entry: dict[str, Any] = {"us": round(seconds * 1e6, 2), "tb_per_s": round(moved / seconds / 1e12, 3)}
+        weight = next((plan.buffers[n] for n in launch.buffers if plan.buffers[n].kind == "weight"), None)
+        if weight is not None and len(weight.shape) == 2 and weight.element == "bf16":
+            rows, depth = weight.shape
+            rows *= 2 if launch.kernel.startswith(("gate_up", "norm_gate_up")) else 1
+            entry["cublas_gemv_us"] = round(cublas_gemv(cp, clock, rows, depth) * 1e6, 2)
+            entry["device_copy_us"] = round(device_copy(cp, clock, rows * depth * 2) * 1e6, 2)
+        per_kernel[launch.kernel] = entry
+    moved, minimum = step_bytes(plan, live=ctx)
+    model = step_estimate(plan, ctx)
     return {
-        "model": f"{name}-shaped, random bf16 weights, bf16 cache at {CTX} positions",
+        "model": f"{name}-shaped, random bf16 weights, bf16 cache at {ctx} positions",
+        "ctx": ctx,
         "launches": len(plan.launches),
         "decode_step_ms": round(step * 1e3, 3),
+        "modelled_step_ms": [round(t * 1e3, 3) for t in model["seconds"]],
         "tokens_per_s": round(1 / step, 1),
         "bytes_per_step": moved,
         "minimum_bytes_per_step": minimum,
         "bandwidth_tb_per_s": round(moved / step / 1e12, 3),
         "fraction_of_read_only": round(moved / step / read, 3),
         "fraction_of_copy": round(moved / step / copy, 3),
-        "fraction_of_peak": round(moved / step / peak, 3),
-        "kernel_ms": {k: round(v * 1e3, 4) for k, v in sorted(per_kernel.items(), key=lambda kv: -kv[1])},
+        "fraction_of_peak": round(minimum / step / peak, 3),
+        "kernels": per_kernel,
     }
 
 
@@ -208,6 +313,7 @@ def embedded(cp: Any) -> dict[str, Any]:
     want = Generator(store, ctx=CTX).generate(prompt, 32)
     got = cuda_generator(RunRequest(store, CTX, 16, 1, "f32")).generate(prompt, 32)
     fast = cuda_generator(RunRequest(store, CTX, 16, 1, "bf16"))
+    fast.generate(prompt, 8)  # warm-up: compiles, captures the graph
     fast.generate(prompt, 64)
     return {
         "tokens_match_reference_f32": got == want,
@@ -216,29 +322,82 @@ def embedded(cp: Any) -> dict[str, Any]:
     }
 
 
-def on_gpu() -> dict[str, Any]:
+def on_gpu(started: float) -> dict[str, Any]:
     import cupy  # type: ignore[import-not-found]
 
     name = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
     peak = next((v for k, v in PEAK_BYTES_PER_S.items() if k in name), PEAK_BYTES_PER_S["H200"])
-    stream = cupy.cuda.Stream(non_blocking=True)
-    copy, read = copy_bandwidth(cupy, stream), read_bandwidth(cupy, stream)
+    clock = Clock(cupy, cupy.cuda.Stream(non_blocking=True))
+    copy, read = copy_bandwidth(cupy, clock), read_bandwidth(cupy, clock)
     report: dict[str, Any] = {
         "device": name,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "copy_tb_per_s": round(copy / 1e12, 3),
         "read_only_tb_per_s": round(read / 1e12, 3),
         "peak_tb_per_s": peak / 1e12,
+        "models": [],
+        "skipped": [],
     }
     report["embedded"] = embedded(cupy)
-    report["models"] = [shaped_model(cupy, m, peak, copy, read) for m in ("smollm2-135m", "llama-3.1-8b")]
-    report["tensor_core_prefill"] = __import__("gpu_prefill").on_gpu()  # bench/gpu_prefill.py, same run
+    for model, ctx in [("smollm2-135m", 1024)] + [("llama-3.1-8b", c) for c in CONTEXTS]:
+        if time.perf_counter() - started > DEADLINE_S:
+            report["skipped"].append(f"{model} ctx {ctx}: past the {DEADLINE_S} s deadline")
+            continue
+        report["models"].append(shaped_model(cupy, clock, model, ctx, peak, copy, read))
+        cupy.get_default_memory_pool().free_all_blocks()
+    if time.perf_counter() - started < DEADLINE_S:
+        report["tensor_core_prefill"] = __import__("gpu_prefill").on_gpu()  # bench/gpu_prefill.py: cupy.matmul beside
+    else:
+        report["skipped"].append("prefill: past the deadline")
     return report
+
+
+def benchmark_rows(report: dict[str, Any]) -> str:
+    """The run's rows for docs/benchmarks.md: one a decode step, then each kernel beside cuBLAS and a copy."""
+    lines = [
+        f"### CUDA on a GPU: `python3 bench/gpu_decode.py` ({report['date']}, {report['device']})",
+        "",
+        f"Device copy {report['copy_tb_per_s']} TB/s (read + write), read-only kernel {report['read_only_tb_per_s']}"
+        f" TB/s, peak {report['peak_tb_per_s']} TB/s. Each decode step replayed as a CUDA graph, warm; per-kernel"
+        " times with the L2 flushed before each launch (median of 10).",
+        "",
+        "| model | ctx | step ms (model's band) | tokens/s | minimum MB | of peak | of read-only kernel |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for m in report["models"]:
+        lines.append(
+            f"| {m['model'].split(',')[0]} | {m['ctx']} | {m['decode_step_ms']} ({m['modelled_step_ms'][0]}-"
+            f"{m['modelled_step_ms'][1]}) | {m['tokens_per_s']} | {m['minimum_bytes_per_step'] / 1e6:.1f}"
+            f" | {m['fraction_of_peak']:.0%} | {m['fraction_of_read_only']:.0%} |"
+        )
+    lines += [
+        "",
+        "| model | ctx | kernel | us | TB/s | cuBLAS GEMV us | device copy us |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for m in report["models"]:
+        for kernel, k in m["kernels"].items():
+            lines.append(
+                f"| {m['model'].split(',')[0]} | {m['ctx']} | `{kernel[:40]}` | {k['us']} | {k['tb_per_s']}"
+                f" | {k.get('cublas_gemv_us', '')} | {k.get('device_copy_us', '')} |"
+            )
+    if report.get("skipped"):
+        lines += ["", "Skipped: " + "; ".join(report["skipped"])]
+    return "\n".join(lines) + "\n"
+
+
+def write_rows(report: dict[str, Any], path: str) -> None:
+    """Append the run's rows to docs/benchmarks.md (each run its own dated section)."""
+    with open(path, "a", encoding="utf-8") as out:
+        out.write("\n" + benchmark_rows(report))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cpu-agreement", action="store_true", help="the bf16 agreement of the emulated kernels")
     parser.add_argument("--steps", type=int, default=64, help="teacher-forced decode steps (with --cpu-agreement)")
+    parser.add_argument("--docs", default="docs/benchmarks.md", help="where the GPU run appends its rows")
+    parser.add_argument("--no-docs", action="store_true", help="print the figures only")
     args = parser.parse_args(argv)
     if args.cpu_agreement:
         print(json.dumps(cpu_agreement(args.steps), indent=2))
@@ -249,9 +408,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_decode: {NO_GPU.replace('add --emulate', 'run --cpu-agreement')}", file=sys.stderr)
         return 1
     started = time.perf_counter()
-    report = on_gpu()
+    report = on_gpu(started)
     report["seconds"] = round(time.perf_counter() - started, 1)
     print(json.dumps(report, indent=2))
+    if not args.no_docs:
+        write_rows(report, args.docs)
     return 0
 
 

@@ -79,6 +79,24 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# The element types a mapped tensor may be read in place from (safetensors' names).
+_MAPPED_DTYPES = {"BF16": np.dtype("<u2"), "F16": np.dtype("<f2"), "F32": np.dtype("<f4"), "F64": np.dtype("<f8")}
+
+
+def _finite(values: np.ndarray, chunk: int = 1 << 16) -> bool:
+    """Whether every element is finite (bf16 bit patterns as uint16: exponent not all ones), checked a chunk at a
+    time so the check's temporaries stay small beside the values."""
+    flat = values.reshape(-1)
+    for start in range(0, flat.size, chunk):
+        part = flat[start : start + chunk]
+        if part.dtype == np.uint16:
+            if ((part & np.uint16(0x7F80)) == np.uint16(0x7F80)).any():
+                return False
+        elif not np.isfinite(part).all():
+            return False
+    return True
+
+
 # -- the store interface -------------------------------------------------------------------------------------
 
 
@@ -119,6 +137,57 @@ class WeightStore(ABC):
         array.setflags(write=False)
         self._cache[name] = array
         return array
+
+    def part(self, name: str, axis: int, start: int, stop: int, element: str = "f32") -> np.ndarray:
+        """Elements `start:stop` of the tensor along `axis` (a chip's share), as a fresh contiguous array, without
+        caching the tensor: float32 values (`element` "f32") or bfloat16 bit patterns (uint16, "bf16": a bf16 file's
+        own bits, wider types rounded to nearest even). Where the store reads its file through a memory map
+        (`_mapped`), only the share's bytes are touched and converted; otherwise one tensor is made in float32 for
+        the cut and dropped (a tensor `get` already cached is cut from the cache). NaN or infinite values are
+        refused as `get` refuses them."""
+        from logos_ir.numerics import bf16_bits
+
+        if element not in ("f32", "bf16"):
+            raise WeightError(f"a share is read as f32 or bf16, not {element}")
+        cached = self._cache.get(name)
+        stored = self._mapped(name) if cached is None else None
+        source = cached if cached is not None else stored if stored is not None else self._load(name)
+        if not 0 <= axis < source.ndim or not 0 <= start <= stop <= source.shape[axis]:
+            raise WeightError(f"{self.source}: tensor '{name}' has no part {start}:{stop} on axis {axis}")
+        index = [slice(None)] * source.ndim
+        index[axis] = slice(start, stop)
+        cut = source[tuple(index)]
+        if cut.dtype == np.uint16:  # bf16 bit patterns, as the file holds them
+            bits = np.array(cut, dtype=np.uint16)
+            if not _finite(bits):
+                raise WeightError(f"{self.source}: tensor '{name}' holds NaN or infinite values")
+            if element == "bf16":
+                return bits
+            return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+        values = np.array(cut, dtype=np.float32)
+        if not _finite(values):
+            raise WeightError(f"{self.source}: tensor '{name}' holds NaN or infinite values")
+        return bf16_bits(values) if element == "bf16" else values
+
+    def _mapped(self, name: str) -> np.ndarray | None:
+        """The tensor as its file stores it (bf16 as uint16 bit patterns, f16, f32, f64), a read-only view of a
+        memory map, or None where the store has no such view (random weights, arrays, GGUF's quantized blocks).
+        A store whose `_entries` give each tensor's file, dtype, shape and byte range and whose `_map(file)` maps
+        a file (the safetensors store) is served here."""
+        entries, mapper = getattr(self, "_entries", None), getattr(self, "_map", None)
+        entry = entries.get(name) if isinstance(entries, dict) else None
+        kind = _MAPPED_DTYPES.get(getattr(entry, "dtype", None))
+        if entry is None or kind is None or mapper is None:
+            return None
+        count = int(np.prod(entry.shape)) if entry.shape else 1
+        if entry.stop - entry.start != count * np.dtype(kind).itemsize:
+            return None
+        if count == 0:
+            return np.zeros(entry.shape, kind)
+        buffer = mapper(entry.file)
+        if len(buffer) < entry.stop:
+            raise WeightError(f"{entry.file}: tensor '{name}': the file shrank after it was opened")
+        return np.frombuffer(buffer, dtype=kind, count=count, offset=entry.start).reshape(entry.shape)
 
     def __contains__(self, name: object) -> bool:
         if not isinstance(name, str):

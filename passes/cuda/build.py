@@ -77,6 +77,7 @@ def build_cuda(request: BuildRequest) -> LaneBuild:
     report = plan_report(module)
     report.update(tensor_core_report(module))  # each tensor-core product's HBM bytes against the minimum
     report["ptxas"] = measured_kernels(request, artifacts[0].data.decode(), module)
+    report["latency_model"] = latency_model(module, report["ptxas"])
     if request.with_weights:
         artifacts += weight_images(request, module, identity)
     return LaneBuild(artifacts, report, build_summary(report))
@@ -92,7 +93,35 @@ def build_summary(report: dict[str, Any]) -> list[str]:
         f"{report['launches_per_layer']} launches a layer; each chip reads {report['bytes_read'] / 1e6:.1f} MB a step"
         f" against a minimum of {report['bytes_minimum'] / 1e6:.1f} MB (the weights a step uses and the full cache)",
         ptxas_summary(report["ptxas"]),
+        *latency_summary(report.get("latency_model")),
     ]
+
+
+def latency_model(module: ModuleOp, ptxas: dict[str, Any] | str) -> dict[str, Any] | None:
+    """The decode step's latency model (`cost_model.latency_report`) at ptxas's occupancy where measured; None for
+    other cuts (prefill chunks and batches are reported by `tensor_core_products`)."""
+    from logos_ir.passes.cuda.cost_model import latency_report
+    from logos_ir.passes.cuda.host_plan import plan_of
+
+    plan = plan_of(module)
+    tokens = next((b for b in plan.buffers.values() if b.kind == "input" and b.name.startswith("token")), None)
+    if tokens is None or int(np.prod(tokens.shape)) != 1:
+        return None
+    occupancy = None
+    if not isinstance(ptxas, str):
+        occupancy = {name: k["blocks_per_sm"] * 4 for name, k in ptxas["kernels"].items()}
+    return latency_report(plan, occupancy)
+
+
+def latency_summary(model: dict[str, Any] | None) -> list[str]:
+    """The summary's line on the latency model: the step's estimated fraction of HBM at each live length."""
+    if not model or not model["steps"]:
+        return []
+    parts = [
+        f"ctx {live}: {step['hbm_fraction'][0]:.0%}-{step['hbm_fraction'][1]:.0%}"
+        for live, step in model["steps"].items()
+    ]
+    return [f"estimated fraction of HBM a step (latency model, {model['occupancy']} occupancy): {', '.join(parts)}"]
 
 
 # -- HBM traffic of the products (the build report) -----------------------------------------------------------------
@@ -421,7 +450,6 @@ def occupancy(registers: int, threads: int = 128, shared: int = 0) -> int:
 
 def weight_images(request: BuildRequest, module: ModuleOp, identity: Identity) -> list[Artifact]:
     """The device image of each chip's weights, in the order of the plan's weight buffers."""
-    from logos_ir.numerics import bf16_bits
     from logos_ir.passes.cuda.host_plan import plan_of, weight_share
 
     plan = plan_of(module)
@@ -431,8 +459,12 @@ def weight_images(request: BuildRequest, module: ModuleOp, identity: Identity) -
     for chip in range(plan.chips):
         index, blobs, offset = [], [], 0
         for buffer in request.progress.over(weights, f"weights of chip {chip}"):
-            share = np.ascontiguousarray(weight_share(store, buffer.name, buffer.shape, chip, plan.chips), np.float32)
-            data = (bf16_bits(share) if buffer.element == "bf16" else share.astype("<f4")).tobytes()
+            element = "bf16" if buffer.element == "bf16" else "f32"  # bf16: bit patterns rounded to nearest even
+            data = (
+                weight_share(store, buffer.name, buffer.shape, chip, plan.chips, element)
+                .astype("<u2" if element == "bf16" else "<f4")
+                .tobytes()
+            )
             index.append(
                 {"name": buffer.name, "offset": offset, "shape": list(buffer.shape), "element": buffer.element}
             )

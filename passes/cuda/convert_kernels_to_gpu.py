@@ -194,8 +194,24 @@ class LaunchAttention(_LaunchKernel):
         self.launch(op, rewriter)
 
     def kinds(self, op: cuda.AttentionOp) -> list[Kind]:
-        kv_splits = lambda s: (cdiv(s[1][-3] * s[5][2], WARPS), s[0][0], 1)  # noqa: E731
-        return [Kind("attention", tuple(range(7)), kv_splits, decode_kernels.attention)]
+        """The split attention (a warp per row, KV head and split: partial states into the scratch), then the merge
+        (a warp per row, query head and `MERGE_DIMS` dimensions); the kernel-level op's count is not used: the
+        merge is a launch of its own, so no warp waits on another's."""
+        (query, keys, _, _), _ = op.shapes()
+        group = query[1] // keys[-1] // keys[-3]
+        least = decode_kernels.attention_min_span(keys[-1], op.ins[1].type.element_type, group)  # type: ignore[attr-defined]
+        kv_splits = lambda s: (cdiv(s[1][-3] * s[4][2], WARPS), s[0][0], 1)  # noqa: E731
+        merges = lambda s: (cdiv(s[1][1] * cdiv(s[1][3] - 2, decode_kernels.MERGE_DIMS), WARPS), s[1][0], 1)  # noqa: E731
+        return [
+            Kind("attention", (0, 1, 2, 3, 5), kv_splits, decode_kernels.attention),
+            Kind(
+                "attention_merge",
+                (3, 5, 4),
+                merges,
+                lambda b, a, s: decode_kernels.attention_merge(b, a, s, least),
+                (least,),
+            ),
+        ]
 
 
 class LaunchPrefillAttention(_LaunchKernel):

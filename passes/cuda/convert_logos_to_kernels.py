@@ -67,22 +67,23 @@ from logos_ir import identity
 from logos_ir.dialects import cuda, logos
 from logos_ir.dialects.shard_ext import AllGatherOp
 from logos_ir.errors import PassError
+from logos_ir.passes.cuda.decode_kernels import attention_min_span
 from logos_ir.passes.cuda.kernel_level import value_name, writes
 from logos_ir.program import Cut
 
 NAME = "convert-logos-to-cuda-kernels"
 LOWERED = ("decode", "prefill", "batch")
-ATTENTION_WARPS = 4 * 132  # warps attention aims at: 4 a block over an H200's 132 SMs
-ATTENTION_MIN_SPLIT = 32  # the fewest positions a split holds at a full cache
+ATTENTION_WARPS = 16 * 132  # warps attention aims at: 16 an SM (4 blocks of 4) over an H200's 132 SMs
 ARGMAX_CHUNK = 1024  # values one warp reduces in the first stage of the arg-max
 LAZY = (logos.RopeOp, logos.SiluOp, logos.RowOp)  # folded into the kernel that reads them
 
 
-def attention_split(kv_items: int, ctx: int) -> int:
+def attention_split(kv_items: int, ctx: int, least: int) -> int:
     """The most positions a split attends at a full cache (flash-decoding): enough splits that the (row, KV head,
-    split) warps fill the SMs (`ATTENTION_WARPS`), none shorter than `ATTENTION_MIN_SPLIT`. The kernel shares the
-    live length over the same number of splits, so a short cache uses fewer positions a split."""
-    splits = max(1, min(-(-ATTENTION_WARPS // kv_items), -(-ctx // ATTENTION_MIN_SPLIT)))
+    split) warps fill the SMs (`ATTENTION_WARPS`), none shorter than `least` (the kernel's one loop iteration,
+    `decode_kernels.attention_min_span`). The kernel shares the live length over the same number of splits, so a
+    short cache uses fewer positions a split."""
+    splits = max(1, min(-(-ATTENTION_WARPS // kv_items), -(-ctx // least)))
     return -(-ctx // splits)
 
 
@@ -339,7 +340,9 @@ class LowerAttention(_LoweringPattern):
         keys, values, positions = self.of(op.keys, op), self.of(op.values, op), self.of(op.positions, op)
         rows, width = logos.tensor_shape(op.query)
         cache_shape = logos.tensor_shape(op.keys)
-        heads, split = width // cache_shape[-1], attention_split(cache_shape[-3] * rows, cache_shape[-2])
+        heads = width // cache_shape[-1]
+        least = attention_min_span(cache_shape[-1], lowering.element, heads // cache_shape[-3])
+        split = attention_split(cache_shape[-3] * rows, cache_shape[-2], least)
         splits = -(-cache_shape[-2] // split)
         partial_type = MemRefType(f32, [rows, heads, splits, cache_shape[-1] + 2])
         scratch = lowering.buffer(rewriter, "attention.partial", "scratch", partial_type)

@@ -417,30 +417,40 @@ def _attention_layout(head_dim: int, element: Attribute, group: int) -> tuple[in
     return width, lanes, cdiv(vectors, lanes), cuda.WARP // lanes
 
 
-MIN_SPAN = 16  # the fewest positions a split attends: a short cache uses fewer splits
+ATTENTION_UNROLL = 2  # warp steps a loop iteration of attention issues the loads of before it uses the first
 
 
-def _span(b: Body, length: SSAValue, splits: int) -> SSAValue:
-    """The positions each split attends at this live length: the length shared by all splits, at least MIN_SPAN."""
-    return b.op(arith.MaxUIOp(b.div(b.add(length, splits - 1), splits), b.const(MIN_SPAN)))
+def attention_min_span(head_dim: int, element: Attribute, group: int) -> int:
+    """The fewest positions a split attends: one whole loop iteration (`ATTENTION_UNROLL` warp steps), so a short
+    cache uses fewer splits, each with all its loads in flight at once."""
+    return _attention_layout(head_dim, element, group)[3] * ATTENTION_UNROLL
+
+
+def _span(b: Body, length: SSAValue, splits: int, least: int) -> SSAValue:
+    """The positions each split attends at this live length: the length shared by all splits, at least `least`."""
+    return b.op(arith.MaxUIOp(b.div(b.add(length, splits - 1), splits), b.const(least)))
 
 
 def attention(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
-    """A warp per (row, KV head, split): the keys and values of its positions are read once for all the query
-    heads of the KV head's group. A position's row is spread over `lanes` lanes with 16-byte loads, so a warp step
-    covers 32 / lanes positions, each lane group keeping its own online softmax per query head; the lane groups
-    merge their states with shuffles at the end. The split's positions are the live length shared out over the
-    splits (at least MIN_SPAN each), so the work follows the length, not the cache size."""
-    query, keys, values, positions, out, scratch, count = args
+    """A warp per (row, KV head, split) writes its split's partial softmax state (flash-decoding's first stage;
+    `attention_merge` is the second): the keys and values of its positions are read once for all the query heads
+    of the KV head's group. A position's row is spread over `lanes` lanes with 16-byte loads, so a warp step covers
+    32 / lanes positions; a loop iteration issues the key and value loads of `ATTENTION_UNROLL` warp steps before
+    it uses the first (independent loads in flight, as FlashInfer's cp.async stages keep them), then updates each
+    lane group's online softmax per query head position by position; the lane groups merge their states with
+    shuffles at the end. The split's positions are the live length shared out over the splits (at least one whole
+    iteration each), so the work follows the length, not the cache size."""
+    query, keys, values, positions, scratch = args
     rows, width = shapes[0]
     cache = shapes[1]
     per_sequence = len(cache) == 4
     kv_heads, ctx, head_dim = cache[-3], cache[-2], cache[-1]
     heads = width // head_dim
     group = heads // kv_heads
-    splits = shapes[5][2]
+    splits = shapes[4][2]
     element = keys.type.element_type  # type: ignore[attr-defined]
     vec, lanes, per_lane, steps = _attention_layout(head_dim, element, group)
+    least = steps * ATTENTION_UNROLL
     vectors = head_dim // vec
     _, warp, lane = _warp_and_lane(b)
     item = b.add(b.mul(b.block("x"), WARPS), warp)
@@ -472,19 +482,14 @@ def attention(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> N
     scale = b.fconst(1.0 / head_dim**0.5)
     q = [[b.fmul(v, scale) for c in range(per_lane) for v in query_part(h, c)] for h in range(group)]
     length = b.to_index(b.load(positions, [row]))
-    span = _span(b, length, splits)
+    span = _span(b, length, splits, least)
     start = b.min(b.mul(part, span), length)
     stop = b.min(b.add(start, span), length)
 
     def cache_at(j: SSAValue, c: int) -> list[SSAValue]:
         return [row, kv_head, j, starts[c]] if per_sequence else [kv_head, j, starts[c]]
 
-    def position(first: SSAValue, state: list[SSAValue]) -> list[SSAValue]:
-        j = b.add(first, sub)
-        live = b.cmp("ult", j, stop)
-        j = b.min(j, ctx - 1)
-        k = [v for c in range(per_lane) for v in b.vload(keys, cache_at(j, c), vec)]
-        v_row = [v for c in range(per_lane) for v in b.vload(values, cache_at(j, c), vec)]
+    def update(state: list[SSAValue], live: SSAValue, k: list[SSAValue], v_row: list[SSAValue]) -> list[SSAValue]:
         new: list[SSAValue] = []
         for h in range(group):
             m, total, *acc = state[h * stride : (h + 1) * stride]
@@ -502,8 +507,22 @@ def attention(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> N
             new += [b.select(live, u, o) for u, o in zip(updated, [m, total, *acc], strict=True)]
         return new
 
+    def iteration(first: SSAValue, state: list[SSAValue]) -> list[SSAValue]:
+        loaded = []
+        for u in range(ATTENTION_UNROLL):  # every load of the iteration issued before the first is used
+            j = b.add(first, sub) if not u else b.add(b.add(first, u * steps), sub)
+            live = b.cmp("ult", j, stop)
+            j = b.min(j, ctx - 1)
+            k = [v for c in range(per_lane) for v in b.vload(keys, cache_at(j, c), vec)]
+            v_row = [v for c in range(per_lane) for v in b.vload(values, cache_at(j, c), vec)]
+            loaded.append((live, k, v_row))
+        for live, k, v_row in loaded:
+            state = update(state, live, k, v_row)
+        return state
+
     stride = 2 + per_lane * vec
-    state = b.loop(start, stop, steps, [b.fconst(NEG_BIG), zero, *[zero] * (per_lane * vec)] * group, position)
+    inits = [b.fconst(NEG_BIG), zero, *[zero] * (per_lane * vec)] * group
+    state = b.loop(start, stop, steps * ATTENTION_UNROLL, inits, iteration)
     # merge the lane groups' states (each attended every `steps`-th position of the split)
     offset = lanes
     while offset < cuda.WARP:
@@ -539,54 +558,75 @@ def attention(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> N
             b.when(b.cmp("eq", slot, 0), ends)
 
     b.when(b.both(valid, b.cmp("eq", sub, 0)), write)
-    # the last warp of this (row, KV head) to count itself done combines the splits (flash-decoding's second
-    # stage folded in): each warp's partials are made visible, then lane 0 counts; the count returns to zero
-    b.thread_fence()
-    one, none = b.op(arith.ConstantOp(IntegerAttr(1, i64))), b.op(arith.ConstantOp(IntegerAttr(0, i64)))
-    lane0 = b.both(valid, b.cmp("eq", lane, 0))
-    (before,) = b.choose(lane0, lambda: [b.atomic_add(one, count, [row, kv_head])], lambda: [none])
-    for offset in (16, 8, 4, 2, 1):  # lane 0's count to every lane
-        before = b.op(arith.AddiOp(before, b.shuffle(before, offset)))
-    last = b.both(valid, b.op(arith.CmpiOp(before, b.op(arith.ConstantOp(IntegerAttr(splits - 1, i64))), "eq")))
-
-    def combine() -> None:
-        b.op(cuda.FenceOp("device"))  # the acquire side: no load of the other warps' partials moves above the count
-        b.when(b.cmp("eq", lane, 0), lambda: b.store(none, count, [row, kv_head]))
-        used = b.div(b.add(length, b.sub(span, 1)), span)
-        for h in range(group):
-            head = b.add(b.mul(kv_head, group), h) if h else b.mul(kv_head, group)
-            _combine(b, scratch, out, row, head, lane, used, head_dim)
-
-    b.when(last, combine)
 
 
-def _combine(
-    b: Body, scratch: SSAValue, out: SSAValue, row: SSAValue, head: SSAValue, lane: SSAValue, used: SSAValue,
-    head_dim: int,
-) -> None:  # fmt: skip
-    """A warp writes one head's output: each lane a dimension at a time, the `used` splits' partial sums rescaled
-    to their common maximum."""
-    for c in range(cdiv(head_dim, cuda.WARP)):
-        d = b.add(lane, c * cuda.WARP) if c else lane
+MERGE_DIMS = 4  # dimensions of a head a merge warp owns
+MERGE_UNROLL = 4  # splits a merge lane reads a round before it merges the first (128 a warp a round)
 
-        def element(d: SSAValue = d) -> None:
-            def highest(s: SSAValue, state: list[SSAValue]) -> list[SSAValue]:
-                return [b.fmax(state[0], b.load(scratch, [row, head, s, head_dim]))]
 
-            (high,) = b.loop(0, used, 1, [b.fconst(NEG_BIG)], highest)
+def attention_merge(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], least: int) -> None:
+    """Flash-decoding's second stage, a launch of its own (FlashInfer's `MergeStates`): a warp per (row, query head,
+    `MERGE_DIMS` dimensions); its lanes take the splits that attended anything 128 at a time (lane l the splits
+    l, l + 32, l + 64, l + 96 a round: 128 splits' partial states read at once, from L2), each lane merging its
+    splits in order, then
+    the lanes' states merge by a butterfly of shuffles (a fixed order: the result does not depend on timing), and
+    lane 0 writes the dimensions' outputs."""
+    positions, scratch, out = args
+    rows, heads, splits, padded = shapes[1]
+    head_dim = padded - 2
+    chunks = cdiv(head_dim, MERGE_DIMS)
+    _, warp, lane = _warp_and_lane(b)
+    item = b.add(b.mul(b.block("x"), WARPS), warp)
+    row = b.block("y")
+    valid = b.cmp("ult", item, heads * chunks)
+    item = b.min(item, heads * chunks - 1)
+    head, chunk = b.div(item, chunks), b.rem(item, chunks)
+    dims = []
+    for e in range(MERGE_DIMS):
+        d = b.add(b.mul(chunk, MERGE_DIMS), e)
+        dims.append((b.cmp("ult", d, head_dim) if head_dim % MERGE_DIMS else None, b.min(d, head_dim - 1)))
+    length = b.to_index(b.load(positions, [row]))
+    span = _span(b, length, splits, least)
+    used = b.div(b.add(length, b.sub(span, 1)), span)
+    zero = b.fconst(0.0)
 
-            def gather(s: SSAValue, state: list[SSAValue]) -> list[SSAValue]:
-                fade = b.exp(b.fsub(b.load(scratch, [row, head, s, head_dim]), high))
-                total = b.fma(b.load(scratch, [row, head, s, head_dim + 1]), fade, state[0])
-                return [total, b.fma(b.load(scratch, [row, head, s, d]), fade, state[1])]
+    def merge(state: list[SSAValue], m_o: SSAValue, total_o: SSAValue, acc_o: list[SSAValue]) -> list[SSAValue]:
+        m, total, *acc = state
+        high = b.fmax(m, m_o)
+        fade, fade_o = b.exp(b.fsub(m, high)), b.exp(b.fsub(m_o, high))
+        return [high, b.fma(total, fade, b.fmul(total_o, fade_o))] + [
+            b.fma(a, fade, b.fmul(a_o, fade_o)) for a, a_o in zip(acc, acc_o, strict=True)
+        ]
 
-            total, summed = b.loop(0, used, 1, [b.fconst(0.0), b.fconst(0.0)], gather)
-            b.store(b.fdiv(summed, total), out, [row, b.add(b.mul(head, head_dim), d)])
+    def split_state(first: SSAValue, state: list[SSAValue]) -> list[SSAValue]:
+        loaded = []
+        for u in range(MERGE_UNROLL):  # every load of the round issued before the first merge
+            s = b.add(first, u * cuda.WARP) if u else first
+            live = b.cmp("ult", s, used)
+            s = b.min(s, splits - 1)
+            m_s = b.load(scratch, [row, head, s, head_dim])
+            total_s = b.load(scratch, [row, head, s, head_dim + 1])
+            loaded.append((live, m_s, total_s, [b.load(scratch, [row, head, s, d]) for _, d in dims]))
+        for live, m_s, total_s, acc_s in loaded:  # lane l's splits in order: l, l + 32, ...
+            state = [b.select(live, n, o) for n, o in zip(merge(state, m_s, total_s, acc_s), state, strict=True)]
+        return state
 
-        if (c + 1) * cuda.WARP > head_dim:
-            b.when(b.cmp("ult", d, head_dim), element)
-        else:
-            element()
+    rounds = cuda.WARP * MERGE_UNROLL
+    state = b.loop(lane, used, rounds, [b.fconst(NEG_BIG), zero, *[zero] * MERGE_DIMS], split_state)
+    for offset in (1, 2, 4, 8, 16):  # lane l's splits before lane l + offset's: the order the splits lie in
+        others = [b.shuffle(v, offset) for v in state]
+        state = merge(state, others[0], others[1], others[2:])
+    _, total, *acc = state
+
+    def write() -> None:
+        for (keep, d), a in zip(dims, acc, strict=True):
+            where = [row, b.add(b.mul(head, head_dim), d)]
+            if keep is None:
+                b.store(b.fdiv(a, total), out, where)
+            else:
+                b.when(keep, lambda a=a, where=where: b.store(b.fdiv(a, total), out, where))
+
+    b.when(b.both(valid, b.cmp("eq", lane, 0)), write)
 
 
 def _better(b: Body, value: SSAValue, index: SSAValue, best: SSAValue, best_index: SSAValue) -> SSAValue:

@@ -201,31 +201,32 @@ def _tag(kind: Any) -> str:
 _SHAPED = re.compile(r"(.+)\.\d+(?:x\d+)*")
 
 
-def weight_share(store: Any, name: str, shape: tuple[int, ...], chip: int, chips: int) -> np.ndarray:
+def weight_share(
+    store: Any, name: str, shape: tuple[int, ...], chip: int, chips: int, element: str = "f32"
+) -> np.ndarray:
     """Chip `chip`'s contiguous share of a weight, as the split program states its shape (the split axis is the
-    one the shape divides: rows or columns); a name "a+b+c" is the shares of a, b and c one after the other (each
-    split by rows, the query/key/value projections')."""
+    one the shape divides: rows or columns), as f32 values or (`element` "bf16") bf16 bit patterns; a name "a+b+c"
+    is the shares of a, b and c one after the other (each split by rows, the query/key/value projections'). Read
+    through the store's `part`: only the share is read and converted (through the file's memory map where the
+    store has one), and the store caches nothing."""
     if "+" in name:  # weights laid one after the other (a decode step's fused query/key/value weight)
         parts = []
         for part in name.split("+"):
             rows, width = store.shape(part)
-            parts.append(weight_share(store, part, (rows // chips, width), chip, chips))
+            parts.append(weight_share(store, part, (rows // chips, width), chip, chips, element))
         fused = np.concatenate(parts, axis=0)
         assert fused.shape == shape, (name, fused.shape, shape)
         return fused
     shaped = _SHAPED.fullmatch(name)
     tensor = shaped[1] if name not in store and shaped is not None else name
-    array = store.get(tensor)
-    full = tuple(array.shape)
+    full = tuple(store.shape(tensor))
     if full == tuple(shape):
-        return array
+        return store.part(tensor, 0, 0, full[0], element)
     if full[1:] == tuple(shape[1:]) and shape[0] * chips == full[0]:
         axis = 0  # rows: a column-parallel projection's, or the head's table by vocabulary
     elif full[:-1] == tuple(shape[:-1]) and shape[-1] * chips == full[-1]:
-        axis = array.ndim - 1  # columns: a row-parallel projection's
+        axis = len(full) - 1  # columns: a row-parallel projection's
     else:
         raise LogosError(f"buffer '{name}' of {list(shape)} is no share over {chips} chips of '{tensor}' {list(full)}")
-    size = array.shape[axis] // chips
-    index = [slice(None)] * array.ndim
-    index[axis] = slice(chip * size, (chip + 1) * size)
-    return array[tuple(index)]
+    size = full[axis] // chips
+    return store.part(tensor, axis, chip * size, (chip + 1) * size, element)

@@ -1,15 +1,20 @@
 """The CUDA emulator fails where a GPU would: a 16-byte load off its alignment, an access outside a buffer and an
 index past the 32 bits the emitted C computes in are errors naming the kernel and the op; `math.fma` rounds once
-(as `__fmaf_rn`), `arith.maxnumf` keeps fmaxf's NaN rule. Each kernel here is built with the lane's own builder."""
+(as `__fmaf_rn`), `arith.maxnumf` keeps fmaxf's NaN rule. Each kernel here is built with the lane's own builder.
+Nor does it hide what a GPU does not promise: on the lane's split-K QKV kernel (warps handing partial sums to the
+last of them through fences and an atomic count), a missing fence is a fault, seeded interleavings keep its bits
+and catch a hand-off that assumes warps finish in order; a shuffle or warp barrier under divergence is a fault."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
 from xdsl.dialects import gpu, math
 from xdsl.dialects.builtin import Float32Type, MemRefType
+from xdsl.rewriter import InsertPoint
 
 from logos_ir.errors import LogosError
 from logos_ir.passes.cuda.thread_code import Body
@@ -134,3 +139,134 @@ def test_an_op_without_a_compiler_is_refused_by_name() -> None:
 
     with pytest.raises(LogosError, match=r"the CUDA emulator does not know 'math.log' \(in kernel probe\)"):
         _run(body)
+
+
+# -- what a GPU does not promise: ordering between warps, the order they run in, a warp that diverges ----------
+
+
+OUTPUTS = ("turned_query", "cache.key.0", "cache.value.0")
+
+
+def _handoff() -> tuple[Any, Any, list[np.ndarray]]:
+    """The lane's split-K QKV kernel as lowered for a model of 384 rotation pairs 512 deep (f32: each pair's depth
+    in 2 parts, a warp a part: each writes its part's sums, fences, counts itself with an atomic; the last of a pair
+    fences again, adds the parts in order and runs the rope and cache epilogue), with random inputs at position 10
+    and a partials buffer of NaN (what a read before the write would see)."""
+    from test_cuda_lane import MODELS
+
+    from logos_ir.program import Cut
+    from logos_ir.runtime.cuda.artifacts import build_program
+
+    plan, _, _ = build_program(MODELS["qkv-split-k"], Cut.decode(64), 1, "f32")
+    launch = next(launch for launch in plan.launches if launch.kernel.startswith("qkv_"))
+    rng = np.random.default_rng(4)
+    arrays = []
+    for name in launch.buffers:
+        buffer = plan.buffers[name]
+        if name == "position":
+            arrays.append(np.array([10], np.int64))
+        elif buffer.element == "i64":
+            arrays.append(np.zeros(buffer.shape, np.int64))
+        elif name == "qkv.partial":
+            arrays.append(np.full(buffer.shape, np.nan, np.float32))
+        else:
+            arrays.append(rng.standard_normal(buffer.shape).astype(np.float32))
+    return plan.kernels[launch.kernel], launch, arrays
+
+
+def _run_handoff(kernel: Any, launch: Any, arrays: list[np.ndarray], seed: int | None = None) -> np.ndarray:
+    copies = [a.copy() for a in arrays]
+    KernelEmulator(kernel, seed).run(copies, LaunchShape.of(launch.grid, launch.block))
+    return np.concatenate([copies[launch.buffers.index(name)].reshape(-1) for name in OUTPUTS])
+
+
+def _mutated(kernel: Any, edit: Callable[[list[Any]], None]) -> Any:
+    clone = kernel.clone()
+    edit(list(clone.walk()))
+    return clone
+
+
+def test_removing_a_fence_of_a_hand_off_between_warps_is_a_fault() -> None:
+    """Both fences gone (lockstep made every write visible, so the tokens stayed the same), or the last warp's alone
+    (its loads could move above its count): the last warp's read of another warp's partial is refused."""
+    kernel, launch, arrays = _handoff()
+    assert np.isfinite(_run_handoff(kernel, launch, arrays)).all()
+    assert len([op for op in kernel.walk() if op.name == "llvm.fence"]) == 2
+
+    def drop(which: list[int]) -> Callable[[list[Any]], None]:
+        def edit(ops: list[Any]) -> None:
+            found = [op for op in ops if op.name == "llvm.fence"]
+            for i in which:
+                found[i].detach()
+                found[i].erase()
+
+        return edit
+
+    with pytest.raises(EmulatorFault, match=r"reads 'partial' written by another warp .* no fence between that write"):
+        _run_handoff(_mutated(kernel, drop([0, 1])), launch, arrays)
+    with pytest.raises(EmulatorFault, match=r"no fence between its warp's atomic count and the read"):
+        _run_handoff(_mutated(kernel, drop([1])), launch, arrays)
+
+
+def test_seeded_interleavings_keep_the_hand_off_and_catch_one_that_assumes_an_order() -> None:
+    """With a seed the kernel's warps run as separate parts in a seeded order and atomics serve in a seeded order:
+    the lane's kernel gives the lockstep bits under every seed (the last warp adds the parts in part order, whoever
+    it is). A kernel that takes its part index for its place in the count (the last part's warp finishes the pair,
+    as if warps finished in order) gives the right bits in lockstep, where warps count in thread order; seeded, it
+    reads partials not yet written (NaN) or before their writers counted, and is caught."""
+    from xdsl.dialects import arith
+    from xdsl.dialects.builtin import IntegerType
+    from xdsl.rewriter import Rewriter
+
+    kernel, launch, arrays = _handoff()
+    want = _run_handoff(kernel, launch, arrays)
+    for seed in range(2):
+        assert np.array_equal(_run_handoff(kernel, launch, arrays, seed), want)
+
+    def in_order(ops: list[Any]) -> None:
+        partial = ops[0].body.block.args[launch.buffers.index("qkv.partial")]
+        part = next(op for op in ops if op.name == "memref.store" and op.operands[1] is partial).operands[3]
+        atomic = next(op for op in ops if op.name == "memref.atomic_rmw")
+        place = arith.IndexCastOp(part, IntegerType(64))
+        Rewriter.insert_op(place, InsertPoint.before(atomic))
+        atomic.result.replace_all_uses_with(place.result)
+
+    ordered = _mutated(kernel, in_order)
+    assert np.array_equal(_run_handoff(ordered, launch, arrays), want)  # lockstep hides it
+    caught = 0
+    for seed in range(2):
+        try:
+            got = _run_handoff(ordered, launch, arrays, seed)
+        except EmulatorFault as fault:
+            assert "before its warp counted after the writer's" in str(fault)
+            caught += 1
+        else:
+            caught += int(not np.array_equal(got, want, equal_nan=True))
+    assert caught == 2, caught
+
+
+def test_a_shuffle_or_warp_barrier_under_divergence_is_a_fault() -> None:
+    """`__shfl_xor_sync(0xffffffff, ...)` and `__syncwarp()` need all 32 lanes: reached by the first 16 lanes of a
+    warp alone they are refused, naming the warp; reached by whole warps (a condition on the warp) they run."""
+
+    def body(split: int, op: str) -> Callable[[Body, list], None]:
+        def build(b: Body, args: list) -> None:
+            x, out = args
+            t = b.thread()
+
+            def then() -> None:
+                if op == "shuffle":
+                    b.store(b.shuffle(b.load(x, [t]), 1), out, [t])
+                else:
+                    b.thread_fence()
+
+            b.when(b.cmp("ult", t, split), then)
+
+        return build
+
+    assert _run(body(32, "shuffle"), threads=64)[:4].tolist() == [1, 0, 3, 2]
+    _run(body(32, "sync"), threads=64)
+    with pytest.raises(EmulatorFault, match=r"'gpu.shuffle' .* is reached by 16 of the 32 lanes of the warp from"):
+        _run(body(16, "shuffle"), threads=64)
+    with pytest.raises(EmulatorFault, match=r"'nvvm.bar.warp.sync' .* is reached by 16 of the 32 lanes"):
+        _run(body(16, "sync"), threads=64)

@@ -6,6 +6,7 @@ synchronize) and replayed; the tokens are the reference's. No GPU is needed, and
 
 from __future__ import annotations
 
+import ctypes
 import sys
 import types
 from typing import Any
@@ -18,6 +19,7 @@ from logos_ir.numerics import bf16_bits
 from logos_ir.runtime import RunRequest
 from logos_ir.runtime.cuda import devices, generator
 from logos_ir.runtime.cuda.emulator import KernelEmulator, LaunchShape
+from logos_ir.sampling import Sampler, SamplingSettings
 from logos_ir.spec import ModelSpec
 from logos_ir.weights import RandomWeights
 
@@ -39,6 +41,7 @@ class FakeCupy(types.ModuleType):
         class Stream:
             def __init__(self, non_blocking: bool = False) -> None:
                 self.non_blocking, self.capture, self.ptr = non_blocking, None, id(self)
+                fake.by_ptr[self.ptr] = self
 
             def __enter__(self) -> Stream:
                 fake.current.append(self)
@@ -77,11 +80,55 @@ class FakeCupy(types.ModuleType):
             def use(self) -> None:
                 fake.log.append(("use", self.index))
 
+        class Event:
+            def __init__(self, block: bool = False, disable_timing: bool = False) -> None:
+                self.stream: Any = None
+
+            def record(self, stream: Any) -> None:
+                self.stream = stream
+
+            def synchronize(self) -> None:
+                fake.log.append(("event_synchronize", self.stream))
+
+        def alloc_pinned_memory(nbytes: int) -> Any:
+            fake.log.append(("pinned", nbytes))
+            memory = (ctypes.c_uint8 * nbytes)()
+            fake.pinned.append((ctypes.addressof(memory), nbytes))
+            return memory
+
+        def memcpyAsync(to: int, source: int, nbytes: int, kind: int, stream: int) -> None:  # noqa: N802 - cupy's
+            """cudaMemcpyAsync: host side from pinned memory alone (a pageable copy is not asynchronous)."""
+            host, device = (source, to) if kind == 1 else (to, source)
+            assert any(a <= host and host + nbytes <= a + n for a, n in fake.pinned), "a copy from pageable memory"
+            array, offset = fake.find(device)
+            raw = array.host.reshape(-1).view(np.uint8)
+            if kind == 1:
+                raw[offset : offset + nbytes] = np.frombuffer(ctypes.string_at(host, nbytes), np.uint8)
+                array.widened = None
+            else:
+                ctypes.memmove(host, raw[offset:].ctypes.data, nbytes)
+            fake.log.append(("memcpy_h2d" if kind == 1 else "memcpy_d2h", fake.by_ptr[stream]))
+            fake.copies.append(("h2d" if kind == 1 else "d2h", nbytes))
+
+        self.pinned: list[tuple[int, int]] = []
+        self.copies: list[tuple[str, int]] = []
+        self.arrays: list[FakeArray] = []
+        self.by_ptr: dict[int, Any] = {}
         self.cuda = types.SimpleNamespace(
             Stream=Stream,
             Device=Device,
-            runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, deviceSynchronize=lambda: None),
+            Event=Event,
+            alloc_pinned_memory=alloc_pinned_memory,
+            runtime=types.SimpleNamespace(
+                getDeviceCount=lambda: 1, deviceSynchronize=lambda: None, memcpyAsync=memcpyAsync
+            ),
         )
+
+    def find(self, pointer: int) -> tuple[FakeArray, int]:
+        for array in self.arrays:
+            if array.data.ptr <= pointer < array.data.ptr + max(array.host.nbytes, 1):
+                return array, pointer - array.data.ptr
+        raise AssertionError(f"no device array at {pointer}")
 
     def stream(self) -> Any:
         return self.current[-1]
@@ -99,6 +146,8 @@ class FakeArray:
     def __init__(self, cp: FakeCupy, data: np.ndarray) -> None:
         self.cp, self.host = cp, data
         self.shape, self.dtype, self.size = data.shape, data.dtype, data.size
+        self.data = types.SimpleNamespace(ptr=data.ctypes.data)  # a device pointer: the fake's memory
+        cp.arrays.append(self)
         self.widened: np.ndarray | None = None  # bf16 bit patterns as the f32 values the emulator reads
 
     def values(self) -> np.ndarray:
@@ -179,10 +228,25 @@ def test_the_gpu_device_keeps_everything_on_its_work_stream(monkeypatch: pytest.
         assert got == Generator(store, prefill_rows=4).generate(PROMPT, 4)
     (device,) = lane.runtime.devices
     assert isinstance(device, devices.Gpu) and device.stream.non_blocking
-    streams = {stream for what, stream in cp.log if what in ("alloc", "fill", "set", "get", "launch")}
+    streams = {stream for what, stream in cp.log if what in ("alloc", "fill", "memcpy_h2d", "memcpy_d2h", "launch")}
     assert streams == {device.stream}  # nothing on the legacy default stream
-    assert len(cp.resolved) == len(set(cp.resolved))  # each kernel's function resolved once
     kinds = [what for what, _ in cp.log]
+    assert "set" not in kinds and "get" not in kinds  # every copy asynchronous, from or into pinned memory
+    # greedy: the token is the device's arg-max; one 8-byte read a run (2 prefill chunks' of 4 and 1 rows, 3 decode
+    # steps'), and the logits never leave the device
+    assert [c for c in cp.copies if c[0] == "d2h"] == [("d2h", 8)] * 5
+    staged = sum(n for _, n in (c for c in cp.log if c[0] == "pinned"))
+    assert staged <= devices.Gpu.STAGING_CHUNKS * devices.Gpu.STAGING_BYTES + 4096  # chunks, and inputs/outputs
+    if weights == "bf16":
+        return
+    vocab = store.spec.vocab  # sampling reads the logits back, once a token
+    del cp.copies[:]
+    sampled = lane.generate(PROMPT, 3, sampler=Sampler(SamplingSettings(temperature=0.8, seed=1)))
+    assert len(sampled) == 3
+    assert (
+        sorted(n for k, n in cp.copies if k == "d2h") == [8] * 4 + [4 * vocab] * 3
+    )  # 2 chunks, 2 decode steps; 3 draws
+    assert len(cp.resolved) == len(set(cp.resolved))  # each kernel's function resolved once
     assert kinds.count("begin_capture") == kinds.count("end_capture") == 1  # the decode step, once
     assert kinds[kinds.index("begin_capture") - 1] == "synchronize"  # a fault of the eager run surfaces first
     assert kinds.count("graph_launch") == 2  # 4 tokens: the prefill's, then 3 decode steps, the last 2 replays

@@ -64,8 +64,8 @@ def test_the_host_runtime_captures_the_split_decode_step_once_and_replays_it() -
         assert kinds.count("graph_launch") == len(PROMPT) + 5 - 2
     graph_nodes = runtime.devices[0].stream[runtime.devices[0].stream.index(("begin_capture", "")) + 1][1]
     layers = store.spec.layers
-    # 5 launches a layer, embed + head + 2 arg-max, 2 all-reduces a layer, the head's all-gather
-    assert graph_nodes == f"{5 * layers + 4 + 2 * layers + 1} nodes"
+    # 6 launches a layer (attention's merge its own), embed + head + 2 arg-max, 2 all-reduces a layer, the all-gather
+    assert graph_nodes == f"{6 * layers + 4 + 2 * layers + 1} nodes"
 
 
 def test_a_tied_head_split_over_two_chips_gives_the_reference_tokens() -> None:
@@ -222,12 +222,13 @@ def test_logos_run_prints_from_rank_0_alone(
 def test_a_bf16_prefill_chunk_allocates_no_scratch_its_fused_attention_does_not_use() -> None:
     """The fused tensor-core flash attention (one launch) takes over the split attention's scratch: the plan keeps
     only buffers some step reads or writes, so the runtime allocates neither `attention.partial` nor
-    `attention.count` for a bf16 prefill chunk (the f32 chunk's attention still uses both)."""
+    `attention.count` for a bf16 prefill chunk (the f32 chunk's split attention and its merge use the partials;
+    no launch counts, so `attention.count` is never allocated)."""
     from logos_ir.program import Cut
     from logos_ir.runtime.cuda.artifacts import build_program
 
     spec = ModelSpec.preset("tiny")
-    for weights, scratch in (("bf16", set()), ("f32", {"attention.partial", "attention.count"})):
+    for weights, scratch in (("bf16", set()), ("f32", {"attention.partial"})):
         plan = build_program(spec, Cut.parse("prefill rows=16 ctx=64"), 1, weights)[0]
         assert {name for name in plan.buffers if name.startswith("attention.")} == scratch
         used = {name for launch in plan.launches for name in launch.buffers}

@@ -29,8 +29,8 @@ class Emulator:
 
     kind = "emulator"
 
-    def __init__(self, rank: int = 0):
-        self.rank = rank
+    def __init__(self, rank: int = 0, seed: int | None = None):
+        self.rank, self.seed = rank, seed  # seed: kernels that hand work between warps run interleaved by it
         self.stream: list[tuple[str, str]] = []
         self.kernels: dict[str, KernelEmulator] = {}
         self.launches: dict[tuple[tuple[int, int, int], int], LaunchShape] = {}
@@ -40,7 +40,7 @@ class Emulator:
     def load(self, kernels: dict[str, Any], cuda_source: str) -> None:
         for name, kernel in kernels.items():
             if name not in self.kernels:
-                self.kernels[name] = KernelEmulator(kernel)
+                self.kernels[name] = KernelEmulator(kernel, self.seed)
         self.stream.append(("load", f"{len(kernels)} kernels"))
 
     def alloc(self, name: str, shape: tuple[int, ...], element: str) -> np.ndarray:
@@ -129,6 +129,12 @@ class Gpu:
 
     kind = "gpu"
 
+    # Host-to-device copies of weights go through this many pinned chunks of STAGING_BYTES, in turn: a chunk is
+    # refilled once the copy that last used it has completed (its event), so the host holds at most these chunks
+    # besides the one share it is uploading.
+    STAGING_CHUNKS = 2
+    STAGING_BYTES = 32 << 20
+
     def __init__(self, rank: int = 0, cupy: Any = None):
         if cupy is None:
             import cupy  # type: ignore[import-not-found, no-redef]
@@ -139,6 +145,9 @@ class Gpu:
         self.modules: dict[str, Any] = {}
         self.functions: dict[str, Any] = {}
         self.capturing = False
+        self.pinned: dict[str, tuple[np.ndarray, Any]] = {}  # a pinned host buffer a name, and its last copy's event
+        self.staging: list[tuple[np.ndarray, Any]] = []
+        self.turn = 0
 
     def _type(self, element: str) -> Any:
         return {"f32": self.cp.float32, "bf16": self.cp.uint16, "i64": self.cp.int64}[element]
@@ -155,22 +164,69 @@ class Gpu:
         with self.stream:  # cupy's pool is stream-ordered; the zero fill is a kernel on the work stream
             return self.cp.zeros(shape, self._type(element))
 
+    def _page_locked(self, nbytes: int) -> np.ndarray:
+        memory = self.cp.cuda.alloc_pinned_memory(max(nbytes, 1))
+        return np.frombuffer(memory, np.uint8, max(nbytes, 1))
+
+    def _host_buffer(self, name: str, nbytes: int) -> np.ndarray:
+        """The pinned host buffer of `name` (inputs, outputs), once its last copy is done."""
+        found = self.pinned.get(name)
+        if found is None or found[0].nbytes < nbytes:
+            found = (self._page_locked(nbytes), None)
+            self.pinned[name] = found
+        elif found[1] is not None:
+            found[1].synchronize()
+        return found[0][:nbytes]
+
+    def _copy(self, to: int, source: int, nbytes: int, kind: int) -> Any:
+        """One cudaMemcpyAsync on the work stream, and an event recorded after it."""
+        self.cp.cuda.runtime.memcpyAsync(to, source, nbytes, kind, self.stream.ptr)
+        event = self.cp.cuda.Event(block=False, disable_timing=True)
+        event.record(self.stream)
+        return event
+
     def upload(self, name: str, values: np.ndarray, element: str) -> Any:
+        """A share to the device through the pinned staging chunks (asynchronous copies on the work stream):
+        `values` may be a memory-mapped view of a file (bf16 bit patterns), read a chunk at a time."""
         host = values if values.dtype == np.uint16 else bf16_bits(values) if element == "bf16" else values
+        host = np.ascontiguousarray(host, self._type(element))
         with self.stream:
             array = self.cp.empty(values.shape, self._type(element))
-        array.set(np.ascontiguousarray(host), stream=self.stream)
+        flat = host.reshape(-1).view(np.uint8)
+        if not self.staging:
+            self.staging = [(self._page_locked(self.STAGING_BYTES), None) for _ in range(self.STAGING_CHUNKS)]
+        for start in range(0, flat.nbytes, self.STAGING_BYTES):
+            part = flat[start : start + self.STAGING_BYTES]
+            chunk, event = self.staging[self.turn]
+            if event is not None:
+                event.synchronize()  # the copy that last used this chunk is done
+            chunk[: part.nbytes] = part
+            done = self._copy(array.data.ptr + start, chunk.ctypes.data, part.nbytes, _HOST_TO_DEVICE)
+            self.staging[self.turn] = (chunk, done)
+            self.turn = (self.turn + 1) % self.STAGING_CHUNKS
         return array
 
     def write(self, name: str, array: Any, values: np.ndarray) -> None:
-        array.set(np.ascontiguousarray(values, array.dtype), stream=self.stream)
+        """Inputs through the name's pinned buffer, copied on the work stream (asynchronous)."""
+        host = np.ascontiguousarray(values, array.dtype)
+        pinned = self._host_buffer(name, host.nbytes)
+        pinned[:] = host.reshape(-1).view(np.uint8)
+        done = self._copy(array.data.ptr, pinned.ctypes.data, host.nbytes, _HOST_TO_DEVICE)
+        self.pinned[name] = (self.pinned[name][0], done)
 
     def fill(self, name: str, array: Any) -> None:
         with self.stream:
             array.fill(0)
 
     def read(self, name: str, array: Any) -> np.ndarray:
-        return array.get(stream=self.stream)  # waits for the stream
+        """The buffer's values, copied on the work stream into its pinned buffer (asynchronous: the host waits for
+        that copy's event alone, not for the device)."""
+        nbytes = int(array.size) * np.dtype(array.dtype).itemsize
+        pinned = self._host_buffer(name, nbytes)
+        done = self._copy(pinned.ctypes.data, array.data.ptr, nbytes, _DEVICE_TO_HOST)
+        self.pinned[name] = (self.pinned[name][0], done)
+        done.synchronize()
+        return pinned.view(array.dtype).reshape(array.shape).copy()
 
     def launch(self, kernel: str, grid: tuple[int, int, int], block: int, arrays: list[Any]) -> None:
         with self.stream:
@@ -217,18 +273,22 @@ NO_GPU = (
 # The rule the emitted CUDA and the IR share: products the IR keeps apart print as __fmul_rn and fused ones as
 # __fmaf_rn, so -fmad cannot change a rounding; -fmad=false says so to nvcc as well.
 NVCC_FLAGS = ("-O3", "-fmad=false")
+_HOST_TO_DEVICE, _DEVICE_TO_HOST = 1, 2  # cudaMemcpyKind
 
 
 def _compile_cuda(cp: Any, source: str) -> Any:
-    """kernels.cu as a loaded module: nvcc to a cubin for the device's architecture when nvcc is here, else NVRTC
-    through cupy."""
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        return cp.RawModule(code=source, options=("-std=c++17", "--fmad=false"), backend="nvrtc")
+    """kernels.cu as a loaded module, a cubin for the device's architecture: nvcc's when nvcc is here, else NVRTC's
+    (`nvrtc.compile_cubin`: the lane's own options, not cupy's, which add -ftz=true)."""
+    from logos_ir.runtime.cuda import nvrtc
+
     capability = cp.cuda.Device().compute_capability
     arch = f"sm_{capability}"
+    nvcc = shutil.which("nvcc")
     with tempfile.TemporaryDirectory(prefix="logos-cuda-") as folder:
         cu, cubin = Path(folder) / "kernels.cu", Path(folder) / "kernels.cubin"
-        cu.write_text(source)
-        subprocess.run([nvcc, "-cubin", f"-arch={arch}", *NVCC_FLAGS, "-o", str(cubin), str(cu)], check=True)
+        if nvcc is None:
+            cubin.write_bytes(nvrtc.compile_cubin(source, arch).cubin)
+        else:
+            cu.write_text(source)
+            subprocess.run([nvcc, "-cubin", f"-arch={arch}", *NVCC_FLAGS, "-o", str(cubin), str(cu)], check=True)
         return cp.RawModule(path=str(cubin))

@@ -37,14 +37,20 @@ class LaunchShape:
     thread_x: np.ndarray
     block: tuple[np.ndarray, np.ndarray, np.ndarray]
     lanes: dict[int, np.ndarray] = field(default_factory=dict)
+    ids: np.ndarray | None = None  # each thread's index in the whole launch (None: 0, 1, ... threads - 1)
+    total: int = 0  # the whole launch's threads (a part of it, run alone, has fewer)
 
     @classmethod
-    def of(cls, grid: tuple[int, int, int], block: int) -> LaunchShape:
+    def of(cls, grid: tuple[int, int, int], block: int, ids: np.ndarray | None = None) -> LaunchShape:
         blocks = grid[0] * grid[1] * grid[2]
-        index = np.arange(blocks * block, dtype=np.int64)
+        index = np.arange(blocks * block, dtype=np.int64) if ids is None else ids
         which = index // block
         bx, rest = which % grid[0], which // grid[0]
-        return cls(blocks * block, index % block, (bx, rest % grid[1], rest // grid[1]))
+        return cls(len(index), index % block, (bx, rest % grid[1], rest // grid[1]), ids=ids, total=blocks * block)
+
+    @property
+    def global_ids(self) -> np.ndarray:
+        return np.arange(self.threads, dtype=np.int64) if self.ids is None else self.ids
 
     def partner(self, offset: int) -> np.ndarray:
         found = self.lanes.get(offset)
@@ -56,12 +62,22 @@ class LaunchShape:
 class KernelEmulator:
     """One `gpu.func`, compiled into numpy closures over a value list (see the module docstring)."""
 
-    def __init__(self, kernel: Any):
+    def __init__(self, kernel: Any, seed: int | None = None):
         self.name = kernel.sym_name.data
         self.slots: dict[Any, int] = {}
         block = kernel.body.block
         self.args = [self._slot(arg) for arg in block.args]
         self.launch: LaunchShape | None = None
+        # A kernel whose warps hand work to one another (an atomic count: attention's combine, split-K QKV) has its
+        # cross-warp reads checked against the fences and atomics that order them (`Ordering`), and with `seed`
+        # its warps run in a seeded order of separate parts (`run`). Kernels without an atomic share nothing
+        # between warps within a launch, and block-wide barriers (tensor-core kernels) keep their blocks whole.
+        names = {op.name for op in kernel.walk()}
+        self.ordered = "memref.atomic_rmw" in names
+        self.interleavable = self.ordered and "gpu.barrier" not in names
+        self.written = {self._slot(op.operands[1]) for op in kernel.walk() if op.name == "memref.store"}
+        self.seed = seed
+        self.order: Ordering | None = None
         self.body = self._block(block)
 
     def _slot(self, value: Any) -> int:
@@ -71,6 +87,26 @@ class KernelEmulator:
         return slot
 
     def run(self, arrays: Sequence[np.ndarray], launch: LaunchShape) -> None:
+        """One launch. In lockstep (no seed): every thread at every op together. With a seed, a kernel that hands
+        work between warps runs as up to `PARTS` parts, each a seeded random set of whole warps run to its end
+        before the next starts, and each atomic serves its threads in a seeded order: any warp may be the last to
+        count, and a warp may read before another has written (as on a GPU, where blocks and warps are scheduled
+        in no promised order)."""
+        self.order = Ordering(launch.total or launch.threads) if self.ordered else None
+        if self.seed is None or not self.interleavable or launch.ids is not None:
+            self._run(arrays, launch)
+            return
+        rng = np.random.default_rng([self.seed, launch.threads])
+        warps = rng.permutation(launch.threads // WARP)
+        cuts = np.sort(rng.choice(np.arange(1, len(warps)), min(PARTS, len(warps)) - 1, replace=False))
+        grid = (int(launch.block[0].max()) + 1, int(launch.block[1].max()) + 1, int(launch.block[2].max()) + 1)
+        size = int(launch.thread_x.max()) + 1
+        self.order.rng = rng
+        for part in np.split(warps, cuts):
+            ids = (np.sort(part)[:, None] * WARP + np.arange(WARP)[None, :]).reshape(-1)
+            self._run(arrays, LaunchShape.of(grid, size, ids))
+
+    def _run(self, arrays: Sequence[np.ndarray], launch: LaunchShape) -> None:
         env: Env = [None] * (len(self.slots) + 1)
         for slot, array in zip(self.args, arrays, strict=True):
             env[slot] = array.reshape(-1)
@@ -107,6 +143,78 @@ class KernelEmulator:
         if compile_op is None:
             raise LogosError(f"the CUDA emulator does not know '{op.name}' (in kernel {self.name})")
         return compile_op(self, op)
+
+
+PARTS = 4  # the parts a seeded launch of a kernel with an atomic count is run as, one after the other
+
+
+class Ordering:
+    """What orders one warp's global writes before another warp's reads within a launch, as CUDA's memory model
+    has it for the lane's hand-off (write the partials; `__threadfence()`; count with an atomic; the warp that
+    counts last fences again and reads them): each thread's last fence, each warp's atomic (its place in the
+    order its address served atomics, and each of its threads' last fence then: the writes that atomic
+    releases), and, for each buffer the kernel writes, each element's writer and when it wrote. A load of an
+    element another warp wrote in this launch is a fault unless the writer fenced after writing and before its
+    warp's atomic, the reader's warp counted after it on the same address, and the reader fenced after that."""
+
+    def __init__(self, threads: int):
+        self.clock = 0
+        self.fence = np.full(threads, -1, np.int64)
+        self.released = np.full(threads, -1, np.int64)
+        warps = -(-threads // WARP)
+        self.counted = np.full(warps, -1, np.int64)  # the clock of the warp's atomic
+        self.serial = np.full(warps, -1, np.int64)  # its place among its address's atomics
+        self.address = np.full(warps, -1, np.int64)
+        self.served: dict[tuple[int, int], int] = {}
+        self.writer: dict[int, np.ndarray] = {}
+        self.written_at: dict[int, np.ndarray] = {}
+        self.rng: np.random.Generator | None = None
+
+    def tick(self) -> int:
+        self.clock += 1
+        return self.clock
+
+    def store(self, slot: int, size: int, flat: np.ndarray, ids: np.ndarray) -> None:
+        if slot not in self.writer:
+            self.writer[slot] = np.full(size, -1, np.int64)
+            self.written_at[slot] = np.full(size, -1, np.int64)
+        self.writer[slot][flat] = ids
+        self.written_at[slot][flat] = self.tick()
+
+    def check_load(self, em: KernelEmulator, op: Any, slot: int, flat: Any, ids: np.ndarray, role: str) -> None:
+        writers = self.writer.get(slot)
+        if writers is None:
+            return
+        flat = np.broadcast_to(np.asarray(flat), ids.shape[:1] + np.shape(flat)[1:])
+        who = writers[flat]
+        readers = np.broadcast_to(ids.reshape((-1,) + (1,) * (who.ndim - 1)), who.shape)
+        other = (who >= 0) & (who // WARP != readers // WARP)
+        if not other.any():
+            return
+        w, r, at = who[other], readers[other], self.written_at[slot][flat[other]]
+        wr, rd = w // WARP, r // WARP
+        released = self.released[w] >= at
+        counted_after = (self.address[wr] == self.address[rd]) & (self.serial[wr] < self.serial[rd])
+        acquired = (self.counted[rd] >= 0) & (self.fence[r] > self.counted[rd])
+        bad = ~(released & counted_after & acquired)
+        if not bad.any():
+            return
+        first = int(np.flatnonzero(bad)[0])
+        writer, reader = int(w[first]), int(r[first])
+        why = (
+            "with no fence between that write and its warp's atomic count"
+            if not released[first]
+            else "before its warp counted after the writer's"
+            if not counted_after[first]
+            else "with no fence between its warp's atomic count and the read"
+        )
+        assert em.launch is not None
+        size = int(em.launch.thread_x.max()) + 1
+        raise EmulatorFault(
+            f"the CUDA emulator: kernel {em.name}: '{op.name}' reads {role} written by another warp (thread "
+            f"{writer % size} of block {writer // size}) {why} (reader: thread {reader % size} of block "
+            f"{reader // size})"
+        )
 
 
 def _uses(op: Any) -> list[Any]:
@@ -370,8 +478,29 @@ def _load(em: KernelEmulator, op: Any) -> Step:
         flat = _flat(env, indices, strides, mask)
         _check_bounds(em, op, flat, size, role)
         env[out] = env[memory][flat]
+        if em.order is not None and memory in em.written:
+            _check_ordered(em, op, memory, flat, mask, role)
 
     return step
+
+
+def _check_ordered(em: KernelEmulator, op: Any, memory: int, flat: Any, mask: Mask, role: str) -> None:
+    """A load's cross-warp reads checked against `Ordering` (the threads that run it)."""
+    assert em.launch is not None and em.order is not None
+    ids = em.launch.global_ids
+    flat = np.broadcast_to(np.asarray(flat), (em.launch.threads,) + np.shape(flat)[1:])
+    if mask is not None:
+        ids, flat = ids[mask], flat[mask]
+    em.order.check_load(em, op, memory, flat, ids, role)
+
+
+def _track_store(em: KernelEmulator, memory: int, size: int, flat: Any, mask: Mask) -> None:
+    assert em.launch is not None and em.order is not None
+    ids = em.launch.global_ids
+    flat = np.broadcast_to(np.asarray(flat), (em.launch.threads,))
+    if mask is not None:
+        ids, flat = ids[mask], flat[mask]
+    em.order.store(memory, size, flat, ids)
 
 
 def _store(em: KernelEmulator, op: Any) -> Step:
@@ -386,6 +515,8 @@ def _store(em: KernelEmulator, op: Any) -> Step:
         assert em.launch is not None
         flat = _flat(env, indices, strides, None)
         data = env[value]
+        if em.order is not None:
+            _track_store(em, memory, size, flat, mask)
         if mask is None:
             _check_bounds(em, op, flat, size, role)
             env[memory][flat] = data
@@ -437,6 +568,8 @@ def _vector_load(em: KernelEmulator, op: Any) -> Step:
             env[out] = np.take(data.reshape(-1, width), rows, axis=0)
         else:
             env[out] = data[np.add.outer(flat, np.arange(width))]  # [threads, width], or [width] for one index
+        if em.order is not None and memory in em.written:
+            _check_ordered(em, op, memory, np.add.outer(flat, np.arange(width)), mask, role)
 
     return step
 
@@ -460,12 +593,52 @@ def _gpu_shuffle(em: KernelEmulator, op: Any) -> Step:
         assert em.launch is not None
         if int(env[width]) != WARP:
             raise _fault(em, op, f"shuffles over {int(env[width])} lanes, not a warp's {WARP}", None, env[width])
+        _whole_warps(em, op, mask, "__shfl_xor_sync(0xffffffff)")
         data = env[value]
         env[valid] = np.True_
         if not isinstance(data, np.ndarray) or data.shape != (em.launch.threads,):
             env[out] = data  # the same on every lane
             return
         env[out] = data[em.launch.partner(int(env[offset]))]
+
+    return step
+
+
+def _whole_warps(em: KernelEmulator, op: Any, mask: Mask, what: str) -> None:
+    """A warp-synchronous op with the full mask (every shuffle and warp barrier the lane prints) must be reached
+    by all 32 lanes of each warp that reaches it: under divergence a GPU's result is undefined (or it hangs)."""
+    if mask is None:
+        return
+    assert em.launch is not None
+    lanes = np.asarray(mask).reshape(-1, WARP).sum(axis=1)
+    split = (lanes > 0) & (lanes < WARP)
+    if split.any():
+        warp = int(np.flatnonzero(split)[0])
+        thread = int(em.launch.global_ids[warp * WARP])
+        size = int(em.launch.thread_x.max()) + 1
+        raise EmulatorFault(
+            f"the CUDA emulator: kernel {em.name}: '{op.name}' ({what}) is reached by {int(lanes[warp])} of the "
+            f"{WARP} lanes of the warp from thread {thread % size} of block {thread // size} (divergent)"
+        )
+
+
+def _warp_sync(em: KernelEmulator, op: Any) -> Step:
+    def step(env: Env, mask: Mask) -> None:
+        _whole_warps(em, op, mask, "__syncwarp(0xffffffff)")
+
+    return step
+
+
+def _fence(em: KernelEmulator, op: Any) -> Step:
+    """`__threadfence()`: the threads that run it have every earlier write of theirs ordered before their later
+    accesses (recorded where the kernel hands work between warps, `Ordering`)."""
+
+    def step(env: Env, mask: Mask) -> None:
+        if em.order is None:
+            return
+        assert em.launch is not None
+        ids = em.launch.global_ids if mask is None else em.launch.global_ids[mask]
+        em.order.fence[ids] = em.order.tick()
 
     return step
 
@@ -563,9 +736,22 @@ def _atomic_rmw(em: KernelEmulator, op: Any) -> Step:
         _check_bounds(em, op, flat[active], size, role)
         before = np.zeros(threads, np.int64)
         data = env[memory]
-        for thread in np.flatnonzero(active):
+        order = em.order
+        served = np.flatnonzero(active)
+        if order is not None and order.rng is not None:
+            served = order.rng.permutation(served)  # a seeded launch: the threads' atomics in any order
+        ids = em.launch.global_ids
+        for thread in served:
             before[thread] = data[flat[thread]]
             data[flat[thread]] += adds[thread]
+            if order is not None:  # the atomic releases its warp's fenced writes, in its address's order
+                warp = int(ids[thread]) // WARP
+                key = (memory, int(flat[thread]))
+                order.serial[warp] = order.served[key] = order.served.get(key, -1) + 1
+                order.address[warp] = memory * (1 << 40) + int(flat[thread])
+                order.counted[warp] = order.tick()
+                lanes = np.arange(warp * WARP, min((warp + 1) * WARP, len(order.fence)))
+                order.released[lanes] = order.fence[lanes]
         env[out] = before
 
     return step
@@ -619,8 +805,8 @@ COMPILERS: dict[type[Operation], Compiler] = {
     scf.ForOp: _for,
     scf.IfOp: _if,
     memref.AtomicRMWOp: _atomic_rmw,
-    cuda.FenceOp: _nothing,  # threads run in lockstep: every earlier write is already visible
-    cuda.WarpSyncOp: _nothing,  # and every lane of a warp already meets the others at each op
+    cuda.FenceOp: _fence,
+    cuda.WarpSyncOp: _warp_sync,
     scf.YieldOp: _nothing,
     gpu.ReturnOp: _nothing,
     **TENSOR_CORE_COMPILERS,

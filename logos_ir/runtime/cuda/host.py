@@ -71,8 +71,9 @@ class HostRuntime:
 
 class HostProgram:
     """One lowered program on the runtime's ranks: `inputs` and `run` as the reference interpreter has them (so the
-    reference's greedy loop drives it), `logits` after each run (the head's f32 logits, read back from the first
-    local rank's buffer). With `graph`, the step is captured after an eager first run and replayed after."""
+    reference's greedy loop drives it), `logits` after each run (the head's f32 logits of the last row, read back
+    from the first local rank's buffer when asked for: a greedy run, whose token is the device's arg-max, reads
+    back the token alone). With `graph`, the step is captured after an eager first run and replayed after."""
 
     def __init__(self, runtime: HostRuntime, plan: HostPlan, cuda_source: str, graph: bool):
         self.runtime, self.plan, self.graph = runtime, plan, graph
@@ -86,7 +87,8 @@ class HostProgram:
         }
         self.output = next(b.name for b in plan.buffers.values() if b.kind == "output")
         self.graphs: list[Any] | None = None
-        self.logits: np.ndarray | None = None
+        self._logits: np.ndarray | None = None
+        self._ran = False
 
     def launch_all(self) -> None:
         devices = self.runtime.devices
@@ -121,10 +123,19 @@ class HostProgram:
             for name, values in inputs.items():
                 device.write(name, arrays[name], np.asarray(values, np.int64))
         self.step()
-        first, arrays = self.runtime.devices[0], self.chips[0]
-        if "logits" in arrays:
-            self.logits = first.read("logits", arrays["logits"])[-1].astype(np.float32)
-        return first.read(self.output, arrays[self.output])
+        self._ran, self._logits = True, None
+        return self.runtime.devices[0].read(self.output, self.chips[0][self.output])
+
+    @property
+    def logits(self) -> np.ndarray | None:
+        """The last run's f32 logits of its last row (None before a run, or for a program without a head), read
+        back from the device on the first call after that run."""
+        arrays = self.chips[0]
+        if not self._ran or "logits" not in arrays:
+            return None
+        if self._logits is None:
+            self._logits = self.runtime.devices[0].read("logits", arrays["logits"])[-1].astype(np.float32)
+        return self._logits
 
 
 class EmulatedDevice:

@@ -51,10 +51,12 @@ class EmulatedWeights:
         self._index: dict[int, dict[str, Any]] = {}
 
     def share(self, chip: int, buffer: Buffer) -> np.ndarray:
-        """This chip's values of `buffer`: f32, or for a bf16 image read from a file its uint16 bit patterns."""
+        """This chip's values of `buffer`: f32, or for a bf16 buffer its uint16 bit patterns (from the build's image
+        or from the store, which reads only this share, through its file's memory map where it has one)."""
         if self.folder is not None:
             return self._from_image(chip, buffer)
-        return np.ascontiguousarray(weight_share(self.store, buffer.name, buffer.shape, chip, self.chips), np.float32)
+        element = "bf16" if buffer.element == "bf16" else "f32"
+        return weight_share(self.store, buffer.name, buffer.shape, chip, self.chips, element)
 
     def _from_image(self, chip: int, buffer: Buffer) -> np.ndarray:
         name = "weights.bin" if self.chips == 1 else f"weights.chip{chip}.bin"

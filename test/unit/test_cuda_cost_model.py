@@ -1,0 +1,61 @@
+"""The decode step's latency model (`passes/cuda/cost_model.py`, the build report's `latency_model`) on the 8B's
+decode step at ctx 8192 (two layers: attention's figures do not depend on the layer count): attention's bytes in
+flight an SM follow from its kernel's structure, counted here by hand; the figures move when the kernel does."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from logos_ir.program import Cut
+from logos_ir.runtime.cuda.artifacts import build_program
+from logos_ir.spec import ModelSpec
+
+
+@pytest.fixture(scope="module")
+def plan():
+    spec = dataclasses.replace(ModelSpec.preset("llama-3.1-8b"), layers=2)
+    return build_program(spec, Cut.decode(8192), 1, "bf16").plan
+
+
+def test_attention_keeps_29_kb_in_flight_an_sm_from_1024_to_8192_and_all_of_it_at_256(plan) -> None:
+    """By hand: a lane of the 8B's attention (head_dim 128, 16 lanes a position, 16-byte bf16 loads) issues 2 warp
+    steps' key and value loads a loop iteration, 2 x 2 x 16 = 64 bytes, 2 KB a warp. 8 KV heads x 256 splits (32
+    positions at a full cache, at least 4: one iteration) give 2048 warps, 15.5 an SM, under the 16 the launch bound
+    keeps resident: 31,775 bytes an SM at 1024 and 8192 (both use every split). At 256, 64 splits of 4 positions:
+    every warp's whole share in flight at once, the layer's whole live cache over the SMs."""
+    from logos_ir.passes.cuda.cost_model import step_estimate
+
+    def attention(live: int) -> dict:
+        launches = step_estimate(plan, live)["launches"]
+        return next(e for e in launches if e["kernel"].startswith("attention_1x"))
+
+    for live in (1024, 8192):
+        found = attention(live)
+        assert found["active_warps"] == 2048
+        assert found["bytes_in_flight_per_sm"] == round(2048 / 132 * 2048) == 31775 >= 29 * 1024
+    short = attention(256)
+    assert short["active_warps"] == 8 * 64
+    # keys and values of 256 positions (one layer), the f32 query row and the position
+    assert short["hbm_bytes"] == 256 * 8 * 128 * 2 * 2 + 4096 * 4 + 8
+    assert 512 * 2048 == 256 * 8 * 128 * 2 * 2  # each warp's 2 KB in flight is its whole share of the cache
+    assert short["bytes_in_flight_per_sm"] == round(512 / 132 * 2048) == 7944
+
+
+def test_the_step_estimate_and_its_constants(plan) -> None:
+    """Every constant is a range with its source; the step's band holds the minimum's time at the peak, and more
+    live positions take longer."""
+    from logos_ir.passes.cuda.cost_model import CONSTANTS, latency_report
+
+    report = latency_report(plan)
+    assert all(lo <= hi and len(source) > 20 for lo, hi, source in CONSTANTS.values())
+    assert set(report["steps"]) == {"256", "1024", "8192"}
+    times = [report["steps"][live]["ms"] for live in ("256", "1024", "8192")]
+    assert times[0][0] < times[1][0] < times[2][0] and all(lo < hi for lo, hi in times)
+    for step in report["steps"].values():
+        low, high = step["hbm_fraction"]
+        assert 0 < low < high < 1
+        assert step["ms"][0] >= step["minimum_mb"] * 1e6 / 4.8e12 * 1e3  # no faster than the datasheet's peak
+    merge = next(k for name, k in report["kernels"].items() if name.startswith("attention_merge"))
+    assert merge["launches"] == 2
