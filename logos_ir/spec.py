@@ -19,7 +19,7 @@ from logos_ir.errors import SourceLocation, SpecError
 
 # phi3: a Llama whose checkpoint fuses projections; qwen2: biases on Q, K and V; qwen3: an RMS norm on each head of
 # Q and K
-# gemma2: Gemma's norms, GeGLU, soft-caps and sandwich norms (`GEMMA`)
+# gemma2 and gemma3_text: Gemma's norms, embedding scale, GeGLU, soft-caps and sandwich norms (`LLAMA_FEATURES`)
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "phi3", "qwen2", "qwen3", "gemma2", "gemma3_text")
 GEMMAS = ("gemma2", "gemma3_text")  # gemma3_text: Gemma 2's features with head norms and a rope base per layer kind
 # The projections that may add a bias, in model order, with the Hugging Face module each is (`<module>.bias`).
