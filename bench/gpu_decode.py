@@ -9,7 +9,7 @@ On a GPU it
 2. for a `smollm2-135m`-shaped model at ctx 1024 and a `llama-3.1-8b`-shaped one at ctx 256, 1024 and 8192, with
    random bf16 weights (made on the GPU): decode tokens/s at batch 1 with the bf16 cache filled (the step replayed
    as a CUDA graph through the host runtime; the eager step, the capture and 3 replays outside the clock), the
-   achieved bandwidth (the bytes the step reads as its plan reads them, `passes/cuda/build.step_bytes`) against a
+   achieved bandwidth (the bytes the step reads as its plan reads them, `passes/cuda/traffic.step_bytes`) against a
    read-only kernel and a device-to-device copy measured in the same run (compiled and warmed before timing) and
    the minimum bytes against the published peak, the latency model's band for the same step; each distinct kernel
    timed alone with the L2 flushed (256 MB written) before every launch, each projection beside cuBLAS's GEMV
@@ -239,8 +239,8 @@ def shaped_model(cp: Any, clock: Clock, name: str, ctx: int, peak: float, copy: 
     reads them (one embedding row, the live cache); each distinct kernel of layer 0 timed alone with the L2 flushed,
     beside cuBLAS's GEMV and a device copy of the same bytes where it is a projection; the latency model's estimate
     of the same step for comparison."""
-    from logos_ir.passes.cuda.build import _launch_bytes, kernel_reads, step_bytes
     from logos_ir.passes.cuda.cost_model import step_estimate
+    from logos_ir.passes.cuda.traffic import kernel_reads, launch_bytes, step_bytes
     from logos_ir.program import Cut
     from logos_ir.runtime.cuda.artifacts import build_program
     from logos_ir.runtime.cuda.devices import Gpu
@@ -271,7 +271,7 @@ def shaped_model(cp: Any, clock: Clock, name: str, ctx: int, peak: float, copy: 
         args = [arrays[n] for n in launch.buffers]
         seconds = clock.flushed(lambda s=launch, a=args: device.launch(s.kernel, s.grid, s.block, a), 10)
         reads = kernel_reads(plan.kernels[launch.kernel])
-        moved = sum(_launch_bytes(plan, launch, n, ctx) for n, r in zip(launch.buffers, reads, strict=True) if r)
+        moved = sum(launch_bytes(plan, launch, n, ctx) for n, r in zip(launch.buffers, reads, strict=True) if r)
         entry: dict[str, Any] = {"us": round(seconds * 1e6, 2), "tb_per_s": round(moved / seconds / 1e12, 3)}
         weight = next((plan.buffers[n] for n in launch.buffers if plan.buffers[n].kind == "weight"), None)
         if weight is not None and len(weight.shape) == 2 and weight.element == "bf16":

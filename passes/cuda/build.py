@@ -34,6 +34,7 @@ from xdsl.printer import Printer
 from logos_ir.build import Artifact, BuildRequest, LaneBuild, program_module
 from logos_ir.dialects.cuda import ALIGN, HEADER_BYTES, IMAGE_MAGIC
 from logos_ir.errors import PassError
+from logos_ir.passes.cuda.traffic import SIZES, buffer_bytes, step_bytes
 from logos_ir.program import Identity
 
 
@@ -303,7 +304,6 @@ def ptxas_summary(ptxas: dict[str, Any] | str) -> str:
     return line
 
 
-SIZES = {"bf16": 2, "f32": 4, "i64": 8}
 NEEDED_IN_FLIGHT = 29 * 1024  # bytes in flight an H200 SM needs: 4.8 TB/s x ~800 ns of latency / 132 SMs
 REGISTERS_PER_SM, MAX_WARPS_PER_SM, MAX_BLOCKS_PER_SM = 65536, 64, 32  # Hopper (sm_90)
 
@@ -315,8 +315,8 @@ def plan_report(module: ModuleOp) -> dict[str, Any]:
     from logos_ir.passes.cuda.host_plan import plan_of
 
     plan = plan_of(module)
-    weight_bytes = sum(_bytes(b) for b in plan.buffers.values() if b.kind == "weight")
-    cache_bytes = sum(_bytes(b) for b in plan.buffers.values() if b.kind == "cache")
+    weight_bytes = sum(buffer_bytes(b) for b in plan.buffers.values() if b.kind == "weight")
+    cache_bytes = sum(buffer_bytes(b) for b in plan.buffers.values() if b.kind == "cache")
     read, minimum = step_bytes(plan)
     return {
         "kernels": len(plan.kernels),
@@ -334,10 +334,6 @@ def plan_report(module: ModuleOp) -> dict[str, Any]:
     }
 
 
-def _bytes(buffer: Any) -> int:
-    return int(np.prod(buffer.shape)) * SIZES[buffer.element]
-
-
 def launches_per_layer(plan: Any) -> int:
     """The most launches that read one layer's weights or caches."""
     import re
@@ -350,69 +346,6 @@ def launches_per_layer(plan: Any) -> int:
         for layer in layers:
             counts[layer] = counts.get(layer, 0) + 1
     return max(counts.values(), default=0)
-
-
-def kernel_reads(kernel: Any) -> list[bool]:
-    """Which arguments of a `gpu.func` the kernel reads (memref.load, vector.load, an atomic)."""
-    read = {
-        op.operands[0] if op.name in ("memref.load", "vector.load") else op.operands[1]
-        for op in kernel.walk()
-        if op.name in ("memref.load", "vector.load", "memref.atomic_rmw")
-    }
-    return [arg in read for arg in kernel.body.block.args]
-
-
-def step_bytes(plan: Any, live: int | None = None) -> tuple[int, int]:
-    """(bytes the step reads, the least any step must read) with `live` cached positions (None: the whole cache):
-    each launch reads each buffer it loads from once (a warp's re-reads of its input vector hit L1/L2 and are not
-    counted), the embedding and the rotary tables one row per token, attention the live positions of its caches,
-    scratch not at all (the partial sums a launch writes and reads back stay in L2); the minimum is every weight
-    once (the embedding's rows) and the live positions of every cache."""
-    read = 0
-    for launch in plan.launches:
-        kernel = plan.kernels[launch.kernel]
-        for name, loaded in zip(launch.buffers, kernel_reads(kernel), strict=True):
-            if loaded:
-                read += _launch_bytes(plan, launch, name, live)
-    minimum = 0
-    for buffer in plan.buffers.values():
-        if buffer.kind == "weight":
-            minimum += (
-                _embedding_rows(plan, buffer)
-                if "embed_tokens" in buffer.name and _embeds(plan, buffer)
-                else _bytes(buffer)
-            )
-        elif buffer.kind == "cache":
-            minimum += _live(buffer, live)
-    return read, minimum
-
-
-def _embeds(plan: Any, buffer: Any) -> bool:
-    """Whether the table is read by the embedding alone (a tied head reads it whole)."""
-    return all(launch.kernel.startswith("embed") for launch in plan.launches if buffer.name in launch.buffers)
-
-
-def _embedding_rows(plan: Any, buffer: Any) -> int:
-    tokens = next(b for b in plan.buffers.values() if b.kind == "input" and b.name.startswith("token"))
-    return int(np.prod(tokens.shape)) * buffer.shape[1] * SIZES[buffer.element]
-
-
-def _live(buffer: Any, live: int | None) -> int:
-    ctx = buffer.shape[-2]
-    return _bytes(buffer) * min(live or ctx, ctx) // ctx
-
-
-def _launch_bytes(plan: Any, launch: Any, name: str, live: int | None) -> int:
-    buffer = plan.buffers[name]
-    if launch.kernel.startswith("embed") and buffer.kind == "weight":
-        return _embedding_rows(plan, buffer)
-    if buffer.kind == "cache":
-        return _live(buffer, live)
-    if buffer.kind == "table" and name.startswith("rope."):  # a row per token: its position's
-        return _embedding_rows(plan, buffer)
-    if buffer.kind == "scratch":  # written and read back by the same launch or the next: L2, not HBM
-        return 0
-    return _bytes(buffer)
 
 
 def loads_in_flight(plan: Any) -> dict[str, int]:

@@ -115,7 +115,7 @@ def _element_type(buffer: Any) -> Any:
 
 def launch_estimate(plan: Any, launch: Any, live: int, occupancy_warps: int) -> dict[str, Any]:
     """One launch at live length `live`: HBM and L2 bytes, bytes in flight an SM, and its time (low, high) in s."""
-    from logos_ir.passes.cuda.build import _launch_bytes, kernel_reads
+    from logos_ir.passes.cuda.traffic import kernel_reads, launch_bytes
 
     kernel = plan.kernels[launch.kernel]
     hbm = l2 = 0
@@ -125,7 +125,7 @@ def launch_estimate(plan: Any, launch: Any, live: int, occupancy_warps: int) -> 
         if plan.buffers[name].kind == "scratch":
             l2 += _scratch_bytes(plan, launch, name, live)
         else:
-            hbm += _launch_bytes(plan, launch, name, live)
+            hbm += launch_bytes(plan, launch, name, live)
     active = max(_active_warps(plan, launch, live), 1)
     per_warp = min(thread_flight(kernel) * WARP, math.ceil((hbm + l2) / active))
     resident = min(occupancy_warps, active / SMS)
@@ -155,12 +155,12 @@ def launch_estimate(plan: Any, launch: Any, live: int, occupancy_warps: int) -> 
 def _scratch_bytes(plan: Any, launch: Any, name: str, live: int) -> int:
     """The scratch a launch reads: attention's merge the partial states of the splits that attended anything."""
     buffer = plan.buffers[name]
-    from logos_ir.passes.cuda.build import _bytes
+    from logos_ir.passes.cuda.traffic import buffer_bytes
 
     if launch.kernel.startswith("attention_merge") and len(buffer.shape) == 4:
         used = _merge_splits(plan, launch, live)
-        return _bytes(buffer) * used // buffer.shape[2]
-    return _bytes(buffer)
+        return buffer_bytes(buffer) * used // buffer.shape[2]
+    return buffer_bytes(buffer)
 
 
 def _merge_splits(plan: Any, launch: Any, live: int) -> int:
@@ -190,7 +190,7 @@ def step_estimate(plan: Any, live: int, occupancy: dict[str, int] | None = None)
     """The step at live length `live`: each launch's estimate, their sum, the least HBM bytes a step reads and the
     fraction of HBM that is (low, high: the band of the constants). `occupancy`: warps an SM per kernel (ptxas's);
     else the launch bound's."""
-    from logos_ir.passes.cuda.build import step_bytes
+    from logos_ir.passes.cuda.traffic import step_bytes
 
     occupancy = occupancy or {}
     launches = [

@@ -96,7 +96,7 @@ def test_a_build_folder_runs_as_the_card_host_loads_it(tmp_path: Path) -> None:
     command = ["logos-compile", "--model", str(tmp_path / "model"), "--target", "d5005", "--cut", "decode ctx=64"]
     done = subprocess.run([*command, "--weights", "f32", "--with-weights", "-o", str(build)], capture_output=True)
     assert done.returncode == 0, done.stderr.decode()
-    assert b"d5005 cost model (read from the engine's loops):" in done.stdout + done.stderr
+    assert b"d5005 cost model (read from engine.cl as aoc would):" in done.stdout + done.stderr
     engine = Engine.from_build(build)
     prompt = [7, 1, 30]
     expected = Generator(open_model(str(tmp_path / "model"))).generate(prompt, 10)

@@ -1,0 +1,77 @@
+"""What a CUDA step reads from HBM, launch by launch, as its host plan says (the build report's byte figures and
+the latency model's, `cost_model.py`, both read it here): each buffer a kernel loads from, once a launch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+SIZES = {"bf16": 2, "f32": 4, "i64": 8}
+
+
+def buffer_bytes(buffer: Any) -> int:
+    return int(np.prod(buffer.shape)) * SIZES[buffer.element]
+
+
+def kernel_reads(kernel: Any) -> list[bool]:
+    """Which arguments of a `gpu.func` the kernel reads (memref.load, vector.load, an atomic)."""
+    read = {
+        op.operands[0] if op.name in ("memref.load", "vector.load") else op.operands[1]
+        for op in kernel.walk()
+        if op.name in ("memref.load", "vector.load", "memref.atomic_rmw")
+    }
+    return [arg in read for arg in kernel.body.block.args]
+
+
+def step_bytes(plan: Any, live: int | None = None) -> tuple[int, int]:
+    """(bytes the step reads, the least any step must read) with `live` cached positions (None: the whole cache):
+    each launch reads each buffer it loads from once (a warp's re-reads of its input vector hit L1/L2 and are not
+    counted), the embedding and the rotary tables one row per token, attention the live positions of its caches,
+    scratch not at all (the partial sums a launch writes and reads back stay in L2); the minimum is every weight
+    once (the embedding's rows) and the live positions of every cache."""
+    read = 0
+    for launch in plan.launches:
+        kernel = plan.kernels[launch.kernel]
+        for name, loaded in zip(launch.buffers, kernel_reads(kernel), strict=True):
+            if loaded:
+                read += launch_bytes(plan, launch, name, live)
+    minimum = 0
+    for buffer in plan.buffers.values():
+        if buffer.kind == "weight":
+            minimum += (
+                _embedding_rows(plan, buffer)
+                if "embed_tokens" in buffer.name and _embeds(plan, buffer)
+                else buffer_bytes(buffer)
+            )
+        elif buffer.kind == "cache":
+            minimum += _live(buffer, live)
+    return read, minimum
+
+
+def _embeds(plan: Any, buffer: Any) -> bool:
+    """Whether the table is read by the embedding alone (a tied head reads it whole)."""
+    return all(launch.kernel.startswith("embed") for launch in plan.launches if buffer.name in launch.buffers)
+
+
+def _embedding_rows(plan: Any, buffer: Any) -> int:
+    tokens = next(b for b in plan.buffers.values() if b.kind == "input" and b.name.startswith("token"))
+    return int(np.prod(tokens.shape)) * buffer.shape[1] * SIZES[buffer.element]
+
+
+def _live(buffer: Any, live: int | None) -> int:
+    ctx = buffer.shape[-2]
+    return buffer_bytes(buffer) * min(live or ctx, ctx) // ctx
+
+
+def launch_bytes(plan: Any, launch: Any, name: str, live: int | None) -> int:
+    buffer = plan.buffers[name]
+    if launch.kernel.startswith("embed") and buffer.kind == "weight":
+        return _embedding_rows(plan, buffer)
+    if buffer.kind == "cache":
+        return _live(buffer, live)
+    if buffer.kind == "table" and name.startswith("rope."):  # a row per token: its position's
+        return _embedding_rows(plan, buffer)
+    if buffer.kind == "scratch":  # written and read back by the same launch or the next: L2, not HBM
+        return 0
+    return buffer_bytes(buffer)
