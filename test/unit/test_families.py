@@ -10,6 +10,7 @@ weight manifest (`logos_ir/weights/manifest.py`): its program is a Llama's.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,8 @@ from logos_ir.errors import LogosError
 from logos_ir.registry import backends
 from logos_ir.runtime import RunRequest
 from logos_ir.sampling import Sampler
+from logos_ir.spec import ModelSpec
+from logos_ir.testing import RandomWeights
 from logos_ir.weights import open_model
 
 FAMILIES = Path(__file__).parent / "families"
@@ -121,6 +124,25 @@ def test_qwen2s_biases_on_the_cuda_lane_give_transformers_tokens(tp: int) -> Non
 def test_a_lane_refuses_an_op_it_does_not_lower_by_name(family: str, backend: str, emulate: bool, refusal: str) -> None:
     with pytest.raises(LogosError) as refused:
         _lane(family, backend, emulate).generate([1, 2, 3], 2)
+    assert refusal in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("backend", "emulate", "refusal"),
+    [
+        ("cuda", True, "'logos.rope' rotates with base 5000.0, not its model's 10000.0, which the CUDA lane does not"),
+        ("d5005", False, "'logos.rope' %turned_query rotates with base 5000.0, not its model's 10000.0"),
+    ],
+    ids=["cuda", "d5005"],
+)
+def test_a_lane_refuses_a_rotation_by_a_layers_own_base(backend: str, emulate: bool, refusal: str) -> None:
+    """Gemma 3's local layers rotate with a base of their own; a lane whose rotation tables are the model's refuses
+    such a rotation (`logos.variant`) rather than rotate it by the model's base. A window that never bites here
+    (64 positions, a cache of 32), so the base is the one variant."""
+    spec = replace(ModelSpec.preset("tiny"), sliding_window=64, full_layers=(1,), local_rope_theta=5000.0)
+    request = RunRequest(RandomWeights(spec), ctx=32, prefill_rows=4, weights="f32", emulate=emulate)
+    with pytest.raises(LogosError) as refused:
+        backends()[backend].generator()(request).generate([1, 2, 3], 2)
     assert refusal in str(refused.value)
 
 
