@@ -446,16 +446,16 @@ class ProgramOp(LogosOp):
             raise _fail(self, f"expects a digest of 64 lowercase hex digits, got '{digest}'")
         if self.function("main") is None:  # (`function` reads the module: a body of no module is refused there)
             raise _fail(self, "has no @main section")
-        self._check_windows()
+        self._check_against_model()
 
-    def _check_windows(self) -> None:
+    def _check_against_model(self) -> None:
         """Each attention says its layer's sliding window exactly where the window bites (a cache longer than it),
         and nowhere else: a program cannot attend past the window its model has, nor window a full layer; its norms,
         scores' scale and soft-cap are its model's (Gemma's)."""
         spec = self.model.spec
         scale = None if spec.query_pre_attn_scalar is None else spec.query_pre_attn_scalar**-0.5
         for op in self.walk():
-            if isinstance(op, RMSNormOp | HeadRMSNormOp) and (op.plus_one is not None) != spec.norm_plus_one:
+            if isinstance(op, ScaledRMSNormOp) and (op.plus_one is not None) != spec.norm_plus_one:
                 raise _fail(self, f"has an RMS norm {'without' if spec.norm_plus_one else 'with'} its model's one plus")
             if isinstance(op, AttentionOp):
                 said = (
@@ -689,8 +689,26 @@ class EmbedOp(LogosOp):
         _expect_same(self, "result shape", out, (tokens[0], table[1]))
 
 
+class ScaledRMSNormOp(LogosOp):
+    """Base of the RMS norms: an input, a weight that scales it (or one plus it), the model's epsilon. Neither norm
+    is the other's subclass, so a lane that lowers one never takes the other for it."""
+
+    input = operand_def(TensorType)
+    weight = operand_def(TensorType)
+    epsilon = prop_def(FloatAttr)
+    plus_one = opt_prop_def(UnitAttr)  # scaled by one plus the weight (Gemma's norms)
+    result = result_def(TensorType)
+
+    traits = traits_def(Pure())
+
+    assembly_format = (
+        "$input `,` $weight `epsilon` $epsilon (`plus_one` $plus_one^)? attr-dict "
+        "`:` functional-type(operands, results)"
+    )
+
+
 @irdl_op_definition
-class RMSNormOp(LogosOp):
+class RMSNormOp(ScaledRMSNormOp):
     """RMS normalisation of each row, scaled by a weight: x / sqrt(mean(x^2) + epsilon) * weight.
 
     ```mlir
@@ -700,19 +718,6 @@ class RMSNormOp(LogosOp):
 
     name = "logos.rms_norm"
 
-    input = operand_def(TensorType)
-    weight = operand_def(TensorType)
-    epsilon = prop_def(FloatAttr)
-    plus_one = opt_prop_def(UnitAttr)  # scaled by one plus the weight (Gemma's norms)
-    result = result_def(TensorType)
-
-    traits = traits_def(Pure())
-
-    assembly_format = (
-        "$input `,` $weight `epsilon` $epsilon (`plus_one` $plus_one^)? attr-dict "
-        "`:` functional-type(operands, results)"
-    )
-
     def check_(self) -> None:
         x, weight = tensor_shape(self.input), tensor_shape(self.weight)
         _expect_rank(self, "input", x, 2)
@@ -721,7 +726,7 @@ class RMSNormOp(LogosOp):
 
 
 @irdl_op_definition
-class HeadRMSNormOp(LogosOp):
+class HeadRMSNormOp(ScaledRMSNormOp):
     """RMS normalisation of each head of each row, scaled by a weight as long as a head: the row is cut into heads of
     the weight's length and each is normed alone (Qwen3's and Gemma 3's `q_norm` and `k_norm`).
 
@@ -731,19 +736,6 @@ class HeadRMSNormOp(LogosOp):
     """
 
     name = "logos.head_rms_norm"
-
-    input = operand_def(TensorType)
-    weight = operand_def(TensorType)
-    epsilon = prop_def(FloatAttr)
-    plus_one = opt_prop_def(UnitAttr)  # scaled by one plus the weight (Gemma's norms)
-    result = result_def(TensorType)
-
-    traits = traits_def(Pure())
-
-    assembly_format = (
-        "$input `,` $weight `epsilon` $epsilon (`plus_one` $plus_one^)? attr-dict "
-        "`:` functional-type(operands, results)"
-    )
 
     def check_(self) -> None:
         x, weight = tensor_shape(self.input), tensor_shape(self.weight)
@@ -1087,7 +1079,7 @@ def program_spec(op: Operation) -> ModelSpec | None:
 def variant(op: Operation) -> str | None:
     """What `op` says beyond the plain form of its kind, in words (a lane refuses an op it would otherwise lower
     when this is not None and it does not lower the variant), or None."""
-    if isinstance(op, RMSNormOp | HeadRMSNormOp) and op.plus_one is not None:
+    if isinstance(op, ScaledRMSNormOp) and op.plus_one is not None:
         return "scales by one plus its weight"
     if isinstance(op, RopeOp):
         spec = program_spec(op)

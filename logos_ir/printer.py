@@ -222,7 +222,7 @@ def _write(op: logos.CacheWriteOp, n: Callable[[SSAValue], str]) -> str:
     return f"Write {n(op.input)} into {n(op.cache)} at {n(op.positions)}."
 
 
-def _norm_weight(op: logos.RMSNormOp | logos.HeadRMSNormOp, n: Callable[[SSAValue], str]) -> str:
+def _norm_weight(op: logos.ScaledRMSNormOp, n: Callable[[SSAValue], str]) -> str:
     return f"one plus {n(op.weight)}" if op.plus_one is not None else n(op.weight)
 
 

@@ -292,7 +292,7 @@ class ChipCompiler:
         tokens = self._value(env[op.tokens], section, "the tokens")
         env[op.result] = self._emit(kernels.embed(table.array), [tokens], section)
 
-    def _rms_norm(self, op: logos.RMSNormOp | logos.HeadRMSNormOp, env: dict[SSAValue, _Ref], section: str) -> None:
+    def _rms_norm(self, op: logos.ScaledRMSNormOp, env: dict[SSAValue, _Ref], section: str) -> None:
         weight = env[op.weight]
         if not isinstance(weight, _Const):
             raise LogosError(f"@{section}: the reference interpreter scales an RMS norm by a weight only")

@@ -16,18 +16,7 @@ from logos_ir.errors import PassError
 from logos_ir.passes.spatial.verify_grid import layout_params, split_modules, static_check
 from logos_ir.spec import ModelSpec
 
-SPEC = ModelSpec(
-    vocab=256,
-    hidden=64,
-    layers=2,
-    heads=4,
-    kv_heads=2,
-    head_dim=16,
-    intermediate=128,
-    rms_eps=1e-5,
-    rope_theta=10000.0,
-    tie_embeddings=False,
-)
+SPEC = ModelSpec.preset("tiny")
 
 
 @pytest.fixture(scope="module")
