@@ -5,7 +5,8 @@ Two levels live here. The kernel level (the first lowering of a `logos` program)
 `cuda.attention` ...), each reading and writing whole buffers, in the order the host launches them. The thread
 level (inside the `gpu.func` bodies the next pass writes) is upstream MLIR's ops; where xDSL 0.74 lacks one, it is
 defined here under its upstream name and generic form: `gpu.shuffle` (a warp's butterfly, CUDA's
-`__shfl_xor_sync`), `llvm.fence` (`__threadfence()`) and `nvvm.bar.warp.sync` (`__syncwarp()`). A 16-byte load is
+`__shfl_xor_sync`), `llvm.fence` (`__threadfence()`), `nvvm.bar.warp.sync` (`__syncwarp()`) and
+`nvvm.griddepcontrol` (programmatic dependent launch). A 16-byte load is
 upstream's `vector.load` (xDSL's op, carrying upstream's `alignment` as an attribute: xDSL 0.74's op lacks the
 property, and upstream reads an inherent attribute from the attribute dictionary of a generic op), widened by
 `arith.extf` and taken apart by `vector.extract`. The tensor-core ops (prefill chunks' products and attention)
@@ -54,6 +55,8 @@ from xdsl.irdl import (
     var_operand_def,
     var_result_def,
 )
+from xdsl.parser import AttrParser
+from xdsl.printer import Printer
 from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
 from xdsl.utils.str_enum import StrEnum
@@ -570,6 +573,53 @@ class WarpSyncOp(IRDLOperation):
         super().__init__(operands=[mask])
 
 
+class GridDepAction(StrEnum):
+    WAIT = "wait"
+    LAUNCH_DEPENDENTS = "launch_dependents"
+
+
+@irdl_attr_definition
+class GridDepActionAttr(EnumAttribute[GridDepAction]):
+    """Upstream NVVM's `#nvvm.grid_dep_action<wait>` / `<launch_dependents>`, the kind of `nvvm.griddepcontrol`."""
+
+    name = "nvvm.grid_dep_action"
+
+    def print_parameter(self, printer: Printer) -> None:
+        with printer.in_angle_brackets():
+            printer.print_string(self.data.value)
+
+    @classmethod
+    def parse_parameter(cls, parser: AttrParser) -> GridDepAction:
+        with parser.in_angle_brackets():
+            return parser.parse_str_enum(GridDepAction)
+
+
+@irdl_op_definition
+class GridDepControlOp(IRDLOperation):
+    """Upstream MLIR's `nvvm.griddepcontrol` (xDSL 0.74 has no `nvvm`): Hopper's programmatic dependent launch, PTX
+    `griddepcontrol.wait` (this thread waits until every grid it depends on has completed and its writes are
+    visible: what a kernel launched programmatically does before it reads what the launch before it wrote) and
+    `griddepcontrol.launch_dependents` (the grid after this one may be launched once every block of this one has
+    said so or exited; the dependent still waits for this grid's completion before it reads anything). A kernel
+    launched without the programmatic attribute passes both at once.
+
+    ```mlir
+    "nvvm.griddepcontrol"() <{kind = #nvvm.grid_dep_action<wait>}> : () -> ()
+    ```
+    """
+
+    name = "nvvm.griddepcontrol"
+
+    kind = prop_def(GridDepActionAttr)
+
+    def __init__(self, kind: GridDepAction):
+        super().__init__(properties={"kind": GridDepActionAttr(kind)})
+
+    @property
+    def waits(self) -> bool:
+        return self.kind.data == GridDepAction.WAIT
+
+
 KERNEL_OPS: tuple[type[KernelOp], ...] = (
     EmbedOp,
     RMSNormOp,
@@ -976,8 +1026,18 @@ CUDA = Dialect(
         *KERNEL_OPS,
         GpuShuffleOp,
         FenceOp,
-        WarpSyncOp,
         *TENSOR_CORE_OPS,
     ],
     [ShuffleModeAttr],
 )
+
+
+def waits_first(kernel: Operation) -> bool:
+    """Whether a `gpu.func` kernel's body begins with `nvvm.griddepcontrol wait` (what makes its launch
+    programmatic: `cuda-programmatic-launch` puts it there, the host plan reads it)."""
+    first = kernel.regions[0].block.first_op
+    return isinstance(first, GridDepControlOp) and first.waits
+
+
+# Upstream NVVM's ops the kernels use, under their own dialect name so that a parser finds them by their prefix.
+NVVM = Dialect("nvvm", [WarpSyncOp, GridDepControlOp], [GridDepActionAttr])

@@ -41,6 +41,7 @@ def dialects() -> dict[str, Callable[[], Dialect]]:
     return {
         "logos": _lazy("logos_ir.dialects.logos", "LOGOS"),
         "cuda": _lazy("logos_ir.dialects.cuda", "CUDA"),
+        "nvvm": _lazy("logos_ir.dialects.cuda", "NVVM"),
         "d5005": _lazy("logos_ir.dialects.d5005", "D5005"),
         "csl_ext": _lazy("logos_ir.dialects.csl_ext", "CSL_EXT"),
     }
@@ -65,6 +66,7 @@ def passes() -> dict[str, Callable[[], type[ModulePass]]]:
         "cuda-fuse-prefill-attention": _lazy("logos_ir.passes.cuda.fuse_prefill_attention", "FusePrefillAttention"),
         "cuda-fold-prefill-norms": _lazy("logos_ir.passes.cuda.fold_prefill_norms", "FoldPrefillNorms"),
         "convert-cuda-kernels-to-gpu": _lazy("logos_ir.passes.cuda.convert_kernels_to_gpu", "ConvertCudaKernelsToGpu"),
+        "cuda-programmatic-launch": _lazy("logos_ir.passes.cuda.programmatic_launch", "ProgrammaticLaunch"),
         "convert-logos-to-d5005": _lazy("logos_ir.passes.d5005.convert_logos_to_d5005", "ConvertLogosToD5005"),
         "extract-parts": _lazy("logos_ir.passes.extract_parts", "ExtractParts"),
         "csl-fuse-products": _lazy("logos_ir.passes.spatial.fuse_products", "CslFuseProducts"),
@@ -114,7 +116,8 @@ CUDA_FUSIONS = (
 def _to_cuda(options: dict[str, str]) -> list[str]:
     split = [f"tp-split{{tp={options['tp']}}}"] if "tp" in options else []
     lowering = f"convert-logos-to-cuda-kernels{{weights={options.get('weights', 'bf16')}}}"
-    return ["verify-identity", *split, "inline-sections", lowering, *CUDA_FUSIONS, "convert-cuda-kernels-to-gpu"]
+    gpu_level = ["convert-cuda-kernels-to-gpu", "cuda-programmatic-launch"]
+    return ["verify-identity", *split, "inline-sections", lowering, *CUDA_FUSIONS, *gpu_level]
 
 
 def _to_d5005(options: dict[str, str]) -> list[str]:

@@ -54,6 +54,14 @@ CONSTANTS: dict[str, tuple[float, float, str]] = {
         "assumed: a kernel node of a CUDA graph on Hopper costs about 1.5-3 us from one kernel's end to the next's "
         "full occupancy (published figures; this lane's docs/cuda.md uses the same range)",
     ),
+    "programmatic_gap_s": (
+        0.5e-6,
+        1.5e-6,
+        "assumed: with programmatic dependent launch the next kernel's grid is launched and its blocks resident "
+        "while this one runs (Nsight Systems timelines in llama.cpp's and XLA's PDL pull requests show dependent "
+        "kernels abutting or overlapping); what is left is this grid's completion reaching the waiting blocks and "
+        "their first instructions: taken as a third to a half of a graph node's gap, unmeasured",
+    ),
 }
 LAUNCH_BOUND_WARPS = 16  # the emitter's __launch_bounds__(128, 4): at least 4 blocks of 4 warps an SM
 
@@ -113,8 +121,11 @@ def _element_type(buffer: Any) -> Any:
     return BFloat16Type() if buffer.element == "bf16" else Float32Type()
 
 
-def launch_estimate(plan: Any, launch: Any, live: int, occupancy_warps: int) -> dict[str, Any]:
-    """One launch at live length `live`: HBM and L2 bytes, bytes in flight an SM, and its time (low, high) in s."""
+def launch_estimate(
+    plan: Any, launch: Any, live: int, occupancy_warps: int, gap: str = "launch_gap_s"
+) -> dict[str, Any]:
+    """One launch at live length `live`: HBM and L2 bytes, bytes in flight an SM, and its time (low, high) in s;
+    `gap`: the constant of the gap before it (`programmatic_gap_s` for a programmatic launch after a kernel)."""
     from logos_ir.passes.cuda.traffic import kernel_reads, launch_bytes
 
     kernel = plan.kernels[launch.kernel]
@@ -135,7 +146,7 @@ def launch_estimate(plan: Any, launch: Any, live: int, occupancy_warps: int) -> 
         latency = _value("dram_latency_s", end)
         peak = _value("hbm_bytes_per_s", end)
         rate = min(peak, SMS * in_flight / latency) if in_flight else peak
-        t = _value("launch_gap_s", end)
+        t = _value(gap, end)
         if hbm:
             t += latency + hbm / rate
         if l2:
@@ -148,6 +159,7 @@ def launch_estimate(plan: Any, launch: Any, live: int, occupancy_warps: int) -> 
         "l2_bytes": l2,
         "active_warps": active,
         "bytes_in_flight_per_sm": round(in_flight),
+        "gap": gap,
         "seconds": (times[0], times[1]),
     }
 
@@ -186,16 +198,34 @@ def _scratch_rounds(plan: Any, launch: Any, live: int) -> int:
     return 1
 
 
-def step_estimate(plan: Any, live: int, occupancy: dict[str, int] | None = None) -> dict[str, Any]:
+def launch_gaps(plan: Any, programmatic: bool = True) -> list[str]:
+    """The gap constant before each launch of the plan: a programmatic launch (its kernel waits at its top) right
+    after another kernel pays `programmatic_gap_s`; the first launch, one after a collective (NCCL's kernels do not
+    trigger their dependents early) and, with `programmatic` off, every launch pays a graph node's `launch_gap_s`."""
+    from logos_ir.passes.cuda.host_plan import Launch
+
+    gaps, previous = [], None
+    for step in plan.steps:
+        if isinstance(step, Launch):
+            early = programmatic and step.programmatic and isinstance(previous, Launch)
+            gaps.append("programmatic_gap_s" if early else "launch_gap_s")
+        previous = step
+    return gaps
+
+
+def step_estimate(
+    plan: Any, live: int, occupancy: dict[str, int] | None = None, programmatic: bool = True
+) -> dict[str, Any]:
     """The step at live length `live`: each launch's estimate, their sum, the least HBM bytes a step reads and the
     fraction of HBM that is (low, high: the band of the constants). `occupancy`: warps an SM per kernel (ptxas's);
-    else the launch bound's."""
+    else the launch bound's. `programmatic` off: every launch a plain graph node (the baseline PDL is measured
+    against)."""
     from logos_ir.passes.cuda.traffic import step_bytes
 
     occupancy = occupancy or {}
     launches = [
-        launch_estimate(plan, launch, live, occupancy.get(launch.kernel, LAUNCH_BOUND_WARPS))
-        for launch in plan.launches
+        launch_estimate(plan, launch, live, occupancy.get(launch.kernel, LAUNCH_BOUND_WARPS), gap)
+        for launch, gap in zip(plan.launches, launch_gaps(plan, programmatic), strict=True)
     ]
     _, minimum = step_bytes(plan, live)
     low = sum(e["seconds"][0] for e in launches)
@@ -231,8 +261,11 @@ def latency_report(plan: Any, occupancy: dict[str, int] | None = None) -> dict[s
     for live in (256, 1024, 8192):
         if live <= ctx:
             estimate = step_estimate(plan, live, occupancy)
+            plain = step_estimate(plan, live, occupancy, programmatic=False)
             steps[str(live)] = {
                 "hbm_fraction": list(estimate["hbm_fraction"]),
+                "hbm_fraction_without_programmatic_launch": list(plain["hbm_fraction"]),
+                "programmatic_launches": sum(e["gap"] == "programmatic_gap_s" for e in estimate["launches"]),
                 "ms": [round(s * 1e3, 3) for s in estimate["seconds"]],
                 "minimum_mb": round(estimate["minimum_bytes"] / 1e6, 1),
                 "attention_bytes_in_flight_per_sm": min(

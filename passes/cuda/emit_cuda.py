@@ -350,6 +350,16 @@ class KernelPrinter:
         whole = isinstance(owner, Operation) and owner.name == "arith.constant" and _literal(owner) == "-1"
         self.line("__syncwarp();" if whole else f"__syncwarp((unsigned){self.name(mask)});")
 
+    def op_nvvm_griddepcontrol(self, op: Operation) -> None:
+        """Inline PTX (sm_90 and later; an older device compiles it out and is launched without the attribute): the
+        wait holds every later access, so it also keeps the compiler from moving a load above it."""
+        assert isinstance(op, cuda.GridDepControlOp)
+        ptx = "griddepcontrol.wait;" if op.waits else "griddepcontrol.launch_dependents;"
+        clobber = ' ::: "memory"' if op.waits else ""
+        self.line("#if __CUDA_ARCH__ >= 900")
+        self.line(f'asm volatile("{ptx}"{clobber});')
+        self.line("#endif")
+
     def op_scf_yield(self, op: Operation) -> None:
         """Printed by the loop or if that holds it."""
 
@@ -463,6 +473,7 @@ _PRINTERS: dict[type[Operation], Callable[[KernelPrinter, Any], None]] = {
     cuda.GpuShuffleOp: KernelPrinter.op_gpu_shuffle,
     cuda.FenceOp: KernelPrinter.op_llvm_fence,
     cuda.WarpSyncOp: KernelPrinter.op_nvvm_bar_warp_sync,
+    cuda.GridDepControlOp: KernelPrinter.op_nvvm_griddepcontrol,
     cuda.SharedMemoryOp: KernelPrinter.op_cuda_shared_memory,
     cuda.CpAsyncOp: KernelPrinter.op_cuda_cp_async,
     cuda.CpAsyncCommitOp: KernelPrinter.op_cuda_cp_async_commit,

@@ -37,10 +37,14 @@ class Buffer:
 
 @dataclass(frozen=True)
 class Launch:
+    """A kernel launch; `programmatic`: its kernel waits for the launch before it at its top
+    (`cuda-programmatic-launch`), so the host launches it with the programmatic-stream-serialization attribute."""
+
     kernel: str
     grid: tuple[int, int, int]
     block: int
     buffers: tuple[str, ...]
+    programmatic: bool = False
 
 
 @dataclass(frozen=True)
@@ -87,14 +91,14 @@ def lowered_context() -> Any:
     from xdsl.context import Context
     from xdsl.dialects import arith, builtin, func, gpu, math, memref, scf, shard, vector
 
-    from logos_ir.dialects.cuda import CUDA
+    from logos_ir.dialects.cuda import CUDA, NVVM
     from logos_ir.dialects.shard_ext import extend_shard
 
     extend_shard()  # upstream's shard.all_gather (a split head's logits), which xDSL 0.74's shard dialect lacks
 
     context = Context()
     upstream = (builtin.Builtin, func.Func, arith.Arith, memref.MemRef, scf.Scf, math.Math, gpu.GPU, vector.Vector)
-    for dialect in (*upstream, shard.Shard, CUDA):  # vector: the kernels' 16-byte loads
+    for dialect in (*upstream, shard.Shard, CUDA, NVVM):  # vector: the kernels' 16-byte loads
         context.load_dialect(dialect)
     return context
 
@@ -168,7 +172,9 @@ def plan_of(module: Any, where: str = "step.mlir") -> HostPlan:
         elif isinstance(op, gpu.LaunchFuncOp):
             grid = (constants[op.gridSizeX], constants[op.gridSizeY], constants[op.gridSizeZ])
             operands = tuple(names[v] for v in op.kernelOperands)
-            steps.append(Launch(op.kernel.nested_references.data[0].data, grid, constants[op.blockSizeX], operands))
+            kernel = op.kernel.nested_references.data[0].data
+            programmatic = kernel in kernels and cuda.waits_first(kernels[kernel])
+            steps.append(Launch(kernel, grid, constants[op.blockSizeX], operands, programmatic))
         elif isinstance(op, shard.AllReduceOp):
             names[op.result] = names[op.input]
             steps.append(Reduce(names[op.input]))

@@ -270,3 +270,36 @@ def test_a_shuffle_or_warp_barrier_under_divergence_is_a_fault() -> None:
         _run(body(16, "shuffle"), threads=64)
     with pytest.raises(EmulatorFault, match=r"'nvvm.bar.warp.sync' .* is reached by 16 of the 32 lanes"):
         _run(body(16, "sync"), threads=64)
+
+
+def test_a_programmatic_kernel_touching_memory_before_its_wait_is_refused() -> None:
+    """Launched programmatically, a kernel runs while the one before it still writes: the emulator (which runs
+    launches one after another) refuses any access before the wait rather than hiding the race, and a wait nested
+    in a branch or loop; with the wait first, the kernel runs and is one the host launches programmatically."""
+    from logos_ir.dialects import cuda
+
+    def copy(before_wait: bool, nested: bool = False) -> Callable[[Body, list], None]:
+        def body(b: Body, args: list) -> None:
+            x, out = args
+            t = b.thread()
+            if before_wait:
+                b.store(b.load(x, [t]), out, [t])
+            wait = cuda.GridDepControlOp(cuda.GridDepAction.WAIT)
+
+            def waits(i: Any, carried: list) -> list:
+                b.op(wait)
+                return []
+
+            if nested:
+                b.loop(0, 1, 1, [], waits)
+            else:
+                b.op(wait)
+            b.store(b.load(x, [t]), out, [t])
+
+        return body
+
+    assert _run(copy(False))[:16].tolist() == list(range(16))
+    with pytest.raises(EmulatorFault, match=r"kernel probe: memref.load before griddepcontrol.wait: launched"):
+        _run(copy(True))
+    with pytest.raises(EmulatorFault, match=r"kernel probe: its griddepcontrol.wait must be one op of its top level"):
+        _run(copy(False, nested=True))

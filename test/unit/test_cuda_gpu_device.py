@@ -110,6 +110,7 @@ class FakeCupy(types.ModuleType):
             fake.log.append(("memcpy_h2d" if kind == 1 else "memcpy_d2h", fake.by_ptr[stream]))
             fake.copies.append(("h2d" if kind == 1 else "d2h", nbytes))
 
+        self.functions: dict[int, Any] = {}  # each resolved kernel by its CUfunction handle
         self.pinned: list[tuple[int, int]] = []
         self.copies: list[tuple[str, int]] = []
         self.arrays: list[FakeArray] = []
@@ -202,9 +203,28 @@ def _module(cp: FakeCupy, kernels: dict[str, Any]) -> Any:
             else:
                 execute()
 
+        run.kernel = types.SimpleNamespace(ptr=id(run))  # type: ignore[attr-defined]  # cupy's CUfunction handle
+        cp.functions[id(run)] = run
         return run
 
     return types.SimpleNamespace(get_function=get_function)
+
+
+class FakeDriver:
+    """`driver.Driver` on the fake: cuLaunchKernelEx runs the kernel's function on its stream, logged apart."""
+
+    def __init__(self, cp: FakeCupy) -> None:
+        self.cp = cp
+
+    def launch_programmatic(self, function: int, grid: Any, block: int, pointers: Any, stream: int) -> None:
+        self.cp.log.append(("launch_programmatic", self.cp.by_ptr[stream]))
+        arrays = []
+        for pointer in pointers:
+            array, offset = self.cp.find(pointer)
+            assert offset == 0
+            arrays.append(array)
+        with self.cp.by_ptr[stream]:
+            self.cp.functions[function](grid, (block, 1, 1), tuple(arrays))
 
 
 @pytest.mark.parametrize("weights", ["f32", "bf16"])
@@ -221,6 +241,9 @@ def test_the_gpu_device_keeps_everything_on_its_work_stream(monkeypatch: pytest.
     monkeypatch.setitem(sys.modules, "cupy", cp)
     monkeypatch.setattr(generator, "build_program", built)
     monkeypatch.setattr(devices, "_compile_cuda", lambda cupy, source: _module(cupy, kernels))
+    from logos_ir.runtime.cuda import driver
+
+    monkeypatch.setattr(driver, "Driver", lambda: FakeDriver(cp))
     store = RandomWeights(ModelSpec.preset("tiny"), seed=9)
     lane = generator.cuda_generator(RunRequest(store, None, 4, 1, weights))
     got = lane.generate(PROMPT, 4)
@@ -228,8 +251,13 @@ def test_the_gpu_device_keeps_everything_on_its_work_stream(monkeypatch: pytest.
         assert got == Generator(store, prefill_rows=4).generate(PROMPT, 4)
     (device,) = lane.runtime.devices
     assert isinstance(device, devices.Gpu) and device.stream.non_blocking
-    streams = {stream for what, stream in cp.log if what in ("alloc", "fill", "memcpy_h2d", "memcpy_d2h", "launch")}
+    moves = ("alloc", "fill", "memcpy_h2d", "memcpy_d2h", "launch", "launch_programmatic")
+    streams = {stream for what, stream in cp.log if what in moves}
     assert streams == {device.stream}  # nothing on the legacy default stream
+    # every kernel waits at its top, so on this sm_90 every launch is programmatic (cuLaunchKernelEx)
+    assert [what for what, _ in cp.log if what.startswith("launch")].count("launch_programmatic") * 2 == sum(
+        what.startswith("launch") for what, _ in cp.log
+    )
     kinds = [what for what, _ in cp.log]
     assert "set" not in kinds and "get" not in kinds  # every copy asynchronous, from or into pinned memory
     # greedy: the token is the device's arg-max; one 8-byte read a run (2 prefill chunks' of 4 and 1 rows, 3 decode

@@ -245,12 +245,12 @@ def test_an_edit_after_the_identity_check_is_what_the_lane_lowers() -> None:
     (weight,) = [op for op in module.walk() if isinstance(op, logos.WeightOp) and op.tensor.data == old_name]
     weight.properties["tensor"] = StringAttr(new_name)
 
-    *kernel_level, to_gpu = stages[1:]
+    *kernel_level, to_gpu, programmatic = stages[1:]
     PassPipeline.parse_spec(passes(), ",".join(kernel_level)).apply(context, module)
     (head,) = [op for op in module.walk() if isinstance(op, cuda.LinearOp) and cuda.shape_of(op.outs[0].type)[1] == 256]
     assert head.epsilon is not None and np.float32(head.epsilon.value.data) == np.float32(epsilon)
 
-    PassPipeline.parse_spec(passes(), to_gpu).apply(context, module)
+    PassPipeline.parse_spec(passes(), f"{to_gpu},{programmatic}").apply(context, module)
     module.verify()
     plan = plan_of(module)
     assert new_name in plan.buffers and old_name not in plan.buffers
@@ -278,7 +278,7 @@ def test_every_fusion_is_a_pass_of_the_pipeline() -> None:
     assert fusions == ["cuda-fold-norms", "cuda-fuse-qkv", "cuda-fold-residual-adds",
                        "cuda-fuse-prefill-attention", "cuda-fold-prefill-norms"]  # fmt: skip
     assert stages == ["verify-identity", "inline-sections", "convert-logos-to-cuda-kernels", *fusions,
-                      "convert-cuda-kernels-to-gpu"]  # fmt: skip
+                      "convert-cuda-kernels-to-gpu", "cuda-programmatic-launch"]  # fmt: skip
 
 
 def test_the_build_summary_gives_one_figure_a_quantity() -> None:

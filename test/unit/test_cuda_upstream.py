@@ -1,5 +1,6 @@
 """Upstream MLIR reads the CUDA lane's lowered module. The kernels of a decode step are upstream ops only (`arith`,
-`math`, `memref`, `scf`, `gpu`, `vector`, `llvm.fence`, `nvvm.bar.warp.sync`), checked here on the IR; and where
+`math`, `memref`, `scf`, `gpu`, `vector`, `llvm.fence`, `nvvm.bar.warp.sync`, `nvvm.griddepcontrol`), checked
+here on the IR; and where
 `iree-opt` (from `iree-base-compiler`, the `mlir` extra) is installed, it parses and verifies the `gpu.module` of
 the embedded model's decode step, as `logos-compile` writes it in step.mlir, with no unregistered op allowed, and the
 whole step.mlir with the host function's `cuda.buffer` and `shard` ops (which IREE does not register) as
@@ -21,7 +22,17 @@ from logos_ir.progress import Progress
 from logos_ir.spec import ModelSpec
 
 IREE_OPT = shutil.which("iree-opt")
-UPSTREAM = ("arith.", "math.", "memref.", "scf.", "gpu.", "vector.", "llvm.fence", "nvvm.bar.warp.sync")
+UPSTREAM = (
+    "arith.",
+    "math.",
+    "memref.",
+    "scf.",
+    "gpu.",
+    "vector.",
+    "llvm.fence",
+    "nvvm.bar.warp.sync",
+    "nvvm.griddepcontrol",
+)
 
 
 def _step(cut: str, tp: int, weights: str = "bf16", spec: ModelSpec | None = None) -> str:

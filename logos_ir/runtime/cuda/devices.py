@@ -67,7 +67,11 @@ class Emulator:
         self.stream.append(("read", name))
         return array.copy()
 
-    def launch(self, kernel: str, grid: tuple[int, int, int], block: int, arrays: list[np.ndarray]) -> None:
+    def launch(
+        self, kernel: str, grid: tuple[int, int, int], block: int, arrays: list[np.ndarray], programmatic: bool = False
+    ) -> None:
+        """One launch, run now or recorded in a capture; launches run one after another here, so a programmatic
+        launch's wait is always met (the kernel's emulator refuses one that touches memory before its wait)."""
         node = ("launch", kernel, grid, block, arrays)
         if self.graph is not None:
             self.graph.append(node)
@@ -148,6 +152,10 @@ class Gpu:
         self.pinned: dict[str, tuple[np.ndarray, Any]] = {}  # a pinned host buffer a name, and its last copy's event
         self.staging: list[tuple[np.ndarray, Any]] = []
         self.turn = 0
+        # Programmatic dependent launch needs sm_90 (Hopper) or later; `bench/gpu_decode.py` turns it off to time the
+        # same kernels launched plainly beside it.
+        self.programmatic = int(cupy.cuda.Device().compute_capability) >= 90
+        self.driver: Any = None
 
     def _type(self, element: str) -> Any:
         return {"f32": self.cp.float32, "bf16": self.cp.uint16, "i64": self.cp.int64}[element]
@@ -228,7 +236,20 @@ class Gpu:
         done.synchronize()
         return pinned.view(array.dtype).reshape(array.shape).copy()
 
-    def launch(self, kernel: str, grid: tuple[int, int, int], block: int, arrays: list[Any]) -> None:
+    def launch(
+        self, kernel: str, grid: tuple[int, int, int], block: int, arrays: list[Any], programmatic: bool = False
+    ) -> None:
+        """A launch on the work stream; `programmatic` (its kernel waits for the launch before it at its top): on a
+        Hopper or later, with `self.programmatic` on, through `cuLaunchKernelEx` with the programmatic attribute
+        (`driver.Driver`), else as cupy launches."""
+        if programmatic and self.programmatic:
+            if self.driver is None:
+                from logos_ir.runtime.cuda.driver import Driver
+
+                self.driver = Driver()
+            pointers = [array.data.ptr for array in arrays]
+            self.driver.launch_programmatic(self.functions[kernel].kernel.ptr, grid, block, pointers, self.stream.ptr)
+            return
         with self.stream:
             self.functions[kernel](grid, (block, 1, 1), tuple(arrays))
 

@@ -78,6 +78,7 @@ class KernelEmulator:
         self.written = {self._slot(op.operands[1]) for op in kernel.walk() if op.name == "memref.store"}
         self.seed = seed
         self.order: Ordering | None = None
+        self.programmatic = _check_programmatic(kernel)
         self.body = self._block(block)
 
     def _slot(self, value: Any) -> int:
@@ -757,6 +758,45 @@ def _atomic_rmw(em: KernelEmulator, op: Any) -> Step:
     return step
 
 
+# The ops of a kernel that touch memory (global or shared): none of them may run before a programmatic wait.
+_MEMORY_OPS = frozenset(
+    {
+        "memref.load",
+        "memref.store",
+        "memref.atomic_rmw",
+        "vector.load",
+        "cuda.cp_async",
+        "cuda.ldmatrix",
+        "cuda.load_bf16x2",
+        "cuda.load_norm_bf16x2",
+        "cuda.store_bf16x2",
+    }
+)
+
+
+def _check_programmatic(kernel: Any) -> bool:
+    """Whether `kernel` waits for the launch before it (`nvvm.griddepcontrol wait`), so the host launches it
+    programmatically; refused (`EmulatorFault`) where the wait is not an op of the kernel's top level or where an
+    op before it touches memory: launched so, a kernel runs while the one before it is still writing, and what it
+    reads or writes before its wait races with those writes (a GPU gives no error, only, some of the time, wrong
+    values; the emulator runs launches one after another and could not show the race)."""
+    waits = [op for op in kernel.walk() if isinstance(op, cuda.GridDepControlOp) and op.waits]
+    if not waits:
+        return False
+    name = kernel.sym_name.data
+    top = list(kernel.body.block.ops)
+    if len(waits) > 1 or waits[0] not in top:
+        raise EmulatorFault(f"kernel {name}: its griddepcontrol.wait must be one op of its top level, before the rest")
+    for op in top[: top.index(waits[0])]:
+        for inner in op.walk():
+            if inner.name in _MEMORY_OPS:
+                raise EmulatorFault(
+                    f"kernel {name}: {inner.name} before griddepcontrol.wait: launched programmatically, the kernel "
+                    "may run while the launch before it is still writing, so this access races with those writes"
+                )
+    return True
+
+
 def _nothing(em: KernelEmulator, op: Any) -> Step:
     def step(env: Env, mask: Mask) -> None:
         """The terminator of a kernel or a region: nothing to execute."""
@@ -807,6 +847,7 @@ COMPILERS: dict[type[Operation], Compiler] = {
     memref.AtomicRMWOp: _atomic_rmw,
     cuda.FenceOp: _fence,
     cuda.WarpSyncOp: _warp_sync,
+    cuda.GridDepControlOp: _nothing,  # launches run one after another here: the wait is met, the trigger moot
     scf.YieldOp: _nothing,
     gpu.ReturnOp: _nothing,
     **TENSOR_CORE_COMPILERS,

@@ -103,7 +103,9 @@ class HostProgram:
                 self.runtime.ranks.all_gather(step.result, gathered, step.axis)
                 continue
             for device, arrays in zip(devices, self.chips, strict=True):
-                device.launch(step.kernel, step.grid, step.block, [arrays[name] for name in step.buffers])
+                device.launch(
+                    step.kernel, step.grid, step.block, [arrays[name] for name in step.buffers], step.programmatic
+                )
 
     def step(self) -> None:
         devices = self.runtime.devices
