@@ -78,7 +78,7 @@ class KernelEmulator:
         self.written = {self._slot(op.operands[1]) for op in kernel.walk() if op.name == "memref.store"}
         self.seed = seed
         self.order: Ordering | None = None
-        self.programmatic = _check_programmatic(kernel)
+        _check_programmatic(kernel)  # a programmatic kernel touches no memory before its wait
         self.body = self._block(block)
 
     def _slot(self, value: Any) -> int:
@@ -774,15 +774,15 @@ _MEMORY_OPS = frozenset(
 )
 
 
-def _check_programmatic(kernel: Any) -> bool:
-    """Whether `kernel` waits for the launch before it (`nvvm.griddepcontrol wait`), so the host launches it
-    programmatically; refused (`EmulatorFault`) where the wait is not an op of the kernel's top level or where an
+def _check_programmatic(kernel: Any) -> None:
+    """A kernel that waits for the launch before it (`nvvm.griddepcontrol wait`, so the host launches it
+    programmatically) is refused (`EmulatorFault`) where the wait is not an op of the kernel's top level or where an
     op before it touches memory: launched so, a kernel runs while the one before it is still writing, and what it
     reads or writes before its wait races with those writes (a GPU gives no error, only, some of the time, wrong
     values; the emulator runs launches one after another and could not show the race)."""
     waits = [op for op in kernel.walk() if isinstance(op, cuda.GridDepControlOp) and op.waits]
     if not waits:
-        return False
+        return
     name = kernel.sym_name.data
     top = list(kernel.body.block.ops)
     if len(waits) > 1 or waits[0] not in top:
@@ -794,7 +794,6 @@ def _check_programmatic(kernel: Any) -> bool:
                     f"kernel {name}: {inner.name} before griddepcontrol.wait: launched programmatically, the kernel "
                     "may run while the launch before it is still writing, so this access races with those writes"
                 )
-    return True
 
 
 def _nothing(em: KernelEmulator, op: Any) -> Step:
