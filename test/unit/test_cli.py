@@ -160,7 +160,7 @@ def test_every_tool_has_version_and_list_models(name):
 def test_logos_opt_help_lists_dialects_passes_pipelines_and_targets():
     done = subprocess.run([tool("logos-opt"), "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0
-    for word in ("logos-ir dialects: logos, cuda, d5005, csl_ext", "logos-ir passes:", "cut-extract",
+    for word in ("logos-ir dialects: logos, cuda, nvvm, d5005, csl_ext", "logos-ir passes:", "cut-extract",
                  "logos-ir pipelines:", "logos-to-cuda{", "targets: ", "d5005-listing"):  # fmt: skip
         assert word in done.stdout, word
 
