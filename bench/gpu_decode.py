@@ -8,7 +8,8 @@ On a GPU it
    reference interpreter's, then times the bf16 image;
 2. for a `smollm2-135m`-shaped model at ctx 1024 and a `llama-3.1-8b`-shaped one at ctx 256, 1024 and 8192, with
    random bf16 weights (made on the GPU): decode tokens/s at batch 1 with the bf16 cache filled (the step replayed
-   as a CUDA graph through the host runtime; the eager step, the capture and 3 replays outside the clock), the
+   as a CUDA graph through the host runtime; the eager step, the capture and 3 replays outside the clock), beside
+   the same step captured with plain launches (no programmatic dependent launch) on the same buffers, the
    achieved bandwidth (the bytes the step reads as its plan reads them, `passes/cuda/traffic.step_bytes`) against a
    read-only kernel and a device-to-device copy measured in the same run (compiled and warmed before timing) and
    the minimum bytes against the published peak, the latency model's band for the same step; each distinct kernel
@@ -233,6 +234,21 @@ class RandomGpuWeights:
             return (values.view(cp.uint32) >> 16).astype(cp.uint16)
 
 
+def plain_launch_step(program: Any, device: Any, clock: Clock, inputs: dict[str, np.ndarray]) -> float | None:
+    """The same step with every kernel launched plainly (no programmatic dependent launch), captured afresh as its
+    own graph on the same buffers and timed as the programmatic one was: the baseline that launch is measured
+    against, in the same run. None on a GPU older than Hopper, where every launch is already plain."""
+    if not device.programmatic:
+        return None
+    device.programmatic, program.graphs = False, None
+    try:
+        program.run(**inputs)  # eager, then captured with plain launches
+        program.run(**inputs)
+        return clock.warm(program.step, DECODE_REPEATS)
+    finally:
+        device.programmatic, program.graphs = True, None
+
+
 def shaped_model(cp: Any, clock: Clock, name: str, ctx: int, peak: float, copy: float, read: float) -> dict[str, Any]:
     """Decode at batch 1 with the cache filled to `ctx`, the step replayed as a CUDA graph through the host runtime
     (the eager step, the capture and WARMUP replays outside the clock); the bytes the step reads counted as the plan
@@ -263,6 +279,7 @@ def shaped_model(cp: Any, clock: Clock, name: str, ctx: int, peak: float, copy: 
     program.run(**inputs)  # eager (kernels compiled and loaded here), then captured and replayed
     program.run(**inputs)
     step = clock.warm(program.step, DECODE_REPEATS)
+    plain = plain_launch_step(program, device, clock, inputs)
     per_kernel: dict[str, dict[str, Any]] = {}
     arrays = program.chips[0]
     for launch in plan.launches:
@@ -282,12 +299,16 @@ def shaped_model(cp: Any, clock: Clock, name: str, ctx: int, peak: float, copy: 
         per_kernel[launch.kernel] = entry
     moved, minimum = step_bytes(plan, live=ctx)
     model = step_estimate(plan, ctx)
+    plain_model = step_estimate(plan, ctx, programmatic=False)
     return {
         "model": f"{name}-shaped, random bf16 weights, bf16 cache at {ctx} positions",
         "ctx": ctx,
         "launches": len(plan.launches),
         "decode_step_ms": round(step * 1e3, 3),
         "modelled_step_ms": [round(t * 1e3, 3) for t in model["seconds"]],
+        "programmatic_launches": sum(e["gap"] == "programmatic_gap_s" for e in model["launches"]),
+        "plain_launch_step_ms": None if plain is None else round(plain * 1e3, 3),
+        "modelled_plain_launch_step_ms": [round(t * 1e3, 3) for t in plain_model["seconds"]],
         "tokens_per_s": round(1 / step, 1),
         "bytes_per_step": moved,
         "minimum_bytes_per_step": minimum,
@@ -361,14 +382,17 @@ def benchmark_rows(report: dict[str, Any]) -> str:
         f" TB/s, peak {report['peak_tb_per_s']} TB/s. Each decode step replayed as a CUDA graph, warm; per-kernel"
         " times with the L2 flushed before each launch (median of 10).",
         "",
-        "| model | ctx | step ms (model's band) | tokens/s | minimum MB | of peak | of read-only kernel |",
-        "|---|---|---|---|---|---|---|",
+        "| model | ctx | step ms (model's band) | plain launches: step ms (model's band) | tokens/s | minimum MB"
+        " | of peak | of read-only kernel |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for m in report["models"]:
+        plain = m["modelled_plain_launch_step_ms"]
         lines.append(
             f"| {m['model'].split(',')[0]} | {m['ctx']} | {m['decode_step_ms']} ({m['modelled_step_ms'][0]}-"
-            f"{m['modelled_step_ms'][1]}) | {m['tokens_per_s']} | {m['minimum_bytes_per_step'] / 1e6:.1f}"
-            f" | {m['fraction_of_peak']:.0%} | {m['fraction_of_read_only']:.0%} |"
+            f"{m['modelled_step_ms'][1]}) | {m['plain_launch_step_ms']} ({plain[0]}-{plain[1]}) | {m['tokens_per_s']}"
+            f" | {m['minimum_bytes_per_step'] / 1e6:.1f} | {m['fraction_of_peak']:.0%}"
+            f" | {m['fraction_of_read_only']:.0%} |"
         )
     lines += [
         "",

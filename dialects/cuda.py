@@ -4,9 +4,10 @@ Two levels live here. The kernel level (the first lowering of a `logos` program)
 (`cuda.buffer`) and one op per fused kernel (`cuda.linear`, `cuda.gate_up`, `cuda.rope_cache_write`,
 `cuda.attention` ...), each reading and writing whole buffers, in the order the host launches them. The thread
 level (inside the `gpu.func` bodies the next pass writes) is upstream MLIR's ops; where xDSL 0.74 lacks one, it is
-defined here under its upstream name and generic form: `gpu.shuffle` (a warp's butterfly, CUDA's
-`__shfl_xor_sync`), `llvm.fence` (`__threadfence()`), `nvvm.bar.warp.sync` (`__syncwarp()`) and
-`nvvm.griddepcontrol` (programmatic dependent launch). A 16-byte load is
+defined under its upstream name and generic form: `gpu.shuffle` (a warp's butterfly, CUDA's `__shfl_xor_sync`) and
+`llvm.fence` (`__threadfence()`) in `gpu_ext`, which adds them to xDSL's `gpu` and `llvm` dialects so they parse by
+their prefix; `nvvm.bar.warp.sync` (`__syncwarp()`) and `nvvm.griddepcontrol` (programmatic dependent launch) here,
+in the `nvvm` dialect xDSL lacks. A 16-byte load is
 upstream's `vector.load` (xDSL's op, carrying upstream's `alignment` as an attribute: xDSL 0.74's op lacks the
 property, and upstream reads an inherent attribute from the attribute dictionary of a generic op), widened by
 `arith.extf` and taken apart by `vector.extract`. The tensor-core ops (prefill chunks' products and attention)
@@ -38,13 +39,11 @@ from xdsl.dialects.builtin import (
     VectorType,
 )
 from xdsl.dialects.utils import EnumAttribute
-from xdsl.ir import Attribute, Dialect, Operation, SpacedOpaqueSyntaxAttribute, SSAValue
+from xdsl.ir import Attribute, Dialect, Operation, SSAValue
 from xdsl.irdl import (
     AttrSizedOperandSegments,
     IRDLOperation,
     ParsePropInAttrDict,
-    VarConstraint,
-    base,
     irdl_attr_definition,
     irdl_op_definition,
     operand_def,
@@ -60,6 +59,10 @@ from xdsl.printer import Printer
 from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
 from xdsl.utils.str_enum import StrEnum
+
+# upstream's gpu.shuffle and llvm.fence live in xDSL's gpu and llvm dialects (gpu_ext); the lane names them here
+from logos_ir.dialects.gpu_ext import FenceOp as FenceOp
+from logos_ir.dialects.gpu_ext import GpuShuffleOp as GpuShuffleOp
 
 BUFFER_KINDS = ("weight", "cache", "activation", "input", "output", "table", "scratch")
 WARP = 32
@@ -473,86 +476,7 @@ class ArgmaxOp(KernelOp):
         _expect(self, "scratch shape", scratch, (x[0], -(-x[1] // self.chunk.value.data), 2))
 
 
-# -- the thread level: what xDSL's gpu lacks ---------------------------------------------------------------------
-
-
-class ShuffleMode(StrEnum):
-    XOR = "xor"
-    UP = "up"
-    DOWN = "down"
-    IDX = "idx"
-
-
-@irdl_attr_definition
-class ShuffleModeAttr(EnumAttribute[ShuffleMode], SpacedOpaqueSyntaxAttribute):
-    """Upstream `gpu`'s shuffle mode (`#gpu<shuffle_mode xor>` in xDSL's spelling, `#gpu.shuffle_mode<xor>` in
-    upstream's), which xDSL 0.74's `gpu` lacks with its op."""
-
-    name = "gpu.shuffle_mode"
-
-
-@irdl_op_definition
-class GpuShuffleOp(IRDLOperation):
-    """Upstream MLIR's `gpu.shuffle` (xDSL 0.74 lacks it), used in its `xor` mode over a whole warp (`width` 32): the
-    value of lane (this lane xor `offset`), and whether that lane took part (always, at width 32). CUDA's
-    `__shfl_xor_sync(0xffffffff, value, offset)`.
-
-    ```mlir
-    %r, %ok = "gpu.shuffle"(%v, %c16, %c32) <{mode = #gpu<shuffle_mode xor>}> : (f32, i32, i32) -> (f32, i1)
-    ```
-    """
-
-    name = "gpu.shuffle"
-
-    T: ClassVar = VarConstraint("T", base(Float32Type) | base(IntegerType))
-
-    value = operand_def(T)
-    offset = operand_def(IntegerType)
-    width = operand_def(IntegerType)
-    mode = prop_def(ShuffleModeAttr)
-    shuffle_result = result_def(T)
-    valid = result_def(IntegerType)
-
-    def __init__(self, value: SSAValue, offset: SSAValue, width: SSAValue, mode: ShuffleMode = ShuffleMode.XOR):
-        super().__init__(
-            operands=[value, offset, width],
-            properties={"mode": ShuffleModeAttr(mode)},
-            result_types=[value.type, IntegerType(1)],
-        )
-
-    def verify_(self) -> None:
-        for name, operand in (("offset", self.offset), ("width", self.width)):
-            if operand.type != IntegerType(32):
-                raise _fail(self, f"takes its {name} as i32, not {operand.type}")
-
-
-@irdl_op_definition
-class FenceOp(IRDLOperation):
-    """Upstream MLIR's `llvm.fence` (xDSL 0.74's `llvm` lacks it), used as `syncscope("device") seq_cst`: this
-    thread's earlier writes are ordered before its later ones for every thread of the device (CUDA's
-    `__threadfence()`, PTX `fence.sc.gpu`). What a warp does before it counts itself done with an atomic, so the
-    last to count reads the others' results.
-
-    ```mlir
-    "llvm.fence"() <{ordering = 7 : i64, syncscope = "device"}> : () -> ()
-    ```
-    """
-
-    name = "llvm.fence"
-
-    ordering = prop_def(IntegerAttr[I64])
-    syncscope = opt_prop_def(StringAttr)
-
-    SEQ_CST: ClassVar[int] = 7  # upstream's LLVM::AtomicOrdering::seq_cst
-
-    def __init__(self, syncscope: str = "device", ordering: int = SEQ_CST):
-        super().__init__(properties={"ordering": IntegerAttr(ordering, 64), "syncscope": StringAttr(syncscope)})
-
-    def verify_(self) -> None:
-        if self.ordering.value.data not in (4, 5, 6, 7):
-            raise _fail(
-                self, f"orders as acquire (4), release (5), acq_rel (6) or seq_cst (7), not {self.ordering.value.data}"
-            )
+# -- the thread level: what xDSL lacks (upstream gpu and llvm ops in gpu_ext; nvvm here) ---------------------
 
 
 @irdl_op_definition
@@ -1024,11 +948,8 @@ CUDA = Dialect(
     [
         BufferOp,
         *KERNEL_OPS,
-        GpuShuffleOp,
-        FenceOp,
         *TENSOR_CORE_OPS,
     ],
-    [ShuffleModeAttr],
 )
 
 

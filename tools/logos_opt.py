@@ -179,9 +179,11 @@ class LogosOptMain(xDSLOptMain):
         super().register_all_dialects()
         for name, factory in registry.dialects().items():
             self.ctx.register_dialect(name, factory)
+        from logos_ir.dialects.gpu_ext import extend_gpu_and_llvm
         from logos_ir.dialects.shard_ext import extend_shard
 
         extend_shard()  # upstream's shard.all_gather (a split head's logits), which xDSL 0.74's shard dialect lacks
+        extend_gpu_and_llvm()  # upstream's gpu.shuffle and llvm.fence (the CUDA lane's kernels), which xDSL 0.74 lacks
 
     def register_all_frontends(self) -> None:
         super().register_all_frontends()

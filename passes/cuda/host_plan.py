@@ -89,7 +89,7 @@ class HostPlan:
 def lowered_context() -> Any:
     """An xDSL context that reads the CUDA lane's `step.mlir`."""
     from xdsl.context import Context
-    from xdsl.dialects import arith, builtin, func, gpu, math, memref, scf, shard, vector
+    from xdsl.dialects import arith, builtin, func, gpu, llvm, math, memref, scf, shard, vector
 
     from logos_ir.dialects.cuda import CUDA, NVVM
     from logos_ir.dialects.shard_ext import extend_shard
@@ -98,7 +98,8 @@ def lowered_context() -> Any:
 
     context = Context()
     upstream = (builtin.Builtin, func.Func, arith.Arith, memref.MemRef, scf.Scf, math.Math, gpu.GPU, vector.Vector)
-    for dialect in (*upstream, shard.Shard, CUDA, NVVM):  # vector: the kernels' 16-byte loads
+    # vector: the kernels' 16-byte loads; llvm: their fences (gpu.shuffle and llvm.fence added by cuda's gpu_ext)
+    for dialect in (*upstream, llvm.LLVM, shard.Shard, CUDA, NVVM):
         context.load_dialect(dialect)
     return context
 

@@ -2,7 +2,7 @@
 // RUN: %logos-opt %s --print-op-generic | %logos-opt | %filecheck %s
 
 // Every op of the cuda dialect, printed in its custom form and parsed back (and the upstream ops it defines where
-// xDSL 0.74 lacks them: gpu.shuffle, llvm.fence, nvvm.bar.warp.sync).
+// xDSL 0.74 lacks them: gpu.shuffle and llvm.fence, added to xDSL's gpu and llvm by gpu_ext; nvvm.bar.warp.sync).
 
 builtin.module {
   %x = cuda.buffer "x" kind "activation" : memref<2x64xf32>
