@@ -91,17 +91,18 @@ def markdown(reports: list[dict[str, Any]]) -> str:
         "Latency model (passes/cuda/cost_model.py; bands from each constant's range; occupancy from ptxas where"
         " measured):",
         "",
-        "| model | live length | estimated step (ms) | minimum MB | est. fraction of HBM | attention in flight an SM |",
-        "|---|---|---|---|---|---|",
+        "| model | live length | estimated step (ms) | minimum MB | est. fraction of HBM | the same, plain launches"
+        " | attention in flight an SM |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in reports:
         model = r.get("latency_model") or {"steps": {}}
         for live, step in model["steps"].items():
-            flight = step["attention_bytes_in_flight_per_sm"]
+            flight, plain = step["attention_bytes_in_flight_per_sm"], step["hbm_fraction_without_programmatic_launch"]
             lines.append(
                 f"| {r['model']} {r['cut']} x{r['chips']} | {live} | {step['ms'][0]:.2f}-{step['ms'][1]:.2f}"
                 f" | {step['minimum_mb']:.1f} | {step['hbm_fraction'][0]:.0%}-{step['hbm_fraction'][1]:.0%}"
-                f" | {flight / 1024:.1f} KB |"
+                f" | {plain[0]:.0%}-{plain[1]:.0%} | {flight / 1024:.1f} KB |"
             )
     lines += ["", "| model | kernel | launches | in flight an SM (full cache) | estimated us (all launches) |"]
     lines += ["|---|---|---|---|---|"]
