@@ -591,6 +591,9 @@ def seeds(reader: str) -> dict[str, bytes]:
             "small32-q8_0-rope.gguf": testing.model_gguf(32, "Q8_0", rope_scaling=True),
             "small32-q4_0.gguf": testing.model_gguf(32, "Q4_0"),
             "small32-q4_1.gguf": testing.model_gguf(32, "Q4_1"),
+            "small32-q5_0.gguf": testing.model_gguf(32, "Q5_0"),
+            "small32-q5_1.gguf": testing.model_gguf(32, "Q5_1"),
+            "small32-mxfp4.gguf": testing.model_gguf(32, "MXFP4"),
         }
         header = embedded_header(keep_tokens=200)
         if header is not None:

@@ -55,9 +55,20 @@ _GGUF_SUPPORTED = frozenset(
         GGMLQuantizationType.Q8_0,
         GGMLQuantizationType.Q4_0,
         GGMLQuantizationType.Q4_1,
+        GGMLQuantizationType.Q5_0,
+        GGMLQuantizationType.Q5_1,
+        GGMLQuantizationType.Q2_K,
+        GGMLQuantizationType.Q3_K,
+        GGMLQuantizationType.Q4_K,
+        GGMLQuantizationType.Q5_K,
+        GGMLQuantizationType.Q6_K,
+        GGMLQuantizationType.MXFP4,
     }
 )
-_QUANT_HINT = "logos-ir reads F32, F16, BF16, Q8_0, Q4_0 and Q4_1 tensors; re-quantize with llama-quantize"
+_QUANT_HINT = (
+    "logos-ir reads F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, the K-quants Q2_K to Q6_K and MXFP4 tensors"
+    " (not the IQ and TQ types); re-quantize with llama-quantize"
+)
 
 
 @dataclass(frozen=True)

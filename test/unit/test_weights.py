@@ -730,16 +730,16 @@ def test_unsupported_quant_type_is_named(tmp_path):
     spec = dataclasses.replace(TINY, intermediate=256)
     down = LAYER0 + "mlp.down_proj.weight"
 
-    def extra(w):  # a Q6_K block is 210 bytes for 256 values; zeros are a valid block
-        w.add_tensor("blk.0.ffn_down.weight", np.zeros((64, 210), np.uint8), raw_dtype=QT.Q6_K)
+    def extra(w):  # an IQ4_XS block (an importance-matrix type) is 136 bytes for 256 values; zeros are valid
+        w.add_tensor("blk.0.ffn_down.weight", np.zeros((64, 136), np.uint8), raw_dtype=QT.IQ4_XS)
 
     path = write_gguf(tmp_path / "k.gguf", RandomWeights(spec), skip=(down,), extra=extra)
     with pytest.raises(WeightError) as error:
         GGUFStore(path)
-    assert_refused(error, "blk.0.ffn_down.weight", "Q6_K", "k.gguf")
+    assert_refused(error, "blk.0.ffn_down.weight", "IQ4_XS", "k.gguf")
     with pytest.raises(WeightError) as error:
         GGUFFile(path).read("blk.0.ffn_down.weight")
-    assert_refused(error, "blk.0.ffn_down.weight", "Q6_K")
+    assert_refused(error, "blk.0.ffn_down.weight", "IQ4_XS")
 
 
 def test_unknown_type_number_is_named(tmp_path):
