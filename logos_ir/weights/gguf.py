@@ -25,7 +25,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as _gguf_dequantize
 
 from logos_ir.errors import SpecError, WeightError
-from logos_ir.rope import llama3_rope_divisors
+from logos_ir.rope import base_inv_freq, llama3_rope_divisors
 from logos_ir.spec import PROJECTIONS, ModelSpec, RopeScaling
 from logos_ir.weights.store import MAX_DIMENSION, WeightStore, check_expected, check_unread, is_int
 
@@ -607,9 +607,9 @@ def _spec_from_gguf(file: GGUFFile) -> ModelSpec:
 
 
 def _gguf_rope_scaling(file: GGUFFile, where: str, head_dim: Any, theta: float, arch: str) -> RopeScaling | None:
-    """Llama 3 rope scaling. llama.cpp stores it not as parameters but as per-frequency divisors
-    (`rope_freqs`), so the parameters are recovered as the standard Llama 3.1 ones (low 1, high 4, original
-    8192) with the largest divisor as the factor, and accepted only if they reproduce every divisor."""
+    """Llama 3 rope scaling. llama.cpp computes with per-frequency divisors (`rope_freqs`), not with parameters, so
+    the parameters are recovered from the divisors (`_llama3_parameters`) and accepted only if they reproduce every
+    one of them."""
     kind = file.metadata.get(f"{arch}.rope.scaling.type", "none")
     if kind not in ("none", "llama3"):
         raise SpecError(f"{where}: rope scaling of type '{kind}' is not supported (only Llama 3's)")
@@ -621,16 +621,46 @@ def _gguf_rope_scaling(file: GGUFFile, where: str, head_dim: Any, theta: float, 
         divisors = file.read("rope_freqs.weight").reshape(-1).astype(np.float64)
     except WeightError as error:
         raise SpecError(error.message) from None
-    if divisors.shape != (head_dim // 2,) or not np.all(np.isfinite(divisors)):
-        raise SpecError(f"{where}: rope_freqs.weight must hold {head_dim // 2} finite divisors")
+    if divisors.shape != (head_dim // 2,) or not np.all(np.isfinite(divisors)) or divisors.min() <= 0:
+        raise SpecError(f"{where}: rope_freqs.weight must hold {head_dim // 2} finite positive divisors")
     if np.allclose(divisors, 1.0):
         return None
-    scaling = RopeScaling(
-        factor=float(divisors.max()),
-        low_freq_factor=1.0,
-        high_freq_factor=4.0,
-        original_max_position_embeddings=8192,
+    stated = {key: file.metadata.get(f"{arch}.rope.scaling.{key}") for key in ("factor", "original_context_length")}
+    for scaling in _llama3_parameters(divisors, head_dim, theta, stated):
+        if np.allclose(divisors, llama3_rope_divisors(scaling, head_dim, theta), rtol=1e-4):
+            return scaling
+    raise SpecError(
+        f"{where}: rope_freqs.weight is not a Llama 3 rope scaling logos-ir recognizes: no factor, original context"
+        " and frequency factors reproduce its divisors"
     )
-    if not np.allclose(divisors, llama3_rope_divisors(scaling, head_dim, theta), rtol=1e-4):
-        raise SpecError(f"{where}: rope_freqs.weight is not a Llama 3 rope scaling logos-ir recognizes")
-    return scaling
+
+
+def _llama3_parameters(divisors: np.ndarray, head_dim: int, theta: float, stated: dict[str, Any]) -> list[RopeScaling]:
+    """The Llama 3 scalings that could have made `divisors`, most likely first. The factor is the file's
+    `rope.scaling.factor` or else the largest divisor. A divisor strictly between 1 and the factor lies in the
+    blend, where 1/divisor = (1 - s)/factor + s with s = (original/wavelength - low)/(high - low), linear in
+    1/wavelength: with Llama 3's own frequency factors (low 1, high 4) each such divisor gives the original context
+    (wavelength (3 s + 1)), and with the file's `rope.scaling.original_context_length` two of them give low and
+    high. Candidates: the stated original with low 1 and high 4, then with the frequency factors the blend gives;
+    the original the blend gives with low 1 and high 4; 8192 (Llama 3.1's) where no divisor is in the blend. Two
+    scalings that make the same divisors compute the same rotation: (8, 2, 8, 8192) is (8, 1, 4, 4096)."""
+    factor = float(stated["factor"]) if isinstance(stated["factor"], int | float) else float(divisors.max())
+    original = stated["original_context_length"]
+    wavelength = 2 * math.pi / base_inv_freq(head_dim, theta)
+    blend = (divisors > 1 + 1e-6) & (divisors < factor * (1 - 1e-6))
+    s = (1 / divisors[blend] - 1 / factor) / (1 - 1 / factor) if factor > 1 else np.zeros(0)
+    candidates: list[tuple[float, float, float]] = []
+    if is_int(original) and original > 0:
+        candidates.append((float(original), 1.0, 4.0))
+    if s.size >= 2 and is_int(original) and original > 0:
+        slope, intercept = np.polyfit(1 / wavelength[blend], s, 1)  # slope original/(high - low), -low/(high - low)
+        width = original / slope if slope > 0 else 0.0
+        candidates.append((float(original), -intercept * width, -intercept * width + width))
+    if s.size:
+        candidates.append((float(np.median(wavelength[blend] * (3 * s + 1))), 1.0, 4.0))
+    candidates.append((8192.0, 1.0, 4.0))
+    return [
+        RopeScaling(factor, round(low, 6), round(high, 6), round(old))
+        for old, low, high in candidates
+        if factor >= 1 and 0 < low < high and old >= 1
+    ]

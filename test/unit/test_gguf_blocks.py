@@ -2,7 +2,8 @@
 `ggml-common.h`, the `dequantize_row_*` loops of `ggml-quants.c`) and compared with what the reader gives (gguf-py's
 dequantizers underneath): random blocks of each type, their scales set to finite values a file could hold, read
 through a GGUF file; then a small model stored in each K-quant (256-wide rows, as llama.cpp's K-quants need) reads
-back, tensor by tensor, as gguf-py dequantizes it, and generates the tokens of the same model written in f32."""
+back, tensor by tensor, as gguf-py dequantizes it, and generates the tokens of the same model written in f32.
+Last, Llama 3 rope scaling, which a GGUF holds as divisors (`rope_freqs`), is recovered at any original context."""
 
 from __future__ import annotations
 
@@ -241,3 +242,42 @@ def test_a_k_quant_row_that_does_not_fill_its_superblocks_is_refused(tmp_path: P
     (tmp_path / "short.gguf").write_bytes(gguf_bytes([("general.architecture", STRING, "llama")], [tensor]))
     with pytest.raises(WeightError, match="its rows of 128 do not fill whole Q4_K blocks of 256"):
         GGUFFile(tmp_path / "short.gguf")
+
+
+# -- Llama 3 rope scaling at any original context ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "scaling, stated",
+    [
+        ((32.0, 1.0, 4.0, 8192), False),  # Llama 3.2's
+        ((8.0, 1.0, 4.0, 32768), False),  # a longer original context, nothing stated beside the divisors
+        ((16.0, 1.0, 4.0, 2048), False),
+        ((8.0, 2.0, 8.0, 8192), True),  # other frequency factors: the file's original context fixes them
+    ],
+)
+def test_llama3_rope_scaling_is_recovered_from_its_divisors_at_any_original_context(
+    tmp_path: Path, scaling: tuple[float, float, float, int], stated: bool
+) -> None:
+    import dataclasses
+
+    from test_weights import TINY, write_gguf
+
+    from logos_ir.rope import llama3_rope_divisors
+    from logos_ir.spec import RopeScaling
+    from logos_ir.weights import GGUFStore, RandomWeights
+
+    spec = dataclasses.replace(TINY, head_dim=64, hidden=128, rope_theta=500000.0)
+    want = RopeScaling(*scaling)
+    divisors = llama3_rope_divisors(want, spec.head_dim, spec.rope_theta).astype(np.float32)
+    assert ((divisors > 1.001) & (divisors < want.factor * 0.999)).sum() >= 2, "the test needs divisors in the blend"
+
+    def extra(writer: gguf.GGUFWriter) -> None:
+        writer.add_tensor("rope_freqs.weight", divisors)
+        if stated:
+            writer.add_rope_scaling_orig_ctx_len(want.original_max_position_embeddings)
+
+    store = GGUFStore(write_gguf(tmp_path / "l3.gguf", RandomWeights(spec), extra=extra))
+    got = store.spec.rope_scaling
+    assert got is not None and got.original_max_position_embeddings == want.original_max_position_embeddings
+    assert (got.factor, got.low_freq_factor, got.high_freq_factor) == pytest.approx(scaling[:3], rel=1e-4)
