@@ -128,9 +128,9 @@ def model_gguf(
     extra_tensors: list[str] = (),  # type: ignore[assignment]
 ) -> bytes:
     """A GGUF of `small_spec(hidden)` with random weights: norms F32, matrices `qtype` (F32, F16, or a block type
-    gguf-py quantizes: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4; block types need hidden 32), optionally with a tokenizer and llama3 rope scaling (`rope_freqs`); then
-    `extra_metadata`, and `extra_tensors` (names of F32 vectors of the hidden size, as a bias a file might
-    carry)."""
+    gguf-py quantizes: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4; block types need hidden 32), optionally with a
+    tokenizer and llama3 rope scaling (`rope_freqs`); then `extra_metadata`, and `extra_tensors` (names of F32
+    vectors of the hidden size, as a bias a file might carry)."""
     spec = small_spec(hidden)
     store = RandomWeights(spec, seed=2)
     meta: list[tuple[str, int, Any]] = [

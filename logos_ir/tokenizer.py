@@ -1,11 +1,14 @@
 """The tokenizer of a model: text to the model's own token ids and back.
 
 A GGUF file carries its tokenizer as metadata (`tokenizer.ggml.*`); this module rebuilds it as a Hugging Face
-`tokenizers.Tokenizer`, so encoding runs in the same Rust code the model's own `tokenizer.json` would use.
-Only byte-level BPE (`tokenizer.ggml.model` "gpt2", as in Llama 3 and SmolLM2) is supported; its
-pre-tokenizer, which GGUF names rather than stores (`tokenizer.ggml.pre`), is picked from the few logos-ir
-knows. A Hugging Face model folder with a `tokenizer.json` is loaded as it is. Bad or unsupported metadata is
-a `TokenizerError`.
+`tokenizers.Tokenizer`, so encoding runs in the same Rust code the model's own `tokenizer.json` would use. Two
+kinds are supported: byte-level BPE (`tokenizer.ggml.model` "gpt2": Llama 3, SmolLM2, Qwen), whose pre-tokenizer,
+which GGUF names rather than stores (`tokenizer.ggml.pre`), is picked from the few logos-ir knows; and
+SentencePiece's BPE with byte fallback ("llama": Llama 2, Mistral, Gemma, Phi-3), rebuilt as transformers'
+`LlamaConverter` and `GemmaConverter` rebuild a `tokenizer.model`: merges from the vocabulary, ranked by the score of
+the piece each makes (SentencePiece merges the best-scored piece first), spaces as '▁', a space before the text
+where the model adds one (`tokenizer.ggml.add_space_prefix`). A Hugging Face model folder with a `tokenizer.json`
+is loaded as it is. Bad or unsupported metadata is a `TokenizerError`.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import tokenizers
-from tokenizers import decoders, models, pre_tokenizers, processors
+from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
 from logos_ir.errors import TokenizerError
 from logos_ir.weights import GGUFFile, GGUFStore, SafetensorsStore, WeightStore
@@ -34,7 +37,12 @@ _LLAMA3_SPLIT = (
 _GPT2_STYLE = ("default", "gpt-2", "gpt2")
 _DIGIT_STYLE = ("smollm", "starcoder", "refact", "codeshell")
 _LLAMA3_STYLE = ("llama-bpe", "llama3")
-_KNOWN_PRE = _GPT2_STYLE + _DIGIT_STYLE + _LLAMA3_STYLE
+# Qwen2's: Llama 3's expression with each digit its own pre-token (llama.cpp's QWEN2 type)
+_QWEN2_STYLE = ("qwen2",)
+_QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+_KNOWN_PRE = _GPT2_STYLE + _DIGIT_STYLE + _LLAMA3_STYLE + _QWEN2_STYLE
+# llama.cpp's SentencePiece token types: 2 the unknown piece, 6 a byte (`<0x0A>`)
+_UNKNOWN, _BYTE = 2, 6
 
 
 def _folder_template(folder: Path, config: Mapping[str, Any]) -> str | None:
@@ -94,10 +102,12 @@ class Tokenizer:
         kind = meta.get("tokenizer.ggml.model")
         if kind is None:
             raise TokenizerError(f"{source}: the GGUF metadata holds no tokenizer (no 'tokenizer.ggml.model')")
+        if kind == "llama":
+            return cls._from_sentencepiece(meta, source)
         if kind != "gpt2":
             raise TokenizerError(
                 f"{source}: tokenizer model '{kind}' is not supported",
-                hint="logos-ir rebuilds byte-level BPE tokenizers (tokenizer.ggml.model 'gpt2') only",
+                hint="logos-ir rebuilds byte-level BPE ('gpt2') and SentencePiece BPE ('llama') tokenizers",
             )
         pre = meta.get("tokenizer.ggml.pre", "default")
         if pre not in _KNOWN_PRE:
@@ -137,6 +147,43 @@ class Tokenizer:
             bos_id=bos,
             eos_id=eos,
             chat_template=template if isinstance(template, str) else None,
+        )
+
+    @classmethod
+    def _from_sentencepiece(cls, meta: Mapping[str, Any], source: str) -> Tokenizer:
+        """A SentencePiece BPE vocabulary (`tokenizer.ggml.model` "llama"): pieces, their scores and types."""
+        tokens = _string_list(meta, "tokenizer.ggml.tokens", source)
+        vocab = _vocab(tokens, source)
+        scores = meta.get("tokenizer.ggml.scores")
+        if (
+            not isinstance(scores, list)
+            or len(scores) != len(tokens)
+            or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in scores)
+        ):
+            raise TokenizerError(f"{source}: GGUF metadata 'tokenizer.ggml.scores' must list one number per token")
+        types = _token_types(meta, len(tokens), source)
+        bos = _token_id(meta, "tokenizer.ggml.bos_token_id", len(tokens), source)
+        eos = _token_id(meta, "tokenizer.ggml.eos_token_id", len(tokens), source)
+        unknown = _token_id(meta, "tokenizer.ggml.unknown_token_id", len(tokens), source)
+        prefix = meta.get("tokenizer.ggml.add_space_prefix", True)
+        add_bos = meta.get("tokenizer.ggml.add_bos_token", True)
+        if not isinstance(prefix, bool) or not isinstance(add_bos, bool):
+            raise TokenizerError(f"{source}: GGUF metadata 'add_space_prefix' and 'add_bos_token' must be booleans")
+        if unknown is None:
+            unknown = next((i for i, t in enumerate(types) if t == _UNKNOWN), None)
+        template = meta.get("tokenizer.chat_template")
+        try:
+            backend = _sentencepiece_bpe(tokens, vocab, scores, types, prefix, unknown)
+            if add_bos and bos is not None:
+                backend.post_processor = processors.TemplateProcessing(
+                    single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A $B", special_tokens=[(tokens[bos], bos)]
+                )
+        except Exception as error:  # the Rust library reports bad vocabularies as plain Exceptions
+            raise TokenizerError(f"{source}: cannot build the tokenizer: {error}") from None
+        if backend.get_vocab_size(with_added_tokens=True) != len(tokens):
+            raise TokenizerError(f"{source}: the tokenizer's added tokens do not match its vocabulary")
+        return cls(
+            backend, source, bos_id=bos, eos_id=eos, chat_template=template if isinstance(template, str) else None
         )
 
     @classmethod
@@ -260,10 +307,11 @@ def _token_id(meta: Mapping[str, Any], key: str, count: int, source: str) -> int
 
 
 def _byte_level_bpe(vocab: dict[str, int], merges: list[tuple[str, str]], pre: str) -> tokenizers.Tokenizer:
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=pre not in _LLAMA3_STYLE)
+    regex = {**dict.fromkeys(_LLAMA3_STYLE, _LLAMA3_SPLIT), **dict.fromkeys(_QWEN2_STYLE, _QWEN2_SPLIT)}.get(pre)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=regex is None)
     pre_tokenizer: pre_tokenizers.PreTokenizer
-    if pre in _LLAMA3_STYLE:
-        split = pre_tokenizers.Split(tokenizers.Regex(_LLAMA3_SPLIT), behavior="isolated", invert=False)
+    if regex is not None:
+        split = pre_tokenizers.Split(tokenizers.Regex(regex), behavior="isolated", invert=False)
         pre_tokenizer = pre_tokenizers.Sequence([split, byte_level])
     elif pre in _DIGIT_STYLE:
         pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
@@ -274,6 +322,44 @@ def _byte_level_bpe(vocab: dict[str, int], merges: list[tuple[str, str]], pre: s
     backend = tokenizers.Tokenizer(model)
     backend.pre_tokenizer = pre_tokenizer
     backend.decoder = decoders.ByteLevel()
+    return backend
+
+
+def _sentencepiece_bpe(
+    tokens: list[str], vocab: dict[str, int], scores: list[float], types: list[int], prefix: bool, unknown: int | None
+) -> tokenizers.Tokenizer:
+    """SentencePiece's BPE as transformers' converters rebuild it (`SentencePieceExtractor`): every split of a
+    piece into two pieces of the vocabulary is a merge, ranked by the score of the piece it makes (best first;
+    ties in the vocabulary's order of the two halves), so merging runs as SentencePiece's encoder does; a piece
+    nothing covers falls back to its UTF-8 bytes (`<0x..>`); control and user-defined pieces match whole."""
+    merges: list[tuple[float, int, int, str, str]] = []
+    for piece, i in vocab.items():
+        if types[i] not in (1, _USER_DEFINED):  # normal pieces (and user-defined ones) are made by merges
+            continue
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in vocab and right in vocab:
+                merges.append((-scores[i], vocab[left], vocab[right], left, right))
+    merges.sort()
+    model = models.BPE(
+        vocab,
+        [(left, right) for *_, left, right in merges],
+        unk_token=tokens[unknown] if unknown is not None else None,
+        fuse_unk=True,
+        byte_fallback=True,
+    )
+    backend = tokenizers.Tokenizer(model)
+    steps = [normalizers.Prepend("▁")] if prefix else []
+    backend.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", "▁")])
+    readback = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    backend.decoder = decoders.Sequence([*readback, decoders.Strip(" ", 1, 0)] if prefix else readback)
+    special = [
+        tokenizers.AddedToken(tokens[i], special=t == _CONTROL, normalized=False)
+        for i, t in enumerate(types)
+        if t in (_CONTROL, _USER_DEFINED)
+    ]
+    backend.add_special_tokens([a for a in special if a.special])
+    backend.add_tokens([a for a in special if not a.special])
     return backend
 
 

@@ -102,6 +102,52 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
             "rope_local_base_freq": 10000.0,
         },
     ),
+    # Gemma 2 and 3 as a GGUF of llama.cpp can say them (its loader hard-codes what the file does not state): the
+    # scores scaled by 1 / sqrt(head size) (query_pre_attn_scalar 16), Gemma 2's head tied to its embedding (its
+    # loader has no output tensor), Gemma 3's every 6th layer global (six layers, the last global) and its local
+    # layers rotating with base 10000; read from the GGUF that test_gguf_families writes from each folder, with the
+    # SentencePiece tokenizer of test/unit/tokenizers (400 pieces, hence the vocabulary of 400)
+    "gemma2-gguf": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        {
+            "head_dim": 16,
+            "query_pre_attn_scalar": 16,
+            "sliding_window": 4,
+            "attn_logit_softcapping": 2.0,
+            "final_logit_softcapping": 5.0,
+            "tie_word_embeddings": True,
+            "vocab_size": 400,
+        },
+    ),
+    "gemma3_text-gguf": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        {
+            "head_dim": 16,
+            "num_hidden_layers": 6,
+            "query_pre_attn_scalar": 16,
+            "sliding_window": 4,
+            "sliding_window_pattern": 6,
+            "rope_theta": 1000000.0,
+            "rope_local_base_freq": 10000.0,
+            "vocab_size": 400,
+        },
+    ),
+    # Phi-3 with the same tokenizer's vocabulary, for the GGUF of it (its fused attn_qkv and ffn_up)
+    "phi3-gguf": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        {
+            "original_max_position_embeddings": 128,
+            "sliding_window": None,
+            "rope_scaling": None,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "pad_token_id": 0,
+            "vocab_size": 400,
+        },
+    ),
 }
 # Families whose norm weights are drawn as 1 + N(0, initializer_range) rather than left at transformers' ones, so
 # that a norm read from the wrong tensor (or not applied) changes the tokens: the families made after the first five
@@ -110,10 +156,15 @@ DRAWN_NORMS = {
     "qwen3": 1.0,
     "gemma2": 0.0,
     "gemma3_text": 0.0,
+    "gemma2-gguf": 0.0,
+    "gemma3_text-gguf": 0.0,
 }  # the mean of each (Gemma's norms scale by one plus the weight)
+# Families whose embedding is drawn narrower than the rest (a tied head scores each token by its embedding, which
+# Gemma scales by sqrt(64): drawn as wide as the layers, the last token's own row wins every step)
+EMBEDDING_STD = {"gemma2-gguf": 0.02}
 # Families whose runs also record the first step's logits (the soft-capped logits of Gemma 2, which greedy tokens
 # alone cannot pin).
-FIRST_LOGITS = {"gemma2"}
+FIRST_LOGITS = {"gemma2", "gemma2-gguf"}
 # A family whose first draw (seeded by its place in FAMILIES) had a near-tie (a top-1 margin of 1e-3 or less, which
 # f32 rounding could flip) takes another seed, said here.
 SEEDS = {"qwen3": 105}
@@ -150,6 +201,8 @@ def make(family: str, out: Path) -> dict[str, Any]:
                 parameter.normal_(0.0, TINY["initializer_range"])
             elif family in DRAWN_NORMS and name.endswith("norm.weight"):
                 parameter.normal_(DRAWN_NORMS[family], TINY["initializer_range"])
+            elif family in EMBEDDING_STD and name.endswith("embed_tokens.weight"):
+                parameter.normal_(0.0, EMBEDDING_STD[family])
     folder = out / family
     shutil.rmtree(folder, ignore_errors=True)
     model.save_pretrained(folder, safe_serialization=True)
@@ -162,7 +215,9 @@ def make(family: str, out: Path) -> dict[str, Any]:
         if family in FIRST_LOGITS:
             run["first_logits"] = first
         runs.append(run)
-    return {"model_class": model_class, "runs": runs}
+    import transformers as library
+
+    return {"model_class": model_class, "torch": torch.__version__, "transformers": library.__version__, "runs": runs}
 
 
 def main() -> int:
@@ -179,10 +234,11 @@ def main() -> int:
     if args.only:
         kept = json.loads((out / "goldens.json").read_text())["families"]
     made = {family: make(family, out) if not args.only or family in args.only else kept[family] for family in FAMILIES}
-    goldens = {
+    first = json.loads((out / "goldens.json").read_text()) if args.only else {}
+    goldens = {  # the versions of a whole run; a family remade alone (--only) records its own
         "made_by": "tools/family_goldens.py",
-        "transformers": transformers.__version__,
-        "torch": torch.__version__,
+        "transformers": first.get("transformers", transformers.__version__),
+        "torch": first.get("torch", torch.__version__),
         "new_tokens": NEW_TOKENS,
         "families": made,
     }

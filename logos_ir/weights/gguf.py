@@ -27,6 +27,7 @@ from gguf.quants import dequantize as _gguf_dequantize
 from logos_ir.errors import SpecError, WeightError
 from logos_ir.rope import base_inv_freq, llama3_rope_divisors
 from logos_ir.spec import PROJECTIONS, ModelSpec, RopeScaling
+from logos_ir.weights.manifest import fused_parts
 from logos_ir.weights.store import MAX_DIMENSION, WeightStore, check_expected, check_unread, is_int
 
 _GGUF_MAGIC = b"GGUF"
@@ -340,11 +341,12 @@ _GGUF_BLOCK = {
 _GGUF_BLOCK_NAME = re.compile(r"blk\.(0|[1-9][0-9]*)\.([a-z_]+)\.(weight|bias)")
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
-    """The Hugging Face name of a llama.cpp tensor name (`blk.3.attn_q.weight` gives
-    `model.layers.3.self_attn.q_proj.weight`), or None for a tensor with no HF counterpart
-    (`rope_freqs.weight`)."""
-    return _renamed(gguf_name, _GGUF_TOP, _GGUF_BLOCK_NAME, _GGUF_BLOCK, "model.layers.{}.{}.{}")
+def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
+    """The Hugging Face name of a llama.cpp tensor name of architecture `arch` (`blk.3.attn_q.weight` gives
+    `model.layers.3.self_attn.q_proj.weight`; Gemma's `blk.3.ffn_norm.weight` its pre-feed-forward norm, a Llama's
+    its post-attention one), or None for a tensor with no HF counterpart (`rope_freqs.weight`)."""
+    block = {**_GGUF_BLOCK, **GGUF_ARCHITECTURES[arch].block_names} if arch in GGUF_ARCHITECTURES else _GGUF_BLOCK
+    return _renamed(gguf_name, _GGUF_TOP, _GGUF_BLOCK_NAME, block, "model.layers.{}.{}.{}")
 
 
 _HF_TOP = {hf: name for name, hf in _GGUF_TOP.items()}
@@ -398,9 +400,17 @@ class GGUFStore(WeightStore):
         try:
             spec = _spec_from_gguf(self.file)
             super().__init__(spec, str(self.file.path))
-            self._gguf_names = {hf: g for g in self.file.tensors if (hf := hf_tensor_name(g)) is not None}
-            self._check()
             arch = self.file.metadata["general.architecture"]
+            self._gguf_names: dict[str, str] = {}
+            self._rows: dict[str, tuple[int, int]] = {}  # a part of a fused tensor: its rows
+            for gname in self.file.tensors:
+                hf = hf_tensor_name(gname, arch)
+                parts = fused_parts(GGUF_ARCHITECTURES[arch].fused, spec, hf) if hf is not None else None
+                for part, first, end in parts or ([(hf, 0, 0)] if hf is not None else []):
+                    self._gguf_names[part] = gname
+                    if parts:
+                        self._rows[part] = (first, end)
+            self._check(arch)
             self._permuted = GGUF_ARCHITECTURES[arch].permuted
             trained = self.file.metadata.get(f"{arch}.context_length")
             self.trained_ctx = trained if is_int(trained) and trained > 0 else None
@@ -413,7 +423,12 @@ class GGUFStore(WeightStore):
         """The file's metadata (read-only), tokenizer included."""
         return self.file.metadata
 
-    def _check(self) -> None:
+    def _check(self, arch: str) -> None:
+        if GGUF_ARCHITECTURES[arch].tied and "output.weight" in self.file.tensors:
+            raise WeightError(
+                f"{self.source}: tensor 'output.weight' is not read by the model's program",
+                hint=f"a '{arch}' model's head is its embedding (llama.cpp's loader has no output tensor for it)",
+            )
         for hf, gname in self._gguf_names.items():
             tensor = self.file.tensors[gname]
             if tensor.type not in _GGUF_SUPPORTED:
@@ -422,7 +437,7 @@ class GGUFStore(WeightStore):
                     "logos-ir cannot dequantize",
                     hint=_QUANT_HINT,
                 )
-        shapes = {hf: self.file.tensors[g].shape for hf, g in self._gguf_names.items()}
+        shapes = {hf: self.shape(hf) for hf in self._gguf_names}
         check_expected(self.spec, shapes, self.source)
         read = {*self._gguf_names.values(), "rope_freqs.weight"}
         for gname in sorted(self.file.tensors):  # a bias, an expert, a norm llama.cpp applies and HF names lack
@@ -440,13 +455,20 @@ class GGUFStore(WeightStore):
         gname = self._gguf_names.get(name)
         if gname is None:
             raise self._missing(name)
-        return self.file.tensors[gname].shape
+        shape = self.file.tensors[gname].shape
+        if name in self._rows and len(shape) == 2:
+            first, end = self._rows[name]
+            return (min(end, shape[0]) - min(first, shape[0]), shape[1])
+        return shape
 
     def _load(self, name: str) -> np.ndarray:
         gname = self._gguf_names.get(name)
         if gname is None:
             raise self._missing(name)
         array = self.file.read(gname)
+        if name in self._rows:  # a part of a fused tensor (Phi-3's attn_qkv, its ffn_up of gate and up)
+            first, end = self._rows[name]
+            array = array[first:end].copy()
         if not self._permuted:
             return array
         if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):  # a bias is permuted as its rows
@@ -505,7 +527,7 @@ def _check_every_key(meta: Mapping[str, Any], arch: str, where: str) -> None:
         if key.startswith(_GGUF_NEUTRAL_PREFIXES):
             continue
         own = key[len(prefix) :] if key.startswith(prefix) else None
-        if own in _GGUF_READ or own in _GGUF_NEUTRAL:
+        if own in _GGUF_READ or own in _GGUF_NEUTRAL or own in GGUF_ARCHITECTURES[arch].keys:
             continue
         allowed = _GGUF_LLAMA_VALUE.get(own or "")
         if allowed is None:
@@ -538,20 +560,106 @@ def _gguf_biases(file: GGUFFile, arch: str, where: str) -> tuple[str, ...]:
 
 
 class GGUFArchitecture(NamedTuple):
-    """What a GGUF architecture says without a key: whether llama.cpp's converter permuted its Q and K rows (a
-    Llama's rotary pairs interleaved for llama.cpp's "norm" rope; Qwen's "neox" rope keeps Hugging Face's
-    rotate-half order), the projections whose biases it always has, and whether each head of its query and key is
-    RMS-normed (`blk.N.attn_q_norm.weight`, `attn_k_norm`)."""
+    """What a GGUF architecture says without a key, as llama.cpp's converter (`convert_hf_to_gguf.py`) writes it
+    and its loader (`llama-model.cpp`) reads it: whether its Q and K rows were permuted (a Llama's rotary pairs
+    interleaved for llama.cpp's "norm" rope; the "neox" rope of Qwen, Gemma and Phi-3 keeps Hugging Face's
+    rotate-half order), the projections whose biases it always has, whether each head of its query and key is
+    RMS-normed (`blk.N.attn_q_norm.weight`, `attn_k_norm`), where its tensor names differ from a Llama's
+    (`block_names`, llama.cpp's part name to Hugging Face's), the weight manifest's family whose fused tensors it
+    keeps fused (`fused`: Phi-3's `attn_qkv`, and its `ffn_up` holding gate and up), whether its head is always the
+    embedding (`tied`: Gemma 2's loader has no output tensor), the metadata keys of its own the spec reads
+    (`keys`), and the rest of its spec (`family`: Gemma's, from llama.cpp's hard-coded choices)."""
 
     permuted: bool
     biases: tuple[str, ...] = ()
     head_norms: bool = False
+    block_names: Mapping[str, str] = MappingProxyType({})
+    fused: str = ""
+    tied: bool = False
+    keys: frozenset[str] = frozenset()
+    family: Any = None  # (metadata, where, arch, layers, hidden, heads, head size) -> the spec's own fields
+
+
+# Gemma's sandwich norms: llama.cpp's `post_attention_norm` and `post_ffw_norm` around the attention's and the
+# MLP's outputs, and its `ffn_norm` the norm before the MLP (a Llama's `ffn_norm` is its post-attention norm)
+_GEMMA_NAMES = MappingProxyType(
+    {
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    }
+)
+
+
+def _gemma_spec(
+    meta: Mapping[str, Any], where: str, arch: str, layers: int, hidden: int, heads: int, head_dim: int
+) -> dict[str, Any]:
+    """Gemma 2 and 3 as llama.cpp computes a GGUF of them. Its converter stores every norm's weight plus one (as
+    Gemma's norms scale by one plus their weight), so the program scales by the stored weight as it is; the
+    embedding times the square root of the width, GeGLU with tanh's GELU and the sandwich norms are the
+    architecture's; the scores are scaled by 1 / sqrt(head size) but for the 27B models (46 layers of Gemma 2, 62 of
+    Gemma 3: by 1 / sqrt(width / heads), `f_attention_scale`); the window (`attention.sliding_window`) applies to
+    every layer but each 2nd (Gemma 2) or 6th (Gemma 3, whose windowed layers rotate with base 10000, llama.cpp's
+    `rope_freq_base_train_swa`); Gemma 2's soft-caps default to 50 and 30 where the file states none, as
+    llama.cpp's `llama_hparams` do."""
+    a = arch + "."
+    big = layers == (46 if arch == "gemma2" else 62)
+    window = _meta_number(meta, where, a + "attention.sliding_window", int, 0)
+    pattern = 2 if arch == "gemma2" else 6
+    windowed = window > 0 and layers > 0
+    fields: dict[str, Any] = {
+        "norm_plus_one": False,
+        "embedding_scaled": True,
+        "activation": "gelu_tanh",
+        "sandwich_norms": True,
+        "query_pre_attn_scalar": float(hidden / heads) if big else float(head_dim),
+        "sliding_window": window if windowed else None,
+        "full_layers": tuple(i for i in range(layers) if i % pattern == pattern - 1) if windowed else (),
+    }
+    if arch == "gemma2":
+        fields["attention_softcap"] = float(_meta_number(meta, where, a + "attn_logit_softcapping", float, 50.0))
+        fields["final_softcap"] = float(_meta_number(meta, where, a + "final_logit_softcapping", float, 30.0))
+    else:
+        cap = float(_meta_number(meta, where, a + "final_logit_softcapping", float, 0.0))
+        fields |= {"head_norms": True, "final_softcap": cap or None, "local_rope_theta": 10000.0 if windowed else None}
+    if len(fields["full_layers"]) == layers:
+        fields |= {"sliding_window": None, "full_layers": (), "local_rope_theta": None}
+    return fields
+
+
+def _phi3_spec(
+    meta: Mapping[str, Any], where: str, arch: str, layers: int, hidden: int, heads: int, head_dim: int
+) -> dict[str, Any]:
+    """Phi-3's window (`attention.sliding_window`, 0 for none) over every layer, as transformers applies it (the
+    definition; llama.cpp's loader turns Phi-3's window off)."""
+    window = _meta_number(meta, where, arch + ".attention.sliding_window", int, 0)
+    return {"sliding_window": window} if window > 0 else {}
 
 
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     "llama": GGUFArchitecture(permuted=True),
     "qwen2": GGUFArchitecture(permuted=False, biases=("query", "key", "value")),
     "qwen3": GGUFArchitecture(permuted=False, head_norms=True),
+    "gemma2": GGUFArchitecture(
+        permuted=False,
+        block_names=_GEMMA_NAMES,
+        tied=True,
+        keys=frozenset({"attn_logit_softcapping", "final_logit_softcapping", "attention.sliding_window"}),
+        family=_gemma_spec,
+    ),
+    "gemma3": GGUFArchitecture(
+        permuted=False,
+        block_names=_GEMMA_NAMES,
+        keys=frozenset({"final_logit_softcapping", "attention.sliding_window"}),
+        family=_gemma_spec,
+    ),
+    "phi3": GGUFArchitecture(
+        permuted=False,
+        block_names=MappingProxyType({"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}),
+        fused="phi3",
+        keys=frozenset({"attention.sliding_window"}),
+        family=_phi3_spec,
+    ),
 }
 
 
@@ -584,21 +692,24 @@ def _spec_from_gguf(file: GGUFFile) -> ModelSpec:
     embed = file.tensors.get("token_embd.weight")
     vocab_default = len(tokens) if isinstance(tokens, list) else embed.shape[0] if embed and embed.shape else None
     theta = float(_meta_number(meta, where, a + "rope.freq_base", float, 10000.0))
+    layers = _meta_number(meta, where, a + "block_count", int)
+    architecture = GGUF_ARCHITECTURES[arch]
+    own = architecture.family(meta, where, arch, layers, hidden, heads, head_dim) if architecture.family else {}
     try:
         return ModelSpec(
             vocab=_meta_number(meta, where, a + "vocab_size", int, vocab_default),
             hidden=hidden,
-            layers=_meta_number(meta, where, a + "block_count", int),
+            layers=layers,
             heads=heads,
             kv_heads=_meta_number(meta, where, a + "attention.head_count_kv", int, heads),
             head_dim=head_dim,
             intermediate=_meta_number(meta, where, a + "feed_forward_length", int),
             rms_eps=float(_meta_number(meta, where, a + "attention.layer_norm_rms_epsilon", float)),
             rope_theta=theta,
-            tie_embeddings="output.weight" not in file.tensors,
+            tie_embeddings=architecture.tied or "output.weight" not in file.tensors,
             rope_scaling=_gguf_rope_scaling(file, where, head_dim, theta, arch),
             biases=_gguf_biases(file, arch, where),
-            head_norms=GGUF_ARCHITECTURES[arch].head_norms,
+            **{"head_norms": architecture.head_norms, **own},
         )
     except SpecError as error:
         if error.message.startswith(where):

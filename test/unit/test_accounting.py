@@ -248,8 +248,8 @@ def test_a_cache_longer_than_the_trained_context_is_warned_of(tmp_path: Path) ->
 
 
 def test_prompt_ids_run_a_gguf_whose_tokenizer_logos_ir_cannot_rebuild(tmp_path: Path) -> None:
-    # a SentencePiece tokenizer (Llama 2, Gemma, Mistral v0.1): text is refused, ids run, the answer as ids
-    path = _gguf(tmp_path, "spm", extra_metadata=[("tokenizer.ggml.model", STRING, "llama")])
+    # a WordPiece tokenizer (llama.cpp's "bert", of embedding models): text is refused, ids run, the answer as ids
+    path = _gguf(tmp_path, "wpm", extra_metadata=[("tokenizer.ggml.model", STRING, "bert")])
 
     def run(*given: str) -> subprocess.CompletedProcess[str]:
         command = [sys.executable, "-m", "logos_ir.tools.logos_run", "--model", str(path), *given, "-n", "3"]
@@ -257,8 +257,8 @@ def test_prompt_ids_run_a_gguf_whose_tokenizer_logos_ir_cannot_rebuild(tmp_path:
 
     ids, text = run("--prompt-ids", "1,2"), run("--prompt", "hello")
     assert ids.returncode == 0, ids.stderr
-    assert "tokenizer model 'llama' is not supported; the answer is given as token ids" in ids.stderr
-    assert text.returncode not in (0, 70) and "tokenizer model 'llama' is not supported" in text.stderr
+    assert "tokenizer model 'bert' is not supported; the answer is given as token ids" in ids.stderr
+    assert text.returncode not in (0, 70) and "tokenizer model 'bert' is not supported" in text.stderr
     assert "Traceback" not in ids.stderr + text.stderr
 
 

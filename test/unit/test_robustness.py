@@ -375,8 +375,9 @@ def test_missing_config_and_missing_model_are_named(tmp_path):
 @pytest.mark.parametrize(
     "change, words",
     [
-        ({"tokenizer.ggml.model": "llama"}, ["'llama'", "not supported"]),
-        ({"tokenizer.ggml.pre": "qwen2"}, ["qwen2"]),
+        ({"tokenizer.ggml.model": "bert"}, ["'bert'", "not supported"]),
+        ({"tokenizer.ggml.model": "llama"}, ["tokenizer.ggml.scores"]),
+        ({"tokenizer.ggml.pre": "falcon"}, ["falcon"]),
         ({"tokenizer.ggml.tokens": []}, ["empty"]),
         ({"tokenizer.ggml.tokens": ["a", "a"]}, ["'a'", "twice"]),
         ({"tokenizer.ggml.tokens": [1, 2]}, ["tokenizer.ggml.tokens"]),

@@ -140,9 +140,10 @@ def test_decode_refuses_ids_outside_the_vocabulary(tiny):
 @pytest.mark.parametrize(
     ("overrides", "words"),
     [
-        ({"tokenizer__ggml__model": "llama"}, ["'llama'", "not supported"]),
+        ({"tokenizer__ggml__model": "bert"}, ["'bert'", "not supported"]),
+        ({"tokenizer__ggml__model": "llama"}, ["'tokenizer.ggml.scores' must list one number per token"]),
         ({"tokenizer__ggml__model": None}, ["no 'tokenizer.ggml.model'"]),
-        ({"tokenizer__ggml__pre": "qwen2"}, ["'qwen2'"]),
+        ({"tokenizer__ggml__pre": "falcon"}, ["'falcon'"]),
         ({"tokenizer__ggml__tokens": None}, ["tokenizer.ggml.tokens"]),
         ({"tokenizer__ggml__merges": ["h e", "q zz"]}, ["merge 1", "'q zz'"]),
         ({"tokenizer__ggml__merges": ["h  e"]}, ["merge 0"]),
