@@ -607,7 +607,8 @@ class _LoopReader:
             for fixed in combos:
                 bank, known = self._bank(index, array, fixed, offset + match.start())
                 report.sites += [Site(array.name, store, bank, known) for store in kinds]
-            if store_op and store_op.group(1) != "=" and not self._follows(index, loop, combos[0], offset):
+            updated = store_op is not None and (store_op.group(1) != "=" or _reads_back(text, store_op.end(), match))
+            if updated and not self._follows(index, loop, combos[0], offset):
                 report.carried_memory.append(self._distance(loop))
         for match in re.finditer(r"READ_BANK\(\w+, ([^)]+)\)", text):
             for fixed in combos:
@@ -661,6 +662,18 @@ class _LoopReader:
                 if plain_move or written is None or at is None:
                     continue
                 report.carried_fp.append(written - at if written > at else 1)
+
+
+def _reads_back(text: str, at: int, store: re.Match[str]) -> bool:
+    """Whether the value stored by `store` (its `=` ends at `at`) reads the same element back (`a[i] = f(a[i])`):
+    an update through memory, as `a[i] += x` is."""
+    value = text[at : _statement_end(text, at)]
+    return text[store.start() : store.end() - 1].strip() + "[" in value and _subscripts_text(text, store) in value
+
+
+def _subscripts_text(text: str, store: re.Match[str]) -> str:
+    subscripts, end = _subscripts(text, store.end() - 1)
+    return text[store.start() : end]
 
 
 def _dividers(text: str, integers: set[str], numbers: dict[str, int]) -> int:
