@@ -104,8 +104,12 @@ _TEMPLATE = r"""
 
 typedef struct { uint u[BURST_BYTES / 4]; } bank_word_t; /* one 512-bit burst of a DDR4 bank */
 
-/* The channels from the bank readers to the compute kernel: Intel channels on the card; here each is an ordered
-   buffer that a reader's launch fills and the compute launch after it drains, in the same order. */
+/* The channels from the bank readers to the compute kernel: Intel channels on the card. On another device, with
+   D5005_RINGS defined (the host's channel path), each is a ring of CHANNEL_DEPTH words in global memory, with the
+   count of words its reader has written and the count the compute kernel has taken: the five kernels run at once,
+   a reader waits while its ring is full and the compute kernel while one it reads is empty, so the words move in
+   the card's order through channels of the card's depth. Without it, each is an ordered buffer that a reader's
+   launch fills and the compute launch after it drains, in the same order. */
 #if defined(INTELFPGA_CL)
 channel bank_word_t bank_words[BANKS] __attribute__((depth(CHANNEL_DEPTH)));
 typedef struct { uint unused; } channels_t;
@@ -115,6 +119,47 @@ typedef struct { uint unused; } stream_t;
 #define FIFO_IN_ARGS
 #define FIFO_OUT_ARGS
 #else
+#if defined(D5005_RINGS)
+typedef struct {
+    __global const bank_word_t *fifo[BANKS];
+    __global volatile uint *sent[BANKS];
+    __global volatile uint *taken_count[BANKS];
+    uint taken[BANKS];
+} channels_t;
+typedef struct {
+    __global bank_word_t *fifo;
+    __global volatile uint *count;
+    __global volatile uint *taken;
+    uint sent;
+} stream_t;
+inline bank_word_t read_ring(channels_t *ch, uint b) {
+    uint at = ch->taken[b];
+    while (atomic_add(ch->sent[b], 0u) == at) {}
+    bank_word_t word = ch->fifo[b][at % CHANNEL_DEPTH];
+    ch->taken[b] = at + 1;
+    atomic_xchg(ch->taken_count[b], at + 1);
+    return word;
+}
+inline void write_ring(stream_t *s, bank_word_t word) {
+    while (s->sent - atomic_add(s->taken, 0u) >= CHANNEL_DEPTH) {}
+    s->fifo[s->sent % CHANNEL_DEPTH] = word;
+    s->sent++;
+    atomic_xchg(s->count, s->sent);
+}
+#define READ_BANK(ch, b) read_ring((ch), (b))
+#define WRITE_BANK(s, b, v) write_ring((s), (v))
+#define FIFO_IN_ARGS , __global const bank_word_t *restrict fifo0, __global const bank_word_t *restrict fifo1, \
+    __global const bank_word_t *restrict fifo2, __global const bank_word_t *restrict fifo3, \
+    __global volatile uint *sent0, __global volatile uint *sent1, __global volatile uint *sent2, \
+    __global volatile uint *sent3, __global volatile uint *taken0, __global volatile uint *taken1, \
+    __global volatile uint *taken2, __global volatile uint *taken3
+#define FIFO_OUT_ARGS , __global bank_word_t *restrict fifo, __global volatile uint *sent, __global volatile uint *taken
+#define STREAM_OPEN(s) s.fifo = fifo; s.count = sent; s.taken = taken; s.sent = 0
+#define STREAM_CLOSE(s)
+#define CHANNELS_OPEN(ch) \
+    ch.sent[0] = sent0; ch.sent[1] = sent1; ch.sent[2] = sent2; ch.sent[3] = sent3; \
+    ch.taken_count[0] = taken0; ch.taken_count[1] = taken1; ch.taken_count[2] = taken2; ch.taken_count[3] = taken3
+#else
 typedef struct { __global const bank_word_t *fifo[BANKS]; uint taken[BANKS]; } channels_t;
 typedef struct { __global bank_word_t *fifo; uint sent; } stream_t;
 #define READ_BANK(ch, b) ((ch)->fifo[b][(ch)->taken[b]++])
@@ -122,6 +167,10 @@ typedef struct { __global bank_word_t *fifo; uint sent; } stream_t;
 #define FIFO_IN_ARGS , __global const bank_word_t *restrict fifo0, __global const bank_word_t *restrict fifo1, \
     __global const bank_word_t *restrict fifo2, __global const bank_word_t *restrict fifo3
 #define FIFO_OUT_ARGS , __global bank_word_t *restrict fifo, __global uint *restrict sent
+#define STREAM_OPEN(s) s.fifo = fifo; s.sent = 0
+#define STREAM_CLOSE(s) sent[0] = s.sent
+#define CHANNELS_OPEN(ch)
+#endif
 #endif
 
 #if WEIGHT_BYTES == 2
@@ -231,8 +280,8 @@ TASK void d5005_read_bank##n(__global const uint16 *restrict program, const uint
 #define READER(n) \
 TASK void d5005_read_bank##n(__global const uint16 *restrict program, const uint first, const uint count, \
                              BANK_ARG(n), const uint token, const uint position FIFO_OUT_ARGS) { \
-    stream_t s; s.fifo = fifo; s.sent = 0; \
-    read_bank(&s, bank##n, n, program, first, count, token, position); sent[0] = s.sent; }
+    stream_t s; STREAM_OPEN(s); \
+    read_bank(&s, bank##n, n, program, first, count, token, position); STREAM_CLOSE(s); }
 #endif
 READER(0)
 READER(1)
@@ -665,6 +714,7 @@ TASK void d5005_compute(__global const uint16 *restrict program, const uint firs
 #if !defined(INTELFPGA_CL)
     ch.fifo[0] = fifo0; ch.fifo[1] = fifo1; ch.fifo[2] = fifo2; ch.fifo[3] = fifo3;
     for (uint b = 0; b < BANKS; b++) ch.taken[b] = 0;
+    CHANNELS_OPEN(ch);
 #endif
     for (uint pc = first; pc < first + count; pc++) {
         const uint16 w = program[pc];
