@@ -213,10 +213,9 @@ def _buffer_extents(name: str, w: list[int], stream: Stream) -> list[tuple[int, 
     if name == "d5005.cache_write":
         return [(d5005.W_A, w[d5005.W_KV_HEADS] * cols)]
     if name == "d5005.attention":
-        heads, kv, head_dim, ctx = w[d5005.W_HEADS], w[d5005.W_KV_HEADS], w[d5005.W_HEAD_DIM], w[d5005.W_CTX]
-        scratch = d5005.attention_scratch_words(heads, kv, head_dim, ctx, stream.element_bytes, stream.burst)
+        heads, kv, head_dim = w[d5005.W_HEADS], w[d5005.W_KV_HEADS], w[d5005.W_HEAD_DIM]
         current = kv * head_dim
-        return [(d5005.W_DST, heads * head_dim), (d5005.W_A, heads * head_dim), (d5005.W_B, scratch),
+        return [(d5005.W_DST, heads * head_dim), (d5005.W_A, heads * head_dim),
                 (d5005.W_KEY, current), (d5005.W_VALUE, current)]  # fmt: skip
     if name == "d5005.argmax":
         return [(d5005.W_A, rows)]
@@ -318,8 +317,8 @@ def _cache_write(x: _Word) -> Any:
 def _attention(x: _Word) -> Any:
     current = (x.buffer(d5005.W_KEY), x.buffer(d5005.W_VALUE))
     keys, values = x.region(), x.region(d5005.W_OFFSET2)
-    dst, query, scores = x.buffer(d5005.W_DST), x.buffer(d5005.W_A), x.buffer(d5005.W_B)
-    return d5005.AttentionOp(dst, query, keys, values, current, scores, x.w[d5005.W_HEADS], x.w[d5005.W_KV_HEADS])
+    dst, query = x.buffer(d5005.W_DST), x.buffer(d5005.W_A)
+    return d5005.AttentionOp(dst, query, keys, values, current, x.w[d5005.W_HEADS], x.w[d5005.W_KV_HEADS])
 
 
 def _elementwise(kind: type[d5005.ElementwiseOp]) -> Any:
