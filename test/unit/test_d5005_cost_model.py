@@ -141,6 +141,20 @@ def test_what_aoc_would_report_of_the_printed_engine(printed: tuple[str, cost_mo
     assert cost_model.hazards(engine.analysis) == [] and engine.analysis.warnings == []
 
 
+def test_the_attention_arrays_give_each_site_its_port(printed: tuple[str, cost_model.Engine, dict]) -> None:
+    """The attention's arrays as the reader banks them, against counts from the routine's text: `queries` (laid out
+    word, head, lane) has one store (the copy) and one load (the pass) on each of its GROUP_MAX x CPW banks; `acc`
+    one load and one store in the pass and SHIFT_DEPTH loads in the merge; neither is arbitrated."""
+    _, engine, cost = printed
+    c = engine.constants
+    lanes = d5005.GROUP_MAX * c["BURST_BYTES"] // c["CACHE_BYTES"]
+    assert engine.analysis.banks["queries"] == engine.analysis.banks["acc"] == lanes
+    assert engine.analysis.ports["queries"] == (1, 1)
+    assert engine.analysis.ports["acc"] == (1 + c["SHIFT_DEPTH"], 1)
+    assert not engine.analysis.arbitrated["queries"] and not engine.analysis.arbitrated["acc"]
+    assert cost["ports"]["acc"]["copies"] == -(-(1 + c["SHIFT_DEPTH"]) // 3)  # 3 read ports a copy beside the store
+
+
 @pytest.mark.parametrize("edit", FOUR_EDITS, ids=["serial-sum", "serial-banks", "channel-depth-1", "bare-ivdep"])
 def test_each_edit_of_the_printed_engine_lowers_the_band(
     one_b: d5005.ProgramOp, printed: tuple[str, cost_model.Engine, dict], edit: tuple[str, str]
