@@ -86,6 +86,19 @@ def test_f32_engine_gives_the_reference_tokens(name: str) -> None:
     assert [i.cut for i in engine.identities] == [Cut.decode(64)]
 
 
+@needs_opencl
+@pytest.mark.parametrize("name", ["gqa", "mqa"])
+def test_f32_tokens_hold_once_the_attention_slots_wrap(name: str) -> None:
+    """Past 4 x SHIFT_DEPTH = 32 positions each of the attention's slots takes a second row of four and rescales
+    its accumulator to the new maximum: 56 tokens (positions up to 60) against the reference's."""
+    from logos_ir.runtime.d5005 import D5005Generator
+
+    store = RandomWeights(SHAPES[name], seed=7)
+    prompt = [5, 17, 3, 60, 2]
+    expected = Generator(store, prefill_rows=4).generate(prompt, 56)
+    assert D5005Generator(store, weights="f32").generate(prompt, 56) == expected
+
+
 # The channel path: the five kernels at once, through rings of the channels' depth, in a process of its own (PoCL
 # reads POCL_MAX_PTHREAD_COUNT when it starts; the card runs the five kernels at once, so five threads are needed).
 CHANNEL_RUN = """
