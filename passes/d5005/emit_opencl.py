@@ -523,17 +523,27 @@ ${current_add}
                 word[b] = blank;
                 if (valid[b]) word[b] = READ_BANK(ch, b);
             }
-            /* a key word: each bank's partial dot products shift in */
+            /* each bank's word times the group's queries on a key word, times the row's weights on a value word:
+               the two never meet in one iteration, so they share one multiplier a lane; a key word's partial dot
+               products shift in, a value word's products sum over the banks */
+            float sums[GROUP_MAX][CPW];
             UNROLL(GROUP_MAX)
             for (uint g = 0; g < GROUP_MAX; g++) {
                 float qv[CPW];
                 UNROLL(CPW)
-                for (uint e = 0; e < CPW; e++) qv[e] = queries[((j % ROW_WORDS_MAX) * GROUP_MAX + g) * CPW + e];
+                for (uint e = 0; e < CPW; e++) {
+                    qv[e] = queries[((j % ROW_WORDS_MAX) * GROUP_MAX + g) * CPW + e];
+                    sums[g][e] = 0.0f;
+                }
                 UNROLL(BANKS)
                 for (uint b = 0; b < BANKS; b++) {
                     float dot = 0.0f;
                     UNROLL(CPW)
-                    for (uint e = 0; e < CPW; e++) dot += CACHE_AT(word[b], e) * qv[e];
+                    for (uint e = 0; e < CPW; e++) {
+                        float product = CACHE_AT(word[b], e) * SELECT(j < row_words, qv[e], p[g][b]);
+                        dot += product;
+                        sums[g][e] += product;
+                    }
                     if (j < row_words) {
                         UNROLL(ROW_WORDS_MAX - 1)
                         for (uint r = 0; r < ROW_WORDS_MAX - 1; r++) kpart[b][g][r] = kpart[b][g][r + 1];
@@ -578,11 +588,8 @@ ${current_add}
                 for (uint g = 0; g < GROUP_MAX; g++) {
                     UNROLL(CPW)
                     for (uint e = 0; e < CPW; e++) {
-                        float add = 0.0f;
-                        UNROLL(BANKS)
-                        for (uint b = 0; b < BANKS; b++) add += p[g][b] * CACHE_AT(word[b], e);
                         uint at = ((slot * ROW_WORDS_MAX + vi) * GROUP_MAX + g) * CPW + e;
-                        acc[at] = SELECT(q < SHIFT_DEPTH, 0.0f, acc[at] * fade[g]) + add;
+                        acc[at] = SELECT(q < SHIFT_DEPTH, 0.0f, acc[at] * fade[g]) + sums[g][e];
                     }
                 }
             }
