@@ -63,14 +63,6 @@ def bank_words(elements: int, element_bytes: int, burst: int) -> int:
     return -(-(elements * element_bytes) // burst)
 
 
-def attention_scratch_words(heads: int, kv_heads: int, head_dim: int, ctx: int, cache_bytes: int, burst: int) -> int:
-    """Words of the attention's scratch buffer: the partial dot products of one KV head's group of query heads with
-    each bank word of every cached key (ceil(ctx / 4) * 4 rows, each `bank_words` words), then their scores."""
-    group = heads // max(kv_heads, 1)
-    quads = -(-ctx // BANKS)
-    return group * quads * BANKS * bank_words(head_dim, cache_bytes, burst) + group * ctx
-
-
 @dataclass(frozen=True)
 class EngineParams:
     """The engine's fixed parameters (one bitstream): its clock, the burst of one bank read per cycle (the DDR4
@@ -560,17 +552,16 @@ class AttentionOp(InstructionOp):
     """dst = causal grouped-query attention of the query's heads over the keys and values of positions 1 to the
     engine's position (query head h reads KV head h // (heads / kv_heads)): positions before it from the caches in
     board memory, the position itself from the on-chip `current` key and value buffers (what the step's
-    `cache_write`s store), through a scratch buffer (`attention_scratch_words`). Each KV head's keys and values
-    are read once for all the query heads of its group.
+    `cache_write`s store), in one pass over the cache with an online softmax: nothing goes through a scratch
+    buffer. Each KV head's keys and values are read once for all the query heads of its group.
 
     ```mlir
     %q = d5005.buffer "turned_query" words 64 at 0
     %k = d5005.buffer "turned_key" words 32 at 64
     %v = d5005.buffer "value" words 32 at 96
     %o = d5005.buffer "attended" words 64 at 128
-    %s = d5005.buffer "scores" words 256 at 192
     d5005.attention %o, %q, <"cache.0.key" at 0 stride 64 rows 128 cols 16 bytes 4>,
-        <"cache.0.value" at 8192 stride 64 rows 128 cols 16 bytes 4> current %k, %v scores %s heads 4 kv_heads 2
+        <"cache.0.value" at 8192 stride 64 rows 128 cols 16 bytes 4> current %k, %v heads 4 kv_heads 2
     ```
     """
 
@@ -580,15 +571,13 @@ class AttentionOp(InstructionOp):
     query = operand_def(BufferType)
     key = operand_def(BufferType)
     value = operand_def(BufferType)
-    scores = operand_def(BufferType)
     keys = prop_def(RegionAttr)
     values = prop_def(RegionAttr)
     heads = prop_def(IntegerAttr[I64])
     kv_heads = prop_def(IntegerAttr[I64])
 
     assembly_format = (
-        "$dst `,` $query `,` $keys `,` $values `current` $key `,` $value `scores` $scores `heads` $heads"
-        " `kv_heads` $kv_heads attr-dict"
+        "$dst `,` $query `,` $keys `,` $values `current` $key `,` $value `heads` $heads `kv_heads` $kv_heads attr-dict"
     )
 
     def __init__(
@@ -598,12 +587,11 @@ class AttentionOp(InstructionOp):
         keys: RegionAttr,
         values: RegionAttr,
         current: tuple[SSAValue, SSAValue],
-        scores: SSAValue,
         heads: int,
         kv: int,
     ):
         super().__init__(
-            operands=[dst, query, current[0], current[1], scores],
+            operands=[dst, query, current[0], current[1]],
             properties={
                 "keys": keys,
                 "values": values,
@@ -619,13 +607,11 @@ class AttentionOp(InstructionOp):
     def buffer_uses(self, burst: int = 64) -> list[tuple[SSAValue, int]]:
         head_dim, kv = self.keys.cols.data, _int(self.kv_heads)
         width = _int(self.heads) * head_dim
-        scratch = attention_scratch_words(_int(self.heads), kv, head_dim, self.ctx, self.keys.element_bytes.data, burst)
         return [
             (self.dst, width),
             (self.query, width),
             (self.key, kv * head_dim),
             (self.value, kv * head_dim),
-            (self.scores, scratch),
         ]
 
     def written(self) -> SSAValue | None:

@@ -213,10 +213,9 @@ def _buffer_extents(name: str, w: list[int], stream: Stream) -> list[tuple[int, 
     if name == "d5005.cache_write":
         return [(d5005.W_A, w[d5005.W_KV_HEADS] * cols)]
     if name == "d5005.attention":
-        heads, kv, head_dim, ctx = w[d5005.W_HEADS], w[d5005.W_KV_HEADS], w[d5005.W_HEAD_DIM], w[d5005.W_CTX]
-        scratch = d5005.attention_scratch_words(heads, kv, head_dim, ctx, stream.element_bytes, stream.burst)
+        heads, kv, head_dim = w[d5005.W_HEADS], w[d5005.W_KV_HEADS], w[d5005.W_HEAD_DIM]
         current = kv * head_dim
-        return [(d5005.W_DST, heads * head_dim), (d5005.W_A, heads * head_dim), (d5005.W_B, scratch),
+        return [(d5005.W_DST, heads * head_dim), (d5005.W_A, heads * head_dim),
                 (d5005.W_KEY, current), (d5005.W_VALUE, current)]  # fmt: skip
     if name == "d5005.argmax":
         return [(d5005.W_A, rows)]
@@ -318,8 +317,8 @@ def _cache_write(x: _Word) -> Any:
 def _attention(x: _Word) -> Any:
     current = (x.buffer(d5005.W_KEY), x.buffer(d5005.W_VALUE))
     keys, values = x.region(), x.region(d5005.W_OFFSET2)
-    dst, query, scores = x.buffer(d5005.W_DST), x.buffer(d5005.W_A), x.buffer(d5005.W_B)
-    return d5005.AttentionOp(dst, query, keys, values, current, scores, x.w[d5005.W_HEADS], x.w[d5005.W_KV_HEADS])
+    dst, query = x.buffer(d5005.W_DST), x.buffer(d5005.W_A)
+    return d5005.AttentionOp(dst, query, keys, values, current, x.w[d5005.W_HEADS], x.w[d5005.W_KV_HEADS])
 
 
 def _elementwise(kind: type[d5005.ElementwiseOp]) -> Any:
@@ -363,7 +362,9 @@ class Engine:
     buffer in channel order; the host checks the words each sent against what the instruction words say) then
     one launch of the compute kernel over the same run (draining them in that order)."""
 
-    def __init__(self, source: str, stream_bytes: bytes, image_bytes: bytes, binary: bytes | None = None):
+    def __init__(
+        self, source: str, stream_bytes: bytes, image_bytes: bytes, binary: bytes | None = None, rings: bool = False
+    ):
         import pyopencl as cl
 
         from logos_ir.runtime.opencl import intel_fpga_context, pocl_cpu_context
@@ -379,7 +380,14 @@ class Engine:
         _check_engine(source, self.stream)
         self.context = (intel_fpga_context() if binary is not None else None) or pocl_cpu_context()
         device = self.context.devices[0]
-        self.fifo_words = _fifo_words(self.stream)
+        self.rings = rings and binary is None
+        if self.rings and device.max_compute_units < 1 + d5005.BANKS:
+            raise LogosError(
+                f"the channel path runs the engine's five kernels at once, and the OpenCL device"
+                f" '{device.name.strip()}' runs {device.max_compute_units} at a time",
+                hint=f"on PoCL, set POCL_MAX_PTHREAD_COUNT={1 + d5005.BANKS} (or more) before the process starts",
+            )
+        self.fifo_words = _channel_depth(source) if self.rings else _fifo_words(self.stream)
         largest = max(self.stream.bank_bytes, self.fifo_words * self.stream.burst)
         if largest > device.max_mem_alloc_size:
             raise LogosError(
@@ -388,10 +396,11 @@ class Engine:
                 hint="run a smaller model or a shorter ctx on this device; the card's banks hold 8 GiB each",
             )
         self.queue = cl.CommandQueue(self.context)
-        self.program_cl = _built(self.context, source, binary)
+        self.program_cl = _built(self.context, source, binary, ["-D", "D5005_RINGS"] if self.rings else [])
         self.compute, self.readers = _kernels(self.program_cl)
         self.channels = self.compute.num_args == _COMPUTE_ARGS_ON_CHANNELS  # built by aoc: no ordered buffers
-        self.queues = [cl.CommandQueue(self.context) for _ in range(1 + d5005.BANKS)] if self.channels else []
+        concurrent = self.channels or self.rings
+        self.queues = [cl.CommandQueue(self.context) for _ in range(1 + d5005.BANKS)] if concurrent else []
         flags = cl.mem_flags
         size = max(self.stream.bank_bytes, 4)
         self.banks = [
@@ -403,6 +412,7 @@ class Engine:
             for _ in range(d5005.BANKS)
         ]
         self.sent = [cl.Buffer(self.context, flags.READ_WRITE, 4) for _ in range(d5005.BANKS)]
+        self.taken = [cl.Buffer(self.context, flags.READ_WRITE, 4) for _ in range(d5005.BANKS)]
         self._image = image
         self.program = cl.Buffer(self.context, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=self.stream.words)
         self.scratch = cl.Buffer(self.context, flags.READ_WRITE, self.stream.onchip_words * 4)
@@ -449,6 +459,8 @@ class Engine:
         self.check_step(token, position)
         if self.channels:
             return self._step_on_channels(token, position)
+        if self.rings:
+            return self._step_on_rings(token, position)
         scalars = (np.uint32(token), np.uint32(position))
         expected, sent = [], []
         for first, count, words in self._runs(token, position):
@@ -486,6 +498,47 @@ class Engine:
         ]
         done = self.compute(self.queues[0], (1,), (1,), *head, *self.banks, *scalars, self.result, self.logits_buffer)
         cl.wait_for_events([*events, done])
+        out = np.zeros(1, dtype=np.uint32)
+        cl.enqueue_copy(self.queue, out, self.result)
+        logits = np.empty(self.vocab, dtype=np.float32)
+        cl.enqueue_copy(self.queue, logits, self.logits_buffer)
+        self.logits = logits
+        return int(out[0])
+
+    def _step_on_rings(self, token: int, position: int) -> int:
+        """The channel path on a device without Intel's channels: the engine built with D5005_RINGS, the compute
+        kernel and the four readers launched at once over the whole step, each on its own queue, the words moving
+        through rings of the channels' depth; the host then checks the words each reader sent."""
+        import pyopencl as cl
+
+        for counter in [*self.sent, *self.taken]:
+            cl.enqueue_fill_buffer(self.queue, counter, np.zeros(1, np.uint32), 0, 4)
+        self.queue.finish()
+        scalars = (np.uint32(token), np.uint32(position))
+        head = (self.program, np.uint32(0), np.uint32(len(self.stream.words)))
+        done = self.compute(
+            self.queues[0], (1,), (1,), *head, *self.banks, self.scratch, *scalars, self.result, self.logits_buffer,
+            *self.fifos, *self.sent, *self.taken,
+        )  # fmt: skip
+        self.queues[0].flush()
+        events = [done]
+        for b, (reader, queue) in enumerate(zip(self.readers, self.queues[1:], strict=True)):
+            events.append(reader(queue, (1,), (1,), *head, self.banks[b], *scalars, self.fifos[b], self.sent[b],
+                                 self.taken[b]))  # fmt: skip
+            queue.flush()
+        cl.wait_for_events(events)
+        expected = [0] * d5005.BANKS
+        for w in self.stream.words:
+            sent = bank_words_sent([int(v) for v in w], token, position, self.stream)
+            expected = [e + n for e, n in zip(expected, sent, strict=True)]
+        counts = []
+        for counter in [*self.sent, *self.taken]:
+            got = np.zeros(1, dtype=np.uint32)
+            cl.enqueue_copy(self.queue, got, counter)
+            counts.append(int(got[0]))
+        if counts != expected + expected:
+            raise LogosError("the engine's bank readers sent (or its compute kernel took) other words than the"
+                             " instruction words say")  # fmt: skip
         out = np.zeros(1, dtype=np.uint32)
         cl.enqueue_copy(self.queue, out, self.result)
         logits = np.empty(self.vocab, dtype=np.float32)
@@ -541,7 +594,7 @@ def _kernels(program: Any) -> tuple[Any, list[Any]]:
         readers = [cl.Kernel(program, name) for name in d5005.READER_KERNELS]
     except cl.Error as error:
         raise LogosError(f"the compiled engine is not the D5005 engine: {error}") from None
-    shapes = {(_COMPUTE_ARGS_ON_CHANNELS, 6), (_COMPUTE_ARGS_ON_CHANNELS + 4, 8)}
+    shapes = {(_COMPUTE_ARGS_ON_CHANNELS, 6), (_COMPUTE_ARGS_ON_CHANNELS + 4, 8), (_COMPUTE_ARGS_ON_CHANNELS + 12, 9)}
     if (compute.num_args, readers[0].num_args) not in shapes:
         raise LogosError(
             f"the compiled engine's kernels take {compute.num_args} and {readers[0].num_args} arguments, not the"
@@ -606,7 +659,15 @@ def read_binary(path: Path) -> bytes:
     return data
 
 
-def _built(context: Any, source: str, binary: bytes | None) -> Any:
+def _channel_depth(source: str) -> int:
+    """The depth of the engine's channels, as its source states it."""
+    found = re.search(r"^#define CHANNEL_DEPTH (\d+)$", source, flags=re.MULTILINE)
+    if found is None or int(found.group(1)) < 1:
+        raise StreamError("the engine's source states no CHANNEL_DEPTH of at least 1")
+    return int(found.group(1))
+
+
+def _built(context: Any, source: str, binary: bytes | None, options: list[str] | None = None) -> Any:
     """The engine's program: built from its source, or loaded from a binary with clCreateProgramWithBinary (as
     Intel's runtime loads an `.aocx`), then built (a no-op for an FPGA image)."""
     import pyopencl as cl
@@ -614,7 +675,7 @@ def _built(context: Any, source: str, binary: bytes | None) -> Any:
     with warnings.catch_warnings():  # PoCL notes the ABI of by-value uint16 arguments; nothing to act on
         warnings.simplefilter("ignore", cl.CompilerWarning)
         if binary is None:
-            return cl.Program(context, source).build()
+            return cl.Program(context, source).build(options=options or [])
         try:
             return cl.Program(context, context.devices, [binary]).build()
         except cl.Error as error:
@@ -650,10 +711,10 @@ class LoadedBuild:
         return self.engine.step(token, position)
 
 
-def engine_for(store: Any, ctx: int, weights: str, binary: bytes | None = None) -> LoadedBuild:
+def engine_for(store: Any, ctx: int, weights: str, binary: bytes | None = None, rings: bool = False) -> LoadedBuild:
     """Build the decode step of `ctx` with the registry's `d5005` compile target (in memory), then load its
     artifacts as the host loads a build folder (the engine from `binary`, a compiled program of its source, when
-    given)."""
+    given; through the channel path's rings with `rings`)."""
     from logos_ir.build import BuildRequest
     from logos_ir.models import ModelSource
     from logos_ir.progress import Progress
@@ -663,8 +724,9 @@ def engine_for(store: Any, ctx: int, weights: str, binary: bytes | None = None) 
     request = BuildRequest(source, Cut.decode(ctx), 1, weights, True, Progress.silent())
     artifacts = {a.role: a for a in compile_targets()["d5005"].build()(request).artifacts}
     engine = Engine(
-        artifacts["engine"].data.decode("utf-8"), artifacts["instructions"].data, artifacts["weights"].data, binary
-    )
+        artifacts["engine"].data.decode("utf-8"), artifacts["instructions"].data, artifacts["weights"].data, binary,
+        rings,
+    )  # fmt: skip
     return LoadedBuild(engine, artifacts["instructions"].identity)
 
 
@@ -681,7 +743,8 @@ class D5005Generator(StepGenerator):
     """Greedy generation on the engine: the prompt and each new token go through one decode step each (the engine
     runs the decode step alone). With `build`, the engine, stream and image of that build folder run (its cache
     length and precision), else the decode step is lowered anew for each cache length; with `aocx`, the engine
-    is that compiled binary instead of its source."""
+    is that compiled binary instead of its source; with `rings`, the engine runs its five kernels at once through
+    rings of the channels' depth (the channel path; on PoCL it needs POCL_MAX_PTHREAD_COUNT of 5 or more)."""
 
     def __init__(
         self,
@@ -690,6 +753,7 @@ class D5005Generator(StepGenerator):
         weights: str = "bf16",
         build: Path | None = None,
         aocx: Path | None = None,
+        rings: bool = False,
     ):
         if weights not in d5005.WEIGHT_BYTES:
             raise LogosError(f"the d5005 backend runs bf16 or f32 weights, not {weights}")
@@ -699,11 +763,12 @@ class D5005Generator(StepGenerator):
         super().__init__(store, ctx=ctx)
         self.store, self.image = store, weights
         self.binary = read_binary(aocx) if aocx is not None and build is None else None
+        self.rings = rings
 
     def machine(self, ctx: int) -> LoadedBuild:
         if self.built is not None:
             return self.built
-        return engine_for(self.store, ctx, self.image, self.binary)
+        return engine_for(self.store, ctx, self.image, self.binary, self.rings)
 
     def engine(self, ctx: int) -> Engine:
         """The engine loaded for a cache of `ctx` positions (made on first use)."""

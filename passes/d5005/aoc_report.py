@@ -408,6 +408,7 @@ class Analysis:
     arbitrated: dict[str, set[int]]  # array -> banks whose sites do not fit their ports
     copies: dict[str, list[int]]
     warnings: list[str]
+    ports: dict[str, tuple[int, int]] = field(default_factory=dict)  # array -> most loads, most stores on one bank
 
 
 _STORE = re.compile(r"\s*(=(?!=)|\+=|-=|\*=)")
@@ -607,7 +608,8 @@ class _LoopReader:
             for fixed in combos:
                 bank, known = self._bank(index, array, fixed, offset + match.start())
                 report.sites += [Site(array.name, store, bank, known) for store in kinds]
-            if store_op and store_op.group(1) != "=" and not self._follows(index, loop, combos[0], offset):
+            updated = store_op is not None and (store_op.group(1) != "=" or _reads_back(text, store_op.end(), match))
+            if updated and not self._follows(index, loop, combos[0], offset):
                 report.carried_memory.append(self._distance(loop))
         for match in re.finditer(r"READ_BANK\(\w+, ([^)]+)\)", text):
             for fixed in combos:
@@ -663,6 +665,18 @@ class _LoopReader:
                 report.carried_fp.append(written - at if written > at else 1)
 
 
+def _reads_back(text: str, at: int, store: re.Match[str]) -> bool:
+    """Whether the value stored by `store` (its `=` ends at `at`) reads the same element back (`a[i] = f(a[i])`):
+    an update through memory, as `a[i] += x` is."""
+    value = text[at : _statement_end(text, at)]
+    return text[store.start() : store.end() - 1].strip() + "[" in value and _subscripts_text(text, store) in value
+
+
+def _subscripts_text(text: str, store: re.Match[str]) -> str:
+    subscripts, end = _subscripts(text, store.end() - 1)
+    return text[store.start() : end]
+
+
 def _dividers(text: str, integers: set[str], numbers: dict[str, int]) -> int:
     """Integer divisions and remainders in `text` whose divisor is a run-time value (a constant power of two is a
     shift, another constant a multiply; a float division is not counted)."""
@@ -695,7 +709,7 @@ def analyse(source: str) -> Analysis:
         for loop in every:
             if loop.mark is not None:
                 loops[loop.mark] = _LoopReader(read, routine).read(loop, loop.mark, every)
-    banks, arbitrated, copies = _bank_arrays(read, loops)
+    banks, arbitrated, copies, ports = _bank_arrays(read, loops)
     warnings = [
         f"loop {name}: {report.dividers} integer dividers by a run-time value in each iteration"
         " (Best Practices Guide: avoid expensive functions such as integer division in loops)"
@@ -713,7 +727,7 @@ def analyse(source: str) -> Analysis:
         for name, report in loops.items()
         if any(r.dynamic_channels for r in every_report(report))
     ]
-    return Analysis(read, loops, banks, arbitrated, copies, warnings)
+    return Analysis(read, loops, banks, arbitrated, copies, warnings, ports)
 
 
 def _all(loops: list[ForLoop]) -> list[ForLoop]:
@@ -734,6 +748,7 @@ def _bank_arrays(read: Source, loops: dict[str, LoopReport]):
                 sites[site.array].append(site)
     banks = {name: _banks_of(read.arrays[name], found) for name, found in sites.items()}
     need: dict[str, list[int | None]] = {}
+    ports: dict[str, tuple[int, int]] = {}
     for name, found in sites.items():
         count = banks[name]
         per_bank = [[0, 0] for _ in range(count)]
@@ -741,6 +756,7 @@ def _bank_arrays(read: Source, loops: dict[str, LoopReport]):
             for b in site.banks(count):
                 per_bank[b][1 if site.store else 0] += 1
         blocks = math.ceil(read.arrays[name].words / count / M20K_WORDS)
+        ports[name] = (max(loads for loads, _ in per_bank), max(stores for _, stores in per_bank))
         need[name] = [
             None if stores >= PORTS else max(1, math.ceil(loads / (PORTS - stores))) * blocks
             for loads, stores in per_bank
@@ -761,7 +777,7 @@ def _bank_arrays(read: Source, loops: dict[str, LoopReport]):
     copies = {
         n: [1 if b in arbitrated[n] else (x or 0) // blocks_of[n] for b, x in enumerate(v)] for n, v in need.items()
     }
-    return banks, arbitrated, copies
+    return banks, arbitrated, copies, ports
 
 
 def _banks_of(array: Array, sites: list[Site]) -> int:

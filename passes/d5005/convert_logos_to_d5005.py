@@ -45,7 +45,6 @@ from logos_ir.passes.d5005.placement import ROPE, Placement, cache_name, fit_err
 from logos_ir.program import Cut
 
 NAME = "convert-logos-to-d5005"
-SCORES = "scores"
 VECTOR_ALIGN = 16  # buffers start on a 64-byte boundary of on-chip memory
 
 
@@ -274,12 +273,8 @@ class AttentionToInstruction(_Placed):
         if key is None or value is None:
             why = "reads a cache the step does not write first (the engine keeps the position's key and value on chip)"
             raise _refuse(op, why)
-        ctx, element = keys.rows.data // kv_heads, keys.element_bytes.data
-        scratch = d5005.attention_scratch_words(heads, kv_heads, head_dim, ctx, element, self.placement.burst)
-        scores = d5005.BufferOp(SCORES, scratch, 0)
-        rewriter.insert(scores)
         current = (key, value)
-        _lower(op, rewriter, d5005.AttentionOp, query, keys, values, current, scores.buffer, heads, kv_heads)
+        _lower(op, rewriter, d5005.AttentionOp, query, keys, values, current, heads, kv_heads)
 
 
 class SiluIntoProduct(RewritePattern):
@@ -354,11 +349,10 @@ class ProgramToEngine(RewritePattern):
 
 def share_buffers(instructions: list[d5005.InstructionOp], budget: int) -> list[d5005.BufferOp]:
     """The buffers of the instructions, each value in the buffer of its name once that buffer's previous value is
-    dead (the attention's scratch buffers are one): the instructions' operands are redirected to them."""
+    dead: the instructions' operands are redirected to them."""
     written = [w for op in instructions if (w := op.written()) is not None]
     chosen = _choose(instructions)
-    scratch = [op.scores for op in instructions if isinstance(op, d5005.AttentionOp)]
-    sizes: dict[str, int] = {SCORES: max([1, *(_words_of(s) for s in scratch)])}
+    sizes: dict[str, int] = {}
     for value in written:
         sizes[chosen[value]] = max(sizes.get(chosen[value], 0), _words_of(value))
     buffers, offset = {}, 0
@@ -371,7 +365,7 @@ def share_buffers(instructions: list[d5005.InstructionOp], budget: int) -> list[
             f" engine's budget of {budget} words ({budget * 4} bytes)",
             hint="the logits of a large vocabulary are the largest buffer",
         )
-    for value, name in [*((s, SCORES) for s in scratch), *chosen.items()]:
+    for value, name in chosen.items():
         old = value.owner
         value.replace_all_uses_with(buffers[name].buffer)
         if isinstance(old, d5005.BufferOp) and old.parent is not None:

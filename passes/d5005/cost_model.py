@@ -315,6 +315,10 @@ def band(
         "high": high,
         "arbitrated": {a: len(b) for a, b in engine.analysis.arbitrated.items() if b},
         "banks": engine.analysis.banks,
+        "ports": {
+            name: {"loads": loads, "stores": stores, "copies": max(engine.analysis.copies[name], default=0)}
+            for name, (loads, stores) in engine.analysis.ports.items()
+        },
         "hazards": unsafe,
         "warnings": engine.analysis.warnings,
     }
@@ -337,6 +341,13 @@ def summary_lines(cost: dict[str, Any]) -> list[str]:
         f"  {cost['low']['bytes_read_per_token'] / 1e9:.3f} GB read from board memory per token; roofline"
         f" {cost['roofline_tokens_per_s']} tokens/s at {cost['low']['peak_gb_per_s']} GB/s",
     ]
+    sites = [
+        f"{name} {cost['banks'][name]} banks, {p['loads']} loads + {p['stores']} stores a bank, {p['copies']} copies"
+        for name, p in sorted(cost["ports"].items())
+    ]
+    lines.append(
+        f"  on-chip arrays (sites on the busiest bank against {aoc_report.PORTS} ports a copy): " + "; ".join(sites)
+    )
     if cost["arbitrated"]:
         lines.append("  arbitrated on-chip memory (sites over ports): " + ", ".join(sorted(cost["arbitrated"])))
     return lines + [f"  {line}" for line in [*cost["hazards"], *cost["warnings"]]]

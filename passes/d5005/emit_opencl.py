@@ -33,6 +33,7 @@ from xdsl.utils.target import Target
 from logos_ir.dialects import d5005
 
 SHIFT_DEPTH = 8  # partial sums a carried floating-point add rotates through: covers its latency (docs/d5005.md)
+SLOT_DISTANCE = 2 * SHIFT_DEPTH  # iterations, at least, between two updates of one attention accumulator
 CHANNEL_DEPTH = 512  # bank words each reader may run ahead of the compute kernel
 
 
@@ -49,6 +50,7 @@ def engine_constants(params: d5005.EngineParams) -> dict[str, int]:
         "CACHE_BYTES": weight_bytes,
         "INSTRUCTION_WORDS": d5005.INSTRUCTION_WORDS,
         "SHIFT_DEPTH": SHIFT_DEPTH,
+        "SLOT_DISTANCE": SLOT_DISTANCE,
         "CHANNEL_DEPTH": CHANNEL_DEPTH,
         "GROUP_MAX": d5005.GROUP_MAX,
         "ROW_WORDS_MAX": d5005.ROW_WORDS_MAX,
@@ -99,12 +101,15 @@ _TEMPLATE = r"""
 #define WORDS(n, bytes) (((n) * (bytes) + BURST_BYTES - 1) / BURST_BYTES)
 #define SELECT(c, a, b) ((c) ? (a) : (b))
 #define ROPE_WORDS (ROW_WORDS_MAX * BURST_BYTES / 2)
-#define SLOTS_MAX (2 * SHIFT_DEPTH)
 
 typedef struct { uint u[BURST_BYTES / 4]; } bank_word_t; /* one 512-bit burst of a DDR4 bank */
 
-/* The channels from the bank readers to the compute kernel: Intel channels on the card; here each is an ordered
-   buffer that a reader's launch fills and the compute launch after it drains, in the same order. */
+/* The channels from the bank readers to the compute kernel: Intel channels on the card. On another device, with
+   D5005_RINGS defined (the host's channel path), each is a ring of CHANNEL_DEPTH words in global memory, with the
+   count of words its reader has written and the count the compute kernel has taken: the five kernels run at once,
+   a reader waits while its ring is full and the compute kernel while one it reads is empty, so the words move in
+   the card's order through channels of the card's depth. Without it, each is an ordered buffer that a reader's
+   launch fills and the compute launch after it drains, in the same order. */
 #if defined(INTELFPGA_CL)
 channel bank_word_t bank_words[BANKS] __attribute__((depth(CHANNEL_DEPTH)));
 typedef struct { uint unused; } channels_t;
@@ -114,6 +119,47 @@ typedef struct { uint unused; } stream_t;
 #define FIFO_IN_ARGS
 #define FIFO_OUT_ARGS
 #else
+#if defined(D5005_RINGS)
+typedef struct {
+    __global const bank_word_t *fifo[BANKS];
+    __global volatile uint *sent[BANKS];
+    __global volatile uint *taken_count[BANKS];
+    uint taken[BANKS];
+} channels_t;
+typedef struct {
+    __global bank_word_t *fifo;
+    __global volatile uint *count;
+    __global volatile uint *taken;
+    uint sent;
+} stream_t;
+inline bank_word_t read_ring(channels_t *ch, uint b) {
+    uint at = ch->taken[b];
+    while (atomic_add(ch->sent[b], 0u) == at) {}
+    bank_word_t word = ch->fifo[b][at % CHANNEL_DEPTH];
+    ch->taken[b] = at + 1;
+    atomic_xchg(ch->taken_count[b], at + 1);
+    return word;
+}
+inline void write_ring(stream_t *s, bank_word_t word) {
+    while (s->sent - atomic_add(s->taken, 0u) >= CHANNEL_DEPTH) {}
+    s->fifo[s->sent % CHANNEL_DEPTH] = word;
+    s->sent++;
+    atomic_xchg(s->count, s->sent);
+}
+#define READ_BANK(ch, b) read_ring((ch), (b))
+#define WRITE_BANK(s, b, v) write_ring((s), (v))
+#define FIFO_IN_ARGS , __global const bank_word_t *restrict fifo0, __global const bank_word_t *restrict fifo1, \
+    __global const bank_word_t *restrict fifo2, __global const bank_word_t *restrict fifo3, \
+    __global volatile uint *sent0, __global volatile uint *sent1, __global volatile uint *sent2, \
+    __global volatile uint *sent3, __global volatile uint *taken0, __global volatile uint *taken1, \
+    __global volatile uint *taken2, __global volatile uint *taken3
+#define FIFO_OUT_ARGS , __global bank_word_t *restrict fifo, __global volatile uint *sent, __global volatile uint *taken
+#define STREAM_OPEN(s) s.fifo = fifo; s.count = sent; s.taken = taken; s.sent = 0
+#define STREAM_CLOSE(s)
+#define CHANNELS_OPEN(ch) \
+    ch.sent[0] = sent0; ch.sent[1] = sent1; ch.sent[2] = sent2; ch.sent[3] = sent3; \
+    ch.taken_count[0] = taken0; ch.taken_count[1] = taken1; ch.taken_count[2] = taken2; ch.taken_count[3] = taken3
+#else
 typedef struct { __global const bank_word_t *fifo[BANKS]; uint taken[BANKS]; } channels_t;
 typedef struct { __global bank_word_t *fifo; uint sent; } stream_t;
 #define READ_BANK(ch, b) ((ch)->fifo[b][(ch)->taken[b]++])
@@ -121,6 +167,10 @@ typedef struct { __global bank_word_t *fifo; uint sent; } stream_t;
 #define FIFO_IN_ARGS , __global const bank_word_t *restrict fifo0, __global const bank_word_t *restrict fifo1, \
     __global const bank_word_t *restrict fifo2, __global const bank_word_t *restrict fifo3
 #define FIFO_OUT_ARGS , __global bank_word_t *restrict fifo, __global uint *restrict sent
+#define STREAM_OPEN(s) s.fifo = fifo; s.sent = 0
+#define STREAM_CLOSE(s) sent[0] = s.sent
+#define CHANNELS_OPEN(ch)
+#endif
 #endif
 
 #if WEIGHT_BYTES == 2
@@ -184,7 +234,7 @@ inline void read_rope(stream_t *s, __global const bank_word_t *bank, const uint 
 }
 
 /* Head h's positions 1..position-1 of a cache, in this bank: rows h * ctx + t with (h * ctx + t) % BANKS == b,
-   each `row_words` words, in the order the compute kernel takes them (K of head h, then its V). */
+   each row's key words then its value words (`row_words` each), in the order the compute kernel takes them. */
 /* routine read_attention */
 inline void read_attention(stream_t *s, __global const bank_word_t *bank, const uint b, const uint16 w,
                            uint position) {
@@ -196,19 +246,12 @@ inline void read_attention(stream_t *s, __global const bank_word_t *bank, const 
         uint mine = SELECT(past > first, (past - first + BANKS - 1) / BANKS, 0);
         uint row = (h * ctx + first) / BANKS;
         uint i = 0, c = 0;
-        /* loop read_attention.keys */
-        for (uint n = 0; n < mine * row_words; n++) {
-            WRITE_BANK(s, b, bank[w.s6 + (row + i) * stride + c]);
+        /* loop read_attention.rows */
+        for (uint n = 0; n < mine * 2 * row_words; n++) {
+            uint line = (row + i) * stride;
+            WRITE_BANK(s, b, bank[SELECT(c < row_words, w.s6 + line + c, w.s8 + line + c - row_words)]);
             c++;
-            if (c == row_words) { c = 0; i++; }
-        }
-        i = 0;
-        c = 0;
-        /* loop read_attention.values */
-        for (uint n = 0; n < mine * row_words; n++) {
-            WRITE_BANK(s, b, bank[w.s8 + (row + i) * stride + c]);
-            c++;
-            if (c == row_words) { c = 0; i++; }
+            if (c == 2 * row_words) { c = 0; i++; }
         }
     }
 }
@@ -237,8 +280,8 @@ TASK void d5005_read_bank##n(__global const uint16 *restrict program, const uint
 #define READER(n) \
 TASK void d5005_read_bank##n(__global const uint16 *restrict program, const uint first, const uint count, \
                              BANK_ARG(n), const uint token, const uint position FIFO_OUT_ARGS) { \
-    stream_t s; s.fifo = fifo; s.sent = 0; \
-    read_bank(&s, bank##n, n, program, first, count, token, position); sent[0] = s.sent; }
+    stream_t s; STREAM_OPEN(s); \
+    read_bank(&s, bank##n, n, program, first, count, token, position); STREAM_CLOSE(s); }
 #endif
 READER(0)
 READER(1)
@@ -409,10 +452,13 @@ inline void cache_write(ONCHIP float *x, __global bank_word_t *restrict bank0, _
     }
 }
 
-/* Causal grouped-query attention, one KV head at a time: its keys stream once from the four banks for all the
-   query heads of its group (partial dot products per bank word), the scores and softmax run OV words a cycle
-   on chip, then its values stream once into SLOTS accumulators (no add waits on the one before it). The
-   position itself comes from the on-chip key and value the step's cache_write stored. */
+/* Causal grouped-query attention in one pass over the cache, one KV head at a time, with an online softmax: each
+   bank word of a key row meets the group's queries as it streams in, the row's score is complete at its last key
+   word, and the row's value words, which follow it from the same bank, are weighted at once. Rows of four
+   positions (one from each bank) rotate through SHIFT_DEPTH slots, each with its own running maximum and sum
+   (shift registers) and value accumulator (`acc`), so an accumulator is updated again only SLOT_DISTANCE or more
+   iterations later. The slots and the position itself (its key and value on chip, what the step's cache_write
+   stored) are merged at the end; nothing goes through a scratch buffer. */
 /* routine attention */
 inline void attention(ONCHIP float *x, __local float *restrict queries, __local float *restrict acc,
                       channels_t *ch, const uint16 w, uint position) {
@@ -420,185 +466,175 @@ inline void attention(ONCHIP float *x, __local float *restrict queries, __local 
     uint group = heads / kv_heads, past = position - 1;
     uint quads = (past + BANKS - 1) / BANKS;
     uint row_words = WORDS(head_dim, CACHE_BYTES);
-    uint slots = row_words * ((SHIFT_DEPTH + row_words - 1) / row_words);
-    uint dst = w.s1, query = w.s2, part = w.s3, key = w.se, value = w.sf;
-    uint scores = part + group * quads * BANKS * row_words;
+    uint dst = w.s1, query = w.s2, key = w.se, value = w.sf;
     float scale = as_float(w.sd);
+    bank_word_t blank; /* the word of a bank that has no row this time: zeros, so its products are 0 */
+    UNROLL(BURST_BYTES / 4)
+    for (uint u = 0; u < BURST_BYTES / 4; u++) blank.u[u] = 0;
     /* loop attention.kv_heads */
     for (uint h = 0; h < kv_heads; h++) {
         uint base = (h * ctx) % BANKS;
-        /* loop attention.query_heads */
-        for (uint g = 0; g < group; g++) {
-            /* loop attention.queries */
-            for (uint c = 0; c < row_words * CPW; c += OV) {
-                UNROLL(OV)
-                for (uint e = 0; e < OV; e++) {
-                    uint d = c + e;
-                    queries[g * row_words * CPW + d] =
-                        SELECT(d < head_dim, x[query + (h * group + g) * head_dim + d], 0.0f);
-                }
-            }
-        }
-        uint q = 0, j = 0;
-        /* loop attention.keys */
-        for (uint n = 0; n < quads * row_words; n++) {
-            UNROLL(BANKS)
-            for (uint b = 0; b < BANKS; b++) {
-                uint k = (b + BANKS - base) % BANKS;
-                if (q * BANKS + k < past) {
-                    bank_word_t word = READ_BANK(ch, b);
-                    UNROLL(GROUP_MAX)
-                    for (uint g = 0; g < GROUP_MAX; g++) {
-                        float sum = 0.0f;
-                        UNROLL(CPW)
-                        for (uint e = 0; e < CPW; e++)
-                            sum += CACHE_AT(word, e) * queries[(g * row_words + j) * CPW + e];
-                        if (g < group) x[part + (n * BANKS + k) * group + g] = sum;
-                    }
-                }
-            }
-            j++;
-            if (j == row_words) { j = 0; q++; }
-        }
-        float top[GROUP_MAX][SHIFT_DEPTH + 1];
-        UNROLL(GROUP_MAX)
-        for (uint g = 0; g < GROUP_MAX; g++) {
-            UNROLL(SHIFT_DEPTH + 1)
-            for (uint d = 0; d <= SHIFT_DEPTH; d++) top[g][d] = -INFINITY;
-        }
-        IVDEP
-        /* loop attention.scores */
-        for (uint r = 0; r < quads; r++) {
-            UNROLL(GROUP_MAX)
-            for (uint g = 0; g < GROUP_MAX; g++) {
-                float best = -INFINITY;
-                UNROLL(BANKS)
-                for (uint k = 0; k < BANKS; k++) {
-                    uint t = r * BANKS + k;
-                    float s = 0.0f;
-                    UNROLL(ROW_WORDS_MAX)
-                    for (uint i = 0; i < ROW_WORDS_MAX; i++)
-                        if (i < row_words && g < group) s += x[part + ((r * row_words + i) * BANKS + k) * group + g];
-                    if (t < past && g < group) {
-                        x[scores + g * position + t] = s * scale;
-                        best = fmax(best, s * scale);
-                    }
-                }
-                top[g][SHIFT_DEPTH] = fmax(top[g][0], best);
-                UNROLL(SHIFT_DEPTH)
-                for (uint d = 0; d < SHIFT_DEPTH; d++) top[g][d] = top[g][d + 1];
-            }
-        }
         float here[GROUP_MAX][SHIFT_DEPTH + 1];
         UNROLL(GROUP_MAX)
         for (uint g = 0; g < GROUP_MAX; g++) {
 ${current_clear}
         }
-        /* loop attention.current */
-        for (uint c = 0; c < row_words * CPW; c += OV) {
+        /* the group's queries on chip, a bank word of each a cycle, and their products with the position's key */
+        /* loop attention.queries */
+        for (uint i = 0; i < row_words; i++) {
+            float k_here[CPW];
+            UNROLL(CPW)
+            for (uint e = 0; e < CPW; e++) {
+                uint d = i * CPW + e;
+                k_here[e] = SELECT(d < head_dim, cached(x[key + h * head_dim + d]), 0.0f);
+            }
             UNROLL(GROUP_MAX)
             for (uint g = 0; g < GROUP_MAX; g++) {
                 float sum = 0.0f;
-                UNROLL(OV)
-                for (uint e = 0; e < OV; e++) {
-                    uint d = c + e;
-                    float k_here = SELECT(d < head_dim, cached(x[key + h * head_dim + d]), 0.0f);
-                    sum += k_here * queries[g * row_words * CPW + d];
+                UNROLL(CPW)
+                for (uint e = 0; e < CPW; e++) {
+                    uint d = i * CPW + e;
+                    float qv = SELECT(d < head_dim && g < group, x[query + (h * group + g) * head_dim + d], 0.0f);
+                    queries[(i * GROUP_MAX + g) * CPW + e] = qv;
+                    sum += qv * k_here[e];
                 }
 ${current_add}
             }
         }
-        float most[GROUP_MAX], total[GROUP_MAX];
+        float most[GROUP_MAX][SHIFT_DEPTH + 1], mass[GROUP_MAX][SHIFT_DEPTH + 1];
+        float kpart[BANKS][GROUP_MAX][ROW_WORDS_MAX], p[GROUP_MAX][BANKS], fade[GROUP_MAX];
         UNROLL(GROUP_MAX)
         for (uint g = 0; g < GROUP_MAX; g++) {
-            float s = 0.0f, m = -INFINITY;
-            UNROLL(SHIFT_DEPTH)
-            for (uint d = 0; d < SHIFT_DEPTH; d++) {
-                s += here[g][d];
-                m = fmax(m, top[g][d]);
-            }
-            if (g < group) x[scores + g * position + past] = s * scale;
-            most[g] = fmax(m, s * scale);
-        }
-        /* loop attention.softmax_heads */
-        for (uint g = 0; g < group; g++) {
-            float sums[SHIFT_DEPTH + 1];
-${softmax_clear}
-            IVDEP
-            /* loop attention.softmax */
-            for (uint c = 0; c < position; c += OV) {
-                float sum = 0.0f;
-                UNROLL(OV)
-                for (uint e = 0; e < OV; e++) {
-                    if (c + e < position) {
-                        float p = exp(x[scores + g * position + c + e] - most[g]);
-                        x[scores + g * position + c + e] = p;
-                        sum += p;
-                    }
-                }
-${softmax_add}
-            }
-${softmax_total}
-            total[g] = all;
-        }
-        /* loop attention.clear */
-        for (uint r = 0; r < slots; r++) {
-            UNROLL(GROUP_MAX)
-            for (uint g = 0; g < GROUP_MAX; g++) {
-                UNROLL(CPW)
-                for (uint e = 0; e < CPW; e++) acc[(r * GROUP_MAX + g) * CPW + e] = 0.0f;
+            UNROLL(SHIFT_DEPTH + 1)
+            for (uint d = 0; d <= SHIFT_DEPTH; d++) {
+                most[g][d] = -INFINITY;
+                mass[g][d] = 0.0f;
             }
         }
-        uint slot = 0;
-        q = 0;
-        j = 0;
-        IVDEP_SAFELEN(SHIFT_DEPTH)
-        /* loop attention.values */
-        for (uint n = 0; n < quads * row_words; n++) {
-            float add[GROUP_MAX][CPW];
-            UNROLL(GROUP_MAX)
-            for (uint g = 0; g < GROUP_MAX; g++) {
-                UNROLL(CPW)
-                for (uint e = 0; e < CPW; e++) add[g][e] = 0.0f;
-            }
+        uint q = 0, j = 0, slot = 0;
+        IVDEP_SAFELEN(SLOT_DISTANCE)
+        /* loop attention.rows */
+        for (uint n = 0; n < quads * 2 * row_words; n++) {
+            bank_word_t word[BANKS];
+            uint valid[BANKS];
             UNROLL(BANKS)
             for (uint b = 0; b < BANKS; b++) {
-                uint k = (b + BANKS - base) % BANKS, t = q * BANKS + k;
-                if (t < past) {
-                    bank_word_t word = READ_BANK(ch, b);
-                    UNROLL(GROUP_MAX)
-                    for (uint g = 0; g < GROUP_MAX; g++) {
-                        float p = SELECT(g < group, x[scores + g * position + t] / total[g], 0.0f);
-                        UNROLL(CPW)
-                        for (uint e = 0; e < CPW; e++) add[g][e] += p * CACHE_AT(word, e);
+                valid[b] = q * BANKS + (b + BANKS - base) % BANKS < past;
+                word[b] = blank;
+                if (valid[b]) word[b] = READ_BANK(ch, b);
+            }
+            /* each bank's word times the group's queries on a key word, times the row's weights on a value word:
+               the two never meet in one iteration, so they share one multiplier a lane; a key word's partial dot
+               products shift in, a value word's products sum over the banks */
+            float sums[GROUP_MAX][CPW];
+            UNROLL(GROUP_MAX)
+            for (uint g = 0; g < GROUP_MAX; g++) {
+                float qv[CPW];
+                UNROLL(CPW)
+                for (uint e = 0; e < CPW; e++) {
+                    qv[e] = queries[((j % ROW_WORDS_MAX) * GROUP_MAX + g) * CPW + e];
+                    sums[g][e] = 0.0f;
+                }
+                UNROLL(BANKS)
+                for (uint b = 0; b < BANKS; b++) {
+                    float dot = 0.0f;
+                    UNROLL(CPW)
+                    for (uint e = 0; e < CPW; e++) {
+                        float product = CACHE_AT(word[b], e) * SELECT(j < row_words, qv[e], p[g][b]);
+                        dot += product;
+                        sums[g][e] += product;
+                    }
+                    if (j < row_words) {
+                        UNROLL(ROW_WORDS_MAX - 1)
+                        for (uint r = 0; r < ROW_WORDS_MAX - 1; r++) kpart[b][g][r] = kpart[b][g][r + 1];
+                        kpart[b][g][ROW_WORDS_MAX - 1] = dot;
                     }
                 }
             }
+            /* the row's last key word: its four scores, and the slot's running maximum and sum */
+            if (j == row_words - 1) {
+                UNROLL(GROUP_MAX)
+                for (uint g = 0; g < GROUP_MAX; g++) {
+                    float s[BANKS], newest = -INFINITY;
+                    UNROLL(BANKS)
+                    for (uint b = 0; b < BANKS; b++) {
+                        float dot = 0.0f;
+                        UNROLL(ROW_WORDS_MAX)
+                        for (uint r = 0; r < ROW_WORDS_MAX; r++)
+                            dot += SELECT(r + row_words >= ROW_WORDS_MAX, kpart[b][g][r], 0.0f);
+                        s[b] = dot * scale;
+                        newest = fmax(newest, SELECT(valid[b], s[b], -INFINITY));
+                    }
+                    most[g][SHIFT_DEPTH] = fmax(most[g][0], newest);
+                    fade[g] = exp(most[g][0] - most[g][SHIFT_DEPTH]);
+                    float sum = 0.0f;
+                    UNROLL(BANKS)
+                    for (uint b = 0; b < BANKS; b++) {
+                        p[g][b] = SELECT(valid[b], exp(s[b] - most[g][SHIFT_DEPTH]), 0.0f);
+                        sum += p[g][b];
+                    }
+                    mass[g][SHIFT_DEPTH] = mass[g][0] * fade[g] + sum;
+                    UNROLL(SHIFT_DEPTH)
+                    for (uint d = 0; d < SHIFT_DEPTH; d++) {
+                        most[g][d] = most[g][d + 1];
+                        mass[g][d] = mass[g][d + 1];
+                    }
+                }
+            }
+            /* a value word: the slot's accumulator, rescaled to its new maximum, takes the row's weighted values */
+            if (j >= row_words) {
+                uint vi = j - row_words;
+                UNROLL(GROUP_MAX)
+                for (uint g = 0; g < GROUP_MAX; g++) {
+                    UNROLL(CPW)
+                    for (uint e = 0; e < CPW; e++) {
+                        uint at = ((slot * ROW_WORDS_MAX + vi) * GROUP_MAX + g) * CPW + e;
+                        acc[at] = SELECT(q < SHIFT_DEPTH, 0.0f, acc[at] * fade[g]) + sums[g][e];
+                    }
+                }
+            }
+            j++;
+            if (j == 2 * row_words) { j = 0; q++; slot = (slot + 1) % SHIFT_DEPTH; }
+        }
+        /* the slots merged with the position itself: each one's weight under the common maximum */
+        float weight[GROUP_MAX][SHIFT_DEPTH], own[GROUP_MAX];
+        UNROLL(GROUP_MAX)
+        for (uint g = 0; g < GROUP_MAX; g++) {
+${current_total}
+            float s = mine * scale, top = s;
+            UNROLL(SHIFT_DEPTH)
+            for (uint d = 0; d < SHIFT_DEPTH; d++) top = fmax(top, most[g][d]);
+            float total = exp(s - top);
+            UNROLL(SHIFT_DEPTH)
+            for (uint d = 0; d < SHIFT_DEPTH; d++) {
+                weight[g][d] = exp(most[g][d] - top);
+                total += mass[g][d] * weight[g][d];
+            }
+            UNROLL(SHIFT_DEPTH)
+            for (uint d = 0; d < SHIFT_DEPTH; d++) weight[g][d] = weight[g][d] / total;
+            own[g] = exp(s - top) / total;
+        }
+        IVDEP /* the value and the output are different buffers */
+        /* loop attention.output */
+        for (uint i = 0; i < row_words; i++) {
+            float v_here[CPW];
+            UNROLL(CPW)
+            for (uint e = 0; e < CPW; e++) {
+                uint d = i * CPW + e;
+                v_here[e] = SELECT(d < head_dim, cached(x[value + h * head_dim + d]), 0.0f);
+            }
             UNROLL(GROUP_MAX)
             for (uint g = 0; g < GROUP_MAX; g++) {
-                UNROLL(CPW)
-                for (uint e = 0; e < CPW; e++) acc[(slot * GROUP_MAX + g) * CPW + e] += add[g][e];
-            }
-            slot++;
-            if (slot == slots) slot = 0;
-            j++;
-            if (j == row_words) { j = 0; q++; }
-        }
-        /* loop attention.output_heads */
-        for (uint g = 0; g < group; g++) {
-            float p = x[scores + g * position + past] / total[g];
-            IVDEP
-            /* loop attention.output */
-            for (uint i = 0; i < row_words; i++) {
                 UNROLL(CPW)
                 for (uint e = 0; e < CPW; e++) {
                     uint d = i * CPW + e;
-                    float sum = 0.0f;
-                    UNROLL(SLOTS_MAX)
-                    for (uint r = 0; r < SLOTS_MAX; r++)
-                        if (r * row_words + i < slots) sum += acc[((r * row_words + i) * GROUP_MAX + g) * CPW + e];
-                    if (d < head_dim)
-                        x[dst + (h * group + g) * head_dim + d] = sum + p * cached(x[value + h * head_dim + d]);
+                    float sum = own[g] * v_here[e];
+                    UNROLL(SHIFT_DEPTH)
+                    for (uint r = 0; r < SHIFT_DEPTH; r++) {
+                        uint at = ((((quads + r) % SHIFT_DEPTH) * ROW_WORDS_MAX + i) * GROUP_MAX + g) * CPW + e;
+                        sum += SELECT(quads + r >= SHIFT_DEPTH, acc[at] * weight[g][r], 0.0f);
+                    }
+                    if (g < group && d < head_dim) x[dst + (h * group + g) * head_dim + d] = sum;
                 }
             }
         }
@@ -678,13 +714,14 @@ TASK void d5005_compute(__global const uint16 *restrict program, const uint firs
                         __global float *restrict logits FIFO_IN_ARGS) {
     ONCHIP_DECL;
     __local float vector[VECTOR_WORDS] BANKED(OV);
-    __local float queries[GROUP_MAX * ROW_WORDS_MAX * CPW] BANKED(OV);
+    __local float queries[ROW_WORDS_MAX * GROUP_MAX * CPW] BANKED(GROUP_MAX * CPW);
     __local float table[ROPE_WORDS] BANKED(OV);
-    __local float acc[SLOTS_MAX * GROUP_MAX * CPW] BANKED(CPW);
+    __local float acc[SHIFT_DEPTH * ROW_WORDS_MAX * GROUP_MAX * CPW] BANKED(GROUP_MAX * CPW);
     channels_t ch;
 #if !defined(INTELFPGA_CL)
     ch.fifo[0] = fifo0; ch.fifo[1] = fifo1; ch.fifo[2] = fifo2; ch.fifo[3] = fifo3;
     for (uint b = 0; b < BANKS; b++) ch.taken[b] = 0;
+    CHANNELS_OPEN(ch);
 #endif
     for (uint pc = first; pc < first + count; pc++) {
         const uint16 w = program[pc];
@@ -741,9 +778,7 @@ _BODY = Template(_TEMPLATE).substitute(
     rms_norm_total=_shift_total("squares", "shift", 4),
     current_clear=_shift_clear("here[g]", 12),
     current_add=_shift_add("here[g]", "sum", 16),
-    softmax_clear=_shift_clear("sums", 12),
-    softmax_add=_shift_add("sums", "sum", 16),
-    softmax_total=_shift_total("all", "sums", 12),
+    current_total=_shift_total("mine", "here[g]", 12),
 )
 
 

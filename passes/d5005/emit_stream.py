@@ -86,7 +86,7 @@ def _cache_write(op: d5005.CacheWriteOp, word: _Word) -> None:
 
 def _attention(op: d5005.AttentionOp, word: _Word) -> None:
     w = word.w
-    word.buffers((d5005.W_DST, op.dst), (d5005.W_A, op.query), (d5005.W_B, op.scores))
+    word.buffers((d5005.W_DST, op.dst), (d5005.W_A, op.query))
     word.region(op.keys)
     w[d5005.W_OFFSET2] = _burst_offset(op.values, word.burst)
     w[d5005.W_HEADS], w[d5005.W_KV_HEADS] = op.heads.value.data, op.kv_heads.value.data

@@ -104,16 +104,15 @@ def read_rope(s: Step) -> list[Loop]:
 
 
 def read_attention(s: Step) -> list[Loop]:
-    """Head h's earlier positions in this bank: its keys, then its values (the bounds change with h)."""
+    """Head h's earlier positions in this bank, each row's key words then its value words (the bounds change
+    with h)."""
     banks, ctx, past = s["BANKS"], s.field(d5005.W_CTX), s.position - 1
     row_words = s.words(s.field(d5005.W_HEAD_DIM), s["CACHE_BYTES"])
 
     def head(h: int) -> tuple[Loop, ...]:
         first = (s.bank + banks - (h * ctx) % banks) % banks
         mine = (past - first + banks - 1) // banks if past > first else 0
-        return tuple(
-            _counted(f"read_attention.{n}", "n", "mine * row_words", mine * row_words) for n in ("keys", "values")
-        )
+        return (_counted("read_attention.rows", "n", "mine * 2 * row_words", mine * 2 * row_words),)
 
     kv_heads = s.field(d5005.W_KV_HEADS)
     return [Loop("read_attention.kv_heads", "for (uint h = 0; h < kv_heads; h++)", kv_heads, inner_of=head)]
@@ -160,25 +159,15 @@ def cache_write(s: Step) -> list[Loop]:
 
 
 def attention(s: Step) -> list[Loop]:
-    """One KV head at a time: its keys once for its group, the scores, the position's own key, the softmax of
-    each query head, then its values once into rotating accumulators."""
-    heads, kv_heads = s.field(d5005.W_HEADS), s.field(d5005.W_KV_HEADS)
-    group, past, depth = heads // kv_heads, s.position - 1, s["SHIFT_DEPTH"]
-    quads = ceil_div(past, s["BANKS"])
+    """One KV head at a time: its group's queries on chip (with their products with the position's own key),
+    then one pass over its earlier rows, each row's key words then its value words, then the output."""
+    kv_heads = s.field(d5005.W_KV_HEADS)
+    quads = ceil_div(s.position - 1, s["BANKS"])
     row_words = s.words(s.field(d5005.W_HEAD_DIM), s["CACHE_BYTES"])
-    slots = row_words * ceil_div(depth, row_words)
-    softmax = _by_ov("attention.softmax", "position", s.position, s)
-    queries = _by_ov("attention.queries", "row_words * CPW", row_words * s.cpw, s)
-    output = _counted("attention.output", "i", "row_words", row_words)
     inner = (
-        _counted("attention.query_heads", "g", "group", group, inner=(queries,)),
-        _counted("attention.keys", "n", "quads * row_words", quads * row_words),
-        _counted("attention.scores", "r", "quads", quads),
-        _by_ov("attention.current", "row_words * CPW", row_words * s.cpw, s),
-        _counted("attention.softmax_heads", "g", "group", group, inner=(softmax,)),
-        _counted("attention.clear", "r", "slots", slots),
-        _counted("attention.values", "n", "quads * row_words", quads * row_words),
-        _counted("attention.output_heads", "g", "group", group, inner=(output,)),
+        _counted("attention.queries", "i", "row_words", row_words),
+        _counted("attention.rows", "n", "quads * 2 * row_words", quads * 2 * row_words),
+        _counted("attention.output", "i", "row_words", row_words),
     )
     return [_counted("attention.kv_heads", "h", "kv_heads", kv_heads, inner=inner)]
 

@@ -6,24 +6,23 @@
 // RUN: %logos-author --model smollm2-135m --cut 'decode ctx=128' | %logos-opt -f logos -p 'logos-to-d5005' | filecheck %s --check-prefix=TIED
 
 // CHECK-LABEL: d5005.program identity "LOGOS program: decode step, ctx 64, sha256 {{[0-9a-f]+}}" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 1048576 {
-// CHECK-NEXT:     %scores = d5005.buffer "scores" words 256 at 0
-// CHECK-NEXT:     %hidden = d5005.buffer "hidden" words 64 at 256
-// CHECK-NEXT:     %normed = d5005.buffer "normed" words 64 at 320
-// CHECK-NEXT:     %query = d5005.buffer "query" words 64 at 384
-// CHECK-NEXT:     %key = d5005.buffer "key" words 32 at 448
-// CHECK-NEXT:     %value = d5005.buffer "value" words 32 at 480
-// CHECK-NEXT:     %turned_query = d5005.buffer "turned_query" words 64 at 512
-// CHECK-NEXT:     %turned_key = d5005.buffer "turned_key" words 32 at 576
-// CHECK-NEXT:     %attended = d5005.buffer "attended" words 64 at 608
-// CHECK-NEXT:     %projected = d5005.buffer "projected" words 64 at 672
-// CHECK-NEXT:     %mixed = d5005.buffer "mixed" words 64 at 736
-// CHECK-NEXT:     %normed_mixed = d5005.buffer "normed_mixed" words 64 at 800
-// CHECK-NEXT:     %gate = d5005.buffer "gate" words 128 at 864
-// CHECK-NEXT:     %up = d5005.buffer "up" words 128 at 992
-// CHECK-NEXT:     %product = d5005.buffer "product" words 128 at 1120
-// CHECK-NEXT:     %down = d5005.buffer "down" words 64 at 1248
-// CHECK-NEXT:     %result = d5005.buffer "result" words 64 at 1312
-// CHECK-NEXT:     %logits = d5005.buffer "logits" words 256 at 1376
+// CHECK-NEXT:     %hidden = d5005.buffer "hidden" words 64 at 0
+// CHECK-NEXT:     %normed = d5005.buffer "normed" words 64 at 64
+// CHECK-NEXT:     %query = d5005.buffer "query" words 64 at 128
+// CHECK-NEXT:     %key = d5005.buffer "key" words 32 at 192
+// CHECK-NEXT:     %value = d5005.buffer "value" words 32 at 224
+// CHECK-NEXT:     %turned_query = d5005.buffer "turned_query" words 64 at 256
+// CHECK-NEXT:     %turned_key = d5005.buffer "turned_key" words 32 at 320
+// CHECK-NEXT:     %attended = d5005.buffer "attended" words 64 at 352
+// CHECK-NEXT:     %projected = d5005.buffer "projected" words 64 at 416
+// CHECK-NEXT:     %mixed = d5005.buffer "mixed" words 64 at 480
+// CHECK-NEXT:     %normed_mixed = d5005.buffer "normed_mixed" words 64 at 544
+// CHECK-NEXT:     %gate = d5005.buffer "gate" words 128 at 608
+// CHECK-NEXT:     %up = d5005.buffer "up" words 128 at 736
+// CHECK-NEXT:     %product = d5005.buffer "product" words 128 at 864
+// CHECK-NEXT:     %down = d5005.buffer "down" words 64 at 992
+// CHECK-NEXT:     %result = d5005.buffer "result" words 64 at 1056
+// CHECK-NEXT:     %logits = d5005.buffer "logits" words 256 at 1120
 // CHECK-NEXT:     d5005.embed_row %hidden, <"model.embed_tokens.weight" at 0 stride 128 rows 256 cols 64 bytes 2>
 // CHECK-NEXT:     d5005.rms_norm %normed, %hidden, <"model.layers.0.input_layernorm.weight" at 8192 stride 128 rows 1 cols 64 bytes 2> epsilon 1.000000e-05 : f32
 // CHECK-NEXT:     d5005.matvec %query, %normed, <"model.layers.0.self_attn.q_proj.weight" at 8320 stride 128 rows 64 cols 64 bytes 2>
@@ -33,7 +32,7 @@
 // CHECK-NEXT:     d5005.rope %turned_key, %key, <"rope" at 53888 stride 64 rows 64 cols 16 bytes 4> width 32 head_dim 16
 // CHECK-NEXT:     d5005.cache_write %turned_key, <"cache.0.key" at 54912 stride 64 rows 128 cols 16 bytes 2> kv_heads 2
 // CHECK-NEXT:     d5005.cache_write %value, <"cache.0.value" at 56960 stride 64 rows 128 cols 16 bytes 2> kv_heads 2
-// CHECK-NEXT:     d5005.attention %attended, %turned_query, <"cache.0.key" at 54912 stride 64 rows 128 cols 16 bytes 2>, <"cache.0.value" at 56960 stride 64 rows 128 cols 16 bytes 2> current %turned_key, %value scores %scores heads 4 kv_heads 2
+// CHECK-NEXT:     d5005.attention %attended, %turned_query, <"cache.0.key" at 54912 stride 64 rows 128 cols 16 bytes 2>, <"cache.0.value" at 56960 stride 64 rows 128 cols 16 bytes 2> current %turned_key, %value heads 4 kv_heads 2
 // CHECK-NEXT:     d5005.matvec %projected, %attended, <"model.layers.0.self_attn.o_proj.weight" at 12416 stride 128 rows 64 cols 64 bytes 2>
 // CHECK-NEXT:     d5005.add %mixed, %hidden, %projected size 64
 // CHECK-NEXT:     d5005.rms_norm %normed_mixed, %mixed, <"model.layers.0.post_attention_layernorm.weight" at 14464 stride 128 rows 1 cols 64 bytes 2> epsilon 1.000000e-05 : f32
@@ -50,7 +49,7 @@
 // CHECK-NEXT:     d5005.rope %turned_key, %key, <"rope" at 53888 stride 64 rows 64 cols 16 bytes 4> width 32 head_dim 16
 // CHECK-NEXT:     d5005.cache_write %turned_key, <"cache.1.key" at 59008 stride 64 rows 128 cols 16 bytes 2> kv_heads 2
 // CHECK-NEXT:     d5005.cache_write %value, <"cache.1.value" at 61056 stride 64 rows 128 cols 16 bytes 2> kv_heads 2
-// CHECK-NEXT:     d5005.attention %attended, %turned_query, <"cache.1.key" at 59008 stride 64 rows 128 cols 16 bytes 2>, <"cache.1.value" at 61056 stride 64 rows 128 cols 16 bytes 2> current %turned_key, %value scores %scores heads 4 kv_heads 2
+// CHECK-NEXT:     d5005.attention %attended, %turned_query, <"cache.1.key" at 59008 stride 64 rows 128 cols 16 bytes 2>, <"cache.1.value" at 61056 stride 64 rows 128 cols 16 bytes 2> current %turned_key, %value heads 4 kv_heads 2
 // CHECK-NEXT:     d5005.matvec %projected, %attended, <"model.layers.1.self_attn.o_proj.weight" at 31104 stride 128 rows 64 cols 64 bytes 2>
 // CHECK-NEXT:     d5005.add %mixed, %result, %projected size 64
 // CHECK-NEXT:     d5005.rms_norm %normed_mixed, %mixed, <"model.layers.1.post_attention_layernorm.weight" at 33152 stride 128 rows 1 cols 64 bytes 2> epsilon 1.000000e-05 : f32
@@ -72,7 +71,7 @@
 // F32-NEXT: d5005.matvec %query, %normed, <"model.layers.0.self_attn.q_proj.weight" at 16640 stride 256 rows 64 cols 64 bytes 4>
 
 // A tied head streams the embedding's region (placed once, at offset 0); MQA-free SmolLM2 has 3 KV heads of 64.
-// TIED: d5005.attention %attended, %turned_query, <"cache.0.key" at 67318400 stride 128 rows 384 cols 64 bytes 2>, <"cache.0.value" at 67330688 stride 128 rows 384 cols 64 bytes 2> current %turned_key, %value scores %scores heads 9 kv_heads 3
+// TIED: d5005.attention %attended, %turned_query, <"cache.0.key" at 67318400 stride 128 rows 384 cols 64 bytes 2>, <"cache.0.value" at 67330688 stride 128 rows 384 cols 64 bytes 2> current %turned_key, %value heads 9 kv_heads 3
 // TIED: d5005.matvec %logits, %normed, <"model.embed_tokens.weight" at 0 stride 1152 rows 49152 cols 576 bytes 2>
 // TIED-NEXT: d5005.argmax %logits size 49152
 // TIED-NEXT: }

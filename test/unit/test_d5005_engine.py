@@ -67,6 +67,9 @@ def test_engine_source_builds_on_the_opencl_cpu_device(weights: str) -> None:
     program = cl.Program(pocl_cpu_context(), source).build()
     assert program.d5005_compute.num_args == 16  # instructions, banks, scratch, token, position, outputs, 4 channels
     assert [cl.Kernel(program, f"d5005_read_bank{b}").num_args for b in range(4)] == [8] * 4
+    rings = cl.Program(pocl_cpu_context(), source).build(options=["-D", "D5005_RINGS"])
+    assert rings.d5005_compute.num_args == 24  # ... and each channel's ring, its words sent and its words taken
+    assert [cl.Kernel(rings, f"d5005_read_bank{b}").num_args for b in range(4)] == [9] * 4
 
 
 @needs_opencl
@@ -81,6 +84,77 @@ def test_f32_engine_gives_the_reference_tokens(name: str) -> None:
     assert engine.generate(prompt, 24) == expected
     assert engine.stats.new_tokens == 24 and engine.stats.decode_steps == 23
     assert [i.cut for i in engine.identities] == [Cut.decode(64)]
+
+
+@needs_opencl
+@pytest.mark.parametrize("name", ["gqa", "mqa"])
+def test_f32_tokens_hold_once_the_attention_slots_wrap(name: str) -> None:
+    """Past 4 x SHIFT_DEPTH = 32 positions each of the attention's slots takes a second row of four and rescales
+    its accumulator to the new maximum: 56 tokens (positions up to 60) against the reference's."""
+    from logos_ir.runtime.d5005 import D5005Generator
+
+    store = RandomWeights(SHAPES[name], seed=7)
+    prompt = [5, 17, 3, 60, 2]
+    expected = Generator(store, prefill_rows=4).generate(prompt, 56)
+    assert D5005Generator(store, weights="f32").generate(prompt, 56) == expected
+
+
+# The channel path: the five kernels at once, through rings of the channels' depth, in a process of its own (PoCL
+# reads POCL_MAX_PTHREAD_COUNT when it starts; the card runs the five kernels at once, so five threads are needed).
+CHANNEL_RUN = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from test_d5005_engine import SHAPES
+from logos_ir.runtime.d5005 import D5005Generator
+from logos_ir.weights import RandomWeights
+tokens = {}
+for name in sorted(SHAPES):
+    for weights in ("f32", "bf16"):
+        engine = D5005Generator(RandomWeights(SHAPES[name], seed=7), weights=weights, rings=True)
+        tokens[f"{name}/{weights}"] = engine.generate([5, 17, 3, 60, 2], 12)
+print(json.dumps(tokens))
+"""
+
+
+@needs_opencl
+def test_the_channel_path_gives_the_reference_tokens() -> None:
+    """The engine's five kernels run at once on PoCL (D5005_RINGS), each reader waiting on a full ring of
+    CHANNEL_DEPTH words and the compute kernel on an empty one, as on the card: f32 gives the reference's greedy
+    tokens on every held shape, and bf16 the tokens of the ordered-buffer path (the same arithmetic)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from logos_ir.runtime.d5005 import D5005Generator
+
+    env = {**os.environ, "POCL_MAX_PTHREAD_COUNT": "5"}
+    run = subprocess.run(
+        [sys.executable, "-c", CHANNEL_RUN, str(Path(__file__).parent)], env=env, capture_output=True, text=True,
+        timeout=600, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    tokens = json.loads(run.stdout.splitlines()[-1])
+    prompt = [5, 17, 3, 60, 2]
+    for name in sorted(SHAPES):
+        store = RandomWeights(SHAPES[name], seed=7)
+        assert tokens[f"{name}/f32"] == Generator(store, prefill_rows=4).generate(prompt, 12), name
+        assert tokens[f"{name}/bf16"] == D5005Generator(store, weights="bf16").generate(prompt, 12), name
+
+
+def test_the_channel_path_refuses_a_device_that_runs_fewer_kernels_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from logos_ir.errors import LogosError
+    from logos_ir.runtime.d5005 import D5005Generator
+
+    if NO_OPENCL is not None:
+        pytest.fail(f"no OpenCL CPU device ({NO_OPENCL})")
+    from logos_ir.runtime.opencl import pocl_cpu_device
+
+    if pocl_cpu_device().max_compute_units >= 1 + d5005.BANKS:
+        pytest.skip("this process's PoCL runs five kernels at once: nothing to refuse")
+    engine = D5005Generator(RandomWeights(SHAPES["gqa"], seed=7), weights="f32", rings=True)
+    with pytest.raises(LogosError, match="POCL_MAX_PTHREAD_COUNT"):
+        engine.generate([5, 17], 2)
 
 
 @needs_opencl

@@ -85,8 +85,7 @@ d5005.program identity "x" weights "f32" ctx 64 clock_mhz 300 burst 64 onchip 40
 %q = d5005.buffer "q" words 64 at 64
 %a = d5005.buffer "a" words 64 at 128
 %b = d5005.buffer "b" words 64 at 192
-%s = d5005.buffer "s" words 64 at 256
-d5005.attention %o, %q, <"k" at 0 stride 64 rows 64 cols 16 bytes 4>, <"v" at 16384 stride 64 rows 64 cols 16 bytes 4> current %a, %b scores %s heads 9 kv_heads 1
+d5005.attention %o, %q, <"k" at 0 stride 64 rows 64 cols 16 bytes 4>, <"v" at 16384 stride 64 rows 64 cols 16 bytes 4> current %a, %b heads 9 kv_heads 1
 // -----
 // CHECK: 'd5005.cache_write' op cache 'k' of 100 rows is not 3 heads of positions
 %a = d5005.buffer "a" words 64 at 0
@@ -97,16 +96,14 @@ d5005.cache_write %a, <"k" at 0 stride 64 rows 100 cols 16 bytes 4> kv_heads 3
 %q = d5005.buffer "q" words 64 at 64
 %a = d5005.buffer "a" words 64 at 128
 %b = d5005.buffer "b" words 64 at 192
-%s = d5005.buffer "s" words 64 at 256
-d5005.attention %o, %q, <"k" at 0 stride 64 rows 256 cols 16 bytes 4>, <"v" at 16384 stride 64 rows 256 cols 16 bytes 4> current %a, %b scores %s heads 6 kv_heads 4
+d5005.attention %o, %q, <"k" at 0 stride 64 rows 256 cols 16 bytes 4>, <"v" at 16384 stride 64 rows 256 cols 16 bytes 4> current %a, %b heads 6 kv_heads 4
 // -----
 // CHECK: 'd5005.attention' op its key and value caches differ in shape
 %o = d5005.buffer "o" words 64 at 0
 %q = d5005.buffer "q" words 64 at 64
 %a = d5005.buffer "a" words 64 at 128
 %b = d5005.buffer "b" words 64 at 192
-%s = d5005.buffer "s" words 64 at 256
-d5005.attention %o, %q, <"k" at 0 stride 64 rows 256 cols 16 bytes 4>, <"v" at 16384 stride 64 rows 128 cols 16 bytes 4> current %a, %b scores %s heads 4 kv_heads 4
+d5005.attention %o, %q, <"k" at 0 stride 64 rows 256 cols 16 bytes 4>, <"v" at 16384 stride 64 rows 128 cols 16 bytes 4> current %a, %b heads 4 kv_heads 4
 // -----
 // CHECK: 'd5005.program' op weights are bf16 or f32, not 'f16'
 d5005.program identity "x" weights "f16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
