@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,12 +95,12 @@ def lower_parts(parts: Sequence[tuple[Cut, Identity, logos.ProgramOp]], plan: g.
         program.array(name, 1, i32)
     program.array("norm_sum", 1)
     if g.SEGMENTED:  # the reduction functions' buffers: the longest message along a row, along a column
-        queries, keys, hidden = plan.query_chunk, plan.kv_chunk, plan.chunk(plan.hidden)
+        queries, keys, hidden = plan.query_chunk, plan.kv_chunk, plan.chunk(plan.hidden, "col")
         scores = (plan.window if plan.scores_local else plan.heads) * plan.slots + plan.window
         program.array(
             "line_row",
-            max(plan.chunk(plan.vocab), queries + 2 * keys, 2 * plan.chunk(plan.intermediate), queries + plan.window,
-                hidden, 1),
+            max(plan.chunk(plan.vocab, "row"), queries + 2 * keys, 2 * plan.chunk(plan.intermediate, "row"),
+                queries + plan.window, hidden, 1),
         )  # fmt: skip
         program.array("line_col", max(hidden, scores))
     functions: list[Operation] = []
@@ -155,7 +155,7 @@ def lower_parts(parts: Sequence[tuple[Cut, Identity, logos.ProgramOp]], plan: g.
     )
     layout = layout_module(plan)
     host = {
-        "grid": plan.p,
+        "grid": list(plan.grid),
         "kv_copies": plan.kv_copies,
         "ctx": plan.ctx,
         "image": plan.image,
@@ -250,15 +250,16 @@ def memory_use(program: GridProgram) -> dict[str, Any]:
 def lower_module(
     module: ModuleOp,
     image: str = "f16",
-    p: int = 0,
+    p: int | tuple[int, int] = 0,
     memory: int = csl_ext.MEMORY,
     copies: int | None = None,
     arch: str = "wse2",
 ) -> GridProgram:
     """The decode step whose parts `module` holds (`parts_of`) lowered for the smallest square grid of `arch`'s
-    usable rectangle whose elements hold it (or for P x P when `p` is given), with the most copies of each KV head
-    (up to its group: the widened cache) that fit, or `copies` (1: KV heads kept narrow), its queues bound for the
-    target (`queues.bind_queues`). `module` is left as it is."""
+    usable rectangle whose elements hold it, else (no square holds it) the machine's full height and the narrowest
+    width that does (`grid.best_rectangle`), or for P x P (or width x height) when `p` is given, with the most
+    copies of each KV head (up to its group: the widened cache) that fit, or `copies` (1: KV heads kept narrow),
+    its queues bound for the target (`queues.bind_queues`). `module` is left as it is."""
     if arch not in csl_ext.TARGETS:
         raise PassError(f"{PASS}: no target '{arch}' (the targets: {', '.join(csl_ext.TARGETS)})")
     target = csl_ext.TARGETS[arch]
@@ -270,7 +271,7 @@ def lower_module(
 
 
 def _search(
-    module: ModuleOp, image: str, p: int, memory: int, copies: int | None, target: csl_ext.Target
+    module: ModuleOp, image: str, grid: int | tuple[int, int], memory: int, copies: int | None, target: csl_ext.Target
 ) -> GridProgram:
     if image not in ("f16", "f32"):
         raise PassError(f"{PASS}: the grid holds f16 or f32 weights, not {image}")
@@ -286,52 +287,79 @@ def _search(
     if copies is not None:
         choices = [copies]
 
-    lowerings: dict[tuple[int, int], tuple[GridProgram, int]] = {}
+    lowerings: dict[tuple[int, int, int], tuple[GridProgram, int]] = {}
 
-    def lowered_at(size: int, c: int) -> tuple[GridProgram, int]:
-        if (size, c) not in lowerings:  # a lowering is the search's cost: each grid is lowered once
+    def lowered_at(size: tuple[int, int], c: int) -> tuple[GridProgram, int]:
+        if (*size, c) not in lowerings:  # a lowering is the search's cost: each grid is lowered once
             program = lower_parts(parts, g.GridPlan.of(spec, ctx, image, size, c))
-            lowerings[size, c] = program, memory_use(program)["fits"]  # the band's high end must fit
-        return lowerings[size, c]
+            lowerings[(*size, c)] = program, memory_use(program)["fits"]  # the band's high end must fit
+        return lowerings[(*size, c)]
 
+    if grid:
+        return _given(grid, choices, lowered_at, memory, target)
+    usable_width, usable_height = target.usable
     largest = min(target.usable)
-    if p:
-        if p < 2:
-            raise PassError(f"{PASS}: a grid of {p} x {p} elements has no rows to reduce along (P >= 2)")
-        if p > largest:
-            width, height = target.usable
-            raise PassError(
-                f"{PASS}: a grid of {p} x {p} is more than a {target.name} gives a program: {width} x {height} of its "
-                f"{target.fabric[0]} x {target.fabric[1]} (memcpy takes 7 columns and 2 rows)"
-            )
-        needed = 0
-        for c in choices:  # the most KV copies that fit: the most rows working on attention
-            lowered, needed = lowered_at(p, c)
-            if needed <= memory:
-                return lowered
-        raise PassError(
-            f"{PASS}: the model does not fit a {p} x {p} grid of {memory}-byte elements ({needed} bytes per element "
-            "at the high end of its memory band)",
-            hint="give a larger grid (logos-compile --option grid=P; convert-logos-to-csl{grid=P} in logos-opt) "
-            "or none, to have the smallest that fits chosen",
-        )
     needed = 0
-    for c in choices:  # the most KV copies that fit some grid (KV heads widened keep more rows working)
-        lowered, needed = lowered_at(largest, c)
+    for c in choices:  # the most KV copies that fit some square (KV heads widened keep more rows working)
+        lowered, needed = lowered_at((largest, largest), c)
         if needed > memory:
             continue
-        low, high = 1, largest  # the smallest P that fits: an element's bytes fall as P grows, about as 1 / P^2
-        while high - low > 1:  # so the search halves the range of log P (a small model is found in few lowerings)
-            middle = min(max(math.isqrt(low * high), low + 1), high - 1)
-            if lowered_at(middle, c)[1] <= memory:
-                high = middle
-            else:
-                low = middle
-        best = g.best_grid(spec, high, largest, c)
-        return lowered_at(best, c)[0]
+        side = _smallest(lambda n, c=c: lowered_at((n, n), c)[1] <= memory, largest)
+        best = g.best_grid(spec, side, largest, c)
+        return lowered_at((best, best), c)[0]
+    for c in choices:  # no square holds it: the machine's full height, the narrowest width that holds it
+        lowered, needed = lowered_at(target.usable, c)
+        if needed > memory:
+            continue
+        width = _smallest(lambda n, c=c: lowered_at((n, usable_height), c)[1] <= memory, usable_width)
+        return lowered_at(g.best_rectangle(spec, width, target.usable, c), c)[0]
     raise PassError(
-        f"{PASS}: the model does not fit a {largest} x {largest} grid of {memory}-byte elements "
+        f"{PASS}: the model does not fit a {usable_width} x {usable_height} grid of {memory}-byte elements "
         f"({needed} bytes per element at the high end of its memory band)"
+    )
+
+
+def _smallest(fits: Callable[[int], bool], largest: int) -> int:
+    """The smallest n in 2..largest for which `fits` (which holds at `largest`): an element's bytes never grow with
+    the grid and fall about as 1 / n (a rectangle's width) or 1 / n^2 (a square's side), so the search halves the
+    range of log n (a small model is found in few lowerings)."""
+    low, high = 1, largest
+    while high - low > 1:
+        middle = min(max(math.isqrt(low * high), low + 1), high - 1)
+        if fits(middle):
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def _given(
+    grid: int | tuple[int, int],
+    choices: list[int],
+    lowered_at: Callable[[tuple[int, int], int], tuple[GridProgram, int]],
+    memory: int,
+    target: csl_ext.Target,
+) -> GridProgram:
+    """The grid the user gave (`grid=P` or `grid=WxH`), with the most KV copies that fit it."""
+    width, height = (grid, grid) if isinstance(grid, int) else grid
+    if min(width, height) < 2:
+        raise PassError(f"{PASS}: a grid of {width} x {height} elements has no lines to reduce along (both >= 2)")
+    usable_width, usable_height = target.usable
+    if width > usable_width or height > usable_height:
+        raise PassError(
+            f"{PASS}: a grid of {width} x {height} is more than a {target.name} gives a program: {usable_width} x "
+            f"{usable_height} of its {target.fabric[0]} x {target.fabric[1]} (memcpy takes 7 columns and 2 rows)"
+        )
+    needed = 0
+    for c in choices:  # the most KV copies that fit: the most rows working on attention
+        lowered, needed = lowered_at((width, height), c)
+        if needed <= memory:
+            return lowered
+    raise PassError(
+        f"{PASS}: the model does not fit a {width} x {height} grid of {memory}-byte elements ({needed} bytes per "
+        "element at the high end of its memory band)",
+        hint="give a larger grid (logos-compile --option grid=P or grid=WxH; convert-logos-to-csl{grid=P} in "
+        "logos-opt) or none, to have the smallest that fits chosen",
     )
 
 

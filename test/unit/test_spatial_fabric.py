@@ -73,8 +73,8 @@ def test_the_launch_and_memcpy_are_costed(lowered, monkeypatch: pytest.MonkeyPat
     monkeypatch.setitem(CYCLES, "launch", CYCLES["launch"] + 1000)
     machine.step(4, 1)  # the same step again (the cache's slot rewritten alike): only the launch dearer
     assert machine.cycles[1] == machine.cycles[0] + 1000
-    p, chunk = lowered.host["grid"], lowered.host["logits"]["chunk"]
-    moved = 2 * p * p + p * chunk  # token and position to every element, the head's logits from one column
+    (width, height), chunk = lowered.host["grid"], lowered.host["logits"]["chunk"]
+    moved = 2 * width * height + height * chunk  # token, position to every element; the logits from one column
     assert machine.memcpy_cycles[0] >= moved
     machine.fabric.channels = 2
     machine.step(4, 1)

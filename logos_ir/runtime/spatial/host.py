@@ -49,7 +49,8 @@ class GridMachine:
         from logos_ir.passes.spatial import grid as g
         from logos_ir.rope import rope_inv_freq
 
-        p = self.host["grid"]
+        grid = self.host["grid"]
+        width, height = grid
         image = self.host["image"]
         for name, fields in self.host["weights"].items():
             weight = g.Weight(**{**fields, "tensors": tuple(fields["tensors"]), "row_map": tuple(fields["row_map"])})
@@ -58,14 +59,14 @@ class GridMachine:
                 array = np.asarray(self.store.get(tensor), dtype=np.float32)
                 if image == "f16" and weight.kind != "vector":
                     array = array.astype(np.float16).astype(np.float32)
-                parts.append(g.tiles(array, weight, p))
+                parts.append(g.tiles(array, weight, grid))
             self.fabric.memcpy_h2d(name, np.concatenate(parts, axis=2))
         spec = self.store.spec
         inv_freq = rope_inv_freq(spec.head_dim, spec.rope_theta, spec.rope_scaling)
         plan = _plan_of(self.host, spec)
         for table, chunk in self.host["rope_tables"].items():
-            rows = np.stack([g.inv_freq_chunk(inv_freq, plan, y, chunk) for y in range(p)])
-            self.fabric.memcpy_h2d(table, np.broadcast_to(rows[:, None, :], (p, p, chunk // 2)).copy())
+            rows = np.stack([g.inv_freq_chunk(inv_freq, plan, y, chunk) for y in range(height)])
+            self.fabric.memcpy_h2d(table, np.broadcast_to(rows[:, None, :], (height, width, chunk // 2)).copy())
 
     def step(self, token: int, position: int) -> int:
         """One decode step: token (from 1) at position (from 1); the next token (from 1)."""
@@ -77,8 +78,8 @@ class GridMachine:
         fabric.memcpy_h2d("position_in", np.array([position]))
         self.cycles.append(fabric.launch("step"))
         logits = self.host["logits"]
-        p = self.host["grid"]
-        chunks = fabric.memcpy_d2h(logits["array"], logits["column"], 0, 1, p, logits["chunk"])
+        height = self.host["grid"][1]
+        chunks = fabric.memcpy_d2h(logits["array"], logits["column"], 0, 1, height, logits["chunk"])
         self.memcpy_cycles.append(fabric.memcpy_cycles - copied)  # the step's copies: token, position, logits
         self.logits = chunks.reshape(-1)[: logits["length"]].astype(np.float32)
         return int(np.argmax(self.logits)) + 1
