@@ -7,10 +7,10 @@ build folder a Cerebras user compiles and runs with the SDK:
 - `commands.sh`: the `cslc` call (`--arch=wse2`, `--fabric-dims`, `--fabric-offsets`, `--params`, `--memcpy`,
   `--channels`) and the `cs_python run.py` that follows;
 - `run.py`: the host program on the SDK's `SdkRuntime`: the weights read from a folder of safetensors and tiled, the
-  tiles and rotary tables written with `memcpy_h2d`, then for each token its id and position written, `step`
-  launched, the logits read back with `memcpy_d2h` and their arg-max taken. It needs Python, numpy and the SDK, not
-  logos-ir: the tiling is `grid.tiles`'s source copied in, the rotary tables are computed by the build; without the
-  SDK (`cerebras.sdk` not importable, as here) `--check` tiles the weights and stops;
+  tiles and rotary tables written with `memcpy_h2d`, then for each token `step` launched with its id and position
+  as the launch's arguments, the logits read back with `memcpy_d2h` and their arg-max taken. It needs Python,
+  numpy and the SDK, not logos-ir: the tiling is `grid.tiles`'s source copied in, the rotary tables are computed by
+  the build; without the SDK (`cerebras.sdk` not importable, as here) `--check` tiles the weights and stops;
 - `grid.mlir` (the `csl`-level module the two .csl files print, which the fabric simulator runs) and `host.json`
   (the grid, each exported array's tensors and tiling, the logits' place): what `logos-run --backend spatial`
   reads from a build folder.
@@ -169,8 +169,9 @@ _RUN_PY = '''#!/usr/bin/env cs_python
 # {line}
 """Host program of the spatial lane's decode step on the Cerebras SDK (SdkRuntime). It reads host.json (the grid,
 each exported array's tensors and tiling) and the model's weights from a Hugging Face folder of safetensors, tiles
-them as the element program reads them, writes them with memcpy_h2d, then for each token writes its id and position,
-launches `step`, reads the logits back from the grid's centre column with memcpy_d2h and takes their arg-max.
+them as the element program reads them, writes them with memcpy_h2d, then for each token launches `step` with its id
+and position as the launch's arguments, reads the logits back from the grid's centre column with memcpy_d2h and
+takes their arg-max.
 
 It needs Python, numpy and, to run on a CS-2 or the SDK's simulator, the SDK (`cs_python`), nothing of logos-ir.
 Without the SDK, `--check` tiles every weight and says what would be written, and stops there."""
@@ -241,9 +242,10 @@ def weight_arrays(folder: Path) -> tuple[dict, dict]:
 
 
 def decode(runner, host: dict, arrays: dict, MemcpyDataType, MemcpyOrder, tokens: list, new: int) -> list:
-    """The weights written, then the greedy decode: for each position the token and position written to every
-    element, `step` launched, the logits read back from the centre column, their arg-max. `runner` is the SDK's
-    SdkRuntime, direct (run.py) or the appliance client's (run_appliance.py): the calls are the same."""
+    """The weights written, then the greedy decode: for each position `step` launched with the token and position
+    as its arguments (no copy to every element), the logits read back from the centre column, their arg-max.
+    `runner` is the SDK's SdkRuntime, direct (run.py) or the appliance client's (run_appliance.py): the calls are
+    the same."""
     (width, height), image = host["grid"], host["image"]
 
     def h2d(name: str, data: np.ndarray, vector: bool = True) -> None:
@@ -261,9 +263,7 @@ def decode(runner, host: dict, arrays: dict, MemcpyDataType, MemcpyOrder, tokens
     generated: list[int] = []
     for position in range(1, len(tokens) + new):
         token = tokens[position - 1] if position <= len(tokens) else generated[-1]
-        h2d("token_in", np.full((height, width, 1), token, dtype=np.int32).view(np.float32))
-        h2d("position_in", np.full((height, width, 1), position, dtype=np.int32).view(np.float32))
-        runner.launch("step", nonblock=False)
+        runner.launch("step", np.int32(token), np.int32(position), nonblock=False)  # launch arguments
         runner.memcpy_d2h(out, runner.get_id(logits["array"]), logits["column"], 0, 1, height, logits["chunk"],
                           streaming=False, order=MemcpyOrder.ROW_MAJOR, data_type=MemcpyDataType.MEMCPY_32BIT,
                           nonblock=False)
@@ -351,7 +351,7 @@ def main() -> None:
         sys.exit("compile_appliance.py: the Cerebras SDK's appliance client is not installed (cerebras-sdk)")
     here = Path(__file__).parent
     with SdkCompiler() as compiler:
-        artifact = compiler.compile(str(here), "layout.csl", SIMULATOR if args.simulator else MACHINE, "out")
+        artifact = compiler.compile(str(here), "layout.csl", SIMULATOR if args.simulator else MACHINE)
     (here / "artifact.json").write_text(json.dumps({{"artifact_id": artifact, "simulator": args.simulator}}))
     print(artifact)
 

@@ -141,14 +141,14 @@ def lower_parts(parts: Sequence[tuple[Cut, Identity, logos.ProgramOp]], plan: g.
     for fn in [*program.reducers.values(), *functions]:
         t.op(fn)
     _tasks(program, plan.layers)
-    exports = [*plan.weights, *program.handles.get("rope_tables", {}), "token_in", "position_in", logits.array]  # type: ignore[arg-type]
+    exports = [*plan.weights, *program.handles.get("rope_tables", {}), logits.array]  # type: ignore[arg-type]
     for name in exports:
         words, element = program.arrays[name]
         array = program.get(t, name)
         pointer = csl.PtrType(element, csl.PtrKindAttr(csl.PtrKind.MANY), csl.PtrConstAttr(csl.PtrConst.VAR))
         address = t.op(csl.AddressOfOp(array, pointer)).results[0]
         t.op(csl.SymbolExportOp(name, address))
-    t.op(csl.SymbolExportOp("step", FunctionType.from_lists([], [])))
+    t.op(csl.SymbolExportOp("step", FunctionType.from_lists([i32, i32], [])))
     program_module = csl.CslModuleOp(
         regions=[Region(top)],
         properties={"kind": csl.ModuleKindAttr(csl.ModuleKind.PROGRAM), "sym_name": StringAttr("pe_program")},
@@ -223,14 +223,18 @@ def _tasks(program: Program, layers: int) -> None:
     e.op(csl.MemberCallOp("unblock_cmd_stream", None, program.memcpy, []))
     e.op(csl.ReturnOp())
     t.op(csl.TaskOp("head_task", ([], None), Region(block), task_kind=csl.TaskKind.LOCAL, id=g.HEAD_TASK))
-    # step: launched by the host; the head waits (blocked) for the last layer
-    block = Block()
+    # step(token, position): launched by the host with the token (from 0) and its position (from 1) as the launch's
+    # arguments (as csl-examples' benchmarks pass theirs: `runner.launch("f_spmv", np.int16(zDim))`), kept for the
+    # parts in token_in and position_in; the head waits (blocked) for the last layer
+    block = Block(arg_types=[i32, i32])
     e = Emit(block)
+    e.store(block.args[0], program.get(e, "token_in"), e.int(0))
+    e.store(block.args[1], program.get(e, "position_in"), e.int(0))
     e.op(csl_ext.BlockOp(g.HEAD_TASK))
     e.op(csl.ActivateOp(g.HEAD_TASK, csl.TaskKind.LOCAL))
     e.op(csl.ActivateOp(g.EMBED_TASK, csl.TaskKind.LOCAL))
     e.op(csl.ReturnOp())
-    t.op(csl.FuncOp("step", FunctionType.from_lists([], []), Region(block)))
+    t.op(csl.FuncOp("step", FunctionType.from_lists([i32, i32], []), Region(block)))
 
 
 def memory_use(program: GridProgram) -> dict[str, Any]:

@@ -71,7 +71,11 @@ def test_tiny_decode_build(monkeypatch: pytest.MonkeyPatch) -> None:
              f"--params=width:{p},height:{p}")  # fmt: skip
     for flag in (*flags, "--memcpy", "--channels=1"):
         assert flag in command
-    assert "SdkRuntime" in files["run.py"] and "memcpy_h2d" in files["run.py"] and 'launch("step"' in files["run.py"]
+    assert "SdkRuntime" in files["run.py"] and "memcpy_h2d" in files["run.py"]
+    # the token and position are the launch's arguments (csl-examples' `runner.launch("f_spmv", np.int16(zDim))`),
+    # not copies to every element
+    assert 'runner.launch("step", np.int32(token), np.int32(position), nonblock=False)' in files["run.py"]
+    assert "token_in" not in files["run.py"] and '@export_name("step", fn(i32, i32) void);' in files["layout.csl"]
     layout, program = files["layout.csl"], files["pe_program.csl"]
     assert "@set_rectangle(width, height);" in layout and "@set_color_config(" in layout
     assert '@import_module("<memcpy/get_params>"' in layout and '@import_module("<memcpy/memcpy>"' in program
@@ -318,7 +322,9 @@ def test_run_py_runs_without_logos_ir(tmp_path: Path) -> None:
     assert no_sdk.returncode != 0 and "the Cerebras SDK is not installed" in no_sdk.stderr
     # the appliance-mode scripts (cerebras.sdk.client's SdkCompiler and SdkRuntime), beside run.py: no script of the
     # folder imports logos-ir, each runs its --help where logos-ir is not importable, and says the SDK is missing
-    for script in ("run.py", "compile_appliance.py", "run_appliance.py"):
+    scripts = sorted(path.name for path in build.glob("*.py"))
+    assert scripts == ["compile_appliance.py", "run.py", "run_appliance.py"]
+    for script in scripts:
         tree = ast.parse((build / script).read_text())
         imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}

@@ -74,8 +74,8 @@ def test_the_launch_and_memcpy_are_costed(lowered, monkeypatch: pytest.MonkeyPat
     machine.step(4, 1)  # the same step again (the cache's slot rewritten alike): only the launch dearer
     assert machine.cycles[1] == machine.cycles[0] + 1000
     (width, height), chunk = lowered.host["grid"], lowered.host["logits"]["chunk"]
-    moved = 2 * width * height + height * chunk  # token, position to every element; the logits from one column
-    assert machine.memcpy_cycles[0] >= moved
+    moved = height * chunk  # the head's logits from one column (the token and position ride in the launch)
+    assert moved <= machine.memcpy_cycles[0] < moved + width * height  # no copy to every element a step
     machine.fabric.channels = 2
     machine.step(4, 1)
     assert machine.memcpy_cycles[2] < machine.memcpy_cycles[0]

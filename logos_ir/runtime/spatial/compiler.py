@@ -159,6 +159,7 @@ class Compiler(FabricState):
             self.tasks[fn.id.value.data] = len(self.instrs)
         for arg in fn.body.block.args:
             self.regs[arg] = np.zeros(self.n, dtype=dtype_of(arg.type))
+        self.parameters[name] = [self.regs[arg] for arg in fn.body.block.args]
         self._compile_block(fn.body.block)
 
     def _compile_block(self, block: Block) -> None:

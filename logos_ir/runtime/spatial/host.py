@@ -74,9 +74,7 @@ class GridMachine:
             self.reset()
         fabric = self.fabric
         copied = fabric.memcpy_cycles
-        fabric.memcpy_h2d("token_in", np.array([token - 1]))
-        fabric.memcpy_h2d("position_in", np.array([position]))
-        self.cycles.append(fabric.launch("step"))
+        self.cycles.append(fabric.launch("step", token - 1, position))  # the token and position: launch arguments
         logits = self.host["logits"]
         height = self.host["grid"][1]
         chunks = fabric.memcpy_d2h(logits["array"], logits["column"], 0, 1, height, logits["chunk"])
