@@ -134,8 +134,10 @@ def scaled(spec: ModelSpec, plan: g.GridPlan, p: int) -> tuple[ModelSpec, int] |
     a KV head's column segment (`scores_local`), the same exponentials per element. With `scores_local` the small
     model has one KV head (so its column is one segment, as long as the large grid's segments are) read by the
     `group` query heads the large grid's elements hold; otherwise its heads and KV heads are the large model's."""
-    hc, kc = plan.chunk(plan.hidden), plan.kv_chunk
-    common = dict(hidden=hc * p, intermediate=plan.chunk(plan.intermediate) * p, vocab=plan.chunk(plan.vocab) * p)
+    hc, kc = plan.chunk(plan.hidden, "col"), plan.kv_chunk
+    common = dict(
+        hidden=hc * p, intermediate=plan.chunk(plan.intermediate, "row") * p, vocab=plan.chunk(plan.vocab, "row") * p
+    )
     if plan.scores_local:
         model, copies = replace(spec, heads=plan.group, kv_heads=1, head_dim=kc * p, **common), 1
     else:

@@ -256,6 +256,13 @@ def decode(runner, host: dict, arrays: dict, MemcpyDataType, MemcpyOrder, tokens
         runner.memcpy_h2d(runner.get_id(name), flat.ravel(), 0, 0, width, height, flat.shape[-1], streaming=False,
                           order=MemcpyOrder.ROW_MAJOR, data_type=kind, nonblock=False)
 
+    def timestamp(name: str, x: int) -> int:  # <time>'s 48-bit counter of element (x, 0): three u16 words
+        words = np.zeros(3, dtype=np.uint32)
+        runner.memcpy_d2h(words, runner.get_id(name), x, 0, 1, 1, 3, streaming=False, order=MemcpyOrder.ROW_MAJOR,
+                          data_type=MemcpyDataType.MEMCPY_16BIT, nonblock=False)
+        low = words.astype(np.uint64) & 0xFFFF
+        return int(low[0] + (low[1] << 16) + (low[2] << 32))
+
     for name, (data, vector) in arrays.items():
         h2d(name, data, vector)
     logits = host["logits"]
@@ -269,6 +276,8 @@ def decode(runner, host: dict, arrays: dict, MemcpyDataType, MemcpyOrder, tokens
                           nonblock=False)
         if position >= len(tokens):
             generated.append(int(np.argmax(out[: logits["length"]])))
+        cycles = timestamp("step_end", logits["column"]) - timestamp("step_start", logits["column"])
+        print(f"step {{position}}: {{cycles}} cycles on element ({{logits['column']}}, 0) (<time>)", file=sys.stderr)
     return generated
 
 

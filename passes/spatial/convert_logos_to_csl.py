@@ -29,7 +29,18 @@ from typing import Any
 
 from xdsl.context import Context
 from xdsl.dialects import arith, csl, func, memref
-from xdsl.dialects.builtin import FunctionType, MemRefType, ModuleOp, StringAttr, SymbolRefAttr, UnitAttr, i16, i32
+from xdsl.dialects.builtin import (
+    FunctionType,
+    IntegerType,
+    MemRefType,
+    ModuleOp,
+    Signedness,
+    StringAttr,
+    SymbolRefAttr,
+    UnitAttr,
+    i16,
+    i32,
+)
 from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 
@@ -46,6 +57,10 @@ from logos_ir.passes.spatial.queues import bind_queues
 from logos_ir.program import Cut, Identity
 
 # -- the element program and the host's description ------------------------------------------------------------
+
+u16 = IntegerType(16, Signedness.UNSIGNED)
+TSC_WORDS = 3  # <time>'s tsc_size_words: a 48-bit cycle counter
+TIMESTAMPS = ("step_start", "step_end")  # exported: the host reads them back to time the step
 
 
 @dataclass
@@ -91,8 +106,11 @@ def lower_parts(parts: Sequence[tuple[Cut, Identity, logos.ProgramOp]], plan: g.
     program.py = t.op(csl.ParamOp("py", i16)).results[0]
     program.memcpy = t.op(csl.ImportModuleConstOp("<memcpy/memcpy>", memcpy_params)).results[0]
     program.math = t.op(csl.ImportModuleConstOp("<math>")).results[0]
+    program.time = t.op(csl.ImportModuleConstOp("<time>")).results[0]
     for name in ("token_in", "position_in", "layer_at"):
         program.array(name, 1, i32)
+    for name in TIMESTAMPS:  # the step's start and end (csl-examples topic-02-libraries: [tsc_size_words]u16)
+        program.array(name, TSC_WORDS, u16)
     program.array("norm_sum", 1)
     if g.SEGMENTED:  # the reduction functions' buffers: the longest message along a row, along a column
         queries, keys, hidden = plan.query_chunk, plan.kv_chunk, plan.chunk(plan.hidden, "col")
@@ -141,7 +159,7 @@ def lower_parts(parts: Sequence[tuple[Cut, Identity, logos.ProgramOp]], plan: g.
     for fn in [*program.reducers.values(), *functions]:
         t.op(fn)
     _tasks(program, plan.layers)
-    exports = [*plan.weights, *program.handles.get("rope_tables", {}), logits.array]  # type: ignore[arg-type]
+    exports = [*plan.weights, *program.handles.get("rope_tables", {}), logits.array, *TIMESTAMPS]  # type: ignore[arg-type]
     for name in exports:
         words, element = program.arrays[name]
         array = program.get(t, name)
@@ -220,6 +238,7 @@ def _tasks(program: Program, layers: int) -> None:
     block = Block()
     e = Emit(block)
     e.op(csl.CallOp(SymbolRefAttr("head"), []))
+    _timestamp(program, e, "step_end")
     e.op(csl.MemberCallOp("unblock_cmd_stream", None, program.memcpy, []))
     e.op(csl.ReturnOp())
     t.op(csl.TaskOp("head_task", ([], None), Region(block), task_kind=csl.TaskKind.LOCAL, id=g.HEAD_TASK))
@@ -230,11 +249,24 @@ def _tasks(program: Program, layers: int) -> None:
     e = Emit(block)
     e.store(block.args[0], program.get(e, "token_in"), e.int(0))
     e.store(block.args[1], program.get(e, "position_in"), e.int(0))
+    e.op(csl.MemberCallOp("enable_tsc", None, program.time, []))
+    _timestamp(program, e, "step_start")
     e.op(csl_ext.BlockOp(g.HEAD_TASK))
     e.op(csl.ActivateOp(g.HEAD_TASK, csl.TaskKind.LOCAL))
     e.op(csl.ActivateOp(g.EMBED_TASK, csl.TaskKind.LOCAL))
     e.op(csl.ReturnOp())
     t.op(csl.FuncOp("step", FunctionType.from_lists([i32, i32], []), Region(block)))
+
+
+def _timestamp(program: Program, e: Emit, name: str) -> None:
+    """`<time>`'s `get_timestamp(&name)`: the element's cycle counter, 48 bits in three u16 words, so a run on the
+    machine measures the decode step (csl-examples topic-02-libraries; WaferLLM times its decode the same way)."""
+    array = program.get(e, name)
+    pointer = csl.PtrType(
+        MemRefType(u16, [TSC_WORDS]), csl.PtrKindAttr(csl.PtrKind.SINGLE), csl.PtrConstAttr(csl.PtrConst.VAR)
+    )
+    address = e.op(csl.AddressOfOp(array, pointer)).results[0]
+    e.op(csl.MemberCallOp("get_timestamp", None, program.time, [address]))
 
 
 def memory_use(program: GridProgram) -> dict[str, Any]:

@@ -79,3 +79,7 @@ def test_the_launch_and_memcpy_are_costed(lowered, monkeypatch: pytest.MonkeyPat
     machine.fabric.channels = 2
     machine.step(4, 1)
     assert machine.memcpy_cycles[2] < machine.memcpy_cycles[0]
+    # the program's <time> stamps (step's start, the head task's end) time the step on the element, not the launch's
+    # delivery: the dearer launch left them as they were, and they lie within the launch's cycles
+    assert machine.timed[0] == machine.timed[1] == machine.timed[2]
+    assert 0 < machine.timed[0] < machine.cycles[0]

@@ -32,7 +32,8 @@ class GridMachine:
         self.fabric = Fabric(module, layout_params(host))
         self.logits: np.ndarray | None = None
         self.cycles: list[float] = []  # each step's launch, from its issue to its end
-        self.memcpy_cycles: list[float] = []  # each step's memcpy copies (token and position in, logits out)
+        self.memcpy_cycles: list[float] = []  # each step's memcpy copy (the logits out)
+        self.timed: list[int] = []  # each step's cycles between the program's <time> stamps on element (column, 0)
         self._weights_loaded = False
 
     def reset(self) -> None:
@@ -44,6 +45,7 @@ class GridMachine:
                 self.fabric.memory[name][:] = 0
         self.cycles = []
         self.memcpy_cycles = []
+        self.timed = []
 
     def _load_weights(self) -> None:
         from logos_ir.passes.spatial import grid as g
@@ -78,9 +80,17 @@ class GridMachine:
         logits = self.host["logits"]
         height = self.host["grid"][1]
         chunks = fabric.memcpy_d2h(logits["array"], logits["column"], 0, 1, height, logits["chunk"])
-        self.memcpy_cycles.append(fabric.memcpy_cycles - copied)  # the step's copies: token, position, logits
+        self.memcpy_cycles.append(fabric.memcpy_cycles - copied)  # the step's copy: the logits
         self.logits = chunks.reshape(-1)[: logits["length"]].astype(np.float32)
+        self.timed.append(self.timestamp("step_end") - self.timestamp("step_start"))
         return int(np.argmax(self.logits)) + 1
+
+    def timestamp(self, name: str, x: int | None = None) -> int:
+        """A `<time>` stamp of element (x, 0) (the logits' column if none), read back as run.py reads it: three u16
+        words, low first."""
+        column = self.host["logits"]["column"] if x is None else x
+        words = self.fabric.memcpy_d2h(name, column, 0, 1, 1, 3).reshape(-1).astype(np.int64) & 0xFFFF
+        return int(words[0] + (words[1] << 16) + (words[2] << 32))
 
 
 def _plan_of(host: dict[str, Any], spec: Any) -> Any:
