@@ -1,21 +1,21 @@
-"""The whole-grid mapping of a decode step (WaferLLM's lesson): one P x P grid of processing elements on which every
+"""The whole-grid mapping of a decode step (WaferLLM's lesson): one W x H grid of processing elements on which every
 element holds a tile of every projection of every layer, of the embedding table and head, and a share of every
 layer's KV cache, so that every element works on every matrix-vector product.
 
-Vectors live in one of two layouts: `col` (element (x, y) holds chunk x; every element of column x holds the same)
-and `row` (element (x, y) holds chunk y). A product whose input is `col` keeps on element (x, y) the weight tile
-[rows of chunk y, columns of chunk x]; each element multiplies its tile by its input chunk, and the partial sums are
-reduced along the row (a chain eastward on two alternating colours, as Cerebras's `gemv-checkerboard` does) and
-the total is broadcast back along the row: the result is `row`. A product whose input is `row` has its tiles
-transposed and reduces along the column: its result is `col`. So the hidden state stays `col` through a layer
-(norm, q/k/v to `row`, attention in `row`, the output projection back to `col`, the MLP's gate/up to `row`, down to
-`col`), and no vector is ever transposed.
+Vectors live in one of two layouts: `col` (element (x, y) holds chunk x; every element of column x holds the same;
+a vector cut in W chunks) and `row` (element (x, y) holds chunk y; H chunks). A product whose input is `col` keeps
+on element (x, y) the weight tile [rows of chunk y, columns of chunk x]; each element multiplies its tile by its
+input chunk, and the partial sums are reduced along the row (a chain eastward on two alternating colours, as
+Cerebras's `gemv-checkerboard` does) and the total is broadcast back along the row: the result is `row`. A product
+whose input is `row` has its tiles transposed and reduces along the column: its result is `col`. So the hidden state
+stays `col` through a layer (norm, q/k/v to `row`, attention in `row`, the output projection back to `col`, the
+MLP's gate/up to `row`, down to `col`), and no vector is ever transposed.
 
 Attention: the queries, keys and values arrive `row`, chunk y of their features on row y. The keys and values are
 widened on the host side of the weights to one row per query head (GQA: each KV head's projection rows repeated
 for the heads of its group) and the rotary pairs (i, i + head_dim/2) made adjacent in the query and key rows, so a
 chunk holds whole pairs and a score's partial sum needs only the element's own features. Position p (from 0) is
-cached on column p mod P, slot p div P: every element holds, for its own positions, its own features. A score is
+cached on column p mod W, slot p div W: every element holds, for its own positions, its own features. A score is
 summed down the column, its softmax's maximum and sum along the row, the weighted values along the row.
 
 This module holds the figures of that mapping (`GridPlan`) and the host's side of it: how each weight is cut into
