@@ -273,7 +273,12 @@ def lower_program(program: Any, weights: str, params: Any = None) -> Any:
 
 
 def lower_decode(
-    spec: Any, ctx: int, image: str = "f16", p: int = 0, memory: int = csl_ext.MEMORY, copies: int | None = None
+    spec: Any,
+    ctx: int,
+    image: str = "f16",
+    p: int | tuple[int, int] = 0,
+    memory: int = csl_ext.MEMORY,
+    copies: int | None = None,
 ) -> Any:
     """The decode step of `spec` over a cache of `ctx` positions as the author writes it, through the spatial lane's
     pipeline (`verify-identity`, `extract-parts`, `csl-fuse-products`, `convert-logos-to-csl`'s `lower_module`), as a

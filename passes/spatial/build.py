@@ -7,10 +7,10 @@ build folder a Cerebras user compiles and runs with the SDK:
 - `commands.sh`: the `cslc` call (`--arch=wse2`, `--fabric-dims`, `--fabric-offsets`, `--params`, `--memcpy`,
   `--channels`) and the `cs_python run.py` that follows;
 - `run.py`: the host program on the SDK's `SdkRuntime`: the weights read from a folder of safetensors and tiled, the
-  tiles and rotary tables written with `memcpy_h2d`, then for each token its id and position written, `step`
-  launched, the logits read back with `memcpy_d2h` and their arg-max taken. It needs Python, numpy and the SDK, not
-  logos-ir: the tiling is `grid.tiles`'s source copied in, the rotary tables are computed by the build; without the
-  SDK (`cerebras.sdk` not importable, as here) `--check` tiles the weights and stops;
+  tiles and rotary tables written with `memcpy_h2d`, then for each token `step` launched with its id and position
+  as the launch's arguments, the logits read back with `memcpy_d2h` and their arg-max taken. It needs Python,
+  numpy and the SDK, not logos-ir: the tiling is `grid.tiles`'s source copied in, the rotary tables are computed by
+  the build; without the SDK (`cerebras.sdk` not importable, as here) `--check` tiles the weights and stops;
 - `grid.mlir` (the `csl`-level module the two .csl files print, which the fabric simulator runs) and `host.json`
   (the grid, each exported array's tensors and tiling, the logits' place): what `logos-run --backend spatial`
   reads from a build folder.
@@ -60,12 +60,9 @@ def build_spatial(request: BuildRequest) -> LaneBuild:
     if unknown:
         raise BuildError(
             f"target spatial has no option {', '.join(unknown)}",
-            hint="its options: grid=P (P x P elements), arch=wse2|wse3 (the machine)",
+            hint="its options: grid=P (P x P elements) or grid=WxH, arch=wse2|wse3 (the machine)",
         )
-    try:
-        p = int(request.options.get("grid", 0))
-    except ValueError:
-        raise BuildError("target spatial's option grid is a whole number") from None
+    p = _grid_option(request.options.get("grid", "0"))
     arch = request.options.get("arch", "wse2")
     if arch not in csl_ext.TARGETS:
         raise BuildError(f"target spatial builds for {' or '.join(csl_ext.TARGETS)} (--option arch=), not '{arch}'")
@@ -74,7 +71,20 @@ def build_spatial(request: BuildRequest) -> LaneBuild:
     return lane_build(lower(module, request.weights, p, arch), identity.line(), identity, spec)
 
 
-def lower(module: ModuleOp, weights: str, p: int, arch: str = "wse2") -> GridProgram:
+def _grid_option(text: str) -> int | tuple[int, int]:
+    """`grid=P` (P x P elements) or `grid=WxH` (W columns, H rows); 0: the lane picks."""
+    try:
+        sides = [int(side) for side in text.lower().split("x")]
+    except ValueError:
+        sides = []
+    if len(sides) == 1:
+        return sides[0]
+    if len(sides) != 2:
+        raise BuildError(f"target spatial's option grid is P or WxH in whole numbers, not '{text}'")
+    return sides[0], sides[1]
+
+
+def lower(module: ModuleOp, weights: str, p: int | tuple[int, int], arch: str = "wse2") -> GridProgram:
     """The lane's pipeline (`logos-to-spatial`) on `module`: the stages before the lowering applied in place, the
     lowering (`convert-logos-to-csl`'s `lower_module`) kept whole, as the build needs its plan and host description;
     the last stage, `verify-csl-grid`, is `lane_build`'s static check of the printed CSL."""
@@ -101,9 +111,11 @@ def lane_build(lowered: GridProgram, line: str, identity: Any, spec: Any) -> Lan
     artifacts = [
         Artifact.text("layout.csl", f"// {line}\n{texts['layout.csl']}", identity, "layout"),
         Artifact.text("pe_program.csl", f"// {line}\n{texts['pe_program.csl']}", identity, "program"),
-        Artifact.text("commands.sh", commands(line, lowered.plan.p, target), identity, "commands"),
+        Artifact.text("commands.sh", commands(line, lowered.plan.grid, target), identity, "commands"),
         Artifact.text("run.py", run_py(line, rope_tables(lowered, spec)), identity, "host"),
-        Artifact.text("compile_appliance.py", compile_appliance_py(line, lowered.plan.p, target), identity, "commands"),
+        Artifact.text(
+            "compile_appliance.py", compile_appliance_py(line, lowered.plan.grid, target), identity, "commands"
+        ),
         Artifact.text("run_appliance.py", _RUN_APPLIANCE.format(line=line), identity, "host"),
         Artifact.text("grid.mlir", f"// {line}\n{mlir.getvalue()}\n", identity, "ir"),
         Artifact.text("host.json", json.dumps(host, indent=1) + "\n", identity, "host"),
@@ -111,7 +123,7 @@ def lane_build(lowered: GridProgram, line: str, identity: Any, spec: Any) -> Lan
     return LaneBuild(artifacts, report, summary_lines(report))
 
 
-def commands(line: str, p: int, target: csl_ext.Target) -> str:
+def commands(line: str, grid: tuple[int, int], target: csl_ext.Target) -> str:
     """The SDK commands: on the machine, its whole fabric and the program's offset in it (`--fabric-dims` and
     `--fabric-offsets` as WaferLLM compiles for a WSE-2: 757,996 and 4,1); for the SDK's simulator, a fabric 7
     columns wider and 2 rows taller than the rectangle is enough (memcpy's columns and rows around it: the SDK's
@@ -128,9 +140,9 @@ def commands(line: str, p: int, target: csl_ext.Target) -> str:
         "# project has no SDK.\n"
         "set -e\n"
         f"DIMS={width},{height}\n"
-        f'if [ -n "$SIMULATOR" ]; then DIMS={p + 7},{p + 2}; fi\n'
+        f'if [ -n "$SIMULATOR" ]; then DIMS={grid[0] + 7},{grid[1] + 2}; fi\n'
         f"cslc --arch={target.name} ./layout.csl --fabric-dims=$DIMS --fabric-offsets={x},{y} \\\n"
-        f"  --params=width:{p},height:{p} --memcpy --channels=1 -o out\n"
+        f"  --params=width:{grid[0]},height:{grid[1]} --memcpy --channels=1 -o out\n"
         'cs_python run.py --name out "$@"\n'
     )
 
@@ -141,7 +153,7 @@ def rope_tables(lowered: GridProgram, spec: Any) -> dict[str, list[list[float]]]
     inv_freq = rope_inv_freq(spec.head_dim, spec.rope_theta, spec.rope_scaling)
     plan = lowered.plan
     return {
-        table: [g.inv_freq_chunk(inv_freq, plan, y, chunk).tolist() for y in range(plan.p)]
+        table: [g.inv_freq_chunk(inv_freq, plan, y, chunk).tolist() for y in range(plan.height)]
         for table, chunk in lowered.host["rope_tables"].items()
     }
 
@@ -157,8 +169,9 @@ _RUN_PY = '''#!/usr/bin/env cs_python
 # {line}
 """Host program of the spatial lane's decode step on the Cerebras SDK (SdkRuntime). It reads host.json (the grid,
 each exported array's tensors and tiling) and the model's weights from a Hugging Face folder of safetensors, tiles
-them as the element program reads them, writes them with memcpy_h2d, then for each token writes its id and position,
-launches `step`, reads the logits back from the grid's centre column with memcpy_d2h and takes their arg-max.
+them as the element program reads them, writes them with memcpy_h2d, then for each token launches `step` with its id
+and position as the launch's arguments, reads the logits back from the grid's centre column with memcpy_d2h and
+takes their arg-max.
 
 It needs Python, numpy and, to run on a CS-2 or the SDK's simulator, the SDK (`cs_python`), nothing of logos-ir.
 Without the SDK, `--check` tiles every weight and says what would be written, and stops there."""
@@ -193,7 +206,7 @@ def main() -> None:
     host, arrays = weight_arrays(Path(args.weights))
     if args.check:
         for name, (data, _) in arrays.items():
-            print(f"{{name}}: {{data.shape[2]}} words on each of {{host['grid']}} x {{host['grid']}} elements")
+            print(f"{{name}}: {{data.shape[2]}} words on each of {{host['grid'][0]}} x {{host['grid'][1]}} elements")
         return
     try:
         from cerebras.sdk.runtime.sdkruntimepybind import MemcpyDataType, MemcpyOrder, SdkRuntime  # type: ignore
@@ -214,49 +227,57 @@ def weight_arrays(folder: Path) -> tuple[dict, dict]:
     if np is None:
         sys.exit("run.py: needs numpy")
     host = json.loads((Path(__file__).parent / "host.json").read_text())
-    p = host["grid"]
+    grid = width, height = host["grid"]
     tensors = Safetensors(folder)
     arrays = {{}}
     for name, fields in host["weights"].items():
         maps = {{"row_map": tuple(fields["row_map"]), "column_map": tuple(fields["column_map"])}}
         weight = SimpleNamespace(**{{**fields, **maps}})
-        arrays[name] = (np.concatenate([tiles(tensors.get(t), weight, p) for t in weight.tensors], axis=2),
+        arrays[name] = (np.concatenate([tiles(tensors.get(t), weight, grid) for t in weight.tensors], axis=2),
                         weight.kind == "vector")
     for table, rows in ROPE_TABLES.items():
         chunk = np.asarray(rows, dtype=np.float32)
-        arrays[table] = (np.broadcast_to(chunk[:, None, :], (p, p, chunk.shape[1])).copy(), True)
+        arrays[table] = (np.broadcast_to(chunk[:, None, :], (height, width, chunk.shape[1])).copy(), True)
     return host, arrays
 
 
 def decode(runner, host: dict, arrays: dict, MemcpyDataType, MemcpyOrder, tokens: list, new: int) -> list:
-    """The weights written, then the greedy decode: for each position the token and position written to every
-    element, `step` launched, the logits read back from the centre column, their arg-max. `runner` is the SDK's
-    SdkRuntime, direct (run.py) or the appliance client's (run_appliance.py): the calls are the same."""
-    p, image = host["grid"], host["image"]
+    """The weights written, then the greedy decode: for each position `step` launched with the token and position
+    as its arguments (no copy to every element), the logits read back from the centre column, their arg-max.
+    `runner` is the SDK's SdkRuntime, direct (run.py) or the appliance client's (run_appliance.py): the calls are
+    the same."""
+    (width, height), image = host["grid"], host["image"]
 
     def h2d(name: str, data: np.ndarray, vector: bool = True) -> None:
         if image == "f16" and not vector:  # f16 in the low half of a 32-bit word (MEMCPY_16BIT)
             flat, kind = data.astype(np.float16).view(np.uint16).astype(np.uint32), MemcpyDataType.MEMCPY_16BIT
         else:
             flat, kind = data.astype(np.float32).view(np.uint32), MemcpyDataType.MEMCPY_32BIT
-        runner.memcpy_h2d(runner.get_id(name), flat.ravel(), 0, 0, p, p, flat.shape[-1], streaming=False,
+        runner.memcpy_h2d(runner.get_id(name), flat.ravel(), 0, 0, width, height, flat.shape[-1], streaming=False,
                           order=MemcpyOrder.ROW_MAJOR, data_type=kind, nonblock=False)
+
+    def timestamp(name: str, x: int) -> int:  # <time>'s 48-bit counter of element (x, 0): three u16 words
+        words = np.zeros(3, dtype=np.uint32)
+        runner.memcpy_d2h(words, runner.get_id(name), x, 0, 1, 1, 3, streaming=False, order=MemcpyOrder.ROW_MAJOR,
+                          data_type=MemcpyDataType.MEMCPY_16BIT, nonblock=False)
+        low = words.astype(np.uint64) & 0xFFFF
+        return int(low[0] + (low[1] << 16) + (low[2] << 32))
 
     for name, (data, vector) in arrays.items():
         h2d(name, data, vector)
     logits = host["logits"]
-    out = np.zeros(p * logits["chunk"], dtype=np.float32)
+    out = np.zeros(height * logits["chunk"], dtype=np.float32)
     generated: list[int] = []
     for position in range(1, len(tokens) + new):
         token = tokens[position - 1] if position <= len(tokens) else generated[-1]
-        h2d("token_in", np.full((p, p, 1), token, dtype=np.int32).view(np.float32))
-        h2d("position_in", np.full((p, p, 1), position, dtype=np.int32).view(np.float32))
-        runner.launch("step", nonblock=False)
-        runner.memcpy_d2h(out, runner.get_id(logits["array"]), logits["column"], 0, 1, p, logits["chunk"],
+        runner.launch("step", np.int32(token), np.int32(position), nonblock=False)  # launch arguments
+        runner.memcpy_d2h(out, runner.get_id(logits["array"]), logits["column"], 0, 1, height, logits["chunk"],
                           streaming=False, order=MemcpyOrder.ROW_MAJOR, data_type=MemcpyDataType.MEMCPY_32BIT,
                           nonblock=False)
         if position >= len(tokens):
             generated.append(int(np.argmax(out[: logits["length"]])))
+        cycles = timestamp("step_end", logits["column"]) - timestamp("step_start", logits["column"])
+        print(f"step {{position}}: {{cycles}} cycles on element ({{logits['column']}}, 0) (<time>)", file=sys.stderr)
     return generated
 
 
@@ -301,13 +322,13 @@ if __name__ == "__main__":
 '''
 
 
-def compile_appliance_py(line: str, p: int, target: csl_ext.Target) -> str:
+def compile_appliance_py(line: str, grid: tuple[int, int], target: csl_ext.Target) -> str:
     """The appliance-mode compile (cerebras.sdk.client's SdkCompiler), with commands.sh's flags."""
     width, height = target.fabric
     x, y = target.offsets
-    rest = f"--fabric-offsets={x},{y} --params=width:{p},height:{p} --memcpy --channels=1 -o out"
+    rest = f"--fabric-offsets={x},{y} --params=width:{grid[0]},height:{grid[1]} --memcpy --channels=1 -o out"
     machine = f"--arch={target.name} --fabric-dims={width},{height} {rest}"
-    simulator = f"--arch={target.name} --fabric-dims={p + 7},{p + 2} {rest}"
+    simulator = f"--arch={target.name} --fabric-dims={grid[0] + 7},{grid[1] + 2} {rest}"
     return _COMPILE_APPLIANCE.format(line=line, machine=machine, simulator=simulator)
 
 
@@ -339,7 +360,7 @@ def main() -> None:
         sys.exit("compile_appliance.py: the Cerebras SDK's appliance client is not installed (cerebras-sdk)")
     here = Path(__file__).parent
     with SdkCompiler() as compiler:
-        artifact = compiler.compile(str(here), "layout.csl", SIMULATOR if args.simulator else MACHINE, "out")
+        artifact = compiler.compile(str(here), "layout.csl", SIMULATOR if args.simulator else MACHINE)
     (here / "artifact.json").write_text(json.dumps({{"artifact_id": artifact, "simulator": args.simulator}}))
     print(artifact)
 
@@ -394,19 +415,19 @@ def spatial_report(lowered: GridProgram) -> dict[str, Any]:
     """The placement's figures (see the module docstring)."""
     plan = lowered.plan
     memory = memory_use(lowered)
-    shares = {name: round(working_share(w, plan.p), 4) for name, w in plan.weights.items() if w.kind == "matrix"}
+    shares = {name: round(working_share(w, plan.grid), 4) for name, w in plan.weights.items() if w.kind == "matrix"}
     target = csl_ext.TARGETS[lowered.host.get("arch", "wse2")]
     grid = {"name": target.name, "fabric": list(target.fabric), "usable": list(target.usable)}
     return {
-        "grid": {**grid, "memory": csl_ext.MEMORY, "p": plan.p},
+        "grid": {**grid, "memory": csl_ext.MEMORY, "width": plan.width, "height": plan.height},
         "weights": plan.image,
-        "elements_used": plan.p * plan.p,
-        "grid_share": round(plan.p * plan.p / (target.fabric[0] * target.fabric[1]), 4),
+        "elements_used": plan.width * plan.height,
+        "grid_share": round(plan.width * plan.height / (target.fabric[0] * target.fabric[1]), 4),
         "working_share_per_layer_projection": shares,
         "working_share_per_layer": min(shares.values()) if shares else None,
         "memory_per_element": memory,
         "element_programs": 3,  # the embedding's, the layer's (every layer's), the head's: functions of one program
-        "regions": [{"region": part, "elements": plan.p * plan.p} for part in _parts(lowered)],
+        "regions": [{"region": part, "elements": plan.width * plan.height} for part in _parts(lowered)],
         "kv_slots_per_element": plan.slots,
     }  # no cycles: a build runs nothing; the fabric simulator counts them (bench/spatial_agreement.py placement)
 
@@ -416,21 +437,26 @@ def _parts(lowered: GridProgram) -> list[str]:
     return ["embedding"] + [f"layer_{i}" for i in range(len(lines) - 2)] + ["head"]
 
 
-def working_share(weight: g.Weight, p: int) -> float:
-    """The share of the grid's elements whose tile of `weight` holds at least one of its values (not padding)."""
+def working_share(weight: g.Weight, grid: int | tuple[int, int]) -> float:
+    """The share of the grid's elements (`grid` = (width, height), or P x P) whose tile of `weight` holds at least
+    one of its values (not padding): a `col`-input matrix's row blocks are the grid's rows, its column blocks its
+    columns; a `row`-input one's the other way."""
+    width, height = (grid, grid) if isinstance(grid, int) else grid
+    row_blocks, column_blocks = (height, width) if weight.orient == "col" else (width, height)
     rows = np.asarray(weight.row_map) if weight.row_map else np.arange(weight.rows)
-    padded = np.full(p * weight.tile_rows, -1)
+    padded = np.full(row_blocks * weight.tile_rows, -1)
     padded[: min(rows.size, padded.size)] = rows[: padded.size]
-    real_rows = (padded.reshape(p, weight.tile_rows) >= 0).any(axis=1)
-    real_columns = np.arange(p) * weight.tile_columns < weight.columns
-    return float(real_rows.sum() * real_columns.sum()) / (p * p)
+    real_rows = (padded.reshape(row_blocks, weight.tile_rows) >= 0).any(axis=1)
+    real_columns = np.arange(column_blocks) * weight.tile_columns < weight.columns
+    return float(real_rows.sum() * real_columns.sum()) / (width * height)
 
 
 def summary_lines(report: dict[str, Any]) -> list[str]:
-    p = report["grid"]["p"]
+    width, height = report["grid"]["width"], report["grid"]["height"]
     memory = report["memory_per_element"]
     return [
-        f"grid {p} x {p} of a {report['grid']['name'].upper().replace('WSE', 'WSE-')} ({report['elements_used']} "
+        f"grid {width} x {height} of a {report['grid']['name'].upper().replace('WSE', 'WSE-')} "
+        f"({report['elements_used']} "
         f"elements, {100 * report['grid_share']:.2f}% of its {report['grid']['fabric'][0]} x "
         f"{report['grid']['fabric'][1]}, {report['grid']['usable'][0]} x {report['grid']['usable'][1]} usable), "
         f"{report['weights']} weights",

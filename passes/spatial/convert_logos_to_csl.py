@@ -23,13 +23,24 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from xdsl.context import Context
 from xdsl.dialects import arith, csl, func, memref
-from xdsl.dialects.builtin import FunctionType, MemRefType, ModuleOp, StringAttr, SymbolRefAttr, UnitAttr, i16, i32
+from xdsl.dialects.builtin import (
+    FunctionType,
+    IntegerType,
+    MemRefType,
+    ModuleOp,
+    Signedness,
+    StringAttr,
+    SymbolRefAttr,
+    UnitAttr,
+    i16,
+    i32,
+)
 from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 
@@ -46,6 +57,10 @@ from logos_ir.passes.spatial.queues import bind_queues
 from logos_ir.program import Cut, Identity
 
 # -- the element program and the host's description ------------------------------------------------------------
+
+u16 = IntegerType(16, Signedness.UNSIGNED)
+TSC_WORDS = 3  # <time>'s tsc_size_words: a 48-bit cycle counter
+TIMESTAMPS = ("step_start", "step_end")  # exported: the host reads them back to time the step
 
 
 @dataclass
@@ -91,16 +106,19 @@ def lower_parts(parts: Sequence[tuple[Cut, Identity, logos.ProgramOp]], plan: g.
     program.py = t.op(csl.ParamOp("py", i16)).results[0]
     program.memcpy = t.op(csl.ImportModuleConstOp("<memcpy/memcpy>", memcpy_params)).results[0]
     program.math = t.op(csl.ImportModuleConstOp("<math>")).results[0]
+    program.time = t.op(csl.ImportModuleConstOp("<time>")).results[0]
     for name in ("token_in", "position_in", "layer_at"):
         program.array(name, 1, i32)
+    for name in TIMESTAMPS:  # the step's start and end (csl-examples topic-02-libraries: [tsc_size_words]u16)
+        program.array(name, TSC_WORDS, u16)
     program.array("norm_sum", 1)
     if g.SEGMENTED:  # the reduction functions' buffers: the longest message along a row, along a column
-        queries, keys, hidden = plan.query_chunk, plan.kv_chunk, plan.chunk(plan.hidden)
+        queries, keys, hidden = plan.query_chunk, plan.kv_chunk, plan.chunk(plan.hidden, "col")
         scores = (plan.window if plan.scores_local else plan.heads) * plan.slots + plan.window
         program.array(
             "line_row",
-            max(plan.chunk(plan.vocab), queries + 2 * keys, 2 * plan.chunk(plan.intermediate), queries + plan.window,
-                hidden, 1),
+            max(plan.chunk(plan.vocab, "row"), queries + 2 * keys, 2 * plan.chunk(plan.intermediate, "row"),
+                queries + plan.window, hidden, 1),
         )  # fmt: skip
         program.array("line_col", max(hidden, scores))
     functions: list[Operation] = []
@@ -141,21 +159,21 @@ def lower_parts(parts: Sequence[tuple[Cut, Identity, logos.ProgramOp]], plan: g.
     for fn in [*program.reducers.values(), *functions]:
         t.op(fn)
     _tasks(program, plan.layers)
-    exports = [*plan.weights, *program.handles.get("rope_tables", {}), "token_in", "position_in", logits.array]  # type: ignore[arg-type]
+    exports = [*plan.weights, *program.handles.get("rope_tables", {}), logits.array, *TIMESTAMPS]  # type: ignore[arg-type]
     for name in exports:
         words, element = program.arrays[name]
         array = program.get(t, name)
         pointer = csl.PtrType(element, csl.PtrKindAttr(csl.PtrKind.MANY), csl.PtrConstAttr(csl.PtrConst.VAR))
         address = t.op(csl.AddressOfOp(array, pointer)).results[0]
         t.op(csl.SymbolExportOp(name, address))
-    t.op(csl.SymbolExportOp("step", FunctionType.from_lists([], [])))
+    t.op(csl.SymbolExportOp("step", FunctionType.from_lists([i32, i32], [])))
     program_module = csl.CslModuleOp(
         regions=[Region(top)],
         properties={"kind": csl.ModuleKindAttr(csl.ModuleKind.PROGRAM), "sym_name": StringAttr("pe_program")},
     )
     layout = layout_module(plan)
     host = {
-        "grid": plan.p,
+        "grid": list(plan.grid),
         "kv_copies": plan.kv_copies,
         "ctx": plan.ctx,
         "image": plan.image,
@@ -220,17 +238,35 @@ def _tasks(program: Program, layers: int) -> None:
     block = Block()
     e = Emit(block)
     e.op(csl.CallOp(SymbolRefAttr("head"), []))
+    _timestamp(program, e, "step_end")
     e.op(csl.MemberCallOp("unblock_cmd_stream", None, program.memcpy, []))
     e.op(csl.ReturnOp())
     t.op(csl.TaskOp("head_task", ([], None), Region(block), task_kind=csl.TaskKind.LOCAL, id=g.HEAD_TASK))
-    # step: launched by the host; the head waits (blocked) for the last layer
-    block = Block()
+    # step(token, position): launched by the host with the token (from 0) and its position (from 1) as the launch's
+    # arguments (as csl-examples' benchmarks pass theirs: `runner.launch("f_spmv", np.int16(zDim))`), kept for the
+    # parts in token_in and position_in; the head waits (blocked) for the last layer
+    block = Block(arg_types=[i32, i32])
     e = Emit(block)
+    e.store(block.args[0], program.get(e, "token_in"), e.int(0))
+    e.store(block.args[1], program.get(e, "position_in"), e.int(0))
+    e.op(csl.MemberCallOp("enable_tsc", None, program.time, []))
+    _timestamp(program, e, "step_start")
     e.op(csl_ext.BlockOp(g.HEAD_TASK))
     e.op(csl.ActivateOp(g.HEAD_TASK, csl.TaskKind.LOCAL))
     e.op(csl.ActivateOp(g.EMBED_TASK, csl.TaskKind.LOCAL))
     e.op(csl.ReturnOp())
-    t.op(csl.FuncOp("step", FunctionType.from_lists([], []), Region(block)))
+    t.op(csl.FuncOp("step", FunctionType.from_lists([i32, i32], []), Region(block)))
+
+
+def _timestamp(program: Program, e: Emit, name: str) -> None:
+    """`<time>`'s `get_timestamp(&name)`: the element's cycle counter, 48 bits in three u16 words, so a run on the
+    machine measures the decode step (csl-examples topic-02-libraries; WaferLLM times its decode the same way)."""
+    array = program.get(e, name)
+    pointer = csl.PtrType(
+        MemRefType(u16, [TSC_WORDS]), csl.PtrKindAttr(csl.PtrKind.SINGLE), csl.PtrConstAttr(csl.PtrConst.VAR)
+    )
+    address = e.op(csl.AddressOfOp(array, pointer)).results[0]
+    e.op(csl.MemberCallOp("get_timestamp", None, program.time, [address]))
 
 
 def memory_use(program: GridProgram) -> dict[str, Any]:
@@ -250,15 +286,16 @@ def memory_use(program: GridProgram) -> dict[str, Any]:
 def lower_module(
     module: ModuleOp,
     image: str = "f16",
-    p: int = 0,
+    p: int | tuple[int, int] = 0,
     memory: int = csl_ext.MEMORY,
     copies: int | None = None,
     arch: str = "wse2",
 ) -> GridProgram:
     """The decode step whose parts `module` holds (`parts_of`) lowered for the smallest square grid of `arch`'s
-    usable rectangle whose elements hold it (or for P x P when `p` is given), with the most copies of each KV head
-    (up to its group: the widened cache) that fit, or `copies` (1: KV heads kept narrow), its queues bound for the
-    target (`queues.bind_queues`). `module` is left as it is."""
+    usable rectangle whose elements hold it, else (no square holds it) the machine's full height and the narrowest
+    width that does (`grid.best_rectangle`), or for P x P (or width x height) when `p` is given, with the most
+    copies of each KV head (up to its group: the widened cache) that fit, or `copies` (1: KV heads kept narrow),
+    its queues bound for the target (`queues.bind_queues`). `module` is left as it is."""
     if arch not in csl_ext.TARGETS:
         raise PassError(f"{PASS}: no target '{arch}' (the targets: {', '.join(csl_ext.TARGETS)})")
     target = csl_ext.TARGETS[arch]
@@ -270,7 +307,7 @@ def lower_module(
 
 
 def _search(
-    module: ModuleOp, image: str, p: int, memory: int, copies: int | None, target: csl_ext.Target
+    module: ModuleOp, image: str, grid: int | tuple[int, int], memory: int, copies: int | None, target: csl_ext.Target
 ) -> GridProgram:
     if image not in ("f16", "f32"):
         raise PassError(f"{PASS}: the grid holds f16 or f32 weights, not {image}")
@@ -286,52 +323,79 @@ def _search(
     if copies is not None:
         choices = [copies]
 
-    lowerings: dict[tuple[int, int], tuple[GridProgram, int]] = {}
+    lowerings: dict[tuple[int, int, int], tuple[GridProgram, int]] = {}
 
-    def lowered_at(size: int, c: int) -> tuple[GridProgram, int]:
-        if (size, c) not in lowerings:  # a lowering is the search's cost: each grid is lowered once
+    def lowered_at(size: tuple[int, int], c: int) -> tuple[GridProgram, int]:
+        if (*size, c) not in lowerings:  # a lowering is the search's cost: each grid is lowered once
             program = lower_parts(parts, g.GridPlan.of(spec, ctx, image, size, c))
-            lowerings[size, c] = program, memory_use(program)["fits"]  # the band's high end must fit
-        return lowerings[size, c]
+            lowerings[(*size, c)] = program, memory_use(program)["fits"]  # the band's high end must fit
+        return lowerings[(*size, c)]
 
+    if grid:
+        return _given(grid, choices, lowered_at, memory, target)
+    usable_width, usable_height = target.usable
     largest = min(target.usable)
-    if p:
-        if p < 2:
-            raise PassError(f"{PASS}: a grid of {p} x {p} elements has no rows to reduce along (P >= 2)")
-        if p > largest:
-            width, height = target.usable
-            raise PassError(
-                f"{PASS}: a grid of {p} x {p} is more than a {target.name} gives a program: {width} x {height} of its "
-                f"{target.fabric[0]} x {target.fabric[1]} (memcpy takes 7 columns and 2 rows)"
-            )
-        needed = 0
-        for c in choices:  # the most KV copies that fit: the most rows working on attention
-            lowered, needed = lowered_at(p, c)
-            if needed <= memory:
-                return lowered
-        raise PassError(
-            f"{PASS}: the model does not fit a {p} x {p} grid of {memory}-byte elements ({needed} bytes per element "
-            "at the high end of its memory band)",
-            hint="give a larger grid (logos-compile --option grid=P; convert-logos-to-csl{grid=P} in logos-opt) "
-            "or none, to have the smallest that fits chosen",
-        )
     needed = 0
-    for c in choices:  # the most KV copies that fit some grid (KV heads widened keep more rows working)
-        lowered, needed = lowered_at(largest, c)
+    for c in choices:  # the most KV copies that fit some square (KV heads widened keep more rows working)
+        lowered, needed = lowered_at((largest, largest), c)
         if needed > memory:
             continue
-        low, high = 1, largest  # the smallest P that fits: an element's bytes fall as P grows, about as 1 / P^2
-        while high - low > 1:  # so the search halves the range of log P (a small model is found in few lowerings)
-            middle = min(max(math.isqrt(low * high), low + 1), high - 1)
-            if lowered_at(middle, c)[1] <= memory:
-                high = middle
-            else:
-                low = middle
-        best = g.best_grid(spec, high, largest, c)
-        return lowered_at(best, c)[0]
+        side = _smallest(lambda n, c=c: lowered_at((n, n), c)[1] <= memory, largest)
+        best = g.best_grid(spec, side, largest, c)
+        return lowered_at((best, best), c)[0]
+    for c in choices:  # no square holds it: the machine's full height, the narrowest width that holds it
+        lowered, needed = lowered_at(target.usable, c)
+        if needed > memory:
+            continue
+        width = _smallest(lambda n, c=c: lowered_at((n, usable_height), c)[1] <= memory, usable_width)
+        return lowered_at(g.best_rectangle(spec, width, target.usable, c), c)[0]
     raise PassError(
-        f"{PASS}: the model does not fit a {largest} x {largest} grid of {memory}-byte elements "
+        f"{PASS}: the model does not fit a {usable_width} x {usable_height} grid of {memory}-byte elements "
         f"({needed} bytes per element at the high end of its memory band)"
+    )
+
+
+def _smallest(fits: Callable[[int], bool], largest: int) -> int:
+    """The smallest n in 2..largest for which `fits` (which holds at `largest`): an element's bytes never grow with
+    the grid and fall about as 1 / n (a rectangle's width) or 1 / n^2 (a square's side), so the search halves the
+    range of log n (a small model is found in few lowerings)."""
+    low, high = 1, largest
+    while high - low > 1:
+        middle = min(max(math.isqrt(low * high), low + 1), high - 1)
+        if fits(middle):
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def _given(
+    grid: int | tuple[int, int],
+    choices: list[int],
+    lowered_at: Callable[[tuple[int, int], int], tuple[GridProgram, int]],
+    memory: int,
+    target: csl_ext.Target,
+) -> GridProgram:
+    """The grid the user gave (`grid=P` or `grid=WxH`), with the most KV copies that fit it."""
+    width, height = (grid, grid) if isinstance(grid, int) else grid
+    if min(width, height) < 2:
+        raise PassError(f"{PASS}: a grid of {width} x {height} elements has no lines to reduce along (both >= 2)")
+    usable_width, usable_height = target.usable
+    if width > usable_width or height > usable_height:
+        raise PassError(
+            f"{PASS}: a grid of {width} x {height} is more than a {target.name} gives a program: {usable_width} x "
+            f"{usable_height} of its {target.fabric[0]} x {target.fabric[1]} (memcpy takes 7 columns and 2 rows)"
+        )
+    needed = 0
+    for c in choices:  # the most KV copies that fit: the most rows working on attention
+        lowered, needed = lowered_at((width, height), c)
+        if needed <= memory:
+            return lowered
+    raise PassError(
+        f"{PASS}: the model does not fit a {width} x {height} grid of {memory}-byte elements ({needed} bytes per "
+        "element at the high end of its memory band)",
+        hint="give a larger grid (logos-compile --option grid=P or grid=WxH; convert-logos-to-csl{grid=P} in "
+        "logos-opt) or none, to have the smallest that fits chosen",
     )
 
 

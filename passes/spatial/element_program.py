@@ -43,6 +43,7 @@ class Program:
     px: SSAValue | None = None
     py: SSAValue | None = None
     math: SSAValue | None = None
+    time: SSAValue | None = None
     memcpy: SSAValue | None = None
     functions: list[Operation] = field(default_factory=list)
     reducers: dict[str, Operation] = field(default_factory=dict)

@@ -1,21 +1,21 @@
-"""The whole-grid mapping of a decode step (WaferLLM's lesson): one P x P grid of processing elements on which every
+"""The whole-grid mapping of a decode step (WaferLLM's lesson): one W x H grid of processing elements on which every
 element holds a tile of every projection of every layer, of the embedding table and head, and a share of every
 layer's KV cache, so that every element works on every matrix-vector product.
 
-Vectors live in one of two layouts: `col` (element (x, y) holds chunk x; every element of column x holds the same)
-and `row` (element (x, y) holds chunk y). A product whose input is `col` keeps on element (x, y) the weight tile
-[rows of chunk y, columns of chunk x]; each element multiplies its tile by its input chunk, and the partial sums are
-reduced along the row (a chain eastward on two alternating colours, as Cerebras's `gemv-checkerboard` does) and
-the total is broadcast back along the row: the result is `row`. A product whose input is `row` has its tiles
-transposed and reduces along the column: its result is `col`. So the hidden state stays `col` through a layer
-(norm, q/k/v to `row`, attention in `row`, the output projection back to `col`, the MLP's gate/up to `row`, down to
-`col`), and no vector is ever transposed.
+Vectors live in one of two layouts: `col` (element (x, y) holds chunk x; every element of column x holds the same;
+a vector cut in W chunks) and `row` (element (x, y) holds chunk y; H chunks). A product whose input is `col` keeps
+on element (x, y) the weight tile [rows of chunk y, columns of chunk x]; each element multiplies its tile by its
+input chunk, and the partial sums are reduced along the row (a chain eastward on two alternating colours, as
+Cerebras's `gemv-checkerboard` does) and the total is broadcast back along the row: the result is `row`. A product
+whose input is `row` has its tiles transposed and reduces along the column: its result is `col`. So the hidden state
+stays `col` through a layer (norm, q/k/v to `row`, attention in `row`, the output projection back to `col`, the
+MLP's gate/up to `row`, down to `col`), and no vector is ever transposed.
 
 Attention: the queries, keys and values arrive `row`, chunk y of their features on row y. The keys and values are
 widened on the host side of the weights to one row per query head (GQA: each KV head's projection rows repeated
 for the heads of its group) and the rotary pairs (i, i + head_dim/2) made adjacent in the query and key rows, so a
 chunk holds whole pairs and a score's partial sum needs only the element's own features. Position p (from 0) is
-cached on column p mod P, slot p div P: every element holds, for its own positions, its own features. A score is
+cached on column p mod W, slot p div W: every element holds, for its own positions, its own features. A score is
 summed down the column, its softmax's maximum and sum along the row, the weighted values along the row.
 
 This module holds the figures of that mapping (`GridPlan`) and the host's side of it: how each weight is cut into
@@ -78,7 +78,8 @@ class Weight:
 class GridPlan:
     """The figures of the mapping for one model and cache length (see the module docstring)."""
 
-    p: int
+    width: int  # the grid's columns (a `col` vector's chunks, the cache's positions)
+    height: int  # its rows (a `row` vector's chunks)
     ctx: int
     image: str  # f16 or f32
     hidden: int
@@ -92,15 +93,37 @@ class GridPlan:
     weights: dict[str, Weight] = field(default_factory=dict)
 
     @staticmethod
-    def of(spec: Any, ctx: int, image: str, p: int, kv_copies: int = 1) -> GridPlan:
-        """The plan of a model's decode step over `ctx` positions on a P x P grid (a build's `host.json` names the
-        same figures, which is how its runtime reads the plan back)."""
+    def of(spec: Any, ctx: int, image: str, grid: int | tuple[int, int] | list[int], kv_copies: int = 1) -> GridPlan:
+        """The plan of a model's decode step over `ctx` positions on a grid of `grid` = (width, height) elements, or
+        P x P for a whole number (a build's `host.json` names the same figures, which is how its runtime reads the
+        plan back)."""
+        width, height = (grid, grid) if isinstance(grid, int) else grid
         sizes = (spec.hidden, spec.heads, spec.kv_heads, spec.head_dim, spec.intermediate, spec.vocab, spec.layers)
-        return GridPlan(p, ctx, image, *sizes, kv_copies)
+        return GridPlan(width, height, ctx, image, *sizes, kv_copies)
 
-    def chunk(self, n: int, even: bool = False) -> int:
-        c = ceil_div(n, self.p)
+    @property
+    def p(self) -> int:
+        """The side of a square grid (the benches' composition of a square's cycles); a rectangle has none."""
+        if self.width != self.height:
+            raise ValueError(f"a {self.width} x {self.height} grid is not square")
+        return self.width
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return self.width, self.height
+
+    def extent(self, layout: str) -> int:
+        """The chunks of a vector of `layout`: `col` (element (x, y) holds chunk x) over the width, `row` over the
+        height."""
+        return self.width if layout == "col" else self.height
+
+    def chunk(self, n: int, layout: str, even: bool = False) -> int:
+        c = ceil_div(n, self.extent(layout))
         return c + (c % 2) if even else c
+
+    def line_length(self, along: str) -> int:
+        """The elements of a row (`along="row"`: the width) or a column (the height)."""
+        return self.width if along == "row" else self.height
 
     @property
     def centre(self) -> int:
@@ -109,14 +132,14 @@ class GridPlan:
 
     def line_centre(self, along: str) -> int:
         length, count, middle = self.line(along)
-        return segment_centre(middle, length, self.p)
+        return segment_centre(middle, length, self.line_length(along))
 
     def line(self, along: str) -> tuple[int, int, int]:
         """(segment length, segments, the middle segment) of a row or a column: a column's segments are a cached KV
         head's rows when no row straddles two (`scores_local`), so a score is reduced within its head's segment."""
         if along == "col" and self.scores_local:
-            return segments(self.p, self.head_rows)
-        return segments(self.p)
+            return segments(self.height, self.head_rows)
+        return segments(self.line_length(along))
 
     @property
     def head_rows(self) -> int:
@@ -137,7 +160,7 @@ class GridPlan:
 
     @property
     def slots(self) -> int:
-        return ceil_div(self.ctx, self.p)
+        return ceil_div(self.ctx, self.width)  # position p on column p mod width
 
     @property
     def features(self) -> int:
@@ -151,7 +174,7 @@ class GridPlan:
     @property
     def kv_chunk(self) -> int:
         """A row's share of the cached key and value features (even: whole rotary pairs)."""
-        return self.chunk(self.kv_heads * self.kv_copies * self.head_dim, even=True)
+        return self.chunk(self.kv_heads * self.kv_copies * self.head_dim, "row", even=True)
 
     @property
     def query_chunk(self) -> int:
@@ -212,7 +235,7 @@ def query_rows(plan: GridPlan) -> list[int]:
     column order of the output projection (attention's result is in it)."""
     kv, c, group = kv_rows(plan), plan.kv_chunk, plan.group
     out = []
-    for y in range(plan.p):
+    for y in range(plan.height):
         for m in range(group):
             for t in range(c):
                 f = y * c + t
@@ -248,22 +271,27 @@ def tile_for(array: np.ndarray, weight: Weight, p: int, x: int, y: int) -> np.nd
     return np.ascontiguousarray(tile.T).reshape(-1)
 
 
-def tiles(array: np.ndarray, weight: Weight, p: int) -> np.ndarray:
-    """Every element's tile of one tensor of `weight` at once: [P (y), P (x), words], each as `tile_for` gives it."""
+def tiles(array: np.ndarray, weight: Weight, grid: int | tuple[int, int] | list[int]) -> np.ndarray:
+    """Every element's tile of one tensor of `weight` at once on a grid of `grid` = (width, height) elements (P x P
+    for a whole number): [height (y), width (x), words], each as `tile_for` gives it. A `col`-input matrix's rows
+    are cut over the height and its columns over the width; a `row`-input one's the other way."""
+    width, height = (grid, grid) if isinstance(grid, int) else grid
     if weight.kind == "vector":
         c = weight.tile_columns
-        padded = np.zeros(p * c, dtype=np.float32)
+        padded = np.zeros(width * c, dtype=np.float32)
         padded[: array.size] = array.reshape(-1)
-        chunks = padded.reshape(p, c)
-        return np.broadcast_to(chunks[None, :, :], (p, p, c)).copy()
+        chunks = padded.reshape(width, c)
+        return np.broadcast_to(chunks[None, :, :], (height, width, c)).copy()
     matrix = _columns(np.asarray(array, dtype=np.float32).reshape(-1, array.shape[-1]), weight)
     tr, tc = weight.tile_rows, weight.tile_columns
+    row_blocks, column_blocks = (height, width) if weight.orient == "col" else (width, height)
     rows = np.asarray(weight.row_map) if weight.row_map else np.arange(weight.rows)
-    padded = np.zeros((p * tr, p * tc), dtype=np.float32)
-    take = rows[: p * tr]
+    padded = np.zeros((row_blocks * tr, column_blocks * tc), dtype=np.float32)
+    take = rows[: row_blocks * tr]
     good = (take >= 0) & (take < matrix.shape[0])
-    padded[np.flatnonzero(good), : min(matrix.shape[1], p * tc)] = matrix[take[good], : p * tc]
-    blocks = padded.reshape(p, tr, p, tc).transpose(0, 2, 3, 1).reshape(p, p, tc * tr)  # [row block, column block]
+    padded[np.flatnonzero(good), : min(matrix.shape[1], column_blocks * tc)] = matrix[take[good], : column_blocks * tc]
+    blocks = padded.reshape(row_blocks, tr, column_blocks, tc).transpose(0, 2, 3, 1)  # [row block, column block]
+    blocks = blocks.reshape(row_blocks, column_blocks, tc * tr)
     return blocks if weight.orient == "col" else blocks.transpose(1, 0, 2).copy()
 
 
@@ -290,33 +318,48 @@ def inv_freq_chunk(inv_freq: np.ndarray, plan: GridPlan, y: int, chunk: int) -> 
     return out
 
 
-def least_share(spec: object, p: int, copies: int = 1) -> float:
-    """The share of a P x P grid's elements whose tile of each of a layer's projections holds real weights (not
-    padding), the least over the projections: rows and columns are cut in chunks of ceil(n / P) (rotary ones even),
-    so ceil(n / chunk) of the P blocks hold data."""
+def least_share(spec: object, grid: int | tuple[int, int], copies: int = 1) -> float:
+    """The share of a grid's elements (`grid` = (width, height), or P x P) whose tile of each of a layer's
+    projections holds real weights (not padding), the least over the projections: a `row` vector (q, k, v, gate,
+    up) is cut in chunks of ceil(n / height) (rotary ones even), a `col` one (the hidden state) in ceil(n / width),
+    so ceil(n / chunk) of the blocks hold data."""
+    width, height = (grid, grid) if isinstance(grid, int) else grid
 
-    def used(n: int, even: bool = False) -> float:
-        c = ceil_div(n, p)
+    def used(n: int, blocks: int, even: bool = False) -> float:
+        c = ceil_div(n, blocks)
         c += c % 2 if even else 0
-        return min(ceil_div(n, c), p) / p
+        return min(ceil_div(n, c), blocks) / blocks
 
     hidden, inter = spec.hidden, spec.intermediate  # type: ignore[attr-defined]
     kv = spec.kv_heads * copies * spec.head_dim  # type: ignore[attr-defined]
     shares = [
-        used(kv, True) * used(hidden),  # q, k, v: rows follow the narrow KV features (whole rotary pairs)
-        used(hidden) * used(kv, True),  # o (its input is attention's result, laid out as the query)
-        used(inter) * used(hidden),  # gate, up
-        used(hidden) * used(inter),  # down
+        used(kv, height, True) * used(hidden, width),  # q, k, v: rows follow the narrow KV features (whole pairs)
+        used(hidden, width) * used(kv, height, True),  # o (its input is attention's result, laid out as the query)
+        used(inter, height) * used(hidden, width),  # gate, up
+        used(hidden, width) * used(inter, height),  # down
     ]
     return min(shares)
 
 
 def best_grid(spec: object, smallest: int, largest: int = 757, copies: int = 1) -> int:
-    """From the smallest grid that holds the model up to the largest square of a WSE-2: the P with the highest least
-    share of working elements (`least_share`), the smallest such."""
+    """From the smallest square grid that holds the model up to the largest square of the machine: the P with the
+    highest least share of working elements (`least_share`), the smallest such."""
     best, best_share = smallest, least_share(spec, smallest, copies)
     for p in range(smallest + 1, largest + 1):
         share = least_share(spec, p, copies)
         if share > best_share + 1e-9:
             best, best_share = p, share
     return best
+
+
+def best_rectangle(spec: object, narrowest: int, usable: tuple[int, int], copies: int = 1) -> tuple[int, int]:
+    """A rectangle of the machine's usable one for a model no square holds: the machine's full height, and from the
+    narrowest width that holds the model up to the usable width, the width with the highest least share of working
+    elements (`least_share`), the narrowest such."""
+    width, height = usable
+    best, best_share = narrowest, least_share(spec, (narrowest, height), copies)
+    for w in range(narrowest + 1, width + 1):
+        share = least_share(spec, (w, height), copies)
+        if share > best_share + 1e-9:
+            best, best_share = w, share
+    return best, height

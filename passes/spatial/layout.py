@@ -23,7 +23,7 @@ def _line_routes(e: Emit, k: SSAValue, x: SSAValue, y: SSAValue, plan: g.GridPla
     segment's halves toward its centre, the segments' centres toward the line's centre (the elements between two
     centres passing their wavelets on), the line centre's broadcast both ways, and (a column, `scores_local`) each
     segment centre's broadcast to its segment."""
-    p = plan.p
+    p = plan.line_length(along)
     if along == "row":
         near, far, bcast, towards, away = g.ROW_WEST_CHAIN, g.ROW_EAST_CHAIN, g.ROW_BCAST, "EAST", "WEST"
         west, east = g.ROW_WEST_CENTRES, g.ROW_EAST_CENTRES

@@ -153,8 +153,8 @@ def lower_cache_write(part: PartLowering, op: logos.CacheWriteOp) -> None:
     x: Vec = part.values[op.input]
     name = part.cache_array(part.values[op.cache], x.chunk)
     position = e.bin(arith.SubiOp, e.load(part.arr("position_in"), e.int(0)), e.int(1))
-    column = e.bin(arith.RemSIOp, position, e.int(plan.p))
-    slot = e.bin(arith.DivSIOp, position, e.int(plan.p))
+    column = e.bin(arith.RemSIOp, position, e.int(plan.width))
+    slot = e.bin(arith.DivSIOp, position, e.int(plan.width))
     px = part.coordinate("row")
     with e.when(e.cmp(px, column, "eq")) as inner:
         layer = part.layer if part.layer is not None else inner.int(0)
@@ -177,7 +177,7 @@ def lower_attention(part: PartLowering, op: logos.AttentionOp) -> None:
     c, group = plan.kv_chunk, plan.group
     keys = part.arr(part.cache_array(part.values[op.keys], c))
     values = part.arr(part.cache_array(part.values[op.values], c))
-    heads, slots, chunk, p = plan.heads, plan.slots, q.chunk, plan.p
+    heads, slots, chunk, width = plan.heads, plan.slots, q.chunk, plan.width
     window = plan.window  # the heads whose queries the element holds
     # the scores the element keeps: its window's heads (reduced within its KV head's column segment) or every
     # head's (reduced down the whole column) when a row's features straddle KV heads
@@ -222,7 +222,7 @@ def lower_attention(part: PartLowering, op: logos.AttentionOp) -> None:
     rows_from = e.bin(arith.MuliOp, e.bin(arith.SubiOp, h0, kept_from), e.int(slots))
     e.dsd_op(csl.FmovsOp, e.dsd(high, window), e.float(-3.0e38))
     with e.loop(slots) as (outer, s, _, _y):
-        t = outer.bin(arith.AddiOp, outer.bin(arith.MuliOp, s, outer.int(p)), px)
+        t = outer.bin(arith.AddiOp, outer.bin(arith.MuliOp, s, outer.int(width)), px)
         later = outer.cmp(t, position, "sgt")
         with outer.when(later) as masked:
             masked.dsd_op(csl.FmovsOp, masked.moved(masked.dsd(scores, kept, 0, slots), s), masked.float(-3.0e38))

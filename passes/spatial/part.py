@@ -73,7 +73,7 @@ class PartLowering(LineReductions):
         return (e or self.e).op(arith.ExtSIOp(value, i32)).results[0]
 
     def vec(self, name: str, layout: str, length: int, even: bool = False) -> Vec:
-        chunk = self.plan.chunk(length, even)
+        chunk = self.plan.chunk(length, layout, even)
         self.program.array(name, chunk)
         return Vec(layout, length, chunk, name)
 
@@ -105,14 +105,15 @@ class PartLowering(LineReductions):
         tensor = op.tensor.data
         shape = list(op.shape.get_values())
         if len(shape) == 1:
-            chunk = plan.chunk(shape[0])
+            chunk = plan.chunk(shape[0], "col")
             weight = g.Weight(name, (tensor,), "vector", "col", 1, shape[0], 1, chunk)
             return self.declare(weight, plan_layers=self.layer is not None)
         rows, columns = shape
         padded_rows = len(row_map) if row_map else rows
         kind = "table" if self.layer is None else "matrix"
-        tr = plan.chunk(padded_rows, even=bool(row_map))
-        tc = in_chunk or plan.chunk(columns)  # a product's tile is as wide as its input's chunk
+        out_layout = "row" if orient == "col" else "col"  # a product's result is in the other layout
+        tr = plan.chunk(padded_rows, out_layout, even=bool(row_map))
+        tc = in_chunk or plan.chunk(columns, orient)  # a product's tile is as wide as its input's chunk
         weight = g.Weight(name, (tensor,), kind, orient, rows, columns, tr, tc, tuple(row_map), tuple(column_map))
         return self.declare(weight, plan_layers=self.layer is not None)
 
@@ -217,7 +218,7 @@ class PartLowering(LineReductions):
         segment-length-th of them (from its rank in the segment), zeros elsewhere, with its part of each head's sum of
         weights; the segment's reduction (`segment_only`) gives every element all of them."""
         plan, e = self.plan, self.e
-        window, slots, p = plan.window, plan.slots, plan.p
+        window, slots, p = plan.window, plan.slots, plan.height  # a column's elements
         length, count, _ = plan.line("col")
         shortest = min(length, p - (count - 1) * length)
         items = window * slots

@@ -97,7 +97,7 @@ class LineReductions:
         centre = plan.line_centre(along)
         k = self.coordinate(along, e)
         local = e.dsd(array, n)
-        q, first, last, mid = segment_bounds(e, k, length, plan.p, i32)
+        q, first, last, mid = segment_bounds(e, k, length, plan.line_length(along), i32)
         before, rest, op = e.branch(e.cmp(k, mid, "slt"))
         self.half_line(before, before.bin(arith.SubiOp, k, first), local, n, near, combine, before.cmp(k, first, "eq"))
         after, here, op2 = rest.branch(rest.cmp(k, mid, "sgt"))

@@ -52,7 +52,8 @@ class VerifyCslGrid(ModulePass):
 def layout_params(host: dict[str, Any]) -> dict[str, int]:
     """The layout's parameters (as commands.sh passes them to cslc) for a build's host plan: the grid's width and
     height."""
-    return {"width": host["grid"], "height": host["grid"]}
+    width, height = host["grid"]
+    return {"width": width, "height": height}
 
 
 def split_modules(module: ModuleOp) -> tuple[csl.CslModuleOp, csl.CslModuleOp]:

@@ -63,14 +63,19 @@ def test_tiny_decode_build(monkeypatch: pytest.MonkeyPatch) -> None:
     ]
     for artifact in lane.artifacts:
         check_artifact(artifact)
-    p = lane.report["grid"]["p"]
+    p = lane.report["grid"]["width"]
+    assert lane.report["grid"]["height"] == p  # the tiny model fits a square
     command = files["commands.sh"]
     # the machine's fabric (WaferLLM's 757,996), or for the SDK's simulator one just larger than the program
     flags = ("--arch=wse2", "DIMS=757,996", f"DIMS={p + 7},{p + 2}", "--fabric-dims=$DIMS", "--fabric-offsets=4,1",
              f"--params=width:{p},height:{p}")  # fmt: skip
     for flag in (*flags, "--memcpy", "--channels=1"):
         assert flag in command
-    assert "SdkRuntime" in files["run.py"] and "memcpy_h2d" in files["run.py"] and 'launch("step"' in files["run.py"]
+    assert "SdkRuntime" in files["run.py"] and "memcpy_h2d" in files["run.py"]
+    # the token and position are the launch's arguments (csl-examples' `runner.launch("f_spmv", np.int16(zDim))`),
+    # not copies to every element
+    assert 'runner.launch("step", np.int32(token), np.int32(position), nonblock=False)' in files["run.py"]
+    assert "token_in" not in files["run.py"] and '@export_name("step", fn(i32, i32) void);' in files["layout.csl"]
     layout, program = files["layout.csl"], files["pe_program.csl"]
     assert "@set_rectangle(width, height);" in layout and "@set_color_config(" in layout
     assert '@import_module("<memcpy/get_params>"' in layout and '@import_module("<memcpy/memcpy>"' in program
@@ -80,7 +85,7 @@ def test_tiny_decode_build(monkeypatch: pytest.MonkeyPatch) -> None:
     for reserved in ("@get_color(21)", "@get_color(22)", "@get_color(23)"):
         assert reserved not in program and reserved not in layout
     host = json.loads(files["host.json"])
-    assert host["grid"] == p and host["logits"]["column"] == p // 2  # the row reductions end on the centre
+    assert host["grid"] == [p, p] and host["logits"]["column"] == p // 2  # the row reductions end on the centre
     report = lane.report
     assert report["elements_used"] == _elements_given_code(layout, command)
     assert report["memory_per_element"]["band"]["high"] <= WSE2_MEMORY
@@ -100,18 +105,48 @@ def _elements_given_code(layout: str, command: str) -> int:
     return int(params["width"]) * int(params["height"])
 
 
-@pytest.mark.parametrize(("name", "ctx", "low", "mlp"), [(None, 2048, 0.95, 0.95)])
-def test_models_fit_a_wse2(name: str | None, ctx: int, low: float, mlp: float, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The embedded model at 2048 positions, f16, on one square grid of a WSE-2 within 48 KiB per element at the high
-    end of its memory band (its arrays, its code, the <math> routines, memcpy's component and a stack); the share of
-    elements holding a tile of every projection of a layer, and of the MLP's. (llama-3.1-8b at 8192 does not fit at
-    the band's high end: test_refusals.)"""
+CSL_BYTES = {"f16": 2, "i16": 2, "u16": 2, "f32": 4, "i32": 4, "u32": 4}  # CSL's scalar types
+
+
+def _printed_array_bytes(program: str) -> int:
+    """The bytes of every array the printed element program declares (`var name : [N]type;`)."""
+    arrays = re.findall(r"^var \w+ : \[(\d+)\](\w+);", program, re.M)
+    assert arrays
+    return sum(int(n) * CSL_BYTES[kind] for n, kind in arrays)
+
+
+@pytest.mark.parametrize(
+    ("name", "ctx", "square", "low", "mlp"),
+    [(None, 2048, True, 0.95, 0.95), ("llama-3.1-8b", 8192, False, 0.5, 0.96)],
+)
+def test_models_fit_a_wse2(
+    name: str | None, ctx: int, square: bool, low: float, mlp: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The embedded model at 2048 positions and llama-3.1-8b at 8192, f16, each on one grid of a WSE-2 within 48 KiB
+    per element at the high end of its memory band (its arrays, its code, the <math> routines, memcpy's component
+    and a stack); the share of elements holding a tile of every projection of a layer, and of the MLP's. The grid is
+    read from the build's commands.sh and layout (the elements given code), the arrays from the printed element
+    program's declarations; the embedded model takes a square, the 8B (which no square of the WSE-2 holds at the
+    band's high end) a rectangle of the usable fabric's full height."""
     model = _no_weights(ModelSource.resolve(name), monkeypatch)
-    report = build_spatial(_request(model, f"decode ctx={ctx}", "f16")).report
-    p = report["grid"]["p"]
-    assert p <= 750  # memcpy takes 7 of the WSE-2's 757 columns
+    lane = build_spatial(_request(model, f"decode ctx={ctx}", "f16"))
+    files = {a.path: a.data.decode() for a in lane.artifacts}
+    report = lane.report
+    command = files["commands.sh"]
+    params = dict(pair.split(":") for pair in re.search(r"--params=(\S+)", command).group(1).split(","))  # type: ignore[union-attr]
+    width, height = int(params["width"]), int(params["height"])
+    fabric = re.search(r"^DIMS=(\d+),(\d+)$", command, re.M)
+    assert fabric is not None and (int(fabric[1]), int(fabric[2])) == (757, 996)  # a WSE-2 (WaferLLM's compile.py)
+    assert width <= 757 - 7 and height <= 996 - 2  # memcpy's 3 west and 2 east columns, a row above and below
+    assert (width == height) == square
+    if not square:
+        assert height == 996 - 2  # the rectangle takes the machine's full height
+    assert width * height == _elements_given_code(files["layout.csl"], command) == report["elements_used"]
+    assert json.loads(files["host.json"])["grid"] == [width, height]
     memory = report["memory_per_element"]
-    assert memory["band"]["low"] > memory["arrays"] and memory["band"]["high"] <= WSE2_MEMORY
+    arrays = _printed_array_bytes(files["pe_program.csl"])
+    assert memory["arrays"] == arrays
+    assert arrays + memory["code"] < memory["band"]["low"] < memory["band"]["high"] <= WSE2_MEMORY
     assert report["working_share_per_layer"] >= low
     shares = report["working_share_per_layer_projection"]
     assert min(shares["gate_weight"], shares["up_weight"], shares["down_weight"]) >= mlp
@@ -165,11 +200,15 @@ def test_refusals() -> None:
         build_spatial(_request(tiny, "decode ctx=64", arch="wse4"))
     with pytest.raises(PassError, match=r"751 x 751 is more than a wse2 gives a program: 750 x 994 of its 757 x 996"):
         build_spatial(_request(tiny, "decode ctx=64", grid="751"))
-    # llama-3.1-8b at ctx 8192, f16: its arrays alone are about 43 KiB an element on the largest square a WSE-2
-    # gives (750 x 750), and with its code, <math> routines, memcpy's component and a stack the band's high end is
-    # past the 48 KiB (docs/spatial.md, "Memory")
+    with pytest.raises(PassError, match=r"751 x 994 is more than a wse2 gives a program: 750 x 994 of its 757 x 996"):
+        build_spatial(_request(tiny, "decode ctx=64", grid="751x994"))
+    with pytest.raises(BuildError, match=r"option grid is P or WxH in whole numbers, not '3x3x3'"):
+        build_spatial(_request(tiny, "decode ctx=64", grid="3x3x3"))
+    # llama-3.1-8b at ctx 8192, f16, on the largest square a WSE-2 gives (750 x 750): its arrays alone are about
+    # 43 KiB an element, and with its code, <math> routines, memcpy's component and a stack the band's high end is
+    # past the 48 KiB (docs/spatial.md, "Memory"); the lane's own choice is a rectangle (test_models_fit_a_wse2)
     with pytest.raises(PassError, match=r"does not fit a 750 x 750 grid of 49152-byte elements \((\d+) bytes per ele"):
-        build_spatial(_request(ModelSource.resolve("llama-3.1-8b"), "decode ctx=8192"))
+        build_spatial(_request(ModelSource.resolve("llama-3.1-8b"), "decode ctx=8192", grid="750"))
 
 
 def _verified_decode(ctx: int) -> ModuleOp:
@@ -283,7 +322,9 @@ def test_run_py_runs_without_logos_ir(tmp_path: Path) -> None:
     assert no_sdk.returncode != 0 and "the Cerebras SDK is not installed" in no_sdk.stderr
     # the appliance-mode scripts (cerebras.sdk.client's SdkCompiler and SdkRuntime), beside run.py: no script of the
     # folder imports logos-ir, each runs its --help where logos-ir is not importable, and says the SDK is missing
-    for script in ("run.py", "compile_appliance.py", "run_appliance.py"):
+    scripts = sorted(path.name for path in build.glob("*.py"))
+    assert scripts == ["compile_appliance.py", "run.py", "run_appliance.py"]
+    for script in scripts:
         tree = ast.parse((build / script).read_text())
         imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}

@@ -221,7 +221,7 @@ def test_wavelets_per_step_are_the_mappings(p: int, copies: int) -> None:
     from logos_ir.testing import lower_decode
 
     lowered = lower_decode(spec, ctx, "f32", p, copies=copies)
-    assert lowered.host["grid"] == p and lowered.host["kv_copies"] == copies
+    assert lowered.host["grid"] == [p, p] and lowered.host["kv_copies"] == copies
     machine = GridMachine(lowered.module, lowered.host, store)
     machine.reset()
     machine.step(4, 1)
@@ -307,14 +307,17 @@ def test_logos_run_from_a_build_folder(tmp_path: Path) -> None:
     assert spatial.stdout.split()[0] == reference.stdout.split()[0]
 
 
-@pytest.mark.parametrize("p", [5, 7])
-def test_grids_of_other_sizes(p: int) -> None:
-    """An odd grid (its centres, its halves of unequal parity) and chunks that are not even (a product's tile as
-    wide as its input's chunk) give the same tokens."""
+@pytest.mark.parametrize("grid", [5, 7, (3, 8), (8, 3), (18, 4)])
+def test_grids_of_other_sizes(grid: int | tuple[int, int]) -> None:
+    """An odd grid (its centres, its halves of unequal parity), chunks that are not even (a product's tile as wide
+    as its input's chunk) and rectangles (a `col` vector cut over the width, a `row` one over the height, positions
+    cached over the width; 18 columns: two segments a row, one a column) give the same tokens."""
     from logos_ir.testing import lower_decode
 
     store = RandomWeights(MODELS["gqa"], seed=2)
-    lowered = lower_decode(store.spec, 16, "f32", p)
+    lowered = lower_decode(store.spec, 16, "f32", grid)
+    width, height = (grid, grid) if isinstance(grid, int) else grid
+    assert lowered.host["grid"] == [width, height] and lowered.plan.slots == -(-16 // width)
     assert _run(lowered.module, lowered.host, store, 3) == Generator(store).generate(PROMPT, 3)
 
 

@@ -159,6 +159,7 @@ class Compiler(FabricState):
             self.tasks[fn.id.value.data] = len(self.instrs)
         for arg in fn.body.block.args:
             self.regs[arg] = np.zeros(self.n, dtype=dtype_of(arg.type))
+        self.parameters[name] = [self.regs[arg] for arg in fn.body.block.args]
         self._compile_block(fn.body.block)
 
     def _compile_block(self, block: Block) -> None:
@@ -461,6 +462,9 @@ class Compiler(FabricState):
 
             self._emit("unblock_cmd_stream", end)
             return
+        if library == "<time>":
+            self._compile_time_call(op, name, at)
+            return
         functions = {"exp_f32": np.exp, "sqrt_f32": np.sqrt, "cos_f32": np.cos, "sin_f32": np.sin}
         if library != "<math>" or name not in functions:
             raise FabricError(f"the fabric simulator does not run {library}'s '{name}'")
@@ -475,6 +479,30 @@ class Compiler(FabricState):
             return self._next(idx, at)
 
         self._emit(f"math.{name}", call)
+
+    def _compile_time_call(self, op: csl.MemberCallOp, name: str, at: int) -> None:
+        """`<time>`: `enable_tsc()` starts the element's cycle counter (its clock here); `get_timestamp(&words)`
+        writes the clock, 48 bits as three u16 words, low word first (csl-examples topic-02-libraries' make_u48)."""
+        if name == "enable_tsc":
+
+            def enable(idx: np.ndarray) -> np.ndarray:
+                self.clock[idx] += CYCLES["scalar"]
+                return self._next(idx, at)
+
+            self._emit("time.enable_tsc", enable)
+            return
+        if name != "get_timestamp" or len(op.args) != 1:
+            raise FabricError(f"the fabric simulator does not run <time>'s '{name}'")
+        words = self.memory[self._array_of(op.args[0])]
+
+        def stamp(idx: np.ndarray) -> np.ndarray:
+            counter = self.clock[idx].astype(np.int64)
+            for word in range(3):
+                words[word, idx] = (counter >> (16 * word)) & 0xFFFF
+            self.clock[idx] += CYCLES["scalar"]
+            return self._next(idx, at)
+
+        self._emit("time.get_timestamp", stamp)
 
 
 # Each op of the program's top level, by op type.
@@ -497,6 +525,7 @@ _TOP_LEVEL: dict[type[Operation], Callable[[Any, Any], None]] = {
 _INSTRUCTIONS: dict[type[Operation], Callable[[Any, Any], None]] = {
     arith.ConstantOp: Compiler._constant_op,
     memref.GetGlobalOp: Compiler._no_effect,
+    csl.AddressOfOp: Compiler._no_effect,  # an array's address: its uses name the array
     csl_ext.CommentOp: Compiler._no_effect,
     **{op_type: Compiler._compile_scalar for op_type in SCALAR},
     memref.LoadOp: Memory._compile_load,

@@ -49,6 +49,7 @@ class Fabric(Compiler, DsdOps, Wavelets, Memory):
         self.instrs: list[Callable[[np.ndarray], np.ndarray]] = []
         self.names: list[str] = []
         self.entries: dict[str, int] = {}
+        self.parameters: dict[str, list[np.ndarray]] = {}  # each function's parameters' registers
         self.tasks: dict[int, int] = {}
         self.fixups: list[tuple[int, str]] = []
         self.pending: list[tuple[str, Callable[[np.ndarray], Any]]] = []
@@ -73,8 +74,9 @@ class Fabric(Compiler, DsdOps, Wavelets, Memory):
         self.groups: dict[int, list[np.ndarray]] = {}  # the elements ready to run, by instruction
         self.wavelets = 0
 
-    def launch(self, function: str, limit: int = 50_000_000) -> float:
-        """Run exported `function` on every element (the host's `launch`) until every element has ended the launch
+    def launch(self, function: str, *args: int | float, limit: int = 50_000_000) -> float:
+        """Run exported `function` on every element with the launch's arguments `args` (the host's `launch`; the
+        SDK's memcpy carries them in the launch's command) until every element has ended the launch
         (memcpy's `unblock_cmd_stream`) and is idle; the cycles it took (the latest clock, from a common start).
 
         Scheduling (which elements the simulator advances next; it changes no element's clock, which counts its own
@@ -84,6 +86,11 @@ class Fabric(Compiler, DsdOps, Wavelets, Memory):
         again, and if none moves, the step is deadlocked."""
         if function not in self.exports or function not in self.entries:
             raise FabricError(f"the host launches '{function}', which the program does not export")
+        parameters = self.parameters.get(function, [])
+        if len(args) != len(parameters):
+            raise FabricError(f"'{function}' takes {len(parameters)} launch arguments, not {len(args)}")
+        for register, value in zip(parameters, args, strict=True):
+            register[:] = value
         pick = min if self.schedule == "lowest" else max
         start = float(self.clock.max())
         # each element starts as the launch reaches it: memcpy's command, then eastward from its west columns

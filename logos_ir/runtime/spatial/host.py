@@ -32,7 +32,8 @@ class GridMachine:
         self.fabric = Fabric(module, layout_params(host))
         self.logits: np.ndarray | None = None
         self.cycles: list[float] = []  # each step's launch, from its issue to its end
-        self.memcpy_cycles: list[float] = []  # each step's memcpy copies (token and position in, logits out)
+        self.memcpy_cycles: list[float] = []  # each step's memcpy copy (the logits out)
+        self.timed: list[int] = []  # each step's cycles between the program's <time> stamps on element (column, 0)
         self._weights_loaded = False
 
     def reset(self) -> None:
@@ -44,12 +45,14 @@ class GridMachine:
                 self.fabric.memory[name][:] = 0
         self.cycles = []
         self.memcpy_cycles = []
+        self.timed = []
 
     def _load_weights(self) -> None:
         from logos_ir.passes.spatial import grid as g
         from logos_ir.rope import rope_inv_freq
 
-        p = self.host["grid"]
+        grid = self.host["grid"]
+        width, height = grid
         image = self.host["image"]
         for name, fields in self.host["weights"].items():
             weight = g.Weight(**{**fields, "tensors": tuple(fields["tensors"]), "row_map": tuple(fields["row_map"])})
@@ -58,14 +61,14 @@ class GridMachine:
                 array = np.asarray(self.store.get(tensor), dtype=np.float32)
                 if image == "f16" and weight.kind != "vector":
                     array = array.astype(np.float16).astype(np.float32)
-                parts.append(g.tiles(array, weight, p))
+                parts.append(g.tiles(array, weight, grid))
             self.fabric.memcpy_h2d(name, np.concatenate(parts, axis=2))
         spec = self.store.spec
         inv_freq = rope_inv_freq(spec.head_dim, spec.rope_theta, spec.rope_scaling)
         plan = _plan_of(self.host, spec)
         for table, chunk in self.host["rope_tables"].items():
-            rows = np.stack([g.inv_freq_chunk(inv_freq, plan, y, chunk) for y in range(p)])
-            self.fabric.memcpy_h2d(table, np.broadcast_to(rows[:, None, :], (p, p, chunk // 2)).copy())
+            rows = np.stack([g.inv_freq_chunk(inv_freq, plan, y, chunk) for y in range(height)])
+            self.fabric.memcpy_h2d(table, np.broadcast_to(rows[:, None, :], (height, width, chunk // 2)).copy())
 
     def step(self, token: int, position: int) -> int:
         """One decode step: token (from 1) at position (from 1); the next token (from 1)."""
@@ -73,15 +76,21 @@ class GridMachine:
             self.reset()
         fabric = self.fabric
         copied = fabric.memcpy_cycles
-        fabric.memcpy_h2d("token_in", np.array([token - 1]))
-        fabric.memcpy_h2d("position_in", np.array([position]))
-        self.cycles.append(fabric.launch("step"))
+        self.cycles.append(fabric.launch("step", token - 1, position))  # the token and position: launch arguments
         logits = self.host["logits"]
-        p = self.host["grid"]
-        chunks = fabric.memcpy_d2h(logits["array"], logits["column"], 0, 1, p, logits["chunk"])
-        self.memcpy_cycles.append(fabric.memcpy_cycles - copied)  # the step's copies: token, position, logits
+        height = self.host["grid"][1]
+        chunks = fabric.memcpy_d2h(logits["array"], logits["column"], 0, 1, height, logits["chunk"])
+        self.memcpy_cycles.append(fabric.memcpy_cycles - copied)  # the step's copy: the logits
         self.logits = chunks.reshape(-1)[: logits["length"]].astype(np.float32)
+        self.timed.append(self.timestamp("step_end") - self.timestamp("step_start"))
         return int(np.argmax(self.logits)) + 1
+
+    def timestamp(self, name: str, x: int | None = None) -> int:
+        """A `<time>` stamp of element (x, 0) (the logits' column if none), read back as run.py reads it: three u16
+        words, low first."""
+        column = self.host["logits"]["column"] if x is None else x
+        words = self.fabric.memcpy_d2h(name, column, 0, 1, 1, 3).reshape(-1).astype(np.int64) & 0xFFFF
+        return int(words[0] + (words[1] << 16) + (words[2] << 32))
 
 
 def _plan_of(host: dict[str, Any], spec: Any) -> Any:

@@ -32,7 +32,7 @@ class MemDsd:
     static: tuple[int, int, int] | None = None
 
 
-_DTYPES = {"f32": np.float32, "f16": np.float16, "i32": np.int64, "i16": np.int64}
+_DTYPES = {"f32": np.float32, "f16": np.float16, "i32": np.int64, "i16": np.int64, "ui16": np.int64}
 
 
 def dtype_of(type_: Any) -> Any:

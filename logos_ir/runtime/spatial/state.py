@@ -37,6 +37,7 @@ class FabricState:
     instrs: list[Callable[[np.ndarray], Any]]
     names: list[str]
     entries: dict[str, int]
+    parameters: dict[str, list[np.ndarray]]
     tasks: dict[int, int]
     fixups: list[tuple[int, str]]
     pending: list[tuple[str, Callable[[np.ndarray], Any]]]
