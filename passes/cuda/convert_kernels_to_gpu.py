@@ -33,6 +33,7 @@ from xdsl.dialects.builtin import (
     StringAttr,
     SymbolRefAttr,
     UnitAttr,
+    bf16,
     f32,
     i64,
 )
@@ -50,7 +51,7 @@ from xdsl.rewriter import InsertPoint
 from logos_ir.dialects import cuda
 from logos_ir.errors import PassError
 from logos_ir.numerics import ceil_div as cdiv
-from logos_ir.passes.cuda import decode_kernels, tensor_core
+from logos_ir.passes.cuda import decode_kernels, hopper, tensor_core
 from logos_ir.passes.cuda.decode_kernels import ROW_TILE, THREADS, WARPS, qkv_splits
 from logos_ir.passes.cuda.kernel_level import host_function
 from logos_ir.passes.cuda.thread_code import INDEX, Body, Kind
@@ -311,7 +312,7 @@ class _Lowering:
         if name in self.kernels:
             return name
         self.params[name] = kind.params
-        function = gpu.FuncOp(name, (types, []), kernel=True, known_block_size=[THREADS, 1, 1])
+        function = gpu.FuncOp(name, (types, []), kernel=True, known_block_size=[kind.threads, 1, 1])
         for arg, role in zip(function.body.block.args, roles, strict=True):
             arg.name_hint = role
         body = Body(function.body.block)
@@ -339,13 +340,20 @@ class _Lowering:
                 ]
                 shapes += [(pairs, splits, 3), (pairs,)]
                 all_roles = [*all_roles, "partial", "count"]
+        if hopper.handles(op):  # the product's bf16 A operand: scratch the conversion launch writes
+            rows, depth = shapes[0]
+            operands.append(
+                self.scratch(host, f"prefill.a_bf16.{rows}x{depth}", MemRefType(bf16, [rows, depth]), rewriter)
+            )
+            shapes.append((rows, depth))
+            all_roles = [*all_roles, "a_bf16"]
         for kind in kinds:
             chosen = [operands[i] for i in kind.operands]
             picked = [shapes[i] for i in kind.operands]
             roles = [all_roles[i] for i in kind.operands]
             name = self.kernel(kind, [v.type for v in chosen], picked, roles)
             grid = kind.grid(picked)
-            sizes = [self.constant(host, n, rewriter) for n in (*grid, THREADS, 1, 1)]
+            sizes = [self.constant(host, n, rewriter) for n in (*grid, kind.threads, 1, 1)]
             call = gpu.LaunchFuncOp(SymbolRefAttr("kernels", [name]), sizes[:3], sizes[3:], kernelOperands=chosen)
             rewriter.insert(call, InsertPoint.before(op))
         rewriter.erase(op)

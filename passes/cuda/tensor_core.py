@@ -48,6 +48,7 @@ from xdsl.dialects.builtin import BFloat16Type, IntegerAttr, MemRefType, bf16, f
 from xdsl.ir import Attribute, SSAValue
 
 from logos_ir.dialects import cuda
+from logos_ir.passes.cuda import hopper
 from logos_ir.passes.cuda.thread_code import Kind, rotated, vector_width
 
 WARP = cuda.WARP
@@ -112,6 +113,8 @@ def kinds(op: cuda.KernelOp) -> list[Any]:
         blocks = lambda s: (-(-s[0][0] // ATTENTION_ROWS), s[0][1] // s[1][-1], 1)  # noqa: E731 (row tiles, heads)
         return [Kind("attention_prefill_tc", (0, 1, 2, 3, 4), blocks, _flash_attention)]
     epsilon = op.epsilon.value.data if op.epsilon is not None else None
+    if hopper.handles(op):
+        return _hopper_kinds(op, epsilon)
     prefix = "norm_" if epsilon is not None else ""
     operands = tuple(range(len(op.ins) + 1))
     if isinstance(op, cuda.GateUpOp):
@@ -120,6 +123,26 @@ def kinds(op: cuda.KernelOp) -> list[Any]:
     stem = "linear_residual_tc" if len(op.ins) - (1 if epsilon is not None else 0) == 3 else "linear_tc"
     body = lambda b, a, s: _linear(b, a, s, epsilon)  # noqa: E731
     return [Kind(prefix + stem, operands, lambda s: grid(s[0][0], s[1][0], 1), body, (epsilon,))]
+
+
+def _hopper_kinds(op: cuda.KernelOp, epsilon: float | None) -> list[Any]:
+    """The bf16 conversion of A (the norm folded in) into the scratch the lowering appends after the op's
+    buffers, then the wgmma product reading it (`hopper`)."""
+    count = len(op.ins) + 1  # the scratch's operand index
+    convert_threads = hopper.CONVERT_THREADS
+    rows_grid = lambda s: (-(-s[0][0] // hopper.CONVERT_ROWS), 1, 1)  # noqa: E731
+    ins = (0, len(op.ins) - 1, count) if epsilon is not None else (0, count)
+    stem = "norm_to_bf16" if epsilon is not None else "to_bf16"
+    convert = Kind(stem, ins, rows_grid, lambda b, a, s: hopper.to_bf16(b, a, s, epsilon), (epsilon,), convert_threads)
+    plain = len(op.ins) - (1 if epsilon is not None else 0)
+    if isinstance(op, cuda.GateUpOp):
+        grid = lambda s: hopper.grid(s[0][0], s[1][0], 2)  # noqa: E731
+        product = Kind("gate_up_wgmma", (count, 1, 2, count - 1), grid, hopper.gate_up, (), hopper.THREADS)
+        return [convert, product]
+    grid = lambda s: hopper.grid(s[0][0], s[1][0], 1)  # noqa: E731
+    operands = (count, 1, 2, count - 1) if plain == 3 else (count, 1, count - 1)
+    stem = "linear_residual_wgmma" if plain == 3 else "linear_wgmma"
+    return [convert, Kind(stem, operands, grid, hopper.linear, (), hopper.THREADS)]
 
 
 # -- the product ---------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from logos_ir.errors import LogosError
 from logos_ir.numerics import bf16_bits, bf16_rounded
 from logos_ir.runtime.cuda.emulator import KernelEmulator, LaunchShape
 
@@ -304,6 +305,10 @@ def _compile_cuda(cp: Any, source: str) -> Any:
 
     capability = cp.cuda.Device().compute_capability
     arch = f"sm_{capability}"
+    if "wgmma." in source:  # arch-specific PTX (sm_90a): a cubin that runs on compute capability 9.0 only
+        if str(capability) != "90":
+            raise LogosError(f"kernels.cu uses wgmma (sm_90a), which runs on compute capability 9.0, not {capability}")
+        arch = "sm_90a"
     nvcc = shutil.which("nvcc")
     with tempfile.TemporaryDirectory(prefix="logos-cuda-") as folder:
         cu, cubin = Path(folder) / "kernels.cu", Path(folder) / "kernels.cubin"

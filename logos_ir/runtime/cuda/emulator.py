@@ -26,6 +26,7 @@ from logos_ir.dialects.cuda import WARP
 from logos_ir.errors import LogosError
 from logos_ir.numerics import bf16_rounded
 from logos_ir.runtime.cuda.lockstep import Env, Mask, Step, row_major_strides
+from logos_ir.runtime.cuda.hopper import HOPPER_COMPILERS
 from logos_ir.runtime.cuda.tensor_core import TENSOR_CORE_COMPILERS
 
 
@@ -850,4 +851,5 @@ COMPILERS: dict[type[Operation], Compiler] = {
     scf.YieldOp: _nothing,
     gpu.ReturnOp: _nothing,
     **TENSOR_CORE_COMPILERS,
+    **HOPPER_COMPILERS,  # after the tensor-core table: shared memory with addresses and mbarriers
 }
