@@ -27,7 +27,6 @@ from typing import ClassVar
 from xdsl.dialects.builtin import (
     I64,
     BFloat16Type,
-    DenseArrayBase,
     Float32Type,
     FloatAttr,
     IndexType,
@@ -1174,7 +1173,7 @@ class TmaLoadOp(IRDLOperation):
     row must be the swizzle width, its destination 1024-byte aligned).
 
     ```mlir
-    cuda.tma_load %ring[%s, %c0, %c0], %full[%s], %x[%row, %k] box [128, 64] swizzle 128
+    cuda.tma_load %ring[%s, %c0, %c0], %full[%s], %x[%row, %k] box 128 x 64 swizzle 128
         : memref<4x128x64xbf16, 3>, memref<4xi64, 3>, memref<512x4096xbf16>
     ```
     """
@@ -1187,28 +1186,29 @@ class TmaLoadOp(IRDLOperation):
     bar_indices = var_operand_def(IndexType)
     src = operand_def(MemRefType)
     src_indices = var_operand_def(IndexType)
-    box = prop_def(DenseArrayBase)
+    box_rows = prop_def(IntegerAttr[I64])
+    box_columns = prop_def(IntegerAttr[I64])
     swizzle = prop_def(IntegerAttr[I64])
 
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
 
     assembly_format = (
-        "$dst `[` $dst_indices `]` `,` $bars `[` $bar_indices `]` `,` $src `[` $src_indices `]` `box` $box"
-        " `swizzle` $swizzle attr-dict `:` type($dst) `,` type($bars) `,` type($src)"
+        "$dst `[` $dst_indices `]` `,` $bars `[` $bar_indices `]` `,` $src `[` $src_indices `]` `box` $box_rows"
+        " `x` $box_columns `swizzle` $swizzle attr-dict `:` type($dst) `,` type($bars) `,` type($src)"
     )
 
     def __init__(self, dst, dst_indices, bars, bar_indices, src, src_indices, box: tuple[int, int], swizzle: int):
         super().__init__(
             operands=[dst, dst_indices, bars, bar_indices, src, src_indices],
             properties={
-                "box": DenseArrayBase.from_list(IntegerType(64), list(box)),
+                "box_rows": IntegerAttr(box[0], 64),
+                "box_columns": IntegerAttr(box[1], 64),
                 "swizzle": IntegerAttr(swizzle, 64),
             },
         )
 
     def box_shape(self) -> tuple[int, int]:
-        rows, columns = self.box.get_values()
-        return int(rows), int(columns)
+        return self.box_rows.value.data, self.box_columns.value.data
 
     def box_bytes(self) -> int:
         rows, columns = self.box_shape()

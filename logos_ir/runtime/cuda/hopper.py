@@ -256,7 +256,7 @@ def _descriptor(em: Any, op: Any) -> Step:
 
     def step(env: Env, mask: Mask) -> None:
         address = base + 2 * threads.flat(env, at, strides)
-        env[out] = np.int64(fixed) | ((address & 0x3FFFF) >> 4)
+        env[out] = np.uint64(fixed) | ((address & 0x3FFFF) >> 4).astype(np.uint64)  # the 64 bits, unsigned
 
     return step
 
@@ -292,9 +292,9 @@ def _wgmma(em: Any, op: Any) -> Step:
     state, registry = _wgmma_state(em), _registry(em)
 
     def operand(env: Env, desc: np.ndarray, blocks: np.ndarray, height: int) -> np.ndarray:
-        start = (desc & 0x3FFF) << 4
-        stride = ((desc >> 32) & 0x3FFF) << 4
-        mode = (desc >> 62) & 3
+        field = lambda shift: ((desc >> np.uint64(shift)) & np.uint64(0x3FFF)).astype(np.int64) << 4  # noqa: E731
+        start, stride = field(0), field(32)
+        mode = (desc >> np.uint64(62)).astype(np.int64)
         if (mode != 1).any():
             raise threads.refuse(
                 op,
@@ -325,7 +325,7 @@ def _wgmma(em: Any, op: Any) -> Step:
         blocks = threads.blocks()[first[:, 0]]
         descs = []
         for slot in (a, b):
-            desc = np.broadcast_to(np.asarray(env[slot], np.int64), (threads.count,))[first]
+            desc = np.broadcast_to(np.asarray(env[slot], np.uint64), (threads.count,))[first]
             if (desc != desc[:, :1]).any():
                 raise threads.refuse(op, "takes a descriptor that differs between the threads of a warpgroup")
             descs.append(desc[:, 0])
