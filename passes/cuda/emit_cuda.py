@@ -463,7 +463,8 @@ class KernelPrinter:
         a, b = self.name(op.a), self.name(op.b)
         self.line(
             f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{count + 2}, 0;\\n'
-            f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{places}}}, %{count}, %{count + 1}, p, 1, 1, 0, 0;"
+            f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{places}}},"
+            f" %{count}, %{count + 1}, p, 1, 1, 0, 0;"
             f'\\n}}" : {outs} : "l"({a}), "l"({b}), "r"(1));'
         )
 

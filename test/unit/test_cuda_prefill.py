@@ -3,7 +3,8 @@
 * Every tensor-core kernel kind of a tiny model's bf16 prefill chunk (`norm_linear_tc`, `linear_residual_tc`,
   `norm_gate_up_tc`; a batch of 40 rows, so the row tile is partial, and projections narrower than a block tile;
   chunks of more rows take the wgmma kernels, `test_cuda_hopper`) agrees with numpy's product of bf16-rounded
-  inputs accumulated in f32 within the stated tolerance; with the RMS norm folded into the product's prologue the inputs are numpy's f32 norm of x, rounded to bf16.
+  inputs accumulated in f32 within the stated tolerance; with the RMS norm folded into the product's prologue the
+  inputs are numpy's f32 norm of x, rounded to bf16.
 * The emulator holds the kernels to the PTX ISA's fragment layouts and copy groups: moving one A-fragment register
   to the wrong row, dropping the wait for the asynchronous copies, dropping a barrier (a race), misaligning an
   ldmatrix row or copying past a buffer changes the numbers or is refused.

@@ -25,8 +25,8 @@ from logos_ir.dialects import cuda
 from logos_ir.dialects.cuda import WARP
 from logos_ir.errors import LogosError
 from logos_ir.numerics import bf16_rounded
-from logos_ir.runtime.cuda.lockstep import Env, Mask, Step, row_major_strides
 from logos_ir.runtime.cuda.hopper import HOPPER_COMPILERS
+from logos_ir.runtime.cuda.lockstep import Env, Mask, Step, row_major_strides
 from logos_ir.runtime.cuda.tensor_core import TENSOR_CORE_COMPILERS
 
 
