@@ -300,6 +300,9 @@ class _Lowering:
         self.params: dict[str, tuple[object, ...]] = {}
         self.gpu_block = Block()
         self.constants: dict[int, SSAValue] = {}
+        # the bf16 image of A the last launched op left in its scratch (its x and norm scale), and what that op
+        # wrote: the next Hopper product of the same x and scale reuses it (q, k and v convert their x once)
+        self.converted: tuple[tuple[SSAValue, ...], SSAValue, tuple[SSAValue, ...]] | None = None
 
     def kernel(self, kind: Kind, types: list[Attribute], shapes: list[tuple[int, ...]], roles: list[str]) -> str:
         """The kernel of `kind` for these buffers, built the first time it is needed; a kernel of the same signature
@@ -347,6 +350,15 @@ class _Lowering:
             )
             shapes.append((rows, depth))
             all_roles = [*all_roles, "a_bf16"]
+        converted, self.converted = self.converted, None
+        if hopper.handles(op):
+            source = tuple(operands[i] for i in kinds[0].operands[:-1])  # x (and the norm's scale)
+            scratch = operands[kinds[0].operands[-1]]
+            same = converted is not None and converted[1] is scratch and len(converted[0]) == len(source)
+            same = same and all(a is b for a, b in zip(converted[0], source, strict=False))  # type: ignore[index]
+            if same and not any(out is v for out in converted[2] for v in source):  # type: ignore[index]
+                kinds = kinds[1:]  # the scratch holds this x's image already
+            self.converted = (source, scratch, tuple(op.outs))
         for kind in kinds:
             chosen = [operands[i] for i in kind.operands]
             picked = [shapes[i] for i in kind.operands]
