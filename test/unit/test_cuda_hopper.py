@@ -9,6 +9,7 @@
   swizzled, a wrong descriptor stride, the consumers' read before their mbarrier wait, a missing wgmma wait each
   give wrong numbers; a descriptor of another swizzle mode and a barrier armed with the wrong byte count are
   refused.
+* One block of the llama-3.1-8b 512-row chunk's own q projection, run alone, gives numpy's product.
 * Teacher-forced, the model's bf16 build (its prefill products on wgmma) agrees with the reference's tokens.
 """
 
@@ -189,14 +190,36 @@ def test_a_wrong_descriptor_mode_or_byte_count_is_refused(step_text: str, edit: 
 
 
 def test_the_wgmma_prefill_agrees_teacher_forced_with_the_reference() -> None:
-    """A 100-token prompt in one chunk (its products on wgmma), then 3 decode steps; bf16 weights, so the lane's
+    """A 72-token prompt in one chunk (its products on wgmma), then 2 decode steps; bf16 weights, so the lane's
     logits follow the reference's within bf16's rounding: the next tokens agree at every step and the logits'
     cosine stays above 0.999."""
     from logos_ir.runtime.cuda.agreement import teacher_forced
     from logos_ir.weights import RandomWeights
 
-    prompt = [int(t) for t in np.random.default_rng(5).integers(0, SPEC.vocab - 1, 100)]
-    result = teacher_forced(RandomWeights(SPEC, seed=3), prompt, 3, "bf16", prefill_rows=100)
+    prompt = [int(t) for t in np.random.default_rng(5).integers(0, SPEC.vocab - 1, 72)]
+    result = teacher_forced(RandomWeights(SPEC, seed=3), prompt, 2, "bf16", prefill_rows=72)
     print(f"wgmma prefill: agreement {result.agreement}, min cosine {result.min_cosine:.6f}")
     assert result.agreement == 1.0, result
     assert result.min_cosine > 0.999, result
+
+
+def test_one_block_of_the_8bs_query_projection_as_printed_agrees_with_numpy() -> None:
+    """The llama-3.1-8b 512-row chunk's q projection (depth 4096: 64 slices, the 4-stage ring turned 16 times), one
+    block run alone (the last row tile, a middle column tile): its 128 x 128 tile is numpy's bf16 product and it
+    writes nothing else."""
+    spec = dataclasses.replace(ModelSpec.preset("llama-3.1-8b"), layers=1)  # the layer's kernels, once
+    plan = build_program(spec, Cut.prefill(512, 1024), 1, "bf16")[0]
+    name = next(n for n in plan.kernels if n.startswith("linear_wgmma_512x4096bf16_4096x4096bf16_"))
+    kernel, launch = plan.kernels[name], next(step for step in plan.launches if step.kernel == name)
+    assert launch.grid == (4, 32, 1)
+    rng = np.random.default_rng(2)
+    a, weight, out = (np.zeros(tuple(arg.type.get_shape()), np.float32) for arg in kernel.body.block.args)
+    rows, columns = slice(384, 512), slice(17 * 128, 18 * 128)
+    a[rows] = bf16_rounded(rng.standard_normal((128, 4096)).astype(np.float32))
+    weight[columns] = bf16_rounded(rng.standard_normal((128, 4096)).astype(np.float32))
+    block = 3 + 17 * launch.grid[0]
+    ids = block * launch.block + np.arange(launch.block)
+    KernelEmulator(kernel).run([a, weight, out], LaunchShape.of(launch.grid, launch.block, ids))
+    want, bound = a[rows] @ weight[columns].T, TOLERANCE * (np.abs(a[rows]) @ np.abs(weight[columns]).T)
+    assert np.all(np.abs(out[rows, columns] - want) <= bound)
+    assert np.count_nonzero(out) == np.count_nonzero(out[rows, columns]) > 0
