@@ -1295,7 +1295,7 @@ class WgmmaOp(IRDLOperation):
     following wgmma) only after a `cuda.wgmma_wait` that retires its group.
 
     ```mlir
-    %d0, ... = cuda.wgmma %a, %b, (%c0, ...) n 128 : f32, ...
+    %d0, %d1, %d2, %d3 = cuda.wgmma %a, %b, (%c0, %c1, %c2, %c3) n 8 : f32, f32, f32, f32
     ```
     """
 
