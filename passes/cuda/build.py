@@ -32,6 +32,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.printer import Printer
 
 from logos_ir.build import Artifact, BuildRequest, LaneBuild, program_module
+from logos_ir.dialects import cuda
 from logos_ir.dialects.cuda import ALIGN, HEADER_BYTES, IMAGE_MAGIC
 from logos_ir.errors import PassError
 from logos_ir.passes.cuda.traffic import SIZES, buffer_bytes, step_bytes
@@ -282,13 +283,19 @@ def resource_report(resources: dict[str, Any], plan: Any) -> dict[str, Any]:
     idle; split-K or more blocks is the remedy)."""
     in_flight = loads_in_flight(plan)
     grids: dict[str, int] = {}
+    threads: dict[str, int] = {}
     for launch in plan.launches:
         blocks = launch.grid[0] * launch.grid[1] * launch.grid[2]
         grids[launch.kernel] = max(grids.get(launch.kernel, 0), blocks)
+        threads[launch.kernel] = launch.block
     kernels = {}
     for name, figures in sorted(resources["kernels"].items()):
         entry = dict(figures)
-        entry["blocks_per_sm"] = occupancy(figures["registers"], shared=figures["shared_bytes"])
+        dynamic = _dynamic_shared(plan.kernels.get(name))  # ptxas reports static shared memory only
+        if dynamic:
+            entry["dynamic_shared_bytes"] = dynamic
+        shared = figures["shared_bytes"] + dynamic
+        entry["blocks_per_sm"] = occupancy(figures["registers"], threads.get(name, 128), shared)
         if name in in_flight:
             per_sm = in_flight[name] * 128 * entry["blocks_per_sm"]
             at_grid = round(in_flight[name] * 128 * min(entry["blocks_per_sm"], grids.get(name, 0) / SMS))
@@ -387,8 +394,15 @@ def loads_in_flight(plan: Any) -> dict[str, int]:
     return found
 
 
+def _dynamic_shared(kernel: Any) -> int:
+    """The dynamic shared memory a kernel's launch asks for (a Hopper product's TMA ring and barriers)."""
+    if kernel is None or not any(isinstance(op, cuda.TmaLoadOp) for op in kernel.walk()):
+        return 0
+    return cuda.shared_layout(kernel)[1]
+
+
 def occupancy(registers: int, threads: int = 128, shared: int = 0) -> int:
-    """Blocks an sm_90 SM holds at `registers` a thread and `shared` bytes of static shared memory a block:
+    """Blocks an sm_90 SM holds at `registers` a thread and `shared` bytes of shared memory a block:
     registers are given a warp 256 at a time, shared memory a block with 1 KB reserved (CUDA's occupancy rules)."""
     per_warp = -(-max(registers, 1) * 32 // 256) * 256
     warps = min(REGISTERS_PER_SM // per_warp, MAX_WARPS_PER_SM)
