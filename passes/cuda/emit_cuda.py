@@ -8,8 +8,10 @@ their role (`x`, `weight`, `out` ...), `const __restrict__` where the kernel onl
 a C variable named after its SSA name; a `scf.for` with iter_args is a `for` over variables the body reassigns;
 `vector.load` (aligned to its size) is one 16-byte (`uint4`/`float4`) load unpacked into the elements its
 `vector.extract`s read (bf16 widened by a shift: exact); `gpu.shuffle xor` is `__shfl_xor_sync`, `llvm.fence`
-`__threadfence()`, `nvvm.bar.warp.sync` `__syncwarp()`. The printer has one method per op and refuses an op it
-does not know.
+`__threadfence()`, `nvvm.bar.warp.sync` `__syncwarp()`; the tensor-core and Hopper ops (cp.async, ldmatrix,
+mma.sync; mbarriers, TMA, wgmma) are inline PTX, and a kernel with TMA copies carves its shared buffers out of
+dynamic shared memory and takes its CUtensorMaps as `__grid_constant__` parameters after its pointers. The printer
+has one method per op and refuses an op it does not know.
 """
 
 from __future__ import annotations
