@@ -4,8 +4,8 @@ A prompt of hundreds of rows makes each projection a matrix product, bound by ar
 `convert-cuda-kernels-to-gpu` hands `cuda.linear` and `cuda.gate_up` with a bf16 weight and more than one row to
 this module (`handles`, `kinds`); f32 images keep the exact CUDA-core kernels, so the token checks stand on no
 tensor core. A chunk of more than 64 rows takes Hopper's wgmma fed by TMA (`hopper.py`, built through `kinds`); a
-batch or short chunk of 2-64 rows takes the kernel below, the sm80-style multistage GEMM that CUTLASS (`cutlass/gemm/threadblock/mma_multistage.h`)
-and FlashAttention-2 build on Hopper's warp-level tensor cores:
+batch or short chunk of 2-64 rows takes the kernel below, the sm80-style multistage GEMM that CUTLASS
+(`cutlass/gemm/threadblock/mma_multistage.h`) and FlashAttention-2 build on Hopper's warp-level tensor cores:
 
 * a block of 4 warps owns a `BLOCK_ROWS` x `block_columns` tile of the output; the grid's x axis walks the row
   tiles fastest, so the blocks that share a tile of weight columns run side by side and read it from HBM once (a
@@ -26,9 +26,10 @@ and FlashAttention-2 build on Hopper's warp-level tensor cores:
   copies fly, and `cuda.load_norm_bf16x2` scales each A pair by it and by the norm's weight before rounding it.
 
 Where this differs from CUTLASS and cuBLAS on Hopper (for batches; longer chunks take `hopper.py`): `mma.sync`
-rather than `wgmma` with TMA (Hopper's warpgroup MMA reaches about twice the throughput); 2 stages rather than 3-5 (static shared memory stops at 48 KB a
-block and the lane's activations are f32, twice the bytes of a bf16 A tile); A is rounded to bf16 from an f32 tile
-in shared memory rather than read as bf16 (the lane's activations are f32; the folded norm scales them there).
+rather than `wgmma` with TMA (Hopper's warpgroup MMA reaches about twice the throughput); 2 stages rather than 3-5
+(static shared memory stops at 48 KB a block and the lane's activations are f32, twice the bytes of a bf16 A tile);
+A is rounded to bf16 from an f32 tile in shared memory rather than read as bf16 (the lane's activations are f32; the
+folded norm scales them there).
 See docs/cuda.md.
 
 Flash attention over a prefill chunk (`_flash_attention`, FlashAttention-2's forward on the same ops) takes
