@@ -929,6 +929,389 @@ class LoadNormBF16x2Op(IRDLOperation):
             raise _fail(self, f"rounds f32 pairs, not {kind.element_type}")
 
 
+# -- Hopper's asynchronous ops: mbarriers, TMA, wgmma (sm_90a) ----------------------------------------------------
+
+SWIZZLES = {0: 0, 128: 1, 64: 2, 32: 3}  # swizzle width in bytes -> the wgmma descriptor's 2-bit mode (PTX ISA)
+SHARED_ALIGN = 1024  # every shared buffer of a kernel starts 1024-byte aligned (a 128B swizzle's 8-row pattern)
+WARPGROUP = 128
+
+
+def _element_bytes(kind: MemRefType) -> int:
+    element = kind.element_type
+    if isinstance(element, BFloat16Type):
+        return 2
+    if isinstance(element, IntegerType) and element.width.data == 64:
+        return 8
+    return 4
+
+
+def shared_layout(kernel: Operation) -> tuple[dict[SSAValue, int], int]:
+    """The byte offset of each `cuda.shared_memory` of a kernel in its shared memory, in program order, each
+    SHARED_ALIGN-aligned, and the total: what the emitter carves out of the dynamic shared memory of a kernel that
+    uses TMA, and the addresses the emulator decodes from a wgmma descriptor."""
+    offsets: dict[SSAValue, int] = {}
+    at = 0
+    for op in kernel.walk():
+        if not isinstance(op, SharedMemoryOp):
+            continue
+        kind = op.result.type
+        assert isinstance(kind, MemRefType)
+        at = -(-at // SHARED_ALIGN) * SHARED_ALIGN
+        offsets[op.result] = at
+        at += _element_bytes(kind) * _count(kind)
+    return offsets, at
+
+
+def _count(kind: MemRefType) -> int:
+    total = 1
+    for extent in kind.get_shape():
+        total *= extent
+    return total
+
+
+def tensor_maps(kernel: Operation) -> list[tuple[SSAValue, tuple[int, int], int]]:
+    """The CUtensorMaps a kernel's TMA copies read, in order of first use: (the global tensor, its box (rows,
+    columns), the swizzle in bytes). The emitter declares one `__grid_constant__` parameter each after the
+    kernel's pointers; the host encodes them (`runtime/cuda/tensor_maps.py`)."""
+    found: list[tuple[SSAValue, tuple[int, int], int]] = []
+    for op in kernel.walk():
+        if isinstance(op, TmaLoadOp):
+            key = (op.src, op.box_shape(), op.swizzle.value.data)
+            if key not in found:
+                found.append(key)
+    return found
+
+
+def _check_barrier(op: Operation, bars: SSAValue, indices: Sequence[SSAValue]) -> None:
+    _check_address(op, bars, indices, True, "barrier")
+    kind = bars.type
+    assert isinstance(kind, MemRefType)
+    if kind.element_type != IntegerType(64):
+        raise _fail(op, f"takes mbarriers of i64 (a .b64 each), not {kind.element_type}")
+
+
+@irdl_op_definition
+class MbarrierInitOp(IRDLOperation):
+    """PTX `mbarrier.init.shared::cta.b64`: the barrier expects `count` arrivals a phase (phase 0, no pending
+    transaction bytes).
+
+    ```mlir
+    cuda.mbarrier_init %full[%s], 1 : memref<4xi64, 3>
+    ```
+    """
+
+    name = "cuda.mbarrier_init"
+
+    bars = operand_def(MemRefType)
+    indices = var_operand_def(IndexType)
+    count = prop_def(IntegerAttr[I64])
+
+    assembly_format = "$bars `[` $indices `]` `,` $count attr-dict `:` type($bars)"
+
+    def __init__(self, bars: SSAValue, indices: Sequence[SSAValue], count: int):
+        super().__init__(operands=[bars, indices], properties={"count": IntegerAttr(count, 64)})
+
+    def verify_(self) -> None:
+        _check_barrier(self, self.bars, self.indices)
+        if not 1 <= self.count.value.data < 2**20:
+            raise _fail(self, f"expects 1 to 2^20 - 1 arrivals, not {self.count.value.data}")
+
+
+@irdl_op_definition
+class FenceBarrierInitOp(IRDLOperation):
+    """PTX `fence.mbarrier_init.release.cluster`: the barriers this thread initialised are visible to the async
+    proxy (TMA's complete_tx) and to the other threads after the next block barrier.
+
+    ```mlir
+    cuda.fence_barrier_init
+    ```
+    """
+
+    name = "cuda.fence_barrier_init"
+
+    assembly_format = "attr-dict"
+
+
+@irdl_op_definition
+class MbarrierArriveOp(IRDLOperation):
+    """PTX `mbarrier.arrive.shared::cta.b64` (each executing thread one arrival) or, with `expect_tx`,
+    `mbarrier.arrive.expect_tx.shared::cta.b64`: the thread arrives and adds `expect_tx` bytes to the phase's
+    pending transaction count (what the TMA copies signalling this barrier will complete).
+
+    ```mlir
+    cuda.mbarrier_arrive %full[%s] expect_tx 32768 : memref<4xi64, 3>
+    ```
+    """
+
+    name = "cuda.mbarrier_arrive"
+
+    bars = operand_def(MemRefType)
+    indices = var_operand_def(IndexType)
+    expect_tx = opt_prop_def(IntegerAttr[I64])
+
+    assembly_format = "$bars `[` $indices `]` (`expect_tx` $expect_tx^)? attr-dict `:` type($bars)"
+
+    def __init__(self, bars: SSAValue, indices: Sequence[SSAValue], expect_tx: int | None = None):
+        properties = {} if expect_tx is None else {"expect_tx": IntegerAttr(expect_tx, 64)}
+        super().__init__(operands=[bars, indices], properties=properties)
+
+    def verify_(self) -> None:
+        _check_barrier(self, self.bars, self.indices)
+        if self.expect_tx is not None and not 0 < self.expect_tx.value.data < 2**20:
+            raise _fail(self, f"expects 1 to 2^20 - 1 transaction bytes, not {self.expect_tx.value.data}")
+
+
+@irdl_op_definition
+class MbarrierWaitOp(IRDLOperation):
+    """PTX `mbarrier.try_wait.parity.shared::cta.b64` in a loop until it succeeds: the thread waits until the
+    barrier's phase of parity `parity` (0 or 1) has completed (all its arrivals and transaction bytes), and then
+    sees what the copies completing it wrote.
+
+    ```mlir
+    cuda.mbarrier_wait %full[%s], %parity : memref<4xi64, 3>
+    ```
+    """
+
+    name = "cuda.mbarrier_wait"
+
+    bars = operand_def(MemRefType)
+    indices = var_operand_def(IndexType)
+    parity = operand_def(IndexType)
+
+    assembly_format = "$bars `[` $indices `]` `,` $parity attr-dict `:` type($bars)"
+
+    def __init__(self, bars: SSAValue, indices: Sequence[SSAValue], parity: SSAValue):
+        super().__init__(operands=[bars, indices, parity])
+
+    def verify_(self) -> None:
+        _check_barrier(self, self.bars, self.indices)
+
+
+@irdl_op_definition
+class TmaLoadOp(IRDLOperation):
+    """PTX `cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes`: a box of `box` (rows,
+    columns) of the 2-d global tensor `src` from (row, column) into shared memory at `dst[...]`, through a
+    CUtensorMap the host encodes for (src, box, swizzle) and passes as a `__grid_constant__` parameter. Elements
+    past the tensor's edge are zero-filled; the whole box's bytes complete the barrier's transaction count. With
+    `swizzle` (128 bytes) 16-byte chunk c of box row r lands at chunk c ^ (r % 8) of its 128-byte row (the box's
+    row must be the swizzle width, its destination 1024-byte aligned).
+
+    ```mlir
+    cuda.tma_load %ring[%s, %c0, %c0], %full[%s], %x[%row, %k] box 128 x 64 swizzle 128
+        : memref<4x128x64xbf16, 3>, memref<4xi64, 3>, memref<512x4096xbf16>
+    ```
+    """
+
+    name = "cuda.tma_load"
+
+    dst = operand_def(MemRefType)
+    dst_indices = var_operand_def(IndexType)
+    bars = operand_def(MemRefType)
+    bar_indices = var_operand_def(IndexType)
+    src = operand_def(MemRefType)
+    src_indices = var_operand_def(IndexType)
+    box_rows = prop_def(IntegerAttr[I64])
+    box_columns = prop_def(IntegerAttr[I64])
+    swizzle = prop_def(IntegerAttr[I64])
+
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+
+    assembly_format = (
+        "$dst `[` $dst_indices `]` `,` $bars `[` $bar_indices `]` `,` $src `[` $src_indices `]` `box` $box_rows"
+        " `x` $box_columns `swizzle` $swizzle attr-dict `:` type($dst) `,` type($bars) `,` type($src)"
+    )
+
+    def __init__(self, dst, dst_indices, bars, bar_indices, src, src_indices, box: tuple[int, int], swizzle: int):
+        super().__init__(
+            operands=[dst, dst_indices, bars, bar_indices, src, src_indices],
+            properties={
+                "box_rows": IntegerAttr(box[0], 64),
+                "box_columns": IntegerAttr(box[1], 64),
+                "swizzle": IntegerAttr(swizzle, 64),
+            },
+        )
+
+    def box_shape(self) -> tuple[int, int]:
+        return self.box_rows.value.data, self.box_columns.value.data
+
+    def box_bytes(self) -> int:
+        rows, columns = self.box_shape()
+        kind = self.src.type
+        assert isinstance(kind, MemRefType)
+        return rows * columns * _element_bytes(kind)
+
+    def verify_(self) -> None:
+        _check_address(self, self.dst, self.dst_indices, True, "destination")
+        _check_address(self, self.src, self.src_indices, False, "source")
+        _check_barrier(self, self.bars, self.bar_indices)
+        src, dst = self.src.type, self.dst.type
+        assert isinstance(src, MemRefType) and isinstance(dst, MemRefType)
+        if len(src.get_shape()) != 2 or src.element_type != dst.element_type:
+            raise _fail(self, f"copies a box of a 2-d tensor into shared memory of its element type, not {src}")
+        rows, columns = self.box_shape()
+        swizzle = self.swizzle.value.data
+        if swizzle not in SWIZZLES:
+            raise _fail(self, f"swizzles 0, 32, 64 or 128 bytes, not {swizzle}")
+        if swizzle and columns * _element_bytes(src) != swizzle:
+            raise _fail(self, f"needs a box row of {swizzle} bytes to swizzle, not {columns} elements")
+        if not (0 < rows <= 256 and 0 < columns <= 256):
+            raise _fail(self, f"copies a box of at most 256 x 256, not {rows} x {columns}")
+
+
+@irdl_op_definition
+class WgmmaDescriptorOp(IRDLOperation):
+    """A wgmma shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"), a 64-bit value: bits 0-13 the
+    start address of `memref[indices]` >> 4, 16-29 the leading dimension byte offset >> 4, 32-45 the stride
+    dimension byte offset >> 4, 62-63 the swizzle mode (1: 128B, 2: 64B, 3: 32B). For a K-major 128B-swizzled tile
+    (what the TMA ring holds) the stride offset is 1024 (8 rows of 128 bytes) and the leading one unused (1).
+
+    ```mlir
+    %d = cuda.wgmma_descriptor %ring[%s, %r, %k] leading 16 stride 1024 swizzle 128 : memref<4x128x64xbf16, 3>
+    ```
+    """
+
+    name = "cuda.wgmma_descriptor"
+
+    memref = operand_def(MemRefType)
+    indices = var_operand_def(IndexType)
+    leading = prop_def(IntegerAttr[I64])
+    stride = prop_def(IntegerAttr[I64])
+    swizzle = prop_def(IntegerAttr[I64])
+    result = result_def(IntegerType(64))
+
+    assembly_format = (
+        "$memref `[` $indices `]` `leading` $leading `stride` $stride `swizzle` $swizzle attr-dict `:` type($memref)"
+    )
+
+    def __init__(self, memref: SSAValue, indices: Sequence[SSAValue], leading: int, stride: int, swizzle: int):
+        properties = {
+            "leading": IntegerAttr(leading, 64),
+            "stride": IntegerAttr(stride, 64),
+            "swizzle": IntegerAttr(swizzle, 64),
+        }
+        super().__init__(operands=[memref, indices], result_types=[IntegerType(64)], properties=properties)
+
+    def bits(self, address: int) -> int:
+        """The descriptor of a matrix starting at shared address `address` (bytes)."""
+        encode = lambda value: (value & 0x3FFFF) >> 4  # noqa: E731 (the ISA's matrix-descriptor-encode)
+        mode = SWIZZLES[self.swizzle.value.data]
+        return (
+            encode(address) | encode(self.leading.value.data) << 16 | encode(self.stride.value.data) << 32 | mode << 62
+        )
+
+    def verify_(self) -> None:
+        _check_address(self, self.memref, self.indices, True, "matrix")
+        if self.swizzle.value.data not in SWIZZLES:
+            raise _fail(self, f"swizzles 0, 32, 64 or 128 bytes, not {self.swizzle.value.data}")
+        for name in ("leading", "stride"):
+            value = getattr(self, name).value.data
+            if value % 16 or not 0 <= value < 2**18:
+                raise _fail(self, f"needs a {name} byte offset of whole 16 bytes below 2^18, not {value}")
+
+
+@irdl_op_definition
+class WgmmaOp(IRDLOperation):
+    """PTX `wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16` (scale-d 1, both operands K-major): D = A B + C
+    over a warpgroup (4 warps, warpgroup-aligned), A 64x16 and B 16xN of bf16 read from shared memory through
+    their descriptors, C and D 64xN of f32 in registers: warp w of the warpgroup holds rows 16w .. 16w + 15, lane
+    (g = lane / 4, t = lane % 4) in registers 4i .. 4i + 3 the elements (16w + g, 8i + 2t), (16w + g, 8i + 2t + 1),
+    (16w + g + 8, 8i + 2t), (16w + g + 8, 8i + 2t + 1). Asynchronous: D may be read (other than as the C of a
+    following wgmma) only after a `cuda.wgmma_wait` that retires its group.
+
+    ```mlir
+    %d0, %d1, %d2, %d3 = cuda.wgmma %a, %b, (%c0, %c1, %c2, %c3) n 8 : f32, f32, f32, f32
+    ```
+    """
+
+    name = "cuda.wgmma"
+
+    a = operand_def(IntegerType(64))
+    b = operand_def(IntegerType(64))
+    c = var_operand_def(Float32Type())
+    n = prop_def(IntegerAttr[I64])
+    d = var_result_def(Float32Type())
+
+    assembly_format = "$a `,` $b `,` `(` $c `)` `n` $n attr-dict `:` type($d)"
+
+    def __init__(self, a: SSAValue, b: SSAValue, c: Sequence[SSAValue], n: int):
+        super().__init__(
+            operands=[a, b, c], result_types=[[Float32Type()] * (n // 2)], properties={"n": IntegerAttr(n, 64)}
+        )
+
+    def verify_(self) -> None:
+        n = self.n.value.data
+        if n % 8 or not 8 <= n <= 256:
+            raise _fail(self, f"takes N a multiple of 8 from 8 to 256, not {n}")
+        if len(self.c) != n // 2 or len(self.d) != n // 2:
+            raise _fail(self, f"m64n{n}k16 takes and gives {n // 2} f32 registers, not {len(self.c)}, {len(self.d)}")
+
+
+@irdl_op_definition
+class WgmmaFenceOp(IRDLOperation):
+    """PTX `wgmma.fence.sync.aligned`: orders the warpgroup's register and shared-memory accesses before the
+    wgmma ops that follow.
+
+    ```mlir
+    cuda.wgmma_fence
+    ```
+    """
+
+    name = "cuda.wgmma_fence"
+
+    assembly_format = "attr-dict"
+
+
+@irdl_op_definition
+class WgmmaCommitOp(IRDLOperation):
+    """PTX `wgmma.commit_group.sync.aligned`: the warpgroup's wgmma ops since the last commit form one group.
+
+    ```mlir
+    cuda.wgmma_commit
+    ```
+    """
+
+    name = "cuda.wgmma_commit"
+
+    assembly_format = "attr-dict"
+
+
+@irdl_op_definition
+class WgmmaWaitOp(IRDLOperation):
+    """PTX `wgmma.wait_group.sync.aligned N`: waits until at most `pending` of the warpgroup's groups are in
+    flight; the older groups' results may then be read.
+
+    ```mlir
+    cuda.wgmma_wait 0
+    ```
+    """
+
+    name = "cuda.wgmma_wait"
+
+    pending = prop_def(IntegerAttr[I64])
+
+    assembly_format = "$pending attr-dict"
+
+    def __init__(self, pending: int):
+        super().__init__(properties={"pending": IntegerAttr(pending, 64)})
+
+    def verify_(self) -> None:
+        if not 0 <= self.pending.value.data <= 7:
+            raise _fail(self, f"waits with 0 to 7 groups pending, not {self.pending.value.data}")
+
+
+HOPPER_OPS = (
+    MbarrierInitOp,
+    FenceBarrierInitOp,
+    MbarrierArriveOp,
+    MbarrierWaitOp,
+    TmaLoadOp,
+    WgmmaDescriptorOp,
+    WgmmaOp,
+    WgmmaFenceOp,
+    WgmmaCommitOp,
+    WgmmaWaitOp,
+)
+
 TENSOR_CORE_OPS = (
     PrefillAttentionOp,
     SharedMemoryOp,
@@ -941,6 +1324,7 @@ TENSOR_CORE_OPS = (
     PackBF16x2Op,
     StoreBF16x2Op,
     MmaSyncOp,
+    *HOPPER_OPS,
 )
 
 CUDA = Dialect(

@@ -32,6 +32,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.printer import Printer
 
 from logos_ir.build import Artifact, BuildRequest, LaneBuild, program_module
+from logos_ir.dialects import cuda
 from logos_ir.dialects.cuda import ALIGN, HEADER_BYTES, IMAGE_MAGIC
 from logos_ir.errors import PassError
 from logos_ir.passes.cuda.traffic import SIZES, buffer_bytes, step_bytes
@@ -127,6 +128,8 @@ def latency_summary(model: dict[str, Any] | None) -> list[str]:
 
 # -- HBM traffic of the products (the build report) -----------------------------------------------------------------
 
+_PRODUCTS = tuple(f"{kind}_{core}_" for kind in ("linear", "linear_residual", "gate_up") for core in ("tc", "wgmma"))
+WGMMA_BLOCKS_PER_SM = 1  # a Hopper product's 128 KB TMA ring: one block an SM
 BLOCKS_PER_SM = 4  # the emitter's launch bound (and 40 KB of shared memory a block fits 4 times in 228 KB)
 L2_BYTES = 50 * 2**20  # H100 / H200 L2
 
@@ -139,11 +142,12 @@ def product_traffic(plan: Any) -> list[dict[str, Any]]:
     L2 (the other half streams weights), else once a wave of blocks (the resident blocks walk k together). L2-to-SM
     bytes (every block reads its tiles) are given beside. A model, computed from the launch: no GPU measured it."""
     out: dict[str, dict[str, Any]] = {}
-    resident = SMS * BLOCKS_PER_SM
     for launch in plan.launches:
         stem = launch.kernel.removeprefix("norm_")  # a folded norm: its scale is the last input
-        if not stem.startswith(("linear_tc", "linear_residual_tc", "gate_up_tc")):
+        if not stem.startswith(_PRODUCTS):
             continue
+        hopper = "_wgmma_" in stem  # A is the bf16 image its conversion launch wrote (norm folded there)
+        resident = SMS * (WGMMA_BLOCKS_PER_SM if hopper else BLOCKS_PER_SM)
         if launch.kernel in out:
             out[launch.kernel]["launches"] += 1
             continue
@@ -187,6 +191,16 @@ def tensor_core_report(module: ModuleOp) -> dict[str, Any]:
 
 # ptxas's figures for the kernels as the runtime compiles them (its NVCC_FLAGS: -O3 -fmad=false) for Hopper.
 PTXAS_ARCH = "sm_90"
+# wgmma and setmaxnreg are arch-specific features: PTX for sm_90a, whose cubin runs on compute capability 9.0 only
+# (H100 / H200), not on a later GPU; a kernels.cu holding them is compiled for it.
+PTXAS_ARCH_SPECIFIC = "sm_90a"
+
+
+def ptxas_arch(source: str) -> str:
+    """The architecture a kernels.cu is compiled for: sm_90a when a kernel uses wgmma, else sm_90."""
+    return PTXAS_ARCH_SPECIFIC if "wgmma." in source else PTXAS_ARCH
+
+
 PTXAS_FLAGS = ("-O3", "-fmad=false")
 NOT_MEASURED = "nvcc not found: registers not measured"
 SHARED_PER_SM, SHARED_RESERVED_PER_BLOCK = 228 * 1024, 1024  # Hopper: 228 KB of shared memory an SM, 1 KB a block
@@ -225,10 +239,11 @@ def kernel_resources(source: str) -> dict[str, Any] | str:
         return NOT_MEASURED
     key = hashlib.sha256(source.split("\n", 1)[-1].encode()).hexdigest()
     if key not in _measured:
+        arch = ptxas_arch(source)
         with tempfile.TemporaryDirectory() as folder:
             cu = Path(folder) / "kernels.cu"
             cu.write_text(source)
-            command = [nvcc, f"-arch={PTXAS_ARCH}", "-cubin", *PTXAS_FLAGS, "-Xptxas", "-v", "-diag-suppress", "177"]
+            command = [nvcc, f"-arch={arch}", "-cubin", *PTXAS_FLAGS, "-Xptxas", "-v", "-diag-suppress", "177"]
             done = subprocess.run(
                 [*command, "-o", str(Path(folder) / "kernels.cubin"), str(cu)], capture_output=True, text=True,
                 timeout=900,
@@ -238,7 +253,8 @@ def kernel_resources(source: str) -> dict[str, Any] | str:
             raise PassError(f"nvcc refused the emitted kernels.cu: {done.stderr[-2000:]}")
         _measured[key] = {
             "nvcc": version.strip().splitlines()[-2] if version.strip() else "nvcc",
-            "command": f"nvcc -arch={PTXAS_ARCH} -cubin {' '.join(PTXAS_FLAGS)} -Xptxas -v",
+            "command": f"nvcc -arch={arch} -cubin {' '.join(PTXAS_FLAGS)} -Xptxas -v",
+            "arch": arch,
             "kernels": parse_ptxas(done.stderr + done.stdout),
         }
     return json.loads(json.dumps(_measured[key]))  # a copy
@@ -267,13 +283,19 @@ def resource_report(resources: dict[str, Any], plan: Any) -> dict[str, Any]:
     idle; split-K or more blocks is the remedy)."""
     in_flight = loads_in_flight(plan)
     grids: dict[str, int] = {}
+    threads: dict[str, int] = {}
     for launch in plan.launches:
         blocks = launch.grid[0] * launch.grid[1] * launch.grid[2]
         grids[launch.kernel] = max(grids.get(launch.kernel, 0), blocks)
+        threads[launch.kernel] = launch.block
     kernels = {}
     for name, figures in sorted(resources["kernels"].items()):
         entry = dict(figures)
-        entry["blocks_per_sm"] = occupancy(figures["registers"], shared=figures["shared_bytes"])
+        dynamic = _dynamic_shared(plan.kernels.get(name))  # ptxas reports static shared memory only
+        if dynamic:
+            entry["dynamic_shared_bytes"] = dynamic
+        shared = figures["shared_bytes"] + dynamic
+        entry["blocks_per_sm"] = occupancy(figures["registers"], threads.get(name, 128), shared)
         if name in in_flight:
             per_sm = in_flight[name] * 128 * entry["blocks_per_sm"]
             at_grid = round(in_flight[name] * 128 * min(entry["blocks_per_sm"], grids.get(name, 0) / SMS))
@@ -294,7 +316,9 @@ def ptxas_summary(ptxas: dict[str, Any] | str) -> str:
     registers = [k["registers"] for k in kernels]
     spilled = [name for name, k in ptxas["kernels"].items() if k["spill_stores"] or k["spill_loads"]]
     flights = [k["bytes_in_flight_per_sm"] for k in kernels if "bytes_in_flight_per_sm" in k]
-    line = f"ptxas ({PTXAS_ARCH}): {min(registers, default=0)}-{max(registers, default=0)} registers a thread, "
+    arch = ptxas.get("arch", PTXAS_ARCH)
+    only = " (arch-specific: runs on compute capability 9.0 only)" if arch == PTXAS_ARCH_SPECIFIC else ""
+    line = f"ptxas ({arch}{only}): {min(registers, default=0)}-{max(registers, default=0)} registers a thread, "
     line += f"spills in {', '.join(spilled)}" if spilled else f"no spill in {len(registers)} kernels"
     if flights:
         line += (
@@ -370,8 +394,15 @@ def loads_in_flight(plan: Any) -> dict[str, int]:
     return found
 
 
+def _dynamic_shared(kernel: Any) -> int:
+    """The dynamic shared memory a kernel's launch asks for (a Hopper product's TMA ring and barriers)."""
+    if kernel is None or not any(isinstance(op, cuda.TmaLoadOp) for op in kernel.walk()):
+        return 0
+    return cuda.shared_layout(kernel)[1]
+
+
 def occupancy(registers: int, threads: int = 128, shared: int = 0) -> int:
-    """Blocks an sm_90 SM holds at `registers` a thread and `shared` bytes of static shared memory a block:
+    """Blocks an sm_90 SM holds at `registers` a thread and `shared` bytes of shared memory a block:
     registers are given a warp 256 at a time, shared memory a block with 1 KB reserved (CUDA's occupancy rules)."""
     per_warp = -(-max(registers, 1) * 32 // 256) * 256
     warps = min(REGISTERS_PER_SM // per_warp, MAX_WARPS_PER_SM)

@@ -33,6 +33,7 @@ from xdsl.dialects.builtin import (
     StringAttr,
     SymbolRefAttr,
     UnitAttr,
+    bf16,
     f32,
     i64,
 )
@@ -50,7 +51,7 @@ from xdsl.rewriter import InsertPoint
 from logos_ir.dialects import cuda
 from logos_ir.errors import PassError
 from logos_ir.numerics import ceil_div as cdiv
-from logos_ir.passes.cuda import decode_kernels, tensor_core
+from logos_ir.passes.cuda import decode_kernels, hopper, tensor_core
 from logos_ir.passes.cuda.decode_kernels import ROW_TILE, THREADS, WARPS, qkv_splits
 from logos_ir.passes.cuda.kernel_level import host_function
 from logos_ir.passes.cuda.thread_code import INDEX, Body, Kind
@@ -299,6 +300,9 @@ class _Lowering:
         self.params: dict[str, tuple[object, ...]] = {}
         self.gpu_block = Block()
         self.constants: dict[int, SSAValue] = {}
+        # the bf16 image of A the last launched op left in its scratch (its x and norm scale), and what that op
+        # wrote: the next Hopper product of the same x and scale reuses it (q, k and v convert their x once)
+        self.converted: tuple[tuple[SSAValue, ...], SSAValue, tuple[SSAValue, ...]] | None = None
 
     def kernel(self, kind: Kind, types: list[Attribute], shapes: list[tuple[int, ...]], roles: list[str]) -> str:
         """The kernel of `kind` for these buffers, built the first time it is needed; a kernel of the same signature
@@ -311,7 +315,7 @@ class _Lowering:
         if name in self.kernels:
             return name
         self.params[name] = kind.params
-        function = gpu.FuncOp(name, (types, []), kernel=True, known_block_size=[THREADS, 1, 1])
+        function = gpu.FuncOp(name, (types, []), kernel=True, known_block_size=[kind.threads, 1, 1])
         for arg, role in zip(function.body.block.args, roles, strict=True):
             arg.name_hint = role
         body = Body(function.body.block)
@@ -339,13 +343,29 @@ class _Lowering:
                 ]
                 shapes += [(pairs, splits, 3), (pairs,)]
                 all_roles = [*all_roles, "partial", "count"]
+        if hopper.handles(op):  # the product's bf16 A operand: scratch the conversion launch writes
+            rows, depth = shapes[0]
+            operands.append(
+                self.scratch(host, f"prefill.a_bf16.{rows}x{depth}", MemRefType(bf16, [rows, depth]), rewriter)
+            )
+            shapes.append((rows, depth))
+            all_roles = [*all_roles, "a_bf16"]
+        converted, self.converted = self.converted, None
+        if hopper.handles(op):
+            source = tuple(operands[i] for i in kinds[0].operands[:-1])  # x (and the norm's scale)
+            scratch = operands[kinds[0].operands[-1]]
+            same = converted is not None and converted[1] is scratch and len(converted[0]) == len(source)
+            same = same and all(a is b for a, b in zip(converted[0], source, strict=False))  # type: ignore[index]
+            if same and not any(out is v for out in converted[2] for v in source):  # type: ignore[index]
+                kinds = kinds[1:]  # the scratch holds this x's image already
+            self.converted = (source, scratch, tuple(op.outs))
         for kind in kinds:
             chosen = [operands[i] for i in kind.operands]
             picked = [shapes[i] for i in kind.operands]
             roles = [all_roles[i] for i in kind.operands]
             name = self.kernel(kind, [v.type for v in chosen], picked, roles)
             grid = kind.grid(picked)
-            sizes = [self.constant(host, n, rewriter) for n in (*grid, THREADS, 1, 1)]
+            sizes = [self.constant(host, n, rewriter) for n in (*grid, kind.threads, 1, 1)]
             call = gpu.LaunchFuncOp(SymbolRefAttr("kernels", [name]), sizes[:3], sizes[3:], kernelOperands=chosen)
             rewriter.insert(call, InsertPoint.before(op))
         rewriter.erase(op)

@@ -8,8 +8,10 @@ their role (`x`, `weight`, `out` ...), `const __restrict__` where the kernel onl
 a C variable named after its SSA name; a `scf.for` with iter_args is a `for` over variables the body reassigns;
 `vector.load` (aligned to its size) is one 16-byte (`uint4`/`float4`) load unpacked into the elements its
 `vector.extract`s read (bf16 widened by a shift: exact); `gpu.shuffle xor` is `__shfl_xor_sync`, `llvm.fence`
-`__threadfence()`, `nvvm.bar.warp.sync` `__syncwarp()`. The printer has one method per op and refuses an op it
-does not know.
+`__threadfence()`, `nvvm.bar.warp.sync` `__syncwarp()`; the tensor-core and Hopper ops (cp.async, ldmatrix,
+mma.sync; mbarriers, TMA, wgmma) are inline PTX, and a kernel with TMA copies carves its shared buffers out of
+dynamic shared memory and takes its CUtensorMaps as `__grid_constant__` parameters after its pointers. The printer
+has one method per op and refuses an op it does not know.
 """
 
 from __future__ import annotations
@@ -53,10 +55,22 @@ def min_blocks_per_sm(kernel: str) -> int:
     """The blocks an SM must hold at once (`__launch_bounds__`'s second argument) for a kernel: the flash attention
     kernels keep FlashAttention-2's budget (2 blocks of 4 warps, 255 registers a thread); every other kernel
     MIN_BLOCKS_PER_SM."""
+    if "_wgmma_" in kernel:
+        return WGMMA_BLOCKS_PER_SM
     return ATTENTION_BLOCKS_PER_SM if "attention_tc" in kernel else MIN_BLOCKS_PER_SM
 
 
+WGMMA_BLOCKS_PER_SM = 1  # a Hopper product's 128 KB ring: one block of 9 warps an SM (CUTLASS's 1 CTA an SM)
+# What a kernel with TMA copies adds to the file: the CUtensorMap parameter type (cuda.h's layout, declared here so
+# that NVRTC, which has no cuda.h, compiles the file too).
+TENSOR_MAP_PREAMBLE = """
+// cuda.h's CUtensorMap: 128 opaque bytes, 64-byte aligned, encoded on the host (cuTensorMapEncodeTiled).
+struct alignas(64) LogosTensorMap { unsigned long long opaque[16]; };
+"""
+
+
 _C_TYPES = {"index": "int", "f32": "float", "bf16": "__nv_bfloat16", "i64": "long long", "i1": "bool"}
+_SHARED_TYPES = {"f32": "float", "bf16": "__nv_bfloat16", "i64": "unsigned long long"}
 _CMPI = {0: "==", 1: "!=", 2: "<", 6: "<", 9: ">="}
 _CMPF = {1: "==", 2: ">", 4: "<"}
 _BINARY: dict[type[Operation], str] = {
@@ -114,6 +128,10 @@ class KernelPrinter:
         self.names: dict[SSAValue, str] = {}
         self.used: set[str] = set()
         self.depth = 1
+        # a kernel with TMA copies carves its shared buffers out of dynamic shared memory (its ring is above the
+        # 48 KB of static shared memory), at the offsets `cuda.shared_layout` gives the emulator too
+        self.dynamic = any(isinstance(op, cuda.TmaLoadOp) for op in kernel.walk())
+        self.offsets = cuda.shared_layout(kernel)[0]
 
     def name(self, value: SSAValue) -> str:
         owner = value.owner
@@ -143,11 +161,15 @@ class KernelPrinter:
             element = _C_TYPES[type_name(kind.element_type)]
             qualifier = "" if arg in written else "const "
             params.append(f"{qualifier}{element}* __restrict__ {self.name(arg)}")
+        for src, box, swizzle in cuda.tensor_maps(self.kernel):
+            params.append(f"const __grid_constant__ LogosTensorMap {self.tensor_map(src, box, swizzle)}")
         size = self.kernel.known_block_size
         blocks = min_blocks_per_sm(self.kernel.sym_name.data)
         bound = f"__launch_bounds__({size.get_values()[0]}, {blocks}) " if size is not None else ""
         self.out.write(f'extern "C" __global__ void {bound}{self.kernel.sym_name.data}(\n    ')
         self.out.write(",\n    ".join(params) + ")\n{\n")
+        if self.dynamic:
+            self.line("extern __shared__ __align__(1024) unsigned char shared_bytes[];")
         self.block(block)
         self.out.write("}\n")
 
@@ -371,11 +393,91 @@ class KernelPrinter:
     def op_cuda_shared_memory(self, op: cuda.SharedMemoryOp) -> None:
         kind = op.result.type
         assert isinstance(kind, MemRefType)
-        element = "__nv_bfloat16" if isinstance(kind.element_type, BFloat16Type) else "float"
+        element = _SHARED_TYPES[type_name(kind.element_type)]
+        if self.dynamic:
+            offset = self.offsets[op.result]
+            self.line(
+                f"{element}* const {self.name(op.result)} = reinterpret_cast<{element}*>(shared_bytes + {offset});"
+            )
+            return
         size = 1
         for extent in kind.get_shape():
             size *= extent
         self.line(f"__shared__ __align__(16) {element} {self.name(op.result)}[{size}];")
+
+    # -- Hopper: mbarriers, TMA, wgmma (inline PTX, sm_90a) -------------------------------------------------------
+
+    def tensor_map(self, src: SSAValue, box: tuple[int, int], swizzle: int) -> str:
+        return f"{self.name(src)}_map_{box[0]}x{box[1]}_sw{swizzle}"
+
+    def op_cuda_mbarrier_init(self, op: cuda.MbarrierInitOp) -> None:
+        bar = self.shared_address(op.bars, op.indices)
+        count = op.count.value.data
+        self.line(f'asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"({bar}), "r"({count}) : "memory");')
+
+    def op_cuda_fence_barrier_init(self, op: cuda.FenceBarrierInitOp) -> None:
+        self.line('asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");')
+
+    def op_cuda_mbarrier_arrive(self, op: cuda.MbarrierArriveOp) -> None:
+        bar = self.shared_address(op.bars, op.indices)
+        if op.expect_tx is None:
+            self.line(f'asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"({bar}) : "memory");')
+            return
+        tx = op.expect_tx.value.data
+        self.line(
+            f'asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"({bar}), "r"({tx})'
+            ' : "memory");'
+        )
+
+    def op_cuda_mbarrier_wait(self, op: cuda.MbarrierWaitOp) -> None:
+        """try_wait.parity until it succeeds (CUTLASS's ClusterBarrier::wait; the labels are local to the braces)."""
+        bar = self.shared_address(op.bars, op.indices)
+        self.line(
+            'asm volatile("{\\n.reg .pred done;\\nwait:\\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;'
+            f'\\n@!done bra wait;\\n}}" :: "r"({bar}), "r"({self.name(op.parity)}) : "memory");'
+        )
+
+    def op_cuda_tma_load(self, op: cuda.TmaLoadOp) -> None:
+        dst = self.shared_address(op.dst, op.dst_indices)
+        bar = self.shared_address(op.bars, op.bar_indices)
+        tmap = self.tensor_map(op.src, op.box_shape(), op.swizzle.value.data)
+        row, column = (self.name(v) for v in op.src_indices)
+        self.line(
+            'asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes'
+            ' [%0], [%1, {%2, %3}], [%4];"'
+            f' :: "r"({dst}), "l"(reinterpret_cast<unsigned long long>(&{tmap})), "r"({column}), "r"({row}),'
+            f' "r"({bar}) : "memory");'
+        )
+
+    def op_cuda_wgmma_descriptor(self, op: cuda.WgmmaDescriptorOp) -> None:
+        address = self.shared_address(op.memref, op.indices)
+        fixed = op.bits(0)
+        self.assign(op.result, f"(long long)({fixed}ull | (unsigned long long)((({address}) & 0x3FFFF) >> 4))")
+
+    def op_cuda_wgmma(self, op: cuda.WgmmaOp) -> None:
+        n = op.n.value.data
+        d = [self.name(v) for v in op.d]
+        c = [self.name(v) for v in op.c]
+        self.line("float " + ", ".join(f"{x} = {y}" for x, y in zip(d, c, strict=True)) + ";")
+        count = len(d)
+        places = ", ".join(f"%{i}" for i in range(count))
+        outs = ", ".join(f'"+f"({x})' for x in d)
+        a, b = self.name(op.a), self.name(op.b)
+        self.line(
+            f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{count + 2}, 0;\\n'
+            f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{places}}},"
+            f" %{count}, %{count + 1}, p, 1, 1, 0, 0;"
+            f'\\n}}" : {outs} : "l"({a}), "l"({b}), "r"(1));'
+        )
+
+    def op_cuda_wgmma_fence(self, op: cuda.WgmmaFenceOp) -> None:
+        self.line('asm volatile("wgmma.fence.sync.aligned;" ::: "memory");')
+
+    def op_cuda_wgmma_commit(self, op: cuda.WgmmaCommitOp) -> None:
+        self.line('asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");')
+
+    def op_cuda_wgmma_wait(self, op: cuda.WgmmaWaitOp) -> None:
+        self.line(f'asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"({op.pending.value.data}) : "memory");')
 
     def op_cuda_cp_async(self, op: cuda.CpAsyncOp) -> None:
         dst = self.shared_address(op.dst, op.dst_indices)
@@ -482,6 +584,16 @@ _PRINTERS: dict[type[Operation], Callable[[KernelPrinter, Any], None]] = {
     cuda.LoadBF16x2Op: KernelPrinter.op_cuda_load_bf16x2,
     cuda.LoadNormBF16x2Op: KernelPrinter.op_cuda_load_norm_bf16x2,
     cuda.MmaSyncOp: KernelPrinter.op_cuda_mma_sync,
+    cuda.MbarrierInitOp: KernelPrinter.op_cuda_mbarrier_init,
+    cuda.FenceBarrierInitOp: KernelPrinter.op_cuda_fence_barrier_init,
+    cuda.MbarrierArriveOp: KernelPrinter.op_cuda_mbarrier_arrive,
+    cuda.MbarrierWaitOp: KernelPrinter.op_cuda_mbarrier_wait,
+    cuda.TmaLoadOp: KernelPrinter.op_cuda_tma_load,
+    cuda.WgmmaDescriptorOp: KernelPrinter.op_cuda_wgmma_descriptor,
+    cuda.WgmmaOp: KernelPrinter.op_cuda_wgmma,
+    cuda.WgmmaFenceOp: KernelPrinter.op_cuda_wgmma_fence,
+    cuda.WgmmaCommitOp: KernelPrinter.op_cuda_wgmma_commit,
+    cuda.WgmmaWaitOp: KernelPrinter.op_cuda_wgmma_wait,
     cuda.PackBF16x2Op: KernelPrinter.op_cuda_pack_bf16x2,
     cuda.StoreBF16x2Op: KernelPrinter.op_cuda_store_bf16x2,
 }
@@ -533,6 +645,8 @@ def identity_line(module: ModuleOp) -> str:
 def print_cuda(module: ModuleOp, out: IO[str]) -> None:
     """The module's kernels as one CUDA C++ file headed by the identity line."""
     out.write(f"// {identity_line(module)}\n{PREAMBLE}")
+    if any(cuda.tensor_maps(kernel) for kernel in kernels_of(module)):
+        out.write(TENSOR_MAP_PREAMBLE)
     for kernel in kernels_of(module):
         out.write("\n")
         KernelPrinter(kernel, out).print()

@@ -3,8 +3,9 @@
 A prompt of hundreds of rows makes each projection a matrix product, bound by arithmetic rather than by memory, so
 `convert-cuda-kernels-to-gpu` hands `cuda.linear` and `cuda.gate_up` with a bf16 weight and more than one row to
 this module (`handles`, `kinds`); f32 images keep the exact CUDA-core kernels, so the token checks stand on no
-tensor core. The kernel is the sm80-style multistage GEMM that CUTLASS (`cutlass/gemm/threadblock/mma_multistage.h`)
-and FlashAttention-2 build on Hopper's warp-level tensor cores:
+tensor core. A chunk of more than 64 rows takes Hopper's wgmma fed by TMA (`hopper.py`, built through `kinds`); a
+batch or short chunk of 2-64 rows takes the kernel below, the sm80-style multistage GEMM that CUTLASS
+(`cutlass/gemm/threadblock/mma_multistage.h`) and FlashAttention-2 build on Hopper's warp-level tensor cores:
 
 * a block of 4 warps owns a `BLOCK_ROWS` x `block_columns` tile of the output; the grid's x axis walks the row
   tiles fastest, so the blocks that share a tile of weight columns run side by side and read it from HBM once (a
@@ -24,10 +25,11 @@ and FlashAttention-2 build on Hopper's warp-level tensor cores:
   the block computes its rows' inverse RMS from global memory as `cuda.rms_norm` does (same bits) while slice 0's
   copies fly, and `cuda.load_norm_bf16x2` scales each A pair by it and by the norm's weight before rounding it.
 
-Where this differs from CUTLASS and cuBLAS on Hopper: `mma.sync` rather than `wgmma` with TMA (Hopper's
-warpgroup MMA reaches about twice the throughput); 2 stages rather than 3-5 (static shared memory stops at 48 KB a
-block and the lane's activations are f32, twice the bytes of a bf16 A tile); A is rounded to bf16 from an f32 tile
-in shared memory rather than read as bf16 (the lane's activations are f32; the folded norm scales them there).
+Where this differs from CUTLASS and cuBLAS on Hopper (for batches; longer chunks take `hopper.py`): `mma.sync`
+rather than `wgmma` with TMA (Hopper's warpgroup MMA reaches about twice the throughput); 2 stages rather than 3-5
+(static shared memory stops at 48 KB a block and the lane's activations are f32, twice the bytes of a bf16 A tile);
+A is rounded to bf16 from an f32 tile in shared memory rather than read as bf16 (the lane's activations are f32; the
+folded norm scales them there).
 See docs/cuda.md.
 
 Flash attention over a prefill chunk (`_flash_attention`, FlashAttention-2's forward on the same ops) takes
@@ -48,6 +50,7 @@ from xdsl.dialects.builtin import BFloat16Type, IntegerAttr, MemRefType, bf16, f
 from xdsl.ir import Attribute, SSAValue
 
 from logos_ir.dialects import cuda
+from logos_ir.passes.cuda import hopper
 from logos_ir.passes.cuda.thread_code import Kind, rotated, vector_width
 
 WARP = cuda.WARP
@@ -112,6 +115,8 @@ def kinds(op: cuda.KernelOp) -> list[Any]:
         blocks = lambda s: (-(-s[0][0] // ATTENTION_ROWS), s[0][1] // s[1][-1], 1)  # noqa: E731 (row tiles, heads)
         return [Kind("attention_prefill_tc", (0, 1, 2, 3, 4), blocks, _flash_attention)]
     epsilon = op.epsilon.value.data if op.epsilon is not None else None
+    if hopper.handles(op):
+        return _hopper_kinds(op, epsilon)
     prefix = "norm_" if epsilon is not None else ""
     operands = tuple(range(len(op.ins) + 1))
     if isinstance(op, cuda.GateUpOp):
@@ -120,6 +125,26 @@ def kinds(op: cuda.KernelOp) -> list[Any]:
     stem = "linear_residual_tc" if len(op.ins) - (1 if epsilon is not None else 0) == 3 else "linear_tc"
     body = lambda b, a, s: _linear(b, a, s, epsilon)  # noqa: E731
     return [Kind(prefix + stem, operands, lambda s: grid(s[0][0], s[1][0], 1), body, (epsilon,))]
+
+
+def _hopper_kinds(op: cuda.KernelOp, epsilon: float | None) -> list[Any]:
+    """The bf16 conversion of A (the norm folded in) into the scratch the lowering appends after the op's
+    buffers, then the wgmma product reading it (`hopper`)."""
+    count = len(op.ins) + 1  # the scratch's operand index
+    convert_threads = hopper.CONVERT_THREADS
+    rows_grid = lambda s: (-(-s[0][0] // hopper.CONVERT_ROWS), 1, 1)  # noqa: E731
+    ins = (0, len(op.ins) - 1, count) if epsilon is not None else (0, count)
+    stem = "norm_to_bf16" if epsilon is not None else "to_bf16"
+    convert = Kind(stem, ins, rows_grid, lambda b, a, s: hopper.to_bf16(b, a, s, epsilon), (epsilon,), convert_threads)
+    plain = len(op.ins) - (1 if epsilon is not None else 0)
+    if isinstance(op, cuda.GateUpOp):
+        grid = lambda s: hopper.grid(s[0][0], s[1][0], 2)  # noqa: E731
+        product = Kind("gate_up_wgmma", (count, 1, 2, count - 1), grid, hopper.gate_up, (), hopper.THREADS)
+        return [convert, product]
+    grid = lambda s: hopper.grid(s[0][0], s[1][0], 1)  # noqa: E731
+    operands = (count, 1, 2, count - 1) if plain == 3 else (count, 1, count - 1)
+    stem = "linear_residual_wgmma" if plain == 3 else "linear_wgmma"
+    return [convert, Kind(stem, operands, grid, hopper.linear, (), hopper.THREADS)]
 
 
 # -- the product ---------------------------------------------------------------------------------------------------

@@ -274,3 +274,4 @@ class Kind:
     grid: Callable[[list[tuple[int, ...]]], tuple[int, int, int]]
     body: Callable[[Body, list[SSAValue], list[tuple[int, ...]]], None]
     params: tuple[object, ...] = ()
+    threads: int = 128  # the block size (a Hopper product: two consumer warpgroups and a producer warp)

@@ -14,13 +14,22 @@ def buffer_bytes(buffer: Any) -> int:
     return int(np.prod(buffer.shape)) * SIZES[buffer.element]
 
 
+# the operand each reading op reads global memory through: loads, atomics, the tensor-core kernels' asynchronous
+# copies (cp.async, TMA) and bf16-pair loads
+_READ_OPERAND = {
+    "memref.load": "memref",
+    "vector.load": "base",
+    "memref.atomic_rmw": "memref",
+    "cuda.cp_async": "src",
+    "cuda.tma_load": "src",
+    "cuda.load_bf16x2": "memref",
+    "cuda.load_norm_bf16x2": "memref",
+}
+
+
 def kernel_reads(kernel: Any) -> list[bool]:
-    """Which arguments of a `gpu.func` the kernel reads (memref.load, vector.load, an atomic)."""
-    read = {
-        op.operands[0] if op.name in ("memref.load", "vector.load") else op.operands[1]
-        for op in kernel.walk()
-        if op.name in ("memref.load", "vector.load", "memref.atomic_rmw")
-    }
+    """Which arguments of a `gpu.func` the kernel reads."""
+    read = {getattr(op, _READ_OPERAND[op.name]) for op in kernel.walk() if op.name in _READ_OPERAND}
     return [arg in read for arg in kernel.body.block.args]
 
 

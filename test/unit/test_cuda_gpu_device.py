@@ -278,3 +278,90 @@ def test_the_gpu_device_keeps_everything_on_its_work_stream(monkeypatch: pytest.
     assert kinds.count("begin_capture") == kinds.count("end_capture") == 1  # the decode step, once
     assert kinds[kinds.index("begin_capture") - 1] == "synchronize"  # a fault of the eager run surfaces first
     assert kinds.count("graph_launch") == 2  # 4 tokens: the prefill's, then 3 decode steps, the last 2 replays
+
+
+class FakeHopperDriver(FakeDriver):
+    """`FakeDriver` with `launch_with` (a kernel taking tensor maps and dynamic shared memory) and a stand-in driver
+    library whose cuTensorMapEncodeTiled and cuFuncSetAttribute record their calls."""
+
+    def __init__(self, cp: FakeCupy, kernels: dict[str, Any]) -> None:
+        super().__init__(cp)
+        self.kernels, self.encoded, self.attributes, self.launches = kernels, [], [], []
+        fake = self
+
+        class Library:
+            @staticmethod
+            def cuTensorMapEncodeTiled(*args: Any) -> int:  # noqa: N802 (the driver's name)
+                fake.encoded.append(args)
+                return 0
+
+            @staticmethod
+            def cuFuncSetAttribute(function: Any, attribute: int, value: int) -> int:  # noqa: N802
+                fake.attributes.append((attribute, value))
+                return 0
+
+        self.library = Library()
+
+    def launch_with(self, function: int, grid: Any, block: int, params: Any, shared: int, stream: int, _: bool) -> None:
+        run = self.cp.functions[function]
+        count = len(self.kernels[run.name].body.block.args)
+        pointers = [ctypes.c_void_p.from_address(params[i]).value for i in range(count)]
+        self.launches.append((run.name, tuple(pointers), shared, len(params) - count))
+        arrays = []
+        for pointer in pointers:
+            array, offset = self.cp.find(pointer)
+            assert offset == 0
+            arrays.append(array)
+        with self.cp.by_ptr[stream]:
+            run(grid, (block, 1, 1), tuple(arrays))
+
+
+def test_the_gpu_device_launches_the_wgmma_products_with_their_tensor_maps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bf16 chunk of 72 rows (more than a batch: the wgmma path): each product's launch goes through
+    cuLaunchKernelEx with its tensor maps by value and 132 KB of dynamic shared memory, the maps encoded (and the
+    function's shared memory raised) once for each kernel and set of buffers, and the token is the reference's."""
+    spec = ModelSpec.preset("tiny")  # hidden 64, intermediate 128: depths of whole 64-element slices
+    prompt = [int(t) for t in np.random.default_rng(4).integers(0, spec.vocab - 1, 72)]
+    store = RandomWeights(spec, seed=9)
+    want = Generator(store, prefill_rows=72).generate(prompt, 1)  # the reference's (bf16 agrees here: seeds fixed)
+    cp = FakeCupy()
+    kernels: dict[str, Any] = {}
+    make = generator.build_program
+
+    def built(*args: Any) -> Any:
+        build = make(*args)
+        kernels.update(build.plan.kernels)
+        return build
+
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    monkeypatch.setattr(generator, "build_program", built)
+
+    def module(cupy: Any, source: str) -> Any:
+        compiled = _module(cupy, kernels)
+        get = compiled.get_function
+
+        def named(name: str) -> Any:
+            run = get(name)
+            run.name = name
+            return run
+
+        return types.SimpleNamespace(get_function=named)
+
+    monkeypatch.setattr(devices, "_compile_cuda", module)
+    from logos_ir.runtime.cuda import driver
+
+    fake = FakeHopperDriver(cp, kernels)
+    monkeypatch.setattr(driver, "Driver", lambda: fake)
+    lane = generator.cuda_generator(RunRequest(store, None, 72, 1, "bf16"))
+    assert lane.generate(prompt, 1) == want
+    products = {name for name, *_ in fake.launches}
+    assert products and all("_wgmma_" in name for name in products)
+    assert {(shared, maps) for name, _, shared, maps in fake.launches if "gate_up" not in name} == {(132128, 2)}
+    assert {(shared, maps) for name, _, shared, maps in fake.launches if "gate_up" in name} == {(132128, 3)}
+    # the maps encoded and the shared memory raised once for each kernel and set of buffers it is launched on
+    assert fake.attributes == [(8, 132128)] * len(fake.launches)
+    assert len(fake.encoded) == sum(maps for *_, maps in fake.launches)
+    assert lane.generate(prompt, 1) == want  # the same buffers again: nothing encoded anew
+    assert (
+        len(fake.launches) == 2 * len(fake.attributes) and len(fake.encoded) == sum(m for *_, m in fake.launches) // 2
+    )

@@ -1,17 +1,18 @@
 """The CUDA lane's tensor-core products, executed by the emulator from the lowered IR as printed.
 
 * Every tensor-core kernel kind of a tiny model's bf16 prefill chunk (`norm_linear_tc`, `linear_residual_tc`,
-  `norm_gate_up_tc`; a chunk of 70 rows, so the last row tile is partial, and projections narrower than a block
-  tile) agrees with numpy's product of bf16-rounded inputs accumulated in f32 within the stated tolerance; with the
-  RMS norm folded into the product's prologue the inputs are numpy's f32 norm of x, rounded to bf16.
+  `norm_gate_up_tc`; a batch of 40 rows, so the row tile is partial, and projections narrower than a block tile;
+  chunks of more rows take the wgmma kernels, `test_cuda_hopper`) agrees with numpy's product of bf16-rounded
+  inputs accumulated in f32 within the stated tolerance; with the RMS norm folded into the product's prologue the
+  inputs are numpy's f32 norm of x, rounded to bf16.
 * The emulator holds the kernels to the PTX ISA's fragment layouts and copy groups: moving one A-fragment register
   to the wrong row, dropping the wait for the asynchronous copies, dropping a barrier (a race), misaligning an
   ldmatrix row or copying past a buffer changes the numbers or is refused.
 * With f32 weights no tensor-core kernel is built (the exact path the token tests stand on).
 * Flash attention over the prompt agrees with numpy's attention, fused with the chunk's cache write (the cache then
   holds exactly the rotated, rounded keys and values) and not; reading V without `.trans` does not agree.
-* The llama-3.1-8b 512-row prefill's tensor-core kernels hold mma.sync, ldmatrix, cp.async and shared memory, and
-  compile for sm_90 with no register spill (where nvcc is installed).
+* The llama-3.1-8b 512-row prefill's products hold wgmma and TMA, its 64-row batch's and attention mma.sync,
+  ldmatrix, cp.async and shared memory, and all compile for sm_90a with no register spill (where nvcc is installed).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from logos_ir.runtime.cuda.emulator import KernelEmulator
 from logos_ir.runtime.cuda.emulator import LaunchShape as _Launch
 from logos_ir.spec import ModelSpec
 
-ROWS = 70  # a row tile of 64 and a partial one
+ROWS = 40  # a batch (at most 64 rows: mma.sync, tiles of 64 rows), its row tile partial
 # |emulated - numpy| <= TOLERANCE * sum_k |x_k w_k|: both sum exact bf16 products in f32, in different orders
 TOLERANCE = 2.0**-16
 
@@ -424,18 +425,21 @@ _KERNEL = re.compile(r'^extern "C" __global__ void __launch_bounds__\(\d+, \d+\)
 
 
 def _tensor_core_source() -> tuple[str, list[str]]:
-    """The tensor-core kernels of the llama-3.1-8b 512-row prefill chunk (bf16), and the flash attention kernels
-    of its shapes, fused with the cache write and not (32 heads over 8 KV heads of 128, a bf16 cache of 1024)."""
+    """The tensor-core kernels of the llama-3.1-8b 512-row prefill chunk (bf16: the wgmma products and their bf16
+    conversions) and of its 64-row batch (mma.sync), and the flash attention kernels of its shapes, fused with the
+    cache write and not (32 heads over 8 KV heads of 128, a bf16 cache of 1024)."""
+    import dataclasses
+
     from xdsl.context import Context
     from xdsl.parser import Parser
 
     from logos_ir.passes.cuda.convert_kernels_to_gpu import ConvertCudaKernelsToGpu
-    from logos_ir.passes.cuda.emit_cuda import PREAMBLE, print_cuda
+    from logos_ir.passes.cuda.emit_cuda import PREAMBLE, TENSOR_MAP_PREAMBLE, print_cuda
     from logos_ir.passes.cuda.fuse_prefill_attention import FusePrefillAttention
     from logos_ir.passes.cuda.host_plan import lowered_context
 
-    _, source, _ = build_program(ModelSpec.preset("llama-3.1-8b"), Cut.prefill(512, 1024), 1, "bf16")
-    sources = [source]
+    spec = dataclasses.replace(ModelSpec.preset("llama-3.1-8b"), layers=2)  # every layer's kernels are the same
+    sources = [build_program(spec, Cut.prefill(rows, 1024), 1, "bf16")[1] for rows in (512, 64)]
     for step in (_attention_step(512, 32, 8, 1024, 128), _fused_step(512, 32, 8, 1024, 128)):
         module = Parser(lowered_context(), step).parse_module()
         FusePrefillAttention().apply(Context(), module)
@@ -450,23 +454,41 @@ def _tensor_core_source() -> tuple[str, list[str]]:
     chosen = {}
     for body in bodies:
         name = _KERNEL.match(body).group(1)  # type: ignore[union-attr]
-        if "_tc_" in name:
+        if re.search(r"_tc_|_wgmma_|to_bf16_", name):
             chosen[name] = body  # the pipeline's fused attention and the hand-built one are the same kernel
-    return PREAMBLE + "\n".join(chosen.values()), list(chosen)
+    return PREAMBLE + TENSOR_MAP_PREAMBLE + "\n".join(chosen.values()), list(chosen)
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA) is not installed here: the sm_90 compile is not checked")
-def test_the_8b_prefill_tensor_core_kernels_compile_for_sm_90_without_spills(tmp_path: Any) -> None:
+_WGMMA_PTX = (
+    "wgmma.mma_async.sync.aligned.m64n",
+    "wgmma.fence.sync.aligned",
+    "wgmma.commit_group.sync.aligned",
+    "wgmma.wait_group.sync.aligned",
+    "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
+    "mbarrier.arrive.expect_tx",
+    "mbarrier.try_wait.parity",
+    "__grid_constant__ LogosTensorMap",
+)
+_MMA_SYNC_PTX = ("mma.sync.aligned.m16n8k16", "ldmatrix.sync.aligned", "cp.async.cg.shared.global", "__shared__")
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA) is not installed here: the sm_90a compile is not checked")
+def test_the_8b_prefill_kernels_use_wgmma_and_tma_and_compile_for_sm_90a_without_spills(tmp_path: Any) -> None:
+    """The 512-row chunk's products on wgmma fed by TMA (sm_90a: arch-specific, CC 9.0 only), the 64-row batch's on
+    mma.sync, attention on mma.sync; ptxas reports no spill in any of them."""
     source, names = _tensor_core_source()
-    stems = {name.split("_tc_")[0] for name in names}
-    assert stems >= {"norm_linear", "linear_residual", "norm_gate_up", "attention_prefill", "prefill_attention"}
+    stems = {re.split(r"_(?:tc|wgmma)_|_\d", name)[0] for name in names}
+    assert stems >= {"linear", "linear_residual", "gate_up", "norm_to_bf16", "to_bf16"}
+    assert stems >= {"norm_linear", "norm_gate_up", "attention_prefill", "prefill_attention"}
+    wgmma = [name for name in names if "_wgmma_512x" in name]
+    assert {name.split("_wgmma_")[0] for name in wgmma} == {"linear", "linear_residual", "gate_up"}
     for name, body in zip(names, source.split('extern "C"')[1:], strict=True):
-        for needed in ("mma.sync.aligned.m16n8k16", "ldmatrix.sync.aligned", "cp.async.cg.shared.global", "__shared__"):
+        for needed in _WGMMA_PTX if name in wgmma else _MMA_SYNC_PTX if "_tc_" in name else ():
             assert needed in body, (name, needed)
     cu = tmp_path / "prefill.cu"
     cu.write_text(source)
-    command = [NVCC, "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "prefill.cubin"), str(cu)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    command = [NVCC, "-arch=sm_90a", "-cubin", "-O3", "-fmad=false", "-Xptxas", "-v", "-o", str(tmp_path / "p.cubin")]
+    done = subprocess.run([*command, str(cu)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     report = done.stdout + done.stderr
     assert len(re.findall(r"Compiling entry function '(\w+)'", report)) == len(names)
@@ -475,7 +497,7 @@ def test_the_8b_prefill_tensor_core_kernels_compile_for_sm_90_without_spills(tmp
 
 def test_the_build_report_gives_each_products_hbm_bytes_against_the_minimum() -> None:
     """The 8B's 512-row chunk: row tiles on the grid's x axis (launched side by side, so a weight tile is read from
-    HBM once while its 8 row tiles are resident) and the report's entry per distinct product."""
+    HBM once while its 4 row tiles are resident) and the report's entry per distinct product."""
     from logos_ir.build import BuildRequest
     from logos_ir.models import ModelSource
     from logos_ir.passes.cuda.build import build_cuda
@@ -485,10 +507,19 @@ def test_the_build_report_gives_each_products_hbm_bytes_against_the_minimum() ->
     request = BuildRequest(
         ModelSource("preset", "8b", spec), Cut.prefill(512, 1024), 1, "bf16", False, Progress.silent()
     )
-    products = build_cuda(request).report["tensor_core_products"]
-    assert {p["kernel"].split("_tc_")[0] for p in products} == {"norm_linear", "linear_residual", "norm_gate_up"}
+    report = build_cuda(request).report
+    # every buffer a launch reads through cp.async, TMA or a bf16-pair load counts: the step reads its weights once
+    # at least (it read 3.1 GB "against a minimum of 15.6 GB" while those copies were not counted)
+    projections = (
+        spec.hidden * (spec.heads + 2 * spec.kv_heads) * spec.head_dim + spec.heads * spec.head_dim * spec.hidden
+    )
+    projections += 3 * spec.hidden * spec.intermediate
+    weights = 2 * (spec.layers * projections + spec.vocab * spec.hidden)  # bf16: the layers' products and the head
+    assert report["bytes_read"] >= report["bytes_minimum"] >= weights
+    products = report["tensor_core_products"]
+    assert {p["kernel"].split("_wgmma_")[0] for p in products} == {"linear", "linear_residual", "gate_up"}
     assert sum(p["launches"] for p in products) == 6 * spec.layers  # q, k, v, o, gate/up, down
     for product in products:
-        assert product["grid"][0] == 512 // 64  # row tiles fastest
+        assert product["grid"][0] == 512 // 128  # row tiles fastest
         assert product["minimum_bytes"] <= product["hbm_bytes"] <= 1.5 * product["minimum_bytes"]
         assert product["l2_to_sm_bytes"] > product["hbm_bytes"]

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from logos_ir.errors import LogosError
 from logos_ir.numerics import bf16_bits, bf16_rounded
 from logos_ir.runtime.cuda.emulator import KernelEmulator, LaunchShape
 
@@ -156,6 +157,8 @@ class Gpu:
         # same kernels launched plainly beside it.
         self.programmatic = int(cupy.cuda.Device().compute_capability) >= 90
         self.driver: Any = None
+        self.hopper: dict[str, tuple[list[Any], int]] = {}  # kernel -> its tensor maps and dynamic shared bytes
+        self.encoded: dict[tuple[str, tuple[int, ...]], Any] = {}  # (kernel, pointers) -> its launch parameters
 
     def _type(self, element: str) -> Any:
         return {"f32": self.cp.float32, "bf16": self.cp.uint16, "i64": self.cp.int64}[element]
@@ -164,9 +167,14 @@ class Gpu:
         module = self.modules.get(cuda_source)
         if module is None:
             module = self.modules[cuda_source] = _compile_cuda(self.cp, cuda_source)
-        for name in kernels:
+        from logos_ir.runtime.cuda.tensor_maps import dynamic_shared_bytes, tensor_map_specs
+
+        for name, kernel in kernels.items():
             if name not in self.functions:
                 self.functions[name] = module.get_function(name)
+            specs, shared = tensor_map_specs(kernel), dynamic_shared_bytes(kernel)
+            if specs or shared:  # a Hopper product: tensor maps by value and dynamic shared memory
+                self.hopper[name] = (specs, shared)
 
     def alloc(self, name: str, shape: tuple[int, ...], element: str) -> Any:
         with self.stream:  # cupy's pool is stream-ordered; the zero fill is a kernel on the work stream
@@ -242,6 +250,9 @@ class Gpu:
         """A launch on the work stream; `programmatic` (its kernel waits for the launch before it at its top): on a
         Hopper or later, with `self.programmatic` on, through `cuLaunchKernelEx` with the programmatic attribute
         (`driver.Driver`), else as cupy launches."""
+        if kernel in self.hopper:
+            self._launch_hopper(kernel, grid, block, arrays, programmatic and self.programmatic)
+            return
         if programmatic and self.programmatic:
             if self.driver is None:
                 from logos_ir.runtime.cuda.driver import Driver
@@ -252,6 +263,27 @@ class Gpu:
             return
         with self.stream:
             self.functions[kernel](grid, (block, 1, 1), tuple(arrays))
+
+    def _launch_hopper(
+        self, kernel: str, grid: tuple[int, int, int], block: int, arrays: list[Any], programmatic: bool
+    ) -> None:
+        """A kernel taking tensor maps (encoded once for the buffers it is launched on: a plan's buffers are fixed)
+        and dynamic shared memory, through `cuLaunchKernelEx`."""
+        from logos_ir.runtime.cuda.driver import Driver
+        from logos_ir.runtime.cuda.tensor_maps import TensorMapEncoder, kernel_params
+
+        if self.driver is None:
+            self.driver = Driver()
+        specs, shared = self.hopper[kernel]
+        function = self.functions[kernel].kernel.ptr
+        pointers = tuple(array.data.ptr for array in arrays)
+        found = self.encoded.get((kernel, pointers))
+        if found is None:
+            encoder = TensorMapEncoder(self.driver.library)
+            encoder.allow_shared(function, shared)
+            maps = [encoder.encode(spec, pointers[spec.arg]) for spec in specs]
+            found = self.encoded[(kernel, pointers)] = kernel_params(pointers, maps)
+        self.driver.launch_with(function, grid, block, found[0], shared, self.stream.ptr, programmatic)
 
     def collective(self, name: str, work: Callable[[], None] | None, kind: str = "all_reduce") -> None:
         if work is not None:
@@ -304,6 +336,10 @@ def _compile_cuda(cp: Any, source: str) -> Any:
 
     capability = cp.cuda.Device().compute_capability
     arch = f"sm_{capability}"
+    if "wgmma." in source:  # arch-specific PTX (sm_90a): a cubin that runs on compute capability 9.0 only
+        if str(capability) != "90":
+            raise LogosError(f"kernels.cu uses wgmma (sm_90a), which runs on compute capability 9.0, not {capability}")
+        arch = "sm_90a"
     nvcc = shutil.which("nvcc")
     with tempfile.TemporaryDirectory(prefix="logos-cuda-") as folder:
         cu, cubin = Path(folder) / "kernels.cu", Path(folder) / "kernels.cubin"

@@ -47,14 +47,14 @@ class LaunchConfig(ctypes.Structure):
 
 
 def programmatic_config(
-    grid: tuple[int, int, int], block: int, stream: int
+    grid: tuple[int, int, int], block: int, stream: int, shared: int = 0, programmatic: bool = True
 ) -> tuple[LaunchConfig, ctypes.Array[LaunchAttribute]]:
-    """The launch configuration of a programmatic launch on `stream` (the attribute array kept with it: the
-    configuration points into it)."""
+    """The launch configuration of a launch on `stream` with `shared` bytes of dynamic shared memory, programmatic
+    or not (the attribute array kept with it: the configuration points into it)."""
     attrs = (LaunchAttribute * 1)()
     attrs[0].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
     attrs[0].value.programmaticStreamSerializationAllowed = 1
-    config = LaunchConfig(*grid, block, 1, 1, 0, ctypes.c_void_p(stream), attrs, 1)
+    config = LaunchConfig(*grid, block, 1, 1, shared, ctypes.c_void_p(stream), attrs, 1 if programmatic else 0)
     return config, attrs
 
 
@@ -67,6 +67,7 @@ class Driver:
                 library = ctypes.CDLL("libcuda.so.1")
             except OSError as error:
                 raise LogosError(f"the CUDA driver library (libcuda.so.1) could not be loaded: {error}") from None
+        self.library = library
         self.launch_ex = library.cuLaunchKernelEx
         self.launch_ex.restype = ctypes.c_int
         self.launch_ex.argtypes = [
@@ -87,3 +88,21 @@ class Driver:
         del attrs  # kept alive until the call has returned
         if status != 0:
             raise LogosError(f"cuLaunchKernelEx (programmatic launch) failed with CUresult {status}")
+
+    def launch_with(
+        self,
+        function: int,
+        grid: tuple[int, int, int],
+        block: int,
+        params: Any,
+        shared: int,
+        stream: int,
+        programmatic: bool,
+    ) -> None:
+        """Launches `function` with ready `params` (`tensor_maps.kernel_params`: pointers and tensor maps) and
+        `shared` bytes of dynamic shared memory, programmatic or not."""
+        config, attrs = programmatic_config(grid, block, stream, shared, programmatic)
+        status = self.launch_ex(ctypes.byref(config), ctypes.c_void_p(function), params, None)
+        del attrs
+        if status != 0:
+            raise LogosError(f"cuLaunchKernelEx failed with CUresult {status}")

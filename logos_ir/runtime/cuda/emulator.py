@@ -6,8 +6,8 @@ between threads runs until its last thread is done, each thread masked off past 
 mask; loads of masked-off threads read element 0 and their stores are dropped. It fails where a GPU would: an
 access outside a buffer, a misaligned vector load, an index past the 32 bits the emitted C computes in
 (`EmulatorFault`); `math.fma` rounds once. bf16 buffers are held as f32 arrays of bf16-rounded values. Each op is
-compiled by a handler looked up by its type (`COMPILERS`, the tensor-core ops' from `tensor_core`); an op without
-one is refused by name.
+compiled by a handler looked up by its type (`COMPILERS`, the tensor-core ops' from `tensor_core`, the Hopper ops'
+from `hopper`); an op without one is refused by name.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from logos_ir.dialects import cuda
 from logos_ir.dialects.cuda import WARP
 from logos_ir.errors import LogosError
 from logos_ir.numerics import bf16_rounded
+from logos_ir.runtime.cuda.hopper import HOPPER_COMPILERS
 from logos_ir.runtime.cuda.lockstep import Env, Mask, Step, row_major_strides
 from logos_ir.runtime.cuda.tensor_core import TENSOR_CORE_COMPILERS
 
@@ -850,4 +851,5 @@ COMPILERS: dict[type[Operation], Compiler] = {
     scf.YieldOp: _nothing,
     gpu.ReturnOp: _nothing,
     **TENSOR_CORE_COMPILERS,
+    **HOPPER_COMPILERS,  # after the tensor-core table: shared memory with addresses and mbarriers
 }

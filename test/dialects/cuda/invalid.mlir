@@ -41,3 +41,27 @@ cuda.attention ins(%q, %k, %k, %p : memref<1x64xf32>, memref<2x64x16xf32>, memre
 %c = cuda.buffer "chip" kind "table" : memref<1xi64>
 %o = cuda.buffer "o" kind "activation" : memref<1x64xf32>
 cuda.linear ins(%x, %w, %c : memref<1x64xf32>, memref<64x64xbf16>, memref<1xi64>) outs(%o : memref<1x64xf32>) {residual_chip = 0 : i64}
+// -----
+// CHECK: 'cuda.tma_load' op needs a box row of 128 bytes to swizzle, not 32 elements
+%x = cuda.buffer "x" kind "scratch" : memref<200x128xbf16>
+%ring = cuda.shared_memory : memref<4x128x32xbf16, 3 : i64>
+%full = cuda.shared_memory : memref<4xi64, 3 : i64>
+%i = arith.constant 0 : index
+cuda.tma_load %ring[%i, %i, %i], %full[%i], %x[%i, %i] box 128 x 32 swizzle 128 : memref<4x128x32xbf16, 3 : i64>, memref<4xi64, 3 : i64>, memref<200x128xbf16>
+// -----
+// CHECK: 'cuda.mbarrier_init' op takes mbarriers of i64 (a .b64 each), not f32
+%bars = cuda.shared_memory : memref<4xf32, 3 : i64>
+%i = arith.constant 0 : index
+cuda.mbarrier_init %bars[%i], 1 : memref<4xf32, 3 : i64>
+// -----
+// CHECK: 'cuda.wgmma' op m64n16k16 takes and gives 8 f32 registers, not 4, 8
+%ring = cuda.shared_memory : memref<4x128x64xbf16, 3 : i64>
+%i = arith.constant 0 : index
+%a = cuda.wgmma_descriptor %ring[%i, %i, %i] leading 16 stride 1024 swizzle 128 : memref<4x128x64xbf16, 3 : i64>
+%z = arith.constant 0.0 : f32
+%d0, %d1, %d2, %d3, %d4, %d5, %d6, %d7 = "cuda.wgmma"(%a, %a, %z, %z, %z, %z) <{n = 16 : i64}> : (i64, i64, f32, f32, f32, f32) -> (f32, f32, f32, f32, f32, f32, f32, f32)
+// -----
+// CHECK: 'cuda.wgmma_descriptor' op needs a stride byte offset of whole 16 bytes below 2^18, not 1000
+%ring = cuda.shared_memory : memref<4x128x64xbf16, 3 : i64>
+%i = arith.constant 0 : index
+%a = cuda.wgmma_descriptor %ring[%i, %i, %i] leading 16 stride 1000 swizzle 128 : memref<4x128x64xbf16, 3 : i64>
