@@ -8,6 +8,8 @@ them (xDSL 0.74 prints the colour with its MLIR type, `0 : ui5`, and closes the 
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, ClassVar
 
@@ -23,7 +25,16 @@ from logos_ir.dialects import csl_ext
 
 
 class LaneCslPrintContext(CslPrintContext):
-    """xDSL's CSL print context, refusing unknown ops and printing fabric DSDs as CSL reads them."""
+    """xDSL's CSL print context, refusing unknown ops, printing fabric DSDs as CSL reads them, and naming every
+    variable of a module once: xDSL 0.74's sub-context (a function's body, a `comptime` block) counts its names from
+    its parent's counter but leaves the parent's where it was, so a later module-level `var v48` took the name of a
+    function's local `v48`, and CSL, as Zig, refuses a local that shadows a declaration of its container."""
+
+    @contextmanager
+    def descend(self, block_start: str = "") -> Iterator[CslPrintContext]:
+        with super().descend(block_start) as inner:
+            yield inner
+        self._counter = max(self._counter, inner._counter)
 
     def print(self, text: str, prefix: str = "", end: str = "\n") -> None:
         if prefix == "//" and text.startswith("unknown op"):

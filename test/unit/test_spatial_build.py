@@ -84,6 +84,9 @@ def test_tiny_decode_build(monkeypatch: pytest.MonkeyPatch) -> None:
         assert needed in program, needed
     for reserved in ("@get_color(21)", "@get_color(22)", "@get_color(23)"):
         assert reserved not in program and reserved not in layout
+    for text in (layout, program):  # CSL, as Zig, refuses a local that shadows a declaration of its container
+        declared = set(re.findall(r"^(?:var|const) (\w+) :", text, re.M))
+        assert not declared & _locals(text), sorted(declared & _locals(text))
     host = json.loads(files["host.json"])
     assert host["grid"] == [p, p] and host["logits"]["column"] == p // 2  # the row reductions end on the centre
     report = lane.report
@@ -92,6 +95,14 @@ def test_tiny_decode_build(monkeypatch: pytest.MonkeyPatch) -> None:
     assert report["working_share_per_layer"] == 1.0
     assert len(report["regions"]) == model.spec.layers + 2
     json.dumps(report)
+
+
+def _locals(text: str) -> set[str]:
+    """The names a CSL text declares inside a block (a function's, a task's, a comptime's): parameters and
+    indented `var`/`const`."""
+    params = {name for group in re.findall(r"^(?:fn|task) \w+\(([^)]*)\)", text, re.M) for name in
+              re.findall(r"(\w+) :", group)}  # fmt: skip
+    return params | set(re.findall(r"^ +(?:var|const) (\w+) :", text, re.M))
 
 
 def _elements_given_code(layout: str, command: str) -> int:
