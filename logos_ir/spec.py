@@ -588,7 +588,7 @@ def _spec_from_config(config: Mapping[str, Any], where: str) -> ModelSpec:
     model_type = config.get("model_type")
     if model_type is None:
         raise SpecError(f"{where}: required field 'model_type' is missing")
-    if model_type in REFUSED_MODEL_TYPES:
+    if isinstance(model_type, str) and model_type in REFUSED_MODEL_TYPES:
         raise SpecError(f"{where}: model_type '{model_type}' is refused: {REFUSED_MODEL_TYPES[model_type]}")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise SpecError(
