@@ -71,6 +71,52 @@ def test_the_routers_training_keys_are_neutral() -> None:
     assert ModelSpec.from_hf_config({**qwen, "intermediate_size": 999}) == ModelSpec.from_hf_config(qwen)
 
 
+# The published config.json files of Mixtral-8x7B-v0.1 and Qwen3-30B-A3B (their hub pages), key for key.
+MIXTRAL_8X7B = {
+    "architectures": ["MixtralForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 32768,
+    "model_type": "mixtral",
+    "num_attention_heads": 32,
+    "num_experts_per_tok": 2,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "num_local_experts": 8,
+    "output_router_logits": False,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.02,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.36.0.dev0",
+    "use_cache": True,
+    "vocab_size": 32000,
+}
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144, "max_position_embeddings": 40960,
+    "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768,
+    "norm_topk_prob": True, "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
+    "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": False, "rms_norm_eps": 1e-06,
+    "rope_scaling": None, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": None,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": True,
+    "use_sliding_window": False, "vocab_size": 151936,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("config", "preset"), [(MIXTRAL_8X7B, "mixtral-8x7b"), (QWEN3_30B_A3B, "qwen3-30b-a3b")])
+def test_the_published_configs_read_as_their_presets(config: dict, preset: str) -> None:
+    assert ModelSpec.from_hf_config(config) == ModelSpec.preset(preset)
+
+
 def test_the_mixture_presets_have_their_published_shapes() -> None:
     mixtral = ModelSpec.preset("mixtral-8x7b")
     assert (mixtral.experts, mixtral.experts_per_token, mixtral.intermediate, mixtral.hidden) == (8, 2, 14336, 4096)
