@@ -652,6 +652,22 @@ def _qwen3moe_spec(
     }
 
 
+def _llama_spec(
+    meta: Mapping[str, Any], where: str, arch: str, layers: int, hidden: int, heads: int, head_dim: int
+) -> dict[str, Any]:
+    """A llama GGUF with experts (Mixtral, as llama.cpp's converter writes it): every layer a mixture of
+    `expert_count` experts of `feed_forward_length` numbers each, each token routed to `expert_used_count`, the
+    chosen weights divided by their sum (`llm_build_llama`'s `build_moe_ffn`, norm_w true, as Mixtral's router);
+    without experts (a count of 0 or none), a Llama."""
+    experts = _meta_number(meta, where, arch + ".expert_count", int, 0)
+    if experts == 0:
+        if _meta_number(meta, where, arch + ".expert_used_count", int, 0):
+            raise SpecError(f"{where}: GGUF metadata '{arch}.expert_used_count' routes to experts the file lacks")
+        return {}
+    used = _meta_number(meta, where, arch + ".expert_used_count", int)
+    return {"experts": experts, "experts_per_token": used, "renormalize": True}
+
+
 # llama.cpp's names of a mixture's router and stacked experts (already stacked in the file: experts first)
 _EXPERT_NAMES = MappingProxyType(
     {
@@ -663,7 +679,12 @@ _EXPERT_NAMES = MappingProxyType(
 )
 
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
-    "llama": GGUFArchitecture(permuted=True),
+    "llama": GGUFArchitecture(
+        permuted=True,
+        block_names=_EXPERT_NAMES,  # a Mixtral's router and experts
+        keys=frozenset({"expert_count", "expert_used_count"}),
+        family=_llama_spec,
+    ),
     "qwen2": GGUFArchitecture(permuted=False, biases=("query", "key", "value")),
     "qwen3": GGUFArchitecture(permuted=False, head_norms=True),
     "qwen3moe": GGUFArchitecture(

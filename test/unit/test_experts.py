@@ -345,22 +345,32 @@ def test_a_malformed_mixture_sentence_is_located() -> None:
 # -- GGUF: llama.cpp's qwen3moe, its experts stacked in the file -----------------------------------------------
 
 
-def _qwen3moe_gguf(path: Path, store, skip: tuple[str, ...] = (), arch: str = "qwen3moe") -> Path:  # noqa: ANN001
-    """`store` written as llama.cpp's converter writes a Qwen3-MoE (`Qwen3MoeModel`): keys under `qwen3moe.`, the
-    experts stacked (`blk.N.ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps`), the router `ffn_gate_inp`, Q and K
-    unpermuted (its rotary is "neox"), F32 throughout."""
+def _moe_gguf(  # noqa: ANN201
+    path: Path,
+    store,
+    skip: tuple[str, ...] = (),
+    arch: str = "qwen3moe",
+    expert_width: bool | None = None,  # noqa: ANN001
+):
+    """`store` written as llama.cpp's converter writes a Qwen3-MoE (`Qwen3MoeModel`; with `arch` llama, a Mixtral,
+    `MixtralModel`): keys under the architecture's prefix, the experts stacked (`blk.N.ffn_gate_exps`,
+    `ffn_up_exps`, `ffn_down_exps`), the router `ffn_gate_inp`, Q and K unpermuted for Qwen's "neox" rotary and
+    permuted for a Llama's, F32 throughout; `expert_width`: whether it writes `expert_feed_forward_length` (by
+    default as its family's converter does: Qwen's, not Mixtral's)."""
     import gguf
 
-    from logos_ir.weights.gguf import gguf_tensor_name
+    from logos_ir.weights.gguf import gguf_tensor_name, permute_qk
 
     spec = store.spec
+    mixtral = arch == "llama"
     names = {"mlp.gate": "ffn_gate_inp", **{f"mlp.experts.{p}_proj": f"ffn_{p}_exps" for p in ("gate", "up", "down")}}
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(spec.layers)
     writer.add_context_length(128)
     writer.add_embedding_length(spec.hidden)
-    writer.add_feed_forward_length(128)  # the dense width of its config, which no layer has
-    writer.add_expert_feed_forward_length(spec.intermediate)
+    writer.add_feed_forward_length(spec.intermediate if mixtral else 128)  # Qwen's: a dense width no layer has
+    if (not mixtral) if expert_width is None else expert_width:  # Mixtral's converter writes none of its own
+        writer.add_expert_feed_forward_length(spec.intermediate)
     writer.add_expert_count(spec.experts)
     writer.add_expert_used_count(spec.experts_per_token)
     writer.add_head_count(spec.heads)
@@ -375,7 +385,10 @@ def _qwen3moe_gguf(path: Path, store, skip: tuple[str, ...] = (), arch: str = "q
         layer, _, role = hf.removeprefix("model.layers.").partition(".")
         role = role.removesuffix(".weight")
         name = f"blk.{layer}.{names[role]}.weight" if role in names else gguf_tensor_name(hf)
-        writer.add_tensor(name, np.array(store.get(hf), np.float32))
+        array = np.array(store.get(hf), np.float32)
+        if mixtral and role in ("self_attn.q_proj", "self_attn.k_proj"):
+            array = permute_qk(array, spec.heads if role == "self_attn.q_proj" else spec.kv_heads)
+        writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -383,13 +396,14 @@ def _qwen3moe_gguf(path: Path, store, skip: tuple[str, ...] = (), arch: str = "q
     return path
 
 
-def test_a_qwen3moe_gguf_gives_transformers_tokens(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("family", "arch"), [("qwen3_moe", "qwen3moe"), ("mixtral", "llama")])
+def test_a_moe_gguf_gives_transformers_tokens(tmp_path: Path, family: str, arch: str) -> None:
     from logos_ir.registry import backends
     from logos_ir.runtime import RunRequest
 
-    run = json.loads((FAMILIES / "goldens.json").read_text())["families"]["qwen3_moe"]["runs"][0]
-    folder = open_model(str(FAMILIES / "qwen3_moe"))
-    store = open_model(str(_qwen3moe_gguf(tmp_path / "moe.gguf", folder)))
+    run = json.loads((FAMILIES / "goldens.json").read_text())["families"][family]["runs"][0]
+    folder = open_model(str(FAMILIES / family))
+    store = open_model(str(_moe_gguf(tmp_path / "moe.gguf", folder, arch=arch)))
     assert store.spec == folder.spec
     np.testing.assert_array_equal(
         store.get("model.layers.1.mlp.experts.down_proj.weight"),
@@ -403,15 +417,22 @@ def test_a_qwen3moe_gguf_is_renormalized_as_llama_cpp_computes_it(tmp_path: Path
     """llama.cpp's qwen3moe graph always divides the chosen weights by their sum (its GGUF has no key for
     norm_topk_prob), so a model without it reads as llama.cpp runs it: renormalized, not as transformers ran it."""
     folder = open_model(str(FAMILIES / "qwen3_moe-unnormed"))
-    store = open_model(str(_qwen3moe_gguf(tmp_path / "unnormed.gguf", folder)))
+    store = open_model(str(_moe_gguf(tmp_path / "unnormed.gguf", folder)))
     assert not folder.spec.renormalize and store.spec.renormalize
 
 
 def test_a_moe_gguf_the_program_cannot_read_is_refused_by_name(tmp_path: Path) -> None:
     folder = open_model(str(FAMILIES / "qwen3_moe"))
-    missing = _qwen3moe_gguf(tmp_path / "m.gguf", folder, skip=("model.layers.1.mlp.experts.up_proj.weight",))
+    missing = _moe_gguf(tmp_path / "m.gguf", folder, skip=("model.layers.1.mlp.experts.up_proj.weight",))
     with pytest.raises(WeightError, match=r"tensor 'model.layers.1.mlp.experts.up_proj.weight' is missing"):
         open_model(str(missing))
-    # a Mixtral GGUF is of llama.cpp's llama architecture, whose experts are not read yet: its expert keys refused
-    with pytest.raises(SpecError, match=r"GGUF metadata 'llama\.expert_[a-z_]+' is"):
-        open_model(str(_qwen3moe_gguf(tmp_path / "llama.gguf", folder, arch="llama")))
+    # llama.cpp's llama architecture (a Mixtral) says no expert width of its own: each expert's is its
+    # feed_forward_length, so the key is refused by name there
+    with pytest.raises(SpecError, match=r"GGUF metadata 'llama\.expert_feed_forward_length' is not one logos-ir"):
+        open_model(
+            str(
+                _moe_gguf(
+                    tmp_path / "llama.gguf", open_model(str(FAMILIES / "mixtral")), arch="llama", expert_width=True
+                )
+            )
+        )
