@@ -266,6 +266,9 @@ class ModelAttr(ParametrizedAttribute):
     biases: ArrayAttr[StringAttr]  # the projections that add a bias (empty: none, and not printed)
     head_norms: BoolAttr  # each head of the query and of the key RMS-normed (false: not printed)
     features: DictionaryAttr  # Gemma's features where they differ from a Llama's (`LLAMA_FEATURES`; empty: not printed)
+    experts: IntegerAttr[I64] | NoneAttr  # a mixture of experts in every layer: their number (none: a dense MLP)
+    experts_per_token: IntegerAttr[I64] | NoneAttr  # how many experts each token is routed to
+    renormalize: BoolAttr  # the chosen experts' weights divided by their sum (false: not printed)
 
     @staticmethod
     def of(spec: ModelSpec) -> ModelAttr:
@@ -287,6 +290,9 @@ class ModelAttr(ParametrizedAttribute):
                     if getattr(spec, key) != llama
                 }
             ),
+            NoneAttr() if spec.experts is None else IntegerAttr(spec.experts, i64),
+            NoneAttr() if spec.experts_per_token is None else IntegerAttr(spec.experts_per_token, i64),
+            BoolAttr.from_bool(spec.renormalize),
         )
 
     @property
@@ -304,6 +310,11 @@ class ModelAttr(ParametrizedAttribute):
             biases=tuple(p.data for p in self.biases.data),
             head_norms=bool(self.head_norms.value.data),
             **{key: _feature_value(value) for key, value in self.features.data.items()},
+            experts=self.experts.value.data if isinstance(self.experts, IntegerAttr) else None,
+            experts_per_token=(
+                self.experts_per_token.value.data if isinstance(self.experts_per_token, IntegerAttr) else None
+            ),
+            renormalize=bool(self.renormalize.value.data),
         )
 
     def print_parameters(self, printer: Printer) -> None:
@@ -327,6 +338,12 @@ class ModelAttr(ParametrizedAttribute):
         if self.features.data:
             printer.print_string(", features = ")
             printer.print_attribute(self.features)
+        for key in ("experts", "experts_per_token"):
+            value = getattr(self, key)
+            if isinstance(value, IntegerAttr):
+                printer.print_string(f", {key} = {value.value.data}")
+        if self.renormalize.value.data:
+            printer.print_string(", renormalize = true")
         printer.print_string(">")
 
     @classmethod
@@ -346,6 +363,9 @@ class ModelAttr(ParametrizedAttribute):
             optional["biases"] = ArrayAttr([])
             optional["head_norms"] = BoolAttr.from_bool(False)
             optional["features"] = DictionaryAttr({})
+            optional["experts"] = NoneAttr()
+            optional["experts_per_token"] = NoneAttr()
+            optional["renormalize"] = BoolAttr.from_bool(False)
             keys = list(optional)  # each at most once, in this order
             while parser.parse_optional_punctuation(",") is not None:
                 key = next((k for k in keys if parser.parse_optional_keyword(k) is not None), None)
@@ -353,9 +373,9 @@ class ModelAttr(ParametrizedAttribute):
                     parser.raise_error(f"expected one of {', '.join(keys)}")
                 keys = keys[keys.index(key) + 1 :]
                 parser.parse_punctuation("=")
-                if key == "sliding_window":
+                if key in ("sliding_window", "experts", "experts_per_token"):
                     optional[key] = IntegerAttr(parser.parse_integer(allow_boolean=False), i64)
-                elif key == "head_norms":
+                elif key in ("head_norms", "renormalize"):
                     optional[key] = BoolAttr.from_bool(parser.parse_boolean())
                 else:
                     optional[key] = parser.parse_attribute()
@@ -455,6 +475,14 @@ class ProgramOp(LogosOp):
         spec = self.model.spec
         scale = None if spec.query_pre_attn_scalar is None else spec.query_pre_attn_scalar**-0.5
         for op in self.walk():
+            if isinstance(op, MixtureOp):
+                said = (tensor_shape(op.gate)[0], op.top_k.value.data, op.renormalize is not None)
+                if said != (spec.experts, spec.experts_per_token, spec.renormalize):
+                    raise _fail(
+                        self,
+                        f"has a mixture of (experts, experts a token, renormalized) {said}, not its model's"
+                        f" {(spec.experts, spec.experts_per_token, spec.renormalize)}",
+                    )
             if isinstance(op, ScaledRMSNormOp) and (op.plus_one is not None) != spec.norm_plus_one:
                 raise _fail(self, f"has an RMS norm {'without' if spec.norm_plus_one else 'with'} its model's one plus")
             if isinstance(op, AttentionOp):
@@ -1120,6 +1148,58 @@ class SiluOp(LogosOp):
 
 
 @irdl_op_definition
+class MixtureOp(LogosOp):
+    """A mixture of experts applied to each row: the router's logits (one an expert) are turned into probabilities
+    by a softmax over every expert (in f32), the row takes the `top_k` most probable (the lowest index first on a
+    tie, as `torch.topk`), their probabilities divided by their sum where `renormalize` is set, and the result is
+    the sum, over the chosen experts in ascending expert index, of each one's probability times its SwiGLU MLP of
+    the row: down_e(silu(gate_e x) * up_e x). The experts' weights are stacked along a first axis, each expert's
+    in Hugging Face layout: gate and up [experts, intermediate, hidden], down [experts, hidden, intermediate].
+
+    ```mlir
+    %routed = logos.experts %normed, %router_logits, %gate, %up, %down top_k 2 renormalize
+                : (tensor<1x64xf32>, tensor<1x4xf32>, tensor<4x32x64xf32>, tensor<4x32x64xf32>, tensor<4x64x32xf32>)
+                  -> tensor<1x64xf32>
+    ```
+    """
+
+    name = "logos.experts"
+
+    input = operand_def(TensorType)
+    logits = operand_def(TensorType)  # the router's: rows by experts
+    gate = operand_def(TensorType)
+    up = operand_def(TensorType)
+    down = operand_def(TensorType)
+    top_k = prop_def(IntegerAttr[I64])
+    renormalize = opt_prop_def(UnitAttr)
+    result = result_def(TensorType)
+
+    traits = traits_def(Pure())
+
+    assembly_format = (
+        "$input `,` $logits `,` $gate `,` $up `,` $down `top_k` $top_k (`renormalize` $renormalize^)? attr-dict "
+        "`:` functional-type(operands, results)"
+    )
+
+    def check_(self) -> None:
+        x, logits = tensor_shape(self.input), tensor_shape(self.logits)
+        gate, up, down = tensor_shape(self.gate), tensor_shape(self.up), tensor_shape(self.down)
+        _expect_rank(self, "input", x, 2)
+        _expect_rank(self, "router logits", logits, 2)
+        for what, shape in (("gate weights", gate), ("up weights", up), ("down weights", down)):
+            _expect_rank(self, what, shape, 3)
+        experts, inter = gate[0], gate[1]
+        _expect_same(self, "gate weights shape", gate, (experts, inter, x[1]))
+        _expect_same(self, "up weights shape", up, gate)
+        _expect_same(self, "down weights shape", down, (experts, x[1], inter))
+        _expect_same(self, "router logits shape", logits, (x[0], experts))
+        top_k = self.top_k.value.data
+        if not 1 <= top_k <= experts:
+            raise _fail(self, f"routes each row to {top_k} experts, not 1 to its {experts}")
+        _expect_same(self, "result shape", tensor_shape(self.result), x)
+
+
+@irdl_op_definition
 class RowOp(LogosOp):
     """One row (from 1) of a stack of rows, kept as a stack of one.
 
@@ -1193,6 +1273,7 @@ LOGOS = Dialect(
         GeluTanhOp,
         SoftcapOp,
         ScaleOp,
+        MixtureOp,
         RowOp,
         ArgmaxOp,
     ],

@@ -25,7 +25,7 @@ from logos_ir.errors import CutError, NotYet, SpecError
 from logos_ir.printer import print_program
 from logos_ir.program import Cut, Identity
 from logos_ir.spec import ModelSpec
-from logos_ir.tensor_parallel import HEAD_SPLIT, NOT_YET_SPLIT, head_refusal, weight_split
+from logos_ir.tensor_parallel import HEAD_SPLIT, NOT_YET_SPLIT, NOT_YET_SPLIT_EXPERTS, head_refusal, weight_split
 
 # The file a weight is read from, under the model's directory (a sharded model's index refines it).
 WEIGHTS_FILE = "model.safetensors"
@@ -123,6 +123,8 @@ def _check_split(spec: ModelSpec, cut: Cut, tp: int) -> None:
         raise NotYet(NOT_YET_SPLIT)
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise SpecError(f"a program is split over at least 1 chip, not {tp!r}")
+    if spec.experts is not None and tp > 1:
+        raise NotYet(NOT_YET_SPLIT_EXPERTS)
     width = spec.splits_over(tp)
     if width is not None:
         raise SpecError(
@@ -155,6 +157,10 @@ def layer_weights(layer: int) -> dict[str, str]:
         "gate": p + "mlp.gate_proj.weight",
         "up": p + "mlp.up_proj.weight",
         "down": p + "mlp.down_proj.weight",
+        "router": p + "mlp.gate.weight",  # a mixture of experts only: the router, then the experts stacked
+        "expert_gates": p + "mlp.experts.gate_proj.weight",
+        "expert_ups": p + "mlp.experts.up_proj.weight",
+        "expert_downs": p + "mlp.experts.down_proj.weight",
     }
 
 
@@ -330,6 +336,8 @@ class _Plan:
         mixed = section.add("mixed", x, projected)
         mlp_norm = w(section, "mlp_norm", names["pre_mlp_norm" if sandwich else "mlp_norm"], (spec.hidden,))
         normed_mixed = section.rms_norm("normed_mixed", mixed, mlp_norm, one)
+        if spec.experts is not None:
+            return section.ret(section.add("result", mixed, self._mixture(section, names, normed_mixed)))
         gate_weight = w(section, "gate_weight", names["gate"], (spec.intermediate, spec.hidden))
         gate = b("gate", "gate", lambda name: section.linear(name, gate_weight, normed_mixed))
         up_weight = w(section, "up_weight", names["up"], (spec.intermediate, spec.hidden))
@@ -347,6 +355,20 @@ class _Plan:
             down_norm = w(section, "down_norm", names["post_mlp_norm"], (spec.hidden,))
             down = section.rms_norm("normed_down", down, down_norm, one)
         return section.ret(section.add("result", mixed, down))
+
+    def _mixture(self, section: SectionBuilder, names: dict[str, str], x: SSAValue) -> SSAValue:
+        """A mixture of experts' MLP of `x`: the router's logits (a projection, one an expert), then the stacked
+        experts routed by them."""
+        spec, w = self.spec, self._weight
+        experts = spec.experts
+        assert experts is not None
+        router = w(section, "router_weight", names["router"], (experts, spec.hidden))
+        logits = section.linear("router_logits", router, x)
+        stacked = (experts, spec.intermediate, spec.hidden)
+        gates = w(section, "gate_weights", names["expert_gates"], stacked)
+        ups = w(section, "up_weights", names["expert_ups"], stacked)
+        downs = w(section, "down_weights", names["expert_downs"], (experts, spec.hidden, spec.intermediate))
+        return section.experts("routed", x, logits, gates, ups, downs)
 
     def _attend(
         self,

@@ -261,6 +261,17 @@ class SectionBuilder:
     def silu(self, name: str, x: SSAValue) -> SSAValue:
         return self._let(logos.SiluOp.create(operands=[x], result_types=[x.type]), name)
 
+    def experts(
+        self, name: str, x: SSAValue, logits: SSAValue, gate: SSAValue, up: SSAValue, down: SSAValue
+    ) -> SSAValue:
+        """The mixture of the stacked experts `gate`, `up`, `down` applied to `x`, routed by `logits` to the
+        model's `experts_per_token` best, renormalized where the model's mixture is."""
+        properties: dict[str, Attribute] = {"top_k": integer(self.spec.experts_per_token or 0)}
+        if self.spec.renormalize:
+            properties["renormalize"] = UnitAttr()
+        op = logos.MixtureOp.create(operands=[x, logits, gate, up, down], properties=properties, result_types=[x.type])
+        return self._let(op, name)
+
     def row(self, name: str, x: SSAValue, index: int) -> SSAValue:
         op = logos.RowOp.create(
             operands=[x], properties={"index": integer(index)}, result_types=[f32_tensor((1, _shape(x)[1]))]

@@ -26,7 +26,17 @@ from logos_ir import builder
 from logos_ir.builder import SectionBuilder
 from logos_ir.dialects import logos
 from logos_ir.errors import CutError, LogosError, ParseError, SourceLocation, SpecError
-from logos_ir.printer import FEATURE_FACTS, HEAD_NORMS, INDENT, fact_lines, section_header, sentence, word_list
+from logos_ir.printer import (
+    FEATURE_FACTS,
+    HEAD_NORMS,
+    INDENT,
+    RENORMALIZED,
+    fact_lines,
+    mixture_fact,
+    section_header,
+    sentence,
+    word_list,
+)
 from logos_ir.program import Cut
 from logos_ir.spec import PROJECTIONS, ModelSpec, RopeScaling
 
@@ -185,6 +195,10 @@ _WINDOW = re.compile(
     r"(?:, except in layers? ([0-9]+(?:(?:, | and )[0-9]+)*))?\."
 )
 _BIASES = re.compile(r"The (.+) projections add biases\.")
+_MIXTURE = re.compile(
+    rf"Each layer's feed-forward network is a mixture of {_N} experts?, each token routed to the best {_N} of them"
+    rf"({re.escape(RENORMALIZED)})?\."
+)
 _TIES = {"The head reads the embedding table.": True, "The head has its own table.": False}
 _CHIPS = re.compile(rf"The program runs on {_N} chips?\.")
 
@@ -356,6 +370,21 @@ def _head_norms(src: _Source, line: _Line) -> dict[str, Any]:
     return {"head_norms": True}
 
 
+def _mixture(src: _Source, line: _Line) -> dict[str, Any]:
+    match = _MIXTURE.fullmatch(line.text[len(INDENT) :])
+    if not match:
+        raise src.error(
+            line.number,
+            len(INDENT) + 1,
+            "malformed mixture of experts fact",
+            f"write '{mixture_fact(8, 2, True)}' (without '{RENORMALIZED}' where the chosen weights are not"
+            " renormalized)",
+        )
+    experts = int(_number(src, line, match[1], len(INDENT) + match.start(1) + 1, int))
+    top_k = int(_number(src, line, match[2], len(INDENT) + match.start(2) + 1, int))
+    return {"experts": experts, "experts_per_token": top_k, "renormalize": match[3] is not None}
+
+
 def _feature_start(key: str) -> str:
     """The words a feature's fact starts with (up to its number, if it has one)."""
     return FEATURE_FACTS[key].split("{}")[0].removesuffix(".")
@@ -386,6 +415,7 @@ _OPTIONAL_FACTS: list[tuple[Callable[[str], bool], Callable[[_Source, _Line], di
     (lambda text: text.startswith("Attention looks back"), _window),
     (lambda text: text.endswith(" projections add biases."), lambda src, line: {"biases": _biases(src, line)}),
     (lambda text: text.startswith("Each head of the query"), _head_norms),
+    (lambda text: text.startswith("Each layer's feed-forward network"), _mixture),
     *((functools.partial(_starts_feature, key), functools.partial(_feature, key)) for key in FEATURE_FACTS),
 ]
 
@@ -657,6 +687,14 @@ _EXPRESSIONS: dict[str, tuple[re.Pattern[str], str]] = {
     ),
     "layer": (re.compile(r"layer (\S+) of (\S+) at (\S+)"), "layer 0 of x0 at position"),
     "row": (re.compile(r"row (\S+) of (\S+)"), "row 4 of x"),
+    "mixture": (
+        re.compile(
+            r"the mixture of the experts (\S+), (\S+) and (\S+) applied to (\S+), routed by (\S+) to the best (\S+)"
+            rf"({re.escape(RENORMALIZED)})?"
+        ),
+        "the mixture of the experts gate_weights, up_weights and down_weights applied to normed_mixed, routed by"
+        " router_logits to the best 2",
+    ),
     "applied": (re.compile(r"(\S+) applied to (\S+)"), "query_weight applied to normed"),
     "rotated": (re.compile(r"(\S+) rotated to (\S+?)(?:, with base (\S+))?"), "query rotated to position"),
     "plus": (re.compile(r"(\S+) plus (\S+)"), "x plus projected"),
@@ -922,6 +960,24 @@ class _Scope:
                 hint = f"write ', within the last {model} positions' after the position" if bites else None
                 raise self._here(column, logos.window_mismatch(window, model, bites), hint)
         return self.build.attention(name, query, keys, values, self._ids(m[4], m.start(4)), window, scale, softcap)
+
+    def _mixture(self, name: str, m: re.Match[str]) -> SSAValue:
+        spec = self.spec
+        if spec.experts is None:
+            raise self._here(0, "a mixture of experts, but the model's facts do not say it has one",
+                             f"add the fact '{mixture_fact(8, 2, True)}'")  # fmt: skip
+        gate, up, down = (self._tensor(m[i], m.start(i)) for i in (1, 2, 3))
+        x, logits = self._tensor(m[4], m.start(4)), self._tensor(m[5], m.start(5))
+        top_k = self._int(m[6], m.start(6))
+        if top_k != spec.experts_per_token:
+            raise self._here(m.start(6), f"each token is routed to {top_k} experts, but the model's facts say"
+                             f" {spec.experts_per_token}", f"write 'to the best {spec.experts_per_token}'")  # fmt: skip
+        if (m[7] is not None) != spec.renormalize:
+            said = "are" if spec.renormalize else "are not"
+            hint = f"write 'to the best {top_k}{RENORMALIZED if spec.renormalize else ''}'"
+            raise self._here(m.end(6), f"the model's facts say the chosen experts' weights {said} divided by their sum",
+                             hint)  # fmt: skip
+        return self.build.experts(name, x, logits, gate, up, down)
 
     def _SiLU(self, name: str, m: re.Match[str]) -> SSAValue:
         return self.build.silu(name, self._tensor(m[1], m.start(1)))

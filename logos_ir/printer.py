@@ -43,6 +43,15 @@ def word_list(words: tuple[str, ...] | list[str]) -> str:
 
 
 HEAD_NORMS = "Each head of the query and of the key is RMS-normed."
+RENORMALIZED = ", their weights divided by their sum"  # the chosen experts' probabilities, renormalized
+
+
+def mixture_fact(experts: int, top_k: int, renormalize: bool) -> str:
+    """The fact of a mixture of experts in every layer (each of `intermediate` numbers)."""
+    chosen = f"each token routed to the best {top_k} of them{RENORMALIZED if renormalize else ''}"
+    return f"Each layer's feed-forward network is a mixture of {count(experts, 'expert')}, {chosen}."
+
+
 # Gemma's facts, in their fixed order after the head norms: the spec's field and its sentence ({} its number, by
 # repr), each said only where the spec differs from a Llama (`LLAMA_FEATURES`).
 FEATURE_FACTS: dict[str, str] = {
@@ -86,6 +95,8 @@ def fact_lines(spec: ModelSpec, chips: int | None) -> list[str]:
         lines.append(f"The {word_list(spec.biases)} projections add biases.")
     if spec.head_norms:
         lines.append(HEAD_NORMS)
+    if spec.experts is not None:
+        lines.append(mixture_fact(spec.experts, spec.experts_per_token or 0, spec.renormalize))
     for key, fact in FEATURE_FACTS.items():
         value = getattr(spec, key)
         if value != LLAMA_FEATURES[key]:
@@ -237,6 +248,13 @@ def _attention(op: logos.AttentionOp, n: Callable[[SSAValue], str]) -> str:
     )
 
 
+def _experts(op: logos.MixtureOp, n: Callable[[SSAValue], str]) -> str:
+    weights = f"{n(op.gate)}, {n(op.up)} and {n(op.down)}"
+    routed = f"routed by {n(op.logits)} to the best {op.top_k.value.data}"
+    renormalized = RENORMALIZED if op.renormalize is not None else ""
+    return _let(op, n, f"the mixture of the experts {weights} applied to {n(op.input)}, {routed}{renormalized}")
+
+
 def _self_attention(op: logos.SelfAttentionOp, n: Callable[[SSAValue], str]) -> str:
     return _let(op, n, f"the attention of {n(op.query)} over {n(op.key)} and {n(op.value)}, with no history")
 
@@ -250,6 +268,7 @@ _SENTENCES: dict[type[Operation], Callable[..., str]] = {
     logos.CacheWriteOp: _write,
     logos.AttentionOp: _attention,
     logos.SelfAttentionOp: _self_attention,
+    logos.MixtureOp: _experts,
     logos.EmbedOp: lambda op, n: _let(op, n, f"the rows of {n(op.table)} at {n(op.tokens)}"),
     logos.RMSNormOp: lambda op, n: _let(op, n, f"the RMS norm of {n(op.input)} with {_norm_weight(op, n)}"),
     logos.HeadRMSNormOp: lambda op, n: _let(

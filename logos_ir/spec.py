@@ -20,7 +20,13 @@ from logos_ir.errors import SourceLocation, SpecError
 # phi3: a Llama whose checkpoint fuses projections; qwen2: biases on Q, K and V; qwen3: an RMS norm on each head of
 # Q and K
 # gemma2 and gemma3_text: Gemma's norms, embedding scale, GeGLU, soft-caps and sandwich norms (`LLAMA_FEATURES`)
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "phi3", "qwen2", "qwen3", "gemma2", "gemma3_text")
+# mixtral and qwen3_moe: every layer's MLP a mixture of experts (Qwen3-MoE with Qwen3's head norms)
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "phi3", "qwen2", "qwen3", "gemma2", "gemma3_text", "mixtral", "qwen3_moe")
+# Families refused by name, with what a LOGOS program cannot say of them yet.
+REFUSED_MODEL_TYPES = {
+    "olmoe": "its q_norm and k_norm RMS-norm the whole query and key projections, not each head: not said yet",
+}
+MIXTURES = ("mixtral", "qwen3_moe")
 GEMMAS = ("gemma2", "gemma3_text")  # gemma3_text: Gemma 2's features with head norms and a rope base per layer kind
 # The projections that may add a bias, in model order, with the Hugging Face module each is (`<module>.bias`).
 PROJECTIONS = {
@@ -111,6 +117,14 @@ class ModelSpec:
     attention_softcap: float | None = field(default=None)
     final_softcap: float | None = field(default=None)
     local_rope_theta: float | None = field(default=None)
+    # A mixture of experts in every layer (Mixtral, Qwen3-MoE): the MLP is `experts` SwiGLU MLPs of `intermediate`
+    # numbers each, stacked; a router (a projection of the normed state to one logit an expert) scores them by a
+    # softmax, each token takes its `experts_per_token` best, and their outputs are summed weighted by their
+    # probabilities, divided by the chosen probabilities' sum where `renormalize` (Mixtral always, Qwen3-MoE's
+    # `norm_topk_prob`). None: a dense MLP.
+    experts: int | None = field(default=None)
+    experts_per_token: int | None = field(default=None)
+    renormalize: bool = field(default=False)
 
     def __post_init__(self) -> None:
         for name in ("vocab", "hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate"):
@@ -160,9 +174,31 @@ class ModelSpec:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise SpecError(f"'{name}' must be a positive number or absent, not {value!r}")
             object.__setattr__(self, name, float(value))
+        self._check_experts()
         # Floats are kept as floats so that printing them is one rule (`repr`) everywhere.
         object.__setattr__(self, "rms_eps", float(self.rms_eps))
         object.__setattr__(self, "rope_theta", float(self.rope_theta))
+
+    def _check_experts(self) -> None:
+        experts, top = self.experts, self.experts_per_token
+        if not isinstance(self.renormalize, bool):
+            raise SpecError(f"'renormalize' must be true or false, not {self.renormalize!r}")
+        if experts is None and top is None:
+            if self.renormalize:
+                raise SpecError("'renormalize' divides the chosen experts' weights: a model without experts has none")
+            return
+        for name, value in (("experts", experts), ("experts_per_token", top)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SpecError(f"'{name}' must be a positive integer for a mixture of experts, not {value!r}")
+        assert experts is not None and top is not None
+        if top > experts:
+            raise SpecError(f"'experts_per_token' ({top}) must be at most the number of experts ({experts})")
+        if self.activation != "silu":
+            raise SpecError("a mixture of experts is of SwiGLU MLPs: another activation is not said yet")
+        if any(p in self.biases for p in ("gate", "up", "down")):
+            raise SpecError("a mixture of experts whose MLPs add biases is not said yet")
+        if self.sandwich_norms:
+            raise SpecError("a mixture of experts with sandwich norms is not said yet")
 
     @property
     def q_dim(self) -> int:
@@ -210,6 +246,15 @@ class ModelSpec:
     def _layer_weight_shapes(self) -> dict[str, tuple[int, ...]]:
         hidden, inter = self.hidden, self.intermediate
         head_norms = {"self_attn.q_norm": (self.head_dim,), "self_attn.k_norm": (self.head_dim,)}
+        mlp = {"mlp.gate_proj": (inter, hidden), "mlp.up_proj": (inter, hidden), "mlp.down_proj": (hidden, inter)}
+        if self.experts is not None:  # the router, then each projection of every expert stacked, expert by expert
+            e = self.experts
+            mlp = {
+                "mlp.gate": (e, hidden),
+                "mlp.experts.gate_proj": (e, inter, hidden),
+                "mlp.experts.up_proj": (e, inter, hidden),
+                "mlp.experts.down_proj": (e, hidden, inter),
+            }
         return {
             "input_layernorm": (hidden,),
             "self_attn.q_proj": (self.q_dim, hidden),
@@ -219,9 +264,7 @@ class ModelSpec:
             "self_attn.o_proj": (hidden, self.q_dim),
             "post_attention_layernorm": (hidden,),  # with sandwich norms, attention's output's norm
             **({"pre_feedforward_layernorm": (hidden,)} if self.sandwich_norms else {}),
-            "mlp.gate_proj": (inter, hidden),
-            "mlp.up_proj": (inter, hidden),
-            "mlp.down_proj": (hidden, inter),
+            **mlp,
             **({"post_feedforward_layernorm": (hidden,)} if self.sandwich_norms else {}),
         }
 
@@ -269,6 +312,7 @@ class ModelSpec:
     def to_dict(self) -> dict[str, Any]:
         """The spec as plain data (for JSON reports and manifests)."""
         optional = ("rope_scaling", "sliding_window", "full_layers", "biases", "head_norms", *LLAMA_FEATURES)
+        optional += ("experts", "experts_per_token", "renormalize")
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in optional}
         out["rope_scaling"] = None if self.rope_scaling is None else dict(vars(self.rope_scaling))
         if self.sliding_window is not None:  # absent for a model without one, as the program's facts leave it out
@@ -280,6 +324,8 @@ class ModelSpec:
         if self.head_norms:
             out["head_norms"] = True
         out.update({k: getattr(self, k) for k, llama in LLAMA_FEATURES.items() if getattr(self, k) != llama})
+        if self.experts is not None:
+            out.update(experts=self.experts, experts_per_token=self.experts_per_token, renormalize=self.renormalize)
         return out
 
 
@@ -441,6 +487,21 @@ _READ = frozenset(
     }
 )
 
+# Keys a mixture-of-experts family reads (`_experts`), or knows not to change what it computes at inference:
+# the router's training-time noise and auxiliary loss, whether the forward returns the router's logits.
+_READ_BY: dict[str, frozenset[str]] = {
+    "mixtral": frozenset(
+        {"num_local_experts", "num_experts_per_tok", "router_jitter_noise", "router_aux_loss_coef",
+         "output_router_logits"}
+    ),
+    "qwen3_moe": frozenset(
+        {"num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+         "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef", "output_router_logits",
+         # the dense MLP's width, which no layer has where every layer is a mixture (`_experts` checks it is so)
+         "intermediate_size"}
+    ),
+}  # fmt: skip
+
 _NEUTRAL = frozenset(
     {
         # provenance and loading
@@ -501,8 +562,9 @@ def _is_value(value: Any, ok: Any) -> bool:
 
 def _check_every_key(config: Mapping[str, Any], where: str) -> None:
     """Refuse, by name, the first key of `config` whose meaning the spec does not carry."""
+    family_keys = _READ_BY.get(str(config.get("model_type")), frozenset())
     for key, value in config.items():
-        if key in _READ or key in _NEUTRAL:
+        if key in _READ or key in _NEUTRAL or key in family_keys:
             continue
         if key == "hidden_act" and config.get("model_type") in GEMMAS:  # Gemma computes with hidden_activation
             continue
@@ -526,6 +588,8 @@ def _spec_from_config(config: Mapping[str, Any], where: str) -> ModelSpec:
     model_type = config.get("model_type")
     if model_type is None:
         raise SpecError(f"{where}: required field 'model_type' is missing")
+    if isinstance(model_type, str) and model_type in REFUSED_MODEL_TYPES:
+        raise SpecError(f"{where}: model_type '{model_type}' is refused: {REFUSED_MODEL_TYPES[model_type]}")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise SpecError(
             f"{where}: model_type '{model_type}' is not supported",
@@ -552,7 +616,7 @@ def _spec_from_config(config: Mapping[str, Any], where: str) -> ModelSpec:
         heads=heads,
         kv_heads=_field(config, where, "num_key_value_heads", int, default=heads),
         head_dim=head_dim,
-        intermediate=_field(config, where, "intermediate_size", int),
+        intermediate=_field(config, where, _INTERMEDIATE.get(model_type, "intermediate_size"), int),
         rms_eps=float(_field(config, where, "rms_norm_eps", (int, float))),
         rope_theta=theta,
         tie_embeddings=bool(_field(config, where, "tie_word_embeddings", bool, default=False)),
@@ -560,9 +624,49 @@ def _spec_from_config(config: Mapping[str, Any], where: str) -> ModelSpec:
         sliding_window=window,
         full_layers=full_layers,
         biases=_biases(config, where, model_type),
-        **{"head_norms": model_type == "qwen3", **_gemma(config, where, model_type)},
+        **{"head_norms": model_type in ("qwen3", "qwen3_moe"), **_gemma(config, where, model_type)},
         local_rope_theta=local_theta,
+        **_experts(config, where, model_type, layers),
     )
+
+
+# The key of the MLP's width where a family names it otherwise: Qwen3-MoE's experts' own (its `intermediate_size`
+# is a dense layer's, and no layer is dense).
+_INTERMEDIATE = {"qwen3_moe": "moe_intermediate_size"}
+
+
+def _experts(config: Mapping[str, Any], where: str, model_type: str, layers: int) -> dict[str, Any]:
+    """A mixture of experts' count, choice and renormalisation, as transformers reads them: Mixtral's
+    `num_local_experts`, and its chosen weights always divided by their sum (`MixtralTopKRouter`); Qwen3-MoE's
+    `num_experts` (or `num_local_experts`, the name its config maps it to), divided where `norm_topk_prob`, and
+    every layer a mixture (`decoder_sparse_step` 1, no `mlp_only_layers`; a dense layer among them is not said
+    yet). `num_experts_per_tok` is each token's count. Nothing for other families (their keys refused by
+    `_LLAMA_VALUE` above a Llama's values)."""
+    if model_type not in MIXTURES:
+        return {}
+    if model_type == "mixtral":
+        experts, renormalize = _field(config, where, "num_local_experts", int), True
+    else:
+        key = "num_experts" if config.get("num_experts") is not None else "num_local_experts"
+        experts = _field(config, where, key, int)
+        renormalize = config.get("norm_topk_prob", False)
+        if not isinstance(renormalize, bool):
+            raise SpecError(f"{where}: field 'norm_topk_prob' must be true or false, not {json.dumps(renormalize)}")
+        step = _field(config, where, "decoder_sparse_step", int, default=1)
+        only = config.get("mlp_only_layers") or []
+        if step != 1 or only:
+            raise SpecError(
+                f"{where}: config keys 'decoder_sparse_step' {json.dumps(step)} and 'mlp_only_layers'"
+                f" {json.dumps(only)} make some layers dense, which a LOGOS program cannot say yet (every layer a"
+                " mixture: 1 and [])"
+            )
+    top = _field(config, where, "num_experts_per_tok", int)
+    if experts < 1 or not 1 <= top <= experts:
+        raise SpecError(
+            f"{where}: a mixture of {experts} experts cannot route each token to {top} of them",
+            hint="num_experts_per_tok is between 1 and the number of experts",
+        )
+    return {"experts": experts, "experts_per_token": top, "renormalize": renormalize}
 
 
 def _biases(config: Mapping[str, Any], where: str, model_type: str) -> tuple[str, ...]:
@@ -613,7 +717,8 @@ def _windows(config: Mapping[str, Any], where: str, layers: int, model_type: str
     one they do not use); the layers' kinds from `layer_types` where it is given (transformers 5: Gemma 2 and 3's
     local and global layers), else Qwen2's first `max_window_layers` full where its window is used, else every
     layer windowed (Mistral, Phi-3)."""
-    use = config.get("use_sliding_window", False if model_type in ("qwen2", "qwen3") else None)  # Qwen's default
+    qwen = model_type in ("qwen2", "qwen3", "qwen3_moe")
+    use = config.get("use_sliding_window", False if qwen else None)  # Qwen's default
     if use is not None and not isinstance(use, bool):
         raise SpecError(f"{where}: field 'use_sliding_window' must be true or false, not {json.dumps(use)}")
     window = config.get("sliding_window")
@@ -637,7 +742,7 @@ def _windows(config: Mapping[str, Any], where: str, layers: int, model_type: str
             )
         full = tuple(i for i, kind in enumerate(kinds) if kind == "full_attention")
     elif window is not None and use is True:  # Qwen2 and Qwen3: from max_window_layers on (by default 28)
-        first = _field(config, where, "max_window_layers", int, default=28 if model_type in ("qwen2", "qwen3") else 0)
+        first = _field(config, where, "max_window_layers", int, default=28 if qwen else 0)
         full = tuple(range(min(max(first, 0), layers)))
     else:
         full = ()
@@ -803,5 +908,39 @@ _PRESETS: dict[str, ModelSpec] = {
         query_pre_attn_scalar=256.0,
         attention_softcap=50.0,
         final_softcap=30.0,
+    ),
+    # Mixtures of experts (each one's config.json on its hub page): Mixtral-8x7B-v0.1's 8 experts of 14336, 2 a
+    # token, renormalized; Qwen3-30B-A3B's 128 experts of 768 (moe_intermediate_size), 8 a token, renormalized
+    # (norm_topk_prob), with Qwen3's head norms.
+    "mixtral-8x7b": ModelSpec(
+        vocab=32000,
+        hidden=4096,
+        layers=32,
+        heads=32,
+        kv_heads=8,
+        head_dim=128,
+        intermediate=14336,
+        rms_eps=1e-5,
+        rope_theta=1000000.0,
+        tie_embeddings=False,
+        experts=8,
+        experts_per_token=2,
+        renormalize=True,
+    ),
+    "qwen3-30b-a3b": ModelSpec(
+        vocab=151936,
+        hidden=2048,
+        layers=48,
+        heads=32,
+        kv_heads=4,
+        head_dim=128,
+        intermediate=768,
+        rms_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_embeddings=False,
+        head_norms=True,
+        experts=128,
+        experts_per_token=8,
+        renormalize=True,
     ),
 }

@@ -25,6 +25,10 @@ SPLIT_OF_ROLE = {
 
 NOT_YET_SPLIT = "a cut other than a decode step, a batch or a layer of either, split over chips"
 
+# Experts are not split yet: expert parallelism (each chip whole experts, tokens sent to them) is to come, and a
+# program that held every expert on every chip would hide the memory it costs.
+NOT_YET_SPLIT_EXPERTS = "a mixture of experts split over chips (expert parallelism is not built yet)"
+
 HEAD_SPLIT = "rows"  # the head's [vocab, hidden] table: each chip holds vocab / chips rows, in chip order
 
 _LAYER_WEIGHT = re.compile(r"model\.layers\.(?:0|[1-9][0-9]*)\.(?P<role>[a-z_]+\.[a-z_]+)\.(?P<kind>weight|bias)")

@@ -45,7 +45,7 @@ from logos_ir.dialects.shard_ext import AllGatherOp
 from logos_ir.errors import CutError, LogosError, PassError
 from logos_ir.program import Cut
 from logos_ir.spec import ModelSpec
-from logos_ir.tensor_parallel import HEAD_SPLIT, NOT_YET_SPLIT, head_refusal, weight_split
+from logos_ir.tensor_parallel import HEAD_SPLIT, NOT_YET_SPLIT, NOT_YET_SPLIT_EXPERTS, head_refusal, weight_split
 
 PASS = "tp-split"
 
@@ -108,6 +108,8 @@ def _plan(program: logos.ProgramOp, tp: int) -> _Plan:
         spec = program.spec
     except Exception as error:  # VerifyException: the model attribute holds no spec
         raise PassError(f"{PASS}: {where}: {error}") from None
+    if spec.experts is not None and tp > 1:
+        raise PassError(f"{PASS}: {where}: not yet: {NOT_YET_SPLIT_EXPERTS}")
     width = spec.splits_over(tp)
     if width is not None:
         raise PassError(

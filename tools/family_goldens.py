@@ -148,6 +148,46 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
             "vocab_size": 400,
         },
     ),
+    # mixtures of experts: 4 experts of which each token takes 2, every layer's MLP a mixture; Mixtral's chosen
+    # weights always divided by their sum; Qwen3-MoE's head norms, its experts' own width (moe_intermediate_size)
+    # and its renormalisation by norm_topk_prob, once on and once off
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        {
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "intermediate_size": 32,  # each expert's: four of them kept as small as one dense MLP
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        {
+            "head_dim": 16,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "norm_topk_prob": True,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
+    "qwen3_moe-unnormed": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        {
+            "head_dim": 16,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "norm_topk_prob": False,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
 }
 # Families whose norm weights are drawn as 1 + N(0, initializer_range) rather than left at transformers' ones, so
 # that a norm read from the wrong tensor (or not applied) changes the tokens: the families made after the first five
@@ -158,6 +198,9 @@ DRAWN_NORMS = {
     "gemma3_text": 0.0,
     "gemma2-gguf": 0.0,
     "gemma3_text-gguf": 0.0,
+    "mixtral": 1.0,
+    "qwen3_moe": 1.0,
+    "qwen3_moe-unnormed": 1.0,
 }  # the mean of each (Gemma's norms scale by one plus the weight)
 # Families whose embedding is drawn narrower than the rest (a tied head scores each token by its embedding, which
 # Gemma scales by sqrt(64): drawn as wide as the layers, the last token's own row wins every step)
@@ -168,6 +211,26 @@ FIRST_LOGITS = {"gemma2", "gemma2-gguf"}
 # A family whose first draw (seeded by its place in FAMILIES) had a near-tie (a top-1 margin of 1e-3 or less, which
 # f32 rounding could flip) takes another seed, said here.
 SEEDS = {"qwen3": 105}
+
+
+def routing_margins(model: Any) -> list[float]:
+    """Hooks on every router of a mixture of experts (transformers' `*TopKRouter`) that record, for each token it
+    routes, the gap between the k-th and the (k+1)-th softmax probability: a near-tie there would let f32 rounding
+    choose another expert. The list fills as the model runs."""
+    import torch
+
+    gaps: list[float] = []
+
+    def record(module: Any, args: Any, output: Any) -> None:
+        probs = torch.softmax(output[0].double(), dim=-1).sort(dim=-1, descending=True).values
+        k = module.top_k
+        if probs.shape[-1] > k:
+            gaps.append(float((probs[:, k - 1] - probs[:, k]).min()))
+
+    for module in model.modules():
+        if type(module).__name__.endswith("TopKRouter"):
+            module.register_forward_hook(record)
+    return gaps
 
 
 def greedy(model: Any, prompt: list[int], new: int) -> tuple[list[int], float, list[float]]:
@@ -209,9 +272,13 @@ def make(family: str, out: Path) -> dict[str, Any]:
     for extra in ("generation_config.json",):  # the sampler's defaults, not the model's: not committed
         (folder / extra).unlink(missing_ok=True)
     runs = []
+    gaps = routing_margins(model)
     for prompt in PROMPTS:
+        gaps.clear()
         tokens, margin, first = greedy(model, prompt, NEW_TOKENS)
         run = {"prompt": prompt, "tokens": tokens, "min_top1_margin": round(margin, 4)}
+        if gaps:  # a mixture of experts: the closest any token came to choosing another expert
+            run["min_route_margin"] = round(min(gaps), 5)
         if family in FIRST_LOGITS:
             run["first_logits"] = first
         runs.append(run)

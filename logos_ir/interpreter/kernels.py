@@ -304,6 +304,37 @@ def silu(x: int, out: int) -> Step:
     return step
 
 
+def experts(gate: np.ndarray, up: np.ndarray, down: np.ndarray, top_k: int, renormalize: bool) -> Callable[..., Step]:
+    """A mixture of experts as transformers' Mixtral and Qwen3-MoE compute it: each row's router logits to
+    probabilities by a softmax over every expert (f32), the `top_k` most probable chosen (the lowest index first
+    on a tie, as `torch.topk`), divided by their sum where `renormalize`; then, expert by expert in ascending
+    index (transformers' loop over the experts hit), each chosen expert's SwiGLU MLP of its rows, times its
+    weight, added into the result."""
+    gates, ups, downs = (np.ascontiguousarray(np.swapaxes(w, 1, 2)) for w in (gate, up, down))  # [in, out] each
+    tanh = np.tanh
+
+    def make(x: int, logits: int, out: int) -> Step:
+        def step(r: Registers) -> None:
+            v, scores = r[x], r[logits].astype(_F32)
+            exp = np.exp(scores - scores.max(axis=1, keepdims=True))
+            probs = exp / exp.sum(axis=1, keepdims=True)
+            chosen = np.argsort(-probs, axis=1, kind="stable")[:, :top_k]
+            weights = np.take_along_axis(probs, chosen, axis=1)
+            if renormalize:
+                weights = weights / weights.sum(axis=1, keepdims=True)
+            result = np.zeros_like(v)
+            for expert in np.unique(chosen):
+                rows, slots = np.nonzero(chosen == expert)
+                g, u = v[rows] @ gates[expert], v[rows] @ ups[expert]
+                activated = g * (tanh(g * _F32(0.5)) * _F32(0.5) + _F32(0.5))  # SiLU, as `silu` computes it
+                result[rows] += (activated * u) @ downs[expert] * weights[rows, slots][:, None]
+            r[out] = result
+
+        return step
+
+    return make
+
+
 def gelu_tanh(x: int, out: int) -> Step:
     """GELU with the tanh approximation, as PyTorch's `gelu(approximate="tanh")` writes it, in f32."""
     tanh, c, k, half = np.tanh, _F32(math.sqrt(2 / math.pi)), _F32(0.044715), _F32(0.5)

@@ -171,6 +171,7 @@ class ChipCompiler:
             logos.SoftcapOp: self._softcap,
             logos.ScaleOp: self._scale,
             logos.SiluOp: self._silu,
+            logos.MixtureOp: self._experts,
             logos.RowOp: self._row,
             logos.ArgmaxOp: self._argmax,
             AllReduceOp: self._all_reduce,
@@ -374,6 +375,15 @@ class ChipCompiler:
 
     def _silu(self, op: logos.SiluOp, env: dict[SSAValue, _Ref], section: str) -> None:
         env[op.result] = self._emit(kernels.silu, [self._value(env[op.input], section, "the input")], section)
+
+    def _experts(self, op: logos.MixtureOp, env: dict[SSAValue, _Ref], section: str) -> None:
+        stacked = [env[w] for w in (op.gate, op.up, op.down)]
+        if not all(isinstance(w, _Const) for w in stacked):
+            raise LogosError(f"@{section}: the reference interpreter runs a mixture of experts of weights only")
+        gate, up, down = (w.array for w in stacked)  # type: ignore[union-attr]
+        ins = [self._value(env[op.input], section, "the input"), self._value(env[op.logits], section, "the logits")]
+        mixture = kernels.experts(gate, up, down, op.top_k.value.data, op.renormalize is not None)
+        env[op.result] = self._emit(mixture, ins, section)
 
     def _row(self, op: logos.RowOp, env: dict[SSAValue, _Ref], section: str) -> None:
         x = self._value(env[op.input], section, "the input")

@@ -636,10 +636,64 @@ def _phi3_spec(
     return {"sliding_window": window} if window > 0 else {}
 
 
+def _qwen3moe_spec(
+    meta: Mapping[str, Any], where: str, arch: str, layers: int, hidden: int, heads: int, head_dim: int
+) -> dict[str, Any]:
+    """Qwen3-MoE as llama.cpp computes a GGUF of it (`llm_build_qwen3moe`): every layer a mixture of
+    `expert_count` experts of `expert_feed_forward_length` numbers (its `feed_forward_length` a dense layer's, which
+    it has none of), each token routed to `expert_used_count`, the chosen weights always divided by their sum
+    (`build_moe_ffn`'s norm_w: true, whatever the model's norm_topk_prob was)."""
+    a = arch + "."
+    return {
+        "intermediate": _meta_number(meta, where, a + "expert_feed_forward_length", int),
+        "experts": _meta_number(meta, where, a + "expert_count", int),
+        "experts_per_token": _meta_number(meta, where, a + "expert_used_count", int),
+        "renormalize": True,
+    }
+
+
+def _llama_spec(
+    meta: Mapping[str, Any], where: str, arch: str, layers: int, hidden: int, heads: int, head_dim: int
+) -> dict[str, Any]:
+    """A llama GGUF with experts (Mixtral, as llama.cpp's converter writes it): every layer a mixture of
+    `expert_count` experts of `feed_forward_length` numbers each, each token routed to `expert_used_count`, the
+    chosen weights divided by their sum (`llm_build_llama`'s `build_moe_ffn`, norm_w true, as Mixtral's router);
+    without experts (a count of 0 or none), a Llama."""
+    experts = _meta_number(meta, where, arch + ".expert_count", int, 0)
+    if experts == 0:
+        if _meta_number(meta, where, arch + ".expert_used_count", int, 0):
+            raise SpecError(f"{where}: GGUF metadata '{arch}.expert_used_count' routes to experts the file lacks")
+        return {}
+    used = _meta_number(meta, where, arch + ".expert_used_count", int)
+    return {"experts": experts, "experts_per_token": used, "renormalize": True}
+
+
+# llama.cpp's names of a mixture's router and stacked experts (already stacked in the file: experts first)
+_EXPERT_NAMES = MappingProxyType(
+    {
+        "ffn_gate_inp": "mlp.gate",
+        "ffn_gate_exps": "mlp.experts.gate_proj",
+        "ffn_up_exps": "mlp.experts.up_proj",
+        "ffn_down_exps": "mlp.experts.down_proj",
+    }
+)
+
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
-    "llama": GGUFArchitecture(permuted=True),
+    "llama": GGUFArchitecture(
+        permuted=True,
+        block_names=_EXPERT_NAMES,  # a Mixtral's router and experts
+        keys=frozenset({"expert_count", "expert_used_count"}),
+        family=_llama_spec,
+    ),
     "qwen2": GGUFArchitecture(permuted=False, biases=("query", "key", "value")),
     "qwen3": GGUFArchitecture(permuted=False, head_norms=True),
+    "qwen3moe": GGUFArchitecture(
+        permuted=False,
+        head_norms=True,
+        block_names=_EXPERT_NAMES,
+        keys=frozenset({"expert_count", "expert_used_count", "expert_feed_forward_length"}),
+        family=_qwen3moe_spec,
+    ),
     "gemma2": GGUFArchitecture(
         permuted=False,
         block_names=_GEMMA_NAMES,
@@ -695,6 +749,8 @@ def _spec_from_gguf(file: GGUFFile) -> ModelSpec:
     layers = _meta_number(meta, where, a + "block_count", int)
     architecture = GGUF_ARCHITECTURES[arch]
     own = architecture.family(meta, where, arch, layers, hidden, heads, head_dim) if architecture.family else {}
+    if "intermediate" not in own:  # a mixture's is its experts' width, said by its family
+        own["intermediate"] = _meta_number(meta, where, a + "feed_forward_length", int)
     try:
         return ModelSpec(
             vocab=_meta_number(meta, where, a + "vocab_size", int, vocab_default),
@@ -703,7 +759,6 @@ def _spec_from_gguf(file: GGUFFile) -> ModelSpec:
             heads=heads,
             kv_heads=_meta_number(meta, where, a + "attention.head_count_kv", int, heads),
             head_dim=head_dim,
-            intermediate=_meta_number(meta, where, a + "feed_forward_length", int),
             rms_eps=float(_meta_number(meta, where, a + "attention.layer_norm_rms_epsilon", float)),
             rope_theta=theta,
             tie_embeddings=architecture.tied or "output.weight" not in file.tensors,

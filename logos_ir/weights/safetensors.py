@@ -21,7 +21,7 @@ import numpy as np
 from logos_ir.errors import WeightError
 from logos_ir.spec import ModelSpec, read_config
 from logos_ir.weights.hub import link_root
-from logos_ir.weights.manifest import fused_parts
+from logos_ir.weights.manifest import checkpoint_tensors, expert_part, fused_parts
 from logos_ir.weights.store import MAX_DIMENSION, WeightStore, check_expected, check_unread, is_int, shape_text
 
 SAFETENSORS_FILE = "model.safetensors"
@@ -75,6 +75,11 @@ def hf_config(spec: ModelSpec, dtype: str = "float32") -> dict[str, Any]:
         config["mlp_bias"] = all(p in spec.biases for p in mlp)
     if spec.local_rope_theta is not None:
         config["rope_local_base_freq"] = spec.local_rope_theta
+    if family == "mixtral":
+        config["num_local_experts"], config["num_experts_per_tok"] = spec.experts, spec.experts_per_token
+    if family == "qwen3_moe":
+        config["num_experts"], config["num_experts_per_tok"] = spec.experts, spec.experts_per_token
+        config["moe_intermediate_size"], config["norm_topk_prob"] = config.pop("intermediate_size"), spec.renormalize
     if family in ("gemma2", "gemma3_text"):
         del config["hidden_act"]
         config["hidden_activation"] = "gelu_pytorch_tanh"
@@ -93,11 +98,15 @@ _ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
 }
 
 
 def _family(spec: ModelSpec) -> str:
     """The model_type whose config says `spec`'s features."""
+    if spec.experts is not None:  # Mixtral's routing always renormalizes; Qwen3-MoE's says whether
+        return "qwen3_moe" if spec.head_norms or not spec.renormalize else "mixtral"
     if spec.norm_plus_one:
         return "gemma3_text" if spec.head_norms else "gemma2"
     if spec.head_norms:
@@ -111,7 +120,8 @@ def save_model(store: WeightStore, directory: str | Path, shards: int = 1, dtype
     bfloat16."""
     if dtype not in SAVE_DTYPES:
         raise WeightError(f"cannot save weights as '{dtype}'", hint=f"use one of {', '.join(SAVE_DTYPES)}")
-    names = store.names()
+    family, experts = _family(store.spec), store.spec.experts or 0
+    names = [(file, name, index) for name in store.names() for file, index in checkpoint_tensors(family, name, experts)]
     if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= max(len(names), 1):
         raise WeightError(f"cannot split {len(names)} tensors into {shards!r} shards")
     directory = Path(directory)
@@ -123,10 +133,10 @@ def save_model(store: WeightStore, directory: str | Path, shards: int = 1, dtype
             return
         weight_map: dict[str, str] = {}
         total = 0
-        for i, group in enumerate(np.array_split(np.array(names, dtype=object), shards)):
+        for i, group in enumerate(np.array_split(np.arange(len(names)), shards)):
             file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
-            total += _write_safetensors(directory / file, store, list(group), dtype)
-            weight_map.update({name: file for name in group})
+            total += _write_safetensors(directory / file, store, [names[j] for j in group], dtype)
+            weight_map.update({names[j][0]: file for j in group})
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (directory / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     except OSError as error:
@@ -149,24 +159,26 @@ def _bfloat16_bits(values: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(values), np.uint32(0x7FC0), rounded).astype("<u2")
 
 
-def _write_safetensors(path: Path, store: WeightStore, names: list[str], dtype: str) -> int:
-    """Write one safetensors file; returns the bytes of tensor data it holds."""
+def _write_safetensors(path: Path, store: WeightStore, names: list[tuple[str, str, int | None]], dtype: str) -> int:
+    """Write one safetensors file of the tensors `names` (each the file's name, the store's, and the expert of the
+    store's stacked tensor it is, or None for the whole); returns the bytes of tensor data it holds."""
     code = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}[dtype]
     itemsize = 4 if dtype == "float32" else 2
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
-    for name in names:
-        shape = store.shape(name)
+    for file_name, name, index in names:
+        shape = store.shape(name)[1:] if index is not None else store.shape(name)
         size = math.prod(shape) * itemsize
-        header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [offset, offset + size]}
+        header[file_name] = {"dtype": code, "shape": list(shape), "data_offsets": [offset, offset + size]}
         offset += size
     text = json.dumps(header, separators=(",", ":")).encode("utf-8")
     text += b" " * (-len(text) % 8)  # the format pads the header so the data starts 8-byte aligned
     with path.open("wb") as f:
         f.write(struct.pack("<Q", len(text)))
         f.write(text)
-        for name in names:
-            f.write(_encode(store.get(name), dtype).tobytes())
+        for _, name, index in names:
+            array = store.get(name)
+            f.write(_encode(array if index is None else array[index], dtype).tobytes())
     return offset
 
 
@@ -203,6 +215,23 @@ class _Entry:
     stop: int
 
 
+@dataclass(frozen=True)
+class _Stack:
+    """A program tensor the file stores one expert at a time (`logos_ir.weights.manifest.EXPERTS`): its experts'
+    entries in expert order, read and stacked along a new first axis; each already checked for shape and dtype."""
+
+    parts: tuple[_Entry, ...]
+    shape: tuple[int, ...]
+
+    @property
+    def file(self) -> Path:
+        return self.parts[0].file
+
+    @property
+    def dtype(self) -> str:
+        return self.parts[0].dtype
+
+
 class SafetensorsStore(WeightStore):
     """A Hugging Face model folder: `config.json` plus `model.safetensors`, or shards listed by
     `model.safetensors.index.json`. All headers are validated and checked against the spec on construction;
@@ -216,7 +245,9 @@ class SafetensorsStore(WeightStore):
         spec = ModelSpec.from_hf_config(config, where)
         super().__init__(spec, str(directory))
         self.directory = directory
-        self._entries = _unfused(_safetensors_entries(directory), str(config.get("model_type")), spec)
+        model_type = str(config.get("model_type"))
+        entries = _unfused(_safetensors_entries(directory), model_type, spec)
+        self._entries: dict[str, _Entry | _Stack] = _stacked(entries, model_type, spec)
         check_expected(
             spec,
             {n: e.shape for n, e in self._entries.items()},
@@ -244,6 +275,16 @@ class SafetensorsStore(WeightStore):
         if entry is None:
             raise self._missing(name)
         self._check_dtype(name, entry)
+        if isinstance(entry, _Stack):
+            return np.stack([self._read(name, part) for part in entry.parts])
+        return self._read(name, entry)
+
+    def _mapped(self, name: str) -> np.ndarray | None:
+        if isinstance(self._entries.get(name), _Stack):  # its experts lie apart in the file: read by `_load`
+            return None
+        return super()._mapped(name)
+
+    def _read(self, name: str, entry: _Entry) -> np.ndarray:
         if entry.start == entry.stop:
             return np.zeros(entry.shape, dtype=np.float32)
         buffer = self._map(entry.file)
@@ -255,7 +296,7 @@ class SafetensorsStore(WeightStore):
         return raw.view(_ST_FLOATS[entry.dtype]).astype(np.float32).reshape(entry.shape)
 
     @staticmethod
-    def _check_dtype(name: str, entry: _Entry) -> None:
+    def _check_dtype(name: str, entry: _Entry | _Stack) -> None:
         if entry.dtype not in _ST_FLOATS:
             raise WeightError(f"{entry.file}: tensor '{name}' has dtype {entry.dtype}, not a floating-point type")
 
@@ -298,6 +339,60 @@ def _unfused(entries: dict[str, _Entry], model_type: str, spec: ModelSpec) -> di
                 entry.file, entry.dtype, (end - first, entry.shape[1]), start, entry.start + end * row_bytes
             )
     return out
+
+
+def _stacked(entries: dict[str, _Entry], model_type: str, spec: ModelSpec) -> dict[str, _Entry | _Stack]:
+    """`entries` with each expert's tensor of the family's manifest gathered into its program tensor (a `_Stack`,
+    expert by expert) and each renamed tensor (Mixtral's router) under its program name. An expert the model does
+    not have, a missing one, or one of another shape or dtype than its siblings is refused by name; a tensor of a
+    layer the model does not have keeps its file name, for `check_unread` to refuse."""
+    out: dict[str, _Entry | _Stack] = {}
+    groups: dict[str, dict[int, tuple[str, _Entry]]] = {}
+    file_names: dict[str, str] = {}
+    for name, entry in entries.items():
+        part = expert_part(model_type, name)
+        if part is None or spec.weight_shape(part[0]) is None:
+            out[name] = entry
+        elif part[1] is None:
+            out[part[0]] = entry
+        else:
+            groups.setdefault(part[0], {})[part[1]] = (name, entry)
+            file_names[part[0]] = part[2]
+    for target, experts in groups.items():
+        out[target] = _stack(target, experts, file_names[target], spec)
+    return out
+
+
+def _stack(target: str, experts: dict[int, tuple[str, _Entry]], file_name: str, spec: ModelSpec) -> _Stack:
+    """The experts' entries of the program tensor `target` as one stack, each checked."""
+    want = spec.weight_shape(target)
+    assert want is not None
+    count, each = want[0], want[1:]
+    first_name, first = experts[min(experts)]
+    for index in sorted(experts):
+        name, entry = experts[index]
+        if index >= count:
+            raise WeightError(
+                f"{entry.file}: tensor '{name}' is expert {index}, but the model has experts 0 to {count - 1}",
+                hint="the config's number of experts says how many the file holds",
+            )
+        if entry.shape != each:
+            raise WeightError(
+                f"{entry.file}: tensor '{name}' has shape {shape_text(entry.shape)}, but the model's spec says "
+                f"{shape_text(each)} (expert {index} of '{target}')"
+            )
+        if entry.dtype != first.dtype:
+            raise WeightError(
+                f"{entry.file}: tensor '{name}' is {entry.dtype}, but '{first_name}' is {first.dtype}: the experts "
+                "of one tensor are stacked in one dtype"
+            )
+    missing = next((index for index in range(count) if index not in experts), None)
+    if missing is not None:
+        raise WeightError(
+            f"{first.file.parent}: tensor '{file_name.format(e=missing)}' is missing (expert {missing} of '{target}')",
+            hint="the model's spec needs every expert of every layer",
+        )
+    return _Stack(tuple(experts[index][1] for index in range(count)), want)
 
 
 def _safetensors_entries(directory: Path) -> dict[str, _Entry]:

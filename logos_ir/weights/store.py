@@ -246,7 +246,7 @@ class RandomWeights(WeightStore):
         values = rng.standard_normal(shape, dtype=np.float32)
         if len(shape) == 1:
             return np.float32(1.0) + np.float32(0.1) * values
-        return values / np.float32(math.sqrt(shape[1]))
+        return values / np.float32(math.sqrt(shape[-1]))  # the inputs' width (a stack of experts: each one's)
 
 
 class ArrayStore(WeightStore):

@@ -23,6 +23,7 @@ from logos_ir.sampling import Sampler
 from logos_ir.spec import ModelSpec
 from logos_ir.testing import RandomWeights
 from logos_ir.weights import open_model
+from logos_ir.weights.store import ArrayStore
 
 FAMILIES = Path(__file__).parent / "families"
 GOLDENS = json.loads((FAMILIES / "goldens.json").read_text())["families"]
@@ -32,11 +33,34 @@ def _runs() -> list[tuple[str, list[int], list[int]]]:
     return [(family, run["prompt"], run["tokens"]) for family, made in GOLDENS.items() for run in made["runs"]]
 
 
+# The mixtures of experts (logos.experts: Mixtral's, Qwen3-MoE's with and without norm_topk_prob): the reference
+# routes them as transformers does; no lane lowers the op yet, each refuses it by name, and a split over chips is
+# refused (expert parallelism is not built yet).
+MIXTURES = {"mixtral", "qwen3_moe", "qwen3_moe-unnormed"}
+
+
 @pytest.mark.parametrize(("family", "prompt", "tokens"), _runs(), ids=lambda v: v if isinstance(v, str) else None)
 @pytest.mark.parametrize("tp", [1, 2])
 def test_the_reference_gives_transformers_tokens(family: str, prompt: list[int], tokens: list[int], tp: int) -> None:
-    lane = backends()["reference"].generator()(RunRequest(open_model(str(FAMILIES / family)), tp=tp))
+    request = RunRequest(open_model(str(FAMILIES / family)), tp=tp)
+    if family in MIXTURES and tp > 1:
+        with pytest.raises(LogosError, match="a mixture of experts split over chips"):
+            backends()["reference"].generator()(request).generate(prompt, 1)
+        return
+    lane = backends()["reference"].generator()(request)
     assert lane.generate(prompt, len(tokens)) == tokens
+
+
+def test_the_routing_is_what_the_mixtures_tokens_depend_on() -> None:
+    """Qwen3-MoE's tokens with norm_topk_prob off are not those of the same weights with it on, nor of the same
+    weights routed to one expert a token: the goldens pin the renormalisation and the choice, not just the MLPs."""
+    store = open_model(str(FAMILIES / "qwen3_moe-unnormed"))
+    run = GOLDENS["qwen3_moe-unnormed"]["runs"][0]
+    arrays = {name: store.get(name) for name in store.names()}
+    for change in ({"renormalize": True}, {"experts_per_token": 1}):
+        spec = replace(store.spec, **change)
+        lane = backends()["reference"].generator()(RunRequest(ArrayStore(spec, arrays)))
+        assert lane.generate(run["prompt"], len(run["tokens"])) != run["tokens"], change
 
 
 # The families whose projections add biases: the reference computes them (above). The CUDA lane adds a bias in a
@@ -67,7 +91,7 @@ def _lane(family: str, backend: str, emulate: bool, tp: int = 1):  # noqa: ANN20
 # Llama itself is left out here: its lanes are held to the reference by each lane's own tests, and the reference to
 # transformers above; a family is here for what it changes below the program (a checkpoint's layout, a window).
 @pytest.mark.parametrize(
-    "family", sorted(set(GOLDENS) - {"llama"} - BIASED - HEAD_NORMED - WINDOWED - GEMMA - GGUF_SHAPED)
+    "family", sorted(set(GOLDENS) - {"llama"} - BIASED - HEAD_NORMED - WINDOWED - GEMMA - GGUF_SHAPED - MIXTURES)
 )
 @pytest.mark.parametrize(
     ("backend", "emulate"),
@@ -110,6 +134,9 @@ def test_qwen2s_biases_on_the_cuda_lane_give_transformers_tokens(tp: int) -> Non
         ("gemma2", "cuda", True, "@main holds 'logos.scale', which the CUDA lane does not lower"),
         ("gemma2", "d5005", False, "'logos.scale' %hidden has no instruction on the D5005 engine"),
         ("gemma2", "spatial", False, "the spatial grid does not lower 'logos.scale'"),
+        ("mixtral", "cuda", True, "@main holds 'logos.experts', which the CUDA lane does not lower"),
+        ("mixtral", "d5005", False, "'logos.experts' %routed has no instruction on the D5005 engine"),
+        ("mixtral", "spatial", False, "the spatial grid does not lower 'logos.experts'"),
     ],
     ids=[
         "cuda-mlp",
@@ -124,6 +151,9 @@ def test_qwen2s_biases_on_the_cuda_lane_give_transformers_tokens(tp: int) -> Non
         "cuda-gemma2",
         "d5005-gemma2",
         "spatial-gemma2",
+        "cuda-mixtral",
+        "d5005-mixtral",
+        "spatial-mixtral",
     ],
 )
 def test_a_lane_refuses_an_op_it_does_not_lower_by_name(family: str, backend: str, emulate: bool, refusal: str) -> None:
@@ -189,3 +219,6 @@ def test_the_goldens_are_transformers_own() -> None:
         assert config["architectures"] == [GOLDENS[family]["model_class"]]
     # each step's best logit leads the next by more than f32 noise, so the tokens are not a near-tie's
     assert min(run["min_top1_margin"] for made in GOLDENS.values() for run in made["runs"]) > 1e-3
+    # and each token's k-th expert's probability leads the next one's likewise: no routing is a near-tie's
+    routes = [run["min_route_margin"] for family in MIXTURES for run in GOLDENS[family]["runs"]]
+    assert len(routes) == 2 * len(MIXTURES) and min(routes) > 1e-4

@@ -283,6 +283,8 @@ def test_config_reader_refuses_any_json(value):
 )
 def test_config_missing_a_required_field_names_it(field, preset):
     config = hf_config(ModelSpec.preset(preset))
+    if config["model_type"] == "qwen3_moe" and field == "intermediate_size":
+        field = "moe_intermediate_size"  # its experts' width; its intermediate_size is a dense layer's, and none is
     del config[field]
     with pytest.raises(LogosError, match=f"'{field}'"):
         ModelSpec.from_hf_config(config)

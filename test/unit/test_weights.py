@@ -608,9 +608,11 @@ def test_gguf_name_mapping():
         "rope_freqs.weight",
         "blk.01.attn_q.weight",
         "blk.0.attn_norm.scale",
-        "blk.0.ffn_gate_exps.weight",
     ):
         assert hf_tensor_name(other) is None
+    # a Mixtral's experts, stacked in the file as the program reads them (test_experts reads such a file)
+    assert hf_tensor_name("blk.0.ffn_gate_exps.weight") == "model.layers.0.mlp.experts.gate_proj.weight"
+    assert hf_tensor_name("blk.0.ffn_gate_exps.weight", "qwen2") is None
     assert hf_tensor_name("blk.0.attn_q.bias") == "model.layers.0.self_attn.q_proj.bias"  # a projection's bias
     assert gguf_tensor_name("model.layers.2.mlp.down_proj.bias") == "blk.2.ffn_down.bias"
 

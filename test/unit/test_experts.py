@@ -1,0 +1,438 @@
+"""Mixtures of experts below the program: their configs read (every key accounted for), their checkpoints' experts
+stacked by the weight manifest (each file tensor read or refused by name), and the reference's routing held to a
+plain per-token reading of transformers' Mixtral and Qwen3-MoE routers (softmax, `torch.topk`, renormalisation,
+the experts' weighted sum); transformers' own tokens are test_families'.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from logos_ir.errors import SpecError, WeightError
+from logos_ir.interpreter import kernels
+from logos_ir.spec import ModelSpec
+from logos_ir.testing import RandomWeights
+from logos_ir.weights import open_model
+from logos_ir.weights.safetensors import save_model
+
+FAMILIES = Path(__file__).parent / "families"
+
+
+# -- configs ---------------------------------------------------------------------------------------------------
+
+
+def _config(family: str) -> dict:
+    return json.loads((FAMILIES / family / "config.json").read_text())
+
+
+def test_the_families_configs_say_their_mixtures() -> None:
+    mixtral = ModelSpec.from_hf_config(_config("mixtral"))
+    assert (mixtral.experts, mixtral.experts_per_token, mixtral.renormalize, mixtral.intermediate) == (4, 2, True, 32)
+    qwen = ModelSpec.from_hf_config(_config("qwen3_moe"))
+    assert (qwen.experts, qwen.experts_per_token, qwen.renormalize, qwen.intermediate) == (4, 2, True, 32)
+    assert qwen.head_norms and not mixtral.head_norms
+    assert not ModelSpec.from_hf_config(_config("qwen3_moe-unnormed")).renormalize
+
+
+@pytest.mark.parametrize(
+    ("family", "change", "named"),
+    [
+        ("qwen3_moe", {"decoder_sparse_step": 2}, "'decoder_sparse_step' 2 and 'mlp_only_layers' []"),
+        ("qwen3_moe", {"mlp_only_layers": [1]}, "'mlp_only_layers' [1]"),
+        ("qwen3_moe", {"num_experts_per_tok": 5}, "a mixture of 4 experts cannot route each token to 5"),
+        ("qwen3_moe", {"norm_topk_prob": 1}, "field 'norm_topk_prob' must be true or false"),
+        ("mixtral", {"num_local_experts": None}, "required field 'num_local_experts' is missing"),
+        ("mixtral", {"moe_intermediate_size": 16}, "config key 'moe_intermediate_size' is not one logos-ir reads"),
+        ("mixtral", {"model_type": "olmoe"}, "model_type 'olmoe' is refused: its q_norm and k_norm RMS-norm the whole"),
+        ("mixtral", {"model_type": "llama"}, "config key 'num_experts_per_tok' is 2, which a LOGOS program cannot"),
+    ],
+    ids=["sparse-step", "mlp-only-layers", "top-k", "norm-topk-prob", "no-experts", "qwen-key", "olmoe", "llama"],
+)
+def test_a_mixture_the_program_cannot_say_is_refused_by_name(family: str, change: dict, named: str) -> None:
+    config = {**_config(family), **change}
+    with pytest.raises(SpecError) as refused:
+        ModelSpec.from_hf_config(config)
+    assert named in str(refused.value)
+
+
+def test_the_routers_training_keys_are_neutral() -> None:
+    """Router noise (training only), its auxiliary loss and whether the forward returns its logits change nothing
+    transformers computes at inference; Qwen3-MoE's dense width is no layer's where every layer is a mixture."""
+    mixtral = _config("mixtral")
+    noisy = {**mixtral, "router_jitter_noise": 0.1, "router_aux_loss_coef": 0.5, "output_router_logits": True}
+    assert ModelSpec.from_hf_config(noisy) == ModelSpec.from_hf_config(mixtral)
+    qwen = _config("qwen3_moe")
+    assert ModelSpec.from_hf_config({**qwen, "intermediate_size": 999}) == ModelSpec.from_hf_config(qwen)
+
+
+# The published config.json files of Mixtral-8x7B-v0.1 and Qwen3-30B-A3B (their hub pages), key for key.
+MIXTRAL_8X7B = {
+    "architectures": ["MixtralForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 32768,
+    "model_type": "mixtral",
+    "num_attention_heads": 32,
+    "num_experts_per_tok": 2,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "num_local_experts": 8,
+    "output_router_logits": False,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.02,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.36.0.dev0",
+    "use_cache": True,
+    "vocab_size": 32000,
+}
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144, "max_position_embeddings": 40960,
+    "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768,
+    "norm_topk_prob": True, "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
+    "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": False, "rms_norm_eps": 1e-06,
+    "rope_scaling": None, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": None,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": True,
+    "use_sliding_window": False, "vocab_size": 151936,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("config", "preset"), [(MIXTRAL_8X7B, "mixtral-8x7b"), (QWEN3_30B_A3B, "qwen3-30b-a3b")])
+def test_the_published_configs_read_as_their_presets(config: dict, preset: str) -> None:
+    assert ModelSpec.from_hf_config(config) == ModelSpec.preset(preset)
+
+
+def test_the_mixture_presets_have_their_published_shapes() -> None:
+    mixtral = ModelSpec.preset("mixtral-8x7b")
+    assert (mixtral.experts, mixtral.experts_per_token, mixtral.intermediate, mixtral.hidden) == (8, 2, 14336, 4096)
+    qwen = ModelSpec.preset("qwen3-30b-a3b")
+    assert (qwen.experts, qwen.experts_per_token, qwen.intermediate, qwen.layers) == (128, 8, 768, 48)
+    assert qwen.renormalize and qwen.head_norms
+    # the published totals: about 46.7B parameters for Mixtral-8x7B, 30.5B for Qwen3-30B-A3B
+    for spec, total in ((mixtral, 46.7e9), (qwen, 30.5e9)):
+        count = sum(int(np.prod(shape)) for _, shape in spec.weights())
+        assert abs(count - total) / total < 0.01, (spec, count)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"experts": 4}, "'experts_per_token' must be a positive integer"),
+        ({"experts": 4, "experts_per_token": 5}, "'experts_per_token' (5) must be at most the number of experts (4)"),
+        ({"renormalize": True}, "a model without experts has none"),
+        ({"experts": 4, "experts_per_token": 2, "activation": "gelu_tanh"}, "another activation is not said yet"),
+        ({"experts": 4, "experts_per_token": 2, "biases": ("gate", "up", "down")}, "MLPs add biases"),
+    ],
+)
+def test_a_spec_of_a_mixture_it_cannot_compute_is_refused(change: dict, message: str) -> None:
+    from dataclasses import replace
+
+    with pytest.raises(SpecError) as refused:
+        replace(ModelSpec.preset("tiny"), **change)
+    assert message in str(refused.value)
+
+
+# -- checkpoints: experts stacked by the manifest --------------------------------------------------------------
+
+
+def test_the_store_stacks_each_experts_tensor_in_expert_order() -> None:
+    store = open_model(str(FAMILIES / "mixtral"))
+    header = _header(FAMILIES / "mixtral" / "model.safetensors")
+    stacked = store.get("model.layers.1.mlp.experts.down_proj.weight")
+    assert stacked.shape == (4, 64, 32)
+    for expert in range(4):
+        entry = header[f"model.layers.1.block_sparse_moe.experts.{expert}.w2.weight"]
+        raw = (FAMILIES / "mixtral" / "model.safetensors").read_bytes()
+        start = 8 + struct.unpack("<Q", raw[:8])[0] + entry["data_offsets"][0]
+        own = np.frombuffer(raw, "<f4", count=64 * 32, offset=start).reshape(64, 32)
+        np.testing.assert_array_equal(stacked[expert], own)
+    assert store.get("model.layers.1.mlp.gate.weight").shape == (4, 64)  # block_sparse_moe.gate, renamed
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe-unnormed"])
+@pytest.mark.parametrize("shards", [1, 3])
+def test_a_mixture_saved_as_its_familys_checkpoint_reads_back(tmp_path: Path, family: str, shards: int) -> None:
+    spec = ModelSpec.from_hf_config(_config(family))
+    weights = RandomWeights(spec, seed=2)
+    save_model(weights, tmp_path, shards=shards)
+    back = open_model(str(tmp_path))
+    assert back.spec == spec
+    for name in weights.names():
+        np.testing.assert_array_equal(back.get(name), weights.get(name))
+    names = (
+        set(json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"])
+        if shards > 1
+        else set(_header(tmp_path / "model.safetensors"))
+    )
+    expert = "block_sparse_moe.experts.3.w3" if family == "mixtral" else "mlp.experts.3.up_proj"
+    assert f"model.layers.1.{expert}.weight" in names and "model.layers.1.mlp.experts.up_proj.weight" not in names
+
+
+def _header(path: Path) -> dict:
+    raw = path.read_bytes()
+    header = json.loads(raw[8 : 8 + struct.unpack("<Q", raw[:8])[0]])
+    header.pop("__metadata__", None)
+    return header
+
+
+def _rewritten(tmp_path: Path, family: str, edit) -> Path:  # noqa: ANN001
+    """A copy of the family's folder whose safetensors header `edit` changes (tensors renamed or dropped; the data
+    left as it is, so every remaining entry still lies inside the file)."""
+    folder = tmp_path / family
+    shutil.copytree(FAMILIES / family, folder)
+    path = folder / "model.safetensors"
+    raw = path.read_bytes()
+    length = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8 : 8 + length])
+    edit(header)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)  # the offsets count from the data's start, wherever the header ends
+    path.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + length :])
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (
+            lambda h: h.pop("model.layers.0.block_sparse_moe.experts.2.w1.weight"),
+            "tensor 'model.layers.0.block_sparse_moe.experts.2.w1.weight' is missing (expert 2 of "
+            "'model.layers.0.mlp.experts.gate_proj.weight')",
+        ),
+        (
+            lambda h: h.update(
+                {
+                    "model.layers.0.block_sparse_moe.experts.4.w1.weight": h.pop(
+                        "model.layers.0.block_sparse_moe.experts.3.w1.weight"
+                    )
+                }
+            ),
+            "tensor 'model.layers.0.block_sparse_moe.experts.4.w1.weight' is expert 4, but the model has experts 0"
+            " to 3",
+        ),
+        (
+            lambda h: h.update(
+                {
+                    "model.layers.0.block_sparse_moe.experts.1.w1.weight": h.pop(
+                        "model.layers.0.block_sparse_moe.experts.1.w2.weight"
+                    )
+                }
+            ),
+            "tensor 'model.layers.0.block_sparse_moe.experts.1.w1.weight' has shape [64, 32], but the model's spec"
+            " says [32, 64] (expert 1 of 'model.layers.0.mlp.experts.gate_proj.weight')",
+        ),
+        (
+            lambda h: h.update(  # an empty tensor: its span overlaps no other's
+                {
+                    "model.layers.2.block_sparse_moe.gate.weight": {
+                        "dtype": "F32",
+                        "shape": [0, 64],
+                        "data_offsets": [0, 0],
+                    }
+                }
+            ),
+            "tensor 'model.layers.2.block_sparse_moe.gate.weight' is not read by the model's program",
+        ),
+    ],
+    ids=["missing-expert", "extra-expert", "wrong-shape", "layer-it-lacks"],
+)
+def test_an_expert_the_model_does_not_read_as_it_is_refused_by_name(tmp_path: Path, edit, named: str) -> None:  # noqa: ANN001
+    folder = _rewritten(tmp_path, "mixtral", edit)
+    with pytest.raises(WeightError) as refused:
+        open_model(str(folder))
+    assert named in str(refused.value)
+
+
+# -- the reference's routing -----------------------------------------------------------------------------------
+
+
+def _routed_by_hand(x, logits, gate, up, down, top_k, renormalize):  # noqa: ANN001, ANN202
+    """transformers' routing read token by token in float64: softmax, the k best (lowest index on a tie), their
+    weights renormalized or not, each chosen expert's SwiGLU weighted and summed."""
+    out = np.zeros(x.shape, np.float64)
+    for row in range(x.shape[0]):
+        z = logits[row].astype(np.float64)
+        probs = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+        chosen = sorted(range(len(probs)), key=lambda e: (-probs[e], e))[:top_k]
+        weights = probs[chosen] / (probs[chosen].sum() if renormalize else 1.0)
+        for expert, weight in zip(chosen, weights, strict=True):
+            g, u = gate[expert] @ x[row], up[expert] @ x[row]
+            out[row] += weight * (down[expert] @ (g / (1 + np.exp(-g)) * u))
+    return out
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("top_k", [1, 2, 4])
+def test_the_kernel_routes_as_transformers_does(top_k: int, renormalize: bool) -> None:
+    rng = np.random.default_rng(top_k + 10 * renormalize)
+    rows, hidden, inter, experts = 6, 8, 5, 4
+    x = rng.standard_normal((rows, hidden)).astype(np.float32)
+    logits = rng.standard_normal((rows, experts)).astype(np.float32) * 2
+    gate, up = (rng.standard_normal((experts, inter, hidden)).astype(np.float32) for _ in range(2))
+    down = rng.standard_normal((experts, hidden, inter)).astype(np.float32)
+    registers: list = [x, logits, None]
+    kernels.experts(gate, up, down, top_k, renormalize)(0, 1, 2)(registers)
+    expected = _routed_by_hand(x, logits, gate, up, down, top_k, renormalize)
+    np.testing.assert_allclose(registers[2], expected, rtol=2e-5, atol=2e-5)
+    assert registers[2].dtype == np.float32
+
+
+def test_a_tie_goes_to_the_lowest_expert_as_torch_topk() -> None:
+    """Equal logits for experts 1, 2 and 3: top-2 takes expert 0 (the best) and expert 1, the lowest of the tie."""
+    hidden, inter, experts = 3, 2, 4
+    gate = np.ones((experts, inter, hidden), np.float32)
+    up = np.ones((experts, inter, hidden), np.float32)
+    down = np.stack([np.full((hidden, inter), e + 1.0, np.float32) for e in range(experts)])  # expert e: e + 1
+    x = np.ones((1, hidden), np.float32)
+    logits = np.array([[3.0, 1.0, 1.0, 1.0]], np.float32)
+    registers: list = [x, logits, None]
+    kernels.experts(gate, up, down, 2, True)(0, 1, 2)(registers)
+    np.testing.assert_allclose(registers[2], _routed_by_hand(x, logits, gate, up, down, 2, True), rtol=1e-6)
+    other = _routed_by_hand(x, np.array([[3.0, 1.0, 1.0, 1.001]], np.float32), gate, up, down, 2, True)
+    assert not np.allclose(registers[2], other)  # had expert 3 been taken, the sum would differ
+
+
+# -- the program: written once, printed and parsed byte for byte -----------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "qwen3_moe-unnormed"])
+@pytest.mark.parametrize("cut", ["decode ctx=8", "prefill rows=4 ctx=8", "batch rows=2 ctx=8", "forward"])
+def test_a_mixtures_program_round_trips_byte_for_byte(family: str, cut: str) -> None:
+    from logos_ir.author import write
+    from logos_ir.parser import parse_program
+    from logos_ir.printer import print_program
+    from logos_ir.program import Cut
+
+    spec = ModelSpec.from_hf_config(_config(family))
+    text = write(spec, Cut.parse(cut)).text
+    program = parse_program(text)
+    program.verify()
+    assert print_program(program) == text
+    mixtures = [op for op in program.walk() if op.name == "logos.experts"]
+    assert len(mixtures) == spec.layers and all(op.name != "logos.silu" for op in program.walk())
+
+
+def test_a_malformed_mixture_sentence_is_located() -> None:
+    from logos_ir.author import write
+    from logos_ir.errors import ParseError
+    from logos_ir.parser import parse_program
+    from logos_ir.program import Cut
+
+    text = write(ModelSpec.from_hf_config(_config("mixtral")), Cut.parse("decode ctx=8")).text
+    broken = text.replace("routed by router_logits to the best 2", "routed by router_logit to the best 2", 1)
+    with pytest.raises(ParseError) as refused:
+        parse_program(broken, "moe.logos")
+    line = next(n for n, row in enumerate(broken.split("\n"), start=1) if "router_logit to" in row)
+    column = broken.split("\n")[line - 1].index("router_logit to") + 1
+    assert str(refused.value).startswith(f"moe.logos:{line}:{column}: error: 'router_logit' is not defined")
+
+
+# -- GGUF: llama.cpp's qwen3moe, its experts stacked in the file -----------------------------------------------
+
+
+def _moe_gguf(  # noqa: ANN201
+    path: Path,
+    store,
+    skip: tuple[str, ...] = (),
+    arch: str = "qwen3moe",
+    expert_width: bool | None = None,  # noqa: ANN001
+):
+    """`store` written as llama.cpp's converter writes a Qwen3-MoE (`Qwen3MoeModel`; with `arch` llama, a Mixtral,
+    `MixtralModel`): keys under the architecture's prefix, the experts stacked (`blk.N.ffn_gate_exps`,
+    `ffn_up_exps`, `ffn_down_exps`), the router `ffn_gate_inp`, Q and K unpermuted for Qwen's "neox" rotary and
+    permuted for a Llama's, F32 throughout; `expert_width`: whether it writes `expert_feed_forward_length` (by
+    default as its family's converter does: Qwen's, not Mixtral's)."""
+    import gguf
+
+    from logos_ir.weights.gguf import gguf_tensor_name, permute_qk
+
+    spec = store.spec
+    mixtral = arch == "llama"
+    names = {"mlp.gate": "ffn_gate_inp", **{f"mlp.experts.{p}_proj": f"ffn_{p}_exps" for p in ("gate", "up", "down")}}
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(spec.layers)
+    writer.add_context_length(128)
+    writer.add_embedding_length(spec.hidden)
+    writer.add_feed_forward_length(spec.intermediate if mixtral else 128)  # Qwen's: a dense width no layer has
+    if (not mixtral) if expert_width is None else expert_width:  # Mixtral's converter writes none of its own
+        writer.add_expert_feed_forward_length(spec.intermediate)
+    writer.add_expert_count(spec.experts)
+    writer.add_expert_used_count(spec.experts_per_token)
+    writer.add_head_count(spec.heads)
+    writer.add_head_count_kv(spec.kv_heads)
+    writer.add_key_length(spec.head_dim)
+    writer.add_value_length(spec.head_dim)
+    writer.add_rope_freq_base(spec.rope_theta)
+    writer.add_layer_norm_rms_eps(spec.rms_eps)
+    for hf in store.names():
+        if hf in skip:
+            continue
+        layer, _, role = hf.removeprefix("model.layers.").partition(".")
+        role = role.removesuffix(".weight")
+        name = f"blk.{layer}.{names[role]}.weight" if role in names else gguf_tensor_name(hf)
+        array = np.array(store.get(hf), np.float32)
+        if mixtral and role in ("self_attn.q_proj", "self_attn.k_proj"):
+            array = permute_qk(array, spec.heads if role == "self_attn.q_proj" else spec.kv_heads)
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize(("family", "arch"), [("qwen3_moe", "qwen3moe"), ("mixtral", "llama")])
+def test_a_moe_gguf_gives_transformers_tokens(tmp_path: Path, family: str, arch: str) -> None:
+    from logos_ir.registry import backends
+    from logos_ir.runtime import RunRequest
+
+    run = json.loads((FAMILIES / "goldens.json").read_text())["families"][family]["runs"][0]
+    folder = open_model(str(FAMILIES / family))
+    store = open_model(str(_moe_gguf(tmp_path / "moe.gguf", folder, arch=arch)))
+    assert store.spec == folder.spec
+    np.testing.assert_array_equal(
+        store.get("model.layers.1.mlp.experts.down_proj.weight"),
+        folder.get("model.layers.1.mlp.experts.down_proj.weight"),
+    )
+    lane = backends()["reference"].generator()(RunRequest(store))
+    assert lane.generate(run["prompt"], len(run["tokens"])) == run["tokens"]
+
+
+def test_a_qwen3moe_gguf_is_renormalized_as_llama_cpp_computes_it(tmp_path: Path) -> None:
+    """llama.cpp's qwen3moe graph always divides the chosen weights by their sum (its GGUF has no key for
+    norm_topk_prob), so a model without it reads as llama.cpp runs it: renormalized, not as transformers ran it."""
+    folder = open_model(str(FAMILIES / "qwen3_moe-unnormed"))
+    store = open_model(str(_moe_gguf(tmp_path / "unnormed.gguf", folder)))
+    assert not folder.spec.renormalize and store.spec.renormalize
+
+
+def test_a_moe_gguf_the_program_cannot_read_is_refused_by_name(tmp_path: Path) -> None:
+    folder = open_model(str(FAMILIES / "qwen3_moe"))
+    missing = _moe_gguf(tmp_path / "m.gguf", folder, skip=("model.layers.1.mlp.experts.up_proj.weight",))
+    with pytest.raises(WeightError, match=r"tensor 'model.layers.1.mlp.experts.up_proj.weight' is missing"):
+        open_model(str(missing))
+    # llama.cpp's llama architecture (a Mixtral) says no expert width of its own: each expert's is its
+    # feed_forward_length, so the key is refused by name there
+    with pytest.raises(SpecError, match=r"GGUF metadata 'llama\.expert_feed_forward_length' is not one logos-ir"):
+        open_model(
+            str(
+                _moe_gguf(
+                    tmp_path / "llama.gguf", open_model(str(FAMILIES / "mixtral")), arch="llama", expert_width=True
+                )
+            )
+        )
