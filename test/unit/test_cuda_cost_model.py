@@ -5,6 +5,8 @@ flight an SM follow from its kernel's structure, counted here by hand; the figur
 from __future__ import annotations
 
 import dataclasses
+import shutil
+import subprocess
 
 import pytest
 
@@ -98,3 +100,26 @@ def test_a_launch_after_a_collective_pays_a_graph_nodes_gap() -> None:
         previous = step
     assert sum(isinstance(s, Reduce) for s in plan.steps) == 2 * 2  # two a layer
     assert launch_gaps(plan).count("launch_gap_s") == 1 + 2 * 2 + 1  # the first, after each all-reduce and the gather
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (CUDA) is not installed here: ptxas's spills unseen")
+def test_the_8b_decode_kernels_at_ctx_8192_compile_without_spills(plan, tmp_path) -> None:
+    """The kernels the figures above are of, as printed (two layers: every distinct kernel of the 32), through
+    ptxas with the runtime's flags: no kernel spills, so the bytes in flight the model counts are registers."""
+    from logos_ir.passes.cuda.build import PTXAS_FLAGS, parse_ptxas
+
+    spec = dataclasses.replace(ModelSpec.preset("llama-3.1-8b"), layers=2)
+    source = build_program(spec, Cut.decode(8192), 1, "bf16").source
+    cu = tmp_path / "kernels.cu"
+    cu.write_text(source)
+    command = ["nvcc", "-arch=sm_90", "-cubin", *PTXAS_FLAGS, "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"), str(cu)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    kernels = parse_ptxas(run.stderr + run.stdout)
+    assert set(kernels) == set(plan.kernels)
+    spilled = {
+        name: (k["spill_stores"], k["spill_loads"])
+        for name, k in kernels.items()
+        if k["spill_stores"] or k["spill_loads"]
+    }
+    assert not spilled, spilled
