@@ -63,6 +63,13 @@ def bank_words(elements: int, element_bytes: int, burst: int) -> int:
     return -(-(elements * element_bytes) // burst)
 
 
+def rope_row_floats(head_dim: int, burst: int) -> int:
+    """The floats of one row of the rotary table: the cosines of the head's half-frequencies, then their sines,
+    each half padded to whole bank words, so the compute kernel's two on-chip halves are filled and read at banks
+    known when the engine is built (word * OV + lane)."""
+    return 2 * bank_words(head_dim // 2, 4, burst) * (burst // 4)
+
+
 @dataclass(frozen=True)
 class EngineParams:
     """The engine's fixed parameters (one bitstream): its clock, the burst of one bank read per cycle (the DDR4
@@ -503,8 +510,18 @@ class RopeOp(InstructionOp):
         width, head_dim = _int(self.width), _int(self.head_dim)
         if head_dim < 2 or head_dim % 2 or width % head_dim:
             raise _fail(self, f"cannot rotate {width} words in heads of {head_dim}")
-        if self.table.cols.data != head_dim:
-            raise _fail(self, f"its table has rows of {self.table.cols.data}, not the head's {head_dim}")
+        if self.table.cols.data % 2 or self.table.cols.data < head_dim:
+            raise _fail(self, f"its table has rows of {self.table.cols.data}, not two halves of the head's {head_dim}")
+
+    def check_buffers(self, program: ProgramOp, burst: int = 64) -> None:
+        super().check_buffers(program, burst)
+        row = rope_row_floats(_int(self.head_dim), burst)
+        if self.table.cols.data != row:
+            raise _fail(
+                self,
+                f"its table has rows of {self.table.cols.data}, not the {row} of the head's cosines and sines each"
+                f" padded to whole {burst}-byte bank words",
+            )
 
 
 @irdl_op_definition

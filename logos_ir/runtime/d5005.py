@@ -181,7 +181,13 @@ def _shape_error(stream: Stream, name: str, w: list[int]) -> str | None:
         return f"reads a vector of {cols} words, over the engine's {d5005.VECTOR_WORDS}"
     if name == "d5005.rope":
         head_dim, width = w[d5005.W_HEAD_DIM], w[d5005.W_WIDTH]
-        if head_dim < 2 or head_dim % 2 or width % head_dim or head_dim != cols or rows < stream.ctx:
+        if (
+            head_dim < 2
+            or head_dim % 2
+            or width % head_dim
+            or cols != d5005.rope_row_floats(head_dim, stream.burst)
+            or rows < stream.ctx
+        ):
             return f"rotates {width} words in heads of {head_dim} by a table of {rows} rows of {cols}"
         if d5005.bank_words(head_dim, 4, stream.burst) > d5005.ROW_WORDS_MAX * 2:
             return f"has heads of {head_dim}, over the engine's row registers"
@@ -627,7 +633,7 @@ def bank_words_sent(w: list[int], token: int, position: int, stream: Stream) -> 
     elif name == "d5005.rms_norm":
         sent[0] = d5005.bank_words(cols, element, burst)
     elif name == "d5005.rope":
-        sent[(position - 1) % d5005.BANKS] = d5005.bank_words(w[d5005.W_HEAD_DIM], 4, burst)
+        sent[(position - 1) % d5005.BANKS] = d5005.rope_row_floats(w[d5005.W_HEAD_DIM], burst) * 4 // burst
     elif name == "d5005.attention":
         ctx, past = w[d5005.W_CTX], position - 1
         words = d5005.bank_words(w[d5005.W_HEAD_DIM], element, burst)

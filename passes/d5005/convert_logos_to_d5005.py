@@ -240,7 +240,7 @@ class RopeToInstruction(_Placed):
         if not _input(op.positions, "position"):
             raise _refuse(op, "does not rotate to the decode step's position")
         table, head_dim = self.placement.region(ROPE), op.head_dim.value.data
-        if table.cols.data != head_dim:
+        if table.cols.data != d5005.rope_row_floats(head_dim, self.placement.burst):
             raise _refuse(op, f"rotates heads of {head_dim}, but the program's rotary table has {table.cols}")
         _lower(op, rewriter, d5005.RopeOp, src, table, _words(op.result), head_dim)
 

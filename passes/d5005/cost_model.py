@@ -326,7 +326,7 @@ def band(
 
 def _rope_bytes(program: d5005.ProgramOp, burst: int) -> int:
     return sum(
-        d5005.bank_words(op.head_dim.value.data, 4, burst) * burst
+        d5005.rope_row_floats(op.head_dim.value.data, burst) * 4
         for op in program.instructions()
         if isinstance(op, d5005.RopeOp)
     )

@@ -67,13 +67,16 @@ def layout(program: d5005.ProgramOp) -> str:
 # -- the weight image ------------------------------------------------------------------------------------------
 
 
-def rope_table(spec: ModelSpec, ctx: int) -> np.ndarray:
-    """[ctx, head_dim] float32: row p-1 holds cos then sin of (p-1) * each frequency, as the reference's."""
+def rope_table(spec: ModelSpec, ctx: int, row_floats: int) -> np.ndarray:
+    """[ctx, row_floats] float32: row p-1 holds cos of (p-1) * each frequency, as the reference's, then their
+    sines, each half padded with zeros to `row_floats / 2` (whole bank words: `d5005.rope_row_floats`)."""
     from logos_ir.rope import rope_inv_freq
 
     inv_freq = rope_inv_freq(spec.head_dim, spec.rope_theta, spec.rope_scaling)
     angles = np.arange(ctx, dtype=np.float64)[:, None] * inv_freq[None, :]
-    return np.concatenate([np.cos(angles), np.sin(angles)], axis=1).astype(np.float32)
+    half = np.zeros((ctx, 2, row_floats // 2), dtype=np.float64)
+    half[:, 0, : inv_freq.size], half[:, 1, : inv_freq.size] = np.cos(angles), np.sin(angles)
+    return half.reshape(ctx, row_floats).astype(np.float32)
 
 
 def _striped(region: d5005.RegionAttr, matrix: np.ndarray, banks: np.ndarray) -> None:
@@ -96,7 +99,7 @@ def weight_image(program: d5005.ProgramOp, spec: ModelSpec, store, progress=None
     items = progress.over(regions, "weight image") if progress is not None else regions
     for name, region in items:
         if name == ROPE:
-            _striped(region, rope_table(spec, region.rows.data), banks)
+            _striped(region, rope_table(spec, region.rows.data, region.cols.data), banks)
             continue
         values = np.asarray(store.get(name), dtype=np.float32).reshape(region.rows.data, region.cols.data)
         _striped(region, bf16_bits(values) if region.element_bytes.data == 2 else values, banks)

@@ -227,7 +227,7 @@ inline void read_rms_norm(stream_t *s, __global const bank_word_t *bank, const u
 /* routine read_rope */
 inline void read_rope(stream_t *s, __global const bank_word_t *bank, const uint b, const uint16 w, uint position) {
     uint row = position - 1;
-    uint words = SELECT(row % BANKS == b, WORDS(w.sb, 4), 0);
+    uint words = SELECT(row % BANKS == b, 2 * WORDS(w.sb / 2, 4), 0);
     uint start = w.s6 + (row / BANKS) * (w.s7 / BURST_BYTES);
     /* loop read_rope.words */
     for (uint c = 0; c < words; c++) WRITE_BANK(s, b, bank[start + c]);
@@ -380,21 +380,27 @@ ${rms_norm_total}
     }
 }
 
-/* The table's row for the position holds cos of each half-frequency, then sin. */
+/* The table's row for the position holds cos of each half-frequency, then sin, each half padded to whole bank
+   words: word c lands in cosines (c < half_words) or sines, lane e in bank e of its array, a bank known when the engine is
+   built. */
 /* routine rope */
-inline void rope(ONCHIP float *x, __local float *restrict table, channels_t *ch, const uint16 w, uint position) {
+inline void rope(ONCHIP float *x, __local float *restrict cosines, __local float *restrict sines, channels_t *ch,
+                 const uint16 w, uint position) {
     uint head_dim = w.sb, mid = head_dim / 2, width = w.se, dst = w.s1, src = w.s2;
     uint bank = (position - 1) % BANKS;
-    uint words = WORDS(head_dim, 4);
+    uint half_words = WORDS(mid, 4);
+    uint words = 2 * half_words;
     /* loop rope.table */
     for (uint c = 0; c < words; c++) {
+        bank_word_t word;
         UNROLL(BANKS)
         for (uint b = 0; b < BANKS; b++) {
-            if (b == bank) {
-                bank_word_t word = READ_BANK(ch, b);
-                UNROLL(OV)
-                for (uint e = 0; e < OV; e++) table[c * OV + e] = F32_AT(word, e);
-            }
+            if (b == bank) word = READ_BANK(ch, b);
+        }
+        UNROLL(OV)
+        for (uint e = 0; e < OV; e++) {  /* one store a lane: the word is taken from its bank first */
+            if (c < half_words) cosines[c * OV + e] = F32_AT(word, e);
+            else sines[(c - half_words) * OV + e] = F32_AT(word, e);
         }
     }
     uint heads = width / head_dim;
@@ -408,7 +414,7 @@ inline void rope(ONCHIP float *x, __local float *restrict table, channels_t *ch,
                 uint i = c + e, at = head * head_dim + i;
                 if (i < mid) {
                     float first = x[src + at], second = x[src + at + mid];
-                    float cosine = table[i], sine = table[mid + i];
+                    float cosine = cosines[i], sine = sines[i];
                     x[dst + at] = first * cosine + second * (-sine);
                     x[dst + at + mid] = second * cosine + first * sine;
                 }
@@ -715,7 +721,8 @@ TASK void d5005_compute(__global const uint16 *restrict program, const uint firs
     ONCHIP_DECL;
     __local float vector[VECTOR_WORDS] BANKED(OV);
     __local float queries[ROW_WORDS_MAX * GROUP_MAX * CPW] BANKED(GROUP_MAX * CPW);
-    __local float table[ROPE_WORDS] BANKED(OV);
+    __local float cosines[ROPE_WORDS / 2] BANKED(OV);
+    __local float sines[ROPE_WORDS / 2] BANKED(OV);
     __local float acc[SHIFT_DEPTH * ROW_WORDS_MAX * GROUP_MAX * CPW] BANKED(GROUP_MAX * CPW);
     channels_t ch;
 #if !defined(INTELFPGA_CL)
@@ -729,7 +736,7 @@ TASK void d5005_compute(__global const uint16 *restrict program, const uint firs
         case OP_EMBED_ROW: embed_row(onchip, &ch, w, token); break;
         case OP_MATVEC: matvec(onchip, vector, &ch, w); break;
         case OP_RMS_NORM: rms_norm(onchip, &ch, w); break;
-        case OP_ROPE: rope(onchip, table, &ch, w, position); break;
+        case OP_ROPE: rope(onchip, cosines, sines, &ch, w, position); break;
         case OP_CACHE_WRITE: cache_write(onchip, bank0, bank1, bank2, bank3, w, position); break;
         case OP_ATTENTION: attention(onchip, queries, acc, &ch, w, position); break;
         case OP_SILU_MUL: silu_mul(onchip, w); break;

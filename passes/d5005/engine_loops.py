@@ -99,7 +99,7 @@ def read_rms_norm(s: Step) -> list[Loop]:
 
 def read_rope(s: Step) -> list[Loop]:
     row = s.position - 1
-    words = s.words(s.field(d5005.W_HEAD_DIM), 4) if row % s["BANKS"] == s.bank else 0
+    words = 2 * s.words(s.field(d5005.W_HEAD_DIM) // 2, 4) if row % s["BANKS"] == s.bank else 0
     return [_counted("read_rope.words", "c", "words", words)]
 
 
@@ -148,7 +148,7 @@ def rope(s: Step) -> list[Loop]:
     head_dim = s.field(d5005.W_HEAD_DIM)
     rotate = _by_ov("rope.rotate", "mid", head_dim // 2, s)
     return [
-        _counted("rope.table", "c", "words", s.words(s.field(d5005.W_HEAD_DIM), 4)),
+        _counted("rope.table", "c", "words", 2 * s.words(head_dim // 2, 4)),
         _counted("rope.heads", "head", "heads", s.field(d5005.W_WIDTH) // head_dim, inner=(rotate,)),
     ]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from logos_ir.dialects import logos
-from logos_ir.dialects.d5005 import BANK_BYTES, BANKS, BOARD_BYTES, WEIGHT_BYTES, RegionAttr
+from logos_ir.dialects.d5005 import BANK_BYTES, BANKS, BOARD_BYTES, WEIGHT_BYTES, RegionAttr, rope_row_floats
 from logos_ir.errors import PassError
 
 ROPE = "rope"
@@ -86,7 +86,7 @@ class Placement:
             elif isinstance(op, logos.RopeOp):
                 head_dim = op.head_dim.value.data
         if head_dim:
-            placement.place(ROPE, "table", ctx, head_dim, 4)
+            placement.place(ROPE, "table", ctx, rope_row_floats(head_dim, burst), 4)
         placement.image_end = placement.cursor
         for cache in caches:
             heads, positions, size = cache.full_shape

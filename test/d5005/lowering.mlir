@@ -28,11 +28,11 @@
 // CHECK-NEXT:     d5005.matvec %query, %normed, <"model.layers.0.self_attn.q_proj.weight" at 8320 stride 128 rows 64 cols 64 bytes 2>
 // CHECK-NEXT:     d5005.matvec %key, %normed, <"model.layers.0.self_attn.k_proj.weight" at 10368 stride 128 rows 32 cols 64 bytes 2>
 // CHECK-NEXT:     d5005.matvec %value, %normed, <"model.layers.0.self_attn.v_proj.weight" at 11392 stride 128 rows 32 cols 64 bytes 2>
-// CHECK-NEXT:     d5005.rope %turned_query, %query, <"rope" at 53888 stride 64 rows 64 cols 16 bytes 4> width 64 head_dim 16
-// CHECK-NEXT:     d5005.rope %turned_key, %key, <"rope" at 53888 stride 64 rows 64 cols 16 bytes 4> width 32 head_dim 16
-// CHECK-NEXT:     d5005.cache_write %turned_key, <"cache.0.key" at 54912 stride 64 rows 128 cols 16 bytes 2> kv_heads 2
-// CHECK-NEXT:     d5005.cache_write %value, <"cache.0.value" at 56960 stride 64 rows 128 cols 16 bytes 2> kv_heads 2
-// CHECK-NEXT:     d5005.attention %attended, %turned_query, <"cache.0.key" at 54912 stride 64 rows 128 cols 16 bytes 2>, <"cache.0.value" at 56960 stride 64 rows 128 cols 16 bytes 2> current %turned_key, %value heads 4 kv_heads 2
+// CHECK-NEXT:     d5005.rope %turned_query, %query, <"rope" at 53888 stride 128 rows 64 cols 32 bytes 4> width 64 head_dim 16
+// CHECK-NEXT:     d5005.rope %turned_key, %key, <"rope" at 53888 stride 128 rows 64 cols 32 bytes 4> width 32 head_dim 16
+// CHECK-NEXT:     d5005.cache_write %turned_key, <"cache.0.key" at 55936 stride 64 rows 128 cols 16 bytes 2> kv_heads 2
+// CHECK-NEXT:     d5005.cache_write %value, <"cache.0.value" at 57984 stride 64 rows 128 cols 16 bytes 2> kv_heads 2
+// CHECK-NEXT:     d5005.attention %attended, %turned_query, <"cache.0.key" at 55936 stride 64 rows 128 cols 16 bytes 2>, <"cache.0.value" at 57984 stride 64 rows 128 cols 16 bytes 2> current %turned_key, %value heads 4 kv_heads 2
 // CHECK-NEXT:     d5005.matvec %projected, %attended, <"model.layers.0.self_attn.o_proj.weight" at 12416 stride 128 rows 64 cols 64 bytes 2>
 // CHECK-NEXT:     d5005.add %mixed, %hidden, %projected size 64
 // CHECK-NEXT:     d5005.rms_norm %normed_mixed, %mixed, <"model.layers.0.post_attention_layernorm.weight" at 14464 stride 128 rows 1 cols 64 bytes 2> epsilon 1.000000e-05 : f32
@@ -45,11 +45,11 @@
 // CHECK-NEXT:     d5005.matvec %query, %normed, <"model.layers.1.self_attn.q_proj.weight" at 27008 stride 128 rows 64 cols 64 bytes 2>
 // CHECK-NEXT:     d5005.matvec %key, %normed, <"model.layers.1.self_attn.k_proj.weight" at 29056 stride 128 rows 32 cols 64 bytes 2>
 // CHECK-NEXT:     d5005.matvec %value, %normed, <"model.layers.1.self_attn.v_proj.weight" at 30080 stride 128 rows 32 cols 64 bytes 2>
-// CHECK-NEXT:     d5005.rope %turned_query, %query, <"rope" at 53888 stride 64 rows 64 cols 16 bytes 4> width 64 head_dim 16
-// CHECK-NEXT:     d5005.rope %turned_key, %key, <"rope" at 53888 stride 64 rows 64 cols 16 bytes 4> width 32 head_dim 16
-// CHECK-NEXT:     d5005.cache_write %turned_key, <"cache.1.key" at 59008 stride 64 rows 128 cols 16 bytes 2> kv_heads 2
-// CHECK-NEXT:     d5005.cache_write %value, <"cache.1.value" at 61056 stride 64 rows 128 cols 16 bytes 2> kv_heads 2
-// CHECK-NEXT:     d5005.attention %attended, %turned_query, <"cache.1.key" at 59008 stride 64 rows 128 cols 16 bytes 2>, <"cache.1.value" at 61056 stride 64 rows 128 cols 16 bytes 2> current %turned_key, %value heads 4 kv_heads 2
+// CHECK-NEXT:     d5005.rope %turned_query, %query, <"rope" at 53888 stride 128 rows 64 cols 32 bytes 4> width 64 head_dim 16
+// CHECK-NEXT:     d5005.rope %turned_key, %key, <"rope" at 53888 stride 128 rows 64 cols 32 bytes 4> width 32 head_dim 16
+// CHECK-NEXT:     d5005.cache_write %turned_key, <"cache.1.key" at 60032 stride 64 rows 128 cols 16 bytes 2> kv_heads 2
+// CHECK-NEXT:     d5005.cache_write %value, <"cache.1.value" at 62080 stride 64 rows 128 cols 16 bytes 2> kv_heads 2
+// CHECK-NEXT:     d5005.attention %attended, %turned_query, <"cache.1.key" at 60032 stride 64 rows 128 cols 16 bytes 2>, <"cache.1.value" at 62080 stride 64 rows 128 cols 16 bytes 2> current %turned_key, %value heads 4 kv_heads 2
 // CHECK-NEXT:     d5005.matvec %projected, %attended, <"model.layers.1.self_attn.o_proj.weight" at 31104 stride 128 rows 64 cols 64 bytes 2>
 // CHECK-NEXT:     d5005.add %mixed, %result, %projected size 64
 // CHECK-NEXT:     d5005.rms_norm %normed_mixed, %mixed, <"model.layers.1.post_attention_layernorm.weight" at 33152 stride 128 rows 1 cols 64 bytes 2> epsilon 1.000000e-05 : f32

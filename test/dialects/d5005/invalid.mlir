@@ -69,7 +69,7 @@ d5005.rms_norm %a, %b, <"w" at 0 stride 128 rows 2 cols 64 bytes 2> epsilon 1.0e
 %b = d5005.buffer "b" words 64 at 64
 d5005.rope %a, %b, <"rope" at 0 stride 64 rows 64 cols 16 bytes 4> width 60 head_dim 16
 // -----
-// CHECK: 'd5005.rope' op its table has rows of 8, not the head's 16
+// CHECK: 'd5005.rope' op its table has rows of 8, not two halves of the head's 16
 %a = d5005.buffer "a" words 64 at 0
 %b = d5005.buffer "b" words 64 at 64
 d5005.rope %a, %b, <"rope" at 0 stride 64 rows 64 cols 8 bytes 4> width 64 head_dim 16

@@ -14,7 +14,7 @@ d5005.program identity "LOGOS program: decode step, ctx 64, sha256 36ba7865127a7
   d5005.embed_row %x, <"model.embed_tokens.weight" at 0 stride 128 rows 256 cols 64 bytes 2>
   d5005.rms_norm %normed, %x, <"model.norm.weight" at 8192 stride 128 rows 1 cols 64 bytes 2> epsilon 1.000000e-05 : f32
   d5005.matvec %q, %normed, <"q_proj" at 8320 stride 128 rows 64 cols 64 bytes 2>
-  d5005.rope %turned, %q, <"rope" at 10368 stride 64 rows 64 cols 16 bytes 4> width 64 head_dim 16
+  d5005.rope %turned, %q, <"rope" at 10368 stride 128 rows 64 cols 32 bytes 4> width 64 head_dim 16
   d5005.cache_write %turned, <"cache.0.key" at 11392 stride 64 rows 256 cols 16 bytes 2> kv_heads 4
   d5005.attention %attended, %turned, <"cache.0.key" at 11392 stride 64 rows 256 cols 16 bytes 2>, <"cache.0.value" at 15488 stride 64 rows 256 cols 16 bytes 2> current %turned, %q heads 4 kv_heads 4
   d5005.add %sum, %x, %attended size 64
@@ -34,7 +34,7 @@ d5005.program identity "LOGOS program: decode step, ctx 64, sha256 36ba7865127a7
 // CHECK-NEXT:     d5005.embed_row %x, <"model.embed_tokens.weight" at 0 stride 128 rows 256 cols 64 bytes 2>
 // CHECK-NEXT:     d5005.rms_norm %normed, %x, <"model.norm.weight" at 8192 stride 128 rows 1 cols 64 bytes 2> epsilon 1.000000e-05 : f32
 // CHECK-NEXT:     d5005.matvec %q, %normed, <"q_proj" at 8320 stride 128 rows 64 cols 64 bytes 2>
-// CHECK-NEXT:     d5005.rope %turned, %q, <"rope" at 10368 stride 64 rows 64 cols 16 bytes 4> width 64 head_dim 16
+// CHECK-NEXT:     d5005.rope %turned, %q, <"rope" at 10368 stride 128 rows 64 cols 32 bytes 4> width 64 head_dim 16
 // CHECK-NEXT:     d5005.cache_write %turned, <"cache.0.key" at 11392 stride 64 rows 256 cols 16 bytes 2> kv_heads 4
 // CHECK-NEXT:     d5005.attention %attended, %turned, <"cache.0.key" at 11392 stride 64 rows 256 cols 16 bytes 2>, <"cache.0.value" at 15488 stride 64 rows 256 cols 16 bytes 2> current %turned, %q heads 4 kv_heads 4
 // CHECK-NEXT:     d5005.add %sum, %x, %attended size 64
