@@ -381,8 +381,8 @@ ${rms_norm_total}
 }
 
 /* The table's row for the position holds cos of each half-frequency, then sin, each half padded to whole bank
-   words: word c lands in cosines (c < half_words) or sines, lane e in bank e of its array, a bank known when the engine is
-   built. */
+   words: word c lands in cosines (c < half_words) or sines, lane e in bank e of its array, a bank known when the
+   engine is built. */
 /* routine rope */
 inline void rope(ONCHIP float *x, __local float *restrict cosines, __local float *restrict sines, channels_t *ch,
                  const uint16 w, uint position) {
