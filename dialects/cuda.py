@@ -679,17 +679,8 @@ class CpAsyncCommitOp(IRDLOperation):
     assembly_format = "attr-dict"
 
 
-@irdl_op_definition
-class CpAsyncWaitOp(IRDLOperation):
-    """PTX `cp.async.wait_group N`: wait until at most `pending` of this thread's committed groups are still in
-    flight (the older ones have landed in shared memory).
-
-    ```mlir
-    cuda.cp_async_wait 1
-    ```
-    """
-
-    name = "cuda.cp_async_wait"
+class WaitGroupOp(IRDLOperation):
+    """A PTX `*.wait_group N`: wait until at most `pending` (0 to 7) of the groups committed before are in flight."""
 
     pending = prop_def(IntegerAttr[I64])
 
@@ -701,6 +692,19 @@ class CpAsyncWaitOp(IRDLOperation):
     def verify_(self) -> None:
         if not 0 <= self.pending.value.data <= 7:
             raise _fail(self, f"waits with 0 to 7 groups pending, not {self.pending.value.data}")
+
+
+@irdl_op_definition
+class CpAsyncWaitOp(WaitGroupOp):
+    """PTX `cp.async.wait_group N`: wait until at most `pending` of this thread's committed groups are still in
+    flight (the older ones have landed in shared memory).
+
+    ```mlir
+    cuda.cp_async_wait 1
+    ```
+    """
+
+    name = "cuda.cp_async_wait"
 
 
 @irdl_op_definition
@@ -1276,7 +1280,7 @@ class WgmmaCommitOp(IRDLOperation):
 
 
 @irdl_op_definition
-class WgmmaWaitOp(IRDLOperation):
+class WgmmaWaitOp(WaitGroupOp):
     """PTX `wgmma.wait_group.sync.aligned N`: waits until at most `pending` of the warpgroup's groups are in
     flight; the older groups' results may then be read.
 
@@ -1286,17 +1290,6 @@ class WgmmaWaitOp(IRDLOperation):
     """
 
     name = "cuda.wgmma_wait"
-
-    pending = prop_def(IntegerAttr[I64])
-
-    assembly_format = "$pending attr-dict"
-
-    def __init__(self, pending: int):
-        super().__init__(properties={"pending": IntegerAttr(pending, 64)})
-
-    def verify_(self) -> None:
-        if not 0 <= self.pending.value.data <= 7:
-            raise _fail(self, f"waits with 0 to 7 groups pending, not {self.pending.value.data}")
 
 
 HOPPER_OPS = (
