@@ -88,6 +88,14 @@ def _gguf_value(kind: int, value: Any) -> bytes:
     return struct.pack(_PACK[kind], value)
 
 
+def save_gguf(writer: Any) -> None:
+    """Write a gguf-py `GGUFWriter`'s file: its header, its metadata, its tensors, then close it."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def gguf_bytes(
     metadata: list[tuple[str, int, Any]],
     tensors: list[tuple[str, tuple[int, ...], int, bytes]] = (),  # type: ignore[assignment]

@@ -17,7 +17,7 @@ import pytest
 from logos_ir.errors import SpecError, WeightError
 from logos_ir.interpreter import kernels
 from logos_ir.spec import ModelSpec
-from logos_ir.testing import RandomWeights
+from logos_ir.testing import RandomWeights, save_gguf
 from logos_ir.weights import open_model
 from logos_ir.weights.safetensors import save_model
 
@@ -389,10 +389,7 @@ def _moe_gguf(  # noqa: ANN201
         if mixtral and role in ("self_attn.q_proj", "self_attn.k_proj"):
             array = permute_qk(array, spec.heads if role == "self_attn.q_proj" else spec.kv_heads)
         writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    save_gguf(writer)
     return path
 
 

@@ -17,6 +17,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 from logos_ir.errors import WeightError
+from logos_ir.testing import save_gguf
 from logos_ir.weights import GGUFFile, open_model
 
 QK_K = 256
@@ -165,7 +166,7 @@ def test_each_block_format_reads_as_its_layout_decodes_by_hand(tmp_path: Path, k
     data = random_blocks(kind, rows * columns // block)
     writer = gguf.GGUFWriter(str(tmp_path / "probe.gguf"), "llama")
     writer.add_tensor("probe.weight", np.frombuffer(data, np.uint8).reshape(rows, -1), raw_dtype=kind)
-    _write(writer)
+    save_gguf(writer)
     got = GGUFFile(tmp_path / "probe.gguf").read("probe.weight")
     assert got.shape == (rows, columns) and got.dtype == np.float32
     decode = FORMATS[kind][0]
@@ -178,13 +179,6 @@ def _copy_metadata(file: GGUFFile, writer: gguf.GGUFWriter) -> None:
     for key, value in file.metadata.items():
         if not key.startswith(("GGUF.", "general.architecture")) and type(value) in kinds:
             writer.add_key_value(key, value, kinds[type(value)])
-
-
-def _write(writer: gguf.GGUFWriter) -> None:
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
 
 
 def _k_quant_model(tmp_path: Path, kind: QT) -> tuple[Path, Path]:
@@ -214,8 +208,8 @@ def _k_quant_model(tmp_path: Path, kind: QT) -> tuple[Path, Path]:
         raw = np.frombuffer(random_blocks(kind, rows * columns // block, seed=index), np.uint8).reshape(rows, -1)
         quantized.add_tensor(name, raw, raw_dtype=kind)
         dequantized.add_tensor(name, gguf.quants.dequantize(raw, kind).astype(np.float32))
-    _write(quantized)
-    _write(dequantized)
+    save_gguf(quantized)
+    save_gguf(dequantized)
     return tmp_path / f"{kind.name}.gguf", tmp_path / "dequantized.gguf"
 
 

@@ -22,6 +22,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from logos_ir.errors import LogosError
+from logos_ir.testing import save_gguf
 from logos_ir.tokenizer import Tokenizer
 from logos_ir.weights import open_model
 
@@ -88,10 +89,7 @@ def convert(folder: Path, out: Path, *, extra: Any = None) -> Path:
         writer.add_tensor(target + ".weight", array.astype(np.float32))
     if extra is not None:
         extra(writer)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    save_gguf(writer)
     return out
 
 

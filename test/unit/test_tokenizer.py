@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from logos_ir.errors import TokenizerError
 from logos_ir.spec import ModelSpec
+from logos_ir.testing import save_gguf
 from logos_ir.tokenizer import Tokenizer
 from logos_ir.weights import RandomWeights, SafetensorsStore, open_model, save_model
 
@@ -68,10 +69,7 @@ def write_tokenizer_gguf(path: Path, **overrides) -> Path:
             w.add_string(key, value)
         else:
             w.add_array(key, value)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    save_gguf(w)
     return path
 
 

@@ -24,6 +24,7 @@ from safetensors import safe_open
 from logos_ir.errors import LogosError, SpecError, WeightError
 from logos_ir.rope import llama3_rope_divisors
 from logos_ir.spec import ModelSpec, RopeScaling
+from logos_ir.testing import save_gguf
 from logos_ir.weights import (
     ArrayStore,
     GGUFFile,
@@ -116,10 +117,7 @@ def write_gguf(
             w.add_tensor(gguf_name(hf), gguf.quants.quantize(array, kind), raw_dtype=kind)
     if extra is not None:
         extra(w)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    save_gguf(w)
     return path
 
 
