@@ -220,6 +220,41 @@ class RopeScalingAttr(ParametrizedAttribute):
         return values
 
 
+@irdl_attr_definition
+class LinearRopeScalingAttr(ParametrizedAttribute):
+    """Linear rotary frequency scaling (every frequency divided by `factor`), as the spec's `RopeScaling` of type
+    `linear` holds it.
+
+    ```mlir
+    #logos.linear_rope_scaling<factor = 8.0>
+    ```
+    """
+
+    name = "logos.linear_rope_scaling"
+
+    factor: FloatAttr[Float64Type]
+
+    @property
+    def scaling(self) -> RopeScaling:
+        return RopeScaling(self.factor.value.data, rope_type="linear")
+
+    def print_parameters(self, printer: Printer) -> None:
+        printer.print_string(f"<factor = {_float_text(self.factor.value.data)}>")
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        with parser.in_angle_brackets():
+            _parse_entry(parser, "factor", True)
+            return [_parse_float(parser)]
+
+
+def scaling_attr(scaling: RopeScaling) -> RopeScalingAttr | LinearRopeScalingAttr:
+    """The attribute that says `scaling`: Llama 3's or a linear one."""
+    if scaling.rope_type == "linear":
+        return LinearRopeScalingAttr(FloatAttr(scaling.factor, f64))
+    return RopeScalingAttr.of(scaling)
+
+
 def _feature_attr(value: bool | str | float) -> Attribute:
     if isinstance(value, bool):
         return BoolAttr.from_bool(value)
@@ -260,7 +295,7 @@ class ModelAttr(ParametrizedAttribute):
     rms_eps: FloatAttr[Float64Type]
     rope_theta: FloatAttr[Float64Type]
     tie_embeddings: BoolAttr
-    rope_scaling: RopeScalingAttr | NoneAttr
+    rope_scaling: RopeScalingAttr | LinearRopeScalingAttr | NoneAttr
     sliding_window: IntegerAttr[I64] | NoneAttr
     full_layers: DenseArrayBase[I64]  # the layers that attend the whole cache despite the window (empty: not printed)
     biases: ArrayAttr[StringAttr]  # the projections that add a bias (empty: none, and not printed)
@@ -272,7 +307,7 @@ class ModelAttr(ParametrizedAttribute):
 
     @staticmethod
     def of(spec: ModelSpec) -> ModelAttr:
-        scaling = NoneAttr() if spec.rope_scaling is None else RopeScalingAttr.of(spec.rope_scaling)
+        scaling = NoneAttr() if spec.rope_scaling is None else scaling_attr(spec.rope_scaling)
         window = NoneAttr() if spec.sliding_window is None else IntegerAttr(spec.sliding_window, i64)
         return ModelAttr(
             *(IntegerAttr(getattr(spec, key), i64) for key in MODEL_INT_KEYS),
@@ -304,7 +339,7 @@ class ModelAttr(ParametrizedAttribute):
             **{key: getattr(self, key).value.data for key in MODEL_INT_KEYS},
             **{key: getattr(self, key).value.data for key in MODEL_FLOAT_KEYS},
             tie_embeddings=bool(self.tie_embeddings.value.data),
-            rope_scaling=scaling.scaling if isinstance(scaling, RopeScalingAttr) else None,
+            rope_scaling=None if isinstance(scaling, NoneAttr) else scaling.scaling,
             sliding_window=self.sliding_window.value.data if isinstance(self.sliding_window, IntegerAttr) else None,
             full_layers=tuple(self.full_layers.get_values()),
             biases=tuple(p.data for p in self.biases.data),
@@ -322,7 +357,7 @@ class ModelAttr(ParametrizedAttribute):
         entries += [f"{key} = {_float_text(getattr(self, key).value.data)}" for key in MODEL_FLOAT_KEYS]
         entries.append(f"tie_embeddings = {'true' if self.tie_embeddings.value.data else 'false'}")
         printer.print_string("<" + ", ".join(entries))
-        if isinstance(self.rope_scaling, RopeScalingAttr):
+        if not isinstance(self.rope_scaling, NoneAttr):
             printer.print_string(", rope_scaling = ")
             printer.print_attribute(self.rope_scaling)
         if isinstance(self.sliding_window, IntegerAttr):
@@ -805,7 +840,8 @@ class LinearOp(LogosOp):
 @irdl_op_definition
 class RopeOp(LogosOp):
     """Rotary position embedding of each head of each row at that row's position (from 1), rotating the two halves
-    of each head (the Hugging Face Llama convention). `scaling` holds Llama 3's frequency scaling when the model has it.
+    of each head (the Hugging Face Llama convention). `scaling` holds Llama 3's frequency scaling, `linear_scaling`
+    a linear one, where the rotation has it (`rope_scaling` reads either).
 
     ```mlir
     %turned = logos.rope %q, %position head_dim 16 theta 1.0e+04 : f64
@@ -820,14 +856,21 @@ class RopeOp(LogosOp):
     head_dim = prop_def(IntegerAttr[I64])
     theta = prop_def(FloatAttr)
     scaling = opt_prop_def(RopeScalingAttr)
+    linear_scaling = opt_prop_def(LinearRopeScalingAttr)
     result = result_def(TensorType)
 
     traits = traits_def(Pure())
 
     assembly_format = (
-        "$input `,` $positions `head_dim` $head_dim `theta` $theta (`scaling` $scaling^)? attr-dict "
-        "`:` functional-type(operands, results)"
+        "$input `,` $positions `head_dim` $head_dim `theta` $theta (`scaling` $scaling^)? "
+        "(`linear_scaling` $linear_scaling^)? attr-dict `:` functional-type(operands, results)"
     )
+
+    @property
+    def rope_scaling(self) -> RopeScaling | None:
+        """The scaling this rotation applies, of either kind, or None."""
+        said = self.scaling if self.scaling is not None else self.linear_scaling
+        return None if said is None else said.scaling
 
     def check_(self) -> None:
         x, positions = tensor_shape(self.input), tensor_shape(self.positions)
@@ -836,6 +879,8 @@ class RopeOp(LogosOp):
         _expect_same(self, "number of positions", positions, (x[0],))
         if head_dim < 2 or head_dim % 2 or x[1] % head_dim:
             raise _fail(self, f"cannot rotate rows of {x[1]} in heads of {head_dim}")
+        if self.scaling is not None and self.linear_scaling is not None:
+            raise _fail(self, "scales its frequencies twice: Llama 3's scaling and a linear one")
         _expect_same(self, "result shape", tensor_shape(self.result), x)
 
 
@@ -1113,6 +1158,9 @@ def variant(op: Operation) -> str | None:
         spec = program_spec(op)
         if spec is not None and op.theta.value.data != spec.rope_theta:
             return f"rotates with base {op.theta.value.data!r}, not its model's {spec.rope_theta!r}"
+        said = op.rope_scaling
+        if spec is not None and said != spec.rope_scaling:
+            return f"rotates with rope scaling {said}, not its model's {spec.rope_scaling}"
     if isinstance(op, AttentionOp):
         if op.window is not None:
             return f"slides over a window of {op.window.value.data} positions"
@@ -1277,5 +1325,5 @@ LOGOS = Dialect(
         RowOp,
         ArgmaxOp,
     ],
-    [ModelAttr, RopeScalingAttr],
+    [ModelAttr, RopeScalingAttr, LinearRopeScalingAttr],
 )

@@ -320,8 +320,8 @@ class _Plan:
             key_norm = w(section, "key_norm", names["key_norm"], (spec.head_dim,))
             key = section.head_rms_norm("normed_key", key, key_norm, one)
         theta = spec.rope_theta_of(layer)  # Gemma 3's windowed layers rotate with a base of their own
-        turned_query = section.rope("turned_query", query, position, theta)
-        turned_key = section.rope("turned_key", key, position, theta)
+        turned_query = section.rope("turned_query", query, position, theta, layer)
+        turned_key = section.rope("turned_key", key, position, theta, layer)
         attended = self._attend(section, layer, turned_query, turned_key, value, position)
         output = w(section, "output_weight", names["output"], (spec.hidden, spec.q_dim))
         projected = b(

@@ -206,14 +206,18 @@ class SectionBuilder:
         op = logos.LinearOp.create(operands=[x, weight], result_types=[f32_tensor((rows, out))])
         return self._let(op, name)
 
-    def rope(self, name: str, x: SSAValue, positions: SSAValue, theta: float | None = None) -> SSAValue:
-        """A rotation by the model's rope base, or by `theta` (a windowed layer's own, Gemma 3's local layers)."""
+    def rope(
+        self, name: str, x: SSAValue, positions: SSAValue, theta: float | None = None, layer: int | None = None
+    ) -> SSAValue:
+        """A rotation by the model's rope base, or by `theta` (a windowed layer's own, Gemma 3's local layers), with
+        the scaling of layer `layer` (`ModelSpec.rope_scaling_of`; the model's where no layer is given)."""
         props: dict[str, Attribute] = {
             "head_dim": integer(self.spec.head_dim),
             "theta": real(self.spec.rope_theta if theta is None else theta),
         }
-        if self.spec.rope_scaling is not None:
-            props["scaling"] = logos.RopeScalingAttr.of(self.spec.rope_scaling)
+        scaling = self.spec.rope_scaling if layer is None else self.spec.rope_scaling_of(layer)
+        if scaling is not None:
+            props["scaling" if scaling.rope_type == "llama3" else "linear_scaling"] = logos.scaling_attr(scaling)
         op = logos.RopeOp.create(operands=[x, positions], properties=props, result_types=[x.type])
         return self._let(op, name)
 

@@ -186,6 +186,9 @@ _FACTS: list[tuple[str, re.Pattern[str]]] = [
     ("rms_eps", re.compile(rf"The RMS norm epsilon is {_N}\.")),
     ("rope_theta", re.compile(rf"The rotary base is {_N}\.")),
 ]
+_LINEAR = re.compile(
+    rf"The rotary frequencies are divided by {_N} \(linear scaling\)(, except in the layers with a sliding window)?\."
+)
 _SCALING = re.compile(
     rf"The rotary frequencies are scaled as in Llama 3 by {_N}, with low frequency factor {_N}, "
     rf"high frequency factor {_N} and original context {_N}\."
@@ -308,6 +311,13 @@ def _fact(src: _Source, line: _Line, key: str, pattern: re.Pattern[str]) -> dict
 
 
 def _scaling(src: _Source, line: _Line) -> RopeScaling:
+    linear = _LINEAR.fullmatch(line.text[len(INDENT) :])
+    if linear:  # whether the windowed layers are left out is checked against the model (the canonical facts)
+        try:
+            factor = float(_number(src, line, linear[1], len(INDENT) + linear.start(1) + 1, float))
+            return RopeScaling(factor, rope_type="linear")
+        except SpecError as error:
+            raise src.error(line.number, len(INDENT) + 1, error.message) from None
     match = _SCALING.fullmatch(line.text[len(INDENT) :])
     if not match:
         raise src.error(
@@ -315,7 +325,8 @@ def _scaling(src: _Source, line: _Line) -> RopeScaling:
             len(INDENT) + 1,
             "malformed rotary scaling fact",
             "write 'The rotary frequencies are scaled as in Llama 3 by 8.0, with low frequency factor "
-            "1.0, high frequency factor 4.0 and original context 8192.'",
+            "1.0, high frequency factor 4.0 and original context 8192.' or 'The rotary frequencies are divided by "
+            "8.0 (linear scaling).'",
         )
     col = [len(INDENT) + match.start(i) + 1 for i in range(1, 5)]
     try:
@@ -1017,7 +1028,8 @@ class _Scope:
             hint = "" if expected == self.spec.rope_theta else f", with base {expected!r}"
             raise self._here(m.start(3) if m[3] else m.end(2), f"this layer rotates with base {expected!r}",
                              f"write 'rotated to {m[2]}{hint}'")  # fmt: skip
-        return self.build.rope(name, self._tensor(m[1], m.start(1)), self._ids(m[2], m.start(2)), theta)
+        x, positions = self._tensor(m[1], m.start(1)), self._ids(m[2], m.start(2))
+        return self.build.rope(name, x, positions, theta, int(layer[1]) if layer else None)
 
     def _plus(self, name: str, m: re.Match[str]) -> SSAValue:
         return self.build.add(name, self._tensor(m[1], m.start(1)), self._tensor(m[2], m.start(2)))

@@ -66,6 +66,21 @@ FEATURE_FACTS: dict[str, str] = {
 }
 
 
+def scaling_fact(spec: ModelSpec) -> str:
+    """The sentence of the model's rotary scaling: Llama 3's, or a linear one (not in the windowed layers where
+    those rotate with a base of their own, Gemma 3's)."""
+    s = spec.rope_scaling
+    assert s is not None
+    if s.rope_type == "linear":
+        where = "" if spec.local_rope_theta is None else ", except in the layers with a sliding window"
+        return f"The rotary frequencies are divided by {s.factor!r} (linear scaling){where}."
+    return (
+        f"The rotary frequencies are scaled as in Llama 3 by {s.factor!r}, with low frequency factor "
+        f"{s.low_freq_factor!r}, high frequency factor {s.high_freq_factor!r} and original context "
+        f"{s.original_max_position_embeddings}."
+    )
+
+
 def fact_lines(spec: ModelSpec, chips: int | None) -> list[str]:
     """The model's facts, one sentence each, in their fixed order (the grammar's `facts`)."""
     lines = [
@@ -79,12 +94,7 @@ def fact_lines(spec: ModelSpec, chips: int | None) -> list[str]:
         f"The rotary base is {spec.rope_theta!r}.",
     ]
     if spec.rope_scaling is not None:
-        s = spec.rope_scaling
-        lines.append(
-            f"The rotary frequencies are scaled as in Llama 3 by {s.factor!r}, with low frequency factor "
-            f"{s.low_freq_factor!r}, high frequency factor {s.high_freq_factor!r} and original context "
-            f"{s.original_max_position_embeddings}."
-        )
+        lines.append(scaling_fact(spec))
     if spec.sliding_window is not None:
         full = spec.full_layers
         layers = ""

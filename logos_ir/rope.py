@@ -1,7 +1,8 @@
 """Rotary position embedding's math, in one place: the frequencies every lane and the reference turn positions by,
 and the divisors llama.cpp's converter stores for Llama 3 scaling (which a GGUF reader checks).
 
-Both follow Hugging Face's `_compute_llama3_parameters`: wavelengths shorter than old_ctx/high_freq_factor are
+Both follow Hugging Face: linear scaling (`_compute_linear_scaling_rope_parameters`) divides every frequency by its
+factor; Llama 3's (`_compute_llama3_parameters`) keeps wavelengths shorter than old_ctx/high_freq_factor are
 kept, those longer than old_ctx/low_freq_factor are divided by `factor`, and those between are blended smoothly.
 """
 
@@ -20,10 +21,15 @@ def base_inv_freq(head_dim: int, theta: float) -> np.ndarray:
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> np.ndarray:
-    """The rotary frequencies (float64), with Llama 3 scaling applied when `scaling` is given."""
+    """The rotary frequencies (float64), with `scaling` applied when given: linear (each divided by its factor, as
+    Hugging Face's `_compute_linear_scaling_rope_parameters`) or Llama 3's."""
     inv_freq = base_inv_freq(head_dim, theta)
     if scaling is None:
         return inv_freq
+    if scaling.rope_type == "linear":
+        return inv_freq / scaling.factor
+    assert scaling.low_freq_factor is not None and scaling.high_freq_factor is not None
+    assert scaling.original_max_position_embeddings is not None
     old = scaling.original_max_position_embeddings
     low_wavelen = old / scaling.low_freq_factor
     high_wavelen = old / scaling.high_freq_factor
@@ -38,6 +44,8 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None = Non
 def llama3_rope_divisors(scaling: RopeScaling, head_dim: int, theta: float) -> np.ndarray:
     """What llama.cpp's converter stores as `rope_freqs`: by how much Llama 3 scaling divides each rotary
     frequency (1 for high frequencies, `factor` for low ones, a smooth blend between)."""
+    assert scaling.low_freq_factor is not None and scaling.high_freq_factor is not None
+    assert scaling.original_max_position_embeddings is not None
     wavelen = 2 * math.pi / base_inv_freq(head_dim, theta)
     old = scaling.original_max_position_embeddings
     low, high = scaling.low_freq_factor, scaling.high_freq_factor

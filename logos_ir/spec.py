@@ -56,25 +56,39 @@ _LAYER_TENSOR = re.compile(r"model\.layers\.(?P<layer>0|[1-9][0-9]*)\.(?P<role>.
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """Llama 3.1/3.2 RoPE frequency scaling (`rope_type: llama3`)."""
+    """Rotary frequency scaling: Llama 3.1/3.2's (`rope_type: llama3`: wavelengths longer than the original context
+    over `low_freq_factor` divided by `factor`, those shorter than over `high_freq_factor` kept, a smooth blend
+    between) or linear (`rope_type: linear`: every frequency divided by `factor`, which interpolates positions;
+    Gemma 3's global layers, long-context Llama 2s), whose other fields are None."""
 
     factor: float
-    low_freq_factor: float
-    high_freq_factor: float
-    original_max_position_embeddings: int
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    original_max_position_embeddings: int | None = None
     rope_type: str = "llama3"
 
     def __post_init__(self) -> None:
-        if self.rope_type != "llama3":
-            raise SpecError(f"rope scaling of type '{self.rope_type}' is not supported (only 'llama3')")
-        for name in ("factor", "low_freq_factor", "high_freq_factor"):
+        if self.rope_type not in ("llama3", "linear"):
+            raise SpecError(f"rope scaling of type '{self.rope_type}' is not supported (only 'llama3' and 'linear')")
+        floats = ("factor", "low_freq_factor", "high_freq_factor") if self.rope_type == "llama3" else ("factor",)
+        for name in floats:
             value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise SpecError(f"rope scaling {name} must be a positive number, not {value!r}")
+        if self.rope_type == "linear":
+            for name in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+                if getattr(self, name) is not None:
+                    raise SpecError(f"a linear rope scaling has only a factor, not '{name}'")
+            return
+        assert self.low_freq_factor is not None and self.high_freq_factor is not None
         if self.high_freq_factor <= self.low_freq_factor:
             raise SpecError("rope scaling high_freq_factor must be greater than low_freq_factor")
         if not (isinstance(self.original_max_position_embeddings, int) and self.original_max_position_embeddings >= 1):
             raise SpecError("rope scaling original_max_position_embeddings must be a positive integer")
+
+    def to_dict(self) -> dict[str, Any]:
+        """As a config.json's `rope_scaling` says it (a linear one: its type and factor only)."""
+        return {key: value for key, value in vars(self).items() if value is not None}
 
 
 @dataclass(frozen=True)
@@ -165,8 +179,11 @@ class ModelSpec:
                 raise SpecError(f"'{name}' must be true or false, not {getattr(self, name)!r}")
         if self.activation not in ACTIVATIONS:
             raise SpecError(f"'activation' must be one of {', '.join(ACTIVATIONS)}, not {self.activation!r}")
-        if self.local_rope_theta is not None and (self.sliding_window is None or self.rope_scaling is not None):
-            raise SpecError("'local_rope_theta' needs a sliding window, and no rope scaling (not said yet)")
+        scaling = self.rope_scaling
+        if self.local_rope_theta is not None and (
+            self.sliding_window is None or (scaling is not None and scaling.rope_type != "linear")
+        ):
+            raise SpecError("'local_rope_theta' needs a sliding window, and no rope scaling but a linear one")
         for name in ("query_pre_attn_scalar", "attention_softcap", "final_softcap", "local_rope_theta"):
             value = getattr(self, name)
             if value is None:
@@ -273,6 +290,12 @@ class ModelSpec:
         local = self.local_rope_theta is not None and self.window_of(layer) is not None
         return self.local_rope_theta if local else self.rope_theta  # type: ignore[return-value]
 
+    def rope_scaling_of(self, layer: int) -> RopeScaling | None:
+        """The rope scaling layer `layer` rotates with: none where it rotates with the windowed layers' own base
+        (Gemma 3's local layers, as transformers' `sliding_attention` rope parameters have none)."""
+        local = self.local_rope_theta is not None and self.window_of(layer) is not None
+        return None if local else self.rope_scaling
+
     def window_of(self, layer: int) -> int | None:
         """The sliding window layer `layer` attends over, or None (the whole cache)."""
         return None if layer in self.full_layers else self.sliding_window
@@ -314,7 +337,7 @@ class ModelSpec:
         optional = ("rope_scaling", "sliding_window", "full_layers", "biases", "head_norms", *LLAMA_FEATURES)
         optional += ("experts", "experts_per_token", "renormalize")
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in optional}
-        out["rope_scaling"] = None if self.rope_scaling is None else dict(vars(self.rope_scaling))
+        out["rope_scaling"] = None if self.rope_scaling is None else self.rope_scaling.to_dict()
         if self.sliding_window is not None:  # absent for a model without one, as the program's facts leave it out
             out["sliding_window"] = self.sliding_window
         if self.full_layers:
@@ -427,17 +450,22 @@ def _rope_settings(config: Mapping[str, Any], where: str) -> tuple[float, RopeSc
     else:
         theta = _field(config, where, "rope_theta", (int, float), default=10000.0)
         scaling = config.get("rope_scaling")
-    local = None if local is None or float(local) == float(theta) else float(local)
-    if scaling is None:
-        return float(theta), None, local
-    if not isinstance(scaling, dict):
+    if scaling is not None and not isinstance(scaling, dict):
         raise SpecError(f"{where}: field 'rope_scaling' must be an object")
-    rope_type = scaling.get("rope_type", scaling.get("type"))
-    if rope_type in (None, "default"):
+    rope_type = None if scaling is None else scaling.get("rope_type", scaling.get("type"))
+    # the windowed layers' own base is kept where it differs, or where the scaling is the global layers' only
+    scaled = rope_type not in (None, "default")
+    local = None if local is None or (float(local) == float(theta) and not scaled) else float(local)
+    if scaling is None or rope_type in (None, "default"):
         return float(theta), None, local
-    if rope_type != "llama3":
-        raise SpecError(f"{where}: rope scaling of type '{rope_type}' is not supported (only 'llama3')")
     sub = where + " rope scaling"
+    if rope_type == "linear":
+        for key in scaling:
+            if key not in ("rope_type", "type", "factor", "rope_theta", "partial_rotary_factor"):
+                raise SpecError(f"{where}: key '{key}' of a linear rope scaling is not one logos-ir reads")
+        return float(theta), RopeScaling(float(_field(scaling, sub, "factor", (int, float))), rope_type="linear"), local
+    if rope_type != "llama3":
+        raise SpecError(f"{where}: rope scaling of type '{rope_type}' is not supported (only 'llama3' and 'linear')")
     return (
         float(theta),
         RopeScaling(
@@ -908,6 +936,30 @@ _PRESETS: dict[str, ModelSpec] = {
         query_pre_attn_scalar=256.0,
         attention_softcap=50.0,
         final_softcap=30.0,
+    ),
+    # Gemma 3 12B's text model (google/gemma-3-12b-it's text_config): every 6th layer global, rotating with base 1e6
+    # scaled linearly by 8, the windowed layers over 1024 positions with base 1e4 unscaled; no soft-caps
+    "gemma-3-12b": ModelSpec(
+        vocab=262208,
+        hidden=3840,
+        layers=48,
+        heads=16,
+        kv_heads=8,
+        head_dim=256,
+        intermediate=15360,
+        rms_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_embeddings=True,
+        rope_scaling=RopeScaling(8.0, rope_type="linear"),
+        sliding_window=1024,
+        full_layers=tuple(range(5, 48, 6)),
+        head_norms=True,
+        norm_plus_one=True,
+        embedding_scaled=True,
+        activation="gelu_tanh",
+        sandwich_norms=True,
+        query_pre_attn_scalar=256.0,
+        local_rope_theta=10000.0,
     ),
     # Mixtures of experts (each one's config.json on its hub page): Mixtral-8x7B-v0.1's 8 experts of 14336, 2 a
     # token, renormalized; Qwen3-30B-A3B's 128 experts of 768 (moe_intermediate_size), 8 a token, renormalized

@@ -188,6 +188,43 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
             "eos_token_id": 2,
         },
     ),
+    # Linear rope scaling: a Llama's over every layer (long-context Llama 2s), Gemma 3's over its global layers only
+    # (4B and larger: factor 8), as a folder and, six layers as llama.cpp's Gemma 3 loader has them, as a GGUF
+    "llama-linear": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        {"rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}},
+    ),
+    "gemma3_text-linear": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        {
+            "head_dim": 16,
+            "query_pre_attn_scalar": 4,
+            "sliding_window": 4,
+            "sliding_window_pattern": 2,
+            "rope_parameters": {
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+        },
+    ),
+    "gemma3_text-gguf-linear": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        {
+            "head_dim": 16,
+            "num_hidden_layers": 6,
+            "query_pre_attn_scalar": 16,
+            "sliding_window": 4,
+            "sliding_window_pattern": 6,
+            "rope_parameters": {
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+            "vocab_size": 400,
+        },
+    ),
 }
 # Families whose norm weights are drawn as 1 + N(0, initializer_range) rather than left at transformers' ones, so
 # that a norm read from the wrong tensor (or not applied) changes the tokens: the families made after the first five
@@ -198,6 +235,8 @@ DRAWN_NORMS = {
     "gemma3_text": 0.0,
     "gemma2-gguf": 0.0,
     "gemma3_text-gguf": 0.0,
+    "gemma3_text-linear": 0.0,
+    "gemma3_text-gguf-linear": 0.0,
     "mixtral": 1.0,
     "qwen3_moe": 1.0,
     "qwen3_moe-unnormed": 1.0,

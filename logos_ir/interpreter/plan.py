@@ -313,7 +313,7 @@ class ChipCompiler:
 
     def _rope(self, op: logos.RopeOp, env: dict[SSAValue, _Ref], section: str) -> None:
         head_dim = op.head_dim.value.data
-        scaling = None if op.scaling is None else op.scaling.scaling
+        scaling = op.rope_scaling
         theta = op.theta.value.data
         key = (head_dim, theta, scaling)
         table = self.ropes.get(key)

@@ -773,12 +773,20 @@ def _spec_from_gguf(file: GGUFFile) -> ModelSpec:
 
 
 def _gguf_rope_scaling(file: GGUFFile, where: str, head_dim: Any, theta: float, arch: str) -> RopeScaling | None:
-    """Llama 3 rope scaling. llama.cpp computes with per-frequency divisors (`rope_freqs`), not with parameters, so
-    the parameters are recovered from the divisors (`_llama3_parameters`) and accepted only if they reproduce every
-    one of them."""
+    """Linear or Llama 3 rope scaling. A linear one is its type and factor (llama.cpp's `freq_scale` is one over
+    it; Gemma 3's windowed layers rotate unscaled, its `rope_freq_scale_train_swa`). llama.cpp computes Llama 3's
+    with per-frequency divisors (`rope_freqs`), not with parameters, so the parameters are recovered from the
+    divisors (`_llama3_parameters`) and accepted only if they reproduce every one of them."""
     kind = file.metadata.get(f"{arch}.rope.scaling.type", "none")
-    if kind not in ("none", "llama3"):
-        raise SpecError(f"{where}: rope scaling of type '{kind}' is not supported (only Llama 3's)")
+    if kind not in ("none", "llama3", "linear"):
+        raise SpecError(f"{where}: rope scaling of type '{kind}' is not supported (only linear and Llama 3's)")
+    if kind == "linear":
+        if "rope_freqs.weight" in file.tensors:
+            raise SpecError(f"{where}: a linear rope scaling with rope_freqs.weight divisors is not said yet")
+        factor = file.metadata.get(f"{arch}.rope.scaling.factor")
+        if isinstance(factor, bool) or not isinstance(factor, int | float):
+            raise SpecError(f"{where}: a linear rope scaling needs its {arch}.rope.scaling.factor")
+        return None if factor == 1 else RopeScaling(float(factor), rope_type="linear")
     if "rope_freqs.weight" not in file.tensors:
         return None
     if not is_int(head_dim) or head_dim < 2 or head_dim % 2:

@@ -42,7 +42,7 @@ def hf_config(spec: ModelSpec, dtype: str = "float32") -> dict[str, Any]:
     Q, K and V biases); a spec no family's config says is refused."""
     scaling = None
     if spec.rope_scaling is not None:
-        scaling = dict(vars(spec.rope_scaling))
+        scaling = spec.rope_scaling.to_dict()
     config: dict[str, Any] = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",

@@ -286,6 +286,7 @@ def test_a_sliding_window_is_said_and_applied_where_the_cache_is_longer(tmp_path
     assert "a sliding window of 4 positions, except in layer 0." in write(first, Cut.decode(8)).text
 
 
+FAMILIES = Path(__file__).parent / "families"
 UNWINDOWED = "attention of layer 0 over every cached position, but its layer's attention slides over a window of 32"
 
 
@@ -347,3 +348,63 @@ def test_a_wrong_biases_fact_is_located(fact: str, message: str) -> None:
     with pytest.raises(LogosError, match=re.escape(message)) as raised:
         parse_program(text.replace("The query and key projections add biases.", fact), "p.logos")
     assert str(raised.value).startswith(f"p.logos:{at}:5: error: ")
+
+
+def test_the_linear_rope_scaling_fact_round_trips_and_says_which_layers_it_scales(tmp_path: Path) -> None:
+    """A linear scaling (a long-context Llama 2's in every layer; Gemma 3's in its global layers, whose windowed
+    layers rotate unscaled with their own base) is a fact of the program, its attribute in the module and on each
+    rotation it applies to, and read from a config in either form transformers writes."""
+    from logos_ir.spec import RopeScaling
+
+    linear = RopeScaling(4.0, rope_type="linear")
+    spec = replace(small_spec(), rope_scaling=linear)
+    text = write(spec, Cut.decode(8)).text
+    assert "    The rotary frequencies are divided by 4.0 (linear scaling).\n" in text
+    assert print_program(parse_program(text)) == text
+    module = mlir_text(text)
+    assert "rope_scaling = #logos.linear_rope_scaling<factor = 4.0>" in module
+    assert module.count("linear_scaling <factor = 4.0>") == 2 * spec.layers
+    assert _parse_mlir(module).ops.first.spec == spec  # type: ignore[union-attr]
+    assert ModelSpec.from_hf_config(_folder(tmp_path / "llama", hf_config(spec))) == spec
+
+    gemma = replace(spec, layers=2, sliding_window=4, full_layers=(1,), local_rope_theta=5000.0)
+    text = write(gemma, Cut.decode(8)).text
+    fact = "The rotary frequencies are divided by 4.0 (linear scaling), except in the layers with a sliding window."
+    assert f"    {fact}\n" in text
+    assert print_program(parse_program(text)) == text
+    assert mlir_text(text).count("linear_scaling <factor = 4.0>") == 2  # layer 1's query and key only
+    at = text.split("\n").index(f"    {fact}") + 1
+    with pytest.raises(LogosError, match="this fact is not written the one LOGOS way") as raised:
+        parse_program(text.replace(fact, "The rotary frequencies are divided by 4.0 (linear scaling)."), "p.logos")
+    assert str(raised.value).startswith(f"p.logos:{at}:5: error: ")
+    newer = json.loads((FAMILIES / "gemma3_text-linear" / "config.json").read_text())
+    older = {key: value for key, value in newer.items() if key != "rope_parameters"}  # transformers 4's form
+    older |= {"rope_theta": 1e6, "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "rope_local_base_freq": 1e4}
+    for config in (newer, older):
+        read = ModelSpec.from_hf_config(config)
+        said = (read.rope_scaling, read.rope_theta, read.local_rope_theta)
+        assert said == (RopeScaling(8.0, rope_type="linear"), 1e6, 1e4)
+
+
+@pytest.mark.parametrize(
+    ("rope", "message"),
+    [
+        ({"rope_type": "linear"}, "required field 'factor' is missing"),
+        ({"rope_type": "linear", "factor": 2.0, "original_max_position_embeddings": 64}, "key 'original_max_posi"),
+        ({"rope_type": "linear", "factor": -2.0}, "rope scaling factor must be a positive number"),
+        ({"rope_type": "yarn", "factor": 2.0}, "rope scaling of type 'yarn' is not supported"),
+    ],
+)
+def test_a_linear_rope_scaling_a_program_cannot_say_is_refused_by_name(
+    tmp_path: Path, rope: dict, message: str
+) -> None:
+    with pytest.raises(SpecError, match=re.escape(message)):
+        ModelSpec.from_hf_config(_folder(tmp_path, {"rope_scaling": rope}))
+
+
+def test_a_scaling_of_gemma3s_windowed_layers_is_refused_by_name() -> None:
+    linear = {"rope_type": "linear", "factor": 8.0}
+    config = json.loads((FAMILIES / "gemma3_text-linear" / "config.json").read_text())
+    config["rope_parameters"]["sliding_attention"] |= linear
+    with pytest.raises(SpecError, match="a rope scaling of the windowed layers is not said yet"):
+        ModelSpec.from_hf_config(config)

@@ -63,6 +63,23 @@ def test_the_routing_is_what_the_mixtures_tokens_depend_on() -> None:
         assert lane.generate(run["prompt"], len(run["tokens"])) != run["tokens"], change
 
 
+def test_linear_rope_scaling_is_what_the_tokens_depend_on() -> None:
+    """The linear scalings' goldens pin the scaling: the same weights unscaled give other tokens (a Llama's in
+    every layer, Gemma 3's in its global layers), and Gemma 3's windowed layers rotate unscaled (with their own
+    base), as transformers' `sliding_attention` rope parameters have no scaling."""
+    for family in ("llama-linear", "gemma3_text-linear"):
+        store = open_model(str(FAMILIES / family))
+        run = GOLDENS[family]["runs"][0]
+        arrays = {name: store.get(name) for name in store.names()}
+        assert store.spec.rope_scaling is not None and store.spec.rope_scaling.rope_type == "linear"
+        lane = backends()["reference"].generator()(
+            RunRequest(ArrayStore(replace(store.spec, rope_scaling=None), arrays))
+        )
+        assert lane.generate(run["prompt"], len(run["tokens"])) != run["tokens"], family
+    gemma = open_model(str(FAMILIES / "gemma3_text-linear")).spec
+    assert [gemma.rope_scaling_of(layer) for layer in range(gemma.layers)] == [None, gemma.rope_scaling]
+
+
 # The families whose projections add biases: the reference computes them (above). The CUDA lane adds a bias in a
 # kernel of its own (cuda.bias_add), so Qwen2 runs there, on one chip and on two; its fused SwiGLU adds none yet, so
 # a biased MLP is refused, as logos.bias_add is on the D5005 engine and the wafer, by name before anything runs.
@@ -75,10 +92,10 @@ HEAD_NORMED = {"qwen3"}
 WINDOWED = {"mistral-window", "qwen2-window"}
 # Gemma 2: its norms by one plus the weight, scaled embedding, GeGLU, soft-caps and sandwich norms on the reference;
 # no lane lowers them yet (the first each meets, the embedding's logos.scale, is refused by name).
-GEMMA = {"gemma2", "gemma3_text"}
+GEMMA = {"gemma2", "gemma3_text", "gemma3_text-linear"}
 # The families shaped as a GGUF can say them (test_gguf_families reads each from the GGUF it writes): the same
 # operations as their families above, so the lanes' cells are those families'.
-GGUF_SHAPED = {"gemma2-gguf", "gemma3_text-gguf", "phi3-gguf"}
+GGUF_SHAPED = {"gemma2-gguf", "gemma3_text-gguf", "gemma3_text-gguf-linear", "phi3-gguf"}
 
 
 def _lane(family: str, backend: str, emulate: bool, tp: int = 1):  # noqa: ANN202

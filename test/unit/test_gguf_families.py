@@ -69,7 +69,11 @@ def _metadata(writer: gguf.GGUFWriter, model_type: str, config: dict[str, Any]) 
         writer.add_attn_logit_softcapping(config["attn_logit_softcapping"])
         writer.add_final_logit_softcapping(config["final_logit_softcapping"])
     else:
-        writer.add_rope_freq_base(config["rope_parameters"]["full_attention"]["rope_theta"])
+        full = config["rope_parameters"]["full_attention"]
+        writer.add_rope_freq_base(full["rope_theta"])
+        if full["rope_type"] == "linear":  # Gemma 3 4B and larger: its global layers' linear scaling
+            writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(full["factor"])
 
 
 def convert(folder: Path, out: Path, *, extra: Any = None) -> Path:
@@ -93,7 +97,7 @@ def convert(folder: Path, out: Path, *, extra: Any = None) -> Path:
     return out
 
 
-@pytest.mark.parametrize("family", ["gemma2-gguf", "gemma3_text-gguf", "phi3-gguf"])
+@pytest.mark.parametrize("family", ["gemma2-gguf", "gemma3_text-gguf", "gemma3_text-gguf-linear", "phi3-gguf"])
 def test_logos_run_on_a_gguf_of_the_family_gives_transformers_tokens(tmp_path: Path, family: str, capsys) -> None:  # type: ignore[no-untyped-def]
     from logos_ir.tools import logos_run
 
@@ -134,12 +138,19 @@ def test_a_gemma2_gguf_with_a_head_of_its_own_is_refused_by_name(tmp_path: Path)
 
 
 def test_what_a_gemma3_or_phi3_gguf_says_beyond_the_program_is_refused(tmp_path: Path) -> None:
-    def linear(writer: gguf.GGUFWriter) -> None:  # Gemma 3 4B and larger: linear rope scaling on global layers
-        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        writer.add_rope_scaling_factor(8.0)
+    def yarn(writer: gguf.GGUFWriter) -> None:  # YaRN's scaling (Qwen2.5's long context): not said yet
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(4.0)
 
-    path = convert(FAMILIES / "gemma3_text-gguf", tmp_path / "linear.gguf", extra=linear)
-    with pytest.raises(LogosError, match="rope scaling of type 'linear' is not supported"):
+    path = convert(FAMILIES / "gemma3_text-gguf", tmp_path / "yarn.gguf", extra=yarn)
+    with pytest.raises(LogosError, match="rope scaling of type 'yarn' is not supported"):
+        open_model(str(path))
+
+    def unfactored(writer: gguf.GGUFWriter) -> None:  # a linear scaling without the factor it divides by
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+
+    path = convert(FAMILIES / "gemma3_text-gguf", tmp_path / "unfactored.gguf", extra=unfactored)
+    with pytest.raises(LogosError, match="a linear rope scaling needs its gemma3.rope.scaling.factor"):
         open_model(str(path))
 
     def long_rope(writer: gguf.GGUFWriter) -> None:  # Phi-3-128k: its long and short rope factors

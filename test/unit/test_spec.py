@@ -180,6 +180,11 @@ def test_the_families_presets_have_their_published_shapes() -> None:
     assert (gemma.layers, gemma.hidden, gemma.heads, gemma.kv_heads, gemma.head_dim) == (42, 3584, 16, 8, 256)
     assert gemma.full_layers == tuple(range(1, 42, 2)) and gemma.sliding_window == 4096
     assert (gemma.attention_softcap, gemma.final_softcap, gemma.query_pre_attn_scalar) == (50.0, 30.0, 256.0)
+    gemma3 = ModelSpec.preset("gemma-3-12b")
+    assert (gemma3.layers, gemma3.hidden, gemma3.heads, gemma3.kv_heads, gemma3.head_dim) == (48, 3840, 16, 8, 256)
+    assert gemma3.full_layers == (5, 11, 17, 23, 29, 35, 41, 47) and gemma3.sliding_window == 1024
+    assert (gemma3.rope_scaling.rope_type, gemma3.rope_scaling.factor) == ("linear", 8.0)  # type: ignore[union-attr]
+    assert gemma3.rope_scaling_of(0) is None and gemma3.rope_scaling_of(5) == gemma3.rope_scaling
     assert ModelSpec.preset("qwen2.5-7b").biases == ("query", "key", "value")
     assert ModelSpec.preset("qwen3-8b").head_norms and ModelSpec.preset("qwen3-8b").head_dim == 128
     assert ModelSpec.preset("mistral-7b-v0.1").sliding_window == 4096

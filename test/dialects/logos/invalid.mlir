@@ -65,6 +65,11 @@ shard.grid @chips(shape = 2)
 %p = logos.input "position" values [1] : tensor<1xi64>
 %y = logos.rope %x, %p head_dim 15 theta 1.000000e+04 : f64 : (tensor<1x64xf32>, tensor<1xi64>) -> tensor<1x64xf32>
 // -----
+// CHECK: 'logos.rope' op scales its frequencies twice: Llama 3's scaling and a linear one
+%x = logos.input "hidden" : tensor<1x64xf32>
+%p = logos.input "position" values [1] : tensor<1xi64>
+%y = logos.rope %x, %p head_dim 16 theta 1.000000e+04 : f64 scaling <factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position_embeddings = 8192> linear_scaling <factor = 2.0> : (tensor<1x64xf32>, tensor<1xi64>) -> tensor<1x64xf32>
+// -----
 // CHECK: 'logos.attention' op 3 query heads do not share 2 key-value heads evenly
 %q = logos.input "hidden" : tensor<1x48xf32>
 %p = logos.input "position" values [1] : tensor<1xi64>
