@@ -296,6 +296,7 @@ class ModelAttr(ParametrizedAttribute):
     rope_theta: FloatAttr[Float64Type]
     tie_embeddings: BoolAttr
     rope_scaling: RopeScalingAttr | LinearRopeScalingAttr | NoneAttr
+    rotary_dim: IntegerAttr[I64] | NoneAttr  # the numbers of each head that rotate (none: all of them)
     sliding_window: IntegerAttr[I64] | NoneAttr
     full_layers: DenseArrayBase[I64]  # the layers that attend the whole cache despite the window (empty: not printed)
     biases: ArrayAttr[StringAttr]  # the projections that add a bias (empty: none, and not printed)
@@ -314,6 +315,7 @@ class ModelAttr(ParametrizedAttribute):
             *(FloatAttr(getattr(spec, key), f64) for key in MODEL_FLOAT_KEYS),
             BoolAttr.from_bool(spec.tie_embeddings),
             scaling,
+            NoneAttr() if spec.rotary_dim is None else IntegerAttr(spec.rotary_dim, i64),
             window,
             DenseArrayBase.from_list(i64, spec.full_layers),
             ArrayAttr([StringAttr(p) for p in spec.biases]),
@@ -340,6 +342,7 @@ class ModelAttr(ParametrizedAttribute):
             **{key: getattr(self, key).value.data for key in MODEL_FLOAT_KEYS},
             tie_embeddings=bool(self.tie_embeddings.value.data),
             rope_scaling=None if isinstance(scaling, NoneAttr) else scaling.scaling,
+            rotary_dim=self.rotary_dim.value.data if isinstance(self.rotary_dim, IntegerAttr) else None,
             sliding_window=self.sliding_window.value.data if isinstance(self.sliding_window, IntegerAttr) else None,
             full_layers=tuple(self.full_layers.get_values()),
             biases=tuple(p.data for p in self.biases.data),
@@ -360,6 +363,8 @@ class ModelAttr(ParametrizedAttribute):
         if not isinstance(self.rope_scaling, NoneAttr):
             printer.print_string(", rope_scaling = ")
             printer.print_attribute(self.rope_scaling)
+        if isinstance(self.rotary_dim, IntegerAttr):
+            printer.print_string(f", rotary_dim = {self.rotary_dim.value.data}")
         if isinstance(self.sliding_window, IntegerAttr):
             printer.print_string(f", sliding_window = {self.sliding_window.value.data}")
         if self.full_layers.get_values():
@@ -393,7 +398,8 @@ class ModelAttr(ParametrizedAttribute):
                 values.append(_parse_float(parser))
             _parse_entry(parser, "tie_embeddings", False)
             values.append(BoolAttr.from_bool(parser.parse_boolean()))
-            optional: dict[str, Attribute] = {"rope_scaling": NoneAttr(), "sliding_window": NoneAttr()}
+            optional: dict[str, Attribute] = {"rope_scaling": NoneAttr(), "rotary_dim": NoneAttr()}
+            optional["sliding_window"] = NoneAttr()
             optional["full_layers"] = DenseArrayBase.from_list(i64, ())
             optional["biases"] = ArrayAttr([])
             optional["head_norms"] = BoolAttr.from_bool(False)
@@ -408,7 +414,7 @@ class ModelAttr(ParametrizedAttribute):
                     parser.raise_error(f"expected one of {', '.join(keys)}")
                 keys = keys[keys.index(key) + 1 :]
                 parser.parse_punctuation("=")
-                if key in ("sliding_window", "experts", "experts_per_token"):
+                if key in ("rotary_dim", "sliding_window", "experts", "experts_per_token"):
                     optional[key] = IntegerAttr(parser.parse_integer(allow_boolean=False), i64)
                 elif key in ("head_norms", "renormalize"):
                     optional[key] = BoolAttr.from_bool(parser.parse_boolean())
@@ -518,6 +524,12 @@ class ProgramOp(LogosOp):
                         f"has a mixture of (experts, experts a token, renormalized) {said}, not its model's"
                         f" {(spec.experts, spec.experts_per_token, spec.renormalize)}",
                     )
+            if (
+                isinstance(op, RopeOp)
+                and (None if op.rotary_dim is None else op.rotary_dim.value.data) != spec.rotary_dim
+            ):
+                said = "the whole head" if op.rotary_dim is None else f"{op.rotary_dim.value.data} numbers of each head"
+                raise _fail(self, f"has a rotation of {said}, not its model's rotary_dim {spec.rotary_dim}")
             if isinstance(op, ScaledRMSNormOp) and (op.plus_one is not None) != spec.norm_plus_one:
                 raise _fail(self, f"has an RMS norm {'without' if spec.norm_plus_one else 'with'} its model's one plus")
             if isinstance(op, AttentionOp):
@@ -840,8 +852,9 @@ class LinearOp(LogosOp):
 @irdl_op_definition
 class RopeOp(LogosOp):
     """Rotary position embedding of each head of each row at that row's position (from 1), rotating the two halves
-    of each head (the Hugging Face Llama convention). `scaling` holds Llama 3's frequency scaling, `linear_scaling`
-    a linear one, where the rotation has it (`rope_scaling` reads either).
+    of each head (the Hugging Face Llama convention), or of its first `rotary_dim` numbers only, the rest passed
+    through (Phi-3's partial rotary). `scaling` holds Llama 3's frequency scaling, `linear_scaling` a linear one,
+    where the rotation has it (`rope_scaling` reads either).
 
     ```mlir
     %turned = logos.rope %q, %position head_dim 16 theta 1.0e+04 : f64
@@ -854,6 +867,7 @@ class RopeOp(LogosOp):
     input = operand_def(TensorType)
     positions = operand_def(TensorType)
     head_dim = prop_def(IntegerAttr[I64])
+    rotary_dim = opt_prop_def(IntegerAttr[I64])
     theta = prop_def(FloatAttr)
     scaling = opt_prop_def(RopeScalingAttr)
     linear_scaling = opt_prop_def(LinearRopeScalingAttr)
@@ -862,7 +876,7 @@ class RopeOp(LogosOp):
     traits = traits_def(Pure())
 
     assembly_format = (
-        "$input `,` $positions `head_dim` $head_dim `theta` $theta (`scaling` $scaling^)? "
+        "$input `,` $positions `head_dim` $head_dim (`rotary_dim` $rotary_dim^)? `theta` $theta (`scaling` $scaling^)? "
         "(`linear_scaling` $linear_scaling^)? attr-dict `:` functional-type(operands, results)"
     )
 
@@ -879,6 +893,9 @@ class RopeOp(LogosOp):
         _expect_same(self, "number of positions", positions, (x[0],))
         if head_dim < 2 or head_dim % 2 or x[1] % head_dim:
             raise _fail(self, f"cannot rotate rows of {x[1]} in heads of {head_dim}")
+        rotary = self.rotary_dim
+        if rotary is not None and not (2 <= rotary.value.data < head_dim and rotary.value.data % 2 == 0):
+            raise _fail(self, f"cannot rotate {rotary.value.data} numbers of each head of {head_dim}")
         if self.scaling is not None and self.linear_scaling is not None:
             raise _fail(self, "scales its frequencies twice: Llama 3's scaling and a linear one")
         _expect_same(self, "result shape", tensor_shape(self.result), x)
@@ -1158,6 +1175,8 @@ def variant(op: Operation) -> str | None:
         spec = program_spec(op)
         if spec is not None and op.theta.value.data != spec.rope_theta:
             return f"rotates with base {op.theta.value.data!r}, not its model's {spec.rope_theta!r}"
+        if op.rotary_dim is not None:
+            return f"rotates only the first {op.rotary_dim.value.data} of each head's {op.head_dim.value.data} numbers"
         said = op.rope_scaling
         if spec is not None and said != spec.rope_scaling:
             return f"rotates with rope scaling {said}, not its model's {spec.rope_scaling}"

@@ -215,6 +215,8 @@ class SectionBuilder:
             "head_dim": integer(self.spec.head_dim),
             "theta": real(self.spec.rope_theta if theta is None else theta),
         }
+        if self.spec.rotary_dim is not None:  # Phi-3's partial rotary: the head's first rotary_dim numbers
+            props["rotary_dim"] = integer(self.spec.rotary_dim)
         scaling = self.spec.rope_scaling if layer is None else self.spec.rope_scaling_of(layer)
         if scaling is not None:
             props["scaling" if scaling.rope_type == "llama3" else "linear_scaling"] = logos.scaling_attr(scaling)

@@ -310,6 +310,22 @@ def _fact(src: _Source, line: _Line, key: str, pattern: re.Pattern[str]) -> dict
     return {key: numbers[0]}
 
 
+_ROTARY = re.compile(rf"The rotary embedding turns the first {_N} of each head's {_N} numbers\.")
+
+
+def _rotary(src: _Source, line: _Line) -> int:
+    """How many numbers of each head rotate (the head's size is checked against the heads fact with the rest)."""
+    match = _ROTARY.fullmatch(line.text[len(INDENT) :])
+    if not match:
+        raise src.error(
+            line.number,
+            len(INDENT) + 1,
+            "malformed rotary embedding fact",
+            "write 'The rotary embedding turns the first 96 of each head's 128 numbers.'",
+        )
+    return int(_number(src, line, match[1], len(INDENT) + match.start(1) + 1, int))
+
+
 def _scaling(src: _Source, line: _Line) -> RopeScaling:
     linear = _LINEAR.fullmatch(line.text[len(INDENT) :])
     if linear:  # whether the windowed layers are left out is checked against the model (the canonical facts)
@@ -423,6 +439,7 @@ def _feature(key: str, src: _Source, line: _Line) -> dict[str, Any]:
 # sentence starts, and its reader (the spec's fields it says; a malformed one refused at its line).
 _OPTIONAL_FACTS: list[tuple[Callable[[str], bool], Callable[[_Source, _Line], dict[str, Any]]]] = [
     (lambda text: text.startswith("The rotary frequencies"), lambda src, line: {"rope_scaling": _scaling(src, line)}),
+    (lambda text: text.startswith("The rotary embedding turns"), lambda src, line: {"rotary_dim": _rotary(src, line)}),
     (lambda text: text.startswith("Attention looks back"), _window),
     (lambda text: text.endswith(" projections add biases."), lambda src, line: {"biases": _biases(src, line)}),
     (lambda text: text.startswith("Each head of the query"), _head_norms),

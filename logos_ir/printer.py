@@ -95,6 +95,8 @@ def fact_lines(spec: ModelSpec, chips: int | None) -> list[str]:
     ]
     if spec.rope_scaling is not None:
         lines.append(scaling_fact(spec))
+    if spec.rotary_dim is not None:
+        lines.append(f"The rotary embedding turns the first {spec.rotary_dim} of each head's {spec.head_dim} numbers.")
     if spec.sliding_window is not None:
         full = spec.full_layers
         layers = ""

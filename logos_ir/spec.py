@@ -27,6 +27,7 @@ REFUSED_MODEL_TYPES = {
     "olmoe": "its q_norm and k_norm RMS-norm the whole query and key projections, not each head: not said yet",
 }
 MIXTURES = ("mixtral", "qwen3_moe")
+PARTIAL_ROTARY = ("phi3",)  # the families whose rotary embedding may turn part of each head (transformers' own)
 GEMMAS = ("gemma2", "gemma3_text")  # gemma3_text: Gemma 2's features with head norms and a rope base per layer kind
 # The projections that may add a bias, in model order, with the Hugging Face module each is (`<module>.bias`).
 PROJECTIONS = {
@@ -106,6 +107,9 @@ class ModelSpec:
     rope_theta: float
     tie_embeddings: bool
     rope_scaling: RopeScaling | None = field(default=None)
+    # Rotary embedding over the first `rotary_dim` numbers of each head only, the rest passed through (Phi-3's
+    # `partial_rotary_factor`: Phi-4-mini's 0.75 of 128); None: the whole head.
+    rotary_dim: int | None = field(default=None)
     # Each query attends the last `sliding_window` positions only (Mistral, Phi-3), its own included, in every layer
     # but `full_layers` (Gemma 2 and 3's global layers, Qwen2's first `max_window_layers`), which attend the whole
     # cache. A program says both as a fact; its attention says the window where it bites (a longer cache).
@@ -157,6 +161,18 @@ class ModelSpec:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise SpecError(f"'{name}' must be a positive number, not {value!r}")
+        rotary = self.rotary_dim
+        if rotary is not None and (
+            isinstance(rotary, bool)
+            or not isinstance(rotary, int)
+            or rotary < 2
+            or rotary % 2
+            or rotary >= self.head_dim
+        ):
+            raise SpecError(
+                f"'rotary_dim' must be an even number of 2 to {self.head_dim - 2} (part of the head) or absent,"
+                f" not {rotary!r}"
+            )
         window = self.sliding_window
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
             raise SpecError(f"'sliding_window' must be a positive integer or absent, not {window!r}")
@@ -334,10 +350,20 @@ class ModelSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as plain data (for JSON reports and manifests)."""
-        optional = ("rope_scaling", "sliding_window", "full_layers", "biases", "head_norms", *LLAMA_FEATURES)
+        optional = (
+            "rope_scaling",
+            "rotary_dim",
+            "sliding_window",
+            "full_layers",
+            "biases",
+            "head_norms",
+            *LLAMA_FEATURES,
+        )
         optional += ("experts", "experts_per_token", "renormalize")
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in optional}
         out["rope_scaling"] = None if self.rope_scaling is None else self.rope_scaling.to_dict()
+        if self.rotary_dim is not None:
+            out["rotary_dim"] = self.rotary_dim
         if self.sliding_window is not None:  # absent for a model without one, as the program's facts leave it out
             out["sliding_window"] = self.sliding_window
         if self.full_layers:
@@ -406,10 +432,11 @@ _ROPE_KEYS = frozenset(
 )
 
 
-def _check_rope_keys(rope: Mapping[str, Any], where: str) -> None:
-    """Every key of a rope object is one the spec reads (or a rotary factor of 1.0), else refused by name."""
+def _check_rope_keys(rope: Mapping[str, Any], where: str, partial: bool = False) -> None:
+    """Every key of a rope object is one the spec reads (or a rotary factor of 1.0, or any where the family
+    rotates part of the head: `partial`), else refused by name."""
     for key, value in rope.items():
-        if key == "partial_rotary_factor" and _is_value(value, 1.0):
+        if key == "partial_rotary_factor" and (partial or _is_value(value, 1.0)):
             continue
         if key == "partial_rotary_factor":
             raise SpecError(
@@ -420,7 +447,9 @@ def _check_rope_keys(rope: Mapping[str, Any], where: str) -> None:
             raise SpecError(f"{where}: key '{key}' is not one logos-ir reads")
 
 
-def _rope_settings(config: Mapping[str, Any], where: str) -> tuple[float, RopeScaling | None, float | None]:
+def _rope_settings(
+    config: Mapping[str, Any], where: str, partial: bool = False
+) -> tuple[float, RopeScaling | None, float | None]:
     """rope_theta and rope_scaling, either at the top level (older files) or under `rope_parameters` (newer), and
     the windowed layers' own base where the config gives one (Gemma 3: `rope_parameters` by layer kind, or the
     older `rope_local_base_freq`), else None."""
@@ -443,7 +472,7 @@ def _rope_settings(config: Mapping[str, Any], where: str) -> tuple[float, RopeSc
         raise SpecError(f"{where}: the windowed layers' rope_theta must be a number, not {local!r}")
     for key, rope in (("rope_parameters", params), ("rope_scaling", config.get("rope_scaling"))):
         if isinstance(rope, dict):
-            _check_rope_keys(rope, f"{where}: {key}")
+            _check_rope_keys(rope, f"{where}: {key}", partial)
     if params:
         theta = _field(params, where + " rope_parameters", "rope_theta", (int, float))
         scaling = params if params.get("rope_type", "default") != "default" else None
@@ -518,6 +547,7 @@ _READ = frozenset(
 # Keys a mixture-of-experts family reads (`_experts`), or knows not to change what it computes at inference:
 # the router's training-time noise and auxiliary loss, whether the forward returns the router's logits.
 _READ_BY: dict[str, frozenset[str]] = {
+    "phi3": frozenset({"partial_rotary_factor"}),
     "mixtral": frozenset(
         {"num_local_experts", "num_experts_per_tok", "router_jitter_noise", "router_aux_loss_coef",
          "output_router_logits"}
@@ -612,6 +642,28 @@ def _check_every_key(config: Mapping[str, Any], where: str) -> None:
             )
 
 
+def _rotary_dim(config: Mapping[str, Any], where: str, model_type: Any, head_dim: int) -> int | None:
+    """How many numbers of each head rotate, where the family rotates part of it (`PARTIAL_ROTARY`): Phi-3's
+    `partial_rotary_factor`, at the top level or (transformers 5) in `rope_parameters`, which wins, as
+    `Phi3Config` reads it; the first int(head_dim x factor) rotate (`Phi3RotaryEmbedding`). None: the whole head."""
+    if model_type not in PARTIAL_ROTARY:
+        return None
+    params = config.get("rope_parameters")
+    nested = params.get("partial_rotary_factor") if isinstance(params, dict) else None
+    factor = nested if nested is not None else config.get("partial_rotary_factor", 1.0)
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+        raise SpecError(f"{where}: 'partial_rotary_factor' must be a number in (0, 1], not {json.dumps(factor)}")
+    rotary = int(head_dim * factor)
+    if rotary == head_dim:
+        return None
+    if rotary < 2 or rotary % 2:
+        raise SpecError(
+            f"{where}: 'partial_rotary_factor' {factor!r} rotates {rotary} of each head's {head_dim} numbers,"
+            " which is no whole number of pairs"
+        )
+    return rotary
+
+
 def _spec_from_config(config: Mapping[str, Any], where: str) -> ModelSpec:
     model_type = config.get("model_type")
     if model_type is None:
@@ -634,7 +686,7 @@ def _spec_from_config(config: Mapping[str, Any], where: str) -> ModelSpec:
             raise SpecError(f"{where}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
         head_dim = hidden // heads
     head_dim = _field({"head_dim": head_dim}, where, "head_dim", int)
-    theta, scaling, local_theta = _rope_settings(config, where)
+    theta, scaling, local_theta = _rope_settings(config, where, partial=model_type in PARTIAL_ROTARY)
     layers = _field(config, where, "num_hidden_layers", int)
     window, full_layers = _windows(config, where, layers, model_type)
     return ModelSpec(
@@ -649,6 +701,7 @@ def _spec_from_config(config: Mapping[str, Any], where: str) -> ModelSpec:
         rope_theta=theta,
         tie_embeddings=bool(_field(config, where, "tie_word_embeddings", bool, default=False)),
         rope_scaling=scaling,
+        rotary_dim=_rotary_dim(config, where, model_type, head_dim),
         sliding_window=window,
         full_layers=full_layers,
         biases=_biases(config, where, model_type),

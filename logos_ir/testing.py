@@ -137,8 +137,8 @@ def model_gguf(
 ) -> bytes:
     """A GGUF of `small_spec(hidden)` with random weights: norms F32, matrices `qtype` (F32, F16, or a block type
     gguf-py quantizes: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4; block types need hidden 32), optionally with a
-    tokenizer and llama3 rope scaling (`rope_freqs`); then `extra_metadata`, and `extra_tensors` (names of F32
-    vectors of the hidden size, as a bias a file might carry)."""
+    tokenizer and llama3 rope scaling (`rope_freqs`); then `extra_metadata` (each replacing a key of the same name
+    above), and `extra_tensors` (names of F32 vectors of the hidden size, as a bias a file might carry)."""
     spec = small_spec(hidden)
     store = RandomWeights(spec, seed=2)
     meta: list[tuple[str, int, Any]] = [
@@ -178,7 +178,8 @@ def model_gguf(
         divisors = llama3_rope_divisors(scaling, spec.head_dim, spec.rope_theta).astype("<f4")
         meta.append(("llama.rope.scaling.type", STRING, "llama3"))
         tensors.append(("rope_freqs.weight", divisors.shape, int(QT.F32), divisors.tobytes()))
-    meta += list(extra_metadata)
+    said = {key for key, _, _ in extra_metadata}  # an extra key replaces the same key above
+    meta = [entry for entry in meta if entry[0] not in said] + list(extra_metadata)
     for name in extra_tensors:
         tensors.append((name, (spec.hidden,), int(QT.F32), np.full(spec.hidden, 0.5, "<f4").tobytes()))
     return gguf_bytes(meta, tensors)

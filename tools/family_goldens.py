@@ -225,6 +225,22 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
             "vocab_size": 400,
         },
     ),
+    # Phi-3 rotating the first half of each head only (Phi-4-mini's partial_rotary_factor is 0.75), with the
+    # GGUF tokenizer's vocabulary so that its GGUF (rope.dimension_count 8) runs through logos-run too
+    "phi3-gguf-partial": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        {
+            "original_max_position_embeddings": 128,
+            "sliding_window": None,
+            "rope_scaling": None,
+            "partial_rotary_factor": 0.5,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "pad_token_id": 0,
+            "vocab_size": 400,
+        },
+    ),
 }
 # Families whose norm weights are drawn as 1 + N(0, initializer_range) rather than left at transformers' ones, so
 # that a norm read from the wrong tensor (or not applied) changes the tokens: the families made after the first five

@@ -28,8 +28,8 @@ _F32 = np.float32
 
 class RopeTable:
     """cos and signed sin per position (row p-1 for LOGOS position p, rotary angle (p-1)*inv_freq), laid out
-    over a whole head so that rotate-half is one multiply-add: out = x*cos + swap_halves(x)*sin with sin
-    laid out as [-sin, sin]."""
+    over the numbers of a head that rotate (`head_dim` here: the whole head, or its rotary part) so that
+    rotate-half is one multiply-add: out = x*cos + swap_halves(x)*sin with sin laid out as [-sin, sin]."""
 
     def __init__(self, head_dim: int, theta: float, scaling: RopeScaling | None, length: int):
         self.inv_freq = rope_inv_freq(head_dim, theta, scaling)
@@ -112,8 +112,11 @@ def linear_dynamic(x: int, weight: int, out: int) -> Step:
     return step
 
 
-def rope(table: RopeTable, head_dim: int) -> Callable[..., Step]:
-    half = head_dim // 2
+def rope(table: RopeTable, head_dim: int, rotary: int | None = None) -> Callable[..., Step]:
+    """Rotate each head's first `rotary` numbers (the whole head by default; `table` is over those), in halves of
+    them, and pass the rest through (Phi-3's `apply_rotary_pos_emb`)."""
+    rotary = head_dim if rotary is None else rotary
+    half = rotary // 2
     concatenate = np.concatenate
 
     def make(x: int, positions: int, out: int) -> Step:
@@ -124,8 +127,12 @@ def rope(table: RopeTable, head_dim: int) -> Callable[..., Step]:
             index = r[positions] - 1
             cos = table.cos[index][:, None, :]
             sin = table.sin[index][:, None, :]
-            swapped = concatenate((heads[..., half:], heads[..., :half]), axis=-1)
-            r[out] = (heads * cos + swapped * sin).reshape(rows, -1)
+            turned = heads[..., :rotary]
+            swapped = concatenate((turned[..., half:], turned[..., :half]), axis=-1)
+            rotated = turned * cos + swapped * sin
+            if rotary < head_dim:
+                rotated = concatenate((rotated, heads[..., rotary:]), axis=-1)
+            r[out] = rotated.reshape(rows, -1)
 
         return step
 

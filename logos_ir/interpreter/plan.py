@@ -313,17 +313,18 @@ class ChipCompiler:
 
     def _rope(self, op: logos.RopeOp, env: dict[SSAValue, _Ref], section: str) -> None:
         head_dim = op.head_dim.value.data
+        rotary = head_dim if op.rotary_dim is None else op.rotary_dim.value.data
         scaling = op.rope_scaling
         theta = op.theta.value.data
-        key = (head_dim, theta, scaling)
+        key = (rotary, theta, scaling)
         table = self.ropes.get(key)
         if table is None:
-            table = self.ropes[key] = RopeTable(head_dim, theta, scaling, self.rope_length)
+            table = self.ropes[key] = RopeTable(rotary, theta, scaling, self.rope_length)
         ins = [
             self._value(env[op.input], section, "the input"),
             self._value(env[op.positions], section, "positions"),
         ]
-        env[op.result] = self._emit(kernels.rope(table, head_dim), ins, section)
+        env[op.result] = self._emit(kernels.rope(table, head_dim, rotary), ins, section)
 
     def _cache_write(self, op: logos.CacheWriteOp, env: dict[SSAValue, _Ref], section: str) -> None:
         cache = self._cache_operand(env[op.cache], section, op)

@@ -731,17 +731,25 @@ def _spec_from_gguf(file: GGUFFile) -> ModelSpec:
     a = arch + "."  # the architecture's own keys: llama.block_count, qwen2.block_count
     hidden = _meta_number(meta, where, a + "embedding_length", int)
     heads = _meta_number(meta, where, a + "attention.head_count", int)
-    head_dim = meta.get(a + "attention.key_length", meta.get(a + "rope.dimension_count"))
-    for other in (a + "attention.value_length", a + "rope.dimension_count"):
-        if head_dim is not None and meta.get(other, head_dim) != head_dim:  # partial rotary; values of another width
-            raise SpecError(
-                f"{where}: GGUF metadata '{other}' is {meta[other]!r}, not the head size {head_dim!r}",
-                hint="a LOGOS program cannot say yet a rotation over part of the head or values of another width",
-            )
+    # llama.cpp's head size: the key length, else the width over the heads; its rotation (n_rot) turns the first
+    # rope.dimension_count numbers of each head, all of them by default
+    head_dim = meta.get(a + "attention.key_length")
     if head_dim is None:
         if heads < 1 or hidden % heads:
             raise SpecError(f"{where}: embedding_length {hidden} is not a multiple of head_count {heads}")
         head_dim = hidden // heads
+    if meta.get(a + "attention.value_length", head_dim) != head_dim:
+        raise SpecError(
+            f"{where}: GGUF metadata '{a}attention.value_length' is {meta[a + 'attention.value_length']!r}, not the"
+            f" head size {head_dim!r}",
+            hint="a LOGOS program cannot say yet values of another width than the keys",
+        )
+    rotary = meta.get(a + "rope.dimension_count", head_dim)
+    if rotary != head_dim and arch not in GGUF_PARTIAL_ROTARY:
+        raise SpecError(
+            f"{where}: GGUF metadata '{a}rope.dimension_count' is {rotary!r}, not the head size {head_dim!r}",
+            hint=f"a rotation over part of the head is said for {', '.join(GGUF_PARTIAL_ROTARY)} only",
+        )
     tokens = meta.get("tokenizer.ggml.tokens")
     embed = file.tensors.get("token_embd.weight")
     vocab_default = len(tokens) if isinstance(tokens, list) else embed.shape[0] if embed and embed.shape else None
@@ -763,6 +771,7 @@ def _spec_from_gguf(file: GGUFFile) -> ModelSpec:
             rope_theta=theta,
             tie_embeddings=architecture.tied or "output.weight" not in file.tensors,
             rope_scaling=_gguf_rope_scaling(file, where, head_dim, theta, arch),
+            rotary_dim=None if rotary == head_dim else rotary,
             biases=_gguf_biases(file, arch, where),
             **{"head_norms": architecture.head_norms, **own},
         )
@@ -770,6 +779,12 @@ def _spec_from_gguf(file: GGUFFile) -> ModelSpec:
         if error.message.startswith(where):
             raise
         raise SpecError(f"{where}: {error.message}", hint=error.hint) from None
+
+
+# The architectures whose llama.cpp rotation of part of a head (n_rot below the head size, NEOX mode: the halves of
+# the rotated part) is transformers' partial rotary (`PARTIAL_ROTARY`); a Llama's rows are permuted for the
+# interleaved mode over the whole head, so a part of it is refused there.
+GGUF_PARTIAL_ROTARY = ("phi3",)
 
 
 def _gguf_rope_scaling(file: GGUFFile, where: str, head_dim: Any, theta: float, arch: str) -> RopeScaling | None:

@@ -187,6 +187,8 @@ def test_a_gguf_bias_is_read_and_one_of_a_layer_the_model_lacks_refused_by_name(
         # experts (a Mixtral) without how many a token takes
         ("llama.expert_count", U32, 8, "GGUF metadata 'llama.expert_used_count' is missing"),
         ("llama.attention.value_length", U32, 1, "'llama.attention.value_length' is 1, not the head size 2"),
+        # a rotation over part of a Llama's head (its rows are permuted for the interleaved mode over all of it)
+        ("llama.rope.dimension_count", U32, 1, "'llama.rope.dimension_count' is 1, not the head size 2"),
         ("llama.logit_scale", F32, 0.5, "'llama.logit_scale' is not one logos-ir reads"),
         ("split.count", U32, 2, "'split.count' is not one logos-ir reads"),
     ],
@@ -408,3 +410,33 @@ def test_a_scaling_of_gemma3s_windowed_layers_is_refused_by_name() -> None:
     config["rope_parameters"]["sliding_attention"] |= linear
     with pytest.raises(SpecError, match="a rope scaling of the windowed layers is not said yet"):
         ModelSpec.from_hf_config(config)
+
+
+def test_the_rotary_embedding_fact_round_trips_and_the_verifier_holds_each_rotation_to_it(tmp_path: Path) -> None:
+    """Phi-3's partial rotary (`partial_rotary_factor`, at the top level or in `rope_parameters`): the first
+    int(head_dim x factor) numbers of each head rotate; a fact of the program and a property of each rotation."""
+    base = json.loads((FAMILIES / "phi3-gguf-partial" / "config.json").read_text())
+    spec = ModelSpec.from_hf_config(base)
+    assert (spec.head_dim, spec.rotary_dim) == (16, 8)
+    top = {key: value for key, value in base.items() if key != "rope_parameters"} | {"rope_theta": 10000.0}
+    assert ModelSpec.from_hf_config(top) == spec  # the older form, the factor at the top level
+    whole = {**base, "rope_parameters": {**base["rope_parameters"], "partial_rotary_factor": 1.0}}
+    assert ModelSpec.from_hf_config(whole).rotary_dim is None
+    text = write(spec, Cut.decode(8)).text
+    fact = "The rotary embedding turns the first 8 of each head's 16 numbers."
+    assert f"    {fact}\n" in text and print_program(parse_program(text)) == text
+    module = mlir_text(text)
+    assert "rotary_dim = 8>" in module and module.count("head_dim 16 rotary_dim 8 theta") == 2 * spec.layers
+    assert _parse_mlir(module).ops.first.spec == spec  # type: ignore[union-attr]
+    whole_head = module.replace("head_dim 16 rotary_dim 8 theta", "head_dim 16 theta", 1)
+    with pytest.raises(VerifyException, match="has a rotation of the whole head, not its model's rotary_dim 8"):
+        _parse_mlir(whole_head).verify()
+    at = text.split("\n").index(f"    {fact}") + 1
+    with pytest.raises(LogosError, match="this fact is not written the one LOGOS way") as raised:
+        parse_program(
+            text.replace(fact, "The rotary embedding turns the first 8 of each head's 17 numbers."), "p.logos"
+        )
+    assert str(raised.value).startswith(f"p.logos:{at}:5: error: ")
+    odd = {**base, "rope_parameters": {**base["rope_parameters"], "partial_rotary_factor": 0.1}}
+    with pytest.raises(SpecError, match="rotates 1 of each head's 16 numbers, which is no whole number of pairs"):
+        ModelSpec.from_hf_config(odd)

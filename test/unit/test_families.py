@@ -63,10 +63,11 @@ def test_the_routing_is_what_the_mixtures_tokens_depend_on() -> None:
         assert lane.generate(run["prompt"], len(run["tokens"])) != run["tokens"], change
 
 
-def test_linear_rope_scaling_is_what_the_tokens_depend_on() -> None:
+def test_the_rope_scaling_and_partial_rotary_are_what_the_tokens_depend_on() -> None:
     """The linear scalings' goldens pin the scaling: the same weights unscaled give other tokens (a Llama's in
     every layer, Gemma 3's in its global layers), and Gemma 3's windowed layers rotate unscaled (with their own
-    base), as transformers' `sliding_attention` rope parameters have no scaling."""
+    base), as transformers' `sliding_attention` rope parameters have no scaling; Phi-3's partial rotary likewise
+    (the same weights rotating every number of each head give other tokens)."""
     for family in ("llama-linear", "gemma3_text-linear"):
         store = open_model(str(FAMILIES / family))
         run = GOLDENS[family]["runs"][0]
@@ -76,6 +77,11 @@ def test_linear_rope_scaling_is_what_the_tokens_depend_on() -> None:
             RunRequest(ArrayStore(replace(store.spec, rope_scaling=None), arrays))
         )
         assert lane.generate(run["prompt"], len(run["tokens"])) != run["tokens"], family
+    partial = open_model(str(FAMILIES / "phi3-gguf-partial"))  # the same weights rotating the whole head
+    run = GOLDENS["phi3-gguf-partial"]["runs"][0]
+    arrays = {name: partial.get(name) for name in partial.names()}
+    lane = backends()["reference"].generator()(RunRequest(ArrayStore(replace(partial.spec, rotary_dim=None), arrays)))
+    assert lane.generate(run["prompt"], len(run["tokens"])) != run["tokens"]
     gemma = open_model(str(FAMILIES / "gemma3_text-linear")).spec
     assert [gemma.rope_scaling_of(layer) for layer in range(gemma.layers)] == [None, gemma.rope_scaling]
 
@@ -95,7 +101,7 @@ WINDOWED = {"mistral-window", "qwen2-window"}
 GEMMA = {"gemma2", "gemma3_text", "gemma3_text-linear"}
 # The families shaped as a GGUF can say them (test_gguf_families reads each from the GGUF it writes): the same
 # operations as their families above, so the lanes' cells are those families'.
-GGUF_SHAPED = {"gemma2-gguf", "gemma3_text-gguf", "gemma3_text-gguf-linear", "phi3-gguf"}
+GGUF_SHAPED = {"gemma2-gguf", "gemma3_text-gguf", "gemma3_text-gguf-linear", "phi3-gguf", "phi3-gguf-partial"}
 
 
 def _lane(family: str, backend: str, emulate: bool, tp: int = 1):  # noqa: ANN202
@@ -151,6 +157,9 @@ def test_qwen2s_biases_on_the_cuda_lane_give_transformers_tokens(tp: int) -> Non
         ("gemma2", "cuda", True, "@main holds 'logos.scale', which the CUDA lane does not lower"),
         ("gemma2", "d5005", False, "'logos.scale' %hidden has no instruction on the D5005 engine"),
         ("gemma2", "spatial", False, "the spatial grid does not lower 'logos.scale'"),
+        ("phi3-gguf-partial", "cuda", True, "'logos.rope' rotates only the first 8 of each head's 16 numbers"),
+        ("phi3-gguf-partial", "d5005", False, "'logos.rope' %turned_query rotates only the first 8 of each head's 16"),
+        ("phi3-gguf-partial", "spatial", False, "rotates only the first 8 of each head's 16 numbers"),
         ("mixtral", "cuda", True, "@main holds 'logos.experts', which the CUDA lane does not lower"),
         ("mixtral", "d5005", False, "'logos.experts' %routed has no instruction on the D5005 engine"),
         ("mixtral", "spatial", False, "the spatial grid does not lower 'logos.experts'"),
@@ -168,6 +177,9 @@ def test_qwen2s_biases_on_the_cuda_lane_give_transformers_tokens(tp: int) -> Non
         "cuda-gemma2",
         "d5005-gemma2",
         "spatial-gemma2",
+        "cuda-partial-rotary",
+        "d5005-partial-rotary",
+        "spatial-partial-rotary",
         "cuda-mixtral",
         "d5005-mixtral",
         "spatial-mixtral",

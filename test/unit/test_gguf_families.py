@@ -58,7 +58,8 @@ def _metadata(writer: gguf.GGUFWriter, model_type: str, config: dict[str, Any]) 
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     if model_type == "phi3":
         writer.add_rope_scaling_orig_ctx_len(config["original_max_position_embeddings"])
-        writer.add_rope_dimension_count(config["hidden_size"] // config["num_attention_heads"])
+        rot_pct = config["rope_parameters"].get("partial_rotary_factor", 1.0)  # Phi3MiniModel's rope_dims
+        writer.add_rope_dimension_count(int(rot_pct * config["hidden_size"]) // config["num_attention_heads"])
         writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
         writer.add_sliding_window(config.get("sliding_window") or 0)
         return
@@ -97,7 +98,9 @@ def convert(folder: Path, out: Path, *, extra: Any = None) -> Path:
     return out
 
 
-@pytest.mark.parametrize("family", ["gemma2-gguf", "gemma3_text-gguf", "gemma3_text-gguf-linear", "phi3-gguf"])
+@pytest.mark.parametrize(
+    "family", ["gemma2-gguf", "gemma3_text-gguf", "gemma3_text-gguf-linear", "phi3-gguf", "phi3-gguf-partial"]
+)
 def test_logos_run_on_a_gguf_of_the_family_gives_transformers_tokens(tmp_path: Path, family: str, capsys) -> None:  # type: ignore[no-untyped-def]
     from logos_ir.tools import logos_run
 

@@ -65,6 +65,11 @@ shard.grid @chips(shape = 2)
 %p = logos.input "position" values [1] : tensor<1xi64>
 %y = logos.rope %x, %p head_dim 15 theta 1.000000e+04 : f64 : (tensor<1x64xf32>, tensor<1xi64>) -> tensor<1x64xf32>
 // -----
+// CHECK: 'logos.rope' op cannot rotate 16 numbers of each head of 16
+%x = logos.input "hidden" : tensor<1x64xf32>
+%p = logos.input "position" values [1] : tensor<1xi64>
+%y = logos.rope %x, %p head_dim 16 rotary_dim 16 theta 1.000000e+04 : f64 : (tensor<1x64xf32>, tensor<1xi64>) -> tensor<1x64xf32>
+// -----
 // CHECK: 'logos.rope' op scales its frequencies twice: Llama 3's scaling and a linear one
 %x = logos.input "hidden" : tensor<1x64xf32>
 %p = logos.input "position" values [1] : tensor<1xi64>

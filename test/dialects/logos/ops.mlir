@@ -20,6 +20,7 @@ builtin.module {
   %r = logos.rope %q, %positions head_dim 16 theta 1.000000e+04 : f64 : (tensor<2x32xf32>, tensor<2xi64>) -> tensor<2x32xf32>
   %s = logos.rope %q, %positions head_dim 16 theta 5.000000e+05 : f64 scaling <factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position_embeddings = 8192> : (tensor<2x32xf32>, tensor<2xi64>) -> tensor<2x32xf32>
   %t = logos.rope %q, %positions head_dim 16 theta 1.000000e+06 : f64 linear_scaling <factor = 8.0> : (tensor<2x32xf32>, tensor<2xi64>) -> tensor<2x32xf32>
+  %partial = logos.rope %q, %positions head_dim 16 rotary_dim 8 theta 1.000000e+04 : f64 : (tensor<2x32xf32>, tensor<2xi64>) -> tensor<2x32xf32>
   %k = logos.linear %n, %wq : (tensor<2x64xf32>, tensor<32x64xf32>) -> tensor<2x32xf32>
   %half = logos.input "hidden" : tensor<2x16xf32>
   logos.cache_write %half, %keys, %positions : tensor<2x16xf32>, memref<1x64x16xf32>, tensor<2xi64>
@@ -51,6 +52,7 @@ builtin.module {
 // CHECK-NEXT: %r = logos.rope %q, %positions head_dim 16 theta 1.000000e+04 : f64 : (tensor<2x32xf32>, tensor<2xi64>) -> tensor<2x32xf32>
 // CHECK-NEXT: %s = logos.rope %q, %positions head_dim 16 theta 5.000000e+05 : f64 scaling <factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position_embeddings = 8192> : (tensor<2x32xf32>, tensor<2xi64>) -> tensor<2x32xf32>
 // CHECK-NEXT: %t = logos.rope %q, %positions head_dim 16 theta 1.000000e+06 : f64 linear_scaling <factor = 8.0> : (tensor<2x32xf32>, tensor<2xi64>) -> tensor<2x32xf32>
+// CHECK-NEXT: %partial = logos.rope %q, %positions head_dim 16 rotary_dim 8 theta 1.000000e+04 : f64 : (tensor<2x32xf32>, tensor<2xi64>) -> tensor<2x32xf32>
 // CHECK-NEXT: %k = logos.linear %n, %wq : (tensor<2x64xf32>, tensor<32x64xf32>) -> tensor<2x32xf32>
 // CHECK-NEXT: %half = logos.input "hidden" : tensor<2x16xf32>
 // CHECK-NEXT: logos.cache_write %half, %keys, %positions : tensor<2x16xf32>, memref<1x64x16xf32>, tensor<2xi64>
