@@ -34,6 +34,7 @@ from xdsl.irdl import (
     irdl_attr_definition,
     irdl_op_definition,
     operand_def,
+    opt_prop_def,
     prop_def,
     region_def,
     result_def,
@@ -56,6 +57,21 @@ WEIGHT_BYTES = {"f32": 4, "bf16": 2}
 GROUP_MAX = 8
 ROW_WORDS_MAX = 8
 VECTOR_WORDS = 16384
+
+
+# The engine's on-chip arrays (M20K), one a kind of buffer, each statically banked a float32 word a bank over a bank
+# word (burst / 4 banks): the residual stream (embedding rows and the adds), the matvec's inputs (the norms' and
+# SiLU*mul's outputs), the attention's outputs, the matvec's outputs, and RoPE's outputs. Each takes a fixed share
+# of the on-chip budget (`onchip_words >> shift`), and its id names it in an instruction word's buffer fields.
+ARRAY_SHIFTS = {"residual": 4, "inputs": 3, "attended": 5, "outputs": 1, "rotated": 4}
+ARRAYS = tuple(ARRAY_SHIFTS)
+ARRAY_IDS = {name: index + 1 for index, name in enumerate(ARRAYS)}
+OFFSET_BITS = 24  # a buffer field: the array's id above these bits, the buffer's offset in bank words below
+
+
+def array_words(onchip_words: int, array: str) -> int:
+    """The float32 words of one on-chip array of an engine with `onchip_words` of on-chip budget."""
+    return onchip_words >> ARRAY_SHIFTS[array]
 
 
 def bank_words(elements: int, element_bytes: int, burst: int) -> int:
@@ -261,15 +277,10 @@ class ProgramOp(IRDLOperation):
         if self.weights.data not in WEIGHT_BYTES:
             raise _fail(self, f"weights are bf16 or f32, not '{self.weights.data}'")
         burst, onchip = _int(self.burst), _int(self.onchip)
-        if burst < 4 or burst & (burst - 1):
-            raise _fail(self, f"the burst is a power of two of at least 4 bytes, not {burst}")
-        buffers = self.buffers()
-        used = sum(_int(b.words) for b in buffers)
-        if used > onchip:
-            raise _fail(self, f"its buffers take {used} words of on-chip memory, over the budget of {onchip}")
-        for buffer in buffers:
-            if _int(buffer.offset) + _int(buffer.words) > onchip:
-                raise _fail(self, f"buffer '{buffer.label.data}' lies past the {onchip} words of on-chip memory")
+        if burst < 4 * BANKS or burst & (burst - 1):
+            raise _fail(self, f"the burst is a power of two of at least {4 * BANKS} bytes, not {burst}")
+        for buffer in self.buffers():
+            _check_in_array(self, buffer, onchip, burst // 4)
         for op in self.instructions():
             op.check_buffers(self, burst)
             for region in op.regions_read():
@@ -278,12 +289,27 @@ class ProgramOp(IRDLOperation):
                 _check_cache_precision(op, self.weights.data, burst)
 
 
+def _check_in_array(program: ProgramOp, buffer: BufferOp, onchip: int, bank_word: int) -> None:
+    """A buffer lies in one of the engine's arrays, from a bank word's first bank, and inside it."""
+    label, array = buffer.label.data, buffer.array_name
+    if array not in ARRAY_SHIFTS:
+        raise _fail(program, f"buffer '{label}' is in none of the engine's on-chip arrays ({', '.join(ARRAYS)})")
+    if _int(buffer.offset) % bank_word:
+        raise _fail(
+            program, f"buffer '{label}' starts at word {_int(buffer.offset)}, not on a bank word of {bank_word}"
+        )
+    size = array_words(onchip, array)
+    if _int(buffer.offset) + _int(buffer.words) > size:
+        raise _fail(program, f"buffer '{label}' lies past the {size} words of on-chip array '{array}'")
+
+
 @irdl_op_definition
 class BufferOp(IRDLOperation):
-    """An on-chip buffer of float32 words at a word offset, named for the listing and the stream's symbols.
+    """An on-chip buffer of float32 words in one of the engine's arrays (`ARRAYS`), at a word offset into it,
+    named for the listing and the stream's symbols.
 
     ```mlir
-    %normed = d5005.buffer "normed" words 64 at 128
+    %normed = d5005.buffer "normed" words 64 at 128 in "inputs"
     ```
     """
 
@@ -292,25 +318,32 @@ class BufferOp(IRDLOperation):
     label = prop_def(StringAttr)
     words = prop_def(IntegerAttr[I64])
     offset = prop_def(IntegerAttr[I64])
+    array = opt_prop_def(StringAttr)
     buffer = result_def(BufferType)
 
-    assembly_format = "$label `words` $words `at` $offset attr-dict"
+    assembly_format = "$label `words` $words `at` $offset (`in` $array^)? attr-dict"
 
-    def __init__(self, label: str, words: int, offset: int):
-        super().__init__(
-            properties={
-                "label": StringAttr(label),
-                "words": IntegerAttr(words, i64),
-                "offset": IntegerAttr(offset, i64),
-            },
-            result_types=[BufferType()],
-        )
+    def __init__(self, label: str, words: int, offset: int, array: str | None = None):
+        properties: dict[str, Attribute] = {
+            "label": StringAttr(label),
+            "words": IntegerAttr(words, i64),
+            "offset": IntegerAttr(offset, i64),
+        }
+        if array is not None:
+            properties["array"] = StringAttr(array)
+        super().__init__(properties=properties, result_types=[BufferType()])
         if SSAValue.is_valid_name(label):
             self.buffer.name_hint = label
+
+    @property
+    def array_name(self) -> str | None:
+        return self.array.data if self.array is not None else None
 
     def verify_(self) -> None:
         if _int(self.words) < 1 or _int(self.offset) < 0:
             raise _fail(self, f"buffer '{self.label.data}' needs at least one word at an offset of at least 0")
+        if self.array is not None and self.array.data not in ARRAY_SHIFTS:
+            raise _fail(self, f"buffer '{self.label.data}': '{self.array.data}' is not an on-chip array of the engine")
 
 
 def label(value: SSAValue) -> str:
@@ -348,6 +381,15 @@ class InstructionOp(IRDLOperation):
                 raise _fail(self, "uses a buffer that is not a d5005.buffer of its program")
             if _int(owner.words) < words:
                 raise _fail(self, f"needs {words} words of buffer '{owner.label.data}', which has {_int(owner.words)}")
+        for operand, (_, arrays) in OPERANDS[self.name].items():
+            owner = getattr(self, operand).owner
+            assert isinstance(owner, BufferOp)
+            if owner.array_name not in arrays:
+                raise _fail(
+                    self,
+                    f"reaches its {operand} in array {' or '.join(repr(a) for a in arrays)}, and buffer"
+                    f" '{owner.label.data}' is in '{owner.array_name}'",
+                )
 
 
 @irdl_op_definition
@@ -756,7 +798,7 @@ D5005 = Dialect(
 
 STREAM_MAGIC = b"D5005ENG"
 IMAGE_MAGIC = b"D5005IMG"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 HEADER_BYTES = 4096
 INSTRUCTION_WORDS = 16  # one instruction: 16 little-endian uint32 words, 64 bytes, one burst
 INSTRUCTION_BYTES = INSTRUCTION_WORDS * 4
@@ -780,3 +822,21 @@ W_KEY, W_VALUE = W_WIDTH, W_RESERVED
 # The engine's kernels (passes/d5005/emit_opencl.py writes them, the host program launches them).
 COMPUTE_KERNEL = "d5005_compute"
 READER_KERNELS = tuple(f"d5005_read_bank{b}" for b in range(BANKS))
+# Each instruction's buffer operands: the instruction word's field that names it (its array's id and its offset in
+# bank words) and the arrays its routine reaches it in (a routine has a port on those arrays only).
+OPERANDS: dict[str, dict[str, tuple[int, tuple[str, ...]]]] = {
+    "d5005.embed_row": {"dst": (W_DST, ("residual",))},
+    "d5005.matvec": {"dst": (W_DST, ("outputs",)), "src": (W_A, ("inputs", "attended"))},
+    "d5005.rms_norm": {"dst": (W_DST, ("inputs",)), "src": (W_A, ("residual",))},
+    "d5005.rope": {"dst": (W_DST, ("rotated",)), "src": (W_A, ("outputs",))},
+    "d5005.cache_write": {"src": (W_A, ("outputs", "rotated"))},
+    "d5005.attention": {
+        "dst": (W_DST, ("attended",)),
+        "query": (W_A, ("rotated",)),
+        "key": (W_KEY, ("rotated",)),
+        "value": (W_VALUE, ("outputs",)),
+    },
+    "d5005.silu_mul": {"dst": (W_DST, ("inputs",)), "lhs": (W_A, ("outputs",)), "rhs": (W_B, ("outputs",))},
+    "d5005.add": {"dst": (W_DST, ("residual",)), "lhs": (W_A, ("residual",)), "rhs": (W_B, ("outputs",))},
+    "d5005.argmax": {"src": (W_A, ("outputs",))},
+}
