@@ -2,8 +2,10 @@
 
 The engine is a fixed datapath (one bitstream) that reads a program, the decode step lowered to these
 instructions, and streams the weights from the card's four DDR4-2400 banks (8 GiB each). Its operands are of two
-kinds: **on-chip buffers** (`d5005.buffer`, float32 words in the engine's on-chip memory, each at a word offset,
-an SSA value of type `!d5005.buffer` that the instructions read and write) and **board-memory regions**
+kinds: **on-chip buffers** (`d5005.buffer`, float32 words in one of the engine's statically banked on-chip arrays,
+`ARRAYS`, each at a word offset that starts a bank word, an SSA value of type `!d5005.buffer` that the
+instructions read and write; each instruction reaches each of its buffers in the arrays `OPERANDS` names, those
+its routine has ports on) and **board-memory regions**
 (`#d5005.region`, a matrix whose rows are striped over the four banks: row r lives in bank r % 4 at byte
 `offset + (r // 4) * stride` of that bank, so every bank holds the same offsets and a matrix-vector product
 streams from all four at once). A `d5005.program` holds the buffers and, in order, the instructions of one decode
@@ -11,15 +13,16 @@ step; running it once is one launch of the engine.
 
 ```mlir
 d5005.program identity "LOGOS program: decode step" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
-  %normed = d5005.buffer "normed" words 64 at 0
-  %query = d5005.buffer "query" words 64 at 64
+  %normed = d5005.buffer "normed" words 64 at 0 in "inputs"
+  %query = d5005.buffer "query" words 64 at 64 in "outputs"
   d5005.matvec %query, %normed, <"model.layers.0.self_attn.q_proj.weight" at 0 stride 128 rows 64 cols 64 bytes 2>
 }
 ```
 
 Each op's verifier checks what it can see alone (region inside its bank, aligned to the burst, shapes that agree);
-`d5005.program`'s verifier checks the buffers against the on-chip budget and every instruction's buffers (each a
-`d5005.buffer` of the program, large enough for what the instruction reads or writes), in one walk over its block.
+`d5005.program`'s verifier checks the buffers against their arrays and every instruction's buffers (each a
+`d5005.buffer` of the program, in an array its routine reaches, large enough for what the instruction reads or
+writes), in one walk over its block.
 """
 
 from __future__ import annotations
@@ -227,7 +230,7 @@ class ProgramOp(IRDLOperation):
 
     ```mlir
     d5005.program identity "LOGOS program: decode step" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
-      %logits = d5005.buffer "logits" words 256 at 0
+      %logits = d5005.buffer "logits" words 256 at 0 in "outputs"
       d5005.argmax %logits size 256
     }
     ```
@@ -397,7 +400,7 @@ class EmbedRowOp(InstructionOp):
     """Fetch the table's row at the engine's token (from 1) into a buffer.
 
     ```mlir
-    %hidden = d5005.buffer "hidden" words 64 at 0
+    %hidden = d5005.buffer "hidden" words 64 at 0 in "residual"
     d5005.embed_row %hidden, <"model.embed_tokens.weight" at 0 stride 128 rows 256 cols 64 bytes 2>
     ```
     """
@@ -428,8 +431,8 @@ class MatvecOp(InstructionOp):
     b, b+4, ...), one vector of weights per bank per cycle.
 
     ```mlir
-    %normed = d5005.buffer "normed" words 64 at 0
-    %query = d5005.buffer "query" words 64 at 64
+    %normed = d5005.buffer "normed" words 64 at 0 in "inputs"
+    %query = d5005.buffer "query" words 64 at 64 in "outputs"
     d5005.matvec %query, %normed, <"model.layers.0.mlp.down_proj.weight" at 0 stride 128 rows 64 cols 64 bytes 2>
     ```
     """
@@ -472,8 +475,8 @@ class RMSNormOp(InstructionOp):
     """dst = src / sqrt(mean(src^2) + epsilon) * weight, over the weight's length.
 
     ```mlir
-    %x = d5005.buffer "x" words 64 at 0
-    %normed = d5005.buffer "normed" words 64 at 64
+    %x = d5005.buffer "x" words 64 at 0 in "residual"
+    %normed = d5005.buffer "normed" words 64 at 64 in "inputs"
     d5005.rms_norm %normed, %x, <"model.norm.weight" at 0 stride 128 rows 1 cols 64 bytes 2> epsilon 1.0e-05 : f32
     ```
     """
@@ -514,8 +517,8 @@ class RopeOp(InstructionOp):
     each of the head's half-frequencies, then their sin), the two halves of each head (Hugging Face's layout).
 
     ```mlir
-    %query = d5005.buffer "query" words 64 at 0
-    %turned = d5005.buffer "turned_query" words 64 at 64
+    %query = d5005.buffer "query" words 64 at 0 in "outputs"
+    %turned = d5005.buffer "turned_query" words 64 at 64 in "rotated"
     d5005.rope %turned, %query, <"rope" at 0 stride 64 rows 64 cols 16 bytes 4> width 64 head_dim 16
     ```
     """
@@ -572,7 +575,7 @@ class CacheWriteOp(InstructionOp):
     cache region is h * ctx + position - 1.
 
     ```mlir
-    %key = d5005.buffer "turned_key" words 32 at 0
+    %key = d5005.buffer "turned_key" words 32 at 0 in "rotated"
     d5005.cache_write %key, <"cache.0.key" at 0 stride 64 rows 128 cols 16 bytes 4> kv_heads 2
     ```
     """
@@ -615,10 +618,10 @@ class AttentionOp(InstructionOp):
     buffer. Each KV head's keys and values are read once for all the query heads of its group.
 
     ```mlir
-    %q = d5005.buffer "turned_query" words 64 at 0
-    %k = d5005.buffer "turned_key" words 32 at 64
-    %v = d5005.buffer "value" words 32 at 96
-    %o = d5005.buffer "attended" words 64 at 128
+    %q = d5005.buffer "turned_query" words 64 at 0 in "rotated"
+    %k = d5005.buffer "turned_key" words 32 at 64 in "rotated"
+    %v = d5005.buffer "value" words 32 at 96 in "outputs"
+    %o = d5005.buffer "attended" words 64 at 128 in "attended"
     d5005.attention %o, %q, <"cache.0.key" at 0 stride 64 rows 128 cols 16 bytes 4>,
         <"cache.0.value" at 8192 stride 64 rows 128 cols 16 bytes 4> current %k, %v heads 4 kv_heads 2
     ```
@@ -723,9 +726,9 @@ class SiluMulOp(ElementwiseOp):
     """dst = silu(lhs) * rhs (SwiGLU's gate and up).
 
     ```mlir
-    %gate = d5005.buffer "gate" words 128 at 0
-    %up = d5005.buffer "up" words 128 at 128
-    %product = d5005.buffer "product" words 128 at 256
+    %gate = d5005.buffer "gate" words 128 at 0 in "outputs"
+    %up = d5005.buffer "up" words 128 at 128 in "outputs"
+    %product = d5005.buffer "product" words 128 at 256 in "inputs"
     d5005.silu_mul %product, %gate, %up size 128
     ```
     """
@@ -738,9 +741,9 @@ class AddOp(ElementwiseOp):
     """dst = lhs + rhs (the residual connections).
 
     ```mlir
-    %x = d5005.buffer "x" words 64 at 0
-    %projected = d5005.buffer "projected" words 64 at 64
-    %mixed = d5005.buffer "mixed" words 64 at 128
+    %x = d5005.buffer "x" words 64 at 0 in "residual"
+    %projected = d5005.buffer "projected" words 64 at 64 in "outputs"
+    %mixed = d5005.buffer "mixed" words 64 at 128 in "residual"
     d5005.add %mixed, %x, %projected size 64
     ```
     """
@@ -753,7 +756,7 @@ class ArgmaxOp(InstructionOp):
     """The engine's result: the index (from 1) of the greatest of `size` words, the first on a tie.
 
     ```mlir
-    %logits = d5005.buffer "logits" words 256 at 0
+    %logits = d5005.buffer "logits" words 256 at 0 in "outputs"
     d5005.argmax %logits size 256
     ```
     """

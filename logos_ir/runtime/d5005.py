@@ -284,7 +284,8 @@ def decode_ops(stream: Stream) -> list[Any]:
         buffers = [d5005.BufferOp(*entry) for entry in stream.symbols.get("buffers", [])]
         bank_word = stream.burst // 4
         at = {
-            d5005.ARRAY_IDS.get(op.array_name or "", 0) << d5005.OFFSET_BITS | op.offset.value.data // bank_word: op.buffer
+            d5005.ARRAY_IDS.get(op.array_name or "", 0) << d5005.OFFSET_BITS
+            | op.offset.value.data // bank_word: op.buffer
             for op in buffers
         }
         regions = {r[1]: r for r in stream.symbols.get("regions", [])}

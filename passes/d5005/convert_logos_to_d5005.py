@@ -14,11 +14,11 @@ own, so this is instruction selection, not a fusion of two engine instructions; 
 board-memory regions of `placement.py`: weights striped over the four banks, the rotary table, the KV caches). Then
 the buffers are shared: a value goes into the buffer of its name once the previous value there is dead, so a layer's
 buffers serve every layer. Each buffer lies in the on-chip array of its kind (`d5005.OPERANDS`: the array every
-routine that writes or reads it reaches), each array a fixed share of the on-chip budget (`EngineParams.onchip_words`)
-that holds its buffers, and no instruction writes a buffer it reads. A model whose weights and caches overflow the 32 GiB is refused with the sizes; other
-cuts, split programs and ops the engine has no instruction for are refused naming them. Nothing changes when it
-refuses: a copy of the program is lowered and verified, then swapped in. No weight value is read; the cost is one
-walk over the program.
+routine that writes or reads it reaches), each array a fixed share of the on-chip budget
+(`EngineParams.onchip_words`) that holds its buffers, and no instruction writes a buffer it reads. A model whose
+weights and caches overflow the 32 GiB is refused with the sizes; other cuts, split programs and ops the engine has
+no instruction for are refused naming them. Nothing changes when it refuses: a copy of the program is lowered and
+verified, then swapped in. No weight value is read; the cost is one walk over the program.
 """
 
 from __future__ import annotations

@@ -732,7 +732,9 @@ inline void add(ONCHIP float *restrict residual, ONCHIP float *restrict outputs,
     /* loop add.words */
     for (uint c = 0; c < n; c += OV) {
         UNROLL(OV)
-        for (uint e = 0; e < OV; e++) if (c + e < n) residual[dst + c + e] = residual[lhs + c + e] + outputs[rhs + c + e];
+        for (uint e = 0; e < OV; e++) {
+            if (c + e < n) residual[dst + c + e] = residual[lhs + c + e] + outputs[rhs + c + e];
+        }
     }
 }
 

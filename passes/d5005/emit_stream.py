@@ -137,9 +137,7 @@ def symbols(program: d5005.ProgramOp) -> dict[str, list[list[object]]]:
         for region in op.regions_read():
             regions.setdefault(region.tensor.data, region)
     return {
-        "buffers": [
-            [b.label.data, b.words.value.data, b.offset.value.data, b.array_name] for b in program.buffers()
-        ],
+        "buffers": [[b.label.data, b.words.value.data, b.offset.value.data, b.array_name] for b in program.buffers()],
         "regions": [
             [name, r.offset.data, r.stride.data, r.rows.data, r.cols.data, r.element_bytes.data]
             for name, r in regions.items()

@@ -144,7 +144,9 @@ def test_a_split_program_and_unknown_weights_are_refused() -> None:
 
 def test_logits_over_the_on_chip_budget_are_refused() -> None:
     spec = replace(ModelSpec.preset("tiny"), vocab=1 << 21)
-    refusal = r"buffers in the on-chip array 'outputs' need \d+ words .* over its 524288 words of the engine's budget of"
+    refusal = (
+        r"buffers in the on-chip array 'outputs' need \d+ words .* over its 524288 words of the engine's budget of"
+    )
     with pytest.raises(PassError, match=refusal + " 1048576"):
         lower_program(logos_program(spec, Cut.decode(64)), "bf16")
 
