@@ -587,12 +587,15 @@ class Engine:
         runs.append((first, len(self.stream.words) - first, totals))
         return runs
 
-    def onchip(self, words: int) -> np.ndarray:
-        """The first `words` of on-chip memory after the last step (the emulation's view of its buffers)."""
+    def onchip(self, array: str, words: int) -> np.ndarray:
+        """The first `words` of one on-chip array after the last step: on a device without aoc the arrays are
+        slices of one scratch buffer, in `d5005.ARRAYS` order, at the `*_AT` offsets the engine's source states."""
         import pyopencl as cl
 
+        before = d5005.ARRAYS[: d5005.ARRAYS.index(array)]
+        at = sum(d5005.array_words(self.stream.onchip_words, a) for a in before)
         out = np.empty(words, dtype=np.float32)
-        cl.enqueue_copy(self.queue, out, self.scratch)
+        cl.enqueue_copy(self.queue, out, self.scratch, src_offset=at * 4)
         return out
 
 

@@ -10,11 +10,12 @@ bitstream. Parameters (burst, vector width, weight and cache precision, the data
 taken from the `d5005.program`'s `EngineParams`.
 
 One source, two builds. With `INTELFPGA_CL` (defined by `aoc`) the readers feed the compute kernel through Intel
-channels (`cl_intel_channels`), the bank arguments carry `buffer_location`, the on-chip buffers are kernel-scope
-local memory (M20K), and `UNROLL`, `IVDEP` and `IVDEP_SAFELEN` are Intel's pragmas. On any other OpenCL device
-(PoCL's CPU device here) each channel is an ordered buffer: the host launches the four readers over a run of
-instructions, each filling its buffer in channel order, then the compute kernel over the same run, draining them
-in the same order (`logos_ir.runtime.d5005`). Each pipelined loop is marked `/* loop NAME */` and each routine
+channels (`cl_intel_channels`), the bank arguments carry `buffer_location`, the on-chip buffers are in five
+kernel-scope local arrays (M20K), one a kind of buffer, each banked a float32 word a bank over a bank word, and
+`UNROLL`, `IVDEP` and `IVDEP_SAFELEN` are Intel's pragmas. On any other OpenCL device (PoCL's CPU device here)
+the arrays are slices of one scratch buffer and each channel is an ordered buffer: the host launches the four
+readers over a run of instructions, each filling its buffer in channel order, then the compute kernel over the same
+run, draining them in the same order (`logos_ir.runtime.d5005`). Each pipelined loop is marked `/* loop NAME */` and each routine
 `/* routine NAME */`; `engine_loops.py` states those loops as data, which the cost model costs. `OpenclTarget` is
 the `-t d5005-opencl` emitter.
 """

@@ -156,6 +156,26 @@ def test_the_attention_arrays_give_each_site_its_port(printed: tuple[str, cost_m
     assert cost["ports"]["acc"]["copies"] == -(-(1 + c["SHIFT_DEPTH"]) // 3)  # 3 read ports a copy beside the store
 
 
+# An edit that reads a buffer field as a word offset rather than bank words: the embedding row's stores land at a
+# bank known only at run time, so the residual stream's array reaches every bank through an arbiter.
+RAW_OFFSET = (
+    "if (k < cols) residual[dst + k] = WEIGHT_AT(word, e);",
+    "if (k < cols) residual[w.s1 + k] = WEIGHT_AT(word, e);",
+)
+
+
+def test_a_site_at_a_run_time_bank_arbitrates_its_array(
+    one_b: d5005.ProgramOp, printed: tuple[str, cost_model.Engine, dict]
+) -> None:
+    source, engine, cost = printed
+    raw = cost_model.Engine.read(edited(source, RAW_OFFSET))
+    lanes = one_b.params.burst_bytes // 4
+    assert {a: b for a, b in raw.analysis.arbitrated.items() if b} == {"residual": set(range(lanes))}
+    row = "embed_row.words"  # its VECTOR_WIDTH stores each reach every bank: 4 a cycle through the arbiter
+    assert raw.iteration(row, cost_model.LOW) == one_b.params.vector_width // 4 > engine.iteration(row, cost_model.LOW)
+    assert cost_model.band(one_b, raw)["band_tokens_per_s"][0] < cost["band_tokens_per_s"][0]
+
+
 @pytest.mark.parametrize("edit", FOUR_EDITS, ids=["serial-sum", "serial-banks", "channel-depth-1", "bare-ivdep"])
 def test_each_edit_of_the_printed_engine_lowers_the_band(
     one_b: d5005.ProgramOp, printed: tuple[str, cost_model.Engine, dict], edit: tuple[str, str]
