@@ -15,9 +15,9 @@ kernel-scope local arrays (M20K), one a kind of buffer, each banked a float32 wo
 `UNROLL`, `IVDEP` and `IVDEP_SAFELEN` are Intel's pragmas. On any other OpenCL device (PoCL's CPU device here)
 the arrays are slices of one scratch buffer and each channel is an ordered buffer: the host launches the four
 readers over a run of instructions, each filling its buffer in channel order, then the compute kernel over the same
-run, draining them in the same order (`logos_ir.runtime.d5005`). Each pipelined loop is marked `/* loop NAME */` and each routine
-`/* routine NAME */`; `engine_loops.py` states those loops as data, which the cost model costs. `OpenclTarget` is
-the `-t d5005-opencl` emitter.
+run, draining them in the same order (`logos_ir.runtime.d5005`). Each pipelined loop is marked `/* loop NAME */`
+and each routine `/* routine NAME */`; `engine_loops.py` states those loops as data, which the cost model costs.
+`OpenclTarget` is the `-t d5005-opencl` emitter.
 """
 
 from __future__ import annotations
