@@ -2,8 +2,10 @@
 
 The engine is a fixed datapath (one bitstream) that reads a program, the decode step lowered to these
 instructions, and streams the weights from the card's four DDR4-2400 banks (8 GiB each). Its operands are of two
-kinds: **on-chip buffers** (`d5005.buffer`, float32 words in the engine's on-chip memory, each at a word offset,
-an SSA value of type `!d5005.buffer` that the instructions read and write) and **board-memory regions**
+kinds: **on-chip buffers** (`d5005.buffer`, float32 words in one of the engine's statically banked on-chip arrays,
+`ARRAYS`, each at a word offset that starts a bank word, an SSA value of type `!d5005.buffer` that the
+instructions read and write; each instruction reaches each of its buffers in the arrays `OPERANDS` names, those
+its routine has ports on) and **board-memory regions**
 (`#d5005.region`, a matrix whose rows are striped over the four banks: row r lives in bank r % 4 at byte
 `offset + (r // 4) * stride` of that bank, so every bank holds the same offsets and a matrix-vector product
 streams from all four at once). A `d5005.program` holds the buffers and, in order, the instructions of one decode
@@ -11,15 +13,16 @@ step; running it once is one launch of the engine.
 
 ```mlir
 d5005.program identity "LOGOS program: decode step" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
-  %normed = d5005.buffer "normed" words 64 at 0
-  %query = d5005.buffer "query" words 64 at 64
+  %normed = d5005.buffer "normed" words 64 at 0 in "inputs"
+  %query = d5005.buffer "query" words 64 at 64 in "outputs"
   d5005.matvec %query, %normed, <"model.layers.0.self_attn.q_proj.weight" at 0 stride 128 rows 64 cols 64 bytes 2>
 }
 ```
 
 Each op's verifier checks what it can see alone (region inside its bank, aligned to the burst, shapes that agree);
-`d5005.program`'s verifier checks the buffers against the on-chip budget and every instruction's buffers (each a
-`d5005.buffer` of the program, large enough for what the instruction reads or writes), in one walk over its block.
+`d5005.program`'s verifier checks the buffers against their arrays and every instruction's buffers (each a
+`d5005.buffer` of the program, in an array its routine reaches, large enough for what the instruction reads or
+writes), in one walk over its block.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from xdsl.irdl import (
     irdl_attr_definition,
     irdl_op_definition,
     operand_def,
+    opt_prop_def,
     prop_def,
     region_def,
     result_def,
@@ -56,6 +60,21 @@ WEIGHT_BYTES = {"f32": 4, "bf16": 2}
 GROUP_MAX = 8
 ROW_WORDS_MAX = 8
 VECTOR_WORDS = 16384
+
+
+# The engine's on-chip arrays (M20K), one a kind of buffer, each statically banked a float32 word a bank over a bank
+# word (burst / 4 banks): the residual stream (embedding rows and the adds), the matvec's inputs (the norms' and
+# SiLU*mul's outputs), the attention's outputs, the matvec's outputs, and RoPE's outputs. Each takes a fixed share
+# of the on-chip budget (`onchip_words >> shift`), and its id names it in an instruction word's buffer fields.
+ARRAY_SHIFTS = {"residual": 4, "inputs": 3, "attended": 5, "outputs": 1, "rotated": 4}
+ARRAYS = tuple(ARRAY_SHIFTS)
+ARRAY_IDS = {name: index + 1 for index, name in enumerate(ARRAYS)}
+OFFSET_BITS = 24  # a buffer field: the array's id above these bits, the buffer's offset in bank words below
+
+
+def array_words(onchip_words: int, array: str) -> int:
+    """The float32 words of one on-chip array of an engine with `onchip_words` of on-chip budget."""
+    return onchip_words >> ARRAY_SHIFTS[array]
 
 
 def bank_words(elements: int, element_bytes: int, burst: int) -> int:
@@ -211,7 +230,7 @@ class ProgramOp(IRDLOperation):
 
     ```mlir
     d5005.program identity "LOGOS program: decode step" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
-      %logits = d5005.buffer "logits" words 256 at 0
+      %logits = d5005.buffer "logits" words 256 at 0 in "outputs"
       d5005.argmax %logits size 256
     }
     ```
@@ -261,15 +280,10 @@ class ProgramOp(IRDLOperation):
         if self.weights.data not in WEIGHT_BYTES:
             raise _fail(self, f"weights are bf16 or f32, not '{self.weights.data}'")
         burst, onchip = _int(self.burst), _int(self.onchip)
-        if burst < 4 or burst & (burst - 1):
-            raise _fail(self, f"the burst is a power of two of at least 4 bytes, not {burst}")
-        buffers = self.buffers()
-        used = sum(_int(b.words) for b in buffers)
-        if used > onchip:
-            raise _fail(self, f"its buffers take {used} words of on-chip memory, over the budget of {onchip}")
-        for buffer in buffers:
-            if _int(buffer.offset) + _int(buffer.words) > onchip:
-                raise _fail(self, f"buffer '{buffer.label.data}' lies past the {onchip} words of on-chip memory")
+        if burst < 4 * BANKS or burst & (burst - 1):
+            raise _fail(self, f"the burst is a power of two of at least {4 * BANKS} bytes, not {burst}")
+        for buffer in self.buffers():
+            _check_in_array(self, buffer, onchip, burst // 4)
         for op in self.instructions():
             op.check_buffers(self, burst)
             for region in op.regions_read():
@@ -278,12 +292,27 @@ class ProgramOp(IRDLOperation):
                 _check_cache_precision(op, self.weights.data, burst)
 
 
+def _check_in_array(program: ProgramOp, buffer: BufferOp, onchip: int, bank_word: int) -> None:
+    """A buffer lies in one of the engine's arrays, from a bank word's first bank, and inside it."""
+    label, array = buffer.label.data, buffer.array_name
+    if array not in ARRAY_SHIFTS:
+        raise _fail(program, f"buffer '{label}' is in none of the engine's on-chip arrays ({', '.join(ARRAYS)})")
+    if _int(buffer.offset) % bank_word:
+        raise _fail(
+            program, f"buffer '{label}' starts at word {_int(buffer.offset)}, not on a bank word of {bank_word}"
+        )
+    size = array_words(onchip, array)
+    if _int(buffer.offset) + _int(buffer.words) > size:
+        raise _fail(program, f"buffer '{label}' lies past the {size} words of on-chip array '{array}'")
+
+
 @irdl_op_definition
 class BufferOp(IRDLOperation):
-    """An on-chip buffer of float32 words at a word offset, named for the listing and the stream's symbols.
+    """An on-chip buffer of float32 words in one of the engine's arrays (`ARRAYS`), at a word offset into it,
+    named for the listing and the stream's symbols.
 
     ```mlir
-    %normed = d5005.buffer "normed" words 64 at 128
+    %normed = d5005.buffer "normed" words 64 at 128 in "inputs"
     ```
     """
 
@@ -292,25 +321,32 @@ class BufferOp(IRDLOperation):
     label = prop_def(StringAttr)
     words = prop_def(IntegerAttr[I64])
     offset = prop_def(IntegerAttr[I64])
+    array = opt_prop_def(StringAttr)
     buffer = result_def(BufferType)
 
-    assembly_format = "$label `words` $words `at` $offset attr-dict"
+    assembly_format = "$label `words` $words `at` $offset (`in` $array^)? attr-dict"
 
-    def __init__(self, label: str, words: int, offset: int):
-        super().__init__(
-            properties={
-                "label": StringAttr(label),
-                "words": IntegerAttr(words, i64),
-                "offset": IntegerAttr(offset, i64),
-            },
-            result_types=[BufferType()],
-        )
+    def __init__(self, label: str, words: int, offset: int, array: str | None = None):
+        properties: dict[str, Attribute] = {
+            "label": StringAttr(label),
+            "words": IntegerAttr(words, i64),
+            "offset": IntegerAttr(offset, i64),
+        }
+        if array is not None:
+            properties["array"] = StringAttr(array)
+        super().__init__(properties=properties, result_types=[BufferType()])
         if SSAValue.is_valid_name(label):
             self.buffer.name_hint = label
+
+    @property
+    def array_name(self) -> str | None:
+        return self.array.data if self.array is not None else None
 
     def verify_(self) -> None:
         if _int(self.words) < 1 or _int(self.offset) < 0:
             raise _fail(self, f"buffer '{self.label.data}' needs at least one word at an offset of at least 0")
+        if self.array is not None and self.array.data not in ARRAY_SHIFTS:
+            raise _fail(self, f"buffer '{self.label.data}': '{self.array.data}' is not an on-chip array of the engine")
 
 
 def label(value: SSAValue) -> str:
@@ -348,6 +384,15 @@ class InstructionOp(IRDLOperation):
                 raise _fail(self, "uses a buffer that is not a d5005.buffer of its program")
             if _int(owner.words) < words:
                 raise _fail(self, f"needs {words} words of buffer '{owner.label.data}', which has {_int(owner.words)}")
+        for operand, (_, arrays) in OPERANDS[self.name].items():
+            owner = getattr(self, operand).owner
+            assert isinstance(owner, BufferOp)
+            if owner.array_name not in arrays:
+                raise _fail(
+                    self,
+                    f"reaches its {operand} in array {' or '.join(repr(a) for a in arrays)}, and buffer"
+                    f" '{owner.label.data}' is in '{owner.array_name}'",
+                )
 
 
 @irdl_op_definition
@@ -355,7 +400,7 @@ class EmbedRowOp(InstructionOp):
     """Fetch the table's row at the engine's token (from 1) into a buffer.
 
     ```mlir
-    %hidden = d5005.buffer "hidden" words 64 at 0
+    %hidden = d5005.buffer "hidden" words 64 at 0 in "residual"
     d5005.embed_row %hidden, <"model.embed_tokens.weight" at 0 stride 128 rows 256 cols 64 bytes 2>
     ```
     """
@@ -386,8 +431,8 @@ class MatvecOp(InstructionOp):
     b, b+4, ...), one vector of weights per bank per cycle.
 
     ```mlir
-    %normed = d5005.buffer "normed" words 64 at 0
-    %query = d5005.buffer "query" words 64 at 64
+    %normed = d5005.buffer "normed" words 64 at 0 in "inputs"
+    %query = d5005.buffer "query" words 64 at 64 in "outputs"
     d5005.matvec %query, %normed, <"model.layers.0.mlp.down_proj.weight" at 0 stride 128 rows 64 cols 64 bytes 2>
     ```
     """
@@ -430,8 +475,8 @@ class RMSNormOp(InstructionOp):
     """dst = src / sqrt(mean(src^2) + epsilon) * weight, over the weight's length.
 
     ```mlir
-    %x = d5005.buffer "x" words 64 at 0
-    %normed = d5005.buffer "normed" words 64 at 64
+    %x = d5005.buffer "x" words 64 at 0 in "residual"
+    %normed = d5005.buffer "normed" words 64 at 64 in "inputs"
     d5005.rms_norm %normed, %x, <"model.norm.weight" at 0 stride 128 rows 1 cols 64 bytes 2> epsilon 1.0e-05 : f32
     ```
     """
@@ -472,8 +517,8 @@ class RopeOp(InstructionOp):
     each of the head's half-frequencies, then their sin), the two halves of each head (Hugging Face's layout).
 
     ```mlir
-    %query = d5005.buffer "query" words 64 at 0
-    %turned = d5005.buffer "turned_query" words 64 at 64
+    %query = d5005.buffer "query" words 64 at 0 in "outputs"
+    %turned = d5005.buffer "turned_query" words 64 at 64 in "rotated"
     d5005.rope %turned, %query, <"rope" at 0 stride 64 rows 64 cols 16 bytes 4> width 64 head_dim 16
     ```
     """
@@ -530,7 +575,7 @@ class CacheWriteOp(InstructionOp):
     cache region is h * ctx + position - 1.
 
     ```mlir
-    %key = d5005.buffer "turned_key" words 32 at 0
+    %key = d5005.buffer "turned_key" words 32 at 0 in "rotated"
     d5005.cache_write %key, <"cache.0.key" at 0 stride 64 rows 128 cols 16 bytes 4> kv_heads 2
     ```
     """
@@ -573,10 +618,10 @@ class AttentionOp(InstructionOp):
     buffer. Each KV head's keys and values are read once for all the query heads of its group.
 
     ```mlir
-    %q = d5005.buffer "turned_query" words 64 at 0
-    %k = d5005.buffer "turned_key" words 32 at 64
-    %v = d5005.buffer "value" words 32 at 96
-    %o = d5005.buffer "attended" words 64 at 128
+    %q = d5005.buffer "turned_query" words 64 at 0 in "rotated"
+    %k = d5005.buffer "turned_key" words 32 at 64 in "rotated"
+    %v = d5005.buffer "value" words 32 at 96 in "outputs"
+    %o = d5005.buffer "attended" words 64 at 128 in "attended"
     d5005.attention %o, %q, <"cache.0.key" at 0 stride 64 rows 128 cols 16 bytes 4>,
         <"cache.0.value" at 8192 stride 64 rows 128 cols 16 bytes 4> current %k, %v heads 4 kv_heads 2
     ```
@@ -681,9 +726,9 @@ class SiluMulOp(ElementwiseOp):
     """dst = silu(lhs) * rhs (SwiGLU's gate and up).
 
     ```mlir
-    %gate = d5005.buffer "gate" words 128 at 0
-    %up = d5005.buffer "up" words 128 at 128
-    %product = d5005.buffer "product" words 128 at 256
+    %gate = d5005.buffer "gate" words 128 at 0 in "outputs"
+    %up = d5005.buffer "up" words 128 at 128 in "outputs"
+    %product = d5005.buffer "product" words 128 at 256 in "inputs"
     d5005.silu_mul %product, %gate, %up size 128
     ```
     """
@@ -696,9 +741,9 @@ class AddOp(ElementwiseOp):
     """dst = lhs + rhs (the residual connections).
 
     ```mlir
-    %x = d5005.buffer "x" words 64 at 0
-    %projected = d5005.buffer "projected" words 64 at 64
-    %mixed = d5005.buffer "mixed" words 64 at 128
+    %x = d5005.buffer "x" words 64 at 0 in "residual"
+    %projected = d5005.buffer "projected" words 64 at 64 in "outputs"
+    %mixed = d5005.buffer "mixed" words 64 at 128 in "residual"
     d5005.add %mixed, %x, %projected size 64
     ```
     """
@@ -711,7 +756,7 @@ class ArgmaxOp(InstructionOp):
     """The engine's result: the index (from 1) of the greatest of `size` words, the first on a tie.
 
     ```mlir
-    %logits = d5005.buffer "logits" words 256 at 0
+    %logits = d5005.buffer "logits" words 256 at 0 in "outputs"
     d5005.argmax %logits size 256
     ```
     """
@@ -756,7 +801,7 @@ D5005 = Dialect(
 
 STREAM_MAGIC = b"D5005ENG"
 IMAGE_MAGIC = b"D5005IMG"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 HEADER_BYTES = 4096
 INSTRUCTION_WORDS = 16  # one instruction: 16 little-endian uint32 words, 64 bytes, one burst
 INSTRUCTION_BYTES = INSTRUCTION_WORDS * 4
@@ -780,3 +825,21 @@ W_KEY, W_VALUE = W_WIDTH, W_RESERVED
 # The engine's kernels (passes/d5005/emit_opencl.py writes them, the host program launches them).
 COMPUTE_KERNEL = "d5005_compute"
 READER_KERNELS = tuple(f"d5005_read_bank{b}" for b in range(BANKS))
+# Each instruction's buffer operands: the instruction word's field that names it (its array's id and its offset in
+# bank words) and the arrays its routine reaches it in (a routine has a port on those arrays only).
+OPERANDS: dict[str, dict[str, tuple[int, tuple[str, ...]]]] = {
+    "d5005.embed_row": {"dst": (W_DST, ("residual",))},
+    "d5005.matvec": {"dst": (W_DST, ("outputs",)), "src": (W_A, ("inputs", "attended"))},
+    "d5005.rms_norm": {"dst": (W_DST, ("inputs",)), "src": (W_A, ("residual",))},
+    "d5005.rope": {"dst": (W_DST, ("rotated",)), "src": (W_A, ("outputs",))},
+    "d5005.cache_write": {"src": (W_A, ("outputs", "rotated"))},
+    "d5005.attention": {
+        "dst": (W_DST, ("attended",)),
+        "query": (W_A, ("rotated",)),
+        "key": (W_KEY, ("rotated",)),
+        "value": (W_VALUE, ("outputs",)),
+    },
+    "d5005.silu_mul": {"dst": (W_DST, ("inputs",)), "lhs": (W_A, ("outputs",)), "rhs": (W_B, ("outputs",))},
+    "d5005.add": {"dst": (W_DST, ("residual",)), "lhs": (W_A, ("residual",)), "rhs": (W_B, ("outputs",))},
+    "d5005.argmax": {"src": (W_A, ("outputs",))},
+}

@@ -122,15 +122,15 @@ _OPCODE_NAMES = {code: name for name, code in d5005.OPCODES.items()}
 
 
 def _symbols(names: bytes) -> dict[str, Any]:
-    """The symbol section: {"buffers": [[name, words, offset]], "regions": [[name, offset, stride, rows, cols,
-    element bytes]]}, checked for those shapes (the engine never reads it; `decode_ops` names ops with it)."""
+    """The symbol section: {"buffers": [[name, words, offset, array]], "regions": [[name, offset, stride, rows,
+    cols, element bytes]]}, checked for those shapes (the engine never reads it; `decode_ops` names ops with it)."""
     try:
         found = json.loads(names.decode("utf-8")) if names else {}
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise StreamError("the instruction stream's symbol section is not JSON") from None
     if not isinstance(found, dict):
         raise StreamError("the instruction stream's symbol section is not a JSON object")
-    shapes = {"buffers": (str, int, int), "regions": (str, int, int, int, int, int)}
+    shapes = {"buffers": (str, int, int, str), "regions": (str, int, int, int, int, int)}
     for key, shape in shapes.items():
         entries = found.get(key, [])
         if not isinstance(entries, list) or not all(_is_entry(e, shape) for e in entries):
@@ -143,7 +143,7 @@ def _is_entry(entry: object, shape: tuple[type, ...]) -> bool:
         isinstance(entry, list)
         and len(entry) == len(shape)
         and all(isinstance(v, t) and not isinstance(v, bool) for v, t in zip(entry, shape, strict=True))
-        and all(v >= 0 for v in entry[1:])
+        and all(v >= 0 for v in entry[1:] if isinstance(v, int))
     )
 
 
@@ -161,8 +161,7 @@ def _check_word(stream: Stream, index: int) -> None:
     if shape:
         raise StreamError(f"{where} ({name}) {shape}")
     for field_index, words in _buffer_extents(name, w, stream):
-        if w[field_index] + words > stream.onchip_words:
-            raise StreamError(f"{where} ({name}) reaches past the engine's {stream.onchip_words} on-chip words")
+        _check_buffer_field(stream, f"{where} ({name})", name, field_index, w[field_index], words)
     for offset_field in _region_fields(name):
         per_bank = -(-w[d5005.W_ROWS] // d5005.BANKS)
         end = w[offset_field] * stream.burst + per_bank * w[d5005.W_STRIDE]
@@ -170,6 +169,22 @@ def _check_word(stream: Stream, index: int) -> None:
             raise StreamError(
                 f"{where} ({name}) reads board memory past the {stream.bank_bytes} bytes the program uses"
             )
+
+
+_ARRAY_NAMES = {code: array for array, code in d5005.ARRAY_IDS.items()}
+_OFFSET_MASK = (1 << d5005.OFFSET_BITS) - 1
+
+
+def _check_buffer_field(stream: Stream, where: str, name: str, index: int, value: int, words: int) -> None:
+    """A buffer field names an array the routine reaches that operand in, and the buffer lies inside it."""
+    operand, arrays = next((o, a) for o, (f, a) in d5005.OPERANDS[name].items() if f == index)
+    array = _ARRAY_NAMES.get(value >> d5005.OFFSET_BITS)
+    if array not in arrays:
+        found = f"array '{array}'" if array else f"array id {value >> d5005.OFFSET_BITS}, which the engine lacks"
+        raise StreamError(f"{where} names {found} for its {operand}, which it reaches only in {' or '.join(arrays)}")
+    size = d5005.array_words(stream.onchip_words, array)
+    if (value & _OFFSET_MASK) * (stream.burst // 4) + words > size:
+        raise StreamError(f"{where} reaches past the {size} words of on-chip array '{array}' with its {operand}")
 
 
 def _shape_error(stream: Stream, name: str, w: list[int]) -> str | None:
@@ -266,8 +281,13 @@ def decode_ops(stream: Stream) -> list[Any]:
     from xdsl.utils.exceptions import VerifyException
 
     try:
-        buffers = [d5005.BufferOp(name, words, offset) for name, words, offset in stream.symbols.get("buffers", [])]
-        at = {op.offset.value.data: op.buffer for op in buffers}
+        buffers = [d5005.BufferOp(*entry) for entry in stream.symbols.get("buffers", [])]
+        bank_word = stream.burst // 4
+        at = {
+            d5005.ARRAY_IDS.get(op.array_name or "", 0) << d5005.OFFSET_BITS
+            | op.offset.value.data // bank_word: op.buffer
+            for op in buffers
+        }
         regions = {r[1]: r for r in stream.symbols.get("regions", [])}
         return [*buffers, *(_decode(stream, [int(v) for v in row], at, regions) for row in stream.words)]
     except VerifyException as error:
@@ -292,7 +312,8 @@ class _Word:
 
     def buffer(self, index: int) -> Any:
         if self.w[index] not in self.buffers:
-            raise StreamError(f"the stream's symbols name no buffer at word {self.w[index]}")
+            array, offset = self.w[index] >> d5005.OFFSET_BITS, self.w[index] & _OFFSET_MASK
+            raise StreamError(f"the stream's symbols name no buffer at bank word {offset} of array id {array}")
         return self.buffers[self.w[index]]
 
     def float(self) -> float:
@@ -566,12 +587,15 @@ class Engine:
         runs.append((first, len(self.stream.words) - first, totals))
         return runs
 
-    def onchip(self, words: int) -> np.ndarray:
-        """The first `words` of on-chip memory after the last step (the emulation's view of its buffers)."""
+    def onchip(self, array: str, words: int) -> np.ndarray:
+        """The first `words` of one on-chip array after the last step: on a device without aoc the arrays are
+        slices of one scratch buffer, in `d5005.ARRAYS` order, at the `*_AT` offsets the engine's source states."""
         import pyopencl as cl
 
+        before = d5005.ARRAYS[: d5005.ARRAYS.index(array)]
+        at = sum(d5005.array_words(self.stream.onchip_words, a) for a in before)
         out = np.empty(words, dtype=np.float32)
-        cl.enqueue_copy(self.queue, out, self.scratch)
+        cl.enqueue_copy(self.queue, out, self.scratch, src_offset=at * 4)
         return out
 
 

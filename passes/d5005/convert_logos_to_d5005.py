@@ -13,11 +13,12 @@ its result into a new `d5005.buffer` and replaces the op's value by it, so the n
 own, so this is instruction selection, not a fusion of two engine instructions; weights and caches become the
 board-memory regions of `placement.py`: weights striped over the four banks, the rotary table, the KV caches). Then
 the buffers are shared: a value goes into the buffer of its name once the previous value there is dead, so a layer's
-buffers serve every layer. The on-chip budget (`EngineParams.onchip_words`) holds every buffer, and no instruction
-writes a buffer it reads. A model whose weights and caches overflow the 32 GiB is refused with the sizes; other
-cuts, split programs and ops the engine has no instruction for are refused naming them. Nothing changes when it
-refuses: a copy of the program is lowered and verified, then swapped in. No weight value is read; the cost is one
-walk over the program.
+buffers serve every layer. Each buffer lies in the on-chip array of its kind (`d5005.OPERANDS`: the array every
+routine that writes or reads it reaches), each array a fixed share of the on-chip budget
+(`EngineParams.onchip_words`) that holds its buffers, and no instruction writes a buffer it reads. A model whose
+weights and caches overflow the 32 GiB is refused with the sizes; other cuts, split programs and ops the engine has
+no instruction for are refused naming them. Nothing changes when it refuses: a copy of the program is lowered and
+verified, then swapped in. No weight value is read; the cost is one walk over the program.
 """
 
 from __future__ import annotations
@@ -341,30 +342,37 @@ class ProgramToEngine(RewritePattern):
             if not isinstance(inner, _READS):
                 raise _refuse(inner, "has no instruction on the D5005 engine")
         instructions = [inner for inner in main.body.block.ops if isinstance(inner, d5005.InstructionOp)]
-        buffers = share_buffers(instructions, self.params.onchip_words)
+        buffers = share_buffers(instructions, self.params)
         for inner in instructions:
             inner.detach()
         rewriter.replace(op, d5005.ProgramOp(self.identity, self.params, self.ctx, [*buffers, *instructions]), [])
 
 
-def share_buffers(instructions: list[d5005.InstructionOp], budget: int) -> list[d5005.BufferOp]:
+def share_buffers(instructions: list[d5005.InstructionOp], params: d5005.EngineParams) -> list[d5005.BufferOp]:
     """The buffers of the instructions, each value in the buffer of its name once that buffer's previous value is
-    dead: the instructions' operands are redirected to them."""
+    dead, each buffer in the one on-chip array that every routine writing or reading it reaches
+    (`d5005.OPERANDS`), from a bank word's first bank: the instructions' operands are redirected to them."""
     written = [w for op in instructions if (w := op.written()) is not None]
     chosen = _choose(instructions)
     sizes: dict[str, int] = {}
     for value in written:
         sizes[chosen[value]] = max(sizes.get(chosen[value], 0), _words_of(value))
-    buffers, offset = {}, 0
+    arrays = _arrays(instructions, chosen)
+    align = max(VECTOR_ALIGN, params.burst_bytes // 4)
+    buffers: dict[str, d5005.BufferOp] = {}
+    cursor = dict.fromkeys(d5005.ARRAYS, 0)
     for name, words in sizes.items():
-        buffers[name] = d5005.BufferOp(name, words, offset)
-        offset += -(-words // VECTOR_ALIGN) * VECTOR_ALIGN
-    if offset > budget:
-        raise PassError(
-            f"{NAME}: the decode step's on-chip buffers need {offset} words ({offset * 4} bytes), over the"
-            f" engine's budget of {budget} words ({budget * 4} bytes)",
-            hint="the logits of a large vocabulary are the largest buffer",
-        )
+        array = arrays[name]
+        buffers[name] = d5005.BufferOp(name, words, cursor[array], array)
+        cursor[array] += -(-words // align) * align
+    for array, used in cursor.items():
+        size = d5005.array_words(params.onchip_words, array)
+        if used > size:
+            raise PassError(
+                f"{NAME}: the decode step's buffers in the on-chip array '{array}' need {used} words"
+                f" ({used * 4} bytes), over its {size} words of the engine's budget of {params.onchip_words}",
+                hint="the logits of a large vocabulary are the largest buffer (in 'outputs')",
+            )
     for value, name in chosen.items():
         old = value.owner
         value.replace_all_uses_with(buffers[name].buffer)
@@ -372,6 +380,27 @@ def share_buffers(instructions: list[d5005.InstructionOp], budget: int) -> list[
             old.detach()
             old.erase()
     return list(buffers.values())
+
+
+def _arrays(instructions: list[d5005.InstructionOp], chosen: dict[SSAValue, str]) -> dict[str, str]:
+    """Each buffer's array: the one its writers' and readers' routines all reach (refused where there is none)."""
+    reach: dict[str, set[str]] = {}
+    first_use: dict[str, str] = {}
+    for op in instructions:
+        for operand, (_, arrays) in d5005.OPERANDS[op.name].items():
+            value = getattr(op, operand)
+            name = chosen.get(value)
+            if name is None:
+                continue
+            seen = reach.setdefault(name, set(arrays))
+            first_use.setdefault(name, f"'{op.name}' {operand}")
+            if not seen & set(arrays):
+                raise PassError(
+                    f"{NAME}: buffer '{name}' is {first_use[name]}, in array {' or '.join(sorted(seen))}, and"
+                    f" '{op.name}' reaches its {operand} only in {' or '.join(arrays)}: no on-chip array serves both"
+                )
+            seen &= set(arrays)
+    return {name: next(a for a in d5005.ARRAYS if a in arrays) for name, arrays in reach.items()}
 
 
 def _words_of(buffer: SSAValue) -> int:

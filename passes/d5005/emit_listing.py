@@ -85,8 +85,15 @@ def listing(program: d5005.ProgramOp) -> str:
         f" {params.mac_lanes} MAC lanes, {d5005.BANKS} banks, weights {params.weights}, ctx {program.ctx.value.data}",
     ]
     buffers = program.buffers()
-    lines.append(f"# on-chip buffers: {sum(b.words.value.data for b in buffers)} of {params.onchip_words} words")
-    lines += [f"buffer {b.label.data:<16} {b.words.value.data:>8} words at {b.offset.value.data}" for b in buffers]
+    used = {a: sum(b.words.value.data for b in buffers if b.array_name == a) for a in d5005.ARRAYS}
+    lines.append(
+        f"# on-chip buffers: {sum(used.values())} words in arrays of the {params.onchip_words}-word budget: "
+        + ", ".join(f"{a} {n} of {d5005.array_words(params.onchip_words, a)}" for a, n in used.items())
+    )
+    lines += [
+        f"buffer {b.label.data:<16} {b.words.value.data:>8} words at {b.offset.value.data:<6} in {b.array_name}"
+        for b in buffers
+    ]
     for index, op in enumerate(program.body.block.ops):
         if isinstance(op, d5005.BufferOp):
             continue

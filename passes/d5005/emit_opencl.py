@@ -10,13 +10,14 @@ bitstream. Parameters (burst, vector width, weight and cache precision, the data
 taken from the `d5005.program`'s `EngineParams`.
 
 One source, two builds. With `INTELFPGA_CL` (defined by `aoc`) the readers feed the compute kernel through Intel
-channels (`cl_intel_channels`), the bank arguments carry `buffer_location`, the on-chip buffers are kernel-scope
-local memory (M20K), and `UNROLL`, `IVDEP` and `IVDEP_SAFELEN` are Intel's pragmas. On any other OpenCL device
-(PoCL's CPU device here) each channel is an ordered buffer: the host launches the four readers over a run of
-instructions, each filling its buffer in channel order, then the compute kernel over the same run, draining them
-in the same order (`logos_ir.runtime.d5005`). Each pipelined loop is marked `/* loop NAME */` and each routine
-`/* routine NAME */`; `engine_loops.py` states those loops as data, which the cost model costs. `OpenclTarget` is
-the `-t d5005-opencl` emitter.
+channels (`cl_intel_channels`), the bank arguments carry `buffer_location`, the on-chip buffers are in five
+kernel-scope local arrays (M20K), one a kind of buffer, each banked a float32 word a bank over a bank word, and
+`UNROLL`, `IVDEP` and `IVDEP_SAFELEN` are Intel's pragmas. On any other OpenCL device (PoCL's CPU device here)
+the arrays are slices of one scratch buffer and each channel is an ordered buffer: the host launches the four
+readers over a run of instructions, each filling its buffer in channel order, then the compute kernel over the same
+run, draining them in the same order (`logos_ir.runtime.d5005`). Each pipelined loop is marked `/* loop NAME */`
+and each routine `/* routine NAME */`; `engine_loops.py` states those loops as data, which the cost model costs.
+`OpenclTarget` is the `-t d5005-opencl` emitter.
 """
 
 from __future__ import annotations
@@ -55,8 +56,23 @@ def engine_constants(params: d5005.EngineParams) -> dict[str, int]:
         "GROUP_MAX": d5005.GROUP_MAX,
         "ROW_WORDS_MAX": d5005.ROW_WORDS_MAX,
         "VECTOR_WORDS": d5005.VECTOR_WORDS,
+        "ARRAY_SHIFT": d5005.OFFSET_BITS,
+        "OFFSET_MASK": (1 << d5005.OFFSET_BITS) - 1,
+        **_arrays(params.onchip_words),
         **{f"OP_{name.split('.')[1].upper()}": code for name, code in d5005.OPCODES.items()},
     }
+
+
+def _arrays(onchip_words: int) -> dict[str, int]:
+    """Each on-chip array's id, its words and (on a device without aoc, where the arrays share one scratch buffer)
+    where it starts in the scratch."""
+    found, at = {}, 0
+    for array in d5005.ARRAYS:
+        words = d5005.array_words(onchip_words, array)
+        found |= {f"ARRAY_{array.upper()}": d5005.ARRAY_IDS[array], f"{array.upper()}_WORDS": words}
+        found[f"{array.upper()}_AT"] = at
+        at += words
+    return found
 
 
 def engine_source(identity: str, params: d5005.EngineParams) -> str:
@@ -81,7 +97,6 @@ _TEMPLATE = r"""
 #define TASK __attribute__((max_global_work_dim(0))) __attribute__((uses_global_work_offset(0))) __kernel
 #define BANK_ARG(n) __global __attribute__((buffer_location("DDR"))) bank_word_t *restrict bank##n
 #define ONCHIP __local
-#define ONCHIP_DECL __local float onchip[ONCHIP_WORDS]
 #define SCRATCH_ARG
 #define BANKED(n) __attribute__((numbanks(n), bankwidth(4)))
 #else
@@ -91,7 +106,6 @@ _TEMPLATE = r"""
 #define TASK __kernel
 #define BANK_ARG(n) __global bank_word_t *restrict bank##n
 #define ONCHIP __global
-#define ONCHIP_DECL ONCHIP float *onchip = scratch
 #define SCRATCH_ARG __global float *restrict scratch,
 #define BANKED(n)
 #endif
@@ -101,6 +115,7 @@ _TEMPLATE = r"""
 #define WORDS(n, bytes) (((n) * (bytes) + BURST_BYTES - 1) / BURST_BYTES)
 #define SELECT(c, a, b) ((c) ? (a) : (b))
 #define ROPE_WORDS (ROW_WORDS_MAX * BURST_BYTES / 2)
+#define QUADS_PER_WORD (OV / BANKS)    /* rows of four whose matvec results fill a bank word of floats */
 
 typedef struct { uint u[BURST_BYTES / 4]; } bank_word_t; /* one 512-bit burst of a DDR4 bank */
 
@@ -290,38 +305,52 @@ READER(3)
 
 /* ==== the compute kernel: one routine per opcode, fed by the four bank channels at once ===================== */
 
+/* The on-chip arrays, one a kind of buffer, each banked a float32 word a bank over a bank word (OV banks): a
+   buffer field of an instruction word holds its array's id above ARRAY_SHIFT and its offset in bank words below,
+   so every buffer starts in bank 0 and a routine's address is (offset * OV + k): bank k % OV, known when the
+   engine is built wherever k moves by whole bank words. A run of OV words at an address that is not (a head of
+   the attention's, a half of RoPE's) is taken a word from each bank at once: bank e holds lane
+   (e - shift) % OV of it, in bank word (address / OV) + (e < shift); the lanes are then rotated into place. */
+
 /* routine embed_row */
-inline void embed_row(ONCHIP float *x, channels_t *ch, const uint16 w, uint token) {
-    uint cols = w.s5, dst = w.s1, bank = (token - 1) % BANKS;
+inline void embed_row(ONCHIP float *restrict residual, channels_t *ch, const uint16 w, uint token) {
+    uint cols = w.s5, dst = (w.s1 & OFFSET_MASK) * OV, bank = (token - 1) % BANKS;
     uint words = WORDS(cols, WEIGHT_BYTES);
     /* loop embed_row.words */
     for (uint c = 0; c < words; c++) {
+        bank_word_t word;
         UNROLL(BANKS)
         for (uint b = 0; b < BANKS; b++) {
-            if (b == bank) {
-                bank_word_t word = READ_BANK(ch, b);
-                UNROLL(VECTOR_WIDTH)
-                for (uint e = 0; e < VECTOR_WIDTH; e++) {
-                    uint k = c * VECTOR_WIDTH + e;
-                    if (k < cols) x[dst + k] = WEIGHT_AT(word, e);
-                }
-            }
+            if (b == bank) word = READ_BANK(ch, b);
+        }
+        UNROLL(VECTOR_WIDTH)
+        for (uint e = 0; e < VECTOR_WIDTH; e++) {  /* one store a lane: the word is taken from its bank first */
+            uint k = c * VECTOR_WIDTH + e;
+            if (k < cols) residual[dst + k] = WEIGHT_AT(word, e);
         }
     }
 }
 
 /* Rows 4i .. 4i+3 stream from the four banks at once, one word of each a cycle; each row's sum runs through a
-   shift register of SHIFT_DEPTH partial sums, so no floating-point add waits on the one before it. */
+   shift register of SHIFT_DEPTH partial sums, so no floating-point add waits on the one before it. The totals
+   gather in a bank word of results, stored at once every QUADS_PER_WORD rows of four (a store a bank). */
 /* routine matvec */
-inline void matvec(ONCHIP float *x, __local float *restrict vector, channels_t *ch, const uint16 w) {
-    uint rows = w.s4, cols = w.s5, dst = w.s1, src = w.s2;
+inline void matvec(ONCHIP float *restrict outputs, ONCHIP float *restrict inputs, ONCHIP float *restrict attended,
+                   __local float *restrict vector, channels_t *ch, const uint16 w) {
+    uint rows = w.s4, cols = w.s5, dst = (w.s1 & OFFSET_MASK) * OV, src = (w.s2 & OFFSET_MASK) * OV;
+    uint from = w.s2 >> ARRAY_SHIFT;
     uint words = WORDS(cols, WEIGHT_BYTES);
     uint quads = (rows + BANKS - 1) / BANKS;
     /* loop matvec.load */
     for (uint c = 0; c < words * VECTOR_WIDTH; c += OV) {
         UNROLL(OV)
-        for (uint e = 0; e < OV; e++) vector[c + e] = SELECT(c + e < cols, x[src + c + e], 0.0f);
+        for (uint e = 0; e < OV; e++) {
+            float v = 0.0f;
+            if (c + e < cols) v = from == ARRAY_ATTENDED ? attended[src + c + e] : inputs[src + c + e];
+            vector[c + e] = v;
+        }
     }
+    float out[OV];
     /* loop matvec.rows */
     for (uint i = 0; i < quads; i++) {
         float shift[BANKS][SHIFT_DEPTH + 1];
@@ -345,14 +374,22 @@ ${matvec_add}
         UNROLL(BANKS)
         for (uint b = 0; b < BANKS; b++) {
 ${matvec_total}
-            if (i * BANKS + b < rows) x[dst + i * BANKS + b] = total;
+            out[(i % QUADS_PER_WORD) * BANKS + b] = total;
+        }
+        if (i % QUADS_PER_WORD == QUADS_PER_WORD - 1 || i == quads - 1) {
+            UNROLL(OV)
+            for (uint e = 0; e < OV; e++) {
+                uint k = (i / QUADS_PER_WORD) * OV + e;
+                if (k < rows) outputs[dst + k] = out[e];
+            }
         }
     }
 }
 
 /* routine rms_norm */
-inline void rms_norm(ONCHIP float *x, channels_t *ch, const uint16 w) {
-    uint n = w.s5, dst = w.s1, src = w.s2;
+inline void rms_norm(ONCHIP float *restrict inputs, ONCHIP float *restrict residual, channels_t *ch,
+                     const uint16 w) {
+    uint n = w.s5, dst = (w.s1 & OFFSET_MASK) * OV, src = (w.s2 & OFFSET_MASK) * OV;
     uint words = WORDS(n, WEIGHT_BYTES);
     float shift[SHIFT_DEPTH + 1];
 ${rms_norm_clear}
@@ -361,7 +398,7 @@ ${rms_norm_clear}
         float sum = 0.0f;
         UNROLL(OV)
         for (uint e = 0; e < OV; e++) {
-            float v = SELECT(c + e < n, x[src + c + e], 0.0f);
+            float v = SELECT(c + e < n, residual[src + c + e], 0.0f);
             sum += v * v;
         }
 ${rms_norm_add}
@@ -375,18 +412,20 @@ ${rms_norm_total}
         UNROLL(VECTOR_WIDTH)
         for (uint e = 0; e < VECTOR_WIDTH; e++) {
             uint k = c * VECTOR_WIDTH + e;
-            if (k < n) x[dst + k] = (x[src + k] * scale) * WEIGHT_AT(word, e);
+            if (k < n) inputs[dst + k] = (residual[src + k] * scale) * WEIGHT_AT(word, e);
         }
     }
 }
 
 /* The table's row for the position holds cos of each half-frequency, then sin, each half padded to whole bank
    words: word c lands in cosines (c < half_words) or sines, lane e in bank e of its array, a bank known when the
-   engine is built. */
+   engine is built. Each head's halves are runs of OV words at a run-time offset (head * head_dim, + mid): each
+   taken and stored a word from each bank at once. */
 /* routine rope */
-inline void rope(ONCHIP float *x, __local float *restrict cosines, __local float *restrict sines, channels_t *ch,
-                 const uint16 w, uint position) {
-    uint head_dim = w.sb, mid = head_dim / 2, width = w.se, dst = w.s1, src = w.s2;
+inline void rope(ONCHIP float *restrict rotated, ONCHIP float *restrict outputs, __local float *restrict cosines,
+                 __local float *restrict sines, channels_t *ch, const uint16 w, uint position) {
+    uint head_dim = w.sb, mid = head_dim / 2, width = w.se;
+    uint dst = (w.s1 & OFFSET_MASK) * OV, src = (w.s2 & OFFSET_MASK) * OV;
     uint bank = (position - 1) % BANKS;
     uint half_words = WORDS(mid, 4);
     uint words = 2 * half_words;
@@ -409,26 +448,47 @@ inline void rope(ONCHIP float *x, __local float *restrict cosines, __local float
         IVDEP
         /* loop rope.rotate */
         for (uint c = 0; c < mid; c += OV) {
+            uint first_at = src + head * head_dim + c, second_at = first_at + mid;
+            uint first_word = first_at / OV, first_shift = first_at % OV;
+            uint second_word = second_at / OV, second_shift = second_at % OV;
+            uint to_at = dst + head * head_dim + c, to2_at = to_at + mid;
+            uint to_word = to_at / OV, to_shift = to_at % OV, to2_word = to2_at / OV, to2_shift = to2_at % OV;
+            float firsts[OV], seconds[OV], turned_first[OV], turned_second[OV];
             UNROLL(OV)
-            for (uint e = 0; e < OV; e++) {
-                uint i = c + e, at = head * head_dim + i;
-                if (i < mid) {
-                    float first = x[src + at], second = x[src + at + mid];
-                    float cosine = cosines[i], sine = sines[i];
-                    x[dst + at] = first * cosine + second * (-sine);
-                    x[dst + at + mid] = second * cosine + first * sine;
-                }
+            for (uint e = 0; e < OV; e++) {  /* bank e's word of each half */
+                firsts[e] = 0.0f;
+                seconds[e] = 0.0f;
+                if (c + (e + OV - first_shift) % OV < mid)
+                    firsts[e] = outputs[(first_word + (e < first_shift)) * OV + e];
+                if (c + (e + OV - second_shift) % OV < mid)
+                    seconds[e] = outputs[(second_word + (e < second_shift)) * OV + e];
+            }
+            UNROLL(OV)
+            for (uint l = 0; l < OV; l++) {
+                float first = firsts[(l + first_shift) % OV], second = seconds[(l + second_shift) % OV];
+                float cosine = cosines[c + l], sine = sines[c + l];
+                turned_first[l] = first * cosine + second * (-sine);
+                turned_second[l] = second * cosine + first * sine;
+            }
+            UNROLL(OV)
+            for (uint e = 0; e < OV; e++) {  /* one store a bank for each half */
+                uint lane = (e + OV - to_shift) % OV, lane2 = (e + OV - to2_shift) % OV;
+                if (c + lane < mid) rotated[(to_word + (e < to_shift)) * OV + e] = turned_first[lane];
+                if (c + lane2 < mid) rotated[(to2_word + (e < to2_shift)) * OV + e] = turned_second[lane2];
             }
         }
     }
 }
 
-/* Head h's key (or value) at the position goes to cache row h * ctx + position - 1, in the cache's precision. */
+/* Head h's key (or value) at the position goes to cache row h * ctx + position - 1, in the cache's precision:
+   each bank word of it a run of CPW elements, CPW / OV runs of OV words at a run-time offset. */
 /* routine cache_write */
-inline void cache_write(ONCHIP float *x, __global bank_word_t *restrict bank0, __global bank_word_t *restrict bank1,
+inline void cache_write(ONCHIP float *restrict outputs, ONCHIP float *restrict rotated,
+                        __global bank_word_t *restrict bank0, __global bank_word_t *restrict bank1,
                         __global bank_word_t *restrict bank2, __global bank_word_t *restrict bank3, const uint16 w,
                         uint position) {
-    uint head_dim = w.s5, kv_heads = w.sa, ctx = w.s4 / kv_heads, src = w.s2;
+    uint head_dim = w.s5, kv_heads = w.sa, ctx = w.s4 / kv_heads, src = (w.s2 & OFFSET_MASK) * OV;
+    uint from = w.s2 >> ARRAY_SHIFT;
     uint words = WORDS(head_dim, CACHE_BYTES);
     /* loop cache_write.heads */
     for (uint h = 0; h < kv_heads; h++) {
@@ -436,17 +496,15 @@ inline void cache_write(ONCHIP float *x, __global bank_word_t *restrict bank0, _
         uint line = w.s6 + (row / BANKS) * (w.s7 / BURST_BYTES);
         /* loop cache_write.words */
         for (uint c = 0; c < words; c++) {
+            float v[CPW];
+${cache_run}
             bank_word_t word;
             UNROLL(BURST_BYTES / 4)
             for (uint u = 0; u < BURST_BYTES / 4; u++) {
 #if CACHE_BYTES == 2
-                uint k = c * CPW + 2 * u;
-                uint lo = as_uint(cached(SELECT(k < head_dim, x[src + h * head_dim + k], 0.0f))) >> 16;
-                uint hi = as_uint(cached(SELECT(k + 1 < head_dim, x[src + h * head_dim + k + 1], 0.0f))) >> 16;
-                word.u[u] = lo | (hi << 16);
+                word.u[u] = (as_uint(cached(v[2 * u])) >> 16) | ((as_uint(cached(v[2 * u + 1])) >> 16) << 16);
 #else
-                uint k = c * CPW + u;
-                word.u[u] = as_uint(SELECT(k < head_dim, x[src + h * head_dim + k], 0.0f));
+                word.u[u] = as_uint(v[u]);
 #endif
             }
             /* each bank its own store site: no global pointer chosen at run time */
@@ -464,15 +522,19 @@ inline void cache_write(ONCHIP float *x, __global bank_word_t *restrict bank0, _
    positions (one from each bank) rotate through SHIFT_DEPTH slots, each with its own running maximum and sum
    (shift registers) and value accumulator (`acc`), so an accumulator is updated again only SLOT_DISTANCE or more
    iterations later. The slots and the position itself (its key and value on chip, what the step's cache_write
-   stored) are merged at the end; nothing goes through a scratch buffer. */
+   stored) are merged at the end; nothing goes through a scratch buffer. The queries, the position's key and value
+   and each query head's output are runs of a head's words at a run-time offset, each bank word of CPW elements
+   taken (or stored) CPW / OV words from each bank at once. */
 /* routine attention */
-inline void attention(ONCHIP float *x, __local float *restrict queries, __local float *restrict acc,
+inline void attention(ONCHIP float *restrict attended, ONCHIP float *restrict rotated,
+                      ONCHIP float *restrict outputs, __local float *restrict queries, __local float *restrict acc,
                       channels_t *ch, const uint16 w, uint position) {
     uint heads = w.s9, kv_heads = w.sa, head_dim = w.sb, ctx = w.sc;
     uint group = heads / kv_heads, past = position - 1;
     uint quads = (past + BANKS - 1) / BANKS;
     uint row_words = WORDS(head_dim, CACHE_BYTES);
-    uint dst = w.s1, query = w.s2, key = w.se, value = w.sf;
+    uint dst = (w.s1 & OFFSET_MASK) * OV, query = (w.s2 & OFFSET_MASK) * OV;
+    uint key = (w.se & OFFSET_MASK) * OV, value = (w.sf & OFFSET_MASK) * OV;
     float scale = as_float(w.sd);
     bank_word_t blank; /* the word of a bank that has no row this time: zeros, so its products are 0 */
     UNROLL(BURST_BYTES / 4)
@@ -489,20 +551,16 @@ ${current_clear}
         /* loop attention.queries */
         for (uint i = 0; i < row_words; i++) {
             float k_here[CPW];
-            UNROLL(CPW)
-            for (uint e = 0; e < CPW; e++) {
-                uint d = i * CPW + e;
-                k_here[e] = SELECT(d < head_dim, cached(x[key + h * head_dim + d]), 0.0f);
-            }
+${key_run}
             UNROLL(GROUP_MAX)
             for (uint g = 0; g < GROUP_MAX; g++) {
+                float q_here[CPW];
+${query_run}
                 float sum = 0.0f;
                 UNROLL(CPW)
                 for (uint e = 0; e < CPW; e++) {
-                    uint d = i * CPW + e;
-                    float qv = SELECT(d < head_dim && g < group, x[query + (h * group + g) * head_dim + d], 0.0f);
-                    queries[(i * GROUP_MAX + g) * CPW + e] = qv;
-                    sum += qv * k_here[e];
+                    queries[(i * GROUP_MAX + g) * CPW + e] = q_here[e];
+                    sum += q_here[e] * k_here[e];
                 }
 ${current_add}
             }
@@ -620,64 +678,71 @@ ${current_total}
             for (uint d = 0; d < SHIFT_DEPTH; d++) weight[g][d] = weight[g][d] / total;
             own[g] = exp(s - top) / total;
         }
-        IVDEP /* the value and the output are different buffers */
+        /* each query head of the group in turn, a bank word of its output an iteration: the accumulators' words
+           of every head are read at once (a load a bank) and the head's are kept */
+        uint member = 0, piece = 0;
+        IVDEP /* the value, the accumulators and the output are different arrays */
         /* loop attention.output */
-        for (uint i = 0; i < row_words; i++) {
-            float v_here[CPW];
+        for (uint n = 0; n < group * row_words; n++) {
+            float v_here[CPW], merged[CPW];
+${value_run}
             UNROLL(CPW)
-            for (uint e = 0; e < CPW; e++) {
-                uint d = i * CPW + e;
-                v_here[e] = SELECT(d < head_dim, cached(x[value + h * head_dim + d]), 0.0f);
-            }
-            UNROLL(GROUP_MAX)
-            for (uint g = 0; g < GROUP_MAX; g++) {
-                UNROLL(CPW)
-                for (uint e = 0; e < CPW; e++) {
-                    uint d = i * CPW + e;
-                    float sum = own[g] * v_here[e];
-                    UNROLL(SHIFT_DEPTH)
-                    for (uint r = 0; r < SHIFT_DEPTH; r++) {
-                        uint at = ((((quads + r) % SHIFT_DEPTH) * ROW_WORDS_MAX + i) * GROUP_MAX + g) * CPW + e;
-                        sum += SELECT(quads + r >= SHIFT_DEPTH, acc[at] * weight[g][r], 0.0f);
+            for (uint e = 0; e < CPW; e++) merged[e] = own[member] * v_here[e];
+            UNROLL(SHIFT_DEPTH)
+            for (uint r = 0; r < SHIFT_DEPTH; r++) {
+                uint slot_at = (((quads + r) % SHIFT_DEPTH) * ROW_WORDS_MAX + piece) * GROUP_MAX * CPW;
+                UNROLL(GROUP_MAX)
+                for (uint g = 0; g < GROUP_MAX; g++) {
+                    UNROLL(CPW)
+                    for (uint e = 0; e < CPW; e++) {
+                        float held = acc[slot_at + g * CPW + e];
+                        if (g == member && quads + r >= SHIFT_DEPTH) merged[e] += held * weight[g][r];
                     }
-                    if (g < group && d < head_dim) x[dst + (h * group + g) * head_dim + d] = sum;
                 }
             }
+${output_run}
+            piece++;
+            if (piece == row_words) { piece = 0; member++; }
         }
     }
 }
 
+
 /* routine silu_mul */
-inline void silu_mul(ONCHIP float *x, const uint16 w) {
-    uint n = w.s4, dst = w.s1, gate = w.s2, up = w.s3;
+inline void silu_mul(ONCHIP float *restrict inputs, ONCHIP float *restrict outputs, const uint16 w) {
+    uint n = w.s4, dst = (w.s1 & OFFSET_MASK) * OV;
+    uint gate = (w.s2 & OFFSET_MASK) * OV, up = (w.s3 & OFFSET_MASK) * OV;
     IVDEP
     /* loop silu_mul.words */
     for (uint c = 0; c < n; c += OV) {
         UNROLL(OV)
         for (uint e = 0; e < OV; e++) {
             if (c + e < n) {
-                float g = x[gate + c + e];
-                x[dst + c + e] = (g * (tanh(g * 0.5f) * 0.5f + 0.5f)) * x[up + c + e];
+                float g = outputs[gate + c + e];
+                inputs[dst + c + e] = (g * (tanh(g * 0.5f) * 0.5f + 0.5f)) * outputs[up + c + e];
             }
         }
     }
 }
 
 /* routine add */
-inline void add(ONCHIP float *x, const uint16 w) {
-    uint n = w.s4, dst = w.s1, lhs = w.s2, rhs = w.s3;
+inline void add(ONCHIP float *restrict residual, ONCHIP float *restrict outputs, const uint16 w) {
+    uint n = w.s4, dst = (w.s1 & OFFSET_MASK) * OV;
+    uint lhs = (w.s2 & OFFSET_MASK) * OV, rhs = (w.s3 & OFFSET_MASK) * OV;
     IVDEP
     /* loop add.words */
     for (uint c = 0; c < n; c += OV) {
         UNROLL(OV)
-        for (uint e = 0; e < OV; e++) if (c + e < n) x[dst + c + e] = x[lhs + c + e] + x[rhs + c + e];
+        for (uint e = 0; e < OV; e++) {
+            if (c + e < n) residual[dst + c + e] = residual[lhs + c + e] + outputs[rhs + c + e];
+        }
     }
 }
 
 /* The greatest of n words, the first on a tie, through SHIFT_DEPTH running winners; the logits go to the host. */
 /* routine argmax */
-inline uint argmax(ONCHIP float *x, __global float *restrict logits, const uint16 w) {
-    uint n = w.s4, src = w.s2;
+inline uint argmax(ONCHIP float *restrict outputs, __global float *restrict logits, const uint16 w) {
+    uint n = w.s4, src = (w.s2 & OFFSET_MASK) * OV;
     float value[SHIFT_DEPTH + 1];
     uint index[SHIFT_DEPTH + 1];
     UNROLL(SHIFT_DEPTH + 1)
@@ -689,7 +754,7 @@ inline uint argmax(ONCHIP float *x, __global float *restrict logits, const uint1
         UNROLL(OV)
         for (uint e = 0; e < OV; e++) {
             if (c + e < n) {
-                float v = x[src + c + e];
+                float v = outputs[src + c + e];
                 logits[c + e] = v;
                 if (v > best || at == 0xffffffffu) { best = v; at = c + e; }
             }
@@ -718,7 +783,17 @@ TASK void d5005_compute(__global const uint16 *restrict program, const uint firs
                         BANK_ARG(0), BANK_ARG(1), BANK_ARG(2), BANK_ARG(3), SCRATCH_ARG
                         const uint token, const uint position, __global uint *restrict result,
                         __global float *restrict logits FIFO_IN_ARGS) {
-    ONCHIP_DECL;
+#if defined(INTELFPGA_CL)
+    __local float residual[RESIDUAL_WORDS] BANKED(OV);
+    __local float inputs[INPUTS_WORDS] BANKED(OV);
+    __local float attended[ATTENDED_WORDS] BANKED(OV);
+    __local float outputs[OUTPUTS_WORDS] BANKED(OV);
+    __local float rotated[ROTATED_WORDS] BANKED(OV);
+#else
+    __global float *restrict residual = scratch + RESIDUAL_AT, *restrict inputs = scratch + INPUTS_AT;
+    __global float *restrict attended = scratch + ATTENDED_AT, *restrict outputs = scratch + OUTPUTS_AT;
+    __global float *restrict rotated = scratch + ROTATED_AT;
+#endif
     __local float vector[VECTOR_WORDS] BANKED(OV);
     __local float queries[ROW_WORDS_MAX * GROUP_MAX * CPW] BANKED(GROUP_MAX * CPW);
     __local float cosines[ROPE_WORDS / 2] BANKED(OV);
@@ -733,15 +808,15 @@ TASK void d5005_compute(__global const uint16 *restrict program, const uint firs
     for (uint pc = first; pc < first + count; pc++) {
         const uint16 w = program[pc];
         switch (w.s0) {
-        case OP_EMBED_ROW: embed_row(onchip, &ch, w, token); break;
-        case OP_MATVEC: matvec(onchip, vector, &ch, w); break;
-        case OP_RMS_NORM: rms_norm(onchip, &ch, w); break;
-        case OP_ROPE: rope(onchip, cosines, sines, &ch, w, position); break;
-        case OP_CACHE_WRITE: cache_write(onchip, bank0, bank1, bank2, bank3, w, position); break;
-        case OP_ATTENTION: attention(onchip, queries, acc, &ch, w, position); break;
-        case OP_SILU_MUL: silu_mul(onchip, w); break;
-        case OP_ADD: add(onchip, w); break;
-        case OP_ARGMAX: result[0] = argmax(onchip, logits, w); break;
+        case OP_EMBED_ROW: embed_row(residual, &ch, w, token); break;
+        case OP_MATVEC: matvec(outputs, inputs, attended, vector, &ch, w); break;
+        case OP_RMS_NORM: rms_norm(inputs, residual, &ch, w); break;
+        case OP_ROPE: rope(rotated, outputs, cosines, sines, &ch, w, position); break;
+        case OP_CACHE_WRITE: cache_write(outputs, rotated, bank0, bank1, bank2, bank3, w, position); break;
+        case OP_ATTENTION: attention(attended, rotated, outputs, queries, acc, &ch, w, position); break;
+        case OP_SILU_MUL: silu_mul(inputs, outputs, w); break;
+        case OP_ADD: add(residual, outputs, w); break;
+        case OP_ARGMAX: result[0] = argmax(outputs, logits, w); break;
         default: break;
         }
     }
@@ -774,6 +849,54 @@ def _shift_total(total: str, register: str, indent: int) -> str:
     )
 
 
+def _run_in(read: str, base: str, element: str, valid: str, into: str, indent: int, wrap: str = "") -> str:
+    """Take a bank word of CPW elements at float `base` (a run-time offset) into `into`: CPW / OV runs of OV words,
+    each a word from every bank at once (bank e holds lane (e - shift) % OV, in bank word base / OV + (e < shift)),
+    rotated into place; an element where `valid` (of its index `elem`) does not hold is 0. `read` is the load,
+    `ADDRESS` in it its address."""
+    at = " " * indent
+    address = "(at_word + (e < at_shift)) * OV + e"
+    rotated = f"{wrap}(raw[(l + at_shift) % OV])" if wrap else "raw[(l + at_shift) % OV]"
+    return "\n".join(
+        [
+            f"{at}UNROLL(CPW / OV)",
+            f"{at}for (uint r = 0; r < CPW / OV; r++) {{",
+            f"{at}    uint at = {base} + r * OV;",
+            f"{at}    uint at_word = at / OV, at_shift = at % OV;",
+            f"{at}    float raw[OV];",
+            f"{at}    UNROLL(OV)",
+            f"{at}    for (uint e = 0; e < OV; e++) {{  /* one load a bank */",
+            f"{at}        uint elem = {element} + r * OV + (e + OV - at_shift) % OV;",
+            f"{at}        raw[e] = 0.0f;",
+            f"{at}        if ({valid}) raw[e] = {read.replace('ADDRESS', address)};",
+            f"{at}    }}",
+            f"{at}    UNROLL(OV)",
+            f"{at}    for (uint l = 0; l < OV; l++) {into}[r * OV + l] = {rotated};",
+            f"{at}}}",
+        ]
+    )
+
+
+def _run_out(array: str, base: str, element: str, valid: str, source: str, indent: int) -> str:
+    """Store a bank word of CPW elements of `source` at float `base` (a run-time offset) of `array`: CPW / OV runs
+    of OV words, bank e taking lane (e - shift) % OV in bank word base / OV + (e < shift), where `valid` holds."""
+    at = " " * indent
+    return "\n".join(
+        [
+            f"{at}UNROLL(CPW / OV)",
+            f"{at}for (uint r = 0; r < CPW / OV; r++) {{",
+            f"{at}    uint at = {base} + r * OV;",
+            f"{at}    uint at_word = at / OV, at_shift = at % OV;",
+            f"{at}    UNROLL(OV)",
+            f"{at}    for (uint e = 0; e < OV; e++) {{  /* one store a bank */",
+            f"{at}        uint lane = (e + OV - at_shift) % OV, elem = {element} + r * OV + lane;",
+            f"{at}        if ({valid}) {array}[(at_word + (e < at_shift)) * OV + e] = {source}[r * OV + lane];",
+            f"{at}    }}",
+            f"{at}}}",
+        ]
+    )
+
+
 # The shift-register sums of the matvec's rows, the norm's squares and the softmax's exponentials (and the
 # attention's dot product with the position's own key) are printed by the three functions above.
 _BODY = Template(_TEMPLATE).substitute(
@@ -786,7 +909,26 @@ _BODY = Template(_TEMPLATE).substitute(
     current_clear=_shift_clear("here[g]", 12),
     current_add=_shift_add("here[g]", "sum", 16),
     current_total=_shift_total("mine", "here[g]", 12),
-)
+    cache_run=_run_in(
+        "from == ARRAY_ROTATED ? rotated[ADDRESS] : outputs[ADDRESS]",
+        "src + h * head_dim + c * CPW", "c * CPW", "elem < head_dim", "v", 12,
+    ),
+    key_run=_run_in(
+        "rotated[ADDRESS]", "key + h * head_dim + i * CPW", "i * CPW", "elem < head_dim", "k_here", 12, "cached"
+    ),
+    query_run=_run_in(
+        "rotated[ADDRESS]", "query + (h * group + g) * head_dim + i * CPW", "i * CPW",
+        "elem < head_dim && g < group", "q_here", 16,
+    ),
+    value_run=_run_in(
+        "outputs[ADDRESS]", "value + h * head_dim + piece * CPW", "piece * CPW", "elem < head_dim", "v_here", 12,
+        "cached",
+    ),
+    output_run=_run_out(
+        "attended", "dst + (h * group + member) * head_dim + piece * CPW", "piece * CPW", "elem < head_dim",
+        "merged", 12,
+    ),
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -32,11 +32,12 @@ def _f32_bits(value: float) -> int:
     return int(np.array(value, dtype=np.float32).view(np.uint32))
 
 
-def _at(buffer: SSAValue) -> int:
-    """The word offset of the on-chip buffer an instruction's operand is."""
+def buffer_field(buffer: SSAValue, burst: int) -> int:
+    """The field that names an instruction's buffer operand: its array's id above `d5005.OFFSET_BITS`, its offset
+    into that array in bank words below (a buffer starts on a bank word: the verifier checks it)."""
     owner = buffer.owner
-    assert isinstance(owner, d5005.BufferOp)
-    return owner.offset.value.data
+    assert isinstance(owner, d5005.BufferOp) and owner.array_name is not None
+    return d5005.ARRAY_IDS[owner.array_name] << d5005.OFFSET_BITS | owner.offset.value.data // (burst // 4)
 
 
 class _Word:
@@ -53,7 +54,7 @@ class _Word:
 
     def buffers(self, *fields: tuple[int, SSAValue]) -> None:
         for index, buffer in fields:
-            self.w[index] = _at(buffer)
+            self.w[index] = buffer_field(buffer, self.burst)
 
 
 def _embed_row(op: d5005.EmbedRowOp, word: _Word) -> None:
@@ -129,14 +130,14 @@ def encode_instruction(op: d5005.InstructionOp, burst: int) -> list[int]:
 
 
 def symbols(program: d5005.ProgramOp) -> dict[str, list[list[object]]]:
-    """Names the engine does not need: each buffer (name, words, offset) and region (name, offset, stride, rows,
-    cols, element bytes), in program order."""
+    """Names the engine does not need: each buffer (name, words, offset, array) and region (name, offset, stride,
+    rows, cols, element bytes), in program order."""
     regions: dict[str, d5005.RegionAttr] = {}
     for op in program.instructions():
         for region in op.regions_read():
             regions.setdefault(region.tensor.data, region)
     return {
-        "buffers": [[b.label.data, b.words.value.data, b.offset.value.data] for b in program.buffers()],
+        "buffers": [[b.label.data, b.words.value.data, b.offset.value.data, b.array_name] for b in program.buffers()],
         "regions": [
             [name, r.offset.data, r.stride.data, r.rows.data, r.cols.data, r.element_bytes.data]
             for name, r in regions.items()

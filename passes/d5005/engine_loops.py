@@ -160,14 +160,16 @@ def cache_write(s: Step) -> list[Loop]:
 
 def attention(s: Step) -> list[Loop]:
     """One KV head at a time: its group's queries on chip (with their products with the position's own key),
-    then one pass over its earlier rows, each row's key words then its value words, then the output."""
+    then one pass over its earlier rows, each row's key words then its value words, then the output, a bank word
+    of one query head's an iteration."""
     kv_heads = s.field(d5005.W_KV_HEADS)
+    group = s.field(d5005.W_HEADS) // max(kv_heads, 1)
     quads = ceil_div(s.position - 1, s["BANKS"])
     row_words = s.words(s.field(d5005.W_HEAD_DIM), s["CACHE_BYTES"])
     inner = (
         _counted("attention.queries", "i", "row_words", row_words),
         _counted("attention.rows", "n", "quads * 2 * row_words", quads * 2 * row_words),
-        _counted("attention.output", "i", "row_words", row_words),
+        _counted("attention.output", "n", "group * row_words", group * row_words),
     )
     return [_counted("attention.kv_heads", "h", "kv_heads", kv_heads, inner=inner)]
 

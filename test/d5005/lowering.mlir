@@ -6,23 +6,23 @@
 // RUN: %logos-author --model smollm2-135m --cut 'decode ctx=128' | %logos-opt -f logos -p 'logos-to-d5005' | filecheck %s --check-prefix=TIED
 
 // CHECK-LABEL: d5005.program identity "LOGOS program: decode step, ctx 64, sha256 {{[0-9a-f]+}}" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 1048576 {
-// CHECK-NEXT:     %hidden = d5005.buffer "hidden" words 64 at 0
-// CHECK-NEXT:     %normed = d5005.buffer "normed" words 64 at 64
-// CHECK-NEXT:     %query = d5005.buffer "query" words 64 at 128
-// CHECK-NEXT:     %key = d5005.buffer "key" words 32 at 192
-// CHECK-NEXT:     %value = d5005.buffer "value" words 32 at 224
-// CHECK-NEXT:     %turned_query = d5005.buffer "turned_query" words 64 at 256
-// CHECK-NEXT:     %turned_key = d5005.buffer "turned_key" words 32 at 320
-// CHECK-NEXT:     %attended = d5005.buffer "attended" words 64 at 352
-// CHECK-NEXT:     %projected = d5005.buffer "projected" words 64 at 416
-// CHECK-NEXT:     %mixed = d5005.buffer "mixed" words 64 at 480
-// CHECK-NEXT:     %normed_mixed = d5005.buffer "normed_mixed" words 64 at 544
-// CHECK-NEXT:     %gate = d5005.buffer "gate" words 128 at 608
-// CHECK-NEXT:     %up = d5005.buffer "up" words 128 at 736
-// CHECK-NEXT:     %product = d5005.buffer "product" words 128 at 864
-// CHECK-NEXT:     %down = d5005.buffer "down" words 64 at 992
-// CHECK-NEXT:     %result = d5005.buffer "result" words 64 at 1056
-// CHECK-NEXT:     %logits = d5005.buffer "logits" words 256 at 1120
+// CHECK-NEXT:     %hidden = d5005.buffer "hidden" words 64 at 0 in "residual"
+// CHECK-NEXT:     %normed = d5005.buffer "normed" words 64 at 0 in "inputs"
+// CHECK-NEXT:     %query = d5005.buffer "query" words 64 at 0 in "outputs"
+// CHECK-NEXT:     %key = d5005.buffer "key" words 32 at 64 in "outputs"
+// CHECK-NEXT:     %value = d5005.buffer "value" words 32 at 96 in "outputs"
+// CHECK-NEXT:     %turned_query = d5005.buffer "turned_query" words 64 at 0 in "rotated"
+// CHECK-NEXT:     %turned_key = d5005.buffer "turned_key" words 32 at 64 in "rotated"
+// CHECK-NEXT:     %attended = d5005.buffer "attended" words 64 at 0 in "attended"
+// CHECK-NEXT:     %projected = d5005.buffer "projected" words 64 at 128 in "outputs"
+// CHECK-NEXT:     %mixed = d5005.buffer "mixed" words 64 at 64 in "residual"
+// CHECK-NEXT:     %normed_mixed = d5005.buffer "normed_mixed" words 64 at 64 in "inputs"
+// CHECK-NEXT:     %gate = d5005.buffer "gate" words 128 at 192 in "outputs"
+// CHECK-NEXT:     %up = d5005.buffer "up" words 128 at 320 in "outputs"
+// CHECK-NEXT:     %product = d5005.buffer "product" words 128 at 128 in "inputs"
+// CHECK-NEXT:     %down = d5005.buffer "down" words 64 at 448 in "outputs"
+// CHECK-NEXT:     %result = d5005.buffer "result" words 64 at 128 in "residual"
+// CHECK-NEXT:     %logits = d5005.buffer "logits" words 256 at 512 in "outputs"
 // CHECK-NEXT:     d5005.embed_row %hidden, <"model.embed_tokens.weight" at 0 stride 128 rows 256 cols 64 bytes 2>
 // CHECK-NEXT:     d5005.rms_norm %normed, %hidden, <"model.layers.0.input_layernorm.weight" at 8192 stride 128 rows 1 cols 64 bytes 2> epsilon 1.000000e-05 : f32
 // CHECK-NEXT:     d5005.matvec %query, %normed, <"model.layers.0.self_attn.q_proj.weight" at 8320 stride 128 rows 64 cols 64 bytes 2>

@@ -243,6 +243,10 @@ def test_the_logits_are_the_ones_the_engine_wrote() -> None:
         assert predicted == expected == int(np.argmax(machine.logits)) + 1
         assert machine.logits.shape == (SHAPES["mqa"].vocab,) and machine.logits.dtype == np.float32
         np.testing.assert_allclose(machine.logits, reference.logits, rtol=1e-4, atol=1e-4)
+    # the logits buffer where the stream's symbols put it, in the `outputs` array the arg-max read them from
+    name, words, offset, array = next(b for b in machine.engine.stream.symbols["buffers"] if b[0] == "logits")
+    assert array == "outputs" and words == SHAPES["mqa"].vocab
+    np.testing.assert_array_equal(machine.engine.onchip(array, offset + words)[offset:], machine.logits)
 
 
 @needs_opencl

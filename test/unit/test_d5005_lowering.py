@@ -62,6 +62,41 @@ def test_no_instruction_writes_a_buffer_it_reads_and_buffers_serve_every_layer()
     assert [str(b) for b in deeper.buffers()] == [str(b) for b in two.buffers()]
 
 
+def test_each_buffer_lies_in_its_kinds_array_from_a_bank_word() -> None:
+    """Tiny's buffers by kind, as the engine's routines reach them: the residual stream, the matvec's inputs, the
+    attention's output, the matvecs' outputs and RoPE's; each at a whole number of bank words into its array, the
+    buffers of one array never overlapping."""
+    program = lower_program(logos_program(ModelSpec.preset("tiny"), Cut.decode(64)), "bf16")
+    arrays = {b.label.data: b.array_name for b in program.buffers()}
+    assert arrays == {
+        **dict.fromkeys(["hidden", "mixed", "result"], "residual"),
+        **dict.fromkeys(["normed", "normed_mixed", "product"], "inputs"),
+        "attended": "attended",
+        **dict.fromkeys(["query", "key", "value", "projected", "gate", "up", "down", "logits"], "outputs"),
+        **dict.fromkeys(["turned_query", "turned_key"], "rotated"),
+    }
+    bank_word = program.params.burst_bytes // 4
+    for array in set(arrays.values()):
+        spans = sorted((b.offset.value.data, b.words.value.data) for b in program.buffers() if b.array_name == array)
+        assert all(offset % bank_word == 0 for offset, _ in spans)
+        assert all(a + n <= b for (a, n), (b, _) in zip(spans, spans[1:], strict=False)), array
+
+
+def test_a_buffer_no_one_array_serves_is_refused_naming_both_routines() -> None:
+    """A norm's output read as an add's right-hand side: the norm writes only `inputs`, the add reads its rhs only
+    from `outputs`, so no array has both ports."""
+    from logos_ir.passes.d5005.convert_logos_to_d5005 import share_buffers
+
+    table = d5005.RegionAttr("t", 0, 128, 16, 64, 2)
+    weight = d5005.RegionAttr("w", 2048, 128, 1, 64, 2)
+    x, n, s = (d5005.BufferOp(name, 64, 0) for name in ("x", "n", "s"))
+    ops = [d5005.EmbedRowOp(x.buffer, table), d5005.RMSNormOp(n.buffer, x.buffer, weight, 1e-5)]
+    ops.append(d5005.AddOp(s.buffer, x.buffer, n.buffer, 64))
+    with pytest.raises(PassError, match=r"buffer 'n' is 'd5005.rms_norm' dst, in array inputs, and 'd5005.add'"
+                       r" reaches its rhs only in outputs: no on-chip array serves both"):  # fmt: skip
+        share_buffers(ops, d5005.EngineParams())
+
+
 def test_the_same_routines_serve_2_and_80_layers() -> None:
     spec = ModelSpec.preset("llama-3.2-1b")  # 80 layers of 70B's widths do not fit the card; 80 of 1B's do
     small, big = replace(spec, layers=2), replace(spec, layers=80)
@@ -144,7 +179,10 @@ def test_a_split_program_and_unknown_weights_are_refused() -> None:
 
 def test_logits_over_the_on_chip_budget_are_refused() -> None:
     spec = replace(ModelSpec.preset("tiny"), vocab=1 << 21)
-    with pytest.raises(PassError, match=r"on-chip buffers need \d+ words .* over the engine's budget of 1048576"):
+    refusal = (
+        r"buffers in the on-chip array 'outputs' need \d+ words .* over its 524288 words of the engine's budget of"
+    )
+    with pytest.raises(PassError, match=refusal + " 1048576"):
         lower_program(logos_program(spec, Cut.decode(64)), "bf16")
 
 

@@ -68,6 +68,11 @@ def _restamp(data: bytearray) -> bytes:
     return bytes(data)
 
 
+def _field(array: str, bank_word: int) -> int:
+    """A buffer field: the array's id in the top byte, the offset in bank words below."""
+    return d5005.ARRAY_IDS[array] << 24 | bank_word
+
+
 def _word(data: bytes, index: int, field: int, value: int) -> bytes:
     edited = bytearray(data)
     struct.pack_into("<I", edited, d5005.HEADER_BYTES + 64 * index + 4 * field, value)
@@ -90,7 +95,10 @@ MALFORMED = {
     "last word cut short": (lambda s: s[: d5005.HEADER_BYTES + 64 * 3 + 10], "truncated"),
     "trailing bytes": (lambda s: s + b"\0", "longer than its header says"),
     "wrong magic": (lambda s: b"NOTANENG" + s[8:], "not a D5005 instruction stream"),
-    "future version": (lambda s: s[:8] + struct.pack("<I", 3) + s[12:], "format version 3"),
+    "future version": (
+        lambda s: s[:8] + struct.pack("<I", d5005.FORMAT_VERSION + 1) + s[12:],
+        f"format version {d5005.FORMAT_VERSION + 1}",
+    ),
     "flipped bit": (lambda s: s[:-1] + bytes([s[-1] ^ 1]), "corrupt"),
     "flipped word bit": (
         lambda s: s[: d5005.HEADER_BYTES + 5] + bytes([s[d5005.HEADER_BYTES + 5] ^ 4]) + s[d5005.HEADER_BYTES + 6 :],
@@ -98,7 +106,15 @@ MALFORMED = {
     ),
     "unknown opcode": (lambda s: _word(s, 2, d5005.W_OPCODE, 77), "opcode 77"),
     "reserved word set": (lambda s: _word(s, 1, d5005.W_RESERVED, 1), "reserved"),
-    "buffer past on-chip memory": (lambda s: _word(s, 1, d5005.W_DST, 1 << 20), "on-chip words"),
+    "buffer past its on-chip array": (
+        lambda s: _word(s, 1, d5005.W_DST, _field("inputs", 1 << 20)),
+        "reaches past the 131072 words of on-chip array 'inputs' with its dst",
+    ),
+    "buffer in an array its routine has no port on": (
+        lambda s: _word(s, 1, d5005.W_DST, _field("outputs", 0)),
+        r"\(d5005.rms_norm\) names array 'outputs' for its dst, which it reaches only in inputs",
+    ),
+    "buffer in an array the engine lacks": (lambda s: _word(s, 1, d5005.W_DST, 7 << 24), "array id 7"),
     "region past the program's memory": (lambda s: _word(s, 2, d5005.W_OFFSET, 1 << 24), "past the"),
     "more query heads to a KV head than the engine has": (lambda s: _word(s, 9, d5005.W_HEADS, 18), "at most 8"),
     "attention with a head size of 0": (lambda s: _word(s, 9, d5005.W_HEAD_DIM, 0), "head size 0"),

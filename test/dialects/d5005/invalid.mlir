@@ -4,54 +4,53 @@
 
 // CHECK: region 'w' ends at byte 8589934720 of its banks, past their 8589934592 bytes
 d5005.program identity "LOGOS program: decode step, ctx 64, sha256 36ba7865127a75ead80a68d1b38ee06a035b4d1b26eb1164653f00681a7913b5" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
-  %a = d5005.buffer "a" words 64 at 0
-  %b = d5005.buffer "b" words 64 at 64
+  %a = d5005.buffer "a" words 64 at 0 in "outputs"
+  %b = d5005.buffer "b" words 64 at 64 in "inputs"
   d5005.matvec %a, %b, <"w" at 8589934592 stride 128 rows 4 cols 64 bytes 2>
 }
 // -----
 // CHECK: 'd5005.matvec' op region 'w': offset 100 is not a multiple of the 64-byte burst
 d5005.program identity "LOGOS program: decode step, ctx 64, sha256 36ba7865127a75ead80a68d1b38ee06a035b4d1b26eb1164653f00681a7913b5" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
-  %a = d5005.buffer "a" words 64 at 0
-  %b = d5005.buffer "b" words 64 at 64
+  %a = d5005.buffer "a" words 64 at 0 in "outputs"
+  %b = d5005.buffer "b" words 64 at 64 in "inputs"
   d5005.matvec %a, %b, <"w" at 100 stride 128 rows 64 cols 64 bytes 2>
 }
 // -----
 // CHECK: 'd5005.matvec' op region 'w': stride 160 is not a multiple of the 64-byte burst
 d5005.program identity "LOGOS program: decode step, ctx 64, sha256 36ba7865127a75ead80a68d1b38ee06a035b4d1b26eb1164653f00681a7913b5" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
-  %a = d5005.buffer "a" words 64 at 0
-  %b = d5005.buffer "b" words 80 at 64
+  %a = d5005.buffer "a" words 64 at 0 in "outputs"
+  %b = d5005.buffer "b" words 80 at 64 in "inputs"
   d5005.matvec %a, %b, <"w" at 0 stride 160 rows 64 cols 80 bytes 2>
 }
 // -----
 // CHECK: region 'w': a row of 64 elements of 4 bytes does not fit its stride of 128 bytes
 d5005.program identity "LOGOS program: decode step, ctx 64, sha256 36ba7865127a75ead80a68d1b38ee06a035b4d1b26eb1164653f00681a7913b5" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
-  %a = d5005.buffer "a" words 64 at 0
-  %b = d5005.buffer "b" words 64 at 64
+  %a = d5005.buffer "a" words 64 at 0 in "outputs"
+  %b = d5005.buffer "b" words 64 at 64 in "inputs"
   d5005.matvec %a, %b, <"w" at 0 stride 128 rows 64 cols 64 bytes 4>
 }
 // -----
-// CHECK: 'd5005.program' op its buffers take 4160 words of on-chip memory, over the budget of 4096
+// CHECK: 'd5005.program' op buffer 'a' lies past the 128 words of on-chip array 'attended'
 d5005.program identity "LOGOS program: decode step, ctx 64, sha256 36ba7865127a75ead80a68d1b38ee06a035b4d1b26eb1164653f00681a7913b5" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
-  %a = d5005.buffer "a" words 4096 at 0
-  %b = d5005.buffer "b" words 64 at 4096
+  %a = d5005.buffer "a" words 128 at 64 in "attended"
 }
 // -----
-// CHECK: 'd5005.program' op buffer 'b' lies past the 4096 words of on-chip memory
+// CHECK: 'd5005.program' op buffer 'b' starts at word 4090, not on a bank word of 16
 d5005.program identity "LOGOS program: decode step, ctx 64, sha256 36ba7865127a75ead80a68d1b38ee06a035b4d1b26eb1164653f00681a7913b5" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
-  %b = d5005.buffer "b" words 64 at 4090
+  %b = d5005.buffer "b" words 64 at 4090 in "outputs"
 }
 // -----
 // CHECK: 'd5005.matvec' op needs 128 words of buffer 'a', which has 64
 d5005.program identity "LOGOS program: decode step, ctx 64, sha256 36ba7865127a75ead80a68d1b38ee06a035b4d1b26eb1164653f00681a7913b5" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
-  %a = d5005.buffer "a" words 64 at 0
-  %b = d5005.buffer "b" words 64 at 64
+  %a = d5005.buffer "a" words 64 at 0 in "outputs"
+  %b = d5005.buffer "b" words 64 at 64 in "inputs"
   d5005.matvec %a, %b, <"w" at 0 stride 128 rows 128 cols 64 bytes 2>
 }
 // -----
 // CHECK: 'd5005.add' op uses a buffer that is not a d5005.buffer of its program
 %c = d5005.buffer "c" words 64 at 64
 d5005.program identity "LOGOS program: decode step, ctx 64, sha256 36ba7865127a75ead80a68d1b38ee06a035b4d1b26eb1164653f00681a7913b5" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
-  %a = d5005.buffer "a" words 64 at 0
+  %a = d5005.buffer "a" words 64 at 0 in "residual"
   d5005.add %a, %a, %c size 64
 }
 // -----
@@ -76,7 +75,7 @@ d5005.rope %a, %b, <"rope" at 0 stride 64 rows 64 cols 8 bytes 4> width 64 head_
 // -----
 // CHECK: 'd5005.cache_write' op cache 'k' holds 2-byte elements, not the f32 weights'
 d5005.program identity "x" weights "f32" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
-  %a = d5005.buffer "a" words 64 at 0
+  %a = d5005.buffer "a" words 64 at 0 in "rotated"
   d5005.cache_write %a, <"k" at 0 stride 64 rows 128 cols 16 bytes 2> kv_heads 2
 }
 // -----
@@ -112,3 +111,23 @@ d5005.program identity "x" weights "f16" ctx 64 clock_mhz 300 burst 64 onchip 40
 // -----
 // CHECK: 'd5005.buffer' op buffer 'a' needs at least one word at an offset of at least 0
 %a = d5005.buffer "a" words 0 at 0
+// -----
+// CHECK: 'd5005.matvec' op reaches its src in array 'inputs' or 'attended', and buffer 'b' is in 'residual'
+d5005.program identity "LOGOS program: decode step, ctx 64, sha256 36ba7865127a75ead80a68d1b38ee06a035b4d1b26eb1164653f00681a7913b5" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
+  %a = d5005.buffer "a" words 64 at 0 in "outputs"
+  %b = d5005.buffer "b" words 64 at 0 in "residual"
+  d5005.matvec %a, %b, <"w" at 0 stride 128 rows 64 cols 64 bytes 2>
+}
+// -----
+// CHECK: 'd5005.program' op buffer 'a' is in none of the engine's on-chip arrays (residual, inputs, attended, outputs, rotated)
+d5005.program identity "LOGOS program: decode step, ctx 64, sha256 36ba7865127a75ead80a68d1b38ee06a035b4d1b26eb1164653f00681a7913b5" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
+  %a = d5005.buffer "a" words 64 at 0
+}
+// -----
+// CHECK: 'd5005.buffer' op buffer 'a': 'scratch' is not an on-chip array of the engine
+%a = d5005.buffer "a" words 64 at 0 in "scratch"
+// -----
+// CHECK: 'd5005.program' op the burst is a power of two of at least 16 bytes, not 8
+d5005.program identity "x" weights "f32" ctx 64 clock_mhz 300 burst 8 onchip 4096 {
+  %a = d5005.buffer "a" words 64 at 0 in "outputs"
+}
