@@ -162,6 +162,17 @@ def queue_id(dsd: Operation) -> int:
     return dsd.properties["queue_id"].value.data % 8  # type: ignore[attr-defined]
 
 
+COLOUR_PARAM = "csl_ext.colour_param"  # a fabric DSD's attribute: the tile-code parameter its colour prints as
+
+
+def colour_param(dsd: Operation) -> str | None:
+    """The `color` parameter of the tile code a fabric DSD's colour prints as (`.fabric_color = row_west_in`, as
+    gemv-checkerboard's `recv`), or None (a literal colour). Its `fabric_color` is the colour it uses on every
+    element that runs it, which the parameter holds there (the static check and the simulator hold it to that)."""
+    found = dsd.attributes.get(COLOUR_PARAM)
+    return found.data if isinstance(found, StringAttr) else None
+
+
 def _directions(names: Sequence[str]) -> ArrayAttr[StringAttr]:
     return ArrayAttr([StringAttr(n) for n in names])
 
@@ -342,6 +353,8 @@ __all__ = [
     "Target",
     "UnblockOp",
     "memory_band",
+    "COLOUR_PARAM",
+    "colour_param",
     "queue_id",
     "code_bytes",
     "element_bytes",

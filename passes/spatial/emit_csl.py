@@ -78,7 +78,8 @@ class LaneCslPrintContext(CslPrintContext):
         self.print(f"{self._var_use(op.result)} = @get_dsd({kind}, .{{")
         self.print(f"  .extent = {self._get_variable_name_for(op.sizes[0])},")
         self.print(f"  .{queue}_queue = @get_{queue}_queue({csl_ext.queue_id(op)}),")
-        self.print(f"  .fabric_color = @get_color({op.fabric_color.value.data}),")
+        param = csl_ext.colour_param(op)
+        self.print(f"  .fabric_color = {param or f'@get_color({op.fabric_color.value.data})'},")
         self.print("});")
 
 

@@ -68,7 +68,11 @@ def bind_queues(program: csl.CslModuleOp, target: csl_ext.Target) -> None:
             hint="build for wse2 (--option arch=wse2); docs/spatial.md says what a WSE-3 takes",
         )
     for op in dsds:
-        op.queue_id = IntegerAttr(QUEUE_OF[op.fabric_color.value.data].queue, IntegerType(3))
+        q = QUEUE_OF[op.fabric_color.value.data]
+        op.queue_id = IntegerAttr(q.queue, IntegerType(3))
+        if q.chain:  # the element's own colour of the chain's pair, as its queue is bound
+            inbound = op.result.type == csl.DsdType(csl.DsdKind.fabin_dsd)
+            op.attributes[csl_ext.COLOUR_PARAM] = StringAttr(f"{q.chain}_{'in' if inbound else 'out'}")
     block = program.body.block
     params = [op for op in block.ops if isinstance(op, csl.ParamOp)]
     anchor = params[-1] if params else None

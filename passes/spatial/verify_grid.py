@@ -281,12 +281,26 @@ def _check_queues_per_element(
     width = layout.width
     colours = _bound_colours(layout, bound)
     known = _element_values(program, layout)
+    by_name = {op.param_name.data: known[op.res] for op in program.body.block.ops if isinstance(op, csl.ParamOp)}
     for op, inbound, queue in used:
         colour = op.fabric_color.value.data
         here = colours[(inbound, queue)]
+        param = csl_ext.colour_param(op)
+        if param is not None and param not in by_name:
+            raise PassError(
+                f"{PASS}: {_dsd_where(op)} prints its colour as '{param}', which the program does not declare"
+            )
         uses = [u.operation for u in op.result.uses] if op.parent_op() is program else [op]
         for use in uses:
-            wrong = _reaching(use, known) & (here != colour)
+            reach = _reaching(use, known)
+            named = reach & (by_name[param] != colour) if param is not None else reach & False
+            if named.any():
+                e = int(np.flatnonzero(named)[0])
+                raise PassError(
+                    f"{PASS}: {_dsd_where(op)} on element ({e % width}, {e // width}) names its colour as the "
+                    f"parameter {param}, which is {int(by_name[param][e])} there, not {colour}"
+                )
+            wrong = reach & (here != colour)
             if wrong.any():
                 e = int(np.flatnonzero(wrong)[0])
                 raise PassError(

@@ -169,9 +169,18 @@ def test_a_wse3_program_binds_each_element_s_queues_to_the_colours_it_uses() -> 
     names = [f.data for f in struct.ssa_fields.data]  # type: ignore[union-attr]
     struct.operands[names.index("row_west_in")] = struct.operands[names.index("row_west_out")]
     with pytest.raises(
-        PassError,
-        match=r"on colour \d in the program on element \(\d, 0\) uses input queue 2, which that element binds to",
+        PassError, match=r"on element \(\d, 0\) names its colour as the parameter row_west_in, which is"
     ):
+        static_check(module, params=layout_params(lowered.host))
+
+    module = lowered.module.clone()
+    program = split_modules(module)[0]
+    params = {op.param_name.data: op.res for op in program.body.block.ops if isinstance(op, csl.ParamOp)}
+    west = next(
+        op for op in program.walk() if isinstance(op, csl_ext.InitializeQueueOp) and op.param_name == "row_west_in"
+    )
+    west.operands[0] = params["row_east_in"]  # input queue 2 bound to the eastern chain's colour
+    with pytest.raises(PassError, match=r"on element \(\d, 0\) uses input queue 2, which that element binds to colour"):
         static_check(module, params=layout_params(lowered.host))
 
     module = lowered.module.clone()

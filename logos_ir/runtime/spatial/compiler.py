@@ -75,6 +75,7 @@ class Compiler(FabricState):
                 if name in given and isinstance(given[name], int):
                     array[y * self.width + x] = given[name]
             self.regs[value] = array
+            self.param_values[name] = array
         missing = [(x, y) for x in range(self.width) for y in range(self.height) if (x, y) not in self.layout.params]
         if missing:
             raise FabricError(f"element {missing[0]} has no tile code (@set_tile_code)")

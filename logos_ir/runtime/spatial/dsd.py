@@ -131,7 +131,8 @@ class DsdOps(FabricState):
             )
         inbound = op.result.type == csl.DsdType(csl.DsdKind.fabin_dsd)
         colour, queue = op.fabric_color.value.data, csl_ext.queue_id(op)
-        self.regs[op.result] = FabDsd(colour, inbound, np.full(self.n, constant), int(constant), queue)
+        extent = np.full(self.n, constant)
+        self.regs[op.result] = FabDsd(colour, inbound, extent, int(constant), queue, self._colour_param(op))
 
     def _compile_fab_dsd(self, op: csl.GetFabDsdOp) -> None:
         at = len(self.instrs)
@@ -143,6 +144,7 @@ class DsdOps(FabricState):
             np.zeros(self.n, np.int64),
             int(constant) if constant is not None else None,
             csl_ext.queue_id(op),
+            self._colour_param(op),
         )
         size = self._reg(op.sizes[0])
         clock, n, cost = self.clock, self.n, CYCLES["dsd_setup"]
@@ -168,6 +170,7 @@ class DsdOps(FabricState):
                 owner.result.type == csl.DsdType(csl.DsdKind.fabin_dsd),
                 np.zeros(self.n, np.int64),
                 queue=csl_ext.queue_id(owner),
+                param=self._colour_param(owner),
             )
         else:
             reg = MemDsd("", np.zeros(self.n, np.int64), np.zeros(self.n, np.int64), np.zeros(self.n, np.int64))
@@ -214,9 +217,23 @@ class DsdOps(FabricState):
             self.waits.add(at)
         self._emit(f"@{kind}", run)
 
+    def _colour_param(self, op: csl.GetFabDsdOp) -> np.ndarray | None:
+        name = csl_ext.colour_param(op)
+        if name is None:
+            return None
+        if name not in self.param_values:
+            raise FabricError(f"a fabric DSD's colour is the parameter '{name}', which the program does not declare")
+        return self.param_values[name]
+
     def _check_queue(self, reg: FabDsd, idx: np.ndarray, kind: str) -> None:
         """With queues bound (a WSE-3), a fabric DSD reads or writes its queue, which each element running the op
         must have bound to the DSD's colour; an element that has not faults, naming it, the queue and both colours."""
+        if reg.param is not None and (reg.param[idx] != reg.colour).any():
+            e = int(idx[reg.param[idx] != reg.colour][0])
+            raise FabricError(
+                f"element ({self.xs[e]}, {self.ys[e]}) runs @{kind} on a fabric DSD whose colour parameter is "
+                f"{int(reg.param[e])} there, where the op's colour is {reg.colour}"
+            )
         if not self.queue_binding:
             return
         bound = self.queue_binding.get((reg.inbound, reg.queue))

@@ -103,6 +103,7 @@ class FabDsd:
     extent: np.ndarray
     static: int | None = None  # the extent when it is a constant of the program
     queue: int = -1  # its input or output queue
+    param: np.ndarray | None = None  # each element's value of the colour parameter it prints as (csl_ext.colour_param)
 
 
 @dataclass

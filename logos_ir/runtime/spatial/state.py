@@ -76,6 +76,7 @@ class FabricState:
     receiving: np.ndarray
     # a WSE-3's @initialize_queue bindings: (input?, queue id) -> each element's colour; empty on a WSE-2
     queue_binding: dict[tuple[bool, int], np.ndarray]
+    param_values: dict[str, np.ndarray]
     _unbound: dict[int, np.ndarray]  # colour -> the elements binding no input queue to it (with bindings only)
     memcpy_cycles: float
     channels: int
