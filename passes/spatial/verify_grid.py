@@ -5,8 +5,9 @@ Assumes: a module holding the lane's two `csl.module`s, the element program and 
 it uses a colour memcpy reserves on WSE-2 (21, 22, 23) or one outside a WSE-2's 24, receives a colour no element
 sends, binds a local task id twice or to a colour the program routes, declares a symbol twice in the program's top
 scope, or, as CSL text, declares a name twice in one scope or shadows a name of an enclosing scope (CSL, as Zig, allows
-neither). With `grid` (the layout's width and height, as `cslc --params` gives them) a receive nothing sends names
-the first element that reaches it.
+neither); and the target's DSD-length, queue and task-id rules (`_check_dsd_lengths`, `_check_queues`,
+`_check_top_scope`). With `grid` (the layout's width and height, as `cslc --params` gives them) a receive nothing sends
+names the first element that reaches it, and a WSE-3's queue bindings are checked on every element.
 
 The layout's meaning is here too (`read_layout`): its loops, branches and builtins executed into the rectangle, each
 element's tile parameters and each router's colour configurations, refusing a colour configured twice at one router.
