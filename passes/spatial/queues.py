@@ -75,15 +75,16 @@ def bind_queues(program: csl.CslModuleOp, target: csl_ext.Target) -> None:
             op.attributes[csl_ext.COLOUR_PARAM] = StringAttr(f"{q.chain}_{'in' if inbound else 'out'}")
     block = program.body.block
     params = [op for op in block.ops if isinstance(op, csl.ParamOp)]
-    anchor = params[-1] if params else None
     declared: dict[str, csl.ParamOp] = {}
-    for name in chain_params():
-        param = csl.ParamOp(name, csl.ColorType())
-        if anchor is None:
-            block.insert_op_before(param, block.first_op) if block.first_op else block.add_op(param)
+    for name in chain_params():  # after the program's own parameters (first, if none), in the layout's order
+        param = declared[name] = csl.ParamOp(name, csl.ColorType())
+        if params:
+            block.insert_op_after(param, params[-1])
+        elif block.first_op is not None:
+            block.insert_op_before(param, block.first_op)
         else:
-            block.insert_op_after(param, anchor)
-        anchor = declared[name] = param
+            block.add_op(param)
+        params.append(param)
     used = {QUEUE_OF[c].queue for c in colours}
     for q in WSE3_QUEUES:
         if q.queue not in used:

@@ -288,13 +288,14 @@ def test_backend_refuses_what_it_does_not_run() -> None:
         SpatialGenerator(store, image="bf16")
 
 
-def test_logos_run_from_a_build_folder(tmp_path: Path) -> None:
+@pytest.mark.parametrize("arch", ["wse2", "wse3"])
+def test_logos_run_from_a_build_folder(tmp_path: Path, arch: str) -> None:
     """`logos-compile --target spatial` then `logos-run` on the folder: the reference backend's tokens, from the
-    folder's csl modules."""
+    folder's csl modules (on a WSE-3's, with its queue bindings and colour parameters read back from grid.mlir)."""
     build = tmp_path / "tiny"
     compile_command = [sys.executable, "-m", "logos_ir.tools.logos_compile", "--model", "tiny", "--target", "spatial"]
     done = subprocess.run(
-        [*compile_command, "--weights", "f32", "--cut", "decode ctx=16", "-o", str(build)],
+        [*compile_command, "--weights", "f32", "--cut", "decode ctx=16", "--option", f"arch={arch}", "-o", str(build)],
         capture_output=True,
         text=True,
         timeout=300,
