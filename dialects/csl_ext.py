@@ -22,9 +22,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from xdsl.dialects import csl
 from xdsl.dialects.builtin import ArrayAttr, IntAttr, StringAttr, i16
 from xdsl.ir import Attribute, Dialect, Operation, SSAValue
-from xdsl.irdl import IRDLOperation, irdl_op_definition, operand_def, prop_def
+from xdsl.irdl import IRDLOperation, irdl_op_definition, operand_def, opt_operand_def, opt_prop_def, prop_def
 from xdsl.utils.exceptions import VerifyException
 
 DIRECTIONS = ("RAMP", "NORTH", "SOUTH", "EAST", "WEST")
@@ -52,6 +53,10 @@ class Target:
     - `one_colour_per_queue`: WSE-3 binds each queue to one colour with `@initialize_queue` in a comptime block
       (gemv-checkerboard `pe.csl`, `topic-16-queue-flush`: "On WSE-3, each output queue can only bind to a single
       color"); WSE-2 takes the colour from the DSD, so one queue may serve several.
+    - `segmented_lines`: whether a line's reductions take WaferLLM's two phases (segments, then their centres: 19
+      colours, and a segment's centre receives on four of a direction's); on a WSE-3 a line is one segment, two
+      chains toward its centre and a broadcast (10 colours, at most two received a direction on any element), so
+      each colour class gets one of its 6 input queues (`queues.bind_queues`).
     - `local_tasks`: the ids a local task may bind (`topic-05-sentinels`: 0 to 30 on WSE-2, 8 to 30 on WSE-3), less
       `reserved_tasks` (the gemv-checkerboard layout's task map: 21-23, 27, 28, 30 memcpy's, 29 and 31 reserved).
     """
@@ -63,6 +68,7 @@ class Target:
     output_queues: tuple[int, ...]
     one_colour_per_queue: bool
     local_tasks: tuple[int, int]  # the lowest and highest id
+    segmented_lines: bool = True
 
     @property
     def usable(self) -> tuple[int, int]:
@@ -75,7 +81,7 @@ class Target:
 RESERVED_TASKS = (21, 22, 23, 27, 28, 29, 30, 31)  # memcpy's ids and the reserved ones (gemv-checkerboard layout.csl)
 TARGETS = {
     "wse2": Target("wse2", WSE2_FABRIC, (4, 1), tuple(range(1, 8)), tuple(range(1, 8)), False, (0, 30)),
-    "wse3": Target("wse3", (762, 1172), (4, 1), tuple(range(2, 8)), tuple(range(2, 8)), True, (8, 30)),
+    "wse3": Target("wse3", (762, 1172), (4, 1), tuple(range(2, 8)), tuple(range(2, 8)), True, (8, 30), False),
 }
 ELEMENT_BYTES = {"f16": 2, "i16": 2, "ui16": 2, "f32": 4, "i32": 4}  # bytes of an array element of each type
 # Ops that print as no instruction (constants fold into their uses, a global's name is an address, a yield closes a
@@ -149,6 +155,22 @@ def code_bytes(program: Operation) -> int:
     functions and tasks that prints as an instruction (not in NO_CODE)."""
     ops = [o for top in program.regions[0].block.ops if top.name in ("csl.func", "csl.task") for o in top.walk()]
     return CODE_BYTES_PER_OP * sum(1 for o in ops if o.name not in NO_CODE)
+
+
+def queue_id(dsd: Operation) -> int:
+    """A fabric DSD's queue (0 to 7): xDSL keeps it as a signless i3, which reads 4 to 7 back as -4 to -1."""
+    return dsd.properties["queue_id"].value.data % 8  # type: ignore[attr-defined]
+
+
+COLOUR_PARAM = "csl_ext.colour_param"  # a fabric DSD's attribute: the tile-code parameter its colour prints as
+
+
+def colour_param(dsd: Operation) -> str | None:
+    """The `color` parameter of the tile code a fabric DSD's colour prints as (`.fabric_color = row_west_in`, as
+    gemv-checkerboard's `recv`), or None (a literal colour). Its `fabric_color` is the colour it uses on every
+    element that runs it, which the parameter holds there (the static check and the simulator hold it to that)."""
+    found = dsd.attributes.get(COLOUR_PARAM)
+    return found.data if isinstance(found, StringAttr) else None
 
 
 def _directions(names: Sequence[str]) -> ArrayAttr[StringAttr]:
@@ -255,35 +277,55 @@ class CommentOp(IRDLOperation):
 
 @irdl_op_definition
 class InitializeQueueOp(IRDLOperation):
-    """A queue bound to one colour, as a WSE-3 needs for every queue a program's fabric DSDs use. Prints, in a
-    top-level comptime block, as `@initialize_queue(@get_input_queue(2), .{ .color = @get_color(9) });`.
+    """A queue bound to one colour, as a WSE-3 needs for every queue a program's fabric DSDs use: a literal colour,
+    or a `color` parameter of the element's tile code (each element its own, as csl-examples' gemv-checkerboard
+    binds `recv` and `send`, swapped by the column's parity). Prints, in a top-level comptime block, as
+    `@initialize_queue(@get_input_queue(2), .{ .color = @get_color(9) });` or `... .{ .color = row_west_in });`.
 
     ```mlir
-    csl_ext.initialize_queue "input" #builtin.int<2> colour #builtin.int<9>
+    csl_ext.initialize_queue "input" #builtin.int<4> colour #builtin.int<8>
+    csl_ext.initialize_queue "input" #builtin.int<2> param %row_west_in : !csl.color
     ```
     """
 
     name = "csl_ext.initialize_queue"
     side = prop_def(StringAttr)
     queue = prop_def(IntAttr)
-    colour = prop_def(IntAttr)
+    colour = opt_prop_def(IntAttr)
+    colour_param = opt_operand_def(csl.ColorType)
 
-    assembly_format = "$side $queue `colour` $colour attr-dict"
+    assembly_format = "$side $queue (`colour` $colour^)? (`param` $colour_param^ `:` type($colour_param))? attr-dict"
 
-    def __init__(self, inbound: bool, queue: int, colour: int):
+    def __init__(self, inbound: bool, queue: int, colour: int | SSAValue):
         side = StringAttr("input" if inbound else "output")
-        super().__init__(properties={"side": side, "queue": IntAttr(queue), "colour": IntAttr(colour)})
+        if isinstance(colour, int):
+            properties = {"side": side, "queue": IntAttr(queue), "colour": IntAttr(colour)}
+            super().__init__(operands=[[]], properties=properties)
+        else:
+            super().__init__(operands=[[colour]], properties={"side": side, "queue": IntAttr(queue)})
 
     @property
     def inbound(self) -> bool:
         return self.side.data == "input"
+
+    @property
+    def param_name(self) -> str | None:
+        """The tile-code parameter the colour is, or None for a literal colour."""
+        if self.colour_param is None:
+            return None
+        owner = self.colour_param.owner
+        return owner.param_name.data if isinstance(owner, csl.ParamOp) else None
 
     def verify_(self) -> None:
         if self.side.data not in ("input", "output"):
             raise VerifyException(f"{self.name}: a queue is an input or an output queue, not '{self.side.data}'")
         if not 0 <= self.queue.data < 8:
             raise VerifyException(f"{self.name}: queue {self.queue.data} is outside 0..7")
-        if not 0 <= self.colour.data < COLOURS:
+        if (self.colour is None) == (self.colour_param is None):
+            raise VerifyException(f"{self.name}: a queue is bound to a literal colour or to a colour parameter")
+        if self.colour_param is not None and self.param_name is None:
+            raise VerifyException(f"{self.name}: a queue's colour operand is a parameter of the tile code (csl.param)")
+        if self.colour is not None and not 0 <= self.colour.data < COLOURS:
             raise VerifyException(f"{self.name}: colour {self.colour.data} is outside 0..{COLOURS - 1}")
 
 
@@ -311,6 +353,9 @@ __all__ = [
     "Target",
     "UnblockOp",
     "memory_band",
+    "COLOUR_PARAM",
+    "colour_param",
+    "queue_id",
     "code_bytes",
     "element_bytes",
 ]

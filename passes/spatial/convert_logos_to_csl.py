@@ -327,7 +327,8 @@ def _search(
 
     def lowered_at(size: tuple[int, int], c: int) -> tuple[GridProgram, int]:
         if (*size, c) not in lowerings:  # a lowering is the search's cost: each grid is lowered once
-            program = lower_parts(parts, g.GridPlan.of(spec, ctx, image, size, c))
+            plan = g.GridPlan.of(spec, ctx, image, size, c, target.segmented_lines)
+            program = lower_parts(parts, plan)
             lowerings[(*size, c)] = program, memory_use(program)["fits"]  # the band's high end must fit
         return lowerings[(*size, c)]
 

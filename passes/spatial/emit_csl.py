@@ -55,8 +55,9 @@ class LaneCslPrintContext(CslPrintContext):
         if isinstance(op, csl_ext.InitializeQueueOp):
             side = op.side.data
             queue = f"@get_{side}_queue({op.queue.data})"
+            colour = op.param_name if op.colour is None else f"@get_color({op.colour.data})"
             with self.descend("comptime") as inner:
-                inner.print(f"@initialize_queue({queue}, .{{ .color = @get_color({op.colour.data}) }});")
+                inner.print(f"@initialize_queue({queue}, .{{ .color = {colour} }});")
             return None
         if isinstance(op, csl_ext.CommentOp):
             self.print(f"// {op.text.data}")
@@ -76,8 +77,9 @@ class LaneCslPrintContext(CslPrintContext):
         queue = "input" if op.result.type == csl.DsdType(csl.DsdKind.fabin_dsd) else "output"
         self.print(f"{self._var_use(op.result)} = @get_dsd({kind}, .{{")
         self.print(f"  .extent = {self._get_variable_name_for(op.sizes[0])},")
-        self.print(f"  .{queue}_queue = @get_{queue}_queue({op.queue_id.value.data}),")
-        self.print(f"  .fabric_color = @get_color({op.fabric_color.value.data}),")
+        self.print(f"  .{queue}_queue = @get_{queue}_queue({csl_ext.queue_id(op)}),")
+        param = csl_ext.colour_param(op)
+        self.print(f"  .fabric_color = {param or f'@get_color({op.fabric_color.value.data})'},")
         self.print("});")
 
 

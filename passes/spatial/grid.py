@@ -90,16 +90,24 @@ class GridPlan:
     vocab: int
     layers: int
     kv_copies: int = 1  # how many rows' worth of copies each KV head's cache has (1: narrow; heads/kv_heads: widened)
+    segmented: bool = True  # a line's reductions in WaferLLM's two phases (False: one segment a line, as on a WSE-3)
     weights: dict[str, Weight] = field(default_factory=dict)
 
     @staticmethod
-    def of(spec: Any, ctx: int, image: str, grid: int | tuple[int, int] | list[int], kv_copies: int = 1) -> GridPlan:
+    def of(
+        spec: Any,
+        ctx: int,
+        image: str,
+        grid: int | tuple[int, int] | list[int],
+        kv_copies: int = 1,
+        segmented: bool = True,
+    ) -> GridPlan:
         """The plan of a model's decode step over `ctx` positions on a grid of `grid` = (width, height) elements, or
         P x P for a whole number (a build's `host.json` names the same figures, which is how its runtime reads the
         plan back)."""
         width, height = (grid, grid) if isinstance(grid, int) else grid
         sizes = (spec.hidden, spec.heads, spec.kv_heads, spec.head_dim, spec.intermediate, spec.vocab, spec.layers)
-        return GridPlan(width, height, ctx, image, *sizes, kv_copies)
+        return GridPlan(width, height, ctx, image, *sizes, kv_copies, segmented)
 
     @property
     def p(self) -> int:
@@ -139,7 +147,7 @@ class GridPlan:
         head's rows when no row straddles two (`scores_local`), so a score is reduced within its head's segment."""
         if along == "col" and self.scores_local:
             return segments(self.height, self.head_rows)
-        return segments(self.line_length(along))
+        return segments(self.line_length(along), segmented=self.segmented)
 
     @property
     def head_rows(self) -> int:
@@ -150,7 +158,9 @@ class GridPlan:
     def scores_local(self) -> bool:
         """Attention's partial scores reduced within the column segment of their KV head, for its `window` heads
         only, rather than every head's down the whole column."""
-        return SEGMENTED and self.head_rows >= 2  # (a KV copy a row: one-row segments, slow for the lines)
+        return (
+            SEGMENTED and self.segmented and self.head_rows >= 2
+        )  # (a KV copy a row: one-row segments, slow for the lines)
 
     @property
     def window(self) -> int:
@@ -185,11 +195,12 @@ class GridPlan:
 SEGMENTED = True  # WaferLLM's two-phase reductions (off: one chain a line, about 1.5 P steps; docs/benchmarks.md)
 
 
-def segments(p: int, length: int = 0) -> tuple[int, int, int]:
+def segments(p: int, length: int = 0, segmented: bool = True) -> tuple[int, int, int]:
     """(segment length, segments, the middle segment) of a line of P elements: segments of `length`, or about
-    sqrt(P / 4) of them, so a reduction costs about P + P / segments + segments steps rather than 1.5 P."""
+    sqrt(P / 4) of them, so a reduction costs about P + P / segments + segments steps rather than 1.5 P (one segment
+    unless `segmented`)."""
     if not length:
-        wanted = max(1, int(math.sqrt(p / 4))) if SEGMENTED else 1
+        wanted = max(1, int(math.sqrt(p / 4))) if SEGMENTED and segmented else 1
         length = ceil_div(p, wanted)
     length = min(length, p)
     count = ceil_div(p, length)

@@ -16,6 +16,7 @@ from xdsl.ir import Block, Region, SSAValue
 
 from logos_ir.passes.spatial import grid as g
 from logos_ir.passes.spatial.emit import Emit, route, segment_bounds
+from logos_ir.passes.spatial.queues import chain_params
 
 
 def _line_routes(e: Emit, k: SSAValue, x: SSAValue, y: SSAValue, plan: g.GridPlan, along: str) -> None:
@@ -170,9 +171,35 @@ def _half_routes(
         receiver.end_branch(odd_r, even_r, op2)
 
 
+def _chain_colours(e: Emit, x: SSAValue, y: SSAValue, width: SSAValue, height: SSAValue) -> list[tuple[str, SSAValue]]:
+    """A one-segment line's chain colours at element (x, y), as its tile code's `color` parameters (`queues`'
+    `<chain>_in`, `<chain>_out`; gemv-checkerboard's `recv` and `send`): the element at distance d from a chain's end
+    sends chain[d % 2] and receives chain[(d + 1) % 2] (the colour its neighbour at d - 1 sends). On a WSE-3 its
+    queues are bound to them."""
+    one, two = e.int(1, i16), e.int(2, i16)
+    distances = {
+        "row_west": x,
+        "row_east": e.bin(arith.SubiOp, e.bin(arith.SubiOp, width, one), x),
+        "col_north": y,
+        "col_south": e.bin(arith.SubiOp, e.bin(arith.SubiOp, height, one), y),
+    }
+    first = {"row_west": g.ROW_WEST_CHAIN, "row_east": g.ROW_EAST_CHAIN}
+    first |= {"col_north": g.COL_NORTH_CHAIN, "col_south": g.COL_SOUTH_CHAIN}
+    fields: list[tuple[str, SSAValue]] = []
+    for name in chain_params():
+        chain, side = name.rsplit("_", 1)
+        pair = first[chain]
+        assert pair[1] == pair[0] + 1  # the parity picks one of two consecutive colours
+        d = distances[chain] if side == "out" else e.bin(arith.AddiOp, distances[chain], one)
+        colour = e.bin(arith.AddiOp, e.int(pair[0], i16), e.bin(arith.RemSIOp, d, two))
+        fields.append((name, e.op(csl.GetColorOp(colour)).results[0]))  # type: ignore[arg-type]
+    return fields
+
+
 def layout_module(plan: g.GridPlan) -> csl.CslModuleOp:
     """The layout: a width x height rectangle (the `cslc --params`, equal to the program's P), each element's
-    program with its coordinates and memcpy parameters, and every router's colour configuration."""
+    program with its coordinates and memcpy parameters (and, a line of one segment, its chains' colours), and every
+    router's colour configuration."""
     outer = Block()
     top = Emit(outer)
     width = top.op(csl.ParamOp("width", i16)).results[0]
@@ -185,7 +212,10 @@ def layout_module(plan: g.GridPlan) -> csl.CslModuleOp:
     with e.loop_i16(width) as (column, x):
         with column.loop_i16(height) as (cell, y):
             tile_params = cell.op(csl.MemberCallOp("get_params", csl.ComptimeStructType(), memcpy, [x])).results[0]
-            struct = cell.op(csl.ConstStructOp(("memcpy_params", tile_params), ("px", x), ("py", y))).results[0]
+            fields = [("memcpy_params", tile_params), ("px", x), ("py", y)]
+            if not plan.segmented:
+                fields += _chain_colours(cell, x, y, width, height)
+            struct = cell.op(csl.ConstStructOp(*fields)).results[0]
             cell.op(csl.SetTileCodeOp("pe_program.csl", x, y, struct))
             _line_routes(cell, x, x, y, plan, "row")
             _line_routes(cell, y, x, y, plan, "col")

@@ -5,8 +5,9 @@ Assumes: a module holding the lane's two `csl.module`s, the element program and 
 it uses a colour memcpy reserves on WSE-2 (21, 22, 23) or one outside a WSE-2's 24, receives a colour no element
 sends, binds a local task id twice or to a colour the program routes, declares a symbol twice in the program's top
 scope, or, as CSL text, declares a name twice in one scope or shadows a name of an enclosing scope (CSL, as Zig, allows
-neither). With `grid` (the layout's width and height, as `cslc --params` gives them) a receive nothing sends names
-the first element that reaches it.
+neither); and the target's DSD-length, queue and task-id rules (`_check_dsd_lengths`, `_check_queues`,
+`_check_top_scope`). With `grid` (the layout's width and height, as `cslc --params` gives them) a receive nothing sends
+names the first element that reaches it, and a WSE-3's queue bindings are checked on every element.
 
 The layout's meaning is here too (`read_layout`): its loops, branches and builtins executed into the rectangle, each
 element's tile parameters and each router's colour configurations, refusing a colour configured twice at one router.
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from xdsl.context import Context
 from xdsl.dialects import arith, csl, memref, scf
 from xdsl.dialects.builtin import IntegerType, ModuleOp, Signedness, StringAttr
@@ -94,7 +96,8 @@ def static_check(
     program, layout = split_modules(module)
     target = target_of(module, arch)
     _check_dsd_lengths(program)
-    _check_queues(program, target)
+    layout_run = read_layout(layout, params) if params is not None and target.one_colour_per_queue else None
+    _check_queues(program, target, layout_run)
     sent, received = _fabric_colours(program)
     for op in layout.walk():
         if isinstance(op, csl_ext.SetColorConfigOp):
@@ -203,24 +206,26 @@ def _check_dsd_lengths(program: csl.CslModuleOp) -> None:
             raise PassError(f"{PASS}: {_dsd_where(op)} sets a length of type {op.length.type}: it takes a u16")
 
 
-def _check_queues(program: csl.CslModuleOp, target: csl_ext.Target) -> None:
+def _check_queues(program: csl.CslModuleOp, target: csl_ext.Target, layout: Layout | None) -> None:
     """Each fabric DSD's queue is one the target gives the program (memcpy's left out); on a target that binds each
-    queue to one colour (WSE-3), no queue serves two colours and each is bound, by `@initialize_queue`, to the colour
-    its DSDs name."""
-    colours: dict[tuple[bool, int], dict[int, Operation]] = {}
-    bound: dict[tuple[bool, int], int] = {}
+    queue to one colour (WSE-3), each queue a DSD uses is bound once, by `@initialize_queue`, to a colour or to a
+    `color` parameter of the tile code, and with the layout run (`layout`), on every element: each DSD that element
+    can reach (its branches on the element's parameters) uses a queue bound there to the DSD's colour, and each
+    colour its router delivers to it (or takes from it) has an input (output) queue bound to that colour there."""
+    bound: dict[tuple[bool, int], csl_ext.InitializeQueueOp] = {}
+    used: list[tuple[csl.GetFabDsdOp, bool, int]] = []
     for op in program.walk():
         if isinstance(op, csl_ext.InitializeQueueOp):
             key = (op.inbound, op.queue.data)
-            if key in bound and bound[key] != op.colour.data:
+            if key in bound:
                 raise PassError(
-                    f"{PASS}: {op.side.data} queue {op.queue.data} is initialized with colours {bound[key]} and "
-                    f"{op.colour.data}"
+                    f"{PASS}: {op.side.data} queue {op.queue.data} is initialized twice (with "
+                    f"{_binding(bound[key])} and {_binding(op)})"
                 )
-            bound[key] = op.colour.data
+            bound[key] = op
         if isinstance(op, csl.GetFabDsdOp):
             inbound = op.result.type == csl.DsdType(csl.DsdKind.fabin_dsd)
-            queue = op.queue_id.value.data
+            queue = csl_ext.queue_id(op)
             side = "input" if inbound else "output"
             free = target.input_queues if inbound else target.output_queues
             if queue not in free:
@@ -228,22 +233,141 @@ def _check_queues(program: csl.CslModuleOp, target: csl_ext.Target) -> None:
                     f"{PASS}: {_dsd_where(op)} uses {side} queue {queue}: a {target.name} program has {side} queues "
                     f"{free[0]} to {free[-1]} (memcpy takes the others)"
                 )
-            colours.setdefault((inbound, queue), {}).setdefault(op.fabric_color.value.data, op)
+            used.append((op, inbound, queue))
     if not target.one_colour_per_queue:
         return
-    for (inbound, queue), by_colour in sorted(colours.items()):
+    for op, inbound, queue in used:
         side = "input" if inbound else "output"
-        if len(by_colour) > 1:
-            raise PassError(
-                f"{PASS}: {side} queue {queue} serves colours {', '.join(map(str, sorted(by_colour)))}: a "
-                f"{target.name} binds each queue to one colour (@initialize_queue)"
-            )
-        colour, op = next(iter(by_colour.items()))
-        if bound.get((inbound, queue)) != colour:
+        binding = bound.get((inbound, queue))
+        colour = op.fabric_color.value.data
+        if binding is None or (binding.colour is not None and binding.colour.data != colour):
             raise PassError(
                 f"{PASS}: {_dsd_where(op)} uses {side} queue {queue}, which no @initialize_queue binds to colour "
                 f"{colour} (a {target.name} needs it)"
             )
+    if layout is not None:
+        _check_queues_per_element(program, layout, bound, used)
+
+
+def _binding(op: csl_ext.InitializeQueueOp) -> str:
+    return f"colour {op.colour.data}" if op.colour is not None else f"the parameter {op.param_name}"
+
+
+def _bound_colours(
+    layout: Layout, bound: dict[tuple[bool, int], csl_ext.InitializeQueueOp]
+) -> dict[tuple[bool, int], np.ndarray]:
+    """Each queue's colour on every element (element index y * width + x), from its literal or its parameter."""
+    n = layout.width * layout.height
+    out: dict[tuple[bool, int], np.ndarray] = {}
+    for key, op in bound.items():
+        if op.colour is not None:
+            out[key] = np.full(n, op.colour.data, dtype=np.int64)
+            continue
+        name = op.param_name
+        colours = np.full(n, -1, dtype=np.int64)
+        for (x, y), given in layout.params.items():
+            if name not in given:
+                raise PassError(f"{PASS}: element ({x}, {y}) is given no '{name}' (the colour of {_binding(op)})")
+            colours[y * layout.width + x] = given[name]
+        out[key] = colours
+    return out
+
+
+def _check_queues_per_element(
+    program: csl.CslModuleOp,
+    layout: Layout,
+    bound: dict[tuple[bool, int], csl_ext.InitializeQueueOp],
+    used: list[tuple[csl.GetFabDsdOp, bool, int]],
+) -> None:
+    width = layout.width
+    colours = _bound_colours(layout, bound)
+    known = _element_values(program, layout)
+    by_name = {op.param_name.data: known[op.res] for op in program.body.block.ops if isinstance(op, csl.ParamOp)}
+    for op, inbound, queue in used:
+        colour = op.fabric_color.value.data
+        here = colours[(inbound, queue)]
+        param = csl_ext.colour_param(op)
+        if param is not None and param not in by_name:
+            raise PassError(
+                f"{PASS}: {_dsd_where(op)} prints its colour as '{param}', which the program does not declare"
+            )
+        uses = [u.operation for u in op.result.uses] if op.parent_op() is program else [op]
+        for use in uses:
+            reach = _reaching(use, known)
+            named = reach & (by_name[param] != colour) if param is not None else reach & False
+            if named.any():
+                e = int(np.flatnonzero(named)[0])
+                raise PassError(
+                    f"{PASS}: {_dsd_where(op)} on element ({e % width}, {e // width}) names its colour as the "
+                    f"parameter {param}, which is {int(by_name[param][e])} there, not {colour}"
+                )
+            wrong = reach & (here != colour)
+            if wrong.any():
+                e = int(np.flatnonzero(wrong)[0])
+                raise PassError(
+                    f"{PASS}: {_dsd_where(op)} on element ({e % width}, {e // width}) uses "
+                    f"{'input' if inbound else 'output'} queue {queue}, which that element binds to colour "
+                    f"{int(here[e])}, not {colour}"
+                )
+    for (x, y, colour), (rx, tx) in sorted(layout.routes.items()):
+        e = y * width + x
+        for inbound, flows in ((True, "RAMP" in tx and rx != ("RAMP",)), (False, "RAMP" in rx)):
+            if flows and not any(c[e] == colour for (side, _), c in colours.items() if side == inbound):
+                raise PassError(
+                    f"{PASS}: the router of element ({x}, {y}) {'delivers' if inbound else 'takes'} colour {colour} "
+                    f"{'to' if inbound else 'from'} it, and it binds no {'input' if inbound else 'output'} queue to "
+                    "that colour"
+                )
+
+
+def _element_values(program: csl.CslModuleOp, layout: Layout) -> dict[SSAValue, np.ndarray]:
+    """Each parameter of the program as an array over the elements (index y * width + x)."""
+    n = layout.width * layout.height
+    values: dict[SSAValue, np.ndarray] = {}
+    for op in program.body.block.ops:
+        if isinstance(op, csl.ParamOp):
+            array = np.zeros(n, dtype=np.int64)
+            for (x, y), given in layout.params.items():
+                if isinstance(given.get(op.param_name.data), int):
+                    array[y * layout.width + x] = given[op.param_name.data]
+            values[op.res] = array
+    return values
+
+
+def _reaching(op: Operation, known: dict[SSAValue, np.ndarray]) -> np.ndarray:
+    """Which elements may run `op`: those whose values of the branches around it (computed from the parameters and
+    constants; a branch on anything else may go either way) take it."""
+    n = next(iter(known.values())).size if known else 1
+    reach = np.ones(n, dtype=bool)
+    cache: dict[SSAValue, Any] = {}
+    child: Operation = op
+    parent = op.parent_op()
+    while parent is not None and not isinstance(parent, csl.FuncOp | csl.TaskOp):
+        if isinstance(parent, scf.IfOp):
+            value = _element_value(parent.cond, known, cache)
+            if value is not None:
+                taken = child.parent_region() is parent.true_region
+                reach &= np.asarray(value, dtype=bool) == taken
+        child, parent = parent, parent.parent_op()
+    return reach
+
+
+def _element_value(value: SSAValue, known: dict[SSAValue, np.ndarray], cache: dict[SSAValue, Any]) -> Any:
+    """An integer computed from the parameters and constants, over every element (None if it depends on more)."""
+    if value in known:
+        return known[value]
+    if value in cache:
+        return cache[value]
+    op = value.owner
+    result: Any = None
+    if isinstance(op, arith.ConstantOp):
+        result = op.value.value.data  # type: ignore[attr-defined]
+    elif isinstance(op, Operation) and type(op) in _ELEMENT_OPS:
+        args = [_element_value(o, known, cache) for o in op.operands]
+        if all(a is not None for a in args):
+            result = _ELEMENT_OPS[type(op)](op, *args)
+    cache[value] = result
+    return result
 
 
 def _check_colour(colour: int, op: Operation) -> None:
@@ -353,6 +477,17 @@ INTEGER_OPS: dict[type[Operation], Callable[..., Any]] = {
     arith.ExtSIOp: lambda op, a: a,
     arith.TruncIOp: lambda op, a: a,
     arith.IndexCastOp: lambda op, a: a,
+}
+
+
+# INTEGER_OPS over arrays of every element's values (`_element_value`)
+_ELEMENT_OPS: dict[type[Operation], Callable[..., Any]] = {
+    **{k: INTEGER_OPS[k] for k in (arith.AddiOp, arith.SubiOp, arith.MuliOp, arith.CmpiOp, arith.ExtSIOp)},
+    **{k: INTEGER_OPS[k] for k in (arith.TruncIOp, arith.IndexCastOp)},
+    arith.DivSIOp: lambda op, a, b: np.sign(a) * np.sign(b) * (np.abs(a) // np.abs(b)),
+    arith.RemSIOp: lambda op, a, b: np.fmod(a, b),
+    arith.AndIOp: lambda op, a, b: np.logical_and(a, b),
+    arith.SelectOp: lambda op, c, a, b: np.where(c, a, b),
 }
 
 
@@ -475,4 +610,5 @@ _LAYOUT_OPS: dict[type[Operation], Callable[[_LayoutRun, Any], None]] = {
     csl.SetRectangleOp: _rectangle,
     csl.SetTileCodeOp: _tile_code,
     csl_ext.SetColorConfigOp: _colour_config,
+    csl.GetColorOp: lambda run, op: run.env.__setitem__(op.res, run.env[op.id]),
 }

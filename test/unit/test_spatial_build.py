@@ -346,3 +346,24 @@ def test_run_py_runs_without_logos_ir(tmp_path: Path) -> None:
     no_client = run(str(build / "run_appliance.py"), "--weights", str(tmp_path / "weights"))
     assert no_client.returncode != 0 and "appliance client is not installed" in no_client.stderr
     assert "appliance client is not installed" in run(str(build / "compile_appliance.py")).stderr
+
+
+@pytest.mark.parametrize(("name", "ctx"), [("tiny", 64), (None, 2048)])
+def test_builds_for_a_wse3(name: str | None, ctx: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tiny model and the embedded model (SmolLM2, ctx 2048, f16) build for a WSE-3: the build runs the static
+    check with its layout's parameters (every element's queue bindings against the DSDs it reaches and the colours
+    its router delivers), the program binds all 12 queues memcpy leaves (2 to 7, in and out) with @initialize_queue,
+    each to one colour (a broadcast's, or the element's chain colour parameter), and names no queue it has not
+    bound; commands.sh compiles for the WSE-3's fabric."""
+    model = _no_weights(ModelSource.resolve(name), monkeypatch)
+    lane = build_spatial(_request(model, f"decode ctx={ctx}", "f16", arch="wse3"))
+    files = {a.path: a.data.decode() for a in lane.artifacts}
+    program = files["pe_program.csl"]
+    bound = re.findall(r"@initialize_queue\(@get_(input|output)_queue\((\d)\), \.\{ \.color = ([^}]+) \}\);", program)
+    assert sorted((side, int(q)) for side, q, _ in bound) == [(s, q) for s in ("input", "output") for q in range(2, 8)]
+    named = set(re.findall(r"\.(input|output)_queue = @get_\1_queue\((\d)\)", program))
+    assert named and named <= {(side, q) for side, q, _ in bound}
+    assert {c for _, _, c in bound} >= {"@get_color(8)", "@get_color(17)", "row_west_in", "col_south_out"}
+    assert "cslc --arch=wse3" in files["commands.sh"] and "DIMS=762,1172" in files["commands.sh"]
+    assert json.loads(files["host.json"])["arch"] == "wse3"
+    assert lane.report["memory_per_element"]["band"]["high"] <= WSE2_MEMORY  # a WSE-3 element has the same 48 KiB

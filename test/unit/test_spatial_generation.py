@@ -288,13 +288,14 @@ def test_backend_refuses_what_it_does_not_run() -> None:
         SpatialGenerator(store, image="bf16")
 
 
-def test_logos_run_from_a_build_folder(tmp_path: Path) -> None:
+@pytest.mark.parametrize("arch", ["wse2", "wse3"])
+def test_logos_run_from_a_build_folder(tmp_path: Path, arch: str) -> None:
     """`logos-compile --target spatial` then `logos-run` on the folder: the reference backend's tokens, from the
-    folder's csl modules."""
+    folder's csl modules (on a WSE-3's, with its queue bindings and colour parameters read back from grid.mlir)."""
     build = tmp_path / "tiny"
     compile_command = [sys.executable, "-m", "logos_ir.tools.logos_compile", "--model", "tiny", "--target", "spatial"]
     done = subprocess.run(
-        [*compile_command, "--weights", "f32", "--cut", "decode ctx=16", "-o", str(build)],
+        [*compile_command, "--weights", "f32", "--cut", "decode ctx=16", "--option", f"arch={arch}", "-o", str(build)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -353,3 +354,68 @@ def test_the_schedule_and_the_short_way_change_nothing() -> None:
         assert tokens == runs[0][0] and cycles == runs[0][1] and wavelets == runs[0][2]
         np.testing.assert_array_equal(logits, runs[0][3])
     assert Fabric.schedule == "lowest" and Fabric.fast
+
+
+def _lowered_wse3(spec: ModelSpec, p: int = 0):  # type: ignore[no-untyped-def]
+    """The decode step of `spec` (ctx 16, f32) lowered for a WSE-3 (as `testing.lower_decode` does for a WSE-2)."""
+    from xdsl.context import Context
+    from xdsl.dialects.builtin import ModuleOp
+
+    from logos_ir.author import written
+    from logos_ir.parser import parse_program
+    from logos_ir.passes.extract_parts import ExtractParts
+    from logos_ir.passes.spatial.convert_logos_to_csl import lower_module
+    from logos_ir.passes.spatial.fuse_products import CslFuseProducts
+    from logos_ir.passes.verify_identity import VerifyIdentity
+
+    authored, _ = written(spec, Cut.decode(16))
+    module = ModuleOp([parse_program(authored.text, "<decode ctx=16>")])
+    for stage in (VerifyIdentity(), ExtractParts(), CslFuseProducts()):
+        stage.apply(Context(), module)
+    return lower_module(module, "f32", p, arch="wse3")
+
+
+@pytest.mark.parametrize(("name", "p"), [("gqa", 0), ("ragged_widths", 0), ("gqa", 7)])
+def test_wse3_tokens_match_reference(name: str, p: int) -> None:
+    """Built for a WSE-3 (one segment a line, every queue bound to one colour on each element), the simulator,
+    holding each element to its queues' bindings, gives the reference's greedy tokens."""
+    store = RandomWeights(MODELS[name], seed=7)
+    lowered = _lowered_wse3(store.spec, p)
+    assert lowered.host["arch"] == "wse3"
+    machine = GridMachine(lowered.module, lowered.host, store)
+    assert len(machine.fabric.queue_binding) == 12  # 6 input and 6 output queues, each bound
+    assert _run(lowered.module, lowered.host, store, 4) == Generator(store).generate(PROMPT, 4)
+
+
+def test_wse3_wavelets_on_a_colour_no_queue_takes_fault() -> None:
+    """A layout whose chain colour parameter is the wrong one of its pair: the element's neighbour sends on the
+    colour its queue is not bound to, and the simulator faults there, naming the element and colour, rather than
+    delivering; a queue's literal binding changed faults at the DSD op that uses it, and so does a DSD printed with
+    the other chain's colour parameter."""
+    from xdsl.dialects.builtin import IntAttr, StringAttr
+
+    store = RandomWeights(MODELS["gqa"], seed=7)
+    lowered = _lowered_wse3(store.spec, 7)
+    module = lowered.module.clone()
+    _, layout = split_modules(module)
+    struct = next(op for op in layout.walk() if isinstance(op, csl.ConstStructOp) and len(op.operands) > 3)
+    names = [f.data for f in struct.ssa_fields.data]  # type: ignore[union-attr]
+    struct.operands[names.index("row_west_in")] = struct.operands[names.index("row_west_out")]
+    with pytest.raises(FabricError, match=r"element \(\d, \d\) receives wavelets on colour [01], and binds no input"):
+        _run(module, lowered.host, store, 1)
+    module = lowered.module.clone()
+    program, _ = split_modules(module)
+    broadcast = next(
+        op
+        for op in program.walk()
+        if isinstance(op, csl_ext.InitializeQueueOp) and op.colour is not None and op.inbound and op.colour.data == 8
+    )
+    broadcast.colour = IntAttr(9)
+    with pytest.raises(FabricError, match=r"runs @fmovs on colour 8 through input queue 4, which it binds to colour 9"):
+        _run(module, lowered.host, store, 1)
+    module = lowered.module.clone()
+    program, _ = split_modules(module)
+    receive = next(op for op in program.walk() if csl_ext.colour_param(op) == "row_west_in")
+    receive.attributes[csl_ext.COLOUR_PARAM] = StringAttr("row_east_in")  # printed as the eastern chain's colour
+    with pytest.raises(FabricError, match=r"whose colour parameter is [23] there, where the op's colour is [01]"):
+        _run(module, lowered.host, store, 1)

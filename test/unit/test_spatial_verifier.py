@@ -1,7 +1,8 @@
 """The spatial lane's static check refuses what cslc would (issue 31): a DSD whose length is known only at run time
 (the SDK's `tensor_access` and `extent` take lengths known at compile time; a run-time length is `@set_dsd_length`'s,
 a u16), a length outside a u16, a queue the target does not give a program (memcpy's), a queue serving two colours
-or unbound on a WSE-3, a local task id outside the target's. Each refusal is made from the tiny model's lowered
+or unbound on a WSE-3 (and, on each element, bound to a colour other than the one its DSDs and routes use), a
+segmented line on a WSE-3, a local task id outside the target's. Each refusal is made from the tiny model's lowered
 module with one op edited, so the unedited module passing is what the edit breaks.
 """
 
@@ -84,16 +85,118 @@ def test_queues_the_target_does_not_give_are_refused(lowered) -> None:  # type: 
     receive.queue_id = IntegerAttr(0, receive.queue_id.type)  # memcpy's input queue
     with pytest.raises(PassError, match=r"uses input queue 0: a wse2 program has input queues 1 to 7"):
         _check(module, lowered.host)
-    # a WSE-2's program (one input queue for every colour) on a WSE-3, which binds a queue to one colour; and the
-    # lowering's binding for a WSE-3, refused by name: more colours than a WSE-3 has queues
-    with pytest.raises(PassError, match=r"queue [23] serves colours 0, 1, .*: a wse3 binds each queue to one colour"):
+    # a WSE-2's program (one input queue for every colour) on a WSE-3, which binds a queue to one colour
+    with pytest.raises(
+        PassError, match=r"uses output queue 3, which no @initialize_queue binds to colour \d+ \(a wse3"
+    ):
         _check(lowered.module, lowered.host, "wse3")
+
+
+def test_a_segmented_line_is_refused_by_name_on_a_wse3() -> None:
+    """A line of several segments (the WSE-2's two phases, grid 18) uses the segments' centres' colours, which a
+    WSE-3's 6 queues a direction do not take: bind_queues refuses it, naming the colours."""
     from logos_ir.dialects import csl_ext
     from logos_ir.passes.spatial.queues import bind_queues
+    from logos_ir.testing import lower_decode
 
-    program, _ = split_modules(lowered.module.clone())
-    with pytest.raises(PassError, match=r"gives a program 6 input queues \(2 to 7\); the element program receives on"):
+    program, _ = split_modules(lower_decode(SPEC, 16, "f32", 18).module)
+    with pytest.raises(PassError, match=r"uses colours 4, 5, 6, 7, 13, 14, 15, 16, 18, outside the one-segment line's"):
         bind_queues(program, csl_ext.TARGETS["wse3"])
+
+
+def _lowered_wse3(p: int = 0):  # type: ignore[no-untyped-def]
+    """The tiny model's decode step (ctx 16, f32) lowered for a WSE-3 (as `testing.lower_decode` does for a WSE-2)."""
+    from xdsl.context import Context
+
+    from logos_ir.author import written
+    from logos_ir.parser import parse_program
+    from logos_ir.passes.extract_parts import ExtractParts
+    from logos_ir.passes.spatial.convert_logos_to_csl import lower_module
+    from logos_ir.passes.spatial.fuse_products import CslFuseProducts
+    from logos_ir.passes.verify_identity import VerifyIdentity
+    from logos_ir.program import Cut
+
+    authored, _ = written(SPEC, Cut.decode(16))
+    module = ModuleOp([parse_program(authored.text, "<decode ctx=16>")])
+    for stage in (VerifyIdentity(), ExtractParts(), CslFuseProducts()):
+        stage.apply(Context(), module)
+    return lower_module(module, "f32", p, arch="wse3")
+
+
+def test_a_wse3_program_binds_each_element_s_queues_to_the_colours_it_uses() -> None:
+    """On a WSE-3 the tiny model's program (P = 7: two chains of three a line) uses the 6 input and 6 output queues
+    memcpy leaves, each bound by @initialize_queue to a broadcast's colour or to the element's own chain colour (a
+    `color` parameter the layout gives by parity); every element's DSDs and routes agree with its bindings. Each
+    edit below breaks one rule and is refused: a literal binding changed, a chain's colours swapped on the
+    elements, a queue initialized twice, a DSD moved to another class's queue."""
+    from xdsl.dialects.builtin import IntAttr
+
+    from logos_ir.dialects import csl_ext
+    from logos_ir.passes.spatial.emit_csl import print_csl
+
+    lowered = _lowered_wse3(7)
+    static_check(lowered.module, params=layout_params(lowered.host))
+    program, layout = split_modules(lowered.module)
+    bindings = [op for op in program.walk() if isinstance(op, csl_ext.InitializeQueueOp)]
+    assert sorted((op.inbound, op.queue.data) for op in bindings) == [
+        (b, q) for b in (False, True) for q in range(2, 8)
+    ]
+    used = {
+        (op.result.type == csl.DsdType(csl.DsdKind.fabin_dsd), csl_ext.queue_id(op))
+        for op in _ops(lowered.module, csl.GetFabDsdOp)
+    }
+    assert used <= {(op.inbound, op.queue.data) for op in bindings}
+    text = print_csl(lowered.module)
+    assert "param row_west_in : color;" in text["pe_program.csl"]
+    assert "@initialize_queue(@get_input_queue(2), .{ .color = row_west_in });" in text["pe_program.csl"]
+    assert "@initialize_queue(@get_input_queue(4), .{ .color = @get_color(8) });" in text["pe_program.csl"]
+    assert ".row_west_in = @get_color((0 + ((" in text["layout.csl"]
+
+    module = lowered.module.clone()
+    broadcast = next(
+        op
+        for op in split_modules(module)[0].walk()
+        if isinstance(op, csl_ext.InitializeQueueOp) and op.colour is not None and op.inbound
+    )
+    broadcast.colour = IntAttr(9)
+    with pytest.raises(PassError, match=r"uses input queue 4, which no @initialize_queue binds to colour 8"):
+        static_check(module, params=layout_params(lowered.host))
+
+    module = lowered.module.clone()
+    struct = next(
+        op for op in split_modules(module)[1].walk() if isinstance(op, csl.ConstStructOp) and len(op.operands) > 3
+    )
+    names = [f.data for f in struct.ssa_fields.data]  # type: ignore[union-attr]
+    struct.operands[names.index("row_west_in")] = struct.operands[names.index("row_west_out")]
+    with pytest.raises(
+        PassError, match=r"on element \(\d, 0\) names its colour as the parameter row_west_in, which is"
+    ):
+        static_check(module, params=layout_params(lowered.host))
+
+    module = lowered.module.clone()
+    program = split_modules(module)[0]
+    params = {op.param_name.data: op.res for op in program.body.block.ops if isinstance(op, csl.ParamOp)}
+    west = next(
+        op for op in program.walk() if isinstance(op, csl_ext.InitializeQueueOp) and op.param_name == "row_west_in"
+    )
+    west.operands[0] = params["row_east_in"]  # input queue 2 bound to the eastern chain's colour
+    with pytest.raises(PassError, match=r"on element \(\d, 0\) uses input queue 2, which that element binds to colour"):
+        static_check(module, params=layout_params(lowered.host))
+
+    module = lowered.module.clone()
+    split_modules(module)[0].body.block.add_op(csl_ext.InitializeQueueOp(True, 4, 9))
+    with pytest.raises(PassError, match=r"input queue 4 is initialized twice \(with colour 8 and colour 9\)"):
+        static_check(module, params=layout_params(lowered.host))
+
+    module = lowered.module.clone()
+    receive = next(
+        op
+        for op in _ops(module, csl.GetFabDsdOp)
+        if op.fabric_color.value.data == 8 and op.result.type == csl.DsdType(csl.DsdKind.fabin_dsd)
+    )
+    receive.queue_id = IntegerAttr(7, receive.queue_id.type)  # the column broadcast's queue
+    with pytest.raises(PassError, match=r"uses input queue 7, which no @initialize_queue binds to colour 8"):
+        static_check(module, params=layout_params(lowered.host))
 
 
 def test_local_task_ids_outside_the_target_are_refused(lowered) -> None:  # type: ignore[no-untyped-def]
@@ -105,7 +208,8 @@ def test_local_task_ids_outside_the_target_are_refused(lowered) -> None:  # type
 
 
 def _one_colour_program() -> ModuleOp:
-    """A program that sends and receives on colour 5 (one output and one input fabric DSD) and an empty layout."""
+    """A program that sends and receives on colour 8 (one output and one input fabric DSD: a row's broadcast) and an
+    empty layout."""
     from xdsl.dialects.builtin import FunctionType, StringAttr
     from xdsl.ir import Block, Region
 
@@ -113,8 +217,8 @@ def _one_colour_program() -> ModuleOp:
 
     block = Block()
     e = Emit(block)
-    e.fabric(5, 4, False)
-    e.fabric(5, 4, True)
+    e.fabric(8, 4, False)
+    e.fabric(8, 4, True)
     e.op(csl.ReturnOp())
     top = Block([csl.FuncOp("f", FunctionType.from_lists([], []), Region(block))])
     program = csl.CslModuleOp(
@@ -135,13 +239,13 @@ def test_a_wse3_program_binds_each_queue_to_its_one_colour() -> None:
 
     module = _one_colour_program()
     program, _ = split_modules(module)
-    with pytest.raises(PassError, match=r"uses output queue 3, which no @initialize_queue binds to colour 5"):
+    with pytest.raises(PassError, match=r"uses output queue 3, which no @initialize_queue binds to colour 8"):
         static_check(module, arch="wse3")
     bind_queues(program, csl_ext.TARGETS["wse3"])
     static_check(module)  # the program's own target (csl_ext.arch = wse3)
     text = print_csl(module)["pe_program.csl"]
-    assert "@initialize_queue(@get_input_queue(2), .{ .color = @get_color(5) });" in text
-    assert "@initialize_queue(@get_output_queue(2), .{ .color = @get_color(5) });" in text
-    program.body.block.add_op(csl_ext.InitializeQueueOp(True, 2, 6))
-    with pytest.raises(PassError, match=r"input queue 2 is initialized with colours 5 and 6"):
+    assert "@initialize_queue(@get_input_queue(4), .{ .color = @get_color(8) });" in text
+    assert "@initialize_queue(@get_output_queue(4), .{ .color = @get_color(8) });" in text
+    program.body.block.add_op(csl_ext.InitializeQueueOp(True, 4, 6))
+    with pytest.raises(PassError, match=r"input queue 4 is initialized twice \(with colour 8 and colour 6\)"):
         static_check(module)

@@ -75,6 +75,7 @@ class Compiler(FabricState):
                 if name in given and isinstance(given[name], int):
                     array[y * self.width + x] = given[name]
             self.regs[value] = array
+            self.param_values[name] = array
         missing = [(x, y) for x in range(self.width) for y in range(self.height) if (x, y) not in self.layout.params]
         if missing:
             raise FabricError(f"element {missing[0]} has no tile code (@set_tile_code)")
@@ -107,6 +108,16 @@ class Compiler(FabricState):
         if not isinstance(op.inp.owner, arith.ConstantOp):
             raise FabricError(f"the fabric simulator casts only constants ({op.name} of '{op.inp}')")
         self.regs[op.result] = np.asarray(self._reg(op.inp)) % 65536
+
+    def _initialize_queue(self, op: csl_ext.InitializeQueueOp) -> None:
+        """`@initialize_queue` (comptime, no cycles): each element's queue bound to its colour, a literal or its tile
+        code's `color` parameter; a fabric DSD on that queue must name that colour (`DsdOps._check_queue`) and a
+        wavelet reaching the element's ramp must find an input queue bound to its colour (`Wavelets._check_bound`)."""
+        if op.colour is not None:
+            colours = np.full(self.n, op.colour.data, dtype=np.int64)
+        else:
+            colours = np.asarray(self.regs[op.colour_param], dtype=np.int64)  # type: ignore[index]
+        self.queue_binding[(op.inbound, op.queue.data)] = colours
 
     def _no_effect(self, op: Operation) -> None:
         """An op with no run-time effect (a global's address, a module import, a parameter, a comment)."""
@@ -517,7 +528,7 @@ _TOP_LEVEL: dict[type[Operation], Callable[[Any, Any], None]] = {
     csl.AddressOfOp: Compiler._no_effect,
     csl.ParamOp: Compiler._no_effect,
     csl_ext.CommentOp: Compiler._no_effect,
-    csl_ext.InitializeQueueOp: Compiler._no_effect,  # the static check holds each queue to its colour
+    csl_ext.InitializeQueueOp: Compiler._initialize_queue,
     csl.GetFabDsdOp: DsdOps._fab_dsd_constant,
 }
 

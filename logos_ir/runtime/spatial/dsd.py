@@ -15,6 +15,7 @@ import numpy as np
 from xdsl.dialects import arith, csl
 from xdsl.ir import SSAValue
 
+from logos_ir.dialects import csl_ext
 from logos_ir.runtime.spatial import CYCLES, FabricError
 from logos_ir.runtime.spatial.fabric import Blocked, FabDsd
 from logos_ir.runtime.spatial.memory import MemDsd
@@ -129,7 +130,9 @@ class DsdOps(FabricState):
                 f"a fabric DSD of the program's top level (colour {op.fabric_color.value.data}) needs a constant extent"
             )
         inbound = op.result.type == csl.DsdType(csl.DsdKind.fabin_dsd)
-        self.regs[op.result] = FabDsd(op.fabric_color.value.data, inbound, np.full(self.n, constant), int(constant))
+        colour, queue = op.fabric_color.value.data, csl_ext.queue_id(op)
+        extent = np.full(self.n, constant)
+        self.regs[op.result] = FabDsd(colour, inbound, extent, int(constant), queue, self._colour_param(op))
 
     def _compile_fab_dsd(self, op: csl.GetFabDsdOp) -> None:
         at = len(self.instrs)
@@ -140,6 +143,8 @@ class DsdOps(FabricState):
             inbound,
             np.zeros(self.n, np.int64),
             int(constant) if constant is not None else None,
+            csl_ext.queue_id(op),
+            self._colour_param(op),
         )
         size = self._reg(op.sizes[0])
         clock, n, cost = self.clock, self.n, CYCLES["dsd_setup"]
@@ -164,6 +169,8 @@ class DsdOps(FabricState):
                 owner.fabric_color.value.data,
                 owner.result.type == csl.DsdType(csl.DsdKind.fabin_dsd),
                 np.zeros(self.n, np.int64),
+                queue=csl_ext.queue_id(owner),
+                param=self._colour_param(owner),
             )
         else:
             reg = MemDsd("", np.zeros(self.n, np.int64), np.zeros(self.n, np.int64), np.zeros(self.n, np.int64))
@@ -195,7 +202,11 @@ class DsdOps(FabricState):
         operands = list(op.ops)
         fast = None if self._simple else self._fast_dsd(at, function, operands)
 
+        fabric = [v for v in operands if _fabric_dsd(v)]
+
         def run(idx: np.ndarray) -> np.ndarray | int:
+            for value in fabric:
+                self._check_queue(self.regs[value], idx, kind)
             if fast is not None and self.fast:
                 done = fast(idx)
                 if done is not None:
@@ -205,6 +216,37 @@ class DsdOps(FabricState):
         if not self._simple:
             self.waits.add(at)
         self._emit(f"@{kind}", run)
+
+    def _colour_param(self, op: csl.GetFabDsdOp) -> np.ndarray | None:
+        name = csl_ext.colour_param(op)
+        if name is None:
+            return None
+        if name not in self.param_values:
+            raise FabricError(f"a fabric DSD's colour is the parameter '{name}', which the program does not declare")
+        return self.param_values[name]
+
+    def _check_queue(self, reg: FabDsd, idx: np.ndarray, kind: str) -> None:
+        """With queues bound (a WSE-3), a fabric DSD reads or writes its queue, which each element running the op
+        must have bound to the DSD's colour; an element that has not faults, naming it, the queue and both colours."""
+        if reg.param is not None and (reg.param[idx] != reg.colour).any():
+            e = int(idx[reg.param[idx] != reg.colour][0])
+            raise FabricError(
+                f"element ({self.xs[e]}, {self.ys[e]}) runs @{kind} on a fabric DSD whose colour parameter is "
+                f"{int(reg.param[e])} there, where the op's colour is {reg.colour}"
+            )
+        if not self.queue_binding:
+            return
+        bound = self.queue_binding.get((reg.inbound, reg.queue))
+        side = "input" if reg.inbound else "output"
+        if bound is None:
+            raise FabricError(f"@{kind} uses {side} queue {reg.queue}, which no @initialize_queue binds")
+        wrong = bound[idx] != reg.colour
+        if wrong.any():
+            e = int(idx[wrong][0])
+            raise FabricError(
+                f"element ({self.xs[e]}, {self.ys[e]}) runs @{kind} on colour {reg.colour} through {side} queue "
+                f"{reg.queue}, which it binds to colour {int(bound[e])}"
+            )
 
     def _fast_dsd(self, at: int, function: Callable[..., np.ndarray], operands: list[SSAValue]) -> Any:
         """For a DSD op with a fabric operand (a line reduction's step, a broadcast's receive): a shorter way
@@ -327,6 +369,7 @@ class DsdOps(FabricState):
             size = idx.size
             if isinstance(target, FabDsd):
                 colour = target.colour
+                self._check_bound(receivers, colour)
                 self.queue[colour][start : start + length, receivers] = np.broadcast_to(result, (length, size))
                 self.queue_time[colour][start : start + length, receivers] = (
                     ended + self._hops_single[colour][rows] * CYCLES["hop"]

@@ -64,6 +64,8 @@ class Fabric(Compiler, DsdOps, Wavelets, Memory):
         self.blocked = np.zeros((n, 32), dtype=bool)
         self.ended = np.zeros(n, dtype=bool)
         self.waiting: dict[int, Blocked] = {}
+        self.queue_binding = {}
+        self.param_values: dict[str, np.ndarray] = {}  # each parameter of the tile code, over the elements
         self._load(memory)
         self._connect(queue_words)
         self.park_colour = np.full(n, -1, dtype=np.int64)  # an element waiting at a DSD op: the colour (-2: to send)

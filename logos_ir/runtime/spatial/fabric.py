@@ -15,7 +15,7 @@ from xdsl.dialects import arith, csl
 from xdsl.ir import SSAValue
 
 from logos_ir.passes.spatial.verify_grid import Layout
-from logos_ir.runtime.spatial import CYCLES, QUEUE_DEPTH
+from logos_ir.runtime.spatial import CYCLES, QUEUE_DEPTH, FabricError
 from logos_ir.runtime.spatial.state import FabricState
 
 _STEP = {"EAST": (1, 0), "WEST": (-1, 0), "NORTH": (0, -1), "SOUTH": (0, 1)}
@@ -102,6 +102,8 @@ class FabDsd:
     inbound: bool
     extent: np.ndarray
     static: int | None = None  # the extent when it is a constant of the program
+    queue: int = -1  # its input or output queue
+    param: np.ndarray | None = None  # each element's value of the colour parameter it prints as (csl_ext.colour_param)
 
 
 @dataclass
@@ -139,6 +141,27 @@ class Wavelets(FabricState):
         self._lane = np.arange(cap)
         self.capacity = cap  # the ring's size (the simulator's store); the hardware's room is `depth`
         self.queue_depth = QUEUE_DEPTH
+        self._unbound = {}
+        if self.queue_binding:  # a WSE-3: an element takes a colour's wavelets only into a queue bound to it
+            inputs = [c for (inbound, _), c in self.queue_binding.items() if inbound]
+            for c in colours:
+                self._unbound[c] = (
+                    ~np.logical_or.reduce([bound == c for bound in inputs]) if inputs else np.ones(n, bool)
+                )
+
+    def _check_bound(self, receivers: np.ndarray, colour: int) -> None:
+        """A wavelet on `colour` reaching an element's ramp goes into the input queue bound to that colour there; an
+        element binding none faults (the wavelets have nowhere to go), naming the element and the colour."""
+        unbound = self._unbound.get(colour)
+        if unbound is None:
+            return
+        bad = unbound[receivers]
+        if bad.any():
+            e = int(receivers[bad][0])
+            raise FabricError(
+                f"element ({self.xs[e]}, {self.ys[e]}) receives wavelets on colour {colour}, and binds no input queue "
+                "to that colour (@initialize_queue): they have nowhere to go"
+            )
 
     def _colours_used(self) -> set[int]:
         return {op.fabric_color.value.data for op in self.program.walk() if isinstance(op, csl.GetFabDsdOp)}
@@ -263,6 +286,7 @@ class Wavelets(FabricState):
             targets, rows, hop, senders = dest[which, k], data[:, which], hops[which, k], idx[which]
         if targets.size == 0:
             return
+        self._check_bound(targets, colour)
         queue, times, head, count = (
             self.queue[colour],
             self.queue_time[colour],

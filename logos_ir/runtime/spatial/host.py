@@ -94,9 +94,11 @@ class GridMachine:
 
 
 def _plan_of(host: dict[str, Any], spec: Any) -> Any:
+    from logos_ir.dialects import csl_ext
     from logos_ir.passes.spatial.grid import GridPlan
 
-    return GridPlan.of(spec, host["ctx"], host["image"], host["grid"], host.get("kv_copies", 1))
+    segmented = csl_ext.TARGETS[host.get("arch", "wse2")].segmented_lines  # the machine the build is for
+    return GridPlan.of(spec, host["ctx"], host["image"], host["grid"], host.get("kv_copies", 1), segmented)
 
 
 def build_in_memory(spec: Any, ctx: int, image: str) -> tuple[ModuleOp, dict[str, Any]]:

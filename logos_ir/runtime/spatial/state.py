@@ -74,6 +74,10 @@ class FabricState:
     capacity: int
     queue_depth: int
     receiving: np.ndarray
+    # a WSE-3's @initialize_queue bindings: (input?, queue id) -> each element's colour; empty on a WSE-2
+    queue_binding: dict[tuple[bool, int], np.ndarray]
+    param_values: dict[str, np.ndarray]
+    _unbound: dict[int, np.ndarray]  # colour -> the elements binding no input queue to it (with bindings only)
     memcpy_cycles: float
     channels: int
     wavelets: int
@@ -95,3 +99,4 @@ class FabricState:
         def streamed_end(self, receivers: np.ndarray, colour: int, length: int) -> np.ndarray: ...
         def _wake(self, targets: np.ndarray, colour: int) -> None: ...
         def _add_many(self, idx: np.ndarray) -> None: ...
+        def _check_bound(self, receivers: np.ndarray, colour: int) -> None: ...
