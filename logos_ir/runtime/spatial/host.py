@@ -93,6 +93,15 @@ class GridMachine:
         return int(words[0] + (words[1] << 16) + (words[2] << 32))
 
 
+def logits_read_cycles(host: dict[str, Any], channels: int = 1) -> float:
+    """The cycles of a step's read of the logits (`GridMachine.step`'s `memcpy_d2h`: the height's chunks from the
+    host plan's column), from a build's host plan alone: for a grid too large to load (bench/spatial_agreement.py)."""
+    from logos_ir.runtime.spatial.memory import memcpy_cost
+
+    logits = host["logits"]
+    return memcpy_cost(host["grid"][1] * logits["chunk"], logits["column"] + 1, channels)
+
+
 def _plan_of(host: dict[str, Any], spec: Any) -> Any:
     from logos_ir.passes.spatial.grid import GridPlan
 
