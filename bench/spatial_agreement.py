@@ -55,8 +55,8 @@ WAFERLLM_TOKENS_PER_S = 2700  # WaferLLM (OSDI 2025), Llama-3-8B decode on a WSE
 # absent here is the same at both ends (its range is said there).
 COSTS: dict[str, tuple[float, float]] = {
     "hop": (2, 1),
-    "math": (100, 10),
-    "divf": (50, 1),
+    "math": (150, 20),
+    "divf": (60, 40),
     "launch": (1000, 100),
     "call": (4, 2),
     "task_switch": (10, 4),
@@ -221,7 +221,7 @@ def step_cycles(spec: ModelSpec, ctx: int, image: str, p: int | tuple[int, int],
     model = replace(spec, layers=layers)
     before = time.perf_counter()
     lowered = lower_decode(model, ctx, image, p, memory=1 << 30, copies=copies)
-    machine = GridMachine(lowered.module, lowered.host, RandomWeights(model, seed=1))
+    machine = GridMachine(lowered.module, lowered.host, RandomWeights(model, seed=1), layout=_layout(lowered))
     machine.reset()
     loaded = time.perf_counter()
     machine.step(5, ctx)  # the last position: a full cache
@@ -229,6 +229,21 @@ def step_cycles(spec: ModelSpec, ctx: int, image: str, p: int | tuple[int, int],
           f"(lowered and loaded {loaded - before:.0f} s, step {time.perf_counter() - loaded:.0f} s)",
           file=sys.stderr, flush=True)  # fmt: skip
     return machine.cycles[-1]
+
+
+_LAYOUTS: dict[str, Any] = {}  # each grid's layout, read once: the same for one layer and two, for every cost
+
+
+def _layout(lowered: Any) -> Any:
+    """The lowered module's layout as the simulator reads it, read once for each distinct layout module (reading
+    runs the layout's loops for every element: most of a large grid's load)."""
+    from logos_ir.passes.spatial.verify_grid import layout_params, read_layout, split_modules
+
+    _, layout_module = split_modules(lowered.module)
+    key = str(layout_module) + json.dumps(layout_params(lowered.host), sort_keys=True)
+    if key not in _LAYOUTS:
+        _LAYOUTS[key] = read_layout(layout_module, layout_params(lowered.host))
+    return _LAYOUTS[key]
 
 
 def layer_and_ends(

@@ -26,10 +26,12 @@ class GridMachine:
     head's logits read back with `memcpy_d2h` from the column the host plan names (where the rows' reductions
     end); the host takes their arg-max."""
 
-    def __init__(self, module: ModuleOp, host: dict[str, Any], store: Any, identities: Sequence[Any] = ()):
+    def __init__(
+        self, module: ModuleOp, host: dict[str, Any], store: Any, identities: Sequence[Any] = (), layout: Any = None
+    ):
         self.module, self.host, self.store = module, host, store
         self.identities = list(identities)
-        self.fabric = Fabric(module, layout_params(host))
+        self.fabric = Fabric(module, layout_params(host), layout=layout)  # layout: read already (`Fabric`)
         self.logits: np.ndarray | None = None
         self.cycles: list[float] = []  # each step's launch, from its issue to its end
         self.memcpy_cycles: list[float] = []  # each step's memcpy copy (the logits out)
