@@ -22,6 +22,7 @@ docs/benchmarks.md (the spatial lane's section), with the date and machine.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -225,10 +226,18 @@ def step_cycles(spec: ModelSpec, ctx: int, image: str, p: int | tuple[int, int],
     machine.reset()
     loaded = time.perf_counter()
     machine.step(5, ctx)  # the last position: a full cache
-    print(f"  {lowered.plan.width} x {lowered.plan.height}, {layers} layer(s): {machine.cycles[-1]:.0f} cycles "
+    cycles = machine.cycles[-1]
+    del machine, lowered
+    gc.collect()  # a large grid's machine (its elements' queues and arrays) gone before the next is built
+    print(f"  {grid_name(p)}, {layers} layer(s): {cycles:.0f} cycles "
           f"(lowered and loaded {loaded - before:.0f} s, step {time.perf_counter() - loaded:.0f} s)",
           file=sys.stderr, flush=True)  # fmt: skip
-    return machine.cycles[-1]
+    return cycles
+
+
+def grid_name(grid: int | tuple[int, int]) -> str:
+    width, height = (grid, grid) if isinstance(grid, int) else grid
+    return f"{width} x {height}"
 
 
 _LAYOUTS: dict[str, Any] = {}  # each grid's layout, read once: the same for one layer and two, for every cost
@@ -566,8 +575,8 @@ def main() -> None:
     parser.add_argument(
         "--only", action="append", choices=["smollm2", "8b-2048", "8b-8192"], help="placement: one build"
     )
-    parser.add_argument("--costs", choices=["default", "low", "high"], default="default",
-                        help="placement: the cycle costs (COSTS: the band's low or high end)")  # fmt: skip
+    parser.add_argument("--costs", choices=["default", "low", "high"], action="append",
+                        help="placement: the cycle costs (COSTS: a band end; each one given is run)")  # fmt: skip
     parser.add_argument("--grids", type=int, default=GRIDS, help="placement: at most this many small grids")
     args = parser.parse_args()
     started = time.perf_counter()
@@ -579,8 +588,8 @@ def main() -> None:
         result = band(args.runs)
     else:
         which = {"smollm2": (None, 2048), "8b-2048": ("llama-3.1-8b", 2048), "8b-8192": ("llama-3.1-8b", 8192)}
-        result = [placement(*which[w], full=args.full_lines, costs=args.costs, most=args.grids)
-                  for w in (args.only or list(which))]  # fmt: skip
+        result = [placement(*which[w], full=args.full_lines, costs=costs, most=args.grids)
+                  for w in (args.only or list(which)) for costs in (args.costs or ["default"])]  # fmt: skip
         result.append({"waferllm_tokens_per_s": WAFERLLM_TOKENS_PER_S})
     print(json.dumps({"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                       "load_average_at_end": [round(v, 2) for v in os.getloadavg()], "result": result,
