@@ -503,10 +503,15 @@ def round_trip(report: dict[str, Any], costs: str) -> None:
     """Tokens/s of the composed step three ways, at the cost set's clock: the wafer's step alone (from the launch's
     issue to its end: the launch's cost within it), with the logits' read (`logits_read_cycles`, memcpy's: the
     simulator's host round trip) and with the host's TCP transactions (`host_seconds`)."""
+    if "logits_read_cycles" not in report:
+        return
+    clock, read, host = clock_of(costs), report["logits_read_cycles"], host_seconds(costs)
+    # whatever the step costs, a token takes at least the logits' read and the host's transactions
+    report["host_round_trip"] = {"logits_read_s": read / clock, "host_s": host,
+                                 "tokens_per_s_at_most": round(1.0 / (read / clock + host), 1)}  # fmt: skip
     composed = report.get("full_lines")
     if not composed:
         return
-    clock, read, host = clock_of(costs), report["logits_read_cycles"], host_seconds(costs)
     cycles, (fewest, most) = composed["cycles_per_token"], composed["cycles_per_token_range"]
 
     def rate(step: float, extra: float = 0.0, seconds: float = 0.0) -> float:
