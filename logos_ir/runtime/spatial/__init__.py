@@ -36,6 +36,7 @@ backend's greedy generation).
   are the latest element clock when the launch ends, from the launch's issue. A queue holds `QUEUE_DEPTH` wavelets:
   a longer message goes only while its receiver waits at the receive, its sender stalling until it is taken.
   memcpy's copies are counted apart (`memcpy_cycles`): one wavelet a cycle per channel, plus the hops across.
+  `cycle_costs` sets some costs for the simulations loaded and run within it (a band's ends; the defaults after).
 """
 
 from __future__ import annotations
