@@ -526,6 +526,34 @@ def round_trip(report: dict[str, Any], costs: str) -> None:
     report["seconds_a_token"] = {"wafer_step": cycles / clock, "logits_read": read / clock, "host": host}
 
 
+def sensitivity(name: str | None, ctx: int, image: str = "f16") -> dict[str, Any]:
+    """Which cost moves the wafer's step most: the largest small grid of the build's tiles (`rectangle_grids` or the
+    squares `extrapolated` takes), simulated in full with every cost at the high end and then each cost of COSTS
+    alone at its low-end value; a token's cycles (every layer as that grid's, its ends) for each. The large grid's
+    lines come on top (`full_lines`); this is the part of the step its tiles' local work and short lines take."""
+    from logos_ir.models import ModelSource
+
+    spec = ModelSource.resolve(name).spec
+    plan = lower_decode(spec, ctx, image).plan
+    grids = rectangle_grids(spec, plan) if plan.width != plan.height else [(p, p) for p in range(72, 3, -1)
+                                                                           if scaled(spec, plan, p)][:1]  # fmt: skip
+    grid = grids[-1]
+    found = scaled(spec, plan, grid)
+    assert found is not None
+    model, copies = found
+
+    def token(costs: dict[str, float]) -> float:
+        with cycle_costs(costs):
+            layer, ends = layer_and_ends(model, plan.slots * grid[0], image, grid, copies)
+        return ends + spec.layers * layer
+
+    base = token(cost_set("high"))
+    moved = {cost: round(token({**cost_set("high"), cost: values[0]}) - base) for cost, values in COSTS.items()}
+    return {"model": name, "ctx": ctx, "grid": list(grid), "cycles_a_token_at_the_high_end": round(base),
+            "added_by_each_cost_at_its_low_end": moved,
+            "all_at_the_low_end": round(token(cost_set("low")))}  # fmt: skip
+
+
 def band(files: list[str]) -> dict[str, Any]:
     """The band from a `low` and a `high` placement run (their JSON, `placement --costs low|high --full-lines`): the
     simulated step of each as it ran (its costs checked against COSTS), the host round trip recomputed with the
@@ -570,7 +598,7 @@ def weighted_share(spec: ModelSpec, shares: dict[str, float]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("what", choices=["tokens", "agreement", "placement", "band"])
+    parser.add_argument("what", choices=["tokens", "agreement", "placement", "band", "sensitivity"])
     parser.add_argument("runs", nargs="*", help="band: the low and high placement runs' JSON")
     parser.add_argument("--new", type=int, default=16)
     parser.add_argument("--image", default="f32")
@@ -591,6 +619,8 @@ def main() -> None:
         result = agreement(args.steps)
     elif args.what == "band":
         result = band(args.runs)
+    elif args.what == "sensitivity":
+        result = sensitivity("llama-3.1-8b", 8192)
     else:
         which = {"smollm2": (None, 2048), "8b-2048": ("llama-3.1-8b", 2048), "8b-8192": ("llama-3.1-8b", 8192)}
         result = [placement(*which[w], full=args.full_lines, costs=costs, most=args.grids)
