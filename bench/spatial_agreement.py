@@ -3,7 +3,9 @@ embedded model's grid is 144 x 144 elements, about 9 s a simulated step here, so
 
     python3 bench/spatial_agreement.py tokens [--new 16] [--image f32]    # greedy tokens against the reference
     python3 bench/spatial_agreement.py agreement [--steps 64]             # f16 teacher-forced next-token agreement
-    python3 bench/spatial_agreement.py placement [--only 8b-8192] [--full-lines]   # SmolLM2 and llama-3.1-8b
+    python3 bench/spatial_agreement.py placement [--only 8b-8192] [--full-lines] [--costs low --costs high]
+    python3 bench/spatial_agreement.py band RUN.json        # a low and a high --full-lines run: the band
+    python3 bench/spatial_agreement.py sensitivity          # each cost alone on the 8B's largest small grid
 
 `placement` gives each build's grid, memory per element, the share of elements working on each layer, and cycles
 per token from layers simulated in full. The large grids (20,736 and 466,489 elements, 48 KiB each) cannot be
