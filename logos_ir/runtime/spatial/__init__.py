@@ -36,14 +36,19 @@ backend's greedy generation).
   are the latest element clock when the launch ends, from the launch's issue. A queue holds `QUEUE_DEPTH` wavelets:
   a longer message goes only while its receiver waits at the receive, its sender stalling until it is taken.
   memcpy's copies are counted apart (`memcpy_cycles`): one wavelet a cycle per channel, plus the hops across.
+  `cycle_costs` sets some costs for the simulations loaded and run within it (a band's ends; the defaults after).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 from logos_ir.errors import LogosError
 
 CYCLES = {
     "scalar": 1,  # an integer or float op, a load, a store, a branch
+    "divf": 1,  # an f32 division (arith.divf): counted as a scalar op by default, an assumption
     "dsd_setup": 1,  # @get_dsd, @increment_dsd_offset
     "dsd_element": 1,  # each element a DSD op processes (one per cycle)
     "math": 20,  # a <math> library call (exp, sqrt, sin, cos): an assumption
@@ -67,3 +72,19 @@ QUEUE_DEPTH = 14
 
 class FabricError(LogosError):
     """A step that cannot finish, or a module the simulator cannot load."""
+
+
+@contextmanager
+def cycle_costs(costs: Mapping[str, float]) -> Iterator[None]:
+    """The simulations loaded and run within it count `costs` in place of those `CYCLES` names (a band's low or
+    high end: `bench/spatial_agreement.py`); the defaults are back when it ends. A name `CYCLES` lacks is refused."""
+    unknown = sorted(set(costs) - set(CYCLES))
+    if unknown:
+        raise LogosError(f"no such cycle cost: {', '.join(unknown)} (the costs are {', '.join(CYCLES)})")
+    saved = dict(CYCLES)
+    CYCLES.update(costs)
+    try:
+        yield
+    finally:
+        CYCLES.clear()
+        CYCLES.update(saved)

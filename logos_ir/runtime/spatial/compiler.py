@@ -243,7 +243,7 @@ class Compiler(FabricState):
         inputs = [self._reg(v) for v in op.operands]
         out = self._reg(op.results[0])
 
-        clock, n, cost = self.clock, self.n, CYCLES["scalar"]
+        clock, n, cost = self.clock, self.n, CYCLES["divf" if isinstance(op, arith.DivfOp) else "scalar"]
 
         def run(idx: np.ndarray) -> int:
             rows = slice(None) if idx.size == n else idx  # every element (in order): no gather

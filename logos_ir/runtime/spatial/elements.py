@@ -16,7 +16,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import SSAValue
 
 from logos_ir.dialects.csl_ext import MEMORY
-from logos_ir.passes.spatial.verify_grid import read_layout, split_modules
+from logos_ir.passes.spatial.verify_grid import Layout, read_layout, split_modules
 from logos_ir.runtime.spatial import CYCLES, MEMCPY_WEST, FabricError
 from logos_ir.runtime.spatial.compiler import Compiler
 from logos_ir.runtime.spatial.dsd import DsdOps
@@ -34,10 +34,19 @@ class Fabric(Compiler, DsdOps, Wavelets, Memory):
     # compares
     fast = True
 
-    def __init__(self, module: ModuleOp, params: dict[str, int], memory: int = MEMORY, queue_words: int | None = None):
+    def __init__(
+        self,
+        module: ModuleOp,
+        params: dict[str, int],
+        memory: int = MEMORY,
+        queue_words: int | None = None,
+        layout: Layout | None = None,
+    ):
+        """`layout`: the module's layout as `read_layout` reads it, when the caller has read it already (a bench
+        loading one large grid several times: reading a layout runs its loops for every element)."""
         program, layout_module = split_modules(module)
         self.program = program
-        self.layout = read_layout(layout_module, params)
+        self.layout = layout if layout is not None else read_layout(layout_module, params)
         self.width, self.height = self.layout.width, self.layout.height
         n = self.n = self.width * self.height
         self.xs = np.arange(n) % self.width

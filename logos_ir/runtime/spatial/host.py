@@ -26,10 +26,12 @@ class GridMachine:
     head's logits read back with `memcpy_d2h` from the column the host plan names (where the rows' reductions
     end); the host takes their arg-max."""
 
-    def __init__(self, module: ModuleOp, host: dict[str, Any], store: Any, identities: Sequence[Any] = ()):
+    def __init__(
+        self, module: ModuleOp, host: dict[str, Any], store: Any, identities: Sequence[Any] = (), layout: Any = None
+    ):
         self.module, self.host, self.store = module, host, store
         self.identities = list(identities)
-        self.fabric = Fabric(module, layout_params(host))
+        self.fabric = Fabric(module, layout_params(host), layout=layout)  # layout: read already (`Fabric`)
         self.logits: np.ndarray | None = None
         self.cycles: list[float] = []  # each step's launch, from its issue to its end
         self.memcpy_cycles: list[float] = []  # each step's memcpy copy (the logits out)
@@ -91,6 +93,15 @@ class GridMachine:
         column = self.host["logits"]["column"] if x is None else x
         words = self.fabric.memcpy_d2h(name, column, 0, 1, 1, 3).reshape(-1).astype(np.int64) & 0xFFFF
         return int(words[0] + (words[1] << 16) + (words[2] << 32))
+
+
+def logits_read_cycles(host: dict[str, Any], channels: int = 1) -> float:
+    """The cycles of a step's read of the logits (`GridMachine.step`'s `memcpy_d2h`: the height's chunks from the
+    host plan's column), from a build's host plan alone: for a grid too large to load (bench/spatial_agreement.py)."""
+    from logos_ir.runtime.spatial.memory import memcpy_cost
+
+    logits = host["logits"]
+    return memcpy_cost(host["grid"][1] * logits["chunk"], logits["column"] + 1, channels)
 
 
 def _plan_of(host: dict[str, Any], spec: Any) -> Any:

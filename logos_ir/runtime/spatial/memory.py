@@ -189,9 +189,7 @@ class Memory(FabricState):
         self.memcpy_cycles += self._memcpy_cost(flat.size, self.width)
 
     def _memcpy_cost(self, wavelets: int, columns: int) -> float:
-        """memcpy's cycles for `wavelets` to or from a rectangle `columns` wide: one wavelet a cycle on each channel
-        (the build's --channels=1), plus the hops between memcpy's west columns and the farthest column."""
-        return wavelets * CYCLES["memcpy_wavelet"] / self.channels + (columns + MEMCPY_WEST) * CYCLES["hop"]
+        return memcpy_cost(wavelets, columns, self.channels)
 
     def memcpy_d2h(self, symbol: str, x: int, y: int, width: int, height: int, words: int) -> np.ndarray:
         """[height, width, words] read from the exported array of the elements of a rectangle; its cycles added to
@@ -208,3 +206,9 @@ class Memory(FabricState):
         if name is None or name not in self.memory:
             raise FabricError(f"memcpy: the program exports no array '{symbol}'")
         return self.memory[name]
+
+
+def memcpy_cost(wavelets: int, columns: int, channels: int = 1) -> float:
+    """memcpy's cycles for `wavelets` to or from a rectangle `columns` wide: one wavelet a cycle on each channel
+    (the build's --channels=1), plus the hops between memcpy's west columns and the farthest column."""
+    return wavelets * CYCLES["memcpy_wavelet"] / channels + (columns + MEMCPY_WEST) * CYCLES["hop"]
