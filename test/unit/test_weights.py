@@ -100,6 +100,9 @@ def write_gguf(
     w.add_layer_norm_rms_eps(spec.rms_eps)
     w.add_vocab_size(spec.vocab)
     w.add_rope_dimension_count(spec.head_dim)
+    if spec.head_dim * spec.heads != spec.hidden:  # as convert_hf_to_gguf writes a config's own head_dim
+        w.add_key_length(spec.head_dim)
+        w.add_value_length(spec.head_dim)
     for hf in store.names():
         if hf in skip:
             continue
