@@ -83,3 +83,19 @@ def test_the_launch_and_memcpy_are_costed(lowered, monkeypatch: pytest.MonkeyPat
     # delivery: the dearer launch left them as they were, and they lie within the launch's cycles
     assert machine.timed[0] == machine.timed[1] == machine.timed[2]
     assert 0 < machine.timed[0] < machine.cycles[0]
+
+
+def test_arrival_times_stay_exact_far_from_the_first_launch(lowered, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """The queues keep each wavelet's arrival in f32 counted from its launch's start: a step that begins 2**25
+    cycles in (where f32 holds only even numbers) costs what the first step cost, and a launch that spans 2**24
+    cycles or more, past what f32 holds exactly, is refused by name rather than counted approximately."""
+    machine = _machine(lowered.module, lowered.host)
+    machine.step(4, 1)
+    later = _machine(lowered.module, lowered.host)
+    later.fabric.clock += float(1 << 25) + 1.0
+    later.step(4, 1)
+    assert later.cycles[0] == machine.cycles[0]
+    np.testing.assert_array_equal(later.logits, machine.logits)
+    monkeypatch.setitem(CYCLES, "launch", 1 << 24)
+    with pytest.raises(FabricError, match="arrival in f32 from the launch's start, exact only under 16777216"):
+        machine.step(4, 1)

@@ -99,9 +99,10 @@ class Compiler(FabricState):
         self.exports[name] = self._array_of(op.value) if op.value is not None else name
 
     def _constant_op(self, op: arith.ConstantOp) -> None:
-        """A constant: the same value in every element's register."""
+        """A constant: the same value in every element's register (one value, read-only: a grid's constants would
+        otherwise be most of its registers' memory)."""
         value = op.value.value.data  # type: ignore[attr-defined]
-        self.regs[op.result] = np.full(self.n, value, dtype=dtype_of(op.result.type))
+        self.regs[op.result] = np.broadcast_to(np.array(value, dtype=dtype_of(op.result.type)), (self.n,))
 
     def _cast_constant(self, op: csl.SignednessCastOp) -> None:
         """`@as(u16, 91)`: a literal's cast, folded as cslc folds it (no instruction, no cycle)."""

@@ -77,13 +77,12 @@ class DsdOps(FabricState):
         stride = (access.eval([1], [])[0] - offset) if access is not None else 1
         size = self._reg(op.sizes[0])
         constant = _constant(op.sizes[0])
-        reg = self.regs[op.result] = MemDsd(
-            name,
-            np.zeros(self.n, np.int64),
-            np.zeros(self.n, np.int64),
-            np.zeros(self.n, np.int64),
-            (int(offset), int(constant), int(stride)) if constant is not None else None,
-        )
+        if constant is not None:  # the same for every element: one value each, read-only, no array an element
+            static = (int(offset), int(constant), int(stride))
+            reg = MemDsd(name, *(np.broadcast_to(np.int64(v), (self.n,)) for v in static), static)  # type: ignore[arg-type]
+        else:
+            reg = MemDsd(name, np.zeros(self.n, np.int64), np.zeros(self.n, np.int64), np.zeros(self.n, np.int64))
+        self.regs[op.result] = reg
         clock, n, cost = self.clock, self.n, CYCLES["dsd_setup"]
 
         def run(idx: np.ndarray) -> int:
@@ -282,7 +281,6 @@ class DsdOps(FabricState):
         def run(idx: np.ndarray) -> int | None:
             if self._retrying:
                 return None
-            cap = self.capacity
             lengths = self._length(first_operand, idx)
             if isinstance(lengths, int):
                 length = lengths
@@ -319,7 +317,7 @@ class DsdOps(FabricState):
                 head = self.queue_head[inbound]
                 heads = head[rows]
                 first = int(heads[0])
-                if first + length > cap or not (heads == first).all():
+                if first + length > self.capacity[inbound] or not (heads == first).all():
                     return None
             if isinstance(target, FabDsd):
                 single = self._single.get(target.colour)
@@ -329,7 +327,7 @@ class DsdOps(FabricState):
                 out_count, out_head = self.queue_len[target.colour], self.queue_head[target.colour]
                 starts = out_head[receivers] + out_count[receivers]
                 start = int(starts[0])
-                if start + length > cap or not (starts == start).all():
+                if start + length > self.capacity[target.colour] or not (starts == start).all():
                     return None
                 if not self.room(receivers, target.colour, length).all():
                     return None  # a receiver's queue is full: `_dsd` makes the sender wait
@@ -338,7 +336,8 @@ class DsdOps(FabricState):
             for source, what in sources:
                 if source == "fabric":
                     values.append(self.queue[inbound][first : first + length, rows])
-                    arrived = self.queue_time[inbound][first : first + length, rows].max(axis=0)
+                    times = self.queue_time[inbound][first : first + length, rows]
+                    arrived = times.max(axis=0).astype(np.float64) + self.epoch
                 elif source == "memory":
                     array = self.memory[what.array]
                     span = span_of(what, array.shape[0])
@@ -357,7 +356,7 @@ class DsdOps(FabricState):
                 self.receiving[rows] = -1
                 left = count[rows] - length
                 count[rows] = left
-                head[rows] = np.where(left == 0, 0, (first + length) % cap)
+                head[rows] = np.where(left == 0, 0, (first + length) % self.capacity[inbound])
             result = function(*values)
             clock = self.clock
             ended = clock[rows] + CYCLES["dsd_element"] * length
@@ -372,7 +371,7 @@ class DsdOps(FabricState):
                 self._check_bound(receivers, colour)
                 self.queue[colour][start : start + length, receivers] = np.broadcast_to(result, (length, size))
                 self.queue_time[colour][start : start + length, receivers] = (
-                    ended + self._hops_single[colour][rows] * CYCLES["hop"]
+                    ended + self._hops_single[colour][rows] * CYCLES["hop"] - self.epoch
                 )[None, :]
                 out_count[receivers] += length
                 self.wavelets += size * length

@@ -104,6 +104,7 @@ class Fabric(Compiler, DsdOps, Wavelets, Memory):
             register[:] = value
         pick = min if self.schedule == "lowest" else max
         start = float(self.clock.max())
+        self.rebase(start)
         # each element starts as the launch reaches it: memcpy's command, then eastward from its west columns
         self.clock[:] = start + CYCLES["launch"] + (self.xs + MEMCPY_WEST) * CYCLES["hop"]
         self.pc[:] = self.entries[function]
@@ -162,6 +163,7 @@ class Fabric(Compiler, DsdOps, Wavelets, Memory):
                 f"element ({self.xs[e]}, {self.ys[e]}) is idle but never ended the launch (memcpy's "
                 f"unblock_cmd_stream): activated tasks {pending} are blocked or none was activated"
             )
+        self.check_span(float(self.clock.max()))
         return float(self.clock.max()) - start
 
     def _thread(self) -> None:

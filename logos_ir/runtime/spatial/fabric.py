@@ -18,28 +18,44 @@ from logos_ir.passes.spatial.verify_grid import Layout
 from logos_ir.runtime.spatial import CYCLES, QUEUE_DEPTH, FabricError
 from logos_ir.runtime.spatial.state import FabricState
 
+_EXACT = 1 << 24  # f32 holds every whole number of cycles below this exactly
+
 _STEP = {"EAST": (1, 0), "WEST": (-1, 0), "NORTH": (0, -1), "SOUTH": (0, 1)}
 _OPPOSITE = {"EAST": "WEST", "WEST": "EAST", "NORTH": "SOUTH", "SOUTH": "NORTH"}
 
 
 @dataclass
 class Routes:
-    """Where each element's wavelets on each colour arrive: for colour c, `dest[c]` is [elements, fan-out] of
-    element indices (-1: none) with `hops[c]` the routers crossed; `broken[c][e]` says where a sender's wavelets
-    stop."""
+    """Where each element's wavelets on each colour arrive: for colour c, element e's targets are row `row[c][e]` of
+    `dest[c]` ([senders + 1, fan-out] element indices, -1: none) with `hops[c]` the routers crossed; row 0 is the
+    empty one, every element that sends nothing on c points there (a broadcast's fan-out is a whole line, and only
+    the line's root sends: a row an element would be W H x W). `broken[c][e]` says where a sender's wavelets stop."""
 
+    row: dict[int, np.ndarray]
     dest: dict[int, np.ndarray]
     hops: dict[int, np.ndarray]
     broken: dict[int, dict[int, str]]
     stuck: dict[int, np.ndarray] = field(default_factory=dict)  # [elements]: the sender's wavelets stop somewhere
 
+    def targets(self, colour: int, senders: np.ndarray) -> np.ndarray:
+        """[senders, fan-out]: the elements each sender's wavelets on `colour` reach (-1: none)."""
+        return self.dest[colour][self.row[colour][senders]]
+
+    def hops_of(self, colour: int, senders: np.ndarray) -> np.ndarray:
+        """[senders, fan-out]: the routers each of their wavelets crosses."""
+        return self.hops[colour][self.row[colour][senders]]
+
+    def every(self, colour: int, table: dict[int, np.ndarray]) -> np.ndarray:
+        """`table`'s rows for every element ([elements, fan-out]): for a colour of fan-out 1 only (a vector)."""
+        return table[colour][self.row[colour]]
+
 
 def trace_routes(layout: Layout, colours: Sequence[int]) -> Routes:
     width, height = layout.width, layout.height
     n = width * height
-    dest, hops, broken = {}, {}, {}
+    row, dest, hops, broken = {}, {}, {}, {}
     for c in colours:
-        found: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+        found: dict[int, list[tuple[int, int]]] = {}
         stops: dict[int, str] = {}
         for sx in range(width):
             for sy in range(height):
@@ -49,22 +65,27 @@ def trace_routes(layout: Layout, colours: Sequence[int]) -> Routes:
                 rx, _ = layout.routes[(sx, sy, c)]
                 if "RAMP" not in rx:
                     continue
-                stop = _follow(layout, c, sx, sy, found[s])
+                out: list[tuple[int, int]] = []
+                stop = _follow(layout, c, sx, sy, out)
+                if out:
+                    found[s] = out
                 if stop:
                     stops[s] = stop
-        fan = max((len(f) for f in found), default=0) or 1
-        d = np.full((n, fan), -1, dtype=np.int64)
-        h = np.zeros((n, fan), dtype=np.int64)
-        for s, targets in enumerate(found):
-            for k, (t, hop) in enumerate(targets):
-                d[s, k], h[s, k] = t, hop
-        dest[c], hops[c], broken[c] = d, h, stops
+        fan = max((len(f) for f in found.values()), default=0) or 1
+        r = np.zeros(n, dtype=np.int64)
+        d = np.full((len(found) + 1, fan), -1, dtype=np.int64)
+        h = np.zeros((len(found) + 1, fan), dtype=np.int64)
+        for k, (s, targets) in enumerate(sorted(found.items()), start=1):
+            r[s] = k
+            for j, (t, hop) in enumerate(targets):
+                d[k, j], h[k, j] = t, hop
+        row[c], dest[c], hops[c], broken[c] = r, d, h, stops
     stuck = {}
     for c in colours:
         mask = np.zeros(n, dtype=bool)
         mask[list(broken[c])] = True
         stuck[c] = mask
-    return Routes(dest, hops, broken, stuck)
+    return Routes(row, dest, hops, broken, stuck)
 
 
 def _follow(layout: Layout, colour: int, sx: int, sy: int, out: list[tuple[int, int]]) -> str:
@@ -119,27 +140,37 @@ class Wavelets(FabricState):
 
     def _connect(self, queue_words: int | None) -> None:
         """Trace each colour's routes and make every element's queue for it (once the program is loaded: a queue
-        holds at least twice the longest message, unless `queue_words` says)."""
+        holds at least twice the longest message on its colour, unless `queue_words` says)."""
         n = self.n
         colours = sorted({c for (_, _, c) in self.layout.routes} | self._colours_used())
         self.routes = trace_routes(self.layout, colours)
         self._shared = {}  # whether some receiver is reached by two senders on the colour
         self._route_ok = {  # whether the element's wavelets on the colour reach a receiver (and stop nowhere)
-            c: (self.routes.dest[c] >= 0).any(axis=1) & ~self.routes.stuck[c] for c in colours
+            c: (self.routes.dest[c] >= 0).any(axis=1)[self.routes.row[c]] & ~self.routes.stuck[c] for c in colours
         }
-        self._single = {c: self.routes.dest[c][:, 0] if self.routes.dest[c].shape[1] == 1 else None for c in colours}
-        self._hops_single = {c: self.routes.hops[c][:, 0] for c in colours}
+        self._single = {
+            c: self.routes.every(c, self.routes.dest)[:, 0] if self.routes.dest[c].shape[1] == 1 else None
+            for c in colours
+        }
+        self._hops_single = {  # a broadcast's root sends in the general path (`_send`), which reads `hops` itself
+            c: self.routes.every(c, self.routes.hops)[:, 0] if self.routes.hops[c].shape[1] == 1 else None
+            for c in colours
+        }
         for c in colours:
             reached = self.routes.dest[c][self.routes.dest[c] >= 0]
             self._shared[c] = bool(reached.size) and np.unique(reached).size != reached.size
-        cap = queue_words or max(64, 2 * self._longest_message())
-        self.queue = {c: np.zeros((cap, n), dtype=np.float32) for c in colours}  # [slot, element]: rings
+        longest = self._longest_messages()
+        # each colour's ring holds twice that colour's longest message (a grid's rings are most of the simulator's
+        # memory: one the size of the program's longest message on every colour would not fit the 8B's grid)
+        self.capacity = {c: queue_words or max(64, 2 * longest.get(c, 1)) for c in colours}
+        self.queue = {c: np.zeros((self.capacity[c], n), dtype=np.float32) for c in colours}  # [slot, element]
         self.queue_len = {c: np.zeros(n, dtype=np.int64) for c in colours}
         self.queue_head = {c: np.zeros(n, dtype=np.int64) for c in colours}  # a ring: where the oldest wavelet is
-        # each wavelet's arrival (the cycle its message's last wavelet reaches the receiver's router)
-        self.queue_time = {c: np.zeros((cap, n)) for c in colours}
-        self._lane = np.arange(cap)
-        self.capacity = cap  # the ring's size (the simulator's store); the hardware's room is `depth`
+        # each wavelet's arrival (the cycle its message's last wavelet reaches the receiver's router), from the
+        # launch's start (`rebase`), in f32: exact for the whole-cycle costs while a launch spans under 2**24 cycles
+        self.queue_time = {c: np.zeros((self.capacity[c], n), dtype=np.float32) for c in colours}
+        self.epoch = 0.0
+        self._lane = np.arange(max(self.capacity.values(), default=64))
         self.queue_depth = QUEUE_DEPTH
         self._unbound = {}
         if self.queue_binding:  # a WSE-3: an element takes a colour's wavelets only into a queue bound to it
@@ -148,6 +179,25 @@ class Wavelets(FabricState):
                 self._unbound[c] = (
                     ~np.logical_or.reduce([bound == c for bound in inputs]) if inputs else np.ones(n, bool)
                 )
+
+    def rebase(self, epoch: float) -> None:
+        """Arrival times from `epoch` (a launch's start) on: wavelets an earlier launch left in a queue keep their
+        arrival cycle."""
+        shift = np.float32(epoch - self.epoch)
+        if shift:
+            for c, count in self.queue_len.items():
+                left = np.flatnonzero(count)
+                if left.size:
+                    self.queue_time[c][:, left] -= shift
+        self.epoch = epoch
+
+    def check_span(self, end: float) -> None:
+        """A launch ending at cycle `end`: its arrival times were exact (whole cycles under 2**24 from its start)."""
+        if end - self.epoch >= _EXACT:
+            raise FabricError(
+                f"a launch of {end - self.epoch:.0f} cycles: the simulator keeps a wavelet's arrival in f32 from the "
+                f"launch's start, exact only under {_EXACT} cycles"
+            )
 
     def _check_bound(self, receivers: np.ndarray, colour: int) -> None:
         """A wavelet on `colour` reaching an element's ramp goes into the input queue bound to that colour there; an
@@ -166,21 +216,25 @@ class Wavelets(FabricState):
     def _colours_used(self) -> set[int]:
         return {op.fabric_color.value.data for op in self.program.walk() if isinstance(op, csl.GetFabDsdOp)}
 
-    def _longest_message(self) -> int:
-        """The most wavelets one fabric DSD moves: its constant extent, or, for an extent known only at run time (a
-        reduction function's argument), the size of the arrays whose memory DSDs take the same extent."""
-        longest = 1
-        runtime_extents: set[SSAValue] = set()
+    def _longest_messages(self) -> dict[int, int]:
+        """The most wavelets one fabric DSD moves on each colour: its constant extent, or, for an extent known only
+        at run time (a reduction function's argument), the size of the arrays whose memory DSDs take the same
+        extent."""
+        longest: dict[int, int] = {}
+        runtime_extents: dict[SSAValue, set[int]] = {}
         for op in self.program.walk():
             if isinstance(op, csl.GetFabDsdOp):
+                colour = op.fabric_color.value.data
                 size = op.sizes[0].owner
                 if isinstance(size, arith.ConstantOp):
-                    longest = max(longest, size.value.value.data)  # type: ignore[attr-defined]
+                    longest[colour] = max(longest.get(colour, 1), size.value.value.data)  # type: ignore[attr-defined]
                 else:
-                    runtime_extents.add(op.sizes[0])
+                    runtime_extents.setdefault(op.sizes[0], set()).add(colour)
         for op in self.program.walk():
             if isinstance(op, csl.GetMemDsdOp) and op.sizes[0] in runtime_extents:
-                longest = max(longest, self.memory[self._array_of(op.base_addr)].shape[0])
+                words = self.memory[self._array_of(op.base_addr)].shape[0]
+                for colour in runtime_extents[op.sizes[0]]:
+                    longest[colour] = max(longest.get(colour, 1), words)
         return longest
 
     def _receive(self, reg: FabDsd, idx: np.ndarray, length: int) -> np.ndarray:
@@ -190,16 +244,17 @@ class Wavelets(FabricState):
         queue, head, count = self.queue[c], self.queue_head[c], self.queue_len[c]
         heads = head[idx]
         first = int(heads[0])
-        if first + length <= self.capacity and (heads == first).all():
+        cap = self.capacity[c]
+        if first + length <= cap and (heads == first).all():
             data = queue[first : first + length, idx]
-            arrived = self.queue_time[c][first : first + length, idx].max(axis=0)
+            arrived = self.queue_time[c][first : first + length, idx].max(axis=0).astype(np.float64) + self.epoch
         else:
-            at = (heads[None, :] + self._lane[:length, None]) % self.capacity
+            at = (heads[None, :] + self._lane[:length, None]) % cap
             data = queue[at, idx[None, :]]
-            arrived = self.queue_time[c][at, idx[None, :]].max(axis=0)
+            arrived = self.queue_time[c][at, idx[None, :]].max(axis=0).astype(np.float64) + self.epoch
         left = count[idx] - length
         count[idx] = left
-        head[idx] = np.where(left == 0, 0, (heads + length) % self.capacity)  # an emptied queue starts at 0
+        head[idx] = np.where(left == 0, 0, (heads + length) % cap)  # an emptied queue starts at 0
         self._arrived = np.maximum(self._arrived, arrived)
         return data
 
@@ -217,7 +272,7 @@ class Wavelets(FabricState):
             room = self.room(single[idx], colour, length)
             if room.all():
                 return np.ones(idx.size, dtype=bool)
-        targets = dest[idx]
+        targets = self.routes.targets(colour, idx)
         valid = targets >= 0
         ok = valid.any(axis=1) & ~self.routes.stuck[colour][idx]
         if (~ok).any():
@@ -256,7 +311,7 @@ class Wavelets(FabricState):
         depth), or it waits at a receive on the colour and takes them as they come (the ring holds them)."""
         count = self.queue_len[colour][receivers]
         fits = count + length <= self.queue_depth
-        taking = (self.receiving[receivers] == colour) & (count + length <= self.capacity)
+        taking = (self.receiving[receivers] == colour) & (count + length <= self.capacity[colour])
         return fits | taking
 
     def streamed_end(self, receivers: np.ndarray, colour: int, length: int) -> np.ndarray:
@@ -273,7 +328,7 @@ class Wavelets(FabricState):
     def _send(self, idx: np.ndarray, colour: int, data: np.ndarray) -> None:
         """Senders `idx` each send their row of `data` on `colour`: every receiver its route reaches gets the
         wavelets at the end of its queue, each arriving at the sender's clock plus the routers crossed."""
-        dest, hops = self.routes.dest[colour][idx], self.routes.hops[colour][idx]
+        dest, hops = self.routes.targets(colour, idx), self.routes.hops_of(colour, idx)
         length = data.shape[0]
         if dest.shape[1] == 1:
             valid = dest[:, 0] >= 0
@@ -297,13 +352,14 @@ class Wavelets(FabricState):
         ends = self.streamed_end(targets, colour, length)  # a message longer than the room: sent as it is taken
         if (ends > -np.inf).any():
             np.maximum.at(self.clock, senders, ends)
-        arrival = self.clock[senders] + hop * CYCLES["hop"]  # the last wavelet, sent at the op's end
+        arrival = self.clock[senders] + hop * CYCLES["hop"] - self.epoch  # the last wavelet, sent at the op's end
         first = int(start[0])
-        if first + length <= self.capacity and (start == first).all():
+        cap = self.capacity[colour]
+        if first + length <= cap and (start == first).all():
             queue[first : first + length, targets] = rows
             times[first : first + length, targets] = arrival[None, :]
         else:
-            at = (start[None, :] + self._lane[:length, None]) % self.capacity
+            at = (start[None, :] + self._lane[:length, None]) % cap
             queue[at, targets[None, :]] = rows
             times[at, targets[None, :]] = arrival[None, :]
         count[targets] += length
