@@ -108,6 +108,24 @@ def lower_linear(part: PartLowering, op: logos.LinearOp) -> None:
         e.dsd_op(csl.FmovsOp, e.dsd(part.arr(out.array), out.chunk), e.dsd(fused, out.chunk, at))
 
 
+def lower_bias_add(part: PartLowering, op: logos.BiasAddOp) -> None:
+    """A product's bias, added after its reduction: every element of the line holds the product's total for its
+    chunk and adds its slice of the bias (`PartLowering.bias_weight`), in place: `@fadds`, or with f16 weights
+    `@fmachs` (the f16 bias times 1 accumulated in f32)."""
+    e = part.e
+    x: Vec = part.values[op.input]
+    if not op.input.has_one_use():
+        raise PassError(f"{PASS}: '{op.name}' adds to a product that is also read unbiased")
+    bias = part.bias_weight(part.values[op.bias], x)
+    data = e.dsd(part.arr(x.array), x.chunk)
+    slice_ = e.moved(e.dsd(part.arr(bias.name), x.chunk), part.weight_offset(bias), part.element_type)
+    if part.plan.image == "f16":
+        e.dsd_op(csl.FmachsOp, data, data, slice_, e.op(arith.TruncFOp(e.float(1.0), f16)).results[0])
+    else:
+        e.dsd_op(csl.FaddsOp, data, data, slice_)
+    part.values[op.result] = x  # added in place
+
+
 def lower_rope(part: PartLowering, op: logos.RopeOp) -> None:
     e = part.e
     x: Vec = part.values[op.input]
@@ -347,6 +365,15 @@ class LinearToCsl(PartPattern):
         self.part.replace(rewriter, op)
 
 
+class BiasAddToCsl(PartPattern):
+    """`logos.bias_add`: each element's slice of the bias added to its chunk of the reduced product."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.BiasAddOp, rewriter: PatternRewriter) -> None:
+        lower_bias_add(self.part.at(op), op)
+        self.part.replace(rewriter, op)
+
+
 class RopeToCsl(PartPattern):
     """`logos.rope`: the rotation of the element's pairs, in place."""
 
@@ -416,6 +443,7 @@ LOWERED = (
     logos.EmbedOp,
     logos.RMSNormOp,
     logos.LinearOp,
+    logos.BiasAddOp,
     logos.RopeOp,
     logos.CacheWriteOp,
     logos.AttentionOp,
@@ -443,6 +471,7 @@ def part_patterns(part: PartLowering) -> list[RewritePattern]:
         EmbedToCsl(part),
         RmsNormToCsl(part),
         LinearToCsl(part),
+        BiasAddToCsl(part),
         RopeToCsl(part),
         CacheWriteToCsl(part),
         AttentionToCsl(part),

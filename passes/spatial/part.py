@@ -117,6 +117,18 @@ class PartLowering(LineReductions):
         weight = g.Weight(name, (tensor,), kind, orient, rows, columns, tr, tc, tuple(row_map), tuple(column_map))
         return self.declare(weight, plan_layers=self.layer is not None)
 
+    def bias_weight(self, op: logos.WeightOp, x: Vec) -> g.Weight:
+        """The bias added to `x` (a product's result), cut as `x` is: element (x, y) holds the bias at the positions
+        of its chunk (chunk x of a `col` vector, chunk y of a `row` one, in the product's row order). The host's
+        tiling takes it as a matrix of one row, repeated over the other dimension's blocks (`row_map`), its columns
+        in the product's order (`column_map`): stored as the product's weights are (f16 in an f16 image)."""
+        across = self.plan.extent("row" if x.layout == "col" else "col")  # the blocks the one row is repeated over
+        length = op.shape.get_values()[0]
+        weight = g.Weight(
+            array_name(op.result), (op.tensor.data,), "bias", x.layout, 1, length, 1, x.chunk, (0,) * across, x.order
+        )
+        return self.declare(weight, plan_layers=self.layer is not None)
+
     def declare(self, weight: g.Weight, plan_layers: bool) -> g.Weight:
         plan = self.plan
         known = plan.weights.get(weight.name)
@@ -290,20 +302,27 @@ def fused_products(body: Block) -> tuple[dict[Operation, list[logos.LinearOp]], 
     return groups, {op for run in groups.values() for op in run[1:]}
 
 
+def product_of(value: SSAValue) -> SSAValue:
+    """The product a value comes from, through its bias (`logos.bias_add`: added to the product as laid out)."""
+    owner = value.owner
+    return owner.input if isinstance(owner, logos.BiasAddOp) else value
+
+
 def feeds_of(body: Block) -> dict[SSAValue, set[str]]:
-    """What each linear's result feeds: a rotation (`rope`), a cache (`cache`, directly or through its rotation)."""
+    """What each linear's result feeds (through its bias, if it adds one): a rotation (`rope`), a cache (`cache`,
+    directly or through its rotation), attention's query (`query`)."""
     feeds: dict[SSAValue, set[str]] = {}
     for op in body.ops:
         if isinstance(op, logos.RopeOp):
-            feeds.setdefault(op.input, set()).add("rope")
+            feeds.setdefault(product_of(op.input), set()).add("rope")
         if isinstance(op, logos.CacheWriteOp):
             source = op.input
             owner = source.owner
             if isinstance(owner, logos.RopeOp):
                 source = owner.input
-            feeds.setdefault(source, set()).add("cache")
+            feeds.setdefault(product_of(source), set()).add("cache")
         if isinstance(op, logos.AttentionOp):
             owner = op.query.owner
             source = owner.input if isinstance(owner, logos.RopeOp) else op.query
-            feeds.setdefault(source, set()).add("query")
+            feeds.setdefault(product_of(source), set()).add("query")
     return feeds

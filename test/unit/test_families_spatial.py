@@ -1,0 +1,47 @@
+"""The families of issue 26 that the spatial lane lowers give transformers' greedy tokens on the fabric simulator
+(`backends()["spatial"]`, as `test_families._lane` builds it: one grid, f32 weights; the lane does not split over
+chips, so tp=1 only), each from its tiny model under `test/unit/families/` and the tokens in `goldens.json`; and
+built for a WSE-3 and with f16 weights, through `logos-compile`'s spatial target (the grid's static check run), the
+same from the build folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_families import FAMILIES, GOLDENS, _lane
+
+from logos_ir.build import BuildRequest
+from logos_ir.models import ModelSource
+from logos_ir.program import Cut
+from logos_ir.progress import Progress
+from logos_ir.registry import compile_targets
+from logos_ir.runtime.spatial.generator import SpatialGenerator
+from logos_ir.weights import open_model
+
+# Each family the lane now lowers (docs/spatial.md, "The families of issue 26").
+SPATIAL_FAMILIES = ["qwen2", "llama-biases"]
+
+
+@pytest.mark.parametrize("family", SPATIAL_FAMILIES)
+def test_the_family_gives_transformers_tokens_on_the_fabric(family: str) -> None:
+    run = GOLDENS[family]["runs"][0]
+    assert _lane(family, "spatial", False).generate(run["prompt"], len(run["tokens"])) == run["tokens"]
+
+
+def _from_build(family: str, folder: Path, weights: str, arch: str) -> list[int]:
+    """The family's greedy tokens from a build folder of `logos-compile --target spatial` (ctx 32)."""
+    store = open_model(str(FAMILIES / family))
+    request = BuildRequest(
+        ModelSource("preset", family, store.spec), Cut.decode(32), 1, weights, False, Progress.silent(), {"arch": arch}
+    )
+    built = compile_targets()["spatial"].build()(request)
+    for artifact in built.artifacts:
+        (folder / artifact.path).write_bytes(artifact.data)
+    run = GOLDENS[family]["runs"][0]
+    return SpatialGenerator(store, ctx=32, image=weights, build=folder).generate(run["prompt"], len(run["tokens"]))
+
+
+@pytest.mark.parametrize(("family", "weights", "arch"), [("qwen2", "f32", "wse3"), ("llama-biases", "f16", "wse2")])
+def test_the_family_built_for_a_wse3_or_with_f16_weights(family: str, weights: str, arch: str, tmp_path: Path) -> None:
+    assert _from_build(family, tmp_path, weights, arch) == GOLDENS[family]["runs"][0]["tokens"]
