@@ -196,6 +196,7 @@ def _layer_key(body: Block) -> str:
     weight's tensor is only what the host loads into its array, `_layer_tensors`)."""
     text = "\n".join(str(op) for op in body.ops)
     text = re.sub(r'logos.weight "[^"]*"', 'logos.weight ""', text)
+    text = re.sub(r"(logos.attention [^\n]*) window \d+", r"\1", text)  # a layer's window: its cache (`rings`)
     return re.sub(r"(layers\.|layer )\d+", r"\1N", text)
 
 
@@ -317,6 +318,7 @@ def _search(
     if spec.heads % spec.kv_heads or spec.head_dim % 2:
         raise PassError(f"{PASS}: heads must be a multiple of KV heads and head_dim even")
     group = spec.heads // spec.kv_heads
+    rings = _rings([part for cut, _, part in parts if cut.kind == "decode_layer"], ctx)
     choices = [c for c in range(group if copies is None else copies, 0, -1) if group % c == 0]
     if copies is not None and copies not in choices:
         raise PassError(f"{PASS}: {copies} copies of each KV head do not divide its {group} query heads")
@@ -328,6 +330,7 @@ def _search(
     def lowered_at(size: tuple[int, int], c: int) -> tuple[GridProgram, int]:
         if (*size, c) not in lowerings:  # a lowering is the search's cost: each grid is lowered once
             plan = g.GridPlan.of(spec, ctx, image, size, c, target.segmented_lines)
+            plan.rings = rings
             program = lower_parts(parts, plan)
             lowerings[(*size, c)] = program, memory_use(program)["fits"]  # the band's high end must fit
         return lowerings[(*size, c)]
@@ -354,6 +357,16 @@ def _search(
         f"{PASS}: the model does not fit a {usable_width} x {usable_height} grid of {memory}-byte elements "
         f"({needed} bytes per element at the high end of its memory band)"
     )
+
+
+def _rings(layers: Sequence[logos.ProgramOp], ctx: int) -> tuple[int, ...]:
+    """Each layer's cached positions as its attention says them: its window where it slides, else ctx; () when no
+    layer's window bites (every layer caches ctx, the plan's default)."""
+    rings = []
+    for part in layers:
+        windows = [op.window for op in part.walk() if isinstance(op, logos.AttentionOp)]
+        rings.append(windows[0].value.data if windows and windows[0] is not None else ctx)
+    return tuple(rings) if any(ring != ctx for ring in rings) else ()
 
 
 def _smallest(fits: Callable[[int], bool], largest: int) -> int:

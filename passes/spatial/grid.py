@@ -92,6 +92,7 @@ class GridPlan:
     kv_copies: int = 1  # how many rows' worth of copies each KV head's cache has (1: narrow; heads/kv_heads: widened)
     segmented: bool = True  # a line's reductions in WaferLLM's two phases (False: one segment a line, as on a WSE-3)
     weights: dict[str, Weight] = field(default_factory=dict)
+    rings: tuple[int, ...] = ()  # each layer's cached positions: its window where it slides, else ctx (() for all)
 
     @staticmethod
     def of(
@@ -170,7 +171,22 @@ class GridPlan:
 
     @property
     def slots(self) -> int:
-        return ceil_div(self.ctx, self.width)  # position p on column p mod width
+        """The most cache slots a layer has on an element (its arrays' room for one layer's positions)."""
+        return ceil_div(max(self.rings) if self.rings else self.ctx, self.width)  # position p on column p mod width
+
+    def ring(self, layer: int) -> int:
+        """The positions layer `layer` caches: a windowed layer its window's (a ring: position p at p mod window),
+        any other ctx."""
+        return self.rings[layer] if self.rings else self.ctx
+
+    def layer_slots(self, layer: int) -> int:
+        """The cache slots of layer `layer` on an element (ring index t on column t mod width, slot t div width)."""
+        return ceil_div(self.ring(layer), self.width)
+
+    @property
+    def cache_slots(self) -> int:
+        """The cache slots of every layer on an element, one layer after another."""
+        return sum(self.layer_slots(layer) for layer in range(self.layers))
 
     @property
     def features(self) -> int:

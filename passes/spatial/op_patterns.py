@@ -13,10 +13,11 @@ done, and the element code is what remains. An op no pattern lowers is refused w
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from xdsl.dialects import arith, csl, func, memref
 from xdsl.dialects.builtin import f16, f32
-from xdsl.ir import Operation
+from xdsl.ir import Operation, SSAValue
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
     PatternRewriter,
@@ -28,6 +29,7 @@ from xdsl.pattern_rewriter import (
 from logos_ir.dialects import logos
 from logos_ir.errors import PassError
 from logos_ir.passes.spatial.element_program import PASS, Vec
+from logos_ir.passes.spatial.emit import Emit
 from logos_ir.passes.spatial.part import PartLowering, array_name, fused_products
 
 # -- each op's element code ----------------------------------------------------------------------------------------
@@ -167,40 +169,58 @@ def lower_rope(part: PartLowering, op: logos.RopeOp) -> None:
 
 
 def lower_cache_write(part: PartLowering, op: logos.CacheWriteOp) -> None:
-    plan, e = part.plan, part.e
+    """A store on the position's column: position p at ring index p mod the layer's cached positions (p itself
+    where it caches ctx), on column t mod width, slot t div width of the layer's slots (`PartLowering.cache_cases`:
+    a windowed layer keeps only its window's positions)."""
+    plan, outer = part.plan, part.e
     x: Vec = part.values[op.input]
     name = part.cache_array(part.values[op.cache], x.chunk)
-    position = e.bin(arith.SubiOp, e.load(part.arr("position_in"), e.int(0)), e.int(1))
-    column = e.bin(arith.RemSIOp, position, e.int(plan.width))
-    slot = e.bin(arith.DivSIOp, position, e.int(plan.width))
-    px = part.coordinate("row")
-    with e.when(e.cmp(px, column, "eq")) as inner:
-        layer = part.layer if part.layer is not None else inner.int(0)
-        at = inner.bin(
-            arith.MuliOp,
-            inner.bin(arith.AddiOp, inner.bin(arith.MuliOp, layer, inner.int(plan.slots)), slot),
-            inner.int(x.chunk),
-        )
-        target = inner.moved(inner.dsd(part.arr(name), x.chunk), at, part.element_type)
-        convert = csl.Fs2hOp if plan.image == "f16" else csl.FmovsOp
-        inner.dsd_op(convert, target, inner.dsd(part.arr(x.array), x.chunk))
+    for e, ring, _slots, first_slot in part.cache_cases():
+        part.e = e
+        position = e.bin(arith.SubiOp, e.load(part.arr("position_in"), e.int(0)), e.int(1))
+        if ring != plan.ctx:  # a ring of the window's positions
+            position = e.bin(arith.RemSIOp, position, e.int(ring))
+        column = e.bin(arith.RemSIOp, position, e.int(plan.width))
+        slot = e.bin(arith.DivSIOp, position, e.int(plan.width))
+        px = part.coordinate("row")
+        with e.when(e.cmp(px, column, "eq")) as inner:
+            at = inner.bin(arith.MuliOp, inner.bin(arith.AddiOp, first_slot(inner), slot), inner.int(x.chunk))
+            target = inner.moved(inner.dsd(part.arr(name), x.chunk), at, part.element_type)
+            convert = csl.Fs2hOp if plan.image == "f16" else csl.FmovsOp
+            inner.dsd_op(convert, target, inner.dsd(part.arr(x.array), x.chunk))
+    part.e = outer
 
 
 def lower_attention(part: PartLowering, op: logos.AttentionOp) -> None:
     """Attention over the element's positions with KV heads kept narrow: row y caches KV features
     [y * kv_chunk, (y + 1) * kv_chunk) and holds the query features of every head of their group at those
-    dimensions (`grid.query_rows`), so each query head of a group reads the same cached K/V tile."""
+    dimensions (`grid.query_rows`), so each query head of a group reads the same cached K/V tile. A windowed
+    layer reads only its ring of the window's positions (`PartLowering.cache_cases`), every one of which is in its
+    window once written; a layer of either kind, where the layers differ, has its own code."""
+    outer = part.e
+    for e, ring, slots, first_slot in part.cache_cases():
+        part.e = e
+        _attend(part, op, ring, slots, first_slot)
+    part.e = outer
+    q: Vec = part.values[op.query]
+    part.values[op.result] = Vec("row", q.length, q.chunk, array_name(op.result), q.order)
+
+
+def _attend(
+    part: PartLowering, op: logos.AttentionOp, ring: int, slots: int, first_slot: Callable[[Emit], SSAValue]
+) -> None:
+    """`lower_attention` for layers caching `ring` positions in `slots` slots from `first_slot`."""
     plan, e = part.plan, part.e
     q: Vec = part.values[op.query]
     c, group = plan.kv_chunk, plan.group
     keys = part.arr(part.cache_array(part.values[op.keys], c))
     values = part.arr(part.cache_array(part.values[op.values], c))
-    heads, slots, chunk, width = plan.heads, plan.slots, q.chunk, plan.width
+    heads, chunk, width = plan.heads, q.chunk, plan.width
     window = plan.window  # the heads whose queries the element holds
     # the scores the element keeps: its window's heads (reduced within its KV head's column segment) or every
     # head's (reduced down the whole column) when a row's features straddle KV heads
     kept = window if plan.scores_local else heads
-    part.program.array("scores", kept * slots)
+    part.program.array("scores", kept * plan.slots)
     part.program.array("head_max", window)
     scores, high = part.arr("scores"), part.arr("head_max")
     out = Vec("row", q.length, chunk, array_name(op.result), q.order)
@@ -209,7 +229,7 @@ def lower_attention(part: PartLowering, op: logos.AttentionOp) -> None:
     position = e.bin(arith.SubiOp, e.load(part.arr("position_in"), e.int(0)), e.int(1))
     px, py = part.coordinate("row"), part.coordinate("col")
     layer = part.layer if part.layer is not None else e.int(0)
-    base = e.bin(arith.MuliOp, layer, e.int(slots * c))
+    base = e.bin(arith.MuliOp, first_slot(e), e.int(c)) if plan.rings else e.bin(arith.MuliOp, layer, e.int(slots * c))
     first_kv = e.bin(arith.MuliOp, py, e.int(c))
     h0 = e.bin(arith.MuliOp, e.bin(arith.DivSIOp, first_kv, e.int(plan.head_dim)), e.int(group))
     highest = e.int(heads - window)
@@ -238,10 +258,14 @@ def lower_attention(part: PartLowering, op: logos.AttentionOp) -> None:
     # softmax for my heads (a window of `window` heads from h0; my row's elements share it): my positions after
     # the current one masked, each head's maximum over mine, then along the row
     rows_from = e.bin(arith.MuliOp, e.bin(arith.SubiOp, h0, kept_from), e.int(slots))
+    written = position  # the last ring index written: the position, or the ring's last once it has come round
+    if ring != plan.ctx:
+        last = e.int(ring - 1)
+        written = e.op(arith.SelectOp(e.cmp(position, last, "slt"), position, last)).results[0]
     e.dsd_op(csl.FmovsOp, e.dsd(high, window), e.float(-3.0e38))
     with e.loop(slots) as (outer, s, _, _y):
         t = outer.bin(arith.AddiOp, outer.bin(arith.MuliOp, s, outer.int(width)), px)
-        later = outer.cmp(t, position, "sgt")
+        later = outer.cmp(t, written, "sgt")
         with outer.when(later) as masked:
             masked.dsd_op(csl.FmovsOp, masked.moved(masked.dsd(scores, kept, 0, slots), s), masked.float(-3.0e38))
         mine = outer.moved(outer.dsd(scores, window, 0, slots), outer.bin(arith.AddiOp, rows_from, s))
@@ -253,10 +277,10 @@ def lower_attention(part: PartLowering, op: logos.AttentionOp) -> None:
     sums = part.arr("attention_sums")
     e.dsd_op(csl.FmovsOp, e.dsd(sums, chunk + window), e.float(0.0))
     if plan.scores_local:
-        part.shared_exponentials(scores, high, sums, chunk)
+        part.shared_exponentials(scores, high, sums, chunk, slots)
     else:
-        part.exponentials(h0, kept_from, scores, high, sums, chunk)
-    part.program.array("weights_by_feature", slots * chunk)
+        part.exponentials(h0, kept_from, scores, high, sums, chunk, slots)
+    part.program.array("weights_by_feature", plan.slots * chunk)
     spread = part.arr("weights_by_feature")
     with e.loop(chunk) as (body, r, _, _y):
         head = body.bin(arith.SubiOp, part.head_of(body, first_kv, r), kept_from)
@@ -287,7 +311,6 @@ def lower_attention(part: PartLowering, op: logos.AttentionOp) -> None:
         head = body.bin(arith.SubiOp, part.head_of(body, first_kv, r), h0)
         total = body.load(sums, body.bin(arith.AddiOp, head, body.int(chunk)))
         body.store(body.op(arith.DivfOp(body.load(sums, r), total)).results[0], attended, r)
-    part.values[op.result] = out
 
 
 def lower_add(part: PartLowering, op: logos.AddOp) -> None:
@@ -483,6 +506,18 @@ def part_patterns(part: PartLowering) -> list[RewritePattern]:
     ]
 
 
+def _unlowered_variant(op: Operation) -> str | None:
+    """What `op` says beyond what the grid computes (`logos.variant`, less attention's window: the layer's cache,
+    `_attend`), or None."""
+    if isinstance(op, logos.AttentionOp) and op.window is not None:
+        probe = op.clone()  # without its window, asked what else it says; then dropped with its operands' uses
+        del probe.properties["window"]
+        said = logos.variant(probe)
+        probe.erase()
+        return said
+    return logos.variant(op)
+
+
 def lower_part(part: PartLowering, section: func.FuncOp) -> None:
     """The ops of `section` (a copy of a part's section, which this changes) rewritten into the part's element
     code, appended to `part.e`'s block; its hidden-state argument and result live in the `residual` array (the state
@@ -490,7 +525,7 @@ def lower_part(part: PartLowering, section: func.FuncOp) -> None:
     target = part.e
     body = section.body.block
     for op in body.ops:  # an op the grid lowers only in its plain form: a variant is refused, not computed as plain
-        said = logos.variant(op)
+        said = _unlowered_variant(op)
         if said is not None:
             raise PassError(f"{PASS}: the spatial grid's '{op.name}' {said}, which the grid does not compute")
     residual = part.vec("residual", "col", part.plan.hidden)

@@ -11,7 +11,7 @@ weight's op to tile it, as the grid needs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from xdsl.dialects import arith, csl, memref
@@ -203,16 +203,17 @@ class PartLowering(LineReductions):
 
     def cache_array(self, cache: logos.CacheOp, chunk: int) -> str:
         name = f"{cache.kind.data}_cache"
-        words = self.plan.layers * self.plan.slots * chunk
+        words = self.plan.cache_slots * chunk
         self.program.array(name, words, self.element_type)
         return name
 
     def exponentials(
-        self, h0: SSAValue, kept_from: SSAValue, scores: SSAValue, high: SSAValue, sums: SSAValue, chunk: int
-    ) -> None:
-        """exp(score - max) of the element's window of heads over its positions, in place, and each head's sum of
-        them into sums[chunk + head]."""
-        e, window, slots = self.e, self.plan.window, self.plan.slots
+        self, h0: SSAValue, kept_from: SSAValue, scores: SSAValue, high: SSAValue, sums: SSAValue, chunk: int,
+        slots: int,
+    ) -> None:  # fmt: skip
+        """exp(score - max) of the element's window of heads over its `slots` positions, in place, and each head's sum
+        of them into sums[chunk + head]."""
+        e, window = self.e, self.plan.window
         with e.loop(window) as (outer, j, _, _y):
             m = outer.load(high, j)
             h = outer.bin(arith.SubiOp, outer.bin(arith.AddiOp, h0, j), kept_from)  # its row of the scores
@@ -225,16 +226,17 @@ class PartLowering(LineReductions):
                 body.store(weight, scores, at)
                 body.store(body.op(arith.AddfOp(body.load(sums, total_at), weight)).results[0], sums, total_at)
 
-    def shared_exponentials(self, scores: SSAValue, high: SSAValue, sums: SSAValue, chunk: int) -> None:
+    def shared_exponentials(self, scores: SSAValue, high: SSAValue, sums: SSAValue, chunk: int, slots: int) -> None:
         """The elements of a KV head's column segment hold the same scores: each computes exp(score - max) for every
         segment-length-th of them (from its rank in the segment), zeros elsewhere, with its part of each head's sum of
-        weights; the segment's reduction (`segment_only`) gives every element all of them."""
+        weights; the segment's reduction (`segment_only`) gives every element all of them (`slots` positions a
+        head)."""
         plan, e = self.plan, self.e
-        window, slots, p = plan.window, plan.slots, plan.height  # a column's elements
+        window, p = plan.window, plan.height  # a column's elements
         length, count, _ = plan.line("col")
         shortest = min(length, p - (count - 1) * length)
         items = window * slots
-        self.program.array("exponentials", items + window)
+        self.program.array("exponentials", window * plan.slots + window)
         shared = self.arr("exponentials")
         e.dsd_op(csl.FmovsOp, e.dsd(shared, items + window), e.float(0.0))
         py = self.coordinate("col")
@@ -255,6 +257,53 @@ class PartLowering(LineReductions):
         self.reduce(e, shared, items + window, "col", csl.FaddsOp, segment_only=True)
         e.dsd_op(csl.FmovsOp, e.dsd(scores, items), e.dsd(shared, items))
         e.dsd_op(csl.FmovsOp, e.dsd(sums, window, chunk), e.dsd(shared, window, items))
+
+    def cache_cases(self) -> Iterator[tuple[Emit, int, int, Callable[[Emit], SSAValue]]]:
+        """The layer's cache, for each kind of layer the function may be called for: (the emitter of that kind's
+        code, the positions it caches (`GridPlan.ring`), its slots, the first slot of the layer's cache (emitted by
+        the emitter given)). One kind (every layer caches ctx, or every layer the same window): the part's emitter
+        and layer x slots. Two (windowed and whole-cache layers, Qwen2's and Gemma's): a branch on whether the
+        layer is windowed, each side its own code, the first slot counted over the layers before it."""
+        plan, e = self.plan, self.e
+        rings = sorted({plan.ring(layer) for layer in range(plan.layers)})
+        layer = self.layer
+        if len(rings) == 1:
+            slots = plan.layer_slots(0)
+            yield (
+                e,
+                rings[0],
+                slots,
+                lambda at: at.bin(arith.MuliOp, at.int(0) if layer is None else layer, at.int(slots)),
+            )
+            return
+        if len(rings) > 2 or layer is None:
+            raise PassError(f"{PASS}: layers caching {' or '.join(map(str, rings))} positions: at most two kinds")
+        window, whole = rings
+        windowed = [k for k in range(plan.layers) if plan.ring(k) == window]
+        slots_window, slots_whole = -(-window // plan.width), -(-whole // plan.width)
+        zero, one = e.int(0), e.int(1)
+        before = zero  # the windowed layers before this one
+        for k in windowed:
+            earlier = e.op(arith.SelectOp(e.cmp(e.int(k), layer, "slt"), one, zero)).results[0]
+            before = e.bin(arith.AddiOp, before, earlier)
+        first = e.bin(
+            arith.SubiOp,
+            e.bin(arith.MuliOp, layer, e.int(slots_whole)),
+            e.bin(arith.MuliOp, before, e.int(slots_whole - slots_window)),
+        )
+        kinds = windowed if len(windowed) <= plan.layers - len(windowed) else [
+            k for k in range(plan.layers) if k not in windowed
+        ]  # fmt: skip
+        named = e.cmp(layer, e.int(kinds[0]), "eq")
+        for k in kinds[1:]:
+            named = e.op(arith.OrIOp(named, e.cmp(layer, e.int(k), "eq"))).results[0]
+        then, other, branch = e.branch(named)
+        cases = [(window, slots_window), (whole, slots_whole)]
+        if kinds != windowed:
+            cases.reverse()
+        for at, (ring, slots) in zip((then, other), cases, strict=True):
+            yield at, ring, slots, lambda _at: first
+        e.end_branch(then, other, branch)
 
     def head_of(self, e: Emit, first_kv: SSAValue, r: SSAValue) -> SSAValue:
         """The query head of feature r of a row whose KV features start at `first_kv` (`grid.query_rows`)."""

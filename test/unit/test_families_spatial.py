@@ -20,7 +20,7 @@ from logos_ir.runtime.spatial.generator import SpatialGenerator
 from logos_ir.weights import open_model
 
 # Each family the lane now lowers (docs/spatial.md, "The families of issue 26").
-SPATIAL_FAMILIES = ["qwen2", "llama-biases"]
+SPATIAL_FAMILIES = ["qwen2", "llama-biases", "mistral-window", "qwen2-window"]
 
 
 @pytest.mark.parametrize("family", SPATIAL_FAMILIES)
@@ -42,6 +42,35 @@ def _from_build(family: str, folder: Path, weights: str, arch: str) -> list[int]
     return SpatialGenerator(store, ctx=32, image=weights, build=folder).generate(run["prompt"], len(run["tokens"]))
 
 
-@pytest.mark.parametrize(("family", "weights", "arch"), [("qwen2", "f32", "wse3"), ("llama-biases", "f16", "wse2")])
+@pytest.mark.parametrize(
+    ("family", "weights", "arch"),
+    [
+        ("qwen2", "f32", "wse3"),
+        ("llama-biases", "f16", "wse2"),
+        ("qwen2-window", "f32", "wse3"),
+        ("mistral-window", "f16", "wse2"),
+    ],
+)
 def test_the_family_built_for_a_wse3_or_with_f16_weights(family: str, weights: str, arch: str, tmp_path: Path) -> None:
     assert _from_build(family, tmp_path, weights, arch) == GOLDENS[family]["runs"][0]["tokens"]
+
+
+def test_a_windowed_layer_caches_only_its_window() -> None:
+    """Mistral's window of 4 (every layer) on a 6-wide grid at ctx 32: each layer caches one slot an element (a ring
+    of 4 positions), not ctx's 6, and the memory band's arrays count the smaller cache; Qwen2's (layer 0 whole, layer
+    1 windowed) caches 6 + 1 slots."""
+    from dataclasses import replace
+
+    from logos_ir.passes.spatial.convert_logos_to_csl import memory_use
+    from logos_ir.testing import lower_decode
+
+    windowed = open_model(str(FAMILIES / "mistral-window")).spec
+    ring = lower_decode(windowed, 32, "f32", 6)
+    whole = lower_decode(replace(windowed, sliding_window=None), 32, "f32", 6)
+    c = ring.plan.kv_chunk
+    assert ring.plan.rings == (4, 4) and whole.plan.rings == ()
+    assert ring.host["arrays"]["key_cache"][0] == 2 * 1 * c and whole.host["arrays"]["key_cache"][0] == 2 * 6 * c
+    saved = memory_use(whole)["arrays"] - memory_use(ring)["arrays"]
+    assert saved >= 2 * (2 * 5 * c) * 4  # the key and value caches' 5 slots a layer, f32
+    mixed = lower_decode(open_model(str(FAMILIES / "qwen2-window")).spec, 32, "f32", 6)
+    assert mixed.plan.rings == (32, 4) and mixed.host["arrays"]["key_cache"][0] == (6 + 1) * c
