@@ -120,7 +120,8 @@ def lower_parts(parts: Sequence[tuple[Cut, Identity, logos.ProgramOp]], plan: g.
             max(plan.chunk(plan.vocab, "row"), queries + 2 * keys, 2 * plan.chunk(plan.intermediate, "row"),
                 queries + plan.window, hidden, 1),
         )  # fmt: skip
-        program.array("line_col", max(hidden, scores))
+        normed = any(isinstance(op, logos.HeadRMSNormOp) for _, _, part in parts for op in part.walk())
+        program.array("line_col", max(hidden, scores, plan.heads if normed else 1))  # a head norm's sums
     functions: list[Operation] = []
     identities: list[str] = []
     embed_cut, *layer_parts, head_cut = parts

@@ -28,6 +28,7 @@ from xdsl.pattern_rewriter import (
 
 from logos_ir.dialects import logos
 from logos_ir.errors import PassError
+from logos_ir.passes.spatial import grid as g
 from logos_ir.passes.spatial.element_program import PASS, Vec
 from logos_ir.passes.spatial.emit import Emit
 from logos_ir.passes.spatial.part import PartLowering, array_name, fused_products
@@ -84,6 +85,55 @@ def lower_rms_norm(part: PartLowering, op: logos.RMSNormOp) -> None:
     part.values[op.result] = out
 
 
+def lower_head_rms_norm(part: PartLowering, op: logos.HeadRMSNormOp) -> None:
+    """Each head of attention's query or cached key RMS-normed (Qwen3's q_norm, k_norm), on the product as it is laid
+    out (`grid.query_rows`, `grid.kv_rows`): each element adds its features' squares into its heads' sums, which are
+    reduced down the column (a head's features lie on one or more rows of a column); each feature is then scaled by
+    its head's 1 / sqrt(mean + epsilon) and by the norm's weight at its dimension (`PartLowering.spread_weight`), in
+    place."""
+    plan, e = part.plan, part.e
+    x: Vec = part.values[op.input]
+    if not op.input.has_one_use():
+        raise PassError(f"{PASS}: '{op.name}' norms a product that is also read un-normed")
+    head_dim = op.weight.type.get_shape()[0]  # type: ignore[attr-defined]
+    if x.order == tuple(g.query_rows(plan)):
+        group, count = plan.group, plan.heads
+    elif x.order == tuple(g.kv_rows(plan)):
+        group, count = 1, plan.kv_heads * plan.kv_copies
+    else:
+        raise PassError(f"{PASS}: the grid norms the heads of attention's query and cached key only")
+    if head_dim != plan.head_dim:
+        raise PassError(f"{PASS}: '{op.name}' norms heads of {head_dim}, not the model's {plan.head_dim}")
+    dims = [-1 if source < 0 else source % head_dim for source in x.order]
+    weight = part.spread_weight(part.values[op.weight], x, dims)
+    part.program.array("head_sums", plan.heads)
+    sums, data = part.arr("head_sums"), part.arr(x.array)
+    e.dsd_op(csl.FmovsOp, e.dsd(sums, count), e.float(0.0))
+    first_kv = e.bin(arith.MuliOp, part.coordinate("col"), e.int(plan.kv_chunk))
+    with e.loop(x.chunk) as (body, r, _, _y):
+        head = part.head_of(body, first_kv, r, group, count)
+        v = body.load(data, r)
+        total = body.op(arith.AddfOp(body.load(sums, head), body.op(arith.MulfOp(v, v)).results[0])).results[0]
+        body.store(total, sums, head)
+    part.reduce(e, sums, count, "col", csl.FaddsOp)
+    epsilon = op.epsilon.value.data
+    with e.loop(count) as (body, h, _, _y):
+        mean = body.op(arith.MulfOp(body.load(sums, h), body.float(1.0 / head_dim))).results[0]
+        root = body.math(part.program.math, "sqrt_f32", body.op(arith.AddfOp(mean, body.float(epsilon))).results[0])
+        body.store(body.op(arith.DivfOp(body.float(1.0), root)).results[0], sums, h)
+    with e.loop(x.chunk) as (body, r, _, _y):
+        scale = body.load(sums, part.head_of(body, first_kv, r, group, count))
+        body.store(body.op(arith.MulfOp(body.load(data, r), scale)).results[0], data, r)
+    w = e.moved(e.dsd(part.arr(weight.name), x.chunk), part.weight_offset(weight), part.element_type)
+    if plan.image == "f16":  # the f16 weights widened to f32 first
+        part.program.array("head_norm_weight", x.chunk)
+        widened = e.dsd(part.arr("head_norm_weight"), x.chunk)
+        e.dsd_op(csl.Fh2sOp, widened, w)
+        w = widened
+    e.dsd_op(csl.FmulsOp, e.dsd(data, x.chunk), e.dsd(data, x.chunk), w)
+    part.values[op.result] = x  # normed in place
+
+
 def lower_linear(part: PartLowering, op: logos.LinearOp) -> None:
     """A product: each element multiplies its tile by its input chunk, then the partial sums are reduced along
     the line. Products of one input written one after another (q, k and v; gate and up) are reduced together,
@@ -112,13 +162,13 @@ def lower_linear(part: PartLowering, op: logos.LinearOp) -> None:
 
 def lower_bias_add(part: PartLowering, op: logos.BiasAddOp) -> None:
     """A product's bias, added after its reduction: every element of the line holds the product's total for its
-    chunk and adds its slice of the bias (`PartLowering.bias_weight`), in place: `@fadds`, or with f16 weights
+    chunk and adds its slice of the bias (`PartLowering.spread_weight`), in place: `@fadds`, or with f16 weights
     `@fmachs` (the f16 bias times 1 accumulated in f32)."""
     e = part.e
     x: Vec = part.values[op.input]
     if not op.input.has_one_use():
         raise PassError(f"{PASS}: '{op.name}' adds to a product that is also read unbiased")
-    bias = part.bias_weight(part.values[op.bias], x)
+    bias = part.spread_weight(part.values[op.bias], x)
     data = e.dsd(part.arr(x.array), x.chunk)
     slice_ = e.moved(e.dsd(part.arr(bias.name), x.chunk), part.weight_offset(bias), part.element_type)
     if part.plan.image == "f16":
@@ -397,6 +447,15 @@ class BiasAddToCsl(PartPattern):
         self.part.replace(rewriter, op)
 
 
+class HeadRmsNormToCsl(PartPattern):
+    """`logos.head_rms_norm`: each head's sum of squares reduced down the column, then the scaled features."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.HeadRMSNormOp, rewriter: PatternRewriter) -> None:
+        lower_head_rms_norm(self.part.at(op), op)
+        self.part.replace(rewriter, op)
+
+
 class RopeToCsl(PartPattern):
     """`logos.rope`: the rotation of the element's pairs, in place."""
 
@@ -467,6 +526,7 @@ LOWERED = (
     logos.RMSNormOp,
     logos.LinearOp,
     logos.BiasAddOp,
+    logos.HeadRMSNormOp,
     logos.RopeOp,
     logos.CacheWriteOp,
     logos.AttentionOp,
@@ -495,6 +555,7 @@ def part_patterns(part: PartLowering) -> list[RewritePattern]:
         RmsNormToCsl(part),
         LinearToCsl(part),
         BiasAddToCsl(part),
+        HeadRmsNormToCsl(part),
         RopeToCsl(part),
         CacheWriteToCsl(part),
         AttentionToCsl(part),

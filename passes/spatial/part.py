@@ -117,15 +117,18 @@ class PartLowering(LineReductions):
         weight = g.Weight(name, (tensor,), kind, orient, rows, columns, tr, tc, tuple(row_map), tuple(column_map))
         return self.declare(weight, plan_layers=self.layer is not None)
 
-    def bias_weight(self, op: logos.WeightOp, x: Vec) -> g.Weight:
-        """The bias added to `x` (a product's result), cut as `x` is: element (x, y) holds the bias at the positions
-        of its chunk (chunk x of a `col` vector, chunk y of a `row` one, in the product's row order). The host's
-        tiling takes it as a matrix of one row, repeated over the other dimension's blocks (`row_map`), its columns
-        in the product's order (`column_map`): stored as the product's weights are (f16 in an f16 image)."""
+    def spread_weight(self, op: logos.WeightOp, x: Vec, column_map: Sequence[int] | None = None) -> g.Weight:
+        """A vector weight read feature by feature with `x` (a product's result: a bias, a per-head norm's weight),
+        cut as `x` is: element (x, y) holds, at each position of its chunk (chunk x of a `col` vector, chunk y of a
+        `row` one, in the product's row order), the weight's number there (`column_map`: which, -1 for none; the
+        product's order if not given). The host's tiling takes it as a matrix of one row, repeated over the other
+        dimension's blocks (`row_map`), its columns in that map (`Weight.column_map`), kind `spread`: stored as the
+        product's weights are (f16 in an f16 image, f32 otherwise)."""
         across = self.plan.extent("row" if x.layout == "col" else "col")  # the blocks the one row is repeated over
         length = op.shape.get_values()[0]
+        columns = tuple(x.order if column_map is None else column_map)
         weight = g.Weight(
-            array_name(op.result), (op.tensor.data,), "bias", x.layout, 1, length, 1, x.chunk, (0,) * across, x.order
+            array_name(op.result), (op.tensor.data,), "spread", x.layout, 1, length, 1, x.chunk, (0,) * across, columns
         )
         return self.declare(weight, plan_layers=self.layer is not None)
 
@@ -305,16 +308,19 @@ class PartLowering(LineReductions):
             yield at, ring, slots, lambda _at: first
         e.end_branch(then, other, branch)
 
-    def head_of(self, e: Emit, first_kv: SSAValue, r: SSAValue) -> SSAValue:
-        """The query head of feature r of a row whose KV features start at `first_kv` (`grid.query_rows`)."""
+    def head_of(self, e: Emit, first_kv: SSAValue, r: SSAValue, group: int = 0, heads: int = 0) -> SSAValue:
+        """The query head of feature r of a row whose KV features start at `first_kv` (`grid.query_rows`); with
+        `group` 1 and `heads` the cached copies, the cached KV head (copy) of feature r of a key (`grid.kv_rows`)."""
         c = self.plan.kv_chunk
         kv_head = e.bin(
             arith.DivSIOp, e.bin(arith.AddiOp, first_kv, e.bin(arith.RemSIOp, r, e.int(c))), e.int(self.plan.head_dim)
         )
         head = e.bin(
-            arith.AddiOp, e.bin(arith.MuliOp, kv_head, e.int(self.plan.group)), e.bin(arith.DivSIOp, r, e.int(c))
+            arith.AddiOp,
+            e.bin(arith.MuliOp, kv_head, e.int(group or self.plan.group)),
+            e.bin(arith.DivSIOp, r, e.int(c)),
         )
-        last = e.int(self.plan.heads - 1)
+        last = e.int((heads or self.plan.heads) - 1)
         return e.op(arith.SelectOp(e.cmp(head, last, "slt"), head, last)).results[0]
 
     def elementwise(self, op: Operation, kind: type[csl.BuiltinDsdOp]) -> None:
@@ -352,9 +358,11 @@ def fused_products(body: Block) -> tuple[dict[Operation, list[logos.LinearOp]], 
 
 
 def product_of(value: SSAValue) -> SSAValue:
-    """The product a value comes from, through its bias (`logos.bias_add`: added to the product as laid out)."""
-    owner = value.owner
-    return owner.input if isinstance(owner, logos.BiasAddOp) else value
+    """The product a value comes from, through its bias and its heads' norm (`logos.bias_add`,
+    `logos.head_rms_norm`: each computed on the product as it is laid out)."""
+    while isinstance(value.owner, logos.BiasAddOp | logos.HeadRMSNormOp):
+        value = value.owner.input
+    return value
 
 
 def feeds_of(body: Block) -> dict[SSAValue, set[str]]:

@@ -92,7 +92,8 @@ def test_the_rope_scaling_and_partial_rotary_are_what_the_tokens_depend_on() -> 
 # each element's slice after the product's reduction: both run there (test_families_spatial.py).
 BIASED = {"qwen2", "llama-biases"}
 # The families whose heads of the query and key are RMS-normed (logos.head_rms_norm): the reference computes them;
-# no lane lowers the op yet, and each refuses it by name before anything runs.
+# the CUDA and D5005 lanes do not lower the op yet, and each refuses it by name before anything runs; the wafer norms
+# each head's features where the product leaves them (test_families_spatial.py).
 HEAD_NORMED = {"qwen3"}
 # The families whose sliding window bites (shorter than the runs): the reference applies it (logos.attention's
 # window); the CUDA and D5005 lanes do not yet, and each refuses a window that bites by name rather than attend past
@@ -141,7 +142,6 @@ def test_qwen2s_biases_on_the_cuda_lane_give_transformers_tokens(tp: int) -> Non
         ("qwen2", "d5005", False, "'logos.bias_add' %query has no instruction on the D5005 engine"),
         ("qwen3", "cuda", True, "@main holds 'logos.head_rms_norm', which the CUDA lane does not lower"),
         ("qwen3", "d5005", False, "'logos.head_rms_norm' %normed_query has no instruction on the D5005 engine"),
-        ("qwen3", "spatial", False, "the spatial grid does not lower 'logos.head_rms_norm'"),
         (
             "mistral-window",
             "cuda",
@@ -164,7 +164,6 @@ def test_qwen2s_biases_on_the_cuda_lane_give_transformers_tokens(tp: int) -> Non
         "d5005",
         "cuda-head-norms",
         "d5005-head-norms",
-        "spatial-head-norms",
         "cuda-window",
         "d5005-window",
         "cuda-gemma2",

@@ -20,7 +20,7 @@ from logos_ir.runtime.spatial.generator import SpatialGenerator
 from logos_ir.weights import open_model
 
 # Each family the lane now lowers (docs/spatial.md, "The families of issue 26").
-SPATIAL_FAMILIES = ["qwen2", "llama-biases", "mistral-window", "qwen2-window"]
+SPATIAL_FAMILIES = ["qwen2", "llama-biases", "mistral-window", "qwen2-window", "qwen3"]
 
 
 @pytest.mark.parametrize("family", SPATIAL_FAMILIES)
@@ -29,11 +29,12 @@ def test_the_family_gives_transformers_tokens_on_the_fabric(family: str) -> None
     assert _lane(family, "spatial", False).generate(run["prompt"], len(run["tokens"])) == run["tokens"]
 
 
-def _from_build(family: str, folder: Path, weights: str, arch: str) -> list[int]:
+def _from_build(family: str, folder: Path, weights: str, arch: str, grid: str) -> list[int]:
     """The family's greedy tokens from a build folder of `logos-compile --target spatial` (ctx 32)."""
     store = open_model(str(FAMILIES / family))
+    options = {"arch": arch, **({"grid": grid} if grid else {})}
     request = BuildRequest(
-        ModelSource("preset", family, store.spec), Cut.decode(32), 1, weights, False, Progress.silent(), {"arch": arch}
+        ModelSource("preset", family, store.spec), Cut.decode(32), 1, weights, False, Progress.silent(), options
     )
     built = compile_targets()["spatial"].build()(request)
     for artifact in built.artifacts:
@@ -43,16 +44,42 @@ def _from_build(family: str, folder: Path, weights: str, arch: str) -> list[int]
 
 
 @pytest.mark.parametrize(
-    ("family", "weights", "arch"),
+    ("family", "weights", "arch", "grid"),
     [
-        ("qwen2", "f32", "wse3"),
-        ("llama-biases", "f16", "wse2"),
-        ("qwen2-window", "f32", "wse3"),
-        ("mistral-window", "f16", "wse2"),
+        ("qwen2", "f32", "wse3", ""),
+        ("llama-biases", "f16", "wse2", ""),
+        ("qwen2-window", "f32", "wse3", ""),
+        ("mistral-window", "f16", "wse2", ""),
+        ("qwen3", "f16", "wse3", ""),
+        ("qwen3", "f32", "wse2", "5x7"),  # rows straddling heads: a head's features over two rows' elements
     ],
 )
-def test_the_family_built_for_a_wse3_or_with_f16_weights(family: str, weights: str, arch: str, tmp_path: Path) -> None:
-    assert _from_build(family, tmp_path, weights, arch) == GOLDENS[family]["runs"][0]["tokens"]
+def test_the_family_built_for_a_wse3_or_with_f16_weights(
+    family: str, weights: str, arch: str, grid: str, tmp_path: Path
+) -> None:
+    assert _from_build(family, tmp_path, weights, arch, grid) == GOLDENS[family]["runs"][0]["tokens"]
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen2-window"])
+def test_the_family_with_kv_heads_kept_narrow(family: str) -> None:
+    """One copy of each KV head (as llama-3.1-8b's build keeps them): the query's heads of a group read one cached
+    key tile, each normed head's features and each bias at the narrow layout's rows."""
+    from logos_ir.runtime.spatial.host import GridMachine
+    from logos_ir.testing import lower_decode
+
+    store = open_model(str(FAMILIES / family))
+    lowered = lower_decode(store.spec, 32, "f32", 6, copies=1)
+    assert lowered.plan.kv_copies == 1
+    machine = GridMachine(lowered.module, lowered.host, store)
+    machine.reset()
+    run = GOLDENS[family]["runs"][0]
+    tokens, out = list(run["prompt"]), []
+    for position in range(1, len(run["prompt"]) + len(run["tokens"])):
+        token = tokens[position - 1] if position <= len(tokens) else out[-1]
+        predicted = machine.step(token + 1, position) - 1
+        if position >= len(tokens):
+            out.append(predicted)
+    assert out == run["tokens"]
 
 
 def test_a_windowed_layer_caches_only_its_window() -> None:
