@@ -91,7 +91,7 @@ def _section(program: logos.ProgramOp) -> func.FuncOp:
 def _lower_section(program: Program, e: Emit, layer: SSAValue | None, part: logos.ProgramOp) -> None:
     """A part's section lowered into `e`'s function (a copy of it is rewritten: the module is left as it is)."""
     section = _section(part).clone()
-    lower_part(PartLowering(program, e, layer, feeds_of(section.body.block)), section)
+    lower_part(PartLowering(program, e, layer, feeds_of(section.body.block)), section, part.spec)
 
 
 def lower_parts(parts: Sequence[tuple[Cut, Identity, logos.ProgramOp]], plan: g.GridPlan) -> GridProgram:

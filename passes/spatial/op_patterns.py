@@ -32,6 +32,7 @@ from logos_ir.passes.spatial import grid as g
 from logos_ir.passes.spatial.element_program import PASS, Vec
 from logos_ir.passes.spatial.emit import Emit
 from logos_ir.passes.spatial.part import PartLowering, array_name, fused_products
+from logos_ir.spec import ModelSpec
 
 # -- each op's element code ----------------------------------------------------------------------------------------
 
@@ -567,26 +568,39 @@ def part_patterns(part: PartLowering) -> list[RewritePattern]:
     ]
 
 
-def _unlowered_variant(op: Operation) -> str | None:
+def _unlowered_variant(op: Operation, plan: g.GridPlan, spec: ModelSpec | None) -> str | None:
     """What `op` says beyond what the grid computes (`logos.variant`, less attention's window: the layer's cache,
-    `_attend`), or None."""
+    `_attend`; and a rotation's partial rotary dimension where it is the plan's: its pairs and tables, `grid.kv_rows`
+    and `grid.inv_freq_chunk`), or None. A rotation's base and scaling are held to the model's (`spec`: the part
+    being lowered is a copy outside its program, where `logos.variant` finds no spec)."""
+    if isinstance(op, logos.RopeOp) and spec is not None:
+        if op.theta.value.data != spec.rope_theta:
+            return f"rotates with base {op.theta.value.data!r}, not its model's {spec.rope_theta!r}"
+        if op.rope_scaling != spec.rope_scaling:
+            return f"rotates with rope scaling {op.rope_scaling}, not its model's {spec.rope_scaling}"
+    computed = []
     if isinstance(op, logos.AttentionOp) and op.window is not None:
-        probe = op.clone()  # without its window, asked what else it says; then dropped with its operands' uses
-        del probe.properties["window"]
-        said = logos.variant(probe)
-        probe.erase()
-        return said
-    return logos.variant(op)
+        computed.append("window")
+    if isinstance(op, logos.RopeOp) and op.rotary_dim is not None and op.rotary_dim.value.data == plan.rotary_dim:
+        computed.append("rotary_dim")
+    if not computed:
+        return logos.variant(op)
+    probe = op.clone()  # without them, asked what else it says; then dropped with its operands' uses
+    for name in computed:
+        del probe.properties[name]
+    said = logos.variant(probe)
+    probe.erase()
+    return said
 
 
-def lower_part(part: PartLowering, section: func.FuncOp) -> None:
+def lower_part(part: PartLowering, section: func.FuncOp, spec: ModelSpec | None = None) -> None:
     """The ops of `section` (a copy of a part's section, which this changes) rewritten into the part's element
     code, appended to `part.e`'s block; its hidden-state argument and result live in the `residual` array (the state
     each part leaves for the next), its position argument in `position_in`."""
     target = part.e
     body = section.body.block
     for op in body.ops:  # an op the grid lowers only in its plain form: a variant is refused, not computed as plain
-        said = _unlowered_variant(op)
+        said = _unlowered_variant(op, part.plan, spec)
         if said is not None:
             raise PassError(f"{PASS}: the spatial grid's '{op.name}' {said}, which the grid does not compute")
     residual = part.vec("residual", "col", part.plan.hidden)

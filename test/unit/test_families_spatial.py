@@ -20,7 +20,7 @@ from logos_ir.runtime.spatial.generator import SpatialGenerator
 from logos_ir.weights import open_model
 
 # Each family the lane now lowers (docs/spatial.md, "The families of issue 26").
-SPATIAL_FAMILIES = ["qwen2", "llama-biases", "mistral-window", "qwen2-window", "qwen3"]
+SPATIAL_FAMILIES = ["qwen2", "llama-biases", "mistral-window", "qwen2-window", "qwen3", "phi3-gguf-partial"]
 
 
 @pytest.mark.parametrize("family", SPATIAL_FAMILIES)
@@ -101,3 +101,38 @@ def test_a_windowed_layer_caches_only_its_window() -> None:
     assert saved >= 2 * (2 * 5 * c) * 4  # the key and value caches' 5 slots a layer, f32
     mixed = lower_decode(open_model(str(FAMILIES / "qwen2-window")).spec, 32, "f32", 6)
     assert mixed.plan.rings == (32, 4) and mixed.host["arrays"]["key_cache"][0] == (6 + 1) * c
+
+
+def test_a_partial_rotary_pairs_and_tables() -> None:
+    """Phi-3's partial rotary (8 of each head's 16 numbers): the cached key's rows pair i with i + 4 for i < 4 and
+    keep the other 8 in order, and the rotary tables give those 8 a frequency of 0 (cos 1, sin 0: passed through),
+    the rotary pairs the reference's own over rotary_dim."""
+    import numpy as np
+
+    from logos_ir.passes.spatial import grid as g
+    from logos_ir.rope import rope_inv_freq
+
+    spec = open_model(str(FAMILIES / "phi3-gguf-partial")).spec
+    assert spec.rotary_dim == 8 and spec.head_dim == 16
+    plan = g.GridPlan.of(spec, 32, "f32", (2, 2), kv_copies=1)
+    assert g.kv_rows(plan)[:16] == [0, 4, 1, 5, 2, 6, 3, 7, *range(8, 16)]
+    whole = rope_inv_freq(16, spec.rope_theta)  # what the host passes: the whole head's
+    first = g.inv_freq_chunk(whole, plan, 0, plan.kv_chunk)[:8]  # row 0's pairs of KV head 0
+    np.testing.assert_array_equal(first, np.asarray([*rope_inv_freq(8, spec.rope_theta), 0, 0, 0, 0], np.float32))
+
+
+def test_a_rotation_by_a_layers_own_base_is_refused_by_name() -> None:
+    """Gemma 3's local layers rotate with a base of their own; the grid's rotary tables are the model's (the host
+    writes one set), so such a rotation is refused rather than rotated by the model's base."""
+    from dataclasses import replace
+
+    from logos_ir.errors import LogosError
+    from logos_ir.registry import backends
+    from logos_ir.runtime import RunRequest
+    from logos_ir.spec import ModelSpec
+    from logos_ir.testing import RandomWeights
+
+    spec = replace(ModelSpec.preset("tiny"), sliding_window=64, full_layers=(1,), local_rope_theta=5000.0)
+    request = RunRequest(RandomWeights(spec), ctx=32, prefill_rows=4, weights="f32")
+    with pytest.raises(LogosError, match="'logos.rope' rotates with base 5000.0, not its model's 10000.0"):
+        backends()["spatial"].generator()(request).generate([1, 2, 3], 2)
