@@ -15,12 +15,23 @@ from dataclasses import dataclass
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import IntegerAttr, ModuleOp, i64
-from xdsl.ir import Block
+from xdsl.ir import Block, SSAValue
 from xdsl.passes import ModulePass
 
 from logos_ir.dialects import logos
 
 FUSED = "csl_ext.fused"
+
+
+def feeds_argmax(value: SSAValue) -> bool:
+    """Whether `value` is read by the head's arg-max, directly or through a soft-cap (Gemma 2's logits: monotonic,
+    computed where the logits are)."""
+    for use in value.uses:
+        if isinstance(use.operation, logos.ArgmaxOp):
+            return True
+        if isinstance(use.operation, logos.SoftcapOp) and feeds_argmax(use.operation.result):
+            return True
+    return False
 
 
 def product_runs(body: Block) -> list[list[logos.LinearOp]]:
@@ -38,7 +49,7 @@ def product_runs(body: Block) -> list[list[logos.LinearOp]]:
             continue
         if isinstance(op, logos.BiasAddOp) and any(op.input == product.result for product in run):
             continue  # a run member's bias, added after the run's reduction: the run goes on
-        final = isinstance(op, logos.LinearOp) and any(isinstance(u.operation, logos.ArgmaxOp) for u in op.result.uses)
+        final = isinstance(op, logos.LinearOp) and feeds_argmax(op.result)
         if isinstance(op, logos.LinearOp) and not final and (not run or run[0].input == op.input):
             run.append(op)
             continue

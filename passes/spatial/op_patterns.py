@@ -31,6 +31,7 @@ from logos_ir.errors import PassError
 from logos_ir.passes.spatial import grid as g
 from logos_ir.passes.spatial.element_program import PASS, Vec
 from logos_ir.passes.spatial.emit import Emit
+from logos_ir.passes.spatial.fuse_products import feeds_argmax
 from logos_ir.passes.spatial.part import PartLowering, array_name, fused_products
 from logos_ir.spec import ModelSpec
 
@@ -82,6 +83,11 @@ def lower_rms_norm(part: PartLowering, op: logos.RMSNormOp) -> None:
     scale = e.op(arith.DivfOp(e.float(1.0), root)).results[0]
     e.dsd_op(csl.FmulsOp, e.dsd(target, x.chunk), e.dsd(source, x.chunk), scale)
     w = e.moved(e.dsd(part.arr(weight.name), x.chunk), part.weight_offset(weight))
+    if op.plus_one is not None:  # Gemma's: by one plus the weight (1 + w rounded to f32 first, as transformers does)
+        part.program.array("norm_weight", x.chunk)
+        plus = e.dsd(part.arr("norm_weight"), x.chunk)
+        e.dsd_op(csl.FaddsOp, plus, w, e.float(1.0))
+        w = plus
     e.dsd_op(csl.FmulsOp, e.dsd(target, x.chunk), e.dsd(target, x.chunk), w)
     part.values[op.result] = out
 
@@ -131,6 +137,11 @@ def lower_head_rms_norm(part: PartLowering, op: logos.HeadRMSNormOp) -> None:
         widened = e.dsd(part.arr("head_norm_weight"), x.chunk)
         e.dsd_op(csl.Fh2sOp, widened, w)
         w = widened
+    if op.plus_one is not None:  # by one plus the weight
+        part.program.array("head_norm_weight", x.chunk)
+        plus = e.dsd(part.arr("head_norm_weight"), x.chunk)
+        e.dsd_op(csl.FaddsOp, plus, w, e.float(1.0))
+        w = plus
     e.dsd_op(csl.FmulsOp, e.dsd(data, x.chunk), e.dsd(data, x.chunk), w)
     part.values[op.result] = x  # normed in place
 
@@ -147,7 +158,7 @@ def lower_linear(part: PartLowering, op: logos.LinearOp) -> None:
     along = "row" if x.layout == "col" else "col"
     if len(group) == 1:
         out, acc = part.product(op, None, 0)
-        final = any(isinstance(use.operation, logos.ArgmaxOp) for use in op.result.uses)
+        final = feeds_argmax(op.result)  # the logits: reduced to the centre column, where the host reads them
         part.reduce(e, acc, out.chunk, along, csl.FaddsOp, broadcast=not final)
         return
     chunks = [part.product_plan(member)[1].tile_rows for member in group]
@@ -304,8 +315,12 @@ def _attend(
         csl.FmulsOp,
         e.dsd(scores, kept * slots),
         e.dsd(scores, kept * slots),
-        e.float(1.0 / math.sqrt(plan.head_dim)),
+        e.float(1.0 / math.sqrt(plan.head_dim) if op.scale is None else op.scale.value.data),
     )
+    if op.softcap is not None:  # Gemma 2's: cap * tanh(score / cap), before the mask
+        with e.loop(kept * slots) as (body, i, _, _y):
+            capped = _softcapped(part, body, body.load(scores, i), op.softcap.value.data)
+            body.store(capped, scores, i)
     # softmax for my heads (a window of `window` heads from h0; my row's elements share it): my positions after
     # the current one masked, each head's maximum over mine, then along the row
     rows_from = e.bin(arith.MuliOp, e.bin(arith.SubiOp, h0, kept_from), e.int(slots))
@@ -384,6 +399,67 @@ def lower_silu(part: PartLowering, op: logos.SiluOp) -> None:
             0
         ]
         body.store(body.op(arith.DivfOp(v, denominator)).results[0], target, j)
+    part.values[op.result] = out
+
+
+def _tanh(part: PartLowering, e: Emit, z: SSAValue) -> SSAValue:
+    """tanh(z) = 1 - 2 / (exp(2z) + 1), by `<math>`'s exp (the lane's math has no tanh): +-1 at the extremes."""
+    twice = e.op(arith.MulfOp(z, e.float(2.0))).results[0]
+    grown = e.op(arith.AddfOp(e.math(part.program.math, "exp_f32", twice), e.float(1.0))).results[0]
+    return e.op(arith.SubfOp(e.float(1.0), e.op(arith.DivfOp(e.float(2.0), grown)).results[0])).results[0]
+
+
+def _softcapped(part: PartLowering, e: Emit, v: SSAValue, cap: float) -> SSAValue:
+    """cap * tanh(v / cap)."""
+    z = e.op(arith.MulfOp(v, e.float(1.0 / cap))).results[0]
+    return e.op(arith.MulfOp(_tanh(part, e, z), e.float(cap))).results[0]
+
+
+def _result_vec(part: PartLowering, op: Operation, x: Vec) -> Vec:
+    """Where an elementwise op's result lives: its input's array (in place) where nothing else reads the input, else
+    an array of its own, laid out as the input."""
+    if op.operands[0].has_one_use():
+        return x
+    out = Vec(x.layout, x.length, x.chunk, array_name(op.results[0]), x.order)
+    part.program.array(out.array, out.chunk)
+    return out
+
+
+def lower_scale(part: PartLowering, op: logos.ScaleOp) -> None:
+    """Each number times the factor rounded to f32 (Gemma's embedding times sqrt(width)): one `@fmuls`."""
+    e = part.e
+    x: Vec = part.values[op.input]
+    out = _result_vec(part, op, x)
+    e.dsd_op(csl.FmulsOp, e.dsd(part.arr(out.array), x.chunk), e.dsd(part.arr(x.array), x.chunk),
+             e.float(op.factor.value.data))  # fmt: skip
+    part.values[op.result] = out
+
+
+def lower_softcap(part: PartLowering, op: logos.SoftcapOp) -> None:
+    """cap * tanh(x / cap) over the chunk (Gemma 2's logits: the head's, before the host's arg-max)."""
+    e = part.e
+    x: Vec = part.values[op.input]
+    out = _result_vec(part, op, x)
+    source, target = part.arr(x.array), part.arr(out.array)
+    with e.loop(x.chunk) as (body, j, _, _y):
+        body.store(_softcapped(part, body, body.load(source, j), op.cap.value.data), target, j)
+    part.values[op.result] = out
+
+
+def lower_gelu_tanh(part: PartLowering, op: logos.GeluTanhOp) -> None:
+    """GELU with the tanh approximation over the chunk: 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)), u = sqrt(2 / pi)
+    (x + 0.044715 x^3) (Gemma's GeGLU gate; as `logos.silu`, one `<math>` exp a number)."""
+    e = part.e
+    x: Vec = part.values[op.input]
+    out = part.vec(array_name(op.result), x.layout, x.length)
+    source, target = part.arr(x.array), part.arr(out.array)
+    with e.loop(x.chunk) as (body, j, _, _y):
+        v = body.load(source, j)
+        cube = body.op(arith.MulfOp(body.op(arith.MulfOp(v, v)).results[0], v)).results[0]
+        inner = body.op(arith.AddfOp(v, body.op(arith.MulfOp(cube, body.float(0.044715))).results[0])).results[0]
+        minus_twice_u = body.op(arith.MulfOp(inner, body.float(-2.0 * math.sqrt(2.0 / math.pi)))).results[0]
+        grown = body.op(arith.AddfOp(body.float(1.0), body.math(part.program.math, "exp_f32", minus_twice_u)))
+        body.store(body.op(arith.DivfOp(v, grown.results[0])).results[0], target, j)
     part.values[op.result] = out
 
 
@@ -511,6 +587,33 @@ class SiluToCsl(PartPattern):
         self.part.replace(rewriter, op)
 
 
+class ScaleToCsl(PartPattern):
+    """`logos.scale`: `@fmuls` by the factor."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.ScaleOp, rewriter: PatternRewriter) -> None:
+        lower_scale(self.part.at(op), op)
+        self.part.replace(rewriter, op)
+
+
+class SoftcapToCsl(PartPattern):
+    """`logos.softcap`: cap * tanh(x / cap) over the chunk."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.SoftcapOp, rewriter: PatternRewriter) -> None:
+        lower_softcap(self.part.at(op), op)
+        self.part.replace(rewriter, op)
+
+
+class GeluTanhToCsl(PartPattern):
+    """`logos.gelu_tanh`: x / (1 + exp(-2u)) over the chunk."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.GeluTanhOp, rewriter: PatternRewriter) -> None:
+        lower_gelu_tanh(self.part.at(op), op)
+        self.part.replace(rewriter, op)
+
+
 class ArgmaxToCsl(PartPattern):
     """`logos.argmax`: the host's, over the logits it reads back (the op is swept after the walk)."""
 
@@ -534,6 +637,9 @@ LOWERED = (
     logos.AddOp,
     logos.MulOp,
     logos.SiluOp,
+    logos.ScaleOp,
+    logos.SoftcapOp,
+    logos.GeluTanhOp,
     logos.ArgmaxOp,
 )
 
@@ -563,24 +669,30 @@ def part_patterns(part: PartLowering) -> list[RewritePattern]:
         AddToCsl(part),
         MulToCsl(part),
         SiluToCsl(part),
+        ScaleToCsl(part),
+        SoftcapToCsl(part),
+        GeluTanhToCsl(part),
         ArgmaxToCsl(part),
         RefuseUnlowered(),
     ]
 
 
 def _unlowered_variant(op: Operation, plan: g.GridPlan, spec: ModelSpec | None) -> str | None:
-    """What `op` says beyond what the grid computes (`logos.variant`, less attention's window: the layer's cache,
-    `_attend`; and a rotation's partial rotary dimension where it is the plan's: its pairs and tables, `grid.kv_rows`
-    and `grid.inv_freq_chunk`), or None. A rotation's base and scaling are held to the model's (`spec`: the part
-    being lowered is a copy outside its program, where `logos.variant` finds no spec)."""
+    """What `op` says beyond what the grid computes (`logos.variant`, less what the grid computes of it: attention's
+    window (the layer's cache, `_attend`), scale and soft-cap; a norm's one plus its weight; a rotation's partial
+    rotary dimension where it is the plan's (its pairs and tables, `grid.kv_rows`, `grid.inv_freq_chunk`)), or None.
+    A rotation's base and scaling are held to the model's (`spec`: the part being lowered is a copy outside its
+    program, where `logos.variant` finds no spec)."""
     if isinstance(op, logos.RopeOp) and spec is not None:
         if op.theta.value.data != spec.rope_theta:
             return f"rotates with base {op.theta.value.data!r}, not its model's {spec.rope_theta!r}"
         if op.rope_scaling != spec.rope_scaling:
             return f"rotates with rope scaling {op.rope_scaling}, not its model's {spec.rope_scaling}"
     computed = []
-    if isinstance(op, logos.AttentionOp) and op.window is not None:
-        computed.append("window")
+    if isinstance(op, logos.AttentionOp):
+        computed += [name for name in ("window", "scale", "softcap") if getattr(op, name) is not None]
+    if isinstance(op, logos.ScaledRMSNormOp) and op.plus_one is not None:
+        computed.append("plus_one")
     if isinstance(op, logos.RopeOp) and op.rotary_dim is not None and op.rotary_dim.value.data == plan.rotary_dim:
         computed.append("rotary_dim")
     if not computed:

@@ -12,6 +12,7 @@ import pytest
 from test_families import FAMILIES, GOLDENS, _lane
 
 from logos_ir.build import BuildRequest
+from logos_ir.errors import LogosError
 from logos_ir.models import ModelSource
 from logos_ir.program import Cut
 from logos_ir.progress import Progress
@@ -20,7 +21,16 @@ from logos_ir.runtime.spatial.generator import SpatialGenerator
 from logos_ir.weights import open_model
 
 # Each family the lane now lowers (docs/spatial.md, "The families of issue 26").
-SPATIAL_FAMILIES = ["qwen2", "llama-biases", "mistral-window", "qwen2-window", "qwen3", "phi3-gguf-partial"]
+SPATIAL_FAMILIES = [
+    "qwen2",
+    "llama-biases",
+    "mistral-window",
+    "qwen2-window",
+    "qwen3",
+    "phi3-gguf-partial",
+    "gemma2",
+    "gemma2-gguf",
+]
 
 
 @pytest.mark.parametrize("family", SPATIAL_FAMILIES)
@@ -51,6 +61,8 @@ def _from_build(family: str, folder: Path, weights: str, arch: str, grid: str) -
         ("qwen2-window", "f32", "wse3", ""),
         ("mistral-window", "f16", "wse2", ""),
         ("qwen3", "f16", "wse3", ""),
+        ("gemma2", "f16", "wse3", ""),
+        ("phi3-gguf-partial", "f32", "wse3", ""),
         ("qwen3", "f32", "wse2", "5x7"),  # rows straddling heads: a head's features over two rows' elements
     ],
 )
@@ -121,12 +133,17 @@ def test_a_partial_rotary_pairs_and_tables() -> None:
     np.testing.assert_array_equal(first, np.asarray([*rope_inv_freq(8, spec.rope_theta), 0, 0, 0, 0], np.float32))
 
 
+@pytest.mark.parametrize("family", ["gemma3_text", "gemma3_text-linear"])
+def test_gemma3s_local_rope_base_is_refused_by_name(family: str) -> None:
+    with pytest.raises(LogosError, match="'logos.rope' rotates with base 10000.0, not its model's 1000000.0"):
+        _lane(family, "spatial", False).generate([1, 2, 3], 2)
+
+
 def test_a_rotation_by_a_layers_own_base_is_refused_by_name() -> None:
     """Gemma 3's local layers rotate with a base of their own; the grid's rotary tables are the model's (the host
     writes one set), so such a rotation is refused rather than rotated by the model's base."""
     from dataclasses import replace
 
-    from logos_ir.errors import LogosError
     from logos_ir.registry import backends
     from logos_ir.runtime import RunRequest
     from logos_ir.spec import ModelSpec
@@ -136,3 +153,20 @@ def test_a_rotation_by_a_layers_own_base_is_refused_by_name() -> None:
     request = RunRequest(RandomWeights(spec), ctx=32, prefill_rows=4, weights="f32")
     with pytest.raises(LogosError, match="'logos.rope' rotates with base 5000.0, not its model's 10000.0"):
         backends()["spatial"].generator()(request).generate([1, 2, 3], 2)
+
+
+def test_gemma2s_soft_capped_logits_on_the_fabric() -> None:
+    """Gemma 2's logits, soft-capped on the grid (and its scores, by the attention's own scale and cap), are
+    transformers' own: the first step's, read back from the centre column, within the cap and equal to the goldens'
+    (greedy tokens alone cannot tell whether a monotonic cap was applied)."""
+    import numpy as np
+    from test_families import _Recording
+
+    run = GOLDENS["gemma2"]["runs"][0]
+    sampler = _Recording()
+    assert (
+        _lane("gemma2", "spatial", False).generate(run["prompt"], len(run["tokens"]), sampler=sampler) == run["tokens"]
+    )
+    first, expected = sampler.logits[0], np.array(run["first_logits"])
+    assert np.abs(first).max() < 5.0
+    np.testing.assert_allclose(first, expected, atol=2e-4)
