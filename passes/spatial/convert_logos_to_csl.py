@@ -198,6 +198,8 @@ def _layer_key(body: Block) -> str:
     text = "\n".join(str(op) for op in body.ops)
     text = re.sub(r'logos.weight "[^"]*"', 'logos.weight ""', text)
     text = re.sub(r"(logos.attention [^\n]*) window \d+", r"\1", text)  # a layer's window: its cache (`rings`)
+    # a layer's rope base and scaling: the plan's (`local_theta`), each layer's tables chosen by its index
+    text = re.sub(r"(logos.rope [^\n]*) theta [^ ]+ : f64( linear_scaling <[^>]*>| scaling <[^>]*>)?", r"\1", text)
     return re.sub(r"(layers\.|layer )\d+", r"\1N", text)
 
 
@@ -320,6 +322,7 @@ def _search(
         raise PassError(f"{PASS}: heads must be a multiple of KV heads and head_dim even")
     group = spec.heads // spec.kv_heads
     rings = _rings([part for cut, _, part in parts if cut.kind == "decode_layer"], ctx)
+    local = _local_bases([part for cut, _, part in parts if cut.kind == "decode_layer"], spec.rope_theta)
     choices = [c for c in range(group if copies is None else copies, 0, -1) if group % c == 0]
     if copies is not None and copies not in choices:
         raise PassError(f"{PASS}: {copies} copies of each KV head do not divide its {group} query heads")
@@ -332,6 +335,7 @@ def _search(
         if (*size, c) not in lowerings:  # a lowering is the search's cost: each grid is lowered once
             plan = g.GridPlan.of(spec, ctx, image, size, c, target.segmented_lines)
             plan.rings = rings
+            plan.local_theta, plan.local_layers = local
             program = lower_parts(parts, plan)
             lowerings[(*size, c)] = program, memory_use(program)["fits"]  # the band's high end must fit
         return lowerings[(*size, c)]
@@ -368,6 +372,20 @@ def _rings(layers: Sequence[logos.ProgramOp], ctx: int) -> tuple[int, ...]:
         windows = [op.window for op in part.walk() if isinstance(op, logos.AttentionOp)]
         rings.append(windows[0].value.data if windows and windows[0] is not None else ctx)
     return tuple(rings) if any(ring != ctx for ring in rings) else ()
+
+
+def _local_bases(layers: Sequence[logos.ProgramOp], theta: float) -> tuple[float | None, tuple[int, ...]]:
+    """The one rope base other than the model's (`theta`) that some layers rotate by, as their rotations say it
+    (Gemma 3's local layers), and those layers; (None, ()) when every layer rotates by the model's. Layers of more
+    than one other base are left to the variant check, which refuses a base that is not the plan's."""
+    bases = []
+    for part in layers:
+        ropes = [op.theta.value.data for op in part.walk() if isinstance(op, logos.RopeOp)]
+        bases.append(ropes[0] if ropes else theta)
+    others = sorted({base for base in bases if base != theta})
+    if len(others) != 1:
+        return None, ()
+    return others[0], tuple(layer for layer, base in enumerate(bases) if base == others[0])
 
 
 def _smallest(fits: Callable[[int], bool], largest: int) -> int:

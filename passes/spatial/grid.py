@@ -95,6 +95,8 @@ class GridPlan:
     rings: tuple[int, ...] = ()  # each layer's cached positions: its window where it slides, else ctx (() for all)
     rotary_dim: int | None = None  # each head's numbers that rotate (Phi-3's partial rotary), None: all of them
     rotary_freqs: tuple[float, ...] = ()  # a partial rotary's own frequencies (over rotary_dim), () for the head's
+    local_theta: float | None = None  # the rope base of the layers that rotate by their own (Gemma 3's local ones)
+    local_layers: tuple[int, ...] = ()  # those layers (unscaled; the others rotate by the model's base and scaling)
 
     @staticmethod
     def of(

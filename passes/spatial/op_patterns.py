@@ -200,6 +200,7 @@ def lower_rope(part: PartLowering, op: logos.RopeOp) -> None:
     angle_base = e.op(arith.SIToFPOp(position, f32)).results[0]
     data, freq = part.arr(x.array), part.arr(table)
     pairs = x.chunk // 2
+    local = part.plan.local_theta is not None and part.layer is not None
     if part.layer is not None:  # the angles are the position's in every layer: layer 0 turns them into cos, sin
         part.program.array(f"rope_cos_{x.chunk}", pairs)
         part.program.array(f"rope_sin_{x.chunk}", pairs)
@@ -209,8 +210,17 @@ def lower_rope(part: PartLowering, op: logos.RopeOp) -> None:
                 angle = body.op(arith.MulfOp(angle_base, body.load(freq, i))).results[0]
                 body.store(body.math(part.program.math, "cos_f32", angle), cosines, i)
                 body.store(body.math(part.program.math, "sin_f32", angle), sines, i)
+            if local:
+                local_cosines, local_sines = _local_angles(part, first_layer, x, angle_base)
+        if local:
+            part.e = e
+            local_cosines, local_sines = part.arr(f"rope_cos_local_{x.chunk}"), part.arr(f"rope_sin_local_{x.chunk}")
+            named = part.layer_among(e, part.plan.local_layers)
     with e.loop(pairs) as (body, i, _, _y):
-        if part.layer is not None:
+        if local:  # a local layer's tables or the model's, by the layer's index
+            cos = body.op(arith.SelectOp(named, body.load(local_cosines, i), body.load(cosines, i))).results[0]
+            sin = body.op(arith.SelectOp(named, body.load(local_sines, i), body.load(sines, i))).results[0]
+        elif part.layer is not None:
             cos, sin = body.load(cosines, i), body.load(sines, i)
         else:
             angle = body.op(arith.MulfOp(angle_base, body.load(freq, i))).results[0]
@@ -228,6 +238,30 @@ def lower_rope(part: PartLowering, op: logos.RopeOp) -> None:
         body.store(first, data, even)
         body.store(second, data, odd)
     part.values[op.result] = x  # rotated in place
+
+
+def _local_angles(part: PartLowering, e: Emit, x: Vec, angle_base: SSAValue) -> tuple[SSAValue, SSAValue]:
+    """The cos and sin of the local layers' angles for each pair of `x`'s chunk (`GridPlan.local_theta`, unscaled:
+    Gemma 3's local layers), made on the element (the host writes the model's tables only): pair i of row y's chunk
+    rotates the head's dimension d = ((y * kv_chunk + 2i mod kv_chunk) mod head_dim) / 2 (`grid.kv_rows`' pairs),
+    at frequency exp(-(2d / head_dim) ln theta); a padding pair's numbers are zeros, whatever its angle."""
+    plan = part.plan
+    pairs = x.chunk // 2
+    part.program.array(f"rope_cos_local_{x.chunk}", pairs)
+    part.program.array(f"rope_sin_local_{x.chunk}", pairs)
+    cosines, sines = part.program.get(e, f"rope_cos_local_{x.chunk}"), part.program.get(e, f"rope_sin_local_{x.chunk}")
+    first = e.bin(arith.MuliOp, part.coordinate("col", e), e.int(plan.kv_chunk))
+    rate = -2.0 * math.log(plan.local_theta or 1.0) / plan.head_dim
+    with e.loop(pairs) as (body, i, _, _y):
+        at = body.bin(arith.RemSIOp, body.bin(arith.MuliOp, i, body.int(2)), body.int(plan.kv_chunk))
+        d = body.bin(arith.DivSIOp, body.bin(arith.RemSIOp, body.bin(arith.AddiOp, first, at),
+                                             body.int(plan.head_dim)), body.int(2))  # fmt: skip
+        exponent = body.op(arith.MulfOp(body.op(arith.SIToFPOp(d, f32)).results[0], body.float(rate))).results[0]
+        frequency = body.math(part.program.math, "exp_f32", exponent)
+        angle = body.op(arith.MulfOp(angle_base, frequency)).results[0]
+        body.store(body.math(part.program.math, "cos_f32", angle), cosines, i)
+        body.store(body.math(part.program.math, "sin_f32", angle), sines, i)
+    return cosines, sines
 
 
 def lower_cache_write(part: PartLowering, op: logos.CacheWriteOp) -> None:
@@ -684,9 +718,10 @@ def _unlowered_variant(op: Operation, plan: g.GridPlan, spec: ModelSpec | None) 
     A rotation's base and scaling are held to the model's (`spec`: the part being lowered is a copy outside its
     program, where `logos.variant` finds no spec)."""
     if isinstance(op, logos.RopeOp) and spec is not None:
-        if op.theta.value.data != spec.rope_theta:
+        local = op.theta.value.data == plan.local_theta and op.rope_scaling is None and plan.rotary_dim is None
+        if op.theta.value.data != spec.rope_theta and not local:
             return f"rotates with base {op.theta.value.data!r}, not its model's {spec.rope_theta!r}"
-        if op.rope_scaling != spec.rope_scaling:
+        if op.rope_scaling != spec.rope_scaling and not local:
             return f"rotates with rope scaling {op.rope_scaling}, not its model's {spec.rope_scaling}"
     computed = []
     if isinstance(op, logos.AttentionOp):

@@ -297,16 +297,27 @@ class PartLowering(LineReductions):
         kinds = windowed if len(windowed) <= plan.layers - len(windowed) else [
             k for k in range(plan.layers) if k not in windowed
         ]  # fmt: skip
-        named = e.cmp(layer, e.int(kinds[0]), "eq")
-        for k in kinds[1:]:
-            named = e.op(arith.OrIOp(named, e.cmp(layer, e.int(k), "eq"))).results[0]
-        then, other, branch = e.branch(named)
+        then, other, branch = e.branch(self.layer_among(e, kinds))
         cases = [(window, slots_window), (whole, slots_whole)]
         if kinds != windowed:
             cases.reverse()
         for at, (ring, slots) in zip((then, other), cases, strict=True):
             yield at, ring, slots, lambda _at: first
         e.end_branch(then, other, branch)
+
+    def layer_among(self, e: Emit, layers: Sequence[int]) -> SSAValue:
+        """Whether the layer (the layer function's argument) is one of `layers`: one comparison where it is one, else
+        a count of the matches (selects and adds: no `arith.ori`, which the simulator does not run) above 0."""
+        assert self.layer is not None
+        if len(layers) == 1:
+            return e.cmp(self.layer, e.int(layers[0]), "eq")
+        zero, one = e.int(0), e.int(1)
+        matches = zero
+        for k in layers:
+            matches = e.bin(
+                arith.AddiOp, matches, e.op(arith.SelectOp(e.cmp(self.layer, e.int(k), "eq"), one, zero)).results[0]
+            )
+        return e.cmp(matches, zero, "sgt")
 
     def head_of(self, e: Emit, first_kv: SSAValue, r: SSAValue, group: int = 0, heads: int = 0) -> SSAValue:
         """The query head of feature r of a row whose KV features start at `first_kv` (`grid.query_rows`); with

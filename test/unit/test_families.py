@@ -101,7 +101,7 @@ HEAD_NORMED = {"qwen3"}
 WINDOWED = {"mistral-window", "qwen2-window"}
 # Gemma 2: its norms by one plus the weight, scaled embedding, GeGLU, soft-caps and sandwich norms on the reference;
 # the CUDA and D5005 lanes do not lower them yet (the first each meets, the embedding's logos.scale, is refused by
-# name); the wafer lowers Gemma 2's and refuses Gemma 3's local layers' own rope base (test_families_spatial.py).
+# name); the wafer lowers them, and Gemma 3's local layers' own rope base (test_families_spatial.py).
 GEMMA = {"gemma2", "gemma3_text", "gemma3_text-linear"}
 # The families shaped as a GGUF can say them (test_gguf_families reads each from the GGUF it writes): the same
 # operations as their families above, so the lanes' cells are those families'.
