@@ -26,6 +26,7 @@ SPATIAL_FAMILIES = [
     "mistral-window",
     "qwen2-window",
     "qwen3",
+    "phi3-gguf",
     "phi3-gguf-partial",
     "gemma2",
     "gemma2-gguf",
