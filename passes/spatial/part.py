@@ -377,8 +377,8 @@ def product_of(value: SSAValue) -> SSAValue:
 
 
 def feeds_of(body: Block) -> dict[SSAValue, set[str]]:
-    """What each linear's result feeds (through its bias, if it adds one): a rotation (`rope`), a cache (`cache`,
-    directly or through its rotation), attention's query (`query`)."""
+    """What each linear's result feeds (through its bias and its heads' norm, `product_of`): a rotation (`rope`), a
+    cache (`cache`, directly or through its rotation), attention's query (`query`)."""
     feeds: dict[SSAValue, set[str]] = {}
     for op in body.ops:
         if isinstance(op, logos.RopeOp):
