@@ -133,12 +133,12 @@ def lower_head_rms_norm(part: PartLowering, op: logos.HeadRMSNormOp) -> None:
         body.store(body.op(arith.MulfOp(body.load(data, r), scale)).results[0], data, r)
     w = e.moved(e.dsd(part.arr(weight.name), x.chunk), part.weight_offset(weight), part.element_type)
     if plan.image == "f16":  # the f16 weights widened to f32 first
-        part.program.array("head_norm_weight", x.chunk)
+        part.program.array("head_norm_weight", plan.query_chunk)  # the query's chunk or the key's
         widened = e.dsd(part.arr("head_norm_weight"), x.chunk)
         e.dsd_op(csl.Fh2sOp, widened, w)
         w = widened
     if op.plus_one is not None:  # by one plus the weight
-        part.program.array("head_norm_weight", x.chunk)
+        part.program.array("head_norm_weight", plan.query_chunk)  # the query's chunk or the key's
         plus = e.dsd(part.arr("head_norm_weight"), x.chunk)
         e.dsd_op(csl.FaddsOp, plus, w, e.float(1.0))
         w = plus

@@ -77,15 +77,15 @@ def test_the_family_built_for_a_wse3_or_with_f16_weights(
     assert _from_build(family, tmp_path, weights, arch, grid) == GOLDENS[family]["runs"][0]["tokens"]
 
 
-@pytest.mark.parametrize("family", ["qwen3", "qwen2-window"])
-def test_the_family_with_kv_heads_kept_narrow(family: str) -> None:
+@pytest.mark.parametrize(("family", "image"), [("qwen3", "f32"), ("qwen2-window", "f32"), ("qwen3", "f16")])
+def test_the_family_with_kv_heads_kept_narrow(family: str, image: str) -> None:
     """One copy of each KV head (as llama-3.1-8b's build keeps them): the query's heads of a group read one cached
     key tile, each normed head's features and each bias at the narrow layout's rows."""
     from logos_ir.runtime.spatial.host import GridMachine
     from logos_ir.testing import lower_decode
 
     store = open_model(str(FAMILIES / family))
-    lowered = lower_decode(store.spec, 32, "f32", 6, copies=1)
+    lowered = lower_decode(store.spec, 32, image, 6, copies=1)  # the query's chunk twice the key's
     assert lowered.plan.kv_copies == 1
     machine = GridMachine(lowered.module, lowered.host, store)
     machine.reset()
