@@ -91,7 +91,7 @@ def _section(program: logos.ProgramOp) -> func.FuncOp:
 def _lower_section(program: Program, e: Emit, layer: SSAValue | None, part: logos.ProgramOp) -> None:
     """A part's section lowered into `e`'s function (a copy of it is rewritten: the module is left as it is)."""
     section = _section(part).clone()
-    lower_part(PartLowering(program, e, layer, feeds_of(section.body.block)), section)
+    lower_part(PartLowering(program, e, layer, feeds_of(section.body.block)), section, part.spec)
 
 
 def lower_parts(parts: Sequence[tuple[Cut, Identity, logos.ProgramOp]], plan: g.GridPlan) -> GridProgram:
@@ -120,7 +120,8 @@ def lower_parts(parts: Sequence[tuple[Cut, Identity, logos.ProgramOp]], plan: g.
             max(plan.chunk(plan.vocab, "row"), queries + 2 * keys, 2 * plan.chunk(plan.intermediate, "row"),
                 queries + plan.window, hidden, 1),
         )  # fmt: skip
-        program.array("line_col", max(hidden, scores))
+        normed = any(isinstance(op, logos.HeadRMSNormOp) for _, _, part in parts for op in part.walk())
+        program.array("line_col", max(hidden, scores, plan.heads if normed else 1))  # a head norm's sums
     functions: list[Operation] = []
     identities: list[str] = []
     embed_cut, *layer_parts, head_cut = parts
@@ -196,6 +197,9 @@ def _layer_key(body: Block) -> str:
     weight's tensor is only what the host loads into its array, `_layer_tensors`)."""
     text = "\n".join(str(op) for op in body.ops)
     text = re.sub(r'logos.weight "[^"]*"', 'logos.weight ""', text)
+    text = re.sub(r"(logos.attention [^\n]*) window \d+", r"\1", text)  # a layer's window: its cache (`rings`)
+    # a layer's rope base and scaling: the plan's (`local_theta`), each layer's tables chosen by its index
+    text = re.sub(r"(logos.rope [^\n]*) theta [^ ]+ : f64( linear_scaling <[^>]*>| scaling <[^>]*>)?", r"\1", text)
     return re.sub(r"(layers\.|layer )\d+", r"\1N", text)
 
 
@@ -317,6 +321,8 @@ def _search(
     if spec.heads % spec.kv_heads or spec.head_dim % 2:
         raise PassError(f"{PASS}: heads must be a multiple of KV heads and head_dim even")
     group = spec.heads // spec.kv_heads
+    rings = _rings([part for cut, _, part in parts if cut.kind == "decode_layer"], ctx)
+    local = _local_bases([part for cut, _, part in parts if cut.kind == "decode_layer"], spec.rope_theta)
     choices = [c for c in range(group if copies is None else copies, 0, -1) if group % c == 0]
     if copies is not None and copies not in choices:
         raise PassError(f"{PASS}: {copies} copies of each KV head do not divide its {group} query heads")
@@ -328,6 +334,8 @@ def _search(
     def lowered_at(size: tuple[int, int], c: int) -> tuple[GridProgram, int]:
         if (*size, c) not in lowerings:  # a lowering is the search's cost: each grid is lowered once
             plan = g.GridPlan.of(spec, ctx, image, size, c, target.segmented_lines)
+            plan.rings = rings
+            plan.local_theta, plan.local_layers = local
             program = lower_parts(parts, plan)
             lowerings[(*size, c)] = program, memory_use(program)["fits"]  # the band's high end must fit
         return lowerings[(*size, c)]
@@ -354,6 +362,30 @@ def _search(
         f"{PASS}: the model does not fit a {usable_width} x {usable_height} grid of {memory}-byte elements "
         f"({needed} bytes per element at the high end of its memory band)"
     )
+
+
+def _rings(layers: Sequence[logos.ProgramOp], ctx: int) -> tuple[int, ...]:
+    """Each layer's cached positions as its attention says them: its window where it slides, else ctx; () when no
+    layer's window bites (every layer caches ctx, the plan's default)."""
+    rings = []
+    for part in layers:
+        windows = [op.window for op in part.walk() if isinstance(op, logos.AttentionOp)]
+        rings.append(windows[0].value.data if windows and windows[0] is not None else ctx)
+    return tuple(rings) if any(ring != ctx for ring in rings) else ()
+
+
+def _local_bases(layers: Sequence[logos.ProgramOp], theta: float) -> tuple[float | None, tuple[int, ...]]:
+    """The one rope base other than the model's (`theta`) that some layers rotate by, as their rotations say it
+    (Gemma 3's local layers), and those layers; (None, ()) when every layer rotates by the model's. Layers of more
+    than one other base are left to the variant check, which refuses a base that is not the plan's."""
+    bases = []
+    for part in layers:
+        ropes = [op.theta.value.data for op in part.walk() if isinstance(op, logos.RopeOp)]
+        bases.append(ropes[0] if ropes else theta)
+    others = sorted({base for base in bases if base != theta})
+    if len(others) != 1:
+        return None, ()
+    return others[0], tuple(layer for layer, base in enumerate(bases) if base == others[0])
 
 
 def _smallest(fits: Callable[[int], bool], largest: int) -> int:

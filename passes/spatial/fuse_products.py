@@ -1,11 +1,11 @@
 """`csl-fuse-products`: the products of a part that the grid reduces together, marked.
 
 Assumes: the parts of a decode step, each a `logos.program` as `extract-parts` makes them. Guarantees: the same
-module, where each run of `logos.linear` ops of one input written one after another (only weights between them:
-q, k and v; gate and up) and none feeding the head's arg-max is marked, each of its ops with the discardable
-attribute `csl_ext.fused` = the run's index in its function. `convert-logos-to-csl` lowers the products of one run
-as one reduction along a line (each element's partial sums side by side in one array, sent as one message); an
-unmarked product is reduced alone.
+module, where each run of `logos.linear` ops of one input written one after another (only weights and the run's
+own biases between them: q, k and v; gate and up) and none feeding the head's arg-max is marked, each of its ops
+with the discardable attribute `csl_ext.fused` = the run's index in its function. `convert-logos-to-csl` lowers
+the products of one run as one reduction along a line (each element's partial sums side by side in one array, sent
+as one message); an unmarked product is reduced alone.
 """
 
 from __future__ import annotations
@@ -15,12 +15,23 @@ from dataclasses import dataclass
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import IntegerAttr, ModuleOp, i64
-from xdsl.ir import Block
+from xdsl.ir import Block, SSAValue
 from xdsl.passes import ModulePass
 
 from logos_ir.dialects import logos
 
 FUSED = "csl_ext.fused"
+
+
+def feeds_argmax(value: SSAValue) -> bool:
+    """Whether `value` is read by the head's arg-max, directly or through a soft-cap (Gemma 2's logits: monotonic,
+    computed where the logits are)."""
+    for use in value.uses:
+        if isinstance(use.operation, logos.ArgmaxOp):
+            return True
+        if isinstance(use.operation, logos.SoftcapOp) and feeds_argmax(use.operation.result):
+            return True
+    return False
 
 
 def product_runs(body: Block) -> list[list[logos.LinearOp]]:
@@ -36,7 +47,9 @@ def product_runs(body: Block) -> list[list[logos.LinearOp]]:
     for op in body.ops:
         if isinstance(op, logos.WeightOp):
             continue
-        final = isinstance(op, logos.LinearOp) and any(isinstance(u.operation, logos.ArgmaxOp) for u in op.result.uses)
+        if isinstance(op, logos.BiasAddOp) and any(op.input == product.result for product in run):
+            continue  # a run member's bias, added after the run's reduction: the run goes on
+        final = isinstance(op, logos.LinearOp) and feeds_argmax(op.result)
         if isinstance(op, logos.LinearOp) and not final and (not run or run[0].input == op.input):
             run.append(op)
             continue

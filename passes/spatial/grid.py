@@ -92,6 +92,11 @@ class GridPlan:
     kv_copies: int = 1  # how many rows' worth of copies each KV head's cache has (1: narrow; heads/kv_heads: widened)
     segmented: bool = True  # a line's reductions in WaferLLM's two phases (False: one segment a line, as on a WSE-3)
     weights: dict[str, Weight] = field(default_factory=dict)
+    rings: tuple[int, ...] = ()  # each layer's cached positions: its window where it slides, else ctx (() for all)
+    rotary_dim: int | None = None  # each head's numbers that rotate (Phi-3's partial rotary), None: all of them
+    rotary_freqs: tuple[float, ...] = ()  # a partial rotary's own frequencies (over rotary_dim), () for the head's
+    local_theta: float | None = None  # the rope base of the layers that rotate by their own (Gemma 3's local ones)
+    local_layers: tuple[int, ...] = ()  # those layers (unscaled; the others rotate by the model's base and scaling)
 
     @staticmethod
     def of(
@@ -107,7 +112,14 @@ class GridPlan:
         plan back)."""
         width, height = (grid, grid) if isinstance(grid, int) else grid
         sizes = (spec.hidden, spec.heads, spec.kv_heads, spec.head_dim, spec.intermediate, spec.vocab, spec.layers)
-        return GridPlan(width, height, ctx, image, *sizes, kv_copies, segmented)
+        plan = GridPlan(width, height, ctx, image, *sizes, kv_copies, segmented)
+        rotary = getattr(spec, "rotary_dim", None)
+        if rotary is not None:  # the rotary part's frequencies, as the reference's table over rotary_dim
+            from logos_ir.rope import rope_inv_freq
+
+            plan.rotary_dim = rotary
+            plan.rotary_freqs = tuple(float(f) for f in rope_inv_freq(rotary, spec.rope_theta, spec.rope_scaling))
+        return plan
 
     @property
     def p(self) -> int:
@@ -170,7 +182,22 @@ class GridPlan:
 
     @property
     def slots(self) -> int:
-        return ceil_div(self.ctx, self.width)  # position p on column p mod width
+        """The most cache slots a layer has on an element (its arrays' room for one layer's positions)."""
+        return ceil_div(max(self.rings) if self.rings else self.ctx, self.width)  # position p on column p mod width
+
+    def ring(self, layer: int) -> int:
+        """The positions layer `layer` caches: a windowed layer its window's (a ring: position p at p mod window),
+        any other ctx."""
+        return self.rings[layer] if self.rings else self.ctx
+
+    def layer_slots(self, layer: int) -> int:
+        """The cache slots of layer `layer` on an element (ring index t on column t mod width, slot t div width)."""
+        return ceil_div(self.ring(layer), self.width)
+
+    @property
+    def cache_slots(self) -> int:
+        """The cache slots of every layer on an element, one layer after another."""
+        return sum(self.layer_slots(layer) for layer in range(self.layers))
 
     @property
     def features(self) -> int:
@@ -213,16 +240,20 @@ def segment_centre(q: int, length: int, p: int) -> int:
     return (first + last) // 2
 
 
-def expanded_rows(heads: int, kv_heads: int, head_dim: int, widen: bool, pairs: bool) -> list[int]:
+def expanded_rows(
+    heads: int, kv_heads: int, head_dim: int, widen: bool, pairs: bool, rotary: int | None = None
+) -> list[int]:
     """Source row of each of the heads*head_dim rows of a query-ordered projection: KV rows repeated for their
     group's query heads (`widen`) and rotary pairs made adjacent (`pairs`: row 2i of a head takes i, 2i+1 takes
-    i + head_dim/2)."""
+    i + head_dim/2; with a partial `rotary` dimension, the pairs of its first `rotary` numbers, i and i + rotary/2,
+    the rest in order)."""
     group = heads // kv_heads
-    half = head_dim // 2
+    turned = head_dim if rotary is None else rotary
+    half = turned // 2
     rows = []
     for f in range(heads * head_dim):
         h, d = divmod(f, head_dim)
-        if pairs:
+        if pairs and d < turned:
             i, odd = divmod(d, 2)
             d = i + half * odd
         source_head = h // group if widen else h
@@ -235,7 +266,7 @@ def kv_rows(plan: GridPlan) -> list[int]:
     GQA's saving kept), its rotary pairs made adjacent; row y of the grid holds rows [y * kv_chunk, (y + 1) *
     kv_chunk)."""
     copies = plan.kv_heads * plan.kv_copies
-    return expanded_rows(copies, plan.kv_heads, plan.head_dim, plan.kv_copies > 1, True)
+    return expanded_rows(copies, plan.kv_heads, plan.head_dim, plan.kv_copies > 1, True, plan.rotary_dim)
 
 
 def query_rows(plan: GridPlan) -> list[int]:
@@ -319,13 +350,17 @@ def _columns(matrix: np.ndarray, weight: Weight) -> np.ndarray:
 
 def inv_freq_chunk(inv_freq: np.ndarray, plan: GridPlan, y: int, chunk: int) -> np.ndarray:
     """The rotary frequency of each adjacent pair of row y's chunk of a key (`chunk` = kv_chunk) or query
-    (`query_chunk`: the group's heads one after another, each at the row's KV dimensions) vector; 0 for padding."""
+    (`query_chunk`: the group's heads one after another, each at the row's KV dimensions) vector; 0 for padding.
+    `inv_freq` is the whole head's; a partial rotary's pairs take the plan's own (`rotary_freqs`, over its
+    rotary_dim), and the numbers it passes through 0 (a rotation by nothing)."""
     kv, c = kv_rows(plan), plan.kv_chunk
+    freqs = np.asarray(plan.rotary_freqs) if plan.rotary_dim is not None else inv_freq
     out = np.zeros(chunk // 2, dtype=np.float32)
     for pair in range(chunk // 2):
         feature = y * c + (2 * pair) % c
         if feature < len(kv):
-            out[pair] = inv_freq[kv[feature] % plan.head_dim]
+            d = kv[feature] % plan.head_dim
+            out[pair] = freqs[d] if d < len(freqs) else 0.0
     return out
 
 

@@ -11,7 +11,7 @@ weight's op to tile it, as the grid needs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from xdsl.dialects import arith, csl, memref
@@ -117,6 +117,21 @@ class PartLowering(LineReductions):
         weight = g.Weight(name, (tensor,), kind, orient, rows, columns, tr, tc, tuple(row_map), tuple(column_map))
         return self.declare(weight, plan_layers=self.layer is not None)
 
+    def spread_weight(self, op: logos.WeightOp, x: Vec, column_map: Sequence[int] | None = None) -> g.Weight:
+        """A vector weight read feature by feature with `x` (a product's result: a bias, a per-head norm's weight),
+        cut as `x` is: element (x, y) holds, at each position of its chunk (chunk x of a `col` vector, chunk y of a
+        `row` one, in the product's row order), the weight's number there (`column_map`: which, -1 for none; the
+        product's order if not given). The host's tiling takes it as a matrix of one row, repeated over the other
+        dimension's blocks (`row_map`), its columns in that map (`Weight.column_map`), kind `spread`: stored as the
+        product's weights are (f16 in an f16 image, f32 otherwise)."""
+        across = self.plan.extent("row" if x.layout == "col" else "col")  # the blocks the one row is repeated over
+        length = op.shape.get_values()[0]
+        columns = tuple(x.order if column_map is None else column_map)
+        weight = g.Weight(
+            array_name(op.result), (op.tensor.data,), "spread", x.layout, 1, length, 1, x.chunk, (0,) * across, columns
+        )
+        return self.declare(weight, plan_layers=self.layer is not None)
+
     def declare(self, weight: g.Weight, plan_layers: bool) -> g.Weight:
         plan = self.plan
         known = plan.weights.get(weight.name)
@@ -191,16 +206,17 @@ class PartLowering(LineReductions):
 
     def cache_array(self, cache: logos.CacheOp, chunk: int) -> str:
         name = f"{cache.kind.data}_cache"
-        words = self.plan.layers * self.plan.slots * chunk
+        words = self.plan.cache_slots * chunk
         self.program.array(name, words, self.element_type)
         return name
 
     def exponentials(
-        self, h0: SSAValue, kept_from: SSAValue, scores: SSAValue, high: SSAValue, sums: SSAValue, chunk: int
-    ) -> None:
-        """exp(score - max) of the element's window of heads over its positions, in place, and each head's sum of
-        them into sums[chunk + head]."""
-        e, window, slots = self.e, self.plan.window, self.plan.slots
+        self, h0: SSAValue, kept_from: SSAValue, scores: SSAValue, high: SSAValue, sums: SSAValue, chunk: int,
+        slots: int,
+    ) -> None:  # fmt: skip
+        """exp(score - max) of the element's window of heads over its `slots` positions, in place, and each head's sum
+        of them into sums[chunk + head]."""
+        e, window = self.e, self.plan.window
         with e.loop(window) as (outer, j, _, _y):
             m = outer.load(high, j)
             h = outer.bin(arith.SubiOp, outer.bin(arith.AddiOp, h0, j), kept_from)  # its row of the scores
@@ -213,16 +229,17 @@ class PartLowering(LineReductions):
                 body.store(weight, scores, at)
                 body.store(body.op(arith.AddfOp(body.load(sums, total_at), weight)).results[0], sums, total_at)
 
-    def shared_exponentials(self, scores: SSAValue, high: SSAValue, sums: SSAValue, chunk: int) -> None:
+    def shared_exponentials(self, scores: SSAValue, high: SSAValue, sums: SSAValue, chunk: int, slots: int) -> None:
         """The elements of a KV head's column segment hold the same scores: each computes exp(score - max) for every
         segment-length-th of them (from its rank in the segment), zeros elsewhere, with its part of each head's sum of
-        weights; the segment's reduction (`segment_only`) gives every element all of them."""
+        weights; the segment's reduction (`segment_only`) gives every element all of them (`slots` positions a
+        head)."""
         plan, e = self.plan, self.e
-        window, slots, p = plan.window, plan.slots, plan.height  # a column's elements
+        window, p = plan.window, plan.height  # a column's elements
         length, count, _ = plan.line("col")
         shortest = min(length, p - (count - 1) * length)
         items = window * slots
-        self.program.array("exponentials", items + window)
+        self.program.array("exponentials", window * plan.slots + window)
         shared = self.arr("exponentials")
         e.dsd_op(csl.FmovsOp, e.dsd(shared, items + window), e.float(0.0))
         py = self.coordinate("col")
@@ -244,16 +261,77 @@ class PartLowering(LineReductions):
         e.dsd_op(csl.FmovsOp, e.dsd(scores, items), e.dsd(shared, items))
         e.dsd_op(csl.FmovsOp, e.dsd(sums, window, chunk), e.dsd(shared, window, items))
 
-    def head_of(self, e: Emit, first_kv: SSAValue, r: SSAValue) -> SSAValue:
-        """The query head of feature r of a row whose KV features start at `first_kv` (`grid.query_rows`)."""
+    def cache_cases(self) -> Iterator[tuple[Emit, int, int, Callable[[Emit], SSAValue]]]:
+        """The layer's cache, for each kind of layer the function may be called for: (the emitter of that kind's
+        code, the positions it caches (`GridPlan.ring`), its slots, the first slot of the layer's cache (emitted by
+        the emitter given)). One kind (every layer caches ctx, or every layer the same window): the part's emitter
+        and layer x slots. Two (windowed and whole-cache layers, Qwen2's and Gemma's): a branch on whether the
+        layer is windowed, each side its own code, the first slot counted over the layers before it."""
+        plan, e = self.plan, self.e
+        rings = sorted({plan.ring(layer) for layer in range(plan.layers)})
+        layer = self.layer
+        if len(rings) == 1:
+            slots = plan.layer_slots(0)
+            yield (
+                e,
+                rings[0],
+                slots,
+                lambda at: at.bin(arith.MuliOp, at.int(0) if layer is None else layer, at.int(slots)),
+            )
+            return
+        if len(rings) > 2 or layer is None:
+            raise PassError(f"{PASS}: layers caching {' or '.join(map(str, rings))} positions: at most two kinds")
+        window, whole = rings
+        windowed = [k for k in range(plan.layers) if plan.ring(k) == window]
+        slots_window, slots_whole = -(-window // plan.width), -(-whole // plan.width)
+        zero, one = e.int(0), e.int(1)
+        before = zero  # the windowed layers before this one
+        for k in windowed:
+            earlier = e.op(arith.SelectOp(e.cmp(e.int(k), layer, "slt"), one, zero)).results[0]
+            before = e.bin(arith.AddiOp, before, earlier)
+        first = e.bin(
+            arith.SubiOp,
+            e.bin(arith.MuliOp, layer, e.int(slots_whole)),
+            e.bin(arith.MuliOp, before, e.int(slots_whole - slots_window)),
+        )
+        kinds = windowed if len(windowed) <= plan.layers - len(windowed) else [
+            k for k in range(plan.layers) if k not in windowed
+        ]  # fmt: skip
+        then, other, branch = e.branch(self.layer_among(e, kinds))
+        cases = [(window, slots_window), (whole, slots_whole)]
+        if kinds != windowed:
+            cases.reverse()
+        for at, (ring, slots) in zip((then, other), cases, strict=True):
+            yield at, ring, slots, lambda _at: first
+        e.end_branch(then, other, branch)
+
+    def layer_among(self, e: Emit, layers: Sequence[int]) -> SSAValue:
+        """Whether the layer (the layer function's argument) is one of `layers`: one comparison where it is one, else
+        a count of the matches (selects and adds: no `arith.ori`, which the simulator does not run) above 0."""
+        assert self.layer is not None
+        if len(layers) == 1:
+            return e.cmp(self.layer, e.int(layers[0]), "eq")
+        zero, one = e.int(0), e.int(1)
+        matches = zero
+        for k in layers:
+            matches = e.bin(
+                arith.AddiOp, matches, e.op(arith.SelectOp(e.cmp(self.layer, e.int(k), "eq"), one, zero)).results[0]
+            )
+        return e.cmp(matches, zero, "sgt")
+
+    def head_of(self, e: Emit, first_kv: SSAValue, r: SSAValue, group: int = 0, heads: int = 0) -> SSAValue:
+        """The query head of feature r of a row whose KV features start at `first_kv` (`grid.query_rows`); with
+        `group` 1 and `heads` the cached copies, the cached KV head (copy) of feature r of a key (`grid.kv_rows`)."""
         c = self.plan.kv_chunk
         kv_head = e.bin(
             arith.DivSIOp, e.bin(arith.AddiOp, first_kv, e.bin(arith.RemSIOp, r, e.int(c))), e.int(self.plan.head_dim)
         )
         head = e.bin(
-            arith.AddiOp, e.bin(arith.MuliOp, kv_head, e.int(self.plan.group)), e.bin(arith.DivSIOp, r, e.int(c))
+            arith.AddiOp,
+            e.bin(arith.MuliOp, kv_head, e.int(group or self.plan.group)),
+            e.bin(arith.DivSIOp, r, e.int(c)),
         )
-        last = e.int(self.plan.heads - 1)
+        last = e.int((heads or self.plan.heads) - 1)
         return e.op(arith.SelectOp(e.cmp(head, last, "slt"), head, last)).results[0]
 
     def elementwise(self, op: Operation, kind: type[csl.BuiltinDsdOp]) -> None:
@@ -290,20 +368,29 @@ def fused_products(body: Block) -> tuple[dict[Operation, list[logos.LinearOp]], 
     return groups, {op for run in groups.values() for op in run[1:]}
 
 
+def product_of(value: SSAValue) -> SSAValue:
+    """The product a value comes from, through its bias and its heads' norm (`logos.bias_add`,
+    `logos.head_rms_norm`: each computed on the product as it is laid out)."""
+    while isinstance(value.owner, logos.BiasAddOp | logos.HeadRMSNormOp):
+        value = value.owner.input
+    return value
+
+
 def feeds_of(body: Block) -> dict[SSAValue, set[str]]:
-    """What each linear's result feeds: a rotation (`rope`), a cache (`cache`, directly or through its rotation)."""
+    """What each linear's result feeds (through its bias and its heads' norm, `product_of`): a rotation (`rope`), a
+    cache (`cache`, directly or through its rotation), attention's query (`query`)."""
     feeds: dict[SSAValue, set[str]] = {}
     for op in body.ops:
         if isinstance(op, logos.RopeOp):
-            feeds.setdefault(op.input, set()).add("rope")
+            feeds.setdefault(product_of(op.input), set()).add("rope")
         if isinstance(op, logos.CacheWriteOp):
             source = op.input
             owner = source.owner
             if isinstance(owner, logos.RopeOp):
                 source = owner.input
-            feeds.setdefault(source, set()).add("cache")
+            feeds.setdefault(product_of(source), set()).add("cache")
         if isinstance(op, logos.AttentionOp):
             owner = op.query.owner
             source = owner.input if isinstance(owner, logos.RopeOp) else op.query
-            feeds.setdefault(source, set()).add("query")
+            feeds.setdefault(product_of(source), set()).add("query")
     return feeds

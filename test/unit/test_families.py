@@ -88,16 +88,20 @@ def test_the_rope_scaling_and_partial_rotary_are_what_the_tokens_depend_on() -> 
 
 # The families whose projections add biases: the reference computes them (above). The CUDA lane adds a bias in a
 # kernel of its own (cuda.bias_add), so Qwen2 runs there, on one chip and on two; its fused SwiGLU adds none yet, so
-# a biased MLP is refused, as logos.bias_add is on the D5005 engine and the wafer, by name before anything runs.
+# a biased MLP is refused, as logos.bias_add is on the D5005 engine, by name before anything runs. The wafer adds
+# each element's slice after the product's reduction: both run there (test_families_spatial.py).
 BIASED = {"qwen2", "llama-biases"}
 # The families whose heads of the query and key are RMS-normed (logos.head_rms_norm): the reference computes them;
-# no lane lowers the op yet, and each refuses it by name before anything runs.
+# the CUDA and D5005 lanes do not lower the op yet, and each refuses it by name before anything runs; the wafer norms
+# each head's features where the product leaves them (test_families_spatial.py).
 HEAD_NORMED = {"qwen3"}
 # The families whose sliding window bites (shorter than the runs): the reference applies it (logos.attention's
-# window); no lane does yet, and each refuses a window that bites by name rather than attend past it.
+# window); the CUDA and D5005 lanes do not yet, and each refuses a window that bites by name rather than attend past
+# it; the wafer caches a windowed layer's window as a ring and attends it (test_families_spatial.py).
 WINDOWED = {"mistral-window", "qwen2-window"}
 # Gemma 2: its norms by one plus the weight, scaled embedding, GeGLU, soft-caps and sandwich norms on the reference;
-# no lane lowers them yet (the first each meets, the embedding's logos.scale, is refused by name).
+# the CUDA and D5005 lanes do not lower them yet (the first each meets, the embedding's logos.scale, is refused by
+# name); the wafer lowers them, and Gemma 3's local layers' own rope base (test_families_spatial.py).
 GEMMA = {"gemma2", "gemma3_text", "gemma3_text-linear"}
 # The families shaped as a GGUF can say them (test_gguf_families reads each from the GGUF it writes): the same
 # operations as their families above, so the lanes' cells are those families'.
@@ -137,10 +141,8 @@ def test_qwen2s_biases_on_the_cuda_lane_give_transformers_tokens(tp: int) -> Non
     [
         ("llama-biases", "cuda", True, "SwiGLU's fused kernel (cuda.gate_up) adds no bias to its gate and up products"),
         ("qwen2", "d5005", False, "'logos.bias_add' %query has no instruction on the D5005 engine"),
-        ("qwen2", "spatial", False, "the spatial grid does not lower 'logos.bias_add'"),
         ("qwen3", "cuda", True, "@main holds 'logos.head_rms_norm', which the CUDA lane does not lower"),
         ("qwen3", "d5005", False, "'logos.head_rms_norm' %normed_query has no instruction on the D5005 engine"),
-        ("qwen3", "spatial", False, "the spatial grid does not lower 'logos.head_rms_norm'"),
         (
             "mistral-window",
             "cuda",
@@ -148,18 +150,10 @@ def test_qwen2s_biases_on_the_cuda_lane_give_transformers_tokens(tp: int) -> Non
             "'logos.attention' slides over a window of 4 positions, which the CUDA lane does not compute",
         ),
         ("mistral-window", "d5005", False, "slides over a window of 4 positions, which the engine does not compute"),
-        (
-            "mistral-window",
-            "spatial",
-            False,
-            "the spatial grid's 'logos.attention' slides over a window of 4 positions",
-        ),
         ("gemma2", "cuda", True, "@main holds 'logos.scale', which the CUDA lane does not lower"),
         ("gemma2", "d5005", False, "'logos.scale' %hidden has no instruction on the D5005 engine"),
-        ("gemma2", "spatial", False, "the spatial grid does not lower 'logos.scale'"),
         ("phi3-gguf-partial", "cuda", True, "'logos.rope' rotates only the first 8 of each head's 16 numbers"),
         ("phi3-gguf-partial", "d5005", False, "'logos.rope' %turned_query rotates only the first 8 of each head's 16"),
-        ("phi3-gguf-partial", "spatial", False, "rotates only the first 8 of each head's 16 numbers"),
         ("mixtral", "cuda", True, "@main holds 'logos.experts', which the CUDA lane does not lower"),
         ("mixtral", "d5005", False, "'logos.experts' %routed has no instruction on the D5005 engine"),
         ("mixtral", "spatial", False, "the spatial grid does not lower 'logos.experts'"),
@@ -167,19 +161,14 @@ def test_qwen2s_biases_on_the_cuda_lane_give_transformers_tokens(tp: int) -> Non
     ids=[
         "cuda-mlp",
         "d5005",
-        "spatial",
         "cuda-head-norms",
         "d5005-head-norms",
-        "spatial-head-norms",
         "cuda-window",
         "d5005-window",
-        "spatial-window",
         "cuda-gemma2",
         "d5005-gemma2",
-        "spatial-gemma2",
         "cuda-partial-rotary",
         "d5005-partial-rotary",
-        "spatial-partial-rotary",
         "cuda-mixtral",
         "d5005-mixtral",
         "spatial-mixtral",
