@@ -60,6 +60,8 @@ WEIGHT_BYTES = {"f32": 4, "bf16": 2}
 GROUP_MAX = 8
 ROW_WORDS_MAX = 8
 VECTOR_WORDS = 16384
+# Float32 words of the matvec's on-chip copy of a bias (an engine that adds biases holds one in its epilogue).
+BIAS_WORDS = 16384
 
 
 # The engine's on-chip arrays (M20K), one a kind of buffer, each statically banked a float32 word a bank over a bank
@@ -427,13 +429,16 @@ class EmbedRowOp(InstructionOp):
 
 @irdl_op_definition
 class MatvecOp(InstructionOp):
-    """dst = weight @ src: stream a weight matrix [rows, cols] from all four banks at once (bank b feeds rows
-    b, b+4, ...), one vector of weights per bank per cycle.
+    """dst = weight @ src (+ bias): stream a weight matrix [rows, cols] from all four banks at once (bank b feeds
+    rows b, b+4, ...), one vector of weights per bank per cycle; with a `bias` (a vector of `rows`, in bank 0),
+    bank 0 streams it first into the engine's on-chip copy and the epilogue adds it to each row's total.
 
     ```mlir
     %normed = d5005.buffer "normed" words 64 at 0 in "inputs"
     %query = d5005.buffer "query" words 64 at 64 in "outputs"
     d5005.matvec %query, %normed, <"model.layers.0.mlp.down_proj.weight" at 0 stride 128 rows 64 cols 64 bytes 2>
+    d5005.matvec %query, %normed, <"model.layers.0.self_attn.q_proj.weight" at 0 stride 128 rows 64 cols 64 bytes 2>
+        bias <"model.layers.0.self_attn.q_proj.bias" at 4096 stride 128 rows 1 cols 64 bytes 2>
     ```
     """
 
@@ -442,11 +447,15 @@ class MatvecOp(InstructionOp):
     dst = operand_def(BufferType)
     src = operand_def(BufferType)
     weight = prop_def(RegionAttr)
+    bias = opt_prop_def(RegionAttr)
 
-    assembly_format = "$dst `,` $src `,` $weight attr-dict"
+    assembly_format = "$dst `,` $src `,` $weight (`bias` $bias^)? attr-dict"
 
-    def __init__(self, dst: SSAValue, src: SSAValue, weight: RegionAttr):
-        super().__init__(operands=[dst, src], properties={"weight": weight})
+    def __init__(self, dst: SSAValue, src: SSAValue, weight: RegionAttr, bias: RegionAttr | None = None):
+        properties: dict[str, Attribute] = {"weight": weight}
+        if bias is not None:
+            properties["bias"] = bias
+        super().__init__(operands=[dst, src], properties=properties)
 
     def buffer_uses(self, burst: int = 64) -> list[tuple[SSAValue, int]]:
         return [(self.dst, self.weight.rows.data), (self.src, self.weight.cols.data)]
@@ -458,16 +467,26 @@ class MatvecOp(InstructionOp):
         return [self.src]
 
     def regions_read(self) -> list[RegionAttr]:
-        return [self.weight]
+        return [self.weight] if self.bias is None else [self.weight, self.bias]
 
     def verify_(self) -> None:
         if self.dst == self.src:
             raise _fail(self, "writes the buffer it streams: a matvec is never in place")
+        if self.bias is not None:
+            _check_bias(self, self.bias, self.weight.rows.data)
         if self.weight.cols.data > VECTOR_WORDS:
             raise _fail(
                 self,
                 f"reads a vector of {self.weight.cols.data} words, over the engine's {VECTOR_WORDS}-word copy of it",
             )
+
+
+def _check_bias(op: IRDLOperation, bias: RegionAttr, rows: int) -> None:
+    """A matvec's bias is a vector of its rows, within the engine's on-chip copy of it."""
+    if bias.rows.data != 1 or bias.cols.data != rows:
+        raise _fail(op, f"adds a bias of {bias.rows.data} x {bias.cols.data}, not a vector of its {rows} rows")
+    if rows > BIAS_WORDS:
+        raise _fail(op, f"adds a bias of {rows} words, over the engine's {BIAS_WORDS}-word copy of it")
 
 
 @irdl_op_definition
@@ -822,6 +841,8 @@ W_OPCODE, W_DST, W_A, W_B, W_ROWS, W_COLS, W_OFFSET, W_STRIDE, W_OFFSET2, W_HEAD
 W_HEAD_DIM, W_CTX, W_FLOAT, W_WIDTH, W_RESERVED = range(11, 16)
 # The attention's current key and value buffers sit in the words RoPE's width and no opcode else uses.
 W_KEY, W_VALUE = W_WIDTH, W_RESERVED
+# A matvec's bias: its length in RoPE's width (0: none) and its offset in the attention's second region's word.
+W_BIAS, W_BIAS_OFFSET = W_WIDTH, W_OFFSET2
 # The engine's kernels (passes/d5005/emit_opencl.py writes them, the host program launches them).
 COMPUTE_KERNEL = "d5005_compute"
 READER_KERNELS = tuple(f"d5005_read_bank{b}" for b in range(BANKS))

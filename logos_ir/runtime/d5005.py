@@ -194,6 +194,11 @@ def _shape_error(stream: Stream, name: str, w: list[int]) -> str | None:
         return f"has rows of {cols} elements in a stride of {stride} bytes, {rows} rows: not a region of the engine"
     if name == "d5005.matvec" and cols > d5005.VECTOR_WORDS:
         return f"reads a vector of {cols} words, over the engine's {d5005.VECTOR_WORDS}"
+    if name == "d5005.matvec" and w[d5005.W_BIAS]:
+        bias = w[d5005.W_BIAS]
+        end = w[d5005.W_BIAS_OFFSET] * stream.burst + d5005.bank_words(bias, element, stream.burst) * stream.burst
+        if bias != rows or bias > d5005.BIAS_WORDS or end > stream.bank_bytes:
+            return f"adds a bias of {bias} words to {rows} rows, or reads it past the memory the program uses"
     if name == "d5005.rope":
         head_dim, width = w[d5005.W_HEAD_DIM], w[d5005.W_WIDTH]
         if (
@@ -325,7 +330,8 @@ def _embed_row(x: _Word) -> Any:
 
 
 def _matvec(x: _Word) -> Any:
-    return d5005.MatvecOp(x.buffer(d5005.W_DST), x.buffer(d5005.W_A), x.region())
+    bias = x.region(d5005.W_BIAS_OFFSET) if x.w[d5005.W_BIAS] else None
+    return d5005.MatvecOp(x.buffer(d5005.W_DST), x.buffer(d5005.W_A), x.region(), bias)
 
 
 def _rms_norm(x: _Word) -> Any:
@@ -608,6 +614,19 @@ def _check_engine(source: str, stream: Stream) -> None:
         if found is None or int(found.group(1)) != value:
             have = found.group(1) if found else "none"
             raise StreamError(f"the instruction stream is for an engine with {name} {value}, this engine's is {have}")
+    for feature, what in stream_features(stream).items():
+        if re.search(rf"^#define {feature} 1$", source, flags=re.MULTILINE) is None:
+            raise StreamError(f"the instruction stream {what}, and this engine has no {feature}")
+
+
+def stream_features(stream: Stream) -> dict[str, str]:
+    """The engine's optional parts the stream's words use (each a `#define NAME 1` of an engine built with it),
+    with what the stream does that needs it."""
+    matvec = d5005.OPCODES["d5005.matvec"]
+    needs = {}
+    if any(int(w[d5005.W_OPCODE]) == matvec and int(w[d5005.W_BIAS]) for w in stream.words):
+        needs["ENGINE_BIAS"] = "adds a bias in a matvec"
+    return needs
 
 
 _ARGMAX = d5005.OPCODES["d5005.argmax"]
@@ -654,6 +673,7 @@ def bank_words_sent(w: list[int], token: int, position: int, stream: Stream) -> 
     elif name == "d5005.matvec":
         words = d5005.bank_words(cols, element, burst)
         sent = [(rows + d5005.BANKS - 1 - b) // d5005.BANKS * words for b in range(d5005.BANKS)]
+        sent[0] += d5005.bank_words(w[d5005.W_BIAS], element, burst)  # the bias, before bank 0's rows
     elif name == "d5005.rms_norm":
         sent[0] = d5005.bank_words(cols, element, burst)
     elif name == "d5005.rope":

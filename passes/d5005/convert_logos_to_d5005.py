@@ -85,6 +85,7 @@ def convert_program(program: Operation, weights: str, params: d5005.EngineParams
         EmbedToRow(placement),
         RMSNormToInstruction(placement),
         LinearToMatvec(placement),
+        BiasAddToMatvec(placement),
         RopeToInstruction(placement),
         CacheWriteToInstruction(placement),
         AttentionToInstruction(placement),
@@ -132,6 +133,7 @@ _LOWERED = (
     logos.EmbedOp,
     logos.RMSNormOp,
     logos.LinearOp,
+    logos.BiasAddOp,
     logos.RopeOp,
     logos.CacheWriteOp,
     logos.AttentionOp,
@@ -225,13 +227,41 @@ class RMSNormToInstruction(_Placed):
         _lower(op, rewriter, d5005.RMSNormOp, _buffer(op.input, op), weight, op.epsilon.value.data)
 
 
+def _bias_of(op: logos.LinearOp) -> logos.BiasAddOp | None:
+    """The bias_add that is the projection's one reader, adding its bias to the product, if there is one."""
+    uses = list(op.result.uses)
+    if len(uses) != 1 or not isinstance(uses[0].operation, logos.BiasAddOp) or uses[0].index != 0:
+        return None
+    return uses[0].operation
+
+
 class LinearToMatvec(_Placed):
+    """A projection is a matvec; one whose product only a bias_add reads is left for that bias_add's pattern,
+    which lowers both to one matvec adding the bias in its epilogue."""
+
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: logos.LinearOp, rewriter: PatternRewriter) -> None:
         weight = self.region(op.weight, op)
         if logos.tensor_shape(op.result)[0] != 1:
             raise _refuse(op, "is not a matrix-vector product (a decode step has one row)")
+        if _bias_of(op) is not None:
+            return
         _lower(op, rewriter, d5005.MatvecOp, _buffer(op.input, op), weight)
+
+
+class BiasAddToMatvec(_Placed):
+    """A bias added to a projection's product selects the matvec with a bias (added in its epilogue, streamed
+    from bank 0 before the rows), erasing the projection it reads: the engine adds biases nowhere else."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.BiasAddOp, rewriter: PatternRewriter) -> None:
+        linear = op.input.owner
+        if not isinstance(linear, logos.LinearOp) or _bias_of(linear) is not op:
+            why = "adds a bias to something other than one projection: the engine adds a bias only in a matvec"
+            raise _refuse(op, why)
+        weight, bias = self.region(linear.weight, op), self.region(op.bias, op)
+        _lower(op, rewriter, d5005.MatvecOp, _buffer(linear.input, op), weight, bias)
+        rewriter.erase(linear)
 
 
 class RopeToInstruction(_Placed):

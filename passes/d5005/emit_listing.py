@@ -29,7 +29,8 @@ def _embed_row(op: d5005.EmbedRowOp) -> str:
 
 
 def _matvec(op: d5005.MatvecOp) -> str:
-    return f"{label(op.dst)} <- {_region(op.weight)} x {label(op.src)}"
+    bias = f" + {_region(op.bias)}" if op.bias is not None else ""
+    return f"{label(op.dst)} <- {_region(op.weight)} x {label(op.src)}{bias}"
 
 
 def _rms_norm(op: d5005.RMSNormOp) -> str:

@@ -23,6 +23,7 @@ and each routine `/* routine NAME */`; `engine_loops.py` states those loops as d
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from string import Template
 from typing import IO, ClassVar
 
@@ -38,7 +39,28 @@ SLOT_DISTANCE = 2 * SHIFT_DEPTH  # iterations, at least, between two updates of 
 CHANNEL_DEPTH = 512  # bank words each reader may run ahead of the compute kernel
 
 
-def engine_constants(params: d5005.EngineParams) -> dict[str, int]:
+# The engine's optional parts: each printed (its routine's loops, its field of an instruction word, its on-chip
+# array, and a `#define ENGINE_<NAME> 1` that says it is there) only in an engine whose program uses it, so the
+# engine of a program that uses none is the one printed without them.
+FEATURES = ("bias",)
+
+
+def engine_features(program: d5005.ProgramOp) -> frozenset[str]:
+    """The optional parts of the engine that `program`'s instructions use: `bias`, a matvec adding a bias."""
+    found = set()
+    if any(isinstance(op, d5005.MatvecOp) and op.bias is not None for op in program.instructions()):
+        found.add("bias")
+    return frozenset(found)
+
+
+def _feature_constants(features: frozenset[str]) -> dict[str, int]:
+    found = {}
+    if "bias" in features:
+        found |= {"ENGINE_BIAS": 1, "BIAS_WORDS": d5005.BIAS_WORDS}
+    return found
+
+
+def engine_constants(params: d5005.EngineParams, features: frozenset[str] = frozenset()) -> dict[str, int]:
     """The engine's parameters, as the source's `#define`s state them (the cost model reads them here)."""
     weight_bytes = d5005.WEIGHT_BYTES[params.weights]
     return {
@@ -60,6 +82,7 @@ def engine_constants(params: d5005.EngineParams) -> dict[str, int]:
         "OFFSET_MASK": (1 << d5005.OFFSET_BITS) - 1,
         **_arrays(params.onchip_words),
         **{f"OP_{name.split('.')[1].upper()}": code for name, code in d5005.OPCODES.items()},
+        **_feature_constants(features),
     }
 
 
@@ -75,15 +98,18 @@ def _arrays(onchip_words: int) -> dict[str, int]:
     return found
 
 
-def engine_source(identity: str, params: d5005.EngineParams) -> str:
-    """The engine's OpenCL C for `params`, its first line the identity line of the program it was emitted for."""
-    defines = "\n".join(f"#define {name} {value}" for name, value in engine_constants(params).items())
+def engine_source(identity: str, params: d5005.EngineParams, features: frozenset[str] = frozenset()) -> str:
+    """The engine's OpenCL C for `params` with the optional parts `features`, its first line the identity line of
+    the program it was emitted for."""
+    unknown = set(features) - set(FEATURES)
+    assert not unknown, unknown
+    defines = "\n".join(f"#define {name} {value}" for name, value in engine_constants(params, features).items())
     about = (
         f"// D5005 decode engine: {params.clock_mhz} MHz, {params.burst_bytes}-byte bursts, vector width"
         f" {params.vector_width}, {params.mac_lanes} MAC lanes, {params.onchip_words} on-chip words, {params.weights}"
         f" weights and KV cache; {d5005.BANKS} bank readers and a compute kernel"
     )
-    return f"// {identity}\n{about}\n{defines}\n{_BODY}"
+    return f"// {identity}\n{about}\n{defines}\n{_body(frozenset(features))}"
 
 
 _TEMPLATE = r"""
@@ -222,7 +248,7 @@ inline void read_embed_row(stream_t *s, __global const bank_word_t *bank, const 
 inline void read_matvec(stream_t *s, __global const bank_word_t *bank, const uint b, const uint16 w) {
     uint rows = w.s4, cols = w.s5, stride = w.s7 / BURST_BYTES;
     uint words = WORDS(cols, WEIGHT_BYTES);
-    uint mine = (rows + BANKS - 1 - b) / BANKS;
+    uint mine = (rows + BANKS - 1 - b) / BANKS;${read_matvec_bias}
     uint i = 0, c = 0;
     /* loop read_matvec.words */
     for (uint n = 0; n < mine * words; n++) {
@@ -336,7 +362,7 @@ inline void embed_row(ONCHIP float *restrict residual, channels_t *ch, const uin
    gather in a bank word of results, stored at once every QUADS_PER_WORD rows of four (a store a bank). */
 /* routine matvec */
 inline void matvec(ONCHIP float *restrict outputs, ONCHIP float *restrict inputs, ONCHIP float *restrict attended,
-                   __local float *restrict vector, channels_t *ch, const uint16 w) {
+                   __local float *restrict vector,${matvec_bias_param} channels_t *ch, const uint16 w) {
     uint rows = w.s4, cols = w.s5, dst = (w.s1 & OFFSET_MASK) * OV, src = (w.s2 & OFFSET_MASK) * OV;
     uint from = w.s2 >> ARRAY_SHIFT;
     uint words = WORDS(cols, WEIGHT_BYTES);
@@ -349,7 +375,7 @@ inline void matvec(ONCHIP float *restrict outputs, ONCHIP float *restrict inputs
             if (c + e < cols) v = from == ARRAY_ATTENDED ? attended[src + c + e] : inputs[src + c + e];
             vector[c + e] = v;
         }
-    }
+    }${matvec_bias_load}
     float out[OV];
     /* loop matvec.rows */
     for (uint i = 0; i < quads; i++) {
@@ -380,7 +406,7 @@ ${matvec_total}
             UNROLL(OV)
             for (uint e = 0; e < OV; e++) {
                 uint k = (i / QUADS_PER_WORD) * OV + e;
-                if (k < rows) outputs[dst + k] = out[e];
+                if (k < rows) outputs[dst + k] = out[e]${matvec_bias_add};
             }
         }
     }
@@ -794,7 +820,7 @@ TASK void d5005_compute(__global const uint16 *restrict program, const uint firs
     __global float *restrict attended = scratch + ATTENDED_AT, *restrict outputs = scratch + OUTPUTS_AT;
     __global float *restrict rotated = scratch + ROTATED_AT;
 #endif
-    __local float vector[VECTOR_WORDS] BANKED(OV);
+    __local float vector[VECTOR_WORDS] BANKED(OV);${bias_array}
     __local float queries[ROW_WORDS_MAX * GROUP_MAX * CPW] BANKED(GROUP_MAX * CPW);
     __local float cosines[ROPE_WORDS / 2] BANKED(OV);
     __local float sines[ROPE_WORDS / 2] BANKED(OV);
@@ -809,7 +835,7 @@ TASK void d5005_compute(__global const uint16 *restrict program, const uint firs
         const uint16 w = program[pc];
         switch (w.s0) {
         case OP_EMBED_ROW: embed_row(residual, &ch, w, token); break;
-        case OP_MATVEC: matvec(outputs, inputs, attended, vector, &ch, w); break;
+        case OP_MATVEC: matvec(outputs, inputs, attended, vector${matvec_bias_arg}, &ch, w); break;
         case OP_RMS_NORM: rms_norm(inputs, residual, &ch, w); break;
         case OP_ROPE: rope(rotated, outputs, cosines, sines, &ch, w, position); break;
         case OP_CACHE_WRITE: cache_write(outputs, rotated, bank0, bank1, bank2, bank3, w, position); break;
@@ -897,9 +923,39 @@ def _run_out(array: str, base: str, element: str, valid: str, source: str, inden
     )
 
 
+# A matvec's bias (`bias`): bank 0 streams it before its rows (w.se words, at burst w.s8), into the on-chip copy
+# `biases` (a store a bank for each of a bank word's floats), and each row's total takes its bias as it is stored
+# (a load a bank); a matvec without one (w.se = 0) adds nothing.
+_BIAS = {
+    "read_matvec_bias": """
+    uint bias_words = SELECT(b == 0, WORDS(w.se, WEIGHT_BYTES), 0);
+    /* loop read_matvec.bias */
+    for (uint c = 0; c < bias_words; c++) WRITE_BANK(s, b, bank[w.s8 + c]);""",
+    "matvec_bias_param": " __local float *restrict biases,",
+    "matvec_bias_load": """
+    uint biased = w.se, bias_words = WORDS(biased, WEIGHT_BYTES);
+    /* loop matvec.bias */
+    for (uint c = 0; c < bias_words; c++) {
+        bank_word_t word = READ_BANK(ch, 0);
+        UNROLL(VECTOR_WIDTH)
+        for (uint e = 0; e < VECTOR_WIDTH; e++) biases[c * VECTOR_WIDTH + e] = WEIGHT_AT(word, e);
+    }""",
+    "matvec_bias_add": " + SELECT(biased, biases[k], 0.0f)",
+    "bias_array": "\n    __local float biases[BIAS_WORDS] BANKED(OV);",
+    "matvec_bias_arg": ", biases",
+}
+
+
+@cache
+def _body(features: frozenset[str]) -> str:
+    """The engine's text after its `#define`s, with the optional parts `features` (the others print nothing)."""
+    optional = {key: text if "bias" in features else "" for key, text in _BIAS.items()}
+    return Template(_TEMPLATE).substitute(optional, **_FIXED)
+
+
 # The shift-register sums of the matvec's rows, the norm's squares and the softmax's exponentials (and the
 # attention's dot product with the position's own key) are printed by the three functions above.
-_BODY = Template(_TEMPLATE).substitute(
+_FIXED = dict(
     matvec_clear=_shift_clear("shift[b]", 12),
     matvec_add=_shift_add("shift[b]", "sum", 16),
     matvec_total=_shift_total("total", "shift[b]", 12),
@@ -939,7 +995,7 @@ class OpenclTarget(Target):
 
     def emit(self, ctx: Context, module: ModuleOp, output: IO[str]) -> None:
         program = the_d5005_program(module, self.name)
-        output.write(engine_source(program.identity.data, program.params))
+        output.write(engine_source(program.identity.data, program.params, engine_features(program)))
 
 
 def the_d5005_program(module: ModuleOp, target: str) -> d5005.ProgramOp:

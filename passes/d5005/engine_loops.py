@@ -45,6 +45,10 @@ class Step:
     def __getitem__(self, name: str) -> int:
         return self.constants[name]
 
+    def has(self, feature: str) -> bool:
+        """Whether the engine was printed with an optional part (its `#define ENGINE_... 1`)."""
+        return self.constants.get(feature, 0) == 1
+
     def field(self, index: int) -> int:
         return self.word[index]
 
@@ -87,9 +91,13 @@ def read_embed_row(s: Step) -> list[Loop]:
 
 
 def read_matvec(s: Step) -> list[Loop]:
-    rows, cols = s.field(d5005.W_ROWS), s.field(d5005.W_COLS)
+    """Bank 0's words of the bias first (in an engine with biases; none where the word has none), then this
+    bank's rows."""
+    rows, cols, bias = s.field(d5005.W_ROWS), s.field(d5005.W_COLS), s.field(d5005.W_BIAS)
     mine = (rows + s["BANKS"] - 1 - s.bank) // s["BANKS"]
-    return [_counted("read_matvec.words", "n", "mine * words", mine * s.words(cols, s["WEIGHT_BYTES"]))]
+    bias_words = s.words(bias, s["WEIGHT_BYTES"]) if s.bank == 0 else 0
+    biased = [_counted("read_matvec.bias", "c", "bias_words", bias_words)] if s.has("ENGINE_BIAS") else []
+    return [*biased, _counted("read_matvec.words", "n", "mine * words", mine * s.words(cols, s["WEIGHT_BYTES"]))]
 
 
 def read_rms_norm(s: Step) -> list[Loop]:
@@ -129,8 +137,12 @@ def matvec(s: Step) -> list[Loop]:
     """The input copied on chip, then rows 4i .. 4i+3 a word of each bank a cycle, summed in shift registers."""
     rows, words = s.field(d5005.W_ROWS), s.words(s.field(d5005.W_COLS), s["WEIGHT_BYTES"])
     row_words = _counted("matvec.words", "c", "words", words)
+    bias = s.field(d5005.W_BIAS)
+    bias_words = s.words(bias, s["WEIGHT_BYTES"])
+    biased = [_counted("matvec.bias", "c", "bias_words", bias_words)] if s.has("ENGINE_BIAS") else []
     return [
         _by_ov("matvec.load", "words * VECTOR_WIDTH", words * s["VECTOR_WIDTH"], s),
+        *biased,
         _counted("matvec.rows", "i", "quads", ceil_div(rows, s["BANKS"]), inner=(row_words,)),
     ]
 

@@ -1,0 +1,174 @@
+"""The families of `test/unit/families/` on the D5005 lane: each family the engine now computes gives transformers'
+greedy tokens (`goldens.json`) through the engine on PoCL, with f32 weights, on its one card (the D5005 lane does
+not split a program over chips: tp=2 is refused, as `test_d5005_lowering.py` pins); and what each feature adds
+to the engine (an instruction word's field, a routine's loops, an on-chip array) is costed as printed.
+
+The engine's optional parts (`emit_opencl.FEATURES`) are printed only in the engine of a program that uses them,
+so a plain Llama's engine is the one printed before them (`tools/golden_builds.py --check`).
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+
+import numpy as np
+import pytest
+from test_d5005_cost_model import _sent, edited  # the suite's rootdir-relative imports, as test_d5005_engine's
+from test_families import FAMILIES, GOLDENS, _lane
+
+from logos_ir.dialects import d5005
+from logos_ir.passes.d5005 import aoc_report, cost_model
+from logos_ir.passes.d5005.emit_layout import image_bytes, weight_image
+from logos_ir.passes.d5005.emit_opencl import engine_features, engine_source
+from logos_ir.passes.d5005.emit_stream import HEADER, encode_instruction, encode_stream
+from logos_ir.passes.d5005.engine_loops import Loop, Step
+from logos_ir.runtime.d5005 import Engine, StreamError, read_stream
+from logos_ir.weights import open_model
+
+pytestmark = pytest.mark.usefixtures("opencl_device")
+
+
+@pytest.fixture
+def opencl_device() -> None:
+    from logos_ir.runtime.opencl import opencl_available
+
+    missing = opencl_available()
+    if missing is not None:
+        pytest.fail(f"no OpenCL CPU device ({missing}): install PoCL, `pip install pocl-binary-distribution`")
+
+
+def _lowered(family: str, ctx: int = 32, weights: str = "f32") -> d5005.ProgramOp:
+    from logos_ir.author import written
+    from logos_ir.parser import parse_program
+    from logos_ir.program import Cut
+    from logos_ir.testing import lower_program
+
+    store = open_model(str(FAMILIES / family))
+    text, _ = written(store.spec, Cut.decode(ctx))
+    return lower_program(parse_program(text.text, "<decode>"), weights)
+
+
+def _every(loops: list[Loop] | tuple[Loop, ...]) -> list[Loop]:
+    found = []
+    for loop in loops:
+        found += [loop, *_every(loop.inner if loop.inner_of is None else loop.inner_of(0))]
+    return found
+
+
+# -- biases: the matvec's epilogue ------------------------------------------------------------------------------
+
+BIASED = ("qwen2", "llama-biases")
+
+
+@pytest.mark.parametrize("family", BIASED)
+def test_a_biased_family_gives_transformers_tokens_on_the_engine(family: str) -> None:
+    run = GOLDENS[family]["runs"][0]
+    assert _lane(family, "d5005", False).generate(run["prompt"], len(run["tokens"])) == run["tokens"]
+
+
+def test_each_bias_is_a_field_of_its_matvecs_word() -> None:
+    """Every bias of Llama's seven projections is its matvec's (none left as an op of its own), its word carrying
+    the bias's length and where it starts; the engine printed for the program has the bias epilogue."""
+    program = _lowered("llama-biases")
+    matvecs = [op for op in program.instructions() if isinstance(op, d5005.MatvecOp)]
+    biased = [op for op in matvecs if op.bias is not None]
+    assert len(biased) == 7 * 2 and len(matvecs) == len(biased) + 1  # the head adds none
+    for op in biased:
+        assert op.bias is not None and op.bias.tensor.data == op.weight.tensor.data.replace(".weight", ".bias")
+        word = encode_instruction(op, 64)
+        assert word[d5005.W_BIAS] == op.weight.rows.data
+        assert word[d5005.W_BIAS_OFFSET] * 64 == op.bias.offset.data
+    assert engine_features(program) == {"bias"}
+    assert engine_features(_lowered("llama")) == frozenset()
+
+
+def test_the_bias_engine_prints_the_loops_it_costs() -> None:
+    """The loops the model costs for an engine with biases are the ones it prints under their marks (with the
+    bias loops of the matvec and of its bank reader), and its on-chip copy of a bias is banked, not arbitrated."""
+    program = _lowered("qwen2")
+    source = engine_source(program.identity.data, program.params, engine_features(program))
+    engine = cost_model.Engine.read(source)
+    step = Step(engine.constants, [1] * d5005.INSTRUCTION_WORDS, 1, 2)
+    stated = [loop for r in [*engine.compute.values(), *engine.readers.values()] for loop in _every(r(step))]
+    for loop in stated:
+        assert re.search(rf"/\* loop {re.escape(loop.name)} \*/\n\s*{re.escape(loop.header)}", source), loop.name
+    assert sorted(loop.name for loop in stated) == sorted(re.findall(r"/\* loop ([\w.]+) \*/", source))
+    assert {"matvec.bias", "read_matvec.bias"} <= {loop.name for loop in stated}
+    assert engine.analysis.banks["biases"] == 64 // 4
+    assert not any(engine.analysis.arbitrated.values())
+    assert [name for name, report in engine.analysis.loops.items() if report.dividers] == []
+
+
+def test_the_cost_model_reads_each_bias_once() -> None:
+    """A biased step reads its plain weights and each bias once more, a bank word of it a burst (the spec's sizes),
+    and the engine's bank readers send those words: the model's bursts against the readers' counts on PoCL."""
+    store = open_model(str(FAMILIES / "llama-biases"))
+    spec = store.spec
+    program = _lowered("llama-biases")
+    low = cost_model.band(program)["low"]
+    plain = cost_model.band(_lowered("llama"))["low"]
+    per_layer = 2 * spec.hidden + spec.heads * spec.head_dim + 2 * spec.kv_heads * spec.head_dim
+    per_layer += 2 * spec.intermediate  # o, gate, up, down: hidden, intermediate, intermediate, hidden
+    bias_bytes = spec.layers * per_layer * 4
+    assert low["weight_bytes_per_token"] == plain["weight_bytes_per_token"] + bias_bytes
+    assert low["tokens_per_s"] < plain["tokens_per_s"]
+    source = engine_source(program.identity.data, program.params, engine_features(program))
+    engine = Engine(source, encode_stream(program, image_bytes(program)), weight_image(program, spec, store))
+    model = cost_model.Engine.read(source)
+    for position in range(1, 4):
+        engine.step(position + 10, position)
+    for index, op in enumerate(program.instructions()):
+        if isinstance(op, d5005.MatvecOp):
+            bursts = cost_model.instruction_cost(model, encode_instruction(op, 64), 17, 3, cost_model.LOW)["bursts"]
+            assert bursts == _sent(engine, index, 17, 3), op.weight.tensor.data
+
+
+def test_an_engine_without_biases_refuses_a_biased_stream() -> None:
+    """A stream whose matvecs add biases, on the engine printed without them: the host refuses it before anything
+    runs, and the cost model will not cost it as if the bias were free."""
+    program = _lowered("qwen2")
+    stream = encode_stream(program, image_bytes(program))
+    plain = engine_source(program.identity.data, program.params)
+    store = open_model(str(FAMILIES / "qwen2"))
+    with pytest.raises(StreamError, match="adds a bias in a matvec, and this engine has no ENGINE_BIAS"):
+        Engine(plain, stream, weight_image(program, store.spec, store))
+    words = [[int(v) for v in w] for w in read_stream(stream).words]
+    with pytest.raises(aoc_report.ReportError, match="adds a bias, and the engine has no ENGINE_BIAS"):
+        cost_model.band(engine=cost_model.Engine.read(plain), words=words, ctx=32)
+
+
+def test_a_bias_past_its_rows_is_refused_by_the_reader() -> None:
+    program = _lowered("qwen2")
+    """A word whose bias is longer than its rows (its CRC made right, so the reader sees the word itself)."""
+    program = _lowered("qwen2")
+    stream = bytearray(encode_stream(program, image_bytes(program)))
+    index = next(i for i, op in enumerate(program.instructions()) if isinstance(op, d5005.MatvecOp))
+    at = d5005.HEADER_BYTES + index * d5005.INSTRUCTION_BYTES + 4 * d5005.W_BIAS
+    stream[at : at + 4] = np.uint32(65).tobytes()
+    body = bytes(stream[d5005.HEADER_BYTES : d5005.HEADER_BYTES + len(program.instructions()) * 64])
+    fields = list(HEADER.unpack_from(stream))
+    fields[13] = zlib.crc32(body)  # the magic, then version, header bytes, ..., clock: the words' CRC is 13th
+    HEADER.pack_into(stream, 0, *fields)
+    with pytest.raises(StreamError, match="adds a bias of 65 words to 64 rows"):
+        read_stream(bytes(stream))
+
+
+def test_the_bias_epilogue_edited_out_changes_the_tokens() -> None:
+    """The bias the epilogue adds is what the tokens depend on: the engine with its add edited out (and nothing
+    else) runs the same stream to other tokens than transformers'."""
+    program = _lowered("qwen2")
+    store = open_model(str(FAMILIES / "qwen2"))
+    source = engine_source(program.identity.data, program.params, engine_features(program))
+    unbiased = edited(source, (" + SELECT(biased, biases[k], 0.0f)", ""))
+    engine = Engine(unbiased, encode_stream(program, image_bytes(program)), weight_image(program, store.spec, store))
+    run = GOLDENS["qwen2"]["runs"][0]
+    tokens, position = [], 1
+    for token in run["prompt"]:
+        predicted = engine.step(token, position)
+        position += 1
+    while len(tokens) < len(run["tokens"]):
+        tokens.append(predicted)
+        predicted = engine.step(predicted, position)
+        position += 1
+    assert tokens != run["tokens"]
