@@ -630,11 +630,12 @@ def _check_cache(op: IRDLOperation, cache: RegionAttr, kv_heads: int) -> None:
 
 @irdl_op_definition
 class AttentionOp(InstructionOp):
-    """dst = causal grouped-query attention of the query's heads over the keys and values of positions 1 to the
-    engine's position (query head h reads KV head h // (heads / kv_heads)): positions before it from the caches in
-    board memory, the position itself from the on-chip `current` key and value buffers (what the step's
-    `cache_write`s store), in one pass over the cache with an online softmax: nothing goes through a scratch
-    buffer. Each KV head's keys and values are read once for all the query heads of its group.
+    """dst = causal grouped-query attention of the query's heads over the keys and values of positions 1 (with a
+    `window` of W, position - W + 1) to the engine's position (query head h reads KV head h // (heads /
+    kv_heads)): positions before it from the caches in board memory, the position itself from the on-chip
+    `current` key and value buffers (what the step's `cache_write`s store), in one pass over the cache with an
+    online softmax: nothing goes through a scratch buffer. Each KV head's keys and values are read once for all
+    the query heads of its group, and a windowed attention streams only its window's rows.
 
     ```mlir
     %q = d5005.buffer "turned_query" words 64 at 0 in "rotated"
@@ -656,9 +657,11 @@ class AttentionOp(InstructionOp):
     values = prop_def(RegionAttr)
     heads = prop_def(IntegerAttr[I64])
     kv_heads = prop_def(IntegerAttr[I64])
+    window = opt_prop_def(IntegerAttr[I64])
 
     assembly_format = (
-        "$dst `,` $query `,` $keys `,` $values `current` $key `,` $value `heads` $heads `kv_heads` $kv_heads attr-dict"
+        "$dst `,` $query `,` $keys `,` $values `current` $key `,` $value `heads` $heads `kv_heads` $kv_heads"
+        " (`window` $window^)? attr-dict"
     )
 
     def __init__(
@@ -670,16 +673,17 @@ class AttentionOp(InstructionOp):
         current: tuple[SSAValue, SSAValue],
         heads: int,
         kv: int,
+        window: int | None = None,
     ):
-        super().__init__(
-            operands=[dst, query, current[0], current[1]],
-            properties={
-                "keys": keys,
-                "values": values,
-                "heads": IntegerAttr(heads, i64),
-                "kv_heads": IntegerAttr(kv, i64),
-            },
-        )
+        properties: dict[str, Attribute] = {
+            "keys": keys,
+            "values": values,
+            "heads": IntegerAttr(heads, i64),
+            "kv_heads": IntegerAttr(kv, i64),
+        }
+        if window is not None:
+            properties["window"] = IntegerAttr(window, i64)
+        super().__init__(operands=[dst, query, current[0], current[1]], properties=properties)
 
     @property
     def ctx(self) -> int:
@@ -714,6 +718,8 @@ class AttentionOp(InstructionOp):
             raise _fail(self, f"{heads} query heads do not share {kv} key-value heads evenly")
         if heads // kv > GROUP_MAX:
             raise _fail(self, f"{heads // kv} query heads share a KV head, over the engine's {GROUP_MAX}")
+        if self.window is not None and not 1 <= _int(self.window) < self.ctx:
+            raise _fail(self, f"has a window of {_int(self.window)}, not 1 to {self.ctx - 1} (shorter than its cache)")
 
 
 class ElementwiseOp(InstructionOp):
@@ -843,6 +849,8 @@ W_HEAD_DIM, W_CTX, W_FLOAT, W_WIDTH, W_RESERVED = range(11, 16)
 W_KEY, W_VALUE = W_WIDTH, W_RESERVED
 # A matvec's bias: its length in RoPE's width (0: none) and its offset in the attention's second region's word.
 W_BIAS, W_BIAS_OFFSET = W_WIDTH, W_OFFSET2
+# An attention's window (0: none), in the buffer field b that it has no buffer for.
+W_WINDOW = W_B
 # The engine's kernels (passes/d5005/emit_opencl.py writes them, the host program launches them).
 COMPUTE_KERNEL = "d5005_compute"
 READER_KERNELS = tuple(f"d5005_read_bank{b}" for b in range(BANKS))

@@ -223,6 +223,8 @@ def _shape_error(stream: Stream, name: str, w: list[int]) -> str | None:
             return f"has {heads} heads over {kv} kv heads (at most {d5005.GROUP_MAX} to a group)"
         if w[d5005.W_HEAD_DIM] != cols or w[d5005.W_CTX] * kv != rows:
             return f"has head size {w[d5005.W_HEAD_DIM]} and ctx {w[d5005.W_CTX]}, not its cache's"
+        if w[d5005.W_WINDOW] >= w[d5005.W_CTX]:
+            return f"has a window of {w[d5005.W_WINDOW]}, not shorter than its cache of {w[d5005.W_CTX]}"
     return None
 
 
@@ -351,7 +353,8 @@ def _attention(x: _Word) -> Any:
     current = (x.buffer(d5005.W_KEY), x.buffer(d5005.W_VALUE))
     keys, values = x.region(), x.region(d5005.W_OFFSET2)
     dst, query = x.buffer(d5005.W_DST), x.buffer(d5005.W_A)
-    return d5005.AttentionOp(dst, query, keys, values, current, x.w[d5005.W_HEADS], x.w[d5005.W_KV_HEADS])
+    window = x.w[d5005.W_WINDOW] or None
+    return d5005.AttentionOp(dst, query, keys, values, current, x.w[d5005.W_HEADS], x.w[d5005.W_KV_HEADS], window)
 
 
 def _elementwise(kind: type[d5005.ElementwiseOp]) -> Any:
@@ -626,6 +629,9 @@ def stream_features(stream: Stream) -> dict[str, str]:
     needs = {}
     if any(int(w[d5005.W_OPCODE]) == matvec and int(w[d5005.W_BIAS]) for w in stream.words):
         needs["ENGINE_BIAS"] = "adds a bias in a matvec"
+    attention = d5005.OPCODES["d5005.attention"]
+    if any(int(w[d5005.W_OPCODE]) == attention and int(w[d5005.W_WINDOW]) for w in stream.words):
+        needs["ENGINE_WINDOW"] = "attends over a sliding window"
     return needs
 
 
@@ -679,13 +685,19 @@ def bank_words_sent(w: list[int], token: int, position: int, stream: Stream) -> 
     elif name == "d5005.rope":
         sent[(position - 1) % d5005.BANKS] = d5005.rope_row_floats(w[d5005.W_HEAD_DIM], burst) * 4 // burst
     elif name == "d5005.attention":
-        ctx, past = w[d5005.W_CTX], position - 1
+        ctx, past, low = w[d5005.W_CTX], position - 1, window_start(position, w[d5005.W_WINDOW])
         words = d5005.bank_words(w[d5005.W_HEAD_DIM], element, burst)
         for h in range(w[d5005.W_KV_HEADS]):
             for b in range(d5005.BANKS):
-                first = (b - h * ctx) % d5005.BANKS
+                first = low + (b - h * ctx - low) % d5005.BANKS
                 sent[b] += 2 * words * (-(-(past - first) // d5005.BANKS) if past > first else 0)
     return sent
+
+
+def window_start(position: int, window: int) -> int:
+    """The first cache row (from 0) an attention at `position` (from 1) reads: position - window, the window's
+    first earlier position less one, or 0 with no window (0) or one longer than the positions so far."""
+    return position - window if window and position > window else 0
 
 
 def _fifo_words(stream: Stream) -> int:

@@ -123,9 +123,22 @@ def _check_main(program: logos.ProgramOp) -> None:
     if unlowered is not None:  # refused by name before any rewrite (its users would fail first, less clearly)
         raise _refuse(unlowered, "has no instruction on the D5005 engine")
     for op in main.body.block.ops:  # an op the engine lowers in its plain form only: a variant is refused
-        said = logos.variant(op)
+        said = _variant(op)
         if said is not None:
             raise _refuse(op, f"{said}, which the engine does not compute")
+
+
+def _variant(op: Operation) -> str | None:
+    """What `op` says beyond what the engine computes (`logos.variant`'s words), less an attention's window: the
+    engine bounds its attention's pass to the window."""
+    if not isinstance(op, logos.AttentionOp) or op.window is None:
+        return logos.variant(op)
+    window = op.window
+    del op.properties["window"]  # the words of what else it says, then the window back as it was
+    try:
+        return logos.variant(op)
+    finally:
+        op.properties["window"] = window
 
 
 # the ops a pattern below lowers to instructions (a SiLU goes into its product's silu_mul)
@@ -305,7 +318,8 @@ class AttentionToInstruction(_Placed):
             why = "reads a cache the step does not write first (the engine keeps the position's key and value on chip)"
             raise _refuse(op, why)
         current = (key, value)
-        _lower(op, rewriter, d5005.AttentionOp, query, keys, values, current, heads, kv_heads)
+        window = op.window.value.data if op.window is not None else None
+        _lower(op, rewriter, d5005.AttentionOp, query, keys, values, current, heads, kv_heads, window)
 
 
 class SiluIntoProduct(RewritePattern):

@@ -50,6 +50,7 @@ def _attention(op: d5005.AttentionOp) -> str:
     return (
         f"{label(op.dst)} <- attention({label(op.query)}, {op.heads.value.data} heads over {op.kv_heads.value.data})"
         f" keys {_region(op.keys)} values {_region(op.values)} current {label(op.key)}, {label(op.value)}"
+        + (f" window {op.window.value.data}" if op.window is not None else "")
     )
 
 

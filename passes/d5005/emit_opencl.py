@@ -42,14 +42,17 @@ CHANNEL_DEPTH = 512  # bank words each reader may run ahead of the compute kerne
 # The engine's optional parts: each printed (its routine's loops, its field of an instruction word, its on-chip
 # array, and a `#define ENGINE_<NAME> 1` that says it is there) only in an engine whose program uses it, so the
 # engine of a program that uses none is the one printed without them.
-FEATURES = ("bias",)
+FEATURES = ("bias", "window")
 
 
 def engine_features(program: d5005.ProgramOp) -> frozenset[str]:
-    """The optional parts of the engine that `program`'s instructions use: `bias`, a matvec adding a bias."""
+    """The optional parts of the engine that `program`'s instructions use: `bias`, a matvec adding a bias;
+    `window`, an attention over a sliding window."""
     found = set()
     if any(isinstance(op, d5005.MatvecOp) and op.bias is not None for op in program.instructions()):
         found.add("bias")
+    if any(isinstance(op, d5005.AttentionOp) and op.window is not None for op in program.instructions()):
+        found.add("window")
     return frozenset(found)
 
 
@@ -57,6 +60,8 @@ def _feature_constants(features: frozenset[str]) -> dict[str, int]:
     found = {}
     if "bias" in features:
         found |= {"ENGINE_BIAS": 1, "BIAS_WORDS": d5005.BIAS_WORDS}
+    if "window" in features:
+        found["ENGINE_WINDOW"] = 1
     return found
 
 
@@ -280,10 +285,10 @@ inline void read_rope(stream_t *s, __global const bank_word_t *bank, const uint 
 inline void read_attention(stream_t *s, __global const bank_word_t *bank, const uint b, const uint16 w,
                            uint position) {
     uint kv_heads = w.sa, ctx = w.sc, past = position - 1, stride = w.s7 / BURST_BYTES;
-    uint row_words = WORDS(w.sb, CACHE_BYTES);
+    uint row_words = WORDS(w.sb, CACHE_BYTES);${read_window}
     /* loop read_attention.kv_heads */
     for (uint h = 0; h < kv_heads; h++) {
-        uint first = (b + BANKS - (h * ctx) % BANKS) % BANKS;
+        uint first = ${read_first};
         uint mine = SELECT(past > first, (past - first + BANKS - 1) / BANKS, 0);
         uint row = (h * ctx + first) / BANKS;
         uint i = 0, c = 0;
@@ -556,8 +561,8 @@ inline void attention(ONCHIP float *restrict attended, ONCHIP float *restrict ro
                       ONCHIP float *restrict outputs, __local float *restrict queries, __local float *restrict acc,
                       channels_t *ch, const uint16 w, uint position) {
     uint heads = w.s9, kv_heads = w.sa, head_dim = w.sb, ctx = w.sc;
-    uint group = heads / kv_heads, past = position - 1;
-    uint quads = (past + BANKS - 1) / BANKS;
+    uint group = heads / kv_heads, past = position - 1;${attention_window}
+    uint quads = ${attention_quads};
     uint row_words = WORDS(head_dim, CACHE_BYTES);
     uint dst = (w.s1 & OFFSET_MASK) * OV, query = (w.s2 & OFFSET_MASK) * OV;
     uint key = (w.se & OFFSET_MASK) * OV, value = (w.sf & OFFSET_MASK) * OV;
@@ -609,7 +614,7 @@ ${current_add}
             uint valid[BANKS];
             UNROLL(BANKS)
             for (uint b = 0; b < BANKS; b++) {
-                valid[b] = q * BANKS + (b + BANKS - base) % BANKS < past;
+${attention_valid}
                 word[b] = blank;
                 if (valid[b]) word[b] = READ_BANK(ch, b);
             }
@@ -946,10 +951,36 @@ _BIAS = {
 }
 
 
+# A sliding window (`window`, w.s3 positions, 0 for none): the earlier rows read are those from `low` =
+# position - window on (all of them while the positions so far fit the window), so each bank's reader starts at its
+# first row of the window and the compute kernel's pass runs over the rows of four from the one holding `low`; a row
+# of four's rows before `low` or from the position on are not valid (no word taken, no weight).
+_WINDOW = {
+    "read_window": """
+    uint window = w.s3, low = SELECT(window != 0 && position > window, position - window, 0);""",
+    "read_first": "low + (b + 2 * BANKS - (h * ctx) % BANKS - low % BANKS) % BANKS",
+    "attention_window": """
+    uint window = w.s3, low = SELECT(window != 0 && position > window, position - window, 0);
+    uint start = (low / BANKS) * BANKS;""",
+    "attention_quads": "(past - start + BANKS - 1) / BANKS",
+    "attention_valid": """                uint row = start + q * BANKS + (b + BANKS - base) % BANKS;
+                valid[b] = row >= low && row < past;""",
+}
+# ... and the same places of the engine without a window.
+_UNWINDOWED = {
+    "read_window": "",
+    "read_first": "(b + BANKS - (h * ctx) % BANKS) % BANKS",
+    "attention_window": "",
+    "attention_quads": "(past + BANKS - 1) / BANKS",
+    "attention_valid": "                valid[b] = q * BANKS + (b + BANKS - base) % BANKS < past;",
+}
+
+
 @cache
 def _body(features: frozenset[str]) -> str:
     """The engine's text after its `#define`s, with the optional parts `features` (the others print nothing)."""
     optional = {key: text if "bias" in features else "" for key, text in _BIAS.items()}
+    optional |= _WINDOW if "window" in features else _UNWINDOWED
     return Template(_TEMPLATE).substitute(optional, **_FIXED)
 
 

@@ -97,6 +97,7 @@ def _attention(op: d5005.AttentionOp, word: _Word) -> None:
     word.buffers((d5005.W_KEY, op.key), (d5005.W_VALUE, op.value))
     w[d5005.W_HEAD_DIM], w[d5005.W_CTX] = op.keys.cols.data, op.ctx
     w[d5005.W_FLOAT] = _f32_bits(1 / np.sqrt(op.keys.cols.data))  # as the reference scales, in float32
+    w[d5005.W_WINDOW] = op.window.value.data if op.window is not None else 0
 
 
 def _elementwise(op: d5005.ElementwiseOp, word: _Word) -> None:

@@ -57,6 +57,12 @@ class Step:
         return ceil_div(elements * element_bytes, self["BURST_BYTES"])
 
     @property
+    def window_start(self) -> int:
+        """The first cache row (from 0) an attention reads: the source's `low` (0 with no window, w.s3 = 0)."""
+        window = self.field(d5005.W_WINDOW) if self.has("ENGINE_WINDOW") else 0
+        return self.position - window if window and self.position > window else 0
+
+    @property
     def ov(self) -> int:
         """float32 words of one bank word (the source's OV)."""
         return self["BURST_BYTES"] // 4
@@ -114,11 +120,11 @@ def read_rope(s: Step) -> list[Loop]:
 def read_attention(s: Step) -> list[Loop]:
     """Head h's earlier positions in this bank, each row's key words then its value words (the bounds change
     with h)."""
-    banks, ctx, past = s["BANKS"], s.field(d5005.W_CTX), s.position - 1
+    banks, ctx, past, low = s["BANKS"], s.field(d5005.W_CTX), s.position - 1, s.window_start
     row_words = s.words(s.field(d5005.W_HEAD_DIM), s["CACHE_BYTES"])
 
     def head(h: int) -> tuple[Loop, ...]:
-        first = (s.bank + banks - (h * ctx) % banks) % banks
+        first = low + (s.bank - h * ctx - low) % banks
         mine = (past - first + banks - 1) // banks if past > first else 0
         return (_counted("read_attention.rows", "n", "mine * 2 * row_words", mine * 2 * row_words),)
 
@@ -176,7 +182,8 @@ def attention(s: Step) -> list[Loop]:
     of one query head's an iteration."""
     kv_heads = s.field(d5005.W_KV_HEADS)
     group = s.field(d5005.W_HEADS) // max(kv_heads, 1)
-    quads = ceil_div(s.position - 1, s["BANKS"])
+    start = s.window_start // s["BANKS"] * s["BANKS"]  # the row of four holding the window's first row
+    quads = ceil_div(s.position - 1 - start, s["BANKS"])
     row_words = s.words(s.field(d5005.W_HEAD_DIM), s["CACHE_BYTES"])
     inner = (
         _counted("attention.queries", "i", "row_words", row_words),
@@ -227,4 +234,5 @@ TRIP_FIELDS = (
     d5005.W_HEAD_DIM,
     d5005.W_CTX,
     d5005.W_WIDTH,
+    d5005.W_WINDOW,
 )

@@ -95,7 +95,8 @@ BIASED = {"qwen2", "llama-biases"}
 # no lane lowers the op yet, and each refuses it by name before anything runs.
 HEAD_NORMED = {"qwen3"}
 # The families whose sliding window bites (shorter than the runs): the reference applies it (logos.attention's
-# window); no lane does yet, and each refuses a window that bites by name rather than attend past it.
+# window), and so does the D5005 engine (its attention's pass bounded to the window: test_families_d5005.py); the
+# other lanes refuse a window that bites by name rather than attend past it.
 WINDOWED = {"mistral-window", "qwen2-window"}
 # Gemma 2: its norms by one plus the weight, scaled embedding, GeGLU, soft-caps and sandwich norms on the reference;
 # no lane lowers them yet (the first each meets, the embedding's logos.scale, is refused by name).
@@ -147,7 +148,6 @@ def test_qwen2s_biases_on_the_cuda_lane_give_transformers_tokens(tp: int) -> Non
             True,
             "'logos.attention' slides over a window of 4 positions, which the CUDA lane does not compute",
         ),
-        ("mistral-window", "d5005", False, "slides over a window of 4 positions, which the engine does not compute"),
         (
             "mistral-window",
             "spatial",
@@ -171,7 +171,6 @@ def test_qwen2s_biases_on_the_cuda_lane_give_transformers_tokens(tp: int) -> Non
         "d5005-head-norms",
         "spatial-head-norms",
         "cuda-window",
-        "d5005-window",
         "spatial-window",
         "cuda-gemma2",
         "d5005-gemma2",

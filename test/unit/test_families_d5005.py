@@ -84,9 +84,10 @@ def test_each_bias_is_a_field_of_its_matvecs_word() -> None:
 
 
 def test_the_bias_engine_prints_the_loops_it_costs() -> None:
-    """The loops the model costs for an engine with biases are the ones it prints under their marks (with the
-    bias loops of the matvec and of its bank reader), and its on-chip copy of a bias is banked, not arbitrated."""
-    program = _lowered("qwen2")
+    """The loops the model costs for an engine with biases (and windows: Qwen2's windowed family has both) are the
+    ones it prints under their marks (with the bias loops of the matvec and of its bank reader), its on-chip copy of
+    a bias is banked, not arbitrated, and no loop divides by a run-time value."""
+    program = _lowered("qwen2-window")
     source = engine_source(program.identity.data, program.params, engine_features(program))
     engine = cost_model.Engine.read(source)
     step = Step(engine.constants, [1] * d5005.INSTRUCTION_WORDS, 1, 2)
@@ -142,16 +143,11 @@ def test_a_bias_past_its_rows_is_refused_by_the_reader() -> None:
     program = _lowered("qwen2")
     """A word whose bias is longer than its rows (its CRC made right, so the reader sees the word itself)."""
     program = _lowered("qwen2")
-    stream = bytearray(encode_stream(program, image_bytes(program)))
-    index = next(i for i, op in enumerate(program.instructions()) if isinstance(op, d5005.MatvecOp))
-    at = d5005.HEADER_BYTES + index * d5005.INSTRUCTION_BYTES + 4 * d5005.W_BIAS
-    stream[at : at + 4] = np.uint32(65).tobytes()
-    body = bytes(stream[d5005.HEADER_BYTES : d5005.HEADER_BYTES + len(program.instructions()) * 64])
-    fields = list(HEADER.unpack_from(stream))
-    fields[13] = zlib.crc32(body)  # the magic, then version, header bytes, ..., clock: the words' CRC is 13th
-    HEADER.pack_into(stream, 0, *fields)
+    stream = _rewritten(
+        encode_stream(program, image_bytes(program)), d5005.OPCODES["d5005.matvec"], d5005.W_BIAS, 65, True
+    )
     with pytest.raises(StreamError, match="adds a bias of 65 words to 64 rows"):
-        read_stream(bytes(stream))
+        read_stream(stream)
 
 
 def test_the_bias_epilogue_edited_out_changes_the_tokens() -> None:
@@ -163,6 +159,11 @@ def test_the_bias_epilogue_edited_out_changes_the_tokens() -> None:
     unbiased = edited(source, (" + SELECT(biased, biases[k], 0.0f)", ""))
     engine = Engine(unbiased, encode_stream(program, image_bytes(program)), weight_image(program, store.spec, store))
     run = GOLDENS["qwen2"]["runs"][0]
+    assert _greedy(engine, run) != run["tokens"]
+
+
+def _greedy(engine: Engine, run: dict) -> list[int]:
+    """The engine's greedy tokens after a golden run's prompt, as many as the run has, one decode step each."""
     tokens, position = [], 1
     for token in run["prompt"]:
         predicted = engine.step(token, position)
@@ -171,4 +172,96 @@ def test_the_bias_epilogue_edited_out_changes_the_tokens() -> None:
         tokens.append(predicted)
         predicted = engine.step(predicted, position)
         position += 1
-    assert tokens != run["tokens"]
+    return tokens
+
+
+# -- sliding windows: the attention's pass bounded to the window -------------------------------------------------
+
+WINDOWED = ("mistral-window", "qwen2-window")
+
+
+@pytest.mark.parametrize("family", WINDOWED)
+def test_a_windowed_family_gives_transformers_tokens_on_the_engine(family: str) -> None:
+    run = GOLDENS[family]["runs"][0]
+    assert _lane(family, "d5005", False).generate(run["prompt"], len(run["tokens"])) == run["tokens"]
+
+
+def test_a_window_is_a_field_of_its_layers_attention() -> None:
+    """Qwen2's windowed layer (its layer 1; layer 0 attends every position) carries its window in its attention's
+    word; the engine printed for the program has the window's parts."""
+    program = _lowered("qwen2-window")
+    attentions = [op for op in program.instructions() if isinstance(op, d5005.AttentionOp)]
+    assert [op.window.value.data if op.window is not None else None for op in attentions] == [None, 4]
+    assert [encode_instruction(op, 64)[d5005.W_WINDOW] for op in attentions] == [0, 4]
+    assert engine_features(program) == {"bias", "window"}
+
+
+def test_a_windowed_layer_streams_only_its_window() -> None:
+    """At the cache's last position each windowed layer reads the K and V of the window's earlier positions (3 of
+    a window of 4) and no more, and the bank readers send the model's bursts, at positions inside and past the
+    window, not multiples of 4 (the readers' counts on PoCL)."""
+    store = open_model(str(FAMILIES / "mistral-window"))
+    spec = store.spec
+    program = _lowered("mistral-window")
+    window = spec.sliding_window
+    assert window is not None
+    low = cost_model.band(program)["low"]
+    row_bytes = -(-spec.head_dim * 4 // 64) * 64
+    assert low["kv_bytes_per_token"] == spec.layers * spec.kv_heads * (window - 1) * 2 * row_bytes
+    source = engine_source(program.identity.data, program.params, engine_features(program))
+    engine = Engine(source, encode_stream(program, image_bytes(program)), weight_image(program, spec, store))
+    model = cost_model.Engine.read(source)
+    engine.step(5, 1)
+    for index, op in enumerate(program.instructions()):
+        if not isinstance(op, d5005.AttentionOp):
+            continue
+        for position in (3, 6, 11, 30):
+            bursts = cost_model.instruction_cost(model, encode_instruction(op, 64), 17, position, cost_model.LOW)
+            sent = _sent(engine, index, 17, position)
+            assert bursts["bursts"] == sent, position
+            rows = min(position - 1, window - 1)
+            assert sum(sent) == spec.kv_heads * rows * 2 * (row_bytes // 64)
+
+
+def test_the_window_is_what_the_tokens_depend_on() -> None:
+    """The same stream with each attention's window field cleared (every earlier position attended, the engine
+    unchanged) gives other tokens than transformers': the goldens pin the bound."""
+    program = _lowered("mistral-window")
+    store = open_model(str(FAMILIES / "mistral-window"))
+    source = engine_source(program.identity.data, program.params, engine_features(program))
+    attention = d5005.OPCODES["d5005.attention"]
+    unbounded = _rewritten(encode_stream(program, image_bytes(program)), attention, d5005.W_WINDOW, 0)
+    engine = Engine(source, unbounded, weight_image(program, store.spec, store))
+    run = GOLDENS["mistral-window"]["runs"][0]
+    assert _greedy(engine, run) != run["tokens"]
+
+
+def _rewritten(stream: bytes, opcode: int, field: int, value: int, first_only: bool = False) -> bytes:
+    """`stream` with one field of its words of `opcode` (of the first alone, with `first_only`) set to `value`, and
+    its header's CRC of the words made right again, so the reader sees the words themselves."""
+    data = bytearray(stream)
+    count = read_stream(stream).words.shape[0]
+    for index in range(count):
+        at = d5005.HEADER_BYTES + index * d5005.INSTRUCTION_BYTES
+        if int(np.frombuffer(data, "<u4", 1, at)[0]) != opcode:
+            continue
+        data[at + 4 * field : at + 4 * field + 4] = np.uint32(value).tobytes()
+        if first_only:
+            break
+    body = bytes(data[d5005.HEADER_BYTES : d5005.HEADER_BYTES + count * d5005.INSTRUCTION_BYTES])
+    fields = list(HEADER.unpack_from(data))
+    fields[13] = zlib.crc32(body)  # the magic, then version, header bytes, ..., clock: the words' CRC is 13th
+    HEADER.pack_into(data, 0, *fields)
+    return bytes(data)
+
+
+def test_an_engine_without_windows_refuses_a_windowed_stream() -> None:
+    program = _lowered("mistral-window")
+    stream = encode_stream(program, image_bytes(program))
+    plain = engine_source(program.identity.data, program.params)
+    store = open_model(str(FAMILIES / "mistral-window"))
+    with pytest.raises(StreamError, match="attends over a sliding window, and this engine has no ENGINE_WINDOW"):
+        Engine(plain, stream, weight_image(program, store.spec, store))
+    words = [[int(v) for v in w] for w in read_stream(stream).words]
+    with pytest.raises(aoc_report.ReportError, match="slides over a window, and the engine has no ENGINE_WINDOW"):
+        cost_model.band(engine=cost_model.Engine.read(plain), words=words, ctx=32)
