@@ -533,7 +533,9 @@ class RMSNormOp(InstructionOp):
 @irdl_op_definition
 class RopeOp(InstructionOp):
     """Rotate each head of `width` words at the engine's position, by the rotary table (row p-1 holds the cos of
-    each of the head's half-frequencies, then their sin), the two halves of each head (Hugging Face's layout).
+    each of the head's half-frequencies, then their sin), the two halves of each head (Hugging Face's layout);
+    with a `norm` (a vector of head_dim, in bank 0) and its `epsilon`, each head is RMS-normed by it first
+    (Qwen3's query and key norms: head / sqrt(mean(head^2) + epsilon) * norm).
 
     ```mlir
     %query = d5005.buffer "query" words 64 at 0 in "outputs"
@@ -549,14 +551,30 @@ class RopeOp(InstructionOp):
     table = prop_def(RegionAttr)
     width = prop_def(IntegerAttr[I64])
     head_dim = prop_def(IntegerAttr[I64])
+    norm = opt_prop_def(RegionAttr)
+    epsilon = opt_prop_def(FloatAttr)
 
-    assembly_format = "$dst `,` $src `,` $table `width` $width `head_dim` $head_dim attr-dict"
+    assembly_format = (
+        "$dst `,` $src `,` $table `width` $width `head_dim` $head_dim (`norm` $norm^)? (`epsilon` $epsilon^)? attr-dict"
+    )
 
-    def __init__(self, dst: SSAValue, src: SSAValue, table: RegionAttr, width: int, head_dim: int):
-        super().__init__(
-            operands=[dst, src],
-            properties={"table": table, "width": IntegerAttr(width, i64), "head_dim": IntegerAttr(head_dim, i64)},
-        )
+    def __init__(
+        self,
+        dst: SSAValue,
+        src: SSAValue,
+        table: RegionAttr,
+        width: int,
+        head_dim: int,
+        norm: tuple[RegionAttr, float] | None = None,
+    ):
+        properties: dict[str, Attribute] = {
+            "table": table,
+            "width": IntegerAttr(width, i64),
+            "head_dim": IntegerAttr(head_dim, i64),
+        }
+        if norm is not None:
+            properties |= {"norm": norm[0], "epsilon": FloatAttr(norm[1], 32)}
+        super().__init__(operands=[dst, src], properties=properties)
 
     def buffer_uses(self, burst: int = 64) -> list[tuple[SSAValue, int]]:
         return [(self.dst, _int(self.width)), (self.src, _int(self.width))]
@@ -568,10 +586,14 @@ class RopeOp(InstructionOp):
         return [self.src]
 
     def regions_read(self) -> list[RegionAttr]:
-        return [self.table]
+        return [self.table] if self.norm is None else [self.table, self.norm]
 
     def verify_(self) -> None:
         width, head_dim = _int(self.width), _int(self.head_dim)
+        if (self.norm is None) != (self.epsilon is None):
+            raise _fail(self, "norms its heads with a weight and an epsilon, or with neither")
+        if self.norm is not None and (self.norm.rows.data != 1 or self.norm.cols.data != head_dim):
+            raise _fail(self, f"norms heads of {head_dim} by a weight of {self.norm.rows.data} x {self.norm.cols.data}")
         if head_dim < 2 or head_dim % 2 or width % head_dim:
             raise _fail(self, f"cannot rotate {width} words in heads of {head_dim}")
         if self.table.cols.data % 2 or self.table.cols.data < head_dim:
@@ -851,6 +873,8 @@ W_KEY, W_VALUE = W_WIDTH, W_RESERVED
 W_BIAS, W_BIAS_OFFSET = W_WIDTH, W_OFFSET2
 # An attention's window (0: none), in the buffer field b that it has no buffer for.
 W_WINDOW = W_B
+# A rope's head norm: 1 in the attention's heads (0: none), its weight's offset in offset2, epsilon in float.
+W_HEAD_NORM, W_NORM_OFFSET = W_HEADS, W_OFFSET2
 # The engine's kernels (passes/d5005/emit_opencl.py writes them, the host program launches them).
 COMPUTE_KERNEL = "d5005_compute"
 READER_KERNELS = tuple(f"d5005_read_bank{b}" for b in range(BANKS))

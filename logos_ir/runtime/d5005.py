@@ -211,6 +211,11 @@ def _shape_error(stream: Stream, name: str, w: list[int]) -> str | None:
             return f"rotates {width} words in heads of {head_dim} by a table of {rows} rows of {cols}"
         if d5005.bank_words(head_dim, 4, stream.burst) > d5005.ROW_WORDS_MAX * 2:
             return f"has heads of {head_dim}, over the engine's row registers"
+        norm_end = (
+            w[d5005.W_NORM_OFFSET] + d5005.bank_words(head_dim, stream.element_bytes, stream.burst)
+        ) * stream.burst
+        if w[d5005.W_HEAD_NORM] > 1 or (w[d5005.W_HEAD_NORM] and norm_end > stream.bank_bytes):
+            return f"norms its heads with flag {w[d5005.W_HEAD_NORM]}, or by a weight past the memory the program uses"
     if name in ("d5005.cache_write", "d5005.attention"):
         kv = w[d5005.W_KV_HEADS]
         if kv == 0 or rows % kv or rows // kv < stream.ctx or cols == 0:
@@ -342,7 +347,9 @@ def _rms_norm(x: _Word) -> Any:
 
 def _rope(x: _Word) -> Any:
     w = x.w
-    return d5005.RopeOp(x.buffer(d5005.W_DST), x.buffer(d5005.W_A), x.region(), w[d5005.W_WIDTH], w[d5005.W_HEAD_DIM])
+    norm = (x.region(d5005.W_NORM_OFFSET), x.float()) if w[d5005.W_HEAD_NORM] else None
+    dst, src = x.buffer(d5005.W_DST), x.buffer(d5005.W_A)
+    return d5005.RopeOp(dst, src, x.region(), w[d5005.W_WIDTH], w[d5005.W_HEAD_DIM], norm)
 
 
 def _cache_write(x: _Word) -> Any:
@@ -629,6 +636,9 @@ def stream_features(stream: Stream) -> dict[str, str]:
     needs = {}
     if any(int(w[d5005.W_OPCODE]) == matvec and int(w[d5005.W_BIAS]) for w in stream.words):
         needs["ENGINE_BIAS"] = "adds a bias in a matvec"
+    rope = d5005.OPCODES["d5005.rope"]
+    if any(int(w[d5005.W_OPCODE]) == rope and int(w[d5005.W_HEAD_NORM]) for w in stream.words):
+        needs["ENGINE_HEAD_NORM"] = "norms heads in a rope"
     attention = d5005.OPCODES["d5005.attention"]
     if any(int(w[d5005.W_OPCODE]) == attention and int(w[d5005.W_WINDOW]) for w in stream.words):
         needs["ENGINE_WINDOW"] = "attends over a sliding window"
@@ -684,6 +694,8 @@ def bank_words_sent(w: list[int], token: int, position: int, stream: Stream) -> 
         sent[0] = d5005.bank_words(cols, element, burst)
     elif name == "d5005.rope":
         sent[(position - 1) % d5005.BANKS] = d5005.rope_row_floats(w[d5005.W_HEAD_DIM], burst) * 4 // burst
+        if w[d5005.W_HEAD_NORM]:  # the head norm's weight, after the table's row
+            sent[0] += d5005.bank_words(w[d5005.W_HEAD_DIM], element, burst)
     elif name == "d5005.attention":
         ctx, past, low = w[d5005.W_CTX], position - 1, window_start(position, w[d5005.W_WINDOW])
         words = d5005.bank_words(w[d5005.W_HEAD_DIM], element, burst)

@@ -86,6 +86,7 @@ def convert_program(program: Operation, weights: str, params: d5005.EngineParams
         RMSNormToInstruction(placement),
         LinearToMatvec(placement),
         BiasAddToMatvec(placement),
+        HeadNormIntoRope(),
         RopeToInstruction(placement),
         CacheWriteToInstruction(placement),
         AttentionToInstruction(placement),
@@ -147,6 +148,7 @@ _LOWERED = (
     logos.RMSNormOp,
     logos.LinearOp,
     logos.BiasAddOp,
+    logos.HeadRMSNormOp,
     logos.RopeOp,
     logos.CacheWriteOp,
     logos.AttentionOp,
@@ -277,16 +279,36 @@ class BiasAddToMatvec(_Placed):
         rewriter.erase(linear)
 
 
+class HeadNormIntoRope(RewritePattern):
+    """A per-head RMS norm stays until the rotation that reads it selects the rope that norms its heads first: the
+    engine norms heads only there (Qwen3's query and key norms come before their rotation)."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.HeadRMSNormOp, rewriter: PatternRewriter) -> None:
+        uses = list(op.result.uses)
+        if len(uses) != 1 or not isinstance(uses[0].operation, logos.RopeOp) or uses[0].index != 0:
+            raise _refuse(op, "is read by something other than one rotation: the engine norms heads only in rope")
+        _buffer(op.input, op)
+
+
 class RopeToInstruction(_Placed):
+    """A rotation is a rope; one of a per-head RMS norm's output norms the heads first, erasing the norm."""
+
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: logos.RopeOp, rewriter: PatternRewriter) -> None:
-        src = _buffer(op.input, op)
+        normed = op.input.owner if isinstance(op.input.owner, logos.HeadRMSNormOp) else None
+        src = _buffer(normed.input if normed is not None else op.input, op)
         if not _input(op.positions, "position"):
             raise _refuse(op, "does not rotate to the decode step's position")
         table, head_dim = self.placement.region(ROPE), op.head_dim.value.data
         if table.cols.data != d5005.rope_row_floats(head_dim, self.placement.burst):
             raise _refuse(op, f"rotates heads of {head_dim}, but the program's rotary table has {table.cols}")
-        _lower(op, rewriter, d5005.RopeOp, src, table, _words(op.result), head_dim)
+        norm = None
+        if normed is not None:
+            norm = (self.region(normed.weight, op), normed.epsilon.value.data)
+        _lower(op, rewriter, d5005.RopeOp, src, table, _words(op.result), head_dim, norm)
+        if normed is not None:
+            rewriter.erase(normed)
 
 
 class CacheWriteToInstruction(_Placed):

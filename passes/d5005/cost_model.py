@@ -212,6 +212,8 @@ def instruction_cost(engine: Engine, word: list[int], token: int, position: int,
     opcode = {code: name.split(".")[1] for name, code in d5005.OPCODES.items()}[word[d5005.W_OPCODE]]
     if opcode == "matvec" and word[d5005.W_BIAS] and engine.constants.get("ENGINE_BIAS") != 1:
         raise aoc_report.ReportError("a matvec of the stream adds a bias, and the engine has no ENGINE_BIAS")
+    if opcode == "rope" and word[d5005.W_HEAD_NORM] and engine.constants.get("ENGINE_HEAD_NORM") != 1:
+        raise aoc_report.ReportError("a rope of the stream norms its heads, and the engine has no ENGINE_HEAD_NORM")
     if opcode == "attention" and word[d5005.W_WINDOW] and engine.constants.get("ENGINE_WINDOW") != 1:
         raise aoc_report.ReportError(
             "an attention of the stream slides over a window, and the engine has no ENGINE_WINDOW"

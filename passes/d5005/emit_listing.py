@@ -39,7 +39,10 @@ def _rms_norm(op: d5005.RMSNormOp) -> str:
 
 def _rope(op: d5005.RopeOp) -> str:
     heads = f"heads of {op.head_dim.value.data} by {_region(op.table)}"
-    return f"{label(op.dst)} <- rope({label(op.src)}, position) {heads}"
+    src = label(op.src)
+    if op.norm is not None and op.epsilon is not None:
+        src = f"head_rms_norm({src}) * {_region(op.norm)} eps {op.epsilon.value.data:g}"
+    return f"{label(op.dst)} <- rope({src}, position) {heads}"
 
 
 def _cache_write(op: d5005.CacheWriteOp) -> str:

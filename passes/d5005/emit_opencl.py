@@ -42,17 +42,19 @@ CHANNEL_DEPTH = 512  # bank words each reader may run ahead of the compute kerne
 # The engine's optional parts: each printed (its routine's loops, its field of an instruction word, its on-chip
 # array, and a `#define ENGINE_<NAME> 1` that says it is there) only in an engine whose program uses it, so the
 # engine of a program that uses none is the one printed without them.
-FEATURES = ("bias", "window")
+FEATURES = ("bias", "window", "head_norm")
 
 
 def engine_features(program: d5005.ProgramOp) -> frozenset[str]:
     """The optional parts of the engine that `program`'s instructions use: `bias`, a matvec adding a bias;
-    `window`, an attention over a sliding window."""
+    `window`, an attention over a sliding window; `head_norm`, a rope that RMS-norms each head first."""
     found = set()
     if any(isinstance(op, d5005.MatvecOp) and op.bias is not None for op in program.instructions()):
         found.add("bias")
     if any(isinstance(op, d5005.AttentionOp) and op.window is not None for op in program.instructions()):
         found.add("window")
+    if any(isinstance(op, d5005.RopeOp) and op.norm is not None for op in program.instructions()):
+        found.add("head_norm")
     return frozenset(found)
 
 
@@ -62,6 +64,8 @@ def _feature_constants(features: frozenset[str]) -> dict[str, int]:
         found |= {"ENGINE_BIAS": 1, "BIAS_WORDS": d5005.BIAS_WORDS}
     if "window" in features:
         found["ENGINE_WINDOW"] = 1
+    if "head_norm" in features:
+        found["ENGINE_HEAD_NORM"] = 1
     return found
 
 
@@ -276,7 +280,7 @@ inline void read_rope(stream_t *s, __global const bank_word_t *bank, const uint 
     uint words = SELECT(row % BANKS == b, 2 * WORDS(w.sb / 2, 4), 0);
     uint start = w.s6 + (row / BANKS) * (w.s7 / BURST_BYTES);
     /* loop read_rope.words */
-    for (uint c = 0; c < words; c++) WRITE_BANK(s, b, bank[start + c]);
+    for (uint c = 0; c < words; c++) WRITE_BANK(s, b, bank[start + c]);${read_rope_norm}
 }
 
 /* Head h's positions 1..position-1 of a cache, in this bank: rows h * ctx + t with (h * ctx + t) % BANKS == b,
@@ -454,7 +458,7 @@ ${rms_norm_total}
    taken and stored a word from each bank at once. */
 /* routine rope */
 inline void rope(ONCHIP float *restrict rotated, ONCHIP float *restrict outputs, __local float *restrict cosines,
-                 __local float *restrict sines, channels_t *ch, const uint16 w, uint position) {
+                 __local float *restrict sines,${rope_norm_param} channels_t *ch, const uint16 w, uint position) {
     uint head_dim = w.sb, mid = head_dim / 2, width = w.se;
     uint dst = (w.s1 & OFFSET_MASK) * OV, src = (w.s2 & OFFSET_MASK) * OV;
     uint bank = (position - 1) % BANKS;
@@ -473,9 +477,9 @@ inline void rope(ONCHIP float *restrict rotated, ONCHIP float *restrict outputs,
             else sines[(c - half_words) * OV + e] = F32_AT(word, e);
         }
     }
-    uint heads = width / head_dim;
+    uint heads = width / head_dim;${rope_norm_load}
     /* loop rope.heads */
-    for (uint head = 0; head < heads; head++) {
+    for (uint head = 0; head < heads; head++) {${rope_squares}
         IVDEP
         /* loop rope.rotate */
         for (uint c = 0; c < mid; c += OV) {
@@ -484,7 +488,7 @@ inline void rope(ONCHIP float *restrict rotated, ONCHIP float *restrict outputs,
             uint second_word = second_at / OV, second_shift = second_at % OV;
             uint to_at = dst + head * head_dim + c, to2_at = to_at + mid;
             uint to_word = to_at / OV, to_shift = to_at % OV, to2_word = to2_at / OV, to2_shift = to2_at % OV;
-            float firsts[OV], seconds[OV], turned_first[OV], turned_second[OV];
+${rope_norm_at}            float firsts[OV], seconds[OV], turned_first[OV], turned_second[OV];
             UNROLL(OV)
             for (uint e = 0; e < OV; e++) {  /* bank e's word of each half */
                 firsts[e] = 0.0f;
@@ -492,12 +496,12 @@ inline void rope(ONCHIP float *restrict rotated, ONCHIP float *restrict outputs,
                 if (c + (e + OV - first_shift) % OV < mid)
                     firsts[e] = outputs[(first_word + (e < first_shift)) * OV + e];
                 if (c + (e + OV - second_shift) % OV < mid)
-                    seconds[e] = outputs[(second_word + (e < second_shift)) * OV + e];
+                    seconds[e] = outputs[(second_word + (e < second_shift)) * OV + e];${rope_norm_runs}
             }
             UNROLL(OV)
             for (uint l = 0; l < OV; l++) {
                 float first = firsts[(l + first_shift) % OV], second = seconds[(l + second_shift) % OV];
-                float cosine = cosines[c + l], sine = sines[c + l];
+${rope_norm_apply}                float cosine = cosines[c + l], sine = sines[c + l];
                 turned_first[l] = first * cosine + second * (-sine);
                 turned_second[l] = second * cosine + first * sine;
             }
@@ -828,7 +832,7 @@ TASK void d5005_compute(__global const uint16 *restrict program, const uint firs
     __local float vector[VECTOR_WORDS] BANKED(OV);${bias_array}
     __local float queries[ROW_WORDS_MAX * GROUP_MAX * CPW] BANKED(GROUP_MAX * CPW);
     __local float cosines[ROPE_WORDS / 2] BANKED(OV);
-    __local float sines[ROPE_WORDS / 2] BANKED(OV);
+    __local float sines[ROPE_WORDS / 2] BANKED(OV);${head_norm_array}
     __local float acc[SHIFT_DEPTH * ROW_WORDS_MAX * GROUP_MAX * CPW] BANKED(GROUP_MAX * CPW);
     channels_t ch;
 #if !defined(INTELFPGA_CL)
@@ -842,7 +846,7 @@ TASK void d5005_compute(__global const uint16 *restrict program, const uint firs
         case OP_EMBED_ROW: embed_row(residual, &ch, w, token); break;
         case OP_MATVEC: matvec(outputs, inputs, attended, vector${matvec_bias_arg}, &ch, w); break;
         case OP_RMS_NORM: rms_norm(inputs, residual, &ch, w); break;
-        case OP_ROPE: rope(rotated, outputs, cosines, sines, &ch, w, position); break;
+        case OP_ROPE: rope(rotated, outputs, cosines, sines${rope_norm_arg}, &ch, w, position); break;
         case OP_CACHE_WRITE: cache_write(outputs, rotated, bank0, bank1, bank2, bank3, w, position); break;
         case OP_ATTENTION: attention(attended, rotated, outputs, queries, acc, &ch, w, position); break;
         case OP_SILU_MUL: silu_mul(inputs, outputs, w); break;
@@ -976,11 +980,72 @@ _UNWINDOWED = {
 }
 
 
+# A rope that RMS-norms each head first (`head_norm`, w.s9 = 1; Qwen3's query and key norms): bank 0 streams the
+# norm's weight after the table's row (head_dim elements at burst w.s8) into `head_weights` (a store a bank for each
+# float of a word); each head's squares are summed a bank word of both halves at a time (the rotation's own loads,
+# `rope.squares`), and the rotation scales each half by scale * its weights, the second half's weights taken as a
+# run at a run-time offset (mid + c: a load a bank) as the heads' halves are.
+_HEAD_NORM = {
+    "read_rope_norm": """
+    uint norm_words = SELECT(b == 0 && w.s9 != 0, WORDS(w.sb, WEIGHT_BYTES), 0);
+    /* loop read_rope.norm */
+    for (uint c = 0; c < norm_words; c++) WRITE_BANK(s, b, bank[w.s8 + c]);""",
+    "rope_norm_param": " __local float *restrict head_weights,",
+    "rope_norm_load": """
+    uint normed = w.s9, norm_words = SELECT(normed, WORDS(head_dim, WEIGHT_BYTES), 0), squared = SELECT(normed, mid, 0);
+    /* loop rope.norm */
+    for (uint c = 0; c < norm_words; c++) {
+        bank_word_t word = READ_BANK(ch, 0);
+        UNROLL(VECTOR_WIDTH)
+        for (uint e = 0; e < VECTOR_WIDTH; e++) head_weights[c * VECTOR_WIDTH + e] = WEIGHT_AT(word, e);
+    }""",
+    "rope_squares": """
+        float shift[SHIFT_DEPTH + 1];
+${clear}
+        /* loop rope.squares */
+        for (uint c = 0; c < squared; c += OV) {
+            uint first_at = src + head * head_dim + c, second_at = first_at + mid;
+            uint first_word = first_at / OV, first_shift = first_at % OV;
+            uint second_word = second_at / OV, second_shift = second_at % OV;
+            float sum = 0.0f;
+            UNROLL(OV)
+            for (uint e = 0; e < OV; e++) {  /* bank e's word of each half, as the rotation takes them */
+                float first = 0.0f, second = 0.0f;
+                if (c + (e + OV - first_shift) % OV < mid) first = outputs[(first_word + (e < first_shift)) * OV + e];
+                if (c + (e + OV - second_shift) % OV < mid)
+                    second = outputs[(second_word + (e < second_shift)) * OV + e];
+                sum += first * first + second * second;
+            }
+${add}
+        }
+${total}
+        float scale = SELECT(normed, 1.0f / sqrt(squares * (1.0f / (float)head_dim) + as_float(w.sd)), 1.0f);""",
+    "rope_norm_at": """            uint norm_word = (mid + c) / OV, norm_shift = (mid + c) % OV;
+            float norm_firsts[OV], norm_seconds[OV];
+""",
+    "rope_norm_runs": """
+                norm_firsts[e] = 1.0f;
+                norm_seconds[e] = 1.0f;
+                if (normed && c + e < mid) norm_firsts[e] = head_weights[c + e];
+                if (normed && c + (e + OV - norm_shift) % OV < mid)
+                    norm_seconds[e] = head_weights[(norm_word + (e < norm_shift)) * OV + e];""",
+    "rope_norm_apply": """                first = first * scale * norm_firsts[l];
+                second = second * scale * norm_seconds[(l + norm_shift) % OV];
+""",
+    "head_norm_array": "\n    __local float head_weights[ROPE_WORDS] BANKED(OV);",
+    "rope_norm_arg": ", head_weights",
+}
+_HEAD_NORM["rope_squares"] = Template(_HEAD_NORM["rope_squares"]).substitute(
+    clear=_shift_clear("shift", 8), add=_shift_add("shift", "sum", 12), total=_shift_total("squares", "shift", 8)
+)
+
+
 @cache
 def _body(features: frozenset[str]) -> str:
     """The engine's text after its `#define`s, with the optional parts `features` (the others print nothing)."""
     optional = {key: text if "bias" in features else "" for key, text in _BIAS.items()}
     optional |= _WINDOW if "window" in features else _UNWINDOWED
+    optional |= {key: text if "head_norm" in features else "" for key, text in _HEAD_NORM.items()}
     return Template(_TEMPLATE).substitute(optional, **_FIXED)
 
 

@@ -80,6 +80,10 @@ def _rope(op: d5005.RopeOp, word: _Word) -> None:
     word.buffers((d5005.W_DST, op.dst), (d5005.W_A, op.src))
     word.region(op.table)
     word.w[d5005.W_WIDTH], word.w[d5005.W_HEAD_DIM] = op.width.value.data, op.head_dim.value.data
+    if op.norm is not None and op.epsilon is not None:  # each head RMS-normed first: the flag, the weight, epsilon
+        word.w[d5005.W_HEAD_NORM] = 1
+        word.w[d5005.W_NORM_OFFSET] = _burst_offset(op.norm, word.burst)
+        word.w[d5005.W_FLOAT] = _f32_bits(op.epsilon.value.data)
 
 
 def _cache_write(op: d5005.CacheWriteOp, word: _Word) -> None:

@@ -112,9 +112,15 @@ def read_rms_norm(s: Step) -> list[Loop]:
 
 
 def read_rope(s: Step) -> list[Loop]:
+    """The table's row from its bank, then (in an engine that norms heads) bank 0's words of the norm's weight."""
     row = s.position - 1
     words = 2 * s.words(s.field(d5005.W_HEAD_DIM) // 2, 4) if row % s["BANKS"] == s.bank else 0
-    return [_counted("read_rope.words", "c", "words", words)]
+    loops = [_counted("read_rope.words", "c", "words", words)]
+    if s.has("ENGINE_HEAD_NORM"):
+        normed = s.bank == 0 and s.field(d5005.W_HEAD_NORM)
+        norm_words = s.words(s.field(d5005.W_HEAD_DIM), s["WEIGHT_BYTES"]) if normed else 0
+        loops.append(_counted("read_rope.norm", "c", "norm_words", norm_words))
+    return loops
 
 
 def read_attention(s: Step) -> list[Loop]:
@@ -165,10 +171,14 @@ def rope(s: Step) -> list[Loop]:
     """The table's row, then each head's two halves rotated a bank word of floats at a time."""
     head_dim = s.field(d5005.W_HEAD_DIM)
     rotate = _by_ov("rope.rotate", "mid", head_dim // 2, s)
-    return [
-        _counted("rope.table", "c", "words", 2 * s.words(head_dim // 2, 4)),
-        _counted("rope.heads", "head", "heads", s.field(d5005.W_WIDTH) // head_dim, inner=(rotate,)),
-    ]
+    table = _counted("rope.table", "c", "words", 2 * s.words(head_dim // 2, 4))
+    heads = s.field(d5005.W_WIDTH) // head_dim
+    if not s.has("ENGINE_HEAD_NORM"):
+        return [table, _counted("rope.heads", "head", "heads", heads, inner=(rotate,))]
+    normed = s.field(d5005.W_HEAD_NORM)  # the norm's weight, then each head's squares before its rotation
+    norm = _counted("rope.norm", "c", "norm_words", s.words(head_dim, s["WEIGHT_BYTES"]) if normed else 0)
+    squares = _by_ov("rope.squares", "squared", head_dim // 2 if normed else 0, s)
+    return [table, norm, _counted("rope.heads", "head", "heads", heads, inner=(squares, rotate))]
 
 
 def cache_write(s: Step) -> list[Loop]:

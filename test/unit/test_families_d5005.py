@@ -265,3 +265,84 @@ def test_an_engine_without_windows_refuses_a_windowed_stream() -> None:
     words = [[int(v) for v in w] for w in read_stream(stream).words]
     with pytest.raises(aoc_report.ReportError, match="slides over a window, and the engine has no ENGINE_WINDOW"):
         cost_model.band(engine=cost_model.Engine.read(plain), words=words, ctx=32)
+
+
+# -- per-head RMS norms of the query and key: in the rope, before the rotation ----------------------------------
+
+
+def test_qwen3s_head_norms_give_transformers_tokens_on_the_engine() -> None:
+    run = GOLDENS["qwen3"]["runs"][0]
+    assert _lane("qwen3", "d5005", False).generate(run["prompt"], len(run["tokens"])) == run["tokens"]
+
+
+def test_each_head_norm_is_a_field_of_its_rope() -> None:
+    """Qwen3's query and key norms are their ropes' (no head norm left as an op), each word carrying the flag, the
+    norm's offset and its epsilon; the engine printed for the program norms heads, prints the loops it costs, and
+    no on-chip array is arbitrated."""
+    program = _lowered("qwen3")
+    ropes = [op for op in program.instructions() if isinstance(op, d5005.RopeOp)]
+    assert len(ropes) == 2 * 2 and all(op.norm is not None for op in ropes)
+    assert [op.norm.tensor.data.rsplit(".", 2)[1] for op in ropes if op.norm is not None] == ["q_norm", "k_norm"] * 2
+    for op in ropes:
+        word = encode_instruction(op, 64)
+        assert op.norm is not None and word[d5005.W_HEAD_NORM] == 1
+        assert word[d5005.W_NORM_OFFSET] * 64 == op.norm.offset.data
+        assert np.uint32(word[d5005.W_FLOAT]).view(np.float32) == np.float32(1e-5)
+    assert engine_features(program) == {"head_norm"}
+    source = engine_source(program.identity.data, program.params, engine_features(program))
+    engine = cost_model.Engine.read(source)
+    step = Step(engine.constants, [1] * d5005.INSTRUCTION_WORDS, 1, 2)
+    stated = [loop for r in [*engine.compute.values(), *engine.readers.values()] for loop in _every(r(step))]
+    for loop in stated:
+        assert re.search(rf"/\* loop {re.escape(loop.name)} \*/\n\s*{re.escape(loop.header)}", source), loop.name
+    assert sorted(loop.name for loop in stated) == sorted(re.findall(r"/\* loop ([\w.]+) \*/", source))
+    assert {"rope.norm", "rope.squares", "read_rope.norm"} <= {loop.name for loop in stated}
+    assert not any(engine.analysis.arbitrated.values())
+    assert [name for name, report in engine.analysis.loops.items() if report.dividers] == []
+
+
+def test_the_head_norms_are_read_once_and_what_the_readers_send() -> None:
+    """Each rope reads its norm's weight once more (a bank word of it, in bank 0), and the readers send the
+    model's bursts (their counts on PoCL)."""
+    store = open_model(str(FAMILIES / "qwen3"))
+    spec = store.spec
+    program = _lowered("qwen3")
+    low = cost_model.band(program)["low"]
+    plain = cost_model.band(_lowered("llama"))["low"]
+    norm_bursts = spec.layers * 2 * -(-spec.head_dim * 4 // 64)
+    assert low["bytes_read_per_token"] == plain["bytes_read_per_token"] + norm_bursts * 64
+    source = engine_source(program.identity.data, program.params, engine_features(program))
+    engine = Engine(source, encode_stream(program, image_bytes(program)), weight_image(program, spec, store))
+    model = cost_model.Engine.read(source)
+    engine.step(5, 1)
+    for index, op in enumerate(program.instructions()):
+        if isinstance(op, d5005.RopeOp):
+            for position in (1, 6):
+                bursts = cost_model.instruction_cost(model, encode_instruction(op, 64), 17, position, cost_model.LOW)
+                assert bursts["bursts"] == _sent(engine, index, 17, position), position
+
+
+def test_the_head_norms_are_what_the_tokens_depend_on() -> None:
+    """The same stream with each rope's norm flag cleared (the heads rotated unnormed, the engine unchanged) gives
+    other tokens than transformers'."""
+    program = _lowered("qwen3")
+    store = open_model(str(FAMILIES / "qwen3"))
+    source = engine_source(program.identity.data, program.params, engine_features(program))
+    unnormed = _rewritten(
+        encode_stream(program, image_bytes(program)), d5005.OPCODES["d5005.rope"], d5005.W_HEAD_NORM, 0
+    )
+    engine = Engine(source, unnormed, weight_image(program, store.spec, store))
+    run = GOLDENS["qwen3"]["runs"][0]
+    assert _greedy(engine, run) != run["tokens"]
+
+
+def test_an_engine_without_head_norms_refuses_a_normed_stream() -> None:
+    program = _lowered("qwen3")
+    stream = encode_stream(program, image_bytes(program))
+    plain = engine_source(program.identity.data, program.params)
+    store = open_model(str(FAMILIES / "qwen3"))
+    with pytest.raises(StreamError, match="norms heads in a rope, and this engine has no ENGINE_HEAD_NORM"):
+        Engine(plain, stream, weight_image(program, store.spec, store))
+    words = [[int(v) for v in w] for w in read_stream(stream).words]
+    with pytest.raises(aoc_report.ReportError, match="norms its heads, and the engine has no ENGINE_HEAD_NORM"):
+        cost_model.band(engine=cost_model.Engine.read(plain), words=words, ctx=32)
