@@ -42,7 +42,7 @@ from xdsl.utils.exceptions import VerifyException
 from logos_ir import identity
 from logos_ir.dialects import d5005, logos
 from logos_ir.errors import CutError, PassError
-from logos_ir.passes.d5005.placement import ROPE, Placement, cache_name, fit_error
+from logos_ir.passes.d5005.placement import Placement, cache_name, fit_error, rope_table
 from logos_ir.program import Cut
 
 NAME = "convert-logos-to-d5005"
@@ -130,8 +130,12 @@ def _check_main(program: logos.ProgramOp) -> None:
 
 
 def _variant(op: Operation) -> str | None:
-    """What `op` says beyond what the engine computes (`logos.variant`'s words), less an attention's window: the
-    engine bounds its attention's pass to the window."""
+    """What `op` says beyond what the engine computes (`logos.variant`'s words), less an attention's window (the
+    engine bounds its attention's pass to the window) and a rotation's own base where the model has a table of it
+    (the windowed layers' base: `placement.rope_table`)."""
+    spec = logos.program_spec(op)
+    if isinstance(op, logos.RopeOp) and spec is not None and rope_table(op, spec) is not None:
+        return None if op.rotary_dim is None else logos.variant(op)  # a table of its base and scaling
     if not isinstance(op, logos.AttentionOp) or op.window is None:
         return logos.variant(op)
     window = op.window
@@ -300,7 +304,11 @@ class RopeToInstruction(_Placed):
         src = _buffer(normed.input if normed is not None else op.input, op)
         if not _input(op.positions, "position"):
             raise _refuse(op, "does not rotate to the decode step's position")
-        table, head_dim = self.placement.region(ROPE), op.head_dim.value.data
+        spec = logos.program_spec(op)
+        name = rope_table(op, spec) if spec is not None else None
+        if name is None:
+            raise _refuse(op, "rotates by a base and scaling the program has no rotary table of")
+        table, head_dim = self.placement.region(name), op.head_dim.value.data
         if table.cols.data != d5005.rope_row_floats(head_dim, self.placement.burst):
             raise _refuse(op, f"rotates heads of {head_dim}, but the program's rotary table has {table.cols}")
         norm = None

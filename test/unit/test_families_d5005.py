@@ -11,19 +11,24 @@ from __future__ import annotations
 
 import re
 import zlib
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from test_d5005_cost_model import _sent, edited  # the suite's rootdir-relative imports, as test_d5005_engine's
 from test_families import FAMILIES, GOLDENS, _lane
 
+from logos_ir.author import written
 from logos_ir.dialects import d5005
+from logos_ir.parser import parse_program
 from logos_ir.passes.d5005 import aoc_report, cost_model
 from logos_ir.passes.d5005.emit_layout import image_bytes, weight_image
 from logos_ir.passes.d5005.emit_opencl import engine_features, engine_source
 from logos_ir.passes.d5005.emit_stream import HEADER, encode_instruction, encode_stream
 from logos_ir.passes.d5005.engine_loops import Loop, Step
+from logos_ir.program import Cut
 from logos_ir.runtime.d5005 import Engine, StreamError, read_stream
+from logos_ir.testing import lower_program
 from logos_ir.weights import open_model
 
 pytestmark = pytest.mark.usefixtures("opencl_device")
@@ -39,11 +44,6 @@ def opencl_device() -> None:
 
 
 def _lowered(family: str, ctx: int = 32, weights: str = "f32") -> d5005.ProgramOp:
-    from logos_ir.author import written
-    from logos_ir.parser import parse_program
-    from logos_ir.program import Cut
-    from logos_ir.testing import lower_program
-
     store = open_model(str(FAMILIES / family))
     text, _ = written(store.spec, Cut.decode(ctx))
     return lower_program(parse_program(text.text, "<decode>"), weights)
@@ -346,3 +346,37 @@ def test_an_engine_without_head_norms_refuses_a_normed_stream() -> None:
     words = [[int(v) for v in w] for w in read_stream(stream).words]
     with pytest.raises(aoc_report.ReportError, match="norms its heads, and the engine has no ENGINE_HEAD_NORM"):
         cost_model.band(engine=cost_model.Engine.read(plain), words=words, ctx=32)
+
+
+# -- a rope base per layer: a rotary table of the windowed layers' own ------------------------------------------
+
+
+def test_a_layers_own_rope_base_turns_by_a_table_of_its_own() -> None:
+    """Gemma 3's local layers rotate with a base of their own (here tiny's layer 0, windowed by a window that never
+    bites, with base 5000): the engine turns that layer's ropes by a second rotary table (`rope.local`, placed
+    after the model's, its rows the local base's), and its logits are the reference's at every step, while those
+    of the same weights all turned by the model's base are not."""
+    from test_families import _Recording
+
+    from logos_ir.registry import backends
+    from logos_ir.runtime import RunRequest
+    from logos_ir.spec import ModelSpec
+    from logos_ir.testing import RandomWeights
+
+    spec = replace(ModelSpec.preset("tiny"), sliding_window=64, full_layers=(1,), local_rope_theta=5000.0)
+
+    def run(backend: str, model: ModelSpec) -> tuple[list[int], np.ndarray]:
+        request = RunRequest(RandomWeights(model), ctx=32, prefill_rows=4, weights="f32")
+        sampler = _Recording()
+        tokens = backends()[backend].generator()(request).generate([1, 2, 3], 8, sampler=sampler)
+        return tokens, np.array(sampler.logits)
+
+    (expected, reference), (tokens, engine) = run("reference", spec), run("d5005", spec)
+    assert tokens == expected and engine.shape == reference.shape
+    np.testing.assert_allclose(engine, reference, atol=1e-4)
+    _, unlocal = run("reference", replace(spec, local_rope_theta=None))
+    assert np.abs(unlocal - reference).max() > 1e-2
+    text, _ = written(spec, Cut.decode(32))
+    program = lower_program(parse_program(text.text, "<decode>"), "f32")
+    ropes = [op for op in program.instructions() if isinstance(op, d5005.RopeOp)]
+    assert [op.table.tensor.data for op in ropes] == ["rope.local", "rope.local", "rope", "rope"]
