@@ -551,11 +551,13 @@ class RopeOp(InstructionOp):
     table = prop_def(RegionAttr)
     width = prop_def(IntegerAttr[I64])
     head_dim = prop_def(IntegerAttr[I64])
+    rotary_dim = opt_prop_def(IntegerAttr[I64])
     norm = opt_prop_def(RegionAttr)
     epsilon = opt_prop_def(FloatAttr)
 
     assembly_format = (
-        "$dst `,` $src `,` $table `width` $width `head_dim` $head_dim (`norm` $norm^)? (`epsilon` $epsilon^)? attr-dict"
+        "$dst `,` $src `,` $table `width` $width `head_dim` $head_dim (`rotary_dim` $rotary_dim^)?"
+        " (`norm` $norm^)? (`epsilon` $epsilon^)? attr-dict"
     )
 
     def __init__(
@@ -566,12 +568,15 @@ class RopeOp(InstructionOp):
         width: int,
         head_dim: int,
         norm: tuple[RegionAttr, float] | None = None,
+        rotary_dim: int | None = None,
     ):
         properties: dict[str, Attribute] = {
             "table": table,
             "width": IntegerAttr(width, i64),
             "head_dim": IntegerAttr(head_dim, i64),
         }
+        if rotary_dim is not None:
+            properties["rotary_dim"] = IntegerAttr(rotary_dim, i64)
         if norm is not None:
             properties |= {"norm": norm[0], "epsilon": FloatAttr(norm[1], 32)}
         super().__init__(operands=[dst, src], properties=properties)
@@ -585,6 +590,11 @@ class RopeOp(InstructionOp):
     def read(self) -> list[SSAValue]:
         return [self.src]
 
+    @property
+    def rotary(self) -> int:
+        """The numbers of each head that rotate: its first `rotary_dim`, or all of them."""
+        return _int(self.rotary_dim) if self.rotary_dim is not None else _int(self.head_dim)
+
     def regions_read(self) -> list[RegionAttr]:
         return [self.table] if self.norm is None else [self.table, self.norm]
 
@@ -592,16 +602,21 @@ class RopeOp(InstructionOp):
         width, head_dim = _int(self.width), _int(self.head_dim)
         if (self.norm is None) != (self.epsilon is None):
             raise _fail(self, "norms its heads with a weight and an epsilon, or with neither")
+        if self.rotary_dim is not None and not (2 <= self.rotary < head_dim and self.rotary % 2 == 0):
+            raise _fail(self, f"rotates the first {self.rotary} of heads of {head_dim}: not an even part of them")
+        if self.rotary_dim is not None and self.norm is not None:
+            raise _fail(self, "norms its heads and rotates only a part of each: the engine does one or the other")
         if self.norm is not None and (self.norm.rows.data != 1 or self.norm.cols.data != head_dim):
             raise _fail(self, f"norms heads of {head_dim} by a weight of {self.norm.rows.data} x {self.norm.cols.data}")
         if head_dim < 2 or head_dim % 2 or width % head_dim:
             raise _fail(self, f"cannot rotate {width} words in heads of {head_dim}")
-        if self.table.cols.data % 2 or self.table.cols.data < head_dim:
-            raise _fail(self, f"its table has rows of {self.table.cols.data}, not two halves of the head's {head_dim}")
+        if self.table.cols.data % 2 or self.table.cols.data < self.rotary:
+            part = f"the head's {head_dim}" if self.rotary_dim is None else f"its rotating {self.rotary}"
+            raise _fail(self, f"its table has rows of {self.table.cols.data}, not two halves of {part}")
 
     def check_buffers(self, program: ProgramOp, burst: int = 64) -> None:
         super().check_buffers(program, burst)
-        row = rope_row_floats(_int(self.head_dim), burst)
+        row = rope_row_floats(self.rotary, burst)
         if self.table.cols.data != row:
             raise _fail(
                 self,
@@ -873,8 +888,9 @@ W_KEY, W_VALUE = W_WIDTH, W_RESERVED
 W_BIAS, W_BIAS_OFFSET = W_WIDTH, W_OFFSET2
 # An attention's window (0: none), in the buffer field b that it has no buffer for.
 W_WINDOW = W_B
-# A rope's head norm: 1 in the attention's heads (0: none), its weight's offset in offset2, epsilon in float.
-W_HEAD_NORM, W_NORM_OFFSET = W_HEADS, W_OFFSET2
+# A rope's head norm: 1 in the attention's heads (0: none), its weight's offset in offset2, epsilon in float; the
+# numbers of each head it rotates in kv_heads (0: the whole head).
+W_HEAD_NORM, W_NORM_OFFSET, W_ROTARY = W_HEADS, W_OFFSET2, W_KV_HEADS
 # The engine's kernels (passes/d5005/emit_opencl.py writes them, the host program launches them).
 COMPUTE_KERNEL = "d5005_compute"
 READER_KERNELS = tuple(f"d5005_read_bank{b}" for b in range(BANKS))

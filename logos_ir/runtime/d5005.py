@@ -205,7 +205,9 @@ def _shape_error(stream: Stream, name: str, w: list[int]) -> str | None:
             head_dim < 2
             or head_dim % 2
             or width % head_dim
-            or cols != d5005.rope_row_floats(head_dim, stream.burst)
+            or w[d5005.W_ROTARY] % 2
+            or w[d5005.W_ROTARY] >= head_dim
+            or cols != d5005.rope_row_floats(w[d5005.W_ROTARY] or head_dim, stream.burst)
             or rows < stream.ctx
         ):
             return f"rotates {width} words in heads of {head_dim} by a table of {rows} rows of {cols}"
@@ -349,7 +351,8 @@ def _rope(x: _Word) -> Any:
     w = x.w
     norm = (x.region(d5005.W_NORM_OFFSET), x.float()) if w[d5005.W_HEAD_NORM] else None
     dst, src = x.buffer(d5005.W_DST), x.buffer(d5005.W_A)
-    return d5005.RopeOp(dst, src, x.region(), w[d5005.W_WIDTH], w[d5005.W_HEAD_DIM], norm)
+    rotary = w[d5005.W_ROTARY] or None
+    return d5005.RopeOp(dst, src, x.region(), w[d5005.W_WIDTH], w[d5005.W_HEAD_DIM], norm, rotary)
 
 
 def _cache_write(x: _Word) -> Any:
@@ -639,6 +642,8 @@ def stream_features(stream: Stream) -> dict[str, str]:
     rope = d5005.OPCODES["d5005.rope"]
     if any(int(w[d5005.W_OPCODE]) == rope and int(w[d5005.W_HEAD_NORM]) for w in stream.words):
         needs["ENGINE_HEAD_NORM"] = "norms heads in a rope"
+    if any(int(w[d5005.W_OPCODE]) == rope and int(w[d5005.W_ROTARY]) for w in stream.words):
+        needs["ENGINE_PARTIAL_ROTARY"] = "rotates a part of each head"
     attention = d5005.OPCODES["d5005.attention"]
     if any(int(w[d5005.W_OPCODE]) == attention and int(w[d5005.W_WINDOW]) for w in stream.words):
         needs["ENGINE_WINDOW"] = "attends over a sliding window"
@@ -693,7 +698,8 @@ def bank_words_sent(w: list[int], token: int, position: int, stream: Stream) -> 
     elif name == "d5005.rms_norm":
         sent[0] = d5005.bank_words(cols, element, burst)
     elif name == "d5005.rope":
-        sent[(position - 1) % d5005.BANKS] = d5005.rope_row_floats(w[d5005.W_HEAD_DIM], burst) * 4 // burst
+        rotary = w[d5005.W_ROTARY] or w[d5005.W_HEAD_DIM]
+        sent[(position - 1) % d5005.BANKS] = d5005.rope_row_floats(rotary, burst) * 4 // burst
         if w[d5005.W_HEAD_NORM]:  # the head norm's weight, after the table's row
             sent[0] += d5005.bank_words(w[d5005.W_HEAD_DIM], element, burst)
     elif name == "d5005.attention":

@@ -135,7 +135,7 @@ def _variant(op: Operation) -> str | None:
     (the windowed layers' base: `placement.rope_table`)."""
     spec = logos.program_spec(op)
     if isinstance(op, logos.RopeOp) and spec is not None and rope_table(op, spec) is not None:
-        return None if op.rotary_dim is None else logos.variant(op)  # a table of its base and scaling
+        return None  # a table of its base and scaling, over the numbers it rotates
     if not isinstance(op, logos.AttentionOp) or op.window is None:
         return logos.variant(op)
     window = op.window
@@ -309,12 +309,16 @@ class RopeToInstruction(_Placed):
         if name is None:
             raise _refuse(op, "rotates by a base and scaling the program has no rotary table of")
         table, head_dim = self.placement.region(name), op.head_dim.value.data
-        if table.cols.data != d5005.rope_row_floats(head_dim, self.placement.burst):
-            raise _refuse(op, f"rotates heads of {head_dim}, but the program's rotary table has {table.cols}")
+        rotary = op.rotary_dim.value.data if op.rotary_dim is not None else None
+        if table.cols.data != d5005.rope_row_floats(rotary or head_dim, self.placement.burst):
+            why = f"rotates {rotary or head_dim} of each head, but the program's rotary table has {table.cols}"
+            raise _refuse(op, why)
         norm = None
         if normed is not None:
+            if rotary is not None:
+                raise _refuse(op, "rotates only a part of each head it norms: the engine does one or the other")
             norm = (self.region(normed.weight, op), normed.epsilon.value.data)
-        _lower(op, rewriter, d5005.RopeOp, src, table, _words(op.result), head_dim, norm)
+        _lower(op, rewriter, d5005.RopeOp, src, table, _words(op.result), head_dim, norm, rotary)
         if normed is not None:
             rewriter.erase(normed)
 

@@ -214,6 +214,9 @@ def instruction_cost(engine: Engine, word: list[int], token: int, position: int,
         raise aoc_report.ReportError("a matvec of the stream adds a bias, and the engine has no ENGINE_BIAS")
     if opcode == "rope" and word[d5005.W_HEAD_NORM] and engine.constants.get("ENGINE_HEAD_NORM") != 1:
         raise aoc_report.ReportError("a rope of the stream norms its heads, and the engine has no ENGINE_HEAD_NORM")
+    if opcode == "rope" and word[d5005.W_ROTARY] and engine.constants.get("ENGINE_PARTIAL_ROTARY") != 1:
+        why = "a rope of the stream rotates a part of each head, and the engine has no ENGINE_PARTIAL_ROTARY"
+        raise aoc_report.ReportError(why)
     if opcode == "attention" and word[d5005.W_WINDOW] and engine.constants.get("ENGINE_WINDOW") != 1:
         raise aoc_report.ReportError(
             "an attention of the stream slides over a window, and the engine has no ENGINE_WINDOW"

@@ -74,7 +74,7 @@ def rope_table(spec: ModelSpec, ctx: int, row_floats: int, name: str = TABLES[0]
     from logos_ir.rope import rope_inv_freq
 
     theta, scaling = table_turn(name, spec)
-    inv_freq = rope_inv_freq(spec.head_dim, theta, scaling)
+    inv_freq = rope_inv_freq(spec.rotary_dim or spec.head_dim, theta, scaling)  # over the numbers that rotate
     angles = np.arange(ctx, dtype=np.float64)[:, None] * inv_freq[None, :]
     half = np.zeros((ctx, 2, row_floats // 2), dtype=np.float64)
     half[:, 0, : inv_freq.size], half[:, 1, : inv_freq.size] = np.cos(angles), np.sin(angles)

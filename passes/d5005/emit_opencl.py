@@ -42,12 +42,13 @@ CHANNEL_DEPTH = 512  # bank words each reader may run ahead of the compute kerne
 # The engine's optional parts: each printed (its routine's loops, its field of an instruction word, its on-chip
 # array, and a `#define ENGINE_<NAME> 1` that says it is there) only in an engine whose program uses it, so the
 # engine of a program that uses none is the one printed without them.
-FEATURES = ("bias", "window", "head_norm")
+FEATURES = ("bias", "window", "head_norm", "partial_rotary")
 
 
 def engine_features(program: d5005.ProgramOp) -> frozenset[str]:
     """The optional parts of the engine that `program`'s instructions use: `bias`, a matvec adding a bias;
-    `window`, an attention over a sliding window; `head_norm`, a rope that RMS-norms each head first."""
+    `window`, an attention over a sliding window; `head_norm`, a rope that RMS-norms each head first;
+    `partial_rotary`, a rope that rotates a part of each head."""
     found = set()
     if any(isinstance(op, d5005.MatvecOp) and op.bias is not None for op in program.instructions()):
         found.add("bias")
@@ -55,6 +56,8 @@ def engine_features(program: d5005.ProgramOp) -> frozenset[str]:
         found.add("window")
     if any(isinstance(op, d5005.RopeOp) and op.norm is not None for op in program.instructions()):
         found.add("head_norm")
+    if any(isinstance(op, d5005.RopeOp) and op.rotary_dim is not None for op in program.instructions()):
+        found.add("partial_rotary")
     return frozenset(found)
 
 
@@ -66,6 +69,8 @@ def _feature_constants(features: frozenset[str]) -> dict[str, int]:
         found["ENGINE_WINDOW"] = 1
     if "head_norm" in features:
         found["ENGINE_HEAD_NORM"] = 1
+    if "partial_rotary" in features:
+        found["ENGINE_PARTIAL_ROTARY"] = 1
     return found
 
 
@@ -277,7 +282,7 @@ inline void read_rms_norm(stream_t *s, __global const bank_word_t *bank, const u
 /* routine read_rope */
 inline void read_rope(stream_t *s, __global const bank_word_t *bank, const uint b, const uint16 w, uint position) {
     uint row = position - 1;
-    uint words = SELECT(row % BANKS == b, 2 * WORDS(w.sb / 2, 4), 0);
+    uint words = SELECT(row % BANKS == b, 2 * WORDS(${read_rope_half}, 4), 0);
     uint start = w.s6 + (row / BANKS) * (w.s7 / BURST_BYTES);
     /* loop read_rope.words */
     for (uint c = 0; c < words; c++) WRITE_BANK(s, b, bank[start + c]);${read_rope_norm}
@@ -459,7 +464,7 @@ ${rms_norm_total}
 /* routine rope */
 inline void rope(ONCHIP float *restrict rotated, ONCHIP float *restrict outputs, __local float *restrict cosines,
                  __local float *restrict sines,${rope_norm_param} channels_t *ch, const uint16 w, uint position) {
-    uint head_dim = w.sb, mid = head_dim / 2, width = w.se;
+    uint head_dim = w.sb, ${rope_dims}, width = w.se;
     uint dst = (w.s1 & OFFSET_MASK) * OV, src = (w.s2 & OFFSET_MASK) * OV;
     uint bank = (position - 1) % BANKS;
     uint half_words = WORDS(mid, 4);
@@ -511,7 +516,7 @@ ${rope_norm_apply}                float cosine = cosines[c + l], sine = sines[c 
                 if (c + lane < mid) rotated[(to_word + (e < to_shift)) * OV + e] = turned_first[lane];
                 if (c + lane2 < mid) rotated[(to2_word + (e < to2_shift)) * OV + e] = turned_second[lane2];
             }
-        }
+        }${rope_pass}
     }
 }
 
@@ -1040,12 +1045,43 @@ _HEAD_NORM["rope_squares"] = Template(_HEAD_NORM["rope_squares"]).substitute(
 )
 
 
+# A rope that rotates only the first w.sa numbers of each head (`partial_rotary`, Phi-3's partial_rotary_factor):
+# its table's rows are over those (mid = w.sa / 2), and the rest of each head is passed through as it is, a bank
+# word of floats at a time (`rope.pass`: a run of OV words taken from `outputs` and stored into `rotated` at a
+# run-time offset, a load and a store a bank); w.sa = 0 rotates the whole head.
+_PARTIAL = {
+    "rope_dims": "rotary = SELECT(w.sa != 0, w.sa, head_dim), mid = rotary / 2",
+    "read_rope_half": "SELECT(w.sa != 0, w.sa, w.sb) / 2",
+    "rope_pass": """
+        uint rest = head_dim - rotary;
+        IVDEP
+        /* loop rope.pass */
+        for (uint c = 0; c < rest; c += OV) {
+            uint from_at = src + head * head_dim + rotary + c, to_at = dst + head * head_dim + rotary + c;
+            uint from_word = from_at / OV, from_shift = from_at % OV, to_word = to_at / OV, to_shift = to_at % OV;
+            float kept[OV];
+            UNROLL(OV)
+            for (uint e = 0; e < OV; e++) {  /* bank e's word of the run */
+                kept[e] = 0.0f;
+                if (c + (e + OV - from_shift) % OV < rest) kept[e] = outputs[(from_word + (e < from_shift)) * OV + e];
+            }
+            UNROLL(OV)
+            for (uint e = 0; e < OV; e++) {  /* one store a bank */
+                uint lane = (e + OV - to_shift) % OV;
+                if (c + lane < rest) rotated[(to_word + (e < to_shift)) * OV + e] = kept[(lane + from_shift) % OV];
+            }
+        }""",
+}
+_WHOLE = {"rope_dims": "mid = head_dim / 2", "read_rope_half": "w.sb / 2", "rope_pass": ""}
+
+
 @cache
 def _body(features: frozenset[str]) -> str:
     """The engine's text after its `#define`s, with the optional parts `features` (the others print nothing)."""
     optional = {key: text if "bias" in features else "" for key, text in _BIAS.items()}
     optional |= _WINDOW if "window" in features else _UNWINDOWED
     optional |= {key: text if "head_norm" in features else "" for key, text in _HEAD_NORM.items()}
+    optional |= _PARTIAL if "partial_rotary" in features else _WHOLE
     return Template(_TEMPLATE).substitute(optional, **_FIXED)
 
 

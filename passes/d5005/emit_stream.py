@@ -80,6 +80,8 @@ def _rope(op: d5005.RopeOp, word: _Word) -> None:
     word.buffers((d5005.W_DST, op.dst), (d5005.W_A, op.src))
     word.region(op.table)
     word.w[d5005.W_WIDTH], word.w[d5005.W_HEAD_DIM] = op.width.value.data, op.head_dim.value.data
+    if op.rotary_dim is not None:  # only the first rotary_dim numbers of each head rotate
+        word.w[d5005.W_ROTARY] = op.rotary_dim.value.data
     if op.norm is not None and op.epsilon is not None:  # each head RMS-normed first: the flag, the weight, epsilon
         word.w[d5005.W_HEAD_NORM] = 1
         word.w[d5005.W_NORM_OFFSET] = _burst_offset(op.norm, word.burst)

@@ -57,6 +57,12 @@ class Step:
         return ceil_div(elements * element_bytes, self["BURST_BYTES"])
 
     @property
+    def rotary(self) -> int:
+        """The numbers of each head a rope rotates: the source's `rotary` (w.sa, or the head's w.sb)."""
+        rotary = self.field(d5005.W_ROTARY) if self.has("ENGINE_PARTIAL_ROTARY") else 0
+        return rotary or self.field(d5005.W_HEAD_DIM)
+
+    @property
     def window_start(self) -> int:
         """The first cache row (from 0) an attention reads: the source's `low` (0 with no window, w.s3 = 0)."""
         window = self.field(d5005.W_WINDOW) if self.has("ENGINE_WINDOW") else 0
@@ -114,7 +120,7 @@ def read_rms_norm(s: Step) -> list[Loop]:
 def read_rope(s: Step) -> list[Loop]:
     """The table's row from its bank, then (in an engine that norms heads) bank 0's words of the norm's weight."""
     row = s.position - 1
-    words = 2 * s.words(s.field(d5005.W_HEAD_DIM) // 2, 4) if row % s["BANKS"] == s.bank else 0
+    words = 2 * s.words(s.rotary // 2, 4) if row % s["BANKS"] == s.bank else 0
     loops = [_counted("read_rope.words", "c", "words", words)]
     if s.has("ENGINE_HEAD_NORM"):
         normed = s.bank == 0 and s.field(d5005.W_HEAD_NORM)
@@ -169,16 +175,18 @@ def rms_norm(s: Step) -> list[Loop]:
 
 def rope(s: Step) -> list[Loop]:
     """The table's row, then each head's two halves rotated a bank word of floats at a time."""
-    head_dim = s.field(d5005.W_HEAD_DIM)
-    rotate = _by_ov("rope.rotate", "mid", head_dim // 2, s)
-    table = _counted("rope.table", "c", "words", 2 * s.words(head_dim // 2, 4))
+    head_dim, rotary = s.field(d5005.W_HEAD_DIM), s.rotary
+    rotate = _by_ov("rope.rotate", "mid", rotary // 2, s)
+    table = _counted("rope.table", "c", "words", 2 * s.words(rotary // 2, 4))
     heads = s.field(d5005.W_WIDTH) // head_dim
+    kept = [_by_ov("rope.pass", "rest", head_dim - rotary, s)]
+    kept = kept if s.has("ENGINE_PARTIAL_ROTARY") else []  # the numbers past the rotary part, passed through
     if not s.has("ENGINE_HEAD_NORM"):
-        return [table, _counted("rope.heads", "head", "heads", heads, inner=(rotate,))]
+        return [table, _counted("rope.heads", "head", "heads", heads, inner=(rotate, *kept))]
     normed = s.field(d5005.W_HEAD_NORM)  # the norm's weight, then each head's squares before its rotation
     norm = _counted("rope.norm", "c", "norm_words", s.words(head_dim, s["WEIGHT_BYTES"]) if normed else 0)
     squares = _by_ov("rope.squares", "squared", head_dim // 2 if normed else 0, s)
-    return [table, norm, _counted("rope.heads", "head", "heads", heads, inner=(squares, rotate))]
+    return [table, norm, _counted("rope.heads", "head", "heads", heads, inner=(squares, rotate, *kept))]
 
 
 def cache_write(s: Step) -> list[Loop]:

@@ -98,7 +98,7 @@ class Placement:
         """Weights in program order, the rotary table, then the caches (one walk over the program)."""
         placement = cls(burst)
         caches: list[logos.CacheOp] = []
-        head_dim, tables = 0, set()
+        rotary, tables = 0, set()
         for op in program.walk():
             if isinstance(op, logos.WeightOp):
                 shape = op.full_shape
@@ -107,10 +107,10 @@ class Placement:
             elif isinstance(op, logos.CacheOp):
                 caches.append(op)
             elif isinstance(op, logos.RopeOp):
-                head_dim = op.head_dim.value.data
+                rotary = op.rotary_dim.value.data if op.rotary_dim is not None else op.head_dim.value.data
                 tables.add(rope_table(op, program.model.spec) or ROPE)  # a rotation with no table is refused
         for table in (t for t in TABLES if t in tables):
-            placement.place(table, "table", ctx, rope_row_floats(head_dim, burst), 4)
+            placement.place(table, "table", ctx, rope_row_floats(rotary, burst), 4)
         placement.image_end = placement.cursor
         for cache in caches:
             heads, positions, size = cache.full_shape

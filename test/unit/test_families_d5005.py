@@ -380,3 +380,56 @@ def test_a_layers_own_rope_base_turns_by_a_table_of_its_own() -> None:
     program = lower_program(parse_program(text.text, "<decode>"), "f32")
     ropes = [op for op in program.instructions() if isinstance(op, d5005.RopeOp)]
     assert [op.table.tensor.data for op in ropes] == ["rope.local", "rope.local", "rope", "rope"]
+
+
+# -- partial rotary: a part of each head rotated, the rest passed through -----------------------------------------
+
+
+def test_phi3s_partial_rotary_gives_transformers_tokens_on_the_engine() -> None:
+    """Phi-3's partial rotary (the GGUF-shaped family: 8 of each head's 16 numbers rotate) on the engine."""
+    run = GOLDENS["phi3-gguf-partial"]["runs"][0]
+    assert _lane("phi3-gguf-partial", "d5005", False).generate(run["prompt"], len(run["tokens"])) == run["tokens"]
+
+
+@pytest.mark.parametrize("weights", ["f32", "bf16"])
+def test_a_partial_rope_is_a_field_of_its_word_and_costed_as_printed(weights: str) -> None:
+    """Each rope carries the numbers it rotates, its table's rows are over those (4 frequencies, not 8); the engine
+    printed for the program passes the rest through (`rope.pass`), prints the loops it costs, arbitrates no
+    on-chip array in either precision, and its readers send the model's bursts (their counts on PoCL)."""
+    store = open_model(str(FAMILIES / "phi3-gguf-partial"))
+    program = _lowered("phi3-gguf-partial", weights=weights)
+    ropes = [op for op in program.instructions() if isinstance(op, d5005.RopeOp)]
+    assert ropes and all(op.rotary == 8 and encode_instruction(op, 64)[d5005.W_ROTARY] == 8 for op in ropes)
+    assert all(op.table.cols.data == d5005.rope_row_floats(8, 64) for op in ropes)
+    assert engine_features(program) == {"partial_rotary"}
+    source = engine_source(program.identity.data, program.params, engine_features(program))
+    engine = cost_model.Engine.read(source)
+    step = Step(engine.constants, [1] * d5005.INSTRUCTION_WORDS, 1, 2)
+    stated = [loop for r in [*engine.compute.values(), *engine.readers.values()] for loop in _every(r(step))]
+    for loop in stated:
+        assert re.search(rf"/\* loop {re.escape(loop.name)} \*/\n\s*{re.escape(loop.header)}", source), loop.name
+    assert sorted(loop.name for loop in stated) == sorted(re.findall(r"/\* loop ([\w.]+) \*/", source))
+    assert "rope.pass" in {loop.name for loop in stated}
+    assert not any(engine.analysis.arbitrated.values())
+    assert [name for name, report in engine.analysis.loops.items() if report.dividers] == []
+    if weights != "f32":
+        return
+    host = Engine(source, encode_stream(program, image_bytes(program)), weight_image(program, store.spec, store))
+    host.step(5, 1)
+    for index, op in enumerate(program.instructions()):
+        if isinstance(op, d5005.RopeOp):
+            for position in (1, 6):
+                bursts = cost_model.instruction_cost(engine, encode_instruction(op, 64), 17, position, cost_model.LOW)
+                assert bursts["bursts"] == _sent(host, index, 17, position), position
+
+
+def test_an_engine_without_partial_rotary_refuses_a_partial_stream() -> None:
+    program = _lowered("phi3-gguf-partial")
+    stream = encode_stream(program, image_bytes(program))
+    plain = engine_source(program.identity.data, program.params)
+    store = open_model(str(FAMILIES / "phi3-gguf-partial"))
+    with pytest.raises(StreamError, match="rotates a part of each head, and this engine has no ENGINE_PARTIAL_ROTARY"):
+        Engine(plain, stream, weight_image(program, store.spec, store))
+    words = [[int(v) for v in w] for w in read_stream(stream).words]
+    with pytest.raises(aoc_report.ReportError, match="and the engine has no ENGINE_PARTIAL_ROTARY"):
+        cost_model.band(engine=cost_model.Engine.read(plain), words=words, ctx=32)
