@@ -695,10 +695,11 @@ class AttentionOp(InstructionOp):
     heads = prop_def(IntegerAttr[I64])
     kv_heads = prop_def(IntegerAttr[I64])
     window = opt_prop_def(IntegerAttr[I64])
+    scale = opt_prop_def(FloatAttr)  # the scores' scale (absent: 1 / sqrt(head_dim)); Gemma's 1 / sqrt(scalar)
 
     assembly_format = (
         "$dst `,` $query `,` $keys `,` $values `current` $key `,` $value `heads` $heads `kv_heads` $kv_heads"
-        " (`window` $window^)? attr-dict"
+        " (`window` $window^)? (`scale` $scale^)? attr-dict"
     )
 
     def __init__(
@@ -711,6 +712,7 @@ class AttentionOp(InstructionOp):
         heads: int,
         kv: int,
         window: int | None = None,
+        scale: float | None = None,
     ):
         properties: dict[str, Attribute] = {
             "keys": keys,
@@ -720,6 +722,8 @@ class AttentionOp(InstructionOp):
         }
         if window is not None:
             properties["window"] = IntegerAttr(window, i64)
+        if scale is not None:
+            properties["scale"] = FloatAttr(scale, 32)
         super().__init__(operands=[dst, query, current[0], current[1]], properties=properties)
 
     @property

@@ -364,7 +364,10 @@ def _attention(x: _Word) -> Any:
     keys, values = x.region(), x.region(d5005.W_OFFSET2)
     dst, query = x.buffer(d5005.W_DST), x.buffer(d5005.W_A)
     window = x.w[d5005.W_WINDOW] or None
-    return d5005.AttentionOp(dst, query, keys, values, current, x.w[d5005.W_HEADS], x.w[d5005.W_KV_HEADS], window)
+    plain = int(np.array(1 / np.sqrt(keys.cols.data), dtype=np.float32).view(np.uint32))
+    scale = x.float() if x.w[d5005.W_FLOAT] != plain else None  # a scale of its own, not 1 / sqrt(head_dim)
+    heads, kv = x.w[d5005.W_HEADS], x.w[d5005.W_KV_HEADS]
+    return d5005.AttentionOp(dst, query, keys, values, current, heads, kv, window, scale)
 
 
 def _elementwise(kind: type[d5005.ElementwiseOp]) -> Any:

@@ -131,19 +131,18 @@ def _check_main(program: logos.ProgramOp) -> None:
 
 def _variant(op: Operation) -> str | None:
     """What `op` says beyond what the engine computes (`logos.variant`'s words), less an attention's window (the
-    engine bounds its attention's pass to the window) and a rotation's own base where the model has a table of it
-    (the windowed layers' base: `placement.rope_table`)."""
+    engine bounds its attention's pass to the window) and scale (its word's float), and a rotation's own base where
+    the model has a table of it (the windowed layers' base: `placement.rope_table`)."""
     spec = logos.program_spec(op)
     if isinstance(op, logos.RopeOp) and spec is not None and rope_table(op, spec) is not None:
         return None  # a table of its base and scaling, over the numbers it rotates
-    if not isinstance(op, logos.AttentionOp) or op.window is None:
+    if not isinstance(op, logos.AttentionOp):
         return logos.variant(op)
-    window = op.window
-    del op.properties["window"]  # the words of what else it says, then the window back as it was
-    try:
+    computed = {name: op.properties.pop(name) for name in ("window", "scale") if name in op.properties}
+    try:  # the words of what else it says, then the properties back as they were
         return logos.variant(op)
     finally:
-        op.properties["window"] = window
+        op.properties |= computed
 
 
 # the ops a pattern below lowers to instructions (a SiLU goes into its product's silu_mul)
@@ -353,7 +352,8 @@ class AttentionToInstruction(_Placed):
             raise _refuse(op, why)
         current = (key, value)
         window = op.window.value.data if op.window is not None else None
-        _lower(op, rewriter, d5005.AttentionOp, query, keys, values, current, heads, kv_heads, window)
+        scale = op.scale.value.data if op.scale is not None else None
+        _lower(op, rewriter, d5005.AttentionOp, query, keys, values, current, heads, kv_heads, window, scale)
 
 
 class SiluIntoProduct(RewritePattern):

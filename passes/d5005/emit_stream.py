@@ -102,7 +102,8 @@ def _attention(op: d5005.AttentionOp, word: _Word) -> None:
     w[d5005.W_HEADS], w[d5005.W_KV_HEADS] = op.heads.value.data, op.kv_heads.value.data
     word.buffers((d5005.W_KEY, op.key), (d5005.W_VALUE, op.value))
     w[d5005.W_HEAD_DIM], w[d5005.W_CTX] = op.keys.cols.data, op.ctx
-    w[d5005.W_FLOAT] = _f32_bits(1 / np.sqrt(op.keys.cols.data))  # as the reference scales, in float32
+    scale = op.scale.value.data if op.scale is not None else 1 / np.sqrt(op.keys.cols.data)
+    w[d5005.W_FLOAT] = _f32_bits(scale)  # as the reference scales, in float32
     w[d5005.W_WINDOW] = op.window.value.data if op.window is not None else 0
 
 

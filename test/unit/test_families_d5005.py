@@ -433,3 +433,40 @@ def test_an_engine_without_partial_rotary_refuses_a_partial_stream() -> None:
     words = [[int(v) for v in w] for w in read_stream(stream).words]
     with pytest.raises(aoc_report.ReportError, match="and the engine has no ENGINE_PARTIAL_ROTARY"):
         cost_model.band(engine=cost_model.Engine.read(plain), words=words, ctx=32)
+
+
+# -- an attention's own scale (Gemma's query_pre_attn_scalar): the word's float ---------------------------------
+
+
+def test_an_attentions_own_scale_is_its_words_float() -> None:
+    """An attention whose scores are scaled by a constant of the model's (1 / sqrt(4) here, not 1 / sqrt(16))
+    carries it in its word's float, the engine unchanged: the logits are the reference's at every step, not
+    those of the head size's scale; the stream reads back to the same op."""
+    from test_families import _Recording
+
+    from logos_ir.registry import backends
+    from logos_ir.runtime import RunRequest
+    from logos_ir.runtime.d5005 import decode_ops
+    from logos_ir.spec import ModelSpec
+    from logos_ir.testing import RandomWeights
+
+    spec = replace(ModelSpec.preset("tiny"), query_pre_attn_scalar=4.0)
+
+    def run(backend: str, model: ModelSpec) -> tuple[list[int], np.ndarray]:
+        sampler = _Recording()
+        request = RunRequest(RandomWeights(model), ctx=32, weights="f32")
+        tokens = backends()[backend].generator()(request).generate([1, 2, 3], 8, sampler=sampler)
+        return tokens, np.array(sampler.logits)
+
+    (expected, reference), (tokens, engine) = run("reference", spec), run("d5005", spec)
+    assert tokens == expected
+    np.testing.assert_allclose(engine, reference, atol=1e-4)
+    _, unscaled = run("reference", replace(spec, query_pre_attn_scalar=None))
+    assert np.abs(unscaled - reference).max() > 1e-2
+    text, _ = written(spec, Cut.decode(32))
+    program = lower_program(parse_program(text.text, "<decode>"), "f32")
+    attentions = [op for op in program.instructions() if isinstance(op, d5005.AttentionOp)]
+    assert [np.uint32(encode_instruction(op, 64)[d5005.W_FLOAT]).view(np.float32) for op in attentions] == [0.5] * 2
+    assert engine_features(program) == frozenset()
+    read = decode_ops(read_stream(encode_stream(program, image_bytes(program))))
+    assert [op.scale.value.data for op in read if isinstance(op, d5005.AttentionOp) and op.scale] == [0.5, 0.5]
