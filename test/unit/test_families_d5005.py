@@ -385,10 +385,12 @@ def test_a_layers_own_rope_base_turns_by_a_table_of_its_own() -> None:
 # -- partial rotary: a part of each head rotated, the rest passed through -----------------------------------------
 
 
-def test_phi3s_partial_rotary_gives_transformers_tokens_on_the_engine() -> None:
-    """Phi-3's partial rotary (the GGUF-shaped family: 8 of each head's 16 numbers rotate) on the engine."""
-    run = GOLDENS["phi3-gguf-partial"]["runs"][0]
-    assert _lane("phi3-gguf-partial", "d5005", False).generate(run["prompt"], len(run["tokens"])) == run["tokens"]
+@pytest.mark.parametrize("family", ["phi3-gguf-partial", "phi3-gguf"])
+def test_phi3s_gguf_shaped_families_give_transformers_tokens_on_the_engine(family: str) -> None:
+    """Phi-3's GGUF-shaped families on the engine: with partial rotary (8 of each head's 16 numbers rotate), and
+    without (the whole head, the plain rope: the engine printed without the partial part)."""
+    run = GOLDENS[family]["runs"][0]
+    assert _lane(family, "d5005", False).generate(run["prompt"], len(run["tokens"])) == run["tokens"]
 
 
 @pytest.mark.parametrize("weights", ["f32", "bf16"])
