@@ -60,6 +60,8 @@ WEIGHT_BYTES = {"f32": 4, "bf16": 2}
 GROUP_MAX = 8
 ROW_WORDS_MAX = 8
 VECTOR_WORDS = 16384
+# Float32 words of the matvec's on-chip copy of a bias (an engine that adds biases holds one in its epilogue).
+BIAS_WORDS = 16384
 
 
 # The engine's on-chip arrays (M20K), one a kind of buffer, each statically banked a float32 word a bank over a bank
@@ -427,13 +429,16 @@ class EmbedRowOp(InstructionOp):
 
 @irdl_op_definition
 class MatvecOp(InstructionOp):
-    """dst = weight @ src: stream a weight matrix [rows, cols] from all four banks at once (bank b feeds rows
-    b, b+4, ...), one vector of weights per bank per cycle.
+    """dst = weight @ src (+ bias): stream a weight matrix [rows, cols] from all four banks at once (bank b feeds
+    rows b, b+4, ...), one vector of weights per bank per cycle; with a `bias` (a vector of `rows`, in bank 0),
+    bank 0 streams it first into the engine's on-chip copy and the epilogue adds it to each row's total.
 
     ```mlir
     %normed = d5005.buffer "normed" words 64 at 0 in "inputs"
     %query = d5005.buffer "query" words 64 at 64 in "outputs"
     d5005.matvec %query, %normed, <"model.layers.0.mlp.down_proj.weight" at 0 stride 128 rows 64 cols 64 bytes 2>
+    d5005.matvec %query, %normed, <"model.layers.0.self_attn.q_proj.weight" at 0 stride 128 rows 64 cols 64 bytes 2>
+        bias <"model.layers.0.self_attn.q_proj.bias" at 4096 stride 128 rows 1 cols 64 bytes 2>
     ```
     """
 
@@ -442,11 +447,15 @@ class MatvecOp(InstructionOp):
     dst = operand_def(BufferType)
     src = operand_def(BufferType)
     weight = prop_def(RegionAttr)
+    bias = opt_prop_def(RegionAttr)
 
-    assembly_format = "$dst `,` $src `,` $weight attr-dict"
+    assembly_format = "$dst `,` $src `,` $weight (`bias` $bias^)? attr-dict"
 
-    def __init__(self, dst: SSAValue, src: SSAValue, weight: RegionAttr):
-        super().__init__(operands=[dst, src], properties={"weight": weight})
+    def __init__(self, dst: SSAValue, src: SSAValue, weight: RegionAttr, bias: RegionAttr | None = None):
+        properties: dict[str, Attribute] = {"weight": weight}
+        if bias is not None:
+            properties["bias"] = bias
+        super().__init__(operands=[dst, src], properties=properties)
 
     def buffer_uses(self, burst: int = 64) -> list[tuple[SSAValue, int]]:
         return [(self.dst, self.weight.rows.data), (self.src, self.weight.cols.data)]
@@ -458,16 +467,26 @@ class MatvecOp(InstructionOp):
         return [self.src]
 
     def regions_read(self) -> list[RegionAttr]:
-        return [self.weight]
+        return [self.weight] if self.bias is None else [self.weight, self.bias]
 
     def verify_(self) -> None:
         if self.dst == self.src:
             raise _fail(self, "writes the buffer it streams: a matvec is never in place")
+        if self.bias is not None:
+            _check_bias(self, self.bias, self.weight.rows.data)
         if self.weight.cols.data > VECTOR_WORDS:
             raise _fail(
                 self,
                 f"reads a vector of {self.weight.cols.data} words, over the engine's {VECTOR_WORDS}-word copy of it",
             )
+
+
+def _check_bias(op: IRDLOperation, bias: RegionAttr, rows: int) -> None:
+    """A matvec's bias is a vector of its rows, within the engine's on-chip copy of it."""
+    if bias.rows.data != 1 or bias.cols.data != rows:
+        raise _fail(op, f"adds a bias of {bias.rows.data} x {bias.cols.data}, not a vector of its {rows} rows")
+    if rows > BIAS_WORDS:
+        raise _fail(op, f"adds a bias of {rows} words, over the engine's {BIAS_WORDS}-word copy of it")
 
 
 @irdl_op_definition
@@ -514,7 +533,9 @@ class RMSNormOp(InstructionOp):
 @irdl_op_definition
 class RopeOp(InstructionOp):
     """Rotate each head of `width` words at the engine's position, by the rotary table (row p-1 holds the cos of
-    each of the head's half-frequencies, then their sin), the two halves of each head (Hugging Face's layout).
+    each of the head's half-frequencies, then their sin), the two halves of each head (Hugging Face's layout);
+    with a `norm` (a vector of head_dim, in bank 0) and its `epsilon`, each head is RMS-normed by it first
+    (Qwen3's query and key norms: head / sqrt(mean(head^2) + epsilon) * norm).
 
     ```mlir
     %query = d5005.buffer "query" words 64 at 0 in "outputs"
@@ -530,14 +551,35 @@ class RopeOp(InstructionOp):
     table = prop_def(RegionAttr)
     width = prop_def(IntegerAttr[I64])
     head_dim = prop_def(IntegerAttr[I64])
+    rotary_dim = opt_prop_def(IntegerAttr[I64])
+    norm = opt_prop_def(RegionAttr)
+    epsilon = opt_prop_def(FloatAttr)
 
-    assembly_format = "$dst `,` $src `,` $table `width` $width `head_dim` $head_dim attr-dict"
+    assembly_format = (
+        "$dst `,` $src `,` $table `width` $width `head_dim` $head_dim (`rotary_dim` $rotary_dim^)?"
+        " (`norm` $norm^)? (`epsilon` $epsilon^)? attr-dict"
+    )
 
-    def __init__(self, dst: SSAValue, src: SSAValue, table: RegionAttr, width: int, head_dim: int):
-        super().__init__(
-            operands=[dst, src],
-            properties={"table": table, "width": IntegerAttr(width, i64), "head_dim": IntegerAttr(head_dim, i64)},
-        )
+    def __init__(
+        self,
+        dst: SSAValue,
+        src: SSAValue,
+        table: RegionAttr,
+        width: int,
+        head_dim: int,
+        norm: tuple[RegionAttr, float] | None = None,
+        rotary_dim: int | None = None,
+    ):
+        properties: dict[str, Attribute] = {
+            "table": table,
+            "width": IntegerAttr(width, i64),
+            "head_dim": IntegerAttr(head_dim, i64),
+        }
+        if rotary_dim is not None:
+            properties["rotary_dim"] = IntegerAttr(rotary_dim, i64)
+        if norm is not None:
+            properties |= {"norm": norm[0], "epsilon": FloatAttr(norm[1], 32)}
+        super().__init__(operands=[dst, src], properties=properties)
 
     def buffer_uses(self, burst: int = 64) -> list[tuple[SSAValue, int]]:
         return [(self.dst, _int(self.width)), (self.src, _int(self.width))]
@@ -548,19 +590,33 @@ class RopeOp(InstructionOp):
     def read(self) -> list[SSAValue]:
         return [self.src]
 
+    @property
+    def rotary(self) -> int:
+        """The numbers of each head that rotate: its first `rotary_dim`, or all of them."""
+        return _int(self.rotary_dim) if self.rotary_dim is not None else _int(self.head_dim)
+
     def regions_read(self) -> list[RegionAttr]:
-        return [self.table]
+        return [self.table] if self.norm is None else [self.table, self.norm]
 
     def verify_(self) -> None:
         width, head_dim = _int(self.width), _int(self.head_dim)
+        if (self.norm is None) != (self.epsilon is None):
+            raise _fail(self, "norms its heads with a weight and an epsilon, or with neither")
+        if self.rotary_dim is not None and not (2 <= self.rotary < head_dim and self.rotary % 2 == 0):
+            raise _fail(self, f"rotates the first {self.rotary} of heads of {head_dim}: not an even part of them")
+        if self.rotary_dim is not None and self.norm is not None:
+            raise _fail(self, "norms its heads and rotates only a part of each: the engine does one or the other")
+        if self.norm is not None and (self.norm.rows.data != 1 or self.norm.cols.data != head_dim):
+            raise _fail(self, f"norms heads of {head_dim} by a weight of {self.norm.rows.data} x {self.norm.cols.data}")
         if head_dim < 2 or head_dim % 2 or width % head_dim:
             raise _fail(self, f"cannot rotate {width} words in heads of {head_dim}")
-        if self.table.cols.data % 2 or self.table.cols.data < head_dim:
-            raise _fail(self, f"its table has rows of {self.table.cols.data}, not two halves of the head's {head_dim}")
+        if self.table.cols.data % 2 or self.table.cols.data < self.rotary:
+            part = f"the head's {head_dim}" if self.rotary_dim is None else f"its rotating {self.rotary}"
+            raise _fail(self, f"its table has rows of {self.table.cols.data}, not two halves of {part}")
 
     def check_buffers(self, program: ProgramOp, burst: int = 64) -> None:
         super().check_buffers(program, burst)
-        row = rope_row_floats(_int(self.head_dim), burst)
+        row = rope_row_floats(self.rotary, burst)
         if self.table.cols.data != row:
             raise _fail(
                 self,
@@ -611,11 +667,12 @@ def _check_cache(op: IRDLOperation, cache: RegionAttr, kv_heads: int) -> None:
 
 @irdl_op_definition
 class AttentionOp(InstructionOp):
-    """dst = causal grouped-query attention of the query's heads over the keys and values of positions 1 to the
-    engine's position (query head h reads KV head h // (heads / kv_heads)): positions before it from the caches in
-    board memory, the position itself from the on-chip `current` key and value buffers (what the step's
-    `cache_write`s store), in one pass over the cache with an online softmax: nothing goes through a scratch
-    buffer. Each KV head's keys and values are read once for all the query heads of its group.
+    """dst = causal grouped-query attention of the query's heads over the keys and values of positions 1 (with a
+    `window` of W, position - W + 1) to the engine's position (query head h reads KV head h // (heads /
+    kv_heads)): positions before it from the caches in board memory, the position itself from the on-chip
+    `current` key and value buffers (what the step's `cache_write`s store), in one pass over the cache with an
+    online softmax: nothing goes through a scratch buffer. Each KV head's keys and values are read once for all
+    the query heads of its group, and a windowed attention streams only its window's rows.
 
     ```mlir
     %q = d5005.buffer "turned_query" words 64 at 0 in "rotated"
@@ -637,9 +694,12 @@ class AttentionOp(InstructionOp):
     values = prop_def(RegionAttr)
     heads = prop_def(IntegerAttr[I64])
     kv_heads = prop_def(IntegerAttr[I64])
+    window = opt_prop_def(IntegerAttr[I64])
+    scale = opt_prop_def(FloatAttr)  # the scores' scale (absent: 1 / sqrt(head_dim)); Gemma's 1 / sqrt(scalar)
 
     assembly_format = (
-        "$dst `,` $query `,` $keys `,` $values `current` $key `,` $value `heads` $heads `kv_heads` $kv_heads attr-dict"
+        "$dst `,` $query `,` $keys `,` $values `current` $key `,` $value `heads` $heads `kv_heads` $kv_heads"
+        " (`window` $window^)? (`scale` $scale^)? attr-dict"
     )
 
     def __init__(
@@ -651,16 +711,20 @@ class AttentionOp(InstructionOp):
         current: tuple[SSAValue, SSAValue],
         heads: int,
         kv: int,
+        window: int | None = None,
+        scale: float | None = None,
     ):
-        super().__init__(
-            operands=[dst, query, current[0], current[1]],
-            properties={
-                "keys": keys,
-                "values": values,
-                "heads": IntegerAttr(heads, i64),
-                "kv_heads": IntegerAttr(kv, i64),
-            },
-        )
+        properties: dict[str, Attribute] = {
+            "keys": keys,
+            "values": values,
+            "heads": IntegerAttr(heads, i64),
+            "kv_heads": IntegerAttr(kv, i64),
+        }
+        if window is not None:
+            properties["window"] = IntegerAttr(window, i64)
+        if scale is not None:
+            properties["scale"] = FloatAttr(scale, 32)
+        super().__init__(operands=[dst, query, current[0], current[1]], properties=properties)
 
     @property
     def ctx(self) -> int:
@@ -695,6 +759,8 @@ class AttentionOp(InstructionOp):
             raise _fail(self, f"{heads} query heads do not share {kv} key-value heads evenly")
         if heads // kv > GROUP_MAX:
             raise _fail(self, f"{heads // kv} query heads share a KV head, over the engine's {GROUP_MAX}")
+        if self.window is not None and not 1 <= _int(self.window) < self.ctx:
+            raise _fail(self, f"has a window of {_int(self.window)}, not 1 to {self.ctx - 1} (shorter than its cache)")
 
 
 class ElementwiseOp(InstructionOp):
@@ -822,6 +888,13 @@ W_OPCODE, W_DST, W_A, W_B, W_ROWS, W_COLS, W_OFFSET, W_STRIDE, W_OFFSET2, W_HEAD
 W_HEAD_DIM, W_CTX, W_FLOAT, W_WIDTH, W_RESERVED = range(11, 16)
 # The attention's current key and value buffers sit in the words RoPE's width and no opcode else uses.
 W_KEY, W_VALUE = W_WIDTH, W_RESERVED
+# A matvec's bias: its length in RoPE's width (0: none) and its offset in the attention's second region's word.
+W_BIAS, W_BIAS_OFFSET = W_WIDTH, W_OFFSET2
+# An attention's window (0: none), in the buffer field b that it has no buffer for.
+W_WINDOW = W_B
+# A rope's head norm: 1 in the attention's heads (0: none), its weight's offset in offset2, epsilon in float; the
+# numbers of each head it rotates in kv_heads (0: the whole head).
+W_HEAD_NORM, W_NORM_OFFSET, W_ROTARY = W_HEADS, W_OFFSET2, W_KV_HEADS
 # The engine's kernels (passes/d5005/emit_opencl.py writes them, the host program launches them).
 COMPUTE_KERNEL = "d5005_compute"
 READER_KERNELS = tuple(f"d5005_read_bank{b}" for b in range(BANKS))

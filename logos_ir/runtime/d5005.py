@@ -194,18 +194,30 @@ def _shape_error(stream: Stream, name: str, w: list[int]) -> str | None:
         return f"has rows of {cols} elements in a stride of {stride} bytes, {rows} rows: not a region of the engine"
     if name == "d5005.matvec" and cols > d5005.VECTOR_WORDS:
         return f"reads a vector of {cols} words, over the engine's {d5005.VECTOR_WORDS}"
+    if name == "d5005.matvec" and w[d5005.W_BIAS]:
+        bias = w[d5005.W_BIAS]
+        end = w[d5005.W_BIAS_OFFSET] * stream.burst + d5005.bank_words(bias, element, stream.burst) * stream.burst
+        if bias != rows or bias > d5005.BIAS_WORDS or end > stream.bank_bytes:
+            return f"adds a bias of {bias} words to {rows} rows, or reads it past the memory the program uses"
     if name == "d5005.rope":
         head_dim, width = w[d5005.W_HEAD_DIM], w[d5005.W_WIDTH]
         if (
             head_dim < 2
             or head_dim % 2
             or width % head_dim
-            or cols != d5005.rope_row_floats(head_dim, stream.burst)
+            or w[d5005.W_ROTARY] % 2
+            or w[d5005.W_ROTARY] >= head_dim
+            or cols != d5005.rope_row_floats(w[d5005.W_ROTARY] or head_dim, stream.burst)
             or rows < stream.ctx
         ):
             return f"rotates {width} words in heads of {head_dim} by a table of {rows} rows of {cols}"
         if d5005.bank_words(head_dim, 4, stream.burst) > d5005.ROW_WORDS_MAX * 2:
             return f"has heads of {head_dim}, over the engine's row registers"
+        norm_end = (
+            w[d5005.W_NORM_OFFSET] + d5005.bank_words(head_dim, stream.element_bytes, stream.burst)
+        ) * stream.burst
+        if w[d5005.W_HEAD_NORM] > 1 or (w[d5005.W_HEAD_NORM] and norm_end > stream.bank_bytes):
+            return f"norms its heads with flag {w[d5005.W_HEAD_NORM]}, or by a weight past the memory the program uses"
     if name in ("d5005.cache_write", "d5005.attention"):
         kv = w[d5005.W_KV_HEADS]
         if kv == 0 or rows % kv or rows // kv < stream.ctx or cols == 0:
@@ -218,6 +230,8 @@ def _shape_error(stream: Stream, name: str, w: list[int]) -> str | None:
             return f"has {heads} heads over {kv} kv heads (at most {d5005.GROUP_MAX} to a group)"
         if w[d5005.W_HEAD_DIM] != cols or w[d5005.W_CTX] * kv != rows:
             return f"has head size {w[d5005.W_HEAD_DIM]} and ctx {w[d5005.W_CTX]}, not its cache's"
+        if w[d5005.W_WINDOW] >= w[d5005.W_CTX]:
+            return f"has a window of {w[d5005.W_WINDOW]}, not shorter than its cache of {w[d5005.W_CTX]}"
     return None
 
 
@@ -325,7 +339,8 @@ def _embed_row(x: _Word) -> Any:
 
 
 def _matvec(x: _Word) -> Any:
-    return d5005.MatvecOp(x.buffer(d5005.W_DST), x.buffer(d5005.W_A), x.region())
+    bias = x.region(d5005.W_BIAS_OFFSET) if x.w[d5005.W_BIAS] else None
+    return d5005.MatvecOp(x.buffer(d5005.W_DST), x.buffer(d5005.W_A), x.region(), bias)
 
 
 def _rms_norm(x: _Word) -> Any:
@@ -334,7 +349,10 @@ def _rms_norm(x: _Word) -> Any:
 
 def _rope(x: _Word) -> Any:
     w = x.w
-    return d5005.RopeOp(x.buffer(d5005.W_DST), x.buffer(d5005.W_A), x.region(), w[d5005.W_WIDTH], w[d5005.W_HEAD_DIM])
+    norm = (x.region(d5005.W_NORM_OFFSET), x.float()) if w[d5005.W_HEAD_NORM] else None
+    dst, src = x.buffer(d5005.W_DST), x.buffer(d5005.W_A)
+    rotary = w[d5005.W_ROTARY] or None
+    return d5005.RopeOp(dst, src, x.region(), w[d5005.W_WIDTH], w[d5005.W_HEAD_DIM], norm, rotary)
 
 
 def _cache_write(x: _Word) -> Any:
@@ -345,7 +363,11 @@ def _attention(x: _Word) -> Any:
     current = (x.buffer(d5005.W_KEY), x.buffer(d5005.W_VALUE))
     keys, values = x.region(), x.region(d5005.W_OFFSET2)
     dst, query = x.buffer(d5005.W_DST), x.buffer(d5005.W_A)
-    return d5005.AttentionOp(dst, query, keys, values, current, x.w[d5005.W_HEADS], x.w[d5005.W_KV_HEADS])
+    window = x.w[d5005.W_WINDOW] or None
+    plain = int(np.array(1 / np.sqrt(keys.cols.data), dtype=np.float32).view(np.uint32))
+    scale = x.float() if x.w[d5005.W_FLOAT] != plain else None  # a scale of its own, not 1 / sqrt(head_dim)
+    heads, kv = x.w[d5005.W_HEADS], x.w[d5005.W_KV_HEADS]
+    return d5005.AttentionOp(dst, query, keys, values, current, heads, kv, window, scale)
 
 
 def _elementwise(kind: type[d5005.ElementwiseOp]) -> Any:
@@ -608,6 +630,27 @@ def _check_engine(source: str, stream: Stream) -> None:
         if found is None or int(found.group(1)) != value:
             have = found.group(1) if found else "none"
             raise StreamError(f"the instruction stream is for an engine with {name} {value}, this engine's is {have}")
+    for feature, what in stream_features(stream).items():
+        if re.search(rf"^#define {feature} 1$", source, flags=re.MULTILINE) is None:
+            raise StreamError(f"the instruction stream {what}, and this engine has no {feature}")
+
+
+def stream_features(stream: Stream) -> dict[str, str]:
+    """The engine's optional parts the stream's words use (each a `#define NAME 1` of an engine built with it),
+    with what the stream does that needs it."""
+    matvec = d5005.OPCODES["d5005.matvec"]
+    needs = {}
+    if any(int(w[d5005.W_OPCODE]) == matvec and int(w[d5005.W_BIAS]) for w in stream.words):
+        needs["ENGINE_BIAS"] = "adds a bias in a matvec"
+    rope = d5005.OPCODES["d5005.rope"]
+    if any(int(w[d5005.W_OPCODE]) == rope and int(w[d5005.W_HEAD_NORM]) for w in stream.words):
+        needs["ENGINE_HEAD_NORM"] = "norms heads in a rope"
+    if any(int(w[d5005.W_OPCODE]) == rope and int(w[d5005.W_ROTARY]) for w in stream.words):
+        needs["ENGINE_PARTIAL_ROTARY"] = "rotates a part of each head"
+    attention = d5005.OPCODES["d5005.attention"]
+    if any(int(w[d5005.W_OPCODE]) == attention and int(w[d5005.W_WINDOW]) for w in stream.words):
+        needs["ENGINE_WINDOW"] = "attends over a sliding window"
+    return needs
 
 
 _ARGMAX = d5005.OPCODES["d5005.argmax"]
@@ -654,18 +697,28 @@ def bank_words_sent(w: list[int], token: int, position: int, stream: Stream) -> 
     elif name == "d5005.matvec":
         words = d5005.bank_words(cols, element, burst)
         sent = [(rows + d5005.BANKS - 1 - b) // d5005.BANKS * words for b in range(d5005.BANKS)]
+        sent[0] += d5005.bank_words(w[d5005.W_BIAS], element, burst)  # the bias, before bank 0's rows
     elif name == "d5005.rms_norm":
         sent[0] = d5005.bank_words(cols, element, burst)
     elif name == "d5005.rope":
-        sent[(position - 1) % d5005.BANKS] = d5005.rope_row_floats(w[d5005.W_HEAD_DIM], burst) * 4 // burst
+        rotary = w[d5005.W_ROTARY] or w[d5005.W_HEAD_DIM]
+        sent[(position - 1) % d5005.BANKS] = d5005.rope_row_floats(rotary, burst) * 4 // burst
+        if w[d5005.W_HEAD_NORM]:  # the head norm's weight, after the table's row
+            sent[0] += d5005.bank_words(w[d5005.W_HEAD_DIM], element, burst)
     elif name == "d5005.attention":
-        ctx, past = w[d5005.W_CTX], position - 1
+        ctx, past, low = w[d5005.W_CTX], position - 1, window_start(position, w[d5005.W_WINDOW])
         words = d5005.bank_words(w[d5005.W_HEAD_DIM], element, burst)
         for h in range(w[d5005.W_KV_HEADS]):
             for b in range(d5005.BANKS):
-                first = (b - h * ctx) % d5005.BANKS
+                first = low + (b - h * ctx - low) % d5005.BANKS
                 sent[b] += 2 * words * (-(-(past - first) // d5005.BANKS) if past > first else 0)
     return sent
+
+
+def window_start(position: int, window: int) -> int:
+    """The first cache row (from 0) an attention at `position` (from 1) reads: position - window, the window's
+    first earlier position less one, or 0 with no window (0) or one longer than the positions so far."""
+    return position - window if window and position > window else 0
 
 
 def _fifo_words(stream: Stream) -> int:

@@ -42,7 +42,7 @@ from xdsl.utils.exceptions import VerifyException
 from logos_ir import identity
 from logos_ir.dialects import d5005, logos
 from logos_ir.errors import CutError, PassError
-from logos_ir.passes.d5005.placement import ROPE, Placement, cache_name, fit_error
+from logos_ir.passes.d5005.placement import Placement, cache_name, fit_error, rope_table
 from logos_ir.program import Cut
 
 NAME = "convert-logos-to-d5005"
@@ -85,6 +85,8 @@ def convert_program(program: Operation, weights: str, params: d5005.EngineParams
         EmbedToRow(placement),
         RMSNormToInstruction(placement),
         LinearToMatvec(placement),
+        BiasAddToMatvec(placement),
+        HeadNormIntoRope(),
         RopeToInstruction(placement),
         CacheWriteToInstruction(placement),
         AttentionToInstruction(placement),
@@ -122,9 +124,25 @@ def _check_main(program: logos.ProgramOp) -> None:
     if unlowered is not None:  # refused by name before any rewrite (its users would fail first, less clearly)
         raise _refuse(unlowered, "has no instruction on the D5005 engine")
     for op in main.body.block.ops:  # an op the engine lowers in its plain form only: a variant is refused
-        said = logos.variant(op)
+        said = _variant(op)
         if said is not None:
             raise _refuse(op, f"{said}, which the engine does not compute")
+
+
+def _variant(op: Operation) -> str | None:
+    """What `op` says beyond what the engine computes (`logos.variant`'s words), less an attention's window (the
+    engine bounds its attention's pass to the window) and scale (its word's float), and a rotation's own base where
+    the model has a table of it (the windowed layers' base: `placement.rope_table`)."""
+    spec = logos.program_spec(op)
+    if isinstance(op, logos.RopeOp) and spec is not None and rope_table(op, spec) is not None:
+        return None  # a table of its base and scaling, over the numbers it rotates
+    if not isinstance(op, logos.AttentionOp):
+        return logos.variant(op)
+    computed = {name: op.properties.pop(name) for name in ("window", "scale") if name in op.properties}
+    try:  # the words of what else it says, then the properties back as they were
+        return logos.variant(op)
+    finally:
+        op.properties |= computed
 
 
 # the ops a pattern below lowers to instructions (a SiLU goes into its product's silu_mul)
@@ -132,6 +150,8 @@ _LOWERED = (
     logos.EmbedOp,
     logos.RMSNormOp,
     logos.LinearOp,
+    logos.BiasAddOp,
+    logos.HeadRMSNormOp,
     logos.RopeOp,
     logos.CacheWriteOp,
     logos.AttentionOp,
@@ -225,25 +245,81 @@ class RMSNormToInstruction(_Placed):
         _lower(op, rewriter, d5005.RMSNormOp, _buffer(op.input, op), weight, op.epsilon.value.data)
 
 
+def _bias_of(op: logos.LinearOp) -> logos.BiasAddOp | None:
+    """The bias_add that is the projection's one reader, adding its bias to the product, if there is one."""
+    uses = list(op.result.uses)
+    if len(uses) != 1 or not isinstance(uses[0].operation, logos.BiasAddOp) or uses[0].index != 0:
+        return None
+    return uses[0].operation
+
+
 class LinearToMatvec(_Placed):
+    """A projection is a matvec; one whose product only a bias_add reads is left for that bias_add's pattern,
+    which lowers both to one matvec adding the bias in its epilogue."""
+
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: logos.LinearOp, rewriter: PatternRewriter) -> None:
         weight = self.region(op.weight, op)
         if logos.tensor_shape(op.result)[0] != 1:
             raise _refuse(op, "is not a matrix-vector product (a decode step has one row)")
+        if _bias_of(op) is not None:
+            return
         _lower(op, rewriter, d5005.MatvecOp, _buffer(op.input, op), weight)
 
 
+class BiasAddToMatvec(_Placed):
+    """A bias added to a projection's product selects the matvec with a bias (added in its epilogue, streamed
+    from bank 0 before the rows), erasing the projection it reads: the engine adds biases nowhere else."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.BiasAddOp, rewriter: PatternRewriter) -> None:
+        linear = op.input.owner
+        if not isinstance(linear, logos.LinearOp) or _bias_of(linear) is not op:
+            why = "adds a bias to something other than one projection: the engine adds a bias only in a matvec"
+            raise _refuse(op, why)
+        weight, bias = self.region(linear.weight, op), self.region(op.bias, op)
+        _lower(op, rewriter, d5005.MatvecOp, _buffer(linear.input, op), weight, bias)
+        rewriter.erase(linear)
+
+
+class HeadNormIntoRope(RewritePattern):
+    """A per-head RMS norm stays until the rotation that reads it selects the rope that norms its heads first: the
+    engine norms heads only there (Qwen3's query and key norms come before their rotation)."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.HeadRMSNormOp, rewriter: PatternRewriter) -> None:
+        uses = list(op.result.uses)
+        if len(uses) != 1 or not isinstance(uses[0].operation, logos.RopeOp) or uses[0].index != 0:
+            raise _refuse(op, "is read by something other than one rotation: the engine norms heads only in rope")
+        _buffer(op.input, op)
+
+
 class RopeToInstruction(_Placed):
+    """A rotation is a rope; one of a per-head RMS norm's output norms the heads first, erasing the norm."""
+
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: logos.RopeOp, rewriter: PatternRewriter) -> None:
-        src = _buffer(op.input, op)
+        normed = op.input.owner if isinstance(op.input.owner, logos.HeadRMSNormOp) else None
+        src = _buffer(normed.input if normed is not None else op.input, op)
         if not _input(op.positions, "position"):
             raise _refuse(op, "does not rotate to the decode step's position")
-        table, head_dim = self.placement.region(ROPE), op.head_dim.value.data
-        if table.cols.data != d5005.rope_row_floats(head_dim, self.placement.burst):
-            raise _refuse(op, f"rotates heads of {head_dim}, but the program's rotary table has {table.cols}")
-        _lower(op, rewriter, d5005.RopeOp, src, table, _words(op.result), head_dim)
+        spec = logos.program_spec(op)
+        name = rope_table(op, spec) if spec is not None else None
+        if name is None:
+            raise _refuse(op, "rotates by a base and scaling the program has no rotary table of")
+        table, head_dim = self.placement.region(name), op.head_dim.value.data
+        rotary = op.rotary_dim.value.data if op.rotary_dim is not None else None
+        if table.cols.data != d5005.rope_row_floats(rotary or head_dim, self.placement.burst):
+            why = f"rotates {rotary or head_dim} of each head, but the program's rotary table has {table.cols}"
+            raise _refuse(op, why)
+        norm = None
+        if normed is not None:
+            if rotary is not None:
+                raise _refuse(op, "rotates only a part of each head it norms: the engine does one or the other")
+            norm = (self.region(normed.weight, op), normed.epsilon.value.data)
+        _lower(op, rewriter, d5005.RopeOp, src, table, _words(op.result), head_dim, norm, rotary)
+        if normed is not None:
+            rewriter.erase(normed)
 
 
 class CacheWriteToInstruction(_Placed):
@@ -275,7 +351,9 @@ class AttentionToInstruction(_Placed):
             why = "reads a cache the step does not write first (the engine keeps the position's key and value on chip)"
             raise _refuse(op, why)
         current = (key, value)
-        _lower(op, rewriter, d5005.AttentionOp, query, keys, values, current, heads, kv_heads)
+        window = op.window.value.data if op.window is not None else None
+        scale = op.scale.value.data if op.scale is not None else None
+        _lower(op, rewriter, d5005.AttentionOp, query, keys, values, current, heads, kv_heads, window, scale)
 
 
 class SiluIntoProduct(RewritePattern):

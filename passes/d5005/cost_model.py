@@ -99,10 +99,17 @@ class Engine:
     _iterations: dict[tuple[str, Corner], float] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def of(cls, params: d5005.EngineParams) -> Engine:
+    def of(cls, params: d5005.EngineParams, features: frozenset[str] = frozenset()) -> Engine:
         from logos_ir.passes.d5005.emit_opencl import engine_source
 
-        return cls.read(engine_source("", params))
+        return cls.read(engine_source("", params, features))
+
+    @classmethod
+    def for_program(cls, program: d5005.ProgramOp) -> Engine:
+        """The engine the emitter writes for `program`: its parameters, with the optional parts it uses."""
+        from logos_ir.passes.d5005.emit_opencl import engine_features
+
+        return cls.of(program.params, engine_features(program))
 
     @classmethod
     def read(cls, source: str) -> Engine:
@@ -203,6 +210,17 @@ def instruction_cost(engine: Engine, word: list[int], token: int, position: int,
     """Seconds of one instruction word: the compute routine and each bank reader run at once; a reader delivers one
     bank word a cycle at most, and its bank at most its sustained share of 19.2 GB/s."""
     opcode = {code: name.split(".")[1] for name, code in d5005.OPCODES.items()}[word[d5005.W_OPCODE]]
+    if opcode == "matvec" and word[d5005.W_BIAS] and engine.constants.get("ENGINE_BIAS") != 1:
+        raise aoc_report.ReportError("a matvec of the stream adds a bias, and the engine has no ENGINE_BIAS")
+    if opcode == "rope" and word[d5005.W_HEAD_NORM] and engine.constants.get("ENGINE_HEAD_NORM") != 1:
+        raise aoc_report.ReportError("a rope of the stream norms its heads, and the engine has no ENGINE_HEAD_NORM")
+    if opcode == "rope" and word[d5005.W_ROTARY] and engine.constants.get("ENGINE_PARTIAL_ROTARY") != 1:
+        why = "a rope of the stream rotates a part of each head, and the engine has no ENGINE_PARTIAL_ROTARY"
+        raise aoc_report.ReportError(why)
+    if opcode == "attention" and word[d5005.W_WINDOW] and engine.constants.get("ENGINE_WINDOW") != 1:
+        raise aoc_report.ReportError(
+            "an attention of the stream slides over a window, and the engine has no ENGINE_WINDOW"
+        )
     step = Step(engine.constants, word, token, position)
     compute = routine_cycles(engine, engine.compute[opcode](step), corner)
     bursts = [0] * d5005.BANKS
@@ -239,7 +257,7 @@ def estimate(
 ) -> dict[str, Any]:
     """The decode step's estimate at one corner of the band (the low one by default), at `position` (the last of
     the cache by default), on `engine` (by default the one the emitter writes for the program's parameters)."""
-    engine = engine or Engine.of(program.params)
+    engine = engine or Engine.for_program(program)
     return estimate_words(program_words(program), program.ctx.value.data, engine, position, corner, program)
 
 
@@ -303,7 +321,7 @@ def band(
     """The estimate at both ends of the stated ranges: (low, high) tokens/s, with what aoc's reports would flag.
     A hazard (a loop whose results aoc would not keep) puts the low end at 0: that engine's tokens are not sure."""
     if program is not None:
-        engine = engine or Engine.of(program.params)
+        engine = engine or Engine.for_program(program)
         words, ctx = program_words(program), program.ctx.value.data
     assert engine is not None and words is not None and ctx is not None
     low, high = (estimate_words(words, ctx, engine, corner=c) for c in (LOW, HIGH))

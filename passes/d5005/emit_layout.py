@@ -23,7 +23,7 @@ from logos_ir.dialects import d5005
 from logos_ir.numerics import bf16_bits
 from logos_ir.passes.d5005.emit_opencl import the_d5005_program
 from logos_ir.passes.d5005.emit_stream import HEADER_FIELDS, header
-from logos_ir.passes.d5005.placement import ROPE
+from logos_ir.passes.d5005.placement import TABLES, table_turn
 from logos_ir.spec import ModelSpec
 
 
@@ -36,7 +36,7 @@ def regions_of(program: d5005.ProgramOp) -> dict[str, d5005.RegionAttr]:
 
 
 def region_kind(name: str) -> str:
-    return "table" if name == ROPE else "cache" if name.startswith("cache.") else "weight"
+    return "table" if name in TABLES else "cache" if name.startswith("cache.") else "weight"
 
 
 def image_bytes(program: d5005.ProgramOp) -> int:
@@ -67,12 +67,14 @@ def layout(program: d5005.ProgramOp) -> str:
 # -- the weight image ------------------------------------------------------------------------------------------
 
 
-def rope_table(spec: ModelSpec, ctx: int, row_floats: int) -> np.ndarray:
-    """[ctx, row_floats] float32: row p-1 holds cos of (p-1) * each frequency, as the reference's, then their
-    sines, each half padded with zeros to `row_floats / 2` (whole bank words: `d5005.rope_row_floats`)."""
+def rope_table(spec: ModelSpec, ctx: int, row_floats: int, name: str = TABLES[0]) -> np.ndarray:
+    """[ctx, row_floats] float32 of the table `name` (its base and scaling: `table_turn`): row p-1 holds cos of
+    (p-1) * each frequency, as the reference's, then their sines, each half padded with zeros to `row_floats / 2`
+    (whole bank words: `d5005.rope_row_floats`)."""
     from logos_ir.rope import rope_inv_freq
 
-    inv_freq = rope_inv_freq(spec.head_dim, spec.rope_theta, spec.rope_scaling)
+    theta, scaling = table_turn(name, spec)
+    inv_freq = rope_inv_freq(spec.rotary_dim or spec.head_dim, theta, scaling)  # over the numbers that rotate
     angles = np.arange(ctx, dtype=np.float64)[:, None] * inv_freq[None, :]
     half = np.zeros((ctx, 2, row_floats // 2), dtype=np.float64)
     half[:, 0, : inv_freq.size], half[:, 1, : inv_freq.size] = np.cos(angles), np.sin(angles)
@@ -98,8 +100,8 @@ def weight_image(program: d5005.ProgramOp, spec: ModelSpec, store, progress=None
     regions = [(n, r) for n, r in regions_of(program).items() if region_kind(n) != "cache"]
     items = progress.over(regions, "weight image") if progress is not None else regions
     for name, region in items:
-        if name == ROPE:
-            _striped(region, rope_table(spec, region.rows.data, region.cols.data), banks)
+        if name in TABLES:
+            _striped(region, rope_table(spec, region.rows.data, region.cols.data, name), banks)
             continue
         values = np.asarray(store.get(name), dtype=np.float32).reshape(region.rows.data, region.cols.data)
         _striped(region, bf16_bits(values) if region.element_bytes.data == 2 else values, banks)

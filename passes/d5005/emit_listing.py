@@ -29,7 +29,8 @@ def _embed_row(op: d5005.EmbedRowOp) -> str:
 
 
 def _matvec(op: d5005.MatvecOp) -> str:
-    return f"{label(op.dst)} <- {_region(op.weight)} x {label(op.src)}"
+    bias = f" + {_region(op.bias)}" if op.bias is not None else ""
+    return f"{label(op.dst)} <- {_region(op.weight)} x {label(op.src)}{bias}"
 
 
 def _rms_norm(op: d5005.RMSNormOp) -> str:
@@ -38,7 +39,10 @@ def _rms_norm(op: d5005.RMSNormOp) -> str:
 
 def _rope(op: d5005.RopeOp) -> str:
     heads = f"heads of {op.head_dim.value.data} by {_region(op.table)}"
-    return f"{label(op.dst)} <- rope({label(op.src)}, position) {heads}"
+    src = label(op.src)
+    if op.norm is not None and op.epsilon is not None:
+        src = f"head_rms_norm({src}) * {_region(op.norm)} eps {op.epsilon.value.data:g}"
+    return f"{label(op.dst)} <- rope({src}, position) {heads}"
 
 
 def _cache_write(op: d5005.CacheWriteOp) -> str:
@@ -49,6 +53,7 @@ def _attention(op: d5005.AttentionOp) -> str:
     return (
         f"{label(op.dst)} <- attention({label(op.query)}, {op.heads.value.data} heads over {op.kv_heads.value.data})"
         f" keys {_region(op.keys)} values {_region(op.values)} current {label(op.key)}, {label(op.value)}"
+        + (f" window {op.window.value.data}" if op.window is not None else "")
     )
 
 

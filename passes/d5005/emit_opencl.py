@@ -23,6 +23,7 @@ and each routine `/* routine NAME */`; `engine_loops.py` states those loops as d
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from string import Template
 from typing import IO, ClassVar
 
@@ -38,7 +39,42 @@ SLOT_DISTANCE = 2 * SHIFT_DEPTH  # iterations, at least, between two updates of 
 CHANNEL_DEPTH = 512  # bank words each reader may run ahead of the compute kernel
 
 
-def engine_constants(params: d5005.EngineParams) -> dict[str, int]:
+# The engine's optional parts: each printed (its routine's loops, its field of an instruction word, its on-chip
+# array, and a `#define ENGINE_<NAME> 1` that says it is there) only in an engine whose program uses it, so the
+# engine of a program that uses none is the one printed without them.
+FEATURES = ("bias", "window", "head_norm", "partial_rotary")
+
+
+def engine_features(program: d5005.ProgramOp) -> frozenset[str]:
+    """The optional parts of the engine that `program`'s instructions use: `bias`, a matvec adding a bias;
+    `window`, an attention over a sliding window; `head_norm`, a rope that RMS-norms each head first;
+    `partial_rotary`, a rope that rotates a part of each head."""
+    found = set()
+    if any(isinstance(op, d5005.MatvecOp) and op.bias is not None for op in program.instructions()):
+        found.add("bias")
+    if any(isinstance(op, d5005.AttentionOp) and op.window is not None for op in program.instructions()):
+        found.add("window")
+    if any(isinstance(op, d5005.RopeOp) and op.norm is not None for op in program.instructions()):
+        found.add("head_norm")
+    if any(isinstance(op, d5005.RopeOp) and op.rotary_dim is not None for op in program.instructions()):
+        found.add("partial_rotary")
+    return frozenset(found)
+
+
+def _feature_constants(features: frozenset[str]) -> dict[str, int]:
+    found = {}
+    if "bias" in features:
+        found |= {"ENGINE_BIAS": 1, "BIAS_WORDS": d5005.BIAS_WORDS}
+    if "window" in features:
+        found["ENGINE_WINDOW"] = 1
+    if "head_norm" in features:
+        found["ENGINE_HEAD_NORM"] = 1
+    if "partial_rotary" in features:
+        found["ENGINE_PARTIAL_ROTARY"] = 1
+    return found
+
+
+def engine_constants(params: d5005.EngineParams, features: frozenset[str] = frozenset()) -> dict[str, int]:
     """The engine's parameters, as the source's `#define`s state them (the cost model reads them here)."""
     weight_bytes = d5005.WEIGHT_BYTES[params.weights]
     return {
@@ -60,6 +96,7 @@ def engine_constants(params: d5005.EngineParams) -> dict[str, int]:
         "OFFSET_MASK": (1 << d5005.OFFSET_BITS) - 1,
         **_arrays(params.onchip_words),
         **{f"OP_{name.split('.')[1].upper()}": code for name, code in d5005.OPCODES.items()},
+        **_feature_constants(features),
     }
 
 
@@ -75,15 +112,18 @@ def _arrays(onchip_words: int) -> dict[str, int]:
     return found
 
 
-def engine_source(identity: str, params: d5005.EngineParams) -> str:
-    """The engine's OpenCL C for `params`, its first line the identity line of the program it was emitted for."""
-    defines = "\n".join(f"#define {name} {value}" for name, value in engine_constants(params).items())
+def engine_source(identity: str, params: d5005.EngineParams, features: frozenset[str] = frozenset()) -> str:
+    """The engine's OpenCL C for `params` with the optional parts `features`, its first line the identity line of
+    the program it was emitted for."""
+    unknown = set(features) - set(FEATURES)
+    assert not unknown, unknown
+    defines = "\n".join(f"#define {name} {value}" for name, value in engine_constants(params, features).items())
     about = (
         f"// D5005 decode engine: {params.clock_mhz} MHz, {params.burst_bytes}-byte bursts, vector width"
         f" {params.vector_width}, {params.mac_lanes} MAC lanes, {params.onchip_words} on-chip words, {params.weights}"
         f" weights and KV cache; {d5005.BANKS} bank readers and a compute kernel"
     )
-    return f"// {identity}\n{about}\n{defines}\n{_BODY}"
+    return f"// {identity}\n{about}\n{defines}\n{_body(frozenset(features))}"
 
 
 _TEMPLATE = r"""
@@ -222,7 +262,7 @@ inline void read_embed_row(stream_t *s, __global const bank_word_t *bank, const 
 inline void read_matvec(stream_t *s, __global const bank_word_t *bank, const uint b, const uint16 w) {
     uint rows = w.s4, cols = w.s5, stride = w.s7 / BURST_BYTES;
     uint words = WORDS(cols, WEIGHT_BYTES);
-    uint mine = (rows + BANKS - 1 - b) / BANKS;
+    uint mine = (rows + BANKS - 1 - b) / BANKS;${read_matvec_bias}
     uint i = 0, c = 0;
     /* loop read_matvec.words */
     for (uint n = 0; n < mine * words; n++) {
@@ -242,10 +282,10 @@ inline void read_rms_norm(stream_t *s, __global const bank_word_t *bank, const u
 /* routine read_rope */
 inline void read_rope(stream_t *s, __global const bank_word_t *bank, const uint b, const uint16 w, uint position) {
     uint row = position - 1;
-    uint words = SELECT(row % BANKS == b, 2 * WORDS(w.sb / 2, 4), 0);
+    uint words = SELECT(row % BANKS == b, 2 * WORDS(${read_rope_half}, 4), 0);
     uint start = w.s6 + (row / BANKS) * (w.s7 / BURST_BYTES);
     /* loop read_rope.words */
-    for (uint c = 0; c < words; c++) WRITE_BANK(s, b, bank[start + c]);
+    for (uint c = 0; c < words; c++) WRITE_BANK(s, b, bank[start + c]);${read_rope_norm}
 }
 
 /* Head h's positions 1..position-1 of a cache, in this bank: rows h * ctx + t with (h * ctx + t) % BANKS == b,
@@ -254,10 +294,10 @@ inline void read_rope(stream_t *s, __global const bank_word_t *bank, const uint 
 inline void read_attention(stream_t *s, __global const bank_word_t *bank, const uint b, const uint16 w,
                            uint position) {
     uint kv_heads = w.sa, ctx = w.sc, past = position - 1, stride = w.s7 / BURST_BYTES;
-    uint row_words = WORDS(w.sb, CACHE_BYTES);
+    uint row_words = WORDS(w.sb, CACHE_BYTES);${read_window}
     /* loop read_attention.kv_heads */
     for (uint h = 0; h < kv_heads; h++) {
-        uint first = (b + BANKS - (h * ctx) % BANKS) % BANKS;
+        uint first = ${read_first};
         uint mine = SELECT(past > first, (past - first + BANKS - 1) / BANKS, 0);
         uint row = (h * ctx + first) / BANKS;
         uint i = 0, c = 0;
@@ -336,7 +376,7 @@ inline void embed_row(ONCHIP float *restrict residual, channels_t *ch, const uin
    gather in a bank word of results, stored at once every QUADS_PER_WORD rows of four (a store a bank). */
 /* routine matvec */
 inline void matvec(ONCHIP float *restrict outputs, ONCHIP float *restrict inputs, ONCHIP float *restrict attended,
-                   __local float *restrict vector, channels_t *ch, const uint16 w) {
+                   __local float *restrict vector,${matvec_bias_param} channels_t *ch, const uint16 w) {
     uint rows = w.s4, cols = w.s5, dst = (w.s1 & OFFSET_MASK) * OV, src = (w.s2 & OFFSET_MASK) * OV;
     uint from = w.s2 >> ARRAY_SHIFT;
     uint words = WORDS(cols, WEIGHT_BYTES);
@@ -349,7 +389,7 @@ inline void matvec(ONCHIP float *restrict outputs, ONCHIP float *restrict inputs
             if (c + e < cols) v = from == ARRAY_ATTENDED ? attended[src + c + e] : inputs[src + c + e];
             vector[c + e] = v;
         }
-    }
+    }${matvec_bias_load}
     float out[OV];
     /* loop matvec.rows */
     for (uint i = 0; i < quads; i++) {
@@ -380,7 +420,7 @@ ${matvec_total}
             UNROLL(OV)
             for (uint e = 0; e < OV; e++) {
                 uint k = (i / QUADS_PER_WORD) * OV + e;
-                if (k < rows) outputs[dst + k] = out[e];
+                if (k < rows) outputs[dst + k] = out[e]${matvec_bias_add};
             }
         }
     }
@@ -423,8 +463,8 @@ ${rms_norm_total}
    taken and stored a word from each bank at once. */
 /* routine rope */
 inline void rope(ONCHIP float *restrict rotated, ONCHIP float *restrict outputs, __local float *restrict cosines,
-                 __local float *restrict sines, channels_t *ch, const uint16 w, uint position) {
-    uint head_dim = w.sb, mid = head_dim / 2, width = w.se;
+                 __local float *restrict sines,${rope_norm_param} channels_t *ch, const uint16 w, uint position) {
+    uint head_dim = w.sb, ${rope_dims}, width = w.se;
     uint dst = (w.s1 & OFFSET_MASK) * OV, src = (w.s2 & OFFSET_MASK) * OV;
     uint bank = (position - 1) % BANKS;
     uint half_words = WORDS(mid, 4);
@@ -442,9 +482,9 @@ inline void rope(ONCHIP float *restrict rotated, ONCHIP float *restrict outputs,
             else sines[(c - half_words) * OV + e] = F32_AT(word, e);
         }
     }
-    uint heads = width / head_dim;
+    uint heads = width / head_dim;${rope_norm_load}
     /* loop rope.heads */
-    for (uint head = 0; head < heads; head++) {
+    for (uint head = 0; head < heads; head++) {${rope_squares}
         IVDEP
         /* loop rope.rotate */
         for (uint c = 0; c < mid; c += OV) {
@@ -453,7 +493,7 @@ inline void rope(ONCHIP float *restrict rotated, ONCHIP float *restrict outputs,
             uint second_word = second_at / OV, second_shift = second_at % OV;
             uint to_at = dst + head * head_dim + c, to2_at = to_at + mid;
             uint to_word = to_at / OV, to_shift = to_at % OV, to2_word = to2_at / OV, to2_shift = to2_at % OV;
-            float firsts[OV], seconds[OV], turned_first[OV], turned_second[OV];
+${rope_norm_at}            float firsts[OV], seconds[OV], turned_first[OV], turned_second[OV];
             UNROLL(OV)
             for (uint e = 0; e < OV; e++) {  /* bank e's word of each half */
                 firsts[e] = 0.0f;
@@ -461,12 +501,12 @@ inline void rope(ONCHIP float *restrict rotated, ONCHIP float *restrict outputs,
                 if (c + (e + OV - first_shift) % OV < mid)
                     firsts[e] = outputs[(first_word + (e < first_shift)) * OV + e];
                 if (c + (e + OV - second_shift) % OV < mid)
-                    seconds[e] = outputs[(second_word + (e < second_shift)) * OV + e];
+                    seconds[e] = outputs[(second_word + (e < second_shift)) * OV + e];${rope_norm_runs}
             }
             UNROLL(OV)
             for (uint l = 0; l < OV; l++) {
                 float first = firsts[(l + first_shift) % OV], second = seconds[(l + second_shift) % OV];
-                float cosine = cosines[c + l], sine = sines[c + l];
+${rope_norm_apply}                float cosine = cosines[c + l], sine = sines[c + l];
                 turned_first[l] = first * cosine + second * (-sine);
                 turned_second[l] = second * cosine + first * sine;
             }
@@ -476,7 +516,7 @@ inline void rope(ONCHIP float *restrict rotated, ONCHIP float *restrict outputs,
                 if (c + lane < mid) rotated[(to_word + (e < to_shift)) * OV + e] = turned_first[lane];
                 if (c + lane2 < mid) rotated[(to2_word + (e < to2_shift)) * OV + e] = turned_second[lane2];
             }
-        }
+        }${rope_pass}
     }
 }
 
@@ -530,8 +570,8 @@ inline void attention(ONCHIP float *restrict attended, ONCHIP float *restrict ro
                       ONCHIP float *restrict outputs, __local float *restrict queries, __local float *restrict acc,
                       channels_t *ch, const uint16 w, uint position) {
     uint heads = w.s9, kv_heads = w.sa, head_dim = w.sb, ctx = w.sc;
-    uint group = heads / kv_heads, past = position - 1;
-    uint quads = (past + BANKS - 1) / BANKS;
+    uint group = heads / kv_heads, past = position - 1;${attention_window}
+    uint quads = ${attention_quads};
     uint row_words = WORDS(head_dim, CACHE_BYTES);
     uint dst = (w.s1 & OFFSET_MASK) * OV, query = (w.s2 & OFFSET_MASK) * OV;
     uint key = (w.se & OFFSET_MASK) * OV, value = (w.sf & OFFSET_MASK) * OV;
@@ -583,7 +623,7 @@ ${current_add}
             uint valid[BANKS];
             UNROLL(BANKS)
             for (uint b = 0; b < BANKS; b++) {
-                valid[b] = q * BANKS + (b + BANKS - base) % BANKS < past;
+${attention_valid}
                 word[b] = blank;
                 if (valid[b]) word[b] = READ_BANK(ch, b);
             }
@@ -794,10 +834,10 @@ TASK void d5005_compute(__global const uint16 *restrict program, const uint firs
     __global float *restrict attended = scratch + ATTENDED_AT, *restrict outputs = scratch + OUTPUTS_AT;
     __global float *restrict rotated = scratch + ROTATED_AT;
 #endif
-    __local float vector[VECTOR_WORDS] BANKED(OV);
+    __local float vector[VECTOR_WORDS] BANKED(OV);${bias_array}
     __local float queries[ROW_WORDS_MAX * GROUP_MAX * CPW] BANKED(GROUP_MAX * CPW);
     __local float cosines[ROPE_WORDS / 2] BANKED(OV);
-    __local float sines[ROPE_WORDS / 2] BANKED(OV);
+    __local float sines[ROPE_WORDS / 2] BANKED(OV);${head_norm_array}
     __local float acc[SHIFT_DEPTH * ROW_WORDS_MAX * GROUP_MAX * CPW] BANKED(GROUP_MAX * CPW);
     channels_t ch;
 #if !defined(INTELFPGA_CL)
@@ -809,9 +849,9 @@ TASK void d5005_compute(__global const uint16 *restrict program, const uint firs
         const uint16 w = program[pc];
         switch (w.s0) {
         case OP_EMBED_ROW: embed_row(residual, &ch, w, token); break;
-        case OP_MATVEC: matvec(outputs, inputs, attended, vector, &ch, w); break;
+        case OP_MATVEC: matvec(outputs, inputs, attended, vector${matvec_bias_arg}, &ch, w); break;
         case OP_RMS_NORM: rms_norm(inputs, residual, &ch, w); break;
-        case OP_ROPE: rope(rotated, outputs, cosines, sines, &ch, w, position); break;
+        case OP_ROPE: rope(rotated, outputs, cosines, sines${rope_norm_arg}, &ch, w, position); break;
         case OP_CACHE_WRITE: cache_write(outputs, rotated, bank0, bank1, bank2, bank3, w, position); break;
         case OP_ATTENTION: attention(attended, rotated, outputs, queries, acc, &ch, w, position); break;
         case OP_SILU_MUL: silu_mul(inputs, outputs, w); break;
@@ -897,9 +937,157 @@ def _run_out(array: str, base: str, element: str, valid: str, source: str, inden
     )
 
 
+# A matvec's bias (`bias`): bank 0 streams it before its rows (w.se words, at burst w.s8), into the on-chip copy
+# `biases` (a store a bank for each of a bank word's floats), and each row's total takes its bias as it is stored
+# (a load a bank); a matvec without one (w.se = 0) adds nothing.
+_BIAS = {
+    "read_matvec_bias": """
+    uint bias_words = SELECT(b == 0, WORDS(w.se, WEIGHT_BYTES), 0);
+    /* loop read_matvec.bias */
+    for (uint c = 0; c < bias_words; c++) WRITE_BANK(s, b, bank[w.s8 + c]);""",
+    "matvec_bias_param": " __local float *restrict biases,",
+    "matvec_bias_load": """
+    uint biased = w.se, bias_words = WORDS(biased, WEIGHT_BYTES);
+    /* loop matvec.bias */
+    for (uint c = 0; c < bias_words; c++) {
+        bank_word_t word = READ_BANK(ch, 0);
+        UNROLL(VECTOR_WIDTH)
+        for (uint e = 0; e < VECTOR_WIDTH; e++) biases[c * VECTOR_WIDTH + e] = WEIGHT_AT(word, e);
+    }""",
+    "matvec_bias_add": " + SELECT(biased, biases[k], 0.0f)",
+    "bias_array": "\n    __local float biases[BIAS_WORDS] BANKED(OV);",
+    "matvec_bias_arg": ", biases",
+}
+
+
+# A sliding window (`window`, w.s3 positions, 0 for none): the earlier rows read are those from `low` =
+# position - window on (all of them while the positions so far fit the window), so each bank's reader starts at its
+# first row of the window and the compute kernel's pass runs over the rows of four from the one holding `low`; a row
+# of four's rows before `low` or from the position on are not valid (no word taken, no weight).
+_WINDOW = {
+    "read_window": """
+    uint window = w.s3, low = SELECT(window != 0 && position > window, position - window, 0);""",
+    "read_first": "low + (b + 2 * BANKS - (h * ctx) % BANKS - low % BANKS) % BANKS",
+    "attention_window": """
+    uint window = w.s3, low = SELECT(window != 0 && position > window, position - window, 0);
+    uint start = (low / BANKS) * BANKS;""",
+    "attention_quads": "(past - start + BANKS - 1) / BANKS",
+    "attention_valid": """                uint row = start + q * BANKS + (b + BANKS - base) % BANKS;
+                valid[b] = row >= low && row < past;""",
+}
+# ... and the same places of the engine without a window.
+_UNWINDOWED = {
+    "read_window": "",
+    "read_first": "(b + BANKS - (h * ctx) % BANKS) % BANKS",
+    "attention_window": "",
+    "attention_quads": "(past + BANKS - 1) / BANKS",
+    "attention_valid": "                valid[b] = q * BANKS + (b + BANKS - base) % BANKS < past;",
+}
+
+
+# A rope that RMS-norms each head first (`head_norm`, w.s9 = 1; Qwen3's query and key norms): bank 0 streams the
+# norm's weight after the table's row (head_dim elements at burst w.s8) into `head_weights` (a store a bank for each
+# float of a word); each head's squares are summed a bank word of both halves at a time (the rotation's own loads,
+# `rope.squares`), and the rotation scales each half by scale * its weights, the second half's weights taken as a
+# run at a run-time offset (mid + c: a load a bank) as the heads' halves are.
+_HEAD_NORM = {
+    "read_rope_norm": """
+    uint norm_words = SELECT(b == 0 && w.s9 != 0, WORDS(w.sb, WEIGHT_BYTES), 0);
+    /* loop read_rope.norm */
+    for (uint c = 0; c < norm_words; c++) WRITE_BANK(s, b, bank[w.s8 + c]);""",
+    "rope_norm_param": " __local float *restrict head_weights,",
+    "rope_norm_load": """
+    uint normed = w.s9, norm_words = SELECT(normed, WORDS(head_dim, WEIGHT_BYTES), 0), squared = SELECT(normed, mid, 0);
+    /* loop rope.norm */
+    for (uint c = 0; c < norm_words; c++) {
+        bank_word_t word = READ_BANK(ch, 0);
+        UNROLL(VECTOR_WIDTH)
+        for (uint e = 0; e < VECTOR_WIDTH; e++) head_weights[c * VECTOR_WIDTH + e] = WEIGHT_AT(word, e);
+    }""",
+    "rope_squares": """
+        float shift[SHIFT_DEPTH + 1];
+${clear}
+        /* loop rope.squares */
+        for (uint c = 0; c < squared; c += OV) {
+            uint first_at = src + head * head_dim + c, second_at = first_at + mid;
+            uint first_word = first_at / OV, first_shift = first_at % OV;
+            uint second_word = second_at / OV, second_shift = second_at % OV;
+            float sum = 0.0f;
+            UNROLL(OV)
+            for (uint e = 0; e < OV; e++) {  /* bank e's word of each half, as the rotation takes them */
+                float first = 0.0f, second = 0.0f;
+                if (c + (e + OV - first_shift) % OV < mid) first = outputs[(first_word + (e < first_shift)) * OV + e];
+                if (c + (e + OV - second_shift) % OV < mid)
+                    second = outputs[(second_word + (e < second_shift)) * OV + e];
+                sum += first * first + second * second;
+            }
+${add}
+        }
+${total}
+        float scale = SELECT(normed, 1.0f / sqrt(squares * (1.0f / (float)head_dim) + as_float(w.sd)), 1.0f);""",
+    "rope_norm_at": """            uint norm_word = (mid + c) / OV, norm_shift = (mid + c) % OV;
+            float norm_firsts[OV], norm_seconds[OV];
+""",
+    "rope_norm_runs": """
+                norm_firsts[e] = 1.0f;
+                norm_seconds[e] = 1.0f;
+                if (normed && c + e < mid) norm_firsts[e] = head_weights[c + e];
+                if (normed && c + (e + OV - norm_shift) % OV < mid)
+                    norm_seconds[e] = head_weights[(norm_word + (e < norm_shift)) * OV + e];""",
+    "rope_norm_apply": """                first = first * scale * norm_firsts[l];
+                second = second * scale * norm_seconds[(l + norm_shift) % OV];
+""",
+    "head_norm_array": "\n    __local float head_weights[ROPE_WORDS] BANKED(OV);",
+    "rope_norm_arg": ", head_weights",
+}
+_HEAD_NORM["rope_squares"] = Template(_HEAD_NORM["rope_squares"]).substitute(
+    clear=_shift_clear("shift", 8), add=_shift_add("shift", "sum", 12), total=_shift_total("squares", "shift", 8)
+)
+
+
+# A rope that rotates only the first w.sa numbers of each head (`partial_rotary`, Phi-3's partial_rotary_factor):
+# its table's rows are over those (mid = w.sa / 2), and the rest of each head is passed through as it is, a bank
+# word of floats at a time (`rope.pass`: a run of OV words taken from `outputs` and stored into `rotated` at a
+# run-time offset, a load and a store a bank); w.sa = 0 rotates the whole head.
+_PARTIAL = {
+    "rope_dims": "rotary = SELECT(w.sa != 0, w.sa, head_dim), mid = rotary / 2",
+    "read_rope_half": "SELECT(w.sa != 0, w.sa, w.sb) / 2",
+    "rope_pass": """
+        uint rest = head_dim - rotary;
+        IVDEP
+        /* loop rope.pass */
+        for (uint c = 0; c < rest; c += OV) {
+            uint from_at = src + head * head_dim + rotary + c, to_at = dst + head * head_dim + rotary + c;
+            uint from_word = from_at / OV, from_shift = from_at % OV, to_word = to_at / OV, to_shift = to_at % OV;
+            float kept[OV];
+            UNROLL(OV)
+            for (uint e = 0; e < OV; e++) {  /* bank e's word of the run */
+                kept[e] = 0.0f;
+                if (c + (e + OV - from_shift) % OV < rest) kept[e] = outputs[(from_word + (e < from_shift)) * OV + e];
+            }
+            UNROLL(OV)
+            for (uint e = 0; e < OV; e++) {  /* one store a bank */
+                uint lane = (e + OV - to_shift) % OV;
+                if (c + lane < rest) rotated[(to_word + (e < to_shift)) * OV + e] = kept[(lane + from_shift) % OV];
+            }
+        }""",
+}
+_WHOLE = {"rope_dims": "mid = head_dim / 2", "read_rope_half": "w.sb / 2", "rope_pass": ""}
+
+
+@cache
+def _body(features: frozenset[str]) -> str:
+    """The engine's text after its `#define`s, with the optional parts `features` (the others print nothing)."""
+    optional = {key: text if "bias" in features else "" for key, text in _BIAS.items()}
+    optional |= _WINDOW if "window" in features else _UNWINDOWED
+    optional |= {key: text if "head_norm" in features else "" for key, text in _HEAD_NORM.items()}
+    optional |= _PARTIAL if "partial_rotary" in features else _WHOLE
+    return Template(_TEMPLATE).substitute(optional, **_FIXED)
+
+
 # The shift-register sums of the matvec's rows, the norm's squares and the softmax's exponentials (and the
 # attention's dot product with the position's own key) are printed by the three functions above.
-_BODY = Template(_TEMPLATE).substitute(
+_FIXED = dict(
     matvec_clear=_shift_clear("shift[b]", 12),
     matvec_add=_shift_add("shift[b]", "sum", 16),
     matvec_total=_shift_total("total", "shift[b]", 12),
@@ -939,7 +1127,7 @@ class OpenclTarget(Target):
 
     def emit(self, ctx: Context, module: ModuleOp, output: IO[str]) -> None:
         program = the_d5005_program(module, self.name)
-        output.write(engine_source(program.identity.data, program.params))
+        output.write(engine_source(program.identity.data, program.params, engine_features(program)))
 
 
 def the_d5005_program(module: ModuleOp, target: str) -> d5005.ProgramOp:

@@ -65,6 +65,9 @@ def _embed_row(op: d5005.EmbedRowOp, word: _Word) -> None:
 def _matvec(op: d5005.MatvecOp, word: _Word) -> None:
     word.buffers((d5005.W_DST, op.dst), (d5005.W_A, op.src))
     word.region(op.weight)
+    if op.bias is not None:  # its length (0: none) and where it starts in bank 0
+        word.w[d5005.W_BIAS] = op.bias.cols.data
+        word.w[d5005.W_BIAS_OFFSET] = _burst_offset(op.bias, word.burst)
 
 
 def _rms_norm(op: d5005.RMSNormOp, word: _Word) -> None:
@@ -77,6 +80,12 @@ def _rope(op: d5005.RopeOp, word: _Word) -> None:
     word.buffers((d5005.W_DST, op.dst), (d5005.W_A, op.src))
     word.region(op.table)
     word.w[d5005.W_WIDTH], word.w[d5005.W_HEAD_DIM] = op.width.value.data, op.head_dim.value.data
+    if op.rotary_dim is not None:  # only the first rotary_dim numbers of each head rotate
+        word.w[d5005.W_ROTARY] = op.rotary_dim.value.data
+    if op.norm is not None and op.epsilon is not None:  # each head RMS-normed first: the flag, the weight, epsilon
+        word.w[d5005.W_HEAD_NORM] = 1
+        word.w[d5005.W_NORM_OFFSET] = _burst_offset(op.norm, word.burst)
+        word.w[d5005.W_FLOAT] = _f32_bits(op.epsilon.value.data)
 
 
 def _cache_write(op: d5005.CacheWriteOp, word: _Word) -> None:
@@ -93,7 +102,9 @@ def _attention(op: d5005.AttentionOp, word: _Word) -> None:
     w[d5005.W_HEADS], w[d5005.W_KV_HEADS] = op.heads.value.data, op.kv_heads.value.data
     word.buffers((d5005.W_KEY, op.key), (d5005.W_VALUE, op.value))
     w[d5005.W_HEAD_DIM], w[d5005.W_CTX] = op.keys.cols.data, op.ctx
-    w[d5005.W_FLOAT] = _f32_bits(1 / np.sqrt(op.keys.cols.data))  # as the reference scales, in float32
+    scale = op.scale.value.data if op.scale is not None else 1 / np.sqrt(op.keys.cols.data)
+    w[d5005.W_FLOAT] = _f32_bits(scale)  # as the reference scales, in float32
+    w[d5005.W_WINDOW] = op.window.value.data if op.window is not None else 0
 
 
 def _elementwise(op: d5005.ElementwiseOp, word: _Word) -> None:

@@ -45,12 +45,28 @@ class Step:
     def __getitem__(self, name: str) -> int:
         return self.constants[name]
 
+    def has(self, feature: str) -> bool:
+        """Whether the engine was printed with an optional part (its `#define ENGINE_... 1`)."""
+        return self.constants.get(feature, 0) == 1
+
     def field(self, index: int) -> int:
         return self.word[index]
 
     def words(self, elements: int, element_bytes: int) -> int:
         """Bank words (bursts) of `elements` of `element_bytes`: the source's WORDS(n, bytes)."""
         return ceil_div(elements * element_bytes, self["BURST_BYTES"])
+
+    @property
+    def rotary(self) -> int:
+        """The numbers of each head a rope rotates: the source's `rotary` (w.sa, or the head's w.sb)."""
+        rotary = self.field(d5005.W_ROTARY) if self.has("ENGINE_PARTIAL_ROTARY") else 0
+        return rotary or self.field(d5005.W_HEAD_DIM)
+
+    @property
+    def window_start(self) -> int:
+        """The first cache row (from 0) an attention reads: the source's `low` (0 with no window, w.s3 = 0)."""
+        window = self.field(d5005.W_WINDOW) if self.has("ENGINE_WINDOW") else 0
+        return self.position - window if window and self.position > window else 0
 
     @property
     def ov(self) -> int:
@@ -87,9 +103,13 @@ def read_embed_row(s: Step) -> list[Loop]:
 
 
 def read_matvec(s: Step) -> list[Loop]:
-    rows, cols = s.field(d5005.W_ROWS), s.field(d5005.W_COLS)
+    """Bank 0's words of the bias first (in an engine with biases; none where the word has none), then this
+    bank's rows."""
+    rows, cols, bias = s.field(d5005.W_ROWS), s.field(d5005.W_COLS), s.field(d5005.W_BIAS)
     mine = (rows + s["BANKS"] - 1 - s.bank) // s["BANKS"]
-    return [_counted("read_matvec.words", "n", "mine * words", mine * s.words(cols, s["WEIGHT_BYTES"]))]
+    bias_words = s.words(bias, s["WEIGHT_BYTES"]) if s.bank == 0 else 0
+    biased = [_counted("read_matvec.bias", "c", "bias_words", bias_words)] if s.has("ENGINE_BIAS") else []
+    return [*biased, _counted("read_matvec.words", "n", "mine * words", mine * s.words(cols, s["WEIGHT_BYTES"]))]
 
 
 def read_rms_norm(s: Step) -> list[Loop]:
@@ -98,19 +118,25 @@ def read_rms_norm(s: Step) -> list[Loop]:
 
 
 def read_rope(s: Step) -> list[Loop]:
+    """The table's row from its bank, then (in an engine that norms heads) bank 0's words of the norm's weight."""
     row = s.position - 1
-    words = 2 * s.words(s.field(d5005.W_HEAD_DIM) // 2, 4) if row % s["BANKS"] == s.bank else 0
-    return [_counted("read_rope.words", "c", "words", words)]
+    words = 2 * s.words(s.rotary // 2, 4) if row % s["BANKS"] == s.bank else 0
+    loops = [_counted("read_rope.words", "c", "words", words)]
+    if s.has("ENGINE_HEAD_NORM"):
+        normed = s.bank == 0 and s.field(d5005.W_HEAD_NORM)
+        norm_words = s.words(s.field(d5005.W_HEAD_DIM), s["WEIGHT_BYTES"]) if normed else 0
+        loops.append(_counted("read_rope.norm", "c", "norm_words", norm_words))
+    return loops
 
 
 def read_attention(s: Step) -> list[Loop]:
     """Head h's earlier positions in this bank, each row's key words then its value words (the bounds change
     with h)."""
-    banks, ctx, past = s["BANKS"], s.field(d5005.W_CTX), s.position - 1
+    banks, ctx, past, low = s["BANKS"], s.field(d5005.W_CTX), s.position - 1, s.window_start
     row_words = s.words(s.field(d5005.W_HEAD_DIM), s["CACHE_BYTES"])
 
     def head(h: int) -> tuple[Loop, ...]:
-        first = (s.bank + banks - (h * ctx) % banks) % banks
+        first = low + (s.bank - h * ctx - low) % banks
         mine = (past - first + banks - 1) // banks if past > first else 0
         return (_counted("read_attention.rows", "n", "mine * 2 * row_words", mine * 2 * row_words),)
 
@@ -129,8 +155,12 @@ def matvec(s: Step) -> list[Loop]:
     """The input copied on chip, then rows 4i .. 4i+3 a word of each bank a cycle, summed in shift registers."""
     rows, words = s.field(d5005.W_ROWS), s.words(s.field(d5005.W_COLS), s["WEIGHT_BYTES"])
     row_words = _counted("matvec.words", "c", "words", words)
+    bias = s.field(d5005.W_BIAS)
+    bias_words = s.words(bias, s["WEIGHT_BYTES"])
+    biased = [_counted("matvec.bias", "c", "bias_words", bias_words)] if s.has("ENGINE_BIAS") else []
     return [
         _by_ov("matvec.load", "words * VECTOR_WIDTH", words * s["VECTOR_WIDTH"], s),
+        *biased,
         _counted("matvec.rows", "i", "quads", ceil_div(rows, s["BANKS"]), inner=(row_words,)),
     ]
 
@@ -145,12 +175,18 @@ def rms_norm(s: Step) -> list[Loop]:
 
 def rope(s: Step) -> list[Loop]:
     """The table's row, then each head's two halves rotated a bank word of floats at a time."""
-    head_dim = s.field(d5005.W_HEAD_DIM)
-    rotate = _by_ov("rope.rotate", "mid", head_dim // 2, s)
-    return [
-        _counted("rope.table", "c", "words", 2 * s.words(head_dim // 2, 4)),
-        _counted("rope.heads", "head", "heads", s.field(d5005.W_WIDTH) // head_dim, inner=(rotate,)),
-    ]
+    head_dim, rotary = s.field(d5005.W_HEAD_DIM), s.rotary
+    rotate = _by_ov("rope.rotate", "mid", rotary // 2, s)
+    table = _counted("rope.table", "c", "words", 2 * s.words(rotary // 2, 4))
+    heads = s.field(d5005.W_WIDTH) // head_dim
+    kept = [_by_ov("rope.pass", "rest", head_dim - rotary, s)]
+    kept = kept if s.has("ENGINE_PARTIAL_ROTARY") else []  # the numbers past the rotary part, passed through
+    if not s.has("ENGINE_HEAD_NORM"):
+        return [table, _counted("rope.heads", "head", "heads", heads, inner=(rotate, *kept))]
+    normed = s.field(d5005.W_HEAD_NORM)  # the norm's weight, then each head's squares before its rotation
+    norm = _counted("rope.norm", "c", "norm_words", s.words(head_dim, s["WEIGHT_BYTES"]) if normed else 0)
+    squares = _by_ov("rope.squares", "squared", head_dim // 2 if normed else 0, s)
+    return [table, norm, _counted("rope.heads", "head", "heads", heads, inner=(squares, rotate, *kept))]
 
 
 def cache_write(s: Step) -> list[Loop]:
@@ -164,7 +200,8 @@ def attention(s: Step) -> list[Loop]:
     of one query head's an iteration."""
     kv_heads = s.field(d5005.W_KV_HEADS)
     group = s.field(d5005.W_HEADS) // max(kv_heads, 1)
-    quads = ceil_div(s.position - 1, s["BANKS"])
+    start = s.window_start // s["BANKS"] * s["BANKS"]  # the row of four holding the window's first row
+    quads = ceil_div(s.position - 1 - start, s["BANKS"])
     row_words = s.words(s.field(d5005.W_HEAD_DIM), s["CACHE_BYTES"])
     inner = (
         _counted("attention.queries", "i", "row_words", row_words),
@@ -215,4 +252,5 @@ TRIP_FIELDS = (
     d5005.W_HEAD_DIM,
     d5005.W_CTX,
     d5005.W_WIDTH,
+    d5005.W_WINDOW,
 )

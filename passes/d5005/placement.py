@@ -3,7 +3,8 @@
 Every tensor is a matrix whose rows are striped over the four banks (row r in bank r % 4) with each row padded to
 the burst, so every bank holds the same offsets and a matrix-vector product reads a quarter of its rows from each
 bank at once. The weights come first (in the program's order; a tied head reads the embedding's region), then the
-rotary table (derived from the spec, written into the weight image by the build), then the KV caches (in the
+rotary tables (the model's, and its windowed layers' where they rotate by a base of their own: derived from the
+spec, written into the weight image by the build), then the KV caches (in the
 weights' precision, zeroed by the host, never in the image). `Placement.of` reads only the shapes of the
 `logos.weight` and `logos.cache` ops, never a weight value, in one walk of the program; `fit_error` refuses a
 model whose weights and caches do not fit the 32 GiB.
@@ -16,8 +17,30 @@ from dataclasses import dataclass, field
 from logos_ir.dialects import logos
 from logos_ir.dialects.d5005 import BANK_BYTES, BANKS, BOARD_BYTES, WEIGHT_BYTES, RegionAttr, rope_row_floats
 from logos_ir.errors import PassError
+from logos_ir.spec import ModelSpec, RopeScaling
 
 ROPE = "rope"
+LOCAL_ROPE = "rope.local"  # the windowed layers' own table, where the model rotates them by a base of their own
+TABLES = (ROPE, LOCAL_ROPE)
+
+
+def rope_table(op: logos.RopeOp, spec: ModelSpec) -> str | None:
+    """The rotary table a rotation turns by: the model's own (its base and scaling), the windowed layers' own (the
+    model's local base, unscaled, as `ModelSpec.rope_theta_of` and `rope_scaling_of` say), or None (no table)."""
+    turn = (op.theta.value.data, op.rope_scaling)
+    if turn == (spec.rope_theta, spec.rope_scaling):
+        return ROPE
+    if spec.local_rope_theta is not None and turn == (spec.local_rope_theta, None):
+        return LOCAL_ROPE
+    return None
+
+
+def table_turn(name: str, spec: ModelSpec) -> tuple[float, RopeScaling | None]:
+    """The base and scaling of the rotary table `name` (one of `TABLES`)."""
+    if name == LOCAL_ROPE:
+        assert spec.local_rope_theta is not None
+        return spec.local_rope_theta, None
+    return spec.rope_theta, spec.rope_scaling
 
 
 def cache_name(layer: int, kind: str) -> str:
@@ -75,7 +98,7 @@ class Placement:
         """Weights in program order, the rotary table, then the caches (one walk over the program)."""
         placement = cls(burst)
         caches: list[logos.CacheOp] = []
-        head_dim = 0
+        rotary, tables = 0, set()
         for op in program.walk():
             if isinstance(op, logos.WeightOp):
                 shape = op.full_shape
@@ -84,9 +107,10 @@ class Placement:
             elif isinstance(op, logos.CacheOp):
                 caches.append(op)
             elif isinstance(op, logos.RopeOp):
-                head_dim = op.head_dim.value.data
-        if head_dim:
-            placement.place(ROPE, "table", ctx, rope_row_floats(head_dim, burst), 4)
+                rotary = op.rotary_dim.value.data if op.rotary_dim is not None else op.head_dim.value.data
+                tables.add(rope_table(op, program.model.spec) or ROPE)  # a rotation with no table is refused
+        for table in (t for t in TABLES if t in tables):
+            placement.place(table, "table", ctx, rope_row_floats(rotary, burst), 4)
         placement.image_end = placement.cursor
         for cache in caches:
             heads, positions, size = cache.full_shape

@@ -88,16 +88,18 @@ def test_the_rope_scaling_and_partial_rotary_are_what_the_tokens_depend_on() -> 
 
 # The families whose projections add biases: the reference computes them (above). The CUDA lane adds a bias in a
 # kernel of its own (cuda.bias_add), so Qwen2 runs there, on one chip and on two; its fused SwiGLU adds none yet, so
-# a biased MLP is refused, as logos.bias_add is on the D5005 engine, by name before anything runs. The wafer adds
-# each element's slice after the product's reduction: both run there (test_families_spatial.py).
+# a biased MLP is refused by name before anything runs. The D5005 engine adds both families' biases in its matvec's
+# epilogue (test_families_d5005.py); the wafer adds each element's slice after the product's reduction
+# (test_families_spatial.py).
 BIASED = {"qwen2", "llama-biases"}
-# The families whose heads of the query and key are RMS-normed (logos.head_rms_norm): the reference computes them;
-# the CUDA and D5005 lanes do not lower the op yet, and each refuses it by name before anything runs; the wafer norms
-# each head's features where the product leaves them (test_families_spatial.py).
+# The families whose heads of the query and key are RMS-normed (logos.head_rms_norm): the reference computes them,
+# and so do the D5005 engine (in its rope: test_families_d5005.py) and the wafer (each head's features where the
+# product leaves them: test_families_spatial.py); the CUDA lane refuses it by name before anything runs.
 HEAD_NORMED = {"qwen3"}
 # The families whose sliding window bites (shorter than the runs): the reference applies it (logos.attention's
-# window); the CUDA and D5005 lanes do not yet, and each refuses a window that bites by name rather than attend past
-# it; the wafer caches a windowed layer's window as a ring and attends it (test_families_spatial.py).
+# window), and so do the D5005 engine (its attention's pass bounded to the window: test_families_d5005.py) and the
+# wafer (a windowed layer's window cached as a ring: test_families_spatial.py); the CUDA lane refuses a window that
+# bites by name rather than attend past it.
 WINDOWED = {"mistral-window", "qwen2-window"}
 # Gemma 2: its norms by one plus the weight, scaled embedding, GeGLU, soft-caps and sandwich norms on the reference;
 # the CUDA and D5005 lanes do not lower them yet (the first each meets, the embedding's logos.scale, is refused by
@@ -140,35 +142,27 @@ def test_qwen2s_biases_on_the_cuda_lane_give_transformers_tokens(tp: int) -> Non
     ("family", "backend", "emulate", "refusal"),
     [
         ("llama-biases", "cuda", True, "SwiGLU's fused kernel (cuda.gate_up) adds no bias to its gate and up products"),
-        ("qwen2", "d5005", False, "'logos.bias_add' %query has no instruction on the D5005 engine"),
         ("qwen3", "cuda", True, "@main holds 'logos.head_rms_norm', which the CUDA lane does not lower"),
-        ("qwen3", "d5005", False, "'logos.head_rms_norm' %normed_query has no instruction on the D5005 engine"),
         (
             "mistral-window",
             "cuda",
             True,
             "'logos.attention' slides over a window of 4 positions, which the CUDA lane does not compute",
         ),
-        ("mistral-window", "d5005", False, "slides over a window of 4 positions, which the engine does not compute"),
         ("gemma2", "cuda", True, "@main holds 'logos.scale', which the CUDA lane does not lower"),
         ("gemma2", "d5005", False, "'logos.scale' %hidden has no instruction on the D5005 engine"),
         ("phi3-gguf-partial", "cuda", True, "'logos.rope' rotates only the first 8 of each head's 16 numbers"),
-        ("phi3-gguf-partial", "d5005", False, "'logos.rope' %turned_query rotates only the first 8 of each head's 16"),
         ("mixtral", "cuda", True, "@main holds 'logos.experts', which the CUDA lane does not lower"),
         ("mixtral", "d5005", False, "'logos.experts' %routed has no instruction on the D5005 engine"),
         ("mixtral", "spatial", False, "the spatial grid does not lower 'logos.experts'"),
     ],
     ids=[
         "cuda-mlp",
-        "d5005",
         "cuda-head-norms",
-        "d5005-head-norms",
         "cuda-window",
-        "d5005-window",
         "cuda-gemma2",
         "d5005-gemma2",
         "cuda-partial-rotary",
-        "d5005-partial-rotary",
         "cuda-mixtral",
         "d5005-mixtral",
         "spatial-mixtral",
@@ -184,14 +178,15 @@ def test_a_lane_refuses_an_op_it_does_not_lower_by_name(family: str, backend: st
     ("backend", "emulate", "refusal"),
     [
         ("cuda", True, "'logos.rope' rotates with base 5000.0, not its model's 10000.0, which the CUDA lane does not"),
-        ("d5005", False, "'logos.rope' %turned_query rotates with base 5000.0, not its model's 10000.0"),
     ],
-    ids=["cuda", "d5005"],
+    ids=["cuda"],
 )
 def test_a_lane_refuses_a_rotation_by_a_layers_own_base(backend: str, emulate: bool, refusal: str) -> None:
     """Gemma 3's local layers rotate with a base of their own; a lane whose rotation tables are the model's refuses
-    such a rotation (`logos.variant`) rather than rotate it by the model's base. A window that never bites here
-    (64 positions, a cache of 32), so the base is the one variant."""
+    such a rotation (`logos.variant`) rather than rotate it by the model's base (the D5005 engine turns such layers
+    by a table of their own, test_families_d5005.py, and the wafer by tables each element builds,
+    test_families_spatial.py). A window that never bites here (64 positions, a cache of 32), so the base is the one
+    variant."""
     spec = replace(ModelSpec.preset("tiny"), sliding_window=64, full_layers=(1,), local_rope_theta=5000.0)
     request = RunRequest(RandomWeights(spec), ctx=32, prefill_rows=4, weights="f32", emulate=emulate)
     with pytest.raises(LogosError) as refused:
