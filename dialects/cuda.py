@@ -228,11 +228,12 @@ class _NormPrologue:
 
 @irdl_op_definition
 class LinearOp(_NormPrologue, KernelOp):
-    """out = x @ weight^T (+ residual when given), f32 accumulation, weight [out, in] read once with 16-byte loads,
-    a warp per output column, each weight vector reused across a tile of rows. ins (x, weight[, residual[, chip]]
-    [, scale]) (scale with `epsilon`: the folded RMS norm; chip with `residual_chip`: a partial sum of a split
-    program that the all-reduce after it completes, the residual added on that chip alone, `chip` holding this
-    chip's index).
+    """out = x @ weight^T (+ bias) (+ residual when given), f32 accumulation, weight [out, in] read once with
+    16-byte loads, a warp per output column, each weight vector reused across a tile of rows. ins (x, weight[,
+    residual[, chip]][, bias][, scale]) (bias with `biased`: the projection's bias [out], added to each row's sums
+    in the epilogue; scale with `epsilon`: the folded RMS norm; chip with `residual_chip`: a partial sum of a split
+    program that the all-reduce after it completes, the residual (and the bias) added on that chip alone, `chip`
+    holding this chip's index).
 
     ```mlir
     cuda.linear ins(%attended, %o_proj_weight, %hidden : memref<1x64xf32>, memref<64x64xbf16>, memref<1x64xf32>)
@@ -246,12 +247,33 @@ class LinearOp(_NormPrologue, KernelOp):
 
     epsilon = opt_prop_def(FloatAttr)
     residual_chip = opt_prop_def(IntegerAttr[I64])
+    biased = opt_prop_def(UnitAttr)
+
+    def _extra(self) -> int:
+        """The inputs after x, the weight and the residual: the chip, the bias, the norm scale."""
+        return sum((self.normed(), self.residual_chip is not None, self.biased is not None))
+
+    def has_residual(self) -> bool:
+        return len(self.ins) - self._extra() == 3
+
+    def bias(self) -> SSAValue | None:
+        """The bias buffer (`biased`), else None."""
+        if self.biased is None:
+            return None
+        return self.ins[len(self.ins) - 1 - (1 if self.normed() else 0)]
+
+    def roles(self) -> list[str]:
+        names = ["x", "weight", *(["residual"] if self.has_residual() else [])]
+        names += ["chip"] if self.residual_chip is not None else []
+        names += ["bias"] if self.biased is not None else []
+        return [*names, *(["scale"] if self.normed() else []), "out"]
 
     def verify_(self) -> None:
-        extra = (1 if self.normed() else 0) + (1 if self.residual_chip is not None else 0)
+        extra = self._extra()
         if len(self.ins) - extra not in (2, 3) or len(self.outs) != 1:
             got = f"got {len(self.ins)} and {len(self.outs)}"
-            raise _fail(self, f"takes 2 or 3 inputs (and a chip, a norm scale) and 1 output, {got}")
+            bias = ", a bias" if self.biased is not None else ""
+            raise _fail(self, f"takes 2 or 3 inputs (and a chip{bias}, a norm scale) and 1 output, {got}")
         if self.residual_chip is not None and len(self.ins) - extra != 3:
             raise _fail(self, "adds its residual on one chip: it needs a residual")
         ins, (out,) = self.shapes()
@@ -260,13 +282,17 @@ class LinearOp(_NormPrologue, KernelOp):
         _expect(self, "result shape", out, (x[0], weight[0]))
         if residual:
             _expect(self, "residual shape", residual[0], out)
+        bias = self.bias()
+        if bias is not None:
+            _expect(self, "bias shape", shape_of(bias.type), (weight[0],))
         self._check_norm(x)
 
 
 @irdl_op_definition
 class GateUpOp(_NormPrologue, KernelOp):
-    """out = silu(x @ gate^T) * (x @ up^T): SwiGLU's two projections and its product in one pass over x.
-    ins (x, gate, up[, scale]), outs (out) (scale with `epsilon`: the folded RMS norm).
+    """out = silu(x @ gate^T + gate_bias) * (x @ up^T + up_bias): SwiGLU's two projections and its product in one
+    pass over x, the biases (with `biased`) added to the sums in the epilogue. ins (x, gate, up[, gate_bias,
+    up_bias][, scale]), outs (out) (scale with `epsilon`: the folded RMS norm).
 
     ```mlir
     cuda.gate_up ins(%mixed, %gate_weight, %up_weight, %norm_weight : memref<1x64xf32>, memref<128x64xbf16>,
@@ -279,15 +305,25 @@ class GateUpOp(_NormPrologue, KernelOp):
     ARITY: ClassVar[tuple[int, int]] = (3, 1)
 
     epsilon = opt_prop_def(FloatAttr)
+    biased = opt_prop_def(UnitAttr)
+
+    def roles(self) -> list[str]:
+        biases = ["gate_bias", "up_bias"] if self.biased is not None else []
+        return ["x", "gate", "up", *biases, *(["scale"] if self.normed() else []), "out"]
 
     def verify_(self) -> None:
-        extra = 1 if self.normed() else 0
+        extra = (1 if self.normed() else 0) + (2 if self.biased is not None else 0)
         if len(self.ins) != 3 + extra or len(self.outs) != 1:
             got = f"got {len(self.ins)} and {len(self.outs)}"
-            raise _fail(self, f"takes 3 inputs (and a norm scale) and 1 output, {got}")
-        (x, gate, up, *_), (out,) = self.shapes()
+            raise _fail(
+                self, f"takes {3 + extra - (1 if self.normed() else 0)} inputs (and a norm scale) and 1 output, {got}"
+            )
+        (x, gate, up, *rest), (out,) = self.shapes()
         _expect(self, "up shape", up, gate)
         _expect(self, "result shape", out, (x[0], gate[0]))
+        if self.biased is not None:
+            _expect(self, "bias shape", rest[0], (gate[0],))
+            _expect(self, "bias shape", rest[1], (gate[0],))
         self._check_norm(x)
 
 
@@ -383,8 +419,10 @@ class AttentionOp(KernelOp):
     """Causal grouped-query attention of each row over the cache up to its position, split across warps
     (flash-decoding): a warp per (row, KV head, split) reads its positions' keys and values once for the group's
     query heads; `split` is the most positions a split attends at a full cache (the live length is shared over
-    the ctx / split splits); partial softmax sums into `scratch`; the last warp of a (row, KV head) to finish, as
-    counted in `count` (zero between steps), combines them. ins (query, key cache, value cache, positions), outs
+    the ctx / split splits); with a `window` of W (a sliding window), a row at position p attends positions
+    p - W + 1 to p alone: the live length is min(p, W), starting at p - min(p, W), over W / split splits;
+    partial softmax sums into `scratch`; the last warp of a (row, KV head) to finish, as counted in `count` (zero
+    between steps), combines them. ins (query, key cache, value cache, positions), outs
     (out, scratch [rows, heads, splits, head_dim + 2], count [rows, kv_heads] i64).
 
     ```mlir
@@ -402,6 +440,13 @@ class AttentionOp(KernelOp):
     ARITY: ClassVar[tuple[int, int]] = (4, 3)
 
     split = prop_def(IntegerAttr[I64])
+    window = opt_prop_def(IntegerAttr[I64])
+
+    def attended(self) -> int:
+        """The most positions a row attends: its window where it has one (shorter than the cache), else the
+        cache's length."""
+        ctx = shape_of(self.ins[1].type)[-2]
+        return min(ctx, self.window.value.data) if self.window is not None else ctx
 
     def check_(self) -> None:
         (query, keys, values, _), (out, scratch, count) = self.shapes()
@@ -409,7 +454,9 @@ class AttentionOp(KernelOp):
         _expect(self, "result shape", out, query)
         split = self.split.value.data
         heads = query[1] // keys[-1]
-        _expect(self, "scratch shape", scratch, (query[0], heads, -(-keys[-2] // split), keys[-1] + 2))
+        if self.window is not None and not 1 <= self.window.value.data < keys[-2]:
+            raise _fail(self, f"has a window of {self.window.value.data}, not 1 to {keys[-2] - 1}")
+        _expect(self, "scratch shape", scratch, (query[0], heads, -(-self.attended() // split), keys[-1] + 2))
         _expect(self, "count shape", count, (query[0], keys[-3]))
 
 

@@ -125,11 +125,12 @@ class LaunchLinear(_LaunchKernel):
     def kinds(self, op: cuda.LinearOp) -> list[Kind]:
         epsilon = op.epsilon.value.data if op.epsilon is not None else None
         on_chip = op.residual_chip.value.data if op.residual_chip is not None else None
-        residual = len(op.ins) - (1 if epsilon is not None else 0) - (1 if on_chip is not None else 0) == 3
-        stem = ("norm_" if epsilon is not None else "") + ("linear_residual" if residual else "linear")
+        biased = op.biased is not None
+        stem = ("norm_" if epsilon is not None else "") + ("linear_bias" if biased else "linear")
+        stem += "_residual" if op.has_residual() else ""
         stem += f"_chip{on_chip}" if on_chip is not None else ""
         operands = tuple(range(len(op.ins) + len(op.outs)))
-        body = lambda b, a, s: decode_kernels.linear(b, a, s, epsilon, on_chip)  # noqa: E731
+        body = lambda b, a, s: decode_kernels.linear(b, a, s, epsilon, on_chip, biased)  # noqa: E731
         return [Kind(stem, operands, _columns, body, (epsilon, on_chip))]
 
 
@@ -142,9 +143,11 @@ class LaunchGateUp(_LaunchKernel):
 
     def kinds(self, op: cuda.GateUpOp) -> list[Kind]:
         epsilon = op.epsilon.value.data if op.epsilon is not None else None
-        stem = "norm_gate_up" if epsilon is not None else "gate_up"
+        biased = op.biased is not None
+        stem = ("norm_gate_up" if epsilon is not None else "gate_up") + ("_bias" if biased else "")
         operands = tuple(range(len(op.ins) + len(op.outs)))
-        return [Kind(stem, operands, _columns, lambda b, a, s: decode_kernels.gate_up(b, a, s, epsilon), (epsilon,))]
+        body = lambda b, a, s: decode_kernels.gate_up(b, a, s, epsilon, biased)  # noqa: E731
+        return [Kind(stem, operands, _columns, body, (epsilon,))]
 
 
 class LaunchQKV(_LaunchKernel):
@@ -201,16 +204,24 @@ class LaunchAttention(_LaunchKernel):
         (query, keys, _, _), _ = op.shapes()
         group = query[1] // keys[-1] // keys[-3]
         least = decode_kernels.attention_min_span(keys[-1], op.ins[1].type.element_type, group)  # type: ignore[attr-defined]
+        window = op.window.value.data if op.window is not None else None
         kv_splits = lambda s: (cdiv(s[1][-3] * s[4][2], WARPS), s[0][0], 1)  # noqa: E731
         merges = lambda s: (cdiv(s[1][1] * cdiv(s[1][3] - 2, decode_kernels.MERGE_DIMS), WARPS), s[1][0], 1)  # noqa: E731
+        suffix = f"_window{window}" if window is not None else ""
         return [
-            Kind("attention", (0, 1, 2, 3, 5), kv_splits, decode_kernels.attention),
             Kind(
-                "attention_merge",
+                "attention" + suffix,
+                (0, 1, 2, 3, 5),
+                kv_splits,
+                lambda b, a, s: decode_kernels.attention(b, a, s, window),
+                (window,),
+            ),
+            Kind(
+                "attention_merge" + suffix,
                 (3, 5, 4),
                 merges,
-                lambda b, a, s: decode_kernels.attention_merge(b, a, s, least),
-                (least,),
+                lambda b, a, s: decode_kernels.attention_merge(b, a, s, least, window),
+                (least, window),
             ),
         ]
 

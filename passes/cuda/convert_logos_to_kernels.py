@@ -47,6 +47,7 @@ from xdsl.dialects.builtin import (
     ModuleOp,
     StringAttr,
     TensorType,
+    UnitAttr,
     UnrealizedConversionCastOp,
     f32,
     i16,
@@ -254,19 +255,26 @@ class LowerSwiGLU(_LoweringPattern):
         if gate.ins[0] != up.ins[0]:
             self.lowering.refuse("'logos.mul' multiplies projections of two different inputs")
             return
+        if (gate.biased is None) != (up.biased is None):
+            self.lowering.refuse("SwiGLU's fused kernel (cuda.gate_up) adds biases to both its products or to none")
+            return
         rewriter.erase(gate)
         rewriter.erase(up)
         out = self.lowering.activation(rewriter, op.result)
-        rewriter.insert(cuda.GateUpOp([gate.ins[0], gate.ins[1], up.ins[1]], [out]))
+        ins = [gate.ins[0], gate.ins[1], up.ins[1]]
+        biases = [gate.bias(), up.bias()] if gate.biased is not None else []
+        props = {"biased": UnitAttr()} if biases else {}
+        rewriter.insert(cuda.GateUpOp([*ins, *cast(list[SSAValue], biases)], [out], props))
         _stands_for(rewriter, op, out)
 
     def _linear_of(self, buffer: SSAValue, op: Operation) -> cuda.LinearOp | None:
-        """The projection that last wrote `buffer`, when it is one writing only that."""
+        """The projection that last wrote `buffer`, when it is one writing only that (its bias, if any, folded into
+        it by `LowerBiasAdd`)."""
         step = _last_step(op)
         while step is not None and buffer not in writes(step):
             step = _last_step(step)
         if isinstance(step, cuda.BiasAddOp):
-            self.lowering.refuse("SwiGLU's fused kernel (cuda.gate_up) adds no bias to its gate and up products yet")
+            self.lowering.refuse("SwiGLU's fused kernel (cuda.gate_up) adds a bias only in its epilogue, not after")
             return None
         if not isinstance(step, cuda.LinearOp) or list(step.outs) != [buffer]:
             self.lowering.refuse(f"'{op.name}' expects a projection feeding it, found none")
@@ -285,12 +293,23 @@ class LowerAdd(_LoweringPattern):
 
 
 class LowerBiasAdd(_LoweringPattern):
-    """A projection's bias added to each row, one `cuda.bias_add` (the bias a weight buffer)."""
+    """A projection's bias added to each row: folded into the epilogue of the projection launched right before it
+    (`cuda.linear` with `biased`, the bias its input after the weight) when that projection's result is read by
+    the bias add alone; else one `cuda.bias_add` (a split program's row-parallel projection, whose bias follows
+    its all-reduce)."""
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: logos.BiasAddOp, rewriter: PatternRewriter) -> None:
         out = self.lowering.activation(rewriter, op.result)
-        rewriter.insert(cuda.BiasAddOp([self.of(op.input, op), self.of(op.bias, op)], [out]))
+        source, bias = self.of(op.input, op), self.of(op.bias, op)
+        last = _last_step(op)
+        unread = len(list(op.input.uses)) == 1
+        if isinstance(last, cuda.LinearOp) and len(last.ins) == 2 and list(last.outs) == [source] and unread:
+            ins = [*last.ins, bias]
+            rewriter.erase(last)  # launched here instead, after the bias's and the result's buffers
+            rewriter.insert(cuda.LinearOp(ins, [out], {"biased": UnitAttr()}))
+        else:
+            rewriter.insert(cuda.BiasAddOp([source, bias], [out]))
         _stands_for(rewriter, op, out)
 
 
@@ -342,13 +361,17 @@ class LowerAttention(_LoweringPattern):
         cache_shape = logos.tensor_shape(op.keys)
         heads = width // cache_shape[-1]
         least = attention_min_span(cache_shape[-1], lowering.element, heads // cache_shape[-3])
-        split = attention_split(cache_shape[-3] * rows, cache_shape[-2], least)
-        splits = -(-cache_shape[-2] // split)
+        window = op.window.value.data if op.window is not None else None
+        attended = min(cache_shape[-2], window) if window is not None else cache_shape[-2]  # a row's most positions
+        split = attention_split(cache_shape[-3] * rows, attended, least)
+        splits = -(-attended // split)
         partial_type = MemRefType(f32, [rows, heads, splits, cache_shape[-1] + 2])
         scratch = lowering.buffer(rewriter, "attention.partial", "scratch", partial_type)
         count = lowering.buffer(rewriter, "attention.count", "scratch", MemRefType(i64, [rows, cache_shape[-3]]))
         out = lowering.activation(rewriter, op.result)
         props = {"split": IntegerAttr(split, i64)}
+        if window is not None:  # the kernel bounds each row's range to its window
+            props["window"] = IntegerAttr(window, i64)
         rewriter.insert(cuda.AttentionOp([query, keys, values, positions], [out, scratch, count], props))
         _stands_for(rewriter, op, out)
 
@@ -513,9 +536,21 @@ def _check_main(main: func.FuncOp) -> None:
             )
         if not isinstance(op, (*LOWERED_OPS, func.ReturnOp)):
             raise PassError(f"{NAME}: @main holds '{op.name}', which the CUDA lane does not lower")
-        said = logos.variant(op)
+        said = _unlowered_variant(op)
         if said is not None:  # an op the lane lowers in its plain form only: a variant is refused, not run as plain
             raise PassError(f"{NAME}: @main's '{op.name}' {said}, which the CUDA lane does not compute")
+
+
+def _unlowered_variant(op: Operation) -> str | None:
+    """What `op` says beyond what the lane lowers (`logos.variant`'s words), or None: attention's window is lowered
+    (its range bounded to the window), its scale and soft-cap are not."""
+    if isinstance(op, logos.AttentionOp):
+        if op.scale is not None:
+            return f"scales its scores by {op.scale.value.data!r}"
+        if op.softcap is not None:
+            return f"soft-caps its scores at {op.softcap.value.data!r}"
+        return None
+    return logos.variant(op)
 
 
 def _host_function(main: func.FuncOp) -> func.FuncOp:

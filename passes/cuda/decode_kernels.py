@@ -209,33 +209,53 @@ def _projection(
 
 def linear(
     b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float | None = None,
-    residual_chip: int | None = None,
+    residual_chip: int | None = None, biased: bool = False,
 ) -> None:  # fmt: skip
+    """A warp an output column (`_projection`); lane 0's epilogue adds the bias (`biased`: bias[column] to the
+    sums, before the residual) and the residual, both on chip `residual_chip` alone in a split step's partial
+    sum (the all-reduce after it completes the sum)."""
     x, weight, *rest, out = args
     scale = rest.pop() if epsilon is not None else None
+    bias = rest.pop() if biased else None
     chip = rest.pop() if residual_chip is not None else None
     residual = rest
     rows, depth = shapes[0]
     columns = shapes[1][0]
     _, warp, _ = _warp_and_lane(b)
 
+    def on_chip() -> SSAValue:  # whether this is the chip that adds the residual and the bias
+        assert chip is not None and residual_chip is not None
+        return b.op(arith.CmpiOp(b.load(chip, [0]), b.op(arith.ConstantOp(IntegerAttr(residual_chip, i64))), "eq"))
+
     def write(row: SSAValue, sums: list[SSAValue]) -> None:
         column = b.add(b.mul(b.block("x"), WARPS), warp)
+        total, here = sums[0], None
+        if bias is not None:
+            added = b.load(bias, [column])
+            if chip is not None:
+                here = on_chip()
+                added = b.select(here, added, b.fconst(0.0))
+            total = b.fadd(total, added)
         if not residual:
-            b.store(sums[0], out, [row, column])
+            b.store(total, out, [row, column])
             return
         added = b.load(residual[0], [row, column])
-        if chip is not None and residual_chip is not None:  # a partial sum: the residual on one chip, the rest by AR
-            here = b.op(arith.CmpiOp(b.load(chip, [0]), b.op(arith.ConstantOp(IntegerAttr(residual_chip, i64))), "eq"))
-            added = b.select(here, added, b.fconst(0.0))
-        b.store(b.fadd(added, sums[0]), out, [row, column])
+        if chip is not None:  # a partial sum: the residual on one chip, the rest by the all-reduce
+            added = b.select(here if here is not None else on_chip(), added, b.fconst(0.0))
+        b.store(b.fadd(added, total), out, [row, column])
 
     norm = (scale, epsilon) if scale is not None and epsilon is not None else None
     _projection(b, x, [weight], (rows, columns, depth), write, norm)
 
 
-def gate_up(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float | None = None) -> None:
+def gate_up(
+    b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float | None = None, biased: bool = False
+) -> None:
+    """A warp a column of gate and of up (`_projection`); lane 0 adds each product's bias (`biased`) and writes
+    silu(g) * u."""
     x, gate, up, *rest, out = args
+    biases = rest[:2] if biased else []
+    rest = rest[2:] if biased else rest
     rows, depth = shapes[0]
     columns = shapes[1][0]
     _, warp, _ = _warp_and_lane(b)
@@ -243,6 +263,8 @@ def gate_up(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilo
     def write(row: SSAValue, sums: list[SSAValue]) -> None:
         column = b.add(b.mul(b.block("x"), WARPS), warp)
         g, u = sums
+        if biases:
+            g, u = b.fadd(g, b.load(biases[0], [column])), b.fadd(u, b.load(biases[1], [column]))
         half = b.fconst(0.5)
         # sigmoid(g) = (1 + tanh(g/2)) / 2 never overflows, as the reference computes it
         sigmoid = b.fadd(b.fmul(b.tanh(b.fmul(g, half)), half), half)
@@ -431,7 +453,16 @@ def _span(b: Body, length: SSAValue, splits: int, least: int) -> SSAValue:
     return b.op(arith.MaxUIOp(b.div(b.add(length, splits - 1), splits), b.const(least)))
 
 
-def attention(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
+def _live(b: Body, length: SSAValue, window: int | None) -> tuple[SSAValue, SSAValue | None]:
+    """(the positions a row attends, the first of them or None for 0): the whole live length, or with a sliding
+    `window` of W its last min(length, W) positions alone (the cache before them is never read)."""
+    if window is None:
+        return length, None
+    live = b.min(length, window)
+    return live, b.sub(length, live)
+
+
+def attention(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], window: int | None = None) -> None:
     """A warp per (row, KV head, split) writes its split's partial softmax state (flash-decoding's first stage;
     `attention_merge` is the second): the keys and values of its positions are read once for all the query heads
     of the KV head's group. A position's row is spread over `lanes` lanes with 16-byte loads, so a warp step covers
@@ -439,7 +470,8 @@ def attention(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> N
     it uses the first (independent loads in flight, as FlashInfer's cp.async stages keep them), then updates each
     lane group's online softmax per query head position by position; the lane groups merge their states with
     shuffles at the end. The split's positions are the live length shared out over the splits (at least one whole
-    iteration each), so the work follows the length, not the cache size."""
+    iteration each), so the work follows the length, not the cache size; with a sliding `window` the live length
+    is the window's positions before the row's own (`_live`), so a windowed layer reads only its window."""
     query, keys, values, positions, scratch = args
     rows, width = shapes[0]
     cache = shapes[1]
@@ -482,8 +514,9 @@ def attention(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> N
     scale = b.fconst(1.0 / head_dim**0.5)
     q = [[b.fmul(v, scale) for c in range(per_lane) for v in query_part(h, c)] for h in range(group)]
     length = b.to_index(b.load(positions, [row]))
-    span = _span(b, length, splits, least)
-    start = b.min(b.mul(part, span), length)
+    live, first = _live(b, length, window)
+    span = _span(b, live, splits, least)
+    start = b.min(b.mul(part, span) if first is None else b.add(first, b.mul(part, span)), length)
     stop = b.min(b.add(start, span), length)
 
     def cache_at(j: SSAValue, c: int) -> list[SSAValue]:
@@ -564,7 +597,9 @@ MERGE_DIMS = 4  # dimensions of a head a merge warp owns
 MERGE_UNROLL = 4  # splits a merge lane reads a round before it merges the first (128 a warp a round)
 
 
-def attention_merge(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], least: int) -> None:
+def attention_merge(
+    b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], least: int, window: int | None = None
+) -> None:
     """Flash-decoding's second stage, a launch of its own (FlashInfer's `MergeStates`): a warp per (row, query head,
     `MERGE_DIMS` dimensions); its lanes take the splits that attended anything 128 at a time (lane l the splits
     l, l + 32, l + 64, l + 96 a round: 128 splits' partial states read at once, from L2), each lane merging its
@@ -585,7 +620,7 @@ def attention_merge(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]
     for e in range(MERGE_DIMS):
         d = b.add(b.mul(chunk, MERGE_DIMS), e)
         dims.append((b.cmp("ult", d, head_dim) if head_dim % MERGE_DIMS else None, b.min(d, head_dim - 1)))
-    length = b.to_index(b.load(positions, [row]))
+    length, _ = _live(b, b.to_index(b.load(positions, [row])), window)  # the positions the splits shared
     span = _span(b, length, splits, least)
     used = b.div(b.add(length, b.sub(span, 1)), span)
     zero = b.fconst(0.0)

@@ -86,15 +86,16 @@ def test_the_rope_scaling_and_partial_rotary_are_what_the_tokens_depend_on() -> 
     assert [gemma.rope_scaling_of(layer) for layer in range(gemma.layers)] == [None, gemma.rope_scaling]
 
 
-# The families whose projections add biases: the reference computes them (above). The CUDA lane adds a bias in a
-# kernel of its own (cuda.bias_add), so Qwen2 runs there, on one chip and on two; its fused SwiGLU adds none yet, so
-# a biased MLP is refused, as logos.bias_add is on the D5005 engine and the wafer, by name before anything runs.
+# The families whose projections add biases: the reference computes them (above). The CUDA lane adds each bias in
+# its projection's epilogue (test_families_cuda.py runs Llama's biased MLP there); logos.bias_add is refused on the
+# D5005 engine and the wafer, by name before anything runs.
 BIASED = {"qwen2", "llama-biases"}
 # The families whose heads of the query and key are RMS-normed (logos.head_rms_norm): the reference computes them;
 # no lane lowers the op yet, and each refuses it by name before anything runs.
 HEAD_NORMED = {"qwen3"}
 # The families whose sliding window bites (shorter than the runs): the reference applies it (logos.attention's
-# window); no lane does yet, and each refuses a window that bites by name rather than attend past it.
+# window), and so does the CUDA lane (test_families_cuda.py); the other lanes refuse a window that bites by name
+# rather than attend past it.
 WINDOWED = {"mistral-window", "qwen2-window"}
 # Gemma 2: its norms by one plus the weight, scaled embedding, GeGLU, soft-caps and sandwich norms on the reference;
 # no lane lowers them yet (the first each meets, the embedding's logos.scale, is refused by name).
@@ -135,18 +136,11 @@ def test_qwen2s_biases_on_the_cuda_lane_give_transformers_tokens(tp: int) -> Non
 @pytest.mark.parametrize(
     ("family", "backend", "emulate", "refusal"),
     [
-        ("llama-biases", "cuda", True, "SwiGLU's fused kernel (cuda.gate_up) adds no bias to its gate and up products"),
         ("qwen2", "d5005", False, "'logos.bias_add' %query has no instruction on the D5005 engine"),
         ("qwen2", "spatial", False, "the spatial grid does not lower 'logos.bias_add'"),
         ("qwen3", "cuda", True, "@main holds 'logos.head_rms_norm', which the CUDA lane does not lower"),
         ("qwen3", "d5005", False, "'logos.head_rms_norm' %normed_query has no instruction on the D5005 engine"),
         ("qwen3", "spatial", False, "the spatial grid does not lower 'logos.head_rms_norm'"),
-        (
-            "mistral-window",
-            "cuda",
-            True,
-            "'logos.attention' slides over a window of 4 positions, which the CUDA lane does not compute",
-        ),
         ("mistral-window", "d5005", False, "slides over a window of 4 positions, which the engine does not compute"),
         (
             "mistral-window",
@@ -165,13 +159,11 @@ def test_qwen2s_biases_on_the_cuda_lane_give_transformers_tokens(tp: int) -> Non
         ("mixtral", "spatial", False, "the spatial grid does not lower 'logos.experts'"),
     ],
     ids=[
-        "cuda-mlp",
         "d5005",
         "spatial",
         "cuda-head-norms",
         "d5005-head-norms",
         "spatial-head-norms",
-        "cuda-window",
         "d5005-window",
         "spatial-window",
         "cuda-gemma2",
