@@ -22,6 +22,7 @@ cuda.linear ins(%normed, %w : memref<1x576xf32>, memref<576x576xbf16>) outs(%que
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
@@ -81,6 +82,24 @@ def _fail(op: Operation, message: str) -> VerifyException:
 def shape_of(kind: Attribute) -> tuple[int, ...]:
     assert isinstance(kind, MemRefType)
     return tuple(kind.get_shape())
+
+
+def rope_table_names(theta: float | None = None, rotary: int | None = None) -> tuple[str, str]:
+    """The names of the host's rotary tables (cos, signed sin): `rope.cos` / `rope.sin` for the model's own
+    rotation, `rope.cos.theta<base>` / `.rotary<R>` for a layer's own base or a partial rotary (`rope_table_of`
+    reads them back)."""
+    suffix = (f".theta{theta!r}" if theta is not None else "") + (f".rotary{rotary}" if rotary is not None else "")
+    return f"rope.cos{suffix}", f"rope.sin{suffix}"
+
+
+def rope_table_of(name: str) -> tuple[str, float | None, int | None] | None:
+    """(cos or sin, base or None for the model's, rotary numbers or None for the whole head) of a rotary table's
+    name (`rope_table_names`), or None for a name that is not one."""
+    found = re.fullmatch(r"rope\.(cos|sin)(?:\.theta([0-9.e+-]+))?(?:\.rotary(\d+))?", name)
+    if found is None:
+        return None
+    which, theta, rotary = found.groups()
+    return which, float(theta) if theta is not None else None, int(rotary) if rotary is not None else None
 
 
 # -- buffers --------------------------------------------------------------------------------------------------
@@ -205,6 +224,30 @@ class RMSNormOp(KernelOp):
         _expect(self, "weight shape", weight, (x[1],))
         rows = 1 if self.row.value.data >= 0 else x[0]
         _expect(self, "result shape", out, (rows, x[1]))
+
+
+@irdl_op_definition
+class HeadRMSNormOp(KernelOp):
+    """out = x / sqrt(mean(x^2) + epsilon) * weight over each head of each row (the row cut into heads of the
+    weight's length: Qwen3's query and key norms), one warp a (row, head). ins (x, weight), outs (out).
+
+    ```mlir
+    cuda.head_rms_norm ins(%query, %q_norm : memref<1x64xf32>, memref<16xf32>) outs(%normed_query : memref<1x64xf32>)
+        {epsilon = 1.000000e-05 : f32}
+    ```
+    """
+
+    name = "cuda.head_rms_norm"
+    ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (("x", "weight"), ("out",))
+    ARITY: ClassVar[tuple[int, int]] = (2, 1)
+
+    epsilon = prop_def(FloatAttr)
+
+    def check_(self) -> None:
+        (x, weight), (out,) = self.shapes()
+        if len(weight) != 1 or not weight[0] or x[1] % weight[0]:
+            raise _fail(self, f"norms whole heads: rows of {x[1]} are not heads of {weight}")
+        _expect(self, "result shape", out, x)
 
 
 class _NormPrologue:
@@ -368,7 +411,9 @@ class QKVOp(KernelOp):
 @irdl_op_definition
 class RopeOp(KernelOp):
     """Rotary embedding of each head of each row at its position, from the host's cos/sin tables
-    ([positions, head_dim], sin signed [-sin, sin]). ins (x, positions, cos, sin), outs (out).
+    ([positions, head_dim], sin signed [-sin, sin]); with `rotary_dim` R (partial rotary) the pairs are (d, d + R/2)
+    of the head's first R numbers, and the tables hold cos 1 and sin 0 past R, so the rest pass through. ins (x,
+    positions, cos, sin), outs (out).
 
     ```mlir
     cuda.rope ins(%query, %position, %rope_cos, %rope_sin : memref<1x64xf32>, memref<1xi64>, memref<16x16xf32>,
@@ -381,6 +426,7 @@ class RopeOp(KernelOp):
     ARITY: ClassVar[tuple[int, int]] = (4, 1)
 
     head_dim = prop_def(IntegerAttr[I64])
+    rotary_dim = opt_prop_def(IntegerAttr[I64])  # partial rotary: pairs (d, d + rotary/2) of the first `rotary`
 
     def check_(self) -> None:
         (x, _, cos, _), (out,) = self.shapes()
@@ -406,6 +452,8 @@ class RopeCacheWriteOp(KernelOp):
         ("keys", "values"),
     )
     ARITY: ClassVar[tuple[int, int]] = (5, 2)
+
+    rotary_dim = opt_prop_def(IntegerAttr[I64])  # partial rotary, as `cuda.rope`'s
 
     def check_(self) -> None:
         (key, value, _, _, _), (keys, values) = self.shapes()
@@ -602,6 +650,7 @@ KERNEL_OPS: tuple[type[KernelOp], ...] = (
     AttentionOp,
     AddOp,
     BiasAddOp,
+    HeadRMSNormOp,
     ArgmaxOp,
 )
 

@@ -115,6 +115,20 @@ class LaunchRMSNorm(_LaunchKernel):
         return [Kind(stem, (0, 1, 2), grid, lambda b, a, s: decode_kernels.rms_norm(b, a, s, epsilon, row), (epsilon,))]
 
 
+class LaunchHeadRMSNorm(_LaunchKernel):
+    source = cuda.HeadRMSNormOp
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: cuda.HeadRMSNormOp, rewriter: PatternRewriter) -> None:
+        self.launch(op, rewriter)
+
+    def kinds(self, op: cuda.HeadRMSNormOp) -> list[Kind]:
+        epsilon = op.epsilon.value.data
+        grid = lambda s: (cdiv(s[0][1] // s[1][0], WARPS), s[0][0], 1)  # noqa: E731 (heads, rows)
+        body = lambda b, a, s: decode_kernels.head_rms_norm(b, a, s, epsilon)  # noqa: E731
+        return [Kind("head_rms_norm", (0, 1, 2), grid, body, (epsilon,))]
+
+
 class LaunchLinear(_LaunchKernel):
     source = cuda.LinearOp
 
@@ -175,8 +189,10 @@ class LaunchRope(_LaunchKernel):
 
     def kinds(self, op: cuda.RopeOp) -> list[Kind]:
         head_dim = op.head_dim.value.data
-        body = lambda b, a, s: decode_kernels.rope(b, a, s, head_dim)  # noqa: E731
-        return [Kind("rope", (0, 1, 2, 3, 4), _rows_by_threads, body, (head_dim,))]
+        rotary = op.rotary_dim.value.data if op.rotary_dim is not None else None
+        body = lambda b, a, s: decode_kernels.rope(b, a, s, head_dim, rotary)  # noqa: E731
+        stem = f"rope_rotary{rotary}" if rotary is not None else "rope"
+        return [Kind(stem, (0, 1, 2, 3, 4), _rows_by_threads, body, (head_dim,))]
 
 
 class LaunchRopeCacheWrite(_LaunchKernel):
@@ -187,7 +203,11 @@ class LaunchRopeCacheWrite(_LaunchKernel):
         self.launch(op, rewriter)
 
     def kinds(self, op: cuda.RopeCacheWriteOp) -> list[Kind]:
-        return [Kind("rope_cache_write", tuple(range(7)), _rows_by_threads, decode_kernels.rope_cache_write)]
+        rotary = op.rotary_dim.value.data if op.rotary_dim is not None else None
+        if rotary is None:
+            return [Kind("rope_cache_write", tuple(range(7)), _rows_by_threads, decode_kernels.rope_cache_write)]
+        body = lambda b, a, s: decode_kernels.rope_cache_write(b, a, s, rotary)  # noqa: E731
+        return [Kind(f"rope_rotary{rotary}_cache_write", tuple(range(7)), _rows_by_threads, body)]
 
 
 class LaunchAttention(_LaunchKernel):
@@ -286,6 +306,7 @@ PATTERNS: tuple[type[_LaunchKernel], ...] = (
     LaunchPrefillAttention,
     LaunchAdd,
     LaunchBiasAdd,
+    LaunchHeadRMSNorm,
     LaunchArgmax,
 )
 

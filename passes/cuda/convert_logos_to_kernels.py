@@ -100,7 +100,8 @@ class _Lowering:
     buffers: dict[str, SSAValue] = field(default_factory=dict)
     kinds: dict[str, str] = field(default_factory=dict)
     ctx: int = 1
-    pending_key: tuple[SSAValue, SSAValue, SSAValue] | None = None  # (rotated key source, cache, positions)
+    # (rotated key source, cache, positions, its rotation)
+    pending_key: tuple[SSAValue, SSAValue, SSAValue, logos.RopeOp] | None = None
     refusal: PassError | None = None
 
     def buffer(self, rewriter: PatternRewriter, name: str, kind: str, kind_type: MemRefType) -> SSAValue:
@@ -122,11 +123,19 @@ class _Lowering:
         element = i64 if isinstance(cast(TensorType, value.type).element_type, IntegerType) else f32
         return self.buffer(rewriter, value.name_hint or "value", kind, MemRefType(element, list(shape)))
 
-    def rope_tables(self, rewriter: PatternRewriter, head_dim: int) -> tuple[SSAValue, SSAValue]:
+    def rope_tables(
+        self, rewriter: PatternRewriter, head_dim: int, rope: logos.RopeOp | None = None
+    ) -> tuple[SSAValue, SSAValue]:
+        """The host's cos / signed sin tables of `rope`'s rotation: the model's (`rope.cos`, `rope.sin`), or a
+        pair of its own for a layer's own base or a partial rotary (`cuda.rope_table_names`)."""
         kind_type = MemRefType(f32, [self.ctx, head_dim])
-        return self.buffer(rewriter, "rope.cos", "table", kind_type), self.buffer(
-            rewriter, "rope.sin", "table", kind_type
-        )
+        theta, rotary = None, None
+        if rope is not None:
+            own = rope.theta.value.data
+            theta = own if own != self.spec.rope_theta else None  # type: ignore[attr-defined]
+            rotary = rope.rotary_dim.value.data if rope.rotary_dim is not None else None
+        cos, sin = cuda.rope_table_names(theta, rotary)
+        return self.buffer(rewriter, cos, "table", kind_type), self.buffer(rewriter, sin, "table", kind_type)
 
     def refuse(self, message: str) -> None:
         if self.refusal is None:
@@ -228,6 +237,18 @@ class LowerRMSNorm(_LoweringPattern):
         out = self.lowering.activation(rewriter, op.result)
         props = {"epsilon": FloatAttr(op.epsilon.value.data, f32), "row": IntegerAttr(row, i64)}
         rewriter.insert(cuda.RMSNormOp([self.of(source, op), self.of(op.weight, op)], [out], props))
+        _stands_for(rewriter, op, out)
+
+
+class LowerHeadRMSNorm(_LoweringPattern):
+    """An RMS norm of each head (Qwen3's query and key norms) as `cuda.head_rms_norm`, a kernel of its own before
+    the rotation that reads it."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.HeadRMSNormOp, rewriter: PatternRewriter) -> None:
+        out = self.lowering.activation(rewriter, op.result)
+        props = {"epsilon": FloatAttr(op.epsilon.value.data, f32)}
+        rewriter.insert(cuda.HeadRMSNormOp([self.of(op.input, op), self.of(op.weight, op)], [out], props))
         _stands_for(rewriter, op, out)
 
 
@@ -334,17 +355,17 @@ class LowerCacheWrite(_LoweringPattern):
         if isinstance(rotated, logos.RopeOp):
             if lowering.pending_key is not None:
                 lowering.refuse("'logos.cache_write' writes two rotated keys with no value between")
-            lowering.pending_key = (self.of(rotated.input, op), cache, positions)
+            lowering.pending_key = (self.of(rotated.input, op), cache, positions, rotated)
             rewriter.erase(op)
             return
         if lowering.pending_key is None:
             lowering.refuse("'logos.cache_write' writes values before their rotated keys")
             return
-        key, keys, _ = lowering.pending_key
+        key, keys, _, rope = lowering.pending_key
         lowering.pending_key = None
-        cos, sin = lowering.rope_tables(rewriter, lowering.spec.head_dim)  # type: ignore[attr-defined]
+        cos, sin = lowering.rope_tables(rewriter, lowering.spec.head_dim, rope)  # type: ignore[attr-defined]
         ins = [key, self.of(op.input, op), positions, cos, sin]
-        rewriter.insert(cuda.RopeCacheWriteOp(ins, [keys, cache]))
+        rewriter.insert(cuda.RopeCacheWriteOp(ins, [keys, cache], _rotary(rope)))
         rewriter.erase(op)
 
 
@@ -380,12 +401,17 @@ class LowerAttention(_LoweringPattern):
         if not isinstance(rotated, logos.RopeOp):
             return self.of(op.query, op)
         head_dim = self.lowering.spec.head_dim  # type: ignore[attr-defined]
-        cos, sin = self.lowering.rope_tables(rewriter, head_dim)
+        cos, sin = self.lowering.rope_tables(rewriter, head_dim, rotated)
         x = self.of(rotated.input, op)
         out = self.lowering.buffer(rewriter, rotated.result.name_hint or "turned", "activation", x.type)  # type: ignore[arg-type]
-        props = {"head_dim": IntegerAttr(head_dim, i64)}
+        props = {"head_dim": IntegerAttr(head_dim, i64), **_rotary(rotated)}
         rewriter.insert(cuda.RopeOp([x, self.of(op.positions, op), cos, sin], [out], props))
         return out
+
+
+def _rotary(rope: logos.RopeOp) -> dict[str, Attribute]:
+    """A partial rotary's `rotary_dim` for the kernel that rotates (none for the whole head)."""
+    return {"rotary_dim": IntegerAttr(rope.rotary_dim.value.data, i64)} if rope.rotary_dim is not None else {}
 
 
 class LowerArgmax(_LoweringPattern):
@@ -482,6 +508,7 @@ PATTERNS: tuple[type[_LoweringPattern], ...] = (
     LowerCache,
     LowerEmbed,
     LowerRMSNorm,
+    LowerHeadRMSNorm,
     LowerLinear,
     LowerSwiGLU,
     LowerAdd,
@@ -499,6 +526,7 @@ LOWERED_OPS = (
     logos.CacheOp,
     logos.EmbedOp,
     logos.RMSNormOp,
+    logos.HeadRMSNormOp,
     logos.LinearOp,
     logos.SiluOp,
     logos.MulOp,
@@ -543,7 +571,13 @@ def _check_main(main: func.FuncOp) -> None:
 
 def _unlowered_variant(op: Operation) -> str | None:
     """What `op` says beyond what the lane lowers (`logos.variant`'s words), or None: attention's window is lowered
-    (its range bounded to the window), its scale and soft-cap are not."""
+    (its range bounded to the window), its scale and soft-cap are not; a rotation's own base and partial rotary
+    are (tables of their own), a rope scaling other than the model's is not."""
+    if isinstance(op, logos.RopeOp):  # its own base and a partial rotary are lowered (tables of its own)
+        spec = logos.program_spec(op)
+        if spec is not None and op.rope_scaling != spec.rope_scaling:
+            return f"rotates with rope scaling {op.rope_scaling}, not its model's {spec.rope_scaling}"
+        return None
     if isinstance(op, logos.AttentionOp):
         if op.scale is not None:
             return f"scales its scores by {op.scale.value.data!r}"

@@ -81,6 +81,45 @@ def rms_norm(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsil
     b.when(b.cmp("ult", row, rows), body)
 
 
+def head_rms_norm(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float) -> None:
+    """A warp per (head, row) (block x: heads by 4, block y: the row): the head's numbers summed in squares across
+    the lanes as `rms_norm` sums a row's (fma, a butterfly), then each scaled by 1/rms and its weight."""
+    x, weight, out = args
+    rows, width = shapes[0]
+    head_dim = shapes[1][0]
+    heads = width // head_dim
+    _, warp, lane = _warp_and_lane(b)
+    head = b.add(b.mul(b.block("x"), WARPS), warp)
+    row = b.block("y")
+    vector = vector_width(head_dim, f32)
+
+    def body() -> None:
+        base = b.mul(head, head_dim)
+        start = b.mul(lane, vector)
+
+        def squares(k: SSAValue, acc: list[SSAValue]) -> list[SSAValue]:
+            total = acc[0]
+            for value in b.vload(x, [row, b.add(base, k)], vector):
+                total = b.fma(value, value, total)
+            return [total]
+
+        (total,) = b.loop(start, head_dim, cuda.WARP * vector, [b.fconst(0.0)], squares)
+        mean = b.fmul(b.warp_sum(total), b.fconst(1.0 / head_dim))
+        inverse = b.fdiv(b.fconst(1.0), b.sqrt(b.fadd(mean, b.fconst(epsilon))))
+
+        def scale(k: SSAValue, acc: list[SSAValue]) -> list[SSAValue]:
+            at = b.add(base, k)
+            values = b.vload(x, [row, at], vector)
+            scales = b.vload(weight, [k], vector)
+            for i, (value, factor) in enumerate(zip(values, scales, strict=True)):
+                b.store(b.fmul(b.fmul(value, inverse), factor), out, [row, b.add(at, i)])
+            return []
+
+        b.loop(start, head_dim, cuda.WARP * vector, [], scale)
+
+    b.when(b.cmp("ult", head, heads), body)
+
+
 UNROLL_BYTES = 64  # bytes of weights a lane has in flight per loop step at batch 1 (16-byte loads, unrolled)
 
 
@@ -384,7 +423,9 @@ def qkv(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: f
     b.when(lane0, finish)
 
 
-def rope(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], head_dim: int) -> None:
+def rope(
+    b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], head_dim: int, rotary: int | None = None
+) -> None:
     x, positions, cos, sin, out = args
     width = shapes[0][1]
     column = b.add(b.mul(b.block("x"), THREADS), b.thread())
@@ -392,13 +433,13 @@ def rope(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], head_dim:
 
     def body() -> None:
         place = b.sub(b.to_index(b.load(positions, [row])), 1)
-        value, _, _ = rotated(b, x, row, column, head_dim, (cos, sin), place)
+        value, _, _ = rotated(b, x, row, column, head_dim, (cos, sin), place, rotary)
         b.store(value, out, [row, column])
 
     b.when(b.cmp("ult", column, width), body)
 
 
-def rope_cache_write(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
+def rope_cache_write(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], rotary: int | None = None) -> None:
     key, value, positions, cos, sin, keys, values = args
     width = shapes[0][1]
     head_dim = shapes[5][-1]
@@ -408,7 +449,7 @@ def rope_cache_write(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]
 
     def body() -> None:
         place = b.sub(b.to_index(b.load(positions, [row])), 1)
-        turned, head, d = rotated(b, key, row, column, head_dim, (cos, sin), place)
+        turned, head, d = rotated(b, key, row, column, head_dim, (cos, sin), place, rotary)
         where = [row, head, place, d] if per_sequence else [head, place, d]
         stored = b.load(value, [row, column])
         if isinstance(keys.type.element_type, BFloat16Type):  # type: ignore[attr-defined]

@@ -252,10 +252,14 @@ def vector_width(row: int, element: Attribute) -> int:
     return width
 
 
-def rotated(b: Body, x: SSAValue, row: SSAValue, column: SSAValue, head_dim: int, tables: tuple, place: SSAValue):
-    """x[row, column] rotated at table row `place`: x*cos + x[partner]*sin (sin signed, rotate-half)."""
+def rotated(
+    b: Body, x: SSAValue, row: SSAValue, column: SSAValue, head_dim: int, tables: tuple, place: SSAValue,
+    rotary: int | None = None,
+):  # fmt: skip
+    """x[row, column] rotated at table row `place`: x*cos + x[partner]*sin (sin signed, rotate-half); with a
+    partial `rotary` R the partner is half of R away (the tables' cos 1 and sin 0 past R pass the rest through)."""
     cos, sin = tables
-    half = head_dim // 2
+    half = (rotary if rotary is not None else head_dim) // 2
     head, d = b.div(column, head_dim), b.rem(column, head_dim)
     partner = b.select(b.cmp("ult", d, half), b.add(d, half), b.sub(d, half))
     other = b.add(b.mul(head, head_dim), partner)

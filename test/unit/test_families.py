@@ -90,8 +90,8 @@ def test_the_rope_scaling_and_partial_rotary_are_what_the_tokens_depend_on() -> 
 # its projection's epilogue (test_families_cuda.py runs Llama's biased MLP there); logos.bias_add is refused on the
 # D5005 engine and the wafer, by name before anything runs.
 BIASED = {"qwen2", "llama-biases"}
-# The families whose heads of the query and key are RMS-normed (logos.head_rms_norm): the reference computes them;
-# no lane lowers the op yet, and each refuses it by name before anything runs.
+# The families whose heads of the query and key are RMS-normed (logos.head_rms_norm): the reference computes them,
+# and so does the CUDA lane (test_families_cuda.py); the other lanes refuse the op by name before anything runs.
 HEAD_NORMED = {"qwen3"}
 # The families whose sliding window bites (shorter than the runs): the reference applies it (logos.attention's
 # window), and so does the CUDA lane (test_families_cuda.py); the other lanes refuse a window that bites by name
@@ -138,7 +138,6 @@ def test_qwen2s_biases_on_the_cuda_lane_give_transformers_tokens(tp: int) -> Non
     [
         ("qwen2", "d5005", False, "'logos.bias_add' %query has no instruction on the D5005 engine"),
         ("qwen2", "spatial", False, "the spatial grid does not lower 'logos.bias_add'"),
-        ("qwen3", "cuda", True, "@main holds 'logos.head_rms_norm', which the CUDA lane does not lower"),
         ("qwen3", "d5005", False, "'logos.head_rms_norm' %normed_query has no instruction on the D5005 engine"),
         ("qwen3", "spatial", False, "the spatial grid does not lower 'logos.head_rms_norm'"),
         ("mistral-window", "d5005", False, "slides over a window of 4 positions, which the engine does not compute"),
@@ -151,7 +150,6 @@ def test_qwen2s_biases_on_the_cuda_lane_give_transformers_tokens(tp: int) -> Non
         ("gemma2", "cuda", True, "@main holds 'logos.scale', which the CUDA lane does not lower"),
         ("gemma2", "d5005", False, "'logos.scale' %hidden has no instruction on the D5005 engine"),
         ("gemma2", "spatial", False, "the spatial grid does not lower 'logos.scale'"),
-        ("phi3-gguf-partial", "cuda", True, "'logos.rope' rotates only the first 8 of each head's 16 numbers"),
         ("phi3-gguf-partial", "d5005", False, "'logos.rope' %turned_query rotates only the first 8 of each head's 16"),
         ("phi3-gguf-partial", "spatial", False, "rotates only the first 8 of each head's 16 numbers"),
         ("mixtral", "cuda", True, "@main holds 'logos.experts', which the CUDA lane does not lower"),
@@ -161,7 +159,6 @@ def test_qwen2s_biases_on_the_cuda_lane_give_transformers_tokens(tp: int) -> Non
     ids=[
         "d5005",
         "spatial",
-        "cuda-head-norms",
         "d5005-head-norms",
         "spatial-head-norms",
         "d5005-window",
@@ -169,7 +166,6 @@ def test_qwen2s_biases_on_the_cuda_lane_give_transformers_tokens(tp: int) -> Non
         "cuda-gemma2",
         "d5005-gemma2",
         "spatial-gemma2",
-        "cuda-partial-rotary",
         "d5005-partial-rotary",
         "spatial-partial-rotary",
         "cuda-mixtral",
@@ -186,10 +182,9 @@ def test_a_lane_refuses_an_op_it_does_not_lower_by_name(family: str, backend: st
 @pytest.mark.parametrize(
     ("backend", "emulate", "refusal"),
     [
-        ("cuda", True, "'logos.rope' rotates with base 5000.0, not its model's 10000.0, which the CUDA lane does not"),
         ("d5005", False, "'logos.rope' %turned_query rotates with base 5000.0, not its model's 10000.0"),
     ],
-    ids=["cuda", "d5005"],
+    ids=["d5005"],
 )
 def test_a_lane_refuses_a_rotation_by_a_layers_own_base(backend: str, emulate: bool, refusal: str) -> None:
     """Gemma 3's local layers rotate with a base of their own; a lane whose rotation tables are the model's refuses

@@ -5,25 +5,35 @@ compiles for sm_90 with no register spill where nvcc is installed.
 
 What each family asks of the lane (`docs/cuda.md`): Llama's biases on every projection (the SwiGLU's in
 `cuda.gate_up`'s epilogue, the down and output projections' in `cuda.linear`'s, before the residual; at two chips
-the row-parallel projections' on chip 0 alone in the partial sum).
+the row-parallel projections' on chip 0 alone in the partial sum); Mistral's and Qwen2's sliding windows (each
+windowed layer's attention range bounded to its window, the cache before it never read; Qwen2's first layer
+global); Qwen3's RMS norm of each query and key head (`cuda.head_rms_norm`, a warp a head, before the rotation);
+Phi-3's partial rotary (the rotation's pairs half the rotary part apart, tables of their own passing the rest
+through); and a layer's own rotary base (Gemma 3's local layers: tables of that base).
 """
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_cuda_nvcc import _kernels, spills
-from test_families import FAMILIES, GOLDENS, _lane
+from test_families import FAMILIES, GOLDENS, _lane, _Recording
 
 from logos_ir.build import BuildRequest
 from logos_ir.models import ModelSource
 from logos_ir.program import Cut
 from logos_ir.progress import Progress
+from logos_ir.registry import backends
+from logos_ir.runtime import RunRequest
+from logos_ir.spec import ModelSpec
+from logos_ir.testing import RandomWeights
 
-ENABLED = ["llama-biases", "mistral-window", "qwen2-window"]
+ENABLED = ["llama-biases", "mistral-window", "qwen2-window", "qwen3", "phi3-gguf-partial"]
 NVCC = shutil.which("nvcc")
 BUILDS = [("decode ctx=64", 1), ("prefill rows=80 ctx=128", 1), ("batch rows=4 ctx=64", 1), ("decode ctx=64", 2)]
 
@@ -84,3 +94,28 @@ def test_the_windowed_families_tokens_depend_on_the_kernels_bounded_range(monkey
     for family in ("mistral-window", "qwen2-window"):
         run = GOLDENS[family]["runs"][0]
         assert _lane(family, "cuda", True).generate(run["prompt"], len(run["tokens"])) != run["tokens"]
+
+
+def _logits(backend: str, spec: ModelSpec, tp: int, prompt: list[int], steps: int) -> tuple[list[int], list]:
+    emulate = backend == "cuda"
+    request = RunRequest(RandomWeights(spec), ctx=32, tp=tp, prefill_rows=4, weights="f32", emulate=emulate)
+    sampler = _Recording()
+    tokens = backends()[backend].generator()(request).generate(prompt, steps, sampler=sampler)
+    return tokens, sampler.logits
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_rotation_by_a_layers_own_base_is_the_references(tp: int) -> None:
+    """Gemma 3's local layers rotate with a base of their own (here layer 0's 5000, layer 1 global by the model's
+    10000; a window that never bites, 64 positions over a cache of 32, so the base is the one variant): the lane
+    rotates them by tables of that base and gives the reference's tokens and logits, which the model's base does
+    not give."""
+    spec = replace(ModelSpec.preset("tiny"), sliding_window=64, full_layers=(1,), local_rope_theta=5000.0)
+    prompt = [1, 2, 3, 4, 5, 6, 7]
+    tokens, logits = _logits("cuda", spec, tp, prompt, 6)
+    want_tokens, want = _logits("reference", spec, tp, prompt, 6)
+    assert tokens == want_tokens
+    for got, expected in zip(logits, want, strict=True):
+        np.testing.assert_allclose(got, expected, atol=1e-4)
+    _, plain = _logits("reference", replace(spec, local_rope_theta=None), tp, prompt, 6)
+    assert max(np.abs(a - b).max() for a, b in zip(plain, want, strict=True)) > 1e-2
