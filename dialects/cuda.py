@@ -84,22 +84,28 @@ def shape_of(kind: Attribute) -> tuple[int, ...]:
     return tuple(kind.get_shape())
 
 
-def rope_table_names(theta: float | None = None, rotary: int | None = None) -> tuple[str, str]:
+def rope_table_names(theta: float | None = None, rotary: int | None = None, unscaled: bool = False) -> tuple[str, str]:
     """The names of the host's rotary tables (cos, signed sin): `rope.cos` / `rope.sin` for the model's own
-    rotation, `rope.cos.theta<base>` / `.rotary<R>` for a layer's own base or a partial rotary (`rope_table_of`
-    reads them back)."""
+    rotation, `rope.cos.theta<base>` / `.rotary<R>` / `.unscaled` for a layer's own base, a partial rotary or a
+    layer rotating without the model's rope scaling (`rope_table_of` reads them back)."""
     suffix = (f".theta{theta!r}" if theta is not None else "") + (f".rotary{rotary}" if rotary is not None else "")
+    suffix += ".unscaled" if unscaled else ""
     return f"rope.cos{suffix}", f"rope.sin{suffix}"
 
 
-def rope_table_of(name: str) -> tuple[str, float | None, int | None] | None:
-    """(cos or sin, base or None for the model's, rotary numbers or None for the whole head) of a rotary table's
-    name (`rope_table_names`), or None for a name that is not one."""
-    found = re.fullmatch(r"rope\.(cos|sin)(?:\.theta([0-9.e+-]+))?(?:\.rotary(\d+))?", name)
+def rope_table_of(name: str) -> tuple[str, float | None, int | None, bool] | None:
+    """(cos or sin, base or None for the model's, rotary numbers or None for the whole head, unscaled) of a rotary
+    table's name (`rope_table_names`), or None for a name that is not one."""
+    found = re.fullmatch(r"rope\.(cos|sin)(?:\.theta([0-9.e+-]+))?(?:\.rotary(\d+))?(\.unscaled)?", name)
     if found is None:
         return None
-    which, theta, rotary = found.groups()
-    return which, float(theta) if theta is not None else None, int(rotary) if rotary is not None else None
+    which, theta, rotary, unscaled = found.groups()
+    return (
+        which,
+        float(theta) if theta is not None else None,
+        int(rotary) if rotary is not None else None,
+        unscaled is not None,
+    )
 
 
 # -- buffers --------------------------------------------------------------------------------------------------
@@ -218,6 +224,7 @@ class RMSNormOp(KernelOp):
 
     epsilon = prop_def(FloatAttr)
     row = prop_def(IntegerAttr[I64])
+    plus_one = opt_prop_def(UnitAttr)  # scaled by one plus the weight (Gemma's norms): never folded
 
     def check_(self) -> None:
         (x, weight), (out,) = self.shapes()
@@ -242,6 +249,7 @@ class HeadRMSNormOp(KernelOp):
     ARITY: ClassVar[tuple[int, int]] = (2, 1)
 
     epsilon = prop_def(FloatAttr)
+    plus_one = opt_prop_def(UnitAttr)  # scaled by one plus the weight (Gemma 3's query and key norms)
 
     def check_(self) -> None:
         (x, weight), (out,) = self.shapes()
@@ -349,6 +357,7 @@ class GateUpOp(_NormPrologue, KernelOp):
 
     epsilon = opt_prop_def(FloatAttr)
     biased = opt_prop_def(UnitAttr)
+    gelu_tanh = opt_prop_def(UnitAttr)  # GeGLU: gelu_tanh(g) * u in place of silu(g) * u (Gemma)
 
     def roles(self) -> list[str]:
         biases = ["gate_bias", "up_bias"] if self.biased is not None else []
@@ -489,6 +498,8 @@ class AttentionOp(KernelOp):
 
     split = prop_def(IntegerAttr[I64])
     window = opt_prop_def(IntegerAttr[I64])
+    scale = opt_prop_def(FloatAttr)  # the scores' scale (absent: 1 / sqrt(head_dim))
+    softcap = opt_prop_def(FloatAttr)  # scores soft-capped, tanh(s / cap) * cap, before the softmax (Gemma 2)
 
     def attended(self) -> int:
         """The most positions a row attends: its window where it has one (shorter than the cache), else the
@@ -545,6 +556,43 @@ class BiasAddOp(KernelOp):
         (rows, bias), (out,) = self.shapes()
         _expect(self, "bias shape", bias, rows[1:])
         _expect(self, "result shape", out, rows)
+
+
+class _Elementwise(KernelOp):
+    """An elementwise kernel of one input, a thread a column of a row."""
+
+    ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (("x",), ("out",))
+    ARITY: ClassVar[tuple[int, int]] = (1, 1)
+
+    def check_(self) -> None:
+        (x,), (out,) = self.shapes()
+        _expect(self, "result shape", out, x)
+
+
+@irdl_op_definition
+class ScaleOp(_Elementwise):
+    """out = x * factor (f32), elementwise: Gemma's embedding times the square root of the width.
+
+    ```mlir
+    cuda.scale ins(%rows : memref<1x64xf32>) outs(%hidden : memref<1x64xf32>) {factor = 8.000000e+00 : f32}
+    ```
+    """
+
+    name = "cuda.scale"
+    factor = prop_def(FloatAttr)
+
+
+@irdl_op_definition
+class SoftcapOp(_Elementwise):
+    """out = tanh(x / cap) * cap, elementwise: Gemma 2's soft-capped logits.
+
+    ```mlir
+    cuda.softcap ins(%raw_logits : memref<1x256xf32>) outs(%logits : memref<1x256xf32>) {cap = 3.000000e+01 : f32}
+    ```
+    """
+
+    name = "cuda.softcap"
+    cap = prop_def(FloatAttr)
 
 
 @irdl_op_definition
@@ -651,6 +699,8 @@ KERNEL_OPS: tuple[type[KernelOp], ...] = (
     AddOp,
     BiasAddOp,
     HeadRMSNormOp,
+    ScaleOp,
+    SoftcapOp,
     ArgmaxOp,
 )
 

@@ -110,9 +110,11 @@ class LaunchRMSNorm(_LaunchKernel):
 
     def kinds(self, op: cuda.RMSNormOp) -> list[Kind]:
         epsilon, row = op.epsilon.value.data, op.row.value.data
-        stem = "rms_norm" if row < 0 else f"rms_norm_row{row}"
+        plus_one = op.plus_one is not None
+        stem = ("rms_norm_plus_one" if plus_one else "rms_norm") + (f"_row{row}" if row >= 0 else "")
         grid = lambda s: (cdiv(s[2][0], WARPS), 1, 1)  # noqa: E731
-        return [Kind(stem, (0, 1, 2), grid, lambda b, a, s: decode_kernels.rms_norm(b, a, s, epsilon, row), (epsilon,))]
+        body = lambda b, a, s: decode_kernels.rms_norm(b, a, s, epsilon, row, plus_one)  # noqa: E731
+        return [Kind(stem, (0, 1, 2), grid, body, (epsilon,))]
 
 
 class LaunchHeadRMSNorm(_LaunchKernel):
@@ -123,10 +125,10 @@ class LaunchHeadRMSNorm(_LaunchKernel):
         self.launch(op, rewriter)
 
     def kinds(self, op: cuda.HeadRMSNormOp) -> list[Kind]:
-        epsilon = op.epsilon.value.data
+        epsilon, plus_one = op.epsilon.value.data, op.plus_one is not None
         grid = lambda s: (cdiv(s[0][1] // s[1][0], WARPS), s[0][0], 1)  # noqa: E731 (heads, rows)
-        body = lambda b, a, s: decode_kernels.head_rms_norm(b, a, s, epsilon)  # noqa: E731
-        return [Kind("head_rms_norm", (0, 1, 2), grid, body, (epsilon,))]
+        body = lambda b, a, s: decode_kernels.head_rms_norm(b, a, s, epsilon, plus_one)  # noqa: E731
+        return [Kind("head_rms_norm_plus_one" if plus_one else "head_rms_norm", (0, 1, 2), grid, body, (epsilon,))]
 
 
 class LaunchLinear(_LaunchKernel):
@@ -157,10 +159,11 @@ class LaunchGateUp(_LaunchKernel):
 
     def kinds(self, op: cuda.GateUpOp) -> list[Kind]:
         epsilon = op.epsilon.value.data if op.epsilon is not None else None
-        biased = op.biased is not None
+        biased, gelu = op.biased is not None, op.gelu_tanh is not None
         stem = ("norm_gate_up" if epsilon is not None else "gate_up") + ("_bias" if biased else "")
+        stem += "_gelu_tanh" if gelu else ""
         operands = tuple(range(len(op.ins) + len(op.outs)))
-        body = lambda b, a, s: decode_kernels.gate_up(b, a, s, epsilon, biased)  # noqa: E731
+        body = lambda b, a, s: decode_kernels.gate_up(b, a, s, epsilon, biased, gelu)  # noqa: E731
         return [Kind(stem, operands, _columns, body, (epsilon,))]
 
 
@@ -225,16 +228,18 @@ class LaunchAttention(_LaunchKernel):
         group = query[1] // keys[-1] // keys[-3]
         least = decode_kernels.attention_min_span(keys[-1], op.ins[1].type.element_type, group)  # type: ignore[attr-defined]
         window = op.window.value.data if op.window is not None else None
+        scale = op.scale.value.data if op.scale is not None else None
+        cap = op.softcap.value.data if op.softcap is not None else None
         kv_splits = lambda s: (cdiv(s[1][-3] * s[4][2], WARPS), s[0][0], 1)  # noqa: E731
         merges = lambda s: (cdiv(s[1][1] * cdiv(s[1][3] - 2, decode_kernels.MERGE_DIMS), WARPS), s[1][0], 1)  # noqa: E731
         suffix = f"_window{window}" if window is not None else ""
         return [
             Kind(
-                "attention" + suffix,
+                "attention" + suffix + ("_softcap" if cap is not None else ""),
                 (0, 1, 2, 3, 5),
                 kv_splits,
-                lambda b, a, s: decode_kernels.attention(b, a, s, window),
-                (window,),
+                lambda b, a, s: decode_kernels.attention(b, a, s, window, scale, cap),
+                (window, scale, cap),
             ),
             Kind(
                 "attention_merge" + suffix,
@@ -276,6 +281,32 @@ class LaunchBiasAdd(_LaunchKernel):
         return [Kind("bias_add", (0, 1, 2), _rows_by_threads, decode_kernels.bias_add)]
 
 
+class LaunchScale(_LaunchKernel):
+    source = cuda.ScaleOp
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: cuda.ScaleOp, rewriter: PatternRewriter) -> None:
+        self.launch(op, rewriter)
+
+    def kinds(self, op: cuda.ScaleOp) -> list[Kind]:
+        factor = op.factor.value.data
+        body = lambda b, a, s: decode_kernels.elementwise(b, a, s, lambda v: b.fmul(v, b.fconst(factor)))  # noqa: E731
+        return [Kind("scale", (0, 1), _rows_by_threads, body, (factor,))]
+
+
+class LaunchSoftcap(_LaunchKernel):
+    source = cuda.SoftcapOp
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: cuda.SoftcapOp, rewriter: PatternRewriter) -> None:
+        self.launch(op, rewriter)
+
+    def kinds(self, op: cuda.SoftcapOp) -> list[Kind]:
+        cap = op.cap.value.data
+        body = lambda b, a, s: decode_kernels.elementwise(b, a, s, lambda v: decode_kernels.softcap(b, v, cap))  # noqa: E731
+        return [Kind("softcap", (0, 1), _rows_by_threads, body, (cap,))]
+
+
 class LaunchArgmax(_LaunchKernel):
     source = cuda.ArgmaxOp
 
@@ -307,6 +338,8 @@ PATTERNS: tuple[type[_LaunchKernel], ...] = (
     LaunchAdd,
     LaunchBiasAdd,
     LaunchHeadRMSNorm,
+    LaunchScale,
+    LaunchSoftcap,
     LaunchArgmax,
 )
 

@@ -76,7 +76,7 @@ NAME = "convert-logos-to-cuda-kernels"
 LOWERED = ("decode", "prefill", "batch")
 ATTENTION_WARPS = 16 * 132  # warps attention aims at: 16 an SM (4 blocks of 4) over an H200's 132 SMs
 ARGMAX_CHUNK = 1024  # values one warp reduces in the first stage of the arg-max
-LAZY = (logos.RopeOp, logos.SiluOp, logos.RowOp)  # folded into the kernel that reads them
+LAZY = (logos.RopeOp, logos.SiluOp, logos.GeluTanhOp, logos.RowOp)  # folded into the kernel that reads them
 
 
 def attention_split(kv_items: int, ctx: int, least: int) -> int:
@@ -129,12 +129,13 @@ class _Lowering:
         """The host's cos / signed sin tables of `rope`'s rotation: the model's (`rope.cos`, `rope.sin`), or a
         pair of its own for a layer's own base or a partial rotary (`cuda.rope_table_names`)."""
         kind_type = MemRefType(f32, [self.ctx, head_dim])
-        theta, rotary = None, None
+        theta, rotary, unscaled = None, None, False
         if rope is not None:
             own = rope.theta.value.data
             theta = own if own != self.spec.rope_theta else None  # type: ignore[attr-defined]
             rotary = rope.rotary_dim.value.data if rope.rotary_dim is not None else None
-        cos, sin = cuda.rope_table_names(theta, rotary)
+            unscaled = rope.rope_scaling is None and self.spec.rope_scaling is not None  # type: ignore[attr-defined]
+        cos, sin = cuda.rope_table_names(theta, rotary, unscaled)
         return self.buffer(rewriter, cos, "table", kind_type), self.buffer(rewriter, sin, "table", kind_type)
 
     def refuse(self, message: str) -> None:
@@ -235,8 +236,35 @@ class LowerRMSNorm(_LoweringPattern):
         if isinstance(picked, logos.RowOp):
             source, row = picked.input, picked.index.value.data - 1
         out = self.lowering.activation(rewriter, op.result)
-        props = {"epsilon": FloatAttr(op.epsilon.value.data, f32), "row": IntegerAttr(row, i64)}
+        props = {"epsilon": FloatAttr(op.epsilon.value.data, f32), "row": IntegerAttr(row, i64), **_plus_one(op)}
         rewriter.insert(cuda.RMSNormOp([self.of(source, op), self.of(op.weight, op)], [out], props))
+        _stands_for(rewriter, op, out)
+
+
+def _plus_one(op: logos.ScaledRMSNormOp) -> dict[str, Attribute]:
+    """A norm by one plus its weight keeps saying so (Gemma's norms)."""
+    return {"plus_one": UnitAttr()} if op.plus_one is not None else {}
+
+
+class LowerScale(_LoweringPattern):
+    """Each number times a constant (Gemma's embedding by the square root of the width), one `cuda.scale`."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.ScaleOp, rewriter: PatternRewriter) -> None:
+        out = self.lowering.activation(rewriter, op.result)
+        props = {"factor": FloatAttr(op.factor.value.data, f32)}
+        rewriter.insert(cuda.ScaleOp([self.of(op.input, op)], [out], props))
+        _stands_for(rewriter, op, out)
+
+
+class LowerSoftcap(_LoweringPattern):
+    """A tanh soft-cap of each number (Gemma 2's logits), one `cuda.softcap`."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.SoftcapOp, rewriter: PatternRewriter) -> None:
+        out = self.lowering.activation(rewriter, op.result)
+        props = {"cap": FloatAttr(op.cap.value.data, f32)}
+        rewriter.insert(cuda.SoftcapOp([self.of(op.input, op)], [out], props))
         _stands_for(rewriter, op, out)
 
 
@@ -247,7 +275,7 @@ class LowerHeadRMSNorm(_LoweringPattern):
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: logos.HeadRMSNormOp, rewriter: PatternRewriter) -> None:
         out = self.lowering.activation(rewriter, op.result)
-        props = {"epsilon": FloatAttr(op.epsilon.value.data, f32)}
+        props = {"epsilon": FloatAttr(op.epsilon.value.data, f32), **_plus_one(op)}
         rewriter.insert(cuda.HeadRMSNormOp([self.of(op.input, op), self.of(op.weight, op)], [out], props))
         _stands_for(rewriter, op, out)
 
@@ -261,13 +289,16 @@ class LowerLinear(_LoweringPattern):
 
 
 class LowerSwiGLU(_LoweringPattern):
-    """silu(x @ gate^T) * (x @ up^T): the two projections already lowered become one `cuda.gate_up`."""
+    """silu(x @ gate^T) * (x @ up^T) (SwiGLU) or gelu_tanh(x @ gate^T) * (x @ up^T) (GeGLU): the two projections
+    already lowered become one `cuda.gate_up` (`gelu_tanh` for GeGLU)."""
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: logos.MulOp, rewriter: PatternRewriter) -> None:
         activated = op.lhs.owner
-        if not isinstance(activated, logos.SiluOp):
-            self.lowering.refuse("'logos.mul' is lowered only as SwiGLU's silu(gate) times up")
+        if not isinstance(activated, logos.SiluOp | logos.GeluTanhOp):
+            self.lowering.refuse(
+                "'logos.mul' is lowered only as SwiGLU's silu(gate) or GeGLU's gelu_tanh(gate) times up"
+            )
             return
         gate = self._linear_of(self.of(activated.input, op), op)
         up = self._linear_of(self.of(op.rhs, op), op)
@@ -285,6 +316,8 @@ class LowerSwiGLU(_LoweringPattern):
         ins = [gate.ins[0], gate.ins[1], up.ins[1]]
         biases = [gate.bias(), up.bias()] if gate.biased is not None else []
         props = {"biased": UnitAttr()} if biases else {}
+        if isinstance(activated, logos.GeluTanhOp):
+            props["gelu_tanh"] = UnitAttr()
         rewriter.insert(cuda.GateUpOp([*ins, *cast(list[SSAValue], biases)], [out], props))
         _stands_for(rewriter, op, out)
 
@@ -393,6 +426,10 @@ class LowerAttention(_LoweringPattern):
         props = {"split": IntegerAttr(split, i64)}
         if window is not None:  # the kernel bounds each row's range to its window
             props["window"] = IntegerAttr(window, i64)
+        if op.scale is not None:
+            props["scale"] = FloatAttr(op.scale.value.data, f32)
+        if op.softcap is not None:
+            props["softcap"] = FloatAttr(op.softcap.value.data, f32)
         rewriter.insert(cuda.AttentionOp([query, keys, values, positions], [out, scratch, count], props))
         _stands_for(rewriter, op, out)
 
@@ -509,6 +546,8 @@ PATTERNS: tuple[type[_LoweringPattern], ...] = (
     LowerEmbed,
     LowerRMSNorm,
     LowerHeadRMSNorm,
+    LowerScale,
+    LowerSoftcap,
     LowerLinear,
     LowerSwiGLU,
     LowerAdd,
@@ -527,8 +566,11 @@ LOWERED_OPS = (
     logos.EmbedOp,
     logos.RMSNormOp,
     logos.HeadRMSNormOp,
+    logos.ScaleOp,
+    logos.SoftcapOp,
     logos.LinearOp,
     logos.SiluOp,
+    logos.GeluTanhOp,
     logos.MulOp,
     logos.AddOp,
     logos.BiasAddOp,
@@ -570,19 +612,16 @@ def _check_main(main: func.FuncOp) -> None:
 
 
 def _unlowered_variant(op: Operation) -> str | None:
-    """What `op` says beyond what the lane lowers (`logos.variant`'s words), or None: attention's window is lowered
-    (its range bounded to the window), its scale and soft-cap are not; a rotation's own base and partial rotary
-    are (tables of their own), a rope scaling other than the model's is not."""
+    """What `op` says beyond what the lane lowers (`logos.variant`'s words), or None: attention's window (its range
+    bounded to the window), scale and soft-cap, a norm by one plus its weight, a rotation's own base and partial
+    rotary and a layer rotating unscaled beside the model's scaling (tables of their own) are lowered; a rope
+    scaling of a layer's own is not."""
     if isinstance(op, logos.RopeOp):  # its own base and a partial rotary are lowered (tables of its own)
         spec = logos.program_spec(op)
-        if spec is not None and op.rope_scaling != spec.rope_scaling:
+        if spec is not None and op.rope_scaling not in (None, spec.rope_scaling):  # unscaled: tables of its own
             return f"rotates with rope scaling {op.rope_scaling}, not its model's {spec.rope_scaling}"
         return None
-    if isinstance(op, logos.AttentionOp):
-        if op.scale is not None:
-            return f"scales its scores by {op.scale.value.data!r}"
-        if op.softcap is not None:
-            return f"soft-caps its scores at {op.softcap.value.data!r}"
+    if isinstance(op, logos.AttentionOp | logos.ScaledRMSNormOp):  # window, scale, soft-cap, plus_one: lowered
         return None
     return logos.variant(op)
 

@@ -19,7 +19,7 @@ from xdsl.ir import Attribute, SSAValue
 
 from logos_ir.dialects import cuda
 from logos_ir.numerics import ceil_div as cdiv
-from logos_ir.passes.cuda.thread_code import Body, rotated, vector_width
+from logos_ir.passes.cuda.thread_code import Body, glu, rotated, vector_width
 
 WARPS = 4  # warps a block: each owns one work item
 THREADS = WARPS * cuda.WARP
@@ -48,7 +48,9 @@ def embed(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
     b.when(b.cmp("ult", column, width), body)
 
 
-def rms_norm(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float, source: int) -> None:
+def rms_norm(
+    b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float, source: int, plus_one: bool = False
+) -> None:
     x, weight, out = args
     rows, width = shapes[2]
     _, warp, lane = _warp_and_lane(b)
@@ -71,7 +73,7 @@ def rms_norm(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsil
 
         def scale(k: SSAValue, acc: list[SSAValue]) -> list[SSAValue]:
             values = b.vload(x, [src, k], vector)
-            scales = b.vload(weight, [k], vector)
+            scales = _plus_one(b, b.vload(weight, [k], vector), plus_one)
             for i, (value, factor) in enumerate(zip(values, scales, strict=True)):
                 b.store(b.fmul(b.fmul(value, inverse), factor), out, [row, b.add(k, i)])
             return []
@@ -81,7 +83,14 @@ def rms_norm(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsil
     b.when(b.cmp("ult", row, rows), body)
 
 
-def head_rms_norm(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float) -> None:
+def _plus_one(b: Body, scales: list[SSAValue], plus_one: bool) -> list[SSAValue]:
+    """A norm's weights, or one plus each (Gemma's norms, in f32 as the reference adds them)."""
+    return [b.fadd(b.fconst(1.0), s) for s in scales] if plus_one else scales
+
+
+def head_rms_norm(
+    b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float, plus_one: bool = False
+) -> None:
     """A warp per (head, row) (block x: heads by 4, block y: the row): the head's numbers summed in squares across
     the lanes as `rms_norm` sums a row's (fma, a butterfly), then each scaled by 1/rms and its weight."""
     x, weight, out = args
@@ -110,7 +119,7 @@ def head_rms_norm(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], 
         def scale(k: SSAValue, acc: list[SSAValue]) -> list[SSAValue]:
             at = b.add(base, k)
             values = b.vload(x, [row, at], vector)
-            scales = b.vload(weight, [k], vector)
+            scales = _plus_one(b, b.vload(weight, [k], vector), plus_one)
             for i, (value, factor) in enumerate(zip(values, scales, strict=True)):
                 b.store(b.fmul(b.fmul(value, inverse), factor), out, [row, b.add(at, i)])
             return []
@@ -288,8 +297,9 @@ def linear(
 
 
 def gate_up(
-    b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float | None = None, biased: bool = False
-) -> None:
+    b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float | None = None, biased: bool = False,
+    gelu_tanh: bool = False,
+) -> None:  # fmt: skip
     """A warp a column of gate and of up (`_projection`); lane 0 adds each product's bias (`biased`) and writes
     silu(g) * u."""
     x, gate, up, *rest, out = args
@@ -304,10 +314,7 @@ def gate_up(
         g, u = sums
         if biases:
             g, u = b.fadd(g, b.load(biases[0], [column])), b.fadd(u, b.load(biases[1], [column]))
-        half = b.fconst(0.5)
-        # sigmoid(g) = (1 + tanh(g/2)) / 2 never overflows, as the reference computes it
-        sigmoid = b.fadd(b.fmul(b.tanh(b.fmul(g, half)), half), half)
-        b.store(b.fmul(b.fmul(g, sigmoid), u), out, [row, column])
+        b.store(glu(b, g, u, gelu_tanh), out, [row, column])
 
     norm = (rest[0], epsilon) if rest and epsilon is not None else None
     _projection(b, x, [gate, up], (rows, columns, depth), write, norm)
@@ -503,7 +510,10 @@ def _live(b: Body, length: SSAValue, window: int | None) -> tuple[SSAValue, SSAV
     return live, b.sub(length, live)
 
 
-def attention(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], window: int | None = None) -> None:
+def attention(
+    b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], window: int | None = None,
+    scale: float | None = None, softcap: float | None = None,
+) -> None:  # fmt: skip
     """A warp per (row, KV head, split) writes its split's partial softmax state (flash-decoding's first stage;
     `attention_merge` is the second): the keys and values of its positions are read once for all the query heads
     of the KV head's group. A position's row is spread over `lanes` lanes with 16-byte loads, so a warp step covers
@@ -552,8 +562,8 @@ def attention(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], wind
             got = [b.select(keep, g, zero) for g in got]
         return got
 
-    scale = b.fconst(1.0 / head_dim**0.5)
-    q = [[b.fmul(v, scale) for c in range(per_lane) for v in query_part(h, c)] for h in range(group)]
+    factor = b.fconst(1.0 / head_dim**0.5 if scale is None else scale)
+    q = [[b.fmul(v, factor) for c in range(per_lane) for v in query_part(h, c)] for h in range(group)]
     length = b.to_index(b.load(positions, [row]))
     live, first = _live(b, length, window)
     span = _span(b, live, splits, least)
@@ -574,6 +584,8 @@ def attention(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], wind
             while offset:  # the position's lanes sum their parts
                 dot = b.fadd(dot, b.shuffle(dot, offset))
                 offset //= 2
+            if softcap is not None:  # the scaled score soft-capped before the softmax (Gemma 2)
+                dot = _softcap(b, dot, softcap)
             high = b.fmax(m, dot)
             fade, weight = b.exp(b.fsub(m, high)), b.exp(b.fsub(dot, high))
             updated = [high, b.fma(total, fade, weight)]
@@ -762,6 +774,26 @@ def argmax_final(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -
         b.when(b.cmp("eq", lane, 0), lambda: b.store(b.to_i64(b.add(index, 1)), out, [row]))
 
     b.when(b.cmp("ult", row, rows), body)
+
+
+def _softcap(b: Body, value: SSAValue, cap: float) -> SSAValue:
+    """tanh(value / cap) * cap, as the reference computes it."""
+    limit = b.fconst(cap)
+    return b.fmul(b.tanh(b.fdiv(value, limit)), limit)
+
+
+softcap = _softcap
+
+
+def elementwise(
+    b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], fn: Callable[[SSAValue], SSAValue]
+) -> None:
+    """out[row, column] = fn(x[row, column]): a thread a column, a block row of them a row."""
+    x, out = args
+    width = shapes[0][1]
+    column = b.add(b.mul(b.block("x"), THREADS), b.thread())
+    row = b.block("y")
+    b.when(b.cmp("ult", column, width), lambda: b.store(fn(b.load(x, [row, column])), out, [row, column]))
 
 
 def add(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:

@@ -51,7 +51,7 @@ from xdsl.ir import Attribute, SSAValue
 
 from logos_ir.dialects import cuda
 from logos_ir.passes.cuda import hopper
-from logos_ir.passes.cuda.thread_code import Kind, rotated, vector_width
+from logos_ir.passes.cuda.thread_code import Kind, glu, rotated, vector_width
 
 WARP = cuda.WARP
 THREADS = 128  # 4 warps, as every kernel of the lane
@@ -97,9 +97,10 @@ def grid(rows: int, columns: int, weights: int) -> tuple[int, int, int]:
 
 
 def flash_attention_fits(op: cuda.AttentionOp) -> bool:
-    """A prefill chunk's attention over a bf16 cache, head_dim a multiple of 16, with no window (a windowed
-    chunk keeps the split kernel, whose range is bounded to each row's window)."""
-    if op.window is not None:
+    """A prefill chunk's attention over a bf16 cache, head_dim a multiple of 16, with no window, scale or soft-cap
+    (such a chunk keeps the split kernel, whose range is bounded to each row's window and which scales and caps
+    each score)."""
+    if op.window is not None or op.scale is not None or op.softcap is not None:
         return False
     keys = op.ins[1].type
     assert isinstance(keys, MemRefType)
@@ -126,7 +127,9 @@ def kinds(op: cuda.KernelOp) -> list[Any]:
     biased = op.biased is not None  # type: ignore[attr-defined]
     bias = "bias_" if biased else ""
     if isinstance(op, cuda.GateUpOp):
-        body = lambda b, a, s: _gate_up(b, a, s, epsilon, biased)  # noqa: E731
+        gelu = op.gelu_tanh is not None
+        bias = bias + ("gelu_tanh_" if gelu else "")
+        body = lambda b, a, s: _gate_up(b, a, s, epsilon, biased, gelu)  # noqa: E731
         return [
             Kind(prefix + "gate_up_" + bias + "tc", operands, lambda s: grid(s[0][0], s[1][0], 2), body, (epsilon,))
         ]
@@ -149,8 +152,9 @@ def _hopper_kinds(op: cuda.KernelOp, epsilon: float | None) -> list[Any]:
     if isinstance(op, cuda.GateUpOp):
         grid = lambda s: hopper.grid(s[0][0], s[1][0], 2)  # noqa: E731
         biases = (3, 4) if biased else ()
-        stem = "gate_up_bias_wgmma" if biased else "gate_up_wgmma"
-        body = lambda b, a, s: hopper.gate_up(b, a, s, biased)  # noqa: E731
+        gelu = op.gelu_tanh is not None
+        stem = "gate_up_" + ("bias_" if biased else "") + ("gelu_tanh_" if gelu else "") + "wgmma"
+        body = lambda b, a, s: hopper.gate_up(b, a, s, biased, gelu)  # noqa: E731
         product = Kind(stem, (count, 1, 2, *biases, count - 1), grid, body, (), hopper.THREADS)
         return [convert, product]
     assert isinstance(op, cuda.LinearOp)
@@ -365,8 +369,9 @@ def _linear(
 
 
 def _gate_up(
-    b: Any, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float | None = None, biased: bool = False
-) -> None:
+    b: Any, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float | None = None, biased: bool = False,
+    gelu_tanh: bool = False,
+) -> None:  # fmt: skip
     x, gate, up, *rest, out = args
     biases = rest[:2] if biased else []
     rest = rest[2:] if biased else rest
@@ -378,10 +383,7 @@ def _gate_up(
         g, u = values
         if biases:
             g, u = b.fadd(g, b.load(biases[0], [column])), b.fadd(u, b.load(biases[1], [column]))
-        half = b.fconst(0.5)
-        # sigmoid(g) = (1 + tanh(g/2)) / 2, as the decode kernel and the reference compute it
-        sigmoid = b.fadd(b.fmul(b.tanh(b.fmul(g, half)), half), half)
-        b.store(b.fmul(b.fmul(g, sigmoid), u), out, [row, column])
+        b.store(glu(b, g, u, gelu_tanh), out, [row, column])  # as the decode kernel and the reference
 
     product.epilogue(product.run(), write)
 

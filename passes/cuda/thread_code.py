@@ -7,6 +7,7 @@ those imports the other's builders.
 
 from __future__ import annotations
 
+import math as _math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -265,6 +266,19 @@ def rotated(
     other = b.add(b.mul(head, head_dim), partner)
     turned = b.fmul(b.load(x, [row, column]), b.load(cos, [place, d]))
     return b.fadd(turned, b.fmul(b.load(x, [row, other]), b.load(sin, [place, d]))), head, d
+
+
+def glu(b: Body, g: SSAValue, u: SSAValue, gelu_tanh: bool = False) -> SSAValue:
+    """The gated product of a gate and an up sum: silu(g) * u (SwiGLU; sigmoid(g) = (1 + tanh(g/2)) / 2 never
+    overflows, as the reference computes it), or with `gelu_tanh` GeGLU's 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715
+    g^3))) * u in the reference's order."""
+    half = b.fconst(0.5)
+    if not gelu_tanh:
+        sigmoid = b.fadd(b.fmul(b.tanh(b.fmul(g, half)), half), half)
+        return b.fmul(b.fmul(g, sigmoid), u)
+    cubic = b.fmul(b.fmul(b.fmul(b.fconst(0.044715), g), g), g)
+    inner = b.fmul(b.fconst(_math.sqrt(2 / _math.pi)), b.fadd(g, cubic))
+    return b.fmul(b.fmul(b.fmul(half, g), b.fadd(b.fconst(1.0), b.tanh(inner))), u)
 
 
 @dataclass(frozen=True)

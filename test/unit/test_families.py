@@ -97,8 +97,9 @@ HEAD_NORMED = {"qwen3"}
 # window), and so does the CUDA lane (test_families_cuda.py); the other lanes refuse a window that bites by name
 # rather than attend past it.
 WINDOWED = {"mistral-window", "qwen2-window"}
-# Gemma 2: its norms by one plus the weight, scaled embedding, GeGLU, soft-caps and sandwich norms on the reference;
-# no lane lowers them yet (the first each meets, the embedding's logos.scale, is refused by name).
+# Gemma 2: its norms by one plus the weight, scaled embedding, GeGLU, soft-caps and sandwich norms on the reference
+# and on the CUDA lane (test_families_cuda.py); the other lanes refuse the first each meets, the embedding's
+# logos.scale, by name.
 GEMMA = {"gemma2", "gemma3_text", "gemma3_text-linear"}
 # The families shaped as a GGUF can say them (test_gguf_families reads each from the GGUF it writes): the same
 # operations as their families above, so the lanes' cells are those families'.
@@ -147,7 +148,6 @@ def test_qwen2s_biases_on_the_cuda_lane_give_transformers_tokens(tp: int) -> Non
             False,
             "the spatial grid's 'logos.attention' slides over a window of 4 positions",
         ),
-        ("gemma2", "cuda", True, "@main holds 'logos.scale', which the CUDA lane does not lower"),
         ("gemma2", "d5005", False, "'logos.scale' %hidden has no instruction on the D5005 engine"),
         ("gemma2", "spatial", False, "the spatial grid does not lower 'logos.scale'"),
         ("phi3-gguf-partial", "d5005", False, "'logos.rope' %turned_query rotates only the first 8 of each head's 16"),
@@ -163,7 +163,6 @@ def test_qwen2s_biases_on_the_cuda_lane_give_transformers_tokens(tp: int) -> Non
         "spatial-head-norms",
         "d5005-window",
         "spatial-window",
-        "cuda-gemma2",
         "d5005-gemma2",
         "spatial-gemma2",
         "d5005-partial-rotary",

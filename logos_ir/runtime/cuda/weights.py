@@ -20,13 +20,15 @@ from logos_ir.rope import rope_inv_freq
 
 
 def rope_tables(
-    spec: Any, length: int, theta: float | None = None, rotary: int | None = None
+    spec: Any, length: int, theta: float | None = None, rotary: int | None = None, unscaled: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
     """cos and signed sin ([-sin, sin]) per position over a whole head, as the reference builds them: by the
-    model's base or `theta`, over the head's first `rotary` numbers (the whole head by default), with cos 1 and
-    sin 0 past them (a partial rotary's numbers that pass through)."""
+    model's base or `theta`, with the model's rope scaling or none (`unscaled`), over the head's first `rotary`
+    numbers (the whole head by default), with cos 1 and sin 0 past them (a partial rotary's numbers that pass
+    through)."""
     rotary = spec.head_dim if rotary is None else rotary
-    inv_freq = rope_inv_freq(rotary, spec.rope_theta if theta is None else theta, spec.rope_scaling)
+    scaling = None if unscaled else spec.rope_scaling
+    inv_freq = rope_inv_freq(rotary, spec.rope_theta if theta is None else theta, scaling)
     angles = np.arange(length, dtype=np.float64)[:, None] * inv_freq[None, :]
     cos, sin = np.cos(angles), np.sin(angles)
     rest = spec.head_dim - rotary
@@ -45,8 +47,8 @@ def host_table(spec: Any, buffer: Buffer, chip: int) -> np.ndarray:
     table = cuda.rope_table_of(buffer.name)
     if table is None:
         raise LogosError(f"the CUDA runtime fills no table named '{buffer.name}'")
-    which, theta, rotary = table
-    cos, sin = rope_tables(spec, buffer.shape[0], theta, rotary)
+    which, theta, rotary, unscaled = table
+    cos, sin = rope_tables(spec, buffer.shape[0], theta, rotary, unscaled)
     return cos if which == "cos" else sin
 
 
