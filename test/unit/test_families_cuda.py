@@ -143,3 +143,23 @@ def test_gemma2s_soft_capped_logits_on_the_cuda_lane_are_transformers_own(tp: in
     first = sampler.logits[0]
     assert np.abs(first).max() < 5.0
     np.testing.assert_allclose(first, np.array(run["first_logits"]), atol=2e-4)
+
+
+def test_a_windowed_layer_reads_only_its_window_in_the_build_report() -> None:
+    """The build report's bytes (`traffic.py`) count a windowed layer's attention at its window: Mistral's tiny
+    model (a window of 4 in both layers) reads the cache's 60 of 64 positions fewer than the plain Llama of the same
+    shapes."""
+    from logos_ir.passes.cuda.build import build_cuda
+
+    def report(family: str) -> dict:
+        request = BuildRequest(
+            ModelSource.resolve(str(FAMILIES / family)), Cut.parse("decode ctx=64"), 1, "f32", False,
+            Progress.silent(), {"ptxas": "off"},
+        )  # fmt: skip
+        return build_cuda(request).report
+
+    windowed, plain = report("mistral-window"), report("llama")
+    assert windowed["weight_bytes"] == plain["weight_bytes"] and windowed["cache_bytes"] == plain["cache_bytes"]
+    skipped = plain["cache_bytes"] * (64 - 4) // 64
+    assert plain["bytes_read"] - windowed["bytes_read"] == skipped
+    assert plain["bytes_minimum"] - windowed["bytes_minimum"] == skipped
