@@ -22,6 +22,7 @@ cuda.linear ins(%normed, %w : memref<1x576xf32>, memref<576x576xbf16>) outs(%que
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
@@ -81,6 +82,30 @@ def _fail(op: Operation, message: str) -> VerifyException:
 def shape_of(kind: Attribute) -> tuple[int, ...]:
     assert isinstance(kind, MemRefType)
     return tuple(kind.get_shape())
+
+
+def rope_table_names(theta: float | None = None, rotary: int | None = None, unscaled: bool = False) -> tuple[str, str]:
+    """The names of the host's rotary tables (cos, signed sin): `rope.cos` / `rope.sin` for the model's own
+    rotation, `rope.cos.theta<base>` / `.rotary<R>` / `.unscaled` for a layer's own base, a partial rotary or a
+    layer rotating without the model's rope scaling (`rope_table_of` reads them back)."""
+    suffix = (f".theta{theta!r}" if theta is not None else "") + (f".rotary{rotary}" if rotary is not None else "")
+    suffix += ".unscaled" if unscaled else ""
+    return f"rope.cos{suffix}", f"rope.sin{suffix}"
+
+
+def rope_table_of(name: str) -> tuple[str, float | None, int | None, bool] | None:
+    """(cos or sin, base or None for the model's, rotary numbers or None for the whole head, unscaled) of a rotary
+    table's name (`rope_table_names`), or None for a name that is not one."""
+    found = re.fullmatch(r"rope\.(cos|sin)(?:\.theta([0-9.e+-]+))?(?:\.rotary(\d+))?(\.unscaled)?", name)
+    if found is None:
+        return None
+    which, theta, rotary, unscaled = found.groups()
+    return (
+        which,
+        float(theta) if theta is not None else None,
+        int(rotary) if rotary is not None else None,
+        unscaled is not None,
+    )
 
 
 # -- buffers --------------------------------------------------------------------------------------------------
@@ -199,12 +224,38 @@ class RMSNormOp(KernelOp):
 
     epsilon = prop_def(FloatAttr)
     row = prop_def(IntegerAttr[I64])
+    plus_one = opt_prop_def(UnitAttr)  # scaled by one plus the weight (Gemma's norms): never folded
 
     def check_(self) -> None:
         (x, weight), (out,) = self.shapes()
         _expect(self, "weight shape", weight, (x[1],))
         rows = 1 if self.row.value.data >= 0 else x[0]
         _expect(self, "result shape", out, (rows, x[1]))
+
+
+@irdl_op_definition
+class HeadRMSNormOp(KernelOp):
+    """out = x / sqrt(mean(x^2) + epsilon) * weight over each head of each row (the row cut into heads of the
+    weight's length: Qwen3's query and key norms), one warp a (row, head). ins (x, weight), outs (out).
+
+    ```mlir
+    cuda.head_rms_norm ins(%query, %q_norm : memref<1x64xf32>, memref<16xf32>) outs(%normed_query : memref<1x64xf32>)
+        {epsilon = 1.000000e-05 : f32}
+    ```
+    """
+
+    name = "cuda.head_rms_norm"
+    ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (("x", "weight"), ("out",))
+    ARITY: ClassVar[tuple[int, int]] = (2, 1)
+
+    epsilon = prop_def(FloatAttr)
+    plus_one = opt_prop_def(UnitAttr)  # scaled by one plus the weight (Gemma 3's query and key norms)
+
+    def check_(self) -> None:
+        (x, weight), (out,) = self.shapes()
+        if len(weight) != 1 or not weight[0] or x[1] % weight[0]:
+            raise _fail(self, f"norms whole heads: rows of {x[1]} are not heads of {weight}")
+        _expect(self, "result shape", out, x)
 
 
 class _NormPrologue:
@@ -228,11 +279,12 @@ class _NormPrologue:
 
 @irdl_op_definition
 class LinearOp(_NormPrologue, KernelOp):
-    """out = x @ weight^T (+ residual when given), f32 accumulation, weight [out, in] read once with 16-byte loads,
-    a warp per output column, each weight vector reused across a tile of rows. ins (x, weight[, residual[, chip]]
-    [, scale]) (scale with `epsilon`: the folded RMS norm; chip with `residual_chip`: a partial sum of a split
-    program that the all-reduce after it completes, the residual added on that chip alone, `chip` holding this
-    chip's index).
+    """out = x @ weight^T (+ bias) (+ residual when given), f32 accumulation, weight [out, in] read once with
+    16-byte loads, a warp per output column, each weight vector reused across a tile of rows. ins (x, weight[,
+    residual[, chip]][, bias][, scale]) (bias with `biased`: the projection's bias [out], added to each row's sums
+    in the epilogue; scale with `epsilon`: the folded RMS norm; chip with `residual_chip`: a partial sum of a split
+    program that the all-reduce after it completes, the residual (and the bias) added on that chip alone, `chip`
+    holding this chip's index).
 
     ```mlir
     cuda.linear ins(%attended, %o_proj_weight, %hidden : memref<1x64xf32>, memref<64x64xbf16>, memref<1x64xf32>)
@@ -246,12 +298,33 @@ class LinearOp(_NormPrologue, KernelOp):
 
     epsilon = opt_prop_def(FloatAttr)
     residual_chip = opt_prop_def(IntegerAttr[I64])
+    biased = opt_prop_def(UnitAttr)
+
+    def _extra(self) -> int:
+        """The inputs after x, the weight and the residual: the chip, the bias, the norm scale."""
+        return sum((self.normed(), self.residual_chip is not None, self.biased is not None))
+
+    def has_residual(self) -> bool:
+        return len(self.ins) - self._extra() == 3
+
+    def bias(self) -> SSAValue | None:
+        """The bias buffer (`biased`), else None."""
+        if self.biased is None:
+            return None
+        return self.ins[len(self.ins) - 1 - (1 if self.normed() else 0)]
+
+    def roles(self) -> list[str]:
+        names = ["x", "weight", *(["residual"] if self.has_residual() else [])]
+        names += ["chip"] if self.residual_chip is not None else []
+        names += ["bias"] if self.biased is not None else []
+        return [*names, *(["scale"] if self.normed() else []), "out"]
 
     def verify_(self) -> None:
-        extra = (1 if self.normed() else 0) + (1 if self.residual_chip is not None else 0)
+        extra = self._extra()
         if len(self.ins) - extra not in (2, 3) or len(self.outs) != 1:
             got = f"got {len(self.ins)} and {len(self.outs)}"
-            raise _fail(self, f"takes 2 or 3 inputs (and a chip, a norm scale) and 1 output, {got}")
+            bias = ", a bias" if self.biased is not None else ""
+            raise _fail(self, f"takes 2 or 3 inputs (and a chip{bias}, a norm scale) and 1 output, {got}")
         if self.residual_chip is not None and len(self.ins) - extra != 3:
             raise _fail(self, "adds its residual on one chip: it needs a residual")
         ins, (out,) = self.shapes()
@@ -260,13 +333,17 @@ class LinearOp(_NormPrologue, KernelOp):
         _expect(self, "result shape", out, (x[0], weight[0]))
         if residual:
             _expect(self, "residual shape", residual[0], out)
+        bias = self.bias()
+        if bias is not None:
+            _expect(self, "bias shape", shape_of(bias.type), (weight[0],))
         self._check_norm(x)
 
 
 @irdl_op_definition
 class GateUpOp(_NormPrologue, KernelOp):
-    """out = silu(x @ gate^T) * (x @ up^T): SwiGLU's two projections and its product in one pass over x.
-    ins (x, gate, up[, scale]), outs (out) (scale with `epsilon`: the folded RMS norm).
+    """out = silu(x @ gate^T + gate_bias) * (x @ up^T + up_bias): SwiGLU's two projections and its product in one
+    pass over x, the biases (with `biased`) added to the sums in the epilogue. ins (x, gate, up[, gate_bias,
+    up_bias][, scale]), outs (out) (scale with `epsilon`: the folded RMS norm).
 
     ```mlir
     cuda.gate_up ins(%mixed, %gate_weight, %up_weight, %norm_weight : memref<1x64xf32>, memref<128x64xbf16>,
@@ -279,15 +356,26 @@ class GateUpOp(_NormPrologue, KernelOp):
     ARITY: ClassVar[tuple[int, int]] = (3, 1)
 
     epsilon = opt_prop_def(FloatAttr)
+    biased = opt_prop_def(UnitAttr)
+    gelu_tanh = opt_prop_def(UnitAttr)  # GeGLU: gelu_tanh(g) * u in place of silu(g) * u (Gemma)
+
+    def roles(self) -> list[str]:
+        biases = ["gate_bias", "up_bias"] if self.biased is not None else []
+        return ["x", "gate", "up", *biases, *(["scale"] if self.normed() else []), "out"]
 
     def verify_(self) -> None:
-        extra = 1 if self.normed() else 0
+        extra = (1 if self.normed() else 0) + (2 if self.biased is not None else 0)
         if len(self.ins) != 3 + extra or len(self.outs) != 1:
             got = f"got {len(self.ins)} and {len(self.outs)}"
-            raise _fail(self, f"takes 3 inputs (and a norm scale) and 1 output, {got}")
-        (x, gate, up, *_), (out,) = self.shapes()
+            raise _fail(
+                self, f"takes {3 + extra - (1 if self.normed() else 0)} inputs (and a norm scale) and 1 output, {got}"
+            )
+        (x, gate, up, *rest), (out,) = self.shapes()
         _expect(self, "up shape", up, gate)
         _expect(self, "result shape", out, (x[0], gate[0]))
+        if self.biased is not None:
+            _expect(self, "bias shape", rest[0], (gate[0],))
+            _expect(self, "bias shape", rest[1], (gate[0],))
         self._check_norm(x)
 
 
@@ -332,7 +420,9 @@ class QKVOp(KernelOp):
 @irdl_op_definition
 class RopeOp(KernelOp):
     """Rotary embedding of each head of each row at its position, from the host's cos/sin tables
-    ([positions, head_dim], sin signed [-sin, sin]). ins (x, positions, cos, sin), outs (out).
+    ([positions, head_dim], sin signed [-sin, sin]); with `rotary_dim` R (partial rotary) the pairs are (d, d + R/2)
+    of the head's first R numbers, and the tables hold cos 1 and sin 0 past R, so the rest pass through. ins (x,
+    positions, cos, sin), outs (out).
 
     ```mlir
     cuda.rope ins(%query, %position, %rope_cos, %rope_sin : memref<1x64xf32>, memref<1xi64>, memref<16x16xf32>,
@@ -345,6 +435,7 @@ class RopeOp(KernelOp):
     ARITY: ClassVar[tuple[int, int]] = (4, 1)
 
     head_dim = prop_def(IntegerAttr[I64])
+    rotary_dim = opt_prop_def(IntegerAttr[I64])  # partial rotary: pairs (d, d + rotary/2) of the first `rotary`
 
     def check_(self) -> None:
         (x, _, cos, _), (out,) = self.shapes()
@@ -371,6 +462,8 @@ class RopeCacheWriteOp(KernelOp):
     )
     ARITY: ClassVar[tuple[int, int]] = (5, 2)
 
+    rotary_dim = opt_prop_def(IntegerAttr[I64])  # partial rotary, as `cuda.rope`'s
+
     def check_(self) -> None:
         (key, value, _, _, _), (keys, values) = self.shapes()
         _expect(self, "value shape", value, key)
@@ -383,8 +476,10 @@ class AttentionOp(KernelOp):
     """Causal grouped-query attention of each row over the cache up to its position, split across warps
     (flash-decoding): a warp per (row, KV head, split) reads its positions' keys and values once for the group's
     query heads; `split` is the most positions a split attends at a full cache (the live length is shared over
-    the ctx / split splits); partial softmax sums into `scratch`; the last warp of a (row, KV head) to finish, as
-    counted in `count` (zero between steps), combines them. ins (query, key cache, value cache, positions), outs
+    the ctx / split splits); with a `window` of W (a sliding window), a row at position p attends positions
+    p - W + 1 to p alone: the live length is min(p, W), starting at p - min(p, W), over W / split splits;
+    partial softmax sums into `scratch`; the last warp of a (row, KV head) to finish, as counted in `count` (zero
+    between steps), combines them. ins (query, key cache, value cache, positions), outs
     (out, scratch [rows, heads, splits, head_dim + 2], count [rows, kv_heads] i64).
 
     ```mlir
@@ -402,6 +497,15 @@ class AttentionOp(KernelOp):
     ARITY: ClassVar[tuple[int, int]] = (4, 3)
 
     split = prop_def(IntegerAttr[I64])
+    window = opt_prop_def(IntegerAttr[I64])
+    scale = opt_prop_def(FloatAttr)  # the scores' scale (absent: 1 / sqrt(head_dim))
+    softcap = opt_prop_def(FloatAttr)  # scores soft-capped, tanh(s / cap) * cap, before the softmax (Gemma 2)
+
+    def attended(self) -> int:
+        """The most positions a row attends: its window where it has one (shorter than the cache), else the
+        cache's length."""
+        ctx = shape_of(self.ins[1].type)[-2]
+        return min(ctx, self.window.value.data) if self.window is not None else ctx
 
     def check_(self) -> None:
         (query, keys, values, _), (out, scratch, count) = self.shapes()
@@ -409,7 +513,9 @@ class AttentionOp(KernelOp):
         _expect(self, "result shape", out, query)
         split = self.split.value.data
         heads = query[1] // keys[-1]
-        _expect(self, "scratch shape", scratch, (query[0], heads, -(-keys[-2] // split), keys[-1] + 2))
+        if self.window is not None and not 1 <= self.window.value.data < keys[-2]:
+            raise _fail(self, f"has a window of {self.window.value.data}, not 1 to {keys[-2] - 1}")
+        _expect(self, "scratch shape", scratch, (query[0], heads, -(-self.attended() // split), keys[-1] + 2))
         _expect(self, "count shape", count, (query[0], keys[-3]))
 
 
@@ -450,6 +556,43 @@ class BiasAddOp(KernelOp):
         (rows, bias), (out,) = self.shapes()
         _expect(self, "bias shape", bias, rows[1:])
         _expect(self, "result shape", out, rows)
+
+
+class _Elementwise(KernelOp):
+    """An elementwise kernel of one input, a thread a column of a row."""
+
+    ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (("x",), ("out",))
+    ARITY: ClassVar[tuple[int, int]] = (1, 1)
+
+    def check_(self) -> None:
+        (x,), (out,) = self.shapes()
+        _expect(self, "result shape", out, x)
+
+
+@irdl_op_definition
+class ScaleOp(_Elementwise):
+    """out = x * factor (f32), elementwise: Gemma's embedding times the square root of the width.
+
+    ```mlir
+    cuda.scale ins(%rows : memref<1x64xf32>) outs(%hidden : memref<1x64xf32>) {factor = 8.000000e+00 : f32}
+    ```
+    """
+
+    name = "cuda.scale"
+    factor = prop_def(FloatAttr)
+
+
+@irdl_op_definition
+class SoftcapOp(_Elementwise):
+    """out = tanh(x / cap) * cap, elementwise: Gemma 2's soft-capped logits.
+
+    ```mlir
+    cuda.softcap ins(%raw_logits : memref<1x256xf32>) outs(%logits : memref<1x256xf32>) {cap = 3.000000e+01 : f32}
+    ```
+    """
+
+    name = "cuda.softcap"
+    cap = prop_def(FloatAttr)
 
 
 @irdl_op_definition
@@ -555,6 +698,9 @@ KERNEL_OPS: tuple[type[KernelOp], ...] = (
     AttentionOp,
     AddOp,
     BiasAddOp,
+    HeadRMSNormOp,
+    ScaleOp,
+    SoftcapOp,
     ArgmaxOp,
 )
 

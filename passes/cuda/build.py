@@ -128,7 +128,11 @@ def latency_summary(model: dict[str, Any] | None) -> list[str]:
 
 # -- HBM traffic of the products (the build report) -----------------------------------------------------------------
 
-_PRODUCTS = tuple(f"{kind}_{core}_" for kind in ("linear", "linear_residual", "gate_up") for core in ("tc", "wgmma"))
+_KINDS = (
+    *("linear", "linear_residual", "linear_bias", "linear_bias_residual"),
+    *("gate_up", "gate_up_bias", "gate_up_gelu_tanh", "gate_up_bias_gelu_tanh"),
+)
+_PRODUCTS = tuple(f"{kind}_{core}_" for kind in _KINDS for core in ("tc", "wgmma"))
 WGMMA_BLOCKS_PER_SM = 1  # a Hopper product's 128 KB TMA ring: one block an SM
 BLOCKS_PER_SM = 4  # the emitter's launch bound (and 40 KB of shared memory a block fits 4 times in 228 KB)
 L2_BYTES = 50 * 2**20  # H100 / H200 L2

@@ -110,9 +110,25 @@ class LaunchRMSNorm(_LaunchKernel):
 
     def kinds(self, op: cuda.RMSNormOp) -> list[Kind]:
         epsilon, row = op.epsilon.value.data, op.row.value.data
-        stem = "rms_norm" if row < 0 else f"rms_norm_row{row}"
+        plus_one = op.plus_one is not None
+        stem = ("rms_norm_plus_one" if plus_one else "rms_norm") + (f"_row{row}" if row >= 0 else "")
         grid = lambda s: (cdiv(s[2][0], WARPS), 1, 1)  # noqa: E731
-        return [Kind(stem, (0, 1, 2), grid, lambda b, a, s: decode_kernels.rms_norm(b, a, s, epsilon, row), (epsilon,))]
+        body = lambda b, a, s: decode_kernels.rms_norm(b, a, s, epsilon, row, plus_one)  # noqa: E731
+        return [Kind(stem, (0, 1, 2), grid, body, (epsilon,))]
+
+
+class LaunchHeadRMSNorm(_LaunchKernel):
+    source = cuda.HeadRMSNormOp
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: cuda.HeadRMSNormOp, rewriter: PatternRewriter) -> None:
+        self.launch(op, rewriter)
+
+    def kinds(self, op: cuda.HeadRMSNormOp) -> list[Kind]:
+        epsilon, plus_one = op.epsilon.value.data, op.plus_one is not None
+        grid = lambda s: (cdiv(s[0][1] // s[1][0], WARPS), s[0][0], 1)  # noqa: E731 (heads, rows)
+        body = lambda b, a, s: decode_kernels.head_rms_norm(b, a, s, epsilon, plus_one)  # noqa: E731
+        return [Kind("head_rms_norm_plus_one" if plus_one else "head_rms_norm", (0, 1, 2), grid, body, (epsilon,))]
 
 
 class LaunchLinear(_LaunchKernel):
@@ -125,11 +141,12 @@ class LaunchLinear(_LaunchKernel):
     def kinds(self, op: cuda.LinearOp) -> list[Kind]:
         epsilon = op.epsilon.value.data if op.epsilon is not None else None
         on_chip = op.residual_chip.value.data if op.residual_chip is not None else None
-        residual = len(op.ins) - (1 if epsilon is not None else 0) - (1 if on_chip is not None else 0) == 3
-        stem = ("norm_" if epsilon is not None else "") + ("linear_residual" if residual else "linear")
+        biased = op.biased is not None
+        stem = ("norm_" if epsilon is not None else "") + ("linear_bias" if biased else "linear")
+        stem += "_residual" if op.has_residual() else ""
         stem += f"_chip{on_chip}" if on_chip is not None else ""
         operands = tuple(range(len(op.ins) + len(op.outs)))
-        body = lambda b, a, s: decode_kernels.linear(b, a, s, epsilon, on_chip)  # noqa: E731
+        body = lambda b, a, s: decode_kernels.linear(b, a, s, epsilon, on_chip, biased)  # noqa: E731
         return [Kind(stem, operands, _columns, body, (epsilon, on_chip))]
 
 
@@ -142,9 +159,12 @@ class LaunchGateUp(_LaunchKernel):
 
     def kinds(self, op: cuda.GateUpOp) -> list[Kind]:
         epsilon = op.epsilon.value.data if op.epsilon is not None else None
-        stem = "norm_gate_up" if epsilon is not None else "gate_up"
+        biased, gelu = op.biased is not None, op.gelu_tanh is not None
+        stem = ("norm_gate_up" if epsilon is not None else "gate_up") + ("_bias" if biased else "")
+        stem += "_gelu_tanh" if gelu else ""
         operands = tuple(range(len(op.ins) + len(op.outs)))
-        return [Kind(stem, operands, _columns, lambda b, a, s: decode_kernels.gate_up(b, a, s, epsilon), (epsilon,))]
+        body = lambda b, a, s: decode_kernels.gate_up(b, a, s, epsilon, biased, gelu)  # noqa: E731
+        return [Kind(stem, operands, _columns, body, (epsilon,))]
 
 
 class LaunchQKV(_LaunchKernel):
@@ -172,8 +192,10 @@ class LaunchRope(_LaunchKernel):
 
     def kinds(self, op: cuda.RopeOp) -> list[Kind]:
         head_dim = op.head_dim.value.data
-        body = lambda b, a, s: decode_kernels.rope(b, a, s, head_dim)  # noqa: E731
-        return [Kind("rope", (0, 1, 2, 3, 4), _rows_by_threads, body, (head_dim,))]
+        rotary = op.rotary_dim.value.data if op.rotary_dim is not None else None
+        body = lambda b, a, s: decode_kernels.rope(b, a, s, head_dim, rotary)  # noqa: E731
+        stem = f"rope_rotary{rotary}" if rotary is not None else "rope"
+        return [Kind(stem, (0, 1, 2, 3, 4), _rows_by_threads, body, (head_dim,))]
 
 
 class LaunchRopeCacheWrite(_LaunchKernel):
@@ -184,7 +206,11 @@ class LaunchRopeCacheWrite(_LaunchKernel):
         self.launch(op, rewriter)
 
     def kinds(self, op: cuda.RopeCacheWriteOp) -> list[Kind]:
-        return [Kind("rope_cache_write", tuple(range(7)), _rows_by_threads, decode_kernels.rope_cache_write)]
+        rotary = op.rotary_dim.value.data if op.rotary_dim is not None else None
+        if rotary is None:
+            return [Kind("rope_cache_write", tuple(range(7)), _rows_by_threads, decode_kernels.rope_cache_write)]
+        body = lambda b, a, s: decode_kernels.rope_cache_write(b, a, s, rotary)  # noqa: E731
+        return [Kind(f"rope_rotary{rotary}_cache_write", tuple(range(7)), _rows_by_threads, body)]
 
 
 class LaunchAttention(_LaunchKernel):
@@ -201,16 +227,26 @@ class LaunchAttention(_LaunchKernel):
         (query, keys, _, _), _ = op.shapes()
         group = query[1] // keys[-1] // keys[-3]
         least = decode_kernels.attention_min_span(keys[-1], op.ins[1].type.element_type, group)  # type: ignore[attr-defined]
+        window = op.window.value.data if op.window is not None else None
+        scale = op.scale.value.data if op.scale is not None else None
+        cap = op.softcap.value.data if op.softcap is not None else None
         kv_splits = lambda s: (cdiv(s[1][-3] * s[4][2], WARPS), s[0][0], 1)  # noqa: E731
         merges = lambda s: (cdiv(s[1][1] * cdiv(s[1][3] - 2, decode_kernels.MERGE_DIMS), WARPS), s[1][0], 1)  # noqa: E731
+        suffix = f"_window{window}" if window is not None else ""
         return [
-            Kind("attention", (0, 1, 2, 3, 5), kv_splits, decode_kernels.attention),
             Kind(
-                "attention_merge",
+                "attention" + suffix + ("_softcap" if cap is not None else ""),
+                (0, 1, 2, 3, 5),
+                kv_splits,
+                lambda b, a, s: decode_kernels.attention(b, a, s, window, scale, cap),
+                (window, scale, cap),
+            ),
+            Kind(
+                "attention_merge" + suffix,
                 (3, 5, 4),
                 merges,
-                lambda b, a, s: decode_kernels.attention_merge(b, a, s, least),
-                (least,),
+                lambda b, a, s: decode_kernels.attention_merge(b, a, s, least, window),
+                (least, window),
             ),
         ]
 
@@ -245,6 +281,32 @@ class LaunchBiasAdd(_LaunchKernel):
         return [Kind("bias_add", (0, 1, 2), _rows_by_threads, decode_kernels.bias_add)]
 
 
+class LaunchScale(_LaunchKernel):
+    source = cuda.ScaleOp
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: cuda.ScaleOp, rewriter: PatternRewriter) -> None:
+        self.launch(op, rewriter)
+
+    def kinds(self, op: cuda.ScaleOp) -> list[Kind]:
+        factor = op.factor.value.data
+        body = lambda b, a, s: decode_kernels.elementwise(b, a, s, lambda v: b.fmul(v, b.fconst(factor)))  # noqa: E731
+        return [Kind("scale", (0, 1), _rows_by_threads, body, (factor,))]
+
+
+class LaunchSoftcap(_LaunchKernel):
+    source = cuda.SoftcapOp
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: cuda.SoftcapOp, rewriter: PatternRewriter) -> None:
+        self.launch(op, rewriter)
+
+    def kinds(self, op: cuda.SoftcapOp) -> list[Kind]:
+        cap = op.cap.value.data
+        body = lambda b, a, s: decode_kernels.elementwise(b, a, s, lambda v: decode_kernels.softcap(b, v, cap))  # noqa: E731
+        return [Kind("softcap", (0, 1), _rows_by_threads, body, (cap,))]
+
+
 class LaunchArgmax(_LaunchKernel):
     source = cuda.ArgmaxOp
 
@@ -275,6 +337,9 @@ PATTERNS: tuple[type[_LaunchKernel], ...] = (
     LaunchPrefillAttention,
     LaunchAdd,
     LaunchBiasAdd,
+    LaunchHeadRMSNorm,
+    LaunchScale,
+    LaunchSoftcap,
     LaunchArgmax,
 )
 

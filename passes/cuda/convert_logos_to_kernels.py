@@ -47,6 +47,7 @@ from xdsl.dialects.builtin import (
     ModuleOp,
     StringAttr,
     TensorType,
+    UnitAttr,
     UnrealizedConversionCastOp,
     f32,
     i16,
@@ -75,7 +76,7 @@ NAME = "convert-logos-to-cuda-kernels"
 LOWERED = ("decode", "prefill", "batch")
 ATTENTION_WARPS = 16 * 132  # warps attention aims at: 16 an SM (4 blocks of 4) over an H200's 132 SMs
 ARGMAX_CHUNK = 1024  # values one warp reduces in the first stage of the arg-max
-LAZY = (logos.RopeOp, logos.SiluOp, logos.RowOp)  # folded into the kernel that reads them
+LAZY = (logos.RopeOp, logos.SiluOp, logos.GeluTanhOp, logos.RowOp)  # folded into the kernel that reads them
 
 
 def attention_split(kv_items: int, ctx: int, least: int) -> int:
@@ -99,7 +100,8 @@ class _Lowering:
     buffers: dict[str, SSAValue] = field(default_factory=dict)
     kinds: dict[str, str] = field(default_factory=dict)
     ctx: int = 1
-    pending_key: tuple[SSAValue, SSAValue, SSAValue] | None = None  # (rotated key source, cache, positions)
+    # (rotated key source, cache, positions, its rotation)
+    pending_key: tuple[SSAValue, SSAValue, SSAValue, logos.RopeOp] | None = None
     refusal: PassError | None = None
 
     def buffer(self, rewriter: PatternRewriter, name: str, kind: str, kind_type: MemRefType) -> SSAValue:
@@ -121,11 +123,20 @@ class _Lowering:
         element = i64 if isinstance(cast(TensorType, value.type).element_type, IntegerType) else f32
         return self.buffer(rewriter, value.name_hint or "value", kind, MemRefType(element, list(shape)))
 
-    def rope_tables(self, rewriter: PatternRewriter, head_dim: int) -> tuple[SSAValue, SSAValue]:
+    def rope_tables(
+        self, rewriter: PatternRewriter, head_dim: int, rope: logos.RopeOp | None = None
+    ) -> tuple[SSAValue, SSAValue]:
+        """The host's cos / signed sin tables of `rope`'s rotation: the model's (`rope.cos`, `rope.sin`), or a
+        pair of its own for a layer's own base or a partial rotary (`cuda.rope_table_names`)."""
         kind_type = MemRefType(f32, [self.ctx, head_dim])
-        return self.buffer(rewriter, "rope.cos", "table", kind_type), self.buffer(
-            rewriter, "rope.sin", "table", kind_type
-        )
+        theta, rotary, unscaled = None, None, False
+        if rope is not None:
+            own = rope.theta.value.data
+            theta = own if own != self.spec.rope_theta else None  # type: ignore[attr-defined]
+            rotary = rope.rotary_dim.value.data if rope.rotary_dim is not None else None
+            unscaled = rope.rope_scaling is None and self.spec.rope_scaling is not None  # type: ignore[attr-defined]
+        cos, sin = cuda.rope_table_names(theta, rotary, unscaled)
+        return self.buffer(rewriter, cos, "table", kind_type), self.buffer(rewriter, sin, "table", kind_type)
 
     def refuse(self, message: str) -> None:
         if self.refusal is None:
@@ -225,8 +236,47 @@ class LowerRMSNorm(_LoweringPattern):
         if isinstance(picked, logos.RowOp):
             source, row = picked.input, picked.index.value.data - 1
         out = self.lowering.activation(rewriter, op.result)
-        props = {"epsilon": FloatAttr(op.epsilon.value.data, f32), "row": IntegerAttr(row, i64)}
+        props = {"epsilon": FloatAttr(op.epsilon.value.data, f32), "row": IntegerAttr(row, i64), **_plus_one(op)}
         rewriter.insert(cuda.RMSNormOp([self.of(source, op), self.of(op.weight, op)], [out], props))
+        _stands_for(rewriter, op, out)
+
+
+def _plus_one(op: logos.ScaledRMSNormOp) -> dict[str, Attribute]:
+    """A norm by one plus its weight keeps saying so (Gemma's norms)."""
+    return {"plus_one": UnitAttr()} if op.plus_one is not None else {}
+
+
+class LowerScale(_LoweringPattern):
+    """Each number times a constant (Gemma's embedding by the square root of the width), one `cuda.scale`."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.ScaleOp, rewriter: PatternRewriter) -> None:
+        out = self.lowering.activation(rewriter, op.result)
+        props = {"factor": FloatAttr(op.factor.value.data, f32)}
+        rewriter.insert(cuda.ScaleOp([self.of(op.input, op)], [out], props))
+        _stands_for(rewriter, op, out)
+
+
+class LowerSoftcap(_LoweringPattern):
+    """A tanh soft-cap of each number (Gemma 2's logits), one `cuda.softcap`."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.SoftcapOp, rewriter: PatternRewriter) -> None:
+        out = self.lowering.activation(rewriter, op.result)
+        props = {"cap": FloatAttr(op.cap.value.data, f32)}
+        rewriter.insert(cuda.SoftcapOp([self.of(op.input, op)], [out], props))
+        _stands_for(rewriter, op, out)
+
+
+class LowerHeadRMSNorm(_LoweringPattern):
+    """An RMS norm of each head (Qwen3's query and key norms) as `cuda.head_rms_norm`, a kernel of its own before
+    the rotation that reads it."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.HeadRMSNormOp, rewriter: PatternRewriter) -> None:
+        out = self.lowering.activation(rewriter, op.result)
+        props = {"epsilon": FloatAttr(op.epsilon.value.data, f32), **_plus_one(op)}
+        rewriter.insert(cuda.HeadRMSNormOp([self.of(op.input, op), self.of(op.weight, op)], [out], props))
         _stands_for(rewriter, op, out)
 
 
@@ -239,13 +289,16 @@ class LowerLinear(_LoweringPattern):
 
 
 class LowerSwiGLU(_LoweringPattern):
-    """silu(x @ gate^T) * (x @ up^T): the two projections already lowered become one `cuda.gate_up`."""
+    """silu(x @ gate^T) * (x @ up^T) (SwiGLU) or gelu_tanh(x @ gate^T) * (x @ up^T) (GeGLU): the two projections
+    already lowered become one `cuda.gate_up` (`gelu_tanh` for GeGLU)."""
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: logos.MulOp, rewriter: PatternRewriter) -> None:
         activated = op.lhs.owner
-        if not isinstance(activated, logos.SiluOp):
-            self.lowering.refuse("'logos.mul' is lowered only as SwiGLU's silu(gate) times up")
+        if not isinstance(activated, logos.SiluOp | logos.GeluTanhOp):
+            self.lowering.refuse(
+                "'logos.mul' is lowered only as SwiGLU's silu(gate) or GeGLU's gelu_tanh(gate) times up"
+            )
             return
         gate = self._linear_of(self.of(activated.input, op), op)
         up = self._linear_of(self.of(op.rhs, op), op)
@@ -254,19 +307,28 @@ class LowerSwiGLU(_LoweringPattern):
         if gate.ins[0] != up.ins[0]:
             self.lowering.refuse("'logos.mul' multiplies projections of two different inputs")
             return
+        if (gate.biased is None) != (up.biased is None):
+            self.lowering.refuse("SwiGLU's fused kernel (cuda.gate_up) adds biases to both its products or to none")
+            return
         rewriter.erase(gate)
         rewriter.erase(up)
         out = self.lowering.activation(rewriter, op.result)
-        rewriter.insert(cuda.GateUpOp([gate.ins[0], gate.ins[1], up.ins[1]], [out]))
+        ins = [gate.ins[0], gate.ins[1], up.ins[1]]
+        biases = [gate.bias(), up.bias()] if gate.biased is not None else []
+        props = {"biased": UnitAttr()} if biases else {}
+        if isinstance(activated, logos.GeluTanhOp):
+            props["gelu_tanh"] = UnitAttr()
+        rewriter.insert(cuda.GateUpOp([*ins, *cast(list[SSAValue], biases)], [out], props))
         _stands_for(rewriter, op, out)
 
     def _linear_of(self, buffer: SSAValue, op: Operation) -> cuda.LinearOp | None:
-        """The projection that last wrote `buffer`, when it is one writing only that."""
+        """The projection that last wrote `buffer`, when it is one writing only that (its bias, if any, folded into
+        it by `LowerBiasAdd`)."""
         step = _last_step(op)
         while step is not None and buffer not in writes(step):
             step = _last_step(step)
         if isinstance(step, cuda.BiasAddOp):
-            self.lowering.refuse("SwiGLU's fused kernel (cuda.gate_up) adds no bias to its gate and up products yet")
+            self.lowering.refuse("SwiGLU's fused kernel (cuda.gate_up) adds a bias only in its epilogue, not after")
             return None
         if not isinstance(step, cuda.LinearOp) or list(step.outs) != [buffer]:
             self.lowering.refuse(f"'{op.name}' expects a projection feeding it, found none")
@@ -285,12 +347,23 @@ class LowerAdd(_LoweringPattern):
 
 
 class LowerBiasAdd(_LoweringPattern):
-    """A projection's bias added to each row, one `cuda.bias_add` (the bias a weight buffer)."""
+    """A projection's bias added to each row: folded into the epilogue of the projection launched right before it
+    (`cuda.linear` with `biased`, the bias its input after the weight) when that projection's result is read by
+    the bias add alone; else one `cuda.bias_add` (a split program's row-parallel projection, whose bias follows
+    its all-reduce)."""
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: logos.BiasAddOp, rewriter: PatternRewriter) -> None:
         out = self.lowering.activation(rewriter, op.result)
-        rewriter.insert(cuda.BiasAddOp([self.of(op.input, op), self.of(op.bias, op)], [out]))
+        source, bias = self.of(op.input, op), self.of(op.bias, op)
+        last = _last_step(op)
+        unread = len(list(op.input.uses)) == 1
+        if isinstance(last, cuda.LinearOp) and len(last.ins) == 2 and list(last.outs) == [source] and unread:
+            ins = [*last.ins, bias]
+            rewriter.erase(last)  # launched here instead, after the bias's and the result's buffers
+            rewriter.insert(cuda.LinearOp(ins, [out], {"biased": UnitAttr()}))
+        else:
+            rewriter.insert(cuda.BiasAddOp([source, bias], [out]))
         _stands_for(rewriter, op, out)
 
 
@@ -315,17 +388,17 @@ class LowerCacheWrite(_LoweringPattern):
         if isinstance(rotated, logos.RopeOp):
             if lowering.pending_key is not None:
                 lowering.refuse("'logos.cache_write' writes two rotated keys with no value between")
-            lowering.pending_key = (self.of(rotated.input, op), cache, positions)
+            lowering.pending_key = (self.of(rotated.input, op), cache, positions, rotated)
             rewriter.erase(op)
             return
         if lowering.pending_key is None:
             lowering.refuse("'logos.cache_write' writes values before their rotated keys")
             return
-        key, keys, _ = lowering.pending_key
+        key, keys, _, rope = lowering.pending_key
         lowering.pending_key = None
-        cos, sin = lowering.rope_tables(rewriter, lowering.spec.head_dim)  # type: ignore[attr-defined]
+        cos, sin = lowering.rope_tables(rewriter, lowering.spec.head_dim, rope)  # type: ignore[attr-defined]
         ins = [key, self.of(op.input, op), positions, cos, sin]
-        rewriter.insert(cuda.RopeCacheWriteOp(ins, [keys, cache]))
+        rewriter.insert(cuda.RopeCacheWriteOp(ins, [keys, cache], _rotary(rope)))
         rewriter.erase(op)
 
 
@@ -342,13 +415,21 @@ class LowerAttention(_LoweringPattern):
         cache_shape = logos.tensor_shape(op.keys)
         heads = width // cache_shape[-1]
         least = attention_min_span(cache_shape[-1], lowering.element, heads // cache_shape[-3])
-        split = attention_split(cache_shape[-3] * rows, cache_shape[-2], least)
-        splits = -(-cache_shape[-2] // split)
+        window = op.window.value.data if op.window is not None else None
+        attended = min(cache_shape[-2], window) if window is not None else cache_shape[-2]  # a row's most positions
+        split = attention_split(cache_shape[-3] * rows, attended, least)
+        splits = -(-attended // split)
         partial_type = MemRefType(f32, [rows, heads, splits, cache_shape[-1] + 2])
         scratch = lowering.buffer(rewriter, "attention.partial", "scratch", partial_type)
         count = lowering.buffer(rewriter, "attention.count", "scratch", MemRefType(i64, [rows, cache_shape[-3]]))
         out = lowering.activation(rewriter, op.result)
         props = {"split": IntegerAttr(split, i64)}
+        if window is not None:  # the kernel bounds each row's range to its window
+            props["window"] = IntegerAttr(window, i64)
+        if op.scale is not None:
+            props["scale"] = FloatAttr(op.scale.value.data, f32)
+        if op.softcap is not None:
+            props["softcap"] = FloatAttr(op.softcap.value.data, f32)
         rewriter.insert(cuda.AttentionOp([query, keys, values, positions], [out, scratch, count], props))
         _stands_for(rewriter, op, out)
 
@@ -357,12 +438,17 @@ class LowerAttention(_LoweringPattern):
         if not isinstance(rotated, logos.RopeOp):
             return self.of(op.query, op)
         head_dim = self.lowering.spec.head_dim  # type: ignore[attr-defined]
-        cos, sin = self.lowering.rope_tables(rewriter, head_dim)
+        cos, sin = self.lowering.rope_tables(rewriter, head_dim, rotated)
         x = self.of(rotated.input, op)
         out = self.lowering.buffer(rewriter, rotated.result.name_hint or "turned", "activation", x.type)  # type: ignore[arg-type]
-        props = {"head_dim": IntegerAttr(head_dim, i64)}
+        props = {"head_dim": IntegerAttr(head_dim, i64), **_rotary(rotated)}
         rewriter.insert(cuda.RopeOp([x, self.of(op.positions, op), cos, sin], [out], props))
         return out
+
+
+def _rotary(rope: logos.RopeOp) -> dict[str, Attribute]:
+    """A partial rotary's `rotary_dim` for the kernel that rotates (none for the whole head)."""
+    return {"rotary_dim": IntegerAttr(rope.rotary_dim.value.data, i64)} if rope.rotary_dim is not None else {}
 
 
 class LowerArgmax(_LoweringPattern):
@@ -459,6 +545,9 @@ PATTERNS: tuple[type[_LoweringPattern], ...] = (
     LowerCache,
     LowerEmbed,
     LowerRMSNorm,
+    LowerHeadRMSNorm,
+    LowerScale,
+    LowerSoftcap,
     LowerLinear,
     LowerSwiGLU,
     LowerAdd,
@@ -476,8 +565,12 @@ LOWERED_OPS = (
     logos.CacheOp,
     logos.EmbedOp,
     logos.RMSNormOp,
+    logos.HeadRMSNormOp,
+    logos.ScaleOp,
+    logos.SoftcapOp,
     logos.LinearOp,
     logos.SiluOp,
+    logos.GeluTanhOp,
     logos.MulOp,
     logos.AddOp,
     logos.BiasAddOp,
@@ -513,9 +606,24 @@ def _check_main(main: func.FuncOp) -> None:
             )
         if not isinstance(op, (*LOWERED_OPS, func.ReturnOp)):
             raise PassError(f"{NAME}: @main holds '{op.name}', which the CUDA lane does not lower")
-        said = logos.variant(op)
+        said = _unlowered_variant(op)
         if said is not None:  # an op the lane lowers in its plain form only: a variant is refused, not run as plain
             raise PassError(f"{NAME}: @main's '{op.name}' {said}, which the CUDA lane does not compute")
+
+
+def _unlowered_variant(op: Operation) -> str | None:
+    """What `op` says beyond what the lane lowers (`logos.variant`'s words), or None: attention's window (its range
+    bounded to the window), scale and soft-cap, a norm by one plus its weight, a rotation's own base and partial
+    rotary and a layer rotating unscaled beside the model's scaling (tables of their own) are lowered; a rope
+    scaling of a layer's own is not."""
+    if isinstance(op, logos.RopeOp):  # its own base and a partial rotary are lowered (tables of its own)
+        spec = logos.program_spec(op)
+        if spec is not None and op.rope_scaling not in (None, spec.rope_scaling):  # unscaled: tables of its own
+            return f"rotates with rope scaling {op.rope_scaling}, not its model's {spec.rope_scaling}"
+        return None
+    if isinstance(op, logos.AttentionOp | logos.ScaledRMSNormOp):  # window, scale, soft-cap, plus_one: lowered
+        return None
+    return logos.variant(op)
 
 
 def _host_function(main: func.FuncOp) -> func.FuncOp:

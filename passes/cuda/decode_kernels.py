@@ -19,7 +19,7 @@ from xdsl.ir import Attribute, SSAValue
 
 from logos_ir.dialects import cuda
 from logos_ir.numerics import ceil_div as cdiv
-from logos_ir.passes.cuda.thread_code import Body, rotated, vector_width
+from logos_ir.passes.cuda.thread_code import Body, glu, rotated, vector_width
 
 WARPS = 4  # warps a block: each owns one work item
 THREADS = WARPS * cuda.WARP
@@ -48,7 +48,9 @@ def embed(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
     b.when(b.cmp("ult", column, width), body)
 
 
-def rms_norm(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float, source: int) -> None:
+def rms_norm(
+    b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float, source: int, plus_one: bool = False
+) -> None:
     x, weight, out = args
     rows, width = shapes[2]
     _, warp, lane = _warp_and_lane(b)
@@ -71,7 +73,7 @@ def rms_norm(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsil
 
         def scale(k: SSAValue, acc: list[SSAValue]) -> list[SSAValue]:
             values = b.vload(x, [src, k], vector)
-            scales = b.vload(weight, [k], vector)
+            scales = _plus_one(b, b.vload(weight, [k], vector), plus_one)
             for i, (value, factor) in enumerate(zip(values, scales, strict=True)):
                 b.store(b.fmul(b.fmul(value, inverse), factor), out, [row, b.add(k, i)])
             return []
@@ -79,6 +81,52 @@ def rms_norm(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsil
         b.loop(start, width, cuda.WARP * vector, [], scale)
 
     b.when(b.cmp("ult", row, rows), body)
+
+
+def _plus_one(b: Body, scales: list[SSAValue], plus_one: bool) -> list[SSAValue]:
+    """A norm's weights, or one plus each (Gemma's norms, in f32 as the reference adds them)."""
+    return [b.fadd(b.fconst(1.0), s) for s in scales] if plus_one else scales
+
+
+def head_rms_norm(
+    b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float, plus_one: bool = False
+) -> None:
+    """A warp per (head, row) (block x: heads by 4, block y: the row): the head's numbers summed in squares across
+    the lanes as `rms_norm` sums a row's (fma, a butterfly), then each scaled by 1/rms and its weight."""
+    x, weight, out = args
+    rows, width = shapes[0]
+    head_dim = shapes[1][0]
+    heads = width // head_dim
+    _, warp, lane = _warp_and_lane(b)
+    head = b.add(b.mul(b.block("x"), WARPS), warp)
+    row = b.block("y")
+    vector = vector_width(head_dim, f32)
+
+    def body() -> None:
+        base = b.mul(head, head_dim)
+        start = b.mul(lane, vector)
+
+        def squares(k: SSAValue, acc: list[SSAValue]) -> list[SSAValue]:
+            total = acc[0]
+            for value in b.vload(x, [row, b.add(base, k)], vector):
+                total = b.fma(value, value, total)
+            return [total]
+
+        (total,) = b.loop(start, head_dim, cuda.WARP * vector, [b.fconst(0.0)], squares)
+        mean = b.fmul(b.warp_sum(total), b.fconst(1.0 / head_dim))
+        inverse = b.fdiv(b.fconst(1.0), b.sqrt(b.fadd(mean, b.fconst(epsilon))))
+
+        def scale(k: SSAValue, acc: list[SSAValue]) -> list[SSAValue]:
+            at = b.add(base, k)
+            values = b.vload(x, [row, at], vector)
+            scales = _plus_one(b, b.vload(weight, [k], vector), plus_one)
+            for i, (value, factor) in enumerate(zip(values, scales, strict=True)):
+                b.store(b.fmul(b.fmul(value, inverse), factor), out, [row, b.add(at, i)])
+            return []
+
+        b.loop(start, head_dim, cuda.WARP * vector, [], scale)
+
+    b.when(b.cmp("ult", head, heads), body)
 
 
 UNROLL_BYTES = 64  # bytes of weights a lane has in flight per loop step at batch 1 (16-byte loads, unrolled)
@@ -209,33 +257,54 @@ def _projection(
 
 def linear(
     b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float | None = None,
-    residual_chip: int | None = None,
+    residual_chip: int | None = None, biased: bool = False,
 ) -> None:  # fmt: skip
+    """A warp an output column (`_projection`); lane 0's epilogue adds the bias (`biased`: bias[column] to the
+    sums, before the residual) and the residual, both on chip `residual_chip` alone in a split step's partial
+    sum (the all-reduce after it completes the sum)."""
     x, weight, *rest, out = args
     scale = rest.pop() if epsilon is not None else None
+    bias = rest.pop() if biased else None
     chip = rest.pop() if residual_chip is not None else None
     residual = rest
     rows, depth = shapes[0]
     columns = shapes[1][0]
     _, warp, _ = _warp_and_lane(b)
 
+    def on_chip() -> SSAValue:  # whether this is the chip that adds the residual and the bias
+        assert chip is not None and residual_chip is not None
+        return b.op(arith.CmpiOp(b.load(chip, [0]), b.op(arith.ConstantOp(IntegerAttr(residual_chip, i64))), "eq"))
+
     def write(row: SSAValue, sums: list[SSAValue]) -> None:
         column = b.add(b.mul(b.block("x"), WARPS), warp)
+        total, here = sums[0], None
+        if bias is not None:
+            added = b.load(bias, [column])
+            if chip is not None:
+                here = on_chip()
+                added = b.select(here, added, b.fconst(0.0))
+            total = b.fadd(total, added)
         if not residual:
-            b.store(sums[0], out, [row, column])
+            b.store(total, out, [row, column])
             return
         added = b.load(residual[0], [row, column])
-        if chip is not None and residual_chip is not None:  # a partial sum: the residual on one chip, the rest by AR
-            here = b.op(arith.CmpiOp(b.load(chip, [0]), b.op(arith.ConstantOp(IntegerAttr(residual_chip, i64))), "eq"))
-            added = b.select(here, added, b.fconst(0.0))
-        b.store(b.fadd(added, sums[0]), out, [row, column])
+        if chip is not None:  # a partial sum: the residual on one chip, the rest by the all-reduce
+            added = b.select(here if here is not None else on_chip(), added, b.fconst(0.0))
+        b.store(b.fadd(added, total), out, [row, column])
 
     norm = (scale, epsilon) if scale is not None and epsilon is not None else None
     _projection(b, x, [weight], (rows, columns, depth), write, norm)
 
 
-def gate_up(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float | None = None) -> None:
+def gate_up(
+    b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float | None = None, biased: bool = False,
+    gelu_tanh: bool = False,
+) -> None:  # fmt: skip
+    """A warp a column of gate and of up (`_projection`); lane 0 adds each product's bias (`biased`) and writes
+    silu(g) * u."""
     x, gate, up, *rest, out = args
+    biases = rest[:2] if biased else []
+    rest = rest[2:] if biased else rest
     rows, depth = shapes[0]
     columns = shapes[1][0]
     _, warp, _ = _warp_and_lane(b)
@@ -243,10 +312,9 @@ def gate_up(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilo
     def write(row: SSAValue, sums: list[SSAValue]) -> None:
         column = b.add(b.mul(b.block("x"), WARPS), warp)
         g, u = sums
-        half = b.fconst(0.5)
-        # sigmoid(g) = (1 + tanh(g/2)) / 2 never overflows, as the reference computes it
-        sigmoid = b.fadd(b.fmul(b.tanh(b.fmul(g, half)), half), half)
-        b.store(b.fmul(b.fmul(g, sigmoid), u), out, [row, column])
+        if biases:
+            g, u = b.fadd(g, b.load(biases[0], [column])), b.fadd(u, b.load(biases[1], [column]))
+        b.store(glu(b, g, u, gelu_tanh), out, [row, column])
 
     norm = (rest[0], epsilon) if rest and epsilon is not None else None
     _projection(b, x, [gate, up], (rows, columns, depth), write, norm)
@@ -362,7 +430,9 @@ def qkv(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: f
     b.when(lane0, finish)
 
 
-def rope(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], head_dim: int) -> None:
+def rope(
+    b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], head_dim: int, rotary: int | None = None
+) -> None:
     x, positions, cos, sin, out = args
     width = shapes[0][1]
     column = b.add(b.mul(b.block("x"), THREADS), b.thread())
@@ -370,13 +440,13 @@ def rope(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], head_dim:
 
     def body() -> None:
         place = b.sub(b.to_index(b.load(positions, [row])), 1)
-        value, _, _ = rotated(b, x, row, column, head_dim, (cos, sin), place)
+        value, _, _ = rotated(b, x, row, column, head_dim, (cos, sin), place, rotary)
         b.store(value, out, [row, column])
 
     b.when(b.cmp("ult", column, width), body)
 
 
-def rope_cache_write(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
+def rope_cache_write(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], rotary: int | None = None) -> None:
     key, value, positions, cos, sin, keys, values = args
     width = shapes[0][1]
     head_dim = shapes[5][-1]
@@ -386,7 +456,7 @@ def rope_cache_write(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]
 
     def body() -> None:
         place = b.sub(b.to_index(b.load(positions, [row])), 1)
-        turned, head, d = rotated(b, key, row, column, head_dim, (cos, sin), place)
+        turned, head, d = rotated(b, key, row, column, head_dim, (cos, sin), place, rotary)
         where = [row, head, place, d] if per_sequence else [head, place, d]
         stored = b.load(value, [row, column])
         if isinstance(keys.type.element_type, BFloat16Type):  # type: ignore[attr-defined]
@@ -431,7 +501,19 @@ def _span(b: Body, length: SSAValue, splits: int, least: int) -> SSAValue:
     return b.op(arith.MaxUIOp(b.div(b.add(length, splits - 1), splits), b.const(least)))
 
 
-def attention(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
+def _live(b: Body, length: SSAValue, window: int | None) -> tuple[SSAValue, SSAValue | None]:
+    """(the positions a row attends, the first of them or None for 0): the whole live length, or with a sliding
+    `window` of W its last min(length, W) positions alone (the cache before them is never read)."""
+    if window is None:
+        return length, None
+    live = b.min(length, window)
+    return live, b.sub(length, live)
+
+
+def attention(
+    b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], window: int | None = None,
+    scale: float | None = None, softcap: float | None = None,
+) -> None:  # fmt: skip
     """A warp per (row, KV head, split) writes its split's partial softmax state (flash-decoding's first stage;
     `attention_merge` is the second): the keys and values of its positions are read once for all the query heads
     of the KV head's group. A position's row is spread over `lanes` lanes with 16-byte loads, so a warp step covers
@@ -439,7 +521,8 @@ def attention(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> N
     it uses the first (independent loads in flight, as FlashInfer's cp.async stages keep them), then updates each
     lane group's online softmax per query head position by position; the lane groups merge their states with
     shuffles at the end. The split's positions are the live length shared out over the splits (at least one whole
-    iteration each), so the work follows the length, not the cache size."""
+    iteration each), so the work follows the length, not the cache size; with a sliding `window` the live length
+    is the window's positions before the row's own (`_live`), so a windowed layer reads only its window."""
     query, keys, values, positions, scratch = args
     rows, width = shapes[0]
     cache = shapes[1]
@@ -479,11 +562,12 @@ def attention(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> N
             got = [b.select(keep, g, zero) for g in got]
         return got
 
-    scale = b.fconst(1.0 / head_dim**0.5)
-    q = [[b.fmul(v, scale) for c in range(per_lane) for v in query_part(h, c)] for h in range(group)]
+    factor = b.fconst(1.0 / head_dim**0.5 if scale is None else scale)
+    q = [[b.fmul(v, factor) for c in range(per_lane) for v in query_part(h, c)] for h in range(group)]
     length = b.to_index(b.load(positions, [row]))
-    span = _span(b, length, splits, least)
-    start = b.min(b.mul(part, span), length)
+    live, first = _live(b, length, window)
+    span = _span(b, live, splits, least)
+    start = b.min(b.mul(part, span) if first is None else b.add(first, b.mul(part, span)), length)
     stop = b.min(b.add(start, span), length)
 
     def cache_at(j: SSAValue, c: int) -> list[SSAValue]:
@@ -500,6 +584,8 @@ def attention(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> N
             while offset:  # the position's lanes sum their parts
                 dot = b.fadd(dot, b.shuffle(dot, offset))
                 offset //= 2
+            if softcap is not None:  # the scaled score soft-capped before the softmax (Gemma 2)
+                dot = _softcap(b, dot, softcap)
             high = b.fmax(m, dot)
             fade, weight = b.exp(b.fsub(m, high)), b.exp(b.fsub(dot, high))
             updated = [high, b.fma(total, fade, weight)]
@@ -564,7 +650,9 @@ MERGE_DIMS = 4  # dimensions of a head a merge warp owns
 MERGE_UNROLL = 4  # splits a merge lane reads a round before it merges the first (128 a warp a round)
 
 
-def attention_merge(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], least: int) -> None:
+def attention_merge(
+    b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], least: int, window: int | None = None
+) -> None:
     """Flash-decoding's second stage, a launch of its own (FlashInfer's `MergeStates`): a warp per (row, query head,
     `MERGE_DIMS` dimensions); its lanes take the splits that attended anything 128 at a time (lane l the splits
     l, l + 32, l + 64, l + 96 a round: 128 splits' partial states read at once, from L2), each lane merging its
@@ -585,7 +673,7 @@ def attention_merge(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]
     for e in range(MERGE_DIMS):
         d = b.add(b.mul(chunk, MERGE_DIMS), e)
         dims.append((b.cmp("ult", d, head_dim) if head_dim % MERGE_DIMS else None, b.min(d, head_dim - 1)))
-    length = b.to_index(b.load(positions, [row]))
+    length, _ = _live(b, b.to_index(b.load(positions, [row])), window)  # the positions the splits shared
     span = _span(b, length, splits, least)
     used = b.div(b.add(length, b.sub(span, 1)), span)
     zero = b.fconst(0.0)
@@ -686,6 +774,26 @@ def argmax_final(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -
         b.when(b.cmp("eq", lane, 0), lambda: b.store(b.to_i64(b.add(index, 1)), out, [row]))
 
     b.when(b.cmp("ult", row, rows), body)
+
+
+def _softcap(b: Body, value: SSAValue, cap: float) -> SSAValue:
+    """tanh(value / cap) * cap, as the reference computes it."""
+    limit = b.fconst(cap)
+    return b.fmul(b.tanh(b.fdiv(value, limit)), limit)
+
+
+softcap = _softcap
+
+
+def elementwise(
+    b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], fn: Callable[[SSAValue], SSAValue]
+) -> None:
+    """out[row, column] = fn(x[row, column]): a thread a column, a block row of them a row."""
+    x, out = args
+    width = shapes[0][1]
+    column = b.add(b.mul(b.block("x"), THREADS), b.thread())
+    row = b.block("y")
+    b.when(b.cmp("ult", column, width), lambda: b.store(fn(b.load(x, [row, column])), out, [row, column]))
 
 
 def add(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:

@@ -28,7 +28,7 @@ NAME = "cuda-fold-norms"
 def norm_readers(norm: cuda.RMSNormOp) -> list[cuda.LinearOp | cuda.GateUpOp] | None:
     """The projections that read the norm's result while its input and scale are unchanged, if they are its only
     readers (else None)."""
-    if norm.row.value.data >= 0:
+    if norm.row.value.data >= 0 or norm.plus_one is not None:  # a prologue scales by the weight itself
         return None
     x, scale = norm.ins
     (normed,) = norm.outs

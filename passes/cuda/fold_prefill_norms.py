@@ -51,7 +51,7 @@ class FoldPrefillNorm(RewritePattern):
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: cuda.RMSNormOp, rewriter: PatternRewriter) -> None:
-        if op.row.value.data >= 0 or cuda.shape_of(op.ins[0].type)[0] < 2:
+        if op.row.value.data >= 0 or cuda.shape_of(op.ins[0].type)[0] < 2 or op.plus_one is not None:
             return
         readers = _norm_readers(op)
         if not readers:

@@ -8,10 +8,13 @@ Assumes: the kernel level (`convert-logos-to-cuda-kernels`' output), split over 
   add's launch and p's buffer go;
 - each `cuda.add` of a residual h and an all-reduce of p that directly follows the plain `cuda.linear` writing p
   (`add(h, all_reduce(p))`) is erased: the projection adds h on chip 0 alone (`residual_chip = 0`, reading the
-  host's `chip` table, added after the other buffers), so the all-reduce itself completes the residual stream. Later
+  host's `chip` table, added after the other buffers), so the all-reduce itself completes the residual stream; a
+  row-parallel projection's bias added after the all-reduce (`add(h, bias_add(all_reduce(p), b))`, the biased sum
+  read by the add alone) goes with h: both added on chip 0 in the partial sum, and the bias add's launch goes. Later
   kernels that read the add's result read the reduced buffer instead, where that is safe (p not rewritten while
   they read it, and no all-reduce of the result).
-A plain projection is one with no residual and no norm folded into it yet.
+A plain projection is one with no residual and no norm folded into it yet; its bias (`biased`), if any, stays in its
+epilogue, added before the residual (on chip 0 alone in a partial sum, as the residual is).
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ from dataclasses import dataclass
 from typing import cast
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import IntegerAttr, MemRefType, ModuleOp, i64
+from xdsl.dialects.builtin import IntegerAttr, MemRefType, ModuleOp, UnitAttr, i64
 from xdsl.dialects.shard import AllReduceOp
-from xdsl.ir import Operation, SSAValue, Use
+from xdsl.ir import Attribute, Operation, SSAValue, Use
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import PatternRewriter, PatternRewriteWalker, RewritePattern, op_type_rewrite_pattern
 
@@ -84,36 +87,57 @@ class FoldResidualAdd(RewritePattern):
         (result,) = linear.outs
         if projected != result or residual == result or _read_again(op, result):
             return
-        rewriter.replace(linear, cuda.LinearOp([*linear.ins, residual], list(op.outs)))
+        x, weight, *bias = linear.ins
+        rewriter.replace(linear, cuda.LinearOp([x, weight, residual, *bias], list(op.outs), _biased(linear)))
         rewriter.erase(op)
 
     @staticmethod
     def _into_partial_sum(op: cuda.AddOp, rewriter: PatternRewriter) -> None:
         reduce = previous_step(op)
+        bias_add = None
+        if isinstance(reduce, cuda.BiasAddOp):  # add(h, bias_add(all_reduce(p), b)): the bias joins the residual
+            bias_add, reduce = reduce, previous_step(reduce)
         linear = previous_step(reduce) if reduce is not None else None
         if not isinstance(reduce, AllReduceOp) or not _plain_linear(linear):
             return
         assert isinstance(linear, cuda.LinearOp)
         (partial_sum,) = linear.outs
-        if reduce.input != partial_sum or reduce.result not in op.ins:
+        summand = reduce.result if bias_add is None else bias_add.outs[0]
+        if reduce.input != partial_sum or summand not in op.ins:
             return
-        residual = op.ins[0] if op.ins[1] == reduce.result else op.ins[1]
+        if bias_add is not None and (
+            linear.biased is not None or bias_add.ins[0] != reduce.result or _read_again(op, summand)
+        ):
+            return
+        residual = op.ins[0] if op.ins[1] == summand else op.ins[1]
         (summed,) = op.outs
         readers = _readers_until_rewritten(op, summed)
         if readers is None or any(partial_sum in writes(s) for s in readers):
             return
         host = op.parent_op()
         chip = buffer(rewriter, host, "chip", "table", MemRefType(i64, [1]))  # type: ignore[arg-type]
-        props = {"residual_chip": IntegerAttr(0, i64)}
-        rewriter.replace(linear, cuda.LinearOp([*linear.ins, residual, chip], list(linear.outs), props))
+        props = {"residual_chip": IntegerAttr(0, i64), **_biased(linear)}
+        x, weight, *bias = linear.ins
+        if bias_add is not None:
+            props["biased"] = UnitAttr()
+            bias = [bias_add.ins[1]]
+        rewriter.replace(linear, cuda.LinearOp([x, weight, residual, chip, *bias], list(linear.outs), props))
         kernels = {id(s) for s in readers if isinstance(s, cuda.KernelOp)}
         rewriter.replace_uses_with_if(summed, reduce.result, lambda use: _reads_as_input(use, kernels))
         rewriter.erase(op)
+        if bias_add is not None:
+            rewriter.erase(bias_add)
 
 
 def _plain_linear(op: Operation | None) -> bool:
-    plain = isinstance(op, cuda.LinearOp) and len(op.ins) == 2
-    return plain and op.epsilon is None and op.residual_chip is None  # type: ignore[union-attr]
+    """A projection with no residual and no norm folded into it yet (its bias, if any, in its epilogue)."""
+    if not isinstance(op, cuda.LinearOp) or op.epsilon is not None or op.residual_chip is not None:
+        return False
+    return len(op.ins) == (3 if op.biased is not None else 2)
+
+
+def _biased(linear: cuda.LinearOp) -> dict[str, Attribute]:
+    return {"biased": linear.biased} if linear.biased is not None else {}
 
 
 def _reads_as_input(use: Use, kernels: set[int]) -> bool:

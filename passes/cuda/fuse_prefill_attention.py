@@ -39,6 +39,8 @@ class FoldIntoPrefillAttention(RewritePattern):
         write, rope = before.get(cuda.RopeCacheWriteOp), before.get(cuda.RopeOp)
         if not isinstance(write, cuda.RopeCacheWriteOp) or not isinstance(rope, cuda.RopeOp):
             return
+        if write.rotary_dim is not None or rope.rotary_dim is not None:  # the flash kernel rotates whole heads
+            return
         query, keys, values, positions = op.ins
         if rope.outs[0] != query or list(write.outs) != [keys, values]:
             return

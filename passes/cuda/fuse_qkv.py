@@ -38,6 +38,8 @@ def _is_qkv(window: list[Operation]) -> bool:
     wired = list(cache_write.ins[:2]) == [k.outs[0], v.outs[0]] and rope.ins[0] == q.outs[0]
     tables = list(rope.ins[1:]) == list(cache_write.ins[2:])
     one_cache = len(cuda.shape_of(cache_write.outs[0].type)) == 3  # a decode step's, not a batch's
+    if cache_write.rotary_dim is not None or rope.rotary_dim is not None:  # type: ignore[attr-defined]
+        return False  # a partial rotary's pairs are not the (d, d + head_dim/2) a warp owns
     return same_input and wired and tables and one_cache and cuda.shape_of(q.ins[0].type)[0] == 1
 
 

@@ -35,7 +35,7 @@ from xdsl.dialects.builtin import BFloat16Type, IntegerAttr, MemRefType, bf16, f
 from xdsl.ir import Attribute, SSAValue
 
 from logos_ir.dialects import cuda
-from logos_ir.passes.cuda.thread_code import vector_width
+from logos_ir.passes.cuda.thread_code import glu, vector_width
 
 WARP = cuda.WARP
 WARPGROUP = cuda.WARPGROUP
@@ -238,27 +238,31 @@ class _Pipeline:
         b.when(self.consumer, out)
 
 
-def linear(b: Any, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
+def linear(b: Any, args: list[SSAValue], shapes: list[tuple[int, ...]], biased: bool = False) -> None:
     a, weight, *residual, out = args
+    bias = residual.pop() if biased else None
     rows, depth = shapes[0]
     pipeline = _Pipeline(b, a, [weight], (rows, shapes[1][0], depth))
 
     def write(row: SSAValue, column: SSAValue, values: Sequence[SSAValue]) -> None:
-        value = values[0] if not residual else b.fadd(b.load(residual[0], [row, column]), values[0])
+        value = values[0] if bias is None else b.fadd(values[0], b.load(bias, [column]))
+        value = value if not residual else b.fadd(b.load(residual[0], [row, column]), value)
         b.store(value, out, [row, column])
 
     pipeline.epilogue(pipeline.run(), write)
 
 
-def gate_up(b: Any, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
-    a, gate, up, out = args
+def gate_up(
+    b: Any, args: list[SSAValue], shapes: list[tuple[int, ...]], biased: bool = False, gelu_tanh: bool = False
+) -> None:
+    a, gate, up, *biases, out = args
     rows, depth = shapes[0]
     pipeline = _Pipeline(b, a, [gate, up], (rows, shapes[1][0], depth))
 
     def write(row: SSAValue, column: SSAValue, values: Sequence[SSAValue]) -> None:
         g, u = values
-        half = b.fconst(0.5)
-        sigmoid = b.fadd(b.fmul(b.tanh(b.fmul(g, half)), half), half)  # as the decode kernel and the reference
-        b.store(b.fmul(b.fmul(g, sigmoid), u), out, [row, column])
+        if biases:
+            g, u = b.fadd(g, b.load(biases[0], [column])), b.fadd(u, b.load(biases[1], [column]))
+        b.store(glu(b, g, u, gelu_tanh), out, [row, column])  # as the decode kernel and the reference
 
     pipeline.epilogue(pipeline.run(), write)

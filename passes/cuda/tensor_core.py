@@ -51,7 +51,7 @@ from xdsl.ir import Attribute, SSAValue
 
 from logos_ir.dialects import cuda
 from logos_ir.passes.cuda import hopper
-from logos_ir.passes.cuda.thread_code import Kind, rotated, vector_width
+from logos_ir.passes.cuda.thread_code import Kind, glu, rotated, vector_width
 
 WARP = cuda.WARP
 THREADS = 128  # 4 warps, as every kernel of the lane
@@ -97,6 +97,11 @@ def grid(rows: int, columns: int, weights: int) -> tuple[int, int, int]:
 
 
 def flash_attention_fits(op: cuda.AttentionOp) -> bool:
+    """A prefill chunk's attention over a bf16 cache, head_dim a multiple of 16, with no window, scale or soft-cap
+    (such a chunk keeps the split kernel, whose range is bounded to each row's window and which scales and caps
+    each score)."""
+    if op.window is not None or op.scale is not None or op.softcap is not None:
+        return False
     keys = op.ins[1].type
     assert isinstance(keys, MemRefType)
     rows = _shape(op.ins[0].type)[0]
@@ -119,11 +124,18 @@ def kinds(op: cuda.KernelOp) -> list[Any]:
         return _hopper_kinds(op, epsilon)
     prefix = "norm_" if epsilon is not None else ""
     operands = tuple(range(len(op.ins) + 1))
+    biased = op.biased is not None  # type: ignore[attr-defined]
+    bias = "bias_" if biased else ""
     if isinstance(op, cuda.GateUpOp):
-        body = lambda b, a, s: _gate_up(b, a, s, epsilon)  # noqa: E731
-        return [Kind(prefix + "gate_up_tc", operands, lambda s: grid(s[0][0], s[1][0], 2), body, (epsilon,))]
-    stem = "linear_residual_tc" if len(op.ins) - (1 if epsilon is not None else 0) == 3 else "linear_tc"
-    body = lambda b, a, s: _linear(b, a, s, epsilon)  # noqa: E731
+        gelu = op.gelu_tanh is not None
+        bias = bias + ("gelu_tanh_" if gelu else "")
+        body = lambda b, a, s: _gate_up(b, a, s, epsilon, biased, gelu)  # noqa: E731
+        return [
+            Kind(prefix + "gate_up_" + bias + "tc", operands, lambda s: grid(s[0][0], s[1][0], 2), body, (epsilon,))
+        ]
+    assert isinstance(op, cuda.LinearOp)
+    stem = "linear_" + bias + ("residual_tc" if op.has_residual() else "tc")
+    body = lambda b, a, s: _linear(b, a, s, epsilon, biased)  # noqa: E731
     return [Kind(prefix + stem, operands, lambda s: grid(s[0][0], s[1][0], 1), body, (epsilon,))]
 
 
@@ -136,15 +148,23 @@ def _hopper_kinds(op: cuda.KernelOp, epsilon: float | None) -> list[Any]:
     ins = (0, len(op.ins) - 1, count) if epsilon is not None else (0, count)
     stem = "norm_to_bf16" if epsilon is not None else "to_bf16"
     convert = Kind(stem, ins, rows_grid, lambda b, a, s: hopper.to_bf16(b, a, s, epsilon), (epsilon,), convert_threads)
-    plain = len(op.ins) - (1 if epsilon is not None else 0)
+    biased = op.biased is not None  # type: ignore[attr-defined]
     if isinstance(op, cuda.GateUpOp):
         grid = lambda s: hopper.grid(s[0][0], s[1][0], 2)  # noqa: E731
-        product = Kind("gate_up_wgmma", (count, 1, 2, count - 1), grid, hopper.gate_up, (), hopper.THREADS)
+        biases = (3, 4) if biased else ()
+        gelu = op.gelu_tanh is not None
+        stem = "gate_up_" + ("bias_" if biased else "") + ("gelu_tanh_" if gelu else "") + "wgmma"
+        body = lambda b, a, s: hopper.gate_up(b, a, s, biased, gelu)  # noqa: E731
+        product = Kind(stem, (count, 1, 2, *biases, count - 1), grid, body, (), hopper.THREADS)
         return [convert, product]
+    assert isinstance(op, cuda.LinearOp)
     grid = lambda s: hopper.grid(s[0][0], s[1][0], 1)  # noqa: E731
-    operands = (count, 1, 2, count - 1) if plain == 3 else (count, 1, count - 1)
-    stem = "linear_residual_wgmma" if plain == 3 else "linear_wgmma"
-    return [convert, Kind(stem, operands, grid, hopper.linear, (), hopper.THREADS)]
+    residual = (2,) if op.has_residual() else ()
+    bias = (2 + len(residual),) if biased else ()
+    operands = (count, 1, *residual, *bias, count - 1)
+    stem = "linear_" + ("bias_" if biased else "") + ("residual_wgmma" if residual else "wgmma")
+    body = lambda b, a, s: hopper.linear(b, a, s, biased)  # noqa: E731
+    return [convert, Kind(stem, operands, grid, body, (), hopper.THREADS)]
 
 
 # -- the product ---------------------------------------------------------------------------------------------------
@@ -331,31 +351,39 @@ class _Product:
                     b.when(inside, lambda row=row, column=column, values=values: write(row, column, values))
 
 
-def _linear(b: Any, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float | None = None) -> None:
+def _linear(
+    b: Any, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float | None = None, biased: bool = False
+) -> None:
     x, weight, *residual, out = args
     norm = (residual.pop(), epsilon) if epsilon is not None else None
+    bias = residual.pop() if biased else None
     rows, depth = shapes[0]
     product = _Product(b, x, [weight], (rows, shapes[1][0], depth), norm)
 
     def write(row: SSAValue, column: SSAValue, values: Sequence[SSAValue]) -> None:
-        value = values[0] if not residual else b.fadd(b.load(residual[0], [row, column]), values[0])
+        value = values[0] if bias is None else b.fadd(values[0], b.load(bias, [column]))
+        value = value if not residual else b.fadd(b.load(residual[0], [row, column]), value)
         b.store(value, out, [row, column])
 
     product.epilogue(product.run(), write)
 
 
-def _gate_up(b: Any, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float | None = None) -> None:
+def _gate_up(
+    b: Any, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float | None = None, biased: bool = False,
+    gelu_tanh: bool = False,
+) -> None:  # fmt: skip
     x, gate, up, *rest, out = args
+    biases = rest[:2] if biased else []
+    rest = rest[2:] if biased else rest
     norm = (rest[0], epsilon) if epsilon is not None else None
     rows, depth = shapes[0]
     product = _Product(b, x, [gate, up], (rows, shapes[1][0], depth), norm)
 
     def write(row: SSAValue, column: SSAValue, values: Sequence[SSAValue]) -> None:
         g, u = values
-        half = b.fconst(0.5)
-        # sigmoid(g) = (1 + tanh(g/2)) / 2, as the decode kernel and the reference compute it
-        sigmoid = b.fadd(b.fmul(b.tanh(b.fmul(g, half)), half), half)
-        b.store(b.fmul(b.fmul(g, sigmoid), u), out, [row, column])
+        if biases:
+            g, u = b.fadd(g, b.load(biases[0], [column])), b.fadd(u, b.load(biases[1], [column]))
+        b.store(glu(b, g, u, gelu_tanh), out, [row, column])  # as the decode kernel and the reference
 
     product.epilogue(product.run(), write)
 

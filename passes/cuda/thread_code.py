@@ -7,6 +7,7 @@ those imports the other's builders.
 
 from __future__ import annotations
 
+import math as _math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -252,15 +253,32 @@ def vector_width(row: int, element: Attribute) -> int:
     return width
 
 
-def rotated(b: Body, x: SSAValue, row: SSAValue, column: SSAValue, head_dim: int, tables: tuple, place: SSAValue):
-    """x[row, column] rotated at table row `place`: x*cos + x[partner]*sin (sin signed, rotate-half)."""
+def rotated(
+    b: Body, x: SSAValue, row: SSAValue, column: SSAValue, head_dim: int, tables: tuple, place: SSAValue,
+    rotary: int | None = None,
+):  # fmt: skip
+    """x[row, column] rotated at table row `place`: x*cos + x[partner]*sin (sin signed, rotate-half); with a
+    partial `rotary` R the partner is half of R away (the tables' cos 1 and sin 0 past R pass the rest through)."""
     cos, sin = tables
-    half = head_dim // 2
+    half = (rotary if rotary is not None else head_dim) // 2
     head, d = b.div(column, head_dim), b.rem(column, head_dim)
     partner = b.select(b.cmp("ult", d, half), b.add(d, half), b.sub(d, half))
     other = b.add(b.mul(head, head_dim), partner)
     turned = b.fmul(b.load(x, [row, column]), b.load(cos, [place, d]))
     return b.fadd(turned, b.fmul(b.load(x, [row, other]), b.load(sin, [place, d]))), head, d
+
+
+def glu(b: Body, g: SSAValue, u: SSAValue, gelu_tanh: bool = False) -> SSAValue:
+    """The gated product of a gate and an up sum: silu(g) * u (SwiGLU; sigmoid(g) = (1 + tanh(g/2)) / 2 never
+    overflows, as the reference computes it), or with `gelu_tanh` GeGLU's 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715
+    g^3))) * u in the reference's order."""
+    half = b.fconst(0.5)
+    if not gelu_tanh:
+        sigmoid = b.fadd(b.fmul(b.tanh(b.fmul(g, half)), half), half)
+        return b.fmul(b.fmul(g, sigmoid), u)
+    cubic = b.fmul(b.fmul(b.fmul(b.fconst(0.044715), g), g), g)
+    inner = b.fmul(b.fconst(_math.sqrt(2 / _math.pi)), b.fadd(g, cubic))
+    return b.fmul(b.fmul(b.fmul(half, g), b.fadd(b.fconst(1.0), b.tanh(inner))), u)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ the latency model's, `cost_model.py`, both read it here): each buffer a kernel l
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -36,7 +37,8 @@ def kernel_reads(kernel: Any) -> list[bool]:
 def step_bytes(plan: Any, live: int | None = None) -> tuple[int, int]:
     """(bytes the step reads, the least any step must read) with `live` cached positions (None: the whole cache):
     each launch reads each buffer it loads from once (a warp's re-reads of its input vector hit L1/L2 and are not
-    counted), the embedding and the rotary tables one row per token, attention the live positions of its caches,
+    counted), the embedding and the rotary tables one row per token, attention the live positions of its caches
+    (a windowed layer's `attention_window<W>` the last W of them),
     scratch not at all (the partial sums a launch writes and reads back stay in L2); the minimum is every weight
     once (the embedding's rows) and the live positions of every cache."""
     read = 0
@@ -54,8 +56,23 @@ def step_bytes(plan: Any, live: int | None = None) -> tuple[int, int]:
                 else buffer_bytes(buffer)
             )
         elif buffer.kind == "cache":
-            minimum += _live(buffer, live)
+            minimum += _live(buffer, live, _window(plan, buffer.name))
     return read, minimum
+
+
+def _window(plan: Any, name: str) -> int | None:
+    """The sliding window of the attention launches that read cache `name` (`attention_window<W>`, each layer's
+    own), or None where they attend the whole live length."""
+    windows = {_launch_window(launch.kernel) for launch in plan.launches if name in launch.buffers}
+    windows.discard(-1)  # the cache writes
+    return windows.pop() if len(windows) == 1 else None
+
+
+def _launch_window(kernel: str) -> int | None:
+    found = re.match(r"attention(?:_merge)?_window(\d+)_", kernel)
+    if found:
+        return int(found.group(1))
+    return None if kernel.startswith("attention") else -1
 
 
 def _embeds(plan: Any, buffer: Any) -> bool:
@@ -68,9 +85,11 @@ def _embedding_rows(plan: Any, buffer: Any) -> int:
     return int(np.prod(tokens.shape)) * buffer.shape[1] * SIZES[buffer.element]
 
 
-def _live(buffer: Any, live: int | None) -> int:
+def _live(buffer: Any, live: int | None, window: int | None = None) -> int:
+    """A cache's bytes at `live` positions (None: full), of which a windowed layer reads its window's alone."""
     ctx = buffer.shape[-2]
-    return buffer_bytes(buffer) * min(live or ctx, ctx) // ctx
+    positions = min(live or ctx, ctx)
+    return buffer_bytes(buffer) * (positions if window is None else min(positions, window)) // ctx
 
 
 def launch_bytes(plan: Any, launch: Any, name: str, live: int | None) -> int:
@@ -78,7 +97,8 @@ def launch_bytes(plan: Any, launch: Any, name: str, live: int | None) -> int:
     if launch.kernel.startswith("embed") and buffer.kind == "weight":
         return _embedding_rows(plan, buffer)
     if buffer.kind == "cache":
-        return _live(buffer, live)
+        window = _launch_window(launch.kernel)
+        return _live(buffer, live, window if window and window > 0 else None)
     if buffer.kind == "table" and name.startswith("rope."):  # a row per token: its position's
         return _embedding_rows(plan, buffer)
     if buffer.kind == "scratch":  # written and read back by the same launch or the next: L2, not HBM

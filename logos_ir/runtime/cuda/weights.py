@@ -19,25 +19,37 @@ from logos_ir.passes.cuda.host_plan import Buffer, weight_share
 from logos_ir.rope import rope_inv_freq
 
 
-def rope_tables(spec: Any, length: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos and signed sin ([-sin, sin]) per position over a whole head, as the reference builds them."""
-    inv_freq = rope_inv_freq(spec.head_dim, spec.rope_theta, spec.rope_scaling)
+def rope_tables(
+    spec: Any, length: int, theta: float | None = None, rotary: int | None = None, unscaled: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """cos and signed sin ([-sin, sin]) per position over a whole head, as the reference builds them: by the
+    model's base or `theta`, with the model's rope scaling or none (`unscaled`), over the head's first `rotary`
+    numbers (the whole head by default), with cos 1 and sin 0 past them (a partial rotary's numbers that pass
+    through)."""
+    rotary = spec.head_dim if rotary is None else rotary
+    scaling = None if unscaled else spec.rope_scaling
+    inv_freq = rope_inv_freq(rotary, spec.rope_theta if theta is None else theta, scaling)
     angles = np.arange(length, dtype=np.float64)[:, None] * inv_freq[None, :]
     cos, sin = np.cos(angles), np.sin(angles)
+    rest = spec.head_dim - rotary
+    ones, zeros = np.ones((length, rest)), np.zeros((length, rest))
     return (
-        np.concatenate([cos, cos], axis=1).astype(np.float32),
-        np.concatenate([-sin, sin], axis=1).astype(np.float32),
+        np.concatenate([cos, cos, ones], axis=1).astype(np.float32),
+        np.concatenate([-sin, sin, zeros], axis=1).astype(np.float32),
     )
 
 
 def host_table(spec: Any, buffer: Buffer, chip: int) -> np.ndarray:
-    """A table the host fills: the rotary cos / signed sin, or `chip` (this chip's index)."""
+    """A table the host fills: the rotary cos / signed sin (`cuda.rope_table_names`: the model's, or a layer's
+    own base or partial rotary), or `chip` (this chip's index)."""
     if buffer.name == "chip":
         return np.full(buffer.shape, chip, np.int64)
-    if buffer.name not in ("rope.cos", "rope.sin"):
+    table = cuda.rope_table_of(buffer.name)
+    if table is None:
         raise LogosError(f"the CUDA runtime fills no table named '{buffer.name}'")
-    cos, sin = rope_tables(spec, buffer.shape[0])
-    return cos if buffer.name.endswith("cos") else sin
+    which, theta, rotary, unscaled = table
+    cos, sin = rope_tables(spec, buffer.shape[0], theta, rotary, unscaled)
+    return cos if which == "cos" else sin
 
 
 class EmulatedWeights:
