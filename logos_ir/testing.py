@@ -288,11 +288,12 @@ def lower_decode(
     p: int | tuple[int, int] = 0,
     memory: int = csl_ext.MEMORY,
     copies: int | None = None,
+    arch: str = "wse2",
 ) -> Any:
     """The decode step of `spec` over a cache of `ctx` positions as the author writes it, through the spatial lane's
-    pipeline (`verify-identity`, `extract-parts`, `csl-fuse-products`, `convert-logos-to-csl`'s `lower_module`), as a
-    `GridProgram`: for
-    the tests and benchmarks that start from a model rather than a module."""
+    pipeline (`verify-identity`, `extract-parts`, `csl-fuse-products`, `convert-logos-to-csl`'s `lower_module`) for
+    `arch` (a WSE-2 or a WSE-3), as a `GridProgram`: for the tests and benchmarks that start from a model rather than
+    a module."""
     from xdsl.context import Context
 
     from logos_ir.author import written
@@ -306,4 +307,4 @@ def lower_decode(
     module = ModuleOp([parse_program(authored.text, f"<{whole.option()}>")])
     for stage in (VerifyIdentity(), ExtractParts(), CslFuseProducts()):
         stage.apply(Context(), module)
-    return lower_module(module, image, p, memory, copies)
+    return lower_module(module, image, p, memory, copies, arch)

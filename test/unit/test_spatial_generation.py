@@ -357,22 +357,10 @@ def test_the_schedule_and_the_short_way_change_nothing() -> None:
 
 
 def _lowered_wse3(spec: ModelSpec, p: int = 0):  # type: ignore[no-untyped-def]
-    """The decode step of `spec` (ctx 16, f32) lowered for a WSE-3 (as `testing.lower_decode` does for a WSE-2)."""
-    from xdsl.context import Context
-    from xdsl.dialects.builtin import ModuleOp
+    """The decode step of `spec` (ctx 16, f32) lowered for a WSE-3."""
+    from logos_ir.testing import lower_decode
 
-    from logos_ir.author import written
-    from logos_ir.parser import parse_program
-    from logos_ir.passes.extract_parts import ExtractParts
-    from logos_ir.passes.spatial.convert_logos_to_csl import lower_module
-    from logos_ir.passes.spatial.fuse_products import CslFuseProducts
-    from logos_ir.passes.verify_identity import VerifyIdentity
-
-    authored, _ = written(spec, Cut.decode(16))
-    module = ModuleOp([parse_program(authored.text, "<decode ctx=16>")])
-    for stage in (VerifyIdentity(), ExtractParts(), CslFuseProducts()):
-        stage.apply(Context(), module)
-    return lower_module(module, "f32", p, arch="wse3")
+    return lower_decode(spec, 16, "f32", p, arch="wse3")
 
 
 @pytest.mark.parametrize(("name", "p"), [("gqa", 0), ("ragged_widths", 0), ("gqa", 7)])

@@ -105,22 +105,10 @@ def test_a_segmented_line_is_refused_by_name_on_a_wse3() -> None:
 
 
 def _lowered_wse3(p: int = 0):  # type: ignore[no-untyped-def]
-    """The tiny model's decode step (ctx 16, f32) lowered for a WSE-3 (as `testing.lower_decode` does for a WSE-2)."""
-    from xdsl.context import Context
+    """The tiny model's decode step (ctx 16, f32) lowered for a WSE-3."""
+    from logos_ir.testing import lower_decode
 
-    from logos_ir.author import written
-    from logos_ir.parser import parse_program
-    from logos_ir.passes.extract_parts import ExtractParts
-    from logos_ir.passes.spatial.convert_logos_to_csl import lower_module
-    from logos_ir.passes.spatial.fuse_products import CslFuseProducts
-    from logos_ir.passes.verify_identity import VerifyIdentity
-    from logos_ir.program import Cut
-
-    authored, _ = written(SPEC, Cut.decode(16))
-    module = ModuleOp([parse_program(authored.text, "<decode ctx=16>")])
-    for stage in (VerifyIdentity(), ExtractParts(), CslFuseProducts()):
-        stage.apply(Context(), module)
-    return lower_module(module, "f32", p, arch="wse3")
+    return lower_decode(SPEC, 16, "f32", p, arch="wse3")
 
 
 def test_a_wse3_program_binds_each_element_s_queues_to_the_colours_it_uses() -> None:
