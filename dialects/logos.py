@@ -30,7 +30,7 @@ logos.program cut "decode ctx=64" chips 1 digest "000000000000000000000000000000
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from functools import lru_cache
 from typing import ClassVar, cast
 
@@ -1166,28 +1166,35 @@ def program_spec(op: Operation) -> ModelSpec | None:
     return None if parent is None else parent.model.spec
 
 
-def variant(op: Operation) -> str | None:
+def variant(op: Operation, computed: Collection[str] = ()) -> str | None:
     """What `op` says beyond the plain form of its kind, in words (a lane refuses an op it would otherwise lower
-    when this is not None and it does not lower the variant), or None."""
-    if isinstance(op, ScaledRMSNormOp) and op.plus_one is not None:
+    when this is not None and it does not lower the variant), or None. `computed` names the variants the asking lane
+    computes, which are then not said: `plus_one` (a norm's), `theta`, `rotary_dim`, `rope_scaling` (a rotation's),
+    `window`, `scale`, `softcap` (an attention's)."""
+    unknown = set(computed) - VARIANTS
+    assert not unknown, f"no such variant: {sorted(unknown)}"
+    if isinstance(op, ScaledRMSNormOp) and op.plus_one is not None and "plus_one" not in computed:
         return "scales by one plus its weight"
     if isinstance(op, RopeOp):
         spec = program_spec(op)
-        if spec is not None and op.theta.value.data != spec.rope_theta:
+        if spec is not None and op.theta.value.data != spec.rope_theta and "theta" not in computed:
             return f"rotates with base {op.theta.value.data!r}, not its model's {spec.rope_theta!r}"
-        if op.rotary_dim is not None:
+        if op.rotary_dim is not None and "rotary_dim" not in computed:
             return f"rotates only the first {op.rotary_dim.value.data} of each head's {op.head_dim.value.data} numbers"
         said = op.rope_scaling
-        if spec is not None and said != spec.rope_scaling:
+        if spec is not None and said != spec.rope_scaling and "rope_scaling" not in computed:
             return f"rotates with rope scaling {said}, not its model's {spec.rope_scaling}"
     if isinstance(op, AttentionOp):
-        if op.window is not None:
+        if op.window is not None and "window" not in computed:
             return f"slides over a window of {op.window.value.data} positions"
-        if op.scale is not None:
+        if op.scale is not None and "scale" not in computed:
             return f"scales its scores by {op.scale.value.data!r}"
-        if op.softcap is not None:
+        if op.softcap is not None and "softcap" not in computed:
             return f"soft-caps its scores at {op.softcap.value.data!r}"
     return None
+
+
+VARIANTS = frozenset({"plus_one", "theta", "rotary_dim", "rope_scaling", "window", "scale", "softcap"})
 
 
 @irdl_op_definition

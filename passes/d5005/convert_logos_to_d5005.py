@@ -136,13 +136,7 @@ def _variant(op: Operation) -> str | None:
     spec = logos.program_spec(op)
     if isinstance(op, logos.RopeOp) and spec is not None and rope_table(op, spec) is not None:
         return None  # a table of its base and scaling, over the numbers it rotates
-    if not isinstance(op, logos.AttentionOp):
-        return logos.variant(op)
-    computed = {name: op.properties.pop(name) for name in ("window", "scale") if name in op.properties}
-    try:  # the words of what else it says, then the properties back as they were
-        return logos.variant(op)
-    finally:
-        op.properties |= computed
+    return logos.variant(op, computed=("window", "scale"))
 
 
 # the ops a pattern below lowers to instructions (a SiLU goes into its product's silu_mul)

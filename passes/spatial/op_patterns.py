@@ -723,21 +723,10 @@ def _unlowered_variant(op: Operation, plan: g.GridPlan, spec: ModelSpec | None) 
             return f"rotates with base {op.theta.value.data!r}, not its model's {spec.rope_theta!r}"
         if op.rope_scaling != spec.rope_scaling and not local:
             return f"rotates with rope scaling {op.rope_scaling}, not its model's {spec.rope_scaling}"
-    computed = []
-    if isinstance(op, logos.AttentionOp):
-        computed += [name for name in ("window", "scale", "softcap") if getattr(op, name) is not None]
-    if isinstance(op, logos.ScaledRMSNormOp) and op.plus_one is not None:
-        computed.append("plus_one")
+    computed = ["window", "scale", "softcap", "plus_one"]
     if isinstance(op, logos.RopeOp) and op.rotary_dim is not None and op.rotary_dim.value.data == plan.rotary_dim:
         computed.append("rotary_dim")
-    if not computed:
-        return logos.variant(op)
-    probe = op.clone()  # without them, asked what else it says; then dropped with its operands' uses
-    for name in computed:
-        del probe.properties[name]
-    said = logos.variant(probe)
-    probe.erase()
-    return said
+    return logos.variant(op, computed)
 
 
 def lower_part(part: PartLowering, section: func.FuncOp, spec: ModelSpec | None = None) -> None:
