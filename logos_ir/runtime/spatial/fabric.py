@@ -183,12 +183,13 @@ class Wavelets(FabricState):
     def rebase(self, epoch: float) -> None:
         """Arrival times from `epoch` (a launch's start) on: wavelets an earlier launch left in a queue keep their
         arrival cycle."""
-        shift = np.float32(epoch - self.epoch)
+        shift = epoch - self.epoch
         if shift:
             for c, count in self.queue_len.items():
                 left = np.flatnonzero(count)
-                if left.size:
-                    self.queue_time[c][:, left] -= shift
+                if left.size:  # in f64, then back: the shift itself may be past what f32 holds exactly
+                    times = self.queue_time[c]
+                    times[:, left] = times[:, left].astype(np.float64) - shift
         self.epoch = epoch
 
     def check_span(self, end: float) -> None:
