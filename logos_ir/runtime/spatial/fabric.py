@@ -28,8 +28,9 @@ _OPPOSITE = {"EAST": "WEST", "WEST": "EAST", "NORTH": "SOUTH", "SOUTH": "NORTH"}
 class Routes:
     """Where each element's wavelets on each colour arrive: for colour c, element e's targets are row `row[c][e]` of
     `dest[c]` ([senders + 1, fan-out] element indices, -1: none) with `hops[c]` the routers crossed; row 0 is the
-    empty one, every element that sends nothing on c points there (a broadcast's fan-out is a whole line, and only
-    the line's root sends: a row an element would be W H x W). `broken[c][e]` says where a sender's wavelets stop."""
+    empty one, every element that sends nothing on c points there (a broadcast's fan-out is a whole line and only
+    the line's root sends: a row for every element would be W H x W words). `broken[c][e]` says where a sender's
+    wavelets stop."""
 
     row: dict[int, np.ndarray]
     dest: dict[int, np.ndarray]
