@@ -58,7 +58,7 @@ DEVECTORISED = (
 )
 
 
-# The four edits of issue 30, each of which the card would pay for: the matvec's 32-term sum left a loop (a carried
+# The four edits, each of which the card would pay for: the matvec's 32-term sum left a loop (a carried
 # add of 32 steps), its bank loop left a loop (a channel index known only at run time), channels of depth 1, and the
 # attention's accumulators (updated through memory SLOT_DISTANCE iterations apart) told they have no dependence.
 SERIAL_SUM = (
@@ -318,7 +318,7 @@ def test_8b_at_ctx_8192_reads_weights_and_each_kv_head_once() -> None:
 
 def test_the_8b_build_folder_costs_at_least_70_percent_of_its_roofline(tmp_path: Path) -> None:
     """The 8B in bf16 at ctx 8192 as `logos-compile` builds it, costed from the folder's engine.cl: the band's low
-    end at least 70% of the roofline (issue 30), and the one-pass attention within 15% of streaming the cache
+    end at least 70% of the roofline, and the one-pass attention within 15% of streaming the cache
     once at the low corner's bank rate or datapath, whichever is slower."""
     from logos_ir.passes.d5005.build import cost_folder
     from logos_ir.tools.logos_compile import main

@@ -1,4 +1,4 @@
-"""The families of issue 26 on the CUDA lane, emulated: each tiny model gives transformers' greedy tokens
+"""The model families on the CUDA lane, emulated: each tiny model gives transformers' greedy tokens
 (`goldens.json`) on one chip and on two, the lane's kernels running as the emulator executes the printed CUDA; and
 every kernel those families' builds emit (decode, a prefill chunk, a batch, two chips; bf16 and f32 images)
 compiles for sm_90 with no register spill where nvcc is installed.

@@ -1,4 +1,4 @@
-"""The families of issue 26 that the spatial lane lowers give transformers' greedy tokens on the fabric simulator
+"""The model families the spatial lane lowers give transformers' greedy tokens on the fabric simulator
 (`backends()["spatial"]`, as `test_families._lane` builds it: one grid, f32 weights; the lane does not split over
 chips, so tp=1 only), each from its tiny model under `test/unit/families/` and the tokens in `goldens.json`; and
 built for a WSE-3 and with f16 weights, through `logos-compile`'s spatial target (the grid's static check run), the
@@ -19,7 +19,7 @@ from logos_ir.registry import compile_targets
 from logos_ir.runtime.spatial.generator import SpatialGenerator
 from logos_ir.weights import open_model
 
-# Each family the lane now lowers (docs/spatial.md, "The families of issue 26").
+# Each family the lane now lowers (docs/spatial.md, "The model families").
 SPATIAL_FAMILIES = [
     "qwen2",
     "llama-biases",

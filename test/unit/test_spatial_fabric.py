@@ -1,4 +1,4 @@
-"""The fabric simulator as strict as the fabric (issue 31): a colour's queue holds `QUEUE_DEPTH` wavelets, so a longer
+"""The fabric simulator as strict as the fabric: a colour's queue holds `QUEUE_DEPTH` wavelets, so a longer
 message goes only while its receiver waits at the receive (its sender stalls until then, and a receiver that never
 takes it deadlocks the step, named); the hardware's queues change no logit and cost no fewer cycles than unbounded
 ones; the launch is costed (each element starts as it reaches it) and memcpy's copies are counted per step.

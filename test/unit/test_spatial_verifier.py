@@ -1,4 +1,4 @@
-"""The spatial lane's static check refuses what cslc would (issue 31): a DSD whose length is known only at run time
+"""The spatial lane's static check refuses what cslc would: a DSD whose length is known only at run time
 (the SDK's `tensor_access` and `extent` take lengths known at compile time; a run-time length is `@set_dsd_length`'s,
 a u16), a length outside a u16, a queue the target does not give a program (memcpy's), a queue serving two colours
 or unbound on a WSE-3 (and, on each element, bound to a colour other than the one its DSDs and routes use), a
