@@ -1,7 +1,8 @@
 """The model families on the CUDA lane, emulated: each tiny model gives transformers' greedy tokens
-(`goldens.json`) on one chip and on two, the lane's kernels running as the emulator executes the printed CUDA; and
-every kernel those families' builds emit (decode, a prefill chunk, a batch, two chips; bf16 and f32 images)
-compiles for sm_90 with no register spill where nvcc is installed.
+(`goldens.json`) on one chip, and on two where a split changes what its features compute (`SPLIT`), the lane's
+kernels running as the emulator executes the printed CUDA; and every kernel those families' builds emit (decode, a
+prefill chunk, a batch, two chips; bf16 and f32 images) compiles for sm_90 with no register spill where nvcc is
+installed.
 
 What each family asks of the lane (`docs/cuda.md`): Llama's biases on every projection (the SwiGLU's in
 `cuda.gate_up`'s epilogue, the down and output projections' in `cuda.linear`'s, before the residual; at two chips
@@ -41,17 +42,21 @@ ENABLED = [
     *("llama-biases", "mistral-window", "qwen2-window", "qwen3", "phi3-gguf-partial"),
     *("gemma2", "gemma3_text", "gemma3_text-linear"),
 ]
-# The families shaped as a GGUF can say them: the same operations as their families above (their kernels those).
-GGUF_SHAPED = ["gemma2-gguf", "gemma3_text-gguf", "gemma3_text-gguf-linear", "phi3-gguf"]
+# Over two chips, the families whose features a split changes: biases split with their columns (the row-parallel
+# ones added once, on chip 0), head norms with their heads, a window's bounded range on each chip's heads, partial
+# rotary's and a layer's own base's tables with their heads, Gemma 2's soft-caps and sandwich norms around the
+# partial sums. The families shaped as a GGUF can say them (`test_gguf_families.py`) compute these families' ops,
+# so their kernels are these.
+SPLIT = ["llama-biases", "mistral-window", "qwen2-window", "qwen3", "phi3-gguf-partial", "gemma2", "gemma3_text-linear"]
 NVCC = shutil.which("nvcc")
 BUILDS = [("decode ctx=64", 1), ("prefill rows=80 ctx=128", 1), ("batch rows=4 ctx=64", 1), ("decode ctx=64", 2)]
 
 
-@pytest.mark.parametrize("tp", [1, 2])
-@pytest.mark.parametrize("family", ENABLED + GGUF_SHAPED)
+@pytest.mark.parametrize(("family", "tp"), [*((family, 1) for family in ENABLED), *((family, 2) for family in SPLIT)])
 def test_a_family_on_the_cuda_lane_gives_transformers_tokens(family: str, tp: int) -> None:
+    lane = _lane(family, "cuda", True, tp)  # one lane for both prompts: each program is built once
     for run in GOLDENS[family]["runs"]:
-        assert _lane(family, "cuda", True, tp).generate(run["prompt"], len(run["tokens"])) == run["tokens"]
+        assert lane.generate(run["prompt"], len(run["tokens"])) == run["tokens"]
 
 
 def _family_kernels(family: str) -> dict[str, str]:
