@@ -42,7 +42,18 @@ CHANNEL_DEPTH = 512  # bank words each reader may run ahead of the compute kerne
 # The engine's optional parts: each printed (its routine's loops, its field of an instruction word, its on-chip
 # array, and a `#define ENGINE_<NAME> 1` that says it is there) only in an engine whose program uses it, so the
 # engine of a program that uses none is the one printed without them.
-FEATURES = ("bias", "window", "head_norm", "partial_rotary")
+FEATURES = (
+    "bias",
+    "window",
+    "head_norm",
+    "partial_rotary",
+    "embed_scale",
+    "plus_one",
+    "gelu_tanh",
+    "sandwich",
+    "logit_softcap",
+    "softcap",
+)
 
 
 def engine_features(program: d5005.ProgramOp) -> frozenset[str]:
@@ -58,7 +69,25 @@ def engine_features(program: d5005.ProgramOp) -> frozenset[str]:
         found.add("head_norm")
     if any(isinstance(op, d5005.RopeOp) and op.rotary_dim is not None for op in program.instructions()):
         found.add("partial_rotary")
+    for op in program.instructions():
+        if isinstance(op, d5005.EmbedRowOp) and op.scale is not None:
+            found.add("embed_scale")
+        if isinstance(op, (d5005.RMSNormOp, d5005.RopeOp)) and op.plus_one is not None:
+            found.add("plus_one")
+        if isinstance(op, d5005.SiluMulOp) and op.gelu_tanh is not None:
+            found.add("gelu_tanh")
+        if isinstance(op, d5005.RMSNormOp) and "outputs" in (_array(op.dst), _array(op.src)):
+            found.add("sandwich")
+        if isinstance(op, d5005.ArgmaxOp) and op.cap is not None:
+            found.add("logit_softcap")
+        if isinstance(op, d5005.AttentionOp) and op.softcap is not None:
+            found.add("softcap")
     return frozenset(found)
+
+
+def _array(buffer: object) -> str | None:
+    owner = getattr(buffer, "owner", None)
+    return owner.array_name if isinstance(owner, d5005.BufferOp) else None
 
 
 def _feature_constants(features: frozenset[str]) -> dict[str, int]:
@@ -71,6 +100,9 @@ def _feature_constants(features: frozenset[str]) -> dict[str, int]:
         found["ENGINE_HEAD_NORM"] = 1
     if "partial_rotary" in features:
         found["ENGINE_PARTIAL_ROTARY"] = 1
+    for feature in ("embed_scale", "plus_one", "gelu_tanh", "sandwich", "logit_softcap", "softcap"):
+        if feature in features:
+            found[f"ENGINE_{feature.upper()}"] = 1
     return found
 
 
@@ -293,7 +325,7 @@ inline void read_rope(stream_t *s, __global const bank_word_t *bank, const uint 
 /* routine read_attention */
 inline void read_attention(stream_t *s, __global const bank_word_t *bank, const uint b, const uint16 w,
                            uint position) {
-    uint kv_heads = w.sa, ctx = w.sc, past = position - 1, stride = w.s7 / BURST_BYTES;
+    uint kv_heads = w.sa${count_mask}, ctx = w.sc, past = position - 1, stride = w.s7 / BURST_BYTES;
     uint row_words = WORDS(w.sb, CACHE_BYTES);${read_window}
     /* loop read_attention.kv_heads */
     for (uint h = 0; h < kv_heads; h++) {
@@ -355,7 +387,7 @@ READER(3)
 /* routine embed_row */
 inline void embed_row(ONCHIP float *restrict residual, channels_t *ch, const uint16 w, uint token) {
     uint cols = w.s5, dst = (w.s1 & OFFSET_MASK) * OV, bank = (token - 1) % BANKS;
-    uint words = WORDS(cols, WEIGHT_BYTES);
+    uint words = WORDS(cols, WEIGHT_BYTES);${embed_scale_let}
     /* loop embed_row.words */
     for (uint c = 0; c < words; c++) {
         bank_word_t word;
@@ -366,7 +398,7 @@ inline void embed_row(ONCHIP float *restrict residual, channels_t *ch, const uin
         UNROLL(VECTOR_WIDTH)
         for (uint e = 0; e < VECTOR_WIDTH; e++) {  /* one store a lane: the word is taken from its bank first */
             uint k = c * VECTOR_WIDTH + e;
-            if (k < cols) residual[dst + k] = WEIGHT_AT(word, e);
+            if (k < cols) residual[dst + k] = WEIGHT_AT(word, e)${embed_scale};
         }
     }
 }
@@ -427,10 +459,10 @@ ${matvec_total}
 }
 
 /* routine rms_norm */
-inline void rms_norm(ONCHIP float *restrict inputs, ONCHIP float *restrict residual, channels_t *ch,
+inline void rms_norm(ONCHIP float *restrict inputs, ONCHIP float *restrict residual,${rms_norm_param} channels_t *ch,
                      const uint16 w) {
     uint n = w.s5, dst = (w.s1 & OFFSET_MASK) * OV, src = (w.s2 & OFFSET_MASK) * OV;
-    uint words = WORDS(n, WEIGHT_BYTES);
+    uint words = WORDS(n, WEIGHT_BYTES);${rms_norm_let}
     float shift[SHIFT_DEPTH + 1];
 ${rms_norm_clear}
     /* loop rms_norm.squares */
@@ -438,7 +470,7 @@ ${rms_norm_clear}
         float sum = 0.0f;
         UNROLL(OV)
         for (uint e = 0; e < OV; e++) {
-            float v = SELECT(c + e < n, residual[src + c + e], 0.0f);
+            float v = SELECT(c + e < n, ${rms_norm_square_src}, 0.0f);
             sum += v * v;
         }
 ${rms_norm_add}
@@ -452,7 +484,7 @@ ${rms_norm_total}
         UNROLL(VECTOR_WIDTH)
         for (uint e = 0; e < VECTOR_WIDTH; e++) {
             uint k = c * VECTOR_WIDTH + e;
-            if (k < n) inputs[dst + k] = (residual[src + k] * scale) * WEIGHT_AT(word, e);
+${rms_norm_store}
         }
     }
 }
@@ -569,13 +601,13 @@ ${cache_run}
 inline void attention(ONCHIP float *restrict attended, ONCHIP float *restrict rotated,
                       ONCHIP float *restrict outputs, __local float *restrict queries, __local float *restrict acc,
                       channels_t *ch, const uint16 w, uint position) {
-    uint heads = w.s9, kv_heads = w.sa, head_dim = w.sb, ctx = w.sc;
+    uint heads = w.s9${count_mask}, kv_heads = w.sa${count_mask}, head_dim = w.sb, ctx = w.sc;
     uint group = heads / kv_heads, past = position - 1;${attention_window}
     uint quads = ${attention_quads};
     uint row_words = WORDS(head_dim, CACHE_BYTES);
     uint dst = (w.s1 & OFFSET_MASK) * OV, query = (w.s2 & OFFSET_MASK) * OV;
     uint key = (w.se & OFFSET_MASK) * OV, value = (w.sf & OFFSET_MASK) * OV;
-    float scale = as_float(w.sd);
+    float scale = as_float(w.sd);${softcap_let}
     bank_word_t blank; /* the word of a bank that has no row this time: zeros, so its products are 0 */
     UNROLL(BURST_BYTES / 4)
     for (uint u = 0; u < BURST_BYTES / 4; u++) blank.u[u] = 0;
@@ -666,7 +698,7 @@ ${attention_valid}
                         UNROLL(ROW_WORDS_MAX)
                         for (uint r = 0; r < ROW_WORDS_MAX; r++)
                             dot += SELECT(r + row_words >= ROW_WORDS_MAX, kpart[b][g][r], 0.0f);
-                        s[b] = dot * scale;
+                        s[b] = ${score_row};
                         newest = fmax(newest, SELECT(valid[b], s[b], -INFINITY));
                     }
                     most[g][SHIFT_DEPTH] = fmax(most[g][0], newest);
@@ -705,7 +737,7 @@ ${attention_valid}
         UNROLL(GROUP_MAX)
         for (uint g = 0; g < GROUP_MAX; g++) {
 ${current_total}
-            float s = mine * scale, top = s;
+            float s = ${score_own}, top = s;
             UNROLL(SHIFT_DEPTH)
             for (uint d = 0; d < SHIFT_DEPTH; d++) top = fmax(top, most[g][d]);
             float total = exp(s - top);
@@ -751,7 +783,7 @@ ${output_run}
 /* routine silu_mul */
 inline void silu_mul(ONCHIP float *restrict inputs, ONCHIP float *restrict outputs, const uint16 w) {
     uint n = w.s4, dst = (w.s1 & OFFSET_MASK) * OV;
-    uint gate = (w.s2 & OFFSET_MASK) * OV, up = (w.s3 & OFFSET_MASK) * OV;
+    uint gate = (w.s2 & OFFSET_MASK) * OV, up = (w.s3 & OFFSET_MASK) * OV;${gelu_let}
     IVDEP
     /* loop silu_mul.words */
     for (uint c = 0; c < n; c += OV) {
@@ -759,7 +791,7 @@ inline void silu_mul(ONCHIP float *restrict inputs, ONCHIP float *restrict outpu
         for (uint e = 0; e < OV; e++) {
             if (c + e < n) {
                 float g = outputs[gate + c + e];
-                inputs[dst + c + e] = (g * (tanh(g * 0.5f) * 0.5f + 0.5f)) * outputs[up + c + e];
+                inputs[dst + c + e] = ${gated} * outputs[up + c + e];
             }
         }
     }
@@ -782,7 +814,7 @@ inline void add(ONCHIP float *restrict residual, ONCHIP float *restrict outputs,
 /* The greatest of n words, the first on a tie, through SHIFT_DEPTH running winners; the logits go to the host. */
 /* routine argmax */
 inline uint argmax(ONCHIP float *restrict outputs, __global float *restrict logits, const uint16 w) {
-    uint n = w.s4, src = (w.s2 & OFFSET_MASK) * OV;
+    uint n = w.s4, src = (w.s2 & OFFSET_MASK) * OV;${argmax_cap_let}
     float value[SHIFT_DEPTH + 1];
     uint index[SHIFT_DEPTH + 1];
     UNROLL(SHIFT_DEPTH + 1)
@@ -794,7 +826,7 @@ inline uint argmax(ONCHIP float *restrict outputs, __global float *restrict logi
         UNROLL(OV)
         for (uint e = 0; e < OV; e++) {
             if (c + e < n) {
-                float v = outputs[src + c + e];
+                float v = ${argmax_value};
                 logits[c + e] = v;
                 if (v > best || at == 0xffffffffu) { best = v; at = c + e; }
             }
@@ -850,7 +882,7 @@ TASK void d5005_compute(__global const uint16 *restrict program, const uint firs
         switch (w.s0) {
         case OP_EMBED_ROW: embed_row(residual, &ch, w, token); break;
         case OP_MATVEC: matvec(outputs, inputs, attended, vector${matvec_bias_arg}, &ch, w); break;
-        case OP_RMS_NORM: rms_norm(inputs, residual, &ch, w); break;
+        case OP_RMS_NORM: rms_norm(inputs, residual${rms_norm_arg}, &ch, w); break;
         case OP_ROPE: rope(rotated, outputs, cosines, sines${rope_norm_arg}, &ch, w, position); break;
         case OP_CACHE_WRITE: cache_write(outputs, rotated, bank0, bank1, bank2, bank3, w, position); break;
         case OP_ATTENTION: attention(attended, rotated, outputs, queries, acc, &ch, w, position); break;
@@ -1082,7 +1114,74 @@ def _body(features: frozenset[str]) -> str:
     optional |= _WINDOW if "window" in features else _UNWINDOWED
     optional |= {key: text if "head_norm" in features else "" for key, text in _HEAD_NORM.items()}
     optional |= _PARTIAL if "partial_rotary" in features else _WHOLE
+    optional |= _gemma(features)
+    if "plus_one" in features and "head_norm" in features:  # the head norm's weights taken as one plus each
+        load = "head_weights[c * VECTOR_WIDTH + e] = WEIGHT_AT(word, e);"
+        optional["rope_norm_load"] = optional["rope_norm_load"].replace(
+            load, load[:-1] + " + SELECT(w.sc != 0u, 1.0f, 0.0f);"
+        )
     return Template(_TEMPLATE).substitute(optional, **_FIXED)
+
+
+def _gemma(features: frozenset[str]) -> dict[str, str]:
+    """Gemma's parts: `embed_scale`, the embedding row times the word's float (0: none); `plus_one`, an RMS norm
+    (or a rope's head norm) by one plus its weight where the word's ctx is 1; `gelu_tanh`, the gated product's
+    gate GELU with the tanh approximation (PyTorch's) where the word's heads is 1; `sandwich`, an RMS norm that
+    reads or writes `outputs` (a matvec's output normed into what an add reads: the sandwich norms), the array its
+    buffer field names; `logit_softcap`, the arg-max's words soft-capped (tanh(x / cap) * cap) where the word's
+    float is a cap. Each changes a routine's expressions, not its loops."""
+    scaled, plus, gelu, sandwich, capped = (
+        f in features for f in ("embed_scale", "plus_one", "gelu_tanh", "sandwich", "logit_softcap")
+    )
+    silu = "(g * (tanh(g * 0.5f) * 0.5f + 0.5f))"
+    geglu = "((0.5f * g) * (1.0f + tanh(0.7978845608028654f * (g + 0.044715f * g * g * g))))"
+    weight = "(WEIGHT_AT(word, e) + plus)" if plus else "WEIGHT_AT(word, e)"
+    if sandwich:
+        value = f"(SELECT(from == ARRAY_OUTPUTS, outputs[src + k], residual[src + k]) * scale) * {weight}"
+        store = f"""            if (k < n) {{
+                float v = {value};
+                if (to == ARRAY_OUTPUTS) outputs[dst + k] = v;
+                else inputs[dst + k] = v;
+            }}"""
+    else:
+        store = f"            if (k < n) inputs[dst + k] = (residual[src + k] * scale) * {weight};"
+    lets = ("\n    uint from = w.s2 >> ARRAY_SHIFT, to = w.s1 >> ARRAY_SHIFT;" if sandwich else "") + (
+        "\n    float plus = SELECT(w.sc != 0u, 1.0f, 0.0f);" if plus else ""
+    )
+    return {
+        "embed_scale_let": "\n    float factor = SELECT(w.sd != 0u, as_float(w.sd), 1.0f);" if scaled else "",
+        "embed_scale": " * factor" if scaled else "",
+        "rms_norm_param": " ONCHIP float *restrict outputs," if sandwich else "",
+        "rms_norm_arg": ", outputs" if sandwich else "",
+        "rms_norm_let": lets,
+        "rms_norm_square_src": (
+            "SELECT(from == ARRAY_OUTPUTS, outputs[src + c + e], residual[src + c + e])"
+            if sandwich
+            else "residual[src + c + e]"
+        ),
+        "rms_norm_store": store,
+        "gelu_let": "\n    uint gelu = w.s9;" if gelu else "",
+        "gated": f"SELECT(gelu, {geglu}, {silu})" if gelu else silu,
+        "count_mask": " & 0xffffu" if "softcap" in features else "",
+        "softcap_let": (
+            "\n    uint cap_bits = (w.s9 & 0xffff0000u) | (w.sa >> 16), capped = cap_bits != 0u;"
+            "\n    float cap = as_float(cap_bits);"
+            if "softcap" in features
+            else ""
+        ),
+        "score_row": (
+            "SELECT(capped, tanh(dot * scale / cap) * cap, dot * scale)" if "softcap" in features else "dot * scale"
+        ),
+        "score_own": (
+            "SELECT(capped, tanh(mine * scale / cap) * cap, mine * scale)" if "softcap" in features else "mine * scale"
+        ),
+        "argmax_cap_let": "\n    uint capped = w.sd != 0u;\n    float cap = as_float(w.sd);" if capped else "",
+        "argmax_value": (
+            "SELECT(capped, tanh(outputs[src + c + e] / cap) * cap, outputs[src + c + e])"
+            if capped
+            else "outputs[src + c + e]"
+        ),
+    }
 
 
 # The shift-register sums of the matvec's rows, the norm's squares and the softmax's exponentials (and the
