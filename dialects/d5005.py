@@ -62,6 +62,8 @@ ROW_WORDS_MAX = 8
 VECTOR_WORDS = 16384
 # Float32 words of the matvec's on-chip copy of a bias (an engine that adds biases holds one in its epilogue).
 BIAS_WORDS = 16384
+# A matvec's part after the first adds to what its first wrote: the engine's on-chip copy of those rows.
+PRIOR_WORDS = 16384
 
 
 # The engine's on-chip arrays (M20K), one a kind of buffer, each statically banked a float32 word a bank over a bank
@@ -452,23 +454,41 @@ class MatvecOp(InstructionOp):
     src = operand_def(BufferType)
     weight = prop_def(RegionAttr)
     bias = opt_prop_def(RegionAttr)
+    columns = opt_prop_def(IntegerAttr[I64])  # a part of the weight's columns (and of src) ...
+    first = opt_prop_def(IntegerAttr[I64])  # ... from this one; a part after the first adds to what dst holds
 
-    assembly_format = "$dst `,` $src `,` $weight (`bias` $bias^)? attr-dict"
+    assembly_format = "$dst `,` $src `,` $weight (`bias` $bias^)? (`columns` $columns^ `from` $first)? attr-dict"
 
-    def __init__(self, dst: SSAValue, src: SSAValue, weight: RegionAttr, bias: RegionAttr | None = None):
+    def __init__(
+        self,
+        dst: SSAValue,
+        src: SSAValue,
+        weight: RegionAttr,
+        bias: RegionAttr | None = None,
+        part: tuple[int, int] | None = None,
+    ):
         properties: dict[str, Attribute] = {"weight": weight}
         if bias is not None:
             properties["bias"] = bias
+        if part is not None:
+            properties |= {"first": IntegerAttr(part[0], i64), "columns": IntegerAttr(part[1], i64)}
         super().__init__(operands=[dst, src], properties=properties)
 
+    @property
+    def part(self) -> tuple[int, int]:
+        """The first column and the number of columns it streams: all of them, or its part."""
+        if self.columns is None or self.first is None:
+            return 0, self.weight.cols.data
+        return _int(self.first), _int(self.columns)
+
     def buffer_uses(self, burst: int = 64) -> list[tuple[SSAValue, int]]:
-        return [(self.dst, self.weight.rows.data), (self.src, self.weight.cols.data)]
+        return [(self.dst, self.weight.rows.data), (self.src, sum(self.part))]
 
     def written(self) -> SSAValue | None:
         return self.dst
 
     def read(self) -> list[SSAValue]:
-        return [self.src]
+        return [self.src, self.dst] if self.part[0] else [self.src]
 
     def regions_read(self) -> list[RegionAttr]:
         return [self.weight] if self.bias is None else [self.weight, self.bias]
@@ -478,10 +498,22 @@ class MatvecOp(InstructionOp):
             raise _fail(self, "writes the buffer it streams: a matvec is never in place")
         if self.bias is not None:
             _check_bias(self, self.bias, self.weight.rows.data)
-        if self.weight.cols.data > VECTOR_WORDS:
+        first, columns = self.part
+        if columns > VECTOR_WORDS:
+            raise _fail(self, f"reads a vector of {columns} words, over the engine's {VECTOR_WORDS}-word copy of it")
+        if (self.columns is None) != (self.first is None):
+            raise _fail(self, "streams a part of its columns with both a first column and a count, or with neither")
+        if first % VECTOR_WORDS or columns < 1 or first + columns > self.weight.cols.data:
             raise _fail(
                 self,
-                f"reads a vector of {self.weight.cols.data} words, over the engine's {VECTOR_WORDS}-word copy of it",
+                f"streams columns {first} to {first + columns - 1} of {self.weight.cols.data}: a part starts at a"
+                f" multiple of the engine's {VECTOR_WORDS}-word copy and lies inside the weight",
+            )
+        if first and self.bias is not None:
+            raise _fail(self, "adds its bias in a part after the first: the first part adds it")
+        if first and self.weight.rows.data > PRIOR_WORDS:
+            raise _fail(
+                self, f"adds to {self.weight.rows.data} rows, over the engine's {PRIOR_WORDS}-word copy of them"
             )
 
 
@@ -942,6 +974,9 @@ W_PLUS_ONE = W_CTX
 # An embedding row's scale and an arg-max's soft-cap in the float (0: none); a gated product's GELU (tanh
 # approximation, 1) or SiLU (0) in the attention's heads.
 W_EMBED_SCALE, W_CAP, W_GELU = W_FLOAT, W_FLOAT, W_HEADS
+# A matvec's first column, for a part of its columns after the first (0: the first part, or all of them); its
+# cols the part's.
+W_FIRST = W_HEAD_DIM
 # An attention's soft-cap of its scores (0: none): its float32 bits' high half in the high half of heads, the low
 # half in the high half of kv_heads (the head counts in the low halves: COUNT_MASK).
 W_SOFTCAP_HIGH, W_SOFTCAP_LOW = W_HEADS, W_KV_HEADS
@@ -962,7 +997,7 @@ READER_KERNELS = tuple(f"d5005_read_bank{b}" for b in range(BANKS))
 OPERANDS: dict[str, dict[str, tuple[int, tuple[str, ...]]]] = {
     "d5005.embed_row": {"dst": (W_DST, ("residual",))},
     "d5005.matvec": {"dst": (W_DST, ("outputs",)), "src": (W_A, ("inputs", "attended"))},
-    "d5005.rms_norm": {"dst": (W_DST, ("inputs", "outputs")), "src": (W_A, ("residual", "outputs"))},
+    "d5005.rms_norm": {"dst": (W_DST, ("inputs",)), "src": (W_A, ("residual", "outputs"))},
     "d5005.rope": {"dst": (W_DST, ("rotated",)), "src": (W_A, ("outputs",))},
     "d5005.cache_write": {"src": (W_A, ("outputs", "rotated"))},
     "d5005.attention": {
@@ -972,6 +1007,6 @@ OPERANDS: dict[str, dict[str, tuple[int, tuple[str, ...]]]] = {
         "value": (W_VALUE, ("outputs",)),
     },
     "d5005.silu_mul": {"dst": (W_DST, ("inputs",)), "lhs": (W_A, ("outputs",)), "rhs": (W_B, ("outputs",))},
-    "d5005.add": {"dst": (W_DST, ("residual",)), "lhs": (W_A, ("residual",)), "rhs": (W_B, ("outputs",))},
+    "d5005.add": {"dst": (W_DST, ("residual",)), "lhs": (W_A, ("residual",)), "rhs": (W_B, ("outputs", "inputs"))},
     "d5005.argmax": {"src": (W_A, ("outputs",))},
 }

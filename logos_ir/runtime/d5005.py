@@ -194,6 +194,11 @@ def _shape_error(stream: Stream, name: str, w: list[int]) -> str | None:
         return f"has rows of {cols} elements in a stride of {stride} bytes, {rows} rows: not a region of the engine"
     if name == "d5005.matvec" and cols > d5005.VECTOR_WORDS:
         return f"reads a vector of {cols} words, over the engine's {d5005.VECTOR_WORDS}"
+    first = w[d5005.W_FIRST] if name == "d5005.matvec" else 0
+    if first and rows > d5005.PRIOR_WORDS:
+        return f"adds a part of its columns to {rows} rows, over the engine's {d5005.PRIOR_WORDS}-word copy of them"
+    if first % d5005.VECTOR_WORDS or (first + cols) * element > stride or (first and w[d5005.W_BIAS]):
+        return f"streams columns from {first}, {cols} of them, in a stride of {stride} bytes: not a part of its rows"
     if name == "d5005.matvec" and w[d5005.W_BIAS]:
         bias = w[d5005.W_BIAS]
         end = w[d5005.W_BIAS_OFFSET] * stream.burst + d5005.bank_words(bias, element, stream.burst) * stream.burst
@@ -253,7 +258,7 @@ def _buffer_extents(name: str, w: list[int], stream: Stream) -> list[tuple[int, 
     if name == "d5005.embed_row":
         return [(d5005.W_DST, cols)]
     if name == "d5005.matvec":
-        return [(d5005.W_DST, rows), (d5005.W_A, cols)]
+        return [(d5005.W_DST, rows), (d5005.W_A, w[d5005.W_FIRST] + cols)]
     if name == "d5005.rms_norm":
         return [(d5005.W_DST, cols), (d5005.W_A, cols)]
     if name == "d5005.rope":
@@ -353,7 +358,10 @@ def _embed_row(x: _Word) -> Any:
 
 def _matvec(x: _Word) -> Any:
     bias = x.region(d5005.W_BIAS_OFFSET) if x.w[d5005.W_BIAS] else None
-    return d5005.MatvecOp(x.buffer(d5005.W_DST), x.buffer(d5005.W_A), x.region(), bias)
+    weight = x.region()
+    part = (x.w[d5005.W_FIRST], x.w[d5005.W_COLS])
+    whole = part == (0, weight.cols.data)
+    return d5005.MatvecOp(x.buffer(d5005.W_DST), x.buffer(d5005.W_A), weight, bias, None if whole else part)
 
 
 def _rms_norm(x: _Word) -> Any:
@@ -687,11 +695,14 @@ def gemma_features(words: Any) -> dict[str, str]:
             needs["ENGINE_PLUS_ONE"] = "norms by one plus the weight"
         if op == code["silu_mul"] and w[d5005.W_GELU]:
             needs["ENGINE_GELU_TANH"] = "gates by GELU's tanh approximation"
-        arrays = (w[d5005.W_DST] >> d5005.OFFSET_BITS, w[d5005.W_A] >> d5005.OFFSET_BITS)
-        if op == code["rms_norm"] and outputs in arrays:
-            needs["ENGINE_SANDWICH"] = "RMS-norms a buffer of 'outputs'"
+        if op == code["rms_norm"] and w[d5005.W_A] >> d5005.OFFSET_BITS == outputs:
+            needs.setdefault("ENGINE_SANDWICH", "RMS-norms a buffer of 'outputs'")
+        if op == code["add"] and w[d5005.W_B] >> d5005.OFFSET_BITS == d5005.ARRAY_IDS["inputs"]:
+            needs.setdefault("ENGINE_SANDWICH", "adds a buffer of 'inputs'")
         if op == code["argmax"] and w[d5005.W_CAP]:
             needs["ENGINE_LOGIT_SOFTCAP"] = "soft-caps the logits"
+        if op == code["matvec"] and w[d5005.W_FIRST]:
+            needs["ENGINE_COLUMNS"] = "streams a matvec's columns in parts"
         if op == code["attention"] and d5005.attention_counts(w)[2]:
             needs["ENGINE_SOFTCAP"] = "soft-caps attention scores"
     return needs

@@ -276,6 +276,30 @@ def _bias_of(op: logos.LinearOp) -> logos.BiasAddOp | None:
     return uses[0].operation
 
 
+def _lower_matvec(
+    op: Operation,
+    rewriter: PatternRewriter,
+    src: SSAValue,
+    weight: d5005.RegionAttr,
+    bias: d5005.RegionAttr | None = None,
+) -> None:
+    """Replace `op` by the matvec of `weight` over `src` (+ `bias`): one, or where its input is longer than the
+    engine's copy of it (`d5005.VECTOR_WORDS`), one a part of the columns, each as long as the copy but the last,
+    the parts after the first adding to what the first wrote (the first adds the bias)."""
+    cols = weight.cols.data
+    if cols <= d5005.VECTOR_WORDS:
+        _lower(op, rewriter, d5005.MatvecOp, src, weight, bias)
+        return
+    result = op.results[0]
+    buffer = d5005.BufferOp(result.name_hint or "t", _words(result), 0)
+    parts = [(first, min(d5005.VECTOR_WORDS, cols - first)) for first in range(0, cols, d5005.VECTOR_WORDS)]
+    matvecs = [
+        d5005.MatvecOp(buffer.buffer, src, weight, bias if first == 0 else None, (first, count))
+        for first, count in parts
+    ]
+    rewriter.replace(op, [buffer, *matvecs], [buffer.buffer])
+
+
 class LinearToMatvec(_Placed):
     """A projection is a matvec; one whose product only a bias_add reads is left for that bias_add's pattern,
     which lowers both to one matvec adding the bias in its epilogue."""
@@ -287,7 +311,7 @@ class LinearToMatvec(_Placed):
             raise _refuse(op, "is not a matrix-vector product (a decode step has one row)")
         if _bias_of(op) is not None:
             return
-        _lower(op, rewriter, d5005.MatvecOp, _buffer(op.input, op), weight)
+        _lower_matvec(op, rewriter, _buffer(op.input, op), weight)
 
 
 class BiasAddToMatvec(_Placed):
@@ -301,7 +325,7 @@ class BiasAddToMatvec(_Placed):
             why = "adds a bias to something other than one projection: the engine adds a bias only in a matvec"
             raise _refuse(op, why)
         weight, bias = self.region(linear.weight, op), self.region(op.bias, op)
-        _lower(op, rewriter, d5005.MatvecOp, _buffer(linear.input, op), weight, bias)
+        _lower_matvec(op, rewriter, _buffer(linear.input, op), weight, bias)
         rewriter.erase(linear)
 
 
@@ -545,7 +569,7 @@ def _choose(instructions: list[d5005.InstructionOp]) -> dict[SSAValue, str]:
     holder: dict[str, SSAValue] = {}  # buffer -> the value it holds
     for index, op in enumerate(instructions):
         value = op.written()
-        if value is None:
+        if value is None or value in chosen:  # a matvec's later part adds to the buffer its first part wrote
             continue
         base = d5005.label(value)
         name, suffix = base, 1

@@ -67,6 +67,7 @@ def _embed_row(op: d5005.EmbedRowOp, word: _Word) -> None:
 def _matvec(op: d5005.MatvecOp, word: _Word) -> None:
     word.buffers((d5005.W_DST, op.dst), (d5005.W_A, op.src))
     word.region(op.weight)
+    word.w[d5005.W_FIRST], word.w[d5005.W_COLS] = op.part  # a part of the columns (the first, its count)
     if op.bias is not None:  # its length (0: none) and where it starts in bank 0
         word.w[d5005.W_BIAS] = op.bias.cols.data
         word.w[d5005.W_BIAS_OFFSET] = _burst_offset(op.bias, word.burst)

@@ -158,9 +158,12 @@ def matvec(s: Step) -> list[Loop]:
     bias = s.field(d5005.W_BIAS)
     bias_words = s.words(bias, s["WEIGHT_BYTES"])
     biased = [_counted("matvec.bias", "c", "bias_words", bias_words)] if s.has("ENGINE_BIAS") else []
+    first = s.field(d5005.W_FIRST) if s.has("ENGINE_COLUMNS") else 0  # a part after the first: dst copied first
+    prior = [_by_ov("matvec.prior", "prior_count", rows if first else 0, s)] if s.has("ENGINE_COLUMNS") else []
     return [
         _by_ov("matvec.load", "words * VECTOR_WIDTH", words * s["VECTOR_WIDTH"], s),
         *biased,
+        *prior,
         _counted("matvec.rows", "i", "quads", ceil_div(rows, s["BANKS"]), inner=(row_words,)),
     ]
 

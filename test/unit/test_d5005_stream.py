@@ -111,8 +111,8 @@ MALFORMED = {
         "reaches past the 131072 words of on-chip array 'inputs' with its dst",
     ),
     "buffer in an array its routine has no port on": (
-        lambda s: _word(s, 1, d5005.W_DST, _field("rotated", 0)),
-        r"\(d5005.rms_norm\) names array 'rotated' for its dst, which it reaches only in inputs or outputs",
+        lambda s: _word(s, 1, d5005.W_DST, _field("outputs", 0)),
+        r"\(d5005.rms_norm\) names array 'outputs' for its dst, which it reaches only in inputs",
     ),
     "buffer in an array the engine lacks": (lambda s: _word(s, 1, d5005.W_DST, 7 << 24), "array id 7"),
     "region past the program's memory": (lambda s: _word(s, 2, d5005.W_OFFSET, 1 << 24), "past the"),

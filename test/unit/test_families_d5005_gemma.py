@@ -13,6 +13,7 @@ the parts' loads and stores are costed from the printed source.
 from __future__ import annotations
 
 import re
+import zlib
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ from logos_ir.dialects import d5005
 from logos_ir.passes.d5005 import aoc_report, cost_model
 from logos_ir.passes.d5005.emit_layout import image_bytes, weight_image
 from logos_ir.passes.d5005.emit_opencl import engine_features, engine_source
-from logos_ir.passes.d5005.emit_stream import encode_instruction, encode_stream
+from logos_ir.passes.d5005.emit_stream import HEADER, encode_instruction, encode_stream
 from logos_ir.passes.d5005.engine_loops import Step
 from logos_ir.runtime.d5005 import Engine, StreamError, decode_ops, read_stream
 from logos_ir.weights import open_model
@@ -61,10 +62,10 @@ def _engine(family: str, stream: bytes | None = None, source: str | None = None)
 
 def test_each_gemma_operation_is_a_field_of_its_word() -> None:
     """Gemma 2's step: the embedding row scaled by sqrt(64) = 8 in its word's float; every RMS norm by one plus its
-    weight (the flag in its ctx), the post-attention and post-feed-forward norms reading and writing `outputs` (a
-    matvec's output normed into the add's rhs); GeGLU's flag in each gated product's heads; the logits' cap (5) in
-    the arg-max's float; each attention's cap (2), split over the high halves of its head counts, which still say
-    4 heads over 2. The stream gives the ops back as they were lowered."""
+    weight (the flag in its ctx), the post-attention and post-feed-forward norms reading a matvec's output in
+    `outputs` into `inputs`, where the residual add reads its rhs; GeGLU's flag in each gated product's heads; the
+    logits' cap (5) in the arg-max's float; each attention's cap (2), split over the high halves of its head
+    counts, which still say 4 heads over 2. The stream gives the ops back as they were lowered."""
     program = _lowered("gemma2")
     assert engine_features(program) == GEMMA2_PARTS
     ops = program.instructions()
@@ -75,7 +76,10 @@ def test_each_gemma_operation_is_a_field_of_its_word() -> None:
     assert len(norms) == 2 * 4 + 1 and all(words[op][d5005.W_PLUS_ONE] == 1 for op in norms)
     sandwich = [op.weight.tensor.data.split(".")[-2] for op in norms if op.src.owner.array_name == "outputs"]
     assert sandwich == ["post_attention_layernorm", "post_feedforward_layernorm"] * 2
-    assert all(op.dst.owner.array_name == "outputs" for op in norms if op.src.owner.array_name == "outputs")
+    normed = {op.dst for op in norms if op.src.owner.array_name == "outputs"}
+    assert all(op.dst.owner.array_name == "inputs" for op in norms)
+    adds = [op for op in ops if isinstance(op, d5005.AddOp)]
+    assert len(adds) == 4 and all(op.rhs in normed and op.rhs.owner.array_name == "inputs" for op in adds)
     gated = [op for op in ops if isinstance(op, d5005.SiluMulOp)]
     assert len(gated) == 2 and all(words[op][d5005.W_GELU] == 1 for op in gated)
     (argmax,) = [op for op in ops if isinstance(op, d5005.ArgmaxOp)]
@@ -149,7 +153,7 @@ def test_the_attention_soft_cap_is_what_the_logits_depend_on() -> None:
     for data in (stream, uncapped):
         engine = _engine("gemma2", data)
         for position, token in enumerate(GOLDENS["gemma2"]["runs"][0]["prompt"], start=1):
-            engine.step(token, position)
+            engine.step(token + 1, position)  # the engine's tokens count from 1
         steps.append(np.array(engine.logits))
     assert np.abs(steps[0] - steps[1]).max() > 1e-3
 
@@ -181,8 +185,9 @@ def test_an_engine_without_a_gemma_part_refuses_the_stream(part: str) -> None:
 def test_the_gemma_engine_is_costed_as_printed() -> None:
     """The Gemma engine's parts change expressions inside the plain engine's loops, not its loops: the loops the
     model states are the ones printed under their marks, none divides by a run-time value and no on-chip array is
-    arbitrated; the sandwich norm's store into `outputs` is one more store site a bank there (read from the
-    printed source), within its ports; and the readers send the model's bursts (their counts on PoCL)."""
+    arbitrated; the sandwich norm's reads of `outputs` are more load sites a bank there, and the add's read of
+    `inputs` one more there (read from the printed source), served by more copies; and the readers send the
+    model's bursts (their counts on PoCL)."""
     program = _lowered("gemma2")
     source = engine_source(program.identity.data, program.params, engine_features(program))
     model = cost_model.Engine.read(source)
@@ -194,11 +199,133 @@ def test_the_gemma_engine_is_costed_as_printed() -> None:
     assert not any(model.analysis.arbitrated.values())
     assert [name for name, report in model.analysis.loops.items() if report.dividers] == []
     plain = cost_model.Engine.read(engine_source(program.identity.data, program.params))
-    assert model.analysis.ports["outputs"][1] == plain.analysis.ports["outputs"][1] + 1
-    assert {s.array for s in model.analysis.loops["rms_norm.scale"].sites if s.store} == {"inputs", "outputs"}
+    # f32: a bank word of the source in each of the norm's two loops, the add's one word of its rhs
+    assert model.analysis.ports["outputs"] == (plain.analysis.ports["outputs"][0] + 2, 1)
+    assert model.analysis.ports["inputs"] == (plain.analysis.ports["inputs"][0] + 1, plain.analysis.ports["inputs"][1])
+    assert {s.array for s in model.analysis.loops["rms_norm.scale"].sites if not s.store} >= {"outputs", "residual"}
+    assert model.analysis.copies["outputs"][0] > plain.analysis.copies["outputs"][0]
     engine = _engine("gemma2")
     for position in range(1, 4):
         engine.step(position + 10, position)
     for index, op in enumerate(program.instructions()):
         bursts = cost_model.instruction_cost(model, encode_instruction(op, 64), 13, 3, cost_model.LOW)["bursts"]
         assert bursts == _sent(engine, index, 13, 3), op.name
+
+
+# -- a matvec's input longer than the engine's copy of it: the columns in parts ----------------------------------
+
+# tiny, one layer, with a feed-forward network 64 numbers longer than the engine's 16384-word copy of a matvec's input
+# (Qwen2.5-7B's down projection reads 18944): its down projection streams in two parts
+WIDE = {"intermediate": d5005.VECTOR_WORDS + 64, "layers": 1}
+
+
+def _with_field(stream: bytes, index: int, field: int, value: int) -> bytes:
+    """`stream` with one field of its instruction `index` set to `value`, the header's CRC of the words made right."""
+    data = bytearray(stream)
+    at = d5005.HEADER_BYTES + index * d5005.INSTRUCTION_BYTES + 4 * field
+    data[at : at + 4] = np.uint32(value).tobytes()
+    count = HEADER.unpack_from(data)[3]
+    fields = list(HEADER.unpack_from(data))
+    fields[13] = zlib.crc32(bytes(data[d5005.HEADER_BYTES : d5005.HEADER_BYTES + count * d5005.INSTRUCTION_BYTES]))
+    HEADER.pack_into(data, 0, *fields)
+    return bytes(data)
+
+
+def _wide() -> tuple[object, d5005.ProgramOp]:
+    from dataclasses import replace
+
+    from logos_ir.author import written
+    from logos_ir.parser import parse_program
+    from logos_ir.program import Cut
+    from logos_ir.spec import ModelSpec
+    from logos_ir.testing import lower_program
+
+    spec = replace(ModelSpec.preset("tiny"), **WIDE)
+    text, _ = written(spec, Cut.decode(32))
+    return spec, lower_program(parse_program(text.text, "<decode>"), "f32")
+
+
+def test_a_matvec_input_over_the_copy_streams_in_parts_and_gives_the_references_logits() -> None:
+    """The down projection over 16448 numbers is two matvecs, columns 0 to 16383 and 16384 to 16447 (the second
+    adding to what the first wrote); the engine's tokens and logits are the reference's at every step, and the
+    same stream with the second part writing instead of adding (its first column cleared) gives other logits."""
+    from logos_ir.registry import backends
+    from logos_ir.runtime import RunRequest
+    from logos_ir.testing import RandomWeights
+
+    spec, program = _wide()
+    parts = [op.part for op in program.instructions() if isinstance(op, d5005.MatvecOp) and op.columns is not None]
+    assert parts == [(0, d5005.VECTOR_WORDS), (d5005.VECTOR_WORDS, 64)]
+    assert "columns" in engine_features(program)
+
+    def run(backend: str) -> tuple[list[int], np.ndarray]:
+        request = RunRequest(RandomWeights(spec), ctx=32, prefill_rows=4, weights="f32")
+        sampler = _Recording()
+        tokens = backends()[backend].generator()(request).generate([1, 2, 3], 5, sampler=sampler)
+        return tokens, np.array(sampler.logits)
+
+    (expected, reference), (tokens, logits) = run("reference"), run("d5005")
+    assert tokens == expected and logits.shape == reference.shape
+    np.testing.assert_allclose(logits, reference, atol=1e-4)
+    (second,) = [i for i, op in enumerate(program.instructions()) if isinstance(op, d5005.MatvecOp) and op.part[0]]
+    rewritten = _with_field(encode_stream(program, image_bytes(program)), second, d5005.W_FIRST, 0)
+    source = engine_source(program.identity.data, program.params, engine_features(program))
+    store = RandomWeights(spec)
+    for data, same in ((encode_stream(program, image_bytes(program)), True), (rewritten, False)):
+        engine = Engine(source, data, weight_image(program, spec, store))
+        for position, token in enumerate([1, 2, 3], start=1):
+            engine.step(token + 1, position)  # the engine's tokens count from 1
+        close = np.allclose(engine.logits, reference[0], atol=1e-4)  # after the prompt
+        assert close == same
+
+
+def test_the_parts_read_each_weight_once_as_printed() -> None:
+    """The two parts stream the down projection's rows once between them (each row's bursts of its 16448 f32
+    numbers), and the readers send the model's bursts (their counts on PoCL); the parts' loops (the second's copy
+    of what the first wrote, `matvec.prior`, a bank word of the 64 rows a cycle) are the printed ones, nothing
+    arbitrated; an engine printed without the part refuses the stream (the host and the cost model)."""
+    from logos_ir.testing import RandomWeights
+
+    spec, program = _wide()
+    source = engine_source(program.identity.data, program.params, engine_features(program))
+    model = cost_model.Engine.read(source)
+    ops = program.instructions()
+    down = [op for op in ops if isinstance(op, d5005.MatvecOp) and "down_proj" in op.weight.tensor.data]
+    costs = [cost_model.instruction_cost(model, encode_instruction(op, 64), 7, 2, cost_model.LOW) for op in down]
+    row_bursts = -(-WIDE["intermediate"] * 4 // 64)
+    assert sum(sum(c["bursts"]) for c in costs) == spec.hidden * row_bursts
+    prior = [loop for op in down for loop in _every(model.compute["matvec"](Step(model.constants,
+             encode_instruction(op, 64), 7, 2))) if loop.name == "matvec.prior"]  # fmt: skip
+    assert [loop.trips for loop in prior] == [0, spec.hidden // 16]
+    assert re.search(r"/\* loop matvec.prior \*/\n\s*" + re.escape(prior[0].header), source)
+    assert not any(model.analysis.arbitrated.values())
+    image = weight_image(program, spec, RandomWeights(spec))
+    engine = Engine(source, encode_stream(program, image_bytes(program)), image)
+    engine.step(4, 1)
+    for op, cost in zip(down, costs, strict=True):
+        assert cost["bursts"] == _sent(engine, ops.index(op), 7, 2)
+    stream = encode_stream(program, image_bytes(program))
+    plain = engine_source(program.identity.data, program.params)
+    with pytest.raises(StreamError, match="streams a matvec's columns in parts, and this engine has no ENGINE_COLUMNS"):
+        Engine(plain, stream, image)
+    words = [[int(v) for v in w] for w in read_stream(stream).words]
+    with pytest.raises(aoc_report.ReportError, match="and the engine has no ENGINE_COLUMNS"):
+        cost_model.band(engine=cost_model.Engine.read(plain), words=words, ctx=32)
+
+
+def test_qwen2_5_7b_builds_at_ctx_8192_in_bf16_with_its_down_projections_in_parts() -> None:
+    """Qwen2.5-7B's down projections read 18944 numbers: each is two parts (16384, then 2560), and the step costs
+    within 73% of its roofline at the band's low end, nothing arbitrated (code only, no weight read)."""
+    from logos_ir.author import written
+    from logos_ir.parser import parse_program
+    from logos_ir.program import Cut
+    from logos_ir.spec import ModelSpec
+    from logos_ir.testing import lower_program
+
+    text, _ = written(ModelSpec.preset("qwen2.5-7b"), Cut.decode(8192))
+    program = lower_program(parse_program(text.text, "<decode>"), "bf16")
+    down = [op.part for op in program.instructions() if isinstance(op, d5005.MatvecOp)
+            and "down_proj" in op.weight.tensor.data]  # fmt: skip
+    assert down == [(0, 16384), (16384, 2560)] * 28
+    low = cost_model.band(program)["low"]
+    assert low["tokens_per_s"] > 0.7 * low["roofline_tokens_per_s"]
