@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from xdsl.dialects.builtin import I64, FloatAttr, IntAttr, IntegerAttr, StringAttr, i64
+from xdsl.dialects.builtin import I64, FloatAttr, IntAttr, IntegerAttr, StringAttr, UnitAttr, i64
 from xdsl.ir import Attribute, Block, Dialect, ParametrizedAttribute, Region, SSAValue, TypeAttribute
 from xdsl.irdl import (
     IRDLOperation,
@@ -62,6 +62,8 @@ ROW_WORDS_MAX = 8
 VECTOR_WORDS = 16384
 # Float32 words of the matvec's on-chip copy of a bias (an engine that adds biases holds one in its epilogue).
 BIAS_WORDS = 16384
+# A matvec's part after the first adds to what its first wrote: the engine's on-chip copy of those rows.
+PRIOR_WORDS = 16384
 
 
 # The engine's on-chip arrays (M20K), one a kind of buffer, each statically banked a float32 word a bank over a bank
@@ -399,7 +401,7 @@ class InstructionOp(IRDLOperation):
 
 @irdl_op_definition
 class EmbedRowOp(InstructionOp):
-    """Fetch the table's row at the engine's token (from 1) into a buffer.
+    """Fetch the table's row at the engine's token (from 1) into a buffer; with a `scale`, each number times it.
 
     ```mlir
     %hidden = d5005.buffer "hidden" words 64 at 0 in "residual"
@@ -411,11 +413,15 @@ class EmbedRowOp(InstructionOp):
 
     dst = operand_def(BufferType)
     table = prop_def(RegionAttr)
+    scale = opt_prop_def(FloatAttr)  # each number of the row times it (Gemma's square root of the width)
 
-    assembly_format = "$dst `,` $table attr-dict"
+    assembly_format = "$dst `,` $table (`scale` $scale^)? attr-dict"
 
-    def __init__(self, dst: SSAValue, table: RegionAttr):
-        super().__init__(operands=[dst], properties={"table": table})
+    def __init__(self, dst: SSAValue, table: RegionAttr, scale: float | None = None):
+        properties: dict[str, Attribute] = {"table": table}
+        if scale is not None:
+            properties["scale"] = FloatAttr(scale, 32)
+        super().__init__(operands=[dst], properties=properties)
 
     def buffer_uses(self, burst: int = 64) -> list[tuple[SSAValue, int]]:
         return [(self.dst, self.table.cols.data)]
@@ -448,23 +454,41 @@ class MatvecOp(InstructionOp):
     src = operand_def(BufferType)
     weight = prop_def(RegionAttr)
     bias = opt_prop_def(RegionAttr)
+    columns = opt_prop_def(IntegerAttr[I64])  # a part of the weight's columns (and of src) ...
+    first = opt_prop_def(IntegerAttr[I64])  # ... from this one; a part after the first adds to what dst holds
 
-    assembly_format = "$dst `,` $src `,` $weight (`bias` $bias^)? attr-dict"
+    assembly_format = "$dst `,` $src `,` $weight (`bias` $bias^)? (`columns` $columns^ `from` $first)? attr-dict"
 
-    def __init__(self, dst: SSAValue, src: SSAValue, weight: RegionAttr, bias: RegionAttr | None = None):
+    def __init__(
+        self,
+        dst: SSAValue,
+        src: SSAValue,
+        weight: RegionAttr,
+        bias: RegionAttr | None = None,
+        part: tuple[int, int] | None = None,
+    ):
         properties: dict[str, Attribute] = {"weight": weight}
         if bias is not None:
             properties["bias"] = bias
+        if part is not None:
+            properties |= {"first": IntegerAttr(part[0], i64), "columns": IntegerAttr(part[1], i64)}
         super().__init__(operands=[dst, src], properties=properties)
 
+    @property
+    def part(self) -> tuple[int, int]:
+        """The first column and the number of columns it streams: all of them, or its part."""
+        if self.columns is None or self.first is None:
+            return 0, self.weight.cols.data
+        return _int(self.first), _int(self.columns)
+
     def buffer_uses(self, burst: int = 64) -> list[tuple[SSAValue, int]]:
-        return [(self.dst, self.weight.rows.data), (self.src, self.weight.cols.data)]
+        return [(self.dst, self.weight.rows.data), (self.src, sum(self.part))]
 
     def written(self) -> SSAValue | None:
         return self.dst
 
     def read(self) -> list[SSAValue]:
-        return [self.src]
+        return [self.src, self.dst] if self.part[0] else [self.src]
 
     def regions_read(self) -> list[RegionAttr]:
         return [self.weight] if self.bias is None else [self.weight, self.bias]
@@ -474,10 +498,22 @@ class MatvecOp(InstructionOp):
             raise _fail(self, "writes the buffer it streams: a matvec is never in place")
         if self.bias is not None:
             _check_bias(self, self.bias, self.weight.rows.data)
-        if self.weight.cols.data > VECTOR_WORDS:
+        first, columns = self.part
+        if columns > VECTOR_WORDS:
+            raise _fail(self, f"reads a vector of {columns} words, over the engine's {VECTOR_WORDS}-word copy of it")
+        if (self.columns is None) != (self.first is None):
+            raise _fail(self, "streams a part of its columns with both a first column and a count, or with neither")
+        if first % VECTOR_WORDS or columns < 1 or first + columns > self.weight.cols.data:
             raise _fail(
                 self,
-                f"reads a vector of {self.weight.cols.data} words, over the engine's {VECTOR_WORDS}-word copy of it",
+                f"streams columns {first} to {first + columns - 1} of {self.weight.cols.data}: a part starts at a"
+                f" multiple of the engine's {VECTOR_WORDS}-word copy and lies inside the weight",
+            )
+        if first and self.bias is not None:
+            raise _fail(self, "adds its bias in a part after the first: the first part adds it")
+        if first and self.weight.rows.data > PRIOR_WORDS:
+            raise _fail(
+                self, f"adds to {self.weight.rows.data} rows, over the engine's {PRIOR_WORDS}-word copy of them"
             )
 
 
@@ -491,7 +527,8 @@ def _check_bias(op: IRDLOperation, bias: RegionAttr, rows: int) -> None:
 
 @irdl_op_definition
 class RMSNormOp(InstructionOp):
-    """dst = src / sqrt(mean(src^2) + epsilon) * weight, over the weight's length.
+    """dst = src / sqrt(mean(src^2) + epsilon) * weight, over the weight's length; with `plus_one`, times one
+    plus the weight (Gemma's norms).
 
     ```mlir
     %x = d5005.buffer "x" words 64 at 0 in "residual"
@@ -506,11 +543,15 @@ class RMSNormOp(InstructionOp):
     src = operand_def(BufferType)
     weight = prop_def(RegionAttr)
     epsilon = prop_def(FloatAttr)
+    plus_one = opt_prop_def(UnitAttr)
 
-    assembly_format = "$dst `,` $src `,` $weight `epsilon` $epsilon attr-dict"
+    assembly_format = "$dst `,` $src `,` $weight `epsilon` $epsilon (`plus_one` $plus_one^)? attr-dict"
 
-    def __init__(self, dst: SSAValue, src: SSAValue, weight: RegionAttr, epsilon: float):
-        super().__init__(operands=[dst, src], properties={"weight": weight, "epsilon": FloatAttr(epsilon, 32)})
+    def __init__(self, dst: SSAValue, src: SSAValue, weight: RegionAttr, epsilon: float, plus_one: bool = False):
+        properties: dict[str, Attribute] = {"weight": weight, "epsilon": FloatAttr(epsilon, 32)}
+        if plus_one:
+            properties["plus_one"] = UnitAttr()
+        super().__init__(operands=[dst, src], properties=properties)
 
     def buffer_uses(self, burst: int = 64) -> list[tuple[SSAValue, int]]:
         n = self.weight.cols.data
@@ -554,10 +595,11 @@ class RopeOp(InstructionOp):
     rotary_dim = opt_prop_def(IntegerAttr[I64])
     norm = opt_prop_def(RegionAttr)
     epsilon = opt_prop_def(FloatAttr)
+    plus_one = opt_prop_def(UnitAttr)  # the head norm times one plus its weight (Gemma 3's)
 
     assembly_format = (
         "$dst `,` $src `,` $table `width` $width `head_dim` $head_dim (`rotary_dim` $rotary_dim^)?"
-        " (`norm` $norm^)? (`epsilon` $epsilon^)? attr-dict"
+        " (`norm` $norm^)? (`epsilon` $epsilon^)? (`plus_one` $plus_one^)? attr-dict"
     )
 
     def __init__(
@@ -569,6 +611,7 @@ class RopeOp(InstructionOp):
         head_dim: int,
         norm: tuple[RegionAttr, float] | None = None,
         rotary_dim: int | None = None,
+        plus_one: bool = False,
     ):
         properties: dict[str, Attribute] = {
             "table": table,
@@ -579,6 +622,8 @@ class RopeOp(InstructionOp):
             properties["rotary_dim"] = IntegerAttr(rotary_dim, i64)
         if norm is not None:
             properties |= {"norm": norm[0], "epsilon": FloatAttr(norm[1], 32)}
+        if plus_one:
+            properties["plus_one"] = UnitAttr()
         super().__init__(operands=[dst, src], properties=properties)
 
     def buffer_uses(self, burst: int = 64) -> list[tuple[SSAValue, int]]:
@@ -602,6 +647,8 @@ class RopeOp(InstructionOp):
         width, head_dim = _int(self.width), _int(self.head_dim)
         if (self.norm is None) != (self.epsilon is None):
             raise _fail(self, "norms its heads with a weight and an epsilon, or with neither")
+        if self.plus_one is not None and self.norm is None:
+            raise _fail(self, "scales by one plus a head norm's weight, and norms no heads")
         if self.rotary_dim is not None and not (2 <= self.rotary < head_dim and self.rotary % 2 == 0):
             raise _fail(self, f"rotates the first {self.rotary} of heads of {head_dim}: not an even part of them")
         if self.rotary_dim is not None and self.norm is not None:
@@ -696,10 +743,11 @@ class AttentionOp(InstructionOp):
     kv_heads = prop_def(IntegerAttr[I64])
     window = opt_prop_def(IntegerAttr[I64])
     scale = opt_prop_def(FloatAttr)  # the scores' scale (absent: 1 / sqrt(head_dim)); Gemma's 1 / sqrt(scalar)
+    softcap = opt_prop_def(FloatAttr)  # the scaled scores soft-capped, tanh(s / cap) * cap (Gemma 2's)
 
     assembly_format = (
         "$dst `,` $query `,` $keys `,` $values `current` $key `,` $value `heads` $heads `kv_heads` $kv_heads"
-        " (`window` $window^)? (`scale` $scale^)? attr-dict"
+        " (`window` $window^)? (`scale` $scale^)? (`softcap` $softcap^)? attr-dict"
     )
 
     def __init__(
@@ -713,6 +761,7 @@ class AttentionOp(InstructionOp):
         kv: int,
         window: int | None = None,
         scale: float | None = None,
+        softcap: float | None = None,
     ):
         properties: dict[str, Attribute] = {
             "keys": keys,
@@ -724,6 +773,8 @@ class AttentionOp(InstructionOp):
             properties["window"] = IntegerAttr(window, i64)
         if scale is not None:
             properties["scale"] = FloatAttr(scale, 32)
+        if softcap is not None:
+            properties["softcap"] = FloatAttr(softcap, 32)
         super().__init__(operands=[dst, query, current[0], current[1]], properties=properties)
 
     @property
@@ -761,6 +812,10 @@ class AttentionOp(InstructionOp):
             raise _fail(self, f"{heads // kv} query heads share a KV head, over the engine's {GROUP_MAX}")
         if self.window is not None and not 1 <= _int(self.window) < self.ctx:
             raise _fail(self, f"has a window of {_int(self.window)}, not 1 to {self.ctx - 1} (shorter than its cache)")
+        if self.softcap is not None and not self.softcap.value.data > 0:
+            raise _fail(self, f"soft-caps its scores at {self.softcap.value.data}, not a positive cap")
+        if max(heads, kv) > COUNT_MASK:
+            raise _fail(self, f"has {heads} heads over {kv}: over the {COUNT_MASK} its word's half-fields hold")
 
 
 class ElementwiseOp(InstructionOp):
@@ -789,7 +844,8 @@ class ElementwiseOp(InstructionOp):
 
 @irdl_op_definition
 class SiluMulOp(ElementwiseOp):
-    """dst = silu(lhs) * rhs (SwiGLU's gate and up).
+    """dst = silu(lhs) * rhs (SwiGLU's gate and up); with `gelu_tanh`, GELU with the tanh approximation of lhs
+    instead (GeGLU, Gemma's).
 
     ```mlir
     %gate = d5005.buffer "gate" words 128 at 0 in "outputs"
@@ -800,6 +856,15 @@ class SiluMulOp(ElementwiseOp):
     """
 
     name = "d5005.silu_mul"
+
+    gelu_tanh = opt_prop_def(UnitAttr)
+
+    assembly_format = "$dst `,` $lhs `,` $rhs `size` $size (`gelu_tanh` $gelu_tanh^)? attr-dict"
+
+    def __init__(self, dst: SSAValue, lhs: SSAValue, rhs: SSAValue, size: int, gelu_tanh: bool = False):
+        super().__init__(dst, lhs, rhs, size)
+        if gelu_tanh:
+            self.properties["gelu_tanh"] = UnitAttr()
 
 
 @irdl_op_definition
@@ -819,7 +884,8 @@ class AddOp(ElementwiseOp):
 
 @irdl_op_definition
 class ArgmaxOp(InstructionOp):
-    """The engine's result: the index (from 1) of the greatest of `size` words, the first on a tie.
+    """The engine's result: the index (from 1) of the greatest of `size` words, the first on a tie; with a `cap`,
+    each word soft-capped first (tanh(x / cap) * cap, Gemma 2's logits), the capped logits the ones it writes.
 
     ```mlir
     %logits = d5005.buffer "logits" words 256 at 0 in "outputs"
@@ -831,11 +897,19 @@ class ArgmaxOp(InstructionOp):
 
     src = operand_def(BufferType)
     size = prop_def(IntegerAttr[I64])
+    cap = opt_prop_def(FloatAttr)
 
-    assembly_format = "$src `size` $size attr-dict"
+    assembly_format = "$src `size` $size (`cap` $cap^)? attr-dict"
 
-    def __init__(self, src: SSAValue, size: int):
-        super().__init__(operands=[src], properties={"size": IntegerAttr(size, i64)})
+    def __init__(self, src: SSAValue, size: int, cap: float | None = None):
+        properties: dict[str, Attribute] = {"size": IntegerAttr(size, i64)}
+        if cap is not None:
+            properties["cap"] = FloatAttr(cap, 32)
+        super().__init__(operands=[src], properties=properties)
+
+    def verify_(self) -> None:
+        if self.cap is not None and not self.cap.value.data > 0:
+            raise _fail(self, f"soft-caps at {self.cap.value.data}, not a positive cap")
 
     def buffer_uses(self, burst: int = 64) -> list[tuple[SSAValue, int]]:
         return [(self.src, _int(self.size))]
@@ -895,6 +969,26 @@ W_WINDOW = W_B
 # A rope's head norm: 1 in the attention's heads (0: none), its weight's offset in offset2, epsilon in float; the
 # numbers of each head it rotates in kv_heads (0: the whole head).
 W_HEAD_NORM, W_NORM_OFFSET, W_ROTARY = W_HEADS, W_OFFSET2, W_KV_HEADS
+# An RMS norm's or a rope's head norm's one plus the weight: 1 in the attention's ctx (0: the weight itself).
+W_PLUS_ONE = W_CTX
+# An embedding row's scale and an arg-max's soft-cap in the float (0: none); a gated product's GELU (tanh
+# approximation, 1) or SiLU (0) in the attention's heads.
+W_EMBED_SCALE, W_CAP, W_GELU = W_FLOAT, W_FLOAT, W_HEADS
+# A matvec's first column, for a part of its columns after the first (0: the first part, or all of them); its
+# cols the part's.
+W_FIRST = W_HEAD_DIM
+# An attention's soft-cap of its scores (0: none): its float32 bits' high half in the high half of heads, the low
+# half in the high half of kv_heads (the head counts in the low halves: COUNT_MASK).
+W_SOFTCAP_HIGH, W_SOFTCAP_LOW = W_HEADS, W_KV_HEADS
+COUNT_MASK = 0xFFFF
+
+
+def attention_counts(w: Sequence[int]) -> tuple[int, int, int]:
+    """An attention word's query heads, KV heads and its soft-cap's float32 bits (0: none)."""
+    high, low = int(w[W_SOFTCAP_HIGH]), int(w[W_SOFTCAP_LOW])
+    return high & COUNT_MASK, low & COUNT_MASK, (high & ~COUNT_MASK & 0xFFFFFFFF) | (low >> 16)
+
+
 # The engine's kernels (passes/d5005/emit_opencl.py writes them, the host program launches them).
 COMPUTE_KERNEL = "d5005_compute"
 READER_KERNELS = tuple(f"d5005_read_bank{b}" for b in range(BANKS))
@@ -903,7 +997,7 @@ READER_KERNELS = tuple(f"d5005_read_bank{b}" for b in range(BANKS))
 OPERANDS: dict[str, dict[str, tuple[int, tuple[str, ...]]]] = {
     "d5005.embed_row": {"dst": (W_DST, ("residual",))},
     "d5005.matvec": {"dst": (W_DST, ("outputs",)), "src": (W_A, ("inputs", "attended"))},
-    "d5005.rms_norm": {"dst": (W_DST, ("inputs",)), "src": (W_A, ("residual",))},
+    "d5005.rms_norm": {"dst": (W_DST, ("inputs",)), "src": (W_A, ("residual", "outputs"))},
     "d5005.rope": {"dst": (W_DST, ("rotated",)), "src": (W_A, ("outputs",))},
     "d5005.cache_write": {"src": (W_A, ("outputs", "rotated"))},
     "d5005.attention": {
@@ -913,6 +1007,6 @@ OPERANDS: dict[str, dict[str, tuple[int, tuple[str, ...]]]] = {
         "value": (W_VALUE, ("outputs",)),
     },
     "d5005.silu_mul": {"dst": (W_DST, ("inputs",)), "lhs": (W_A, ("outputs",)), "rhs": (W_B, ("outputs",))},
-    "d5005.add": {"dst": (W_DST, ("residual",)), "lhs": (W_A, ("residual",)), "rhs": (W_B, ("outputs",))},
+    "d5005.add": {"dst": (W_DST, ("residual",)), "lhs": (W_A, ("residual",)), "rhs": (W_B, ("outputs", "inputs"))},
     "d5005.argmax": {"src": (W_A, ("outputs",))},
 }

@@ -194,11 +194,23 @@ def _shape_error(stream: Stream, name: str, w: list[int]) -> str | None:
         return f"has rows of {cols} elements in a stride of {stride} bytes, {rows} rows: not a region of the engine"
     if name == "d5005.matvec" and cols > d5005.VECTOR_WORDS:
         return f"reads a vector of {cols} words, over the engine's {d5005.VECTOR_WORDS}"
+    first = w[d5005.W_FIRST] if name == "d5005.matvec" else 0
+    if first and rows > d5005.PRIOR_WORDS:
+        return f"adds a part of its columns to {rows} rows, over the engine's {d5005.PRIOR_WORDS}-word copy of them"
+    if first % d5005.VECTOR_WORDS or (first + cols) * element > stride or (first and w[d5005.W_BIAS]):
+        return f"streams columns from {first}, {cols} of them, in a stride of {stride} bytes: not a part of its rows"
     if name == "d5005.matvec" and w[d5005.W_BIAS]:
         bias = w[d5005.W_BIAS]
         end = w[d5005.W_BIAS_OFFSET] * stream.burst + d5005.bank_words(bias, element, stream.burst) * stream.burst
         if bias != rows or bias > d5005.BIAS_WORDS or end > stream.bank_bytes:
             return f"adds a bias of {bias} words to {rows} rows, or reads it past the memory the program uses"
+    flags = {"d5005.rms_norm": d5005.W_PLUS_ONE, "d5005.rope": d5005.W_PLUS_ONE, "d5005.silu_mul": d5005.W_GELU}
+    if name in flags and w[flags[name]] > 1:
+        return f"has flag {w[flags[name]]} in word {flags[name]}, not 0 or 1"
+    if name == "d5005.rope" and w[d5005.W_PLUS_ONE] and not w[d5005.W_HEAD_NORM]:
+        return "scales by one plus a head norm's weight, and norms no heads"
+    if name == "d5005.argmax" and w[d5005.W_CAP] and not _f32(w[d5005.W_CAP]) > 0:
+        return f"soft-caps at {_f32(w[d5005.W_CAP])}, not a positive cap"
     if name == "d5005.rope":
         head_dim, width = w[d5005.W_HEAD_DIM], w[d5005.W_WIDTH]
         if (
@@ -219,13 +231,15 @@ def _shape_error(stream: Stream, name: str, w: list[int]) -> str | None:
         if w[d5005.W_HEAD_NORM] > 1 or (w[d5005.W_HEAD_NORM] and norm_end > stream.bank_bytes):
             return f"norms its heads with flag {w[d5005.W_HEAD_NORM]}, or by a weight past the memory the program uses"
     if name in ("d5005.cache_write", "d5005.attention"):
-        kv = w[d5005.W_KV_HEADS]
+        kv = w[d5005.W_KV_HEADS] if name == "d5005.cache_write" else d5005.attention_counts(w)[1]
         if kv == 0 or rows % kv or rows // kv < stream.ctx or cols == 0:
             return f"has a cache of {rows} rows that is not {kv} heads of the stream's {stream.ctx} positions"
         if d5005.bank_words(cols, element, stream.burst) > d5005.ROW_WORDS_MAX:
             return f"has cache rows of {cols} elements, over the engine's {d5005.ROW_WORDS_MAX} bank words"
     if name == "d5005.attention":
-        heads, kv = w[d5005.W_HEADS], w[d5005.W_KV_HEADS]
+        heads, kv, cap = d5005.attention_counts(w)
+        if cap and not _f32(cap) > 0:
+            return f"soft-caps its scores at {_f32(cap)}, not a positive cap"
         if heads == 0 or heads % kv or heads // kv > d5005.GROUP_MAX:
             return f"has {heads} heads over {kv} kv heads (at most {d5005.GROUP_MAX} to a group)"
         if w[d5005.W_HEAD_DIM] != cols or w[d5005.W_CTX] * kv != rows:
@@ -235,12 +249,16 @@ def _shape_error(stream: Stream, name: str, w: list[int]) -> str | None:
     return None
 
 
+def _f32(bits: int) -> float:
+    return float(np.array(bits, dtype=np.uint32).view(np.float32))
+
+
 def _buffer_extents(name: str, w: list[int], stream: Stream) -> list[tuple[int, int]]:
     rows, cols = w[d5005.W_ROWS], w[d5005.W_COLS]
     if name == "d5005.embed_row":
         return [(d5005.W_DST, cols)]
     if name == "d5005.matvec":
-        return [(d5005.W_DST, rows), (d5005.W_A, cols)]
+        return [(d5005.W_DST, rows), (d5005.W_A, w[d5005.W_FIRST] + cols)]
     if name == "d5005.rms_norm":
         return [(d5005.W_DST, cols), (d5005.W_A, cols)]
     if name == "d5005.rope":
@@ -248,7 +266,7 @@ def _buffer_extents(name: str, w: list[int], stream: Stream) -> list[tuple[int, 
     if name == "d5005.cache_write":
         return [(d5005.W_A, w[d5005.W_KV_HEADS] * cols)]
     if name == "d5005.attention":
-        heads, kv, head_dim = w[d5005.W_HEADS], w[d5005.W_KV_HEADS], w[d5005.W_HEAD_DIM]
+        (heads, kv, _), head_dim = d5005.attention_counts(w), w[d5005.W_HEAD_DIM]
         current = kv * head_dim
         return [(d5005.W_DST, heads * head_dim), (d5005.W_A, heads * head_dim),
                 (d5005.W_KEY, current), (d5005.W_VALUE, current)]  # fmt: skip
@@ -335,16 +353,20 @@ class _Word:
 
 
 def _embed_row(x: _Word) -> Any:
-    return d5005.EmbedRowOp(x.buffer(d5005.W_DST), x.region())
+    return d5005.EmbedRowOp(x.buffer(d5005.W_DST), x.region(), x.float() if x.w[d5005.W_EMBED_SCALE] else None)
 
 
 def _matvec(x: _Word) -> Any:
     bias = x.region(d5005.W_BIAS_OFFSET) if x.w[d5005.W_BIAS] else None
-    return d5005.MatvecOp(x.buffer(d5005.W_DST), x.buffer(d5005.W_A), x.region(), bias)
+    weight = x.region()
+    part = (x.w[d5005.W_FIRST], x.w[d5005.W_COLS])
+    whole = part == (0, weight.cols.data)
+    return d5005.MatvecOp(x.buffer(d5005.W_DST), x.buffer(d5005.W_A), weight, bias, None if whole else part)
 
 
 def _rms_norm(x: _Word) -> Any:
-    return d5005.RMSNormOp(x.buffer(d5005.W_DST), x.buffer(d5005.W_A), x.region(), x.float())
+    plus_one = bool(x.w[d5005.W_PLUS_ONE])
+    return d5005.RMSNormOp(x.buffer(d5005.W_DST), x.buffer(d5005.W_A), x.region(), x.float(), plus_one)
 
 
 def _rope(x: _Word) -> Any:
@@ -352,7 +374,8 @@ def _rope(x: _Word) -> Any:
     norm = (x.region(d5005.W_NORM_OFFSET), x.float()) if w[d5005.W_HEAD_NORM] else None
     dst, src = x.buffer(d5005.W_DST), x.buffer(d5005.W_A)
     rotary = w[d5005.W_ROTARY] or None
-    return d5005.RopeOp(dst, src, x.region(), w[d5005.W_WIDTH], w[d5005.W_HEAD_DIM], norm, rotary)
+    plus_one = bool(w[d5005.W_PLUS_ONE])
+    return d5005.RopeOp(dst, src, x.region(), w[d5005.W_WIDTH], w[d5005.W_HEAD_DIM], norm, rotary, plus_one)
 
 
 def _cache_write(x: _Word) -> Any:
@@ -366,19 +389,23 @@ def _attention(x: _Word) -> Any:
     window = x.w[d5005.W_WINDOW] or None
     plain = int(np.array(1 / np.sqrt(keys.cols.data), dtype=np.float32).view(np.uint32))
     scale = x.float() if x.w[d5005.W_FLOAT] != plain else None  # a scale of its own, not 1 / sqrt(head_dim)
-    heads, kv = x.w[d5005.W_HEADS], x.w[d5005.W_KV_HEADS]
-    return d5005.AttentionOp(dst, query, keys, values, current, heads, kv, window, scale)
+    heads, kv, cap = d5005.attention_counts(x.w)
+    softcap = _f32(cap) if cap else None
+    return d5005.AttentionOp(dst, query, keys, values, current, heads, kv, window, scale, softcap)
 
 
 def _elementwise(kind: type[d5005.ElementwiseOp]) -> Any:
     def make(x: _Word) -> Any:
-        return kind(x.buffer(d5005.W_DST), x.buffer(d5005.W_A), x.buffer(d5005.W_B), x.w[d5005.W_ROWS])
+        operands = (x.buffer(d5005.W_DST), x.buffer(d5005.W_A), x.buffer(d5005.W_B), x.w[d5005.W_ROWS])
+        if kind is d5005.SiluMulOp:
+            return d5005.SiluMulOp(*operands, gelu_tanh=bool(x.w[d5005.W_GELU]))
+        return kind(*operands)
 
     return make
 
 
 def _argmax(x: _Word) -> Any:
-    return d5005.ArgmaxOp(x.buffer(d5005.W_A), x.w[d5005.W_ROWS])
+    return d5005.ArgmaxOp(x.buffer(d5005.W_A), x.w[d5005.W_ROWS], x.float() if x.w[d5005.W_CAP] else None)
 
 
 _OPS = {
@@ -650,6 +677,34 @@ def stream_features(stream: Stream) -> dict[str, str]:
     attention = d5005.OPCODES["d5005.attention"]
     if any(int(w[d5005.W_OPCODE]) == attention and int(w[d5005.W_WINDOW]) for w in stream.words):
         needs["ENGINE_WINDOW"] = "attends over a sliding window"
+    return needs | gemma_features(stream.words)
+
+
+def gemma_features(words: Any) -> dict[str, str]:
+    """The parts Gemma's operations need: a scaled embedding row, norms by one plus the weight, GeGLU's gate, an
+    RMS norm of a matvec's output into a buffer an add reads (the sandwich norms), soft-capped logits."""
+    code = {name.split(".")[1]: value for name, value in d5005.OPCODES.items()}
+    outputs = d5005.ARRAY_IDS["outputs"]
+    needs = {}
+    for row in words:
+        w = [int(v) for v in row]
+        op = w[d5005.W_OPCODE]
+        if op == code["embed_row"] and w[d5005.W_EMBED_SCALE]:
+            needs["ENGINE_EMBED_SCALE"] = "scales an embedding row"
+        if op in (code["rms_norm"], code["rope"]) and w[d5005.W_PLUS_ONE]:
+            needs["ENGINE_PLUS_ONE"] = "norms by one plus the weight"
+        if op == code["silu_mul"] and w[d5005.W_GELU]:
+            needs["ENGINE_GELU_TANH"] = "gates by GELU's tanh approximation"
+        if op == code["rms_norm"] and w[d5005.W_A] >> d5005.OFFSET_BITS == outputs:
+            needs.setdefault("ENGINE_SANDWICH", "RMS-norms a buffer of 'outputs'")
+        if op == code["add"] and w[d5005.W_B] >> d5005.OFFSET_BITS == d5005.ARRAY_IDS["inputs"]:
+            needs.setdefault("ENGINE_SANDWICH", "adds a buffer of 'inputs'")
+        if op == code["argmax"] and w[d5005.W_CAP]:
+            needs["ENGINE_LOGIT_SOFTCAP"] = "soft-caps the logits"
+        if op == code["matvec"] and w[d5005.W_FIRST]:
+            needs["ENGINE_COLUMNS"] = "streams a matvec's columns in parts"
+        if op == code["attention"] and d5005.attention_counts(w)[2]:
+            needs["ENGINE_SOFTCAP"] = "soft-caps attention scores"
     return needs
 
 
@@ -708,7 +763,7 @@ def bank_words_sent(w: list[int], token: int, position: int, stream: Stream) -> 
     elif name == "d5005.attention":
         ctx, past, low = w[d5005.W_CTX], position - 1, window_start(position, w[d5005.W_WINDOW])
         words = d5005.bank_words(w[d5005.W_HEAD_DIM], element, burst)
-        for h in range(w[d5005.W_KV_HEADS]):
+        for h in range(d5005.attention_counts(w)[1]):
             for b in range(d5005.BANKS):
                 first = low + (b - h * ctx - low) % d5005.BANKS
                 sent[b] += 2 * words * (-(-(past - first) // d5005.BANKS) if past > first else 0)

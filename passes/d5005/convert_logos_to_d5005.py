@@ -83,6 +83,7 @@ def convert_program(program: Operation, weights: str, params: d5005.EngineParams
     work = ModuleOp([program.clone()])
     patterns = [
         EmbedToRow(placement),
+        ScaleIntoEmbedRow(placement),
         RMSNormToInstruction(placement),
         LinearToMatvec(placement),
         BiasAddToMatvec(placement),
@@ -93,6 +94,7 @@ def convert_program(program: Operation, weights: str, params: d5005.EngineParams
         SiluIntoProduct(),
         MulToSiluMul(),
         AddToInstruction(),
+        SoftcapIntoArgmax(),
         ArgmaxToInstruction(),
         ProgramToEngine(identity.identity(program).line(), params, cut.ctx),
     ]
@@ -136,12 +138,13 @@ def _variant(op: Operation) -> str | None:
     spec = logos.program_spec(op)
     if isinstance(op, logos.RopeOp) and spec is not None and rope_table(op, spec) is not None:
         return None  # a table of its base and scaling, over the numbers it rotates
-    return logos.variant(op, computed=("window", "scale"))
+    return logos.variant(op, computed=("window", "scale", "softcap", "plus_one"))
 
 
 # the ops a pattern below lowers to instructions (a SiLU goes into its product's silu_mul)
 _LOWERED = (
     logos.EmbedOp,
+    logos.ScaleOp,
     logos.RMSNormOp,
     logos.LinearOp,
     logos.BiasAddOp,
@@ -150,8 +153,10 @@ _LOWERED = (
     logos.CacheWriteOp,
     logos.AttentionOp,
     logos.SiluOp,
+    logos.GeluTanhOp,
     logos.MulOp,
     logos.AddOp,
+    logos.SoftcapOp,
     logos.ArgmaxOp,
 )
 
@@ -229,14 +234,38 @@ class EmbedToRow(_Placed):
         table = self.region(op.table, op)
         if not _input(op.tokens, "token") or logos.tensor_shape(op.result)[0] != 1:
             raise _refuse(op, "does not embed the decode step's one token")
+        if _scale_of(op) is not None:
+            return
         _lower(op, rewriter, d5005.EmbedRowOp, table)
+
+
+def _scale_of(op: logos.EmbedOp) -> logos.ScaleOp | None:
+    """The scale that is the embedding's one reader (Gemma's square root of the width), if there is one."""
+    uses = list(op.result.uses)
+    return uses[0].operation if len(uses) == 1 and isinstance(uses[0].operation, logos.ScaleOp) else None
+
+
+class ScaleIntoEmbedRow(_Placed):
+    """The embedding's row scaled by a constant selects the embed_row that scales it as it stores it, erasing the
+    embedding it reads: the engine scales nowhere else."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.ScaleOp, rewriter: PatternRewriter) -> None:
+        embed = op.input.owner
+        if not isinstance(embed, logos.EmbedOp) or _scale_of(embed) is not op:
+            raise _refuse(op, "scales something other than an embedding's row: the engine scales only in embed_row")
+        if not _input(embed.tokens, "token") or logos.tensor_shape(embed.result)[0] != 1:
+            raise _refuse(embed, "does not embed the decode step's one token")
+        _lower(op, rewriter, d5005.EmbedRowOp, self.region(embed.table, op), op.factor.value.data)
+        rewriter.erase(embed)
 
 
 class RMSNormToInstruction(_Placed):
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: logos.RMSNormOp, rewriter: PatternRewriter) -> None:
         weight = self.region(op.weight, op)
-        _lower(op, rewriter, d5005.RMSNormOp, _buffer(op.input, op), weight, op.epsilon.value.data)
+        plus_one = op.plus_one is not None
+        _lower(op, rewriter, d5005.RMSNormOp, _buffer(op.input, op), weight, op.epsilon.value.data, plus_one)
 
 
 def _bias_of(op: logos.LinearOp) -> logos.BiasAddOp | None:
@@ -245,6 +274,30 @@ def _bias_of(op: logos.LinearOp) -> logos.BiasAddOp | None:
     if len(uses) != 1 or not isinstance(uses[0].operation, logos.BiasAddOp) or uses[0].index != 0:
         return None
     return uses[0].operation
+
+
+def _lower_matvec(
+    op: Operation,
+    rewriter: PatternRewriter,
+    src: SSAValue,
+    weight: d5005.RegionAttr,
+    bias: d5005.RegionAttr | None = None,
+) -> None:
+    """Replace `op` by the matvec of `weight` over `src` (+ `bias`): one, or where its input is longer than the
+    engine's copy of it (`d5005.VECTOR_WORDS`), one a part of the columns, each as long as the copy but the last,
+    the parts after the first adding to what the first wrote (the first adds the bias)."""
+    cols = weight.cols.data
+    if cols <= d5005.VECTOR_WORDS:
+        _lower(op, rewriter, d5005.MatvecOp, src, weight, bias)
+        return
+    result = op.results[0]
+    buffer = d5005.BufferOp(result.name_hint or "t", _words(result), 0)
+    parts = [(first, min(d5005.VECTOR_WORDS, cols - first)) for first in range(0, cols, d5005.VECTOR_WORDS)]
+    matvecs = [
+        d5005.MatvecOp(buffer.buffer, src, weight, bias if first == 0 else None, (first, count))
+        for first, count in parts
+    ]
+    rewriter.replace(op, [buffer, *matvecs], [buffer.buffer])
 
 
 class LinearToMatvec(_Placed):
@@ -258,7 +311,7 @@ class LinearToMatvec(_Placed):
             raise _refuse(op, "is not a matrix-vector product (a decode step has one row)")
         if _bias_of(op) is not None:
             return
-        _lower(op, rewriter, d5005.MatvecOp, _buffer(op.input, op), weight)
+        _lower_matvec(op, rewriter, _buffer(op.input, op), weight)
 
 
 class BiasAddToMatvec(_Placed):
@@ -272,7 +325,7 @@ class BiasAddToMatvec(_Placed):
             why = "adds a bias to something other than one projection: the engine adds a bias only in a matvec"
             raise _refuse(op, why)
         weight, bias = self.region(linear.weight, op), self.region(op.bias, op)
-        _lower(op, rewriter, d5005.MatvecOp, _buffer(linear.input, op), weight, bias)
+        _lower_matvec(op, rewriter, _buffer(linear.input, op), weight, bias)
         rewriter.erase(linear)
 
 
@@ -311,7 +364,8 @@ class RopeToInstruction(_Placed):
             if rotary is not None:
                 raise _refuse(op, "rotates only a part of each head it norms: the engine does one or the other")
             norm = (self.region(normed.weight, op), normed.epsilon.value.data)
-        _lower(op, rewriter, d5005.RopeOp, src, table, _words(op.result), head_dim, norm, rotary)
+        plus_one = normed is not None and normed.plus_one is not None
+        _lower(op, rewriter, d5005.RopeOp, src, table, _words(op.result), head_dim, norm, rotary, plus_one)
         if normed is not None:
             rewriter.erase(normed)
 
@@ -347,32 +401,40 @@ class AttentionToInstruction(_Placed):
         current = (key, value)
         window = op.window.value.data if op.window is not None else None
         scale = op.scale.value.data if op.scale is not None else None
-        _lower(op, rewriter, d5005.AttentionOp, query, keys, values, current, heads, kv_heads, window, scale)
+        cap = op.softcap.value.data if op.softcap is not None else None
+        _lower(op, rewriter, d5005.AttentionOp, query, keys, values, current, heads, kv_heads, window, scale, cap)
 
 
 class SiluIntoProduct(RewritePattern):
-    """A SiLU stays until the product that reads it selects `silu_mul`: the engine has no SiLU instruction."""
+    """A SiLU (or GELU's tanh approximation, GeGLU's gate) stays until the product that reads it selects
+    `silu_mul`: the engine has no activation instruction of its own."""
 
     @op_type_rewrite_pattern
-    def match_and_rewrite(self, op: logos.SiluOp, rewriter: PatternRewriter) -> None:
+    def match_and_rewrite(self, op: logos.SiluOp | logos.GeluTanhOp, rewriter: PatternRewriter) -> None:
         uses = list(op.result.uses)
         if len(uses) != 1 or not isinstance(uses[0].operation, logos.MulOp):
-            raise _refuse(op, "is read by something other than one product: the engine has SiLU only in silu_mul")
+            what = "SiLU" if isinstance(op, logos.SiluOp) else "GELU"
+            raise _refuse(op, f"is read by something other than one product: the engine has {what} only in silu_mul")
         _buffer(op.input, op)
 
 
+_GATES = (logos.SiluOp, logos.GeluTanhOp)
+
+
 class MulToSiluMul(RewritePattern):
-    """SiLU(gate) times up selects the one instruction `silu_mul` (SwiGLU), erasing the SiLU it reads."""
+    """SiLU(gate) (or GELU's, tanh-approximated) times up selects the one instruction `silu_mul` (SwiGLU, GeGLU
+    with its `gelu_tanh`), erasing the activation it reads."""
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: logos.MulOp, rewriter: PatternRewriter) -> None:
         silu, up = op.lhs.owner, op.rhs
-        if not isinstance(silu, logos.SiluOp):
+        if not isinstance(silu, _GATES):
             silu, up = op.rhs.owner, op.lhs
-        if not isinstance(silu, logos.SiluOp):
+        if not isinstance(silu, _GATES):
             raise _refuse(op, "is a product without a SiLU: the engine multiplies only in silu_mul")
         gate = silu.input
-        _lower(op, rewriter, d5005.SiluMulOp, gate, _buffer(up, op), _words(op.result))
+        gelu = isinstance(silu, logos.GeluTanhOp)
+        _lower(op, rewriter, d5005.SiluMulOp, gate, _buffer(up, op), _words(op.result), gelu)
         rewriter.erase(silu)
 
 
@@ -383,12 +445,28 @@ class AddToInstruction(RewritePattern):
         _lower(op, rewriter, d5005.AddOp, lhs, rhs, _words(op.result))
 
 
+class SoftcapIntoArgmax(RewritePattern):
+    """A soft-cap (Gemma 2's logits) stays until the arg-max that reads it selects the arg-max that caps each word
+    first: the engine soft-caps nowhere else."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.SoftcapOp, rewriter: PatternRewriter) -> None:
+        uses = list(op.result.uses)
+        if len(uses) != 1 or not isinstance(uses[0].operation, logos.ArgmaxOp):
+            raise _refuse(op, "is read by something other than the arg-max: the engine soft-caps only in argmax")
+        _buffer(op.input, op)
+
+
 class ArgmaxToInstruction(RewritePattern):
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: logos.ArgmaxOp, rewriter: PatternRewriter) -> None:
-        src = _buffer(op.input, op)
+        capped = op.input.owner if isinstance(op.input.owner, logos.SoftcapOp) else None
+        src = _buffer(capped.input if capped is not None else op.input, op)
+        cap = capped.cap.value.data if capped is not None else None
         # the token is the engine's result register: @main's return of it goes with the program
-        rewriter.replace(op, d5005.ArgmaxOp(src, _words_of(src)), [None], safe_erase=False)
+        rewriter.replace(op, d5005.ArgmaxOp(src, _words_of(src), cap), [None], safe_erase=False)
+        if capped is not None:
+            rewriter.erase(capped)
 
 
 # -- the program: its instructions, over shared buffers ----------------------------------------------------------
@@ -491,7 +569,7 @@ def _choose(instructions: list[d5005.InstructionOp]) -> dict[SSAValue, str]:
     holder: dict[str, SSAValue] = {}  # buffer -> the value it holds
     for index, op in enumerate(instructions):
         value = op.written()
-        if value is None:
+        if value is None or value in chosen:  # a matvec's later part adds to the buffer its first part wrote
             continue
         base = d5005.label(value)
         name, suffix = base, 1

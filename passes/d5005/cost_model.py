@@ -206,6 +206,16 @@ def joint_efficiency(engine: Engine, opcode: str, corner: Corner) -> float:
     return corner.ddr_efficiency ** (1 + (k - 1) * uncovered)
 
 
+def _check_parts(engine: Engine, words: list[list[int]]) -> None:
+    """Refuse words that use a part of Gemma's (a scaled embedding, a norm by one plus its weight, GeGLU, a
+    sandwich norm, a soft-cap) that the engine was printed without."""
+    from logos_ir.runtime.d5005 import gemma_features
+
+    for feature, what in gemma_features(words).items():
+        if engine.constants.get(feature) != 1:
+            raise aoc_report.ReportError(f"the stream {what}, and the engine has no {feature}")
+
+
 def instruction_cost(engine: Engine, word: list[int], token: int, position: int, corner: Corner) -> dict[str, Any]:
     """Seconds of one instruction word: the compute routine and each bank reader run at once; a reader delivers one
     bank word a cycle at most, and its bank at most its sustained share of 19.2 GB/s."""
@@ -221,6 +231,7 @@ def instruction_cost(engine: Engine, word: list[int], token: int, position: int,
         raise aoc_report.ReportError(
             "an attention of the stream slides over a window, and the engine has no ENGINE_WINDOW"
         )
+    _check_parts(engine, [word])
     step = Step(engine.constants, word, token, position)
     compute = routine_cycles(engine, engine.compute[opcode](step), corner)
     bursts = [0] * d5005.BANKS
@@ -276,6 +287,7 @@ def estimate_words(
     by_opcode: dict[str, float] = {}
     by_loop: dict[str, float] = {}
     cache: dict[tuple[int, ...], dict[str, Any]] = {}
+    _check_parts(engine, words)  # before the cache: words that cost the same may differ in the parts they need
     for word in words:
         key = tuple(word[f] for f in engine_loops.TRIP_FIELDS)  # what the trip counts read of the word
         cost = cache.get(key) or cache.setdefault(key, instruction_cost(engine, word, 1, position, corner))

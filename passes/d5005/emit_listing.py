@@ -25,23 +25,31 @@ def _region(r: d5005.RegionAttr) -> str:
 
 
 def _embed_row(op: d5005.EmbedRowOp) -> str:
-    return f"{label(op.dst)} <- row[token] of {_region(op.table)}"
+    scale = f" * {op.scale.value.data:g}" if op.scale is not None else ""
+    return f"{label(op.dst)} <- row[token] of {_region(op.table)}{scale}"
 
 
 def _matvec(op: d5005.MatvecOp) -> str:
     bias = f" + {_region(op.bias)}" if op.bias is not None else ""
-    return f"{label(op.dst)} <- {_region(op.weight)} x {label(op.src)}{bias}"
+    first, columns = op.part
+    if (first, columns) == (0, op.weight.cols.data):
+        return f"{label(op.dst)} <- {_region(op.weight)} x {label(op.src)}{bias}"
+    into = "+=" if first else "<-"
+    span = f"[{first}:{first + columns}]"
+    return f"{label(op.dst)} {into} {_region(op.weight)}{span} x {label(op.src)}{span}{bias}"
 
 
 def _rms_norm(op: d5005.RMSNormOp) -> str:
-    return f"{label(op.dst)} <- rms_norm({label(op.src)}) * {_region(op.weight)} eps {op.epsilon.value.data:g}"
+    weight = f"(1 + {_region(op.weight)})" if op.plus_one is not None else _region(op.weight)
+    return f"{label(op.dst)} <- rms_norm({label(op.src)}) * {weight} eps {op.epsilon.value.data:g}"
 
 
 def _rope(op: d5005.RopeOp) -> str:
     heads = f"heads of {op.head_dim.value.data} by {_region(op.table)}"
     src = label(op.src)
     if op.norm is not None and op.epsilon is not None:
-        src = f"head_rms_norm({src}) * {_region(op.norm)} eps {op.epsilon.value.data:g}"
+        norm = f"(1 + {_region(op.norm)})" if op.plus_one is not None else _region(op.norm)
+        src = f"head_rms_norm({src}) * {norm} eps {op.epsilon.value.data:g}"
     return f"{label(op.dst)} <- rope({src}, position) {heads}"
 
 
@@ -54,11 +62,13 @@ def _attention(op: d5005.AttentionOp) -> str:
         f"{label(op.dst)} <- attention({label(op.query)}, {op.heads.value.data} heads over {op.kv_heads.value.data})"
         f" keys {_region(op.keys)} values {_region(op.values)} current {label(op.key)}, {label(op.value)}"
         + (f" window {op.window.value.data}" if op.window is not None else "")
+        + (f" softcap {op.softcap.value.data:g}" if op.softcap is not None else "")
     )
 
 
 def _silu_mul(op: d5005.SiluMulOp) -> str:
-    return f"{label(op.dst)} <- silu({label(op.lhs)}) * {label(op.rhs)} [{op.size.value.data}]"
+    gate = "gelu_tanh" if op.gelu_tanh is not None else "silu"
+    return f"{label(op.dst)} <- {gate}({label(op.lhs)}) * {label(op.rhs)} [{op.size.value.data}]"
 
 
 def _add(op: d5005.AddOp) -> str:
@@ -66,6 +76,8 @@ def _add(op: d5005.AddOp) -> str:
 
 
 def _argmax(op: d5005.ArgmaxOp) -> str:
+    if op.cap is not None:
+        return f"result <- argmax(softcap({label(op.src)} [{op.size.value.data}], {op.cap.value.data:g}))"
     return f"result <- argmax({label(op.src)} [{op.size.value.data}])"
 
 

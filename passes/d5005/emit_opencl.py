@@ -42,7 +42,19 @@ CHANNEL_DEPTH = 512  # bank words each reader may run ahead of the compute kerne
 # The engine's optional parts: each printed (its routine's loops, its field of an instruction word, its on-chip
 # array, and a `#define ENGINE_<NAME> 1` that says it is there) only in an engine whose program uses it, so the
 # engine of a program that uses none is the one printed without them.
-FEATURES = ("bias", "window", "head_norm", "partial_rotary")
+FEATURES = (
+    "bias",
+    "window",
+    "head_norm",
+    "partial_rotary",
+    "embed_scale",
+    "plus_one",
+    "gelu_tanh",
+    "sandwich",
+    "logit_softcap",
+    "softcap",
+    "columns",
+)
 
 
 def engine_features(program: d5005.ProgramOp) -> frozenset[str]:
@@ -58,7 +70,29 @@ def engine_features(program: d5005.ProgramOp) -> frozenset[str]:
         found.add("head_norm")
     if any(isinstance(op, d5005.RopeOp) and op.rotary_dim is not None for op in program.instructions()):
         found.add("partial_rotary")
+    for op in program.instructions():
+        if isinstance(op, d5005.EmbedRowOp) and op.scale is not None:
+            found.add("embed_scale")
+        if isinstance(op, (d5005.RMSNormOp, d5005.RopeOp)) and op.plus_one is not None:
+            found.add("plus_one")
+        if isinstance(op, d5005.SiluMulOp) and op.gelu_tanh is not None:
+            found.add("gelu_tanh")
+        if isinstance(op, d5005.RMSNormOp) and _array(op.src) == "outputs":
+            found.add("sandwich")
+        if isinstance(op, d5005.AddOp) and _array(op.rhs) == "inputs":
+            found.add("sandwich")
+        if isinstance(op, d5005.ArgmaxOp) and op.cap is not None:
+            found.add("logit_softcap")
+        if isinstance(op, d5005.AttentionOp) and op.softcap is not None:
+            found.add("softcap")
+        if isinstance(op, d5005.MatvecOp) and op.part[0]:
+            found.add("columns")
     return frozenset(found)
+
+
+def _array(buffer: object) -> str | None:
+    owner = getattr(buffer, "owner", None)
+    return owner.array_name if isinstance(owner, d5005.BufferOp) else None
 
 
 def _feature_constants(features: frozenset[str]) -> dict[str, int]:
@@ -71,6 +105,11 @@ def _feature_constants(features: frozenset[str]) -> dict[str, int]:
         found["ENGINE_HEAD_NORM"] = 1
     if "partial_rotary" in features:
         found["ENGINE_PARTIAL_ROTARY"] = 1
+    for feature in ("embed_scale", "plus_one", "gelu_tanh", "sandwich", "logit_softcap", "softcap", "columns"):
+        if feature in features:
+            found[f"ENGINE_{feature.upper()}"] = 1
+    if "columns" in features:
+        found["PRIOR_WORDS"] = d5005.PRIOR_WORDS
     return found
 
 
@@ -262,11 +301,11 @@ inline void read_embed_row(stream_t *s, __global const bank_word_t *bank, const 
 inline void read_matvec(stream_t *s, __global const bank_word_t *bank, const uint b, const uint16 w) {
     uint rows = w.s4, cols = w.s5, stride = w.s7 / BURST_BYTES;
     uint words = WORDS(cols, WEIGHT_BYTES);
-    uint mine = (rows + BANKS - 1 - b) / BANKS;${read_matvec_bias}
+    uint mine = (rows + BANKS - 1 - b) / BANKS;${read_matvec_bias}${read_matvec_first}
     uint i = 0, c = 0;
     /* loop read_matvec.words */
     for (uint n = 0; n < mine * words; n++) {
-        WRITE_BANK(s, b, bank[w.s6 + i * stride + c]);
+        WRITE_BANK(s, b, bank[${read_matvec_base} + i * stride + c]);
         c++;
         if (c == words) { c = 0; i++; }
     }
@@ -293,7 +332,7 @@ inline void read_rope(stream_t *s, __global const bank_word_t *bank, const uint 
 /* routine read_attention */
 inline void read_attention(stream_t *s, __global const bank_word_t *bank, const uint b, const uint16 w,
                            uint position) {
-    uint kv_heads = w.sa, ctx = w.sc, past = position - 1, stride = w.s7 / BURST_BYTES;
+    uint kv_heads = w.sa${count_mask}, ctx = w.sc, past = position - 1, stride = w.s7 / BURST_BYTES;
     uint row_words = WORDS(w.sb, CACHE_BYTES);${read_window}
     /* loop read_attention.kv_heads */
     for (uint h = 0; h < kv_heads; h++) {
@@ -355,7 +394,7 @@ READER(3)
 /* routine embed_row */
 inline void embed_row(ONCHIP float *restrict residual, channels_t *ch, const uint16 w, uint token) {
     uint cols = w.s5, dst = (w.s1 & OFFSET_MASK) * OV, bank = (token - 1) % BANKS;
-    uint words = WORDS(cols, WEIGHT_BYTES);
+    uint words = WORDS(cols, WEIGHT_BYTES);${embed_scale_let}
     /* loop embed_row.words */
     for (uint c = 0; c < words; c++) {
         bank_word_t word;
@@ -366,7 +405,7 @@ inline void embed_row(ONCHIP float *restrict residual, channels_t *ch, const uin
         UNROLL(VECTOR_WIDTH)
         for (uint e = 0; e < VECTOR_WIDTH; e++) {  /* one store a lane: the word is taken from its bank first */
             uint k = c * VECTOR_WIDTH + e;
-            if (k < cols) residual[dst + k] = WEIGHT_AT(word, e);
+            if (k < cols) residual[dst + k] = WEIGHT_AT(word, e)${embed_scale};
         }
     }
 }
@@ -376,8 +415,8 @@ inline void embed_row(ONCHIP float *restrict residual, channels_t *ch, const uin
    gather in a bank word of results, stored at once every QUADS_PER_WORD rows of four (a store a bank). */
 /* routine matvec */
 inline void matvec(ONCHIP float *restrict outputs, ONCHIP float *restrict inputs, ONCHIP float *restrict attended,
-                   __local float *restrict vector,${matvec_bias_param} channels_t *ch, const uint16 w) {
-    uint rows = w.s4, cols = w.s5, dst = (w.s1 & OFFSET_MASK) * OV, src = (w.s2 & OFFSET_MASK) * OV;
+                   __local float *restrict vector,${matvec_params} channels_t *ch, const uint16 w) {
+    uint rows = w.s4, cols = w.s5, dst = (w.s1 & OFFSET_MASK) * OV, src = ${matvec_src};
     uint from = w.s2 >> ARRAY_SHIFT;
     uint words = WORDS(cols, WEIGHT_BYTES);
     uint quads = (rows + BANKS - 1) / BANKS;
@@ -389,7 +428,7 @@ inline void matvec(ONCHIP float *restrict outputs, ONCHIP float *restrict inputs
             if (c + e < cols) v = from == ARRAY_ATTENDED ? attended[src + c + e] : inputs[src + c + e];
             vector[c + e] = v;
         }
-    }${matvec_bias_load}
+    }${matvec_bias_load}${matvec_prior_load}
     float out[OV];
     /* loop matvec.rows */
     for (uint i = 0; i < quads; i++) {
@@ -420,17 +459,17 @@ ${matvec_total}
             UNROLL(OV)
             for (uint e = 0; e < OV; e++) {
                 uint k = (i / QUADS_PER_WORD) * OV + e;
-                if (k < rows) outputs[dst + k] = out[e]${matvec_bias_add};
+                if (k < rows) outputs[dst + k] = out[e]${matvec_bias_add}${matvec_accumulate};
             }
         }
     }
 }
 
 /* routine rms_norm */
-inline void rms_norm(ONCHIP float *restrict inputs, ONCHIP float *restrict residual, channels_t *ch,
+inline void rms_norm(ONCHIP float *restrict inputs, ONCHIP float *restrict residual,${rms_norm_param} channels_t *ch,
                      const uint16 w) {
     uint n = w.s5, dst = (w.s1 & OFFSET_MASK) * OV, src = (w.s2 & OFFSET_MASK) * OV;
-    uint words = WORDS(n, WEIGHT_BYTES);
+    uint words = WORDS(n, WEIGHT_BYTES);${rms_norm_let}
     float shift[SHIFT_DEPTH + 1];
 ${rms_norm_clear}
     /* loop rms_norm.squares */
@@ -438,7 +477,7 @@ ${rms_norm_clear}
         float sum = 0.0f;
         UNROLL(OV)
         for (uint e = 0; e < OV; e++) {
-            float v = SELECT(c + e < n, residual[src + c + e], 0.0f);
+            float v = SELECT(c + e < n, ${rms_norm_square_src}, 0.0f);
             sum += v * v;
         }
 ${rms_norm_add}
@@ -452,7 +491,7 @@ ${rms_norm_total}
         UNROLL(VECTOR_WIDTH)
         for (uint e = 0; e < VECTOR_WIDTH; e++) {
             uint k = c * VECTOR_WIDTH + e;
-            if (k < n) inputs[dst + k] = (residual[src + k] * scale) * WEIGHT_AT(word, e);
+${rms_norm_store}
         }
     }
 }
@@ -569,13 +608,13 @@ ${cache_run}
 inline void attention(ONCHIP float *restrict attended, ONCHIP float *restrict rotated,
                       ONCHIP float *restrict outputs, __local float *restrict queries, __local float *restrict acc,
                       channels_t *ch, const uint16 w, uint position) {
-    uint heads = w.s9, kv_heads = w.sa, head_dim = w.sb, ctx = w.sc;
+    uint heads = w.s9${count_mask}, kv_heads = w.sa${count_mask}, head_dim = w.sb, ctx = w.sc;
     uint group = heads / kv_heads, past = position - 1;${attention_window}
     uint quads = ${attention_quads};
     uint row_words = WORDS(head_dim, CACHE_BYTES);
     uint dst = (w.s1 & OFFSET_MASK) * OV, query = (w.s2 & OFFSET_MASK) * OV;
     uint key = (w.se & OFFSET_MASK) * OV, value = (w.sf & OFFSET_MASK) * OV;
-    float scale = as_float(w.sd);
+    float scale = as_float(w.sd);${softcap_let}
     bank_word_t blank; /* the word of a bank that has no row this time: zeros, so its products are 0 */
     UNROLL(BURST_BYTES / 4)
     for (uint u = 0; u < BURST_BYTES / 4; u++) blank.u[u] = 0;
@@ -666,7 +705,7 @@ ${attention_valid}
                         UNROLL(ROW_WORDS_MAX)
                         for (uint r = 0; r < ROW_WORDS_MAX; r++)
                             dot += SELECT(r + row_words >= ROW_WORDS_MAX, kpart[b][g][r], 0.0f);
-                        s[b] = dot * scale;
+                        s[b] = ${score_row};
                         newest = fmax(newest, SELECT(valid[b], s[b], -INFINITY));
                     }
                     most[g][SHIFT_DEPTH] = fmax(most[g][0], newest);
@@ -705,7 +744,7 @@ ${attention_valid}
         UNROLL(GROUP_MAX)
         for (uint g = 0; g < GROUP_MAX; g++) {
 ${current_total}
-            float s = mine * scale, top = s;
+            float s = ${score_own}, top = s;
             UNROLL(SHIFT_DEPTH)
             for (uint d = 0; d < SHIFT_DEPTH; d++) top = fmax(top, most[g][d]);
             float total = exp(s - top);
@@ -751,7 +790,7 @@ ${output_run}
 /* routine silu_mul */
 inline void silu_mul(ONCHIP float *restrict inputs, ONCHIP float *restrict outputs, const uint16 w) {
     uint n = w.s4, dst = (w.s1 & OFFSET_MASK) * OV;
-    uint gate = (w.s2 & OFFSET_MASK) * OV, up = (w.s3 & OFFSET_MASK) * OV;
+    uint gate = (w.s2 & OFFSET_MASK) * OV, up = (w.s3 & OFFSET_MASK) * OV;${gelu_let}
     IVDEP
     /* loop silu_mul.words */
     for (uint c = 0; c < n; c += OV) {
@@ -759,22 +798,22 @@ inline void silu_mul(ONCHIP float *restrict inputs, ONCHIP float *restrict outpu
         for (uint e = 0; e < OV; e++) {
             if (c + e < n) {
                 float g = outputs[gate + c + e];
-                inputs[dst + c + e] = (g * (tanh(g * 0.5f) * 0.5f + 0.5f)) * outputs[up + c + e];
+                inputs[dst + c + e] = ${gated} * outputs[up + c + e];
             }
         }
     }
 }
 
 /* routine add */
-inline void add(ONCHIP float *restrict residual, ONCHIP float *restrict outputs, const uint16 w) {
+inline void add(ONCHIP float *restrict residual,${add_param} ONCHIP float *restrict outputs, const uint16 w) {
     uint n = w.s4, dst = (w.s1 & OFFSET_MASK) * OV;
-    uint lhs = (w.s2 & OFFSET_MASK) * OV, rhs = (w.s3 & OFFSET_MASK) * OV;
+    uint lhs = (w.s2 & OFFSET_MASK) * OV, rhs = (w.s3 & OFFSET_MASK) * OV;${add_let}
     IVDEP
     /* loop add.words */
     for (uint c = 0; c < n; c += OV) {
         UNROLL(OV)
         for (uint e = 0; e < OV; e++) {
-            if (c + e < n) residual[dst + c + e] = residual[lhs + c + e] + outputs[rhs + c + e];
+            if (c + e < n) residual[dst + c + e] = residual[lhs + c + e] + ${add_rhs};
         }
     }
 }
@@ -782,7 +821,7 @@ inline void add(ONCHIP float *restrict residual, ONCHIP float *restrict outputs,
 /* The greatest of n words, the first on a tie, through SHIFT_DEPTH running winners; the logits go to the host. */
 /* routine argmax */
 inline uint argmax(ONCHIP float *restrict outputs, __global float *restrict logits, const uint16 w) {
-    uint n = w.s4, src = (w.s2 & OFFSET_MASK) * OV;
+    uint n = w.s4, src = (w.s2 & OFFSET_MASK) * OV;${argmax_cap_let}
     float value[SHIFT_DEPTH + 1];
     uint index[SHIFT_DEPTH + 1];
     UNROLL(SHIFT_DEPTH + 1)
@@ -794,7 +833,7 @@ inline uint argmax(ONCHIP float *restrict outputs, __global float *restrict logi
         UNROLL(OV)
         for (uint e = 0; e < OV; e++) {
             if (c + e < n) {
-                float v = outputs[src + c + e];
+                float v = outputs[src + c + e];${argmax_cap}
                 logits[c + e] = v;
                 if (v > best || at == 0xffffffffu) { best = v; at = c + e; }
             }
@@ -834,7 +873,7 @@ TASK void d5005_compute(__global const uint16 *restrict program, const uint firs
     __global float *restrict attended = scratch + ATTENDED_AT, *restrict outputs = scratch + OUTPUTS_AT;
     __global float *restrict rotated = scratch + ROTATED_AT;
 #endif
-    __local float vector[VECTOR_WORDS] BANKED(OV);${bias_array}
+    __local float vector[VECTOR_WORDS] BANKED(OV);${bias_array}${prior_array}
     __local float queries[ROW_WORDS_MAX * GROUP_MAX * CPW] BANKED(GROUP_MAX * CPW);
     __local float cosines[ROPE_WORDS / 2] BANKED(OV);
     __local float sines[ROPE_WORDS / 2] BANKED(OV);${head_norm_array}
@@ -849,13 +888,13 @@ TASK void d5005_compute(__global const uint16 *restrict program, const uint firs
         const uint16 w = program[pc];
         switch (w.s0) {
         case OP_EMBED_ROW: embed_row(residual, &ch, w, token); break;
-        case OP_MATVEC: matvec(outputs, inputs, attended, vector${matvec_bias_arg}, &ch, w); break;
-        case OP_RMS_NORM: rms_norm(inputs, residual, &ch, w); break;
+        case OP_MATVEC: matvec(outputs, inputs, attended, vector${matvec_bias_arg}${matvec_prior_arg}, &ch, w); break;
+        case OP_RMS_NORM: rms_norm(inputs, residual${rms_norm_arg}, &ch, w); break;
         case OP_ROPE: rope(rotated, outputs, cosines, sines${rope_norm_arg}, &ch, w, position); break;
         case OP_CACHE_WRITE: cache_write(outputs, rotated, bank0, bank1, bank2, bank3, w, position); break;
         case OP_ATTENTION: attention(attended, rotated, outputs, queries, acc, &ch, w, position); break;
         case OP_SILU_MUL: silu_mul(inputs, outputs, w); break;
-        case OP_ADD: add(residual, outputs, w); break;
+        case OP_ADD: add(residual, ${add_arg}outputs, w); break;
         case OP_ARGMAX: result[0] = argmax(outputs, logits, w); break;
         default: break;
         }
@@ -1082,7 +1121,113 @@ def _body(features: frozenset[str]) -> str:
     optional |= _WINDOW if "window" in features else _UNWINDOWED
     optional |= {key: text if "head_norm" in features else "" for key, text in _HEAD_NORM.items()}
     optional |= _PARTIAL if "partial_rotary" in features else _WHOLE
+    optional |= _gemma(features)
+    optional["matvec_params"] = optional["matvec_bias_param"] + optional["matvec_prior_param"]
+    if "plus_one" in features and "head_norm" in features:  # the head norm's weights taken as one plus each
+        load = "head_weights[c * VECTOR_WIDTH + e] = WEIGHT_AT(word, e);"
+        optional["rope_norm_load"] = optional["rope_norm_load"].replace(
+            load, load[:-1] + " + SELECT(w.sc != 0u, 1.0f, 0.0f);"
+        )
     return Template(_TEMPLATE).substitute(optional, **_FIXED)
+
+
+def _columns(parts: bool) -> dict[str, str]:
+    """`columns`: a matvec over a part of its columns (w.sb the first, a multiple of the VECTOR_WORDS copy, so of a
+    bank word's weights and of OV; w.s5 the part's count), for an input longer than the copy: its bank readers
+    start each row's words at the first column's burst and the copy at the first column's bank word; a part after
+    the first (w.sb != 0) first copies what dst holds into `prior` (`matvec.prior`, a bank word a cycle) and adds
+    it to each total as it stores it, so the rows loop stores `outputs` without loading it."""
+    if not parts:
+        return {
+            "read_matvec_first": "",
+            "read_matvec_base": "w.s6",
+            "matvec_src": "(w.s2 & OFFSET_MASK) * OV",
+            "matvec_prior_load": "",
+            "matvec_prior_param": "",
+            "matvec_prior_arg": "",
+            "prior_array": "",
+            "matvec_accumulate": "",
+        }
+    return {
+        "read_matvec_first": "\n    uint base = w.s6 + w.sb * WEIGHT_BYTES / BURST_BYTES;",
+        "read_matvec_base": "base",
+        "matvec_src": "((w.s2 & OFFSET_MASK) + w.sb / OV) * OV",
+        "matvec_prior_load": """
+    uint adding = w.sb != 0u, prior_count = SELECT(adding, rows, 0u);
+    IVDEP
+    /* loop matvec.prior */
+    for (uint c = 0; c < prior_count; c += OV) {
+        UNROLL(OV)
+        for (uint e = 0; e < OV; e++) {
+            if (c + e < prior_count) prior[c + e] = outputs[dst + c + e];
+        }
+    }""",
+        "matvec_prior_param": " __local float *restrict prior,",
+        "matvec_prior_arg": ", prior",
+        "prior_array": "\n    __local float prior[PRIOR_WORDS] BANKED(OV);",
+        "matvec_accumulate": " + SELECT(adding, prior[k], 0.0f)",
+    }
+
+
+def _gemma(features: frozenset[str]) -> dict[str, str]:
+    """Gemma's parts: `embed_scale`, the embedding row times the word's float (0: none); `plus_one`, an RMS norm
+    (or a rope's head norm) by one plus its weight where the word's ctx is 1; `gelu_tanh`, the gated product's
+    gate GELU with the tanh approximation (PyTorch's) where the word's heads is 1; `sandwich`, an RMS norm that
+    reads a matvec's output in `outputs` and an add that reads its rhs in `inputs` (the sandwich norms: a matvec's
+    output normed into what the residual add reads), each from the array its buffer field names; `logit_softcap`,
+    the arg-max's words soft-capped (tanh(x / cap) * cap) where the word's float is a cap; `softcap`, the
+    attention's scores soft-capped where its word holds a cap. Each changes a routine's expressions, not its
+    loops."""
+    scaled, plus, gelu, sandwich, capped = (
+        f in features for f in ("embed_scale", "plus_one", "gelu_tanh", "sandwich", "logit_softcap")
+    )
+    silu = "(g * (tanh(g * 0.5f) * 0.5f + 0.5f))"
+    geglu = "((0.5f * g) * (1.0f + tanh(0.7978845608028654f * (g + 0.044715f * g * g * g))))"
+    weight = "(WEIGHT_AT(word, e) + plus)" if plus else "WEIGHT_AT(word, e)"
+    source = "SELECT(from == ARRAY_OUTPUTS, outputs[src + k], residual[src + k])" if sandwich else "residual[src + k]"
+    store = f"            if (k < n) inputs[dst + k] = ({source} * scale) * {weight};"
+    lets = ("\n    uint from = w.s2 >> ARRAY_SHIFT;" if sandwich else "") + (
+        "\n    float plus = SELECT(w.sc != 0u, 1.0f, 0.0f);" if plus else ""
+    )
+    return {
+        "embed_scale_let": "\n    float factor = SELECT(w.sd != 0u, as_float(w.sd), 1.0f);" if scaled else "",
+        "embed_scale": " * factor" if scaled else "",
+        "rms_norm_param": " ONCHIP float *restrict outputs," if sandwich else "",
+        "rms_norm_arg": ", outputs" if sandwich else "",
+        "rms_norm_let": lets,
+        "rms_norm_square_src": (
+            "SELECT(from == ARRAY_OUTPUTS, outputs[src + c + e], residual[src + c + e])"
+            if sandwich
+            else "residual[src + c + e]"
+        ),
+        "rms_norm_store": store,
+        "add_param": " ONCHIP float *restrict inputs," if sandwich else "",
+        "add_arg": "inputs, " if sandwich else "",
+        "add_let": "\n    uint from = w.s3 >> ARRAY_SHIFT;" if sandwich else "",
+        "add_rhs": (
+            "SELECT(from == ARRAY_INPUTS, inputs[rhs + c + e], outputs[rhs + c + e])"
+            if sandwich
+            else "outputs[rhs + c + e]"
+        ),
+        "gelu_let": "\n    uint gelu = w.s9;" if gelu else "",
+        "gated": f"SELECT(gelu, {geglu}, {silu})" if gelu else silu,
+        "count_mask": " & 0xffffu" if "softcap" in features else "",
+        **_columns("columns" in features),
+        "softcap_let": (
+            "\n    uint cap_bits = (w.s9 & 0xffff0000u) | (w.sa >> 16), capped = cap_bits != 0u;"
+            "\n    float cap = as_float(cap_bits);"
+            if "softcap" in features
+            else ""
+        ),
+        "score_row": (
+            "SELECT(capped, tanh(dot * scale / cap) * cap, dot * scale)" if "softcap" in features else "dot * scale"
+        ),
+        "score_own": (
+            "SELECT(capped, tanh(mine * scale / cap) * cap, mine * scale)" if "softcap" in features else "mine * scale"
+        ),
+        "argmax_cap_let": "\n    uint capped = w.sd != 0u;\n    float cap = as_float(w.sd);" if capped else "",
+        "argmax_cap": "\n                v = SELECT(capped, tanh(v / cap) * cap, v);" if capped else "",
+    }
 
 
 # The shift-register sums of the matvec's rows, the norm's squares and the softmax's exponentials (and the

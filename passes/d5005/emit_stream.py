@@ -60,11 +60,14 @@ class _Word:
 def _embed_row(op: d5005.EmbedRowOp, word: _Word) -> None:
     word.buffers((d5005.W_DST, op.dst))
     word.region(op.table)
+    if op.scale is not None:  # each number times it (0: none)
+        word.w[d5005.W_EMBED_SCALE] = _f32_bits(op.scale.value.data)
 
 
 def _matvec(op: d5005.MatvecOp, word: _Word) -> None:
     word.buffers((d5005.W_DST, op.dst), (d5005.W_A, op.src))
     word.region(op.weight)
+    word.w[d5005.W_FIRST], word.w[d5005.W_COLS] = op.part  # a part of the columns (the first, its count)
     if op.bias is not None:  # its length (0: none) and where it starts in bank 0
         word.w[d5005.W_BIAS] = op.bias.cols.data
         word.w[d5005.W_BIAS_OFFSET] = _burst_offset(op.bias, word.burst)
@@ -74,6 +77,7 @@ def _rms_norm(op: d5005.RMSNormOp, word: _Word) -> None:
     word.buffers((d5005.W_DST, op.dst), (d5005.W_A, op.src))
     word.region(op.weight)
     word.w[d5005.W_FLOAT] = _f32_bits(op.epsilon.value.data)
+    word.w[d5005.W_PLUS_ONE] = int(op.plus_one is not None)
 
 
 def _rope(op: d5005.RopeOp, word: _Word) -> None:
@@ -86,6 +90,7 @@ def _rope(op: d5005.RopeOp, word: _Word) -> None:
         word.w[d5005.W_HEAD_NORM] = 1
         word.w[d5005.W_NORM_OFFSET] = _burst_offset(op.norm, word.burst)
         word.w[d5005.W_FLOAT] = _f32_bits(op.epsilon.value.data)
+        word.w[d5005.W_PLUS_ONE] = int(op.plus_one is not None)
 
 
 def _cache_write(op: d5005.CacheWriteOp, word: _Word) -> None:
@@ -104,17 +109,25 @@ def _attention(op: d5005.AttentionOp, word: _Word) -> None:
     w[d5005.W_HEAD_DIM], w[d5005.W_CTX] = op.keys.cols.data, op.ctx
     scale = op.scale.value.data if op.scale is not None else 1 / np.sqrt(op.keys.cols.data)
     w[d5005.W_FLOAT] = _f32_bits(scale)  # as the reference scales, in float32
+    if op.softcap is not None:  # the cap's bits in the high halves of the two head counts
+        bits = _f32_bits(op.softcap.value.data)
+        w[d5005.W_SOFTCAP_HIGH] |= bits & ~d5005.COUNT_MASK & 0xFFFFFFFF
+        w[d5005.W_SOFTCAP_LOW] |= (bits & d5005.COUNT_MASK) << 16
     w[d5005.W_WINDOW] = op.window.value.data if op.window is not None else 0
 
 
 def _elementwise(op: d5005.ElementwiseOp, word: _Word) -> None:
     word.buffers((d5005.W_DST, op.dst), (d5005.W_A, op.lhs), (d5005.W_B, op.rhs))
     word.w[d5005.W_ROWS] = op.size.value.data
+    if isinstance(op, d5005.SiluMulOp) and op.gelu_tanh is not None:
+        word.w[d5005.W_GELU] = 1
 
 
 def _argmax(op: d5005.ArgmaxOp, word: _Word) -> None:
     word.buffers((d5005.W_A, op.src))
     word.w[d5005.W_ROWS] = op.size.value.data
+    if op.cap is not None:  # the logits soft-capped first (0: none)
+        word.w[d5005.W_CAP] = _f32_bits(op.cap.value.data)
 
 
 _FIELDS: dict[type[d5005.InstructionOp], Callable[..., None]] = {

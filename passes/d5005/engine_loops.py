@@ -140,7 +140,7 @@ def read_attention(s: Step) -> list[Loop]:
         mine = (past - first + banks - 1) // banks if past > first else 0
         return (_counted("read_attention.rows", "n", "mine * 2 * row_words", mine * 2 * row_words),)
 
-    kv_heads = s.field(d5005.W_KV_HEADS)
+    kv_heads = d5005.attention_counts(s.word)[1]
     return [Loop("read_attention.kv_heads", "for (uint h = 0; h < kv_heads; h++)", kv_heads, inner_of=head)]
 
 
@@ -158,9 +158,12 @@ def matvec(s: Step) -> list[Loop]:
     bias = s.field(d5005.W_BIAS)
     bias_words = s.words(bias, s["WEIGHT_BYTES"])
     biased = [_counted("matvec.bias", "c", "bias_words", bias_words)] if s.has("ENGINE_BIAS") else []
+    first = s.field(d5005.W_FIRST) if s.has("ENGINE_COLUMNS") else 0  # a part after the first: dst copied first
+    prior = [_by_ov("matvec.prior", "prior_count", rows if first else 0, s)] if s.has("ENGINE_COLUMNS") else []
     return [
         _by_ov("matvec.load", "words * VECTOR_WIDTH", words * s["VECTOR_WIDTH"], s),
         *biased,
+        *prior,
         _counted("matvec.rows", "i", "quads", ceil_div(rows, s["BANKS"]), inner=(row_words,)),
     ]
 
@@ -198,8 +201,8 @@ def attention(s: Step) -> list[Loop]:
     """One KV head at a time: its group's queries on chip (with their products with the position's own key),
     then one pass over its earlier rows, each row's key words then its value words, then the output, a bank word
     of one query head's an iteration."""
-    kv_heads = s.field(d5005.W_KV_HEADS)
-    group = s.field(d5005.W_HEADS) // max(kv_heads, 1)
+    heads, kv_heads, _ = d5005.attention_counts(s.word)
+    group = heads // max(kv_heads, 1)
     start = s.window_start // s["BANKS"] * s["BANKS"]  # the row of four holding the window's first row
     quads = ceil_div(s.position - 1 - start, s["BANKS"])
     row_words = s.words(s.field(d5005.W_HEAD_DIM), s["CACHE_BYTES"])

@@ -83,17 +83,17 @@ def test_each_buffer_lies_in_its_kinds_array_from_a_bank_word() -> None:
 
 
 def test_a_buffer_no_one_array_serves_is_refused_naming_both_routines() -> None:
-    """A norm's output read as an add's right-hand side: the norm writes only `inputs`, the add reads its rhs only
-    from `outputs`, so no array has both ports."""
+    """A norm's output read as an add's left-hand side: the norm writes only `inputs`, the add reads its lhs only
+    from `residual`, so no array has both ports."""
     from logos_ir.passes.d5005.convert_logos_to_d5005 import share_buffers
 
     table = d5005.RegionAttr("t", 0, 128, 16, 64, 2)
     weight = d5005.RegionAttr("w", 2048, 128, 1, 64, 2)
     x, n, s = (d5005.BufferOp(name, 64, 0) for name in ("x", "n", "s"))
     ops = [d5005.EmbedRowOp(x.buffer, table), d5005.RMSNormOp(n.buffer, x.buffer, weight, 1e-5)]
-    ops.append(d5005.AddOp(s.buffer, x.buffer, n.buffer, 64))
-    with pytest.raises(PassError, match=r"buffer 'n' is 'd5005.rms_norm' dst, in array inputs, and 'd5005.add'"
-                       r" reaches its rhs only in outputs: no on-chip array serves both"):  # fmt: skip
+    ops.append(d5005.AddOp(s.buffer, n.buffer, x.buffer, 64))
+    with pytest.raises(PassError, match=r"buffer 'n' is 'd5005.rms_norm' dst, in array inputs, and"
+                       r" 'd5005.add' reaches its lhs only in residual: no on-chip array serves both"):  # fmt: skip
         share_buffers(ops, d5005.EngineParams())
 
 

@@ -98,8 +98,8 @@ HEAD_NORMED = {"qwen3"}
 # pass over the window's rows, the wafer's window cached as a ring.
 WINDOWED = {"mistral-window", "qwen2-window"}
 # Gemma 2: its norms by one plus the weight, scaled embedding, GeGLU, soft-caps and sandwich norms on the reference,
-# on the CUDA lane (test_families_cuda.py) and on the wafer (test_families_spatial.py, with Gemma 3's local layers'
-# own rope base); the D5005 engine refuses the first it meets, the embedding's logos.scale, by name.
+# on the CUDA lane (test_families_cuda.py), on the D5005 engine (test_families_d5005_gemma.py) and on the wafer
+# (test_families_spatial.py), with Gemma 3's local layers' own rope base.
 GEMMA = {"gemma2", "gemma3_text", "gemma3_text-linear"}
 # The families shaped as a GGUF can say them (test_gguf_families reads each from the GGUF it writes): the same
 # operations as their families above, so the lanes' cells are those families'.
@@ -137,13 +137,11 @@ def test_qwen2s_biases_on_the_cuda_lane_give_transformers_tokens(tp: int) -> Non
 @pytest.mark.parametrize(
     ("family", "backend", "emulate", "refusal"),
     [
-        ("gemma2", "d5005", False, "'logos.scale' %hidden has no instruction on the D5005 engine"),
         ("mixtral", "cuda", True, "@main holds 'logos.experts', which the CUDA lane does not lower"),
         ("mixtral", "d5005", False, "'logos.experts' %routed has no instruction on the D5005 engine"),
         ("mixtral", "spatial", False, "the spatial grid does not lower 'logos.experts'"),
     ],
     ids=[
-        "d5005-gemma2",
         "cuda-mixtral",
         "d5005-mixtral",
         "spatial-mixtral",
