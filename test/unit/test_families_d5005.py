@@ -154,25 +154,36 @@ def test_the_bias_epilogue_edited_out_changes_the_tokens() -> None:
     """The bias the epilogue adds is what the tokens depend on: the engine with its add edited out (and nothing
     else) runs the same stream to other tokens than transformers'."""
     program = _lowered("qwen2")
-    store = open_model(str(FAMILIES / "qwen2"))
     source = engine_source(program.identity.data, program.params, engine_features(program))
+    stream = encode_stream(program, image_bytes(program))
     unbiased = edited(source, (" + SELECT(biased, biases[k], 0.0f)", ""))
-    engine = Engine(unbiased, encode_stream(program, image_bytes(program)), weight_image(program, store.spec, store))
-    run = GOLDENS["qwen2"]["runs"][0]
-    assert _greedy(engine, run) != run["tokens"]
+    _edit_changes_the_tokens("qwen2", source, stream, unbiased, stream)
 
 
 def _greedy(engine: Engine, run: dict) -> list[int]:
-    """The engine's greedy tokens after a golden run's prompt, as many as the run has, one decode step each."""
-    tokens, position = [], 1
-    for token in run["prompt"]:
-        predicted = engine.step(token, position)
-        position += 1
+    """The engine's greedy tokens after a golden run's prompt, as many as the run has, one decode step each (the
+    engine's tokens count from 1, the goldens' from 0)."""
+    tokens: list[int] = []
+    for position, token in enumerate(run["prompt"], start=1):
+        predicted = engine.step(token + 1, position)
+    position = len(run["prompt"]) + 1
     while len(tokens) < len(run["tokens"]):
-        tokens.append(predicted)
-        predicted = engine.step(predicted, position)
-        position += 1
+        tokens.append(predicted - 1)
+        if len(tokens) < len(run["tokens"]):
+            predicted = engine.step(predicted, position)
+            position += 1
     return tokens
+
+
+def _edit_changes_the_tokens(family: str, source: str, stream: bytes, edited_source: str, edited_stream: bytes) -> None:
+    """The engine as printed, stepped by `_greedy`, gives transformers' tokens; with one edit (its source's or its
+    stream's) it gives others: the goldens pin what the edit took out."""
+    program = _lowered(family)
+    store = open_model(str(FAMILIES / family))
+    image = weight_image(program, store.spec, store)
+    run = GOLDENS[family]["runs"][0]
+    assert _greedy(Engine(source, stream, image), run) == run["tokens"]
+    assert _greedy(Engine(edited_source, edited_stream, image), run) != run["tokens"]
 
 
 # -- sliding windows: the attention's pass bounded to the window -------------------------------------------------
@@ -227,13 +238,10 @@ def test_the_window_is_what_the_tokens_depend_on() -> None:
     """The same stream with each attention's window field cleared (every earlier position attended, the engine
     unchanged) gives other tokens than transformers': the goldens pin the bound."""
     program = _lowered("mistral-window")
-    store = open_model(str(FAMILIES / "mistral-window"))
     source = engine_source(program.identity.data, program.params, engine_features(program))
-    attention = d5005.OPCODES["d5005.attention"]
-    unbounded = _rewritten(encode_stream(program, image_bytes(program)), attention, d5005.W_WINDOW, 0)
-    engine = Engine(source, unbounded, weight_image(program, store.spec, store))
-    run = GOLDENS["mistral-window"]["runs"][0]
-    assert _greedy(engine, run) != run["tokens"]
+    stream = encode_stream(program, image_bytes(program))
+    unbounded = _rewritten(stream, d5005.OPCODES["d5005.attention"], d5005.W_WINDOW, 0)
+    _edit_changes_the_tokens("mistral-window", source, stream, source, unbounded)
 
 
 def _rewritten(stream: bytes, opcode: int, field: int, value: int, first_only: bool = False) -> bytes:
@@ -326,14 +334,10 @@ def test_the_head_norms_are_what_the_tokens_depend_on() -> None:
     """The same stream with each rope's norm flag cleared (the heads rotated unnormed, the engine unchanged) gives
     other tokens than transformers'."""
     program = _lowered("qwen3")
-    store = open_model(str(FAMILIES / "qwen3"))
     source = engine_source(program.identity.data, program.params, engine_features(program))
-    unnormed = _rewritten(
-        encode_stream(program, image_bytes(program)), d5005.OPCODES["d5005.rope"], d5005.W_HEAD_NORM, 0
-    )
-    engine = Engine(source, unnormed, weight_image(program, store.spec, store))
-    run = GOLDENS["qwen3"]["runs"][0]
-    assert _greedy(engine, run) != run["tokens"]
+    stream = encode_stream(program, image_bytes(program))
+    unnormed = _rewritten(stream, d5005.OPCODES["d5005.rope"], d5005.W_HEAD_NORM, 0)
+    _edit_changes_the_tokens("qwen3", source, stream, source, unnormed)
 
 
 def test_an_engine_without_head_norms_refuses_a_normed_stream() -> None:
