@@ -1,4 +1,5 @@
-"""GGUF files of Gemma 2, Gemma 3 and Phi-3, and SentencePiece tokenizers, as llama.cpp writes and reads them.
+"""GGUF files of Gemma 2, Gemma 3, Phi-3, Qwen2 and Qwen3, and SentencePiece tokenizers, as llama.cpp writes and
+reads them.
 
 Each family's tiny model made by transformers (`test/unit/families/<family>-gguf`, shaped as a GGUF can say it:
 llama.cpp's loader hard-codes a Gemma's query scale, its pattern of local and global layers, Gemma 3's local rope
@@ -230,3 +231,48 @@ def test_qwen2s_pre_tokenizer_splits_digits_one_by_one() -> None:
     qwen2 = Tokenizer.from_gguf_metadata({**base, "tokenizer.ggml.pre": "qwen2"}, "q.gguf")
     assert twelve in llama3.encode("a 123") and twelve not in qwen2.encode("a 123")
     assert qwen2.decode(qwen2.encode("a 123")) == "a 123"
+
+
+QWEN_TEMPLATE = (  # Qwen2.5's own, less its tools and default system turn
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_logos_run_on_a_qwen_gguf_gives_transformers_tokens_with_its_bpe_and_chat_template(
+    tmp_path: Path, family: str, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    """A `qwen2` or `qwen3` GGUF as llama.cpp's converter writes one (keys under the architecture, Q and K rows
+    unpermuted, a byte-level BPE vocabulary with the `qwen2` pre-tokenizer, no BOS, the chat template): `logos-run`
+    gives transformers' greedy tokens from its ids, and a question goes through the file's own template and
+    tokenizer (the vocabulary here is the 256 bytes alone, so each byte of the rendered text is its own id)."""
+    from test_weights import write_gguf
+
+    from logos_ir.testing import byte_level_alphabet
+    from logos_ir.tools import logos_run
+
+    runs = GOLDENS[family]["runs"]
+    eos = max(set(range(256)) - {t for run in runs for t in run["tokens"]})  # no golden run stops early
+
+    def tokenizer(writer: gguf.GGUFWriter) -> None:
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre("qwen2")
+        writer.add_token_list(byte_level_alphabet())
+        writer.add_token_types([1] * 256)
+        writer.add_token_merges([])
+        writer.add_eos_token_id(eos)
+        writer.add_add_bos_token(False)
+        writer.add_chat_template(QWEN_TEMPLATE)
+
+    folder = open_model(str(FAMILIES / family))
+    path = write_gguf(tmp_path / f"{family}.gguf", folder, gguf.GGMLQuantizationType.F32, arch=family, permute=False,
+                      extra=tokenizer)  # fmt: skip
+    assert open_model(str(path)).spec == folder.spec
+    for run in runs:
+        argv = ["--model", str(path), "--prompt-ids", ",".join(map(str, run["prompt"])), "-n", "12", "--json"]
+        assert logos_run.main(argv) == 0
+        assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["new_ids"] == run["tokens"]
+    assert logos_run.main(["--model", str(path), "--prompt", "hi", "-n", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["prompt_ids"] == list(b"<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
