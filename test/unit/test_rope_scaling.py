@@ -33,7 +33,7 @@ from logos_ir.registry import backends
 from logos_ir.rope import base_inv_freq, rope_inv_freq, yarn_ramp
 from logos_ir.runtime import RunRequest
 from logos_ir.spec import ModelSpec, RopeScaling
-from logos_ir.testing import mlir_text
+from logos_ir.testing import F32, STRING, mlir_text, model_gguf
 from logos_ir.weights import open_model
 from logos_ir.weights.store import ArrayStore
 
@@ -233,3 +233,22 @@ PHI3 = {"original_max_position_embeddings": 32}  # Phi-3 says LongRoPE's origina
 def test_a_long_context_scaling_a_program_cannot_say_is_refused_by_name(rope: dict, top: dict, message: str) -> None:
     with pytest.raises(SpecError, match=re.escape(message)):
         ModelSpec.from_hf_config(_config("llama", rope_scaling=rope, max_position_embeddings=128, **top))
+
+
+@pytest.mark.parametrize(
+    ("metadata", "tensors", "message"),
+    [
+        ([("llama.rope.scaling.type", STRING, "yarn"), ("llama.rope.scaling.factor", F32, 4.0)], [],
+         "rope scaling of type 'yarn' is not supported"),
+        ([], ["rope_factors_long.weight"], "tensor 'rope_factors_long.weight' is not read by the model's program"),
+        ([], ["rope_factors_short.weight"], "tensor 'rope_factors_short.weight' is not read by the model's program"),
+    ],
+    ids=["yarn", "long-factors", "short-factors"],
+)  # fmt: skip
+def test_a_ggufs_yarn_or_longrope_is_refused_by_name(
+    tmp_path: Path, metadata: list, tensors: list, message: str
+) -> None:
+    path = tmp_path / "model.gguf"
+    path.write_bytes(model_gguf(extra_metadata=metadata, extra_tensors=tensors))
+    with pytest.raises(LogosError, match=re.escape(message)):
+        open_model(str(path))
