@@ -597,8 +597,15 @@ def _long_context_scaling(config: Mapping[str, Any], scaling: Mapping[str, Any],
     _check_scaling_keys(scaling, kind, where)
     sub = f"{where} {kind} rope scaling"
     longest = config.get("max_position_embeddings")
-    inside = "original_max_position_embeddings" in scaling
-    holder = scaling if kind == "yarn" or inside else config  # Phi-3 says LongRoPE's original context at the top
+    if kind == "longrope" and scaling.get("original_max_position_embeddings") not in (
+        None,
+        config.get("original_max_position_embeddings"),
+    ):
+        raise SpecError(
+            f"{where}: a longrope rope scaling's original_max_position_embeddings is read at the config's top level"
+            " (as transformers reads it), not in the scaling"
+        )
+    holder = scaling if kind == "yarn" else config  # Phi-3 says LongRoPE's original context at the top level
     original = holder.get("original_max_position_embeddings")
     if original is not None or kind == "longrope":
         original = _field(holder, sub, "original_max_position_embeddings", int)
@@ -615,9 +622,9 @@ def _long_context_scaling(config: Mapping[str, Any], scaling: Mapping[str, Any],
         raise SpecError(f"{sub}: field 'factor' must be a number, not {stated!r}")
     if kind == "yarn" and stated is None:
         raise SpecError(f"{sub}: required field 'factor' is missing")
-    if kind == "yarn" and float(stated) != factor:
+    if stated is not None and float(stated) != factor:
         raise SpecError(
-            f"{where}: the yarn rope scaling's factor is {stated!r}, but max_position_embeddings over"
+            f"{where}: the {kind} rope scaling's factor is {stated!r}, but max_position_embeddings over"
             f" original_max_position_embeddings is {longest} / {original} = {factor!r}, by which transformers scales"
             " (llama.cpp and vLLM by the factor): say one factor"
         )

@@ -34,7 +34,7 @@ from logos_ir.rope import base_inv_freq, rope_inv_freq, yarn_ramp
 from logos_ir.runtime import RunRequest
 from logos_ir.spec import ModelSpec, RopeScaling
 from logos_ir.testing import F32, STRING, mlir_text, model_gguf
-from logos_ir.weights import open_model
+from logos_ir.weights import hf_config, open_model
 from logos_ir.weights.store import ArrayStore
 
 FAMILIES = Path(__file__).parent / "families"
@@ -145,17 +145,23 @@ def test_the_scaling_and_its_attention_factor_are_what_the_tokens_depend_on(llam
     assert scaled != _reference(replace(spec, rope_scaling=unscaled_cos), arrays, PROMPT, 6)
 
 
-@pytest.mark.parametrize("scaling", [YARN, LONGROPE], ids=["yarn", "longrope"])
+# each kind on each lane that computes it, the CUDA lane's YaRN run split over two chips (its tables per chip)
+LANE_RUNS = [
+    ("cuda", True, 1, LONGROPE),
+    ("cuda", True, 2, YARN),
+    ("d5005", False, 1, YARN),
+    ("d5005", False, 1, LONGROPE),
+]
+
+
 @pytest.mark.parametrize(
-    ("backend", "emulate", "tp"),
-    [("cuda", True, 1), ("cuda", True, 2), ("d5005", False, 1)],
-    ids=["cuda-emulated", "cuda-emulated-tp2", "d5005-pocl"],
+    ("backend", "emulate", "tp", "scaling"),
+    LANE_RUNS,
+    ids=["cuda-emulated-longrope", "cuda-emulated-tp2-yarn", "d5005-pocl-yarn", "d5005-pocl-longrope"],
 )
 def test_the_lanes_rope_tables_give_the_references_tokens(
-    llama, scaling: RopeScaling, backend: str, emulate: bool, tp: int
+    llama, backend: str, emulate: bool, tp: int, scaling: RopeScaling
 ) -> None:
-    if tp == 2 and scaling is LONGROPE:
-        pytest.skip("one split run")
     spec, arrays = llama
     spec = replace(spec, rope_scaling=scaling)
     expected = _reference(spec, arrays, PROMPT, 4)
@@ -252,3 +258,20 @@ def test_a_ggufs_yarn_or_longrope_is_refused_by_name(
     path.write_bytes(model_gguf(extra_metadata=metadata, extra_tensors=tensors))
     with pytest.raises(LogosError, match=re.escape(message)):
         open_model(str(path))
+
+
+@pytest.mark.parametrize("scaling", [YARN, LONGROPE], ids=["yarn", "longrope"])
+def test_a_written_config_reads_back_to_the_same_scaling(scaling: RopeScaling) -> None:
+    spec = replace(TINY, rope_scaling=scaling)
+    config = hf_config(spec)
+    assert config["max_position_embeddings"] == {"yarn": 64, "longrope": 128}[scaling.rope_type]
+    assert ModelSpec.from_hf_config(config) == spec
+
+
+def test_a_longrope_original_context_only_in_the_scaling_is_refused() -> None:
+    """transformers 5 reads LongRoPE's original context from the config's top level only (else it is
+    max_position_embeddings, and `factor` the scaling's): one given in the scaling alone is ambiguous."""
+    config = hf_config(replace(TINY, rope_scaling=LONGROPE))
+    config["rope_scaling"]["original_max_position_embeddings"] = config.pop("original_max_position_embeddings")
+    with pytest.raises(SpecError, match="is read at the config's top level"):
+        ModelSpec.from_hf_config(config)
