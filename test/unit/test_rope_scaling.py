@@ -275,3 +275,14 @@ def test_a_longrope_original_context_only_in_the_scaling_is_refused() -> None:
     config["rope_scaling"]["original_max_position_embeddings"] = config.pop("original_max_position_embeddings")
     with pytest.raises(SpecError, match="is read at the config's top level"):
         ModelSpec.from_hf_config(config)
+
+
+def test_the_spatial_lane_rotates_by_yarns_frequencies(llama) -> None:
+    """The wafer's rotary tables are the frequencies: a YaRN scaling with an attention factor of 1 (a config that
+    says one) runs there and gives the reference's tokens, which are not the unscaled model's."""
+    spec, arrays = llama
+    yarn = replace(spec, rope_scaling=replace(YARN, attention_factor=1.0))
+    expected = _reference(yarn, arrays, PROMPT, 3)
+    assert expected != _reference(spec, arrays, PROMPT, 3)
+    request = RunRequest(ArrayStore(yarn, arrays), ctx=32, weights="f32")
+    assert backends()["spatial"].generator()(request).generate(PROMPT, 3) == expected
