@@ -248,8 +248,145 @@ class LinearRopeScalingAttr(ParametrizedAttribute):
             return [_parse_float(parser)]
 
 
-def scaling_attr(scaling: RopeScaling) -> RopeScalingAttr | LinearRopeScalingAttr:
-    """The attribute that says `scaling`: Llama 3's or a linear one."""
+YARN_FLOAT_KEYS = ("beta_fast", "beta_slow", "attention_factor")
+
+
+@irdl_attr_definition
+class YarnRopeScalingAttr(ParametrizedAttribute):
+    """YaRN's rotary frequency scaling (`logos_ir.rope.yarn_inv_freq`), with the attention factor that scales cos
+    and sin, as the spec's `RopeScaling` of type `yarn` holds it.
+
+    ```mlir
+    #logos.yarn_rope_scaling<factor = 4.0, original_max_position_embeddings = 32768, beta_fast = 32.0,
+                             beta_slow = 1.0, attention_factor = 1.1386294361119891>
+    ```
+    """
+
+    name = "logos.yarn_rope_scaling"
+
+    factor: FloatAttr[Float64Type]
+    original_max_position_embeddings: IntegerAttr[I64]
+    beta_fast: FloatAttr[Float64Type]
+    beta_slow: FloatAttr[Float64Type]
+    attention_factor: FloatAttr[Float64Type]
+
+    @staticmethod
+    def of(scaling: RopeScaling) -> YarnRopeScalingAttr:
+        return YarnRopeScalingAttr(
+            FloatAttr(scaling.factor, f64),
+            IntegerAttr(scaling.original_max_position_embeddings, i64),
+            *(FloatAttr(getattr(scaling, key), f64) for key in YARN_FLOAT_KEYS),
+        )
+
+    @property
+    def scaling(self) -> RopeScaling:
+        return RopeScaling(
+            self.factor.value.data,
+            original_max_position_embeddings=self.original_max_position_embeddings.value.data,
+            rope_type="yarn",
+            **{key: getattr(self, key).value.data for key in YARN_FLOAT_KEYS},
+        )
+
+    def print_parameters(self, printer: Printer) -> None:
+        rest = ", ".join(f"{key} = {_float_text(getattr(self, key).value.data)}" for key in YARN_FLOAT_KEYS)
+        size = self.original_max_position_embeddings.value.data
+        printer.print_string(
+            f"<factor = {_float_text(self.factor.value.data)}, original_max_position_embeddings = {size}, {rest}>"
+        )
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        with parser.in_angle_brackets():
+            _parse_entry(parser, "factor", True)
+            values: list[Attribute] = [_parse_float(parser)]
+            _parse_entry(parser, "original_max_position_embeddings", False)
+            values.append(IntegerAttr(parser.parse_integer(allow_boolean=False), i64))
+            for key in YARN_FLOAT_KEYS:
+                _parse_entry(parser, key, False)
+                values.append(_parse_float(parser))
+        return values
+
+
+@irdl_attr_definition
+class LongRopeScalingAttr(ParametrizedAttribute):
+    """LongRoPE's rotary frequency scaling: each pair's frequency divided by its own factor (the ones the program
+    uses for its context), cos and sin scaled by the attention factor, as the spec's `RopeScaling` of type
+    `longrope` holds it (`factor` and the original context say where the attention factor comes from).
+
+    ```mlir
+    #logos.longrope_scaling<factor = 32.0, original_max_position_embeddings = 4096,
+                            attention_factor = 1.1902380714238083, factors = array<f64: 1.0, 1.5, 2.0>>
+    ```
+    """
+
+    name = "logos.longrope_scaling"
+
+    factor: FloatAttr[Float64Type]
+    original_max_position_embeddings: IntegerAttr[I64]
+    attention_factor: FloatAttr[Float64Type]
+    factors: DenseArrayBase[Float64Type]
+
+    @staticmethod
+    def of(scaling: RopeScaling) -> LongRopeScalingAttr:
+        assert scaling.factors is not None
+        return LongRopeScalingAttr(
+            FloatAttr(scaling.factor, f64),
+            IntegerAttr(scaling.original_max_position_embeddings, i64),
+            FloatAttr(scaling.attention_factor, f64),
+            DenseArrayBase.from_list(f64, scaling.factors),
+        )
+
+    @property
+    def scaling(self) -> RopeScaling:
+        return RopeScaling(
+            self.factor.value.data,
+            original_max_position_embeddings=self.original_max_position_embeddings.value.data,
+            rope_type="longrope",
+            attention_factor=self.attention_factor.value.data,
+            factors=tuple(float(v) for v in self.factors.get_values()),
+        )
+
+    def print_parameters(self, printer: Printer) -> None:
+        size = self.original_max_position_embeddings.value.data
+        factors = ", ".join(_float_text(float(v)) for v in self.factors.get_values())
+        printer.print_string(
+            f"<factor = {_float_text(self.factor.value.data)}, original_max_position_embeddings = {size}, "
+            f"attention_factor = {_float_text(self.attention_factor.value.data)}, factors = array<f64: {factors}>>"
+        )
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        with parser.in_angle_brackets():
+            _parse_entry(parser, "factor", True)
+            values: list[Attribute] = [_parse_float(parser)]
+            _parse_entry(parser, "original_max_position_embeddings", False)
+            values.append(IntegerAttr(parser.parse_integer(allow_boolean=False), i64))
+            _parse_entry(parser, "attention_factor", False)
+            values.append(_parse_float(parser))
+            _parse_entry(parser, "factors", False)
+            factors = parser.parse_attribute()
+            if not isinstance(factors, DenseArrayBase) or factors.elt_type != f64:
+                parser.raise_error("expected the factors as array<f64: ...>")
+            values.append(factors)
+        return values
+
+
+ScalingAttr = RopeScalingAttr | LinearRopeScalingAttr | YarnRopeScalingAttr | LongRopeScalingAttr
+# the rotation's property that holds each kind of scaling
+SCALING_PROPS = {
+    "llama3": "scaling",
+    "linear": "linear_scaling",
+    "yarn": "yarn_scaling",
+    "longrope": "longrope_scaling",
+}
+
+
+def scaling_attr(scaling: RopeScaling) -> ScalingAttr:
+    """The attribute that says `scaling`, of its kind."""
+    if scaling.rope_type == "yarn":
+        return YarnRopeScalingAttr.of(scaling)
+    if scaling.rope_type == "longrope":
+        return LongRopeScalingAttr.of(scaling)
     if scaling.rope_type == "linear":
         return LinearRopeScalingAttr(FloatAttr(scaling.factor, f64))
     return RopeScalingAttr.of(scaling)
@@ -295,7 +432,7 @@ class ModelAttr(ParametrizedAttribute):
     rms_eps: FloatAttr[Float64Type]
     rope_theta: FloatAttr[Float64Type]
     tie_embeddings: BoolAttr
-    rope_scaling: RopeScalingAttr | LinearRopeScalingAttr | NoneAttr
+    rope_scaling: RopeScalingAttr | LinearRopeScalingAttr | YarnRopeScalingAttr | LongRopeScalingAttr | NoneAttr
     rotary_dim: IntegerAttr[I64] | NoneAttr  # the numbers of each head that rotate (none: all of them)
     sliding_window: IntegerAttr[I64] | NoneAttr
     full_layers: DenseArrayBase[I64]  # the layers that attend the whole cache despite the window (empty: not printed)
@@ -854,7 +991,7 @@ class RopeOp(LogosOp):
     """Rotary position embedding of each head of each row at that row's position (from 1), rotating the two halves
     of each head (the Hugging Face Llama convention), or of its first `rotary_dim` numbers only, the rest passed
     through (Phi-3's partial rotary). `scaling` holds Llama 3's frequency scaling, `linear_scaling` a linear one,
-    where the rotation has it (`rope_scaling` reads either).
+    `yarn_scaling` YaRN's, `longrope_scaling` LongRoPE's, where the rotation has one (`rope_scaling` reads it).
 
     ```mlir
     %turned = logos.rope %q, %position head_dim 16 theta 1.0e+04 : f64
@@ -871,20 +1008,25 @@ class RopeOp(LogosOp):
     theta = prop_def(FloatAttr)
     scaling = opt_prop_def(RopeScalingAttr)
     linear_scaling = opt_prop_def(LinearRopeScalingAttr)
+    yarn_scaling = opt_prop_def(YarnRopeScalingAttr)
+    longrope_scaling = opt_prop_def(LongRopeScalingAttr)
     result = result_def(TensorType)
 
     traits = traits_def(Pure())
 
     assembly_format = (
         "$input `,` $positions `head_dim` $head_dim (`rotary_dim` $rotary_dim^)? `theta` $theta (`scaling` $scaling^)? "
-        "(`linear_scaling` $linear_scaling^)? attr-dict `:` functional-type(operands, results)"
+        "(`linear_scaling` $linear_scaling^)? (`yarn_scaling` $yarn_scaling^)? "
+        "(`longrope_scaling` $longrope_scaling^)? attr-dict `:` functional-type(operands, results)"
     )
 
     @property
     def rope_scaling(self) -> RopeScaling | None:
         """The scaling this rotation applies, of either kind, or None."""
-        said = self.scaling if self.scaling is not None else self.linear_scaling
-        return None if said is None else said.scaling
+        said = [
+            s for s in (self.scaling, self.linear_scaling, self.yarn_scaling, self.longrope_scaling) if s is not None
+        ]
+        return None if not said else said[0].scaling
 
     def check_(self) -> None:
         x, positions = tensor_shape(self.input), tensor_shape(self.positions)
@@ -896,8 +1038,12 @@ class RopeOp(LogosOp):
         rotary = self.rotary_dim
         if rotary is not None and not (2 <= rotary.value.data < head_dim and rotary.value.data % 2 == 0):
             raise _fail(self, f"cannot rotate {rotary.value.data} numbers of each head of {head_dim}")
-        if self.scaling is not None and self.linear_scaling is not None:
-            raise _fail(self, "scales its frequencies twice: Llama 3's scaling and a linear one")
+        kinds = ("Llama 3's scaling", "a linear one", "YaRN's", "LongRoPE's")
+        props = (self.scaling, self.linear_scaling, self.yarn_scaling, self.longrope_scaling)
+        said = [kind for kind, prop in zip(kinds, props, strict=True) if prop is not None]
+        if len(said) > 1:
+            times = "twice" if len(said) == 2 else f"{len(said)} times"
+            raise _fail(self, f"scales its frequencies {times}: {', '.join(said[:-1])} and {said[-1]}")
         _expect_same(self, "result shape", tensor_shape(self.result), x)
 
 
@@ -1351,5 +1497,5 @@ LOGOS = Dialect(
         RowOp,
         ArgmaxOp,
     ],
-    [ModelAttr, RopeScalingAttr, LinearRopeScalingAttr],
+    [ModelAttr, RopeScalingAttr, LinearRopeScalingAttr, YarnRopeScalingAttr, LongRopeScalingAttr],
 )

@@ -219,7 +219,7 @@ class SectionBuilder:
             props["rotary_dim"] = integer(self.spec.rotary_dim)
         scaling = self.spec.rope_scaling if layer is None else self.spec.rope_scaling_of(layer)
         if scaling is not None:
-            props["scaling" if scaling.rope_type == "llama3" else "linear_scaling"] = logos.scaling_attr(scaling)
+            props[logos.SCALING_PROPS[scaling.rope_type]] = logos.scaling_attr(scaling)
         op = logos.RopeOp.create(operands=[x, positions], properties=props, result_types=[x.type])
         return self._let(op, name)
 

@@ -193,6 +193,14 @@ _SCALING = re.compile(
     rf"The rotary frequencies are scaled as in Llama 3 by {_N}, with low frequency factor {_N}, "
     rf"high frequency factor {_N} and original context {_N}\."
 )
+_YARN = re.compile(
+    rf"The rotary frequencies are scaled by YaRN by {_N} over original context {_N}, ramped between {_N} and "
+    rf"{_N} turns, with cos and sin scaled by {_N}\."
+)
+_LONGROPE = re.compile(
+    rf"The rotary frequencies are divided by LongRoPE's factors (\S+(?:, \S+)*) for {_N} times original context "
+    rf"{_N}, with cos and sin scaled by {_N}\."
+)
 _WINDOW = re.compile(
     rf"Attention looks back over a sliding window of {_N} positions?"
     r"(?:, except in layers? ([0-9]+(?:(?:, | and )[0-9]+)*))?\."
@@ -326,7 +334,45 @@ def _rotary(src: _Source, line: _Line) -> int:
     return int(_number(src, line, match[1], len(INDENT) + match.start(1) + 1, int))
 
 
+def _long_scaling(src: _Source, line: _Line) -> RopeScaling | None:
+    """YaRN's or LongRoPE's scaling fact, or None where the line is neither."""
+    text = line.text[len(INDENT) :]
+    yarn, longrope = _YARN.fullmatch(text), _LONGROPE.fullmatch(text)
+    if yarn is None and longrope is None:
+        return None
+    match = yarn or longrope
+    assert match is not None
+    col = [len(INDENT) + match.start(i) + 1 for i in range(1, match.re.groups + 1)]
+    try:
+        if yarn is not None:
+            return RopeScaling(
+                factor=float(_number(src, line, yarn[1], col[0], float)),
+                original_max_position_embeddings=int(_number(src, line, yarn[2], col[1], int)),
+                rope_type="yarn",
+                beta_fast=float(_number(src, line, yarn[4], col[3], float)),
+                beta_slow=float(_number(src, line, yarn[3], col[2], float)),
+                attention_factor=float(_number(src, line, yarn[5], col[4], float)),
+            )
+        assert longrope is not None
+        factors, at = [], col[0]
+        for word in longrope[1].split(", "):
+            factors.append(float(_number(src, line, word, at, float)))
+            at += len(word) + 2
+        return RopeScaling(
+            factor=float(_number(src, line, longrope[2], col[1], float)),
+            original_max_position_embeddings=int(_number(src, line, longrope[3], col[2], int)),
+            rope_type="longrope",
+            attention_factor=float(_number(src, line, longrope[4], col[3], float)),
+            factors=tuple(factors),
+        )
+    except SpecError as error:
+        raise src.error(line.number, len(INDENT) + 1, error.message) from None
+
+
 def _scaling(src: _Source, line: _Line) -> RopeScaling:
+    long = _long_scaling(src, line)
+    if long is not None:
+        return long
     linear = _LINEAR.fullmatch(line.text[len(INDENT) :])
     if linear:  # whether the windowed layers are left out is checked against the model (the canonical facts)
         try:
@@ -342,7 +388,10 @@ def _scaling(src: _Source, line: _Line) -> RopeScaling:
             "malformed rotary scaling fact",
             "write 'The rotary frequencies are scaled as in Llama 3 by 8.0, with low frequency factor "
             "1.0, high frequency factor 4.0 and original context 8192.' or 'The rotary frequencies are divided by "
-            "8.0 (linear scaling).'",
+            "8.0 (linear scaling).' or 'The rotary frequencies are scaled by YaRN by 4.0 over original context 32768, "
+            "ramped between 1.0 and 32.0 turns, with cos and sin scaled by 1.1386294361119891.' or 'The rotary "
+            "frequencies are divided by LongRoPE's factors 1.0, 1.5 for 32.0 times original context 4096, with cos and "
+            "sin scaled by 1.1902380714238083.'",
         )
     col = [len(INDENT) + match.start(i) + 1 for i in range(1, 5)]
     try:

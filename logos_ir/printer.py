@@ -67,13 +67,27 @@ FEATURE_FACTS: dict[str, str] = {
 
 
 def scaling_fact(spec: ModelSpec) -> str:
-    """The sentence of the model's rotary scaling: Llama 3's, or a linear one (not in the windowed layers where
+    """The sentence of the model's rotary scaling: Llama 3's, YaRN's, LongRoPE's (the factors the program uses), or a
+    linear one (not in the windowed layers where
     those rotate with a base of their own, Gemma 3's)."""
     s = spec.rope_scaling
     assert s is not None
     if s.rope_type == "linear":
         where = "" if spec.local_rope_theta is None else ", except in the layers with a sliding window"
         return f"The rotary frequencies are divided by {s.factor!r} (linear scaling){where}."
+    if s.rope_type == "yarn":
+        return (
+            f"The rotary frequencies are scaled by YaRN by {s.factor!r} over original context "
+            f"{s.original_max_position_embeddings}, ramped between {s.beta_slow!r} and {s.beta_fast!r} turns, with cos "
+            f"and sin scaled by {s.attention_factor!r}."
+        )
+    if s.rope_type == "longrope":
+        assert s.factors is not None
+        return (
+            f"The rotary frequencies are divided by LongRoPE's factors {', '.join(repr(f) for f in s.factors)} for "
+            f"{s.factor!r} times original context {s.original_max_position_embeddings}, with cos and sin scaled by "
+            f"{s.attention_factor!r}."
+        )
     return (
         f"The rotary frequencies are scaled as in Llama 3 by {s.factor!r}, with low frequency factor "
         f"{s.low_freq_factor!r}, high frequency factor {s.high_freq_factor!r} and original context "

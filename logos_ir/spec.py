@@ -59,37 +59,82 @@ _LAYER_TENSOR = re.compile(r"model\.layers\.(?P<layer>0|[1-9][0-9]*)\.(?P<role>.
 class RopeScaling:
     """Rotary frequency scaling: Llama 3.1/3.2's (`rope_type: llama3`: wavelengths longer than the original context
     over `low_freq_factor` divided by `factor`, those shorter than over `high_freq_factor` kept, a smooth blend
-    between) or linear (`rope_type: linear`: every frequency divided by `factor`, which interpolates positions;
-    Gemma 3's global layers, long-context Llama 2s), whose other fields are None."""
+    between), linear (`rope_type: linear`: every frequency divided by `factor`, which interpolates positions;
+    Gemma 3's global layers, long-context Llama 2s), YaRN's (`rope_type: yarn`: the frequencies that turn fewer than
+    `beta_slow` times over the original context divided by `factor`, those that turn more than `beta_fast` times
+    kept, a linear ramp over the pairs between; Qwen2.5/Qwen3's long-context configs) or LongRoPE's (`rope_type:
+    longrope`: each pair's frequency divided by its own factor, `factors`, the ones a program uses for its context;
+    Phi-3/Phi-4-mini). YaRN and LongRoPE scale cos and sin by `attention_factor`. A field a kind does not have is
+    None."""
 
     factor: float
     low_freq_factor: float | None = None
     high_freq_factor: float | None = None
     original_max_position_embeddings: int | None = None
     rope_type: str = "llama3"
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+    attention_factor: float | None = None
+    factors: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        if self.rope_type not in ("llama3", "linear"):
-            raise SpecError(f"rope scaling of type '{self.rope_type}' is not supported (only 'llama3' and 'linear')")
-        floats = ("factor", "low_freq_factor", "high_freq_factor") if self.rope_type == "llama3" else ("factor",)
+        kinds = ("llama3", "linear", "yarn", "longrope")
+        if self.rope_type not in kinds:
+            raise SpecError(
+                f"rope scaling of type '{self.rope_type}' is not supported (only {', '.join(repr(k) for k in kinds)})"
+            )
+        floats = {
+            "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
+            "linear": ("factor",),
+            "yarn": ("factor", "beta_fast", "beta_slow", "attention_factor"),
+            "longrope": ("factor", "attention_factor"),
+        }[self.rope_type]
+        ints = () if self.rope_type == "linear" else ("original_max_position_embeddings",)
+        tuples = ("factors",) if self.rope_type == "longrope" else ()
         for name in floats:
             value = getattr(self, name)
             if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise SpecError(f"rope scaling {name} must be a positive number, not {value!r}")
-        if self.rope_type == "linear":
-            for name in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
-                if getattr(self, name) is not None:
-                    raise SpecError(f"a linear rope scaling has only a factor, not '{name}'")
-            return
-        assert self.low_freq_factor is not None and self.high_freq_factor is not None
-        if self.high_freq_factor <= self.low_freq_factor:
-            raise SpecError("rope scaling high_freq_factor must be greater than low_freq_factor")
-        if not (isinstance(self.original_max_position_embeddings, int) and self.original_max_position_embeddings >= 1):
-            raise SpecError("rope scaling original_max_position_embeddings must be a positive integer")
+        for name in ints:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not (isinstance(value, int) and value >= 1):
+                raise SpecError(f"rope scaling {name} must be a positive integer")
+        for name in tuples:
+            value = getattr(self, name)
+            ok = isinstance(value, tuple) and len(value) >= 1
+            if not ok or any(
+                isinstance(v, bool) or not (isinstance(v, float) and math.isfinite(v) and v > 0) for v in value
+            ):
+                raise SpecError(f"rope scaling {name} must be a list of positive numbers, not {value!r}")
+        for name in (
+            "low_freq_factor",
+            "high_freq_factor",
+            "original_max_position_embeddings",
+            "beta_fast",
+            "beta_slow",
+            "attention_factor",
+            "factors",
+        ):
+            if name not in (*floats, *ints, *tuples) and getattr(self, name) is not None:
+                raise SpecError(f"a {self.rope_type} rope scaling has no '{name}'")
+        if self.rope_type == "llama3":
+            assert self.low_freq_factor is not None and self.high_freq_factor is not None
+            if self.high_freq_factor <= self.low_freq_factor:
+                raise SpecError("rope scaling high_freq_factor must be greater than low_freq_factor")
+        if self.rope_type == "yarn":
+            assert self.beta_fast is not None and self.beta_slow is not None
+            if self.beta_fast <= self.beta_slow:
+                raise SpecError("rope scaling beta_fast must be greater than beta_slow")
 
     def to_dict(self) -> dict[str, Any]:
-        """As a config.json's `rope_scaling` says it (a linear one: its type and factor only)."""
-        return {key: value for key, value in vars(self).items() if value is not None}
+        """As a config.json's `rope_scaling` says it (a linear one: its type and factor only; a LongRoPE one: its
+        factors as both the short and the long ones, with the factor as `max_position_embeddings` over the original
+        context, which the writer of the config says)."""
+        out = {key: value for key, value in vars(self).items() if value is not None}
+        if self.factors is not None:
+            del out["factors"]
+            out["short_factor"] = out["long_factor"] = list(self.factors)
+        return out
 
 
 @dataclass(frozen=True)
@@ -200,6 +245,9 @@ class ModelSpec:
             self.sliding_window is None or (scaling is not None and scaling.rope_type != "linear")
         ):
             raise SpecError("'local_rope_theta' needs a sliding window, and no rope scaling but a linear one")
+        pairs = (self.rotary_dim or self.head_dim) // 2
+        if scaling is not None and scaling.factors is not None and len(scaling.factors) != pairs:
+            raise SpecError(f"a LongRoPE scaling has {len(scaling.factors)} factors, not one for each of {pairs} pairs")
         for name in ("query_pre_attn_scalar", "attention_softcap", "final_softcap", "local_rope_theta"):
             value = getattr(self, name)
             if value is None:
@@ -419,6 +467,10 @@ def _field(config: Mapping[str, Any], where: str, key: str, kind: type | tuple[t
     return value
 
 
+_SCALING_KEYS_ALL = (
+    ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate"),
+    ("short_factor", "long_factor"),
+)
 _ROPE_KEYS = frozenset(
     {
         "rope_theta",
@@ -428,6 +480,7 @@ _ROPE_KEYS = frozenset(
         "low_freq_factor",
         "high_freq_factor",
         "original_max_position_embeddings",
+        *(key for keys in _SCALING_KEYS_ALL for key in keys),
     }
 )
 
@@ -493,8 +546,14 @@ def _rope_settings(
             if key not in ("rope_type", "type", "factor", "rope_theta", "partial_rotary_factor"):
                 raise SpecError(f"{where}: key '{key}' of a linear rope scaling is not one logos-ir reads")
         return float(theta), RopeScaling(float(_field(scaling, sub, "factor", (int, float))), rope_type="linear"), local
+    if rope_type in ("yarn", "longrope"):
+        return float(theta), _long_context_scaling(config, scaling, rope_type, where), local
     if rope_type != "llama3":
-        raise SpecError(f"{where}: rope scaling of type '{rope_type}' is not supported (only 'llama3' and 'linear')")
+        raise SpecError(
+            f"{where}: rope scaling of type '{rope_type}' is not supported (only 'llama3', 'linear', 'yarn' and"
+            " 'longrope')"
+        )
+    _check_scaling_keys(scaling, "llama3", where)
     return (
         float(theta),
         RopeScaling(
@@ -504,6 +563,117 @@ def _rope_settings(
             original_max_position_embeddings=_field(scaling, sub, "original_max_position_embeddings", int),
         ),
         local,
+    )
+
+
+# the keys each kind of rope scaling reads (besides its type, the rope base and a partial rotary factor)
+_SCALING_KEYS = {
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": (
+        "factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "mscale",
+        "mscale_all_dim", "truncate",
+    ),
+    "longrope": ("factor", "original_max_position_embeddings", "attention_factor", "short_factor", "long_factor"),
+}  # fmt: skip
+
+
+def _check_scaling_keys(scaling: Mapping[str, Any], kind: str, where: str) -> None:
+    for key in scaling:
+        if key not in ("rope_type", "type", "rope_theta", "partial_rotary_factor", *_SCALING_KEYS[kind]):
+            raise SpecError(f"{where}: key '{key}' of a {kind} rope scaling is not one logos-ir reads")
+
+
+def _mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's attention factor for a context `scale` times the original (transformers' `get_mscale`)."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _long_context_scaling(config: Mapping[str, Any], scaling: Mapping[str, Any], kind: str, where: str) -> RopeScaling:
+    """YaRN's or LongRoPE's scaling as transformers 5 computes it from a config (`_compute_yarn_parameters`,
+    `_compute_longrope_parameters`). Where the config gives the original context, transformers scales by
+    `max_position_embeddings` over it, llama.cpp and vLLM by `factor`: a config where the two differ is refused.
+    A LongRoPE config whose short and long factors differ is refused: which a program uses depends on its context
+    (the long ones past the original, llama.cpp's rule), which a spec does not know."""
+    _check_scaling_keys(scaling, kind, where)
+    sub = f"{where} {kind} rope scaling"
+    longest = config.get("max_position_embeddings")
+    if kind == "longrope" and scaling.get("original_max_position_embeddings") not in (
+        None,
+        config.get("original_max_position_embeddings"),
+    ):
+        raise SpecError(
+            f"{where}: a longrope rope scaling's original_max_position_embeddings is read at the config's top level"
+            " (as transformers reads it), not in the scaling"
+        )
+    holder = scaling if kind == "yarn" else config  # Phi-3 says LongRoPE's original context at the top level
+    original = holder.get("original_max_position_embeddings")
+    if original is not None or kind == "longrope":
+        original = _field(holder, sub, "original_max_position_embeddings", int)
+        if not (isinstance(longest, int) and not isinstance(longest, bool) and longest >= 1):
+            raise SpecError(f"{where}: a {kind} rope scaling needs max_position_embeddings (a positive integer)")
+        factor = longest / original
+    else:  # YaRN without an original context: the longest one is it
+        if not (isinstance(longest, int) and not isinstance(longest, bool) and longest >= 1):
+            raise SpecError(f"{where}: a {kind} rope scaling needs max_position_embeddings (a positive integer)")
+        original = longest
+        factor = _field(scaling, sub, "factor", (int, float))
+    stated = scaling.get("factor")
+    if stated is not None and (isinstance(stated, bool) or not isinstance(stated, (int, float))):
+        raise SpecError(f"{sub}: field 'factor' must be a number, not {stated!r}")
+    if kind == "yarn" and stated is None:
+        raise SpecError(f"{sub}: required field 'factor' is missing")
+    if stated is not None and float(stated) != factor:
+        raise SpecError(
+            f"{where}: the {kind} rope scaling's factor is {stated!r}, but max_position_embeddings over"
+            f" original_max_position_embeddings is {longest} / {original} = {factor!r}, by which transformers scales"
+            " (llama.cpp and vLLM by the factor): say one factor"
+        )
+    attention = scaling.get("attention_factor")
+    if attention is not None:
+        attention = float(_field(scaling, sub, "attention_factor", (int, float)))
+    if kind == "longrope":
+        short = scaling.get("short_factor")
+        long = scaling.get("long_factor")
+        for name, value in (("short_factor", short), ("long_factor", long)):
+            if not isinstance(value, list) or any(
+                isinstance(v, bool) or not isinstance(v, (int, float)) for v in value
+            ):
+                raise SpecError(f"{sub}: field '{name}' must be a list of numbers")
+        if short != long:
+            raise SpecError(
+                f"{where}: the longrope rope scaling's short and long factors differ; which a program uses depends on"
+                " its context, which logos-ir's spec does not say yet"
+            )
+        if attention is None:
+            attention = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
+        return RopeScaling(
+            float(factor),
+            original_max_position_embeddings=original,
+            rope_type="longrope",
+            attention_factor=attention,
+            factors=tuple(float(v) for v in short),  # type: ignore[union-attr]
+        )
+    if scaling.get("truncate", True) is not True:
+        raise SpecError(f"{where}: a yarn rope scaling with truncate {scaling['truncate']!r} is not said yet")
+    if attention is None:
+        mscale, all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        for name, value in (("mscale", mscale), ("mscale_all_dim", all_dim)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise SpecError(f"{sub}: field '{name}' must be a number, not {value!r}")
+        attention = _mscale(factor, mscale) / _mscale(factor, all_dim) if mscale and all_dim else _mscale(factor)
+    betas = []
+    for name, default in (("beta_fast", 32.0), ("beta_slow", 1.0)):
+        value = scaling.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise SpecError(f"{sub}: field '{name}' must be a number, not {value!r}")
+        betas.append(float(value or default))  # transformers' `or`: a zero is the default too
+    return RopeScaling(
+        float(factor),
+        original_max_position_embeddings=original,
+        rope_type="yarn",
+        beta_fast=betas[0],
+        beta_slow=betas[1],
+        attention_factor=float(attention),
     )
 
 
@@ -583,9 +753,10 @@ _NEUTRAL = frozenset(
         "pretraining_tp", "finetuning_task",
         "id2label", "label2id", "problem_type", "task_specific_params", "prefix",
         # the longest context trained on: how far the model is good, not what it computes (transformers
-        # computes past it alike; logos-run warns of a longer cache, as llama.cpp does)
+        # computes past it alike; logos-run warns of a longer cache, as llama.cpp does), but for a yarn or
+        # longrope scaling, which reads it (its factor over the original context)
         "max_position_embeddings",
-        "original_max_position_embeddings",  # read only by a "longrope" scaling, which is refused
+        "original_max_position_embeddings",  # at the top level: read by a "longrope" scaling (Phi-3's)
         # an encoder-decoder's settings, false for every causal LM (a decoder-only model reads none of them)
         "is_encoder_decoder", "is_decoder", "add_cross_attention", "cross_attention_hidden_size",
         "tie_encoder_decoder",

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from logos_ir.rope import rope_inv_freq
+from logos_ir.rope import rope_attention_factor, rope_inv_freq
 from logos_ir.spec import RopeScaling
 
 Registers = list[Any]
@@ -33,6 +33,7 @@ class RopeTable:
 
     def __init__(self, head_dim: int, theta: float, scaling: RopeScaling | None, length: int):
         self.inv_freq = rope_inv_freq(head_dim, theta, scaling)
+        self.attention_factor = rope_attention_factor(scaling)  # YaRN's and LongRoPE's scale of cos and sin
         self.cos = self.sin = np.zeros((0, head_dim), dtype=_F32)
         self.ensure(length)
 
@@ -41,7 +42,7 @@ class RopeTable:
         if length <= self.cos.shape[0]:
             return
         angles = np.arange(length, dtype=np.float64)[:, None] * self.inv_freq[None, :]
-        cos, sin = np.cos(angles), np.sin(angles)
+        cos, sin = self.attention_factor * np.cos(angles), self.attention_factor * np.sin(angles)
         self.cos = np.concatenate([cos, cos], axis=1).astype(_F32)
         self.sin = np.concatenate([-sin, sin], axis=1).astype(_F32)
 

@@ -18,7 +18,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from logos_ir.errors import WeightError
+from logos_ir.errors import SpecError, WeightError
 from logos_ir.spec import ModelSpec, read_config
 from logos_ir.weights.hub import link_root
 from logos_ir.weights.manifest import checkpoint_tensors, expert_part, fused_parts
@@ -60,6 +60,14 @@ def hf_config(spec: ModelSpec, dtype: str = "float32") -> dict[str, Any]:
         "tie_word_embeddings": spec.tie_embeddings,
         "torch_dtype": dtype,
     }
+    if scaling is not None and spec.rope_scaling.rope_type in ("yarn", "longrope"):  # type: ignore[union-attr]
+        original = scaling["original_max_position_embeddings"]  # the factor is the longest context over it
+        longest = scaling["factor"] * original
+        if longest != int(longest):
+            raise SpecError(f"a {scaling['rope_type']} factor of {scaling['factor']!r} is no context over {original}")
+        config["max_position_embeddings"] = int(longest)
+        if scaling["rope_type"] == "longrope":  # Phi-3's original context is at the config's top level
+            config["original_max_position_embeddings"] = scaling.pop("original_max_position_embeddings")
     family = _family(spec)
     config["model_type"], config["architectures"] = family, [_ARCHITECTURES[family]]
     if spec.sliding_window is not None:

@@ -71,13 +71,14 @@ def rope_table(spec: ModelSpec, ctx: int, row_floats: int, name: str = TABLES[0]
     """[ctx, row_floats] float32 of the table `name` (its base and scaling: `table_turn`): row p-1 holds cos of
     (p-1) * each frequency, as the reference's, then their sines, each half padded with zeros to `row_floats / 2`
     (whole bank words: `d5005.rope_row_floats`)."""
-    from logos_ir.rope import rope_inv_freq
+    from logos_ir.rope import rope_attention_factor, rope_inv_freq
 
     theta, scaling = table_turn(name, spec)
     inv_freq = rope_inv_freq(spec.rotary_dim or spec.head_dim, theta, scaling)  # over the numbers that rotate
     angles = np.arange(ctx, dtype=np.float64)[:, None] * inv_freq[None, :]
     half = np.zeros((ctx, 2, row_floats // 2), dtype=np.float64)
-    half[:, 0, : inv_freq.size], half[:, 1, : inv_freq.size] = np.cos(angles), np.sin(angles)
+    scale = rope_attention_factor(scaling)  # YaRN's and LongRoPE's scale of cos and sin
+    half[:, 0, : inv_freq.size], half[:, 1, : inv_freq.size] = scale * np.cos(angles), scale * np.sin(angles)
     return half.reshape(ctx, row_floats).astype(np.float32)
 
 

@@ -716,13 +716,17 @@ def _unlowered_variant(op: Operation, plan: g.GridPlan, spec: ModelSpec | None) 
     window (the layer's cache, `_attend`), scale and soft-cap; a norm's one plus its weight; a rotation's partial
     rotary dimension where it is the plan's (its pairs and tables, `grid.kv_rows`, `grid.inv_freq_chunk`)), or None.
     A rotation's base and scaling are held to the model's (`spec`: the part being lowered is a copy outside its
-    program, where `logos.variant` finds no spec)."""
+    program, where `logos.variant` finds no spec); one that scales cos and sin (YaRN's and LongRoPE's attention
+    factor) is refused, as the grid's rotary tables hold frequencies only."""
     if isinstance(op, logos.RopeOp) and spec is not None:
         local = op.theta.value.data == plan.local_theta and op.rope_scaling is None and plan.rotary_dim is None
         if op.theta.value.data != spec.rope_theta and not local:
             return f"rotates with base {op.theta.value.data!r}, not its model's {spec.rope_theta!r}"
         if op.rope_scaling != spec.rope_scaling and not local:
             return f"rotates with rope scaling {op.rope_scaling}, not its model's {spec.rope_scaling}"
+    scaling = op.rope_scaling if isinstance(op, logos.RopeOp) else None
+    if scaling is not None and scaling.attention_factor not in (None, 1.0):  # the tables hold frequencies only
+        return f"scales cos and sin by {scaling.rope_type} attention factor {scaling.attention_factor!r}"
     computed = ["window", "scale", "softcap", "plus_one"]
     if isinstance(op, logos.RopeOp) and op.rotary_dim is not None and op.rotary_dim.value.data == plan.rotary_dim:
         computed.append("rotary_dim")

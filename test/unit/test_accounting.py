@@ -77,7 +77,7 @@ def _bias(size: int) -> np.ndarray:
             {},
             "rope_parameters: key 'mrope_section' is not one logos-ir reads",
         ),
-        ({"model_type": "phi3", "rope_scaling": {"type": "longrope"}}, {}, "rope scaling of type 'longrope'"),
+        ({"model_type": "phi3", "rope_scaling": {"type": "longrope"}}, {}, "longrope rope scaling: required field"),
         ({"attn_logit_softcapping": 50.0}, {}, "config key 'attn_logit_softcapping' is not one a 'llama' model reads"),
         ({"num_local_experts": 8}, {}, "config key 'num_local_experts' is 8"),
         ({"query_pre_attn_scalar": 256}, {}, "config key 'query_pre_attn_scalar' is not one a 'llama' model reads"),
@@ -394,7 +394,7 @@ def test_the_linear_rope_scaling_fact_round_trips_and_says_which_layers_it_scale
         ({"rope_type": "linear"}, "required field 'factor' is missing"),
         ({"rope_type": "linear", "factor": 2.0, "original_max_position_embeddings": 64}, "key 'original_max_posi"),
         ({"rope_type": "linear", "factor": -2.0}, "rope scaling factor must be a positive number"),
-        ({"rope_type": "yarn", "factor": 2.0}, "rope scaling of type 'yarn' is not supported"),
+        ({"rope_type": "dynamic", "factor": 2.0}, "rope scaling of type 'dynamic' is not supported"),
     ],
 )
 def test_a_linear_rope_scaling_a_program_cannot_say_is_refused_by_name(

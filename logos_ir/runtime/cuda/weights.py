@@ -16,7 +16,7 @@ import numpy as np
 from logos_ir.dialects import cuda
 from logos_ir.errors import LogosError
 from logos_ir.passes.cuda.host_plan import Buffer, weight_share
-from logos_ir.rope import rope_inv_freq
+from logos_ir.rope import rope_attention_factor, rope_inv_freq
 
 
 def rope_tables(
@@ -30,7 +30,8 @@ def rope_tables(
     scaling = None if unscaled else spec.rope_scaling
     inv_freq = rope_inv_freq(rotary, spec.rope_theta if theta is None else theta, scaling)
     angles = np.arange(length, dtype=np.float64)[:, None] * inv_freq[None, :]
-    cos, sin = np.cos(angles), np.sin(angles)
+    scale = rope_attention_factor(scaling)  # YaRN's and LongRoPE's scale of cos and sin, over the rotating numbers
+    cos, sin = scale * np.cos(angles), scale * np.sin(angles)
     rest = spec.head_dim - rotary
     ones, zeros = np.ones((length, rest)), np.zeros((length, rest))
     return (
