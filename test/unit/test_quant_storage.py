@@ -138,3 +138,51 @@ def test_a_split_by_columns_that_cuts_blocks_is_refused_by_name() -> None:
     assert "split by columns over the chips, stored in 8-bit blocks of 32 with a scale." in split.text
     with pytest.raises(LogosError, match=r"o_proj.weight' splits its q4_k blocks of 256: a chip's 128 columns"):
         author.write(stored, Cut.decode_layer(0, 32), tp=2)
+
+
+def test_a_preset_stored_by_the_quantizer_reads_back_its_blocks_and_says_them() -> None:
+    from logos_ir.models import ModelSource
+    from logos_ir.weights.store import RandomWeights
+
+    source = ModelSource.resolve("tiny", storage="q5_1")
+    spec, store = source.spec, source.store()
+    matrix, norm = "model.layers.0.mlp.down_proj.weight", "model.layers.0.input_layernorm.weight"
+    assert spec.stored_as(matrix) == "q5_1" and spec.stored_as(norm) is None
+    plain = RandomWeights(ModelSpec.preset("tiny"))
+    fmt = quant.FORMATS["q5_1"]
+    blocks = gguf.quants.quantize(plain.get(matrix), QT.Q5_1)  # gguf-py's quantizer as the oracle
+    np.testing.assert_array_equal(store.get(matrix), gguf.quants.dequantize(blocks, QT.Q5_1))
+    assert not np.array_equal(store.get(matrix), plain.get(matrix))
+    np.testing.assert_array_equal(store.get(norm), plain.get(norm))
+    text = author.write(spec, Cut.decode(64)).text
+    assert 'down_proj.weight" of 64 by 128, stored in 5-bit blocks of 32 with a scale and a minimum.' in text
+    assert source.describe()["storage"] == "q5_1"
+    assert fmt.stored_bytes(plain.shape(matrix)) == blocks.nbytes
+
+
+def test_the_build_says_the_bytes_stored_and_the_bytes_the_lane_reads() -> None:
+    from logos_ir.build import BuildRequest, weight_bytes
+    from logos_ir.models import ModelSource
+    from logos_ir.progress import Progress
+
+    source = ModelSource.resolve(None)
+    request = BuildRequest(source, Cut.decode(256), 1, "bf16", False, Progress.silent())
+    got = weight_bytes(request)
+    file = source.store().file
+    read = {n for n in file.tensors if n != "rope_freqs.weight"}
+    assert got["stored_bytes"] == sum(file.tensors[n].nbytes for n in read)  # the file's own bytes
+    assert got["read_bytes"] == 2 * sum(int(np.prod(file.tensors[n].shape)) for n in read)
+    assert got["formats"] == {"q8_0": 1, "q4_1": 210, "f32": 61}
+
+
+def test_compile_quantizes_only_a_preset(tmp_path) -> None:
+    from logos_ir.tools.logos_compile import main
+
+    out = tmp_path / "b"
+    assert (
+        main(
+            ["--model", "embedded", "--target", "logos", "--cut", "decode ctx=64", "--weights", "q8_0", "-o", str(out)]
+        )
+        != 0
+    )
+    assert not out.exists()
