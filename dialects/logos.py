@@ -75,6 +75,7 @@ from xdsl.printer import Printer
 from xdsl.traits import IsolatedFromAbove, NoTerminator, Pure, SymbolTable
 from xdsl.utils.exceptions import VerifyException
 
+from logos_ir import quant
 from logos_ir.errors import SpecError
 from logos_ir.spec import LLAMA_FEATURES, ModelSpec, RopeScaling
 
@@ -168,6 +169,47 @@ def _parse_entry(parser: AttrParser, key: str, first: bool) -> None:
 
 def _parse_float(parser: AttrParser) -> FloatAttr:
     return FloatAttr(float(parser.parse_number()), f64)
+
+
+@irdl_attr_definition
+class StorageAttr(ParametrizedAttribute):
+    """How a weight is stored: a GGUF block format (`logos_ir.quant.FORMATS`: its bits a number, numbers a block,
+    how a block's scale and minimum are encoded), in the spirit of MLIR's `quant` types. A weight without one is
+    stored as its f32 type says.
+
+    ```mlir
+    #logos.storage<q4_1>
+    ```
+    """
+
+    name = "logos.storage"
+
+    format_name: StringAttr
+
+    def __init__(self, format_name: str):
+        super().__init__(StringAttr(format_name))
+
+    @property
+    def format(self) -> quant.BlockFormat:
+        return quant.FORMATS[self.format_name.data]
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        with parser.in_angle_brackets():
+            pos = parser.pos
+            word = parser.parse_identifier("a storage format")
+            if word not in quant.FORMATS:
+                parser.raise_error(
+                    f"unknown storage format '{word}' (expected one of {', '.join(quant.FORMATS)})", pos, parser.pos
+                )
+        return [StringAttr(word)]
+
+    def print_parameters(self, printer: Printer) -> None:
+        printer.print_string(f"<{self.format_name.data}>")
+
+    def verify(self) -> None:
+        if self.format_name.data not in quant.FORMATS:
+            raise VerifyException(f"unknown storage format '{self.format_name.data}'")
 
 
 @irdl_attr_definition
@@ -802,7 +844,12 @@ class WeightOp(LogosOp, _Sharded):
     %w = logos.weight "model.layers.0.self_attn.q_proj.weight" shape [64, 64] : tensor<64x64xf32>
     %w_share = logos.weight "model.layers.0.self_attn.q_proj.weight" shape [64, 64] split "rows" over @chips
            : tensor<32x64xf32>
+    %w_q4 = logos.weight "model.layers.0.mlp.down_proj.weight" shape [64, 128] stored <q4_1>
+           : tensor<64x128xf32>
     ```
+
+    A weight `stored` in a block format holds its rows (the last axis) in whole blocks; its value is the
+    dequantized tensor (f32). A split by columns must leave each chip whole blocks.
     """
 
     name = "logos.weight"
@@ -811,11 +858,14 @@ class WeightOp(LogosOp, _Sharded):
     shape = prop_def(DenseArrayBase[I64])
     split = opt_prop_def(StringAttr)
     grid = opt_prop_def(FlatSymbolRefAttr)
+    storage = opt_prop_def(StorageAttr)
     result = result_def(TensorType)
 
     traits = traits_def(Pure())
 
-    assembly_format = "$tensor `shape` $shape (`split` $split^)? (`over` $grid^)? attr-dict `:` type($result)"
+    assembly_format = (
+        "$tensor `shape` $shape (`split` $split^)? (`over` $grid^)? (`stored` $storage^)? attr-dict `:` type($result)"
+    )
 
     @property
     def full_shape(self) -> tuple[int, ...]:
@@ -828,6 +878,18 @@ class WeightOp(LogosOp, _Sharded):
         axes = {"rows": 0, "columns": len(full) - 1}
         share = self.split_share(self, full, self.split, self.grid, axes)
         _expect_same(self, f"shape of '{self.tensor.data}'", tensor_shape(self.result), share)
+        if self.storage is not None:
+            fmt = self.storage.format
+            if not fmt.row_fits(full[-1]):
+                raise _fail(
+                    self, f"of '{self.tensor.data}': rows of {full[-1]} are not whole {fmt.name} blocks of {fmt.block}"
+                )
+            if self.split is not None and self.split.data == "columns" and not fmt.row_fits(share[-1]):
+                raise _fail(
+                    self,
+                    f"of '{self.tensor.data}' splits its {fmt.name} blocks of {fmt.block}: "
+                    f"a chip's {share[-1]} columns are not whole blocks",
+                )
 
 
 @irdl_op_definition
@@ -1497,5 +1559,5 @@ LOGOS = Dialect(
         RowOp,
         ArgmaxOp,
     ],
-    [ModelAttr, RopeScalingAttr, LinearRopeScalingAttr, YarnRopeScalingAttr, LongRopeScalingAttr],
+    [ModelAttr, RopeScalingAttr, LinearRopeScalingAttr, YarnRopeScalingAttr, LongRopeScalingAttr, StorageAttr],
 )

@@ -33,7 +33,8 @@ WEIGHTS_FILE = "model.safetensors"
 
 @dataclass(frozen=True)
 class WeightEntry:
-    """One weight a program reads: its tensor name, the file it is read from, dtype and full shape; for a split
+    """One weight a program reads: its tensor name, the file it is read from, dtype (its storage: f32 or a block
+    format of `logos_ir.quant`) and full shape; for a split
     program, how it is split over the chips (`rows`, `columns`, or None when every chip holds all of it)."""
 
     name: str
@@ -81,7 +82,8 @@ def manifest_of(program_op: logos.ProgramOp, dir: str) -> tuple[WeightEntry, ...
         if isinstance(op, logos.WeightOp) and op.tensor.data not in entries:
             split = None if op.split is None else op.split.data
             name = op.tensor.data
-            entries[name] = WeightEntry(name, os.path.join(dir, WEIGHTS_FILE), "f32", op.full_shape, split)
+            dtype = "f32" if op.storage is None else op.storage.format_name.data
+            entries[name] = WeightEntry(name, os.path.join(dir, WEIGHTS_FILE), dtype, op.full_shape, split)
     return tuple(entries.values())
 
 
@@ -284,7 +286,7 @@ class _Plan:
         normed = section.rms_norm("normed", x, norm, spec.norm_plus_one)
         tensor = EMBEDDING if spec.tie_embeddings else LM_HEAD
         split = HEAD_SPLIT if self.split else None  # each chip the logits of its vocabulary rows, then gathered
-        table = section.weight("head_table", tensor, (spec.vocab, spec.hidden), split)
+        table = section.weight("head_table", tensor, (spec.vocab, spec.hidden), split, spec.stored_as(tensor))
         capped = spec.final_softcap is not None  # Gemma 2: tanh(logits / cap) * cap, of the raw logits
         raw = "raw_logits" if capped else "logits"
         logits = section.linear(_part(raw, self.split), table, normed)
@@ -419,7 +421,8 @@ class _Plan:
         return section.bias_add(name, unbiased, bias)
 
     def _weight(self, section: SectionBuilder, name: str, tensor: str, shape: tuple[int, ...]) -> SSAValue:
-        return section.weight(name, tensor, shape, weight_split(tensor) if self.split else None)
+        split = weight_split(tensor) if self.split else None
+        return section.weight(name, tensor, shape, split, self.spec.stored_as(tensor))
 
 
 def _part(name: str, split: bool) -> str:

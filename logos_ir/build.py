@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -188,7 +189,28 @@ def manifest_of(request: BuildRequest, target: str, lane: LaneBuild) -> dict[str
             for a in artifacts
         ],
         "report": lane.report,
+        "weight_bytes": weight_bytes(request),
     }
+
+
+IMAGE_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
+
+
+def weight_bytes(request: BuildRequest) -> dict[str, Any]:
+    """The model's weights as stored (each tensor in its format, `spec.storage`; f32 where it says none) and as
+    the lane reads them (every lane reads the dequantized image, `request.weights` a number), with the tensors of
+    each format."""
+    from logos_ir import quant
+
+    spec = request.spec
+    stored = read = 0
+    formats: dict[str, int] = {}
+    for name, shape in spec.weights():
+        fmt = quant.FORMATS[spec.stored_as(name) or "f32"]
+        stored += fmt.stored_bytes(shape)
+        read += math.prod(shape) * IMAGE_BYTES[request.weights]
+        formats[fmt.name] = formats.get(fmt.name, 0) + 1
+    return {"stored_bytes": stored, "read_bytes": read, "image": request.weights, "formats": formats}
 
 
 def manifest_text(manifest: Mapping[str, Any]) -> str:

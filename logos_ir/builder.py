@@ -30,8 +30,10 @@ from xdsl.dialects.builtin import (
 from xdsl.dialects.shard import AllReduceOp, GridOp
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 
+from logos_ir import quant
 from logos_ir.dialects import logos
 from logos_ir.dialects.shard_ext import AllGatherOp
+from logos_ir.errors import SpecError
 from logos_ir.spec import ModelSpec
 
 GRID = "chips"
@@ -144,12 +146,22 @@ class SectionBuilder:
         op = logos.InputOp.create(properties={"kind": string("hidden")}, result_types=[f32_tensor((rows, width))])
         return self._let(op, name)
 
-    def weight(self, name: str, tensor: str, shape: Sequence[int], split: str | None = None) -> SSAValue:
+    def weight(
+        self, name: str, tensor: str, shape: Sequence[int], split: str | None = None, storage: str | None = None
+    ) -> SSAValue:
         result = list(shape)
         if split is not None:
             result = share(shape, 0 if split == "rows" else len(shape) - 1, self.chips)
+        stored = {} if storage is None else {"storage": logos.StorageAttr(storage)}
+        fmt = None if storage is None else quant.FORMATS[storage]
+        if fmt is not None and not fmt.row_fits(result[-1]):
+            raise SpecError(
+                f"weight '{tensor}' splits its {fmt.name} blocks of {fmt.block}: "
+                f"a chip's {result[-1]} columns are not whole blocks",
+                hint="split over fewer chips, or store the weight in smaller blocks",
+            )
         op = logos.WeightOp.create(
-            properties={"tensor": string(tensor), "shape": i64_array(tuple(shape)), **split_props(split)},
+            properties={"tensor": string(tensor), "shape": i64_array(tuple(shape)), **split_props(split), **stored},
             result_types=[f32_tensor(tuple(result))],
         )
         return self._let(op, name)

@@ -22,6 +22,7 @@ from logos_ir.spec import ModelSpec
 from logos_ir.weights import WeightStore, embedded_model_path, hub_snapshot, open_model
 from logos_ir.weights.hub import EMBEDDED_PACKAGE
 from logos_ir.weights.safetensors import SAFETENSORS_FILE, SAFETENSORS_INDEX
+from logos_ir.weights.store import QuantizedWeights, RandomWeights
 
 _BLOCK = 1 << 20
 PRESET_NOTE = "a preset: random weights made from the seed, no weight files"
@@ -55,17 +56,30 @@ class ModelSource:
     path: Path | None = None
     seed: int = 0
     revision: str | None = None
+    storage: str | None = None  # a preset's weights stored in this block format by logos_ir.quant's quantizer
     progress: Progress = field(default_factory=Progress.silent)
     _store: WeightStore | None = field(default=None, repr=False)
     _files: list[dict[str, Any]] | None = field(default=None, repr=False)
 
     @classmethod
-    def resolve(cls, model: str | None, seed: int = 0, progress: Progress | None = None) -> ModelSource:
-        """The model `--model` names (None or "embedded": the embedded SmolLM2)."""
+    def resolve(
+        cls, model: str | None, seed: int = 0, progress: Progress | None = None, storage: str | None = None
+    ) -> ModelSource:
+        """The model `--model` names (None or "embedded": the embedded SmolLM2); a preset's random weights stored
+        in the block format `storage` where given (a file's storage is its own)."""
         progress = progress or Progress.silent()
         if model in ModelSpec.presets():
             assert model is not None
-            return cls("preset", model, ModelSpec.preset(model), seed=seed, progress=progress)
+            if storage is None:
+                return cls("preset", model, ModelSpec.preset(model), seed=seed, progress=progress)
+            store = QuantizedWeights(RandomWeights(ModelSpec.preset(model), seed), storage)
+            return cls("preset", model, store.spec, seed=seed, progress=progress, storage=storage, _store=store)
+        if storage is not None:
+            raise WeightError(
+                f"--weights {storage} quantizes a preset's random weights; {model or 'the embedded model'} is "
+                "stored as its file says",
+                hint="give --weights the lane's image precision (f32, bf16, f16), or --model a preset",
+            )
         store = open_model(model, seed=seed)  # reads headers and config only
         if model is None or model in ("", "embedded"):
             path = embedded_model_path()
@@ -82,7 +96,8 @@ class ModelSource:
     def store(self) -> WeightStore:
         """The weights, opened once (random ones for a preset)."""
         if self._store is None:
-            self._store = open_model(self.name if self.kind == "preset" else str(self.path), seed=self.seed)
+            store = open_model(self.name if self.kind == "preset" else str(self.path), seed=self.seed)
+            self._store = store if self.storage is None else QuantizedWeights(store, self.storage)
         return self._store
 
     # -- the manifest's record ---------------------------------------------------------------------------------
@@ -122,6 +137,8 @@ class ModelSource:
         out: dict[str, Any] = {"kind": self.kind, "name": self.name, "spec": self.spec.to_dict()}
         if self.kind == "preset":
             out |= {"seed": self.seed, "files": [], "note": PRESET_NOTE}
+            if self.storage is not None:
+                out["storage"] = self.storage
         else:
             out["files"] = self.file_records()
         if self.revision is not None:
@@ -132,7 +149,11 @@ class ModelSource:
         """The model files whose size or digest differ from the manifest's record (or that one side lacks)."""
         if self.spec.to_dict() != recorded.get("spec"):
             return ["the model's spec differs from the one the build was made for"]
-        if self.kind == "preset" and (recorded.get("kind"), recorded.get("seed")) != ("preset", self.seed):
+        if self.kind == "preset" and (recorded.get("kind"), recorded.get("seed"), recorded.get("storage")) != (
+            "preset",
+            self.seed,
+            self.storage,
+        ):
             return [f"the preset's random weights (seed {self.seed}) are not the ones the build was made for"]
         have = {r["file"]: r for r in self.file_records()}
         want = {r.get("file"): r for r in recorded.get("files", []) if isinstance(r, dict)}

@@ -22,7 +22,7 @@ from xdsl.dialects.builtin import FileLineColLoc, IntAttr, MemRefType, StringAtt
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.utils.exceptions import VerifyException
 
-from logos_ir import builder
+from logos_ir import builder, quant
 from logos_ir.builder import SectionBuilder
 from logos_ir.dialects import logos
 from logos_ir.errors import CutError, LogosError, ParseError, SourceLocation, SpecError
@@ -732,7 +732,7 @@ _EXPRESSIONS: dict[str, tuple[re.Pattern[str], str]] = {
     "embedding": (re.compile(r"the embedding of (\S+)"), "the embedding of token"),
     "head": (re.compile(r"the head of (\S+)"), "the head of x2"),
     "weight": (
-        re.compile(rf'the weight "([^"]*)" of {_SHAPE}(?:, split by (\S+) over the chips)?'),
+        re.compile(rf'the weight "([^"]*)" of {_SHAPE}(?:, split by (\S+) over the chips)?(?:, stored in (.+))?'),
         'the weight "model.norm.weight" of 64',
     ),
     "cache": (
@@ -900,7 +900,21 @@ class _Scope:
                     m.start(3),
                     f'the {split} of "{tensor}" ({shape[axis]}) do not divide over {self.reader.chips} chips',
                 )
-        return self.build.weight(name, tensor, shape, split)
+        storage = None if m[4] is None else self._storage(tensor, shape, split, m[4], m.start(4))
+        return self.build.weight(name, tensor, shape, split, storage)
+
+    def _storage(self, tensor: str, shape: tuple[int, ...], split: str | None, words: str, start: int) -> str:
+        fmt = quant.parse_sentence(words)
+        if isinstance(fmt, str):
+            raise self._here(start, fmt, f"say a block format, e.g. {quant.SENTENCE_EXAMPLE}")
+        width = shape[-1] // (self.reader.chips or 1) if split == "columns" else shape[-1]
+        if not fmt.row_fits(width):
+            raise self._here(
+                start,
+                f'"{tensor}" cannot be stored in {fmt.name} blocks of {fmt.block}: '
+                f"{'a chip' if split == 'columns' else 'a'} row of {width} numbers is not whole blocks",
+            )
+        return fmt.name
 
     def _cache(self, name: str, m: re.Match[str]) -> SSAValue:
         layer = self._int(m[2], m.start(2))

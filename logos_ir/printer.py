@@ -14,6 +14,7 @@ from xdsl.dialects import func
 from xdsl.dialects.shard import AllReduceOp, GridOp
 from xdsl.ir import Operation, SSAValue
 
+from logos_ir import quant
 from logos_ir.dialects import logos
 from logos_ir.dialects.shard_ext import AllGatherOp
 from logos_ir.errors import PassError
@@ -223,8 +224,13 @@ def _split_clause(op: logos.WeightOp | logos.CacheOp) -> str:
     return "" if op.split is None else f", split by {op.split.data} over the chips"
 
 
+def _storage_clause(op: logos.WeightOp) -> str:
+    return "" if op.storage is None else f", stored in {quant.sentence(op.storage.format)}"
+
+
 def _weight(op: logos.WeightOp, n: Callable[[SSAValue], str]) -> str:
-    return _let(op, n, f'the weight "{op.tensor.data}" of {shape_text(op.full_shape)}{_split_clause(op)}')
+    clauses = f"{_split_clause(op)}{_storage_clause(op)}"
+    return _let(op, n, f'the weight "{op.tensor.data}" of {shape_text(op.full_shape)}{clauses}')
 
 
 def _cache(op: logos.CacheOp, n: Callable[[SSAValue], str]) -> str:

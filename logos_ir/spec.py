@@ -188,6 +188,14 @@ class ModelSpec:
     experts: int | None = field(default=None)
     experts_per_token: int | None = field(default=None)
     renormalize: bool = field(default=False)
+    # How the model's file stores its tensors, where not as f32: (tensor, `logos_ir.quant` format name) pairs,
+    # sorted. Not a size of the model (left out of equality and `to_dict`): the author writes it into each
+    # weight's sentence, so it is the program's, and its identity's.
+    storage: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+
+    def stored_as(self, tensor: str) -> str | None:
+        """The format the file stores `tensor` in (None: f32, or no file)."""
+        return dict(self.storage).get(tensor)
 
     def __post_init__(self) -> None:
         for name in ("vocab", "hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate"):
@@ -407,7 +415,7 @@ class ModelSpec:
             "head_norms",
             *LLAMA_FEATURES,
         )
-        optional += ("experts", "experts_per_token", "renormalize")
+        optional += ("experts", "experts_per_token", "renormalize", "storage")
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in optional}
         out["rope_scaling"] = None if self.rope_scaling is None else self.rope_scaling.to_dict()
         if self.rotary_dim is not None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from logos_ir.cli import USAGE_ERROR, add_common, count, positive, run_tool
+from logos_ir.quant import QUANTIZERS as QUANTIZED
 
 if TYPE_CHECKING:
     from logos_ir.build import Artifact, LaneBuild
@@ -52,7 +53,12 @@ def _arguments(targets: dict[str, Any]) -> argparse.ArgumentParser:
     parser.add_argument("--target", choices=sorted(targets), metavar="TARGET", help="what to build (see below)")
     parser.add_argument("--cut", help="the cut in option form, e.g. 'decode ctx=1024'")
     parser.add_argument("--tp", type=positive, default=1, help="split the program over this many chips")
-    parser.add_argument("--weights", choices=["f32", "bf16", "f16"], help="the weight image (default: the target's)")
+    parser.add_argument(
+        "--weights",
+        choices=["f32", "bf16", "f16", *QUANTIZED],
+        help="the weight image (default: the target's); a block format (q8_0, q4_0, ...) stores a preset's random "
+        "weights in it with logos-ir's quantizer, the lane reading them dequantized in its default image",
+    )
     parser.add_argument("--with-weights", action="store_true", help="also write the lane's weight image")
     parser.add_argument(
         "--option", type=_option, action="append", default=[], metavar="KEY=VALUE", help="a target's own option"
@@ -82,11 +88,23 @@ def _request(args: argparse.Namespace, targets: dict[str, Any], progress: Any) -
     cut = Cut.parse(args.cut)
     if target.cuts and cut.kind not in target.cuts:
         raise BuildError(f"target {target.name} lowers {', '.join(target.cuts)}, not a {cut}")
-    weights = args.weights or target.weights[0]
+    storage = args.weights if args.weights in QUANTIZED else None
+    weights = target.weights[0] if storage is not None or args.weights is None else args.weights
     if weights not in target.weights:
         raise BuildError(f"target {target.name} writes weights {', '.join(target.weights)}, not {weights}")
-    model = ModelSource.resolve(args.model, seed=args.model_seed, progress=progress)
+    model = ModelSource.resolve(args.model, seed=args.model_seed, progress=progress, storage=storage)
     return BuildRequest(model, cut, args.tp, weights, args.with_weights, progress, dict(args.option))
+
+
+def storage_line(request: Any) -> str:
+    """What the model's weights take as stored and as the lane's image reads them."""
+    from logos_ir.build import weight_bytes
+
+    b = weight_bytes(request)
+    return (
+        f"logos-compile: weights stored in {b['stored_bytes']:,} bytes ({', '.join(sorted(b['formats']))}); "
+        f"the lane reads them dequantized as {b['image']}, {b['read_bytes']:,} bytes"
+    )
 
 
 def build(args: argparse.Namespace, targets: dict[str, Any], destination: Path) -> list[str]:
@@ -108,6 +126,7 @@ def build(args: argparse.Namespace, targets: dict[str, Any], destination: Path) 
     size = sum(len(a.data) for a in lane.artifacts)
     return [
         *lane.summary,
+        storage_line(request),
         f"logos-compile: wrote {destination} ({len(lane.artifacts)} files, {size} bytes)",
         f"logos-compile: run it with: {run_command(args, destination)}",
     ]
@@ -199,12 +218,13 @@ def _rebuild_check(folder: Path, args: argparse.Namespace, targets: dict[str, An
         target=target["name"],
         cut=target["cut"],
         tp=target["tp"],
-        weights=target["weights"],
+        weights=recorded.get("storage") or target["weights"],  # a preset stored by the quantizer: its format
         with_weights=target["with_weights"],
         option=list(target.get("options", {}).items()),
         model_seed=recorded.get("seed", 0),
     )
-    check_model_matches(ModelSource.resolve(model, seed=again.model_seed), recorded)
+    storage = recorded.get("storage") if recorded.get("kind") == "preset" else None
+    check_model_matches(ModelSource.resolve(model, seed=again.model_seed, storage=storage), recorded)
     with tempfile.TemporaryDirectory(prefix="logos-rebuild-") as scratch:
         fresh = Path(scratch) / "build"
         build(again, targets, fresh)

@@ -491,9 +491,11 @@ class Plan:
         self._refuse_seed(folder, kind, recorded)
         if self.args.model is not None:
             seed = recorded.get("seed", 0) if kind == "preset" and self.args.model_seed == 0 else self.args.model_seed
-            source = ModelSource.resolve(self.args.model, seed=seed)
+            storage = recorded.get("storage") if kind == "preset" else None  # a preset stored by the quantizer
+            source = ModelSource.resolve(self.args.model, seed=seed, storage=storage)
         elif kind == "preset":
-            source = ModelSource.resolve(str(recorded.get("name")), seed=int(recorded.get("seed", 0)))
+            seed = int(recorded.get("seed", 0))
+            source = ModelSource.resolve(str(recorded.get("name")), seed=seed, storage=recorded.get("storage"))
         elif kind in ("embedded", "hub"):
             source = ModelSource.resolve(None if kind == "embedded" else str(recorded.get("name")))
         else:

@@ -5,7 +5,8 @@ the model's spec read from the file's metadata.
 GGUF is parsed here rather than with `gguf.GGUFReader`: that reader builds numpy views for every string of the
 tokenizer's vocabulary (about 4 s for the embedded SmolLM2 file) and may raise arbitrary exceptions on corrupt
 input, while this parser bounds-checks each read and takes a fraction of a second. `gguf` still supplies the
-type table and the block dequantizers.
+type table; the blocks are dequantized by `logos_ir.quant`, and each tensor's type is the spec's `storage`, which
+the author writes into the program.
 """
 
 from __future__ import annotations
@@ -15,15 +16,15 @@ import mmap
 import re
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-from gguf.quants import dequantize as _gguf_dequantize
 
+from logos_ir import quant
 from logos_ir.errors import SpecError, WeightError
 from logos_ir.rope import base_inv_freq, llama3_rope_divisors
 from logos_ir.spec import PROJECTIONS, ModelSpec, RopeScaling
@@ -309,13 +310,14 @@ def _dequantize(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, 
         return raw.view("<f2").astype(np.float32).reshape(shape)
     if qtype == GGMLQuantizationType.BF16:
         return (raw.view("<u2").astype(np.uint32) << np.uint32(16)).view(np.float32).reshape(shape)
-    block, block_bytes = GGML_QUANT_SIZES[qtype]
-    row_bytes = shape[-1] // block * block_bytes
-    # gguf's block decoders are checked against hand-written ones in test_weights.py. A corrupt scale makes
-    # NaN or inf, which `WeightStore.get` refuses; numpy need not warn about it on the way.
-    with np.errstate(invalid="ignore", over="ignore"):
-        values = _gguf_dequantize(raw.reshape(-1, row_bytes), qtype)
-    return np.asarray(values, dtype=np.float32).reshape(shape)
+    # The project's own dequantizer (`logos_ir.quant`, checked against gguf-py's in test_quant_storage.py). A
+    # corrupt scale makes NaN or inf, which `WeightStore.get` refuses.
+    return quant.dequantize(raw, storage_format(qtype), shape)
+
+
+def storage_format(qtype: GGMLQuantizationType) -> quant.BlockFormat:
+    """The `logos_ir.quant` format of a GGUF tensor type the reader takes."""
+    return quant.FORMATS[qtype.name.lower()]
 
 
 # -- llama.cpp's naming and layout ---------------------------------------------------------------------------
@@ -411,6 +413,14 @@ class GGUFStore(WeightStore):
                     if parts:
                         self._rows[part] = (first, end)
             self._check(arch)
+            # each program tensor as its file tensor stores it (a part of a fused tensor, rows of it, alike)
+            stored = {hf: self.file.tensors[g].type for hf, g in self._gguf_names.items()}
+            self.spec = replace(
+                self.spec,
+                storage=tuple(
+                    sorted((hf, storage_format(t).name) for hf, t in stored.items() if t != GGMLQuantizationType.F32)
+                ),
+            )
             self._permuted = GGUF_ARCHITECTURES[arch].permuted
             trained = self.file.metadata.get(f"{arch}.context_length")
             self.trained_ctx = trained if is_int(trained) and trained > 0 else None

@@ -10,11 +10,13 @@ import re
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
 import numpy as np
 
+from logos_ir import quant
 from logos_ir.errors import WeightError
 from logos_ir.spec import ModelSpec
 
@@ -247,6 +249,33 @@ class RandomWeights(WeightStore):
         if len(shape) == 1:
             return np.float32(1.0) + np.float32(0.1) * values
         return values / np.float32(math.sqrt(shape[-1]))  # the inputs' width (a stack of experts: each one's)
+
+
+class QuantizedWeights(WeightStore):
+    """Another store's weights stored in a block format by the project's own quantizer (`logos_ir.quant`): each
+    matrix (a tensor of two or more axes whose rows are whole blocks) quantized and read back dequantized, each
+    vector (norms, biases) left f32 as llama.cpp leaves them. The spec says each stored tensor's format, so the
+    program the author writes says it too."""
+
+    def __init__(self, inner: WeightStore, format_name: str):
+        self.inner, self.format = inner, quant.FORMATS[format_name]
+        shapes = {name: inner.shape(name) for name in inner.names()}
+        stored = sorted(n for n, shape in shapes.items() if len(shape) >= 2 and self.format.row_fits(shape[-1]))
+        spec = replace(inner.spec, storage=tuple((n, format_name) for n in stored))
+        super().__init__(spec, f"{inner.source}, stored in {format_name}")
+        self._stored = frozenset(stored)
+
+    def names(self) -> list[str]:
+        return self.inner.names()
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.inner.shape(name)
+
+    def _load(self, name: str) -> np.ndarray:
+        values = self.inner.get(name)
+        if name not in self._stored:
+            return values
+        return quant.dequantize(quant.quantize(values, self.format), self.format, values.shape)
 
 
 class ArrayStore(WeightStore):
