@@ -241,6 +241,41 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
             "vocab_size": 400,
         },
     ),
+    # YaRN (Qwen2.5's long-context configs): an original context of 32 stretched to 128, so factor 4; the ramp
+    # between beta_fast 32 and beta_slow 1 and the attention factor 0.1 ln 4 + 1 on cos and sin
+    "qwen2-yarn": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        {
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 32,
+                "rope_theta": 10000.0,
+            },
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
+    # LongRoPE (Phi-3-mini-128k, Phi-3.5-mini, Phi-4-mini): one factor a rotating pair, the attention factor
+    # sqrt(1 + ln 4 / ln 32) on cos and sin; short and long factors alike (a program states one set for its ctx)
+    "phi3-longrope": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        {
+            "original_max_position_embeddings": 32,
+            "sliding_window": None,
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "short_factor": [1.0, 1.25, 1.5, 2.0, 3.0, 4.5, 6.0, 8.0],
+                "long_factor": [1.0, 1.25, 1.5, 2.0, 3.0, 4.5, 6.0, 8.0],
+            },
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "pad_token_id": 0,
+        },
+    ),
 }
 # Families whose norm weights are drawn as 1 + N(0, initializer_range) rather than left at transformers' ones, so
 # that a norm read from the wrong tensor (or not applied) changes the tokens: the families made after the first five

@@ -104,6 +104,9 @@ GEMMA = {"gemma2", "gemma3_text", "gemma3_text-linear"}
 # The families shaped as a GGUF can say them (test_gguf_families reads each from the GGUF it writes): the same
 # operations as their families above, so the lanes' cells are those families'.
 GGUF_SHAPED = {"gemma2-gguf", "gemma3_text-gguf", "gemma3_text-gguf-linear", "phi3-gguf", "phi3-gguf-partial"}
+# YaRN's and LongRoPE's scalings: the CUDA and D5005 lanes' rope tables compute them, the wafer refuses their
+# attention factor by name (test_rope_scaling.py).
+ROPE_SCALED = {"qwen2-yarn", "phi3-longrope"}
 
 
 def _lane(family: str, backend: str, emulate: bool, tp: int = 1):  # noqa: ANN202
@@ -116,7 +119,8 @@ def _lane(family: str, backend: str, emulate: bool, tp: int = 1):  # noqa: ANN20
 # Llama itself is left out here: its lanes are held to the reference by each lane's own tests, and the reference to
 # transformers above; a family is here for what it changes below the program (a checkpoint's layout, a window).
 @pytest.mark.parametrize(
-    "family", sorted(set(GOLDENS) - {"llama"} - BIASED - HEAD_NORMED - WINDOWED - GEMMA - GGUF_SHAPED - MIXTURES)
+    "family",
+    sorted(set(GOLDENS) - {"llama"} - BIASED - HEAD_NORMED - WINDOWED - GEMMA - GGUF_SHAPED - MIXTURES - ROPE_SCALED),
 )
 @pytest.mark.parametrize(
     ("backend", "emulate"),

@@ -3,7 +3,8 @@ rotation), read from a config, computed by the reference, and flowing into each 
 
 The frequencies are held to figures worked out by hand from YaRN's definition (the correction range's pair
 indices, the ramp's values), not to the formula that computes them; the lanes are held to the reference's tokens
-on the same weights, which themselves differ from the unscaled model's.
+on the same weights, which themselves differ from the unscaled model's, and, on tiny Qwen2 and Phi-3 models
+made by transformers itself, the reference and the lanes to transformers' greedy tokens (`goldens.json`).
 """
 
 from __future__ import annotations
@@ -145,36 +146,54 @@ def test_the_scaling_and_its_attention_factor_are_what_the_tokens_depend_on(llam
     assert scaled != _reference(replace(spec, rope_scaling=unscaled_cos), arrays, PROMPT, 6)
 
 
-# each kind on each lane that computes it, the CUDA lane's YaRN run split over two chips (its tables per chip)
+# Tiny models of each kind made by transformers (`tools/family_goldens.py`): Qwen2 with YaRN over an original
+# context of 32 stretched to 128, Phi-3 with LongRoPE's factors a pair (short and long alike) over the same.
+GOLDENS = json.loads((FAMILIES / "goldens.json").read_text())["families"]
+SCALED = {"qwen2-yarn": "yarn", "phi3-longrope": "longrope"}
+# each kind on each lane that computes it, the CUDA lane's YaRN run split over two chips too (its tables per chip)
 LANE_RUNS = [
-    ("cuda", True, 1, LONGROPE),
-    ("cuda", True, 2, YARN),
-    ("d5005", False, 1, YARN),
-    ("d5005", False, 1, LONGROPE),
+    ("qwen2-yarn", "cuda", True, 1),
+    ("phi3-longrope", "cuda", True, 1),
+    ("qwen2-yarn", "cuda", True, 2),
+    ("qwen2-yarn", "d5005", False, 1),
+    ("phi3-longrope", "d5005", False, 1),
 ]
 
 
+def _family_lane(family: str, backend: str, emulate: bool, tp: int = 1):  # noqa: ANN202
+    request = RunRequest(open_model(str(FAMILIES / family)), ctx=32, tp=tp, prefill_rows=4, weights="f32",
+                         emulate=emulate)  # fmt: skip
+    return backends()[backend].generator()(request)
+
+
+def test_the_scaled_families_goldens_pin_the_scaling() -> None:
+    """The tiny models' goldens are their scaling's: the same weights unscaled, or scaled without the attention
+    factor, give other tokens on the reference."""
+    for family, kind in SCALED.items():
+        store = open_model(str(FAMILIES / family))
+        assert store.spec.rope_scaling is not None and store.spec.rope_scaling.rope_type == kind
+        run = GOLDENS[family]["runs"][0]
+        arrays = {name: store.get(name) for name in store.names()}
+        for scaling in (None, replace(store.spec.rope_scaling, attention_factor=1.0)):
+            tokens = _reference(replace(store.spec, rope_scaling=scaling), arrays, run["prompt"], len(run["tokens"]))
+            assert tokens != run["tokens"], (family, scaling)
+
+
 @pytest.mark.parametrize(
-    ("backend", "emulate", "tp", "scaling"),
+    ("family", "backend", "emulate", "tp"),
     LANE_RUNS,
-    ids=["cuda-emulated-longrope", "cuda-emulated-tp2-yarn", "d5005-pocl-yarn", "d5005-pocl-longrope"],
-)
-def test_the_lanes_rope_tables_give_the_references_tokens(
-    llama, backend: str, emulate: bool, tp: int, scaling: RopeScaling
-) -> None:
-    spec, arrays = llama
-    spec = replace(spec, rope_scaling=scaling)
-    expected = _reference(spec, arrays, PROMPT, 4)
-    request = RunRequest(ArrayStore(spec, arrays), ctx=32, tp=tp, prefill_rows=4, weights="f32", emulate=emulate)
-    assert backends()[backend].generator()(request).generate(PROMPT, 4) == expected
+    ids=["cuda-emulated-yarn", "cuda-emulated-longrope", "cuda-emulated-tp2-yarn", "d5005-pocl-yarn",
+         "d5005-pocl-longrope"],
+)  # fmt: skip
+def test_the_lanes_rope_tables_give_transformers_tokens(family: str, backend: str, emulate: bool, tp: int) -> None:
+    run = GOLDENS[family]["runs"][0]
+    assert _family_lane(family, backend, emulate, tp).generate(run["prompt"], len(run["tokens"])) == run["tokens"]
 
 
-@pytest.mark.parametrize("scaling", [YARN, LONGROPE], ids=["yarn", "longrope"])
-def test_the_spatial_lane_refuses_the_attention_factor_by_name(llama, scaling: RopeScaling) -> None:
-    spec, arrays = llama
-    request = RunRequest(ArrayStore(replace(spec, rope_scaling=scaling), arrays), ctx=32, weights="f32")
-    with pytest.raises(LogosError, match=f"scales cos and sin by {scaling.rope_type} attention factor"):
-        backends()["spatial"].generator()(request).generate(PROMPT[:3], 1)
+@pytest.mark.parametrize("family", sorted(SCALED))
+def test_the_spatial_lane_refuses_the_attention_factor_by_name(family: str) -> None:
+    with pytest.raises(LogosError, match=f"scales cos and sin by {SCALED[family]} attention factor"):
+        _family_lane(family, "spatial", False).generate([1, 2, 3], 1)
 
 
 def _config(family: str, **changes) -> dict:  # noqa: ANN003
