@@ -115,11 +115,11 @@ def lower_parts(parts: Sequence[tuple[Cut, Identity, logos.ProgramOp]], plan: g.
     if g.SEGMENTED:  # the reduction functions' buffers: the longest message along a row, along a column
         queries, keys, hidden = plan.query_chunk, plan.kv_chunk, plan.chunk(plan.hidden, "col")
         scores = (plan.window if plan.scores_local else plan.heads) * plan.slots + plan.window
+        logits = 1 if plan.compact else plan.chunk(plan.vocab, "row")  # compact: the logits reduced in pieces
         program.array(
             "line_row",
-            max(plan.chunk(plan.vocab, "row"), queries + 2 * keys, 2 * plan.chunk(plan.intermediate, "row"),
-                queries + plan.window, hidden, 1),
-        )  # fmt: skip
+            max(logits, queries + 2 * keys, 2 * plan.chunk(plan.intermediate, "row"), queries + plan.window, hidden, 1),
+        )
         normed = any(isinstance(op, logos.HeadRMSNormOp) for _, _, part in parts for op in part.walk())
         program.array("line_col", max(hidden, scores, plan.heads if normed else 1))  # a head norm's sums
     functions: list[Operation] = []
@@ -329,35 +329,44 @@ def _search(
     if copies is not None:
         choices = [copies]
 
-    lowerings: dict[tuple[int, int, int], tuple[GridProgram, int]] = {}
+    lowerings: dict[tuple[int, int, int, bool], tuple[GridProgram, int]] = {}
 
-    def lowered_at(size: tuple[int, int], c: int) -> tuple[GridProgram, int]:
-        if (*size, c) not in lowerings:  # a lowering is the search's cost: each grid is lowered once
+    def lowered_at(size: tuple[int, int], c: int, compact: bool = False) -> tuple[GridProgram, int]:
+        if (*size, c, compact) not in lowerings:  # a lowering is the search's cost: each grid is lowered once
             plan = g.GridPlan.of(spec, ctx, image, size, c, target.segmented_lines)
             plan.rings = rings
             plan.local_theta, plan.local_layers = local
+            plan.compact = compact
             program = lower_parts(parts, plan)
-            lowerings[(*size, c)] = program, memory_use(program)["fits"]  # the band's high end must fit
-        return lowerings[(*size, c)]
+            lowerings[(*size, c, compact)] = program, memory_use(program)["fits"]  # the band's high end must fit
+        return lowerings[(*size, c, compact)]
 
+    # the compact layout (`GridPlan.compact`) only where the model fits no other way (the layouts of the models that
+    # fit without it stay as they are)
+    layouts = (False, True)
     if grid:
-        return _given(grid, choices, lowered_at, memory, target)
+        return _given(grid, choices, lowered_at, memory, target, layouts)
     usable_width, usable_height = target.usable
     largest = min(target.usable)
     needed = 0
-    for c in choices:  # the most KV copies that fit some square (KV heads widened keep more rows working)
-        lowered, needed = lowered_at((largest, largest), c)
-        if needed > memory:
-            continue
-        side = _smallest(lambda n, c=c: lowered_at((n, n), c)[1] <= memory, largest)
-        best = g.best_grid(spec, side, largest, c)
-        return lowered_at((best, best), c)[0]
-    for c in choices:  # no square holds it: the machine's full height, the narrowest width that holds it
-        lowered, needed = lowered_at(target.usable, c)
-        if needed > memory:
-            continue
-        width = _smallest(lambda n, c=c: lowered_at((n, usable_height), c)[1] <= memory, usable_width)
-        return lowered_at(g.best_rectangle(spec, width, target.usable, c), c)[0]
+    for compact in layouts:
+        for c in choices:  # the most KV copies that fit some square (KV heads widened keep more rows working)
+            if compact and lowered_at(target.usable, c, compact)[1] > memory:
+                continue  # nothing smaller than the machine's whole rectangle fits (saves the square's lowering)
+            lowered, needed = lowered_at((largest, largest), c, compact)
+            if needed > memory:
+                continue
+            side = _smallest(lambda n, c=c, compact=compact: lowered_at((n, n), c, compact)[1] <= memory, largest)
+            best = g.best_grid(spec, side, largest, c)
+            return lowered_at((best, best), c, compact)[0]
+        for c in choices:  # no square holds it: the machine's full height, the narrowest width that holds it
+            lowered, needed = lowered_at(target.usable, c, compact)
+            if needed > memory:
+                continue
+            width = _smallest(
+                lambda n, c=c, compact=compact: lowered_at((n, usable_height), c, compact)[1] <= memory, usable_width
+            )
+            return lowered_at(g.best_rectangle(spec, width, target.usable, c), c, compact)[0]
     raise PassError(
         f"{PASS}: the model does not fit a {usable_width} x {usable_height} grid of {memory}-byte elements "
         f"({needed} bytes per element at the high end of its memory band)"
@@ -405,11 +414,13 @@ def _smallest(fits: Callable[[int], bool], largest: int) -> int:
 def _given(
     grid: int | tuple[int, int],
     choices: list[int],
-    lowered_at: Callable[[tuple[int, int], int], tuple[GridProgram, int]],
+    lowered_at: Callable[[tuple[int, int], int, bool], tuple[GridProgram, int]],
     memory: int,
     target: csl_ext.Target,
+    layouts: Sequence[bool] = (False,),
 ) -> GridProgram:
-    """The grid the user gave (`grid=P` or `grid=WxH`), with the most KV copies that fit it."""
+    """The grid the user gave (`grid=P` or `grid=WxH`), with the most KV copies that fit it (the compact layout
+    only where nothing else fits)."""
     width, height = (grid, grid) if isinstance(grid, int) else grid
     if min(width, height) < 2:
         raise PassError(f"{PASS}: a grid of {width} x {height} elements has no lines to reduce along (both >= 2)")
@@ -420,10 +431,11 @@ def _given(
             f"{usable_height} of its {target.fabric[0]} x {target.fabric[1]} (memcpy takes 7 columns and 2 rows)"
         )
     needed = 0
-    for c in choices:  # the most KV copies that fit: the most rows working on attention
-        lowered, needed = lowered_at((width, height), c)
-        if needed <= memory:
-            return lowered
+    for compact in layouts:
+        for c in choices:  # the most KV copies that fit: the most rows working on attention
+            lowered, needed = lowered_at((width, height), c, compact)
+            if needed <= memory:
+                return lowered
     raise PassError(
         f"{PASS}: the model does not fit a {width} x {height} grid of {memory}-byte elements ({needed} bytes per "
         "element at the high end of its memory band)",

@@ -97,6 +97,10 @@ class GridPlan:
     rotary_freqs: tuple[float, ...] = ()  # a partial rotary's own frequencies (over rotary_dim), () for the head's
     local_theta: float | None = None  # the rope base of the layers that rotate by their own (Gemma 3's local ones)
     local_layers: tuple[int, ...] = ()  # those layers (unscaled; the others rotate by the model's base and scaling)
+    # the compact layout, taken where a model fits no other way: a tied head reads the embedding's array (one copy
+    # of the table), and the head's logits are reduced in pieces as long as the row's other messages (the row's
+    # line buffer is not as long as the vocabulary's chunk)
+    compact: bool = False
 
     @staticmethod
     def of(

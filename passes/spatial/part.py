@@ -135,6 +135,8 @@ class PartLowering(LineReductions):
     def declare(self, weight: g.Weight, plan_layers: bool) -> g.Weight:
         plan = self.plan
         known = plan.weights.get(weight.name)
+        if known is None and plan.compact and weight.kind == "table":  # a tied head: the embedding's array
+            known = next((w for w in plan.weights.values() if w.kind == "table" and w.tensors == weight.tensors), None)
         if known is None:
             tensors = weight.tensors
             if plan_layers:  # the tensor each layer's program names for this weight

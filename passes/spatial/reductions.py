@@ -50,8 +50,42 @@ class LineReductions:
             self.reduce_body(e, array, n, along, combine, broadcast)
             return
         words = self.program.arrays[f"line_{along}"][0]
+        if n > words and self.plan.compact and along == "row":  # the compact layout's logits: piece by piece
+            name = self.reducer(along, combine, broadcast, segment_only)
+            line = self.arr(f"line_{along}")
+            with e.loop(n // words) as (body, i, _, _y):  # the whole pieces, in a loop (the code stays small)
+                at = body.bin(arith.MuliOp, i, body.int(words))
+                body.dsd_op(csl.FmovsOp, body.dsd(line, words), body.moved(body.dsd(array, words), at))
+                body.op(csl.CallOp(SymbolRefAttr(name), [body.u16(words)]))
+                body.dsd_op(csl.FmovsOp, body.moved(body.dsd(array, words), at), body.dsd(line, words))
+            if n % words:
+                self.reduce_piece(e, array, n - n % words, n % words, along, combine, broadcast, segment_only)
+            return
         if n > words:
             raise PassError(f"{PASS}: a reduction of {n} words along a {along} exceeds its line buffer ({words})")
+        self.reduce_piece(e, array, 0, n, along, combine, broadcast, segment_only)
+
+    def reduce_piece(
+        self,
+        e: Emit,
+        array: SSAValue,
+        start: int,
+        n: int,
+        along: str,
+        combine: type[csl.BuiltinDsdOp],
+        broadcast: bool,
+        segment_only: bool,
+    ) -> None:
+        """`array[start:start + n]` reduced by the line's function of its kind (`reduce`), through the line buffer."""
+        name = self.reducer(along, combine, broadcast, segment_only)
+        line = self.arr(f"line_{along}")
+        e.dsd_op(csl.FmovsOp, e.dsd(line, n), e.dsd(array, n, start))
+        e.op(csl.CallOp(SymbolRefAttr(name), [e.u16(n)]))
+        e.dsd_op(csl.FmovsOp, e.dsd(array, n, start), e.dsd(line, n))
+
+    def reducer(self, along: str, combine: type[csl.BuiltinDsdOp], broadcast: bool, segment_only: bool) -> str:
+        """The name of the line's reduction function of this kind, built the first time it is asked for."""
+        words = self.program.arrays[f"line_{along}"][0]
         kind = "_local" if segment_only else ("" if broadcast else "_to_centre")
         name = f"reduce_{along}_{combine.name.removeprefix('csl.')}" + kind
         if name not in self.program.reducers:
@@ -65,10 +99,7 @@ class LineReductions:
             )
             body.op(csl.ReturnOp())
             self.program.reducers[name] = csl.FuncOp(name, FunctionType.from_lists([U16], []), Region(block))
-        line = self.arr(f"line_{along}")
-        e.dsd_op(csl.FmovsOp, e.dsd(line, n), e.dsd(array, n))
-        e.op(csl.CallOp(SymbolRefAttr(name), [e.u16(n)]))
-        e.dsd_op(csl.FmovsOp, e.dsd(array, n), e.dsd(line, n))
+        return name
 
     def reduce_body(
         self,
