@@ -201,6 +201,14 @@ def lower_rope(part: PartLowering, op: logos.RopeOp) -> None:
     data, freq = part.arr(x.array), part.arr(table)
     pairs = x.chunk // 2
     local = part.plan.local_theta is not None and part.layer is not None
+    # YaRN's and LongRoPE's attention factor scales cos and sin, in f32 after them (as transformers scales its
+    # tables); the local layers' own tables are never scaled (a spec with a local base has no scaling but linear)
+    factor = None if op.rope_scaling is None else op.rope_scaling.attention_factor
+    factor = None if factor in (None, 1.0) else factor
+
+    def scaled(b: Emit, value: SSAValue) -> SSAValue:
+        return value if factor is None else b.op(arith.MulfOp(value, b.float(factor))).results[0]
+
     if part.layer is not None:  # the angles are the position's in every layer: layer 0 turns them into cos, sin
         part.program.array(f"rope_cos_{x.chunk}", pairs)
         part.program.array(f"rope_sin_{x.chunk}", pairs)
@@ -208,8 +216,8 @@ def lower_rope(part: PartLowering, op: logos.RopeOp) -> None:
         with e.when(e.cmp(part.layer, e.int(0), "eq")) as first_layer:
             with first_layer.loop(pairs) as (body, i, _, _y):
                 angle = body.op(arith.MulfOp(angle_base, body.load(freq, i))).results[0]
-                body.store(body.math(part.program.math, "cos_f32", angle), cosines, i)
-                body.store(body.math(part.program.math, "sin_f32", angle), sines, i)
+                body.store(scaled(body, body.math(part.program.math, "cos_f32", angle)), cosines, i)
+                body.store(scaled(body, body.math(part.program.math, "sin_f32", angle)), sines, i)
             if local:
                 local_cosines, local_sines = _local_angles(part, first_layer, x, angle_base)
         if local:
@@ -224,8 +232,8 @@ def lower_rope(part: PartLowering, op: logos.RopeOp) -> None:
             cos, sin = body.load(cosines, i), body.load(sines, i)
         else:
             angle = body.op(arith.MulfOp(angle_base, body.load(freq, i))).results[0]
-            cos = body.math(part.program.math, "cos_f32", angle)
-            sin = body.math(part.program.math, "sin_f32", angle)
+            cos = scaled(body, body.math(part.program.math, "cos_f32", angle))
+            sin = scaled(body, body.math(part.program.math, "sin_f32", angle))
         even = body.bin(arith.MuliOp, i, body.int(2))
         odd = body.bin(arith.AddiOp, even, body.int(1))
         a, b = body.load(data, even), body.load(data, odd)
@@ -716,17 +724,13 @@ def _unlowered_variant(op: Operation, plan: g.GridPlan, spec: ModelSpec | None) 
     window (the layer's cache, `_attend`), scale and soft-cap; a norm's one plus its weight; a rotation's partial
     rotary dimension where it is the plan's (its pairs and tables, `grid.kv_rows`, `grid.inv_freq_chunk`)), or None.
     A rotation's base and scaling are held to the model's (`spec`: the part being lowered is a copy outside its
-    program, where `logos.variant` finds no spec); one that scales cos and sin (YaRN's and LongRoPE's attention
-    factor) is refused, as the grid's rotary tables hold frequencies only."""
+    program, where `logos.variant` finds no spec)."""
     if isinstance(op, logos.RopeOp) and spec is not None:
         local = op.theta.value.data == plan.local_theta and op.rope_scaling is None and plan.rotary_dim is None
         if op.theta.value.data != spec.rope_theta and not local:
             return f"rotates with base {op.theta.value.data!r}, not its model's {spec.rope_theta!r}"
         if op.rope_scaling != spec.rope_scaling and not local:
             return f"rotates with rope scaling {op.rope_scaling}, not its model's {spec.rope_scaling}"
-    scaling = op.rope_scaling if isinstance(op, logos.RopeOp) else None
-    if scaling is not None and scaling.attention_factor not in (None, 1.0):  # the tables hold frequencies only
-        return f"scales cos and sin by {scaling.rope_type} attention factor {scaling.attention_factor!r}"
     computed = ["window", "scale", "softcap", "plus_one"]
     if isinstance(op, logos.RopeOp) and op.rotary_dim is not None and op.rotary_dim.value.data == plan.rotary_dim:
         computed.append("rotary_dim")

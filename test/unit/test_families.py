@@ -104,8 +104,8 @@ GEMMA = {"gemma2", "gemma3_text", "gemma3_text-linear"}
 # The families shaped as a GGUF can say them (test_gguf_families reads each from the GGUF it writes): the same
 # operations as their families above, so the lanes' cells are those families'.
 GGUF_SHAPED = {"gemma2-gguf", "gemma3_text-gguf", "gemma3_text-gguf-linear", "phi3-gguf", "phi3-gguf-partial"}
-# YaRN's and LongRoPE's scalings: the CUDA and D5005 lanes' rope tables compute them, the wafer refuses their
-# attention factor by name (test_rope_scaling.py).
+# YaRN's and LongRoPE's scalings: each lane's rope tables compute them, cos and sin scaled by the attention factor
+# (test_rope_scaling.py runs them on each lane).
 ROPE_SCALED = {"qwen2-yarn", "phi3-longrope"}
 
 

@@ -157,6 +157,8 @@ LANE_RUNS = [
     ("qwen2-yarn", "cuda", True, 2),
     ("qwen2-yarn", "d5005", False, 1),
     ("phi3-longrope", "d5005", False, 1),
+    ("qwen2-yarn", "spatial", False, 1),
+    ("phi3-longrope", "spatial", False, 1),
 ]
 
 
@@ -183,17 +185,11 @@ def test_the_scaled_families_goldens_pin_the_scaling() -> None:
     ("family", "backend", "emulate", "tp"),
     LANE_RUNS,
     ids=["cuda-emulated-yarn", "cuda-emulated-longrope", "cuda-emulated-tp2-yarn", "d5005-pocl-yarn",
-         "d5005-pocl-longrope"],
+         "d5005-pocl-longrope", "spatial-fabric-yarn", "spatial-fabric-longrope"],
 )  # fmt: skip
 def test_the_lanes_rope_tables_give_transformers_tokens(family: str, backend: str, emulate: bool, tp: int) -> None:
     run = GOLDENS[family]["runs"][0]
     assert _family_lane(family, backend, emulate, tp).generate(run["prompt"], len(run["tokens"])) == run["tokens"]
-
-
-@pytest.mark.parametrize("family", sorted(SCALED))
-def test_the_spatial_lane_refuses_the_attention_factor_by_name(family: str) -> None:
-    with pytest.raises(LogosError, match=f"scales cos and sin by {SCALED[family]} attention factor"):
-        _family_lane(family, "spatial", False).generate([1, 2, 3], 1)
 
 
 def _config(family: str, **changes) -> dict:  # noqa: ANN003
