@@ -26,14 +26,6 @@ NO_OPENCL = opencl_available()
 needs_opencl = pytest.mark.usefixtures("opencl_device")
 
 
-@pytest.fixture
-def opencl_device() -> None:
-    """The OpenCL CPU device the engine runs on: PoCL gives it and is a declared dependency, so a test fails without
-    it rather than skipping."""
-    if NO_OPENCL is not None:
-        pytest.fail(f"no OpenCL CPU device ({NO_OPENCL}): install PoCL, `pip install pocl-binary-distribution`")
-
-
 def spec(**sizes: object) -> ModelSpec:
     base: dict[str, object] = dict(
         vocab=96, hidden=48, layers=2, heads=4, kv_heads=2, head_dim=12, intermediate=80,

@@ -34,15 +34,6 @@ from logos_ir.weights import open_model
 pytestmark = pytest.mark.usefixtures("opencl_device")
 
 
-@pytest.fixture
-def opencl_device() -> None:
-    from logos_ir.runtime.opencl import opencl_available
-
-    missing = opencl_available()
-    if missing is not None:
-        pytest.fail(f"no OpenCL CPU device ({missing}): install PoCL, `pip install pocl-binary-distribution`")
-
-
 def _lowered(family: str, ctx: int = 32, weights: str = "f32") -> d5005.ProgramOp:
     store = open_model(str(FAMILIES / family))
     text, _ = written(store.spec, Cut.decode(ctx))

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from test_d5005_cost_model import _sent
 from test_families import FAMILIES, GOLDENS, _lane, _Recording
-from test_families_d5005 import _every, _lowered, _rewritten
+from test_families_d5005 import _every, _greedy, _lowered, _rewritten
 
 from logos_ir.dialects import d5005
 from logos_ir.passes.d5005 import aoc_report, cost_model
@@ -31,15 +31,6 @@ from logos_ir.runtime.d5005 import Engine, StreamError, decode_ops, read_stream
 from logos_ir.weights import open_model
 
 pytestmark = pytest.mark.usefixtures("opencl_device")
-
-
-@pytest.fixture
-def opencl_device() -> None:
-    from logos_ir.runtime.opencl import opencl_available
-
-    missing = opencl_available()
-    if missing is not None:
-        pytest.fail(f"no OpenCL CPU device ({missing}): install PoCL, `pip install pocl-binary-distribution`")
 
 
 GEMMAS = ("gemma2", "gemma2-gguf", "gemma3_text", "gemma3_text-linear", "gemma3_text-gguf", "gemma3_text-gguf-linear")
@@ -58,19 +49,6 @@ def _engine(family: str, stream: bytes | None = None, source: str | None = None)
     source = source or engine_source(program.identity.data, program.params, engine_features(program))
     stream = stream or encode_stream(program, image_bytes(program))
     return Engine(source, stream, weight_image(program, store.spec, store))
-
-
-def _greedy(engine: Engine, run: dict) -> list[int]:
-    """The engine's greedy tokens after a golden run's prompt, one decode step each (the engine's tokens count
-    from 1, the goldens' from 0)."""
-    tokens: list[int] = []
-    for position, token in enumerate(run["prompt"], start=1):
-        predicted = engine.step(token + 1, position)
-    for position in range(len(run["prompt"]) + 1, len(run["prompt"]) + len(run["tokens"]) + 1):
-        tokens.append(predicted - 1)
-        if len(tokens) < len(run["tokens"]):
-            predicted = engine.step(predicted, position)
-    return tokens
 
 
 def test_each_gemma_operation_is_a_field_of_its_word() -> None:
