@@ -293,6 +293,21 @@ class LinearRopeScalingAttr(ParametrizedAttribute):
 YARN_FLOAT_KEYS = ("beta_fast", "beta_slow", "attention_factor")
 
 
+def _factor_and_context_text(attr: YarnRopeScalingAttr | LongRopeScalingAttr) -> str:
+    """The first two entries YaRN's and LongRoPE's attributes print: the factor and the original context."""
+    size = attr.original_max_position_embeddings.value.data
+    return f"factor = {_float_text(attr.factor.value.data)}, original_max_position_embeddings = {size}"
+
+
+def _parse_factor_and_context(parser: AttrParser) -> list[Attribute]:
+    """`_factor_and_context_text`'s entries, parsed."""
+    _parse_entry(parser, "factor", True)
+    values: list[Attribute] = [_parse_float(parser)]
+    _parse_entry(parser, "original_max_position_embeddings", False)
+    values.append(IntegerAttr(parser.parse_integer(allow_boolean=False), i64))
+    return values
+
+
 @irdl_attr_definition
 class YarnRopeScalingAttr(ParametrizedAttribute):
     """YaRN's rotary frequency scaling (`logos_ir.rope.yarn_inv_freq`), with the attention factor that scales cos
@@ -331,18 +346,12 @@ class YarnRopeScalingAttr(ParametrizedAttribute):
 
     def print_parameters(self, printer: Printer) -> None:
         rest = ", ".join(f"{key} = {_float_text(getattr(self, key).value.data)}" for key in YARN_FLOAT_KEYS)
-        size = self.original_max_position_embeddings.value.data
-        printer.print_string(
-            f"<factor = {_float_text(self.factor.value.data)}, original_max_position_embeddings = {size}, {rest}>"
-        )
+        printer.print_string(f"<{_factor_and_context_text(self)}, {rest}>")
 
     @classmethod
     def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
         with parser.in_angle_brackets():
-            _parse_entry(parser, "factor", True)
-            values: list[Attribute] = [_parse_float(parser)]
-            _parse_entry(parser, "original_max_position_embeddings", False)
-            values.append(IntegerAttr(parser.parse_integer(allow_boolean=False), i64))
+            values = _parse_factor_and_context(parser)
             for key in YARN_FLOAT_KEYS:
                 _parse_entry(parser, key, False)
                 values.append(_parse_float(parser))
@@ -389,20 +398,16 @@ class LongRopeScalingAttr(ParametrizedAttribute):
         )
 
     def print_parameters(self, printer: Printer) -> None:
-        size = self.original_max_position_embeddings.value.data
         factors = ", ".join(_float_text(float(v)) for v in self.factors.get_values())
         printer.print_string(
-            f"<factor = {_float_text(self.factor.value.data)}, original_max_position_embeddings = {size}, "
-            f"attention_factor = {_float_text(self.attention_factor.value.data)}, factors = array<f64: {factors}>>"
+            f"<{_factor_and_context_text(self)}, attention_factor = {_float_text(self.attention_factor.value.data)}, "
+            f"factors = array<f64: {factors}>>"
         )
 
     @classmethod
     def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
         with parser.in_angle_brackets():
-            _parse_entry(parser, "factor", True)
-            values: list[Attribute] = [_parse_float(parser)]
-            _parse_entry(parser, "original_max_position_embeddings", False)
-            values.append(IntegerAttr(parser.parse_integer(allow_boolean=False), i64))
+            values = _parse_factor_and_context(parser)
             _parse_entry(parser, "attention_factor", False)
             values.append(_parse_float(parser))
             _parse_entry(parser, "factors", False)
