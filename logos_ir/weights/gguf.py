@@ -15,7 +15,7 @@ import math
 import mmap
 import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -249,6 +249,16 @@ class GGUFFile:
             )
         return GGUFTensor(name, qtype, tuple(reversed(dims)), start, nbytes)
 
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor `name`'s bytes as stored, a read-only view of the file: uint8 of shape
+        `(*shape[:-1], row_bytes)` (no llama.cpp permutation undone)."""
+        tensor = self.tensors.get(name)
+        if tensor is None:
+            raise WeightError(f"{self.path}: tensor '{name}' is not in the file")
+        raw = np.frombuffer(self._map, dtype=np.uint8, count=tensor.nbytes, offset=tensor.start)
+        rows = tensor.shape[:-1]
+        return raw.reshape(*rows, tensor.nbytes // max(1, math.prod(rows)))
+
     def read(self, name: str) -> np.ndarray:
         """The tensor `name` as a new float32 array in numpy order (no llama.cpp permutation undone)."""
         tensor = self.tensors.get(name)
@@ -472,10 +482,18 @@ class GGUFStore(WeightStore):
         return shape
 
     def _load(self, name: str) -> np.ndarray:
+        return self._as_program_reads(name, self.file.read)
+
+    def _blocks(self, name: str) -> np.ndarray:
+        return self._as_program_reads(name, self.file.raw)
+
+    def _as_program_reads(self, name: str, read: Callable[[str], np.ndarray]) -> np.ndarray:
+        """The tensor read by `read` (its values, or its stored bytes, rows alike) in the program's rows: a part of
+        a fused tensor its own rows, a permuted Q or K put back in Hugging Face's order."""
         gname = self._gguf_names.get(name)
         if gname is None:
             raise self._missing(name)
-        array = self.file.read(gname)
+        array = read(gname)
         if name in self._rows:  # a part of a fused tensor (Phi-3's attn_qkv, its ffn_up of gate and up)
             first, end = self._rows[name]
             array = array[first:end].copy()

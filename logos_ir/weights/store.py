@@ -140,6 +140,28 @@ class WeightStore(ABC):
         self._cache[name] = array
         return array
 
+    def blocks(self, name: str) -> np.ndarray:
+        """The tensor's bytes as its file stores them, for a tensor the spec stores in a block format
+        (`spec.stored_as`): a read-only uint8 array of shape `(*shape[:-1], row_bytes)`, one row of bytes a row of
+        the tensor in Hugging Face row order (a GGUF's permuted Q and K rows put back, a part of a fused tensor
+        its own rows), so rows and whole blocks may be cut from it as from the values. A lane that reads the
+        weights as stored reads them here; `get` is their dequantized values. WeightError for a tensor the
+        store does not hold in blocks."""
+        fmt = self.spec.stored_as(name)
+        if fmt is None or quant.FORMATS[fmt].family == "float":
+            raise WeightError(f"{self.source}: tensor '{name}' is not stored in blocks")
+        raw = np.ascontiguousarray(self._blocks(name), dtype=np.uint8)
+        shape = self.shape(name)
+        expected = (*shape[:-1], quant.FORMATS[fmt].stored_bytes((shape[-1],)))
+        if raw.shape != expected:
+            raise WeightError(f"{self.source}: tensor '{name}' holds {raw.shape} bytes, not {expected}")
+        raw.setflags(write=False)
+        return raw
+
+    def _blocks(self, name: str) -> np.ndarray:
+        """The tensor's stored bytes, rows of blocks (stores holding block formats override this)."""
+        raise WeightError(f"{self.source}: tensor '{name}' is not stored in blocks")
+
     def part(self, name: str, axis: int, start: int, stop: int, element: str = "f32") -> np.ndarray:
         """Elements `start:stop` of the tensor along `axis` (a chip's share), as a fresh contiguous array, without
         caching the tensor: float32 values (`element` "f32") or bfloat16 bit patterns (uint16, "bf16": a bf16 file's
@@ -264,6 +286,7 @@ class QuantizedWeights(WeightStore):
         spec = replace(inner.spec, storage=tuple((n, format_name) for n in stored))
         super().__init__(spec, f"{inner.source}, stored in {format_name}")
         self._stored = frozenset(stored)
+        self._stored_blocks: dict[str, np.ndarray] = {}
 
     def names(self) -> list[str]:
         return self.inner.names()
@@ -275,7 +298,15 @@ class QuantizedWeights(WeightStore):
         values = self.inner.get(name)
         if name not in self._stored:
             return values
-        return quant.dequantize(quant.quantize(values, self.format), self.format, values.shape)
+        return quant.dequantize(self.blocks(name), self.format, values.shape)
+
+    def _blocks(self, name: str) -> np.ndarray:
+        if name not in self._stored:
+            return super()._blocks(name)
+        cached = self._stored_blocks.get(name)
+        if cached is None:
+            cached = self._stored_blocks[name] = quant.quantize(self.inner.get(name), self.format)
+        return cached
 
 
 class ArrayStore(WeightStore):

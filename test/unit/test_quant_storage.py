@@ -186,3 +186,29 @@ def test_compile_quantizes_only_a_preset(tmp_path) -> None:
         != 0
     )
     assert not out.exists()
+
+
+def test_a_lane_reads_a_weights_blocks_as_the_file_stores_them_in_the_programs_rows() -> None:
+    """`blocks` is the file's bytes of a tensor, rows in Hugging Face's order: the embedded GGUF's permuted Q rows
+    put back, so its blocks dequantize to `get`; an f32 tensor has none."""
+    from logos_ir.errors import WeightError
+
+    store = open_model(None)
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.down_proj.weight"):
+        fmt = quant.FORMATS[store.spec.stored_as(name)]
+        raw = store.blocks(name)
+        assert raw.dtype == np.uint8 and not raw.flags.writeable
+        assert raw.shape == (store.shape(name)[0], fmt.stored_bytes((store.shape(name)[1],)))
+        np.testing.assert_array_equal(quant.dequantize(raw, fmt, store.shape(name)), store.get(name))
+    with pytest.raises(WeightError, match="input_layernorm.weight' is not stored in blocks"):
+        store.blocks("model.layers.0.input_layernorm.weight")
+
+
+def test_a_store_quantized_by_the_project_keeps_its_blocks_once() -> None:
+    from logos_ir.models import ModelSource
+
+    store = ModelSource.resolve("tiny", storage="q4_0").store()
+    name = "model.layers.0.self_attn.k_proj.weight"
+    raw = store.blocks(name)
+    assert store.blocks(name) is raw or np.shares_memory(store.blocks(name), raw)
+    np.testing.assert_array_equal(quant.dequantize(raw, quant.FORMATS["q4_0"], store.shape(name)), store.get(name))
