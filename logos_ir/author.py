@@ -69,6 +69,7 @@ def write(
         _check_split(spec, cut, tp)
     if cut.layer is not None:
         _check_layer(spec, cut.layer)
+    spec = spec.at_context(cut.ctx)  # LongRoPE's factors for this context: the program states the ones it uses
     plan = _Plan(spec, cut, chips=tp or 1, split=tp is not None, tokens=tokens, pos0=pos0)
     program_op = plan.program()
     text = print_program(program_op)

@@ -37,6 +37,11 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None = Non
         return yarn_inv_freq(scaling, head_dim, theta)
     if scaling.rope_type == "longrope":
         assert scaling.factors is not None
+        if scaling.long_factors is not None:
+            raise SpecError(
+                "a LongRoPE scaling with short and long factors rotates with one set, chosen by the context"
+                " (RopeScaling.at_context)"
+            )
         if len(scaling.factors) != head_dim // 2:
             raise SpecError(f"a LongRoPE scaling of {len(scaling.factors)} factors cannot scale {head_dim // 2} pairs")
         return inv_freq / np.asarray(scaling.factors, dtype=np.float64)

@@ -11,7 +11,7 @@ import json
 import math
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,9 +63,12 @@ class RopeScaling:
     Gemma 3's global layers, long-context Llama 2s), YaRN's (`rope_type: yarn`: the frequencies that turn fewer than
     `beta_slow` times over the original context divided by `factor`, those that turn more than `beta_fast` times
     kept, a linear ramp over the pairs between; Qwen2.5/Qwen3's long-context configs) or LongRoPE's (`rope_type:
-    longrope`: each pair's frequency divided by its own factor, `factors`, the ones a program uses for its context;
-    Phi-3/Phi-4-mini). YaRN and LongRoPE scale cos and sin by `attention_factor`. A field a kind does not have is
-    None."""
+    longrope`: each pair's frequency divided by its own factor; Phi-3/Phi-4-mini). YaRN and LongRoPE scale cos and
+    sin by `attention_factor`. A field a kind does not have is None.
+
+    A LongRoPE model has two sets of factors, `factors` (the short ones) and `long_factors` (None where they are the
+    short ones): which a computation uses depends on its context (`at_context`), so a program states the one set it
+    uses and its scaling has no `long_factors`."""
 
     factor: float
     low_freq_factor: float | None = None
@@ -76,6 +79,7 @@ class RopeScaling:
     beta_slow: float | None = None
     attention_factor: float | None = None
     factors: tuple[float, ...] | None = None
+    long_factors: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         kinds = ("llama3", "linear", "yarn", "longrope")
@@ -91,6 +95,8 @@ class RopeScaling:
         }[self.rope_type]
         ints = () if self.rope_type == "linear" else ("original_max_position_embeddings",)
         tuples = ("factors",) if self.rope_type == "longrope" else ()
+        if self.rope_type == "longrope" and self.long_factors is not None:
+            tuples = ("factors", "long_factors")
         for name in floats:
             value = getattr(self, name)
             if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
@@ -114,6 +120,7 @@ class RopeScaling:
             "beta_slow",
             "attention_factor",
             "factors",
+            "long_factors",
         ):
             if name not in (*floats, *ints, *tuples) and getattr(self, name) is not None:
                 raise SpecError(f"a {self.rope_type} rope scaling has no '{name}'")
@@ -125,6 +132,27 @@ class RopeScaling:
             assert self.beta_fast is not None and self.beta_slow is not None
             if self.beta_fast <= self.beta_slow:
                 raise SpecError("rope scaling beta_fast must be greater than beta_slow")
+        if self.long_factors is not None:
+            assert self.factors is not None
+            if len(self.long_factors) != len(self.factors):
+                raise SpecError(
+                    f"a LongRoPE scaling's long factors ({len(self.long_factors)}) and short factors"
+                    f" ({len(self.factors)}) are not as many"
+                )
+            if self.long_factors == self.factors:
+                raise SpecError("a LongRoPE scaling whose long factors are its short ones has no long_factors")
+
+    def at_context(self, ctx: int | None) -> RopeScaling:
+        """The scaling a computation over a cache of `ctx` positions rotates with: LongRoPE's long factors where
+        `ctx` is longer than the original context, its short ones otherwise (llama.cpp's rule, `n_ctx_per_seq >
+        n_ctx_orig_yarn`; transformers picks by the sequence's length so far, which is the same wherever a sequence
+        stays on one side of the original context; a computation with no cache, an embedding or a head, rotates
+        nothing and takes the short ones); every other scaling as it is."""
+        if self.long_factors is None:
+            return self
+        assert self.original_max_position_embeddings is not None
+        long = ctx is not None and ctx > self.original_max_position_embeddings
+        return replace(self, factors=self.long_factors if long else self.factors, long_factors=None)
 
     def to_dict(self) -> dict[str, Any]:
         """As a config.json's `rope_scaling` says it (a linear one: its type and factor only; a LongRoPE one: its
@@ -133,7 +161,9 @@ class RopeScaling:
         out = {key: value for key, value in vars(self).items() if value is not None}
         if self.factors is not None:
             del out["factors"]
-            out["short_factor"] = out["long_factor"] = list(self.factors)
+            out.pop("long_factors", None)
+            out["short_factor"] = list(self.factors)
+            out["long_factor"] = list(self.long_factors or self.factors)
         return out
 
 
@@ -368,6 +398,13 @@ class ModelSpec:
         local = self.local_rope_theta is not None and self.window_of(layer) is not None
         return None if local else self.rope_scaling
 
+    def at_context(self, ctx: int | None) -> ModelSpec:
+        """The model as a computation over a cache of `ctx` positions sees it: its rope scaling the one it rotates
+        with at that context (`RopeScaling.at_context`)."""
+        if self.rope_scaling is None or self.rope_scaling.long_factors is None:
+            return self
+        return replace(self, rope_scaling=self.rope_scaling.at_context(ctx))
+
     def window_of(self, layer: int) -> int | None:
         """The sliding window layer `layer` attends over, or None (the whole cache)."""
         return None if layer in self.full_layers else self.sliding_window
@@ -600,8 +637,7 @@ def _long_context_scaling(config: Mapping[str, Any], scaling: Mapping[str, Any],
     """YaRN's or LongRoPE's scaling as transformers 5 computes it from a config (`_compute_yarn_parameters`,
     `_compute_longrope_parameters`). Where the config gives the original context, transformers scales by
     `max_position_embeddings` over it, llama.cpp and vLLM by `factor`: a config where the two differ is refused.
-    A LongRoPE config whose short and long factors differ is refused: which a program uses depends on its context
-    (the long ones past the original, llama.cpp's rule), which a spec does not know."""
+    A LongRoPE config's short and long factors are both kept (`RopeScaling.at_context` chooses)."""
     _check_scaling_keys(scaling, kind, where)
     sub = f"{where} {kind} rope scaling"
     longest = config.get("max_position_embeddings")
@@ -647,10 +683,9 @@ def _long_context_scaling(config: Mapping[str, Any], scaling: Mapping[str, Any],
                 isinstance(v, bool) or not isinstance(v, (int, float)) for v in value
             ):
                 raise SpecError(f"{sub}: field '{name}' must be a list of numbers")
-        if short != long:
+        if len(short) != len(long):  # type: ignore[arg-type]
             raise SpecError(
-                f"{where}: the longrope rope scaling's short and long factors differ; which a program uses depends on"
-                " its context, which logos-ir's spec does not say yet"
+                f"{where}: the longrope rope scaling has {len(short)} short factors and {len(long)} long ones"  # type: ignore[arg-type]
             )
         if attention is None:
             attention = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
@@ -660,6 +695,7 @@ def _long_context_scaling(config: Mapping[str, Any], scaling: Mapping[str, Any],
             rope_type="longrope",
             attention_factor=attention,
             factors=tuple(float(v) for v in short),  # type: ignore[union-attr]
+            long_factors=None if long == short else tuple(float(v) for v in long),  # type: ignore[union-attr]
         )
     if scaling.get("truncate", True) is not True:
         raise SpecError(f"{where}: a yarn rope scaling with truncate {scaling['truncate']!r} is not said yet")

@@ -276,7 +276,31 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
             "pad_token_id": 0,
         },
     ),
+    # LongRoPE with short and long factors that differ (Phi-3-mini-128k, Phi-3.5-mini, Phi-4-mini): transformers
+    # turns by the short ones while the sequence is at most the original context (16 here) and by the long ones past
+    # it: a short prompt that stays within it and a long one that starts past it (PROMPTS_OF), each run over the
+    # cache logos-run sizes for it (64 and 128 positions, llama.cpp's rule choosing the same factors)
+    "phi3-longrope-two": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        {
+            "original_max_position_embeddings": 64,
+            "sliding_window": None,
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "short_factor": [1.0, 1.1, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0],
+                "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 9.0, 12.0, 16.0],
+            },
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "pad_token_id": 0,
+        },
+    ),
 }
+# Families whose prompts are their own: the LongRoPE model's short prompt stays within its original context of 64
+# (5 + 11 tokens the last step reads) and its long one starts past it (70 tokens).
+PROMPTS_OF = {"phi3-longrope-two": [PROMPTS[0], [(37 * i + 11) % 250 + 3 for i in range(70)]]}
 # Families whose norm weights are drawn as 1 + N(0, initializer_range) rather than left at transformers' ones, so
 # that a norm read from the wrong tensor (or not applied) changes the tokens: the families made after the first five
 # (whose committed files stay as they were made).
@@ -300,7 +324,7 @@ EMBEDDING_STD = {"gemma2-gguf": 0.02}
 FIRST_LOGITS = {"gemma2", "gemma2-gguf"}
 # A family whose first draw (seeded by its place in FAMILIES) had a near-tie (a top-1 margin of 1e-3 or less, which
 # f32 rounding could flip) takes another seed, said here.
-SEEDS = {"qwen3": 105}
+SEEDS = {"qwen3": 105, "phi3-longrope-two": 202}
 
 
 def routing_margins(model: Any) -> list[float]:
@@ -363,7 +387,7 @@ def make(family: str, out: Path) -> dict[str, Any]:
         (folder / extra).unlink(missing_ok=True)
     runs = []
     gaps = routing_margins(model)
-    for prompt in PROMPTS:
+    for prompt in PROMPTS_OF.get(family, PROMPTS):
         gaps.clear()
         tokens, margin, first = greedy(model, prompt, NEW_TOKENS)
         run = {"prompt": prompt, "tokens": tokens, "min_top1_margin": round(margin, 4)}

@@ -73,7 +73,7 @@ def rope_table(spec: ModelSpec, ctx: int, row_floats: int, name: str = TABLES[0]
     (whole bank words: `d5005.rope_row_floats`)."""
     from logos_ir.rope import rope_attention_factor, rope_inv_freq
 
-    theta, scaling = table_turn(name, spec)
+    theta, scaling = table_turn(name, spec.at_context(ctx))  # a cache's table: LongRoPE's factors of its context
     inv_freq = rope_inv_freq(spec.rotary_dim or spec.head_dim, theta, scaling)  # over the numbers that rotate
     angles = np.arange(ctx, dtype=np.float64)[:, None] * inv_freq[None, :]
     half = np.zeros((ctx, 2, row_floats // 2), dtype=np.float64)

@@ -106,7 +106,7 @@ GEMMA = {"gemma2", "gemma3_text", "gemma3_text-linear"}
 GGUF_SHAPED = {"gemma2-gguf", "gemma3_text-gguf", "gemma3_text-gguf-linear", "phi3-gguf", "phi3-gguf-partial"}
 # YaRN's and LongRoPE's scalings: each lane's rope tables compute them, cos and sin scaled by the attention factor
 # (test_rope_scaling.py runs them on each lane).
-ROPE_SCALED = {"qwen2-yarn", "phi3-longrope"}
+ROPE_SCALED = {"qwen2-yarn", "phi3-longrope", "phi3-longrope-two"}
 
 
 def _lane(family: str, backend: str, emulate: bool, tp: int = 1):  # noqa: ANN202

@@ -52,6 +52,8 @@ LONGROPE = RopeScaling(
     attention_factor=1.5,
     factors=(1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0),
 )
+# Phi-3-mini-128k's kind: short factors within the original context, long ones past it
+LONGROPE_TWO = replace(LONGROPE, long_factors=(1.0, 2.0, 3.0, 5.0, 8.0, 12.0, 16.0, 24.0))
 
 
 def test_yarn_keeps_the_fast_pairs_divides_the_slow_ones_and_ramps_between() -> None:
@@ -149,7 +151,7 @@ def test_the_scaling_and_its_attention_factor_are_what_the_tokens_depend_on(llam
 # Tiny models of each kind made by transformers (`tools/family_goldens.py`): Qwen2 with YaRN over an original
 # context of 32 stretched to 128, Phi-3 with LongRoPE's factors a pair (short and long alike) over the same.
 GOLDENS = json.loads((FAMILIES / "goldens.json").read_text())["families"]
-SCALED = {"qwen2-yarn": "yarn", "phi3-longrope": "longrope"}
+SCALED = {"qwen2-yarn": "yarn", "phi3-longrope": "longrope", "phi3-longrope-two": "longrope"}
 # each kind on each lane that computes it, the CUDA lane's YaRN run split over two chips too (its tables per chip)
 LANE_RUNS = [
     ("qwen2-yarn", "cuda", True, 1),
@@ -160,6 +162,9 @@ LANE_RUNS = [
     ("qwen2-yarn", "spatial", False, 1),
     ("phi3-longrope", "spatial", False, 1),
 ]
+# The LongRoPE model with short and long factors, each of its two runs on each lane: the short prompt over a cache of
+# 32 positions (within its original context of 64: the short factors), the long one (70 tokens) over 128 (the long)
+TWO_RUNS = [(0, 32), (1, 128)]
 
 
 def _family_lane(family: str, backend: str, emulate: bool, tp: int = 1):  # noqa: ANN202
@@ -190,6 +195,56 @@ def test_the_scaled_families_goldens_pin_the_scaling() -> None:
 def test_the_lanes_rope_tables_give_transformers_tokens(family: str, backend: str, emulate: bool, tp: int) -> None:
     run = GOLDENS[family]["runs"][0]
     assert _family_lane(family, backend, emulate, tp).generate(run["prompt"], len(run["tokens"])) == run["tokens"]
+
+
+@pytest.mark.parametrize(("run", "ctx"), TWO_RUNS, ids=["short", "long"])
+@pytest.mark.parametrize(
+    ("backend", "emulate"),
+    [("reference", False), ("cuda", True), ("d5005", False), ("spatial", False)],
+    ids=["reference", "cuda-emulated", "d5005-pocl", "spatial-fabric"],
+)
+def test_longropes_short_and_long_factors_give_transformers_tokens_at_their_contexts(
+    backend: str, emulate: bool, run: int, ctx: int
+) -> None:
+    """transformers turns by the short factors while a sequence is within the original context and by the long
+    ones past it; a program over a cache longer than the original context turns by the long ones (llama.cpp's
+    rule), so a prompt that stays within it over a short cache and one that starts past it over a long cache give
+    transformers' tokens on every lane."""
+    golden = GOLDENS["phi3-longrope-two"]["runs"][run]
+    request = RunRequest(open_model(str(FAMILIES / "phi3-longrope-two")), ctx=ctx, prefill_rows=16, weights="f32",
+                         emulate=emulate)  # fmt: skip
+    lane = backends()[backend].generator()(request)
+    assert lane.generate(golden["prompt"], len(golden["tokens"])) == golden["tokens"]
+
+
+def test_longropes_goldens_pin_which_factors_each_context_takes() -> None:
+    """Each run of the two-factor model turns by its own set: the same weights with only the other set (short and
+    long alike) give other tokens on the reference, at the same cache length."""
+    store = open_model(str(FAMILIES / "phi3-longrope-two"))
+    scaling = store.spec.rope_scaling
+    assert scaling is not None and scaling.long_factors is not None and scaling.original_max_position_embeddings == 64
+    arrays = {name: store.get(name) for name in store.names()}
+    for (run, ctx), other in zip(TWO_RUNS, (scaling.long_factors, scaling.factors), strict=True):
+        golden = GOLDENS["phi3-longrope-two"]["runs"][run]
+        one = replace(store.spec, rope_scaling=replace(scaling, factors=other, long_factors=None))
+        lane = backends()["reference"].generator()(RunRequest(ArrayStore(one, arrays), ctx=ctx, weights="f32"))
+        assert lane.generate(golden["prompt"], len(golden["tokens"])) != golden["tokens"], run
+
+
+def test_a_program_states_the_longrope_factors_of_its_context() -> None:
+    """The spec keeps both sets; a program over a cache within the original context (16) states the short ones,
+    one past it the long ones, so the identity changes with the set; a cut with no cache (the head) the short."""
+    spec = replace(TINY, rope_scaling=LONGROPE_TWO)
+    short = ", ".join(repr(f) for f in LONGROPE_TWO.factors)  # type: ignore[union-attr]
+    long = ", ".join(repr(f) for f in LONGROPE_TWO.long_factors)  # type: ignore[union-attr]
+    for cut, factors in ((Cut.decode(16), short), (Cut.decode(17), long), (Cut.decode_head(), short)):
+        text = write(spec, cut).text
+        assert f"divided by LongRoPE's factors {factors} for" in text, cut
+        assert parse_program(text).model.spec.rope_scaling.long_factors is None  # type: ignore[union-attr]
+    assert spec.at_context(16).rope_scaling == replace(LONGROPE, long_factors=None)
+    assert spec.at_context(17).rope_scaling.factors == LONGROPE_TWO.long_factors  # type: ignore[union-attr]
+    with pytest.raises(SpecError, match="rotates with one set, chosen by the context"):
+        rope_inv_freq(16, 1e4, LONGROPE_TWO)
 
 
 def _config(family: str, **changes) -> dict:  # noqa: ANN003
@@ -241,15 +296,15 @@ PHI3 = {"original_max_position_embeddings": 32}  # Phi-3 says LongRoPE's origina
         ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 32, "beta_fast": 32.0}, {},
          "key 'beta_fast' of a llama3 rope scaling is not one logos-ir reads"),
-        ({"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}, PHI3,
-         "the longrope rope scaling's short and long factors differ"),
+        ({"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 7}, PHI3,
+         "the longrope rope scaling has 8 short factors and 7 long ones"),
         ({"rope_type": "longrope", "short_factor": [1.0] * 3, "long_factor": [1.0] * 3}, PHI3,
          "a LongRoPE scaling has 3 factors, not one for each of 8 pairs"),
         ({"rope_type": "longrope", "long_factor": [1.0] * 8}, PHI3,
          "field 'short_factor' must be a list of numbers"),
         ({"rope_type": "dynamic", "factor": 2.0}, {}, "rope scaling of type 'dynamic' is not supported"),
     ],
-    ids=["factor", "truncate", "beta", "key", "llama3-key", "short-long", "pairs", "short", "dynamic"],
+    ids=["factor", "truncate", "beta", "key", "llama3-key", "short-long-count", "pairs", "short", "dynamic"],
 )  # fmt: skip
 def test_a_long_context_scaling_a_program_cannot_say_is_refused_by_name(rope: dict, top: dict, message: str) -> None:
     with pytest.raises(SpecError, match=re.escape(message)):
@@ -275,7 +330,7 @@ def test_a_ggufs_yarn_or_longrope_is_refused_by_name(
         open_model(str(path))
 
 
-@pytest.mark.parametrize("scaling", [YARN, LONGROPE], ids=["yarn", "longrope"])
+@pytest.mark.parametrize("scaling", [YARN, LONGROPE, LONGROPE_TWO], ids=["yarn", "longrope", "longrope-two"])
 def test_a_written_config_reads_back_to_the_same_scaling(scaling: RopeScaling) -> None:
     spec = replace(TINY, rope_scaling=scaling)
     config = hf_config(spec)

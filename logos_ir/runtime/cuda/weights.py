@@ -25,9 +25,9 @@ def rope_tables(
     """cos and signed sin ([-sin, sin]) per position over a whole head, as the reference builds them: by the
     model's base or `theta`, with the model's rope scaling or none (`unscaled`), over the head's first `rotary`
     numbers (the whole head by default), with cos 1 and sin 0 past them (a partial rotary's numbers that pass
-    through)."""
+    through). A table of `length` positions is a cache's: LongRoPE's factors are those of that context."""
     rotary = spec.head_dim if rotary is None else rotary
-    scaling = None if unscaled else spec.rope_scaling
+    scaling = None if unscaled else spec.at_context(length).rope_scaling
     inv_freq = rope_inv_freq(rotary, spec.rope_theta if theta is None else theta, scaling)
     angles = np.arange(length, dtype=np.float64)[:, None] * inv_freq[None, :]
     scale = rope_attention_factor(scaling)  # YaRN's and LongRoPE's scale of cos and sin, over the rotating numbers

@@ -65,7 +65,7 @@ class GridMachine:
                     array = array.astype(np.float16).astype(np.float32)
                 parts.append(g.tiles(array, weight, grid))
             self.fabric.memcpy_h2d(name, np.concatenate(parts, axis=2))
-        spec = self.store.spec
+        spec = self.store.spec.at_context(self.host["ctx"])  # LongRoPE's factors for the cache's context
         inv_freq = rope_inv_freq(spec.head_dim, spec.rope_theta, spec.rope_scaling)
         plan = _plan_of(self.host, spec)
         for table, chunk in self.host["rope_tables"].items():
