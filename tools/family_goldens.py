@@ -277,9 +277,9 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         },
     ),
     # LongRoPE with short and long factors that differ (Phi-3-mini-128k, Phi-3.5-mini, Phi-4-mini): transformers
-    # turns by the short ones while the sequence is at most the original context (16 here) and by the long ones past
-    # it: a short prompt that stays within it and a long one that starts past it (PROMPTS_OF), each run over the
-    # cache logos-run sizes for it (64 and 128 positions, llama.cpp's rule choosing the same factors)
+    # turns by the short ones while the sequence is at most the original context (64 here) and by the long ones past
+    # it: a short prompt that stays within it and a long one that starts past it (PROMPTS_OF), run over caches of 32
+    # and 128 positions (llama.cpp's rule, by the context, choosing the same factors)
     "phi3-longrope-two": (
         "Phi3Config",
         "Phi3ForCausalLM",

@@ -460,6 +460,8 @@ class GGUFStore(WeightStore):
         shapes = {hf: self.shape(hf) for hf in self._gguf_names}
         check_expected(self.spec, shapes, self.source)
         read = {*self._gguf_names.values(), "rope_freqs.weight"}
+        if self.spec.rope_scaling is not None and self.spec.rope_scaling.rope_type == "longrope":
+            read |= set(LONGROPE_TENSORS)
         for gname in sorted(self.file.tensors):  # a bias, an expert, a norm llama.cpp applies and HF names lack
             if gname not in read:
                 raise WeightError(
@@ -524,6 +526,9 @@ def _meta_number(meta: Mapping[str, Any], where: str, key: str, kind: type, defa
 # (as every key of a config.json: logos_ir.spec). The reader's own (`GGUF.`), provenance (`general.`), the
 # tokenizer's (`tokenizer.`, read by logos_ir.tokenizer) and a quantizer's notes (`quantize.`) are neutral.
 _GGUF_NEUTRAL_PREFIXES = ("GGUF.", "general.", "tokenizer.", "quantize.")
+# YaRN's parameters beside its factor and original context, as llama.cpp's converter writes them
+# (`rope.scaling.yarn_<key>`): the betas are read, the others refused unless llama.cpp's default
+YARN_KEYS = ("beta_fast", "beta_slow", "ext_factor", "attn_factor", "log_multiplier")
 _GGUF_READ = frozenset(
     {
         "block_count",
@@ -537,6 +542,8 @@ _GGUF_READ = frozenset(
         "rope.freq_base",
         "rope.dimension_count",
         "rope.scaling.type",
+        "rope.scaling.attn_factor",
+        *(f"rope.scaling.yarn_{key}" for key in YARN_KEYS),
         "vocab_size",
     }
 )
@@ -798,7 +805,7 @@ def _spec_from_gguf(file: GGUFFile) -> ModelSpec:
             rms_eps=float(_meta_number(meta, where, a + "attention.layer_norm_rms_epsilon", float)),
             rope_theta=theta,
             tie_embeddings=architecture.tied or "output.weight" not in file.tensors,
-            rope_scaling=_gguf_rope_scaling(file, where, head_dim, theta, arch),
+            rope_scaling=_gguf_rope_scaling(file, where, head_dim, theta, arch, rotary),
             rotary_dim=None if rotary == head_dim else rotary,
             biases=_gguf_biases(file, arch, where),
             **{"head_norms": architecture.head_norms, **own},
@@ -815,18 +822,46 @@ def _spec_from_gguf(file: GGUFFile) -> ModelSpec:
 GGUF_PARTIAL_ROTARY = ("phi3",)
 
 
-def _gguf_rope_scaling(file: GGUFFile, where: str, head_dim: Any, theta: float, arch: str) -> RopeScaling | None:
-    """Linear or Llama 3 rope scaling. A linear one is its type and factor (llama.cpp's `freq_scale` is one over
-    it; Gemma 3's windowed layers rotate unscaled, its `rope_freq_scale_train_swa`). llama.cpp computes Llama 3's
-    with per-frequency divisors (`rope_freqs`), not with parameters, so the parameters are recovered from the
-    divisors (`_llama3_parameters`) and accepted only if they reproduce every one of them."""
-    kind = file.metadata.get(f"{arch}.rope.scaling.type", "none")
-    if kind not in ("none", "llama3", "linear"):
-        raise SpecError(f"{where}: rope scaling of type '{kind}' is not supported (only linear and Llama 3's)")
+def _gguf_rope_scaling(
+    file: GGUFFile, where: str, head_dim: Any, theta: float, arch: str, rotary: Any = None
+) -> RopeScaling | None:
+    """The file's rope scaling, as llama.cpp computes it. A linear one is its type and factor (llama.cpp's
+    `freq_scale` is one over it; Gemma 3's windowed layers rotate unscaled, its `rope_freq_scale_train_swa`).
+    YaRN's and LongRoPE's are read by `_gguf_yarn` and `_gguf_longrope`. llama.cpp computes Llama 3's with
+    per-frequency divisors (`rope_freqs`), not with parameters, so the parameters are recovered from the divisors
+    (`_llama3_parameters`) and accepted only if they reproduce every one of them. llama.cpp scales cos and sin by
+    `rope.scaling.attn_factor` whatever the type; a type that has no attention factor refuses one other than 1."""
+    meta = file.metadata
+    kind = meta.get(f"{arch}.rope.scaling.type", "none")
+    longrope = [name for name in LONGROPE_TENSORS if name in file.tensors] if arch in LONGROPE_ARCHITECTURES else []
+    if kind not in ("none", "llama3", "linear", "yarn", "longrope"):
+        raise SpecError(f"{where}: rope scaling of type '{kind}' is not supported (linear, Llama 3's, YaRN, LongRoPE)")
+    if kind == "longrope" and arch not in LONGROPE_ARCHITECTURES:
+        raise SpecError(
+            f"{where}: a longrope rope scaling is read from a GGUF of {', '.join(LONGROPE_ARCHITECTURES)} only,"
+            f" whose loader in llama.cpp reads its factors; not from '{arch}'"
+        )
+    if kind == "longrope" or (kind == "none" and longrope):
+        return _gguf_longrope(file, where, arch, head_dim if rotary is None else rotary)
+    if longrope:
+        raise SpecError(f"{where}: tensor '{longrope[0]}' is LongRoPE's, but the rope scaling's type is '{kind}'")
+    if kind == "yarn":
+        if arch not in YARN_ARCHITECTURES:
+            raise SpecError(
+                f"{where}: a yarn rope scaling is read from a GGUF of {', '.join(YARN_ARCHITECTURES)} only, not"
+                f" from '{arch}' (whose local and global layers, or LongRoPE, scale otherwise)"
+            )
+        return _gguf_yarn(file, where, arch)
+    for key in ("attn_factor", *(f"yarn_{key}" for key in YARN_KEYS)):
+        name = f"{arch}.rope.scaling.{key}"
+        if name in meta and not (key == "attn_factor" and meta[name] == 1):
+            raise SpecError(
+                f"{where}: GGUF metadata '{name}' is {meta[name]!r}, which a rope scaling of type '{kind}' cannot say"
+            )
     if kind == "linear":
         if "rope_freqs.weight" in file.tensors:
             raise SpecError(f"{where}: a linear rope scaling with rope_freqs.weight divisors is not said yet")
-        factor = file.metadata.get(f"{arch}.rope.scaling.factor")
+        factor = meta.get(f"{arch}.rope.scaling.factor")
         if isinstance(factor, bool) or not isinstance(factor, int | float):
             raise SpecError(f"{where}: a linear rope scaling needs its {arch}.rope.scaling.factor")
         return None if factor == 1 else RopeScaling(float(factor), rope_type="linear")
@@ -849,6 +884,103 @@ def _gguf_rope_scaling(file: GGUFFile, where: str, head_dim: Any, theta: float, 
     raise SpecError(
         f"{where}: rope_freqs.weight is not a Llama 3 rope scaling logos-ir recognizes: no factor, original context"
         " and frequency factors reproduce its divisors"
+    )
+
+
+# Phi-3's LongRoPE divisors as llama.cpp's converter writes them, one a rotating pair, global tensors; read for
+# the architectures whose loader in llama.cpp reads them (elsewhere they are tensors the program does not read)
+LONGROPE_TENSORS = ("rope_factors_short.weight", "rope_factors_long.weight")
+LONGROPE_ARCHITECTURES = ("phi3",)
+# the architectures whose families scale by YaRN over every layer alike (Qwen2.5's and Qwen3's long context, Llama
+# fine-tunes); a Gemma's local layers and Phi-3's LongRoPE are not said with it
+YARN_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+
+
+def _scaling_number(meta: Mapping[str, Any], where: str, key: str, default: float | None = None) -> float:
+    """A positive finite number of the rope scaling's metadata, or `default` where the file has none."""
+    value = meta.get(key, default)
+    if value is None:
+        raise SpecError(f"{where}: the rope scaling needs its GGUF metadata '{key}'")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise SpecError(f"{where}: GGUF metadata '{key}' must be a positive number, not {value!r}")
+    return float(value)
+
+
+def _scaling_length(meta: Mapping[str, Any], where: str, key: str) -> int:
+    value = meta.get(key)
+    if not is_int(value) or value < 1:
+        raise SpecError(f"{where}: the rope scaling needs its GGUF metadata '{key}', a positive integer, not {value!r}")
+    return int(value)
+
+
+def _gguf_yarn(file: GGUFFile, where: str, arch: str) -> RopeScaling | None:
+    """YaRN as llama.cpp computes it from a GGUF: frequencies scaled by one over `rope.scaling.factor`
+    (`freq_scale`) below the ramp between `yarn_beta_fast` and `yarn_beta_slow` turns over
+    `rope.scaling.original_context_length` (32 and 1 by default; `ggml_rope_yarn_corr_dims` floors and ceils the
+    ramp's ends, transformers' `truncate`), the full blend (`yarn_ext_factor` 1); cos and sin scaled by
+    `1 + 0.1 ln(factor)` (ggml's `rope_yarn` mscale) times `rope.scaling.attn_factor` (1 by default). Refused by
+    name: a partial blend (`yarn_ext_factor` other than 1), DeepSeek's ratio of mscales (`yarn_log_multiplier`),
+    `yarn_attn_factor` (which llama.cpp's versions apply differently), divisors (`rope_freqs`) besides."""
+    meta, a = file.metadata, f"{arch}.rope.scaling."
+    if "rope_freqs.weight" in file.tensors:
+        raise SpecError(f"{where}: a yarn rope scaling with rope_freqs.weight divisors is not said yet")
+    refused = {
+        "yarn_ext_factor": (1, "a YaRN blend other than the full one (1) is not said yet"),
+        "yarn_log_multiplier": (0, "DeepSeek's ratio of YaRN mscales is not said yet"),
+        "yarn_attn_factor": (None, "llama.cpp's versions apply it differently; logos-ir does not guess"),
+    }
+    for key, (default, why) in refused.items():
+        if a + key in meta and (default is None or meta[a + key] != default):
+            raise SpecError(f"{where}: GGUF metadata '{a}{key}' is {meta[a + key]!r}: {why}")
+    factor = _scaling_number(meta, where, a + "factor")
+    if factor < 1:
+        raise SpecError(f"{where}: a yarn rope scaling's factor {factor!r} is below 1 (it would shrink the context)")
+    if factor == 1:
+        return None
+    attention = (0.1 * math.log(factor) + 1.0) * _scaling_number(meta, where, a + "attn_factor", 1.0)
+    return RopeScaling(
+        factor,
+        original_max_position_embeddings=_scaling_length(meta, where, a + "original_context_length"),
+        rope_type="yarn",
+        beta_fast=_scaling_number(meta, where, a + "yarn_beta_fast", 32.0),
+        beta_slow=_scaling_number(meta, where, a + "yarn_beta_slow", 1.0),
+        attention_factor=attention,
+    )
+
+
+def _gguf_longrope(file: GGUFFile, where: str, arch: str, rotary: Any) -> RopeScaling:
+    """LongRoPE as llama.cpp computes it from Phi-3's GGUF: each rotating pair's frequency divided by its factor
+    in `rope_factors_short.weight` or `rope_factors_long.weight`, the long ones where the context is longer than
+    `rope.scaling.original_context_length` (`llama_model::get_rope_factors`; `RopeScaling.at_context`); cos and
+    sin scaled by `rope.scaling.attn_factor`, 1 where the file has none, as llama.cpp (Phi-3's converter writes
+    `sqrt(1 + ln(s) / ln(original))`, s the context length over the original). The scaling's factor is
+    `context_length` over the original context."""
+    meta, a = file.metadata, f"{arch}.rope.scaling."
+    for name in LONGROPE_TENSORS:
+        if name not in file.tensors:
+            raise SpecError(f"{where}: a longrope rope scaling needs its tensor '{name}'")
+    if "rope_freqs.weight" in file.tensors:
+        raise SpecError(f"{where}: a longrope rope scaling with rope_freqs.weight divisors is not said yet")
+    if not is_int(rotary) or rotary < 2 or rotary % 2:
+        raise SpecError(f"{where}: the rotated part of a head {rotary!r} must be a positive even integer")
+    factors = []
+    for name in LONGROPE_TENSORS:
+        try:
+            values = file.read(name).reshape(-1).astype(np.float64)
+        except WeightError as error:
+            raise SpecError(error.message) from None
+        if values.shape != (rotary // 2,) or not np.all(np.isfinite(values)) or values.min() <= 0:
+            raise SpecError(f"{where}: tensor '{name}' must hold {rotary // 2} finite positive factors, one a pair")
+        factors.append(tuple(float(v) for v in values))
+    short, long = factors
+    original = _scaling_length(meta, where, a + "original_context_length")
+    return RopeScaling(
+        _scaling_length(meta, where, f"{arch}.context_length") / original,
+        original_max_position_embeddings=original,
+        rope_type="longrope",
+        attention_factor=_scaling_number(meta, where, a + "attn_factor", 1.0),
+        factors=short,
+        long_factors=None if long == short else long,
     )
 
 

@@ -14,6 +14,8 @@ from a GGUF encodes and decodes as SentencePiece itself (`test/unit/tokenizers/s
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -78,13 +80,38 @@ def _metadata(writer: gguf.GGUFWriter, model_type: str, config: dict[str, Any]) 
             writer.add_rope_scaling_factor(full["factor"])
 
 
-def convert(folder: Path, out: Path, *, extra: Any = None) -> Path:
-    """`folder` as llama.cpp's converter writes it into a GGUF (`extra(writer)` adds what a test needs)."""
+def _byte_level_tokenizer(writer: gguf.GGUFWriter, eos: int, template: str | None = None) -> None:
+    """A byte-level BPE vocabulary of the 256 bytes alone (each byte its own id), with the `qwen2`
+    pre-tokenizer, no BOS, and optionally a chat template."""
+    from logos_ir.testing import byte_level_alphabet
+
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(byte_level_alphabet())
+    writer.add_token_types([1] * 256)
+    writer.add_token_merges([])
+    writer.add_eos_token_id(eos)
+    writer.add_add_bos_token(False)
+    if template is not None:
+        writer.add_chat_template(template)
+
+
+def _unused_eos(family: str) -> int:
+    """An id no golden run of `family` produces, for its end of sequence (so no run stops early)."""
+    return max(set(range(256)) - {t for run in GOLDENS[family]["runs"] for t in run["tokens"]})
+
+
+def convert(folder: Path, out: Path, *, extra: Any = None, byte_level: bool = False) -> Path:
+    """`folder` as llama.cpp's converter writes it into a GGUF (`extra(writer)` adds what a test needs), with the
+    SentencePiece vocabulary of its family or, `byte_level`, the 256 bytes (a family of that vocabulary)."""
     config = json.loads((folder / "config.json").read_text())
     model_type = config["model_type"]
     writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[ARCH[model_type]])
     _metadata(writer, model_type, config)
-    _tokenizer(writer, SENTENCEPIECE["models"]["gemma" if model_type.startswith("gemma") else "llama"])
+    if byte_level:
+        _byte_level_tokenizer(writer, _unused_eos(folder.name))
+    else:
+        _tokenizer(writer, SENTENCEPIECE["models"]["gemma" if model_type.startswith("gemma") else "llama"])
     names = gguf.get_tensor_name_map(ARCH[model_type], config["num_hidden_layers"])
     for name, array in sorted(load_file(str(folder / "model.safetensors")).items()):
         if name == "lm_head.weight" and model_type == "gemma2":  # its converter drops it (tied)
@@ -142,12 +169,13 @@ def test_a_gemma2_gguf_with_a_head_of_its_own_is_refused_by_name(tmp_path: Path)
 
 
 def test_what_a_gemma3_or_phi3_gguf_says_beyond_the_program_is_refused(tmp_path: Path) -> None:
-    def yarn(writer: gguf.GGUFWriter) -> None:  # YaRN's scaling (Qwen2.5's long context): not said yet
+    def yarn(writer: gguf.GGUFWriter) -> None:  # YaRN's scaling (Qwen2.5's long context): not on a Gemma
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(4.0)
+        writer.add_rope_scaling_orig_ctx_len(32)
 
     path = convert(FAMILIES / "gemma3_text-gguf", tmp_path / "yarn.gguf", extra=yarn)
-    with pytest.raises(LogosError, match="rope scaling of type 'yarn' is not supported"):
+    with pytest.raises(LogosError, match="a yarn rope scaling is read from a GGUF of llama, qwen2, qwen3 only"):
         open_model(str(path))
 
     def unfactored(writer: gguf.GGUFWriter) -> None:  # a linear scaling without the factor it divides by
@@ -157,11 +185,11 @@ def test_what_a_gemma3_or_phi3_gguf_says_beyond_the_program_is_refused(tmp_path:
     with pytest.raises(LogosError, match="a linear rope scaling needs its gemma3.rope.scaling.factor"):
         open_model(str(path))
 
-    def long_rope(writer: gguf.GGUFWriter) -> None:  # Phi-3-128k: its long and short rope factors
+    def long_rope(writer: gguf.GGUFWriter) -> None:  # Phi-3-128k's long rope factors without its short ones
         writer.add_tensor("rope_factors_long.weight", np.ones(8, np.float32))
 
     path = convert(FAMILIES / "phi3-gguf", tmp_path / "long.gguf", extra=long_rope)
-    with pytest.raises(LogosError, match="tensor 'rope_factors_long.weight' is not read by the model's program"):
+    with pytest.raises(LogosError, match="a longrope rope scaling needs its tensor 'rope_factors_short.weight'"):
         open_model(str(path))
 
 
@@ -249,21 +277,12 @@ def test_logos_run_on_a_qwen_gguf_gives_transformers_tokens_with_its_bpe_and_cha
     tokenizer (the vocabulary here is the 256 bytes alone, so each byte of the rendered text is its own id)."""
     from test_weights import write_gguf
 
-    from logos_ir.testing import byte_level_alphabet
     from logos_ir.tools import logos_run
 
     runs = GOLDENS[family]["runs"]
-    eos = max(set(range(256)) - {t for run in runs for t in run["tokens"]})  # no golden run stops early
 
     def tokenizer(writer: gguf.GGUFWriter) -> None:
-        writer.add_tokenizer_model("gpt2")
-        writer.add_tokenizer_pre("qwen2")
-        writer.add_token_list(byte_level_alphabet())
-        writer.add_token_types([1] * 256)
-        writer.add_token_merges([])
-        writer.add_eos_token_id(eos)
-        writer.add_add_bos_token(False)
-        writer.add_chat_template(QWEN_TEMPLATE)
+        _byte_level_tokenizer(writer, _unused_eos(family), QWEN_TEMPLATE)
 
     folder = open_model(str(FAMILIES / family))
     path = write_gguf(tmp_path / f"{family}.gguf", folder, gguf.GGMLQuantizationType.F32, arch=family, permute=False,
@@ -276,3 +295,84 @@ def test_logos_run_on_a_qwen_gguf_gives_transformers_tokens_with_its_bpe_and_cha
     assert logos_run.main(["--model", str(path), "--prompt", "hi", "-n", "2", "--json"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["prompt_ids"] == list(b"<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+
+
+def _logos_run_ids(path: Path, prompt: list[int], capsys, *flags: str) -> list[int]:  # type: ignore[no-untyped-def]
+    from logos_ir.tools import logos_run
+
+    argv = ["--model", str(path), "--prompt-ids", ",".join(map(str, prompt)), "-n", "12", "--json", *flags]
+    assert logos_run.main(argv) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])["new_ids"]
+
+
+def test_a_qwen2_gguf_with_yarn_gives_transformers_tokens(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """A `qwen2` GGUF with YaRN as llama.cpp's converter writes it (`rope.scaling.type` yarn, its factor and
+    original context; the betas and the attention factor left to llama.cpp's defaults) reads to the folder's
+    scaling (factor 4 over 32, the ramp between 32 and 1 turns, cos and sin scaled by 1 + 0.1 ln 4) and gives
+    transformers' tokens through `logos-run`."""
+    from test_weights import write_gguf
+
+    def yarn(writer: gguf.GGUFWriter) -> None:
+        _byte_level_tokenizer(writer, _unused_eos("qwen2-yarn"))
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(4.0)
+        writer.add_rope_scaling_orig_ctx_len(32)
+
+    folder = open_model(str(FAMILIES / "qwen2-yarn"))
+    path = write_gguf(tmp_path / "yarn.gguf", folder, gguf.GGMLQuantizationType.F32, arch="qwen2", permute=False,
+                      extra=yarn)  # fmt: skip
+    assert open_model(str(path)).spec == folder.spec
+    for run in GOLDENS["qwen2-yarn"]["runs"]:
+        assert _logos_run_ids(path, run["prompt"], capsys) == run["tokens"]
+
+
+def _longrope_gguf(tmp_path: Path, name: str = "longrope.gguf", **changes: Any) -> Path:
+    """phi3-longrope-two's GGUF as llama.cpp's `Phi3MiniModel` writes it: the short and long factors as F32
+    tensors, the attention factor sqrt(1 + ln(s) / ln(original)) with s the context length over the original
+    (128 over 64) in `rope.scaling.attn_factor`; `changes` replaces a tensor's values (None drops it)."""
+    config = json.loads((FAMILIES / "phi3-longrope-two" / "config.json").read_text())
+    rope, original = config["rope_parameters"], config["original_max_position_embeddings"]
+    tensors = {"rope_factors_short.weight": rope["short_factor"], "rope_factors_long.weight": rope["long_factor"]}
+    tensors.update(changes)
+
+    def longrope(writer: gguf.GGUFWriter) -> None:
+        scale = config["max_position_embeddings"] / original
+        writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)))
+        for tensor, values in tensors.items():
+            if values is not None:
+                writer.add_tensor(tensor, np.asarray(values, dtype=np.float32))
+
+    return convert(FAMILIES / "phi3-longrope-two", tmp_path / name, extra=longrope, byte_level=True)
+
+
+def test_a_phi3_gguf_with_longrope_factors_gives_transformers_tokens_at_each_context(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Phi-3's LongRoPE from its GGUF: both sets of factors read (as float32, as the file holds them and as
+    transformers turns by them), llama.cpp's choice by the context (the short ones at ctx 32, within the original
+    64; the long ones at ctx 128), the file's attention factor; `logos-run` gives transformers' tokens at both."""
+    path = _longrope_gguf(tmp_path)
+    file, folder = open_model(str(path)).spec, open_model(str(FAMILIES / "phi3-longrope-two")).spec
+    read, said = file.rope_scaling, folder.rope_scaling
+    assert read is not None and said is not None and said.long_factors is not None
+    assert read.factors == tuple(float(np.float32(f)) for f in said.factors)
+    assert read.long_factors == tuple(float(np.float32(f)) for f in said.long_factors)
+    assert (read.original_max_position_embeddings, read.factor) == (64, 2.0)
+    assert read.attention_factor == pytest.approx(said.attention_factor, rel=1e-7)
+    for run, ctx in ((0, 32), (1, 128)):
+        golden = GOLDENS["phi3-longrope-two"]["runs"][run]
+        assert _logos_run_ids(path, golden["prompt"], capsys, "--ctx", str(ctx)) == golden["tokens"]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"rope_factors_long.weight": None}, "a longrope rope scaling needs its tensor 'rope_factors_long.weight'"),
+        ({"rope_factors_short.weight": [1.0] * 7}, "tensor 'rope_factors_short.weight' must hold 8 finite positive"),
+        ({"rope_factors_long.weight": [1.0] * 7 + [0.0]}, "tensor 'rope_factors_long.weight' must hold 8 finite"),
+    ],
+    ids=["one-set", "count", "zero"],
+)
+def test_a_phi3_ggufs_longrope_factors_are_refused_by_name_where_wrong(
+    tmp_path: Path, changes: dict, message: str
+) -> None:
+    with pytest.raises(LogosError, match=re.escape(message)):
+        open_model(str(_longrope_gguf(tmp_path, **changes)))

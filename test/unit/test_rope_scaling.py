@@ -34,7 +34,7 @@ from logos_ir.registry import backends
 from logos_ir.rope import base_inv_freq, rope_inv_freq, yarn_ramp
 from logos_ir.runtime import RunRequest
 from logos_ir.spec import ModelSpec, RopeScaling
-from logos_ir.testing import F32, STRING, mlir_text, model_gguf
+from logos_ir.testing import F32, STRING, U32, mlir_text, model_gguf
 from logos_ir.weights import hf_config, open_model
 from logos_ir.weights.store import ArrayStore
 
@@ -311,15 +311,45 @@ def test_a_long_context_scaling_a_program_cannot_say_is_refused_by_name(rope: di
         ModelSpec.from_hf_config(_config("llama", rope_scaling=rope, max_position_embeddings=128, **top))
 
 
+YARN_GGUF = [
+    ("llama.rope.scaling.type", STRING, "yarn"),
+    ("llama.rope.scaling.factor", F32, 4.0),
+    ("llama.rope.scaling.original_context_length", U32, 32),
+]
+
+
+def test_a_ggufs_yarn_is_read_as_llama_cpp_computes_it(tmp_path: Path) -> None:
+    """A GGUF's YaRN: its factor over its original context, the betas the file's (32 and 1 where it has none), cos
+    and sin scaled by 1 + 0.1 ln(factor) times `rope.scaling.attn_factor` (llama.cpp's mscale)."""
+    path = tmp_path / "model.gguf"
+    betas = [("llama.rope.scaling.yarn_beta_fast", F32, 16.0), ("llama.rope.scaling.attn_factor", F32, 2.0)]
+    path.write_bytes(model_gguf(extra_metadata=[*YARN_GGUF, *betas]))
+    assert open_model(str(path)).spec.rope_scaling == RopeScaling(
+        4.0, original_max_position_embeddings=32, rope_type="yarn", beta_fast=16.0, beta_slow=1.0,
+        attention_factor=2 * 1.1386294361119891,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("metadata", "tensors", "message"),
     [
-        ([("llama.rope.scaling.type", STRING, "yarn"), ("llama.rope.scaling.factor", F32, 4.0)], [],
-         "rope scaling of type 'yarn' is not supported"),
+        ([*YARN_GGUF[:2]], [], "needs its GGUF metadata 'llama.rope.scaling.original_context_length'"),
+        ([*YARN_GGUF, ("llama.rope.scaling.yarn_ext_factor", F32, 0.5)], [],
+         "'llama.rope.scaling.yarn_ext_factor' is 0.5: a YaRN blend other than the full one"),
+        ([*YARN_GGUF, ("llama.rope.scaling.yarn_log_multiplier", F32, 0.1)], [],
+         "'llama.rope.scaling.yarn_log_multiplier' is 0.1"),
+        ([*YARN_GGUF, ("llama.rope.scaling.yarn_attn_factor", F32, 1.0)], [],
+         "'llama.rope.scaling.yarn_attn_factor' is 1.0: llama.cpp's versions apply it differently"),
+        ([("llama.rope.scaling.yarn_beta_fast", F32, 16.0)], [],
+         "'llama.rope.scaling.yarn_beta_fast' is 16.0, which a rope scaling of type 'none' cannot say"),
+        ([("llama.rope.scaling.attn_factor", F32, 1.5)], [],
+         "'llama.rope.scaling.attn_factor' is 1.5, which a rope scaling of type 'none' cannot say"),
+        ([("llama.rope.scaling.type", STRING, "longrope")], [], "a longrope rope scaling is read from a GGUF of phi3"),
         ([], ["rope_factors_long.weight"], "tensor 'rope_factors_long.weight' is not read by the model's program"),
         ([], ["rope_factors_short.weight"], "tensor 'rope_factors_short.weight' is not read by the model's program"),
     ],
-    ids=["yarn", "long-factors", "short-factors"],
+    ids=["yarn-original", "yarn-ext", "yarn-log-mul", "yarn-attn", "beta-unscaled", "attn-unscaled",
+         "longrope-llama", "long-factors", "short-factors"],
 )  # fmt: skip
 def test_a_ggufs_yarn_or_longrope_is_refused_by_name(
     tmp_path: Path, metadata: list, tensors: list, message: str
