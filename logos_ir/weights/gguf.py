@@ -953,8 +953,9 @@ def _gguf_longrope(file: GGUFFile, where: str, arch: str, rotary: Any) -> RopeSc
     in `rope_factors_short.weight` or `rope_factors_long.weight`, the long ones where the context is longer than
     `rope.scaling.original_context_length` (`llama_model::get_rope_factors`; `RopeScaling.at_context`); cos and
     sin scaled by `rope.scaling.attn_factor`, 1 where the file has none, as llama.cpp (Phi-3's converter writes
-    `sqrt(1 + ln(s) / ln(original))`, s the context length over the original). The scaling's factor is
-    `context_length` over the original context."""
+    `sqrt(1 + ln(s) / ln(original))`, s the context length over the original). The original context is
+    `context_length` where the file states none (llama.cpp's `n_ctx_orig_yarn`); the scaling's factor is
+    `context_length` over it."""
     meta, a = file.metadata, f"{arch}.rope.scaling."
     for name in LONGROPE_TENSORS:
         if name not in file.tensors:
@@ -973,9 +974,14 @@ def _gguf_longrope(file: GGUFFile, where: str, arch: str, rotary: Any) -> RopeSc
             raise SpecError(f"{where}: tensor '{name}' must hold {rotary // 2} finite positive factors, one a pair")
         factors.append(tuple(float(v) for v in values))
     short, long = factors
-    original = _scaling_length(meta, where, a + "original_context_length")
+    context = _scaling_length(meta, where, f"{arch}.context_length")
+    original = (
+        _scaling_length(meta, where, a + "original_context_length")
+        if a + "original_context_length" in meta
+        else context
+    )
     return RopeScaling(
-        _scaling_length(meta, where, f"{arch}.context_length") / original,
+        context / original,
         original_max_position_embeddings=original,
         rope_type="longrope",
         attention_factor=_scaling_number(meta, where, a + "attn_factor", 1.0),
