@@ -11,12 +11,15 @@ names the first element that reaches it, and a WSE-3's queue bindings are checke
 
 The layout's meaning is here too (`read_layout`): its loops, branches and builtins executed into the rectangle, each
 element's tile parameters and each router's colour configurations, refusing a colour configured twice at one router.
-The check runs it to name an element; the fabric simulator reads a build's layout with it.
+The check runs it to name an element; the fabric simulator reads a build's layout with it. It is an interpreter
+of the layout's IR made fast by turning each block, the first time it runs, into closures over value slots (a WSE-3
+rectangle of 800,000 elements runs its loops in seconds, not minutes); what it computes is what walking the ops gives.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -309,27 +312,51 @@ def _check_queues_per_element(
                     f"{'input' if inbound else 'output'} queue {queue}, which that element binds to colour "
                     f"{int(here[e])}, not {colour}"
                 )
-    for (x, y, colour), (rx, tx) in sorted(layout.routes.items()):
-        e = y * width + x
-        for inbound, flows in ((True, "RAMP" in tx and rx != ("RAMP",)), (False, "RAMP" in rx)):
-            if flows and not any(c[e] == colour for (side, _), c in colours.items() if side == inbound):
-                raise PassError(
-                    f"{PASS}: the router of element ({x}, {y}) {'delivers' if inbound else 'takes'} colour {colour} "
-                    f"{'to' if inbound else 'from'} it, and it binds no {'input' if inbound else 'output'} queue to "
-                    "that colour"
-                )
+    _check_ramps(layout, colours)
+
+
+def _check_ramps(layout: Layout, colours: dict[tuple[bool, int], np.ndarray]) -> None:
+    """Each colour a router delivers to its element (its ramp among the directions it sends to, and not only
+    from the ramp) has an input queue bound to it there, and each colour it takes from its element an output
+    queue; the first route that has none (in the order of (x, y, colour)) is refused. Over every route at once."""
+    if not layout.routes:
+        return
+    keys = np.array(list(layout.routes), dtype=np.int64).reshape(-1, 3)
+    elements = keys[:, 1] * layout.width + keys[:, 0]
+    kinds: dict[tuple[tuple[str, ...], tuple[str, ...]], int] = {}
+    kind = np.array([kinds.setdefault(route, len(kinds)) for route in layout.routes.values()], dtype=np.int64)
+    delivers = np.array([("RAMP" in tx and rx != ("RAMP",)) for rx, tx in kinds], dtype=bool)[kind]
+    takes = np.array(["RAMP" in rx for rx, _ in kinds], dtype=bool)[kind]
+    missing = []
+    for inbound, flows in ((True, delivers), (False, takes)):
+        has = np.zeros(len(keys), dtype=bool)
+        for (side, _), bound in colours.items():
+            if side == inbound:
+                has |= bound[elements] == keys[:, 2]
+        missing.append(flows & ~has)
+    wrong = np.flatnonzero(missing[0] | missing[1])
+    if wrong.size:
+        first = wrong[np.lexsort((keys[wrong, 2], keys[wrong, 1], keys[wrong, 0]))[0]]
+        x, y, colour = (int(k) for k in keys[first])
+        inbound = bool(missing[0][first])
+        raise PassError(
+            f"{PASS}: the router of element ({x}, {y}) {'delivers' if inbound else 'takes'} colour {colour} "
+            f"{'to' if inbound else 'from'} it, and it binds no {'input' if inbound else 'output'} queue to "
+            "that colour"
+        )
 
 
 def _element_values(program: csl.CslModuleOp, layout: Layout) -> dict[SSAValue, np.ndarray]:
     """Each parameter of the program as an array over the elements (index y * width + x)."""
     n = layout.width * layout.height
+    index = np.array([y * layout.width + x for x, y in layout.params], dtype=np.int64)
     values: dict[SSAValue, np.ndarray] = {}
     for op in program.body.block.ops:
         if isinstance(op, csl.ParamOp):
+            name = op.param_name.data
+            given = [v if isinstance(v := g.get(name), int) else 0 for g in layout.params.values()]
             array = np.zeros(n, dtype=np.int64)
-            for (x, y), given in layout.params.items():
-                if isinstance(given.get(op.param_name.data), int):
-                    array[y * layout.width + x] = given[op.param_name.data]
+            array[index] = np.array(given, dtype=np.int64)
             values[op.res] = array
     return values
 
@@ -503,37 +530,62 @@ class Layout:
     files: dict[tuple[int, int], str]
 
 
+_Step = Callable[[], None]
+
+
 @dataclass
 class _LayoutRun:
-    """The layout as it runs: each SSA value's value and what its builtins have set so far."""
+    """The layout as it runs: each SSA value's value (in `values`, at the slot `slot` gives it) and what its
+    builtins have set so far. Each block is turned once, the first time it runs, into its steps (`steps`):
+    closures over the slots of their operands and results, so that a loop over hundreds of thousands of
+    elements reads no op's operands or attributes again."""
 
-    env: dict[SSAValue, Any]
+    values: list[Any] = field(default_factory=list)
+    slots: dict[SSAValue, int] = field(default_factory=dict)
+    compiled: dict[int, tuple[Block, list[_Step]]] = field(default_factory=dict)
     size: tuple[int, int] | None = None
     params: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
     routes: dict[tuple[int, int, int], tuple[tuple[str, ...], tuple[str, ...]]] = field(default_factory=dict)
     files: dict[tuple[int, int], str] = field(default_factory=dict)
 
+    def slot(self, value: SSAValue) -> int:
+        index = self.slots.get(value)
+        if index is None:
+            index = self.slots[value] = len(self.values)
+            self.values.append(None)
+        return index
+
+    def steps(self, block: Block) -> list[_Step]:
+        known = self.compiled.get(id(block))
+        if known is not None:
+            return known[1]
+        steps = [step for op in block.ops if (step := self._step(op)) is not None]
+        self.compiled[id(block)] = (block, steps)  # the block kept, so that its id is not reused
+        return steps
+
     def block(self, block: Block) -> None:
-        for op in block.ops:
-            handler = _LAYOUT_OPS.get(type(op))
-            if handler is not None:
-                handler(self, op)
-            elif type(op) in INTEGER_OPS:
-                self.env[op.results[0]] = INTEGER_OPS[type(op)](op, *(self.env[o] for o in op.operands))
-            else:
-                raise PassError(f"{PASS}: a layout does not run '{op.name}'")
+        for step in self.steps(block):
+            step()
+
+    def _step(self, op: Operation) -> _Step | None:
+        maker = _LAYOUT_OPS.get(type(op))
+        if maker is not None:
+            return maker(self, op)
+        if type(op) in INTEGER_OPS:
+            return _integer(self, op)
+        raise PassError(f"{PASS}: a layout does not run '{op.name}'")
 
 
 def read_layout(module: csl.CslModuleOp, params: dict[str, int]) -> Layout:
     """Execute a layout `csl.module` (its loops, branches and builtins), given its parameters (`cslc --params`),
     into a `Layout`."""
-    run = _LayoutRun({})
+    run = _LayoutRun()
     for op in module.body.block.ops:
         if isinstance(op, csl.ParamOp):
             name = op.param_name.data
             if name not in params:
                 raise PassError(f"{PASS}: the layout's parameter '{name}' is not given (cslc --params)")
-            run.env[op.res] = params[name]
+            run.values[run.slot(op.res)] = params[name]
     run.block(module.body.block)
     if run.size is None:
         raise PassError(f"{PASS}: the layout sets no rectangle (@set_rectangle)")
@@ -541,68 +593,197 @@ def read_layout(module: csl.CslModuleOp, params: dict[str, int]) -> Layout:
     return Layout(width, height, run.params, run.routes, run.files)
 
 
-def _for(run: _LayoutRun, op: scf.ForOp) -> None:
-    env = run.env
-    for i in range(env[op.lb], env[op.ub], env[op.step]):
-        env[op.body.block.args[0]] = i
-        run.block(op.body.block)
+# Each maker turns one op into its step (None: the op does nothing when it runs), its operands' and results' slots
+# and its attributes read once.
+
+_PREDICATES: tuple[Callable[[Any, Any], bool], ...] = (
+    operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge,
+    operator.lt, operator.le, operator.gt, operator.ge,
+)  # fmt: skip
 
 
-def _if(run: _LayoutRun, op: scf.IfOp) -> None:
-    region = op.true_region if run.env[op.cond] else op.false_region
-    if region.blocks:
-        run.block(region.block)
+# INTEGER_OPS's that are Python's own operators
+_PLAIN: dict[type[Operation], Callable[[Any, Any], Any]] = {
+    arith.AddiOp: operator.add,
+    arith.SubiOp: operator.sub,
+    arith.MuliOp: operator.mul,
+}
 
 
-def _constant(run: _LayoutRun, op: arith.ConstantOp) -> None:
-    run.env[op.result] = op.value.value.data  # type: ignore[attr-defined]
+def _integer(run: _LayoutRun, op: Operation) -> _Step:
+    v, out = run.values, run.slot(op.results[0])
+    ins = tuple(run.slot(o) for o in op.operands)
+    if isinstance(op, arith.CmpiOp):
+        compare, (a, b) = _PREDICATES[op.predicate.value.data], ins
+
+        def step() -> None:
+            v[out] = compare(v[a], v[b])
+
+        return step
+    plain = _PLAIN.get(type(op))
+    if plain is not None:
+        a, b = ins
+
+        def arithmetic() -> None:
+            v[out] = plain(v[a], v[b])
+
+        return arithmetic
+    fn = INTEGER_OPS[type(op)]
+    if len(ins) == 2:
+        a, b = ins
+
+        def binary() -> None:
+            v[out] = fn(op, v[a], v[b])
+
+        return binary
+
+    def other() -> None:
+        v[out] = fn(op, *(v[i] for i in ins))
+
+    return other
 
 
-def _import(run: _LayoutRun, op: csl.ImportModuleConstOp) -> None:
-    run.env[op.result] = {"module": op.module.data}
+def _for(run: _LayoutRun, op: scf.ForOp) -> _Step:
+    v, lb, ub, step_, arg = (
+        run.values,
+        run.slot(op.lb),
+        run.slot(op.ub),
+        run.slot(op.step),
+        run.slot(op.body.block.args[0]),
+    )
+    body = op.body.block
+
+    def step() -> None:
+        steps = run.steps(body)  # the body's steps, made the first time the loop runs
+        for i in range(v[lb], v[ub], v[step_]):
+            v[arg] = i
+            for each in steps:
+                each()
+
+    return step
 
 
-def _member_call(run: _LayoutRun, op: csl.MemberCallOp) -> None:
-    run.env[op.result] = {"memcpy_column": run.env[op.args[0]]} if op.args else {}  # type: ignore[index]
+def _if(run: _LayoutRun, op: scf.IfOp) -> _Step:
+    v, cond = run.values, run.slot(op.cond)
+    true = op.true_region.block if op.true_region.blocks else None
+    false = op.false_region.block if op.false_region.blocks else None
+    taken: list[list[_Step] | None] = [None, None]  # each branch's steps, once it has run
+
+    def step() -> None:
+        which = 0 if v[cond] else 1
+        steps = taken[which]
+        if steps is None:
+            block = true if which == 0 else false
+            steps = taken[which] = run.steps(block) if block is not None else []
+        for each in steps:
+            each()
+
+    return step
 
 
-def _struct(run: _LayoutRun, op: csl.ConstStructOp) -> None:
-    fields = op.ssa_fields.data  # type: ignore[union-attr]
-    run.env[op.res] = {f.data: run.env[v] for f, v in zip(fields, op.ssa_values, strict=True)}
+def _constant(run: _LayoutRun, op: arith.ConstantOp) -> _Step:
+    v, out, value = run.values, run.slot(op.result), op.value.value.data  # type: ignore[attr-defined]
+
+    def step() -> None:
+        v[out] = value
+
+    return step
 
 
-def _concat(run: _LayoutRun, op: csl.ConcatStructOp) -> None:
-    run.env[op.result] = {**run.env[op.this_struct], **run.env[op.another_struct]}
+def _import(run: _LayoutRun, op: csl.ImportModuleConstOp) -> _Step:
+    v, out, name = run.values, run.slot(op.result), op.module.data
+
+    def step() -> None:
+        v[out] = {"module": name}
+
+    return step
 
 
-def _tile_code(run: _LayoutRun, op: csl.SetTileCodeOp) -> None:
-    key = (run.env[op.x_coord], run.env[op.y_coord])
-    run.params[key] = dict(run.env[op.params]) if op.params is not None else {}
-    run.files[key] = op.file.data
+def _member_call(run: _LayoutRun, op: csl.MemberCallOp) -> _Step:
+    v, out = run.values, run.slot(op.result)
+    column = run.slot(op.args[0]) if op.args else None
+
+    def step() -> None:
+        v[out] = {"memcpy_column": v[column]} if column is not None else {}
+
+    return step
 
 
-def _colour_config(run: _LayoutRun, op: csl_ext.SetColorConfigOp) -> None:
-    key = (run.env[op.x], run.env[op.y], op.colour.data)
-    if key in run.routes:
-        raise PassError(f"{PASS}: the layout configures colour {key[2]} twice at element ({key[0]}, {key[1]})")
-    run.routes[key] = (op.receives, op.transmits)
+def _struct(run: _LayoutRun, op: csl.ConstStructOp) -> _Step:
+    v, out = run.values, run.slot(op.res)
+    fields = [(f.data, run.slot(s)) for f, s in zip(op.ssa_fields.data, op.ssa_values, strict=True)]  # type: ignore[union-attr]
+
+    def step() -> None:
+        v[out] = {name: v[i] for name, i in fields}
+
+    return step
 
 
-def _rectangle(run: _LayoutRun, op: csl.SetRectangleOp) -> None:
-    run.size = (run.env[op.x_dim], run.env[op.y_dim])
+def _concat(run: _LayoutRun, op: csl.ConcatStructOp) -> _Step:
+    v, out, a, b = run.values, run.slot(op.result), run.slot(op.this_struct), run.slot(op.another_struct)
+
+    def step() -> None:
+        v[out] = {**v[a], **v[b]}
+
+    return step
 
 
-def _nothing(run: _LayoutRun, op: Operation) -> None:
-    pass
+def _tile_code(run: _LayoutRun, op: csl.SetTileCodeOp) -> _Step:
+    v, x, y, file = run.values, run.slot(op.x_coord), run.slot(op.y_coord), op.file.data
+    given = run.slot(op.params) if op.params is not None else None
+    params, files = run.params, run.files
+
+    def step() -> None:
+        key = (v[x], v[y])
+        params[key] = dict(v[given]) if given is not None else {}
+        files[key] = file
+
+    return step
 
 
-_LAYOUT_OPS: dict[type[Operation], Callable[[_LayoutRun, Any], None]] = {
-    csl.LayoutOp: lambda run, op: run.block(op.body.block),
+def _colour_config(run: _LayoutRun, op: csl_ext.SetColorConfigOp) -> _Step:
+    v, x, y, colour = run.values, run.slot(op.x), run.slot(op.y), op.colour.data
+    route, routes = (op.receives, op.transmits), run.routes
+
+    def step() -> None:
+        key = (v[x], v[y], colour)
+        if key in routes:
+            raise PassError(f"{PASS}: the layout configures colour {key[2]} twice at element ({key[0]}, {key[1]})")
+        routes[key] = route
+
+    return step
+
+
+def _rectangle(run: _LayoutRun, op: csl.SetRectangleOp) -> _Step:
+    v, x, y = run.values, run.slot(op.x_dim), run.slot(op.y_dim)
+
+    def step() -> None:
+        run.size = (v[x], v[y])
+
+    return step
+
+
+def _layout(run: _LayoutRun, op: csl.LayoutOp) -> _Step:
+    body = op.body.block
+    return lambda: run.block(body)
+
+
+def _get_colour(run: _LayoutRun, op: csl.GetColorOp) -> _Step:
+    v, out, given = run.values, run.slot(op.res), run.slot(op.id)
+
+    def step() -> None:
+        v[out] = v[given]
+
+    return step
+
+
+_LAYOUT_OPS: dict[type[Operation], Callable[[_LayoutRun, Any], _Step | None]] = {
+    csl.LayoutOp: _layout,
     arith.ConstantOp: _constant,
     scf.ForOp: _for,
     scf.IfOp: _if,
-    scf.YieldOp: _nothing,
-    csl.ParamOp: _nothing,
+    scf.YieldOp: lambda run, op: None,
+    csl.ParamOp: lambda run, op: None,
     csl.ImportModuleConstOp: _import,
     csl.MemberCallOp: _member_call,
     csl.ConstStructOp: _struct,
@@ -610,5 +791,5 @@ _LAYOUT_OPS: dict[type[Operation], Callable[[_LayoutRun, Any], None]] = {
     csl.SetRectangleOp: _rectangle,
     csl.SetTileCodeOp: _tile_code,
     csl_ext.SetColorConfigOp: _colour_config,
-    csl.GetColorOp: lambda run, op: run.env.__setitem__(op.res, run.env[op.id]),
+    csl.GetColorOp: _get_colour,
 }

@@ -186,6 +186,22 @@ def test_a_wse3_program_binds_each_element_s_queues_to_the_colours_it_uses() -> 
     with pytest.raises(PassError, match=r"uses input queue 7, which no @initialize_queue binds to colour 8"):
         static_check(module, params=layout_params(lowered.host))
 
+    configs = [op for op in split_modules(lowered.module)[1].walk() if isinstance(op, csl_ext.SetColorConfigOp)]
+    free = min(set(range(csl_ext.COLOURS)) - {op.colour.data for op in configs} - set(csl_ext.RESERVED_COLOURS))
+    for delivers, message in ((True, f"delivers colour {free} to it, and it binds no input"),
+                              (False, f"takes colour {free} from it, and it binds no output")):  # fmt: skip
+        module = lowered.module.clone()
+        config = next(  # a route to (or from) the element's ramp moved to a colour no queue is bound to
+            op
+            for op in split_modules(module)[1].walk()
+            if isinstance(op, csl_ext.SetColorConfigOp)
+            and ("RAMP" in (op.transmits if delivers else op.receives))
+            and op.receives != ("RAMP",) * delivers
+        )
+        config.colour = IntAttr(free)
+        with pytest.raises(PassError, match=r"the router of element \(\d+, \d+\) " + message):
+            static_check(module, params=layout_params(lowered.host))
+
 
 def test_local_task_ids_outside_the_target_are_refused(lowered) -> None:  # type: ignore[no-untyped-def]
     module = lowered.module.clone()
