@@ -674,3 +674,68 @@ def quantize(values: np.ndarray, fmt: BlockFormat) -> np.ndarray:
         return x.astype("<f2").view(np.uint8).reshape(*x.shape[:-1], -1)
     blocks = _QUANTIZE[fmt.name](x.reshape(-1, fmt.block))
     return blocks.reshape(*x.shape[:-1], -1)
+
+
+# -- which format each tensor is stored in: a pure format, or Q4_K_M's mix ----------------------------------------
+
+MIXES = ("q4_k_m",)
+WEIGHT_CHOICES = (*QUANTIZERS, *MIXES)  # what `logos-compile --weights` stores a preset in
+
+# llama.cpp's `tensor_type_fallback`: a format for rows that are not whole super-blocks
+_FALLBACK = {"q2_k": "q4_0", "q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
+
+
+def _use_more_bits(layer: int, layers: int) -> bool:
+    """llama.cpp's `use_more_bits`: the first and last eighth of the layers, and every third one between."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
+def _quantized(name: str, shape: tuple[int, ...]) -> bool:
+    """llama.cpp's `tensor_allows_quantization` on a Hugging Face name: matrices (and stacks of experts) named
+    `weight`, not the norms, not a mixture's router (`ffn_gate_inp`)."""
+    return len(shape) >= 2 and name.endswith(".weight") and not name.endswith("norm.weight") and ".mlp.gate." not in name
+
+
+def _q4_k_m(name: str, width: int, layers: int, experts: int, tied: bool) -> str:
+    """llama.cpp's `llama_tensor_get_type_impl` for LLAMA_FTYPE_MOSTLY_Q4_K_M, before the fallback."""
+    output = name == "lm_head.weight" or (tied and name == "model.embed_tokens.weight")
+    if output:
+        return "q8_0" if width % QK_K else "q6_k"
+    match = re.match(r"model\.layers\.(\d+)\.", name)
+    layer = int(match[1]) if match else 0
+    if name.endswith("self_attn.v_proj.weight"):
+        kind = "q6_k" if _use_more_bits(layer, layers) else "q4_k"
+        if layers == 80 and kind == "q4_k":  # llama.cpp's LLM_TYPE_70B: attn_v has 8x fewer rows than attn_q
+            kind = "q5_k"
+        return "q8_0" if experts == 8 else kind
+    if name.endswith("self_attn.k_proj.weight") and experts == 8:
+        return "q8_0"
+    if name.endswith("down_proj.weight") and _use_more_bits(layer, layers):
+        return "q6_k"
+    if name.endswith("self_attn.o_proj.weight") and experts == 8:
+        return "q5_k"
+    return "q4_k"
+
+
+def storage_plan(
+    choice: str, tensors: dict[str, tuple[int, ...]], layers: int, experts: int | None, tied: bool
+) -> dict[str, str]:
+    """The format each tensor is stored in for `--weights choice` (a format of `QUANTIZERS`, or a mix of `MIXES`),
+    as `llama-quantize` chooses it (`--pure` for a single format): the tensors it quantizes (`_quantized`), each in
+    the mix's format for its role and layer, a row that is not whole blocks of it in llama.cpp's fallback (Q4_K to
+    Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, Q2_K and Q3_K to Q4_0; f16 where the fallback's blocks do not fit either).
+    A tensor left out stays f32; so does one whose rows a format without a fallback (Q8_0 ... Q5_1, MXFP4) does
+    not fit, where llama.cpp refuses the model."""
+    if choice not in WEIGHT_CHOICES:
+        raise KeyError(choice)
+    plan: dict[str, str] = {}
+    for name, shape in tensors.items():
+        if not _quantized(name, shape):
+            continue
+        width = shape[-1]
+        kind = _q4_k_m(name, width, layers, experts or 1, tied) if choice in MIXES else choice
+        if not FORMATS[kind].row_fits(width) and kind in _FALLBACK:
+            kind = _FALLBACK[kind] if FORMATS[_FALLBACK[kind]].row_fits(width) else "f16"
+        if FORMATS[kind].row_fits(width):
+            plan[name] = kind
+    return plan
