@@ -693,7 +693,8 @@ def _use_more_bits(layer: int, layers: int) -> bool:
 def _quantized(name: str, shape: tuple[int, ...]) -> bool:
     """llama.cpp's `tensor_allows_quantization` on a Hugging Face name: matrices (and stacks of experts) named
     `weight`, not the norms, not a mixture's router (`ffn_gate_inp`)."""
-    return len(shape) >= 2 and name.endswith(".weight") and not name.endswith("norm.weight") and ".mlp.gate." not in name
+    matrix = len(shape) >= 2 and name.endswith(".weight")
+    return matrix and not name.endswith("norm.weight") and ".mlp.gate." not in name
 
 
 def _q4_k_m(name: str, width: int, layers: int, experts: int, tied: bool) -> str:
