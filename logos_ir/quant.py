@@ -289,7 +289,7 @@ def dequantize(raw: np.ndarray, fmt: BlockFormat, shape: tuple[int, ...]) -> np.
     return np.asarray(values, np.float32).reshape(shape)
 
 
-# -- quantization: llama.cpp's reference quantizers (`quantize_row_*_ref`) ----------------------------------------
+# -- quantization: llama.cpp's reference quantizers (`quantize_row_*_ref`), every block format --------------------
 
 
 def _round_away(x: np.ndarray) -> np.ndarray:
@@ -361,12 +361,303 @@ def _quantize_q5_1(x: np.ndarray) -> np.ndarray:
     return np.concatenate([_f16_bytes(d), _f16_bytes(m), _pack_fifth_bits(q), _pack_nibbles(q)], axis=1)
 
 
+# -- the K-quants' and MXFP4's reference quantizers (`quantize_row_q{2..6}_K_ref`, `quantize_row_mxfp4_ref`) --
+#
+# Written from llama.cpp's reference quantizers without an importance matrix, as `llama-quantize` runs them: each
+# operation in float32 in the order C evaluates it (a sum over a sub-block added number by number, `a*b*c` as
+# `(a*b)*c`, no fused multiply-add), vectorised over the sub-blocks.
+
+_F = np.float32
+
+
+def _nearest_int(v: np.ndarray) -> np.ndarray:
+    """llama.cpp's `nearest_int`: the float's integer by adding 1.5 * 2^23 and reading the mantissa (halves to
+    even; a number past 2^22, inf or NaN gives what the bits give, as the C does with its assert compiled out)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        bits = (np.asarray(v, _F) + _F(12582912.0)).view(np.int32)
+    return (bits & 0x007FFFFF) - 0x00400000
+
+
+def _sum(a: np.ndarray) -> np.ndarray:
+    """C's `float s = 0; for (...) s += a[i];` over the last axis, number by number."""
+    zero = np.zeros(a.shape[:-1] + (1,), _F)
+    return np.cumsum(np.concatenate([zero, a.astype(_F)], axis=-1), axis=-1, dtype=_F)[..., -1]
+
+
+def _signed_absmax(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's largest magnitude and its number with its sign (the first of equal magnitudes)."""
+    at = np.abs(x).argmax(axis=-1)[..., None]
+    value = np.take_along_axis(x, at, axis=-1)[..., 0]
+    return np.abs(value), value
+
+
+def _clip(v: np.ndarray, low: int, high: int) -> np.ndarray:
+    return np.minimum(np.maximum(v, low), high)
+
+
+def _make_qkx2_quants(
+    x: np.ndarray, weights: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int, use_mad: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """llama.cpp's `make_qkx2_quants` on each row of `x` (a sub-block): the scale, the minimum subtracted (>= 0)
+    and the codes 0..nmax, the scale and minimum fitted by weighted least squares over `nstep` + 1 trial scales."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        low = np.minimum(x.min(axis=-1), _F(0))
+        high = x.max(axis=-1)
+        sum_w = np.cumsum(weights, axis=-1, dtype=_F)[..., -1]
+        sum_x = np.cumsum(weights * x, axis=-1, dtype=_F)[..., -1]
+        flat = high == low
+        iscale = _F(nmax) / (high - low)
+        scale = _F(1) / iscale
+        codes = _clip(_nearest_int(iscale[:, None] * (x - low[:, None])), 0, nmax)
+
+        def error(s: np.ndarray, m: np.ndarray, q: np.ndarray) -> np.ndarray:
+            diff = (s[:, None] * q.astype(_F) + m[:, None]) - x
+            return _sum(weights * (np.abs(diff) if use_mad else diff * diff))
+
+        best = error(scale, low, codes)
+        for step in range(nstep + 1):
+            iscale = (_F(rmin) + _F(rdelta) * _F(step) + _F(nmax)) / (high - low)
+            trial = _clip(_nearest_int(iscale[:, None] * (x - low[:, None])), 0, nmax)
+            wl = weights * trial.astype(_F)
+            sum_l, sum_l2, sum_xl = _sum(wl), _sum(wl * trial.astype(_F)), _sum(wl * x)
+            det = sum_w * sum_l2 - sum_l * sum_l
+            this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
+            this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det
+            positive = this_min > 0
+            this_scale = np.where(positive, sum_xl / sum_l2, this_scale)
+            this_min = np.where(positive, _F(0), this_min)
+            current = error(this_scale, this_min, trial)
+            better = (det > 0) & (current < best)
+            codes = np.where(better[:, None], trial, codes)
+            best = np.where(better, current, best)
+            scale = np.where(better, this_scale, scale)
+            low = np.where(better, this_min, low)
+    codes = np.where(flat[:, None], 0, codes)
+    return np.where(flat, _F(0), scale).astype(_F), (-low).astype(_F), codes.astype(np.uint8)
+
+
+def _make_qx_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """llama.cpp's `make_qx_quants` with `rmse_type` 1 and no importance (Q6_K's sub-blocks): the scale and the
+    codes 0..2 nmax - 1, the best of 19 trial scales by the weighted (x^2) fit."""
+    amax, signed = _signed_absmax(x)
+    zero = amax < _F(1e-15)
+    w = x * x
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+
+        def trial(iscale: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            q = _clip(_nearest_int(iscale[:, None] * x), -nmax, nmax - 1)
+            qf = q.astype(_F)
+            return q, _sum(w * x * qf), _sum(w * qf * qf)
+
+        codes, sumlx, suml2 = trial(_F(-nmax) / signed)
+        scale = np.where(suml2 != 0, sumlx / suml2, _F(0)).astype(_F)
+        best = scale * sumlx
+        for step in range(-9, 10):
+            if step == 0:
+                continue
+            q, sumlx, suml2 = trial(-(_F(nmax) + _F(0.1) * _F(step)) / signed)
+            better = (suml2 > 0) & (sumlx * sumlx > best * suml2)
+            codes = np.where(better[:, None], q, codes)
+            scale = np.where(better, sumlx / suml2, scale).astype(_F)
+            best = np.where(better, scale * sumlx, best).astype(_F)
+    return np.where(zero, _F(0), scale), np.where(zero[:, None], 0, codes + nmax).astype(np.int32)
+
+
+def _make_q3_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """llama.cpp's `make_q3_quants` with `do_rmse` (Q3_K's sub-blocks): codes from the largest magnitude's scale,
+    then up to five passes moving one code at a time where the weighted (x^2) fit improves; the codes 0..2 nmax-1."""
+    amax, signed = _signed_absmax(x)
+    zero = amax < _F(1e-15)
+    w = x * x
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        codes = _clip(_nearest_int((_F(-nmax) / signed)[:, None] * x), -nmax, nmax - 1)
+        qf = codes.astype(_F)
+        sumlx, suml2 = _sum(w * x * qf), _sum(w * qf * qf)
+        active = ~zero
+        for _ in range(5):
+            changed = np.zeros(x.shape[0], bool)
+            for i in range(x.shape[1]):
+                xi, wi, li = x[:, i], w[:, i], codes[:, i].astype(_F)
+                slx = sumlx - wi * xi * li
+                sl2 = suml2 - wi * li * li
+                new = _clip(_nearest_int(xi * sl2 / slx), -nmax, nmax - 1)
+                newf = new.astype(_F)
+                slx2 = slx + wi * xi * newf
+                sl22 = sl2 + wi * newf * newf
+                take = active & (slx > 0) & (new != codes[:, i])
+                take &= (sl22 > 0) & (slx2 * slx2 * suml2 > sumlx * sumlx * sl22)
+                codes[:, i] = np.where(take, new, codes[:, i])
+                sumlx = np.where(take, slx2, sumlx)
+                suml2 = np.where(take, sl22, suml2)
+                changed |= take
+            active &= changed
+            if not active.any():
+                break
+        scale = np.where(suml2 > 0, sumlx / suml2, _F(0)).astype(_F)
+    return np.where(zero, _F(0), scale), np.where(zero[:, None], 0, codes + nmax).astype(np.int32)
+
+
+def _f16_round(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A float32 stored as float16 (rounded to nearest even): its two bytes and the float32 it reads back as."""
+    half = np.asarray(x, _F).astype(np.float16)
+    return half.reshape(-1, 1).view(np.uint8), half.astype(_F)
+
+
+def _pack_crumbs(q: np.ndarray) -> np.ndarray:
+    """256 codes 0..3 a super-block to 64 bytes: byte 32h + l holds codes 128h + 32j + l at bits 2j."""
+    q = q.reshape(-1, 2, 4, 32).astype(np.uint8)
+    return (q[:, :, 0] | (q[:, :, 1] << 2) | (q[:, :, 2] << 4) | (q[:, :, 3] << 6)).reshape(-1, 64)
+
+
+def _pack_k_scales(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
+    """8 6-bit scales and 8 6-bit minimums to Q4_K's and Q5_K's 12 bytes (the inverse of `_k_scales_mins`)."""
+    s = np.zeros((ls.shape[0], 12), np.uint8)
+    s[:, 0:4], s[:, 4:8] = ls[:, :4], lm[:, :4]
+    s[:, 8:12] = (ls[:, 4:] & 0x0F) | ((lm[:, 4:] & 0x0F) << 4)
+    s[:, 0:4] |= (ls[:, 4:] >> 4) << 6
+    s[:, 4:8] |= (lm[:, 4:] >> 4) << 6
+    return s
+
+
+def _requantize(x: np.ndarray, d: np.ndarray, dm: np.ndarray, codes: np.ndarray, low: int, high: int, offset: int):
+    """The codes of each sub-block against its stored scale `d` (and minimum `dm`): round((x + dm) / d) within
+    low..high plus `offset`; a sub-block whose scale is zero keeps the codes its search gave (as the C skips it)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        q = _clip(_nearest_int((x + dm[..., None]) / d[..., None]), low, high) + offset
+    return np.where((d != 0)[..., None], q, codes)
+
+
+def _quantize_qk_min(x: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int):
+    """Q4_K's and Q5_K's scales, minimums and codes (`quantize_row_q4_K_ref`, `quantize_row_q5_K_ref`): each
+    sub-block of 32 fitted by `make_qkx2_quants` with weights sqrt(mean x^2) + |x|, its scale and minimum then
+    stored in 6 bits against the super-block's largest, the codes taken again against those."""
+    sub = x.reshape(-1, 32)
+    av_x = np.sqrt(_sum(sub * sub) / _F(32))
+    scales, mins, codes = _make_qkx2_quants(sub, av_x[:, None] + np.abs(sub), nmax, rmin, rdelta, nstep, False)
+    scales, mins, codes = scales.reshape(-1, 8), mins.reshape(-1, 8), codes.reshape(-1, 8, 32).astype(np.int32)
+    max_scale = np.maximum(scales.max(axis=1), _F(0))
+    max_min = np.maximum(mins.max(axis=1), _F(0))
+    with np.errstate(divide="ignore"):
+        inv_scale = np.where(max_scale > 0, _F(63) / max_scale, _F(0))
+        inv_min = np.where(max_min > 0, _F(63) / max_min, _F(0))
+    ls = np.minimum(_nearest_int(inv_scale[:, None] * scales) & 0xFF, 63).astype(np.uint8)
+    lm = np.minimum(_nearest_int(inv_min[:, None] * mins) & 0xFF, 63).astype(np.uint8)
+    d_bytes, d = _f16_round(max_scale / _F(63))
+    m_bytes, dmin = _f16_round(max_min / _F(63))
+    sub_d = d[:, None] * ls.astype(_F)
+    sub_m = dmin[:, None] * lm.astype(_F)
+    q = _requantize(x.reshape(-1, 8, 32), sub_d, sub_m, codes, 0, nmax, 0)
+    return np.concatenate([d_bytes, m_bytes, _pack_k_scales(ls, lm)], axis=1), q.astype(np.uint8)
+
+
+def _quantize_q4_k(x: np.ndarray) -> np.ndarray:
+    head, q = _quantize_qk_min(x, 15, -1.0, 0.1, 20)
+    q = q.reshape(-1, 4, 2, 32)
+    return np.concatenate([head, (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(-1, 128)], axis=1)
+
+
+def _quantize_q5_k(x: np.ndarray) -> np.ndarray:
+    head, q = _quantize_qk_min(x, 31, -0.5, 0.1, 15)
+    high = ((q >> 4) << np.arange(8, dtype=np.uint8)[None, :, None]).sum(axis=1, dtype=np.uint8)  # bit s: sub-block s
+    low = (q & 0x0F).reshape(-1, 4, 2, 32)
+    return np.concatenate([head, high, (low[:, :, 0] | (low[:, :, 1] << 4)).reshape(-1, 128)], axis=1)
+
+
+def _quantize_q2_k(x: np.ndarray) -> np.ndarray:
+    """`quantize_row_q2_K_ref`: sub-blocks of 16 fitted by `make_qkx2_quants` on |x| with the absolute error,
+    scales and minimums in 4 bits against the super-block's largest."""
+    sub = x.reshape(-1, 16)
+    scales, mins, codes = _make_qkx2_quants(sub, np.abs(sub), 3, -0.5, 0.1, 15, True)
+    scales, mins, codes = scales.reshape(-1, 16), mins.reshape(-1, 16), codes.reshape(-1, 16, 16).astype(np.int32)
+    max_scale = np.maximum(scales.max(axis=1), _F(0))
+    max_min = np.maximum(mins.max(axis=1), _F(0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ls = np.where(max_scale[:, None] > 0, _nearest_int((_F(15) / max_scale)[:, None] * scales) & 0xFF, 0)
+        lm = np.where(max_min[:, None] > 0, (_nearest_int((_F(15) / max_min)[:, None] * mins) << 4) & 0xFF, 0)
+    packed = (ls | lm).astype(np.uint8)
+    d_bytes, d = _f16_round(np.where(max_scale > 0, max_scale / _F(15), _F(0)))
+    m_bytes, dmin = _f16_round(np.where(max_min > 0, max_min / _F(15), _F(0)))
+    sub_d = d[:, None] * (packed & 0x0F).astype(_F)
+    sub_m = dmin[:, None] * (packed >> 4).astype(_F)
+    q = _requantize(x.reshape(-1, 16, 16), sub_d, sub_m, codes, 0, 3, 0)
+    return np.concatenate([packed, _pack_crumbs(q), d_bytes, m_bytes], axis=1)
+
+
+def _quantize_q3_k(x: np.ndarray) -> np.ndarray:
+    """`quantize_row_q3_K_ref`: sub-blocks of 16 by `make_q3_quants`, their signed scales in 6 bits against the
+    one of largest magnitude, the codes -4..3 taken again; the high bit of each code in `hmask`."""
+    scales, codes = _make_q3_quants(x.reshape(-1, 16), 4)
+    scales, codes = scales.reshape(-1, 16), codes.reshape(-1, 16, 16)
+    _, max_scale = _signed_absmax(scales)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        iscale = _F(-32) / max_scale
+        l8 = ((_nearest_int(iscale[:, None] * scales) + 128) & 0xFF) - 128  # stored in an int8_t
+    l6 = np.where(max_scale[:, None] != 0, _clip(l8, -32, 31) + 32, 0).astype(np.uint8)
+    s = np.zeros((x.shape[0], 12), np.uint8)
+    s[:, :8] = (l6[:, :8] & 0x0F) | ((l6[:, 8:] & 0x0F) << 4)
+    j = np.arange(16)
+    for k in range(4):
+        s[:, 8 + k] = ((l6[:, j[j % 4 == k]] >> 4) << (2 * (j[j % 4 == k] // 4)).astype(np.uint8)).sum(
+            axis=1, dtype=np.uint8
+        )
+    with np.errstate(divide="ignore"):
+        d_bytes, d = _f16_round(np.where(max_scale != 0, _F(1) / iscale, _F(0)))
+    sub_d = d[:, None] * (l6.astype(np.int32) - 32).astype(_F)
+    q = _requantize(x.reshape(-1, 16, 16), sub_d, np.zeros_like(sub_d), codes, -4, 3, 4).reshape(-1, 256)
+    high = (q > 3).reshape(-1, 8, 32).astype(np.uint8)  # code 32k + l: bit k of hmask[l]
+    hmask = (high << np.arange(8, dtype=np.uint8)[None, :, None]).sum(axis=1, dtype=np.uint8)
+    q = np.where(q > 3, q - 4, q)
+    return np.concatenate([hmask, _pack_crumbs(q), s, d_bytes], axis=1)
+
+
+def _quantize_q6_k(x: np.ndarray) -> np.ndarray:
+    """`quantize_row_q6_K_ref`: sub-blocks of 16 by `make_qx_quants`, their signed scales in 8 bits against the one
+    of largest magnitude (as -128), the codes -32..31 taken again; a super-block of zeros all zero bytes."""
+    scales, codes = _make_qx_quants(x.reshape(-1, 16), 32)
+    scales, codes = scales.reshape(-1, 16), codes.reshape(-1, 16, 16)
+    max_abs, max_scale = _signed_absmax(scales)
+    zero = max_abs < _F(1e-15)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        iscale = _F(-128) / max_scale
+        sc = ((np.minimum(_nearest_int(iscale[:, None] * scales), 127) + 128) & 0xFF) - 128
+        d_bytes, d = _f16_round(_F(1) / iscale)
+    sub_d = d[:, None] * sc.astype(_F)
+    q = _requantize(x.reshape(-1, 16, 16), sub_d, np.zeros_like(sub_d), codes, -32, 31, 32)
+    q = q.reshape(-1, 2, 4, 32).astype(np.uint8)  # half h, quarter k, number l: code 128h + 32k + l
+    ql = ((q[:, :, [0, 1]] & 0x0F) | ((q[:, :, [2, 3]] & 0x0F) << 4)).reshape(-1, 128)
+    qh = ((q >> 4) << (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]).sum(axis=2, dtype=np.uint8)
+    out = np.concatenate([ql, qh.reshape(-1, 64), sc.astype(np.int8).view(np.uint8), d_bytes], axis=1)
+    return np.where(zero[:, None], np.uint8(0), out)
+
+
+# e2m1's 16 codes, doubled, as llama.cpp's `kvalues_mxfp4`
+_KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)
+
+
+def _quantize_mxfp4(x: np.ndarray) -> np.ndarray:
+    """`quantize_row_mxfp4_ref`: the block's exponent floor(log2 max|x|) - 2 (so its largest number is at most
+    6 times the scale), each number the nearest e2m1 code (the first of equal errors)."""
+    amax = np.abs(x).max(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        e = np.where(amax > 0, np.floor(np.log2(amax)) - _F(2) + _F(127), _F(0)).astype(np.uint8)
+    half_scale = np.ldexp(_F(1), e.astype(np.int32) - 128).astype(_F)
+    err = np.abs(half_scale[:, None, None] * _KVALUES_MXFP4.astype(_F) - x[:, :, None])
+    codes = err.argmin(axis=2).astype(np.uint8)
+    return np.concatenate([e[:, None], codes[:, :16] | (codes[:, 16:] << 4)], axis=1)
+
+
 _QUANTIZE: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "q8_0": _quantize_q8_0,
     "q4_0": _quantize_q4_0,
     "q4_1": _quantize_q4_1,
     "q5_0": _quantize_q5_0,
     "q5_1": _quantize_q5_1,
+    "q2_k": _quantize_q2_k,
+    "q3_k": _quantize_q3_k,
+    "q4_k": _quantize_q4_k,
+    "q5_k": _quantize_q5_k,
+    "q6_k": _quantize_q6_k,
+    "mxfp4": _quantize_mxfp4,
 }
 QUANTIZERS = tuple(_QUANTIZE)
 
@@ -383,3 +674,69 @@ def quantize(values: np.ndarray, fmt: BlockFormat) -> np.ndarray:
         return x.astype("<f2").view(np.uint8).reshape(*x.shape[:-1], -1)
     blocks = _QUANTIZE[fmt.name](x.reshape(-1, fmt.block))
     return blocks.reshape(*x.shape[:-1], -1)
+
+
+# -- which format each tensor is stored in: a pure format, or Q4_K_M's mix ----------------------------------------
+
+MIXES = ("q4_k_m",)
+WEIGHT_CHOICES = (*QUANTIZERS, *MIXES)  # what `logos-compile --weights` stores a preset in
+
+# llama.cpp's `tensor_type_fallback`: a format for rows that are not whole super-blocks
+_FALLBACK = {"q2_k": "q4_0", "q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
+
+
+def _use_more_bits(layer: int, layers: int) -> bool:
+    """llama.cpp's `use_more_bits`: the first and last eighth of the layers, and every third one between."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
+def _quantized(name: str, shape: tuple[int, ...]) -> bool:
+    """llama.cpp's `tensor_allows_quantization` on a Hugging Face name: matrices (and stacks of experts) named
+    `weight`, not the norms, not a mixture's router (`ffn_gate_inp`)."""
+    matrix = len(shape) >= 2 and name.endswith(".weight")
+    return matrix and not name.endswith("norm.weight") and ".mlp.gate." not in name
+
+
+def _q4_k_m(name: str, width: int, layers: int, experts: int, tied: bool) -> str:
+    """llama.cpp's `llama_tensor_get_type_impl` for LLAMA_FTYPE_MOSTLY_Q4_K_M, before the fallback."""
+    output = name == "lm_head.weight" or (tied and name == "model.embed_tokens.weight")
+    if output:
+        return "q8_0" if width % QK_K else "q6_k"
+    match = re.match(r"model\.layers\.(\d+)\.", name)
+    layer = int(match[1]) if match else 0
+    if name.endswith("self_attn.v_proj.weight"):
+        kind = "q6_k" if _use_more_bits(layer, layers) else "q4_k"
+        if layers == 80 and kind == "q4_k":  # llama.cpp's LLM_TYPE_70B: attn_v has 8x fewer rows than attn_q
+            kind = "q5_k"
+        return "q8_0" if experts == 8 else kind
+    if name.endswith("self_attn.k_proj.weight") and experts == 8:
+        return "q8_0"
+    if name.endswith("down_proj.weight") and _use_more_bits(layer, layers):
+        return "q6_k"
+    if name.endswith("self_attn.o_proj.weight") and experts == 8:
+        return "q5_k"
+    return "q4_k"
+
+
+def storage_plan(
+    choice: str, tensors: dict[str, tuple[int, ...]], layers: int, experts: int | None, tied: bool
+) -> dict[str, str]:
+    """The format each tensor is stored in for `--weights choice` (a format of `QUANTIZERS`, or a mix of `MIXES`),
+    as `llama-quantize` chooses it (`--pure` for a single format): the tensors it quantizes (`_quantized`), each in
+    the mix's format for its role and layer, a row that is not whole blocks of it in llama.cpp's fallback (Q4_K to
+    Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, Q2_K and Q3_K to Q4_0; f16 where the fallback's blocks do not fit either).
+    A tensor left out stays f32; so does one whose rows a format without a fallback (Q8_0 ... Q5_1, MXFP4) does
+    not fit, where llama.cpp refuses the model."""
+    if choice not in WEIGHT_CHOICES:
+        raise KeyError(choice)
+    plan: dict[str, str] = {}
+    for name, shape in tensors.items():
+        if not _quantized(name, shape):
+            continue
+        width = shape[-1]
+        kind = _q4_k_m(name, width, layers, experts or 1, tied) if choice in MIXES else choice
+        if not FORMATS[kind].row_fits(width) and kind in _FALLBACK:
+            kind = _FALLBACK[kind] if FORMATS[_FALLBACK[kind]].row_fits(width) else "f16"
+        if FORMATS[kind].row_fits(width):
+            plan[name] = kind
+    return plan

@@ -3,7 +3,8 @@ whole weight file is one fuzz input (`small_spec`), written as a Hugging Face fo
 GGUF file (`model_gguf`, with a byte-level BPE tokenizer from `tokenizer_metadata`, over GPT-2's byte alphabet,
 `byte_level_alphabet`); any GGUF file from metadata and tensors (`gguf_bytes`, with the GGUF specification's value
 types `U8` ... `F64`); a `logos` build folder of the tiny preset (`write_logos_build`); an authored program's MLIR
-(`mlir_text`); a model's decode step lowered by the spatial lane (`lower_decode`).
+(`mlir_text`); a model's decode step lowered by the spatial lane (`lower_decode`); a model whose rows are whole
+K-quant super-blocks (`super_block_spec`) and its weights stored by the project's quantizer (`quantized_store`).
 The D5005 lane's decode step as its pipeline lowers it: `lower_program`.
 """
 
@@ -308,3 +309,17 @@ def lower_decode(
     for stage in (VerifyIdentity(), ExtractParts(), CslFuseProducts()):
         stage.apply(Context(), module)
     return lower_module(module, image, p, memory, copies, arch)
+
+
+def super_block_spec(layers: int = 2) -> ModelSpec:
+    """The tiny preset widened so that every matrix's rows are whole K-quant super-blocks (hidden and
+    intermediate multiples of 256), for stores in Q4_K, Q6_K or Q4_K_M's mix without llama.cpp's fallbacks."""
+    tiny = ModelSpec.preset("tiny")
+    return replace(tiny, hidden=256, heads=4, kv_heads=2, head_dim=64, intermediate=512, layers=layers)
+
+
+def quantized_store(spec: ModelSpec, choice: str, seed: int = 0) -> Any:
+    """`spec`'s random weights stored as `logos-compile --weights choice` stores a preset's (`QuantizedWeights`)."""
+    from logos_ir.weights.store import QuantizedWeights
+
+    return QuantizedWeights(RandomWeights(spec, seed), choice)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from logos_ir.cli import USAGE_ERROR, add_common, count, positive, run_tool
-from logos_ir.quant import QUANTIZERS as QUANTIZED
+from logos_ir.quant import WEIGHT_CHOICES as QUANTIZED
 
 if TYPE_CHECKING:
     from logos_ir.build import Artifact, LaneBuild
@@ -56,8 +56,9 @@ def _arguments(targets: dict[str, Any]) -> argparse.ArgumentParser:
     parser.add_argument(
         "--weights",
         choices=["f32", "bf16", "f16", *QUANTIZED],
-        help="the weight image (default: the target's); a block format (q8_0, q4_0, ...) stores a preset's random "
-        "weights in it with logos-ir's quantizer, the lane reading them dequantized in its default image",
+        help="the weight image (default: the target's); a block format (q8_0, q4_0, q4_k, q6_k, mxfp4, ...) or "
+        "q4_k_m (llama.cpp's mix) stores a preset's random weights in it with logos-ir's quantizer, the lane reading "
+        "them dequantized in its default image",
     )
     parser.add_argument("--with-weights", action="store_true", help="also write the lane's weight image")
     parser.add_argument(

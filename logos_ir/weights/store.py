@@ -274,18 +274,19 @@ class RandomWeights(WeightStore):
 
 
 class QuantizedWeights(WeightStore):
-    """Another store's weights stored in a block format by the project's own quantizer (`logos_ir.quant`): each
-    matrix (a tensor of two or more axes whose rows are whole blocks) quantized and read back dequantized, each
-    vector (norms, biases) left f32 as llama.cpp leaves them. The spec says each stored tensor's format, so the
-    program the author writes says it too."""
+    """Another store's weights stored in a block format (or Q4_K_M's mix) by the project's own quantizer
+    (`logos_ir.quant`): each matrix `quant.storage_plan` names quantized and read back dequantized, each vector
+    (norms, biases) left f32 as llama.cpp leaves them. The spec says each stored tensor's format, so the program
+    the author writes says it too."""
 
     def __init__(self, inner: WeightStore, format_name: str):
-        self.inner, self.format = inner, quant.FORMATS[format_name]
         shapes = {name: inner.shape(name) for name in inner.names()}
-        stored = sorted(n for n, shape in shapes.items() if len(shape) >= 2 and self.format.row_fits(shape[-1]))
-        spec = replace(inner.spec, storage=tuple((n, format_name) for n in stored))
+        spec = inner.spec
+        plan = quant.storage_plan(format_name, shapes, spec.layers, spec.experts, spec.tie_embeddings)
+        self.inner, self._formats = inner, {n: quant.FORMATS[f] for n, f in plan.items()}
+        spec = replace(inner.spec, storage=tuple(sorted(plan.items())))
         super().__init__(spec, f"{inner.source}, stored in {format_name}")
-        self._stored = frozenset(stored)
+        self._stored = frozenset(plan)
         self._stored_blocks: dict[str, np.ndarray] = {}
 
     def names(self) -> list[str]:
@@ -298,14 +299,14 @@ class QuantizedWeights(WeightStore):
         values = self.inner.get(name)
         if name not in self._stored:
             return values
-        return quant.dequantize(self.blocks(name), self.format, values.shape)
+        return quant.dequantize(self.blocks(name), self._formats[name], values.shape)
 
     def _blocks(self, name: str) -> np.ndarray:
         if name not in self._stored:
             return super()._blocks(name)
         cached = self._stored_blocks.get(name)
         if cached is None:
-            cached = self._stored_blocks[name] = quant.quantize(self.inner.get(name), self.format)
+            cached = self._stored_blocks[name] = quant.quantize(self.inner.get(name), self._formats[name])
         return cached
 
 

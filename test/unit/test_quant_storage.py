@@ -51,7 +51,16 @@ def _weights(rng: np.random.Generator) -> np.ndarray:
     return x
 
 
-@pytest.mark.parametrize("name", quant.QUANTIZERS)
+# the formats gguf-py quantizes (the K-quants it does not: test_kquants.py checks them against llama.cpp's bytes)
+GGUF_PY_QUANTIZES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mxfp4")
+
+
+def test_every_block_format_has_a_quantizer() -> None:
+    assert set(quant.QUANTIZERS) == {f.name for f in BLOCKED}
+    assert set(GGUF_PY_QUANTIZES) <= set(quant.QUANTIZERS)
+
+
+@pytest.mark.parametrize("name", GGUF_PY_QUANTIZES)
 def test_the_quantizer_gives_gguf_pys_bytes(name: str) -> None:
     fmt = quant.FORMATS[name]
     x = _weights(np.random.default_rng(3))
