@@ -94,9 +94,13 @@ def _lower_section(program: Program, e: Emit, layer: SSAValue | None, part: logo
     lower_part(PartLowering(program, e, layer, feeds_of(section.body.block)), section, part.spec)
 
 
-def lower_parts(parts: Sequence[tuple[Cut, Identity, logos.ProgramOp]], plan: g.GridPlan) -> GridProgram:
+def lower_parts(
+    parts: Sequence[tuple[Cut, Identity, logos.ProgramOp]], plan: g.GridPlan, layer_keys: dict[int, str] | None = None
+) -> GridProgram:
     """The decode step's parts ((cut, identity, program) in model order: embedding, layers, head) as one
-    element program and its layout for `plan`'s grid."""
+    element program and its layout for `plan`'s grid. `layer_keys` keeps each layer part's `_layer_key` (by the part's
+    id) for the next lowering of the same parts (a grid search lowers them many times)."""
+    layer_keys = {} if layer_keys is None else layer_keys
     top = Block()
     program = Program(plan, Emit(top))
     t = program.top
@@ -136,7 +140,9 @@ def lower_parts(parts: Sequence[tuple[Cut, Identity, logos.ProgramOp]], plan: g.
     layer_fn = None
     first_text = ""
     for cut, ident, part in layer_parts:
-        text = _layer_key(_section(part).body.block)
+        text = layer_keys.get(id(part))
+        if text is None:
+            text = layer_keys[id(part)] = _layer_key(_section(part).body.block)
         if layer_fn is None:
             e, layer_fn = _function("layer", program, "layers: " + ident.line(), [i32])
             _lower_section(program, e, layer_fn.body.block.args[0], part)
@@ -330,6 +336,7 @@ def _search(
         choices = [copies]
 
     lowerings: dict[tuple[int, int, int, bool], tuple[GridProgram, int]] = {}
+    keys: dict[int, str] = {}  # each layer's `_layer_key`, the same at every grid
 
     def lowered_at(size: tuple[int, int], c: int, compact: bool = False) -> tuple[GridProgram, int]:
         if (*size, c, compact) not in lowerings:  # a lowering is the search's cost: each grid is lowered once
@@ -337,7 +344,7 @@ def _search(
             plan.rings = rings
             plan.local_theta, plan.local_layers = local
             plan.compact = compact
-            program = lower_parts(parts, plan)
+            program = lower_parts(parts, plan, keys)
             lowerings[(*size, c, compact)] = program, memory_use(program)["fits"]  # the band's high end must fit
         return lowerings[(*size, c, compact)]
 
