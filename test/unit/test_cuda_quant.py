@@ -207,3 +207,14 @@ def test_prefill_chunks_and_batches_keep_the_image() -> None:
         plan, _, _ = build_program(store.spec, Cut.parse(cut), 1, "bf16")
         elements = {b.element for b in plan.buffers.values() if b.kind == "weight"}
         assert elements == {"bf16", "f32"}, cut
+
+
+def test_the_embedded_models_decode_step_reads_its_blocks_as_stored() -> None:
+    """SmolLM2's projections in Q4_1 and its tied table in Q8_0, read as the file stores them (its tokens:
+    `test_cuda_embedded.py`, whose decode steps run these kernels)."""
+    spec = open_model(None).spec
+    plan, _, _ = build_program(spec, Cut.decode(256), 1, "bf16")
+    weights = [b for b in plan.buffers.values() if b.kind == "weight"]
+    assert {b.element for b in weights if b.name.endswith("proj.weight") or "+" in b.name} == {"q4_1"}
+    assert plan.buffers["model.embed_tokens.weight"].element == "q8_0"
+    assert sum(1 for k in plan.kernels if k.startswith("embed_q8_0_")) == 1
