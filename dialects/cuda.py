@@ -84,6 +84,24 @@ def shape_of(kind: Attribute) -> tuple[int, ...]:
     return tuple(kind.get_shape())
 
 
+STORAGE = "cuda.storage"  # on a weight's `cuda.buffer`: it holds the tensor's blocks as stored, in this format
+
+
+def numbers_shape(value: SSAValue) -> tuple[int, ...]:
+    """A buffer's shape in numbers: that of its memref, but for a weight holding its blocks as stored (`STORAGE`),
+    whose rows of 16- or 32-bit units hold the numbers of whole blocks."""
+    shape = shape_of(value.type)
+    owner = value.owner
+    stored = owner.attributes.get(STORAGE) if isinstance(owner, BufferOp) else None
+    if not isinstance(stored, StringAttr):
+        return shape
+    from logos_ir import quant
+
+    fmt = quant.FORMATS[stored.data]
+    unit = value.type.element_type.width.data // 8  # type: ignore[attr-defined]
+    return (*shape[:-1], shape[-1] * unit // fmt.block_bytes * fmt.block)
+
+
 def rope_table_names(theta: float | None = None, rotary: int | None = None, unscaled: bool = False) -> tuple[str, str]:
     """The names of the host's rotary tables (cos, signed sin): `rope.cos` / `rope.sin` for the model's own
     rotation, `rope.cos.theta<base>` / `.rotary<R>` / `.unscaled` for a layer's own base, a partial rotary or a
@@ -170,7 +188,7 @@ class KernelOp(IRDLOperation):
         return [*ins[: len(self.ins)], *outs]
 
     def shapes(self) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
-        return [shape_of(v.type) for v in self.ins], [shape_of(v.type) for v in self.outs]
+        return [numbers_shape(v) for v in self.ins], [numbers_shape(v) for v in self.outs]
 
     def verify_(self) -> None:
         want_ins, want_outs = self.ARITY

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import IntegerType, ModuleOp
 from xdsl.printer import Printer
 
 from logos_ir.build import Artifact, BuildRequest, LaneBuild, program_module
@@ -390,9 +390,12 @@ def loads_in_flight(plan: Any) -> dict[str, int]:
         body = loops[0].body.block
         total = 0
         for op in body.ops:
-            if op.name == "vector.load" and op.operands[0] in weights:
+            if op.name in ("vector.load", "memref.load") and op.operands[0] in weights:  # (units of stored blocks)
                 element = op.operands[0].type.element_type
-                total += op.results[0].type.get_shape()[0] * (2 if "bf16" in str(element) else 4)
+                size = (
+                    element.width.data // 8 if isinstance(element, IntegerType) else 2 if "bf16" in str(element) else 4
+                )
+                total += (op.results[0].type.get_shape()[0] if op.name == "vector.load" else 1) * size
         if total:
             found[name] = total
     return found
@@ -418,7 +421,7 @@ def occupancy(registers: int, threads: int = 128, shared: int = 0) -> int:
 
 def weight_images(request: BuildRequest, module: ModuleOp, identity: Identity) -> list[Artifact]:
     """The device image of each chip's weights, in the order of the plan's weight buffers."""
-    from logos_ir.passes.cuda.host_plan import plan_of, weight_share
+    from logos_ir.passes.cuda.host_plan import UNIT_BYTES, plan_of, stored_share, weight_share
 
     plan = plan_of(module)
     store = request.model.store()
@@ -428,11 +431,14 @@ def weight_images(request: BuildRequest, module: ModuleOp, identity: Identity) -
         index, blobs, offset = [], [], 0
         for buffer in request.progress.over(weights, f"weights of chip {chip}"):
             element = "bf16" if buffer.element == "bf16" else "f32"  # bf16: bit patterns rounded to nearest even
-            data = (
-                weight_share(store, buffer.name, buffer.shape, chip, plan.chips, element)
-                .astype("<u2" if element == "bf16" else "<f4")
-                .tobytes()
-            )
+            if buffer.element in UNIT_BYTES:  # read as stored: the blocks' bytes as the file holds them
+                data = stored_share(store, buffer.name, buffer.shape, buffer.element, chip, plan.chips).tobytes()
+            else:
+                data = (
+                    weight_share(store, buffer.name, buffer.shape, chip, plan.chips, element)
+                    .astype("<u2" if element == "bf16" else "<f4")
+                    .tobytes()
+                )
             index.append(
                 {"name": buffer.name, "offset": offset, "shape": list(buffer.shape), "element": buffer.element}
             )

@@ -28,6 +28,7 @@ from xdsl.dialects.builtin import (
     BFloat16Type,
     Float32Type,
     IntegerAttr,
+    IntegerType,
     MemRefType,
     ModuleOp,
     StringAttr,
@@ -51,7 +52,7 @@ from xdsl.rewriter import InsertPoint
 from logos_ir.dialects import cuda
 from logos_ir.errors import PassError
 from logos_ir.numerics import ceil_div as cdiv
-from logos_ir.passes.cuda import decode_kernels, hopper, tensor_core
+from logos_ir.passes.cuda import blocks, decode_kernels, hopper, tensor_core
 from logos_ir.passes.cuda.decode_kernels import ROW_TILE, THREADS, WARPS, qkv_splits
 from logos_ir.passes.cuda.kernel_level import host_function
 from logos_ir.passes.cuda.thread_code import INDEX, Body, Kind
@@ -98,6 +99,10 @@ class LaunchEmbed(_LaunchKernel):
         self.launch(op, rewriter)
 
     def kinds(self, op: cuda.EmbedOp) -> list[Kind]:
+        fmt = blocks.storage_of(op.ins[0])
+        if fmt is not None:  # a table held as stored: a thread a block of the token's row
+            body = lambda b, a, s: decode_kernels.embed_stored(b, a, s, fmt)  # noqa: E731
+            return [Kind(f"embed_{fmt}", (0, 1, 2), lambda s: (1, s[1][0], 1), body, (fmt,))]
         return [Kind("embed", (0, 1, 2), lambda s: (cdiv(s[0][1], THREADS), s[1][0], 1), decode_kernels.embed)]
 
 
@@ -145,9 +150,11 @@ class LaunchLinear(_LaunchKernel):
         stem = ("norm_" if epsilon is not None else "") + ("linear_bias" if biased else "linear")
         stem += "_residual" if op.has_residual() else ""
         stem += f"_chip{on_chip}" if on_chip is not None else ""
+        fmt = blocks.storage_of(op.ins[1])
+        stem += f"_{fmt}" if fmt is not None else ""
         operands = tuple(range(len(op.ins) + len(op.outs)))
-        body = lambda b, a, s: decode_kernels.linear(b, a, s, epsilon, on_chip, biased)  # noqa: E731
-        return [Kind(stem, operands, _columns, body, (epsilon, on_chip))]
+        body = lambda b, a, s: decode_kernels.linear(b, a, s, epsilon, on_chip, biased, fmt)  # noqa: E731
+        return [Kind(stem, operands, _columns, body, (epsilon, on_chip, fmt))]
 
 
 class LaunchGateUp(_LaunchKernel):
@@ -162,9 +169,16 @@ class LaunchGateUp(_LaunchKernel):
         biased, gelu = op.biased is not None, op.gelu_tanh is not None
         stem = ("norm_gate_up" if epsilon is not None else "gate_up") + ("_bias" if biased else "")
         stem += "_gelu_tanh" if gelu else ""
+        fmt = blocks.storage_of(op.ins[1])
+        if fmt != blocks.storage_of(op.ins[2]):
+            raise PassError(
+                f"{NAME}: gate and up are held as {fmt or 'an image'} and {blocks.storage_of(op.ins[2]) or 'an image'}"
+                ": the fused gate/up kernel reads both weights in one format"
+            )
+        stem += f"_{fmt}" if fmt is not None else ""
         operands = tuple(range(len(op.ins) + len(op.outs)))
-        body = lambda b, a, s: decode_kernels.gate_up(b, a, s, epsilon, biased, gelu)  # noqa: E731
-        return [Kind(stem, operands, _columns, body, (epsilon,))]
+        body = lambda b, a, s: decode_kernels.gate_up(b, a, s, epsilon, biased, gelu, fmt)  # noqa: E731
+        return [Kind(stem, operands, _columns, body, (epsilon, fmt))]
 
 
 class LaunchQKV(_LaunchKernel):
@@ -180,7 +194,9 @@ class LaunchQKV(_LaunchKernel):
         splits = qkv_splits(ins[1][0] // 2, ins[0][1], op.ins[1].type.element_type)  # type: ignore[attr-defined]
         pairs = lambda s: (cdiv(s[1][0] // 2 * splits, WARPS), 1, 1)  # noqa: E731
         operands = tuple(range(9 if splits == 1 else 11))  # split-K: + partial, count (the lowering's scratch)
-        return [Kind("qkv", operands, pairs, lambda b, a, s: decode_kernels.qkv(b, a, s, epsilon), (epsilon,))]
+        fmt = blocks.storage_of(op.ins[1])
+        body = lambda b, a, s: decode_kernels.qkv(b, a, s, epsilon, fmt)  # noqa: E731
+        return [Kind("qkv" + (f"_{fmt}" if fmt else ""), operands, pairs, body, (epsilon, fmt))]
 
 
 class LaunchRope(_LaunchKernel):
@@ -353,6 +369,8 @@ def _signature(stem: str, types: list[Attribute]) -> str:
         shape = "x".join(str(d) for d in kind.get_shape())
         element = kind.element_type
         tag = "bf16" if isinstance(element, BFloat16Type) else "f32" if isinstance(element, Float32Type) else "i64"
+        if isinstance(element, IntegerType) and element.width.data in (16, 32):  # a weight's stored units
+            tag = f"u{element.width.data}"
         parts.append(f"{shape}{tag}")
     return "_".join(parts)
 

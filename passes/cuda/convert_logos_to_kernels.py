@@ -68,6 +68,7 @@ from logos_ir import identity
 from logos_ir.dialects import cuda, logos
 from logos_ir.dialects.shard_ext import AllGatherOp
 from logos_ir.errors import PassError
+from logos_ir.passes.cuda import blocks
 from logos_ir.passes.cuda.decode_kernels import attention_min_span
 from logos_ir.passes.cuda.kernel_level import value_name, writes
 from logos_ir.program import Cut
@@ -97,6 +98,7 @@ class _Lowering:
     spec: Any  # the program's ModelSpec
     element: Attribute
     grid: GridOp | None
+    decode: bool = False  # a decode step: its weights stored in blocks are read as stored
     buffers: dict[str, SSAValue] = field(default_factory=dict)
     kinds: dict[str, str] = field(default_factory=dict)
     ctx: int = 1
@@ -202,8 +204,21 @@ class LowerWeight(_LoweringPattern):
         # Norm scales (the only 1-D weights) stay f32 in a bf16 image: a rounding of them would scale every channel
         # of every row, and they are some 0.03% of a model's bytes.
         element = self.lowering.element if len(shape) > 1 else f32
-        weight = self.lowering.buffer(rewriter, op.tensor.data, "weight", MemRefType(element, list(shape)))
+        stored = self._stored(op, shape)
+        kind_type = blocks.stored_type(stored, shape) if stored else MemRefType(element, list(shape))
+        weight = self.lowering.buffer(rewriter, op.tensor.data, "weight", kind_type)
+        if stored:
+            blocks.mark(cast(Operation, weight.owner), stored)
         _stands_for(rewriter, op, weight)
+
+    def _stored(self, op: logos.WeightOp, shape: tuple[int, ...]) -> str | None:
+        """The format a decode step reads this weight's blocks in as stored (`blocks.READ_AS_STORED`), or None for
+        its float image (a vector, a float storage, or a prefill chunk's or batch's weight). A share is whole blocks:
+        `logos.weight` refuses a split along the rows that cuts one."""
+        fmt = op.storage.format.name if op.storage is not None else None
+        if not self.lowering.decode or len(shape) != 2 or fmt not in blocks.READ_AS_STORED:
+            return None
+        return fmt
 
 
 class LowerCache(_LoweringPattern):
@@ -672,7 +687,7 @@ class ConvertLogosToCudaKernels(ModulePass):
         if self.weights not in ("bf16", "f32"):
             raise PassError(f"{NAME}: weights are bf16 or f32, not '{self.weights}'")
         program = identity.the_program(op, NAME)
-        check_cut(program)
+        cut = check_cut(program)
         line = identity.identity(program).line()
         main = program.function("main")
         assert main is not None
@@ -680,7 +695,7 @@ class ConvertLogosToCudaKernels(ModulePass):
         work = cast(logos.ProgramOp, program.clone())  # rewritten apart: a refusal leaves the module as it was
         grids = [g for g in work.block.ops if isinstance(g, GridOp)]
         element = BFloat16Type() if self.weights == "bf16" else Float32Type()
-        lowering = _Lowering(work.spec, element, grids[-1] if grids else None)
+        lowering = _Lowering(work.spec, element, grids[-1] if grids else None, cut.kind == "decode")
         patterns = GreedyRewritePatternApplier([pattern(lowering) for pattern in PATTERNS])
         work_main = work.function("main")
         assert work_main is not None

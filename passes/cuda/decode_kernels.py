@@ -14,11 +14,13 @@ from collections.abc import Callable
 from functools import partial
 
 from xdsl.dialects import arith
-from xdsl.dialects.builtin import BFloat16Type, IntegerAttr, f32, i64
+from xdsl.dialects.builtin import BFloat16Type, IntegerAttr, IntegerType, f32, i64
 from xdsl.ir import Attribute, SSAValue
 
+from logos_ir import quant
 from logos_ir.dialects import cuda
 from logos_ir.numerics import ceil_div as cdiv
+from logos_ir.passes.cuda import blocks
 from logos_ir.passes.cuda.thread_code import Body, glu, rotated, vector_width
 
 WARPS = 4  # warps a block: each owns one work item
@@ -140,12 +142,13 @@ def _dots(
     depth: int,
     lane: SSAValue,
     norm: tuple[SSAValue, float] | None = None,
+    storage: str | None = None,
 ) -> tuple[list[list[SSAValue]], list[SSAValue]]:
     """The warp-reduced dot products of each stream (weight, row index) with each of `rows` of x (sums[stream][row]),
     and with `norm` (scale, epsilon) x scaled elementwise and each row's 1/rms (else an empty list). A lane loads
     16-byte vectors, `unroll` of them a stream per loop step at batch 1 (so UNROLL_BYTES are in flight a stream),
     then a remainder loop takes the last whole vectors; f32 accumulation with fma."""
-    sums = _dot_sums(b, x, streams, rows, depth, lane, norm)
+    sums = _dot_sums(b, x, streams, rows, depth, lane, norm, storage=storage)
     tile = len(rows)
     dots = [[sums[s_index * tile + t] for t in range(tile)] for s_index in range(len(streams))]
     inverse = []
@@ -169,9 +172,14 @@ def _dot_sums(
     lane: SSAValue,
     norm: tuple[SSAValue, float] | None = None,
     part: tuple[SSAValue, int] | None = None,
+    storage: str | None = None,
 ) -> list[SSAValue]:
     """`_dots`' warp-reduced sums (stream-major, then each row's sum of squares with `norm`), over the `part`
-    (start, length) of the depth when given (split-K), else all of it."""
+    (start, length) of the depth when given (split-K), else all of it; weights held as stored in `storage` are
+    read block by block (`_stored_dot_sums`)."""
+    if storage is not None:
+        assert part is None
+        return _stored_dot_sums(b, x, streams, rows, depth, lane, norm, storage)
     weight0 = streams[0][0]
     vector = vector_width(depth, weight0.type.element_type)  # type: ignore[attr-defined]
     size = 2 if isinstance(weight0.type.element_type, BFloat16Type) else 4  # type: ignore[attr-defined]
@@ -226,6 +234,117 @@ def _dot_sums(
     return [b.warp_sum(v) for v in sums]
 
 
+def _stored_dot_sums(
+    b: Body,
+    x: SSAValue,
+    streams: list[tuple[SSAValue, SSAValue]],
+    rows: list[SSAValue],
+    depth: int,
+    lane: SSAValue,
+    norm: tuple[SSAValue, float] | None,
+    fmt: str,
+) -> list[SSAValue]:
+    """`_dot_sums` over weights held as stored in `fmt` (`blocks`): a lane takes whole blocks, each number
+    dequantized in registers to the reference's value and multiplied into an f32 fma chain with x (scaled by the
+    norm's weight, its square summed, with `norm`). Where the row's bytes allow (a multiple of 16), a lane loads a
+    group of `blocks.group` blocks in 16-byte loads a loop step; the blocks past the last whole group (all of a row
+    whose bytes are not a multiple of 16) come a block at a time in units, `unroll` blocks a lane a step so that
+    about UNROLL_BYTES are in flight a stream, all of a step's loads issued before the first is used."""
+    layout = quant.FORMATS[fmt]
+    size, unit = layout.block_bytes, blocks.UNIT_BYTES[fmt]
+    per_block = size // unit
+    count = depth // layout.block
+    tile = len(rows)
+
+    def accumulate(
+        acc: list[SSAValue], spans: list[blocks.Units], placed: list[tuple[int, SSAValue]]
+    ) -> list[SSAValue]:
+        out = list(acc)
+        for start, block in placed:  # (the block's byte in the span, its index in the row)
+            base = b.mul(block, layout.block)
+            where = [b.add(base, v) if v else base for v in range(0, layout.block, 4)]
+            scales = [g for at in where for g in b.vload(norm[0], [at], 4)] if norm else []
+            weights = [blocks.dequantize(b, fmt, span, start) for span in spans]
+            for t, row in enumerate(rows):
+                values = [v for at in where for v in b.vload(x, [row, at], 4)]
+                if norm:
+                    square = len(streams) * tile + t
+                    for v in values:
+                        out[square] = b.fma(v, v, out[square])
+                    values = [b.fmul(v, g) for v, g in zip(values, scales, strict=True)]
+                for s_index, numbers in enumerate(weights):
+                    total = out[s_index * tile + t]
+                    for wi, xi in zip(numbers, values, strict=True):
+                        total = b.fma(wi, xi, total)
+                    out[s_index * tile + t] = total
+        return out
+
+    sums = [b.fconst(0.0) for _ in range(len(streams) * tile + (tile if norm else 0))]
+    grouped = blocks.group(fmt)
+    in_registers = grouped * size * len(streams) <= blocks.MAX_GROUP_BYTES  # (Q8_0's two streams spill)
+    groups = count // grouped if blocks.row_vectors(fmt, depth) and in_registers else 0
+    if groups:
+        span_units = grouped * per_block
+
+        def by_group(g: SSAValue, acc: list[SSAValue]) -> list[SSAValue]:
+            first = b.mul(g, span_units)
+            spans = [blocks.Units(b, blocks.load_units(b, w, r, first, span_units, True), unit) for w, r in streams]
+            base = b.mul(g, grouped)
+            placed = [(j * size, b.add(base, j) if j else base) for j in range(grouped)]
+            return accumulate(acc, spans, placed)
+
+        sums = b.loop(lane, groups, cuda.WARP, sums, by_group)
+    done = groups * grouped
+    left = count - done
+    if left:
+        unroll = max(1, UNROLL_BYTES // size // len(streams)) if tile == 1 else 1
+        unroll = max(1, min(unroll, left // cuda.WARP))
+
+        def step_of(n: int) -> Callable[[SSAValue, list[SSAValue]], list[SSAValue]]:
+            def step(k: SSAValue, acc: list[SSAValue]) -> list[SSAValue]:
+                ks = [b.add(k, u * cuda.WARP) if u else k for u in range(n)]
+                loaded = [  # every load of the step issued first
+                    [blocks.load_units(b, w, r, b.mul(kk, per_block), per_block, False) for w, r in streams]
+                    for kk in ks
+                ]
+                out = acc
+                for kk, units in zip(ks, loaded, strict=True):
+                    out = accumulate(out, [blocks.Units(b, u, unit) for u in units], [(0, kk)])
+                return out
+
+            return step
+
+        chunk = cuda.WARP * unroll
+        main = left - left % chunk
+        first = b.add(lane, done) if done else lane
+        if main:
+            sums = b.loop(first, done + main, chunk, sums, step_of(unroll))
+        if main < left:
+            sums = b.loop(b.add(first, main) if main else first, count, cuda.WARP, sums, step_of(1))
+    return [b.warp_sum(v) for v in sums]
+
+
+def embed_stored(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], fmt: str) -> None:
+    """The embedding of a table held as stored in `fmt`: a thread a block of the token's row (a block of threads a
+    token), its units loaded, its 32 numbers dequantized (`blocks.dequantize`) and written."""
+    table, tokens, out = args
+    layout = quant.FORMATS[fmt]
+    unit = blocks.UNIT_BYTES[fmt]
+    per_block = layout.block_bytes // unit
+    count = shapes[0][1] // layout.block
+    row = b.block("y")
+
+    def step(k: SSAValue, acc: list[SSAValue]) -> list[SSAValue]:
+        token = b.sub(b.to_index(b.load(tokens, [row])), 1)
+        units = blocks.load_units(b, table, token, b.mul(k, per_block), per_block, False)
+        base = b.mul(k, layout.block)
+        for i, value in enumerate(blocks.dequantize(b, fmt, blocks.Units(b, units, unit), 0)):
+            b.store(value, out, [row, b.add(base, i) if i else base])
+        return []
+
+    b.loop(b.thread(), count, THREADS, [], step)
+
+
 def _projection(
     b: Body,
     x: SSAValue,
@@ -233,6 +352,7 @@ def _projection(
     shape: tuple[int, int, int],
     epilogue: Callable[[SSAValue, list[SSAValue]], None],
     norm: tuple[SSAValue, float] | None = None,
+    storage: str | None = None,
 ) -> None:
     """A warp per output column n: row n of each weight against a tile of rows of x (`_dots`), and lane 0 of a
     valid column writes each row through `epilogue` (the folded norm's 1/rms applied first)."""
@@ -244,7 +364,7 @@ def _projection(
     clamped = b.min(column, columns - 1)  # an idle warp reads a real row and writes nothing
     first = b.mul(b.block("y"), tile)
     tile_rows = [b.min(b.add(first, t), rows - 1) for t in range(tile)]
-    dots, inverse = _dots(b, x, [(w, clamped) for w in weights], tile_rows, depth, lane, norm)
+    dots, inverse = _dots(b, x, [(w, clamped) for w in weights], tile_rows, depth, lane, norm, storage)
     lane0 = b.cmp("eq", lane, 0)
     for t in range(tile):
         row = b.add(first, t)
@@ -257,7 +377,7 @@ def _projection(
 
 def linear(
     b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float | None = None,
-    residual_chip: int | None = None, biased: bool = False,
+    residual_chip: int | None = None, biased: bool = False, storage: str | None = None,
 ) -> None:  # fmt: skip
     """A warp an output column (`_projection`); lane 0's epilogue adds the bias (`biased`: bias[column] to the
     sums, before the residual) and the residual, both on chip `residual_chip` alone in a split step's partial
@@ -293,12 +413,12 @@ def linear(
         b.store(b.fadd(added, total), out, [row, column])
 
     norm = (scale, epsilon) if scale is not None and epsilon is not None else None
-    _projection(b, x, [weight], (rows, columns, depth), write, norm)
+    _projection(b, x, [weight], (rows, columns, depth), write, norm, storage)
 
 
 def gate_up(
     b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float | None = None, biased: bool = False,
-    gelu_tanh: bool = False,
+    gelu_tanh: bool = False, storage: str | None = None,
 ) -> None:  # fmt: skip
     """A warp a column of gate and of up (`_projection`); lane 0 adds each product's bias (`biased`) and writes
     silu(g) * u."""
@@ -317,7 +437,7 @@ def gate_up(
         b.store(glu(b, g, u, gelu_tanh), out, [row, column])
 
     norm = (rest[0], epsilon) if rest and epsilon is not None else None
-    _projection(b, x, [gate, up], (rows, columns, depth), write, norm)
+    _projection(b, x, [gate, up], (rows, columns, depth), write, norm, storage)
 
 
 TARGET_WARPS = 132 * 16  # a GEMV launch's warps: 16 an SM of 132 keep ~29 KB of weights in flight at 64 B a lane
@@ -329,7 +449,9 @@ def qkv_splits(pairs: int, depth: int, element: Attribute) -> int:
     fewer than TARGET_WARPS warps, each part still at least one whole unrolled loop step of 16-byte loads (a
     shorter part would cut the bytes a lane has in flight by as much as the split adds warps), at most
     MAX_SPLITS. 1 where the pairs alone fill the SMs (the 8B: 3,072 pairs) or the rows are short (SmolLM2's 576
-    in bf16)."""
+    in bf16), and for weights read as stored (integer units: their blocks are not split)."""
+    if isinstance(element, IntegerType):
+        return 1
     vector = vector_width(depth, element)
     size = 2 if isinstance(element, BFloat16Type) else 4
     step = cuda.WARP * vector * max(1, UNROLL_BYTES // (vector * size) // 2)  # _dot_sums' main step, 2 streams
@@ -342,7 +464,9 @@ def qkv_splits(pairs: int, depth: int, element: Attribute) -> int:
     return splits
 
 
-def qkv(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float) -> None:
+def qkv(
+    b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float, storage: str | None = None
+) -> None:
     """A warp per rotation pair (d, d + head_dim/2) of one head of the concatenated [Q; K; V] weight: the folded
     norm, both dot products, then lane 0 rotates a query or key pair at the row's position and writes it (queries
     to `query`, keys rounded into the key cache), or writes a value pair into the value cache.
@@ -398,7 +522,7 @@ def qkv(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: f
 
     streams = [(weight, first), (weight, second)]
     if splits == 1:
-        dots, inverse = _dots(b, x, streams, [row], depth, lane, (scale, epsilon))
+        dots, inverse = _dots(b, x, streams, [row], depth, lane, (scale, epsilon), storage)
         low, high = (b.fmul(dots[s][0], inverse[0]) for s in range(2))
         b.when(b.both(valid, b.cmp("eq", lane, 0)), lambda: epilogue(low, high))
         return

@@ -25,6 +25,7 @@ from xdsl.context import Context
 from xdsl.dialects import arith, gpu, math, memref, scf, vector
 from xdsl.dialects.builtin import (
     BFloat16Type,
+    Float16Type,
     Float32Type,
     IndexType,
     IntegerAttr,
@@ -69,7 +70,21 @@ struct alignas(64) LogosTensorMap { unsigned long long opaque[16]; };
 """
 
 
-_C_TYPES = {"index": "int", "f32": "float", "bf16": "__nv_bfloat16", "i64": "long long", "i1": "bool"}
+# Integers narrower than 64 bits (a weight's stored units and the fields of its blocks) are C's unsigned types, so
+# shifts are logical and arithmetic wraps as upstream's signless integers do; `arith.sitofp` casts to signed first.
+_C_TYPES = {
+    "index": "int",
+    "f32": "float",
+    "bf16": "__nv_bfloat16",
+    "f16": "__half",
+    "i64": "long long",
+    "i1": "bool",
+    "i8": "unsigned char",
+    "i16": "unsigned short",
+    "i32": "unsigned int",
+}
+_SIGNED = {"i8": "signed char", "i16": "short", "i32": "int"}
+FP16_PREAMBLE = "#include <cuda_fp16.h>\n"  # what a kernel that widens stored f16 scales adds to the file
 _SHARED_TYPES = {"f32": "float", "bf16": "__nv_bfloat16", "i64": "unsigned long long"}
 _CMPI = {0: "==", 1: "!=", 2: "<", 6: "<", 9: ">="}
 _CMPF = {1: "==", 2: ">", 4: "<"}
@@ -81,6 +96,8 @@ _BINARY: dict[type[Operation], str] = {
     arith.RemUIOp: "%",
     arith.AndIOp: "&&",
     arith.OrIOp: "||",
+    arith.ShRUIOp: ">>",  # on unsigned types: a logical shift
+    arith.ShLIOp: "<<",
     arith.AddfOp: "+",
     arith.SubfOp: "-",
     arith.DivfOp: "/",
@@ -103,8 +120,10 @@ def type_name(kind: Attribute) -> str:
         return "f32"
     if isinstance(kind, BFloat16Type):
         return "bf16"
+    if isinstance(kind, Float16Type):
+        return "f16"
     if isinstance(kind, IntegerType):
-        return "i1" if kind.width.data == 1 else "i64"
+        return {1: "i1", 8: "i8", 16: "i16", 32: "i32"}.get(kind.width.data, "i64")
     raise DiagnosticException(f"cuda target: no C type for {kind}")
 
 
@@ -185,6 +204,8 @@ class KernelPrinter:
 
     def binary(self, op: Operation) -> None:
         symbol = _BINARY[type(op)]
+        if symbol in ("&&", "||") and type_name(op.results[0].type) != "i1":  # bitwise on integers
+            symbol = symbol[0]
         self.assign(op.results[0], f"{self.name(op.operands[0])} {symbol} {self.name(op.operands[1])}")
 
     def call(self, op: Operation) -> None:
@@ -227,7 +248,24 @@ class KernelPrinter:
         self.assign(op.results[0], f"({_C_TYPES[type_name(op.results[0].type)]}){self.name(op.operands[0])}")
 
     def op_arith_sitofp(self, op: Operation) -> None:
+        signed = _SIGNED.get(type_name(op.operands[0].type))
+        cast = f"({signed})" if signed else ""
+        self.assign(op.results[0], f"(float){cast}{self.name(op.operands[0])}")
+
+    def op_arith_uitofp(self, op: Operation) -> None:
         self.assign(op.results[0], f"(float){self.name(op.operands[0])}")
+
+    def op_arith_extui(self, op: Operation) -> None:
+        self.assign(op.results[0], f"({_C_TYPES[type_name(op.results[0].type)]}){self.name(op.operands[0])}")
+
+    def op_arith_trunci(self, op: Operation) -> None:
+        self.assign(op.results[0], f"({_C_TYPES[type_name(op.results[0].type)]}){self.name(op.operands[0])}")
+
+    def op_arith_bitcast(self, op: Operation) -> None:
+        """i16 to f16 only: a stored block's scale."""
+        if type_name(op.results[0].type) != "f16" or type_name(op.operands[0].type) != "i16":
+            raise DiagnosticException("cuda target: arith.bitcast is printed from i16 to f16 only")
+        self.assign(op.results[0], f"__ushort_as_half({self.name(op.operands[0])})")
 
     def op_arith_fptosi(self, op: Operation) -> None:
         self.assign(op.results[0], f"(long long){self.name(op.operands[0])}")
@@ -265,6 +303,9 @@ class KernelPrinter:
         kind = memory.type
         assert isinstance(kind, MemRefType)
         element, width = kind.element_type, op.results[0].type.get_shape()[0]  # type: ignore[attr-defined]
+        if isinstance(element, IntegerType):
+            self.integer_vector_load(op, element.width.data, width)
+            return
         size = 4 if isinstance(element, Float32Type) else 2
         alignment = op.attributes.get("alignment")
         if not isinstance(alignment, IntegerAttr) or alignment.value.data != width * size:
@@ -293,6 +334,25 @@ class KernelPrinter:
         for result, part in zip(results, parts, strict=True):
             self.assign(result, part)
 
+    def integer_vector_load(self, op: Operation, bits: int, width: int) -> None:
+        """A 16-byte load of a stored weight's units (`uint4`), each unit its own unsigned variable (two 16-bit
+        units a word, the first in the low half)."""
+        memory = op.operands[0]
+        alignment = op.attributes.get("alignment")
+        if bits * width != 128 or not isinstance(alignment, IntegerAttr) or alignment.value.data != 16:
+            raise DiagnosticException(
+                f"cuda target: a vector.load of integers is printed as one aligned 16-byte load (in kernel "
+                f"{self.kernel.sym_name.data})"
+            )
+        results = _vector_elements(op)
+        where = f"&{self.name(memory)}[{self.flat(memory, list(op.operands[1:]))}]"
+        raw = self.name(results[0]) + "_raw"
+        self.line(f"const uint4 {raw} = *reinterpret_cast<const uint4*>({where});")
+        words = [f"{raw}.{c}" for c in "xyzw"]
+        parts = words if bits == 32 else [p for w in words for p in (f"({w} & 0xffffu)", f"({w} >> 16)")]
+        for result, part in zip(results, parts, strict=True):
+            self.assign(result, part if bits == 32 else f"(unsigned short){part}")
+
     def op_vector_extract(self, op: Operation) -> None:
         """Printed by the vector.load it takes apart."""
         if not _from_vector_load(op.operands[0]):
@@ -303,7 +363,8 @@ class KernelPrinter:
             if not _from_vector_load(op.operands[0]):
                 raise DiagnosticException("cuda target: arith.extf of a vector is printed for a vector.load's only")
             return
-        self.assign(op.results[0], f"__bfloat162float({self.name(op.operands[0])})")
+        widen = "__half2float" if type_name(op.operands[0].type) == "f16" else "__bfloat162float"
+        self.assign(op.results[0], f"{widen}({self.name(op.operands[0])})")
 
     def op_gpu_shuffle(self, op: Operation) -> None:
         mode = op.mode.data.value  # type: ignore[attr-defined]
@@ -556,6 +617,10 @@ _PRINTERS: dict[type[Operation], Callable[[KernelPrinter, Any], None]] = {
     arith.SelectOp: KernelPrinter.op_arith_select,
     arith.IndexCastOp: KernelPrinter.op_arith_index_cast,
     arith.SIToFPOp: KernelPrinter.op_arith_sitofp,
+    arith.UIToFPOp: KernelPrinter.op_arith_uitofp,
+    arith.ExtUIOp: KernelPrinter.op_arith_extui,
+    arith.TruncIOp: KernelPrinter.op_arith_trunci,
+    arith.BitcastOp: KernelPrinter.op_arith_bitcast,
     arith.FPToSIOp: KernelPrinter.op_arith_fptosi,
     arith.MulfOp: KernelPrinter.op_arith_mulf,
     arith.TruncFOp: KernelPrinter.op_arith_truncf,
@@ -645,6 +710,8 @@ def identity_line(module: ModuleOp) -> str:
 def print_cuda(module: ModuleOp, out: IO[str]) -> None:
     """The module's kernels as one CUDA C++ file headed by the identity line."""
     out.write(f"// {identity_line(module)}\n{PREAMBLE}")
+    if any(isinstance(op, arith.BitcastOp) for kernel in kernels_of(module) for op in kernel.walk()):
+        out.write(FP16_PREAMBLE)
     if any(cuda.tensor_maps(kernel) for kernel in kernels_of(module)):
         out.write(TENSOR_MAP_PREAMBLE)
     for kernel in kernels_of(module):

@@ -22,6 +22,7 @@ from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import PatternRewriter, PatternRewriteWalker, RewritePattern, op_type_rewrite_pattern
 
 from logos_ir.dialects import cuda
+from logos_ir.passes.cuda import blocks
 from logos_ir.passes.cuda.kernel_level import buffer, buffer_name, drop_unused_buffers, host_function, next_steps
 
 NAME = "cuda-fuse-qkv"
@@ -55,11 +56,17 @@ class FuseAttentionInput(RewritePattern):
         q, k, v, cache_write, rope = cast(list[cuda.KernelOp], window)
         host = op.parent_op()
         weights = [q.ins[1], k.ins[1], v.ins[1]]
+        stored = {blocks.storage_of(w) for w in weights}
+        if len(stored) > 1:  # one buffer holds one format: the three stay apart
+            return
         kinds = [cast(MemRefType, w.type) for w in weights]
         rows = sum(kind.get_shape()[0] for kind in kinds)
         fused_type = MemRefType(kinds[0].element_type, [rows, kinds[0].get_shape()[1]])
         name = "+".join(buffer_name(w) for w in weights)
         fused = buffer(rewriter, host, name, "weight", fused_type)  # type: ignore[arg-type]
+        fmt = stored.pop()
+        if fmt is not None:  # the three weights' rows of blocks, one after the other
+            blocks.mark(cast(Operation, fused.owner), fmt)
         x, scale = q.ins[0], q.ins[-1]
         _, _, positions, cos, sin = cache_write.ins
         kernel = cuda.QKVOp(

@@ -27,7 +27,8 @@ from logos_ir.errors import LogosError
 @dataclass(frozen=True)
 class Buffer:
     """A named device buffer of the plan: its kind (weight, cache, activation, input, output, table, scratch),
-    shape and element type (f32, bf16 or i64)."""
+    shape and element type (f32, bf16 or i64; for a weight held as stored, its format: the shape is then its rows
+    of 16- or 32-bit units, `UNIT_BYTES`)."""
 
     name: str
     kind: str
@@ -166,7 +167,9 @@ def plan_of(module: Any, where: str = "step.mlir") -> HostPlan:
     for op in host.body.block.ops:
         if isinstance(op, cuda.BufferOp):
             kind = op.result.type
-            buffers[op.buffer.data] = Buffer(op.buffer.data, op.kind.data, tuple(kind.get_shape()), _tag(kind))
+            stored = op.attributes.get(cuda.STORAGE)  # a weight held as stored: its format is its element
+            element = stored.data if isinstance(stored, builtin.StringAttr) else _tag(kind)
+            buffers[op.buffer.data] = Buffer(op.buffer.data, op.kind.data, tuple(kind.get_shape()), element)
             names[op.result] = op.buffer.data
         elif op.name == "arith.constant":
             constants[op.results[0]] = op.value.value.data
@@ -237,3 +240,41 @@ def weight_share(
         raise LogosError(f"buffer '{name}' of {list(shape)} is no share over {chips} chips of '{tensor}' {list(full)}")
     size = full[axis] // chips
     return store.part(tensor, axis, chip * size, (chip + 1) * size, element)
+
+
+UNIT_BYTES = {"q8_0": 2, "q4_0": 2, "q5_0": 2, "q4_1": 4, "q5_1": 4}  # a stored weight's unit (`blocks.UNIT_BYTES`)
+
+
+def stored_share(store: Any, name: str, shape: tuple[int, ...], fmt: str, chip: int, chips: int) -> np.ndarray:
+    """Chip `chip`'s share of a weight held as stored in `fmt` (`shape`: its rows of units), cut from the file's
+    blocks (`WeightStore.blocks`) as `weight_share` cuts values: whole rows, or (a row-parallel projection's share)
+    each row's bytes of whole blocks; "a+b+c" is the shares of a, b and c one after the other. The units are
+    little-endian uint16 or uint32, as the device reads them."""
+    from logos_ir import quant
+
+    unit = np.dtype("<u2" if UNIT_BYTES[fmt] == 2 else "<u4")
+    if "+" in name:
+        parts = []
+        for part in name.split("+"):
+            rows, _ = store.shape(part)
+            parts.append(stored_share(store, part, (rows // chips, shape[1]), fmt, chip, chips))
+        fused = np.concatenate(parts, axis=0)
+        assert fused.shape == shape, (name, fused.shape, shape)
+        return fused
+    shaped = _SHAPED.fullmatch(name)
+    tensor = shaped[1] if name not in store and shaped is not None else name
+    if store.spec.stored_as(tensor) != fmt:
+        raise LogosError(
+            f"buffer '{name}' holds {fmt} blocks, but '{tensor}' is stored as {store.spec.stored_as(tensor)}"
+        )
+    full = np.ascontiguousarray(store.blocks(tensor)).view(unit)
+    if full.shape == tuple(shape):
+        return full
+    if full.shape[1] == shape[1] and shape[0] * chips == full.shape[0]:
+        return np.ascontiguousarray(full[chip * shape[0] : (chip + 1) * shape[0]])
+    block = quant.FORMATS[fmt].block_bytes
+    if full.shape[0] == shape[0] and shape[1] * chips == full.shape[1] and shape[1] * unit.itemsize % block == 0:
+        return np.ascontiguousarray(full[:, chip * shape[1] : (chip + 1) * shape[1]])
+    raise LogosError(
+        f"buffer '{name}' of {list(shape)} units is no share of whole {fmt} blocks over {chips} chips of '{tensor}'"
+    )

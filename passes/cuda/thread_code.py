@@ -167,6 +167,23 @@ class Body:
             loaded = self.op(arith.ExtFOp(loaded, VectorType(f32, [width])))
         return [self.op(vector.ExtractOp(loaded, [i], f32)) for i in range(width)]
 
+    def load_raw(self, mem: SSAValue, indices: Sequence[SSAValue | int]) -> SSAValue:
+        """One element as stored (an integer unit of a weight held in blocks), not widened."""
+        return self.op(memref.LoadOp.get(mem, [self._ix(i) for i in indices]))
+
+    def vload_raw(self, mem: SSAValue, indices: Sequence[SSAValue | int], width: int) -> list[SSAValue]:
+        """`width` integer units in one load of 16 bytes (`vector.load` aligned to 16), one `vector.extract` a
+        unit, not widened."""
+        kind = mem.type
+        assert isinstance(kind, MemRefType) and isinstance(kind.element_type, IntegerType)
+        element = kind.element_type
+        if width * element.width.data != 128:
+            raise ValueError(f"vload_raw: {width} units of {element} are not 16 bytes")
+        load = vector.LoadOp(mem, [self._ix(i) for i in indices], VectorType(element, [width]))
+        load.attributes["alignment"] = IntegerAttr(16, i64)
+        loaded = self.op(load)
+        return [self.op(vector.ExtractOp(loaded, [i], element)) for i in range(width)]
+
     def warp_sum(self, value: SSAValue) -> SSAValue:
         for offset in (16, 8, 4, 2, 1):
             value = self.fadd(value, self.shuffle(value, offset))

@@ -8,7 +8,9 @@ from typing import Any
 
 import numpy as np
 
-SIZES = {"bf16": 2, "f32": 4, "i64": 8}
+from logos_ir.passes.cuda.host_plan import UNIT_BYTES
+
+SIZES = {"bf16": 2, "f32": 4, "i64": 8, **UNIT_BYTES}  # a weight held as stored: its units' bytes
 
 
 def buffer_bytes(buffer: Any) -> int:

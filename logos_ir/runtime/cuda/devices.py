@@ -19,6 +19,7 @@ import numpy as np
 
 from logos_ir.errors import LogosError
 from logos_ir.numerics import bf16_bits, bf16_rounded
+from logos_ir.passes.cuda.host_plan import UNIT_BYTES
 from logos_ir.runtime.cuda.emulator import KernelEmulator, LaunchShape
 
 
@@ -50,6 +51,8 @@ class Emulator:
 
     def upload(self, name: str, values: np.ndarray, element: str) -> np.ndarray:
         self.stream.append(("upload", name))
+        if element in UNIT_BYTES:  # a weight read as stored: its blocks' units, as they are
+            return np.array(values)
         if values.dtype == np.uint16:  # bf16 bit patterns from an image file
             return (values.astype(np.uint32) << np.uint32(16)).view(np.float32)
         if element == "i64":
@@ -161,6 +164,8 @@ class Gpu:
         self.encoded: dict[tuple[str, tuple[int, ...]], Any] = {}  # (kernel, pointers) -> its launch parameters
 
     def _type(self, element: str) -> Any:
+        if element in UNIT_BYTES:  # a weight read as stored: its blocks' 16- or 32-bit units
+            return self.cp.uint16 if UNIT_BYTES[element] == 2 else self.cp.uint32
         return {"f32": self.cp.float32, "bf16": self.cp.uint16, "i64": self.cp.int64}[element]
 
     def load(self, kernels: dict[str, Any], cuda_source: str) -> None:
@@ -204,7 +209,8 @@ class Gpu:
     def upload(self, name: str, values: np.ndarray, element: str) -> Any:
         """A share to the device through the pinned staging chunks (asynchronous copies on the work stream):
         `values` may be a memory-mapped view of a file (bf16 bit patterns), read a chunk at a time."""
-        host = values if values.dtype == np.uint16 else bf16_bits(values) if element == "bf16" else values
+        bits = values.dtype == np.uint16 or element in UNIT_BYTES
+        host = values if bits else bf16_bits(values) if element == "bf16" else values
         host = np.ascontiguousarray(host, self._type(element))
         with self.stream:
             array = self.cp.empty(values.shape, self._type(element))

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 from xdsl.dialects import arith, gpu, math, memref, scf, vector
-from xdsl.dialects.builtin import IndexType
+from xdsl.dialects.builtin import Float16Type, IndexType, IntegerType
 from xdsl.ir import Operation
 
 from logos_ir.dialects import cuda
@@ -447,6 +447,80 @@ def _cast(kind: str) -> Callable[[KernelEmulator, Any], Step]:
     return _unary(convert)
 
 
+# Integers narrower than an index (a weight's stored units and the fields taken out of them) are held as their
+# bit patterns, non-negative, in int64 arrays (or the uint16 / uint32 arrays a stored buffer holds): C's unsigned
+# types, as the emitter prints them; `arith.sitofp` reads the pattern as signed.
+
+
+def _width(kind: Any) -> int | None:
+    """The bits of an integer type narrower than 64 (None for an index, i64 or a float)."""
+    return kind.width.data if isinstance(kind, IntegerType) and kind.width.data < 64 else None
+
+
+def _bitwise(logical: Callable[[Any, Any], Any], bitwise: Callable[[Any, Any], Any]) -> Compiler:
+    """`arith.andi` / `arith.ori`: logical on i1 (conditions), bitwise on wider integers."""
+
+    def compile_op(em: KernelEmulator, op: Any) -> Step:
+        wide = _width(op.results[0].type) not in (None, 1) or isinstance(op.results[0].type, IndexType)
+        return _binary(bitwise if wide else logical)(em, op)
+
+    return compile_op
+
+
+def _wrapped(fn: Callable[[Any, Any], Any]) -> Compiler:
+    """Integer arithmetic of a narrow type: its bit pattern, modulo 2^width (C's unsigned arithmetic); an index's
+    or i64's as `_index_binary`."""
+
+    def compile_op(em: KernelEmulator, op: Any) -> Step:
+        width = _width(op.results[0].type)
+        if width is None:
+            return _index_binary(fn)(em, op)
+        mask = np.int64((1 << width) - 1)
+        return _binary(
+            lambda a, b: np.bitwise_and(fn(np.int64(a) if np.ndim(a) == 0 else a.astype(np.int64), b), mask)
+        )(em, op)
+
+    return compile_op
+
+
+def _shift_right(em: KernelEmulator, op: Any) -> Step:
+    return _binary(lambda a, b: np.right_shift(np.asarray(a).astype(np.int64), b))(em, op)
+
+
+def _extui(em: KernelEmulator, op: Any) -> Step:
+    return _unary(lambda x: np.asarray(x).astype(np.int64))(em, op)
+
+
+def _trunci(em: KernelEmulator, op: Any) -> Step:
+    mask = np.int64((1 << op.results[0].type.width.data) - 1)
+    return _unary(lambda x: np.bitwise_and(np.asarray(x).astype(np.int64), mask))(em, op)
+
+
+def _bitcast(em: KernelEmulator, op: Any) -> Step:
+    """`arith.bitcast` i16 -> f16: the half's value, held widened to f32 (exact), as a bf16 value is held."""
+    if not (isinstance(op.results[0].type, Float16Type) and _width(op.operands[0].type) == 16):
+        raise LogosError(f"the CUDA emulator runs arith.bitcast from i16 to f16 only (in kernel {em.name})")
+    return _unary(lambda x: np.asarray(x).astype(np.uint16).view(np.float16).astype(np.float32))(em, op)
+
+
+def _sitofp(em: KernelEmulator, op: Any) -> Step:
+    """A signed integer to f32: a narrow type's pattern read as two's complement."""
+    width = _width(op.operands[0].type)
+    if width is None:
+        return _cast("float")(em, op)
+    half, whole = np.int64(1 << (width - 1)), np.int64(1 << width)
+
+    def convert(x: Any) -> Any:
+        x = np.asarray(x).astype(np.int64)
+        return np.where(x >= half, x - whole, x).astype(np.float32)
+
+    return _unary(convert)(em, op)
+
+
+def _uitofp(em: KernelEmulator, op: Any) -> Step:
+    return _unary(lambda x: np.asarray(x).astype(np.float32))(em, op)
+
+
 def _thread_id(em: KernelEmulator, op: Any) -> Step:
     out = em._slot(op.result)
 
@@ -542,7 +616,8 @@ def _vector_load(em: KernelEmulator, op: Any) -> Step:
     out = em._slot(op.result)
 
     width = op.result.type.get_shape()[0]
-    element = 2 if "bf16" in str(op.base.type.element_type) else 4
+    kind = op.base.type.element_type
+    element = kind.width.data // 8 if isinstance(kind, IntegerType) else 2 if "bf16" in str(kind) else 4
     alignment = op.attributes.get("alignment")
     aligned = max(int(alignment.value.data) // element, 1) if alignment is not None else 1
 
@@ -809,15 +884,21 @@ Compiler = Callable[[KernelEmulator, Any], Step]
 COMPILERS: dict[type[Operation], Compiler] = {
     arith.ConstantOp: _constant,
     arith.AddiOp: _index_binary(np.add),
-    arith.SubiOp: _index_binary(np.subtract),
+    arith.SubiOp: _wrapped(np.subtract),
     arith.MuliOp: _index_binary(np.multiply),
     arith.DivUIOp: _binary(np.floor_divide),
     arith.RemUIOp: _binary(np.remainder),
     arith.MinUIOp: _binary(np.minimum),
     arith.MaxUIOp: _binary(np.maximum),
     arith.CmpiOp: _cmpi,
-    arith.AndIOp: _binary(np.logical_and),
-    arith.OrIOp: _binary(np.logical_or),
+    arith.AndIOp: _bitwise(np.logical_and, np.bitwise_and),
+    arith.OrIOp: _bitwise(np.logical_or, np.bitwise_or),
+    arith.ShRUIOp: _shift_right,
+    arith.ShLIOp: _wrapped(np.left_shift),
+    arith.ExtUIOp: _extui,
+    arith.TruncIOp: _trunci,
+    arith.BitcastOp: _bitcast,
+    arith.UIToFPOp: _uitofp,
     arith.SelectOp: _select,
     arith.AddfOp: _binary(np.add),
     arith.SubfOp: _binary(np.subtract),
@@ -829,7 +910,7 @@ COMPILERS: dict[type[Operation], Compiler] = {
     math.FmaOp: _fma,
     arith.CmpfOp: _cmpf,
     arith.IndexCastOp: _cast("int"),
-    arith.SIToFPOp: _cast("float"),
+    arith.SIToFPOp: _sitofp,
     arith.FPToSIOp: _cast("int"),
     arith.ExtFOp: _unary(lambda x: x),  # a bf16 buffer (or loaded vector) already holds its values widened to f32
     math.ExpOp: _unary(_f32(np.exp)),

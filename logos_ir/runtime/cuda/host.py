@@ -39,7 +39,8 @@ class HostRuntime:
         arrays: dict[str, Any] = {}
         for buffer in plan.buffers.values():
             if buffer.kind == "weight":
-                found = self.device_weights[local].get(buffer.name)
+                key = f"{buffer.name}:{buffer.element}:{buffer.shape}"  # a decode step's blocks beside an image
+                found = self.device_weights[local].get(key)
                 if found is None:
                     if self.weights is None:
                         raise LogosError("the CUDA runtime was given no weights")
@@ -47,7 +48,7 @@ class HostRuntime:
                         found = self.weights.on_device(device, chip, buffer)
                     else:
                         found = device.upload(buffer.name, self.weights.share(chip, buffer), buffer.element)
-                    self.device_weights[local][buffer.name] = found
+                    self.device_weights[local][key] = found
                 arrays[buffer.name] = found
             elif buffer.kind == "cache":
                 key = f"{buffer.name}:{buffer.shape}"

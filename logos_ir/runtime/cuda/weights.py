@@ -15,7 +15,7 @@ import numpy as np
 
 from logos_ir.dialects import cuda
 from logos_ir.errors import LogosError
-from logos_ir.passes.cuda.host_plan import Buffer, weight_share
+from logos_ir.passes.cuda.host_plan import UNIT_BYTES, Buffer, stored_share, weight_share
 from logos_ir.rope import rope_attention_factor, rope_inv_freq
 
 
@@ -64,10 +64,13 @@ class EmulatedWeights:
         self._index: dict[int, dict[str, Any]] = {}
 
     def share(self, chip: int, buffer: Buffer) -> np.ndarray:
-        """This chip's values of `buffer`: f32, or for a bf16 buffer its uint16 bit patterns (from the build's image
-        or from the store, which reads only this share, through its file's memory map where it has one)."""
+        """This chip's values of `buffer`: f32, or for a bf16 buffer its uint16 bit patterns, or for a weight read as
+        stored its blocks' units (from the build's image or from the store, which reads only this share, through
+        its file's memory map where it has one)."""
         if self.folder is not None:
             return self._from_image(chip, buffer)
+        if buffer.element in UNIT_BYTES:  # a weight read as stored: its blocks' bytes, in units
+            return stored_share(self.store, buffer.name, buffer.shape, buffer.element, chip, self.chips)
         element = "bf16" if buffer.element == "bf16" else "f32"
         return weight_share(self.store, buffer.name, buffer.shape, chip, self.chips, element)
 
@@ -91,5 +94,7 @@ class EmulatedWeights:
         count = int(np.prod(buffer.shape))
         start = cuda.HEADER_BYTES + int(found["offset"])
         kind = np.uint16 if buffer.element == "bf16" else np.dtype("<f4")
+        if buffer.element in UNIT_BYTES:
+            kind = np.dtype("<u2" if UNIT_BYTES[buffer.element] == 2 else "<u4")
         size = count * np.dtype(kind).itemsize
         return np.frombuffer(self._index[chip]["data"][start : start + size], kind).reshape(buffer.shape)

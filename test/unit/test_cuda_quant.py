@@ -1,0 +1,220 @@
+"""The CUDA lane reads quantized weights as stored: a decode step's GEMVs and embedding take a weight's GGUF blocks
+as the file holds them (`passes/cuda/blocks.py`) and dequantize them in registers.
+
+- Tiny GGUF files stored at Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 (rows of whole 16-byte groups and rows that are not,
+  tied and untied heads) give, on the emulator, exactly the reference interpreter's greedy tokens on the same file
+  with f32 images (f32 activations everywhere); with bf16 images (bf16 caches and prefill on bf16 images) they
+  agree teacher-forced.
+- The embedding kernel's output is the table's dequantized row bit for bit, against gguf-py's own dequantizer on
+  random blocks: the emulator executes the printed dequantization exactly.
+- A decode step over 2 chips splits stored weights by whole rows and whole blocks and gives the reference tokens;
+  a split that would cut a block is refused by name.
+- The build's report counts the stored bytes: the 8B's decode step at q4_0 and q4_1 reads its weights' stored bytes
+  (within 5%) and 0.28 / 0.31 of its bf16 bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+from gguf.quants import dequantize as gguf_dequantize
+from gguf.quants import quantize as gguf_quantize
+
+from logos_ir import quant
+from logos_ir.errors import LogosError
+from logos_ir.generate import Generator
+from logos_ir.program import Cut
+from logos_ir.runtime import RunRequest
+from logos_ir.runtime.cuda.agreement import teacher_forced
+from logos_ir.runtime.cuda.artifacts import build_program
+from logos_ir.runtime.cuda.generator import cuda_generator
+from logos_ir.spec import ModelSpec
+from logos_ir.testing import F32, STRING, U32, gguf_bytes
+from logos_ir.weights import RandomWeights, gguf_tensor_name, open_model
+from logos_ir.weights.store import QuantizedWeights
+
+FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+PROMPT = [3, 17, 250, 9, 41, 77, 5, 120, 33, 8]  # longer than a prefill chunk of 4 rows
+
+
+def _spec(**sizes: object) -> ModelSpec:
+    # rows of 256 numbers (whole 16-byte groups of blocks in every format) and of 320 (10 blocks: in no format a
+    # multiple of 16 bytes), so both ways a lane reads blocks run
+    base: dict[str, object] = dict(
+        vocab=300, hidden=256, layers=1, heads=4, kv_heads=2, head_dim=64, intermediate=320,
+        rms_eps=1e-5, rope_theta=10000.0, tie_embeddings=True,
+    )  # fmt: skip
+    base.update(sizes)
+    return ModelSpec(**base)  # type: ignore[arg-type]
+
+
+def _gguf(folder: Path, spec: ModelSpec, fmt: str) -> Path:
+    """A GGUF file of `spec` with random weights: matrices quantized by gguf-py in `fmt`, norms F32."""
+    meta = [
+        ("general.architecture", STRING, "llama"),
+        ("general.name", STRING, "logos-cuda-quant"),
+        ("llama.block_count", U32, spec.layers),
+        ("llama.context_length", U32, 2048),
+        ("llama.embedding_length", U32, spec.hidden),
+        ("llama.feed_forward_length", U32, spec.intermediate),
+        ("llama.attention.head_count", U32, spec.heads),
+        ("llama.attention.head_count_kv", U32, spec.kv_heads),
+        ("llama.rope.freq_base", F32, spec.rope_theta),
+        ("llama.attention.layer_norm_rms_epsilon", F32, spec.rms_eps),
+        ("llama.vocab_size", U32, spec.vocab),
+        ("llama.rope.dimension_count", U32, spec.head_dim),
+        ("general.alignment", U32, 32),
+    ]
+    store = RandomWeights(spec, seed=5)
+    tensors = []
+    for hf in store.names():
+        array = np.array(store.get(hf))
+        kind = QT.F32 if array.ndim == 1 else QT[fmt.upper()]
+        raw = array.astype("<f4").tobytes() if kind == QT.F32 else gguf_quantize(array, kind).tobytes()
+        tensors.append((gguf_tensor_name(hf), array.shape, int(kind), raw))
+    path = folder / f"model-{fmt}.gguf"
+    path.write_bytes(gguf_bytes(meta, tensors))
+    return path
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_tiny_gguf_read_as_stored_gives_the_reference_tokens(tmp_path: Path, fmt: str) -> None:
+    store = open_model(_gguf(tmp_path, _spec(), fmt))
+    assert store.spec.stored_as("model.layers.0.mlp.down_proj.weight") == fmt
+    want = Generator(store, prefill_rows=4).generate(PROMPT, 4)
+    plan, _, _ = build_program(store.spec, Cut.decode(64), 1, "f32")
+    stored = {b.name: b.element for b in plan.buffers.values() if b.kind == "weight" and b.element == fmt}
+    assert len(stored) == 6  # the tied table, q+k+v fused, o, gate, up, down: all but the norms
+    assert "model.embed_tokens.weight" in stored and any(k.startswith(f"embed_{fmt}_") for k in plan.kernels)
+    lane = cuda_generator(RunRequest(store, None, 4, 1, "f32", emulate=True))
+    assert lane.generate(PROMPT, 4) == want
+
+
+def test_an_untied_head_and_rows_in_units_give_the_reference_tokens(tmp_path: Path) -> None:
+    """Rows of 64 and 96 numbers (40 and 60 bytes at Q4_1: every block read in units), an untied head."""
+    spec = _spec(hidden=64, head_dim=16, intermediate=96, tie_embeddings=False)
+    store = open_model(_gguf(tmp_path, spec, "q4_1"))
+    want = Generator(store, prefill_rows=4).generate(PROMPT, 6)
+    lane = cuda_generator(RunRequest(store, None, 4, 1, "f32", emulate=True))
+    assert lane.generate(PROMPT, 6) == want
+
+
+def test_bf16_images_beside_stored_blocks_agree_teacher_forced() -> None:
+    """bf16 caches and prefill on the bf16 image, the decode GEMVs on the blocks: 13 of 13 next tokens agree
+    (q4_1, seed 3) and the logits keep a cosine of at least 0.999 to the reference's."""
+    store = QuantizedWeights(RandomWeights(_spec(hidden=64, head_dim=16, intermediate=128), seed=3), "q4_1")
+    result = teacher_forced(store, PROMPT, 12, "bf16", prefill_rows=4)
+    assert len(result.matches) == 13
+    assert result.agreement >= 0.9
+    assert result.min_cosine >= 0.999
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_embedding_kernel_gives_gguf_pys_dequantized_rows_bit_for_bit(fmt: str) -> None:
+    """Random blocks (scales of every sign and size f16 holds, finite) through the emulated embedding kernel: each
+    row is gguf-py's dequantization of it, bit for bit (the GEMVs dequantize by the same thread code)."""
+    from logos_ir.passes.cuda.host_plan import stored_share
+    from logos_ir.runtime.cuda.devices import Emulator
+    from logos_ir.runtime.cuda.host import HostRuntime
+    from logos_ir.runtime.cuda.ranks import LocalRanks
+    from logos_ir.runtime.cuda.weights import EmulatedWeights
+
+    spec = _spec(hidden=256, layers=1)
+    store = QuantizedWeights(RandomWeights(spec, seed=4), fmt)
+    table = "model.embed_tokens.weight"
+    layout = quant.FORMATS[fmt]
+    rng = np.random.default_rng(7)
+    raw = rng.integers(0, 256, size=store.blocks(table).shape, dtype=np.uint8)
+    scales = raw.reshape(-1, layout.block_bytes)
+    halves = 2 if layout.minimum else 1
+    for h in range(halves):  # finite f16 scales and minimums (a NaN's bits would not compare)
+        bits = scales[:, 2 * h : 2 * h + 2].copy().view("<u2")
+        bits &= np.uint16(0xBBFF)  # exponent below all-ones
+        scales[:, 2 * h : 2 * h + 2] = bits.view(np.uint8)
+    store._stored_blocks[table] = raw  # the table's blocks are these random bytes
+    plan, source, _ = build_program(store.spec, Cut.decode(64), 1, "f32")
+    (embed,) = [launch for launch in plan.launches if launch.kernel.startswith("embed_")]
+    device = Emulator()
+    runtime = HostRuntime(store.spec, EmulatedWeights(store, "f32", 1), [device], LocalRanks())
+    arrays = runtime.buffers(0, plan)
+    want = gguf_dequantize(raw, QT[fmt.upper()]).reshape(spec.vocab, spec.hidden)
+    assert np.array_equal(arrays[table], stored_share(store, table, plan.buffers[table].shape, fmt, 0, 1))
+    device.load(plan.kernels, source)
+    for token in (1, 2, 150, 300):
+        device.write("token", arrays["token"], np.array([token]))
+        buffers = [arrays[name] for name in embed.buffers]
+        device.launch(embed.kernel, embed.grid, embed.block, buffers)
+        got = arrays[embed.buffers[-1]].reshape(-1)
+        assert got.view(np.uint32).tolist() == want[token - 1].view(np.uint32).tolist(), token
+
+
+def test_a_decode_step_over_two_chips_splits_whole_rows_and_whole_blocks() -> None:
+    """Column-parallel weights by rows, the output and down projections by whole blocks of each row."""
+    store = QuantizedWeights(RandomWeights(_spec(hidden=128, head_dim=32, intermediate=256), seed=2), "q4_0")
+    plan, _, _ = build_program(store.spec, Cut.decode(64), 2, "f32")
+    down = plan.buffers["model.layers.0.mlp.down_proj.weight"]
+    assert down.element == "q4_0" and down.shape == (128, 4 * 18 // 2)  # 128 numbers a chip: 4 blocks of 18 bytes
+    reference = Generator(store, prefill_rows=4, tp=2).generate(PROMPT, 4)
+    lane = cuda_generator(RunRequest(store, None, 4, 2, "f32", emulate=True))
+    assert lane.generate(PROMPT, 4) == reference
+
+
+def test_a_split_that_would_cut_a_block_is_refused_by_name() -> None:
+    """48 numbers a chip of the down projection's 96: not whole blocks of 32."""
+    store = QuantizedWeights(RandomWeights(_spec(hidden=64, head_dim=16, intermediate=96), seed=2), "q4_1")
+    with pytest.raises(LogosError, match=r"down_proj.weight' splits its q4_1 blocks of 32"):
+        build_program(store.spec, Cut.decode(64), 2, "f32")
+
+
+def _stored_bytes(spec: ModelSpec, read_rows: int = 1) -> tuple[int, int]:
+    """(the stored bytes of the weights a decode step reads, their bf16 bytes): every weight once, the untied
+    embedding's table a row."""
+    stored = bf16 = 0
+    for name, shape in spec.weights():
+        fmt = quant.FORMATS[spec.stored_as(name) or "f32"]
+        if name == "model.embed_tokens.weight" and not spec.tie_embeddings:
+            shape = (read_rows, shape[1])
+        stored += fmt.stored_bytes(shape)
+        bf16 += int(np.prod(shape)) * 2
+    return stored, bf16
+
+
+@pytest.mark.parametrize(("fmt", "ratio"), [("q4_0", 0.2813), ("q4_1", 0.3125)])
+def test_the_8bs_decode_step_reads_its_stored_bytes(fmt: str, ratio: float) -> None:
+    from logos_ir.passes.cuda.traffic import launch_bytes
+
+    spec = replace(ModelSpec.preset("llama-3.1-8b"), layers=2)
+    spec = replace(spec, storage=tuple((n, fmt) for n, s in spec.weights() if len(s) == 2))
+    plan, _, _ = build_program(spec, Cut.decode(1024), 1, "bf16")
+    read = sum(
+        launch_bytes(plan, launch, name, None)
+        for launch in plan.launches
+        for name in launch.buffers
+        if plan.buffers[name].kind == "weight"
+    )
+    stored, bf16 = _stored_bytes(spec)
+    assert abs(read - stored) <= 0.05 * stored
+    assert read / bf16 == pytest.approx(ratio, abs=0.002)
+
+
+def test_prefill_chunks_and_batches_keep_the_image() -> None:
+    store = QuantizedWeights(RandomWeights(_spec(), seed=1), "q4_1")
+    for cut in ("prefill rows=4 ctx=64", "batch rows=2 ctx=64"):
+        plan, _, _ = build_program(store.spec, Cut.parse(cut), 1, "bf16")
+        elements = {b.element for b in plan.buffers.values() if b.kind == "weight"}
+        assert elements == {"bf16", "f32"}, cut
+
+
+def test_the_embedded_models_decode_step_reads_its_blocks_as_stored() -> None:
+    """SmolLM2's projections in Q4_1 and its tied table in Q8_0, read as the file stores them (its tokens:
+    `test_cuda_embedded.py`, whose decode steps run these kernels)."""
+    spec = open_model(None).spec
+    plan, _, _ = build_program(spec, Cut.decode(256), 1, "bf16")
+    weights = [b for b in plan.buffers.values() if b.kind == "weight"]
+    assert {b.element for b in weights if b.name.endswith("proj.weight") or "+" in b.name} == {"q4_1"}
+    assert plan.buffers["model.embed_tokens.weight"].element == "q8_0"
+    assert sum(1 for k in plan.kernels if k.startswith("embed_q8_0_")) == 1
