@@ -123,7 +123,8 @@ _OPCODE_NAMES = {code: name for name, code in d5005.OPCODES.items()}
 
 def _symbols(names: bytes) -> dict[str, Any]:
     """The symbol section: {"buffers": [[name, words, offset, array]], "regions": [[name, offset, stride, rows,
-    cols, element bytes (, the format a stored region's rows are in)]]}, checked for those shapes (the engine never reads it; `decode_ops` names ops with it)."""
+    cols, element bytes (, the format a stored region's rows are in)]]}, checked for those shapes (the engine
+    never reads it; `decode_ops` names ops with it)."""
     try:
         found = json.loads(names.decode("utf-8")) if names else {}
     except (UnicodeDecodeError, ValueError, RecursionError):

@@ -451,8 +451,8 @@ ${matvec_clear}
                 if (i * BANKS + b < rows) {
                     bank_word_t word = READ_BANK(ch, b);${matvec_stored}
                     UNROLL(VECTOR_WIDTH)
-                    for (uint e = 0; e < VECTOR_WIDTH; e++) sum += WEIGHT_AT(word, e) * vector[c * VECTOR_WIDTH + e];${matvec_stored_end}
-                }
+                    for (uint e = 0; e < VECTOR_WIDTH; e++) sum += WEIGHT_AT(word, e) * vector[c * VECTOR_WIDTH + e];
+${matvec_stored_end}                }
 ${matvec_add}
             }
         }
@@ -1155,7 +1155,8 @@ _STORED_HELPERS = r"""
 #define SCALE_WORDS(f) SELECT((f) == FORMAT_Q4_1, 2u, 1u)
 #define CODE_BITS(f) SELECT((f) == FORMAT_Q8_0, 8u, 4u)
 #define PER_WORD(f) (BURST_BYTES * 8 / CODE_BITS(f))  /* numbers of one code word */
-#define GROUP_WORDS(f) SELECT((f) == FORMAT_Q8_0, GROUP_WORDS_Q8_0, SELECT((f) == FORMAT_Q4_1, GROUP_WORDS_Q4_1, GROUP_WORDS_Q4_0))
+#define GROUP_WORDS_4(f) SELECT((f) == FORMAT_Q4_1, GROUP_WORDS_Q4_1, GROUP_WORDS_Q4_0)
+#define GROUP_WORDS(f) SELECT((f) == FORMAT_Q8_0, GROUP_WORDS_Q8_0, GROUP_WORDS_4(f))
 /* bank words of a row of `cols` numbers (whole blocks): whole groups, then a last part-group's scale words and the
    code words its blocks fill */
 inline uint stored_words(uint cols, uint f) {
@@ -1165,7 +1166,8 @@ inline uint stored_words(uint cols, uint f) {
 }
 #define ROW_WORDS(cols, f) SELECT((f) != 0u, stored_words((cols), (f)), WORDS((cols), WEIGHT_BYTES))
 /* word c of a row: its group (a constant divisor for each format), its place in the group */
-#define GROUP_OF(c, f) SELECT((f) == FORMAT_Q8_0, (c) / GROUP_WORDS_Q8_0, SELECT((f) == FORMAT_Q4_1, (c) / GROUP_WORDS_Q4_1, (c) / GROUP_WORDS_Q4_0))
+#define GROUP_OF_4(c, f) SELECT((f) == FORMAT_Q4_1, (c) / GROUP_WORDS_Q4_1, (c) / GROUP_WORDS_Q4_0)
+#define GROUP_OF(c, f) SELECT((f) == FORMAT_Q8_0, (c) / GROUP_WORDS_Q8_0, GROUP_OF_4(c, f))
 
 /* an IEEE half's bits as a float32 (exact: subnormals, infinities and NaNs included) */
 inline float half_float(uint h) {
@@ -1234,7 +1236,7 @@ _STORED = {
                             sum += SELECT(valid, stored_at(word, scales[b], mins[b], fmt, code_word, e) * x, 0.0f);
                         }
                     } else {""",
-    "matvec_stored_end": "\n                    }",
+    "matvec_stored_end": "                    }\n",
     "vector_pad": " + STORED_LANES",
 }
 _FLOATS = {
