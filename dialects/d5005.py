@@ -86,6 +86,25 @@ def bank_words(elements: int, element_bytes: int, burst: int) -> int:
     return -(-(elements * element_bytes) // burst)
 
 
+# The block formats the engine streams as stored (docs/d5005.md, "Weights as stored"): a row of a stored region is
+# groups of `burst / 2` blocks of 32 numbers, each group its scale words (an f16 scale of each block; Q4_1 a second
+# word, each block's f16 minimum) then its code words (the blocks' codes as the file stores them, 16 a group at 8
+# bits, 8 at 4). A matvec's or an embedding row's word says its weight's format in W_FORMAT (0: the image's floats).
+STORED_FORMATS = {"q8_0": 1, "q4_0": 2, "q4_1": 3}
+STORED_BITS = {"q8_0": 8, "q4_0": 4, "q4_1": 4}
+STORED_SCALE_WORDS = {"q8_0": 1, "q4_0": 1, "q4_1": 2}
+BLOCK = 32  # numbers of a block
+
+
+def stored_row_words(cols: int, storage: str, burst: int) -> int:
+    """Bank words of one row of `cols` numbers in a stored format (cols a whole number of blocks): each whole group
+    its scale words and code words, a last part-group its scale words and the code words its blocks fill."""
+    bits, scales, group = STORED_BITS[storage], STORED_SCALE_WORDS[storage], burst // 2
+    full, rest = divmod(cols // BLOCK, group)
+    tail = scales + -(-(rest * BLOCK * bits // 8) // burst) if rest else 0
+    return full * (scales + 2 * bits) + tail
+
+
 def rope_row_floats(head_dim: int, burst: int) -> int:
     """The floats of one row of the rotary table: the cosines of the head's half-frequencies, then their sines,
     each half padded to whole bank words, so the compute kernel's two on-chip halves are filled and read at banks
@@ -139,11 +158,20 @@ class RegionAttr(ParametrizedAttribute):
     rows: IntAttr
     cols: IntAttr
     element_bytes: IntAttr
+    storage: StringAttr  # a block format the rows are stored in (`STORED_FORMATS`; element bytes 1), or ""
 
-    def __init__(self, tensor: str, offset: int, stride: int, rows: int, cols: int, element_bytes: int):
+    def __init__(
+        self, tensor: str, offset: int, stride: int, rows: int, cols: int, element_bytes: int, storage: str = ""
+    ):
         super().__init__(
-            StringAttr(tensor), IntAttr(offset), IntAttr(stride), IntAttr(rows), IntAttr(cols), IntAttr(element_bytes)
-        )
+            StringAttr(tensor), IntAttr(offset), IntAttr(stride), IntAttr(rows), IntAttr(cols), IntAttr(element_bytes),
+            StringAttr(storage),
+        )  # fmt: skip
+
+    @property
+    def stored(self) -> str:
+        """The block format its rows are stored in, or "" (the image's floats)."""
+        return self.storage.data
 
     @property
     def rows_per_bank(self) -> int:
@@ -166,23 +194,26 @@ class RegionAttr(ParametrizedAttribute):
             for word in ("at", "stride", "rows", "cols", "bytes"):
                 parser.parse_keyword(word)
                 values.append(IntAttr(parser.parse_integer(allow_boolean=False, allow_negative=False)))
-        return [StringAttr(tensor), *values]
+            storage = parser.parse_identifier("a block format") if parser.parse_optional_keyword("stored") else ""
+        return [StringAttr(tensor), *values, StringAttr(storage)]
 
     def print_parameters(self, printer: Printer) -> None:
         with printer.in_angle_brackets():
             printer.print_string_literal(self.tensor.data)
             printer.print_string(
                 f" at {self.offset.data} stride {self.stride.data} rows {self.rows.data} cols {self.cols.data}"
-                f" bytes {self.element_bytes.data}"
+                f" bytes {self.element_bytes.data}" + (f" stored {self.stored}" if self.stored else "")
             )
 
     def verify(self) -> None:
         name = self.tensor.data
-        if self.element_bytes.data not in (2, 4):
+        if self.stored:
+            self._verify_stored()
+        elif self.element_bytes.data not in (2, 4):
             raise VerifyException(f"region '{name}': elements are 2 (bf16) or 4 (f32) bytes, not {self.element_bytes}")
         if self.rows.data < 1 or self.cols.data < 1:
             raise VerifyException(f"region '{name}': a matrix has at least one row and one column")
-        if self.stride.data < self.cols.data * self.element_bytes.data:
+        if self.stride.data < self.cols.data * self.element_bytes.data * (not self.stored):
             raise VerifyException(
                 f"region '{name}': a row of {self.cols.data} elements of {self.element_bytes.data} bytes does not fit"
                 f" its stride of {self.stride.data} bytes"
@@ -190,6 +221,21 @@ class RegionAttr(ParametrizedAttribute):
         if self.end > BANK_BYTES:
             raise VerifyException(
                 f"region '{name}' ends at byte {self.end} of its banks, past their {BANK_BYTES} bytes"
+            )
+
+    def _verify_stored(self) -> None:
+        name, fmt = self.tensor.data, self.stored
+        if fmt not in STORED_FORMATS:
+            raise VerifyException(
+                f"region '{name}': stored in '{fmt}', not a format the engine reads ({', '.join(STORED_FORMATS)})"
+            )
+        if self.element_bytes.data != 1 or self.cols.data % BLOCK:
+            raise VerifyException(f"region '{name}': {fmt} rows are whole blocks of {BLOCK} in bytes (bytes 1)")
+        need = self.cols.data * STORED_BITS[fmt] // 8 + self.cols.data // BLOCK * 2 * STORED_SCALE_WORDS[fmt]
+        if self.stride.data < need:
+            raise VerifyException(
+                f"region '{name}': a {fmt} row of {self.cols.data} numbers takes {need} bytes, over its stride of"
+                f" {self.stride.data}"
             )
 
 
@@ -511,6 +557,8 @@ class MatvecOp(InstructionOp):
             )
         if first and self.bias is not None:
             raise _fail(self, "adds its bias in a part after the first: the first part adds it")
+        if self.weight.stored and columns != self.weight.cols.data:
+            raise _fail(self, f"streams a part of a weight stored in {self.weight.stored}: stored rows stream whole")
         if first and self.weight.rows.data > PRIOR_WORDS:
             raise _fail(
                 self, f"adds to {self.weight.rows.data} rows, over the engine's {PRIOR_WORDS}-word copy of them"
@@ -966,6 +1014,8 @@ W_KEY, W_VALUE = W_WIDTH, W_RESERVED
 W_BIAS, W_BIAS_OFFSET = W_WIDTH, W_OFFSET2
 # An attention's window (0: none), in the buffer field b that it has no buffer for.
 W_WINDOW = W_B
+# A matvec's and an embedding row's weight format (`STORED_FORMATS`; 0: the image's floats), in the same field.
+W_FORMAT = W_B
 # A rope's head norm: 1 in the attention's heads (0: none), its weight's offset in offset2, epsilon in float; the
 # numbers of each head it rotates in kv_heads (0: the whole head).
 W_HEAD_NORM, W_NORM_OFFSET, W_ROTARY = W_HEADS, W_OFFSET2, W_KV_HEADS

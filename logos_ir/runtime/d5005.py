@@ -123,17 +123,18 @@ _OPCODE_NAMES = {code: name for name, code in d5005.OPCODES.items()}
 
 def _symbols(names: bytes) -> dict[str, Any]:
     """The symbol section: {"buffers": [[name, words, offset, array]], "regions": [[name, offset, stride, rows,
-    cols, element bytes]]}, checked for those shapes (the engine never reads it; `decode_ops` names ops with it)."""
+    cols, element bytes (, the format a stored region's rows are in)]]}, checked for those shapes (the engine
+    never reads it; `decode_ops` names ops with it)."""
     try:
         found = json.loads(names.decode("utf-8")) if names else {}
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise StreamError("the instruction stream's symbol section is not JSON") from None
     if not isinstance(found, dict):
         raise StreamError("the instruction stream's symbol section is not a JSON object")
-    shapes = {"buffers": (str, int, int, str), "regions": (str, int, int, int, int, int)}
-    for key, shape in shapes.items():
+    shapes = {"buffers": [(str, int, int, str)], "regions": [(str, int, int, int, int, int), (str, *[int] * 5, str)]}
+    for key, accepted in shapes.items():
         entries = found.get(key, [])
-        if not isinstance(entries, list) or not all(_is_entry(e, shape) for e in entries):
+        if not isinstance(entries, list) or not all(any(_is_entry(e, s) for s in accepted) for e in entries):
             raise StreamError(f"the instruction stream's symbol section has malformed '{key}'")
     return found
 
@@ -187,9 +188,47 @@ def _check_buffer_field(stream: Stream, where: str, name: str, index: int, value
         raise StreamError(f"{where} reaches past the {size} words of on-chip array '{array}' with its {operand}")
 
 
+_STORED_NAMES = {code: fmt for fmt, code in d5005.STORED_FORMATS.items()}
+
+
+def stored_format(name: str, w: list[int]) -> str:
+    """The block format an embedding row's or a matvec's weight streams in (`d5005.STORED_FORMATS`), or ""."""
+    return _STORED_NAMES.get(int(w[d5005.W_FORMAT]), "") if name in ("d5005.embed_row", "d5005.matvec") else ""
+
+
+def row_words(name: str, w: list[int], stream: Stream) -> int:
+    """Bank words of one row of the weight an embedding row or a matvec streams: as stored, or of floats."""
+    fmt, cols = stored_format(name, w), int(w[d5005.W_COLS])
+    return (
+        d5005.stored_row_words(cols, fmt, stream.burst)
+        if fmt
+        else d5005.bank_words(cols, stream.element_bytes, stream.burst)
+    )
+
+
+def _stored_error(name: str, w: list[int], stream: Stream) -> str | None:
+    code, cols = w[d5005.W_FORMAT], w[d5005.W_COLS]
+    if name not in ("d5005.embed_row", "d5005.matvec") or code == 0:
+        return None
+    fmt = _STORED_NAMES.get(code)
+    if fmt is None:
+        return f"has weight format {code} in word {d5005.W_FORMAT}, not 0 or one of {sorted(_STORED_NAMES)}"
+    first = w[d5005.W_FIRST] if name == "d5005.matvec" else 0
+    if cols % d5005.BLOCK or first:
+        return f"streams {fmt} rows of {cols} numbers from column {w[d5005.W_FIRST]}: not whole rows of blocks"
+    if d5005.stored_row_words(cols, fmt, stream.burst) * stream.burst > w[d5005.W_STRIDE]:
+        return f"has {fmt} rows of {cols} numbers, over its stride of {w[d5005.W_STRIDE]} bytes"
+    return None
+
+
 def _shape_error(stream: Stream, name: str, w: list[int]) -> str | None:
     rows, cols, stride = w[d5005.W_ROWS], w[d5005.W_COLS], w[d5005.W_STRIDE]
     element = 4 if name == "d5005.rope" else stream.element_bytes
+    stored = _stored_error(name, w, stream)
+    if stored is not None:
+        return stored
+    if stored_format(name, w):
+        element = 0  # a stored row's bytes: checked above
     if _region_fields(name) and (stride % stream.burst or cols * element > stride or rows == 0):
         return f"has rows of {cols} elements in a stride of {stride} bytes, {rows} rows: not a region of the engine"
     if name == "d5005.matvec" and cols > d5005.VECTOR_WORDS:
@@ -677,7 +716,17 @@ def stream_features(stream: Stream) -> dict[str, str]:
     attention = d5005.OPCODES["d5005.attention"]
     if any(int(w[d5005.W_OPCODE]) == attention and int(w[d5005.W_WINDOW]) for w in stream.words):
         needs["ENGINE_WINDOW"] = "attends over a sliding window"
-    return needs | gemma_features(stream.words)
+    return needs | gemma_features(stream.words) | stored_features(stream.words)
+
+
+def stored_features(words: Any) -> dict[str, str]:
+    """The part weights as stored need: an embedding row or a matvec streaming a block format."""
+    for row in words:
+        w = [int(v) for v in row]
+        name = _OPCODE_NAMES.get(w[d5005.W_OPCODE], "")
+        if stored_format(name, w):
+            return {"ENGINE_STORED": f"streams {stored_format(name, w)} weights as stored"}
+    return {}
 
 
 def gemma_features(words: Any) -> dict[str, str]:
@@ -748,9 +797,9 @@ def bank_words_sent(w: list[int], token: int, position: int, stream: Stream) -> 
     rows, cols = w[d5005.W_ROWS], w[d5005.W_COLS]
     sent = [0] * d5005.BANKS
     if name == "d5005.embed_row":
-        sent[(token - 1) % d5005.BANKS] = d5005.bank_words(cols, element, burst)
+        sent[(token - 1) % d5005.BANKS] = row_words(name, w, stream)
     elif name == "d5005.matvec":
-        words = d5005.bank_words(cols, element, burst)
+        words = row_words(name, w, stream)
         sent = [(rows + d5005.BANKS - 1 - b) // d5005.BANKS * words for b in range(d5005.BANKS)]
         sent[0] += d5005.bank_words(w[d5005.W_BIAS], element, burst)  # the bias, before bank 0's rows
     elif name == "d5005.rms_norm":

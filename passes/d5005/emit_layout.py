@@ -4,7 +4,8 @@ The layout is a text table, one line per region of the program: tensor, kind (we
 rows x cols, offset in each bank, row stride, bytes per bank; row r of every region lives in bank r % 4 at
 `offset + (r // 4) * stride`. The weight image is what the host copies into the banks before the first launch: a
 4 KiB header (magic `D5005IMG`, version, banks, element bytes, bytes per bank, the identity line at byte 128),
-then each bank's first `image bytes` in bank order: the weights (bf16 rounded to nearest even, or f32), and the
+then each bank's first `image bytes` in bank order: the weights (bf16 rounded to nearest even, or f32; a weight
+stored in a block format the engine reads, its file's blocks in groups: `stored_rows`), and the
 rotary table (float32 cos and sin for every position, derived from the spec). The caches after it are zeroed by
 the host, never shipped. `weight_image` is the only code of the lane that reads weight values.
 """
@@ -56,7 +57,7 @@ def layout(program: d5005.ProgramOp) -> str:
         f" {'bytes/bank':>11}",
     ]
     for name, r in regions.items():
-        dtype = {2: "bf16", 4: "f32"}[r.element_bytes.data]
+        dtype = r.stored or {2: "bf16", 4: "f32"}[r.element_bytes.data]
         lines.append(
             f"{name:<50} {region_kind(name):<6} {dtype:<5} {r.rows.data:>7} {r.cols.data:>6} {r.offset.data:>12}"
             f" {r.stride.data:>7} {r.bank_bytes:>11}"
@@ -82,14 +83,35 @@ def rope_table(spec: ModelSpec, ctx: int, row_floats: int, name: str = TABLES[0]
     return half.reshape(ctx, row_floats).astype(np.float32)
 
 
+def stored_rows(blocks: np.ndarray, storage: str, burst: int) -> np.ndarray:
+    """A stored region's rows [rows, stored_row_words * burst] (uint8) from the file's blocks [rows, row bytes]:
+    each group of `burst / 2` blocks its scale word (the blocks' f16 scales in order; Q4_1 then a word of their
+    f16 minimums) then its code words (the blocks' codes, each block's bytes as the file stores them, in order); a
+    last part-group's words zero-padded and cut after its last code word (`d5005.stored_row_words`)."""
+    bits, scale_words, group = d5005.STORED_BITS[storage], d5005.STORED_SCALE_WORDS[storage], burst // 2
+    code_bytes = d5005.BLOCK * bits // 8
+    rows, row_bytes = blocks.shape
+    block_bytes = 2 * scale_words + code_bytes
+    count = row_bytes // block_bytes
+    groups = -(-count // group)
+    padded = np.zeros((rows, groups * group, block_bytes), dtype=np.uint8)
+    padded[:, :count] = np.asarray(blocks, dtype=np.uint8).reshape(rows, count, block_bytes)
+    padded = padded.reshape(rows, groups, group, block_bytes)
+    parts = [padded[..., 2 * k : 2 * k + 2].reshape(rows, groups, burst) for k in range(scale_words)]
+    parts.append(padded[..., 2 * scale_words :].reshape(rows, groups, group * code_bytes))
+    laid = np.concatenate(parts, axis=-1).reshape(rows, -1)
+    return laid[:, : d5005.stored_row_words(count * d5005.BLOCK, storage, burst) * burst]
+
+
 def _striped(region: d5005.RegionAttr, matrix: np.ndarray, banks: np.ndarray) -> None:
-    """Write `matrix` [rows, cols] into the banks: row r into bank r % 4 at offset + (r // 4) * stride."""
+    """Write `matrix` [rows, cols] (a stored region's: its rows' bytes) into the banks: row r into bank r % 4 at
+    offset + (r // 4) * stride."""
     rows, cols, per_bank = region.rows.data, region.cols.data, region.rows_per_bank
     stride, offset = region.stride.data, region.offset.data
     raw = np.zeros((per_bank * d5005.BANKS, stride), dtype=np.uint8)
     data = np.ascontiguousarray(matrix).view(np.uint8).reshape(rows, -1)
     raw[:rows, : data.shape[1]] = data
-    assert data.shape[1] == cols * region.element_bytes.data
+    assert data.shape[1] == (stride if region.stored else cols * region.element_bytes.data)
     for bank in range(d5005.BANKS):
         banks[bank, offset : offset + per_bank * stride] = raw[bank :: d5005.BANKS].reshape(-1)
 
@@ -103,6 +125,10 @@ def weight_image(program: d5005.ProgramOp, spec: ModelSpec, store, progress=None
     for name, region in items:
         if name in TABLES:
             _striped(region, rope_table(spec, region.rows.data, region.cols.data, name), banks)
+            continue
+        if region.stored:  # the file's blocks, re-laid in groups: the engine dequantizes them as it streams
+            blocks = np.asarray(store.blocks(name)).reshape(region.rows.data, -1)
+            _striped(region, stored_rows(blocks, region.stored, program.params.burst_bytes), banks)
             continue
         values = np.asarray(store.get(name), dtype=np.float32).reshape(region.rows.data, region.cols.data)
         _striped(region, bf16_bits(values) if region.element_bytes.data == 2 else values, banks)

@@ -54,6 +54,7 @@ FEATURES = (
     "logit_softcap",
     "softcap",
     "columns",
+    "stored",
 )
 
 
@@ -87,6 +88,8 @@ def engine_features(program: d5005.ProgramOp) -> frozenset[str]:
             found.add("softcap")
         if isinstance(op, d5005.MatvecOp) and op.part[0]:
             found.add("columns")
+        if isinstance(op, d5005.MatvecOp) and op.weight.stored or isinstance(op, d5005.EmbedRowOp) and op.table.stored:
+            found.add("stored")
     return frozenset(found)
 
 
@@ -110,7 +113,15 @@ def _feature_constants(features: frozenset[str]) -> dict[str, int]:
             found[f"ENGINE_{feature.upper()}"] = 1
     if "columns" in features:
         found["PRIOR_WORDS"] = d5005.PRIOR_WORDS
+    if "stored" in features:
+        found |= {"ENGINE_STORED": 1, **{f"FORMAT_{f.upper()}": code for f, code in d5005.STORED_FORMATS.items()}}
+        found |= {f"GROUP_WORDS_{f.upper()}": _group_words(f) for f in d5005.STORED_FORMATS}
     return found
+
+
+def _group_words(fmt: str) -> int:
+    """Bank words of a whole group of a stored format: its scale words and its code words."""
+    return d5005.STORED_SCALE_WORDS[fmt] + 2 * d5005.STORED_BITS[fmt]
 
 
 def engine_constants(params: d5005.EngineParams, features: frozenset[str] = frozenset()) -> dict[str, int]:
@@ -275,7 +286,7 @@ typedef struct { __global bank_word_t *fifo; uint sent; } stream_t;
 #endif
 #define CACHE_AT(word, e) WEIGHT_AT(word, e)
 #define F32_AT(word, e) as_float((word).u[e])
-
+${stored_helpers}
 /* What the cache holds of a value: bf16 rounded to nearest even, or the float32 itself. */
 inline float cached(float v) {
 #if CACHE_BYTES == 2
@@ -291,7 +302,7 @@ inline float cached(float v) {
 /* routine read_embed_row */
 inline void read_embed_row(stream_t *s, __global const bank_word_t *bank, const uint b, const uint16 w, uint token) {
     uint cols = w.s5, row = token - 1;
-    uint words = SELECT(row % BANKS == b, WORDS(cols, WEIGHT_BYTES), 0);
+    uint words = SELECT(row % BANKS == b, ${row_words}, 0);
     uint start = w.s6 + (row / BANKS) * (w.s7 / BURST_BYTES);
     /* loop read_embed_row.words */
     for (uint c = 0; c < words; c++) WRITE_BANK(s, b, bank[start + c]);
@@ -300,7 +311,7 @@ inline void read_embed_row(stream_t *s, __global const bank_word_t *bank, const 
 /* routine read_matvec */
 inline void read_matvec(stream_t *s, __global const bank_word_t *bank, const uint b, const uint16 w) {
     uint rows = w.s4, cols = w.s5, stride = w.s7 / BURST_BYTES;
-    uint words = WORDS(cols, WEIGHT_BYTES);
+    uint words = ${row_words};
     uint mine = (rows + BANKS - 1 - b) / BANKS;${read_matvec_bias}${read_matvec_first}
     uint i = 0, c = 0;
     /* loop read_matvec.words */
@@ -394,19 +405,14 @@ READER(3)
 /* routine embed_row */
 inline void embed_row(ONCHIP float *restrict residual, channels_t *ch, const uint16 w, uint token) {
     uint cols = w.s5, dst = (w.s1 & OFFSET_MASK) * OV, bank = (token - 1) % BANKS;
-    uint words = WORDS(cols, WEIGHT_BYTES);${embed_scale_let}
+    uint words = ${row_words};${embed_scale_let}${embed_stored_let}
     /* loop embed_row.words */
     for (uint c = 0; c < words; c++) {
         bank_word_t word;
         UNROLL(BANKS)
         for (uint b = 0; b < BANKS; b++) {
             if (b == bank) word = READ_BANK(ch, b);
-        }
-        UNROLL(VECTOR_WIDTH)
-        for (uint e = 0; e < VECTOR_WIDTH; e++) {  /* one store a lane: the word is taken from its bank first */
-            uint k = c * VECTOR_WIDTH + e;
-            if (k < cols) residual[dst + k] = WEIGHT_AT(word, e)${embed_scale};
-        }
+        }${embed_lanes}
     }
 }
 
@@ -418,10 +424,10 @@ inline void matvec(ONCHIP float *restrict outputs, ONCHIP float *restrict inputs
                    __local float *restrict vector,${matvec_params} channels_t *ch, const uint16 w) {
     uint rows = w.s4, cols = w.s5, dst = (w.s1 & OFFSET_MASK) * OV, src = ${matvec_src};
     uint from = w.s2 >> ARRAY_SHIFT;
-    uint words = WORDS(cols, WEIGHT_BYTES);
-    uint quads = (rows + BANKS - 1) / BANKS;
+    uint words = ${row_words};
+    uint quads = (rows + BANKS - 1) / BANKS;${matvec_stored_let}
     /* loop matvec.load */
-    for (uint c = 0; c < words * VECTOR_WIDTH; c += OV) {
+    for (uint c = 0; c < ${matvec_span}; c += OV) {
         UNROLL(OV)
         for (uint e = 0; e < OV; e++) {
             float v = 0.0f;
@@ -429,7 +435,7 @@ inline void matvec(ONCHIP float *restrict outputs, ONCHIP float *restrict inputs
             vector[c + e] = v;
         }
     }${matvec_bias_load}${matvec_prior_load}
-    float out[OV];
+    float out[OV];${matvec_scales}
     /* loop matvec.rows */
     for (uint i = 0; i < quads; i++) {
         float shift[BANKS][SHIFT_DEPTH + 1];
@@ -438,15 +444,15 @@ inline void matvec(ONCHIP float *restrict outputs, ONCHIP float *restrict inputs
 ${matvec_clear}
         }
         /* loop matvec.words */
-        for (uint c = 0; c < words; c++) {
+        for (uint c = 0; c < words; c++) {${matvec_place}
             UNROLL(BANKS)
             for (uint b = 0; b < BANKS; b++) {
                 float sum = 0.0f;
                 if (i * BANKS + b < rows) {
-                    bank_word_t word = READ_BANK(ch, b);
+                    bank_word_t word = READ_BANK(ch, b);${matvec_stored}
                     UNROLL(VECTOR_WIDTH)
                     for (uint e = 0; e < VECTOR_WIDTH; e++) sum += WEIGHT_AT(word, e) * vector[c * VECTOR_WIDTH + e];
-                }
+${matvec_stored_end}                }
 ${matvec_add}
             }
         }
@@ -873,7 +879,7 @@ TASK void d5005_compute(__global const uint16 *restrict program, const uint firs
     __global float *restrict attended = scratch + ATTENDED_AT, *restrict outputs = scratch + OUTPUTS_AT;
     __global float *restrict rotated = scratch + ROTATED_AT;
 #endif
-    __local float vector[VECTOR_WORDS] BANKED(OV);${bias_array}${prior_array}
+    __local float vector[VECTOR_WORDS${vector_pad}] BANKED(OV);${bias_array}${prior_array}
     __local float queries[ROW_WORDS_MAX * GROUP_MAX * CPW] BANKED(GROUP_MAX * CPW);
     __local float cosines[ROPE_WORDS / 2] BANKED(OV);
     __local float sines[ROPE_WORDS / 2] BANKED(OV);${head_norm_array}
@@ -1122,6 +1128,8 @@ def _body(features: frozenset[str]) -> str:
     optional |= {key: text if "head_norm" in features else "" for key, text in _HEAD_NORM.items()}
     optional |= _PARTIAL if "partial_rotary" in features else _WHOLE
     optional |= _gemma(features)
+    optional |= _STORED if "stored" in features else _FLOATS
+    optional["embed_lanes"] = optional["embed_lanes"].replace("${embed_scale}", optional["embed_scale"])
     optional["matvec_params"] = optional["matvec_bias_param"] + optional["matvec_prior_param"]
     if "plus_one" in features and "head_norm" in features:  # the head norm's weights taken as one plus each
         load = "head_weights[c * VECTOR_WIDTH + e] = WEIGHT_AT(word, e);"
@@ -1129,6 +1137,126 @@ def _body(features: frozenset[str]) -> str:
             load, load[:-1] + " + SELECT(w.sc != 0u, 1.0f, 0.0f);"
         )
     return Template(_TEMPLATE).substitute(optional, **_FIXED)
+
+
+# Weights as stored (`stored`: docs/d5005.md, "Weights as stored"): an embedding row's or a matvec's word holds its
+# weight's format in w.s3 (0: the image's floats, FORMAT_*: a block format). A stored row is groups of
+# BURST_BYTES / 2 blocks, each its scale words (SCALE_WORDS: the blocks' f16 scales, then Q4_1's minimums) then its
+# code words (the blocks' codes as stored); both readers stream ROW_WORDS a row. The compute routines place each
+# word in its group from c alone (constant divisors, one for each format: `STORED_PLACE`), keep a group's scale
+# words in registers as they pass, and dequantize each code word's numbers (`stored_at`: codes times the block's
+# scale, plus its minimum for Q4_1, in float32, as gguf-py does) before the float32 multiply-accumulate: a matvec
+# takes a whole code word a cycle (BURST_BYTES or 2 * BURST_BYTES numbers, STORED_LANES lanes), an embedding row
+# stores it OV numbers at a time.
+_STORED_HELPERS = r"""
+/* ---- weights as stored: groups of blocks, their scales in registers, dequantized in the datapath ---- */
+#define STORED_LANES (2 * BURST_BYTES)      /* numbers of a 4-bit code word: a matvec's lanes for stored rows */
+#define GROUP_NUMBERS (16 * BURST_BYTES)    /* numbers of a group: BURST_BYTES / 2 blocks of 32 */
+#define SCALE_WORDS(f) SELECT((f) == FORMAT_Q4_1, 2u, 1u)
+#define CODE_BITS(f) SELECT((f) == FORMAT_Q8_0, 8u, 4u)
+#define PER_WORD(f) (BURST_BYTES * 8 / CODE_BITS(f))  /* numbers of one code word */
+#define GROUP_WORDS_4(f) SELECT((f) == FORMAT_Q4_1, GROUP_WORDS_Q4_1, GROUP_WORDS_Q4_0)
+#define GROUP_WORDS(f) SELECT((f) == FORMAT_Q8_0, GROUP_WORDS_Q8_0, GROUP_WORDS_4(f))
+/* bank words of a row of `cols` numbers (whole blocks): whole groups, then a last part-group's scale words and the
+   code words its blocks fill */
+inline uint stored_words(uint cols, uint f) {
+    uint blocks = cols / 32, full = blocks / (BURST_BYTES / 2), rest = blocks % (BURST_BYTES / 2);
+    uint tail = SELECT(rest != 0u, SCALE_WORDS(f) + (rest * 4 * CODE_BITS(f) + BURST_BYTES - 1) / BURST_BYTES, 0u);
+    return full * GROUP_WORDS(f) + tail;
+}
+#define ROW_WORDS(cols, f) SELECT((f) != 0u, stored_words((cols), (f)), WORDS((cols), WEIGHT_BYTES))
+/* word c of a row: its group (a constant divisor for each format), its place in the group */
+#define GROUP_OF_4(c, f) SELECT((f) == FORMAT_Q4_1, (c) / GROUP_WORDS_Q4_1, (c) / GROUP_WORDS_Q4_0)
+#define GROUP_OF(c, f) SELECT((f) == FORMAT_Q8_0, (c) / GROUP_WORDS_Q8_0, GROUP_OF_4(c, f))
+
+/* an IEEE half's bits as a float32 (exact: subnormals, infinities and NaNs included) */
+inline float half_float(uint h) {
+    uint sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    float tiny = as_float(sign | 0x3f800000u) * ((float)m * 5.9604644775390625e-8f);
+    uint bits = SELECT(e == 31u, 0x7f800000u | (m << 13), ((e + 112u) << 23) | (m << 13));
+    return SELECT(e == 0u, tiny, as_float(sign | bits));
+}
+
+/* number e of code word k of a group, dequantized as gguf-py does (float32): Q8_0 d * q; Q4_0 d * (q - 8); Q4_1
+   d * q + m, d and m its block's f16 scale and minimum (a group's block j: half j of the scale words). A Q8_0 word
+   holds two blocks' 32 bytes of codes; a 4-bit word four blocks' 16 bytes, the low nibbles a block's first 16
+   numbers, the high ones its next 16 (the file's order). */
+inline float stored_at(bank_word_t codes, bank_word_t scales, bank_word_t mins, uint f, uint k, uint e) {
+    uint wide = f == FORMAT_Q8_0;
+    uint lane = e & (PER_WORD(f) - 1u);
+    uint at = SELECT(wide, lane, (lane / 32u) * 16u + lane % 16u);
+    uint byte = (codes.u[at >> 2] >> (8u * (at & 3u))) & 0xffu;
+    uint nibble = (byte >> SELECT(lane % 32u >= 16u, 4u, 0u)) & 0xfu;
+    uint block = ((k * PER_WORD(f) + lane) / 32u) & (BURST_BYTES / 2 - 1);
+    uint shift = 16u * (block & 1u);
+    float d = half_float((scales.u[block >> 1] >> shift) & 0xffffu);
+    float m = half_float((mins.u[block >> 1] >> shift) & 0xffffu);
+    int q = SELECT(wide, ((int)byte ^ 0x80) - 0x80, (int)nibble - SELECT(f == FORMAT_Q4_0, 8, 0));
+    float p = d * (float)q;
+    return SELECT(f == FORMAT_Q4_1, p + m, p);
+}
+"""
+_STORED = {
+    "stored_helpers": _STORED_HELPERS,
+    "row_words": "ROW_WORDS(cols, w.s3)",
+    "embed_stored_let": "\n    uint fmt = w.s3;\n    bank_word_t scales, mins;",
+    "embed_lanes": """
+        uint group = GROUP_OF(c, fmt), place = c - group * GROUP_WORDS(fmt), coded = place >= SCALE_WORDS(fmt);
+        uint code_word = SELECT(coded, place - SCALE_WORDS(fmt), 0u);
+        uint slice = group * (GROUP_NUMBERS / BURST_BYTES) + code_word * SELECT(fmt == FORMAT_Q8_0, 1u, 2u);
+        if (place == 0u) scales = word;
+        if (place == 1u) mins = word;
+        /* a stored code word's numbers VECTOR_WIDTH at a time (a float word's in the first): one store a lane */
+        for (uint p = 0; p < STORED_LANES / VECTOR_WIDTH; p++) {
+            UNROLL(VECTOR_WIDTH)
+            for (uint e = 0; e < VECTOR_WIDTH; e++) {
+                uint lane = p * VECTOR_WIDTH + e;
+                uint piece = SELECT(fmt != 0u, slice * (BURST_BYTES / VECTOR_WIDTH) + p, c);
+                uint k = piece * VECTOR_WIDTH + e;
+                uint valid = SELECT(fmt != 0u, coded && lane < PER_WORD(fmt), p == 0u);
+                float v = SELECT(fmt != 0u, stored_at(word, scales, mins, fmt, code_word, lane), WEIGHT_AT(word, e));
+                if (valid && k < cols) residual[dst + k] = v${embed_scale};
+            }
+        }""",
+    "matvec_stored_let": "\n    uint fmt = w.s3, span = SELECT(fmt != 0u, cols, words * VECTOR_WIDTH);",
+    "matvec_span": "span",
+    "matvec_scales": "\n    bank_word_t scales[BANKS], mins[BANKS];",
+    "matvec_place": """
+            uint group = GROUP_OF(c, fmt), place = c - group * GROUP_WORDS(fmt), coded = place >= SCALE_WORDS(fmt);
+            uint code_word = SELECT(coded, place - SCALE_WORDS(fmt), 0u);
+            uint slice = group * (GROUP_NUMBERS / BURST_BYTES) + code_word * SELECT(fmt == FORMAT_Q8_0, 1u, 2u);""",
+    "matvec_stored": """
+                    if (fmt != 0u) {
+                        if (place == 0u) scales[b] = word;
+                        if (place == 1u) mins[b] = word;
+                        UNROLL(STORED_LANES)
+                        for (uint e = 0; e < STORED_LANES; e++) {
+                            float x = vector[slice * BURST_BYTES + e];
+                            uint valid = coded && e < PER_WORD(fmt) && slice * BURST_BYTES + e < cols;
+                            sum += SELECT(valid, stored_at(word, scales[b], mins[b], fmt, code_word, e) * x, 0.0f);
+                        }
+                    } else {""",
+    "matvec_stored_end": "                    }\n",
+    "vector_pad": " + STORED_LANES",
+}
+_FLOATS = {
+    "stored_helpers": "",
+    "row_words": "WORDS(cols, WEIGHT_BYTES)",
+    "embed_stored_let": "",
+    "embed_lanes": """
+        UNROLL(VECTOR_WIDTH)
+        for (uint e = 0; e < VECTOR_WIDTH; e++) {  /* one store a lane: the word is taken from its bank first */
+            uint k = c * VECTOR_WIDTH + e;
+            if (k < cols) residual[dst + k] = WEIGHT_AT(word, e)${embed_scale};
+        }""",
+    "matvec_stored_let": "",
+    "matvec_span": "words * VECTOR_WIDTH",
+    "matvec_scales": "",
+    "matvec_place": "",
+    "matvec_stored": "",
+    "matvec_stored_end": "",
+    "vector_pad": "",
+}
 
 
 def _columns(parts: bool) -> dict[str, str]:

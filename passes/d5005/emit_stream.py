@@ -60,6 +60,7 @@ class _Word:
 def _embed_row(op: d5005.EmbedRowOp, word: _Word) -> None:
     word.buffers((d5005.W_DST, op.dst))
     word.region(op.table)
+    word.w[d5005.W_FORMAT] = d5005.STORED_FORMATS.get(op.table.stored, 0)  # the table's rows as stored (0: floats)
     if op.scale is not None:  # each number times it (0: none)
         word.w[d5005.W_EMBED_SCALE] = _f32_bits(op.scale.value.data)
 
@@ -67,6 +68,7 @@ def _embed_row(op: d5005.EmbedRowOp, word: _Word) -> None:
 def _matvec(op: d5005.MatvecOp, word: _Word) -> None:
     word.buffers((d5005.W_DST, op.dst), (d5005.W_A, op.src))
     word.region(op.weight)
+    word.w[d5005.W_FORMAT] = d5005.STORED_FORMATS.get(op.weight.stored, 0)  # the rows as stored (0: floats)
     word.w[d5005.W_FIRST], word.w[d5005.W_COLS] = op.part  # a part of the columns (the first, its count)
     if op.bias is not None:  # its length (0: none) and where it starts in bank 0
         word.w[d5005.W_BIAS] = op.bias.cols.data
@@ -164,6 +166,7 @@ def symbols(program: d5005.ProgramOp) -> dict[str, list[list[object]]]:
         "buffers": [[b.label.data, b.words.value.data, b.offset.value.data, b.array_name] for b in program.buffers()],
         "regions": [
             [name, r.offset.data, r.stride.data, r.rows.data, r.cols.data, r.element_bytes.data]
+            + ([r.stored] if r.stored else [])  # a stored region's format, after its element bytes
             for name, r in regions.items()
         ],
     }

@@ -57,6 +57,22 @@ class Step:
         return ceil_div(elements * element_bytes, self["BURST_BYTES"])
 
     @property
+    def stored(self) -> str:
+        """The block format the word's weight streams in (an embedding row's or a matvec's, in an engine with
+        weights as stored), or "": the image's floats."""
+        if not self.has("ENGINE_STORED"):
+            return ""
+        return {code: f for f, code in d5005.STORED_FORMATS.items()}.get(self.field(d5005.W_FORMAT), "")
+
+    def row_words(self) -> int:
+        """Bank words of one row of the word's weight: the source's ROW_WORDS(cols, w.s3), as stored (whole
+        groups of scale and code words, `d5005.stored_row_words`) or of the image's floats."""
+        cols = self.field(d5005.W_COLS)
+        if self.stored:
+            return d5005.stored_row_words(cols, self.stored, self["BURST_BYTES"])
+        return self.words(cols, self["WEIGHT_BYTES"])
+
+    @property
     def rotary(self) -> int:
         """The numbers of each head a rope rotates: the source's `rotary` (w.sa, or the head's w.sb)."""
         rotary = self.field(d5005.W_ROTARY) if self.has("ENGINE_PARTIAL_ROTARY") else 0
@@ -98,18 +114,18 @@ def _by_ov(name: str, bound: str, count: int, s: Step, **kind: object) -> Loop:
 
 def read_embed_row(s: Step) -> list[Loop]:
     row = s.token - 1
-    words = s.words(s.field(d5005.W_COLS), s["WEIGHT_BYTES"]) if row % s["BANKS"] == s.bank else 0
+    words = s.row_words() if row % s["BANKS"] == s.bank else 0
     return [_counted("read_embed_row.words", "c", "words", words)]
 
 
 def read_matvec(s: Step) -> list[Loop]:
     """Bank 0's words of the bias first (in an engine with biases; none where the word has none), then this
     bank's rows."""
-    rows, cols, bias = s.field(d5005.W_ROWS), s.field(d5005.W_COLS), s.field(d5005.W_BIAS)
+    rows, bias = s.field(d5005.W_ROWS), s.field(d5005.W_BIAS)
     mine = (rows + s["BANKS"] - 1 - s.bank) // s["BANKS"]
     bias_words = s.words(bias, s["WEIGHT_BYTES"]) if s.bank == 0 else 0
     biased = [_counted("read_matvec.bias", "c", "bias_words", bias_words)] if s.has("ENGINE_BIAS") else []
-    return [*biased, _counted("read_matvec.words", "n", "mine * words", mine * s.words(cols, s["WEIGHT_BYTES"]))]
+    return [*biased, _counted("read_matvec.words", "n", "mine * words", mine * s.row_words())]
 
 
 def read_rms_norm(s: Step) -> list[Loop]:
@@ -148,20 +164,27 @@ def read_attention(s: Step) -> list[Loop]:
 
 
 def embed_row(s: Step) -> list[Loop]:
-    return [_counted("embed_row.words", "c", "words", s.words(s.field(d5005.W_COLS), s["WEIGHT_BYTES"]))]
+    """A bank word of the row an iteration (a stored row's code words dequantized OV numbers at a time, a loop left
+    serial in it: the source reads it)."""
+    return [_counted("embed_row.words", "c", "words", s.row_words())]
 
 
 def matvec(s: Step) -> list[Loop]:
     """The input copied on chip, then rows 4i .. 4i+3 a word of each bank a cycle, summed in shift registers."""
-    rows, words = s.field(d5005.W_ROWS), s.words(s.field(d5005.W_COLS), s["WEIGHT_BYTES"])
+    rows, words = s.field(d5005.W_ROWS), s.row_words()
     row_words = _counted("matvec.words", "c", "words", words)
     bias = s.field(d5005.W_BIAS)
     bias_words = s.words(bias, s["WEIGHT_BYTES"])
     biased = [_counted("matvec.bias", "c", "bias_words", bias_words)] if s.has("ENGINE_BIAS") else []
     first = s.field(d5005.W_FIRST) if s.has("ENGINE_COLUMNS") else 0  # a part after the first: dst copied first
     prior = [_by_ov("matvec.prior", "prior_count", rows if first else 0, s)] if s.has("ENGINE_COLUMNS") else []
+    if s.has("ENGINE_STORED"):  # the copy spans the input's columns for a stored row (a float row's words else)
+        span = s.field(d5005.W_COLS) if s.stored else words * s["VECTOR_WIDTH"]
+        load = _by_ov("matvec.load", "span", span, s)
+    else:
+        load = _by_ov("matvec.load", "words * VECTOR_WIDTH", words * s["VECTOR_WIDTH"], s)
     return [
-        _by_ov("matvec.load", "words * VECTOR_WIDTH", words * s["VECTOR_WIDTH"], s),
+        load,
         *biased,
         *prior,
         _counted("matvec.rows", "i", "quads", ceil_div(rows, s["BANKS"]), inner=(row_words,)),

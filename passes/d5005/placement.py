@@ -15,7 +15,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from logos_ir.dialects import logos
-from logos_ir.dialects.d5005 import BANK_BYTES, BANKS, BOARD_BYTES, WEIGHT_BYTES, RegionAttr, rope_row_floats
+from logos_ir.dialects.d5005 import (
+    BANK_BYTES,
+    BANKS,
+    BOARD_BYTES,
+    STORED_FORMATS,
+    VECTOR_WORDS,
+    WEIGHT_BYTES,
+    RegionAttr,
+    rope_row_floats,
+    stored_row_words,
+)
 from logos_ir.errors import PassError
 from logos_ir.spec import ModelSpec, RopeScaling
 
@@ -43,6 +53,17 @@ def table_turn(name: str, spec: ModelSpec) -> tuple[float, RopeScaling | None]:
     return spec.rope_theta, spec.rope_scaling
 
 
+def streamed_as_stored(op: logos.WeightOp) -> str:
+    """The block format a weight streams in as stored (a matrix stored in one of `d5005.STORED_FORMATS` whose
+    rows fit the engine's copy of a matvec's input, so no matvec streams a part of them), or "": the image's
+    floats, its dequantized values (vectors; a format the engine has no datapath for; a row over the copy)."""
+    shape = op.full_shape
+    fmt = op.storage.format_name.data if op.storage is not None else ""
+    if len(shape) != 2 or fmt not in STORED_FORMATS or shape[1] > VECTOR_WORDS:
+        return ""
+    return fmt
+
+
 def cache_name(layer: int, kind: str) -> str:
     return f"cache.{layer}.{kind}"
 
@@ -61,6 +82,7 @@ class Slot:
     rows: int
     cols: int
     element_bytes: int
+    storage: str = ""  # a block format the rows are stored in (`d5005.STORED_FORMATS`), or "" (the image's floats)
 
     @property
     def bank_bytes(self) -> int:
@@ -77,11 +99,14 @@ class Placement:
     image_end: int = 0  # weights and the rotary table: what the weight image holds, per bank
     _regions: dict[str, RegionAttr] = field(default_factory=dict)
 
-    def place(self, name: str, kind: str, rows: int, cols: int, element_bytes: int) -> None:
+    def place(self, name: str, kind: str, rows: int, cols: int, element_bytes: int, storage: str = "") -> None:
         if name in self.slots:
             return
-        stride = _round_up(cols * element_bytes, self.burst)
-        slot = Slot(kind, self.cursor, stride, rows, cols, element_bytes)
+        if storage:  # the rows as stored: whole bank words of their groups (`d5005.stored_row_words`)
+            stride, element_bytes = stored_row_words(cols, storage, self.burst) * self.burst, 1
+        else:
+            stride = _round_up(cols * element_bytes, self.burst)
+        slot = Slot(kind, self.cursor, stride, rows, cols, element_bytes, storage)
         self.slots[name] = slot
         self.cursor += _round_up(slot.bank_bytes, self.burst)
 
@@ -90,7 +115,9 @@ class Placement:
         found = self._regions.get(name)
         if found is None:
             s = self.slots[name]
-            found = self._regions[name] = RegionAttr(name, s.offset, s.stride, s.rows, s.cols, s.element_bytes)
+            found = self._regions[name] = RegionAttr(
+                name, s.offset, s.stride, s.rows, s.cols, s.element_bytes, s.storage
+            )
         return found
 
     @classmethod
@@ -103,7 +130,8 @@ class Placement:
             if isinstance(op, logos.WeightOp):
                 shape = op.full_shape
                 rows, cols = (1, shape[0]) if len(shape) == 1 else shape
-                placement.place(op.tensor.data, "weight", rows, cols, WEIGHT_BYTES[weights])
+                storage = streamed_as_stored(op)
+                placement.place(op.tensor.data, "weight", rows, cols, WEIGHT_BYTES[weights], storage)
             elif isinstance(op, logos.CacheOp):
                 caches.append(op)
             elif isinstance(op, logos.RopeOp):
