@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -413,13 +414,23 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     kept: dict[str, Any] = {}
     if args.only:
-        kept = json.loads((out / "goldens.json").read_text())["families"]
+        # a family remade alone is made by the versions that made the rest, or the goldens would mix definitions
+        first = json.loads((out / "goldens.json").read_text())
+        versions = {"transformers": transformers.__version__, "torch": torch.__version__}
+        if any(first[name] != version for name, version in versions.items()):
+            wanted = ", ".join(f"{name}=={first[name]}" for name in versions)
+            print(
+                f"error: --only remakes with the versions that made {out / 'goldens.json'} ({wanted}); "
+                f"installed: {versions['transformers']}, {versions['torch']} (remake every family instead)",
+                file=sys.stderr,
+            )
+            return 1
+        kept = first["families"]
     made = {family: make(family, out) if not args.only or family in args.only else kept[family] for family in FAMILIES}
-    first = json.loads((out / "goldens.json").read_text()) if args.only else {}
-    goldens = {  # the versions of a whole run; a family remade alone (--only) records its own
+    goldens = {  # the versions of the whole run (a remake --only checked they are the same)
         "made_by": "tools/family_goldens.py",
-        "transformers": first.get("transformers", transformers.__version__),
-        "torch": first.get("torch", torch.__version__),
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
         "new_tokens": NEW_TOKENS,
         "families": made,
     }
