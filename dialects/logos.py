@@ -485,6 +485,7 @@ class ModelAttr(ParametrizedAttribute):
     full_layers: DenseArrayBase[I64]  # the layers that attend the whole cache despite the window (empty: not printed)
     biases: ArrayAttr[StringAttr]  # the projections that add a bias (empty: none, and not printed)
     head_norms: BoolAttr  # each head of the query and of the key RMS-normed (false: not printed)
+    projection_norms: BoolAttr  # the whole query and the whole key RMS-normed (false: not printed)
     features: DictionaryAttr  # Gemma's features where they differ from a Llama's (`LLAMA_FEATURES`; empty: not printed)
     experts: IntegerAttr[I64] | NoneAttr  # a mixture of experts in every layer: their number (none: a dense MLP)
     experts_per_token: IntegerAttr[I64] | NoneAttr  # how many experts each token is routed to
@@ -504,6 +505,7 @@ class ModelAttr(ParametrizedAttribute):
             DenseArrayBase.from_list(i64, spec.full_layers),
             ArrayAttr([StringAttr(p) for p in spec.biases]),
             BoolAttr.from_bool(spec.head_norms),
+            BoolAttr.from_bool(spec.projection_norms),
             DictionaryAttr(
                 {  # in key order, as MLIR prints a dictionary
                     key: _feature_attr(getattr(spec, key))
@@ -531,6 +533,7 @@ class ModelAttr(ParametrizedAttribute):
             full_layers=tuple(self.full_layers.get_values()),
             biases=tuple(p.data for p in self.biases.data),
             head_norms=bool(self.head_norms.value.data),
+            projection_norms=bool(self.projection_norms.value.data),
             **{key: _feature_value(value) for key, value in self.features.data.items()},
             experts=self.experts.value.data if isinstance(self.experts, IntegerAttr) else None,
             experts_per_token=(
@@ -559,6 +562,8 @@ class ModelAttr(ParametrizedAttribute):
             printer.print_attribute(self.biases)
         if self.head_norms.value.data:
             printer.print_string(", head_norms = true")
+        if self.projection_norms.value.data:
+            printer.print_string(", projection_norms = true")
         if self.features.data:
             printer.print_string(", features = ")
             printer.print_attribute(self.features)
@@ -587,6 +592,7 @@ class ModelAttr(ParametrizedAttribute):
             optional["full_layers"] = DenseArrayBase.from_list(i64, ())
             optional["biases"] = ArrayAttr([])
             optional["head_norms"] = BoolAttr.from_bool(False)
+            optional["projection_norms"] = BoolAttr.from_bool(False)
             optional["features"] = DictionaryAttr({})
             optional["experts"] = NoneAttr()
             optional["experts_per_token"] = NoneAttr()
@@ -600,7 +606,7 @@ class ModelAttr(ParametrizedAttribute):
                 parser.parse_punctuation("=")
                 if key in ("rotary_dim", "sliding_window", "experts", "experts_per_token"):
                     optional[key] = IntegerAttr(parser.parse_integer(allow_boolean=False), i64)
-                elif key in ("head_norms", "renormalize"):
+                elif key in ("head_norms", "projection_norms", "renormalize"):
                     optional[key] = BoolAttr.from_bool(parser.parse_boolean())
                 else:
                     optional[key] = parser.parse_attribute()

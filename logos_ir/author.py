@@ -25,7 +25,14 @@ from logos_ir.errors import CutError, NotYet, SpecError
 from logos_ir.printer import print_program
 from logos_ir.program import Cut, Identity
 from logos_ir.spec import ModelSpec
-from logos_ir.tensor_parallel import HEAD_SPLIT, NOT_YET_SPLIT, NOT_YET_SPLIT_EXPERTS, head_refusal, weight_split
+from logos_ir.tensor_parallel import (
+    HEAD_SPLIT,
+    NOT_YET_SPLIT,
+    NOT_YET_SPLIT_EXPERTS,
+    NOT_YET_SPLIT_PROJECTION_NORMS,
+    head_refusal,
+    weight_split,
+)
 
 # The file a weight is read from, under the model's directory (a sharded model's index refines it).
 WEIGHTS_FILE = "model.safetensors"
@@ -136,6 +143,8 @@ def _check_split(spec: ModelSpec, cut: Cut, tp: int) -> None:
     refusal = head_refusal(spec.vocab, tp) if cut.kind.partition("_")[2] in ("", "head") else None
     if refusal is not None:
         raise SpecError(f"the model does not split over {tp} chips: {refusal}")
+    if spec.projection_norms and tp > 1:
+        raise NotYet(NOT_YET_SPLIT_PROJECTION_NORMS)
 
 
 def _check_layer(spec: ModelSpec, layer: int) -> None:
@@ -322,6 +331,11 @@ class _Plan:
             query = section.head_rms_norm("normed_query", query, query_norm, one)
             key_norm = w(section, "key_norm", names["key_norm"], (spec.head_dim,))
             key = section.head_rms_norm("normed_key", key, key_norm, one)
+        if spec.projection_norms:  # the whole query and the whole key normed before they are split into heads (OLMoE)
+            query_norm = w(section, "query_norm", names["query_norm"], (spec.q_dim,))
+            query = section.rms_norm("normed_query", query, query_norm, one)
+            key_norm = w(section, "key_norm", names["key_norm"], (spec.kv_dim,))
+            key = section.rms_norm("normed_key", key, key_norm, one)
         theta = spec.rope_theta_of(layer)  # Gemma 3's windowed layers rotate with a base of their own
         turned_query = section.rope("turned_query", query, position, theta, layer)
         turned_key = section.rope("turned_key", key, position, theta, layer)

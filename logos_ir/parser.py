@@ -30,6 +30,7 @@ from logos_ir.printer import (
     FEATURE_FACTS,
     HEAD_NORMS,
     INDENT,
+    PROJECTION_NORMS,
     RENORMALIZED,
     fact_lines,
     mixture_fact,
@@ -446,6 +447,12 @@ def _head_norms(src: _Source, line: _Line) -> dict[str, Any]:
     return {"head_norms": True}
 
 
+def _projection_norms(src: _Source, line: _Line) -> dict[str, Any]:
+    if line.text[len(INDENT) :] != PROJECTION_NORMS:
+        raise src.error(line.number, len(INDENT) + 1, "malformed projection norms fact", f"write '{PROJECTION_NORMS}'")
+    return {"projection_norms": True}
+
+
 def _mixture(src: _Source, line: _Line) -> dict[str, Any]:
     match = _MIXTURE.fullmatch(line.text[len(INDENT) :])
     if not match:
@@ -492,6 +499,7 @@ _OPTIONAL_FACTS: list[tuple[Callable[[str], bool], Callable[[_Source, _Line], di
     (lambda text: text.startswith("Attention looks back"), _window),
     (lambda text: text.endswith(" projections add biases."), lambda src, line: {"biases": _biases(src, line)}),
     (lambda text: text.startswith("Each head of the query"), _head_norms),
+    (lambda text: text.startswith("The whole query"), _projection_norms),
     (lambda text: text.startswith("Each layer's feed-forward network"), _mixture),
     *((functools.partial(_starts_feature, key), functools.partial(_feature, key)) for key in FEATURE_FACTS),
 ]

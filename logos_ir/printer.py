@@ -44,6 +44,7 @@ def word_list(words: tuple[str, ...] | list[str]) -> str:
 
 
 HEAD_NORMS = "Each head of the query and of the key is RMS-normed."
+PROJECTION_NORMS = "The whole query and the whole key are RMS-normed, across their heads."
 RENORMALIZED = ", their weights divided by their sum"  # the chosen experts' probabilities, renormalized
 
 
@@ -122,6 +123,8 @@ def fact_lines(spec: ModelSpec, chips: int | None) -> list[str]:
         lines.append(f"The {word_list(spec.biases)} projections add biases.")
     if spec.head_norms:
         lines.append(HEAD_NORMS)
+    if spec.projection_norms:
+        lines.append(PROJECTION_NORMS)
     if spec.experts is not None:
         lines.append(mixture_fact(spec.experts, spec.experts_per_token or 0, spec.renormalize))
     for key, fact in FEATURE_FACTS.items():

@@ -20,13 +20,14 @@ from logos_ir.errors import SourceLocation, SpecError
 # phi3: a Llama whose checkpoint fuses projections; qwen2: biases on Q, K and V; qwen3: an RMS norm on each head of
 # Q and K
 # gemma2 and gemma3_text: Gemma's norms, embedding scale, GeGLU, soft-caps and sandwich norms (`LLAMA_FEATURES`)
-# mixtral and qwen3_moe: every layer's MLP a mixture of experts (Qwen3-MoE with Qwen3's head norms)
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "phi3", "qwen2", "qwen3", "gemma2", "gemma3_text", "mixtral", "qwen3_moe")
+# mixtral, qwen3_moe and olmoe: every layer's MLP a mixture of experts (Qwen3-MoE with Qwen3's head norms, OLMoE
+# with an RMS norm of the whole query and of the whole key)
+SUPPORTED_MODEL_TYPES = (
+    "llama", "mistral", "phi3", "qwen2", "qwen3", "gemma2", "gemma3_text", "mixtral", "qwen3_moe", "olmoe",
+)  # fmt: skip
 # Families refused by name, with what a LOGOS program cannot say of them yet.
-REFUSED_MODEL_TYPES = {
-    "olmoe": "its q_norm and k_norm RMS-norm the whole query and key projections, not each head: not said yet",
-}
-MIXTURES = ("mixtral", "qwen3_moe")
+REFUSED_MODEL_TYPES: dict[str, str] = {}
+MIXTURES = ("mixtral", "qwen3_moe", "olmoe")
 PARTIAL_ROTARY = ("phi3",)  # the families whose rotary embedding may turn part of each head (transformers' own)
 GEMMAS = ("gemma2", "gemma3_text")  # gemma3_text: Gemma 2's features with head norms and a rope base per layer kind
 # The projections that may add a bias, in model order, with the Hugging Face module each is (`<module>.bias`).
@@ -196,6 +197,10 @@ class ModelSpec:
     # Each head of the query and of the key is RMS-normed (over its head_dim numbers, with a weight of its own, the
     # model's epsilon) before it is rotated: Qwen3's `q_norm` and `k_norm`, Gemma 3's.
     head_norms: bool = field(default=False)
+    # The whole query and the whole key are RMS-normed (over all their heads' numbers at once, q_dim and kv_dim, each
+    # with a weight of its own, the model's epsilon) after their projections, before they are split into heads and
+    # rotated: OLMoE's (and OLMo 2's) `q_norm` and `k_norm`.
+    projection_norms: bool = field(default=False)
     # Gemma's features, each at a Llama's value by default (`LLAMA_FEATURES`): every RMS norm scales by one plus its
     # weight; the embedding is scaled by the square root of the hidden size; the MLP's gate is GELU with the tanh
     # approximation (GeGLU); attention's output and the MLP's are normed too, before each is added back (sandwich
@@ -273,9 +278,13 @@ class ModelSpec:
             raise SpecError(
                 f"'biases' must name projections of {', '.join(PROJECTIONS)} in that order, not {self.biases!r}"
             )
-        for name in ("tie_embeddings", "head_norms", "norm_plus_one", "embedding_scaled", "sandwich_norms"):
+        for name in (
+            "tie_embeddings", "head_norms", "projection_norms", "norm_plus_one", "embedding_scaled", "sandwich_norms",
+        ):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(f"'{name}' must be true or false, not {getattr(self, name)!r}")
+        if self.head_norms and self.projection_norms:
+            raise SpecError("a model norms each head of the query and key, or the whole of each, not both")
         if self.activation not in ACTIVATIONS:
             raise SpecError(f"'activation' must be one of {', '.join(ACTIVATIONS)}, not {self.activation!r}")
         scaling = self.rope_scaling
@@ -365,6 +374,8 @@ class ModelSpec:
     def _layer_weight_shapes(self) -> dict[str, tuple[int, ...]]:
         hidden, inter = self.hidden, self.intermediate
         head_norms = {"self_attn.q_norm": (self.head_dim,), "self_attn.k_norm": (self.head_dim,)}
+        if self.projection_norms:  # OLMoE's: as wide as the whole query and key
+            head_norms = {"self_attn.q_norm": (self.q_dim,), "self_attn.k_norm": (self.kv_dim,)}
         mlp = {"mlp.gate_proj": (inter, hidden), "mlp.up_proj": (inter, hidden), "mlp.down_proj": (hidden, inter)}
         if self.experts is not None:  # the router, then each projection of every expert stacked, expert by expert
             e = self.experts
@@ -379,7 +390,7 @@ class ModelSpec:
             "self_attn.q_proj": (self.q_dim, hidden),
             "self_attn.k_proj": (self.kv_dim, hidden),
             "self_attn.v_proj": (self.kv_dim, hidden),
-            **(head_norms if self.head_norms else {}),
+            **(head_norms if self.head_norms or self.projection_norms else {}),
             "self_attn.o_proj": (hidden, self.q_dim),
             "post_attention_layernorm": (hidden,),  # with sandwich norms, attention's output's norm
             **({"pre_feedforward_layernorm": (hidden,)} if self.sandwich_norms else {}),
@@ -450,6 +461,7 @@ class ModelSpec:
             "full_layers",
             "biases",
             "head_norms",
+            "projection_norms",
             *LLAMA_FEATURES,
         )
         optional += ("experts", "experts_per_token", "renormalize", "storage")
@@ -465,6 +477,8 @@ class ModelSpec:
             out["biases"] = list(self.biases)
         if self.head_norms:
             out["head_norms"] = True
+        if self.projection_norms:
+            out["projection_norms"] = True
         out.update({k: getattr(self, k) for k, llama in LLAMA_FEATURES.items() if getattr(self, k) != llama})
         if self.experts is not None:
             out.update(experts=self.experts, experts_per_token=self.experts_per_token, renormalize=self.renormalize)
@@ -772,6 +786,11 @@ _READ_BY: dict[str, frozenset[str]] = {
          # the dense MLP's width, which no layer has where every layer is a mixture (`_experts` checks it is so)
          "intermediate_size"}
     ),
+    # OLMoE's intermediate_size is each expert's width; clip_qkv is read (null only: `_olmoe`)
+    "olmoe": frozenset(
+        {"num_experts", "num_local_experts", "num_experts_per_tok", "norm_topk_prob", "router_aux_loss_coef",
+         "output_router_logits", "clip_qkv"}
+    ),
 }  # fmt: skip
 
 _NEUTRAL = frozenset(
@@ -921,6 +940,7 @@ def _spec_from_config(config: Mapping[str, Any], where: str) -> ModelSpec:
         full_layers=full_layers,
         biases=_biases(config, where, model_type),
         **{"head_norms": model_type in ("qwen3", "qwen3_moe"), **_gemma(config, where, model_type)},
+        **_olmoe(config, where, model_type, hidden, heads, head_dim),
         local_rope_theta=local_theta,
         **_experts(config, where, model_type, layers),
     )
@@ -942,6 +962,12 @@ def _experts(config: Mapping[str, Any], where: str, model_type: str, layers: int
         return {}
     if model_type == "mixtral":
         experts, renormalize = _field(config, where, "num_local_experts", int), True
+    elif model_type == "olmoe":  # every layer a mixture; num_local_experts is the name its config maps num_experts to
+        key = "num_experts" if config.get("num_experts") is not None else "num_local_experts"
+        experts = _field(config, where, key, int)
+        renormalize = config.get("norm_topk_prob", False)
+        if not isinstance(renormalize, bool):
+            raise SpecError(f"{where}: field 'norm_topk_prob' must be true or false, not {json.dumps(renormalize)}")
     else:
         key = "num_experts" if config.get("num_experts") is not None else "num_local_experts"
         experts = _field(config, where, key, int)
@@ -963,6 +989,29 @@ def _experts(config: Mapping[str, Any], where: str, model_type: str, layers: int
             hint="num_experts_per_tok is between 1 and the number of experts",
         )
     return {"experts": experts, "experts_per_token": top, "renormalize": renormalize}
+
+
+def _olmoe(config: Mapping[str, Any], where: str, model_type: str, hidden: int, heads: int, head_dim: int) -> dict:
+    """OLMoE's norms of the whole query and key (`OlmoeAttention`'s `q_norm` of hidden_size numbers and `k_norm` of
+    hidden_size / heads a key-value head), refusing what transformers would compute otherwise: `clip_qkv` (Q, K and
+    V clamped: not said yet), a head_dim that makes the query other than hidden_size wide (its q_norm would not fit
+    it), a sliding window (its attention is given `sliding_window` where a config carries one)."""
+    if model_type != "olmoe":
+        return {}
+    if config.get("clip_qkv") is not None:
+        raise SpecError(
+            f"{where}: config key 'clip_qkv' is {json.dumps(config['clip_qkv'])}, which a LOGOS program cannot say"
+            " yet (Q, K and V clamped to it; an OLMoE without it has null)",
+            hint="logos-ir refuses a model it would compute without this feature",
+        )
+    if heads * head_dim != hidden:
+        raise SpecError(
+            f"{where}: an OLMoE's query is hidden_size ({hidden}) wide, which its q_norm norms whole: head_dim"
+            f" {head_dim} of {heads} heads is not"
+        )
+    if config.get("sliding_window") is not None:
+        raise SpecError(f"{where}: config key 'sliding_window' is not one an 'olmoe' model reads (null only)")
+    return {"projection_norms": True}
 
 
 def _biases(config: Mapping[str, Any], where: str, model_type: str) -> tuple[str, ...]:

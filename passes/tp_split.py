@@ -45,7 +45,14 @@ from logos_ir.dialects.shard_ext import AllGatherOp
 from logos_ir.errors import CutError, LogosError, PassError
 from logos_ir.program import Cut
 from logos_ir.spec import ModelSpec
-from logos_ir.tensor_parallel import HEAD_SPLIT, NOT_YET_SPLIT, NOT_YET_SPLIT_EXPERTS, head_refusal, weight_split
+from logos_ir.tensor_parallel import (
+    HEAD_SPLIT,
+    NOT_YET_SPLIT,
+    NOT_YET_SPLIT_EXPERTS,
+    NOT_YET_SPLIT_PROJECTION_NORMS,
+    head_refusal,
+    weight_split,
+)
 
 PASS = "tp-split"
 
@@ -119,6 +126,8 @@ def _plan(program: logos.ProgramOp, tp: int) -> _Plan:
     refusal = head_refusal(spec.vocab, tp) if cut.kind.partition("_")[2] in ("", "head") else None
     if refusal is not None:
         raise PassError(f"{PASS}: {where}: the model does not split over {tp} chips: {refusal}")
+    if spec.projection_norms and tp > 1:
+        raise PassError(f"{PASS}: {where}: not yet: {NOT_YET_SPLIT_PROJECTION_NORMS}")
     try:
         from logos_ir.printer import print_program
 

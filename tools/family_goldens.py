@@ -298,6 +298,21 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
             "pad_token_id": 0,
         },
     ),
+    # OLMoE: the whole query and the whole key RMS-normed (its q_norm 64 wide, k_norm 32), the chosen experts'
+    # weights not renormalized (norm_topk_prob false, as OLMoE-1B-7B ships)
+    "olmoe": (
+        "OlmoeConfig",
+        "OlmoeForCausalLM",
+        {
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "intermediate_size": 32,  # each expert's
+            "norm_topk_prob": False,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "pad_token_id": 0,
+        },
+    ),
 }
 # Families whose prompts are their own: the LongRoPE model's short prompt stays within its original context of 64
 # (5 + 11 tokens the last step reads) and its long one starts past it (70 tokens).
@@ -316,6 +331,7 @@ DRAWN_NORMS = {
     "mixtral": 1.0,
     "qwen3_moe": 1.0,
     "qwen3_moe-unnormed": 1.0,
+    "olmoe": 1.0,
 }  # the mean of each (Gemma's norms scale by one plus the weight)
 # Families whose embedding is drawn narrower than the rest (a tied head scores each token by its embedding, which
 # Gemma scales by sqrt(64): drawn as wide as the layers, the last token's own row wins every step)

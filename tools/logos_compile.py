@@ -1,7 +1,7 @@
 """`logos-compile`: builds a model's cut for a target into a build folder, and checks build folders.
 
-    logos-compile --model MODEL --target TARGET --cut 'decode ctx=1024' [--tp N] [--weights f32|bf16|f16|q8_0|...|q4_k_m]
-                  [--with-weights] [--option key=value ...] -o DIR
+    logos-compile --model MODEL --target TARGET --cut 'decode ctx=1024' [--tp N]
+                  [--weights f32|bf16|f16|q8_0|...|q4_k_m] [--with-weights] [--option key=value ...] -o DIR
     logos-compile --check DIR [--model MODEL]
     logos-compile --rebuild-check DIR [--model MODEL]
     logos-compile --cost DIR                 # a d5005 build folder's engine.cl, as it is now, re-costed

@@ -687,6 +687,23 @@ def _qwen3moe_spec(
     }
 
 
+def _olmoe_spec(
+    meta: Mapping[str, Any], where: str, arch: str, layers: int, hidden: int, heads: int, head_dim: int
+) -> dict[str, Any]:
+    """OLMoE as llama.cpp computes a GGUF of it (`llm_build_olmoe`): the whole query and the whole key RMS-normed
+    before they are split into heads (`attn_q_norm`, `attn_k_norm`, each as wide as its projection), every layer a
+    mixture of `expert_count` experts of `feed_forward_length` numbers each, each token routed to
+    `expert_used_count`, the chosen weights not divided by their sum (`build_moe_ffn`'s norm_w false, as OLMoE's
+    norm_topk_prob)."""
+    a = arch + "."
+    return {
+        "projection_norms": True,
+        "experts": _meta_number(meta, where, a + "expert_count", int),
+        "experts_per_token": _meta_number(meta, where, a + "expert_used_count", int),
+        "renormalize": False,
+    }
+
+
 def _llama_spec(
     meta: Mapping[str, Any], where: str, arch: str, layers: int, hidden: int, heads: int, head_dim: int
 ) -> dict[str, Any]:
@@ -721,6 +738,12 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
         family=_llama_spec,
     ),
     "qwen2": GGUFArchitecture(permuted=False, biases=("query", "key", "value")),
+    "olmoe": GGUFArchitecture(  # llama.cpp's "neox" rotary: Q and K as Hugging Face stores them
+        permuted=False,
+        block_names=_EXPERT_NAMES,
+        keys=frozenset({"expert_count", "expert_used_count"}),
+        family=_olmoe_spec,
+    ),
     "qwen3": GGUFArchitecture(permuted=False, head_norms=True),
     "qwen3moe": GGUFArchitecture(
         permuted=False,

@@ -69,6 +69,7 @@ EXPERTS: Mapping[str, Mapping[str, str]] = {
         "mlp.experts.{e}.down_proj": "mlp.experts.down_proj",
     },
 }
+EXPERTS["olmoe"] = EXPERTS["qwen3_moe"]  # OLMoE's checkpoints name its router and experts as Qwen3-MoE's do
 _INDEX = "(0|[1-9][0-9]*)"
 _LAYER = re.compile(rf"(?P<prefix>[^.]+)\.layers\.(?P<layer>{_INDEX[1:-1]})\.(?P<role>.+)\.weight")
 

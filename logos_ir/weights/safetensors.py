@@ -88,6 +88,10 @@ def hf_config(spec: ModelSpec, dtype: str = "float32") -> dict[str, Any]:
     if family == "qwen3_moe":
         config["num_experts"], config["num_experts_per_tok"] = spec.experts, spec.experts_per_token
         config["moe_intermediate_size"], config["norm_topk_prob"] = config.pop("intermediate_size"), spec.renormalize
+    if family == "olmoe":  # its intermediate_size each expert's; no head_dim key (its query is hidden_size wide)
+        config["num_experts"], config["num_experts_per_tok"] = spec.experts, spec.experts_per_token
+        config["norm_topk_prob"] = spec.renormalize
+        del config["head_dim"]
     if family in ("gemma2", "gemma3_text"):
         del config["hidden_act"]
         config["hidden_activation"] = "gelu_pytorch_tanh"
@@ -108,11 +112,14 @@ _ARCHITECTURES = {
     "gemma3_text": "Gemma3ForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
 }
 
 
 def _family(spec: ModelSpec) -> str:
     """The model_type whose config says `spec`'s features."""
+    if spec.projection_norms:
+        return "olmoe"
     if spec.experts is not None:  # Mixtral's routing always renormalizes; Qwen3-MoE's says whether
         return "qwen3_moe" if spec.head_norms or not spec.renormalize else "mixtral"
     if spec.norm_plus_one:

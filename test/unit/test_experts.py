@@ -38,6 +38,12 @@ def test_the_families_configs_say_their_mixtures() -> None:
     assert (qwen.experts, qwen.experts_per_token, qwen.renormalize, qwen.intermediate) == (4, 2, True, 32)
     assert qwen.head_norms and not mixtral.head_norms
     assert not ModelSpec.from_hf_config(_config("qwen3_moe-unnormed")).renormalize
+    olmoe = ModelSpec.from_hf_config(_config("olmoe"))
+    assert (olmoe.experts, olmoe.experts_per_token, olmoe.renormalize, olmoe.intermediate) == (4, 2, False, 32)
+    assert olmoe.projection_norms and not olmoe.head_norms and not qwen.projection_norms
+    # its norms as wide as the whole query (4 heads of 16) and the whole key (2 key-value heads)
+    assert olmoe.weight_shape("model.layers.0.self_attn.q_norm.weight") == (64,)
+    assert olmoe.weight_shape("model.layers.0.self_attn.k_norm.weight") == (32,)
 
 
 @pytest.mark.parametrize(
@@ -49,10 +55,27 @@ def test_the_families_configs_say_their_mixtures() -> None:
         ("qwen3_moe", {"norm_topk_prob": 1}, "field 'norm_topk_prob' must be true or false"),
         ("mixtral", {"num_local_experts": None}, "required field 'num_local_experts' is missing"),
         ("mixtral", {"moe_intermediate_size": 16}, "config key 'moe_intermediate_size' is not one logos-ir reads"),
-        ("mixtral", {"model_type": "olmoe"}, "model_type 'olmoe' is refused: its q_norm and k_norm RMS-norm the whole"),
+        ("olmoe", {"clip_qkv": 8.0}, "config key 'clip_qkv' is 8.0, which a LOGOS program cannot say yet"),
+        ("olmoe", {"head_dim": 8}, "an OLMoE's query is hidden_size (64) wide, which its q_norm norms whole"),
+        ("olmoe", {"sliding_window": 16}, "config key 'sliding_window' is not one an 'olmoe' model reads"),
+        ("olmoe", {"norm_topk_prob": "no"}, "field 'norm_topk_prob' must be true or false"),
+        ("olmoe", {"moe_intermediate_size": 16}, "config key 'moe_intermediate_size' is not one logos-ir reads"),
         ("mixtral", {"model_type": "llama"}, "config key 'num_experts_per_tok' is 2, which a LOGOS program cannot"),
     ],
-    ids=["sparse-step", "mlp-only-layers", "top-k", "norm-topk-prob", "no-experts", "qwen-key", "olmoe", "llama"],
+    ids=[
+        "sparse-step",
+        "mlp-only-layers",
+        "top-k",
+        "norm-topk-prob",
+        "no-experts",
+        "qwen-key",
+        "olmoe-clip-qkv",
+        "olmoe-head-dim",
+        "olmoe-window",
+        "olmoe-norm-topk-prob",
+        "olmoe-qwen-key",
+        "llama",
+    ],  # fmt: skip
 )
 def test_a_mixture_the_program_cannot_say_is_refused_by_name(family: str, change: dict, named: str) -> None:
     config = {**_config(family), **change}
@@ -164,7 +187,7 @@ def test_the_store_stacks_each_experts_tensor_in_expert_order() -> None:
     assert store.get("model.layers.1.mlp.gate.weight").shape == (4, 64)  # block_sparse_moe.gate, renamed
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe-unnormed"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe-unnormed", "olmoe"])
 @pytest.mark.parametrize("shards", [1, 3])
 def test_a_mixture_saved_as_its_familys_checkpoint_reads_back(tmp_path: Path, family: str, shards: int) -> None:
     spec = ModelSpec.from_hf_config(_config(family))
@@ -310,7 +333,7 @@ def test_a_tie_goes_to_the_lowest_expert_as_torch_topk() -> None:
 # -- the program: written once, printed and parsed byte for byte -----------------------------------------------
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "qwen3_moe-unnormed"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "qwen3_moe-unnormed", "olmoe"])
 @pytest.mark.parametrize("cut", ["decode ctx=8", "prefill rows=4 ctx=8", "batch rows=2 ctx=8", "forward"])
 def test_a_mixtures_program_round_trips_byte_for_byte(family: str, cut: str) -> None:
     from logos_ir.author import write
@@ -363,13 +386,14 @@ def _moe_gguf(  # noqa: ANN201
 
     spec = store.spec
     mixtral = arch == "llama"
+    dense_width = arch == "qwen3moe"  # Qwen's converter: feed_forward_length a dense width, the experts' their own
     names = {"mlp.gate": "ffn_gate_inp", **{f"mlp.experts.{p}_proj": f"ffn_{p}_exps" for p in ("gate", "up", "down")}}
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(spec.layers)
     writer.add_context_length(128)
     writer.add_embedding_length(spec.hidden)
-    writer.add_feed_forward_length(spec.intermediate if mixtral else 128)  # Qwen's: a dense width no layer has
-    if (not mixtral) if expert_width is None else expert_width:  # Mixtral's converter writes none of its own
+    writer.add_feed_forward_length(128 if dense_width else spec.intermediate)  # Qwen's: a dense width no layer has
+    if dense_width if expert_width is None else expert_width:  # Mixtral's and OLMoE's converters write none
         writer.add_expert_feed_forward_length(spec.intermediate)
     writer.add_expert_count(spec.experts)
     writer.add_expert_used_count(spec.experts_per_token)
@@ -393,7 +417,7 @@ def _moe_gguf(  # noqa: ANN201
     return path
 
 
-@pytest.mark.parametrize(("family", "arch"), [("qwen3_moe", "qwen3moe"), ("mixtral", "llama")])
+@pytest.mark.parametrize(("family", "arch"), [("qwen3_moe", "qwen3moe"), ("mixtral", "llama"), ("olmoe", "olmoe")])
 def test_a_moe_gguf_gives_transformers_tokens(tmp_path: Path, family: str, arch: str) -> None:
     from logos_ir.registry import backends
     from logos_ir.runtime import RunRequest

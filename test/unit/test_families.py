@@ -34,7 +34,7 @@ def _runs() -> list[tuple[str, list[int], list[int]]]:
 # The mixtures of experts (logos.experts: Mixtral's, Qwen3-MoE's with and without norm_topk_prob): the reference
 # routes them as transformers does; no lane lowers the op yet, each refuses it by name, and a split over chips is
 # refused (expert parallelism is not built yet).
-MIXTURES = {"mixtral", "qwen3_moe", "qwen3_moe-unnormed"}
+MIXTURES = {"mixtral", "qwen3_moe", "qwen3_moe-unnormed", "olmoe"}
 
 
 @pytest.mark.parametrize(("family", "prompt", "tokens"), _runs(), ids=lambda v: v if isinstance(v, str) else None)
