@@ -6,7 +6,9 @@ A format stores a row of a weight (its last axis, the one a linear contracts) in
 number in `bits` bits, with a scale per block (legacy formats), or in super-blocks of 256 with a scale (and a
 minimum) per sub-block of `sub` numbers, the sub-block's scales themselves quantized to `scale_bits` bits against
 the super-block's float16 scale (the K-quants), or with a power-of-two (e8m0) scale per block of 4-bit floats
-(MXFP4). Float formats (f32, f16, bf16) are blocks of one.
+(MXFP4). Float formats (f32, f16, bf16) are blocks of one. `fp8` is no GGUF type: each row of 8-bit floats (e4m3,
+OCP's E4M3FN: no infinities, ±448 the largest) with one float32 scale (a scale per output channel, as vLLM's and
+TensorRT-LLM's fp8 weights on Hopper), the row's codes then its scale's four bytes.
 
 Each format family has one LOGOS sentence form (`sentence`, `parse_sentence`); the `logos.storage` attribute names
 the format and `logos.weight` carries it. Every lane reads today the dequantized image (f32 activations in the
@@ -19,9 +21,12 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 
 QK_K = 256
+CHANNEL_SCALE_BYTES = 4  # a row's float32 scale, after its codes (the "channels" family)
+E4M3_MAX = 448.0  # the largest e4m3 (E4M3FN) number
 
 
 @dataclass(frozen=True)
@@ -32,7 +37,7 @@ class BlockFormat:
     `scale_bits` bits each sub-block's scale and minimum."""
 
     name: str
-    family: str  # "float", "blocks", "super-blocks", "float-blocks"
+    family: str  # "float", "blocks", "super-blocks", "float-blocks", "channels" (one scale a whole row)
     bits: int
     block: int
     block_bytes: int
@@ -44,10 +49,12 @@ class BlockFormat:
     def stored_bytes(self, shape: tuple[int, ...]) -> int:
         """The bytes a tensor of `shape` takes in this format (its rows a whole number of blocks)."""
         numbers = int(np.prod(shape, dtype=np.int64))
+        if self.family == "channels":  # each row its codes, then its float32 scale
+            return numbers * self.block_bytes + numbers // max(shape[-1], 1) * CHANNEL_SCALE_BYTES
         return numbers // self.block * self.block_bytes
 
     def row_fits(self, width: int) -> bool:
-        return width % self.block == 0
+        return width >= 1 if self.family == "channels" else width % self.block == 0
 
 
 FORMATS: dict[str, BlockFormat] = {
@@ -67,6 +74,7 @@ FORMATS: dict[str, BlockFormat] = {
         BlockFormat("q5_k", "super-blocks", 5, QK_K, 176, "f16", minimum=True, sub=32, scale_bits=6),
         BlockFormat("q6_k", "super-blocks", 6, QK_K, 210, "f16", sub=16, scale_bits=8),
         BlockFormat("mxfp4", "float-blocks", 4, 32, 17, "e8m0"),
+        BlockFormat("fp8", "channels", 8, 1, 1, "f32"),
     )
 }
 
@@ -90,6 +98,8 @@ def sentence(fmt: BlockFormat) -> str:
     if fmt.family == "super-blocks":
         what = "scales and minimums" if fmt.minimum else "scales"
         return f"{fmt.bits}-bit super-blocks of {fmt.block} in sub-blocks of {fmt.sub} with {fmt.scale_bits}-bit {what}"
+    if fmt.family == "channels":
+        return "8-bit floats (e4m3) with a scale a row"
     return f"{fmt.bits}-bit float blocks of {fmt.block} with a power-of-two scale"
 
 
@@ -103,6 +113,7 @@ _SENTENCES: tuple[tuple[str, re.Pattern[str]], ...] = (
         ),
     ),
     ("float-blocks", re.compile(r"(\d+)-bit float blocks of (\d+) with a power-of-two scale")),
+    ("channels", re.compile(r"8-bit floats \(e4m3\) with a scale a row")),
 )
 SENTENCE_EXAMPLE = "'4-bit blocks of 32 with a scale and a minimum'"
 
@@ -121,6 +132,8 @@ def parse_sentence(words: str) -> BlockFormat | str:
         elif family == "super-blocks":
             fields = {"bits": int(m[1]), "block": int(m[2]), "sub": int(m[3]), "scale_bits": int(m[4])}
             fields["minimum"] = m[5] == "scales and minimums"
+        elif family == "channels":
+            fields = {}
         else:
             fields = {"bits": int(m[1]), "block": int(m[2])}
         for fmt in FORMATS.values():
@@ -273,6 +286,15 @@ _DEQUANTIZE: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 }
 
 
+def _fp8(rows: np.ndarray) -> np.ndarray:
+    """Rows of e4m3 codes each followed by its float32 scale: each code's value (exact in f32) times the scale, one
+    f32 rounding (as a kernel multiplies the widened code by the row's scale)."""
+    codes = np.ascontiguousarray(rows[:, :-CHANNEL_SCALE_BYTES]).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    scales = np.ascontiguousarray(rows[:, -CHANNEL_SCALE_BYTES:]).view("<f4").astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return codes * scales
+
+
 def dequantize(raw: np.ndarray, fmt: BlockFormat, shape: tuple[int, ...]) -> np.ndarray:
     """A tensor of `shape` stored in `fmt` (its bytes, row-major, as a GGUF holds them) as float32."""
     data = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
@@ -284,6 +306,8 @@ def dequantize(raw: np.ndarray, fmt: BlockFormat, shape: tuple[int, ...]) -> np.
         return data.view("<f2").astype(np.float32).reshape(shape)
     if fmt.name == "bf16":
         return (data.view("<u2").astype(np.uint32) << np.uint32(16)).view(np.float32).reshape(shape)
+    if fmt.family == "channels":
+        return _fp8(data.reshape(-1, shape[-1] + CHANNEL_SCALE_BYTES)).reshape(shape)
     with np.errstate(invalid="ignore", over="ignore"):  # a corrupt scale gives inf or NaN, which the store refuses
         values = _DEQUANTIZE[fmt.name](data.reshape(-1, fmt.block_bytes))
     return np.asarray(values, np.float32).reshape(shape)
@@ -659,7 +683,17 @@ _QUANTIZE: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "q6_k": _quantize_q6_k,
     "mxfp4": _quantize_mxfp4,
 }
-QUANTIZERS = tuple(_QUANTIZE)
+def _quantize_fp8(x: np.ndarray) -> np.ndarray:
+    """vLLM's per-channel fp8 of a weight (`scaled_fp8_quant` over each output channel): the scale the row's largest
+    magnitude over 448 (1 for a row of zeros), each number divided by it in f32, clamped to ±448 and rounded to the
+    nearest e4m3 (ties to even, as torch's cast); the codes, then the scale's bytes."""
+    amax = np.abs(x).max(axis=1)
+    scale = np.where(amax > 0, amax / np.float32(E4M3_MAX), np.float32(1)).astype(np.float32)
+    q = np.clip(x / scale[:, None], -E4M3_MAX, E4M3_MAX).astype(ml_dtypes.float8_e4m3fn)
+    return np.concatenate([q.view(np.uint8), scale.astype("<f4")[:, None].view(np.uint8)], axis=1)
+
+
+QUANTIZERS = (*_QUANTIZE, "fp8")
 
 
 def quantize(values: np.ndarray, fmt: BlockFormat) -> np.ndarray:
@@ -672,6 +706,8 @@ def quantize(values: np.ndarray, fmt: BlockFormat) -> np.ndarray:
         return x.view(np.uint8).reshape(*x.shape[:-1], -1)
     if fmt.name == "f16":
         return x.astype("<f2").view(np.uint8).reshape(*x.shape[:-1], -1)
+    if fmt.family == "channels":
+        return _quantize_fp8(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], -1)
     blocks = _QUANTIZE[fmt.name](x.reshape(-1, fmt.block))
     return blocks.reshape(*x.shape[:-1], -1)
 
@@ -726,13 +762,16 @@ def storage_plan(
     the mix's format for its role and layer, a row that is not whole blocks of it in llama.cpp's fallback (Q4_K to
     Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, Q2_K and Q3_K to Q4_0; f16 where the fallback's blocks do not fit either).
     A tensor left out stays f32; so does one whose rows a format without a fallback (Q8_0 ... Q5_1, MXFP4) does
-    not fit, where llama.cpp refuses the model."""
+    not fit, where llama.cpp refuses the model. `fp8` (no llama.cpp type) quantizes the same matrices but an untied
+    embedding, as vLLM's fp8 checkpoints do."""
     if choice not in WEIGHT_CHOICES:
         raise KeyError(choice)
     plan: dict[str, str] = {}
     for name, shape in tensors.items():
         if not _quantized(name, shape):
             continue
+        if choice == "fp8" and name == "model.embed_tokens.weight" and not tied:
+            continue  # vLLM's fp8 leaves the embedding in the model's floats (a lookup reads one row); the head is fp8
         width = shape[-1]
         kind = _q4_k_m(name, width, layers, experts or 1, tied) if choice in MIXES else choice
         if not FORMATS[kind].row_fits(width) and kind in _FALLBACK:
