@@ -683,6 +683,8 @@ _QUANTIZE: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "q6_k": _quantize_q6_k,
     "mxfp4": _quantize_mxfp4,
 }
+
+
 def _quantize_fp8(x: np.ndarray) -> np.ndarray:
     """vLLM's per-channel fp8 of a weight (`scaled_fp8_quant` over each output channel): the scale the row's largest
     magnitude over 448 (1 for a row of zeros), each number divided by it in f32, clamped to ±448 and rounded to the
