@@ -673,3 +673,27 @@ def test_the_cuda_lane_refuses_a_split_mixture_by_name() -> None:
     with pytest.raises(LogosError) as refused:
         backends()["cuda"].generator()(request).generate([1, 2, 3], 2)
     assert "@main holds 'logos.experts', which the CUDA lane does not lower" in str(refused.value)
+
+
+@pytest.mark.parametrize(("preset", "tp", "held"), [("mixtral-8x7b", 8, 1), ("qwen3-30b-a3b", 4, 32)])
+def test_the_published_mixtures_split_by_experts(preset: str, tp: int, held: int) -> None:
+    """Mixtral-8x7B over 8 chips holds one expert of its 8 a chip; Qwen3-30B-A3B (4 key-value heads) over 4, 32 of
+    its 128. Their layer's print round-trips and states each chip's share."""
+    from logos_ir.author import written_split
+    from logos_ir.dialects import logos
+    from logos_ir.parser import parse_program
+    from logos_ir.printer import print_program
+    from logos_ir.program import Cut
+
+    spec = ModelSpec.preset(preset)
+    text = written_split(spec, Cut.decode_layer(1, 64), "", tp)[0].text
+    program = parse_program(text)
+    program.verify()
+    assert print_program(program) == text
+    stacked = [op for op in program.walk() if isinstance(op, logos.WeightOp) and len(op.full_shape) == 3]
+    assert [logos.tensor_shape(op.result) for op in stacked] == [
+        (held, spec.intermediate, spec.hidden),
+        (held, spec.intermediate, spec.hidden),
+        (held, spec.hidden, spec.intermediate),
+    ]
+    assert held * tp == spec.experts
