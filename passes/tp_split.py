@@ -17,14 +17,13 @@ by a `shard.all_reduce` that takes the old name and all of its uses. A mixture o
 along their first axis (`split "experts"`: chip c holds experts [c * E / tp, (c + 1) * E / tp), each whole), and
 its result becomes this chip's partial sum `<name>_part`, all-reduced as a down projection's is. In the head
 section the table (`lm_head`, or the embedding's table when tied) is split by vocabulary rows: its linear makes
-this chip's logits `<name>_part`,
-followed by a `shard.all_gather` over the chips' axis (gather_axis: the logits' last) that takes the old name and
-all of its uses, so the arg-max reads the whole row of logits on every chip; a vocabulary that is not a multiple of
-`tp` is refused. The program body starts with a chip grid, `shard.grid @chips` of shape [tp]; the embedding and
-the norms stay replicated, and the program is restamped:
-its LOGOS print is byte for byte the text the author writes for the same cut split over `tp` chips
-(`written_split`), and its identity is `Identity.of_split(cut, tp, text)`. Everything is checked before
-anything is changed: a refusal (a PassError naming the pass and the program or op) leaves the IR as it was.
+this chip's logits `<name>_part`, followed by a `shard.all_gather` over the chips' axis (gather_axis: the logits'
+last) that takes the old name and all of its uses, so the arg-max reads the whole row of logits on every chip; a
+vocabulary that is not a multiple of `tp` is refused. The program body starts with a chip grid, `shard.grid
+@chips` of shape [tp]; the embedding and the norms stay replicated, and the program is restamped: its LOGOS print
+is byte for byte the text the author writes for the same cut split over `tp` chips (`written_split`), and its
+identity is `Identity.of_split(cut, tp, text)`. Everything is checked before anything is changed: a refusal (a
+PassError naming the pass and the program or op) leaves the IR as it was.
 
 `communication_report(program)` says what a split program all-reduces in one step (one run), per layer and in
 all.

@@ -697,3 +697,24 @@ def test_the_published_mixtures_split_by_experts(preset: str, tp: int, held: int
         (held, spec.hidden, spec.intermediate),
     ]
     assert held * tp == spec.experts
+
+
+def test_tp_split_refuses_a_mixtures_partial_sum_name_in_use() -> None:
+    from xdsl.context import Context
+    from xdsl.dialects.builtin import ModuleOp
+
+    from logos_ir.author import written
+    from logos_ir.errors import PassError
+    from logos_ir.parser import parse_program
+    from logos_ir.passes.tp_split import TpSplit
+    from logos_ir.program import Cut
+
+    text = written(ModelSpec.from_hf_config(_config("mixtral")), Cut.decode(8))[0].text
+    result = "    Let result be mixed plus routed."
+    taken = text.replace(result, f"    Let routed_part be mixed plus routed.\n{result}", 1)
+    module = ModuleOp([parse_program(taken)])
+    before = str(module)
+    with pytest.raises(PassError) as refused:
+        TpSplit(2).apply(Context(), module)
+    assert "'logos.experts' %routed in @layer_0 would name its partial sum 'routed_part'" in refused.value.message
+    assert str(module) == before
