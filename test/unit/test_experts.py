@@ -599,6 +599,10 @@ def test_the_split_mixture_reads_the_shares_and_all_reduces_after_the_experts() 
     report = communication_report(program)
     assert report["all_reduces"] == 2 * spec.layers and report["expert_all_reduces"] == spec.layers
     assert report["bytes_per_step"] == report["megatron_bytes"] == 2 * 3 * spec.hidden * 4 * spec.layers
+    from logos_ir.interpreter import Interpreter
+
+    counted = Interpreter(program, open_model(str(FAMILIES / "qwen3_moe"))).communication_bytes_per_run()
+    assert counted.total == report["bytes_per_step"] and dict(counted.per_section) == report["bytes_per_layer"]
 
 
 def test_an_expert_count_that_does_not_divide_is_refused_by_name() -> None:
