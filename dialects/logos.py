@@ -707,7 +707,7 @@ class ProgramOp(LogosOp):
         scale = None if spec.query_pre_attn_scalar is None else spec.query_pre_attn_scalar**-0.5
         for op in self.walk():
             if isinstance(op, MixtureOp):
-                said = (tensor_shape(op.gate)[0], op.top_k.value.data, op.renormalize is not None)
+                said = (op.experts_routed(), op.top_k.value.data, op.renormalize is not None)
                 if said != (spec.experts, spec.experts_per_token, spec.renormalize):
                     raise _fail(
                         self,
@@ -857,7 +857,12 @@ class WeightOp(LogosOp, _Sharded):
            : tensor<32x64xf32>
     %w_q4 = logos.weight "model.layers.0.mlp.down_proj.weight" shape [64, 128] stored <q4_1>
            : tensor<64x128xf32>
+    %gates = logos.weight "model.layers.0.mlp.experts.gate_proj.weight" shape [4, 32, 64] split "experts"
+           over @chips : tensor<2x32x64xf32>
     ```
+
+    Stacked experts (three axes, experts first) split only by experts: chip c holds experts
+    [c * E / chips, (c + 1) * E / chips), each whole.
 
     A weight `stored` in a block format holds its rows (the last axis) in whole blocks; its value is the
     dequantized tensor (f32). A split by columns must leave each chip whole blocks.
@@ -887,6 +892,8 @@ class WeightOp(LogosOp, _Sharded):
         if not full or any(d < 1 for d in full):
             raise _fail(self, f"of '{self.tensor.data}' has an invalid shape {list(full)}")
         axes = {"rows": 0, "columns": len(full) - 1}
+        if len(full) == 3:  # stacked experts [experts, ...]: a chip holds whole experts
+            axes = {"experts": 0}
         share = self.split_share(self, full, self.split, self.grid, axes)
         _expect_same(self, f"shape of '{self.tensor.data}'", tensor_shape(self.result), share)
         if self.storage is not None:
@@ -1449,6 +1456,11 @@ class MixtureOp(LogosOp):
     the row: down_e(silu(gate_e x) * up_e x). The experts' weights are stacked along a first axis, each expert's
     in Hugging Face layout: gate and up [experts, intermediate, hidden], down [experts, hidden, intermediate].
 
+    Split over chips by experts (its stacked weights `logos.weight`s split "experts"), the router's logits are
+    still every expert's and every row is still routed among all of them, but the sum runs only over the chosen
+    experts this chip holds (chip c: experts [c * E / chips, (c + 1) * E / chips)): the result is this chip's
+    partial sum, which a `shard.all_reduce` adds up.
+
     ```mlir
     %routed = logos.experts %normed, %router_logits, %gate, %up, %down top_k 2 renormalize
                 : (tensor<1x64xf32>, tensor<1x4xf32>, tensor<4x32x64xf32>, tensor<4x32x64xf32>, tensor<4x64x32xf32>)
@@ -1481,15 +1493,28 @@ class MixtureOp(LogosOp):
         _expect_rank(self, "router logits", logits, 2)
         for what, shape in (("gate weights", gate), ("up weights", up), ("down weights", down)):
             _expect_rank(self, what, shape, 3)
-        experts, inter = gate[0], gate[1]
-        _expect_same(self, "gate weights shape", gate, (experts, inter, x[1]))
+        held, inter = gate[0], gate[1]
+        _expect_same(self, "gate weights shape", gate, (held, inter, x[1]))
         _expect_same(self, "up weights shape", up, gate)
-        _expect_same(self, "down weights shape", down, (experts, x[1], inter))
+        _expect_same(self, "down weights shape", down, (held, x[1], inter))
+        experts = self.experts_routed()
         _expect_same(self, "router logits shape", logits, (x[0], experts))
         top_k = self.top_k.value.data
         if not 1 <= top_k <= experts:
             raise _fail(self, f"routes each row to {top_k} experts, not 1 to its {experts}")
         _expect_same(self, "result shape", tensor_shape(self.result), x)
+
+    def experts_routed(self) -> int:
+        """How many experts the rows are routed among: the stacked weights' full count (a chip's share of them,
+        split by experts, holds fewer)."""
+        weights = [w.owner for w in (self.gate, self.up, self.down)]
+        split = [isinstance(w, WeightOp) and w.split is not None and w.split.data == "experts" for w in weights]
+        if any(split) and not all(split):
+            raise _fail(self, "has stacked weights split by experts beside weights that are not")
+        owner = weights[0]
+        if isinstance(owner, WeightOp) and split[0]:
+            return owner.full_shape[0]
+        return tensor_shape(self.gate)[0]
 
 
 @irdl_op_definition

@@ -28,9 +28,9 @@ from logos_ir.spec import ModelSpec
 from logos_ir.tensor_parallel import (
     HEAD_SPLIT,
     NOT_YET_SPLIT,
-    NOT_YET_SPLIT_EXPERTS,
     NOT_YET_SPLIT_PROJECTION_NORMS,
     head_refusal,
+    split_refusal,
     weight_split,
 )
 
@@ -133,13 +133,9 @@ def _check_split(spec: ModelSpec, cut: Cut, tp: int) -> None:
         raise NotYet(NOT_YET_SPLIT)
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise SpecError(f"a program is split over at least 1 chip, not {tp!r}")
-    if spec.experts is not None and tp > 1:
-        raise NotYet(NOT_YET_SPLIT_EXPERTS)
-    width = spec.splits_over(tp)
+    width = split_refusal(spec, tp)
     if width is not None:
-        raise SpecError(
-            f"the model does not split over {tp} chips: {width} ({getattr(spec, width)}) is not a multiple of {tp}"
-        )
+        raise SpecError(f"the model does not split over {tp} chips: {width}")
     refusal = head_refusal(spec.vocab, tp) if cut.kind.partition("_")[2] in ("", "head") else None
     if refusal is not None:
         raise SpecError(f"the model does not split over {tp} chips: {refusal}")
@@ -375,7 +371,8 @@ class _Plan:
 
     def _mixture(self, section: SectionBuilder, names: dict[str, str], x: SSAValue) -> SSAValue:
         """A mixture of experts' MLP of `x`: the router's logits (a projection, one an expert), then the stacked
-        experts routed by them."""
+        experts routed by them. Split, the router is whole on every chip and each chip holds whole experts: its
+        mixture is the partial sum of its own experts' outputs, which an all-reduce adds up."""
         spec, w = self.spec, self._weight
         experts = spec.experts
         assert experts is not None
@@ -385,7 +382,8 @@ class _Plan:
         gates = w(section, "gate_weights", names["expert_gates"], stacked)
         ups = w(section, "up_weights", names["expert_ups"], stacked)
         downs = w(section, "down_weights", names["expert_downs"], (experts, spec.hidden, spec.intermediate))
-        return section.experts("routed", x, logits, gates, ups, downs)
+        routed = section.experts(_part("routed", self.split), x, logits, gates, ups, downs)
+        return self._reduced(section, "routed", routed)
 
     def _attend(
         self,

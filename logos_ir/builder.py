@@ -35,6 +35,7 @@ from logos_ir.dialects import logos
 from logos_ir.dialects.shard_ext import AllGatherOp
 from logos_ir.errors import SpecError
 from logos_ir.spec import ModelSpec
+from logos_ir.tensor_parallel import split_axis
 
 GRID = "chips"
 
@@ -151,7 +152,7 @@ class SectionBuilder:
     ) -> SSAValue:
         result = list(shape)
         if split is not None:
-            result = share(shape, 0 if split == "rows" else len(shape) - 1, self.chips)
+            result = share(shape, split_axis(split, len(shape)), self.chips)
         stored = {} if storage is None else {"storage": logos.StorageAttr(storage)}
         fmt = None if storage is None else quant.FORMATS[storage]
         if fmt is not None and not fmt.row_fits(result[-1]):

@@ -40,6 +40,7 @@ from logos_ir.printer import (
 )
 from logos_ir.program import Cut
 from logos_ir.spec import PROJECTIONS, ModelSpec, RopeScaling
+from logos_ir.tensor_parallel import split_axis
 
 NAME = re.compile(r"[a-z][a-z0-9_]*")
 _SUFFIX = re.compile(r"_[0-9]+$")
@@ -901,8 +902,8 @@ class _Scope:
             raise self._here(m.start(2), f'weight "{tensor}" is {_by(expected)} in this model, not {_by(shape)}')
         split = m[3]
         if split is not None:
-            self._check_split(split, ("rows", "columns"), m.start(3))
-            axis = 0 if split == "rows" else len(shape) - 1
+            self._check_split(split, ("experts",) if len(shape) == 3 else ("rows", "columns"), m.start(3))
+            axis = split_axis(split, len(shape))
             if shape[axis] % (self.reader.chips or 1):
                 raise self._here(
                     m.start(3),

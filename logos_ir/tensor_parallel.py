@@ -7,11 +7,23 @@ embedding are replicated. The head's table (`lm_head.weight`, or the embedding's
 split by vocabulary rows (`HEAD_SPLIT`, Megatron-LM's and vLLM's `ParallelLMHead`): each chip computes the logits
 of its rows and an all-gather puts the whole row of logits on every chip, where the arg-max (or the sampler)
 reads it. A vocabulary that is not a multiple of the chips is refused (`head_refusal`), not padded.
+
+A mixture of experts splits by experts (`EXPERTS_SPLIT`, expert parallelism as vLLM's FusedMoE computes it when
+data parallelism is 1): its router is replicated, so every chip computes the same logits and the same choice for
+every token (the hidden state is replicated after attention's all-reduce, so every token is on every chip and the
+dispatch moves no data); the stacked expert weights `[experts, ...]` are split along their first axis, chip c
+holding experts [c * E / chips, (c + 1) * E / chips); each chip sums only its own experts' weighted outputs for
+the tokens routed to them, a partial sum an all-reduce adds up, as it adds the down projection's. Each expert is
+whole on its chip, so its width need not divide; the expert count must (`split_refusal`).
 """
 
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from logos_ir.spec import ModelSpec
 
 SPLIT_OF_ROLE = {
     "self_attn.q_proj": "rows",
@@ -21,13 +33,14 @@ SPLIT_OF_ROLE = {
     "mlp.gate_proj": "rows",
     "mlp.up_proj": "rows",
     "mlp.down_proj": "columns",
+    "mlp.experts.gate_proj": "experts",  # the stacked experts [experts, intermediate, hidden]: whole experts a chip
+    "mlp.experts.up_proj": "experts",
+    "mlp.experts.down_proj": "experts",
 }
 
 NOT_YET_SPLIT = "a cut other than a decode step, a batch or a layer of either, split over chips"
 
-# Experts are not split yet: expert parallelism (each chip whole experts, tokens sent to them) is to come, and a
-# program that held every expert on every chip would hide the memory it costs.
-NOT_YET_SPLIT_EXPERTS = "a mixture of experts split over chips (expert parallelism is not built yet)"
+EXPERTS_SPLIT = "experts"  # a stacked expert weight: each chip holds experts / chips whole experts, in chip order
 
 # OLMoE's norm of the whole query and key needs every head's numbers, which a head split leaves on other chips (vLLM
 # all-gathers Q and K for it, norms, and splits again): not built, so refused.
@@ -37,7 +50,9 @@ NOT_YET_SPLIT_PROJECTION_NORMS = (
 
 HEAD_SPLIT = "rows"  # the head's [vocab, hidden] table: each chip holds vocab / chips rows, in chip order
 
-_LAYER_WEIGHT = re.compile(r"model\.layers\.(?:0|[1-9][0-9]*)\.(?P<role>[a-z_]+\.[a-z_]+)\.(?P<kind>weight|bias)")
+_LAYER_WEIGHT = re.compile(
+    r"model\.layers\.(?:0|[1-9][0-9]*)\.(?P<role>[a-z_]+\.[a-z_]+(?:\.[a-z_]+)?)\.(?P<kind>weight|bias)"
+)
 
 
 def weight_split(tensor: str) -> str | None:
@@ -49,6 +64,22 @@ def weight_split(tensor: str) -> str | None:
     if match is not None and match["kind"] == "bias":
         return "rows" if split == "rows" else None
     return split
+
+
+def split_axis(split: str, rank: int) -> int:
+    """The axis of a weight of `rank` axes that `split` divides: rows and experts the first, columns the last."""
+    return rank - 1 if split == "columns" else 0
+
+
+def split_refusal(spec: ModelSpec, tp: int) -> str | None:
+    """None when `spec`'s layers divide over `tp` chips, else why not: the first of its widths that is not a
+    multiple of `tp` (the query and key-value heads, and the feed-forward width or, for a mixture, the number of
+    experts: each expert is whole on its chip, so its own width need not divide)."""
+    widths = ("heads", "kv_heads", "intermediate" if spec.experts is None else "experts")
+    for width in widths:
+        if getattr(spec, width) % tp:
+            return f"{width} ({getattr(spec, width)}) is not a multiple of {tp}"
+    return None
 
 
 def head_refusal(vocab: int, tp: int) -> str | None:

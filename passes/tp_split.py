@@ -2,24 +2,28 @@
 
 Assumes: a module holding one unsplit `logos.program` (chips 1, no `shard.grid`, no split weight or cache, no
 collective) whose cut is a decode step, a batch, or a layer of either (`Cut.SPLITTABLE`), of a model whose
-query heads, key-value heads and feed-forward width are multiples of `tp`, and whose layers are Llama-shaped:
-the Q/K/V and gate/up projections read the replicated hidden state, their results go only through rotations,
-SiLU, elementwise products, cache writes and attention, and the attention and SwiGLU products are consumed
-only by the o_proj and down_proj projections.
+query heads, key-value heads and feed-forward width (for a mixture of experts, the number of experts) are
+multiples of `tp`, and whose layers are Llama-shaped: the Q/K/V and gate/up projections read the replicated
+hidden state, their results go only through rotations, SiLU, elementwise products, cache writes and attention,
+and the attention and SwiGLU products are consumed only by the o_proj and down_proj projections; a mixture of
+experts (`logos.experts`) reads the replicated hidden state and router logits.
 
 Guarantees: the program computes the same tokens on `tp` chips. In each layer section the Q/K/V/gate/up
 weights are split by rows and the o_proj/down_proj weights by columns over `@chips` (each chip holds its
 share, which the result types state), the KV caches by heads; every shape that follows from a split is
 propagated to its users; each o_proj and down_proj linear result becomes a partial sum `<name>_part`, followed
-by a `shard.all_reduce` that takes the old name and all of its uses. In the head section the table (`lm_head`, or
-the embedding's table when tied) is split by vocabulary rows: its linear makes this chip's logits `<name>_part`,
-followed by a `shard.all_gather` over the chips' axis (gather_axis: the logits' last) that takes the old name and
-all of its uses, so the arg-max reads the whole row of logits on every chip; a vocabulary that is not a multiple of
-`tp` is refused. The program body starts with a chip grid, `shard.grid @chips` of shape [tp]; the embedding and
-the norms stay replicated, and the program is restamped:
-its LOGOS print is byte for byte the text the author writes for the same cut split over `tp` chips
-(`written_split`), and its identity is `Identity.of_split(cut, tp, text)`. Everything is checked before
-anything is changed: a refusal (a PassError naming the pass and the program or op) leaves the IR as it was.
+by a `shard.all_reduce` that takes the old name and all of its uses. A mixture of experts is split by experts
+(expert parallelism, `logos_ir.tensor_parallel`): its router stays replicated, its stacked expert weights are split
+along their first axis (`split "experts"`: chip c holds experts [c * E / tp, (c + 1) * E / tp), each whole), and
+its result becomes this chip's partial sum `<name>_part`, all-reduced as a down projection's is. In the head
+section the table (`lm_head`, or the embedding's table when tied) is split by vocabulary rows: its linear makes
+this chip's logits `<name>_part`, followed by a `shard.all_gather` over the chips' axis (gather_axis: the logits'
+last) that takes the old name and all of its uses, so the arg-max reads the whole row of logits on every chip; a
+vocabulary that is not a multiple of `tp` is refused. The program body starts with a chip grid, `shard.grid
+@chips` of shape [tp]; the embedding and the norms stay replicated, and the program is restamped: its LOGOS print
+is byte for byte the text the author writes for the same cut split over `tp` chips (`written_split`), and its
+identity is `Identity.of_split(cut, tp, text)`. Everything is checked before anything is changed: a refusal (a
+PassError naming the pass and the program or op) leaves the IR as it was.
 
 `communication_report(program)` says what a split program all-reduces in one step (one run), per layer and in
 all.
@@ -46,11 +50,13 @@ from logos_ir.errors import CutError, LogosError, PassError
 from logos_ir.program import Cut
 from logos_ir.spec import ModelSpec
 from logos_ir.tensor_parallel import (
+    EXPERTS_SPLIT,
     HEAD_SPLIT,
     NOT_YET_SPLIT,
-    NOT_YET_SPLIT_EXPERTS,
     NOT_YET_SPLIT_PROJECTION_NORMS,
     head_refusal,
+    split_axis,
+    split_refusal,
     weight_split,
 )
 
@@ -81,7 +87,7 @@ class _Plan:
     tp: int
     shares: list[tuple[logos.WeightOp | logos.CacheOp, str, tuple[int, ...]]] = field(default_factory=list)
     retyped: list[tuple[Operation, Attribute]] = field(default_factory=list)  # math ops now making shares
-    reduced: list[logos.LinearOp] = field(default_factory=list)  # partial sums to all-reduce
+    reduced: list[logos.LinearOp | logos.MixtureOp] = field(default_factory=list)  # partial sums to all-reduce
     gathered: list[logos.LinearOp] = field(default_factory=list)  # the head's logits shares to all-gather
 
 
@@ -115,14 +121,9 @@ def _plan(program: logos.ProgramOp, tp: int) -> _Plan:
         spec = program.spec
     except Exception as error:  # VerifyException: the model attribute holds no spec
         raise PassError(f"{PASS}: {where}: {error}") from None
-    if spec.experts is not None and tp > 1:
-        raise PassError(f"{PASS}: {where}: not yet: {NOT_YET_SPLIT_EXPERTS}")
-    width = spec.splits_over(tp)
+    width = split_refusal(spec, tp)
     if width is not None:
-        raise PassError(
-            f"{PASS}: {where}: the model does not split over {tp} chips: "
-            f"{width} ({getattr(spec, width)}) is not a multiple of {tp}"
-        )
+        raise PassError(f"{PASS}: {where}: the model does not split over {tp} chips: {width}")
     refusal = head_refusal(spec.vocab, tp) if cut.kind.partition("_")[2] in ("", "head") else None
     if refusal is not None:
         raise PassError(f"{PASS}: {where}: the model does not split over {tp} chips: {refusal}")
@@ -169,6 +170,7 @@ def _plan_function(plan: _Plan, spec: ModelSpec, function: func.FuncOp) -> None:
     tp = plan.tp
     shares: dict[SSAValue, tuple[int, ...]] = {}
     columns: set[SSAValue] = set()  # column-split weights: their linears make partial sums
+    stacks: set[SSAValue] = set()  # stacked experts split by experts: their mixture makes partial sums
     head_tables: set[SSAValue] = set()  # the head's table split by vocabulary rows: its logits are gathered
     head = function.sym_name.data == "head"
     names = {v.name_hint for v in _values(function) if v.name_hint is not None}
@@ -194,8 +196,9 @@ def _plan_function(plan: _Plan, spec: ModelSpec, function: func.FuncOp) -> None:
                 head_tables.add(op.result)
             if split is None:
                 continue
-            axis = 0 if split == "rows" else len(full) - 1
-            if len(full) != (1 if op.tensor.data.endswith(".bias") else 2) or full[axis] % tp:
+            axis = split_axis(split, len(full))
+            rank = 3 if split == EXPERTS_SPLIT else 1 if op.tensor.data.endswith(".bias") else 2
+            if len(full) != rank or full[axis] % tp:
                 what = f"of '{op.tensor.data}' {list(full)}"
                 raise refuse(op, f"{what}: its {split} do not divide over {tp} chips")
             new = tuple(builder.share(full, axis, tp))
@@ -203,6 +206,8 @@ def _plan_function(plan: _Plan, spec: ModelSpec, function: func.FuncOp) -> None:
             shares[op.result] = new
             if split == "columns":
                 columns.add(op.result)
+            if split == EXPERTS_SPLIT:
+                stacks.add(op.result)
         elif isinstance(op, logos.CacheOp):
             full = op.full_shape
             axis = len(full) - 3
@@ -233,6 +238,15 @@ def _plan_function(plan: _Plan, spec: ModelSpec, function: func.FuncOp) -> None:
                     plan.gathered.append(op)
             elif x is not None:
                 raise refuse(op, "applies a replicated weight to split rows")
+        elif isinstance(op, logos.MixtureOp):  # expert parallel: every chip routes every row, to whole experts
+            if share(op.input) is not None or share(op.logits) is not None:
+                raise refuse(op, "routes rows or router logits that are split: each chip must route every row")
+            if not {op.gate, op.up, op.down} <= stacks:
+                raise refuse(op, "mixes stacked experts that are not all split by experts")
+            part = f"{op.result.name_hint}_part" if op.result.name_hint else None
+            if part is not None and part in names:
+                raise refuse(op, f"would name its partial sum '{part}', a name the section already uses")
+            plan.reduced.append(op)  # this chip's experts' outputs, all-reduced into the whole mixture
         elif isinstance(op, logos.RopeOp | logos.SiluOp | logos.GeluTanhOp | logos.SoftcapOp | logos.ScaleOp):
             x = share(op.operands[0])
             if x is not None:
@@ -292,13 +306,13 @@ def _rewrite(program: logos.ProgramOp, plan: _Plan) -> None:
         Rewriter.replace_value_with_new_type(op.results[0], new)
     for op, kind in plan.retyped:
         Rewriter.replace_value_with_new_type(op.results[0], kind)
-    for linear in plan.reduced:
-        partial = linear.results[0]
+    for summand in plan.reduced:
+        partial = summand.results[0]
         name = partial.name_hint
         reduce = AllReduceOp.create(
             operands=[partial], properties={"grid": builder.grid_ref()}, result_types=[partial.type]
         )
-        Rewriter.insert_op(reduce, InsertPoint.after(linear))
+        Rewriter.insert_op(reduce, InsertPoint.after(summand))
         summed = reduce.results[0]
         partial.replace_uses_with_if(summed, lambda use, reduce=reduce: use.operation is not reduce)
         partial.name_hint = None if name is None else f"{name}_part"
@@ -344,11 +358,13 @@ def communication_report(program: logos.ProgramOp) -> dict[str, object]:
     `bytes_per_layer` the same per section; `megatron_bytes` is 2 x rows x hidden x 4 x layers, the figure to
     compare it with, and `ring_bytes_per_chip` what each chip sends in a ring all-reduce, 2(n-1)/n times the
     payload (0 on one chip). `all_gathers` and `gathered_bytes_per_step` count the split head's all-gather of the
-    logits apart (the whole row each chip ends with; a ring all-gather sends (n-1)/n of it from each chip)."""
+    logits apart (the whole row each chip ends with; a ring all-gather sends (n-1)/n of it from each chip).
+    `expert_all_reduces` counts the all-reduces (among `all_reduces`) that add a mixture of experts' partial sums,
+    one a layer split by experts, where a dense layer has its down projection's."""
     spec = program.spec
     chips = program.chips.value.data
     per_section: dict[str, int] = {}
-    count = 0
+    count = experts = 0
     gathers = gathered = 0  # the split head's logits: each chip receives the whole row
     layers = 0
     for function in program.block.ops:
@@ -360,6 +376,7 @@ def communication_report(program: logos.ProgramOp) -> dict[str, object]:
         for op in function.body.block.ops:
             if isinstance(op, AllReduceOp):
                 count += 1
+                experts += isinstance(op.input.owner, logos.MixtureOp)
                 per_section[sym] = per_section.get(sym, 0) + _nbytes(op.result.type)
             elif isinstance(op, AllGatherOp):
                 gathers += 1
@@ -373,6 +390,7 @@ def communication_report(program: logos.ProgramOp) -> dict[str, object]:
         "hidden": spec.hidden,
         "layers": layers,
         "all_reduces": count,
+        "expert_all_reduces": experts,
         "bytes_per_step": total,
         "bytes_per_layer": per_section,
         "megatron_bytes": 2 * rows * spec.hidden * 4 * layers,

@@ -53,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
             layers = ", ".join(f"{k} {v}" for k, v in per_layer.items())
         print(data["program"])
         print(f"all-reduces per step: {data['all_reduces']}")
+        if data["expert_all_reduces"]:
+            print(f"of them a mixture of experts' partial sums: {data['expert_all_reduces']}")
         print(f"bytes all-reduced per step: {data['bytes_per_step']}")
         print(f"bytes all-reduced per layer: {layers or 'none'}")
         print(f"2 x rows x hidden x 4 x layers: {data['megatron_bytes']}")

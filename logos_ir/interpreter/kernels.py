@@ -312,12 +312,16 @@ def silu(x: int, out: int) -> Step:
     return step
 
 
-def experts(gate: np.ndarray, up: np.ndarray, down: np.ndarray, top_k: int, renormalize: bool) -> Callable[..., Step]:
+def experts(
+    gate: np.ndarray, up: np.ndarray, down: np.ndarray, top_k: int, renormalize: bool, first: int = 0
+) -> Callable[..., Step]:
     """A mixture of experts as transformers' Mixtral and Qwen3-MoE compute it: each row's router logits to
     probabilities by a softmax over every expert (f32), the `top_k` most probable chosen (the lowest index first
     on a tie, as `torch.topk`), divided by their sum where `renormalize`; then, expert by expert in ascending
     index (transformers' loop over the experts hit), each chosen expert's SwiGLU MLP of its rows, times its
-    weight, added into the result."""
+    weight, added into the result. The stacked weights may be one chip's share of the experts, experts
+    [first, first + len(gate)) (expert parallelism): the rows are routed among all the logits' experts, and the
+    result sums only the chosen experts held here, a partial sum."""
     gates, ups, downs = (np.ascontiguousarray(np.swapaxes(w, 1, 2)) for w in (gate, up, down))  # [in, out] each
     tanh = np.tanh
 
@@ -332,10 +336,13 @@ def experts(gate: np.ndarray, up: np.ndarray, down: np.ndarray, top_k: int, reno
                 weights = weights / weights.sum(axis=1, keepdims=True)
             result = np.zeros_like(v)
             for expert in np.unique(chosen):
+                held = expert - first
+                if not 0 <= held < len(gates):
+                    continue  # another chip's expert
                 rows, slots = np.nonzero(chosen == expert)
-                g, u = v[rows] @ gates[expert], v[rows] @ ups[expert]
+                g, u = v[rows] @ gates[held], v[rows] @ ups[held]
                 activated = g * (tanh(g * _F32(0.5)) * _F32(0.5) + _F32(0.5))  # SiLU, as `silu` computes it
-                result[rows] += (activated * u) @ downs[expert] * weights[rows, slots][:, None]
+                result[rows] += (activated * u) @ downs[held] * weights[rows, slots][:, None]
             r[out] = result
 
         return step

@@ -25,6 +25,7 @@ from logos_ir.dialects import logos
 from logos_ir.dialects.shard_ext import AllGatherOp
 from logos_ir.errors import LogosError, WeightError
 from logos_ir.interpreter.kernels import Registers, RopeTable, Step
+from logos_ir.tensor_parallel import split_axis
 from logos_ir.weights import WeightStore
 
 _F32 = np.float32
@@ -267,7 +268,7 @@ class ChipCompiler:
     def _weight(self, op: logos.WeightOp, env: dict[SSAValue, _Ref], section: str) -> None:
         array = self.weights.get(op.tensor.data)
         if op.split is not None:
-            axis = 0 if op.split.data == "rows" else array.ndim - 1
+            axis = split_axis(op.split.data, array.ndim)
             size = array.shape[axis] // self.chips
             index = [slice(None)] * array.ndim
             index[axis] = slice(self.chip * size, (self.chip + 1) * size)
@@ -383,7 +384,9 @@ class ChipCompiler:
             raise LogosError(f"@{section}: the reference interpreter runs a mixture of experts of weights only")
         gate, up, down = (w.array for w in stacked)  # type: ignore[union-attr]
         ins = [self._value(env[op.input], section, "the input"), self._value(env[op.logits], section, "the logits")]
-        mixture = kernels.experts(gate, up, down, op.top_k.value.data, op.renormalize is not None)
+        held = gate.shape[0]  # split by experts, this chip's share: experts [chip * held, (chip + 1) * held)
+        first = self.chip * held if held < op.experts_routed() else 0
+        mixture = kernels.experts(gate, up, down, op.top_k.value.data, op.renormalize is not None, first)
         env[op.result] = self._emit(mixture, ins, section)
 
     def _row(self, op: logos.RowOp, env: dict[SSAValue, _Ref], section: str) -> None:

@@ -457,3 +457,292 @@ def test_a_moe_gguf_the_program_cannot_read_is_refused_by_name(tmp_path: Path) -
                 )
             )
         )
+
+
+# -- expert parallelism: each chip whole experts, the router on every chip -------------------------------------
+
+GOLDENS = json.loads((FAMILIES / "goldens.json").read_text())["families"]
+MIXTURES = ("mixtral", "qwen3_moe", "qwen3_moe-unnormed")
+
+
+def _kv_replicated(store, kv_heads: int):  # noqa: ANN001, ANN202
+    """The same model with each key-value head repeated so it has `kv_heads` of them, as vLLM replicates them when
+    the chips outnumber them: query head h still reads the copy of its own group's head, so the attention is the
+    one the model computes, number for number, and the tokens are transformers' own. The tiny mixtures have 2
+    key-value heads; repeated to 4, their attention splits by heads over 4 chips and their 4 experts one a chip."""
+    from dataclasses import replace
+
+    from logos_ir.weights.store import ArrayStore
+
+    spec = store.spec
+    repeat = kv_heads // spec.kv_heads
+    arrays = {name: store.get(name) for name in store.names()}
+    for name in arrays:
+        if name.endswith(("self_attn.k_proj.weight", "self_attn.v_proj.weight")):
+            heads = arrays[name].reshape(spec.kv_heads, spec.head_dim, spec.hidden)
+            arrays[name] = np.repeat(heads, repeat, axis=0).reshape(kv_heads * spec.head_dim, spec.hidden)
+    return ArrayStore(replace(spec, kv_heads=kv_heads), arrays)
+
+
+def _generate(store, tokens: list[int], count: int, tp: int) -> list[int]:  # noqa: ANN001
+    from logos_ir.registry import backends
+    from logos_ir.runtime import RunRequest
+
+    return backends()["reference"].generator()(RunRequest(store, tp=tp)).generate(tokens, count)
+
+
+@pytest.mark.parametrize("family", MIXTURES)
+@pytest.mark.parametrize("tp", [2, 4])
+def test_a_mixture_split_by_experts_gives_transformers_tokens(family: str, tp: int) -> None:
+    """Over 2 chips as the families are; over 4 with their key-value heads repeated to 4 (`_kv_replicated`), each
+    chip then holding one expert of the 4. Every run of the goldens, prefilled and decoded on the split program."""
+    store = open_model(str(FAMILIES / family))
+    if tp > store.spec.kv_heads:
+        store = _kv_replicated(store, tp)
+        assert store.spec.kv_heads == tp
+    for run in GOLDENS[family]["runs"]:
+        assert _generate(store, run["prompt"], len(run["tokens"]), tp) == run["tokens"]
+
+
+def test_a_mixture_needs_its_key_value_heads_to_split_over_4_chips() -> None:
+    """The check on `_kv_replicated`: as they are, the tiny mixtures' 2 key-value heads do not split over 4 chips
+    (attention keeps its head split), and the repeated heads change no token on one chip."""
+    from logos_ir.author import written_split
+    from logos_ir.program import Cut
+
+    store = open_model(str(FAMILIES / "mixtral"))
+    with pytest.raises(SpecError, match=r"kv_heads \(2\) is not a multiple of 4"):
+        written_split(store.spec, Cut.decode(8), "", 4)
+    run = GOLDENS["mixtral"]["runs"][0]
+    assert _generate(_kv_replicated(store, 4), run["prompt"], len(run["tokens"]), 1) == run["tokens"]
+
+
+@pytest.mark.parametrize(("family", "arch"), [("qwen3_moe", "qwen3moe"), ("mixtral", "llama")])
+@pytest.mark.parametrize("tp", [2, 4])
+def test_a_moe_gguf_split_by_experts_gives_transformers_tokens(tmp_path: Path, family: str, arch: str, tp: int) -> None:
+    folder = open_model(str(FAMILIES / family))
+    if tp > folder.spec.kv_heads:
+        folder = _kv_replicated(folder, tp)
+    store = open_model(str(_moe_gguf(tmp_path / "moe.gguf", folder, arch=arch)))
+    assert store.spec == folder.spec
+    run = GOLDENS[family]["runs"][0]
+    assert _generate(store, run["prompt"], len(run["tokens"]), tp) == run["tokens"]
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("top_k", [1, 2, 4])
+def test_the_chips_partial_mixtures_add_up_to_the_whole(tp: int, top_k: int) -> None:
+    """Each chip's kernel over its share of the experts (chip c: experts [c E / tp, (c + 1) E / tp)), the rows routed
+    among all of them: the partial sums, added in chip order as the all-reduce adds them, are the whole mixture.
+    With at most 2 experts a row they are bit for bit the unsplit sum (a row's two outputs meet in one addition,
+    in ascending expert order, on one chip or across the all-reduce); with more, within f32 rounding."""
+    rng = np.random.default_rng(tp + 10 * top_k)
+    rows, hidden, inter, experts = 7, 8, 5, 4
+    x = rng.standard_normal((rows, hidden)).astype(np.float32)
+    logits = rng.standard_normal((rows, experts)).astype(np.float32) * 2
+    gate, up = (rng.standard_normal((experts, inter, hidden)).astype(np.float32) for _ in range(2))
+    down = rng.standard_normal((experts, hidden, inter)).astype(np.float32)
+    held = experts // tp
+    total = None
+    for chip in range(tp):
+        mine = slice(chip * held, (chip + 1) * held)
+        registers: list = [x, logits, None]
+        kernels.experts(gate[mine], up[mine], down[mine], top_k, True, chip * held)(0, 1, 2)(registers)
+        total = registers[2].copy() if total is None else total + registers[2]
+    whole: list = [x, logits, None]
+    kernels.experts(gate, up, down, top_k, True)(0, 1, 2)(whole)
+    np.testing.assert_allclose(total, _routed_by_hand(x, logits, gate, up, down, top_k, True), rtol=2e-5, atol=2e-5)
+    if top_k <= 2:
+        np.testing.assert_array_equal(total, whole[2])
+    unchosen = np.array([[9.0, 9.0, -9.0, -9.0]] * rows, np.float32)  # experts 0 and 1 for every row
+    registers = [x, unchosen, None]
+    kernels.experts(gate[2:], up[2:], down[2:], 2, True, 2)(0, 1, 2)(registers)  # the chip of experts 2 and 3
+    assert registers[2].shape == x.shape and not registers[2].any()
+
+
+SPLIT_CUTS = ["decode ctx=8", "batch rows=2 ctx=8", "decode_layer layer=1 ctx=8", "batch_layer layer=0 rows=3 ctx=8"]
+
+
+@pytest.mark.parametrize("family", MIXTURES)
+@pytest.mark.parametrize("cut", SPLIT_CUTS)
+def test_a_split_mixtures_program_is_the_authors_and_round_trips(family: str, cut: str) -> None:
+    """tp-split of the author's unsplit program is the author's split program (written_split), byte for byte, with
+    its identity and manifest; the text parses back to the same IR and prints the same bytes."""
+    from xdsl.context import Context
+    from xdsl.dialects.builtin import ModuleOp
+
+    from logos_ir import identity
+    from logos_ir.author import manifest_of, written, written_split
+    from logos_ir.parser import parse_program
+    from logos_ir.passes.tp_split import TpSplit
+    from logos_ir.printer import print_program
+    from logos_ir.program import Cut, Identity
+
+    spec = ModelSpec.from_hf_config(_config(family))
+    the_cut = Cut.parse(cut)
+    authored, expected = written_split(spec, the_cut, "", 2)
+    module = ModuleOp([parse_program(written(spec, the_cut)[0].text)])
+    TpSplit(2).apply(Context(), module)
+    module.verify()
+    program = module.ops.first
+    text = print_program(program)
+    assert text == authored.text
+    assert identity.identity(program) == expected == Identity.of_split(the_cut, 2, text)
+    assert manifest_of(program, "") == authored.manifest
+    splits = {entry.name.rsplit(".", 2)[-2]: entry.split for entry in authored.manifest if ".mlp." in entry.name}
+    assert splits == {"gate": None, "gate_proj": "experts", "up_proj": "experts", "down_proj": "experts"}
+    reparsed = parse_program(authored.text)
+    reparsed.verify()
+    assert print_program(reparsed) == authored.text
+    assert str(module) == str(ModuleOp([reparsed]))
+
+
+def test_the_split_mixture_reads_the_shares_and_all_reduces_after_the_experts() -> None:
+    from xdsl.dialects.shard import AllReduceOp
+
+    from logos_ir.author import written_split
+    from logos_ir.dialects import logos
+    from logos_ir.parser import parse_program
+    from logos_ir.passes.tp_split import communication_report
+    from logos_ir.program import Cut
+
+    spec = ModelSpec.from_hf_config(_config("qwen3_moe"))
+    program = parse_program(written_split(spec, Cut.batch(3, 8), "", 2)[0].text)
+    layer = program.function("layer_1")
+    assert layer is not None
+    named = {op.results[0].name_hint: op for op in layer.body.block.ops if op.results}
+    shapes = {name: logos.tensor_shape(op.results[0]) for name, op in named.items()}
+    assert shapes["router_weight"] == (4, 64) and named["router_weight"].split is None  # whole on every chip
+    assert shapes["router_logits"] == (3, 4)  # every expert's logit, every row
+    assert shapes["gate_weights"] == shapes["up_weights"] == (2, 32, 64) and shapes["down_weights"] == (2, 64, 32)
+    mixture, reduce = named["routed_part"], named["routed"]
+    assert isinstance(mixture, logos.MixtureOp) and mixture.experts_routed() == 4
+    assert isinstance(reduce, AllReduceOp) and reduce.prev_op is mixture and reduce.input is mixture.result
+    assert [use.operation for use in mixture.result.uses] == [reduce]
+    assert named["result"].operands[1] is reduce.result
+    report = communication_report(program)
+    assert report["all_reduces"] == 2 * spec.layers and report["expert_all_reduces"] == spec.layers
+    assert report["bytes_per_step"] == report["megatron_bytes"] == 2 * 3 * spec.hidden * 4 * spec.layers
+    from logos_ir.interpreter import Interpreter
+
+    counted = Interpreter(program, open_model(str(FAMILIES / "qwen3_moe"))).communication_bytes_per_run()
+    assert counted.total == report["bytes_per_step"] and dict(counted.per_section) == report["bytes_per_layer"]
+
+
+def test_an_expert_count_that_does_not_divide_is_refused_by_name() -> None:
+    """Six experts over 4 chips (heads and key-value heads that divide): the author and tp-split refuse it by the
+    experts' count; the experts' own width (each whole on its chip) need not divide."""
+    from dataclasses import replace
+
+    from xdsl.context import Context
+    from xdsl.dialects.builtin import ModuleOp
+
+    from logos_ir.author import written, written_split
+    from logos_ir.errors import PassError
+    from logos_ir.parser import parse_program
+    from logos_ir.passes.tp_split import TpSplit
+    from logos_ir.program import Cut
+
+    base = ModelSpec.from_hf_config(_config("mixtral"))
+    spec = replace(base, kv_heads=4, experts=6)
+    with pytest.raises(SpecError) as by_author:
+        written_split(spec, Cut.decode(8), "", 4)
+    assert by_author.value.message == "the model does not split over 4 chips: experts (6) is not a multiple of 4"
+    module = ModuleOp([parse_program(written(spec, Cut.decode(8))[0].text)])
+    before = str(module)
+    with pytest.raises(PassError) as by_pass:
+        TpSplit(4).apply(Context(), module)
+    assert by_author.value.message in by_pass.value.message and str(module) == before
+    odd = replace(base, kv_heads=4, intermediate=30)  # experts of 30 numbers: each whole on its chip
+    assert written_split(odd, Cut.decode(8), "", 4)[0].text.count("split by experts over the chips") == 3 * odd.layers
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        (
+            'mlp.experts.up_proj.weight" of 4 by 32 by 64, split by experts over the chips.',
+            'mlp.experts.up_proj.weight" of 4 by 32 by 64.',
+            "logos.experts: up weights shape mismatch: got (4, 32, 64), expected (2, 32, 64)",
+        ),
+        (
+            'mlp.experts.up_proj.weight" of 4 by 32 by 64, split by experts over the chips.',
+            'mlp.experts.up_proj.weight" of 4 by 32 by 64, split by rows over the chips.',
+            "cannot split by 'rows' here",
+        ),
+        (
+            'mlp.gate.weight" of 4 by 64.',
+            'mlp.gate.weight" of 4 by 64, split by experts over the chips.',
+            "cannot split by 'experts' here",
+        ),
+    ],
+    ids=["half-split", "rows", "router"],
+)
+def test_a_split_mixture_that_is_not_split_by_whole_experts_is_refused(old: str, new: str, message: str) -> None:
+    from logos_ir.author import written_split
+    from logos_ir.parser import parse_program
+    from logos_ir.program import Cut
+
+    text = written_split(ModelSpec.from_hf_config(_config("mixtral")), Cut.decode(8), "", 2)[0].text
+    assert old in text
+    with pytest.raises(Exception) as refused:  # noqa: PT011 (a located ParseError or the op's VerifyException)
+        parse_program(text.replace(old, new, 1)).verify()
+    assert message in str(refused.value)
+
+
+def test_the_cuda_lane_refuses_a_split_mixture_by_name() -> None:
+    """The CUDA lane lowers no `logos.experts`, split or not: it refuses the split program by the op's name before
+    anything runs (the D5005 engine and the wafer refuse any split first)."""
+    from logos_ir.errors import LogosError
+    from logos_ir.registry import backends
+    from logos_ir.runtime import RunRequest
+
+    request = RunRequest(open_model(str(FAMILIES / "mixtral")), ctx=32, tp=2, weights="f32", emulate=True)
+    with pytest.raises(LogosError) as refused:
+        backends()["cuda"].generator()(request).generate([1, 2, 3], 2)
+    assert "@main holds 'logos.experts', which the CUDA lane does not lower" in str(refused.value)
+
+
+@pytest.mark.parametrize(("preset", "tp", "held"), [("mixtral-8x7b", 8, 1), ("qwen3-30b-a3b", 4, 32)])
+def test_the_published_mixtures_split_by_experts(preset: str, tp: int, held: int) -> None:
+    """Mixtral-8x7B over 8 chips holds one expert of its 8 a chip; Qwen3-30B-A3B (4 key-value heads) over 4, 32 of
+    its 128. Their layer's print round-trips and states each chip's share."""
+    from logos_ir.author import written_split
+    from logos_ir.dialects import logos
+    from logos_ir.parser import parse_program
+    from logos_ir.printer import print_program
+    from logos_ir.program import Cut
+
+    spec = ModelSpec.preset(preset)
+    text = written_split(spec, Cut.decode_layer(1, 64), "", tp)[0].text
+    program = parse_program(text)
+    program.verify()
+    assert print_program(program) == text
+    stacked = [op for op in program.walk() if isinstance(op, logos.WeightOp) and len(op.full_shape) == 3]
+    assert [logos.tensor_shape(op.result) for op in stacked] == [
+        (held, spec.intermediate, spec.hidden),
+        (held, spec.intermediate, spec.hidden),
+        (held, spec.hidden, spec.intermediate),
+    ]
+    assert held * tp == spec.experts
+
+
+def test_tp_split_refuses_a_mixtures_partial_sum_name_in_use() -> None:
+    from xdsl.context import Context
+    from xdsl.dialects.builtin import ModuleOp
+
+    from logos_ir.author import written
+    from logos_ir.errors import PassError
+    from logos_ir.parser import parse_program
+    from logos_ir.passes.tp_split import TpSplit
+    from logos_ir.program import Cut
+
+    text = written(ModelSpec.from_hf_config(_config("mixtral")), Cut.decode(8))[0].text
+    result = "    Let result be mixed plus routed."
+    taken = text.replace(result, f"    Let routed_part be mixed plus routed.\n{result}", 1)
+    module = ModuleOp([parse_program(taken)])
+    before = str(module)
+    with pytest.raises(PassError) as refused:
+        TpSplit(2).apply(Context(), module)
+    assert "'logos.experts' %routed in @layer_0 would name its partial sum 'routed_part'" in refused.value.message
+    assert str(module) == before

@@ -137,7 +137,10 @@ def test_weight_roles() -> None:
     assert [weight_split(p + w + ".weight") for w in rows] == ["rows"] * 5
     assert weight_split(p + "self_attn.o_proj.weight") == "columns"
     assert weight_split(p + "mlp.down_proj.weight") == "columns"
+    stacked = ("mlp.experts.gate_proj", "mlp.experts.up_proj", "mlp.experts.down_proj")  # whole experts a chip
+    assert [weight_split(p + w + ".weight") for w in stacked] == ["experts"] * 3
     others = (
+        p + "mlp.gate.weight",  # a mixture's router: every chip routes every token
         p + "input_layernorm.weight",
         p + "post_attention_layernorm.weight",
         "model.embed_tokens.weight",

@@ -34,6 +34,7 @@ from logos_ir.parser import parse_program
 from logos_ir.passes.tp_split import TpSplit
 from logos_ir.program import Cut
 from logos_ir.spec import ModelSpec
+from logos_ir.tensor_parallel import split_refusal
 from logos_ir.weights import RandomWeights, WeightStore, open_model
 
 STEPS = 32
@@ -80,7 +81,7 @@ def check_widths(spec: ModelSpec, weights: WeightStore, widths: tuple[int, ...])
     top2 = np.sort(logits.reshape(STEPS, -1), axis=-1)[:, -2:]
     gaps = top2[:, 1] - top2[:, 0]  # how far each step's arg-max is from a tie, for the failure message
     for tp in widths:
-        assert spec.splits_over(tp) is None
+        assert split_refusal(spec, tp) is None
         module = ModuleOp([unsplit.clone()])
         TpSplit(tp).apply(Context(), module)
         program = module.ops.first
@@ -103,6 +104,21 @@ def check_widths(spec: ModelSpec, weights: WeightStore, widths: tuple[int, ...])
 def test_tiny_tp8_random_weights(seed: int) -> None:
     spec = ModelSpec.preset("tiny-tp8")
     check_widths(spec, RandomWeights(spec, seed), (1, 2, 4, 8))
+
+
+@pytest.mark.parametrize(("top_k", "renormalize"), [(2, True), (3, False)])
+def test_a_mixture_of_8_experts_split_by_experts(top_k: int, renormalize: bool) -> None:
+    """tiny-tp8's layers with a mixture of 8 experts of 36 numbers (a width no split but 1 and 2 divides: each
+    expert is whole on its chip) over 1, 2, 4 and 8 chips, 4 to 1 experts a chip, in place of the down
+    projection's partial sums the mixture's: at 2 experts a token they add up bit for bit to the unsplit sum
+    (test_experts.py's kernel test), at 3 a token's outputs on different chips are grouped by chip before they
+    are added; the attention's sums are reordered as above, within the same tolerance."""
+    from dataclasses import replace
+
+    spec = replace(
+        ModelSpec.preset("tiny-tp8"), experts=8, experts_per_token=top_k, renormalize=renormalize, intermediate=36
+    )
+    check_widths(spec, RandomWeights(spec, top_k), (1, 2, 4, 8))
 
 
 def test_embedded_smollm2() -> None:

@@ -31,6 +31,31 @@ shard.grid @chips(shape = 3)
 shard.grid @chips(shape = 2)
 %w = logos.weight "w" shape [64, 64] split "diagonal" over @chips : tensor<32x64xf32>
 // -----
+// CHECK: 'logos.weight' op cannot be split by experts (expected one of rows, columns)
+shard.grid @chips(shape = 2)
+%w = logos.weight "w" shape [64, 64] split "experts" over @chips : tensor<32x64xf32>
+// -----
+// CHECK: 'logos.weight' op cannot be split by rows (expected one of experts)
+shard.grid @chips(shape = 2)
+%w = logos.weight "w" shape [4, 32, 64] split "rows" over @chips : tensor<2x32x64xf32>
+// -----
+// CHECK: 'logos.experts' op router logits shape mismatch: got (2, 2), expected (2, 4)
+shard.grid @chips(shape = 2)
+%x = logos.input "hidden" : tensor<2x64xf32>
+%logits = logos.input "hidden" : tensor<2x2xf32>
+%g = logos.weight "g" shape [4, 32, 64] split "experts" over @chips : tensor<2x32x64xf32>
+%d = logos.weight "d" shape [4, 64, 32] split "experts" over @chips : tensor<2x64x32xf32>
+%r = logos.experts %x, %logits, %g, %g, %d top_k 2 : (tensor<2x64xf32>, tensor<2x2xf32>, tensor<2x32x64xf32>, tensor<2x32x64xf32>, tensor<2x64x32xf32>) -> tensor<2x64xf32>
+// -----
+// CHECK: 'logos.experts' op has stacked weights split by experts beside weights that are not
+shard.grid @chips(shape = 1)
+%x = logos.input "hidden" : tensor<2x64xf32>
+%logits = logos.input "hidden" : tensor<2x4xf32>
+%g = logos.weight "g" shape [4, 32, 64] split "experts" over @chips : tensor<4x32x64xf32>
+%u = logos.weight "u" shape [4, 32, 64] : tensor<4x32x64xf32>
+%d = logos.weight "d" shape [4, 64, 32] split "experts" over @chips : tensor<4x64x32xf32>
+%r = logos.experts %x, %logits, %g, %u, %d top_k 2 : (tensor<2x64xf32>, tensor<2x4xf32>, tensor<4x32x64xf32>, tensor<4x32x64xf32>, tensor<4x64x32xf32>) -> tensor<2x64xf32>
+// -----
 // CHECK: 'logos.weight' op refers to @nowhere, which is not a shard.grid
 %w = logos.weight "w" shape [64, 64] split "rows" over @nowhere : tensor<32x64xf32>
 // -----

@@ -34,6 +34,13 @@ builtin.module {
   %last = logos.row %u index 2 : (tensor<2x64xf32>) -> tensor<1x64xf32>
   %logits = logos.linear %last, %table : (tensor<1x64xf32>, tensor<256x64xf32>) -> tensor<1x256xf32>
   %next = logos.argmax %logits : (tensor<1x256xf32>) -> tensor<1xi64>
+  %router = logos.weight "model.layers.0.mlp.gate.weight" shape [4, 64] : tensor<4x64xf32>
+  %router_logits = logos.linear %m, %router : (tensor<2x64xf32>, tensor<4x64xf32>) -> tensor<2x4xf32>
+  %gates = logos.weight "model.layers.0.mlp.experts.gate_proj.weight" shape [4, 32, 64] split "experts" over @chips : tensor<2x32x64xf32>
+  %ups = logos.weight "model.layers.0.mlp.experts.up_proj.weight" shape [4, 32, 64] split "experts" over @chips : tensor<2x32x64xf32>
+  %downs = logos.weight "model.layers.0.mlp.experts.down_proj.weight" shape [4, 64, 32] split "experts" over @chips : tensor<2x64x32xf32>
+  %routed_part = logos.experts %m, %router_logits, %gates, %ups, %downs top_k 2 renormalize : (tensor<2x64xf32>, tensor<2x4xf32>, tensor<2x32x64xf32>, tensor<2x32x64xf32>, tensor<2x64x32xf32>) -> tensor<2x64xf32>
+  %routed = shard.all_reduce %routed_part on @chips : tensor<2x64xf32> -> tensor<2x64xf32>
 }
 
 // CHECK:      shard.grid @chips(shape = 2)
@@ -66,3 +73,10 @@ builtin.module {
 // CHECK-NEXT: %last = logos.row %u index 2 : (tensor<2x64xf32>) -> tensor<1x64xf32>
 // CHECK-NEXT: %logits = logos.linear %last, %table : (tensor<1x64xf32>, tensor<256x64xf32>) -> tensor<1x256xf32>
 // CHECK-NEXT: %next = logos.argmax %logits : (tensor<1x256xf32>) -> tensor<1xi64>
+// CHECK-NEXT: %router = logos.weight "model.layers.0.mlp.gate.weight" shape [4, 64] : tensor<4x64xf32>
+// CHECK-NEXT: %router_logits = logos.linear %m, %router : (tensor<2x64xf32>, tensor<4x64xf32>) -> tensor<2x4xf32>
+// CHECK-NEXT: %gates = logos.weight "model.layers.0.mlp.experts.gate_proj.weight" shape [4, 32, 64] split "experts" over @chips : tensor<2x32x64xf32>
+// CHECK-NEXT: %ups = logos.weight "model.layers.0.mlp.experts.up_proj.weight" shape [4, 32, 64] split "experts" over @chips : tensor<2x32x64xf32>
+// CHECK-NEXT: %downs = logos.weight "model.layers.0.mlp.experts.down_proj.weight" shape [4, 64, 32] split "experts" over @chips : tensor<2x64x32xf32>
+// CHECK-NEXT: %routed_part = logos.experts %m, %router_logits, %gates, %ups, %downs top_k 2 renormalize : (tensor<2x64xf32>, tensor<2x4xf32>, tensor<2x32x64xf32>, tensor<2x32x64xf32>, tensor<2x64x32xf32>) -> tensor<2x64xf32>
+// CHECK-NEXT: %routed = shard.all_reduce %routed_part on @chips : tensor<2x64xf32> -> tensor<2x64xf32>
