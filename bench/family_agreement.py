@@ -36,7 +36,7 @@ from logos_ir.sampling import Sampler
 from logos_ir.weights import open_model
 
 FAMILIES = Path(__file__).resolve().parent.parent / "test" / "unit" / "families"
-MIXTURES = {"mixtral", "qwen3_moe", "qwen3_moe-unnormed", "olmoe"}
+MIXTURES = {"mixtral", "qwen3_moe", "qwen3_moe-unnormed", "olmoe", "qwen3_moe-kv4"}
 LANES = {"cuda": ("bf16", True), "d5005": ("bf16", False), "spatial": ("f16", False)}
 
 

@@ -313,6 +313,22 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
             "pad_token_id": 0,
         },
     ),
+    # Qwen3-MoE with as many key-value heads as query heads (4), so that attention splits by heads and the 4 experts
+    # one a chip over 4 chips as it is (the 2-KV-head mixtures split over 2 at most)
+    "qwen3_moe-kv4": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        {
+            "head_dim": 16,
+            "num_key_value_heads": 4,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "norm_topk_prob": True,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
 }
 # Families whose prompts are their own: the LongRoPE model's short prompt stays within its original context of 64
 # (5 + 11 tokens the last step reads) and its long one starts past it (70 tokens).
@@ -332,6 +348,7 @@ DRAWN_NORMS = {
     "qwen3_moe": 1.0,
     "qwen3_moe-unnormed": 1.0,
     "olmoe": 1.0,
+    "qwen3_moe-kv4": 1.0,
 }  # the mean of each (Gemma's norms scale by one plus the weight)
 # Families whose embedding is drawn narrower than the rest (a tied head scores each token by its embedding, which
 # Gemma scales by sqrt(64): drawn as wide as the layers, the last token's own row wins every step)

@@ -504,6 +504,16 @@ def test_a_mixture_split_by_experts_gives_transformers_tokens(family: str, tp: i
         assert _generate(store, run["prompt"], len(run["tokens"]), tp) == run["tokens"]
 
 
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_a_mixture_with_four_key_value_heads_splits_over_4_chips_as_it_is(tp: int) -> None:
+    """qwen3_moe-kv4 (4 query and 4 key-value heads, 4 experts): over 4 chips with nothing repeated, each chip one
+    head of attention and one expert, transformers' tokens on every run of its goldens."""
+    store = open_model(str(FAMILIES / "qwen3_moe-kv4"))
+    assert store.spec.kv_heads == 4 and store.spec.experts == 4
+    for run in GOLDENS["qwen3_moe-kv4"]["runs"]:
+        assert _generate(store, run["prompt"], len(run["tokens"]), tp) == run["tokens"]
+
+
 def test_a_mixture_needs_its_key_value_heads_to_split_over_4_chips() -> None:
     """The check on `_kv_replicated`: as they are, the tiny mixtures' 2 key-value heads do not split over 4 chips
     (attention keeps its head split), and the repeated heads change no token on one chip."""

@@ -35,7 +35,7 @@ def _runs() -> list[tuple[str, list[int], list[int]]]:
 # routes them as transformers does, on 1 chip and on 2 split by experts (test_experts.py runs them on 4; OLMoE's norm
 # of the whole query and key is refused split, test_projection_norms.py); no lane lowers the op yet, each refuses it by
 # name.
-MIXTURES = {"mixtral", "qwen3_moe", "qwen3_moe-unnormed", "olmoe"}
+MIXTURES = {"mixtral", "qwen3_moe", "qwen3_moe-unnormed", "olmoe", "qwen3_moe-kv4"}
 
 
 @pytest.mark.parametrize(("family", "prompt", "tokens"), _runs(), ids=lambda v: v if isinstance(v, str) else None)

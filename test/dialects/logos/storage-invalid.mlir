@@ -13,4 +13,4 @@
 shard.grid @chips(shape = 2)
 %w = logos.weight "w" shape [64, 256] split "columns" over @chips stored <q6_k> : tensor<64x128xf32>
 
-// UNKNOWN:      storage-unknown.mlir:3:46: error: unknown storage format 'q4_2' (expected one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, mxfp4)
+// UNKNOWN:      storage-unknown.mlir:3:46: error: unknown storage format 'q4_2' (expected one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, mxfp4, fp8)
