@@ -434,6 +434,18 @@ def test_a_moe_gguf_gives_transformers_tokens(tmp_path: Path, family: str, arch:
     assert lane.generate(run["prompt"], len(run["tokens"])) == run["tokens"]
 
 
+@pytest.mark.parametrize(("family", "arch"), [("qwen3_moe", "qwen3moe"), ("mixtral", "llama"), ("olmoe", "olmoe")])
+def test_logos_run_on_a_moe_gguf_gives_transformers_tokens(tmp_path: Path, family: str, arch: str, capsys) -> None:  # type: ignore[no-untyped-def]
+    from logos_ir.tools import logos_run
+
+    path = _moe_gguf(tmp_path / "moe.gguf", open_model(str(FAMILIES / family)), arch=arch)
+    for run in json.loads((FAMILIES / "goldens.json").read_text())["families"][family]["runs"]:
+        argv = ["--model", str(path), "--prompt-ids", ",".join(map(str, run["prompt"])), "-n", "12", "--json"]
+        assert logos_run.main(argv) == 0
+        report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert report["new_ids"] == run["tokens"]
+
+
 def test_a_qwen3moe_gguf_is_renormalized_as_llama_cpp_computes_it(tmp_path: Path) -> None:
     """llama.cpp's qwen3moe graph always divides the chosen weights by their sum (its GGUF has no key for
     norm_topk_prob), so a model without it reads as llama.cpp runs it: renormalized, not as transformers ran it."""
