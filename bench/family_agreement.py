@@ -61,7 +61,10 @@ class Forced(Sampler):
 
 
 def forced(family: str, backend: str, weights: str, emulate: bool, prompt: list[int], tokens: list[int]) -> Forced:
-    request = RunRequest(open_model(str(FAMILIES / family)), ctx=32, prefill_rows=4, weights=weights, emulate=emulate)
+    # a cache of 32, or the next power of two past a longer run (phi3-longrope-two's long prompt: 128, past the
+    # original context of 64, where its long factors apply as in transformers' run)
+    ctx = max(32, 1 << (len(prompt) + len(tokens) - 1).bit_length())
+    request = RunRequest(open_model(str(FAMILIES / family)), ctx=ctx, prefill_rows=4, weights=weights, emulate=emulate)
     sampler = Forced(tokens)
     backends()[backend].generator()(request).generate(prompt, len(tokens), sampler=sampler)
     return sampler

@@ -1,4 +1,4 @@
-"""Upstream MLIR `shard` ops that xDSL 0.74 lacks: `shard.all_gather`.
+"""Upstream MLIR `shard` ops that xDSL 0.74 lacks: `shard.all_gather` and `shard.all_slice`.
 
 A split program's head computes each chip's share of the logits (the `lm_head` split by vocabulary rows) and
 concatenates the shares over the chips so that every chip holds the whole row of logits and takes the same
@@ -63,12 +63,54 @@ class AllGatherOp(CollectiveCommunicationOp):
             raise VerifyException(f"{self.name}: {list(ins)} gathered along axis {axis} cannot give {list(outs)}")
 
 
+@irdl_op_definition
+class AllSliceOp(CollectiveCommunicationOp):
+    """All-slice over a device grid, all-gather's inverse: each device of a group, holding the whole input, keeps
+    its part of it along `slice_axis` (the input split in as many parts as the group has devices, in device order).
+    No data moves. A split program whose OLMoE norms need the whole query gathers it, norms it on every chip, and
+    slices each chip's heads back out (vLLM's `_apply_qk_norm` under tensor parallelism):
+
+    ```mlir
+    %normed_query_part = shard.all_slice %normed_query on @chips grid_axes = [0] slice_axis = 1
+        : tensor<1x64xf32> -> tensor<1x32xf32>
+    ```
+    """
+
+    name = "shard.all_slice"
+
+    input = operand_def(MemRefType.constr() | TensorType.constr())
+    slice_axis = prop_def(IntegerAttr.constr(IndexTypeConstr))
+
+    result = result_def(MemRefType.constr() | TensorType.constr())
+
+    traits = traits_def(Pure())
+
+    assembly_format = (
+        "$input `on` $grid (`grid_axes` `=` $grid_axes^)? "
+        + "`slice_axis` `=` $slice_axis "
+        + "attr-dict `:` type($input) `->` type($result)"
+    )
+
+    def verify_(self) -> None:
+        source, target = self.input.type, self.result.type
+        assert isinstance(source, MemRefType | TensorType) and isinstance(target, MemRefType | TensorType)
+        axis = self.slice_axis.value.data
+        ins, outs = source.get_shape(), target.get_shape()
+        if not 0 <= axis < len(ins) or len(ins) != len(outs):
+            raise VerifyException(f"{self.name}: slice_axis {axis} is not an axis of {list(ins)} -> {list(outs)}")
+        others = [d for i, d in enumerate(ins) if i != axis] == [d for i, d in enumerate(outs) if i != axis]
+        if not others or ins[axis] % outs[axis] or source.element_type != target.element_type:
+            raise VerifyException(f"{self.name}: {list(ins)} sliced along axis {axis} cannot give {list(outs)}")
+
+
 def extend_shard() -> None:
-    """Add `shard.all_gather` to xDSL's `shard` dialect, once; a context loading `shard` after this reads it."""
+    """Add `shard.all_gather` and `shard.all_slice` to xDSL's `shard` dialect, once; a context loading `shard`
+    after this reads them."""
     from xdsl.dialects.shard import Shard
 
-    if not any(op.name == AllGatherOp.name for op in Shard.operations):
-        Shard._operations.append(AllGatherOp)  # pyright: ignore[reportPrivateUsage]
+    for added in (AllGatherOp, AllSliceOp):
+        if not any(op.name == added.name for op in Shard.operations):
+            Shard._operations.append(added)  # pyright: ignore[reportPrivateUsage]
 
 
 extend_shard()

@@ -28,7 +28,6 @@ from logos_ir.spec import ModelSpec
 from logos_ir.tensor_parallel import (
     HEAD_SPLIT,
     NOT_YET_SPLIT,
-    NOT_YET_SPLIT_PROJECTION_NORMS,
     head_refusal,
     split_refusal,
     weight_split,
@@ -139,8 +138,6 @@ def _check_split(spec: ModelSpec, cut: Cut, tp: int) -> None:
     refusal = head_refusal(spec.vocab, tp) if cut.kind.partition("_")[2] in ("", "head") else None
     if refusal is not None:
         raise SpecError(f"the model does not split over {tp} chips: {refusal}")
-    if spec.projection_norms and tp > 1:
-        raise NotYet(NOT_YET_SPLIT_PROJECTION_NORMS)
 
 
 def _check_layer(spec: ModelSpec, layer: int) -> None:
@@ -329,9 +326,11 @@ class _Plan:
             key = section.head_rms_norm("normed_key", key, key_norm, one)
         if spec.projection_norms:  # the whole query and the whole key normed before they are split into heads (OLMoE)
             query_norm = w(section, "query_norm", names["query_norm"], (spec.q_dim,))
-            query = section.rms_norm("normed_query", query, query_norm, one)
+            query = section.rms_norm("normed_query", self._whole(section, query), query_norm, one)
+            query = self._own_share(section, query)
             key_norm = w(section, "key_norm", names["key_norm"], (spec.kv_dim,))
-            key = section.rms_norm("normed_key", key, key_norm, one)
+            key = section.rms_norm("normed_key", self._whole(section, key), key_norm, one)
+            key = self._own_share(section, key)
         theta = spec.rope_theta_of(layer)  # Gemma 3's windowed layers rotate with a base of their own
         turned_query = section.rope("turned_query", query, position, theta, layer)
         turned_key = section.rope("turned_key", key, position, theta, layer)
@@ -432,6 +431,20 @@ class _Plan:
         assert shape is not None  # the spec has the bias of each projection in `biases`
         bias = self._weight(section, f"{projection}_bias", tensor, shape)
         return section.bias_add(name, unbiased, bias)
+
+    def _whole(self, section: SectionBuilder, share: SSAValue) -> SSAValue:
+        """Split, the chips' shares of a projection side by side, under its name (the share becomes `<name>_part`),
+        for a norm that reads all its heads (vLLM's all-gather of Q and K for OLMoE's norms); else `share`."""
+        if not self.split:
+            return share
+        name = share.name_hint
+        assert name is not None
+        share.name_hint = f"{name}_part"
+        return section.all_gather(name, share)
+
+    def _own_share(self, section: SectionBuilder, whole: SSAValue) -> SSAValue:
+        """Split, this chip's heads of a value every chip holds whole, `<name>_part`; else `whole`."""
+        return section.all_slice(f"{whole.name_hint}_part", whole) if self.split else whole
 
     def _weight(self, section: SectionBuilder, name: str, tensor: str, shape: tuple[int, ...]) -> SSAValue:
         split = weight_split(tensor) if self.split else None

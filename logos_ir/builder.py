@@ -32,7 +32,7 @@ from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 
 from logos_ir import quant
 from logos_ir.dialects import logos
-from logos_ir.dialects.shard_ext import AllGatherOp
+from logos_ir.dialects.shard_ext import AllGatherOp, AllSliceOp
 from logos_ir.errors import SpecError
 from logos_ir.spec import ModelSpec
 from logos_ir.tensor_parallel import split_axis
@@ -318,6 +318,21 @@ class SectionBuilder:
                 "gather_axis": IntegerAttr(len(shape) - 1, IndexType()),
             },
             result_types=[f32_tensor(whole)],
+        )
+        return self._let(op, name)
+
+    def all_slice(self, name: str, x: SSAValue) -> SSAValue:
+        """This chip's share of the whole `x` along its last axis (all-gather's inverse; no data moves): upstream's
+        `shard.all_slice` over the grid's one axis."""
+        shape = _shape(x)
+        op = AllSliceOp.create(
+            operands=[x],
+            properties={
+                "grid": grid_ref(),
+                "grid_axes": grid_axes(),
+                "slice_axis": IntegerAttr(len(shape) - 1, IndexType()),
+            },
+            result_types=[f32_tensor((*shape[:-1], shape[-1] // self.chips))],
         )
         return self._let(op, name)
 

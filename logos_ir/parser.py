@@ -771,6 +771,7 @@ _EXPRESSIONS: dict[str, tuple[re.Pattern[str], str]] = {
         re.compile(r"the concatenation over the chips of (\S+)"),
         "the concatenation over the chips of logits_part",
     ),
+    "share": (re.compile(r"the share on this chip of (\S+)"), "the share on this chip of normed_query"),
     "layer": (re.compile(r"layer (\S+) of (\S+) at (\S+)"), "layer 0 of x0 at position"),
     "row": (re.compile(r"row (\S+) of (\S+)"), "row 4 of x"),
     "mixture": (
@@ -1102,6 +1103,15 @@ class _Scope:
                 "add the fact 'The program runs on N chips.'",
             )
         return self.build.all_gather(name, self._tensor(m[1], m.start(1)))
+
+    def _share(self, name: str, m: re.Match[str]) -> SSAValue:
+        if self.reader.chips is None:
+            raise self._here(
+                0,
+                "a share on this chip, but the program runs on no chips",
+                "add the fact 'The program runs on N chips.'",
+            )
+        return self.build.all_slice(name, self._tensor(m[1], m.start(1)))
 
     def _row(self, name: str, m: re.Match[str]) -> SSAValue:
         return self.build.row(name, self._tensor(m[2], m.start(2)), self._int(m[1], m.start(1)))

@@ -16,7 +16,7 @@ from xdsl.ir import Operation, SSAValue
 
 from logos_ir import quant
 from logos_ir.dialects import logos
-from logos_ir.dialects.shard_ext import AllGatherOp
+from logos_ir.dialects.shard_ext import AllGatherOp, AllSliceOp
 from logos_ir.errors import PassError
 from logos_ir.program import Cut
 from logos_ir.spec import LLAMA_FEATURES, ModelSpec
@@ -321,4 +321,5 @@ _SENTENCES: dict[type[Operation], Callable[..., str]] = {
     logos.ArgmaxOp: lambda op, n: _let(op, n, f"the arg-max of {n(op.input)}"),
     AllReduceOp: lambda op, n: _let(op, n, f"the sum over the chips of {n(op.input)}"),
     AllGatherOp: lambda op, n: _let(op, n, f"the concatenation over the chips of {n(op.input)}"),
+    AllSliceOp: lambda op, n: _let(op, n, f"the share on this chip of {n(op.input)}"),
 }

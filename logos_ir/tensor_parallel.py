@@ -42,12 +42,6 @@ NOT_YET_SPLIT = "a cut other than a decode step, a batch or a layer of either, s
 
 EXPERTS_SPLIT = "experts"  # a stacked expert weight: each chip holds experts / chips whole experts, in chip order
 
-# OLMoE's norm of the whole query and key needs every head's numbers, which a head split leaves on other chips (vLLM
-# all-gathers Q and K for it, norms, and splits again): not built, so refused.
-NOT_YET_SPLIT_PROJECTION_NORMS = (
-    "an RMS norm of the whole query and key split over chips (each chip holds some heads; the norm reads all)"
-)
-
 HEAD_SPLIT = "rows"  # the head's [vocab, hidden] table: each chip holds vocab / chips rows, in chip order
 
 _LAYER_WEIGHT = re.compile(

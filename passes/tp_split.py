@@ -45,7 +45,7 @@ from xdsl.rewriter import InsertPoint, Rewriter
 
 from logos_ir import builder, identity
 from logos_ir.dialects import logos
-from logos_ir.dialects.shard_ext import AllGatherOp
+from logos_ir.dialects.shard_ext import AllGatherOp, AllSliceOp
 from logos_ir.errors import CutError, LogosError, PassError
 from logos_ir.program import Cut
 from logos_ir.spec import ModelSpec
@@ -53,7 +53,6 @@ from logos_ir.tensor_parallel import (
     EXPERTS_SPLIT,
     HEAD_SPLIT,
     NOT_YET_SPLIT,
-    NOT_YET_SPLIT_PROJECTION_NORMS,
     head_refusal,
     split_axis,
     split_refusal,
@@ -89,6 +88,7 @@ class _Plan:
     retyped: list[tuple[Operation, Attribute]] = field(default_factory=list)  # math ops now making shares
     reduced: list[logos.LinearOp | logos.MixtureOp] = field(default_factory=list)  # partial sums to all-reduce
     gathered: list[logos.LinearOp] = field(default_factory=list)  # the head's logits shares to all-gather
+    whole_norms: list[logos.RMSNormOp] = field(default_factory=list)  # norms of a split projection: gather, slice
 
 
 def _where(program: logos.ProgramOp) -> str:
@@ -127,8 +127,6 @@ def _plan(program: logos.ProgramOp, tp: int) -> _Plan:
     refusal = head_refusal(spec.vocab, tp) if cut.kind.partition("_")[2] in ("", "head") else None
     if refusal is not None:
         raise PassError(f"{PASS}: {where}: the model does not split over {tp} chips: {refusal}")
-    if spec.projection_norms and tp > 1:
-        raise PassError(f"{PASS}: {where}: not yet: {NOT_YET_SPLIT_PROJECTION_NORMS}")
     try:
         from logos_ir.printer import print_program
 
@@ -265,6 +263,16 @@ def _plan_function(plan: _Plan, spec: ModelSpec, function: func.FuncOp) -> None:
                 raise refuse(op, "adds a bias that is not split as the rows it is added to")
             if x is not None:
                 retype(op, x)
+        elif isinstance(op, logos.RMSNormOp) and share(op.input) is not None:
+            # OLMoE's norm of the whole query or key, on a projection split by heads: its input gathered whole on
+            # every chip, normed whole by the whole weight, and each chip's heads sliced back out (vLLM's)
+            if share(op.weight) is not None or logos.tensor_shape(op.weight)[-1] != logos.tensor_shape(op.input)[-1]:
+                raise refuse(op, "norms a split value by a weight that is not its whole width, replicated")
+            for name in (op.input.name_hint, op.result.name_hint):
+                if name is not None and f"{name}_part" in names:
+                    raise refuse(op, f"would name a share '{name}_part', a name the section already uses")
+            shares[op.result] = share(op.input)  # its users read this chip's share of it
+            plan.whole_norms.append(op)
         elif isinstance(op, logos.HeadRMSNormOp):  # whole heads on each chip: each normed alone, by the whole weight
             x = share(op.input)
             if share(op.weight) is not None:
@@ -334,12 +342,41 @@ def _rewrite(program: logos.ProgramOp, plan: _Plan) -> None:
         part.replace_uses_with_if(whole, lambda use, gather=gather: use.operation is not gather)
         part.name_hint = None if name is None else f"{name}_part"
         whole.name_hint = name
+    for norm in plan.whole_norms:
+        _gather_whole(norm, plan.tp)
     block = program.block
     grid = builder.grid_op(plan.tp)
     if block.first_op is None:
         block.add_op(grid)
     else:
         block.insert_op_before(grid, block.first_op)
+
+
+def _gather_whole(norm: logos.RMSNormOp, tp: int) -> None:
+    """`norm` of a split projection: the share all-gathered before it (the gather takes the share's name, the
+    share becomes `<name>_part`), the norm whole, and this chip's share all-sliced after it for its users
+    (`<normed>_part`), as the author writes it split."""
+    part = norm.input
+    name = part.name_hint
+    props = {"grid": builder.grid_ref(), "grid_axes": builder.grid_axes()}
+    gather = AllGatherOp.create(
+        operands=[part],
+        properties={**props, "gather_axis": IntegerAttr(len(logos.tensor_shape(part)) - 1, IndexType())},
+        result_types=[builder.f32_tensor(_whole(part, tp))],
+    )
+    Rewriter.insert_op(gather, InsertPoint.before(norm))
+    norm.operands[0] = gather.results[0]
+    part.name_hint = None if name is None else f"{name}_part"
+    gather.results[0].name_hint = name
+    normed = norm.results[0]
+    own = AllSliceOp.create(
+        operands=[normed],
+        properties={**props, "slice_axis": IntegerAttr(len(logos.tensor_shape(normed)) - 1, IndexType())},
+        result_types=[builder.f32_tensor(logos.tensor_shape(part))],
+    )
+    Rewriter.insert_op(own, InsertPoint.after(norm))
+    normed.replace_uses_with_if(own.results[0], lambda use: use.operation is not own)
+    own.results[0].name_hint = None if normed.name_hint is None else f"{normed.name_hint}_part"
 
 
 def _whole(part: SSAValue, tp: int) -> tuple[int, ...]:

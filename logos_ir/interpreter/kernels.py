@@ -404,6 +404,23 @@ def argmax(x: int, out: int) -> Step:
     return step
 
 
+def share(axis: int, chip: int, chips: int) -> Callable[[int, int], Step]:
+    """This chip's contiguous part of a whole value along `axis`, `shard.all_slice`'s (a copy, so later steps may
+    write their slots freely)."""
+
+    def make(x: int, out: int) -> Step:
+        def step(r: Registers) -> None:
+            whole = r[x]
+            size = whole.shape[axis] // chips
+            index = [slice(None)] * whole.ndim
+            index[axis] = slice(chip * size, (chip + 1) * size)
+            r[out] = np.ascontiguousarray(whole[tuple(index)])
+
+        return step
+
+    return make
+
+
 def copy(x: int, out: int) -> Step:
     def step(r: Registers) -> None:
         r[out] = r[x]

@@ -22,7 +22,7 @@ from xdsl.ir import Operation, SSAValue
 
 import logos_ir.interpreter.kernels as kernels
 from logos_ir.dialects import logos
-from logos_ir.dialects.shard_ext import AllGatherOp
+from logos_ir.dialects.shard_ext import AllGatherOp, AllSliceOp
 from logos_ir.errors import LogosError, WeightError
 from logos_ir.interpreter.kernels import Registers, RopeTable, Step
 from logos_ir.tensor_parallel import split_axis
@@ -177,6 +177,7 @@ class ChipCompiler:
             logos.ArgmaxOp: self._argmax,
             AllReduceOp: self._all_reduce,
             AllGatherOp: self._all_gather,
+            AllSliceOp: self._all_slice,
             func.CallOp: self._call,
         }
 
@@ -408,6 +409,11 @@ class ChipCompiler:
     def _all_gather(self, op: AllGatherOp, env: dict[SSAValue, _Ref], section: str) -> None:
         x = self._value(env[op.input], section, "the input")
         env[op.result] = self._emit(kernels.copy, [x], section, gather=op.gather_axis.value.data)
+
+    def _all_slice(self, op: AllSliceOp, env: dict[SSAValue, _Ref], section: str) -> None:
+        x = self._value(env[op.input], section, "the input")
+        make = kernels.share(op.slice_axis.value.data, self.chip, self.chips)
+        env[op.result] = self._emit(make, [x], section)
 
 
 # -- slots ---------------------------------------------------------------------------------------------------

@@ -474,7 +474,7 @@ def test_a_moe_gguf_the_program_cannot_read_is_refused_by_name(tmp_path: Path) -
 # -- expert parallelism: each chip whole experts, the router on every chip -------------------------------------
 
 GOLDENS = json.loads((FAMILIES / "goldens.json").read_text())["families"]
-MIXTURES = ("mixtral", "qwen3_moe", "qwen3_moe-unnormed")
+MIXTURES = ("mixtral", "qwen3_moe", "qwen3_moe-unnormed", "olmoe")
 
 
 def _kv_replicated(store, kv_heads: int):  # noqa: ANN001, ANN202
@@ -493,6 +493,10 @@ def _kv_replicated(store, kv_heads: int):  # noqa: ANN001, ANN202
         if name.endswith(("self_attn.k_proj.weight", "self_attn.v_proj.weight")):
             heads = arrays[name].reshape(spec.kv_heads, spec.head_dim, spec.hidden)
             arrays[name] = np.repeat(heads, repeat, axis=0).reshape(kv_heads * spec.head_dim, spec.hidden)
+        if spec.projection_norms and name.endswith("self_attn.k_norm.weight"):  # OLMoE's norm of the whole key:
+            # each head's weights repeated with it (the mean of squares over repeated heads is the same)
+            heads = arrays[name].reshape(spec.kv_heads, spec.head_dim)
+            arrays[name] = np.repeat(heads, repeat, axis=0).reshape(kv_heads * spec.head_dim)
     return ArrayStore(replace(spec, kv_heads=kv_heads), arrays)
 
 
@@ -539,7 +543,7 @@ def test_a_mixture_needs_its_key_value_heads_to_split_over_4_chips() -> None:
     assert _generate(_kv_replicated(store, 4), run["prompt"], len(run["tokens"]), 1) == run["tokens"]
 
 
-@pytest.mark.parametrize(("family", "arch"), [("qwen3_moe", "qwen3moe"), ("mixtral", "llama")])
+@pytest.mark.parametrize(("family", "arch"), [("qwen3_moe", "qwen3moe"), ("mixtral", "llama"), ("olmoe", "olmoe")])
 @pytest.mark.parametrize("tp", [2, 4])
 def test_a_moe_gguf_split_by_experts_gives_transformers_tokens(tmp_path: Path, family: str, arch: str, tp: int) -> None:
     folder = open_model(str(FAMILIES / family))

@@ -1,5 +1,6 @@
 """OLMoE's norm of the whole query and the whole key (`projection_norms`): a fact, two plain RMS norms written after
-the projections, through the printer, the split refusals, and the lanes that compute it or refuse it by name.
+the projections, through the printer, the split over chips (the projection gathered whole for the norm, each
+chip's heads sliced back out), and the lanes that compute it or refuse it by name.
 
 OLMoE's tokens against transformers' are pinned in test_families (the reference) and test_experts (its GGUF); this
 file holds what a norm of the whole projection changes below the program, on a dense model that has one (a LOGOS
@@ -15,8 +16,10 @@ import pytest
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 
-from logos_ir.author import write
-from logos_ir.errors import LogosError, NotYet, PassError
+from logos_ir.author import write, written_split
+from logos_ir.dialects import logos
+from logos_ir.dialects.shard_ext import AllSliceOp
+from logos_ir.errors import LogosError
 from logos_ir.parser import parse_program
 from logos_ir.passes.tp_split import TpSplit
 from logos_ir.printer import print_program
@@ -70,15 +73,38 @@ def test_the_projection_norms_tokens_are_not_the_per_head_norms() -> None:
 
 
 @pytest.mark.parametrize("cut", [Cut.decode(8), Cut.decode_layer(1, 8), Cut.batch(2, 8)])
-def test_a_split_of_the_whole_projection_norm_is_refused_by_name(cut: Cut) -> None:
+def test_split_the_norm_reads_the_gathered_projection_and_each_chip_keeps_its_heads(cut: Cut) -> None:
+    """Over 2 chips (vLLM's OLMoE under tensor parallelism): each chip's share of the query all-gathered whole,
+    normed whole by the whole weight on every chip, and the chip's own heads all-sliced back out for the rotation;
+    tp-split of the unsplit program is the author's split program, byte for byte, and it round-trips."""
     spec = _dense()
-    with pytest.raises(NotYet, match="an RMS norm of the whole query and key split over chips"):
-        write(spec, cut, tp=2)
+    authored, _ = written_split(spec, cut, "", 2)
     module = ModuleOp([parse_program(write(spec, cut).text)])
-    before = str(module)
-    with pytest.raises(PassError, match="tp-split: .* not yet: an RMS norm of the whole query and key split over"):
-        TpSplit(2).apply(Context(), module)
-    assert str(module) == before  # refused before anything changed
+    TpSplit(2).apply(Context(), module)
+    program = module.ops.first
+    assert print_program(program) == authored.text
+    assert print_program(parse_program(authored.text)) == authored.text
+    lines = authored.text.splitlines()
+    at = next(i for i, line in enumerate(lines) if "Let query be the concatenation" in line)
+    assert [line.strip() for line in lines[at : at + 3]] == [
+        "Let query be the concatenation over the chips of query_part.",
+        "Let normed_query be the RMS norm of query with query_norm.",
+        "Let normed_query_part be the share on this chip of normed_query.",
+    ]
+    slices = [op for op in program.walk() if isinstance(op, AllSliceOp)]
+    assert [logos.tensor_shape(op.result) for op in slices[:2]] == [(cut.rows or 1, 32), (cut.rows or 1, 16)]
+
+
+def test_split_over_2_chips_the_tokens_are_one_chips() -> None:
+    weights = RandomWeights(_dense(), seed=3)
+    tokens = backends()["reference"].generator()(RunRequest(weights, ctx=32)).generate(PROMPT, 6)
+    assert backends()["reference"].generator()(RunRequest(weights, ctx=32, tp=2)).generate(PROMPT, 6) == tokens
+
+
+def test_the_cuda_lane_refuses_the_split_norm_by_name() -> None:
+    request = RunRequest(RandomWeights(_dense(), seed=3), ctx=32, tp=2, prefill_rows=4, weights="f32", emulate=True)
+    with pytest.raises(LogosError, match="'shard.all_slice', which the CUDA lane does not lower"):
+        backends()["cuda"].generator()(request).generate(PROMPT, 2)
 
 
 def test_the_cuda_lane_computes_the_whole_projection_norms() -> None:
