@@ -394,15 +394,16 @@ def communication_report(program: logos.ProgramOp) -> dict[str, object]:
     bytes of float32 for each of a Megatron layer's two). `bytes_per_step` is the payload summed over the run,
     `bytes_per_layer` the same per section; `megatron_bytes` is 2 x rows x hidden x 4 x layers, the figure to
     compare it with, and `ring_bytes_per_chip` what each chip sends in a ring all-reduce, 2(n-1)/n times the
-    payload (0 on one chip). `all_gathers` and `gathered_bytes_per_step` count the split head's all-gather of the
-    logits apart (the whole row each chip ends with; a ring all-gather sends (n-1)/n of it from each chip).
+    payload (0 on one chip). `all_gathers` and `gathered_bytes_per_step` count the all-gathers apart: the split
+    head's of the logits, and a split OLMoE's of each layer's query and key for their norms (the whole tensor each
+    chip ends with; a ring all-gather sends (n-1)/n of it from each chip; the all-slices after them move nothing).
     `expert_all_reduces` counts the all-reduces (among `all_reduces`) that add a mixture of experts' partial sums,
     one a layer split by experts, where a dense layer has its down projection's."""
     spec = program.spec
     chips = program.chips.value.data
     per_section: dict[str, int] = {}
     count = experts = 0
-    gathers = gathered = 0  # the split head's logits: each chip receives the whole row
+    gathers = gathered = 0  # the split head's logits, OLMoE's query and key: each chip receives the whole tensor
     layers = 0
     for function in program.block.ops:
         if not isinstance(function, func.FuncOp):
