@@ -34,7 +34,13 @@ from xdsl.utils.exceptions import VerifyException
 @irdl_op_definition
 class AllGatherOp(CollectiveCommunicationOp):
     """All-gather over a device grid: each device of a group receives the group's inputs concatenated along
-    `gather_axis`, in device order."""
+    `gather_axis`, in device order (a split head's logits, a split OLMoE's query for its norm):
+
+    ```mlir
+    %logits = shard.all_gather %logits_part on @chips grid_axes = [0] gather_axis = 1
+        : tensor<1x24xf32> -> tensor<1x48xf32>
+    ```
+    """
 
     name = "shard.all_gather"
 

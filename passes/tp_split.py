@@ -19,10 +19,13 @@ its result becomes this chip's partial sum `<name>_part`, all-reduced as a down 
 section the table (`lm_head`, or the embedding's table when tied) is split by vocabulary rows: its linear makes
 this chip's logits `<name>_part`, followed by a `shard.all_gather` over the chips' axis (gather_axis: the logits'
 last) that takes the old name and all of its uses, so the arg-max reads the whole row of logits on every chip; a
-vocabulary that is not a multiple of `tp` is refused. The program body starts with a chip grid, `shard.grid
-@chips` of shape [tp]; the embedding and the norms stay replicated, and the program is restamped: its LOGOS print
-is byte for byte the text the author writes for the same cut split over `tp` chips (`written_split`), and its
-identity is `Identity.of_split(cut, tp, text)`. Everything is checked before anything is changed: a refusal (a
+vocabulary that is not a multiple of `tp` is refused. In a model whose norms are of the whole query and key
+(OLMoE's `projection_norms`), each such norm reads its split projection gathered whole (`shard.all_gather`, which
+takes the share's name; the share becomes `<name>_part`), norms it by the whole weight, and gives its users this
+chip's heads (`shard.all_slice`, `<normed>_part`), as vLLM does. The program body starts with a chip grid,
+`shard.grid @chips` of shape [tp]; the embedding and the norms stay replicated, and the program is restamped: its
+LOGOS print is byte for byte the text the author writes for the same cut split over `tp` chips (`written_split`),
+and its identity is `Identity.of_split(cut, tp, text)`. Everything is checked before anything is changed: a refusal (a
 PassError naming the pass and the program or op) leaves the IR as it was.
 
 `communication_report(program)` says what a split program all-reduces in one step (one run), per layer and in
@@ -263,7 +266,7 @@ def _plan_function(plan: _Plan, spec: ModelSpec, function: func.FuncOp) -> None:
                 raise refuse(op, "adds a bias that is not split as the rows it is added to")
             if x is not None:
                 retype(op, x)
-        elif isinstance(op, logos.RMSNormOp) and share(op.input) is not None:
+        elif isinstance(op, logos.RMSNormOp) and share(op.input) is not None and spec.projection_norms:
             # OLMoE's norm of the whole query or key, on a projection split by heads: its input gathered whole on
             # every chip, normed whole by the whole weight, and each chip's heads sliced back out (vLLM's)
             if share(op.weight) is not None or logos.tensor_shape(op.weight)[-1] != logos.tensor_shape(op.input)[-1]:
