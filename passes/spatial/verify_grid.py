@@ -11,18 +11,17 @@ names the first element that reaches it, and a WSE-3's queue bindings are checke
 
 The layout's meaning is here too (`read_layout`): its loops, branches and builtins executed into the rectangle, each
 element's tile parameters and each router's colour configurations, refusing a colour configured twice at one router.
-The check runs it to name an element; the fabric simulator reads a build's layout with it. It is an interpreter
-of the layout's IR made fast by turning each block, the first time it runs, into closures over value slots (a WSE-3
-rectangle of 800,000 elements runs its loops in seconds, not minutes); what it computes is what walking the ops gives.
+The check runs it to name an element; the fabric simulator reads a build's layout with it. It runs the layout's IR
+as one Python function made from its ops, a statement an op and each value a local (a WSE-3 rectangle of 800,000
+elements runs its loops in seconds); what it computes is what walking the ops gives.
 """
 
 from __future__ import annotations
 
 import math
-import operator
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -530,266 +529,136 @@ class Layout:
     files: dict[tuple[int, int], str]
 
 
-_Step = Callable[[], None]
+class _LayoutSource:
+    """The layout module as one Python function: each SSA value a local variable, each op one statement, each
+    `scf.for` a Python `for`, each `scf.if` an `if` (a layout's branches yield nothing), each builtin a statement
+    on the outputs (`size`, `params`, `files`, `routes`). Compiled once and run once, it is the op-by-op walk
+    without an interpreter's dispatch. An op the layout cannot run becomes a statement that refuses it by name
+    where it runs, as walking the ops would."""
+
+    def __init__(self) -> None:
+        self.names: dict[SSAValue, str] = {}
+        self.consts: dict[str, Any] = {}  # the function's free values: integers, routes, file names
+        self.lines: list[str] = []
+
+    def name(self, value: SSAValue) -> str:
+        known = self.names.get(value)
+        if known is None:
+            known = self.names[value] = f"v{len(self.names)}"
+        return known
+
+    def const(self, value: Any) -> str:
+        key = f"c{len(self.consts)}"
+        self.consts[key] = value
+        return key
+
+    def emit(self, depth: int, line: str) -> None:
+        self.lines.append("    " * depth + line)
+
+    def block(self, block: Block, depth: int) -> None:
+        start = len(self.lines)
+        for op in block.ops:
+            self.op(op, depth)
+        if len(self.lines) == start:
+            self.emit(depth, "pass")
+
+    def op(self, op: Operation, depth: int) -> None:
+        n, emit = self.name, self.emit
+        if isinstance(op, scf.YieldOp | csl.ParamOp):
+            return
+        if isinstance(op, csl.LayoutOp):
+            self.block(op.body.block, depth)
+        elif isinstance(op, scf.ForOp):
+            emit(depth, f"for {n(op.body.block.args[0])} in range({n(op.lb)}, {n(op.ub)}, {n(op.step)}):")
+            self.block(op.body.block, depth + 1)
+        elif isinstance(op, scf.IfOp):
+            emit(depth, f"if {n(op.cond)}:")
+            if op.true_region.blocks:
+                self.block(op.true_region.block, depth + 1)
+            else:
+                emit(depth + 1, "pass")
+            if op.false_region.blocks:
+                emit(depth, "else:")
+                self.block(op.false_region.block, depth + 1)
+        elif isinstance(op, arith.ConstantOp):
+            emit(depth, f"{n(op.result)} = {self.const(op.value.value.data)}")  # type: ignore[attr-defined]
+        elif type(op) in _SOURCE_OPS:
+            emit(depth, f"{n(op.results[0])} = " + _SOURCE_OPS[type(op)](op, *(n(o) for o in op.operands)))
+        elif isinstance(op, csl.ImportModuleConstOp):
+            emit(depth, f"{n(op.result)} = {{'module': {self.const(op.module.data)}}}")
+        elif isinstance(op, csl.MemberCallOp):
+            emit(depth, f"{n(op.result)} = " + (f"{{'memcpy_column': {n(op.args[0])}}}" if op.args else "{}"))
+        elif isinstance(op, csl.ConstStructOp):
+            fields = zip(op.ssa_fields.data, op.ssa_values, strict=True)  # type: ignore[union-attr]
+            emit(depth, f"{n(op.res)} = {{" + ", ".join(f"{self.const(f.data)}: {n(v)}" for f, v in fields) + "}")
+        elif isinstance(op, csl.ConcatStructOp):
+            emit(depth, f"{n(op.result)} = {{**{n(op.this_struct)}, **{n(op.another_struct)}}}")
+        elif isinstance(op, csl.SetRectangleOp):
+            emit(depth, f"size[0] = ({n(op.x_dim)}, {n(op.y_dim)})")
+        elif isinstance(op, csl.SetTileCodeOp):
+            given = f"dict({n(op.params)})" if op.params is not None else "{}"
+            emit(depth, f"params[({n(op.x_coord)}, {n(op.y_coord)})] = {given}")
+            emit(depth, f"files[({n(op.x_coord)}, {n(op.y_coord)})] = {self.const(op.file.data)}")
+        elif isinstance(op, csl_ext.SetColorConfigOp):
+            key = f"({n(op.x)}, {n(op.y)}, {self.const(op.colour.data)})"
+            emit(depth, f"if {key} in routes:")
+            emit(depth + 1, f"twice(*{key})")
+            emit(depth, f"routes[{key}] = {self.const((op.receives, op.transmits))}")
+        elif isinstance(op, csl.GetColorOp):
+            emit(depth, f"{n(op.res)} = {n(op.id)}")
+        else:
+            emit(depth, f"refuse({self.const(op.name)})")
 
 
-@dataclass
-class _LayoutRun:
-    """The layout as it runs: each SSA value's value (in `values`, at the slot `slot` gives it) and what its
-    builtins have set so far. Each block is turned once, the first time it runs, into its steps (`steps`):
-    closures over the slots of their operands and results, so that a loop over hundreds of thousands of
-    elements reads no op's operands or attributes again."""
+def _twice(x: int, y: int, colour: int) -> None:
+    raise PassError(f"{PASS}: the layout configures colour {colour} twice at element ({x}, {y})")
 
-    values: list[Any] = field(default_factory=list)
-    slots: dict[SSAValue, int] = field(default_factory=dict)
-    compiled: dict[int, tuple[Block, list[_Step]]] = field(default_factory=dict)
-    size: tuple[int, int] | None = None
-    params: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
-    routes: dict[tuple[int, int, int], tuple[tuple[str, ...], tuple[str, ...]]] = field(default_factory=dict)
-    files: dict[tuple[int, int], str] = field(default_factory=dict)
 
-    def slot(self, value: SSAValue) -> int:
-        index = self.slots.get(value)
-        if index is None:
-            index = self.slots[value] = len(self.values)
-            self.values.append(None)
-        return index
+def _refuse(name: str) -> None:
+    raise PassError(f"{PASS}: a layout does not run '{name}'")
 
-    def steps(self, block: Block) -> list[_Step]:
-        known = self.compiled.get(id(block))
-        if known is not None:
-            return known[1]
-        steps = [step for op in block.ops if (step := self._step(op)) is not None]
-        self.compiled[id(block)] = (block, steps)  # the block kept, so that its id is not reused
-        return steps
 
-    def block(self, block: Block) -> None:
-        for step in self.steps(block):
-            step()
+_COMPARISONS = ("==", "!=", "<", "<=", ">", ">=", "<", "<=", ">", ">=")  # arith.cmpi's predicates, in order
 
-    def _step(self, op: Operation) -> _Step | None:
-        maker = _LAYOUT_OPS.get(type(op))
-        if maker is not None:
-            return maker(self, op)
-        if type(op) in INTEGER_OPS:
-            return _integer(self, op)
-        raise PassError(f"{PASS}: a layout does not run '{op.name}'")
+# INTEGER_OPS as Python expressions over their operands' names: the same values (`int(a / b)` and `fmod` as
+# INTEGER_OPS computes C's truncating division and remainder)
+_SOURCE_OPS: dict[type[Operation], Callable[..., str]] = {
+    arith.AddiOp: lambda op, a, b: f"{a} + {b}",
+    arith.SubiOp: lambda op, a, b: f"{a} - {b}",
+    arith.MuliOp: lambda op, a, b: f"{a} * {b}",
+    arith.DivSIOp: lambda op, a, b: f"int({a} / {b})",
+    arith.RemSIOp: lambda op, a, b: f"int(fmod({a}, {b}))",
+    arith.CmpiOp: lambda op, a, b: f"{a} {_COMPARISONS[op.predicate.value.data]} {b}",
+    arith.AndIOp: lambda op, a, b: f"bool({a}) and bool({b})",
+    arith.SelectOp: lambda op, c, a, b: f"{a} if {c} else {b}",
+    arith.ExtSIOp: lambda op, a: a,
+    arith.TruncIOp: lambda op, a: a,
+    arith.IndexCastOp: lambda op, a: a,
+}
 
 
 def read_layout(module: csl.CslModuleOp, params: dict[str, int]) -> Layout:
     """Execute a layout `csl.module` (its loops, branches and builtins), given its parameters (`cslc --params`),
     into a `Layout`."""
-    run = _LayoutRun()
+    source = _LayoutSource()
+    given: dict[str, int] = {}
     for op in module.body.block.ops:
         if isinstance(op, csl.ParamOp):
             name = op.param_name.data
             if name not in params:
                 raise PassError(f"{PASS}: the layout's parameter '{name}' is not given (cslc --params)")
-            run.values[run.slot(op.res)] = params[name]
-    run.block(module.body.block)
-    if run.size is None:
+            given[source.name(op.res)] = params[name]
+    source.block(module.body.block, 1)
+    inputs = ["size", "params", "files", "routes", "twice", "refuse", "fmod", *source.consts, *given]
+    text = f"def layout({', '.join(inputs)}):\n" + "\n".join(source.lines) + "\n"
+    scope: dict[str, Any] = {}
+    exec(compile(text, "<layout.csl>", "exec"), scope)  # the layout's own ops, one Python statement each
+    size: list[tuple[int, int] | None] = [None]
+    tiles: dict[tuple[int, int], dict[str, Any]] = {}
+    files: dict[tuple[int, int], str] = {}
+    routes: dict[tuple[int, int, int], tuple[tuple[str, ...], tuple[str, ...]]] = {}
+    scope["layout"](size, tiles, files, routes, _twice, _refuse, math.fmod, *source.consts.values(), *given.values())
+    if size[0] is None:
         raise PassError(f"{PASS}: the layout sets no rectangle (@set_rectangle)")
-    width, height = run.size
-    return Layout(width, height, run.params, run.routes, run.files)
-
-
-# Each maker turns one op into its step (None: the op does nothing when it runs), its operands' and results' slots
-# and its attributes read once.
-
-_PREDICATES: tuple[Callable[[Any, Any], bool], ...] = (
-    operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge,
-    operator.lt, operator.le, operator.gt, operator.ge,
-)  # fmt: skip
-
-
-# INTEGER_OPS's that are Python's own operators
-_PLAIN: dict[type[Operation], Callable[[Any, Any], Any]] = {
-    arith.AddiOp: operator.add,
-    arith.SubiOp: operator.sub,
-    arith.MuliOp: operator.mul,
-}
-
-
-def _integer(run: _LayoutRun, op: Operation) -> _Step:
-    v, out = run.values, run.slot(op.results[0])
-    ins = tuple(run.slot(o) for o in op.operands)
-    if isinstance(op, arith.CmpiOp):
-        compare, (a, b) = _PREDICATES[op.predicate.value.data], ins
-
-        def step() -> None:
-            v[out] = compare(v[a], v[b])
-
-        return step
-    plain = _PLAIN.get(type(op))
-    if plain is not None:
-        a, b = ins
-
-        def arithmetic() -> None:
-            v[out] = plain(v[a], v[b])
-
-        return arithmetic
-    fn = INTEGER_OPS[type(op)]
-    if len(ins) == 2:
-        a, b = ins
-
-        def binary() -> None:
-            v[out] = fn(op, v[a], v[b])
-
-        return binary
-
-    def other() -> None:
-        v[out] = fn(op, *(v[i] for i in ins))
-
-    return other
-
-
-def _for(run: _LayoutRun, op: scf.ForOp) -> _Step:
-    v, lb, ub, step_, arg = (
-        run.values,
-        run.slot(op.lb),
-        run.slot(op.ub),
-        run.slot(op.step),
-        run.slot(op.body.block.args[0]),
-    )
-    body = op.body.block
-
-    def step() -> None:
-        steps = run.steps(body)  # the body's steps, made the first time the loop runs
-        for i in range(v[lb], v[ub], v[step_]):
-            v[arg] = i
-            for each in steps:
-                each()
-
-    return step
-
-
-def _if(run: _LayoutRun, op: scf.IfOp) -> _Step:
-    v, cond = run.values, run.slot(op.cond)
-    true = op.true_region.block if op.true_region.blocks else None
-    false = op.false_region.block if op.false_region.blocks else None
-    taken: list[list[_Step] | None] = [None, None]  # each branch's steps, once it has run
-
-    def step() -> None:
-        which = 0 if v[cond] else 1
-        steps = taken[which]
-        if steps is None:
-            block = true if which == 0 else false
-            steps = taken[which] = run.steps(block) if block is not None else []
-        for each in steps:
-            each()
-
-    return step
-
-
-def _constant(run: _LayoutRun, op: arith.ConstantOp) -> _Step:
-    v, out, value = run.values, run.slot(op.result), op.value.value.data  # type: ignore[attr-defined]
-
-    def step() -> None:
-        v[out] = value
-
-    return step
-
-
-def _import(run: _LayoutRun, op: csl.ImportModuleConstOp) -> _Step:
-    v, out, name = run.values, run.slot(op.result), op.module.data
-
-    def step() -> None:
-        v[out] = {"module": name}
-
-    return step
-
-
-def _member_call(run: _LayoutRun, op: csl.MemberCallOp) -> _Step:
-    v, out = run.values, run.slot(op.result)
-    column = run.slot(op.args[0]) if op.args else None
-
-    def step() -> None:
-        v[out] = {"memcpy_column": v[column]} if column is not None else {}
-
-    return step
-
-
-def _struct(run: _LayoutRun, op: csl.ConstStructOp) -> _Step:
-    v, out = run.values, run.slot(op.res)
-    fields = [(f.data, run.slot(s)) for f, s in zip(op.ssa_fields.data, op.ssa_values, strict=True)]  # type: ignore[union-attr]
-
-    def step() -> None:
-        v[out] = {name: v[i] for name, i in fields}
-
-    return step
-
-
-def _concat(run: _LayoutRun, op: csl.ConcatStructOp) -> _Step:
-    v, out, a, b = run.values, run.slot(op.result), run.slot(op.this_struct), run.slot(op.another_struct)
-
-    def step() -> None:
-        v[out] = {**v[a], **v[b]}
-
-    return step
-
-
-def _tile_code(run: _LayoutRun, op: csl.SetTileCodeOp) -> _Step:
-    v, x, y, file = run.values, run.slot(op.x_coord), run.slot(op.y_coord), op.file.data
-    given = run.slot(op.params) if op.params is not None else None
-    params, files = run.params, run.files
-
-    def step() -> None:
-        key = (v[x], v[y])
-        params[key] = dict(v[given]) if given is not None else {}
-        files[key] = file
-
-    return step
-
-
-def _colour_config(run: _LayoutRun, op: csl_ext.SetColorConfigOp) -> _Step:
-    v, x, y, colour = run.values, run.slot(op.x), run.slot(op.y), op.colour.data
-    route, routes = (op.receives, op.transmits), run.routes
-
-    def step() -> None:
-        key = (v[x], v[y], colour)
-        if key in routes:
-            raise PassError(f"{PASS}: the layout configures colour {key[2]} twice at element ({key[0]}, {key[1]})")
-        routes[key] = route
-
-    return step
-
-
-def _rectangle(run: _LayoutRun, op: csl.SetRectangleOp) -> _Step:
-    v, x, y = run.values, run.slot(op.x_dim), run.slot(op.y_dim)
-
-    def step() -> None:
-        run.size = (v[x], v[y])
-
-    return step
-
-
-def _layout(run: _LayoutRun, op: csl.LayoutOp) -> _Step:
-    body = op.body.block
-    return lambda: run.block(body)
-
-
-def _get_colour(run: _LayoutRun, op: csl.GetColorOp) -> _Step:
-    v, out, given = run.values, run.slot(op.res), run.slot(op.id)
-
-    def step() -> None:
-        v[out] = v[given]
-
-    return step
-
-
-_LAYOUT_OPS: dict[type[Operation], Callable[[_LayoutRun, Any], _Step | None]] = {
-    csl.LayoutOp: _layout,
-    arith.ConstantOp: _constant,
-    scf.ForOp: _for,
-    scf.IfOp: _if,
-    scf.YieldOp: lambda run, op: None,
-    csl.ParamOp: lambda run, op: None,
-    csl.ImportModuleConstOp: _import,
-    csl.MemberCallOp: _member_call,
-    csl.ConstStructOp: _struct,
-    csl.ConcatStructOp: _concat,
-    csl.SetRectangleOp: _rectangle,
-    csl.SetTileCodeOp: _tile_code,
-    csl_ext.SetColorConfigOp: _colour_config,
-    csl.GetColorOp: _get_colour,
-}
+    width, height = size[0]
+    return Layout(width, height, tiles, routes, files)
