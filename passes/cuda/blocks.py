@@ -25,7 +25,11 @@ from logos_ir import quant
 from logos_ir.dialects import cuda
 from logos_ir.passes.cuda.thread_code import Body
 
-UNIT_BYTES = {"q8_0": 2, "q4_0": 2, "q5_0": 2, "q4_1": 4, "q5_1": 4}
+# the widest unit every block of a format starts on (ggml-common.h: a block with a half2 `dm` is 4-byte aligned)
+UNIT_BYTES = {
+    "q8_0": 2, "q4_0": 2, "q5_0": 2, "q4_1": 4, "q5_1": 4,
+    "q4_k": 4, "q5_k": 4, "q2_k": 4, "q6_k": 2, "q3_k": 2,
+}  # fmt: skip
 READ_AS_STORED = tuple(UNIT_BYTES)
 VECTOR_BYTES = 16
 MAX_GROUP_BYTES = 288  # a lane's groups of all its streams at once: more (Q8_0's 2 x 272) spills under 128 registers
@@ -130,7 +134,10 @@ class Units:
 
 
 def dequantize(b: Body, fmt: str, span: Units, start: int) -> list[SSAValue]:
-    """The 32 numbers (f32) of the block at byte `start` of `span`, as `quant.dequantize` gives them."""
+    """The numbers (f32) of the block at byte `start` of `span`, as `quant.dequantize` gives them: 32 a block of
+    the legacy formats, 256 a K-quant super-block (`_SUPER_BLOCKS`)."""
+    if fmt in _SUPER_BLOCKS:
+        return _SUPER_BLOCKS[fmt](b, span, start)
     fifth = {"q5_0": 2, "q5_1": 4}.get(fmt)
     minimum = fmt in ("q4_1", "q5_1")
     scale = span.half(start)
@@ -157,6 +164,118 @@ def dequantize(b: Body, fmt: str, span: Units, start: int) -> list[SSAValue]:
     return values
 
 
+# -- the K-quants' super-blocks: 256 numbers, a scale (and a minimum) a sub-block ---------------------------------
+
+
+def _or_high(b: Body, low: SSAValue, high: SSAValue, shift: int) -> SSAValue:
+    """low | (high << shift): a code or a scale put together from its fields."""
+    return b.op(arith.OrIOp(low, b.op(arith.ShLIOp(high, _iconst(b, shift)))))
+
+
+def _unsigned(b: Body, code: SSAValue) -> SSAValue:
+    return b.op(arith.UIToFPOp(code, f32))
+
+
+def _less(b: Body, code: SSAValue, offset: int) -> SSAValue:
+    """code - offset as a signed number (f32, exact)."""
+    return b.op(arith.SIToFPOp(b.op(arith.SubiOp(code, _iconst(b, offset))), f32))
+
+
+def _k_scale_min(b: Body, span: Units, at: int, j: int) -> tuple[SSAValue, SSAValue]:
+    """Sub-block j's 6-bit scale and minimum from the 12 bytes at byte `at` (Q4_K's and Q5_K's), as
+    `quant._k_scales_mins` unpacks them: bytes j and j + 4 for j < 4; else byte j + 4's nibbles with the top two
+    bits of bytes j - 4 and j."""
+    if j < 4:
+        return span.bits(at + j, 0, 6), span.bits(at + j + 4, 0, 6)
+    scale = _or_high(b, span.bits(at + j + 4, 0, 4), span.bits(at + j - 4, 6, 2), 4)
+    minimum = _or_high(b, span.bits(at + j + 4, 4, 4), span.bits(at + j, 6, 2), 4)
+    return scale, minimum
+
+
+def _q4_k_q5_k(b: Body, span: Units, start: int, fifth: bool) -> list[SSAValue]:
+    """Q4_K (144 bytes: d, dmin, 12 bytes of scales and minimums, 128 of nibbles) and Q5_K (176: the 32 bytes of
+    fifth bits before the nibbles): number 32j + l is (d * sc_j) * q - (dmin * m_j), q the nibble of byte
+    32 (j // 2) + l at bit 4 (j % 2) (with Q5_K bit j of qh[l] as its fifth bit), each product and the difference
+    rounded in f32 as `quant._q4_k` / `_q5_k` round them."""
+    d, dmin = span.half(start), span.half(start + 2)
+    qh, qs = start + 16, start + (48 if fifth else 16)
+    values = []
+    for j in range(8):
+        scale, minimum = _k_scale_min(b, span, start + 4, j)
+        dl, ml = b.fmul(d, _unsigned(b, scale)), b.fmul(dmin, _unsigned(b, minimum))
+        for low in range(32):
+            code = span.bits(qs + 32 * (j // 2) + low, 4 * (j % 2), 4)
+            if fifth:
+                code = _or_high(b, code, span.bits(qh + low, j, 1), 4)
+            values.append(b.fsub(b.fmul(dl, _unsigned(b, code)), ml))
+    return values
+
+
+def _q6_k(b: Body, span: Units, start: int) -> list[SSAValue]:
+    """Q6_K (210 bytes: 128 of low nibbles, 64 of high crumbs, 16 signed 8-bit scales, d): number 128h + 32k + l
+    is (d * sc_(n // 16)) * (q - 32), q's low 4 bits from ql[64h + 32 (k % 2) + l] at bit 4 (k // 2) and its high
+    2 from qh[32h + l] at bit 2k (`quant._q6_k`)."""
+    d = span.half(start + 208)
+    scales = []
+    for s in range(16):
+        signed = b.op(arith.TruncIOp(span.bits(start + 192 + s, 0, 8), IntegerType(8)))
+        scales.append(b.fmul(d, b.op(arith.SIToFPOp(signed, f32))))
+    values = []
+    for n in range(quant.QK_K):
+        h, k, low = n // 128, n % 128 // 32, n % 32
+        code = span.bits(start + 64 * h + 32 * (k % 2) + low, 4 * (k // 2), 4)
+        code = _or_high(b, code, span.bits(start + 128 + 32 * h + low, 2 * k, 2), 4)
+        values.append(b.fmul(scales[n // 16], _less(b, code, 32)))
+    return values
+
+
+def _q3_k(b: Body, span: Units, start: int) -> list[SSAValue]:
+    """Q3_K (110 bytes: 32 of high bits, 64 of crumbs, 12 of 6-bit scales, d): scale i's low 4 bits from byte
+    i % 8 at bit 4 (i // 8), its high 2 from byte 8 + i % 4 at bit 2 (i // 4), less 32; number 128h + 32j + l is
+    (d * sc_(n // 16)) * q, q the crumb of qs[32h + l] at bit 2j less 4 unless bit 4h + j of hmask[l] is set
+    (`quant._q3_k`)."""
+    d = span.half(start + 108)
+    at = start + 96
+    scales = []
+    for i in range(16):
+        scale = _or_high(b, span.bits(at + i % 8, 4 * (i // 8), 4), span.bits(at + 8 + i % 4, 2 * (i // 4), 2), 4)
+        scales.append(b.fmul(d, _less(b, scale, 32)))
+    values = []
+    for n in range(quant.QK_K):
+        h, j, low = n // 128, n % 128 // 32, n % 32
+        crumb = span.bits(start + 32 + 32 * h + low, 2 * j, 2)
+        code = _or_high(b, crumb, span.bits(start + low, 4 * h + j, 1), 2)  # crumb + 4 with the bit set
+        values.append(b.fmul(scales[n // 16], _less(b, code, 4)))
+    return values
+
+
+def _q2_k(b: Body, span: Units, start: int) -> list[SSAValue]:
+    """Q2_K (84 bytes: 16 of 4-bit scale and minimum pairs, 64 of crumbs, d, dmin): number 128h + 32j + l is
+    (d * (sc_i & 15)) * q - (dmin * (sc_i >> 4)), i = n // 16, q the crumb of qs[32h + l] at bit 2j
+    (`quant._q2_k`)."""
+    d, dmin = span.half(start + 80), span.half(start + 82)
+    subs = []
+    for i in range(16):
+        scale, minimum = span.bits(start + i, 0, 4), span.bits(start + i, 4, 4)
+        subs.append((b.fmul(d, _unsigned(b, scale)), b.fmul(dmin, _unsigned(b, minimum))))
+    values = []
+    for n in range(quant.QK_K):
+        h, j, low = n // 128, n % 128 // 32, n % 32
+        dl, ml = subs[n // 16]
+        crumb = span.bits(start + 16 + 32 * h + low, 2 * j, 2)
+        values.append(b.fsub(b.fmul(dl, _unsigned(b, crumb)), ml))
+    return values
+
+
+_SUPER_BLOCKS = {
+    "q4_k": lambda b, span, start: _q4_k_q5_k(b, span, start, False),
+    "q5_k": lambda b, span, start: _q4_k_q5_k(b, span, start, True),
+    "q6_k": _q6_k,
+    "q3_k": _q3_k,
+    "q2_k": _q2_k,
+}
+
+
 def load_units(b: Body, weight: SSAValue, row: SSAValue, first: SSAValue, count: int, vectors: bool) -> list[SSAValue]:
     """`count` units of row `row` from unit `first`: in 16-byte vector loads (`vectors`: `first` 16-byte aligned,
     `count` whole vectors) or one unit a load."""
@@ -168,5 +287,3 @@ def load_units(b: Body, weight: SSAValue, row: SSAValue, first: SSAValue, count:
     for v in range(count // per):
         got += b.vload_raw(weight, [row, b.add(first, v * per) if v else first], per)
     return got
-
-
