@@ -3,16 +3,22 @@ and dequantize them in registers.
 
 A weight buffer held as stored (`cuda.storage` on its `cuda.buffer`, the format's name) is a memref of the rows'
 bytes in 16- or 32-bit units (`UNIT_BYTES`: the widest that every block of the format starts on, as llama.cpp's
-`get_int_b2` / `get_int_b4` read them: Q8_0's 34-byte, Q4_0's 18-byte and Q5_0's 22-byte blocks are 2-byte aligned,
-Q4_1's 20-byte and Q5_1's 24-byte blocks 4-byte aligned). Where a row's bytes are a multiple of 16 (so every row
-starts 16-byte aligned), a lane reads a group of `GROUP` blocks at once in 16-byte loads (the fewest whole blocks
-whose bytes are a multiple of 16: 80 bytes of Q4_1, 144 of Q4_0); the blocks past the last whole group of such a
-row, and every block of a row whose bytes are not a multiple of 16, are read a block at a time in units.
+`get_int_b2` / `get_int_b4` read them: Q8_0's 34-byte, Q4_0's 18-byte, Q5_0's 22-byte, Q6_K's 210-byte and Q3_K's
+110-byte blocks are 2-byte aligned, Q4_1's 20-byte, Q5_1's 24-byte, Q4_K's 144-byte, Q5_K's 176-byte and Q2_K's
+84-byte blocks, each with a half2 `dm`, 4-byte aligned). Where a row's bytes are a multiple of 16 (so every row
+starts 16-byte aligned), a lane reads a group of `group` blocks at once in 16-byte loads (the fewest whole blocks
+whose bytes are a multiple of 16: 80 bytes of Q4_1, 144 of Q4_0, one super-block of Q4_K or Q5_K) where the
+groups of all its streams fit in MAX_GROUP_BYTES; the blocks past the last whole group of such a row, and every
+block of a row whose bytes are not a multiple of 16, are read a block at a time in units.
 
 The numbers come out of the loaded units by static shifts and masks (the block layouts of `logos_ir.quant`, as
 llama.cpp's `ggml-common.h` lays them), each the value the reference's dequantizer gives (`quant.dequantize`): the
 f16 scale d (and minimum m) widened exactly, then d * q (Q8_0: q the signed byte; Q4_0 and Q5_0: the code less 8
-or 16) or d * q + m (Q4_1, Q5_1), each product and sum rounded once in f32 as numpy rounds them.
+or 16) or d * q + m (Q4_1, Q5_1), each product and sum rounded once in f32 as numpy rounds them. A K-quant's
+super-block of 256 numbers takes its sub-block's scale (and minimum) first, d * sc (and dmin * m), then each
+number's product (less the minimum), in the order `quant._q2_k` ... `_q6_k` round them; a GEMV takes it in runs of
+numbers (`pieces`) over one or more loops (`passes`), each unit loaded where its first field is taken
+(`lazy_units`), so that no more of a super-block is in registers at once than a pass needs.
 """
 
 from __future__ import annotations

@@ -249,7 +249,10 @@ def _stored_dot_sums(
     norm's weight, its square summed, with `norm`). Where the row's bytes allow (a multiple of 16), a lane loads a
     group of `blocks.group` blocks in 16-byte loads a loop step; the blocks past the last whole group (all of a row
     whose bytes are not a multiple of 16) come a block at a time in units, `unroll` blocks a lane a step so that
-    about UNROLL_BYTES are in flight a stream, all of a step's loads issued before the first is used."""
+    about UNROLL_BYTES are in flight a stream, all of a step's loads issued before the first is used. A K-quant's
+    super-block is taken a run of numbers at a time (`blocks.pieces`), its units loaded where a run first needs
+    them, the runs split over `blocks.passes` loops over the lane's blocks (a pass's units within
+    `blocks.PASS_BYTES`)."""
     layout = quant.FORMATS[fmt]
     size, unit = layout.block_bytes, blocks.UNIT_BYTES[fmt]
     per_block = size // unit
