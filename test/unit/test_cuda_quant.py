@@ -152,6 +152,24 @@ def test_a_model_stored_in_the_k_quants_gives_the_reference_tokens(fmt: str) -> 
     assert lane.generate(PROMPT, 6) == want
 
 
+def test_a_k_quant_gemv_takes_every_number_once_in_passes_that_fit() -> None:
+    """Each K-quant's units (16-bit for Q6_K's and Q3_K's 2-byte-aligned blocks, 32-bit for the others, whose d and
+    dmin are a half2) and the passes a GEMV of one and of two streams makes (docs/cuda.md): every pass's runs
+    together take each of a super-block's 256 numbers exactly once, and a pass's share of the block's units, each
+    in a 32-bit register, for all streams fits in PASS_BYTES."""
+    from logos_ir.passes.cuda import blocks
+
+    assert {f: blocks.UNIT_BYTES[f] for f in K_QUANTS} == {"q4_k": 4, "q6_k": 2, "q5_k": 4, "q3_k": 2, "q2_k": 4}
+    counts = {f: (len(blocks.passes(f, 1)), len(blocks.passes(f, 2))) for f in K_QUANTS}
+    assert counts == {"q4_k": (1, 2), "q6_k": (4, 8), "q5_k": (2, 4), "q3_k": (2, 4), "q2_k": (1, 2)}
+    for fmt in K_QUANTS:
+        for streams in (1, 2):
+            taken = [n for one in blocks.passes(fmt, streams) for run in one for n in run]
+            assert sorted(taken) == list(range(256)), (fmt, streams)
+            units = quant.FORMATS[fmt].block_bytes // blocks.UNIT_BYTES[fmt]
+            assert streams * units * 4 <= counts[fmt][streams - 1] * blocks.PASS_BYTES
+
+
 @pytest.mark.parametrize("fmt", FORMATS + K_QUANTS)
 def test_the_embedding_kernel_gives_gguf_pys_dequantized_rows_bit_for_bit(fmt: str) -> None:
     """Random blocks (scales of every sign and size f16 holds, finite; a K-quant's packed sub-block scales and
