@@ -249,67 +249,88 @@ def _stored_dot_sums(
     norm's weight, its square summed, with `norm`). Where the row's bytes allow (a multiple of 16), a lane loads a
     group of `blocks.group` blocks in 16-byte loads a loop step; the blocks past the last whole group (all of a row
     whose bytes are not a multiple of 16) come a block at a time in units, `unroll` blocks a lane a step so that
-    about UNROLL_BYTES are in flight a stream, all of a step's loads issued before the first is used."""
+    about UNROLL_BYTES are in flight a stream, all of a step's loads issued before the first is used. A K-quant's
+    super-block is taken a run of numbers at a time (`blocks.pieces`), its units loaded where a run first needs
+    them, the runs split over `blocks.passes` loops over the lane's blocks (a pass's units within
+    `blocks.PASS_BYTES`)."""
     layout = quant.FORMATS[fmt]
     size, unit = layout.block_bytes, blocks.UNIT_BYTES[fmt]
     per_block = size // unit
     count = depth // layout.block
     tile = len(rows)
+    super_block = fmt in blocks.SUPER_BLOCKS
 
     def accumulate(
-        acc: list[SSAValue], spans: list[blocks.Units], placed: list[tuple[int, SSAValue]]
+        acc: list[SSAValue], spans: list[blocks.Units], placed: list[tuple[int, SSAValue]], pieces: list[range]
     ) -> list[SSAValue]:
         out = list(acc)
         for start, block in placed:  # (the block's byte in the span, its index in the row)
             base = b.mul(block, layout.block)
-            where = [b.add(base, v) if v else base for v in range(0, layout.block, 4)]
-            scales = [g for at in where for g in b.vload(norm[0], [at], 4)] if norm else []
-            weights = [blocks.dequantize(b, fmt, span, start) for span in spans]
-            for t, row in enumerate(rows):
-                values = [v for at in where for v in b.vload(x, [row, at], 4)]
-                if norm:
-                    square = len(streams) * tile + t
-                    for v in values:
-                        out[square] = b.fma(v, v, out[square])
-                    values = [b.fmul(v, g) for v, g in zip(values, scales, strict=True)]
-                for s_index, numbers in enumerate(weights):
-                    total = out[s_index * tile + t]
-                    for wi, xi in zip(numbers, values, strict=True):
-                        total = b.fma(wi, xi, total)
-                    out[s_index * tile + t] = total
+            for numbers in pieces:
+                out = multiply(out, spans, start, base, numbers)
         return out
 
-    sums = [b.fconst(0.0) for _ in range(len(streams) * tile + (tile if norm else 0))]
+    def multiply(
+        acc: list[SSAValue], spans: list[blocks.Units], start: int, base: SSAValue, numbers: range
+    ) -> list[SSAValue]:
+        """The block's `numbers` (of the block at byte `start` of each span, number 0 at `base` of x) dequantized
+        and multiplied into the sums."""
+        out = list(acc)
+        where = [b.add(base, v) if v else base for v in range(numbers.start, numbers.stop, 4)]
+        scales = [g for at in where for g in b.vload(norm[0], [at], 4)] if norm else []
+        weights = [blocks.dequantize(b, fmt, span, start, numbers) for span in spans]
+        for t, row in enumerate(rows):
+            values = [v for at in where for v in b.vload(x, [row, at], 4)]
+            if norm:
+                square = len(streams) * tile + t
+                for v in values:
+                    out[square] = b.fma(v, v, out[square])
+                values = [b.fmul(v, g) for v, g in zip(values, scales, strict=True)]
+            for s_index, dequantized in enumerate(weights):
+                total = out[s_index * tile + t]
+                for wi, xi in zip(dequantized, values, strict=True):
+                    total = b.fma(wi, xi, total)
+                out[s_index * tile + t] = total
+        return out
+
+    def span_of(weight: SSAValue, row: SSAValue, first: SSAValue, count: int, vectors: bool) -> blocks.Units:
+        if super_block:
+            return blocks.lazy_units(b, weight, row, first, count, vectors)
+        return blocks.Units(b, blocks.load_units(b, weight, row, first, count, vectors), unit)
+
     grouped = blocks.group(fmt)
     in_registers = grouped * size * len(streams) <= blocks.MAX_GROUP_BYTES  # (Q8_0's two streams spill)
     groups = count // grouped if blocks.row_vectors(fmt, depth) and in_registers else 0
-    if groups:
-        span_units = grouped * per_block
-
-        def by_group(g: SSAValue, acc: list[SSAValue]) -> list[SSAValue]:
-            first = b.mul(g, span_units)
-            spans = [blocks.Units(b, blocks.load_units(b, w, r, first, span_units, True), unit) for w, r in streams]
-            base = b.mul(g, grouped)
-            placed = [(j * size, b.add(base, j) if j else base) for j in range(grouped)]
-            return accumulate(acc, spans, placed)
-
-        sums = b.loop(lane, groups, cuda.WARP, sums, by_group)
     done = groups * grouped
     left = count - done
-    if left:
-        unroll = max(1, UNROLL_BYTES // size // len(streams)) if tile == 1 else 1
-        unroll = max(1, min(unroll, left // cuda.WARP))
+    unroll = max(1, UNROLL_BYTES // size // len(streams)) if tile == 1 else 1
+    unroll = max(1, min(unroll, left // cuda.WARP))
+
+    def run(pieces: list[range], sums: list[SSAValue]) -> list[SSAValue]:
+        """The loops over the lane's blocks that take `pieces` of each."""
+        if groups:
+            span_units = grouped * per_block
+
+            def by_group(g: SSAValue, acc: list[SSAValue]) -> list[SSAValue]:
+                first = b.mul(g, span_units)
+                spans = [span_of(w, r, first, span_units, True) for w, r in streams]
+                base = b.mul(g, grouped)
+                placed = [(j * size, b.add(base, j) if j else base) for j in range(grouped)]
+                return accumulate(acc, spans, placed, pieces)
+
+            sums = b.loop(lane, groups, cuda.WARP, sums, by_group)
+        if not left:
+            return sums
 
         def step_of(n: int) -> Callable[[SSAValue, list[SSAValue]], list[SSAValue]]:
             def step(k: SSAValue, acc: list[SSAValue]) -> list[SSAValue]:
                 ks = [b.add(k, u * cuda.WARP) if u else k for u in range(n)]
-                loaded = [  # every load of the step issued first
-                    [blocks.load_units(b, w, r, b.mul(kk, per_block), per_block, False) for w, r in streams]
-                    for kk in ks
+                loaded = [  # every load of the step issued first (a super-block's where its sub-block needs it)
+                    [span_of(w, r, b.mul(kk, per_block), per_block, False) for w, r in streams] for kk in ks
                 ]
                 out = acc
-                for kk, units in zip(ks, loaded, strict=True):
-                    out = accumulate(out, [blocks.Units(b, u, unit) for u in units], [(0, kk)])
+                for kk, spans in zip(ks, loaded, strict=True):
+                    out = accumulate(out, spans, [(0, kk)], pieces)
                 return out
 
             return step
@@ -321,6 +342,11 @@ def _stored_dot_sums(
             sums = b.loop(first, done + main, chunk, sums, step_of(unroll))
         if main < left:
             sums = b.loop(b.add(first, main) if main else first, count, cuda.WARP, sums, step_of(1))
+        return sums
+
+    sums = [b.fconst(0.0) for _ in range(len(streams) * tile + (tile if norm else 0))]
+    for pieces in blocks.passes(fmt, len(streams)):  # a super-block's units in registers a pass at a time
+        sums = run(pieces, sums)
     return [b.warp_sum(v) for v in sums]
 
 

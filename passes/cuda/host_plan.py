@@ -242,7 +242,11 @@ def weight_share(
     return store.part(tensor, axis, chip * size, (chip + 1) * size, element)
 
 
-UNIT_BYTES = {"q8_0": 2, "q4_0": 2, "q5_0": 2, "q4_1": 4, "q5_1": 4}  # a stored weight's unit (`blocks.UNIT_BYTES`)
+# a stored weight's unit (`blocks.UNIT_BYTES`)
+UNIT_BYTES = {
+    "q8_0": 2, "q4_0": 2, "q5_0": 2, "q4_1": 4, "q5_1": 4,
+    "q4_k": 4, "q5_k": 4, "q2_k": 4, "q6_k": 2, "q3_k": 2,
+}  # fmt: skip
 
 
 def stored_share(store: Any, name: str, shape: tuple[int, ...], fmt: str, chip: int, chips: int) -> np.ndarray:
