@@ -218,13 +218,15 @@ def emitter_pipelines() -> dict[str, str]:
 class CompileTarget:
     """A `logos-compile --target`: what it lowers (`cuts`, the cut kinds it takes; empty for any), the weight
     images it writes (`weights`, the first its default), and `build`, which returns the lane's build function
-    (a `BuildRequest` in, a `LaneBuild` out; see `logos_ir.build`)."""
+    (a `BuildRequest` in, a `LaneBuild` out; see `logos_ir.build`); `stored` returns the storage formats its decode
+    step reads as stored (any other it reads as its image)."""
 
     name: str
     description: str
     cuts: tuple[str, ...]
     weights: tuple[str, ...]
     build: Callable[[], Callable[[BuildRequest], LaneBuild]]
+    stored: Callable[[], Any] = lambda: ()
 
 
 def compile_targets() -> dict[str, CompileTarget]:
@@ -244,6 +246,7 @@ def compile_targets() -> dict[str, CompileTarget]:
             ("decode", "prefill", "batch"),
             ("bf16", "f32"),
             _lazy("logos_ir.passes.cuda.build", "build_cuda"),
+            _lazy("logos_ir.passes.cuda.blocks", "READ_AS_STORED"),
         ),
         "d5005": CompileTarget(
             "d5005",
@@ -252,6 +255,7 @@ def compile_targets() -> dict[str, CompileTarget]:
             ("decode",),
             ("bf16", "f32"),
             _lazy("logos_ir.passes.d5005.build", "build_d5005"),
+            _lazy("logos_ir.dialects.d5005", "STORED_FORMATS"),
         ),
         "spatial": CompileTarget(
             "spatial",

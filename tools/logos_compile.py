@@ -97,15 +97,24 @@ def _request(args: argparse.Namespace, targets: dict[str, Any], progress: Any) -
     return BuildRequest(model, cut, args.tp, weights, args.with_weights, progress, dict(args.option))
 
 
-def storage_line(request: Any) -> str:
-    """What the model's weights take as stored and as the lane's image reads them."""
+def storage_line(request: Any, target: Any) -> str:
+    """What the model's weights take as stored, and how the lane reads them: the formats its decode step reads as
+    stored (`CompileTarget.stored`), the others dequantized into its image."""
     from logos_ir.build import weight_bytes
 
     b = weight_bytes(request)
-    return (
-        f"logos-compile: weights stored in {b['stored_bytes']:,} bytes ({', '.join(sorted(b['formats']))}); "
-        f"the lane reads them dequantized as {b['image']}, {b['read_bytes']:,} bytes"
+    formats = sorted(b["formats"])
+    as_stored = [f for f in formats if f in tuple(target.stored())]
+    line = f"logos-compile: weights stored in {b['stored_bytes']:,} bytes ({', '.join(formats)}); "
+    if not as_stored:
+        return line + f"the lane reads them dequantized as {b['image']}, {b['read_bytes']:,} bytes"
+    rest = [f for f in formats if f not in as_stored and f != "f32"]
+    image = (
+        f", the others ({', '.join(rest)}) and the f32 tensors as {b['image']}"
+        if rest
+        else (f", its f32 tensors as {b['image']}")
     )
+    return line + f"the lane's decode step reads {', '.join(as_stored)} as stored{image} (its report says the bytes)"
 
 
 def build(args: argparse.Namespace, targets: dict[str, Any], destination: Path) -> list[str]:
@@ -127,7 +136,7 @@ def build(args: argparse.Namespace, targets: dict[str, Any], destination: Path) 
     size = sum(len(a.data) for a in lane.artifacts)
     return [
         *lane.summary,
-        storage_line(request),
+        storage_line(request, targets[args.target]),
         f"logos-compile: wrote {destination} ({len(lane.artifacts)} files, {size} bytes)",
         f"logos-compile: run it with: {run_command(args, destination)}",
     ]
