@@ -862,7 +862,14 @@ def _built(context: Any, source: str, binary: bytes | None, options: list[str] |
     with warnings.catch_warnings():  # PoCL notes the ABI of by-value uint16 arguments; nothing to act on
         warnings.simplefilter("ignore", cl.CompilerWarning)
         if binary is None:
-            return cl.Program(context, source).build(options=options or [])
+            try:
+                return cl.Program(context, source).build(options=options or [])
+            except cl.Error as error:  # the device's compiler refused the source: its own words, no traceback
+                said = next((line.strip() for line in str(error).splitlines() if "error:" in line), str(error))
+                raise LogosError(
+                    f"the OpenCL device '{context.devices[0].name.strip()}' does not build the engine's source: {said}",
+                    hint="PoCL's CPU device needs a CPU its LLVM knows; PYOPENCL_COMPILER_OUTPUT=1 shows the whole log",
+                ) from None
         try:
             return cl.Program(context, context.devices, [binary]).build()
         except cl.Error as error:

@@ -358,3 +358,17 @@ def test_embedded_model_on_the_engine() -> None:
     engine.reset()
     same = sum(engine.step(fed[p] + 1, p + 1) - 1 == predicted[p] for p in range(128))
     assert same / 128 >= 0.98, f"bf16 next-token agreement {same}/128"
+
+
+@pytest.mark.skipif(NO_OPENCL is not None, reason=str(NO_OPENCL))
+def test_a_source_the_device_does_not_build_is_one_clear_error() -> None:
+    """The device's compiler's refusal (here of a source that is not OpenCL C; on a CPU PoCL's LLVM does not know,
+    of any source) is a LogosError with the compiler's first error line, not pyopencl's traceback."""
+    from logos_ir.errors import LogosError
+    from logos_ir.runtime.d5005 import _built
+    from logos_ir.runtime.opencl import pocl_cpu_context
+
+    context = pocl_cpu_context()
+    with pytest.raises(LogosError, match="does not build the engine's source: .*error") as refused:
+        _built(context, "this is not OpenCL C", None)
+    assert "PYOPENCL_COMPILER_OUTPUT=1" in (refused.value.hint or "")
