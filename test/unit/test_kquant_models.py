@@ -103,3 +103,24 @@ def test_compile_stores_a_preset_in_q4_k_m_and_records_it(tmp_path) -> None:
     # tiny's rows of 64 are not whole super-blocks: Q4_K falls back to Q5_0, the output's Q6_K to Q8_0
     assert 'q_proj.weight" of 64 by 64, stored in 5-bit blocks of 32 with a scale.' in text
     assert 'lm_head.weight" of 256 by 64, stored in 8-bit blocks of 32 with a scale.' in text
+
+
+@pytest.mark.parametrize(
+    ("target", "says"),
+    [
+        ("cuda", "the lane's decode step reads q5_0, q8_0 as stored, its f32 tensors as bf16"),
+        ("d5005", "the lane's decode step reads q8_0 as stored, the others (q5_0) and the f32 tensors as bf16"),
+        ("spatial", "the lane reads them dequantized as f16"),
+    ],
+)
+def test_compile_says_which_formats_the_lane_reads_as_stored(tmp_path, capsys, target: str, says: str) -> None:  # type: ignore[no-untyped-def]
+    """tiny at q4_k_m is Q5_0 and Q8_0 (its rows of 64 fall back): the CUDA lane's decode reads both as stored, the
+    D5005 engine Q8_0 only, the wafer neither; each build's storage line says so."""
+    from logos_ir.tools.logos_compile import main
+
+    args = ["--model", "tiny", "--target", target, "--cut", "decode ctx=64", "--weights", "q4_k_m"]
+    if target == "spatial":
+        args[-1] = "q8_0"  # the wafer runs one element program for every layer: a mix's layers differ
+    assert main([*args, "-o", str(tmp_path / "b")]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if "weights stored in" in line)
+    assert says in line
