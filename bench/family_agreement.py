@@ -41,9 +41,10 @@ LANES = {"cuda": ("bf16", True), "d5005": ("bf16", False), "spatial": ("f16", Fa
 
 
 class Forced(Sampler):
-    """Asks the backend for its logits, keeps its arg-max and each step's logits, and feeds the golden tokens."""
+    """Asks the backend for its logits, keeps its arg-max and each step's logits, and feeds the golden tokens (None:
+    its own arg-max, greedy)."""
 
-    def __init__(self, tokens: list[int]) -> None:
+    def __init__(self, tokens: list[int] | None = None) -> None:
         super().__init__()
         self.tokens = tokens
         self.argmax: list[int] = []
@@ -57,7 +58,7 @@ class Forced(Sampler):
         assert logits is not None
         self.logits.append(np.asarray(logits, np.float64).reshape(-1))
         self.argmax.append(argmax)
-        return self.tokens[len(self.argmax) - 1]
+        return argmax if self.tokens is None else self.tokens[len(self.argmax) - 1]
 
 
 def forced(family: str, backend: str, weights: str, emulate: bool, prompt: list[int], tokens: list[int]) -> Forced:

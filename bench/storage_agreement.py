@@ -19,18 +19,22 @@ import datetime
 import json
 import os
 import platform
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 from logos_ir import quant
 from logos_ir.generate import Generator, default_ctx
 from logos_ir.quant import QUANTIZERS
-from logos_ir.sampling import Sampler
 from logos_ir.tokenizer import Tokenizer
 from logos_ir.tools.logos_run import Conversation
 from logos_ir.weights import embedded_model_path, open_model
 from logos_ir.weights.store import QuantizedWeights, WeightStore
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from family_agreement import Forced  # noqa: E402  (the teacher-forcing sampler the families' agreement uses)
 
 PROMPTS = [
     "The capital of France is",
@@ -38,27 +42,6 @@ PROMPTS = [
     "def fibonacci(n):",
     "Explain why the sky is blue in one sentence.",
 ]
-
-
-class Forced(Sampler):
-    """Keeps the model's arg-max and logits at each step and feeds the given tokens instead (None: its own
-    arg-max, greedy)."""
-
-    def __init__(self, tokens: list[int] | None = None) -> None:
-        super().__init__()
-        self.tokens = tokens
-        self.argmax: list[int] = []
-        self.logits: list[np.ndarray] = []
-
-    @property
-    def greedy(self) -> bool:
-        return False
-
-    def choose(self, argmax: int, logits: np.ndarray | None) -> int:
-        assert logits is not None
-        self.logits.append(np.asarray(logits, np.float64).reshape(-1))
-        self.argmax.append(argmax)
-        return argmax if self.tokens is None else self.tokens[len(self.argmax) - 1]
 
 
 def _bytes(store: WeightStore) -> int:

@@ -962,18 +962,13 @@ def _experts(config: Mapping[str, Any], where: str, model_type: str, layers: int
         return {}
     if model_type == "mixtral":
         experts, renormalize = _field(config, where, "num_local_experts", int), True
-    elif model_type == "olmoe":  # every layer a mixture; num_local_experts is the name its config maps num_experts to
+    else:  # Qwen3-MoE and OLMoE: num_local_experts is the name their configs map num_experts to
         key = "num_experts" if config.get("num_experts") is not None else "num_local_experts"
         experts = _field(config, where, key, int)
         renormalize = config.get("norm_topk_prob", False)
         if not isinstance(renormalize, bool):
             raise SpecError(f"{where}: field 'norm_topk_prob' must be true or false, not {json.dumps(renormalize)}")
-    else:
-        key = "num_experts" if config.get("num_experts") is not None else "num_local_experts"
-        experts = _field(config, where, key, int)
-        renormalize = config.get("norm_topk_prob", False)
-        if not isinstance(renormalize, bool):
-            raise SpecError(f"{where}: field 'norm_topk_prob' must be true or false, not {json.dumps(renormalize)}")
+    if model_type == "qwen3_moe":
         step = _field(config, where, "decoder_sparse_step", int, default=1)
         only = config.get("mlp_only_layers") or []
         if step != 1 or only:

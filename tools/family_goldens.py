@@ -39,6 +39,17 @@ TINY = {
     "initializer_range": 0.25,  # wider than the default 0.02: well-separated logits, no near-ties
 }
 
+# The tiny Qwen3-MoE's own settings (4 experts of 32, 2 a token), which its variants change one of
+_QWEN3_MOE: dict[str, Any] = {
+    "head_dim": 16,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "norm_topk_prob": True,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
 # family name -> (transformers config class, model class, its own settings beyond TINY)
 FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
@@ -166,28 +177,12 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "qwen3_moe": (
         "Qwen3MoeConfig",
         "Qwen3MoeForCausalLM",
-        {
-            "head_dim": 16,
-            "num_experts": 4,
-            "num_experts_per_tok": 2,
-            "moe_intermediate_size": 32,
-            "norm_topk_prob": True,
-            "bos_token_id": 1,
-            "eos_token_id": 2,
-        },
+        _QWEN3_MOE,
     ),
     "qwen3_moe-unnormed": (
         "Qwen3MoeConfig",
         "Qwen3MoeForCausalLM",
-        {
-            "head_dim": 16,
-            "num_experts": 4,
-            "num_experts_per_tok": 2,
-            "moe_intermediate_size": 32,
-            "norm_topk_prob": False,
-            "bos_token_id": 1,
-            "eos_token_id": 2,
-        },
+        {**_QWEN3_MOE, "norm_topk_prob": False},
     ),
     # Linear rope scaling: a Llama's over every layer (long-context Llama 2s), Gemma 3's over its global layers only
     # (4B and larger: factor 8), as a folder and, six layers as llama.cpp's Gemma 3 loader has them, as a GGUF
@@ -318,16 +313,7 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "qwen3_moe-kv4": (
         "Qwen3MoeConfig",
         "Qwen3MoeForCausalLM",
-        {
-            "head_dim": 16,
-            "num_key_value_heads": 4,
-            "num_experts": 4,
-            "num_experts_per_tok": 2,
-            "moe_intermediate_size": 32,
-            "norm_topk_prob": True,
-            "bos_token_id": 1,
-            "eos_token_id": 2,
-        },
+        {**_QWEN3_MOE, "num_key_value_heads": 4},
     ),
 }
 # Families whose prompts are their own: the LongRoPE model's short prompt stays within its original context of 64
