@@ -482,7 +482,7 @@ class Engine:
     ):
         import pyopencl as cl
 
-        from logos_ir.runtime.opencl import intel_fpga_context, pocl_cpu_context
+        from logos_ir.runtime.opencl import cpu_context, cpu_runtime, intel_fpga_context
 
         self.stream = read_stream(stream_bytes)
         image = read_image(image_bytes)
@@ -493,14 +493,18 @@ class Engine:
                 f"the weight image fills {image.bank_size} bytes a bank, the stream expects {self.stream.image_bytes}"
             )
         _check_engine(source, self.stream)
-        self.context = (intel_fpga_context() if binary is not None else None) or pocl_cpu_context()
+        self.context = (intel_fpga_context() if binary is not None else None) or cpu_context()
         device = self.context.devices[0]
         self.rings = rings and binary is None
         if self.rings and device.max_compute_units < 1 + d5005.BANKS:
+            on_pocl = cpu_runtime() == "pocl"
             raise LogosError(
                 f"the channel path runs the engine's five kernels at once, and the OpenCL device"
                 f" '{device.name.strip()}' runs {device.max_compute_units} at a time",
-                hint=f"on PoCL, set POCL_MAX_PTHREAD_COUNT={1 + d5005.BANKS} (or more) before the process starts",
+                hint=f"on PoCL, set POCL_MAX_PTHREAD_COUNT={1 + d5005.BANKS} (or more) before the process starts"
+                if on_pocl
+                else "Intel's CPU runtime runs as many kernels at once as the CPU has cores; PoCL's pthread device runs"
+                f" {1 + d5005.BANKS} with POCL_MAX_PTHREAD_COUNT={1 + d5005.BANKS}, where its compiler knows the CPU",
             )
         self.fifo_words = _channel_depth(source) if self.rings else _fifo_words(self.stream)
         largest = max(self.stream.bank_bytes, self.fifo_words * self.stream.burst)
