@@ -63,11 +63,14 @@ def _register_intel() -> None:
     key = hashlib.sha256(str(library).encode()).hexdigest()[:12]
     folder = Path(tempfile.gettempdir()) / f"logos-ir-opencl-vendors-{key}"
     icd = folder / "intel-cpu.icd"
-    if not icd.is_file() or icd.read_text().strip() != str(library):
-        folder.mkdir(exist_ok=True)
-        partial = folder / f".intel-cpu.icd.{os.getpid()}"
-        partial.write_text(f"{library}\n")
-        partial.replace(icd)  # whole or absent: the loader reads every *.icd of the folder
+    try:
+        if not icd.is_file() or icd.read_text().strip() != str(library):
+            folder.mkdir(exist_ok=True)
+            partial = folder / f".intel-cpu.icd.{os.getpid()}"
+            partial.write_text(f"{library}\n")
+            partial.replace(icd)  # whole or absent: the loader reads every *.icd of the folder
+    except OSError:  # no writable temporary folder: PoCL alone, as before Intel's runtime was a dependency
+        return
     os.environ["OCL_ICD_VENDORS"] = str(folder)
 
 
