@@ -85,6 +85,10 @@ def shape_of(kind: Attribute) -> tuple[int, ...]:
 
 
 STORAGE = "cuda.storage"  # on a weight's `cuda.buffer`: it holds the tensor's blocks as stored, in this format
+# A row of a format with a scale a row (fp8, `quant` family "channels") held as stored: its codes and its f32 scale
+# as the file holds them, then 12 zero bytes, so that every row starts 16-byte aligned (its codes read in 16-byte
+# loads; the file's rows of n + 4 bytes start 4-byte aligned): a row of n numbers is n + CHANNEL_ROW_TAIL bytes.
+CHANNEL_ROW_TAIL = 16
 
 
 def numbers_shape(value: SSAValue) -> tuple[int, ...]:
@@ -99,6 +103,8 @@ def numbers_shape(value: SSAValue) -> tuple[int, ...]:
 
     fmt = quant.FORMATS[stored.data]
     unit = value.type.element_type.width.data // 8  # type: ignore[attr-defined]
+    if fmt.family == "channels":  # a row's codes, its scale and the pad to 16 bytes
+        return (*shape[:-1], shape[-1] * unit - CHANNEL_ROW_TAIL)
     return (*shape[:-1], shape[-1] * unit // fmt.block_bytes * fmt.block)
 
 

@@ -11,8 +11,9 @@ OCP's E4M3FN: no infinities, ±448 the largest) with one float32 scale (a scale 
 TensorRT-LLM's fp8 weights on Hopper), the row's codes then its scale's four bytes.
 
 Each format family has one LOGOS sentence form (`sentence`, `parse_sentence`); the `logos.storage` attribute names
-the format and `logos.weight` carries it. Every lane reads today the dequantized image (f32 activations in the
-reference); `stored_bytes` is what the file holds, so a lane's report can say the gap.
+the format and `logos.weight` carries it. The reference reads the dequantized image (f32 activations); the CUDA
+lane's decode and the D5005 engine read some formats as stored and the rest as their image (docs/quantization.md,
+"What each lane reads"); `stored_bytes` is what the file holds, so a lane's report can say the gap.
 """
 
 from __future__ import annotations

@@ -33,12 +33,14 @@ from logos_ir import quant
 from logos_ir.dialects import cuda
 from logos_ir.passes.cuda.thread_code import Body
 
-# the widest unit every block of a format starts on (ggml-common.h: a block with a half2 `dm` is 4-byte aligned)
+# the widest unit every block of a format starts on (ggml-common.h: a block with a half2 `dm` is 4-byte aligned);
+# fp8's rows (`CHANNELS`) in 32-bit units, four codes a unit, each row padded to 16 bytes (`cuda.CHANNEL_ROW_TAIL`)
 UNIT_BYTES = {
     "q8_0": 2, "q4_0": 2, "q5_0": 2, "q4_1": 4, "q5_1": 4,
-    "q4_k": 4, "q5_k": 4, "q2_k": 4, "q6_k": 2, "q3_k": 2,
+    "q4_k": 4, "q5_k": 4, "q2_k": 4, "q6_k": 2, "q3_k": 2, "fp8": 4,
 }  # fmt: skip
 READ_AS_STORED = tuple(UNIT_BYTES)
+CHANNELS = ("fp8",)  # formats with one scale a row (`quant` family "channels"): a row is its codes, then its scale
 VECTOR_BYTES = 16
 MAX_GROUP_BYTES = 288  # a lane's groups of all its streams at once: more (Q8_0's 2 x 272) spills under 128 registers
 
@@ -57,9 +59,18 @@ def unit_type(fmt: str) -> IntegerType:
 
 
 def stored_type(fmt: str, shape: tuple[int, ...]) -> MemRefType:
-    """The memref of a weight of `shape` (numbers) held as stored in `fmt`: its rows' bytes in units."""
+    """The memref of a weight of `shape` (numbers) held as stored in `fmt`: its rows' bytes in units (an fp8 row's
+    codes and scale padded to `cuda.CHANNEL_ROW_TAIL`)."""
     row_bytes = quant.FORMATS[fmt].stored_bytes((shape[-1],))
+    if fmt in CHANNELS:
+        row_bytes = shape[-1] + cuda.CHANNEL_ROW_TAIL
     return MemRefType(unit_type(fmt), [*shape[:-1], row_bytes // UNIT_BYTES[fmt]])
+
+
+def reads_as_stored(fmt: str, numbers: int) -> bool:
+    """Whether a decode step reads a row of `numbers` in `fmt` as stored: every block format's whole blocks; fp8's
+    rows of whole 16-byte vectors of codes (others, and a share of a split row that is not, read the image)."""
+    return fmt in READ_AS_STORED and (fmt not in CHANNELS or numbers % VECTOR_BYTES == 0)
 
 
 def mark(buffer: Operation, fmt: str) -> None:
@@ -153,6 +164,37 @@ class Units:
                 value = b.op(arith.ShRUIOp(value, _iconst(b, 8 * within)))
             value = b.op(arith.TruncIOp(value, IntegerType(16)))
         return b.op(arith.ExtFOp(b.op(arith.BitcastOp(value, Float16Type())), f32))
+
+
+# -- fp8 (e4m3) rows: 16 codes a 16-byte load, the row's f32 scale once ------------------------------------------
+
+E4M3_BIAS_GAP = 2.0**120  # 2^(127 - 7): f32's exponent bias against e4m3's
+E4M3_NAN = 0x7F  # E4M3FN's NaN (with either sign): no infinities, 0x7E (448) the largest
+
+
+def e4m3(b: Body, code: SSAValue) -> SSAValue:
+    """The e4m3 (E4M3FN) code `code` (an i32 of 0 ... 255) as the f32 it stands for, exactly: its sign to bit 31 and
+    its 4 exponent and 3 mantissa bits to bits 20 ... 26 are an f32 of the code's value times 2^-120 (e4m3's
+    subnormals f32 subnormals, exact), so one multiply by 2^120 gives it (no f16 step, no conversion instruction);
+    0x7F and 0xFF, the format's NaNs, give a NaN (of the code's sign), as ml_dtypes decodes them."""
+    magnitude = b.op(arith.AndIOp(code, _iconst(b, 0x7F)))
+    sign = b.op(arith.ShLIOp(b.op(arith.AndIOp(code, _iconst(b, 0x80))), _iconst(b, 24)))
+    bits = b.op(arith.OrIOp(sign, b.op(arith.ShLIOp(magnitude, _iconst(b, 20)))))
+    nan = b.op(arith.CmpiOp(magnitude, _iconst(b, E4M3_NAN), "eq"))
+    bits = b.select(nan, b.op(arith.OrIOp(sign, _iconst(b, 0x7FC00000))), bits)
+    return b.fmul(b.op(arith.BitcastOp(bits, f32)), b.fconst(E4M3_BIAS_GAP))
+
+
+def channel_scale(b: Body, weight: SSAValue, row: SSAValue, numbers: int) -> SSAValue:
+    """Row `row`'s f32 scale, the 32-bit unit after its `numbers` codes, loaded once a row."""
+    return b.op(arith.BitcastOp(b.load_raw(weight, [row, b.const(numbers // 4)]), f32))
+
+
+def channel_numbers(b: Body, words: list[SSAValue], scale: SSAValue) -> list[SSAValue]:
+    """The numbers of the codes in `words` (32-bit units, four codes each, the first in the low byte) as
+    `quant.dequantize` gives them: each code's value (`e4m3`) times the row's scale, one f32 rounding."""
+    span = Units(b, list(words), 4)
+    return [b.fmul(e4m3(b, span.bits(4 * w + k, 0, 8)), scale) for w in range(len(words)) for k in range(4)]
 
 
 def dequantize(b: Body, fmt: str, span: Units, start: int, numbers: range | None = None) -> list[SSAValue]:

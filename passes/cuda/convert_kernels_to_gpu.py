@@ -100,8 +100,9 @@ class LaunchEmbed(_LaunchKernel):
 
     def kinds(self, op: cuda.EmbedOp) -> list[Kind]:
         fmt = blocks.storage_of(op.ins[0])
-        if fmt is not None:  # a table held as stored: a thread a block of the token's row
-            body = lambda b, a, s: decode_kernels.embed_stored(b, a, s, fmt)  # noqa: E731
+        if fmt is not None:  # a table held as stored: a thread a block (fp8: a 16-byte load) of the token's row
+            embed = decode_kernels.embed_channels if fmt in blocks.CHANNELS else decode_kernels.embed_stored
+            body = lambda b, a, s: embed(b, a, s, fmt)  # noqa: E731
             return [Kind(f"embed_{fmt}", (0, 1, 2), lambda s: (1, s[1][0], 1), body, (fmt,))]
         return [Kind("embed", (0, 1, 2), lambda s: (cdiv(s[0][1], THREADS), s[1][0], 1), decode_kernels.embed)]
 

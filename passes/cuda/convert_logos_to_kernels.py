@@ -213,10 +213,11 @@ class LowerWeight(_LoweringPattern):
 
     def _stored(self, op: logos.WeightOp, shape: tuple[int, ...]) -> str | None:
         """The format a decode step reads this weight's blocks in as stored (`blocks.READ_AS_STORED`), or None for
-        its float image (a vector, a float storage, or a prefill chunk's or batch's weight). A share is whole blocks:
-        `logos.weight` refuses a split along the rows that cuts one."""
+        its float image (a vector, a float storage, an fp8 row that is not whole 16-byte loads of codes, or a prefill
+        chunk's or batch's weight). A share is whole blocks: `logos.weight` refuses a split along the rows that cuts
+        one."""
         fmt = op.storage.format.name if op.storage is not None else None
-        if not self.lowering.decode or len(shape) != 2 or fmt not in blocks.READ_AS_STORED:
+        if not self.lowering.decode or len(shape) != 2 or fmt is None or not blocks.reads_as_stored(fmt, shape[-1]):
             return None
         return fmt
 

@@ -176,10 +176,11 @@ def _dot_sums(
 ) -> list[SSAValue]:
     """`_dots`' warp-reduced sums (stream-major, then each row's sum of squares with `norm`), over the `part`
     (start, length) of the depth when given (split-K), else all of it; weights held as stored in `storage` are
-    read block by block (`_stored_dot_sums`)."""
+    read block by block (`_stored_dot_sums`), or fp8's 16 codes a load with the row's scale (`_channel_dot_sums`)."""
     if storage is not None:
         assert part is None
-        return _stored_dot_sums(b, x, streams, rows, depth, lane, norm, storage)
+        stored = _channel_dot_sums if storage in blocks.CHANNELS else _stored_dot_sums
+        return stored(b, x, streams, rows, depth, lane, norm, storage)
     weight0 = streams[0][0]
     vector = vector_width(depth, weight0.type.element_type)  # type: ignore[attr-defined]
     size = 2 if isinstance(weight0.type.element_type, BFloat16Type) else 4  # type: ignore[attr-defined]
@@ -348,6 +349,90 @@ def _stored_dot_sums(
     for pieces in blocks.passes(fmt, len(streams)):  # a super-block's units in registers a pass at a time
         sums = run(pieces, sums)
     return [b.warp_sum(v) for v in sums]
+
+
+def _channel_dot_sums(
+    b: Body,
+    x: SSAValue,
+    streams: list[tuple[SSAValue, SSAValue]],
+    rows: list[SSAValue],
+    depth: int,
+    lane: SSAValue,
+    norm: tuple[SSAValue, float] | None,
+    fmt: str,
+) -> list[SSAValue]:
+    """`_dot_sums` over weights held as stored in a format with a scale a row (fp8, `blocks.CHANNELS`): each
+    stream's row scale loaded once, before the loop; a lane loads its row's codes 16 a 16-byte load (four 32-bit
+    units), `unroll` loads a stream a loop step at batch 1 so that UNROLL_BYTES are in flight a stream, all of a
+    step's loads issued first, then a remainder loop takes the last whole loads; each code dequantized in registers
+    to the reference's value (`blocks.channel_numbers`) and multiplied into the f32 fma chain with x (scaled by the
+    norm's weight, its square summed, with `norm`), as `_dot_sums` multiplies an image's."""
+    codes = blocks.VECTOR_BYTES  # a load's codes, one byte each
+    units = codes // blocks.UNIT_BYTES[fmt]
+    tile = len(rows)
+    scales = [blocks.channel_scale(b, w, r, depth) for w, r in streams]
+    unroll = max(1, UNROLL_BYTES // codes // len(streams)) if tile == 1 else 1
+    unroll = max(1, min(unroll, depth // (cuda.WARP * codes)))  # a main loop step no longer than the row
+
+    def step_of(count: int) -> Callable[[SSAValue, list[SSAValue]], list[SSAValue]]:
+        def step(k: SSAValue, acc: list[SSAValue]) -> list[SSAValue]:  # k: the lane's first unit of the step
+            ks = [b.add(k, u * cuda.WARP * units) if u else k for u in range(count)]
+            loaded = [[b.vload_raw(w, [r, kk], units) for kk in ks] for w, r in streams]  # every load issued first
+            weights = [
+                [blocks.channel_numbers(b, words, scale) for words in per]
+                for per, scale in zip(loaded, scales, strict=True)
+            ]
+            out = list(acc)
+            for u, kk in enumerate(ks):
+                at = b.mul(kk, codes // units)  # x's number of the unit's first code
+                where = [b.add(at, v) if v else at for v in range(0, codes, 4)]
+                factors = [g for place in where for g in b.vload(norm[0], [place], 4)] if norm else []
+                for t, row in enumerate(rows):
+                    values = [v for place in where for v in b.vload(x, [row, place], 4)]
+                    if norm:
+                        square = len(streams) * tile + t
+                        for v in values:
+                            out[square] = b.fma(v, v, out[square])
+                        values = [b.fmul(v, g) for v, g in zip(values, factors, strict=True)]
+                    for s_index in range(len(streams)):
+                        total = out[s_index * tile + t]
+                        for wi, xi in zip(weights[s_index][u], values, strict=True):
+                            total = b.fma(wi, xi, total)
+                        out[s_index * tile + t] = total
+            return out
+
+        return step
+
+    sums = [b.fconst(0.0) for _ in range(len(streams) * tile + (tile if norm else 0))]
+    length = depth // (codes // units)  # the row's units of codes
+    chunk = cuda.WARP * units * unroll
+    main = length - length % chunk
+    first = b.mul(lane, units)
+    if main:
+        sums = b.loop(first, main, chunk, sums, step_of(unroll))
+    if main < length:
+        sums = b.loop(b.add(first, main) if main else first, length, cuda.WARP * units, sums, step_of(1))
+    return [b.warp_sum(v) for v in sums]
+
+
+def embed_channels(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], fmt: str) -> None:
+    """The embedding of a table held as stored in a format with a scale a row (fp8): a block of threads a token,
+    each thread the row's scale once, then 16 codes a 16-byte load, dequantized (`blocks.channel_numbers`) and
+    written."""
+    table, tokens, out = args
+    width = shapes[0][1]
+    units = blocks.VECTOR_BYTES // blocks.UNIT_BYTES[fmt]
+    row = b.block("y")
+    token = b.sub(b.to_index(b.load(tokens, [row])), 1)
+    scale = blocks.channel_scale(b, table, token, width)
+
+    def step(k: SSAValue, acc: list[SSAValue]) -> list[SSAValue]:
+        base = b.mul(k, blocks.UNIT_BYTES[fmt])
+        for i, value in enumerate(blocks.channel_numbers(b, b.vload_raw(table, [token, k], units), scale)):
+            b.store(value, out, [row, b.add(base, i) if i else base])
+        return []
+
+    b.loop(b.mul(b.thread(), units), width // blocks.UNIT_BYTES[fmt], THREADS * units, [], step)
 
 
 def embed_stored(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], fmt: str) -> None:

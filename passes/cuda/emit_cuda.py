@@ -262,10 +262,12 @@ class KernelPrinter:
         self.assign(op.results[0], f"({_C_TYPES[type_name(op.results[0].type)]}){self.name(op.operands[0])}")
 
     def op_arith_bitcast(self, op: Operation) -> None:
-        """i16 to f16 only: a stored block's scale."""
-        if type_name(op.results[0].type) != "f16" or type_name(op.operands[0].type) != "i16":
-            raise DiagnosticException("cuda target: arith.bitcast is printed from i16 to f16 only")
-        self.assign(op.results[0], f"__ushort_as_half({self.name(op.operands[0])})")
+        """i16 to f16 (a stored block's scale) and i32 to f32 (an fp8 row's scale and its codes' values)."""
+        kinds = (type_name(op.operands[0].type), type_name(op.results[0].type))
+        if kinds not in (("i16", "f16"), ("i32", "f32")):
+            raise DiagnosticException("cuda target: arith.bitcast is printed from i16 to f16 and from i32 to f32 only")
+        cast = "__ushort_as_half" if kinds[1] == "f16" else "__uint_as_float"
+        self.assign(op.results[0], f"{cast}({self.name(op.operands[0])})")
 
     def op_arith_fptosi(self, op: Operation) -> None:
         self.assign(op.results[0], f"(long long){self.name(op.operands[0])}")
@@ -710,7 +712,8 @@ def identity_line(module: ModuleOp) -> str:
 def print_cuda(module: ModuleOp, out: IO[str]) -> None:
     """The module's kernels as one CUDA C++ file headed by the identity line."""
     out.write(f"// {identity_line(module)}\n{PREAMBLE}")
-    if any(isinstance(op, arith.BitcastOp) for kernel in kernels_of(module) for op in kernel.walk()):
+    halves = (op for kernel in kernels_of(module) for op in kernel.walk() if isinstance(op, arith.BitcastOp))
+    if any(isinstance(op.results[0].type, Float16Type) for op in halves):
         out.write(FP16_PREAMBLE)
     if any(cuda.tensor_maps(kernel) for kernel in kernels_of(module)):
         out.write(TENSOR_MAP_PREAMBLE)

@@ -245,8 +245,9 @@ def weight_share(
 # a stored weight's unit (`blocks.UNIT_BYTES`)
 UNIT_BYTES = {
     "q8_0": 2, "q4_0": 2, "q5_0": 2, "q4_1": 4, "q5_1": 4,
-    "q4_k": 4, "q5_k": 4, "q2_k": 4, "q6_k": 2, "q3_k": 2,
+    "q4_k": 4, "q5_k": 4, "q2_k": 4, "q6_k": 2, "q3_k": 2, "fp8": 4,
 }  # fmt: skip
+CHANNEL_ROW_TAIL = 16  # an fp8 row's codes, its f32 scale and 12 zero bytes (`cuda.CHANNEL_ROW_TAIL`)
 
 
 def stored_share(store: Any, name: str, shape: tuple[int, ...], fmt: str, chip: int, chips: int) -> np.ndarray:
@@ -271,6 +272,8 @@ def stored_share(store: Any, name: str, shape: tuple[int, ...], fmt: str, chip: 
         raise LogosError(
             f"buffer '{name}' holds {fmt} blocks, but '{tensor}' is stored as {store.spec.stored_as(tensor)}"
         )
+    if quant.FORMATS[fmt].family == "channels":
+        return _channel_share(store.blocks(tensor), shape, fmt, chip, chips, name)
     full = np.ascontiguousarray(store.blocks(tensor)).view(unit)
     if full.shape == tuple(shape):
         return full
@@ -282,3 +285,22 @@ def stored_share(store: Any, name: str, shape: tuple[int, ...], fmt: str, chip: 
     raise LogosError(
         f"buffer '{name}' of {list(shape)} units is no share of whole {fmt} blocks over {chips} chips of '{tensor}'"
     )
+
+
+def _channel_share(raw: np.ndarray, shape: tuple[int, ...], fmt: str, chip: int, chips: int, name: str) -> np.ndarray:
+    """Chip `chip`'s share of a weight stored with a scale a row (fp8: each of `raw`'s rows its n codes, then its
+    f32 scale's 4 bytes) as the device holds it (`shape`: its rows of 32-bit units): each row's codes (all, or a
+    row-parallel projection's share of them), its scale, then zeros to CHANNEL_ROW_TAIL, so that every row starts
+    16-byte aligned. A share of a row's codes keeps the row's scale: each chip's partial sum is scaled alike."""
+    numbers = raw.shape[1] - 4
+    share = shape[1] * UNIT_BYTES[fmt] - CHANNEL_ROW_TAIL
+    codes, scales = raw[:, :numbers], raw[:, numbers:]
+    if shape[0] * chips == raw.shape[0] and share == numbers:
+        rows = slice(chip * shape[0], (chip + 1) * shape[0])
+        codes, scales = codes[rows], scales[rows]
+    elif shape[0] == raw.shape[0] and share * chips == numbers:
+        codes = codes[:, chip * share : (chip + 1) * share]
+    elif shape[0] != raw.shape[0] or share != numbers:  # (else the whole weight on every chip: a tied table's)
+        raise LogosError(f"buffer '{name}' of {list(shape)} units is no share over {chips} chips of {fmt} rows")
+    pad = np.zeros((codes.shape[0], CHANNEL_ROW_TAIL - 4), np.uint8)
+    return np.ascontiguousarray(np.concatenate([codes, scales, pad], axis=1)).view("<u4")

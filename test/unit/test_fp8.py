@@ -2,8 +2,9 @@
 decoding against the e4m3 definition, the quantizer against a brute-force nearest-number search, the LOGOS
 sentence and the identity it changes, and a model stored in it on the reference and the emulated CUDA lane.
 
-The lanes read fp8 weights as their float image today (`docs/quantization.md`): reading the codes as stored, on
-Hopper's fp8 instructions, is not built."""
+The CUDA lane's decode step reads fp8 weights as stored (the codes and each row's scale, dequantized in registers:
+`test_cuda_quant.py`), its prefill and the other lanes their float image (`docs/quantization.md`); Hopper's fp8
+instructions are not used."""
 
 from __future__ import annotations
 

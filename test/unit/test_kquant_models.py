@@ -124,3 +124,30 @@ def test_compile_says_which_formats_the_lane_reads_as_stored(tmp_path, capsys, t
     assert main([*args, "-o", str(tmp_path / "b")]) == 0
     line = next(line for line in capsys.readouterr().out.splitlines() if "weights stored in" in line)
     assert says in line
+
+
+@pytest.mark.parametrize(
+    ("target", "says"),
+    [
+        ("cuda", "the lane's decode step reads fp8 as stored, its f32 tensors as bf16"),
+        ("d5005", "the lane reads them dequantized as bf16, "),
+        ("spatial", "the lane reads them dequantized as f16, "),
+    ],
+)
+def test_the_storage_line_says_which_lanes_read_fp8_as_stored(target: str, says: str) -> None:
+    """tiny at fp8 (every matrix; the untied embedding f32), each lane at its default image: the CUDA lane's decode
+    step reads the rows as stored, the D5005 engine and the wafer their image."""
+    from logos_ir.build import BuildRequest
+    from logos_ir.models import ModelSource
+    from logos_ir.program import Cut
+    from logos_ir.progress import Progress
+    from logos_ir.registry import compile_targets
+    from logos_ir.tools.logos_compile import storage_line
+
+    spec = quantized_store(ModelSpec.preset("tiny"), "fp8").spec
+    source = ModelSource("preset", "tiny", spec, storage="fp8")
+    lane = compile_targets()[target]
+    request = BuildRequest(source, Cut.decode(64), 1, lane.weights[0], False, Progress.silent())
+    line = storage_line(request, lane)
+    assert line.startswith("logos-compile: weights stored in 162,048 bytes (f32, fp8); ")
+    assert says in line

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 from xdsl.dialects import arith, gpu, math, memref, scf, vector
-from xdsl.dialects.builtin import Float16Type, IndexType, IntegerType
+from xdsl.dialects.builtin import Float16Type, Float32Type, IndexType, IntegerType
 from xdsl.ir import Operation
 
 from logos_ir.dialects import cuda
@@ -497,9 +497,14 @@ def _trunci(em: KernelEmulator, op: Any) -> Step:
 
 
 def _bitcast(em: KernelEmulator, op: Any) -> Step:
-    """`arith.bitcast` i16 -> f16: the half's value, held widened to f32 (exact), as a bf16 value is held."""
+    """`arith.bitcast` i16 -> f16: the half's value, held widened to f32 (exact), as a bf16 value is held; i32 -> f32:
+    the float of the bit pattern."""
+    if isinstance(op.results[0].type, Float32Type) and _width(op.operands[0].type) == 32:
+        return _unary(lambda x: np.asarray(x).astype(np.uint32).view(np.float32))(em, op)
     if not (isinstance(op.results[0].type, Float16Type) and _width(op.operands[0].type) == 16):
-        raise LogosError(f"the CUDA emulator runs arith.bitcast from i16 to f16 only (in kernel {em.name})")
+        raise LogosError(
+            f"the CUDA emulator runs arith.bitcast from i16 to f16 and from i32 to f32 only (in {em.name})"
+        )
     return _unary(lambda x: np.asarray(x).astype(np.uint16).view(np.float16).astype(np.float32))(em, op)
 
 
