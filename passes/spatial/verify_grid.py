@@ -271,10 +271,13 @@ class _ParamColumns:
     def column(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         if name not in self._read:
             given = [g.get(name) for g in self.layout.params.values()]  # a layout's values are never None
-            n = len(given)
-            values = np.fromiter((v if isinstance(v, int) else 0 for v in given), dtype=np.int64, count=n)
-            present = np.fromiter((v is not None for v in given), dtype=bool, count=n)
-            self._read[name] = values, present
+            values = np.array(given)  # integers (a colour, a coordinate): one conversion
+            if values.dtype.kind not in "biu":  # a struct (memcpy's), or an element without it
+                values = np.array([v if isinstance(v, int) else 0 for v in given], dtype=np.int64)
+            present = np.ones(len(given), dtype=bool)
+            if None in given:  # an element given no such parameter
+                present = np.array([v is not None for v in given], dtype=bool)
+            self._read[name] = values.astype(np.int64), present
         return self._read[name]
 
     def over_elements(self, name: str, absent: int) -> np.ndarray:
@@ -672,9 +675,9 @@ class _LayoutSource:
         elif isinstance(op, csl.SetRectangleOp):
             emit(depth, f"size[0] = ({n(op.x_dim)}, {n(op.y_dim)})")
         elif isinstance(op, csl.SetTileCodeOp):
-            given = f"dict({n(op.params)})" if op.params is not None else "{}"
-            emit(depth, f"params[({n(op.x_coord)}, {n(op.y_coord)})] = {given}")
-            emit(depth, f"files[({n(op.x_coord)}, {n(op.y_coord)})] = {self.const(op.file.data)}")
+            emit(depth, f"tile = ({n(op.x_coord)}, {n(op.y_coord)})")
+            emit(depth, f"params[tile] = {self._tile_params(op.params)}")
+            emit(depth, f"files[tile] = {self.const(op.file.data)}")
         elif isinstance(op, csl_ext.SetColorConfigOp):
             emit(depth, f"key = ({n(op.x)}, {n(op.y)}, {self.const(op.colour.data)})")
             emit(depth, "if key in routes:")
@@ -685,6 +688,16 @@ class _LayoutSource:
         else:
             emit(depth, f"refuse({self.const(op.name)})")
             self.levels.update((result, len(self.loops)) for result in op.results)  # what uses them stays after
+
+    def _tile_params(self, struct: SSAValue | None) -> str:
+        """An element's parameters: a copy of the struct, or the struct itself where it is made afresh for this
+        element alone (in the same loop, by a struct op, and given to no other op)."""
+        if struct is None:
+            return "{}"
+        made_here = isinstance(struct.owner, csl.ConstStructOp | csl.ConcatStructOp)
+        if made_here and struct.has_one_use() and self.levels.get(struct) == len(self.loops):
+            return self.name(struct)
+        return f"dict({self.name(struct)})"
 
     def _cannot_fail(self, op: Operation) -> bool:
         """An integer op that cannot raise: all but a division or remainder by what may be 0."""
