@@ -153,8 +153,7 @@ def rope_tables(lowered: GridProgram, spec: Any) -> dict[str, list[list[float]]]
     inv_freq = rope_inv_freq(spec.head_dim, spec.rope_theta, spec.rope_scaling)
     plan = lowered.plan
     return {
-        table: g.inv_freq_rows(inv_freq, plan, chunk).tolist()
-        for table, chunk in lowered.host["rope_tables"].items()
+        table: g.inv_freq_rows(inv_freq, plan, chunk).tolist() for table, chunk in lowered.host["rope_tables"].items()
     }
 
 
