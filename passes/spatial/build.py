@@ -149,12 +149,11 @@ def commands(line: str, grid: tuple[int, int], target: csl_ext.Target) -> str:
 
 def rope_tables(lowered: GridProgram, spec: Any) -> dict[str, list[list[float]]]:
     """Each rotary table's rows as `run.py` writes them: row y's rotary frequency of each pair of its chunk
-    (`grid.inv_freq_chunk`), for the model's head_dim, theta and scaling."""
+    (`grid.inv_freq_rows`), for the model's head_dim, theta and scaling."""
     inv_freq = rope_inv_freq(spec.head_dim, spec.rope_theta, spec.rope_scaling)
     plan = lowered.plan
     return {
-        table: [g.inv_freq_chunk(inv_freq, plan, y, chunk).tolist() for y in range(plan.height)]
-        for table, chunk in lowered.host["rope_tables"].items()
+        table: g.inv_freq_rows(inv_freq, plan, chunk).tolist() for table, chunk in lowered.host["rope_tables"].items()
     }
 
 

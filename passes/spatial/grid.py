@@ -352,19 +352,20 @@ def _columns(matrix: np.ndarray, weight: Weight) -> np.ndarray:
     return out
 
 
-def inv_freq_chunk(inv_freq: np.ndarray, plan: GridPlan, y: int, chunk: int) -> np.ndarray:
-    """The rotary frequency of each adjacent pair of row y's chunk of a key (`chunk` = kv_chunk) or query
-    (`query_chunk`: the group's heads one after another, each at the row's KV dimensions) vector; 0 for padding.
-    `inv_freq` is the whole head's; a partial rotary's pairs take the plan's own (`rotary_freqs`, over its
-    rotary_dim), and the numbers it passes through 0 (a rotation by nothing)."""
-    kv, c = kv_rows(plan), plan.kv_chunk
+def inv_freq_rows(inv_freq: np.ndarray, plan: GridPlan, chunk: int) -> np.ndarray:
+    """The rotary frequency of each adjacent pair of each row's chunk of a key (`chunk` = kv_chunk) or query
+    (`query_chunk`: the group's heads one after another, each at the row's KV dimensions) vector, [height, chunk // 2];
+    0 for padding. `inv_freq` is the whole head's; a partial rotary's pairs take the plan's own (`rotary_freqs`, over
+    its rotary_dim), and the numbers it passes through 0 (a rotation by nothing)."""
+    kv, c = kv_rows(plan), plan.kv_chunk  # the cached rows, once for every row of the grid
     freqs = np.asarray(plan.rotary_freqs) if plan.rotary_dim is not None else inv_freq
-    out = np.zeros(chunk // 2, dtype=np.float32)
-    for pair in range(chunk // 2):
-        feature = y * c + (2 * pair) % c
-        if feature < len(kv):
-            d = kv[feature] % plan.head_dim
-            out[pair] = freqs[d] if d < len(freqs) else 0.0
+    out = np.zeros((plan.height, chunk // 2), dtype=np.float32)
+    for y in range(plan.height):
+        for pair in range(chunk // 2):
+            feature = y * c + (2 * pair) % c
+            if feature < len(kv):
+                d = kv[feature] % plan.head_dim
+                out[y, pair] = freqs[d] if d < len(freqs) else 0.0
     return out
 
 

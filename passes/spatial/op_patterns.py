@@ -722,7 +722,7 @@ def part_patterns(part: PartLowering) -> list[RewritePattern]:
 def _unlowered_variant(op: Operation, plan: g.GridPlan, spec: ModelSpec | None) -> str | None:
     """What `op` says beyond what the grid computes (`logos.variant`, less what the grid computes of it: attention's
     window (the layer's cache, `_attend`), scale and soft-cap; a norm's one plus its weight; a rotation's partial
-    rotary dimension where it is the plan's (its pairs and tables, `grid.kv_rows`, `grid.inv_freq_chunk`)), or None.
+    rotary dimension where it is the plan's (its pairs and tables, `grid.kv_rows`, `grid.inv_freq_rows`)), or None.
     A rotation's base and scaling are held to the model's (`spec`: the part being lowered is a copy outside its
     program, where `logos.variant` finds no spec)."""
     if isinstance(op, logos.RopeOp) and spec is not None:

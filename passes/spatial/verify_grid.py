@@ -18,9 +18,12 @@ elements runs its loops in seconds); what it computes is what walking the ops gi
 
 from __future__ import annotations
 
+import gc
+import itertools
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -255,23 +258,56 @@ def _binding(op: csl_ext.InitializeQueueOp) -> str:
     return f"colour {op.colour.data}" if op.colour is not None else f"the parameter {op.param_name}"
 
 
+class _ParamColumns:
+    """The layout's tile parameters a name at a time, each read once from the elements' dictionaries (the layout
+    gives hundreds of thousands): its values as an array over the elements in the order of `Layout.params`, 0
+    where a value is not an integer (a struct such as memcpy's), and where it is given."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self.index = np.array([y * layout.width + x for x, y in layout.params], dtype=np.int64)  # y * width + x
+        self._read: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def column(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        if name not in self._read:
+            given = [g.get(name) for g in self.layout.params.values()]  # a layout's values are never None
+            values = np.array(given)  # integers (a colour, a coordinate): one conversion
+            if values.dtype.kind not in "biu":  # a struct (memcpy's), or an element without it
+                values = np.array([v if isinstance(v, int) else 0 for v in given], dtype=np.int64)
+            present = np.ones(len(given), dtype=bool)
+            if None in given:  # an element given no such parameter
+                present = np.array([v is not None for v in given], dtype=bool)
+            self._read[name] = values.astype(np.int64), present
+        return self._read[name]
+
+    def over_elements(self, name: str, absent: int) -> np.ndarray:
+        """The parameter on every element (index y * width + x), `absent` on an element the layout gives none."""
+        out = np.full(self.layout.width * self.layout.height, absent, dtype=np.int64)
+        out[self.index] = self.column(name)[0]
+        return out
+
+    def first_without(self, name: str) -> tuple[int, int] | None:
+        """The first element (in the layout's order) whose tile parameters do not give `name`."""
+        missing = np.flatnonzero(~self.column(name)[1])
+        return next(itertools.islice(self.layout.params, int(missing[0]), None)) if missing.size else None
+
+
 def _bound_colours(
-    layout: Layout, bound: dict[tuple[bool, int], csl_ext.InitializeQueueOp]
+    columns: _ParamColumns, bound: dict[tuple[bool, int], csl_ext.InitializeQueueOp]
 ) -> dict[tuple[bool, int], np.ndarray]:
     """Each queue's colour on every element (element index y * width + x), from its literal or its parameter."""
-    n = layout.width * layout.height
+    n = columns.layout.width * columns.layout.height
     out: dict[tuple[bool, int], np.ndarray] = {}
     for key, op in bound.items():
         if op.colour is not None:
             out[key] = np.full(n, op.colour.data, dtype=np.int64)
             continue
         name = op.param_name
-        colours = np.full(n, -1, dtype=np.int64)
-        for (x, y), given in layout.params.items():
-            if name not in given:
-                raise PassError(f"{PASS}: element ({x}, {y}) is given no '{name}' (the colour of {_binding(op)})")
-            colours[y * layout.width + x] = given[name]
-        out[key] = colours
+        lacking = columns.first_without(name)
+        if lacking is not None:
+            x, y = lacking
+            raise PassError(f"{PASS}: element ({x}, {y}) is given no '{name}' (the colour of {_binding(op)})")
+        out[key] = columns.over_elements(name, -1)
     return out
 
 
@@ -282,8 +318,9 @@ def _check_queues_per_element(
     used: list[tuple[csl.GetFabDsdOp, bool, int]],
 ) -> None:
     width = layout.width
-    colours = _bound_colours(layout, bound)
-    known = _element_values(program, layout)
+    columns = _ParamColumns(layout)
+    colours = _bound_colours(columns, bound)
+    known = _element_values(program, columns)
     by_name = {op.param_name.data: known[op.res] for op in program.body.block.ops if isinstance(op, csl.ParamOp)}
     for op, inbound, queue in used:
         colour = op.fabric_color.value.data
@@ -320,7 +357,8 @@ def _check_ramps(layout: Layout, colours: dict[tuple[bool, int], np.ndarray]) ->
     queue; the first route that has none (in the order of (x, y, colour)) is refused. Over every route at once."""
     if not layout.routes:
         return
-    keys = np.array(list(layout.routes), dtype=np.int64).reshape(-1, 3)
+    keys = np.fromiter(itertools.chain.from_iterable(layout.routes), dtype=np.int64, count=3 * len(layout.routes))
+    keys = keys.reshape(-1, 3)
     elements = keys[:, 1] * layout.width + keys[:, 0]
     kinds: dict[tuple[tuple[str, ...], tuple[str, ...]], int] = {}
     kind = np.array([kinds.setdefault(route, len(kinds)) for route in layout.routes.values()], dtype=np.int64)
@@ -345,19 +383,14 @@ def _check_ramps(layout: Layout, colours: dict[tuple[bool, int], np.ndarray]) ->
         )
 
 
-def _element_values(program: csl.CslModuleOp, layout: Layout) -> dict[SSAValue, np.ndarray]:
-    """Each parameter of the program as an array over the elements (index y * width + x)."""
-    n = layout.width * layout.height
-    index = np.array([y * layout.width + x for x, y in layout.params], dtype=np.int64)
-    values: dict[SSAValue, np.ndarray] = {}
-    for op in program.body.block.ops:
-        if isinstance(op, csl.ParamOp):
-            name = op.param_name.data
-            given = [v if isinstance(v := g.get(name), int) else 0 for g in layout.params.values()]
-            array = np.zeros(n, dtype=np.int64)
-            array[index] = np.array(given, dtype=np.int64)
-            values[op.res] = array
-    return values
+def _element_values(program: csl.CslModuleOp, columns: _ParamColumns) -> dict[SSAValue, np.ndarray]:
+    """Each parameter of the program as an array over the elements (index y * width + x; 0 where it is not an
+    integer or not given)."""
+    return {
+        op.res: columns.over_elements(op.param_name.data, 0)
+        for op in program.body.block.ops
+        if isinstance(op, csl.ParamOp)
+    }
 
 
 def _reaching(op: Operation, known: dict[SSAValue, np.ndarray]) -> np.ndarray:
@@ -529,17 +562,34 @@ class Layout:
     files: dict[tuple[int, int], str]
 
 
+@dataclass
+class _Loop:
+    """A `for` of the layout's function: its indentation, and the statements hoisted out of it (run once, just
+    before it)."""
+
+    depth: int
+    hoisted: list[str]
+
+
 class _LayoutSource:
     """The layout module as one Python function: each SSA value a local variable, each op one statement, each
     `scf.for` a Python `for`, each `scf.if` an `if` (a layout's branches yield nothing), each builtin a statement
     on the outputs (`size`, `params`, `files`, `routes`). Compiled once and run once, it is the op-by-op walk
     without an interpreter's dispatch. An op the layout cannot run becomes a statement that refuses it by name
-    where it runs, as walking the ops would."""
+    where it runs, as walking the ops would.
+
+    An integer op whose operands do not change in a loop runs once, before the outermost loop they do not change
+    in (loop-invariant code motion): most of a layout's arithmetic is a column's, the same for each of its
+    elements, or a constant's. Those ops have no effect but their value and cannot fail (a division or remainder
+    moves only by a constant other than 0), so moving them, out of a branch too, computes what the walk does."""
 
     def __init__(self) -> None:
         self.names: dict[SSAValue, str] = {}
         self.consts: dict[str, Any] = {}  # the function's free values: integers, routes, file names
-        self.lines: list[str] = []
+        self.lines: list[str | list[str]] = []  # a list: the statements hoisted out of the `for` that follows it
+        self.loops: list[_Loop] = []  # the loops around the op being turned, outermost first
+        self.levels: dict[SSAValue, int] = {}  # how many of the loops around a value's definition (0: none)
+        self.constants: dict[SSAValue, Any] = {}  # the values of arith.constant ops
 
     def name(self, value: SSAValue) -> str:
         known = self.names.get(value)
@@ -555,6 +605,25 @@ class _LayoutSource:
     def emit(self, depth: int, line: str) -> None:
         self.lines.append("    " * depth + line)
 
+    def assign(self, depth: int, result: SSAValue, expression: str, operands: Sequence[SSAValue], pure: bool) -> None:
+        """`result = expression`, where the op stands or, `pure` (no effect, cannot fail), before the outermost loop
+        none of its operands changes in."""
+        level = max((self.levels.get(o, 0) for o in operands), default=0) if pure else len(self.loops)
+        self.levels[result] = level
+        line = f"{self.name(result)} = {expression}"
+        if level == len(self.loops):
+            self.emit(depth, line)
+            return
+        loop = self.loops[level]
+        loop.hoisted.append("    " * loop.depth + line)
+
+    def text(self, signature: str) -> str:
+        """The function's source, each loop's hoisted statements just before it."""
+        lines = [signature]
+        for line in self.lines:
+            lines.extend(line if isinstance(line, list) else [line])
+        return "\n".join(lines) + "\n"
+
     def block(self, block: Block, depth: int) -> None:
         start = len(self.lines)
         for op in block.ops:
@@ -569,8 +638,13 @@ class _LayoutSource:
         if isinstance(op, csl.LayoutOp):
             self.block(op.body.block, depth)
         elif isinstance(op, scf.ForOp):
+            loop = _Loop(depth, [])
+            self.lines.append(loop.hoisted)
             emit(depth, f"for {n(op.body.block.args[0])} in range({n(op.lb)}, {n(op.ub)}, {n(op.step)}):")
+            self.loops.append(loop)
+            self.levels[op.body.block.args[0]] = len(self.loops)
             self.block(op.body.block, depth + 1)
+            self.loops.pop()
         elif isinstance(op, scf.IfOp):
             emit(depth, f"if {n(op.cond)}:")
             if op.true_region.blocks:
@@ -581,33 +655,55 @@ class _LayoutSource:
                 emit(depth, "else:")
                 self.block(op.false_region.block, depth + 1)
         elif isinstance(op, arith.ConstantOp):
-            emit(depth, f"{n(op.result)} = {self.const(op.value.value.data)}")  # type: ignore[attr-defined]
+            value = self.constants[op.result] = op.value.value.data  # type: ignore[attr-defined]
+            self.assign(depth, op.result, self.const(value), (), pure=True)
         elif type(op) in _SOURCE_OPS:
-            emit(depth, f"{n(op.results[0])} = " + _SOURCE_OPS[type(op)](op, *(n(o) for o in op.operands)))
+            expression = _SOURCE_OPS[type(op)](op, *(n(o) for o in op.operands))
+            self.assign(depth, op.results[0], expression, op.operands, pure=self._cannot_fail(op))
         elif isinstance(op, csl.ImportModuleConstOp):
-            emit(depth, f"{n(op.result)} = {{'module': {self.const(op.module.data)}}}")
+            self.assign(depth, op.result, f"{{'module': {self.const(op.module.data)}}}", (), pure=False)
         elif isinstance(op, csl.MemberCallOp):
-            emit(depth, f"{n(op.result)} = " + (f"{{'memcpy_column': {n(op.args[0])}}}" if op.args else "{}"))
+            call = f"{{'memcpy_column': {n(op.args[0])}}}" if op.args else "{}"
+            self.assign(depth, op.result, call, op.args, pure=False)  # a dictionary: each element its own
         elif isinstance(op, csl.ConstStructOp):
             fields = zip(op.ssa_fields.data, op.ssa_values, strict=True)  # type: ignore[union-attr]
-            emit(depth, f"{n(op.res)} = {{" + ", ".join(f"{self.const(f.data)}: {n(v)}" for f, v in fields) + "}")
+            struct = "{" + ", ".join(f"{self.const(f.data)}: {n(v)}" for f, v in fields) + "}"
+            self.assign(depth, op.res, struct, op.ssa_values, pure=False)
         elif isinstance(op, csl.ConcatStructOp):
-            emit(depth, f"{n(op.result)} = {{**{n(op.this_struct)}, **{n(op.another_struct)}}}")
+            struct = f"{{**{n(op.this_struct)}, **{n(op.another_struct)}}}"
+            self.assign(depth, op.result, struct, op.operands, pure=False)
         elif isinstance(op, csl.SetRectangleOp):
             emit(depth, f"size[0] = ({n(op.x_dim)}, {n(op.y_dim)})")
         elif isinstance(op, csl.SetTileCodeOp):
-            given = f"dict({n(op.params)})" if op.params is not None else "{}"
-            emit(depth, f"params[({n(op.x_coord)}, {n(op.y_coord)})] = {given}")
-            emit(depth, f"files[({n(op.x_coord)}, {n(op.y_coord)})] = {self.const(op.file.data)}")
+            emit(depth, f"tile = ({n(op.x_coord)}, {n(op.y_coord)})")
+            emit(depth, f"params[tile] = {self._tile_params(op.params)}")
+            emit(depth, f"files[tile] = {self.const(op.file.data)}")
         elif isinstance(op, csl_ext.SetColorConfigOp):
-            key = f"({n(op.x)}, {n(op.y)}, {self.const(op.colour.data)})"
-            emit(depth, f"if {key} in routes:")
-            emit(depth + 1, f"twice(*{key})")
-            emit(depth, f"routes[{key}] = {self.const((op.receives, op.transmits))}")
+            emit(depth, f"key = ({n(op.x)}, {n(op.y)}, {self.const(op.colour.data)})")
+            emit(depth, "if key in routes:")
+            emit(depth + 1, "twice(*key)")
+            emit(depth, f"routes[key] = {self.const((op.receives, op.transmits))}")
         elif isinstance(op, csl.GetColorOp):
-            emit(depth, f"{n(op.res)} = {n(op.id)}")
+            self.assign(depth, op.res, n(op.id), (op.id,), pure=True)
         else:
             emit(depth, f"refuse({self.const(op.name)})")
+            self.levels.update((result, len(self.loops)) for result in op.results)  # what uses them stays after
+
+    def _tile_params(self, struct: SSAValue | None) -> str:
+        """An element's parameters: a copy of the struct, or the struct itself where it is made afresh for this
+        element alone (in the same loop, by a struct op, and given to no other op)."""
+        if struct is None:
+            return "{}"
+        made_here = isinstance(struct.owner, csl.ConstStructOp | csl.ConcatStructOp)
+        if made_here and struct.has_one_use() and self.levels.get(struct) == len(self.loops):
+            return self.name(struct)
+        return f"dict({self.name(struct)})"
+
+    def _cannot_fail(self, op: Operation) -> bool:
+        """An integer op that cannot raise: all but a division or remainder by what may be 0."""
+        if not isinstance(op, arith.DivSIOp | arith.RemSIOp):
+            return True
+        return self.constants.get(op.operands[1]) not in (0, None)
 
 
 def _twice(x: int, y: int, colour: int) -> None:
@@ -621,13 +717,14 @@ def _refuse(name: str) -> None:
 _COMPARISONS = ("==", "!=", "<", "<=", ">", ">=", "<", "<=", ">", ">=")  # arith.cmpi's predicates, in order
 
 # INTEGER_OPS as Python expressions over their operands' names: the same values (`int(a / b)` and `fmod` as
-# INTEGER_OPS computes C's truncating division and remainder)
+# INTEGER_OPS computes C's truncating division and remainder; `%` where the dividend is not negative and the divisor
+# positive, as in a layout's parities: the same remainder without a call)
 _SOURCE_OPS: dict[type[Operation], Callable[..., str]] = {
     arith.AddiOp: lambda op, a, b: f"{a} + {b}",
     arith.SubiOp: lambda op, a, b: f"{a} - {b}",
     arith.MuliOp: lambda op, a, b: f"{a} * {b}",
     arith.DivSIOp: lambda op, a, b: f"int({a} / {b})",
-    arith.RemSIOp: lambda op, a, b: f"int(fmod({a}, {b}))",
+    arith.RemSIOp: lambda op, a, b: f"{a} % {b} if {a} >= 0 and {b} > 0 else int(fmod({a}, {b}))",
     arith.CmpiOp: lambda op, a, b: f"{a} {_COMPARISONS[op.predicate.value.data]} {b}",
     arith.AndIOp: lambda op, a, b: f"bool({a}) and bool({b})",
     arith.SelectOp: lambda op, c, a, b: f"{a} if {c} else {b}",
@@ -635,6 +732,20 @@ _SOURCE_OPS: dict[type[Operation], Callable[..., str]] = {
     arith.TruncIOp: lambda op, a: a,
     arith.IndexCastOp: lambda op, a: a,
 }
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused: a layout's run makes millions of dictionaries and tuples that live
+    on (an entry an element and a router's colour), none of them garbage, and the collector's passes over them as
+    they pile up cost as much as a third of the run."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def read_layout(module: csl.CslModuleOp, params: dict[str, int]) -> Layout:
@@ -650,14 +761,16 @@ def read_layout(module: csl.CslModuleOp, params: dict[str, int]) -> Layout:
             given[source.name(op.res)] = params[name]
     source.block(module.body.block, 1)
     inputs = ["size", "params", "files", "routes", "twice", "refuse", "fmod", *source.consts, *given]
-    text = f"def layout({', '.join(inputs)}):\n" + "\n".join(source.lines) + "\n"
+    text = source.text(f"def layout({', '.join(inputs)}):")
     scope: dict[str, Any] = {}
     exec(compile(text, "<layout.csl>", "exec"), scope)  # the layout's own ops, one Python statement each
     size: list[tuple[int, int] | None] = [None]
     tiles: dict[tuple[int, int], dict[str, Any]] = {}
     files: dict[tuple[int, int], str] = {}
     routes: dict[tuple[int, int, int], tuple[tuple[str, ...], tuple[str, ...]]] = {}
-    scope["layout"](size, tiles, files, routes, _twice, _refuse, math.fmod, *source.consts.values(), *given.values())
+    arguments = (size, tiles, files, routes, _twice, _refuse, math.fmod, *source.consts.values(), *given.values())
+    with _collector_paused():
+        scope["layout"](*arguments)
     if size[0] is None:
         raise PassError(f"{PASS}: the layout sets no rectangle (@set_rectangle)")
     width, height = size[0]

@@ -132,7 +132,7 @@ def test_a_partial_rotary_pairs_and_tables() -> None:
     plan = g.GridPlan.of(spec, 32, "f32", (2, 2), kv_copies=1)
     assert g.kv_rows(plan)[:16] == [0, 4, 1, 5, 2, 6, 3, 7, *range(8, 16)]
     whole = rope_inv_freq(16, spec.rope_theta)  # what the host passes: the whole head's
-    first = g.inv_freq_chunk(whole, plan, 0, plan.kv_chunk)[:8]  # row 0's pairs of KV head 0
+    first = g.inv_freq_rows(whole, plan, plan.kv_chunk)[0, :8]  # row 0's pairs of KV head 0
     np.testing.assert_array_equal(first, np.asarray([*rope_inv_freq(8, spec.rope_theta), 0, 0, 0, 0], np.float32))
 
 

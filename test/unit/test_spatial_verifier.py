@@ -253,3 +253,37 @@ def test_a_wse3_program_binds_each_queue_to_its_one_colour() -> None:
     program.body.block.add_op(csl_ext.InitializeQueueOp(True, 4, 6))
     with pytest.raises(PassError, match=r"input queue 4 is initialized twice \(with colour 8 and colour 6\)"):
         static_check(module)
+
+
+def test_a_layout_moves_out_of_its_loop_only_what_cannot_fail() -> None:
+    """The layout runs as one function whose loop-invariant arithmetic runs before the loop; `6 / (width - 1)` in a
+    branch taken where width > 1 is loop-invariant but may fail, so it stays in its branch: a rectangle of width 1
+    (the branch never taken) reads, and one of width 3 gives each element what walking the ops gives (C's truncating
+    remainder of a negative number, -1, included)."""
+    from xdsl.dialects.builtin import StringAttr
+    from xdsl.ir import Block, Region
+
+    from logos_ir.passes.spatial.emit import Emit
+    from logos_ir.passes.spatial.verify_grid import read_layout
+
+    outer, block = Block(), Block()
+    top, e = Emit(outer), Emit(block)
+    width = top.op(csl.ParamOp("width", i16)).results[0]
+    height = top.op(csl.ParamOp("height", i16)).results[0]
+    e.op(csl.SetRectangleOp(operands=[width, height]))
+    with e.loop_i16(width) as (column, x):
+        wider = column.bin(arith.SubiOp, width, column.int(1, i16))  # the same in every column: moved out
+        with column.when(column.cmp(wider, column.int(0, i16), "sgt")) as taken:
+            q = taken.bin(arith.DivSIOp, taken.int(6, i16), wider)  # by width - 1, 0 where width is 1: stays
+            back = taken.bin(arith.SubiOp, x, taken.int(2, i16))
+            parity = taken.bin(arith.RemSIOp, back, taken.int(2, i16))  # (x - 2) rem 2: -1 at x = 1
+            struct = taken.op(csl.ConstStructOp(("q", q), ("parity", parity))).results[0]
+            taken.op(csl.SetTileCodeOp("pe_program.csl", x, taken.int(0, i16), struct))
+    top.op(csl.LayoutOp(Region(block)))
+    layout = csl.CslModuleOp(
+        regions=[Region(outer)],
+        properties={"kind": csl.ModuleKindAttr(csl.ModuleKind.LAYOUT), "sym_name": StringAttr("layout")},
+    )
+    assert read_layout(layout, {"width": 1, "height": 1}).params == {}
+    three = read_layout(layout, {"width": 3, "height": 1})
+    assert three.params == {(x, 0): {"q": 3, "parity": parity} for x, parity in enumerate((0, -1, 0))}

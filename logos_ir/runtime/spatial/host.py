@@ -69,7 +69,7 @@ class GridMachine:
         inv_freq = rope_inv_freq(spec.head_dim, spec.rope_theta, spec.rope_scaling)
         plan = _plan_of(self.host, spec)
         for table, chunk in self.host["rope_tables"].items():
-            rows = np.stack([g.inv_freq_chunk(inv_freq, plan, y, chunk) for y in range(height)])
+            rows = g.inv_freq_rows(inv_freq, plan, chunk)
             self.fabric.memcpy_h2d(table, np.broadcast_to(rows[:, None, :], (height, width, chunk // 2)).copy())
 
     def step(self, token: int, position: int) -> int:
