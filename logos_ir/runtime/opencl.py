@@ -52,24 +52,32 @@ def _intel_library() -> Path | None:
     return next((path for path in found if path.is_file()), None)
 
 
+SYSTEM_VENDORS = Path("/etc/OpenCL/vendors")  # the ICD loader's own folder, which OCL_ICD_VENDORS replaces
+
+
 def _register_intel() -> None:
     """Make Intel's CPU runtime visible to pyopencl's ICD loader, which reads its vendor files once, at the first
     platform query: its wheel's own vendor file names a placeholder path, so a file naming the installed library
-    goes in a folder of ours, named in OCL_ICD_VENDORS (the loader still reads pyopencl's own folder, PoCL's). A
-    folder the user named is left alone."""
+    goes in a folder of ours, named in OCL_ICD_VENDORS. That folder replaces the system's (/etc/OpenCL/vendors,
+    where a card's BSP registers Intel's FPGA platform), so the system's vendor files are copied into it too; the
+    loader still reads pyopencl's own folder (PoCL's). A folder the user named is left alone."""
     library = _intel_library()
     if library is None or os.environ.get("OCL_ICD_VENDORS"):
         return
-    key = hashlib.sha256(str(library).encode()).hexdigest()[:12]
-    folder = Path(tempfile.gettempdir()) / f"logos-ir-opencl-vendors-{key}"
-    icd = folder / "intel-cpu.icd"
     try:
-        if not icd.is_file() or icd.read_text().strip() != str(library):
-            folder.mkdir(exist_ok=True)
-            partial = folder / f".intel-cpu.icd.{os.getpid()}"
-            partial.write_text(f"{library}\n")
-            partial.replace(icd)  # whole or absent: the loader reads every *.icd of the folder
-    except OSError:  # no writable temporary folder: PoCL alone, as before Intel's runtime was a dependency
+        system = sorted(SYSTEM_VENDORS.glob("*.icd")) if SYSTEM_VENDORS.is_dir() else []
+        files = {f"system-{path.name}": path.read_text() for path in system}
+        files["logos-ir-intel-cpu.icd"] = f"{library}\n"
+        key = hashlib.sha256(repr(sorted(files.items())).encode()).hexdigest()[:12]
+        folder = Path(tempfile.gettempdir()) / f"logos-ir-opencl-vendors-{key}"
+        folder.mkdir(exist_ok=True)
+        for name, text in files.items():
+            icd = folder / name
+            if not icd.is_file() or icd.read_text() != text:
+                partial = folder / f".{name}.{os.getpid()}"
+                partial.write_text(text)
+                partial.replace(icd)  # whole or absent: the loader reads every *.icd of the folder
+    except OSError:  # no writable temporary folder, or an unreadable vendor file: the loader's own folders alone
         return
     os.environ["OCL_ICD_VENDORS"] = str(folder)
 

@@ -80,3 +80,26 @@ def test_the_chosen_device_builds_a_kernel_here() -> None:
     cl.enqueue_copy(queue, host, out)
     assert host.tolist() == [7, 7, 7, 7]
     assert opencl.cpu_runtime() in opencl.RUNTIMES
+
+
+def test_intels_vendor_file_sits_beside_the_systems(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """OCL_ICD_VENDORS replaces the loader's /etc/OpenCL/vendors: the folder named there holds the system's vendor
+    files (a card's FPGA platform among them) beside Intel's CPU runtime's, and a folder the user named is kept."""
+    system = tmp_path / "vendors"
+    system.mkdir()
+    (system / "intel-fpga.icd").write_text("libintelocl_fpga.so\n")
+    library = tmp_path / "lib" / "libintelocl.so"
+    monkeypatch.setattr(opencl, "SYSTEM_VENDORS", system)
+    monkeypatch.setattr(opencl, "_intel_library", lambda: library)
+    monkeypatch.setattr(opencl.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.delenv("OCL_ICD_VENDORS", raising=False)
+    opencl._register_intel()
+    folder = tmp_path / next(p.name for p in tmp_path.iterdir() if p.name.startswith("logos-ir-opencl-vendors-"))
+    assert opencl.os.environ["OCL_ICD_VENDORS"] == str(folder)
+    assert {p.name: p.read_text() for p in folder.glob("*.icd")} == {
+        "system-intel-fpga.icd": "libintelocl_fpga.so\n",
+        "logos-ir-intel-cpu.icd": f"{library}\n",
+    }
+    monkeypatch.setenv("OCL_ICD_VENDORS", "/somewhere/else")
+    opencl._register_intel()
+    assert opencl.os.environ["OCL_ICD_VENDORS"] == "/somewhere/else"
