@@ -163,6 +163,30 @@ def _inverse_rms(b: Body, squares: SSAValue, depth: int, epsilon: float) -> SSAV
     return b.fdiv(b.fconst(1.0), b.sqrt(b.fadd(mean, b.fconst(epsilon))))
 
 
+def _multiply_into(
+    b: Body,
+    out: list[SSAValue],
+    t: int,
+    tile: int,
+    values: list[SSAValue],
+    weights: list[list[SSAValue]],
+    factors: list[SSAValue] | None,
+) -> None:
+    """Row `t`'s numbers of x (`values`) multiplied into the sums `out` (stream-major, a sum a row of the `tile`,
+    then each row's sum of squares): with the norm's `factors`, each value's square summed and the value scaled by
+    its factor first; then each stream's `weights` fma'd into its sum, in order."""
+    if factors is not None:
+        square = len(weights) * tile + t
+        for v in values:
+            out[square] = b.fma(v, v, out[square])
+        values = [b.fmul(v, g) for v, g in zip(values, factors, strict=True)]
+    for s_index, stream in enumerate(weights):
+        total = out[s_index * tile + t]
+        for wi, xi in zip(stream, values, strict=True):
+            total = b.fma(wi, xi, total)
+        out[s_index * tile + t] = total
+
+
 def _dot_sums(
     b: Body,
     x: SSAValue,
@@ -205,16 +229,8 @@ def _dot_sums(
                     values: list[SSAValue] = []
                     for part in range(0, vector, x_vector):
                         values += b.vload(x, [row, b.add(kk, part) if part else kk], x_vector)
-                    if norm:
-                        square = len(streams) * tile + t
-                        for v in values:
-                            out[square] = b.fma(v, v, out[square])
-                        values = [b.fmul(v, g) for v, g in zip(values, scales[u], strict=True)]
-                    for s_index in range(len(streams)):
-                        total = out[s_index * tile + t]
-                        for wi, xi in zip(loaded[s_index][u], values, strict=True):
-                            total = b.fma(wi, xi, total)
-                        out[s_index * tile + t] = total
+                    weights = [per[u] for per in loaded]
+                    _multiply_into(b, out, t, tile, values, weights, scales[u] if norm else None)
             return out
 
         return step
@@ -282,16 +298,7 @@ def _stored_dot_sums(
         weights = [blocks.dequantize(b, fmt, span, start, numbers) for span in spans]
         for t, row in enumerate(rows):
             values = [v for at in where for v in b.vload(x, [row, at], 4)]
-            if norm:
-                square = len(streams) * tile + t
-                for v in values:
-                    out[square] = b.fma(v, v, out[square])
-                values = [b.fmul(v, g) for v, g in zip(values, scales, strict=True)]
-            for s_index, dequantized in enumerate(weights):
-                total = out[s_index * tile + t]
-                for wi, xi in zip(dequantized, values, strict=True):
-                    total = b.fma(wi, xi, total)
-                out[s_index * tile + t] = total
+            _multiply_into(b, out, t, tile, values, weights, scales if norm else None)
         return out
 
     def span_of(weight: SSAValue, row: SSAValue, first: SSAValue, count: int, vectors: bool) -> blocks.Units:
@@ -389,16 +396,7 @@ def _channel_dot_sums(
                 factors = [g for place in where for g in b.vload(norm[0], [place], 4)] if norm else []
                 for t, row in enumerate(rows):
                     values = [v for place in where for v in b.vload(x, [row, place], 4)]
-                    if norm:
-                        square = len(streams) * tile + t
-                        for v in values:
-                            out[square] = b.fma(v, v, out[square])
-                        values = [b.fmul(v, g) for v, g in zip(values, factors, strict=True)]
-                    for s_index in range(len(streams)):
-                        total = out[s_index * tile + t]
-                        for wi, xi in zip(weights[s_index][u], values, strict=True):
-                            total = b.fma(wi, xi, total)
-                        out[s_index * tile + t] = total
+                    _multiply_into(b, out, t, tile, values, [per[u] for per in weights], factors if norm else None)
             return out
 
         return step
