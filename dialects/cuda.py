@@ -544,6 +544,80 @@ class AttentionOp(KernelOp):
 
 
 @irdl_op_definition
+class ExpertsOp(KernelOp):
+    """A mixture of experts of each row of x (`logos.experts`): the router's logits [rows, experts] to a softmax
+    over every expert (f32), the `top_k` most probable chosen (the lowest index first on a tie), their weights
+    divided by their sum with `renormalize`; each chosen expert's SwiGLU MLP of the row, down_e(silu(gate_e x) *
+    up_e x), times its weight, summed in ascending expert index. The stacked weights are the experts this chip
+    holds (`chip` given: a split step's share, experts [chip * held, (chip + 1) * held) of the logits' experts;
+    the sum is then this chip's partial sum, which an all-reduce after it completes). ins (x, logits, gate [held,
+    I, H], up [held, I, H], down [held, H, I][, chip]), outs (out [rows, H], chosen [rows, top_k] i64 (each row's
+    chosen experts in ascending index, as this chip's index, `held` where another chip holds it), weights [rows,
+    top_k], act [rows * top_k, I], partial [rows * top_k, H][, count [held] i64, assigned [held, rows] i64]): the
+    last two, of a chunk or batch (several rows), are each expert's rows (as assignments row * top_k + slot, in
+    row order), so each expert's weights are read for its own rows alone.
+
+    ```mlir
+    cuda.experts ins(%normed_mixed, %router_logits, %gate_weights, %up_weights, %down_weights : memref<1x64xf32>,
+        memref<1x4xf32>, memref<4x32x64xbf16>, memref<4x32x64xbf16>, memref<4x64x32xbf16>) outs(%routed,
+        %route_chosen, %route_weights, %experts_act, %experts_partial : memref<1x64xf32>, memref<1x2xi64>,
+        memref<1x2xf32>, memref<2x32xf32>, memref<2x64xf32>) {top_k = 2 : i64, renormalize}
+    ```
+    """
+
+    name = "cuda.experts"
+    ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (
+        ("x", "logits", "gate", "up", "down", "chip"),
+        ("out", "chosen", "weights", "act", "partial", "count", "assigned"),
+    )
+
+    top_k = prop_def(IntegerAttr[I64])
+    renormalize = opt_prop_def(UnitAttr)
+
+    def roles(self) -> list[str]:
+        ins, outs = self.ROLES
+        return [*ins[: len(self.ins)], *outs[: len(self.outs)]]
+
+    def split(self) -> bool:
+        """Whether this is a chip's share of the experts (its `chip` table given)."""
+        return len(self.ins) == 6
+
+    def grouped(self) -> bool:
+        """Whether the rows are grouped by expert (several rows: a chunk or a batch)."""
+        return len(self.outs) == 7
+
+    def held(self) -> int:
+        return shape_of(self.ins[2].type)[0]
+
+    def routed(self) -> int:
+        return shape_of(self.ins[1].type)[1]
+
+    def verify_(self) -> None:
+        if len(self.ins) not in (5, 6) or len(self.outs) not in (5, 7):
+            raise _fail(self, f"takes 5 or 6 inputs and 5 or 7 outputs, got {len(self.ins)} and {len(self.outs)}")
+        (x, logits, gate, up, down, *_), (out, chosen, weights, act, partial, *groups) = self.shapes()
+        rows, hidden = x
+        held, inter = gate[0], gate[1]
+        k = self.top_k.value.data
+        _expect(self, "gate shape", gate, (held, inter, hidden))
+        _expect(self, "up shape", up, gate)
+        _expect(self, "down shape", down, (held, hidden, inter))
+        _expect(self, "router logits rows", logits[0], rows)
+        if not 1 <= k <= logits[1]:
+            raise _fail(self, f"routes each row to {k} experts, not 1 to its {logits[1]}")
+        if (held != logits[1]) != self.split():
+            raise _fail(self, f"holds {held} of {logits[1]} experts: a share needs the chip table, the whole none")
+        _expect(self, "result shape", out, x)
+        _expect(self, "chosen shape", chosen, (rows, k))
+        _expect(self, "weights shape", weights, (rows, k))
+        _expect(self, "act shape", act, (rows * k, inter))
+        _expect(self, "partial shape", partial, (rows * k, hidden))
+        if groups:
+            _expect(self, "count shape", groups[0], (held,))
+            _expect(self, "assigned shape", groups[1], (held, rows))
+
+
+@irdl_op_definition
 class AddOp(KernelOp):
     """out = lhs + rhs, elementwise: a residual add (`cuda-fold-residual-adds` folds it into the projection or
     all-reduce before it where it can).
@@ -720,6 +794,7 @@ KERNEL_OPS: tuple[type[KernelOp], ...] = (
     RopeOp,
     RopeCacheWriteOp,
     AttentionOp,
+    ExpertsOp,
     AddOp,
     BiasAddOp,
     HeadRMSNormOp,

@@ -94,8 +94,19 @@ def build_summary(report: dict[str, Any]) -> list[str]:
         f"{report['weight_bytes'] / 1e6:.1f} MB of weights held (each chip)",
         f"{report['launches_per_layer']} launches a layer; each chip reads {report['bytes_read'] / 1e6:.1f} MB a step"
         f" against a minimum of {report['bytes_minimum'] / 1e6:.1f} MB (the weights a step uses and the full cache)",
+        *_experts_summary(report),
         ptxas_summary(report["ptxas"]),
         *latency_summary(report.get("latency_model")),
+    ]
+
+
+def _experts_summary(report: dict[str, Any]) -> list[str]:
+    if "expert_weight_bytes" not in report:
+        return []
+    return [
+        f"experts: {report['expert_bytes_read'] / 1e6:.1f} MB of their {report['expert_weight_bytes'] / 1e6:.1f} MB"
+        f" read a step (the chosen ones); active parameters {report['active_weight_bytes'] / 1e6:.1f} MB, read"
+        f" {report['bytes_read_per_active_byte']:.3f}x of them a step"
     ]
 
 
@@ -359,6 +370,26 @@ def plan_report(module: ModuleOp) -> dict[str, Any]:
         "bytes_minimum": minimum,
         "loads_in_flight": loads_in_flight(plan),
         "chips": plan.chips,
+        **_experts_report(plan),
+    }
+
+
+def _experts_report(plan: Any) -> dict[str, Any]:
+    """A mixture's figures: the stacked experts' bytes, what a step reads of them (its rows' chosen experts, at
+    most every expert held), and the active parameters' bytes (every weight whole, the embedding's table too, but
+    of the stacked experts only those a step chooses) with the bytes a step reads against them."""
+    from logos_ir.passes.cuda.traffic import expert_bytes
+
+    read, whole = expert_bytes(plan)
+    if not whole:
+        return {}
+    weights = sum(buffer_bytes(b) for b in plan.buffers.values() if b.kind == "weight")
+    active = weights - whole + read
+    return {
+        "expert_weight_bytes": whole,
+        "expert_bytes_read": read,
+        "active_weight_bytes": active,
+        "bytes_read_per_active_byte": step_bytes(plan)[0] / active,
     }
 
 

@@ -268,6 +268,63 @@ class LaunchAttention(_LaunchKernel):
         ]
 
 
+class LaunchExperts(_LaunchKernel):
+    source = cuda.ExpertsOp
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: cuda.ExpertsOp, rewriter: PatternRewriter) -> None:
+        self.launch(op, rewriter)
+
+    def kinds(self, op: cuda.ExpertsOp) -> list[Kind]:
+        """The router (a warp a row: softmax, top-k, the chosen experts and weights into their buffers), for a
+        chunk or batch the grouping of its rows by expert (a thread an expert), the chosen experts' gate/up
+        products (a warp a column of an assignment, or of an expert's assignments), their down products times
+        their weights, and their sum in ascending expert index (a thread a column of a row)."""
+        n = len(op.ins)
+        out, chosen, weights, act, partial, count, assigned = range(n, n + 7)
+        held, top_k = op.held(), op.top_k.value.data
+        renormalize = op.renormalize is not None
+        route_ins = (1, 5) if op.split() else (1,)
+        groups = (count, assigned) if op.grouped() else ()
+        suffix = "_grouped" if groups else ""
+        items = (lambda s: held) if groups else (lambda s: s[1][0] * s[1][1])  # noqa: E731 (block.y of a product)
+        route = lambda b, a, s: decode_kernels.experts_route(b, a, s, top_k, renormalize, held)  # noqa: E731
+        kinds = [
+            Kind(
+                "experts_route" + ("_renormalize" if renormalize else ""),
+                (*route_ins, chosen, weights),
+                lambda s: (cdiv(s[0][0], WARPS), 1, 1),
+                route,
+                (top_k, renormalize, held),
+            )
+        ]
+        if groups:
+            grid = lambda s: (cdiv(s[1][0], THREADS), 1, 1)  # noqa: E731
+            kinds.append(Kind("experts_group", (chosen, count, assigned), grid, decode_kernels.experts_group))
+        kinds += [
+            Kind(
+                "experts_gate_up" + suffix,
+                (0, chosen, 2, 3, act, *groups),
+                lambda s: (cdiv(s[2][1], WARPS), items(s), 1),
+                decode_kernels.experts_gate_up,
+            ),
+            Kind(
+                "experts_down" + suffix,
+                (act, chosen, weights, 4, partial, *groups),
+                lambda s: (cdiv(s[3][1], WARPS), items(s), 1),
+                decode_kernels.experts_down,
+            ),
+            Kind(
+                "experts_sum",
+                (partial, chosen, out),
+                lambda s: (cdiv(s[2][1], THREADS), s[2][0], 1),
+                lambda b, a, s: decode_kernels.experts_sum(b, a, s, held),
+                (held,),
+            ),
+        ]
+        return kinds
+
+
 class LaunchPrefillAttention(_LaunchKernel):
     source = cuda.PrefillAttentionOp  # always the tensor-core flash attention
 
@@ -351,6 +408,7 @@ PATTERNS: tuple[type[_LaunchKernel], ...] = (
     LaunchRope,
     LaunchRopeCacheWrite,
     LaunchAttention,
+    LaunchExperts,
     LaunchPrefillAttention,
     LaunchAdd,
     LaunchBiasAdd,

@@ -352,6 +352,55 @@ class LowerSwiGLU(_LoweringPattern):
         return step
 
 
+class LowerExperts(_LoweringPattern):
+    """A mixture of experts as one `cuda.experts` (the router's softmax and top-k, the chosen experts' gate/up and
+    down products, their weighted sum): its small buffers of each row's chosen experts and weights and the
+    chosen experts' products are scratch of its own; a chunk's or batch's rows are grouped by expert (each
+    expert's assignments, `experts.count` / `experts.assigned`); a split step's share of the experts reads the
+    host's `chip` table (its first expert is chip * held). Stacked weights held in a block or fp8 format are
+    refused in a decode step: the experts' GEMVs read float images alone."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.MixtureOp, rewriter: PatternRewriter) -> None:
+        lowering = self.lowering
+        for stacked in (op.gate, op.up, op.down):
+            weight = stacked.owner
+            fmt = weight.storage.format.name if isinstance(weight, logos.WeightOp) and weight.storage else None
+            if lowering.decode and fmt is not None and fmt in blocks.READ_AS_STORED:
+                lowering.refuse(
+                    f"'logos.experts' %{op.result.name_hint} reads stacked experts stored as {fmt}: the CUDA lane's "
+                    "expert GEMVs read f32 and bf16 images only"
+                )
+                return
+        x, logits = self.of(op.input, op), self.of(op.logits, op)
+        weights = [self.of(w, op) for w in (op.gate, op.up, op.down)]
+        rows, hidden = logos.tensor_shape(op.input)
+        held, inter, _ = logos.tensor_shape(op.gate)
+        k = op.top_k.value.data
+        ins = [x, logits, *weights]
+        if held != logos.tensor_shape(op.logits)[1]:  # a chip's share of the experts
+            ins.append(lowering.buffer(rewriter, "chip", "table", MemRefType(i64, [1])))
+        out = lowering.activation(rewriter, op.result)
+
+        def scratch(name: str, element: Attribute, shape: list[int]) -> SSAValue:
+            return lowering.buffer(rewriter, name, "scratch", MemRefType(element, shape))
+
+        outs = [
+            out,
+            scratch("route.chosen", i64, [rows, k]),
+            scratch("route.weights", f32, [rows, k]),
+            scratch("experts.act", f32, [rows * k, inter]),
+            scratch("experts.partial", f32, [rows * k, hidden]),
+        ]
+        if rows > 1:  # grouped by expert
+            outs += [scratch("experts.count", i64, [held]), scratch("experts.assigned", i64, [held, rows])]
+        props: dict[str, Attribute] = {"top_k": IntegerAttr(k, i64)}
+        if op.renormalize is not None:
+            props["renormalize"] = UnitAttr()
+        rewriter.insert(cuda.ExpertsOp(ins, outs, props))
+        _stands_for(rewriter, op, out)
+
+
 class LowerAdd(_LoweringPattern):
     """An elementwise add, one `cuda.add` (`cuda-fold-residual-adds` folds a residual add into its projection)."""
 
@@ -566,6 +615,7 @@ PATTERNS: tuple[type[_LoweringPattern], ...] = (
     LowerSoftcap,
     LowerLinear,
     LowerSwiGLU,
+    LowerExperts,
     LowerAdd,
     LowerBiasAdd,
     CheckRope,
@@ -588,6 +638,7 @@ LOWERED_OPS = (
     logos.SiluOp,
     logos.GeluTanhOp,
     logos.MulOp,
+    logos.MixtureOp,
     logos.AddOp,
     logos.BiasAddOp,
     logos.RopeOp,

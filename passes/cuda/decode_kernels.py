@@ -217,7 +217,7 @@ def _dot_sums(
     def step_of(count: int) -> Callable[[SSAValue, list[SSAValue]], list[SSAValue]]:
         def step(k: SSAValue, acc: list[SSAValue]) -> list[SSAValue]:
             ks = [b.add(k, u * cuda.WARP * vector) if u else k for u in range(count)]
-            loaded = [[b.vload(w, [r, kk], vector) for kk in ks] for w, r in streams]  # every load issued first
+            loaded = [[b.vload(w, [*_at(r), kk], vector) for kk in ks] for w, r in streams]  # all loads first
             scales: list[list[SSAValue]] = []
             for kk in ks:  # the norm's scale is f32: its vectors are x's width
                 parts = range(0, vector, x_vector) if norm else range(0)
@@ -249,6 +249,11 @@ def _dot_sums(
     if main < length:
         sums = b.loop(b.add(first, main) if main else first, at(length), cuda.WARP * vector, sums, step_of(1))
     return [b.warp_sum(v) for v in sums]
+
+
+def _at(row: SSAValue | list[SSAValue]) -> list[SSAValue]:
+    """A stream's row as indices: a weight's row, or (a stacked expert's) the expert and its row."""
+    return list(row) if isinstance(row, list | tuple) else [row]
 
 
 def _stored_dot_sums(
@@ -1050,3 +1055,222 @@ def _sum_by_columns(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]
         b.cmp("ult", column, width),
         lambda: b.store(b.fadd(b.load(lhs, [row, column]), b.load(rhs, at)), out, [row, column]),
     )
+
+
+# -- a mixture of experts (`cuda.experts`) ----------------------------------------------------------------------
+#
+# Decode reads only the chosen experts' weights: the router's launch writes each row's chosen experts and weights
+# to two small device buffers, and every expert GEMV's warp reads its expert's index from there (no host round
+# trip) and streams that expert's row of the stacked weight. A chunk or batch groups its rows by expert first, so
+# each expert's warps stream its weights once a tile of its own rows.
+
+
+def _pairwise(b: Body, values: list[SSAValue]) -> SSAValue:
+    """The sum of a few f32s in numpy's order (`pairwise_sum` for fewer than 128: one after the other under 8,
+    else 8 running sums combined as a tree, then the rest one after the other), so a renormalized weight divides
+    by the reference's bits."""
+    if len(values) < 8:
+        total = values[0]
+        for v in values[1:]:
+            total = b.fadd(total, v)
+        return total
+    whole = len(values) - len(values) % 8
+    sums = list(values[:8])
+    for i in range(8, whole, 8):
+        sums = [b.fadd(sums[j], values[i + j]) for j in range(8)]
+    pairs = [b.fadd(sums[j], sums[j + 1]) for j in range(0, 8, 2)]
+    total = b.fadd(b.fadd(pairs[0], pairs[1]), b.fadd(pairs[2], pairs[3]))
+    for v in values[whole:]:
+        total = b.fadd(total, v)
+    return total
+
+
+def experts_route(
+    b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], top_k: int, renormalize: bool, held: int
+) -> None:
+    """A warp a row of the router's logits (lane l holds experts l, l + 32, ...): the softmax over every expert in
+    f32 (the maximum and the sum of the exponentials by butterflies), then `top_k` rounds each taking the most
+    probable expert after the last one taken (lower probability, or equal at a higher index: the lowest index
+    first on a tie, as torch.topk), the chosen weights divided by their sum in the order chosen with
+    `renormalize`; lane 0 writes each chosen expert and weight at its rank by expert index (so the experts are
+    summed in ascending index), as this chip's expert (chip * held is its first, read from the `chip` table in a
+    split step) or `held` where another chip holds it."""
+    logits, *chip, chosen, weights = args
+    rows, experts = shapes[0]
+    _, warp, lane = _warp_and_lane(b)
+    row = b.add(b.mul(b.block("x"), WARPS), warp)
+
+    def body() -> None:
+        slots = cdiv(experts, cuda.WARP)
+        index = [b.add(lane, m * cuda.WARP) if m else lane for m in range(slots)]
+        valid = [b.cmp("ult", i, experts) for i in index]
+        scores = [
+            b.select(ok, b.load(logits, [row, b.min(i, experts - 1)]), b.fconst(NEG_BIG))
+            for i, ok in zip(index, valid, strict=True)
+        ]
+        top = scores[0]
+        for v in scores[1:]:
+            top = b.fmax(top, v)
+        for offset in (16, 8, 4, 2, 1):
+            top = b.fmax(top, b.shuffle(top, offset))
+        exps = [b.select(ok, b.exp(b.fsub(v, top)), b.fconst(0.0)) for v, ok in zip(scores, valid, strict=True)]
+        total = exps[0]
+        for v in exps[1:]:
+            total = b.fadd(total, v)
+        total = b.warp_sum(total)
+        probs = [b.fdiv(v, total) for v in exps]
+        picks: list[tuple[SSAValue, SSAValue]] = []
+        for _ in range(top_k):
+            best, best_index = b.fconst(-1.0), b.const(experts)
+            for p, i, ok in zip(probs, index, valid, strict=True):
+                if picks:  # after the last pick: lower, or equal at a higher index
+                    last, last_index = picks[-1]
+                    later = b.both(b.fcmp("oeq", p, last), b.cmp("ult", last_index, i))
+                    ok = b.both(ok, b.either(b.fcmp("olt", p, last), later))
+                take = b.both(ok, _better(b, p, i, best, best_index))
+                best, best_index = b.select(take, p, best), b.select(take, i, best_index)
+            picks.append(_warp_argmax(b, best, best_index))
+        chosen_weights = [p for p, _ in picks]
+        if renormalize:
+            total = _pairwise(b, chosen_weights)
+            chosen_weights = [b.fdiv(w, total) for w in chosen_weights]
+        first = b.mul(b.to_index(b.load(chip[0], [0])), held) if chip else None
+
+        def write() -> None:
+            for j, (_, expert) in enumerate(picks):
+                rank = b.const(0)
+                for m, (_, other) in enumerate(picks):
+                    if m != j:
+                        rank = b.add(rank, b.select(b.cmp("ult", other, expert), b.const(1), b.const(0)))
+                local = expert
+                if first is not None:
+                    here = b.both(b.cmp("uge", expert, first), b.cmp("ult", expert, b.add(first, held)))
+                    local = b.select(here, b.sub(expert, first), b.const(held))
+                b.store(b.to_i64(local), chosen, [row, rank])
+                b.store(chosen_weights[j], weights, [row, rank])
+
+        b.when(b.cmp("eq", lane, 0), write)
+
+    b.when(b.cmp("ult", row, rows), body)
+
+
+def experts_group(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
+    """A thread an expert of this chip: the assignments (row * top_k + slot) routed to it, in row order, into
+    `assigned` [held, rows], and their number into `count` (a chunk's or batch's rows grouped by expert)."""
+    chosen, count, assigned = args
+    rows, top_k = shapes[0]
+    held = shapes[1][0]
+    expert = b.add(b.mul(b.block("x"), THREADS), b.thread())
+
+    def body() -> None:
+        def scan(a: SSAValue, state: list[SSAValue]) -> list[SSAValue]:
+            hit = b.cmp("eq", b.to_index(b.load(chosen, [b.div(a, top_k), b.rem(a, top_k)])), expert)
+            b.when(hit, lambda: b.store(b.to_i64(a), assigned, [expert, state[0]]))
+            return [b.select(hit, b.add(state[0], 1), state[0])]
+
+        (found,) = b.loop(0, rows * top_k, 1, [b.const(0)], scan)
+        b.store(b.to_i64(found), count, [expert])
+
+    b.when(b.cmp("ult", expert, held), body)
+
+
+def _expert_products(
+    b: Body,
+    x: SSAValue,
+    chosen: SSAValue,
+    stacked: list[SSAValue],
+    groups: list[SSAValue],
+    shape: tuple[int, int, int, int],
+    epilogue: Callable[[SSAValue, SSAValue, list[SSAValue]], None],
+) -> None:
+    """A warp an output column of the experts' products: of the assignment `block.y` (row * top_k + slot; x's row
+    the assignment's row, or with `by_assignment` in `shape` the assignment itself) and its expert as the router
+    wrote it, skipped where another chip holds it; or, grouped (`groups`: count, assigned), of the expert
+    `block.y`, a tile of ROW_TILE of its assignments at a time, each loaded weight vector serving the tile. Lane
+    0 writes each valid (column, assignment) through `epilogue(assignment, column, sums)`."""
+    columns, depth, top_k, by_assignment = shape
+    held = shapes_of(stacked[0])[0]
+    _, warp, lane = _warp_and_lane(b)
+    column = b.add(b.mul(b.block("x"), WARPS), warp)
+    valid = b.both(b.cmp("ult", column, columns), b.cmp("eq", lane, 0))
+    clamped = b.min(column, columns - 1)  # an idle warp reads a real row and writes nothing
+
+    def x_row(a: SSAValue) -> SSAValue:
+        return a if by_assignment else b.div(a, top_k)
+
+    if not groups:
+        a = b.block("y")
+        expert = b.to_index(b.load(chosen, [b.div(a, top_k), b.rem(a, top_k)]))
+
+        def product() -> None:
+            dots, _ = _dots(b, x, [(w, [expert, clamped]) for w in stacked], [x_row(a)], depth, lane)
+            b.when(valid, lambda: epilogue(a, column, [d[0] for d in dots]))
+
+        b.when(b.cmp("ult", expert, held), product)
+        return
+    count, assigned = groups
+    expert = b.block("y")
+    found = b.to_index(b.load(count, [expert]))
+
+    def tile(i: SSAValue, _: list[SSAValue]) -> list[SSAValue]:
+        last = b.sub(found, 1)
+        picked = [b.to_index(b.load(assigned, [expert, b.min(b.add(i, t) if t else i, last)])) for t in range(ROW_TILE)]
+        dots, _ = _dots(b, x, [(w, [expert, clamped]) for w in stacked], [x_row(a) for a in picked], depth, lane)
+        for t, a in enumerate(picked):
+            ok = b.both(valid, b.cmp("ult", b.add(i, t) if t else i, found))
+            b.when(ok, partial(epilogue, a, column, [d[t] for d in dots]))
+        return []
+
+    b.loop(0, found, ROW_TILE, [], tile)
+
+
+def shapes_of(value: SSAValue) -> tuple[int, ...]:
+    return tuple(value.type.get_shape())  # type: ignore[attr-defined]
+
+
+def experts_gate_up(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
+    """silu(gate_e x) * up_e x of each chosen expert e, a warp a column of both (`_expert_products`), into `act`
+    [rows * top_k, intermediate] at the assignment's row."""
+    x, chosen, gate, up, act, *groups = args
+    _, hidden = shapes[0]
+    top_k = shapes[1][1]
+    inter = shapes[2][1]
+
+    def write(a: SSAValue, column: SSAValue, sums: list[SSAValue]) -> None:
+        b.store(glu(b, sums[0], sums[1]), act, [a, column])
+
+    _expert_products(b, x, chosen, [gate, up], groups, (inter, hidden, top_k, False), write)
+
+
+def experts_down(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
+    """down_e of each assignment's gated product (`act`'s row), times its weight, into `partial` [rows * top_k,
+    hidden] (`_expert_products`, a warp a column of down)."""
+    act, chosen, weights, down, partial_sums, *groups = args
+    top_k = shapes[1][1]
+    hidden, inter = shapes[3][1], shapes[3][2]
+
+    def write(a: SSAValue, column: SSAValue, sums: list[SSAValue]) -> None:
+        weight = b.load(weights, [b.div(a, top_k), b.rem(a, top_k)])
+        b.store(b.fmul(sums[0], weight), partial_sums, [a, column])
+
+    _expert_products(b, act, chosen, [down], groups, (hidden, inter, top_k, True), write)
+
+
+def experts_sum(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], held: int) -> None:
+    """A thread a column of a row: the sum from zero of the row's chosen experts' weighted products in ascending
+    expert index (the router wrote them in that order), those another chip holds left out (a partial sum)."""
+    partial_sums, chosen, out = args
+    rows, hidden = shapes[2]
+    top_k = shapes[1][1]
+    column = b.add(b.mul(b.block("x"), THREADS), b.thread())
+    row = b.block("y")
+
+    def body() -> None:
+        total = b.fconst(0.0)
+        for slot in range(top_k):
+            here = b.cmp("ult", b.to_index(b.load(chosen, [row, slot])), held)
+            value = b.load(partial_sums, [b.add(b.mul(row, top_k), slot), column])
+            total = b.select(here, b.fadd(total, value), total)
+        b.store(total, out, [row, column])
+
+    b.when(b.cmp("ult", column, hidden), body)

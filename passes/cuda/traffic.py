@@ -52,14 +52,35 @@ def step_bytes(plan: Any, live: int | None = None) -> tuple[int, int]:
     minimum = 0
     for buffer in plan.buffers.values():
         if buffer.kind == "weight":
-            minimum += (
-                _embedding_rows(plan, buffer)
-                if "embed_tokens" in buffer.name and _embeds(plan, buffer)
-                else buffer_bytes(buffer)
-            )
+            if "embed_tokens" in buffer.name and _embeds(plan, buffer):
+                minimum += _embedding_rows(plan, buffer)
+            elif _stacked(buffer):  # a mixture's experts: those its rows choose, at most
+                minimum += buffer_bytes(buffer) * experts_touched(plan, buffer) // buffer.shape[0]
+            else:
+                minimum += buffer_bytes(buffer)
         elif buffer.kind == "cache":
             minimum += _live(buffer, live, _window(plan, buffer.name))
     return read, minimum
+
+
+def _stacked(buffer: Any) -> bool:
+    """Whether a weight is a mixture's stacked experts (the only 3-D weights: experts, rows, depth)."""
+    return len(buffer.shape) == 3
+
+
+def experts_touched(plan: Any, buffer: Any) -> int:
+    """The most experts of a stacked weight a step reads: each row reads its `top_k` chosen experts (the router's
+    `route.chosen` [rows, top_k]), at most every expert this chip holds; a chip of a split step may hold them all
+    of a row's choices, so its figure is the same bound."""
+    assignments = int(np.prod(plan.buffers["route.chosen"].shape))
+    return min(assignments, buffer.shape[0])
+
+
+def expert_bytes(plan: Any) -> tuple[int, int]:
+    """(the bytes of the stacked experts' weights a step reads at most, their whole bytes)."""
+    stacked = [b for b in plan.buffers.values() if b.kind == "weight" and _stacked(b)]
+    read = sum(buffer_bytes(b) * experts_touched(plan, b) // b.shape[0] for b in stacked)
+    return read, sum(buffer_bytes(b) for b in stacked)
 
 
 def _window(plan: Any, name: str) -> int | None:
@@ -105,4 +126,6 @@ def launch_bytes(plan: Any, launch: Any, name: str, live: int | None) -> int:
         return _embedding_rows(plan, buffer)
     if buffer.kind == "scratch":  # written and read back by the same launch or the next: L2, not HBM
         return 0
+    if buffer.kind == "weight" and _stacked(buffer):  # an expert GEMV streams its chosen experts' rows alone
+        return buffer_bytes(buffer) * experts_touched(plan, buffer) // buffer.shape[0]
     return buffer_bytes(buffer)
