@@ -105,6 +105,7 @@ class _Lowering:
     # (rotated key source, cache, positions, its rotation)
     pending_key: tuple[SSAValue, SSAValue, SSAValue, logos.RopeOp] | None = None
     refusal: PassError | None = None
+    stacked_storage: dict[str, str] = field(default_factory=dict)  # a stacked experts' weight's stored format
 
     def buffer(self, rewriter: PatternRewriter, name: str, kind: str, kind_type: MemRefType) -> SSAValue:
         """The buffer `name` (named `<name>.<shape>` when `name` holds another type), added before the op being
@@ -207,6 +208,8 @@ class LowerWeight(_LoweringPattern):
         stored = self._stored(op, shape)
         kind_type = blocks.stored_type(stored, shape) if stored else MemRefType(element, list(shape))
         weight = self.lowering.buffer(rewriter, op.tensor.data, "weight", kind_type)
+        if len(shape) == 3 and op.storage is not None:  # a mixture's stacked experts: read from the image alone
+            self.lowering.stacked_storage[op.tensor.data] = op.storage.format.name
         if stored:
             blocks.mark(cast(Operation, weight.owner), stored)
         _stands_for(rewriter, op, weight)
@@ -363,17 +366,16 @@ class LowerExperts(_LoweringPattern):
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: logos.MixtureOp, rewriter: PatternRewriter) -> None:
         lowering = self.lowering
-        for stacked in (op.gate, op.up, op.down):
-            weight = stacked.owner
-            fmt = weight.storage.format.name if isinstance(weight, logos.WeightOp) and weight.storage else None
-            if lowering.decode and fmt is not None and fmt in blocks.READ_AS_STORED:
-                lowering.refuse(
-                    f"'logos.experts' %{op.result.name_hint} reads stacked experts stored as {fmt}: the CUDA lane's "
-                    "expert GEMVs read f32 and bf16 images only"
-                )
-                return
         x, logits = self.of(op.input, op), self.of(op.logits, op)
         weights = [self.of(w, op) for w in (op.gate, op.up, op.down)]
+        for weight in weights:
+            fmt = lowering.stacked_storage.get(_name_of(weight))
+            if lowering.decode and fmt is not None and fmt in blocks.READ_AS_STORED:
+                lowering.refuse(
+                    f"'logos.experts' %{op.result.name_hint} reads stacked experts stored as {fmt} "
+                    f"('{_name_of(weight)}'): the CUDA lane's expert GEMVs read f32 and bf16 images only"
+                )
+                return
         rows, hidden = logos.tensor_shape(op.input)
         held, inter, _ = logos.tensor_shape(op.gate)
         k = op.top_k.value.data

@@ -716,19 +716,6 @@ def test_a_split_mixture_that_is_not_split_by_whole_experts_is_refused(old: str,
     assert message in str(refused.value)
 
 
-def test_the_cuda_lane_refuses_a_split_mixture_by_name() -> None:
-    """The CUDA lane lowers no `logos.experts`, split or not: it refuses the split program by the op's name before
-    anything runs (the D5005 engine and the wafer refuse any split first)."""
-    from logos_ir.errors import LogosError
-    from logos_ir.registry import backends
-    from logos_ir.runtime import RunRequest
-
-    request = RunRequest(open_model(str(FAMILIES / "mixtral")), ctx=32, tp=2, weights="f32", emulate=True)
-    with pytest.raises(LogosError) as refused:
-        backends()["cuda"].generator()(request).generate([1, 2, 3], 2)
-    assert "@main holds 'logos.experts', which the CUDA lane does not lower" in str(refused.value)
-
-
 @pytest.mark.parametrize(("preset", "tp", "held"), [("mixtral-8x7b", 8, 1), ("qwen3-30b-a3b", 4, 32)])
 def test_the_published_mixtures_split_by_experts(preset: str, tp: int, held: int) -> None:
     """Mixtral-8x7B over 8 chips holds one expert of its 8 a chip; Qwen3-30B-A3B (4 key-value heads) over 4, 32 of

@@ -1,0 +1,149 @@
+"""Mixtures of experts (`logos.experts`) on the CUDA lane, emulated: the tiny Mixtral, Qwen3-MoE (renormalized and
+not) and OLMoE give transformers' greedy tokens (`goldens.json`) with f32 weights on one chip and, split by experts,
+on two (OLMoE's whole-projection norms are refused split, by name); a bf16 image follows the reference
+teacher-forced; the tokens depend on every chosen expert's product; stacked experts held in a block format are
+refused by name in a decode step; the decode build's report counts the chosen experts' bytes alone (the figures
+derived here from the weights' shapes), and the Qwen3-30B-A3B decode step reads at most 1.2 times its active
+parameters' bytes. The lowered IR is pinned by `test/cuda/kernels-experts.test`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from test_families import FAMILIES, GOLDENS, _lane
+
+from logos_ir.build import BuildRequest
+from logos_ir.errors import LogosError
+from logos_ir.models import ModelSource
+from logos_ir.program import Cut
+from logos_ir.progress import Progress
+from logos_ir.spec import ModelSpec
+
+MIXTURES = ["mixtral", "qwen3_moe", "qwen3_moe-unnormed", "olmoe"]
+SPLIT = ["mixtral", "qwen3_moe", "qwen3_moe-unnormed"]  # OLMoE's whole-projection norms are refused split
+
+
+@pytest.mark.parametrize(("family", "tp"), [*((f, 1) for f in MIXTURES), *((f, 2) for f in SPLIT)])
+def test_a_mixture_on_the_cuda_lane_gives_transformers_tokens(family: str, tp: int) -> None:
+    """Each prompt through prefill chunks of 4 rows (the rows grouped by expert) then decode steps (the chosen
+    experts' GEMVs), f32 weights, the emulator executing the printed kernels; over 2 chips each holds 2 of the 4
+    experts and an all-reduce adds the partial sums."""
+    lane = _lane(family, "cuda", True, tp)
+    for run in GOLDENS[family]["runs"]:
+        assert lane.generate(run["prompt"], len(run["tokens"])) == run["tokens"]
+
+
+def test_olmoes_split_is_refused_by_name() -> None:
+    with pytest.raises(LogosError) as refused:
+        _lane("olmoe", "cuda", True, 2).generate([1, 2, 3], 2)
+    assert "@main holds 'shard.all_slice', which the CUDA lane does not lower" in str(refused.value)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_tokens_depend_on_every_chosen_expert(monkeypatch: pytest.MonkeyPatch, tp: int) -> None:
+    """The sum kernel built to add only each row's first chosen expert (the lowest index) gives other tokens: the
+    golden test above sees the second expert's product."""
+    from logos_ir.passes.cuda import decode_kernels
+
+    built = decode_kernels.experts_sum
+
+    def first_only(b, args, shapes, held):  # noqa: ANN001, ANN202
+        return built(b, args, [shapes[0], (shapes[1][0], 1), shapes[2]], held)
+
+    monkeypatch.setattr(decode_kernels, "experts_sum", first_only)
+    run = GOLDENS["mixtral"]["runs"][0]
+    assert _lane("mixtral", "cuda", True, tp).generate(run["prompt"], len(run["tokens"])) != run["tokens"]
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "olmoe"])
+def test_a_bf16_image_follows_the_reference_teacher_forced(family: str) -> None:
+    from logos_ir.runtime.cuda.agreement import teacher_forced
+    from logos_ir.weights import open_model
+
+    run = GOLDENS[family]["runs"][0]
+    result = teacher_forced(open_model(str(FAMILIES / family)), run["prompt"], 6, "bf16", prefill_rows=4)
+    assert len(result.matches) == 7
+    assert result.agreement == 1.0
+    assert result.min_cosine >= 0.999
+
+
+def _spec(family: str) -> ModelSpec:
+    return ModelSpec.from_hf_config(json.loads((FAMILIES / family / "config.json").read_text()))
+
+
+def test_stacked_experts_held_in_blocks_are_refused_in_a_decode_step() -> None:
+    """The experts' GEMVs read float images alone: a decode step of a model whose stacked experts are stored as
+    Q8_0 is refused by name (its other weights would be read as stored); a prefill chunk reads every weight's
+    image, experts included."""
+    from logos_ir.runtime.cuda.artifacts import build_program
+
+    spec = _spec("mixtral")
+    spec = replace(spec, storage=tuple((n, "q8_0") for n, s in spec.weights() if len(s) >= 2))
+    with pytest.raises(LogosError) as refused:
+        build_program(spec, Cut.decode(32), 1, "bf16")
+    message = str(refused.value)
+    assert "'logos.experts' %routed reads stacked experts stored as q8_0" in message
+    assert "expert GEMVs read f32 and bf16 images only" in message
+    plan, _, _ = build_program(spec, Cut.prefill(4, 32), 1, "bf16")
+    assert {b.element for b in plan.buffers.values() if b.kind == "weight"} == {"bf16", "f32"}
+
+
+def _report(source: ModelSource, cut: str, tp: int, weights: str, ptxas: str = "off") -> dict:
+    from logos_ir.passes.cuda.build import build_cuda
+
+    options = {"ptxas": "off"} if ptxas == "off" else {}
+    return build_cuda(BuildRequest(source, Cut.parse(cut), tp, weights, False, Progress.silent(), options)).report
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_decode_report_counts_only_the_chosen_experts_bytes(tp: int) -> None:
+    """The tiny Mixtral's decode step (f32, ctx 32): its experts' share of the bytes read is 2 of 4 experts a layer
+    (on 2 chips, the 2 a chip holds, at most), not all of them; on one chip the step's whole figure, summed here
+    launch by launch from the config's shapes (each weight once, the embedding's and rotary tables' one row, the
+    caches whole, the activations and inputs each launch reads, the experts 2 of 4), is the report's."""
+    spec = _spec("mixtral")
+    report = _report(ModelSource.resolve(str(FAMILIES / "mixtral")), "decode ctx=32", tp, "f32")
+    h, i, e, k, layers = spec.hidden, spec.intermediate, spec.experts, spec.experts_per_token, spec.layers
+    held = e // tp
+    expert = 3 * i * h * 4  # one expert's gate, up and down rows, f32
+    assert report["expert_weight_bytes"] == layers * held * expert
+    assert report["expert_bytes_read"] == layers * min(k, held) * expert
+    assert report["active_weight_bytes"] == report["weight_bytes"] - layers * (held - min(k, held)) * expert
+    if tp > 1:
+        return
+    f, index, ctx = 4, 8, 32
+    q, kv = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
+    layer = (
+        h * f + (q + 2 * kv) * h * f + h * f + index + 2 * spec.head_dim * f  # qkv: x, weight, norm, position, rope
+        + q * f + 2 * kv * ctx * f + index + index  # attention (query, caches, position) and its merge (position)
+        + q * f + h * q * f + h * f  # output projection: x, weight, residual
+        + 2 * h * f  # the norm before the mixture
+        + h * f + e * h * f  # the router's projection
+        + e * f  # the router's softmax and top-k
+        + h * f + k * 2 * i * h * f  # the chosen experts' gate and up
+        + k * i * h * f  # their down
+        + 2 * h * f  # the residual add
+    )  # fmt: skip
+    ends = (h * f + index) + (h * f + spec.vocab * h * f + h * f) + spec.vocab * f  # embedding, head, arg-max
+    assert report["bytes_read"] == layers * layer + ends
+
+
+def test_the_qwen3_30b_a3b_decode_step_reads_at_most_1_2_times_its_active_parameters() -> None:
+    """The preset's decode step (bf16, ctx 1024, one chip), as `logos-compile --model qwen3-30b-a3b --target cuda`
+    builds it: its active parameters counted here from the preset's shapes (every weight but the unchosen
+    experts, the embedding table whole) in bf16 (norm scales f32), and the step's bytes read against them."""
+    spec = ModelSpec.preset("qwen3-30b-a3b")
+    report = _report(ModelSource.resolve("qwen3-30b-a3b"), "decode ctx=1024", 1, "bf16")
+    h, layers, heads, kv, d = spec.hidden, spec.layers, spec.heads, spec.kv_heads, spec.head_dim
+    chosen = 3 * spec.experts_per_token * spec.intermediate * h
+    attention = h * heads * d * 2 + h * kv * d * 2  # q and o, k and v
+    router = spec.experts * h
+    norms = 2 * h + 2 * d  # the layer's two norms and the query and key head norms (f32)
+    active = 2 * (2 * spec.vocab * h + layers * (attention + router + chosen)) + 4 * (layers * norms + h)
+    assert report["active_weight_bytes"] == active
+    assert report["bytes_read"] <= 1.2 * active
+    assert report["bytes_read_per_active_byte"] == pytest.approx(report["bytes_read"] / active)
+    assert report["expert_bytes_read"] == 2 * layers * chosen
