@@ -551,7 +551,8 @@ class ExpertsOp(KernelOp):
     up_e x), times its weight, summed in ascending expert index. The stacked weights are the experts this chip
     holds (`chip` given: a split step's share, experts [chip * held, (chip + 1) * held) of the logits' experts;
     the sum is then this chip's partial sum, which an all-reduce after it completes). ins (x, logits, gate [held,
-    I, H], up [held, I, H], down [held, H, I][, chip]), outs (out [rows, H], chosen [rows, top_k] i64 (each row's
+    I, H], up [held, I, H], down [held, H, I][, chip][, scale]) (scale with `epsilon`: the RMS norm of x folded into
+    the gate/up products' prologue, as `cuda.gate_up`'s), outs (out [rows, H], chosen [rows, top_k] i64 (each row's
     chosen experts in ascending index, as this chip's index, `held` where another chip holds it), weights [rows,
     top_k], act [rows * top_k, I], partial [rows * top_k, H][, count [held] i64, assigned [held, rows] i64]): the
     last two, of a chunk or batch (several rows), are each expert's rows (as assignments row * top_k + slot, in
@@ -567,20 +568,25 @@ class ExpertsOp(KernelOp):
 
     name = "cuda.experts"
     ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (
-        ("x", "logits", "gate", "up", "down", "chip"),
+        ("x", "logits", "gate", "up", "down", "chip", "scale"),
         ("out", "chosen", "weights", "act", "partial", "count", "assigned"),
     )
 
     top_k = prop_def(IntegerAttr[I64])
     renormalize = opt_prop_def(UnitAttr)
+    epsilon = opt_prop_def(FloatAttr)  # the RMS norm of x folded into the gate/up products (`cuda-fold-norms`)
+
+    def normed(self) -> bool:
+        return self.epsilon is not None
 
     def roles(self) -> list[str]:
         ins, outs = self.ROLES
-        return [*ins[: len(self.ins)], *outs[: len(self.outs)]]
+        names = [*ins[:5], *(["chip"] if self.split() else []), *(["scale"] if self.normed() else [])]
+        return [*names, *outs[: len(self.outs)]]
 
     def split(self) -> bool:
-        """Whether this is a chip's share of the experts (its `chip` table given)."""
-        return len(self.ins) == 6
+        """Whether this is a chip's share of the experts (its `chip` table given: it holds fewer than it routes)."""
+        return shape_of(self.ins[2].type)[0] != shape_of(self.ins[1].type)[1]
 
     def grouped(self) -> bool:
         """Whether the rows are grouped by expert (several rows: a chunk or a batch)."""
@@ -593,9 +599,12 @@ class ExpertsOp(KernelOp):
         return shape_of(self.ins[1].type)[1]
 
     def verify_(self) -> None:
-        if len(self.ins) not in (5, 6) or len(self.outs) not in (5, 7):
-            raise _fail(self, f"takes 5 or 6 inputs and 5 or 7 outputs, got {len(self.ins)} and {len(self.outs)}")
+        want = 5 + self.split() + self.normed()
+        if len(self.ins) != want or len(self.outs) not in (5, 7):
+            raise _fail(self, f"takes {want} inputs and 5 or 7 outputs, got {len(self.ins)} and {len(self.outs)}")
         (x, logits, gate, up, down, *_), (out, chosen, weights, act, partial, *groups) = self.shapes()
+        if self.normed():
+            _expect(self, "norm scale shape", shape_of(self.ins[-1].type), (x[1],))
         rows, hidden = x
         held, inter = gate[0], gate[1]
         k = self.top_k.value.data
@@ -605,8 +614,8 @@ class ExpertsOp(KernelOp):
         _expect(self, "router logits rows", logits[0], rows)
         if not 1 <= k <= logits[1]:
             raise _fail(self, f"routes each row to {k} experts, not 1 to its {logits[1]}")
-        if (held != logits[1]) != self.split():
-            raise _fail(self, f"holds {held} of {logits[1]} experts: a share needs the chip table, the whole none")
+        if self.split() and shape_of(self.ins[5].type) != (1,):
+            raise _fail(self, f"holds {held} of {logits[1]} experts: a share reads the chip table after its weights")
         _expect(self, "result shape", out, x)
         _expect(self, "chosen shape", chosen, (rows, k))
         _expect(self, "weights shape", weights, (rows, k))

@@ -285,6 +285,8 @@ class LaunchExperts(_LaunchKernel):
         held, top_k = op.held(), op.top_k.value.data
         renormalize = op.renormalize is not None
         route_ins = (1, 5) if op.split() else (1,)
+        epsilon = op.epsilon.value.data if op.epsilon is not None else None
+        scale = (n - 1,) if epsilon is not None else ()  # the folded norm's scale, the last input
         groups = (count, assigned) if op.grouped() else ()
         suffix = "_grouped" if groups else ""
         items = (lambda s: held) if groups else (lambda s: s[1][0] * s[1][1])  # noqa: E731 (block.y of a product)
@@ -303,10 +305,11 @@ class LaunchExperts(_LaunchKernel):
             kinds.append(Kind("experts_group", (chosen, count, assigned), grid, decode_kernels.experts_group))
         kinds += [
             Kind(
-                "experts_gate_up" + suffix,
-                (0, chosen, 2, 3, act, *groups),
+                ("experts_norm_gate_up" if epsilon is not None else "experts_gate_up") + suffix,
+                (0, chosen, 2, 3, *scale, act, *groups),
                 lambda s: (cdiv(s[2][1], WARPS), items(s), 1),
-                decode_kernels.experts_gate_up,
+                lambda b, a, s: decode_kernels.experts_gate_up(b, a, s, epsilon),
+                (epsilon,),
             ),
             Kind(
                 "experts_down" + suffix,

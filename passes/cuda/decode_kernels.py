@@ -1182,12 +1182,14 @@ def _expert_products(
     groups: list[SSAValue],
     shape: tuple[int, int, int, int],
     epilogue: Callable[[SSAValue, SSAValue, list[SSAValue]], None],
+    norm: tuple[SSAValue, float] | None = None,
 ) -> None:
     """A warp an output column of the experts' products: of the assignment `block.y` (row * top_k + slot; x's row
     the assignment's row, or with `by_assignment` in `shape` the assignment itself) and its expert as the router
     wrote it, skipped where another chip holds it; or, grouped (`groups`: count, assigned), of the expert
     `block.y`, a tile of ROW_TILE of its assignments at a time, each loaded weight vector serving the tile. Lane
-    0 writes each valid (column, assignment) through `epilogue(assignment, column, sums)`."""
+    0 writes each valid (column, assignment) through `epilogue(assignment, column, sums)`; with `norm` (scale,
+    epsilon) x's row is normed in the prologue as `_projection`'s (its 1/rms times the sums)."""
     columns, depth, top_k, by_assignment = shape
     held = shapes_of(stacked[0])[0]
     _, warp, lane = _warp_and_lane(b)
@@ -1203,8 +1205,9 @@ def _expert_products(
         expert = b.to_index(b.load(chosen, [b.div(a, top_k), b.rem(a, top_k)]))
 
         def product() -> None:
-            dots, _ = _dots(b, x, [(w, [expert, clamped]) for w in stacked], [x_row(a)], depth, lane)
-            b.when(valid, lambda: epilogue(a, column, [d[0] for d in dots]))
+            dots, inverse = _dots(b, x, [(w, [expert, clamped]) for w in stacked], [x_row(a)], depth, lane, norm)
+            sums = [b.fmul(d[0], inverse[0]) if inverse else d[0] for d in dots]
+            b.when(valid, lambda: epilogue(a, column, sums))
 
         b.when(b.cmp("ult", expert, held), product)
         return
@@ -1215,10 +1218,12 @@ def _expert_products(
     def tile(i: SSAValue, _: list[SSAValue]) -> list[SSAValue]:
         last = b.sub(found, 1)
         picked = [b.to_index(b.load(assigned, [expert, b.min(b.add(i, t) if t else i, last)])) for t in range(ROW_TILE)]
-        dots, _ = _dots(b, x, [(w, [expert, clamped]) for w in stacked], [x_row(a) for a in picked], depth, lane)
+        rows = [x_row(a) for a in picked]
+        dots, inverse = _dots(b, x, [(w, [expert, clamped]) for w in stacked], rows, depth, lane, norm)
         for t, a in enumerate(picked):
             ok = b.both(valid, b.cmp("ult", b.add(i, t) if t else i, found))
-            b.when(ok, partial(epilogue, a, column, [d[t] for d in dots]))
+            sums = [b.fmul(d[t], inverse[t]) if inverse else d[t] for d in dots]
+            b.when(ok, partial(epilogue, a, column, sums))
         return []
 
     b.loop(0, found, ROW_TILE, [], tile)
@@ -1228,10 +1233,13 @@ def shapes_of(value: SSAValue) -> tuple[int, ...]:
     return tuple(value.type.get_shape())  # type: ignore[attr-defined]
 
 
-def experts_gate_up(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:
+def experts_gate_up(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], epsilon: float | None = None) -> None:
     """silu(gate_e x) * up_e x of each chosen expert e, a warp a column of both (`_expert_products`), into `act`
-    [rows * top_k, intermediate] at the assignment's row."""
-    x, chosen, gate, up, act, *groups = args
+    [rows * top_k, intermediate] at the assignment's row; with `epsilon` x's RMS norm folded into the prologue (the
+    norm's scale after up)."""
+    x, chosen, gate, up, *rest = args
+    scale = rest.pop(0) if epsilon is not None else None
+    act, *groups = rest
     _, hidden = shapes[0]
     top_k = shapes[1][1]
     inter = shapes[2][1]
@@ -1239,7 +1247,8 @@ def experts_gate_up(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]
     def write(a: SSAValue, column: SSAValue, sums: list[SSAValue]) -> None:
         b.store(glu(b, sums[0], sums[1]), act, [a, column])
 
-    _expert_products(b, x, chosen, [gate, up], groups, (inter, hidden, top_k, False), write)
+    norm = (scale, epsilon) if scale is not None and epsilon is not None else None
+    _expert_products(b, x, chosen, [gate, up], groups, (inter, hidden, top_k, False), write, norm)
 
 
 def experts_down(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -> None:

@@ -3,10 +3,11 @@
     logos-opt step.mlir -p cuda-fold-norms
 
 Assumes: the kernel level (`convert-logos-to-cuda-kernels`' output). Guarantees: each `cuda.rms_norm` of one row
-(not a row pick) whose result is read only by `cuda.linear` and `cuda.gate_up` ops as their input x, while x and the
-norm's scale are not rewritten, is erased; each of those projections reads x and the scale itself (`epsilon` set,
-the scale its last input): one pass over x gives its dot products and the sum of squares, so the norm's launch and
-its buffer go. Norms of several rows (prefill chunks, batches) and the prefill head's row pick stay kernels.
+(not a row pick) whose result is read only by `cuda.linear`, `cuda.gate_up` and `cuda.experts` ops (a mixture's
+router projection and its experts' gate/up products) as their input x, while x and the norm's scale are not
+rewritten, is erased; each of those reads x and the scale itself (`epsilon` set, the scale its last input): one
+pass over x gives its dot products and the sum of squares, so the norm's launch and its buffer go. Norms of several
+rows (prefill chunks, batches) and the prefill head's row pick stay kernels.
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ from logos_ir.passes.cuda.kernel_level import drop_unused_buffers, host_function
 NAME = "cuda-fold-norms"
 
 
-def norm_readers(norm: cuda.RMSNormOp) -> list[cuda.LinearOp | cuda.GateUpOp] | None:
+_FOLDING = (cuda.LinearOp, cuda.GateUpOp, cuda.ExpertsOp)  # the kernels whose prologue may norm their x
+
+
+def norm_readers(norm: cuda.RMSNormOp) -> list[cuda.LinearOp | cuda.GateUpOp | cuda.ExpertsOp] | None:
     """The projections that read the norm's result while its input and scale are unchanged, if they are its only
     readers (else None)."""
     if norm.row.value.data >= 0 or norm.plus_one is not None:  # a prologue scales by the weight itself
@@ -34,13 +38,13 @@ def norm_readers(norm: cuda.RMSNormOp) -> list[cuda.LinearOp | cuda.GateUpOp] | 
     (normed,) = norm.outs
     if cuda.shape_of(normed.type)[0] != 1:
         return None
-    readers: list[cuda.LinearOp | cuda.GateUpOp] = []
+    readers: list[cuda.LinearOp | cuda.GateUpOp | cuda.ExpertsOp] = []
     changed = False  # x or the scale rewritten since the norm
     for later in steps_after(norm):
         if normed in reads(later):
             if changed or not _plain_projection(later):
                 return None
-            assert isinstance(later, cuda.LinearOp | cuda.GateUpOp)
+            assert isinstance(later, _FOLDING)
             if later.ins[0] != normed or normed in later.ins[1:] or x in later.outs:
                 return None
             readers.append(later)
@@ -51,7 +55,7 @@ def norm_readers(norm: cuda.RMSNormOp) -> list[cuda.LinearOp | cuda.GateUpOp] | 
 
 
 def _plain_projection(op: Operation) -> bool:
-    return isinstance(op, cuda.LinearOp | cuda.GateUpOp) and op.epsilon is None
+    return isinstance(op, _FOLDING) and op.epsilon is None
 
 
 class FoldNorm(RewritePattern):

@@ -1,16 +1,19 @@
 """Mixtures of experts (`logos.experts`) on the CUDA lane, emulated: the tiny Mixtral, Qwen3-MoE (renormalized and
-not) and OLMoE give transformers' greedy tokens (`goldens.json`) with f32 weights on one chip and, split by experts,
-on two (OLMoE's whole-projection norms are refused split, by name); a bf16 image follows the reference
-teacher-forced; the tokens depend on every chosen expert's product; stacked experts held in a block format are
-refused by name in a decode step; the decode build's report counts the chosen experts' bytes alone (the figures
-derived here from the weights' shapes), and the Qwen3-30B-A3B decode step reads at most 1.2 times its active
-parameters' bytes. The lowered IR is pinned by `test/cuda/kernels-experts.test`.
+not, and with 4 key-value heads) and OLMoE give transformers' greedy tokens (`goldens.json`) with f32 weights on
+one chip and, split by experts, on two (OLMoE's whole-projection norms are refused split, by name); a bf16 image
+follows the reference teacher-forced; the tokens depend on every chosen expert's product; stacked experts held in
+a block format are refused by name in a decode step; the decode build's report counts the chosen experts' bytes
+alone (the figures derived here from the weights' shapes), and the Qwen3-30B-A3B decode step reads at most 1.2
+times its active parameters' bytes. The lowered IR is pinned by `test/cuda/kernels-experts.test`.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from test_families import FAMILIES, GOLDENS, _lane
@@ -22,7 +25,7 @@ from logos_ir.program import Cut
 from logos_ir.progress import Progress
 from logos_ir.spec import ModelSpec
 
-MIXTURES = ["mixtral", "qwen3_moe", "qwen3_moe-unnormed", "olmoe"]
+MIXTURES = ["mixtral", "qwen3_moe", "qwen3_moe-unnormed", "qwen3_moe-kv4", "olmoe"]
 SPLIT = ["mixtral", "qwen3_moe", "qwen3_moe-unnormed"]  # OLMoE's whole-projection norms are refused split
 
 
@@ -147,3 +150,49 @@ def test_the_qwen3_30b_a3b_decode_step_reads_at_most_1_2_times_its_active_parame
     assert report["bytes_read"] <= 1.2 * active
     assert report["bytes_read_per_active_byte"] == pytest.approx(report["bytes_read"] / active)
     assert report["expert_bytes_read"] == 2 * layers * chosen
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed here: the kernels are not compiled")
+def test_the_mixtures_kernels_compile_for_sm90_without_spills(tmp_path: Path) -> None:
+    """Every kernel of the tiny Mixtral's and Qwen3-MoE's builds (decode, a prefill chunk, a batch, two chips; bf16
+    and f32 images), the experts' among them, compiles in one nvcc call with no register spill."""
+    from test_cuda_nvcc import _kernels, spills
+
+    from logos_ir.passes.cuda.build import build_cuda
+    from logos_ir.passes.cuda.emit_cuda import PREAMBLE
+
+    kernels: dict[str, str] = {}
+    for family in ("mixtral", "qwen3_moe"):
+        source = ModelSource.resolve(str(FAMILIES / family))
+        for cut, tp in (
+            ("decode ctx=64", 1),
+            ("prefill rows=8 ctx=64", 1),
+            ("batch rows=4 ctx=64", 1),
+            ("decode ctx=64", 2),
+        ):
+            for weights in ("bf16", "f32"):
+                request = BuildRequest(source, Cut.parse(cut), tp, weights, False, Progress.silent(), {"ptxas": "off"})
+                cu = next(a for a in build_cuda(request).artifacts if a.path == "kernels.cu")
+                kernels.update(_kernels(cu.data.decode()))
+    for stem in ("experts_route", "experts_group", "experts_norm_gate_up", "experts_gate_up_grouped", "experts_sum"):
+        assert any(name.startswith(f"{stem}_") for name in kernels), stem
+    cu = tmp_path / "kernels.cu"
+    cu.write_text(PREAMBLE + "\n".join(kernels[name] for name in sorted(kernels)))
+    command = [
+        "nvcc",
+        "-arch=sm_90",
+        "-O3",
+        "-fmad=false",
+        "-Xptxas",
+        "-v",
+        "-cubin",
+        "-o",
+        str(tmp_path / "k"),
+        str(cu),
+    ]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    report = spills(run.stderr + run.stdout)
+    assert len(report) == len(kernels)
+    spilled = {name: sizes for name, sizes in report.items() if sizes != (0, 0)}
+    assert not spilled, spilled
