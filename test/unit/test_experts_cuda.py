@@ -1,10 +1,10 @@
 """Mixtures of experts (`logos.experts`) on the CUDA lane, emulated: the tiny Mixtral, Qwen3-MoE (renormalized and
 not, and with 4 key-value heads) and OLMoE give transformers' greedy tokens (`goldens.json`) with f32 weights on
-one chip and, split by experts, on two (OLMoE's whole-projection norms are refused split, by name); a bf16 image
-follows the reference teacher-forced; the tokens depend on every chosen expert's product; stacked experts held in
-a block format are refused by name in a decode step; the decode build's report counts the chosen experts' bytes
-alone (the figures derived here from the weights' shapes), and the Qwen3-30B-A3B decode step reads at most 1.2
-times its active parameters' bytes. The lowered IR is pinned by `test/cuda/kernels-experts.test`.
+one chip and, split by experts, on two and four (OLMoE's whole-projection norms are refused split, by name); a
+bf16 image follows the reference teacher-forced; the tokens depend on every chosen expert's product; stacked
+experts held in a block format are refused by name in a decode step; the decode build's report counts the chosen
+experts' bytes alone (the figures derived here from the weights' shapes), and the Qwen3-30B-A3B decode step reads
+at most 1.2 times its active parameters' bytes. The lowered IR is pinned by `test/cuda/kernels-experts.test`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import subprocess
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_families import FAMILIES, GOLDENS, _lane
 
@@ -26,7 +27,12 @@ from logos_ir.progress import Progress
 from logos_ir.spec import ModelSpec
 
 MIXTURES = ["mixtral", "qwen3_moe", "qwen3_moe-unnormed", "qwen3_moe-kv4", "olmoe"]
-SPLIT = ["mixtral", "qwen3_moe", "qwen3_moe-unnormed"]  # OLMoE's whole-projection norms are refused split
+SPLIT = [
+    "mixtral",
+    "qwen3_moe",
+    "qwen3_moe-unnormed",
+    "qwen3_moe-kv4",
+]  # OLMoE's whole-projection norms are refused split
 
 
 @pytest.mark.parametrize(("family", "tp"), [*((f, 1) for f in MIXTURES), *((f, 2) for f in SPLIT)])
@@ -35,6 +41,26 @@ def test_a_mixture_on_the_cuda_lane_gives_transformers_tokens(family: str, tp: i
     experts' GEMVs), f32 weights, the emulator executing the printed kernels; over 2 chips each holds 2 of the 4
     experts and an all-reduce adds the partial sums."""
     lane = _lane(family, "cuda", True, tp)
+    for run in GOLDENS[family]["runs"]:
+        assert lane.generate(run["prompt"], len(run["tokens"])) == run["tokens"]
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe-kv4", "mixtral", "qwen3_moe"])
+def test_a_mixture_over_4_chips_gives_transformers_tokens(family: str) -> None:
+    """Over 4 chips each holds one expert of the 4: qwen3_moe-kv4 as it is (one key-value head a chip), Mixtral and
+    Qwen3-MoE with their 2 key-value heads repeated to 4 (test_experts' `_kv_replicated`, which changes no token
+    on the reference)."""
+    from test_experts import _kv_replicated
+
+    from logos_ir.registry import backends
+    from logos_ir.runtime import RunRequest
+    from logos_ir.weights import open_model
+
+    store = open_model(str(FAMILIES / family))
+    if store.spec.kv_heads < 4:
+        store = _kv_replicated(store, 4)
+    request = RunRequest(store, ctx=32, tp=4, prefill_rows=4, weights="f32", emulate=True)
+    lane = backends()["cuda"].generator()(request)
     for run in GOLDENS[family]["runs"]:
         assert lane.generate(run["prompt"], len(run["tokens"])) == run["tokens"]
 
@@ -196,3 +222,58 @@ def test_the_mixtures_kernels_compile_for_sm90_without_spills(tmp_path: Path) ->
     assert len(report) == len(kernels)
     spilled = {name: sizes for name, sizes in report.items() if sizes != (0, 0)}
     assert not spilled, spilled
+
+
+def _route(logits: np.ndarray, top_k: int, renormalize: bool, held: int, chip: int | None) -> tuple:
+    """The router's kernel as the lane builds it, run alone on the emulator: (chosen, weights)."""
+    from xdsl.dialects import gpu
+    from xdsl.dialects.builtin import MemRefType, f32, i64
+
+    from logos_ir.numerics import ceil_div
+    from logos_ir.passes.cuda import decode_kernels
+    from logos_ir.passes.cuda.thread_code import Body
+    from logos_ir.runtime.cuda.emulator import KernelEmulator, LaunchShape
+
+    rows, experts = logits.shape
+    kinds = [MemRefType(f32, [rows, experts]), *([MemRefType(i64, [1])] if chip is not None else [])]
+    kinds += [MemRefType(i64, [rows, top_k]), MemRefType(f32, [rows, top_k])]
+    kernel = gpu.FuncOp("route", (kinds, []), kernel=True)
+    b = Body(kernel.body.block)
+    args = list(kernel.body.block.args)
+    shapes = [tuple(k.get_shape()) for k in kinds]
+    decode_kernels.experts_route(b, args, shapes, top_k, renormalize, held)
+    b.op(gpu.ReturnOp([]))
+    chosen, weights = np.full((rows, top_k), -7, np.int64), np.zeros((rows, top_k), np.float32)
+    arrays = [logits, *([np.array([chip], np.int64)] if chip is not None else []), chosen, weights]
+    KernelEmulator(kernel).run(arrays, LaunchShape.of((ceil_div(rows, 4), 1, 1), 128))
+    return chosen, weights
+
+
+@pytest.mark.parametrize(("experts", "top_k"), [(4, 2), (40, 3), (128, 8)])
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("chip", [None, 1])
+def test_the_router_kernel_chooses_as_torch_topk_on_ties(experts: int, top_k: int, renormalize: bool, chip) -> None:  # noqa: ANN001
+    """Logits of a few integer values (so most rows hold ties): the kernel's experts are the reference's (softmax in
+    f32, a stable sort of the probabilities, the lowest index first on a tie: `interpreter.kernels.experts`' rule)
+    in ascending index, each weight the reference's within f32 rounding (the softmax's sum is a butterfly, not
+    numpy's order); on chip 1 of a split, this chip's experts by their index here, the others `held`."""
+    rng = np.random.default_rng(experts + top_k)
+    rows = 9
+    logits = rng.integers(0, 3, size=(rows, experts)).astype(np.float32)
+    logits[0] = 1.0  # every expert tied
+    held = experts // 2 if chip is not None else experts
+    chosen, weights = _route(logits, top_k, renormalize, held, chip)
+    exp = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs = exp / exp.sum(axis=1, keepdims=True)
+    picked = np.argsort(-probs, axis=1, kind="stable")[:, :top_k]
+    want = np.take_along_axis(probs, picked, axis=1)
+    if renormalize:
+        want = want / want.sum(axis=1, keepdims=True)
+    order = np.argsort(picked, axis=1)
+    picked, want = np.take_along_axis(picked, order, axis=1), np.take_along_axis(want, order, axis=1)
+    assert list(chosen[0]) == (list(range(top_k)) if chip is None else [held] * top_k)
+    if chip is not None:
+        first = chip * held
+        picked = np.where((picked >= first) & (picked < first + held), picked - first, held)
+    np.testing.assert_array_equal(chosen, picked)
+    np.testing.assert_allclose(weights, want, rtol=2e-7)
