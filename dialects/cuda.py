@@ -545,18 +545,19 @@ class AttentionOp(KernelOp):
 
 @irdl_op_definition
 class ExpertsOp(KernelOp):
-    """A mixture of experts of each row of x (`logos.experts`): the router's logits [rows, experts] to a softmax
-    over every expert (f32), the `top_k` most probable chosen (the lowest index first on a tie), their weights
-    divided by their sum with `renormalize`; each chosen expert's SwiGLU MLP of the row, down_e(silu(gate_e x) *
-    up_e x), times its weight, summed in ascending expert index. The stacked weights are the experts this chip
-    holds (`chip` given: a split step's share, experts [chip * held, (chip + 1) * held) of the logits' experts;
-    the sum is then this chip's partial sum, which an all-reduce after it completes). ins (x, logits, gate [held,
-    I, H], up [held, I, H], down [held, H, I][, chip][, scale]) (scale with `epsilon`: the RMS norm of x folded into
-    the gate/up products' prologue, as `cuda.gate_up`'s), outs (out [rows, H], chosen [rows, top_k] i64 (each row's
+    """A mixture of experts of each row of x (`logos.experts`): the router's logits [rows, experts] to a softmax over
+    every expert (f32), the `top_k` most probable chosen (the lowest index first on a tie), their weights divided by
+    their sum with `renormalize`; each chosen expert's SwiGLU MLP of the row, down_e(silu(gate_e x) * up_e x), times its
+    weight, summed in ascending expert index. The stacked weights are the experts this chip holds (`chip` given: a
+    split step's share, experts [chip * held, (chip + 1) * held) of the logits' experts; the sum is then this chip's
+    partial sum, which an all-reduce after it completes). ins (x, logits, gate [held, I, H], up [held, I, H], down
+    [held, H, I][, chip][, residual][, scale]) (residual with `residual`: added to the sum, on chip `residual_chip`
+    alone in a split step's partial sum, as `cuda.linear`'s; scale with `epsilon`: the RMS norm of x folded into the
+    gate/up products' prologue, as `cuda.gate_up`'s), outs (out [rows, H], chosen [rows, top_k] i64 (each row's
     chosen experts in ascending index, as this chip's index, `held` where another chip holds it), weights [rows,
     top_k], act [rows * top_k, I], partial [rows * top_k, H][, count [held] i64, assigned [held, rows] i64]): the
-    last two, of a chunk or batch (several rows), are each expert's rows (as assignments row * top_k + slot, in
-    row order), so each expert's weights are read for its own rows alone.
+    last two, of a chunk or batch (several rows), are each expert's rows (as assignments row * top_k + slot, in row
+    order), so each expert's weights are read for its own rows alone.
 
     ```mlir
     cuda.experts ins(%normed_mixed, %router_logits, %gate_weights, %up_weights, %down_weights : memref<1x64xf32>,
@@ -568,21 +569,30 @@ class ExpertsOp(KernelOp):
 
     name = "cuda.experts"
     ROLES: ClassVar[tuple[tuple[str, ...], tuple[str, ...]]] = (
-        ("x", "logits", "gate", "up", "down", "chip", "scale"),
+        ("x", "logits", "gate", "up", "down", "chip", "residual", "scale"),
         ("out", "chosen", "weights", "act", "partial", "count", "assigned"),
     )
 
     top_k = prop_def(IntegerAttr[I64])
     renormalize = opt_prop_def(UnitAttr)
     epsilon = opt_prop_def(FloatAttr)  # the RMS norm of x folded into the gate/up products (`cuda-fold-norms`)
+    residual = opt_prop_def(UnitAttr)  # a residual input, added to the sum (`cuda-fold-residual-adds`)
+    residual_chip = opt_prop_def(IntegerAttr[I64])  # a split step's residual, added on this chip alone
 
     def normed(self) -> bool:
         return self.epsilon is not None
 
+    def has_residual(self) -> bool:
+        return self.residual is not None
+
+    def residual_input(self) -> SSAValue | None:
+        """The residual buffer (after the weights and the chip table), else None."""
+        return self.ins[5 + self.split()] if self.has_residual() else None
+
     def roles(self) -> list[str]:
         ins, outs = self.ROLES
-        names = [*ins[:5], *(["chip"] if self.split() else []), *(["scale"] if self.normed() else [])]
-        return [*names, *outs[: len(self.outs)]]
+        names = [*ins[:5], *(["chip"] if self.split() else []), *(["residual"] if self.has_residual() else [])]
+        return [*names, *(["scale"] if self.normed() else []), *outs[: len(self.outs)]]
 
     def split(self) -> bool:
         """Whether this is a chip's share of the experts (its `chip` table given: it holds fewer than it routes)."""
@@ -599,7 +609,7 @@ class ExpertsOp(KernelOp):
         return shape_of(self.ins[1].type)[1]
 
     def verify_(self) -> None:
-        want = 5 + self.split() + self.normed()
+        want = 5 + self.split() + self.has_residual() + self.normed()
         if len(self.ins) != want or len(self.outs) not in (5, 7):
             raise _fail(self, f"takes {want} inputs and 5 or 7 outputs, got {len(self.ins)} and {len(self.outs)}")
         (x, logits, gate, up, down, *_), (out, chosen, weights, act, partial, *groups) = self.shapes()
@@ -616,6 +626,11 @@ class ExpertsOp(KernelOp):
             raise _fail(self, f"routes each row to {k} experts, not 1 to its {logits[1]}")
         if self.split() and shape_of(self.ins[5].type) != (1,):
             raise _fail(self, f"holds {held} of {logits[1]} experts: a share reads the chip table after its weights")
+        if self.residual_chip is not None and not (self.split() and self.has_residual()):
+            raise _fail(self, "adds its residual on one chip: it needs a split step's chip table and a residual")
+        residual = self.residual_input()
+        if residual is not None:
+            _expect(self, "residual shape", shape_of(residual.type), x)
         _expect(self, "result shape", out, x)
         _expect(self, "chosen shape", chosen, (rows, k))
         _expect(self, "weights shape", weights, (rows, k))

@@ -287,6 +287,8 @@ class LaunchExperts(_LaunchKernel):
         route_ins = (1, 5) if op.split() else (1,)
         epsilon = op.epsilon.value.data if op.epsilon is not None else None
         scale = (n - 1,) if epsilon is not None else ()  # the folded norm's scale, the last input
+        residual = (5 + op.split(),) if op.has_residual() else ()  # added to the sum (on `on_chip` alone)
+        on_chip = op.residual_chip.value.data if op.residual_chip is not None else None
         groups = (count, assigned) if op.grouped() else ()
         suffix = "_grouped" if groups else ""
         items = (lambda s: held) if groups else (lambda s: s[1][0] * s[1][1])  # noqa: E731 (block.y of a product)
@@ -318,11 +320,11 @@ class LaunchExperts(_LaunchKernel):
                 decode_kernels.experts_down,
             ),
             Kind(
-                "experts_sum",
-                (partial, chosen, out),
-                lambda s: (cdiv(s[2][1], THREADS), s[2][0], 1),
-                lambda b, a, s: decode_kernels.experts_sum(b, a, s, held),
-                (held,),
+                "experts_sum" + ("_residual" if residual else "") + (f"_chip{on_chip}" if on_chip is not None else ""),
+                (partial, chosen, *residual, *((5,) if on_chip is not None else ()), out),
+                lambda s: (cdiv(s[-1][1], THREADS), s[-1][0], 1),
+                lambda b, a, s: decode_kernels.experts_sum(b, a, s, held, bool(residual), on_chip),
+                (held, on_chip),
             ),
         ]
         return kinds

@@ -1265,11 +1265,18 @@ def experts_down(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]]) -
     _expert_products(b, act, chosen, [down], groups, (hidden, inter, top_k, True), write)
 
 
-def experts_sum(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], held: int) -> None:
+def experts_sum(
+    b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], held: int, residual: bool = False,
+    residual_chip: int | None = None,
+) -> None:  # fmt: skip
     """A thread a column of a row: the sum from zero of the row's chosen experts' weighted products in ascending
-    expert index (the router wrote them in that order), those another chip holds left out (a partial sum)."""
-    partial_sums, chosen, out = args
-    rows, hidden = shapes[2]
+    expert index (the router wrote them in that order), those another chip holds left out (a partial sum); with
+    `residual`, the residual plus that sum (on chip `residual_chip` alone in a split step: the all-reduce after it
+    completes the residual stream, as `linear`'s)."""
+    partial_sums, chosen, *rest, out = args
+    added = rest[0] if residual else None
+    chip = rest[-1] if residual_chip is not None else None
+    rows, hidden = shapes[-1]
     top_k = shapes[1][1]
     column = b.add(b.mul(b.block("x"), THREADS), b.thread())
     row = b.block("y")
@@ -1280,6 +1287,14 @@ def experts_sum(b: Body, args: list[SSAValue], shapes: list[tuple[int, ...]], he
             here = b.cmp("ult", b.to_index(b.load(chosen, [row, slot])), held)
             value = b.load(partial_sums, [b.add(b.mul(row, top_k), slot), column])
             total = b.select(here, b.fadd(total, value), total)
+        if added is not None:
+            extra = b.load(added, [row, column])
+            if chip is not None:
+                ours = b.op(
+                    arith.CmpiOp(b.load(chip, [0]), b.op(arith.ConstantOp(IntegerAttr(residual_chip, i64))), "eq")
+                )
+                extra = b.select(ours, extra, b.fconst(0.0))
+            total = b.fadd(extra, total)
         b.store(total, out, [row, column])
 
     b.when(b.cmp("ult", column, hidden), body)

@@ -13,6 +13,8 @@ Assumes: the kernel level (`convert-logos-to-cuda-kernels`' output), split over 
   read by the add alone) goes with h: both added on chip 0 in the partial sum, and the bias add's launch goes. Later
   kernels that read the add's result read the reduced buffer instead, where that is safe (p not rewritten while
   they read it, and no all-reduce of the result).
+A mixture of experts (`cuda.experts`) takes the same two folds into its sum: `add(h, experts(...))` adds h in the
+sum kernel; `add(h, all_reduce(experts(...)))` adds h on chip 0 in a split step's partial sum.
 A plain projection is one with no residual and no norm folded into it yet; its bias (`biased`), if any, stays in its
 epilogue, added before the residual (on chip 0 alone in a partial sum, as the residual is).
 """
@@ -78,8 +80,42 @@ class FoldResidualAdd(RewritePattern):
         last = previous_step(op)
         if _plain_linear(last):
             self._into_projection(op, cast(cuda.LinearOp, last), rewriter)
+        elif _plain_experts(last):
+            self._into_mixture(op, cast(cuda.ExpertsOp, last), rewriter)
+        elif _plain_experts(previous_step(last) if isinstance(last, AllReduceOp) else None):
+            self._into_mixtures_partial_sum(op, rewriter)
         else:
             self._into_partial_sum(op, rewriter)
+
+    @staticmethod
+    def _into_mixture(op: cuda.AddOp, experts: cuda.ExpertsOp, rewriter: PatternRewriter) -> None:
+        """`add(h, experts(...))` as the mixture's sum adding h (`residual`), writing the add's result."""
+        residual, mixed = op.ins
+        result = experts.outs[0]
+        if mixed != result or residual == result or _read_again(op, result) or residual in experts.outs:
+            return
+        rewriter.replace(experts, _with_residual(experts, residual, [op.outs[0], *experts.outs[1:]], None))
+        rewriter.erase(op)
+
+    @staticmethod
+    def _into_mixtures_partial_sum(op: cuda.AddOp, rewriter: PatternRewriter) -> None:
+        """`add(h, all_reduce(experts(...)))` as `all_reduce(experts(..., h))`, h added on chip 0 in the partial
+        sum, as a row-parallel projection's (`_into_partial_sum`)."""
+        reduce = previous_step(op)
+        experts = previous_step(reduce) if reduce is not None else None
+        assert isinstance(reduce, AllReduceOp) and isinstance(experts, cuda.ExpertsOp)
+        partial_sum = experts.outs[0]
+        if reduce.input != partial_sum or reduce.result not in op.ins or not experts.split():
+            return
+        residual = op.ins[0] if op.ins[1] == reduce.result else op.ins[1]
+        (summed,) = op.outs
+        readers = _readers_until_rewritten(op, summed)
+        if readers is None or any(partial_sum in writes(s) for s in readers) or residual in experts.outs:
+            return
+        rewriter.replace(experts, _with_residual(experts, residual, list(experts.outs), 0))
+        kernels = {id(s) for s in readers if isinstance(s, cuda.KernelOp)}
+        rewriter.replace_uses_with_if(summed, reduce.result, lambda use: _reads_as_input(use, kernels))
+        rewriter.erase(op)
 
     @staticmethod
     def _into_projection(op: cuda.AddOp, linear: cuda.LinearOp, rewriter: PatternRewriter) -> None:
@@ -134,6 +170,25 @@ def _plain_linear(op: Operation | None) -> bool:
     if not isinstance(op, cuda.LinearOp) or op.epsilon is not None or op.residual_chip is not None:
         return False
     return len(op.ins) == (3 if op.biased is not None else 2)
+
+
+def _plain_experts(op: Operation | None) -> bool:
+    """A mixture with no residual folded into its sum yet."""
+    return isinstance(op, cuda.ExpertsOp) and not op.has_residual()
+
+
+def _with_residual(
+    experts: cuda.ExpertsOp, residual: SSAValue, outs: list[SSAValue], on_chip: int | None
+) -> cuda.ExpertsOp:
+    """`experts` adding `residual` to its sum (after its weights and chip table, before a folded norm's scale), on
+    chip `on_chip` alone where given."""
+    held = 5 + experts.split()
+    ins = [*experts.ins[:held], residual, *experts.ins[held:]]
+    props = {k: v for k, v in experts.properties.items() if k != "operandSegmentSizes"}
+    props["residual"] = UnitAttr()
+    if on_chip is not None:
+        props["residual_chip"] = IntegerAttr(on_chip, i64)
+    return cuda.ExpertsOp(ins, outs, props)
 
 
 def _biased(linear: cuda.LinearOp) -> dict[str, Attribute]:
