@@ -231,6 +231,9 @@ def instruction_cost(engine: Engine, word: list[int], token: int, position: int,
         raise aoc_report.ReportError(
             "an attention of the stream slides over a window, and the engine has no ENGINE_WINDOW"
         )
+    expert = opcode in ("route", "expert_sum") or opcode == "matvec" and word[d5005.W_SLOT]
+    if expert and engine.constants.get("ENGINE_EXPERTS") != 1:
+        raise aoc_report.ReportError("the stream routes a mixture of experts, and the engine has no ENGINE_EXPERTS")
     _check_parts(engine, [word])
     step = Step(engine.constants, word, token, position)
     compute = routine_cycles(engine, engine.compute[opcode](step), corner)
@@ -246,12 +249,16 @@ def instruction_cost(engine: Engine, word: list[int], token: int, position: int,
     streamed = max(max(bursts) / clock, max(bursts) * burst / bank_rate) + (LOOP_LATENCY / clock if any(bursts) else 0)
     written = compute.by_loop.get(f"{opcode}.words", 0) * burst if opcode == "cache_write" else 0
     written += word[d5005.W_ROWS] * 4 if opcode == "argmax" else 0
+    ids = d5005.bank_words(word[d5005.W_COLS], 4, burst) * burst  # the route's ids: a row of them in each bank
+    written += d5005.BANKS * ids if opcode == "route" else 0
+    routed = opcode == "matvec" and word[d5005.W_SLOT]
+    route_reads = d5005.BANKS * burst if routed else 0  # each reader's load of the chosen id, from its own bank
     return {
         "opcode": opcode,
         "seconds": max(compute.cycles / clock, streamed),
         "compute_cycles": compute.cycles,
         "bursts": bursts,
-        "read_bytes": sum(bursts) * burst,
+        "read_bytes": sum(bursts) * burst + route_reads,
         "written_bytes": written,
         "by_loop": compute.by_loop,
     }
