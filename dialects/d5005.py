@@ -596,7 +596,7 @@ class MatvecOp(InstructionOp):
             self._verify_expert()
 
     def _verify_expert(self) -> None:
-        """An expert's matvec streams whole rows of floats of one of its stacked experts, each expert's rows
+        """An expert's matvec streams whole rows (floats or as stored) of one of its stacked experts, each expert's rows
         starting in bank 0 (a whole number of rows of four), its slot one of the route's."""
         experts, rows = _int(self.experts), self.weight.rows.data
         if self.slot is None or self.routes is None:
@@ -607,10 +607,8 @@ class MatvecOp(InstructionOp):
                 f"streams one of {experts} experts stacked in {rows} rows: each expert's rows a whole number of"
                 f" rows of {BANKS} (one a bank), at most {EXPERTS_MAX} experts",
             )
-        if self.bias is not None or self.columns is not None or self.weight.stored:
-            raise _fail(
-                self, "streams an expert's rows with a bias, in parts or as stored: the engine streams whole float rows"
-            )
+        if self.bias is not None or self.columns is not None:
+            raise _fail(self, "streams an expert's rows with a bias or in parts: the engine streams whole rows")
         _check_routes(self, self.routes, _int(self.slot))
 
 
@@ -1090,7 +1088,7 @@ class ExpertSumOp(InstructionOp):
 
     ```mlir
     %down = d5005.buffer "expert_down" words 64 at 0 in "outputs"
-    %routed = d5005.buffer "routed" words 64 at 64 in "outputs"
+    %routed = d5005.buffer "routed" words 64 at 64 in "attended"
     d5005.expert_sum %routed, %down slot 1 size 64
     ```
     """
@@ -1227,8 +1225,12 @@ OPERANDS: dict[str, dict[str, tuple[int, tuple[str, ...]]]] = {
         "value": (W_VALUE, ("outputs",)),
     },
     "d5005.silu_mul": {"dst": (W_DST, ("inputs",)), "lhs": (W_A, ("outputs",)), "rhs": (W_B, ("outputs",))},
-    "d5005.add": {"dst": (W_DST, ("residual",)), "lhs": (W_A, ("residual",)), "rhs": (W_B, ("outputs", "inputs"))},
+    "d5005.add": {
+        "dst": (W_DST, ("residual",)),
+        "lhs": (W_A, ("residual",)),
+        "rhs": (W_B, ("outputs", "inputs", "attended")),
+    },
     "d5005.argmax": {"src": (W_A, ("outputs",))},
     "d5005.route": {"src": (W_A, ("outputs",))},
-    "d5005.expert_sum": {"dst": (W_DST, ("outputs",)), "src": (W_A, ("outputs",))},
+    "d5005.expert_sum": {"dst": (W_DST, ("attended",)), "src": (W_A, ("outputs",))},
 }

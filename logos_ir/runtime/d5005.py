@@ -541,6 +541,12 @@ class Engine:
         self.context = (intel_fpga_context() if binary is not None else None) or cpu_context()
         device = self.context.devices[0]
         self.rings = rings and binary is None
+        if self.rings and any(int(w[0]) == _ROUTE for w in self.stream.words):
+            raise LogosError(
+                "the channel path (D5005_RINGS) does not hold a bank reader back until the route it streams experts"
+                " by is in board memory, and the stream routes a mixture of experts",
+                hint="run it on the ordered-buffer path (rings=False): the host ends a run at each route",
+            )
         if self.rings and device.max_compute_units < 1 + d5005.BANKS:
             on_pocl = cpu_runtime() == "pocl"
             raise LogosError(
@@ -550,12 +556,6 @@ class Engine:
                 if on_pocl
                 else "Intel's CPU runtime runs as many kernels at once as the CPU has cores; PoCL's pthread device runs"
                 f" {1 + d5005.BANKS} with POCL_MAX_PTHREAD_COUNT={1 + d5005.BANKS}, where its compiler knows the CPU",
-            )
-        if self.rings and any(int(w[0]) == _ROUTE for w in self.stream.words):
-            raise LogosError(
-                "the channel path (D5005_RINGS) does not hold a bank reader back until the route it streams experts"
-                " by is in board memory, and the stream routes a mixture of experts",
-                hint="run it on the ordered-buffer path (rings=False): the host ends a run at each route",
             )
         self.fifo_words = _channel_depth(source) if self.rings else _fifo_words(self.stream)
         largest = max(self.stream.bank_bytes, self.fifo_words * self.stream.burst)
@@ -774,7 +774,15 @@ def stream_features(stream: Stream) -> dict[str, str]:
     if any(int(w[d5005.W_OPCODE]) == attention and int(w[d5005.W_WINDOW]) for w in stream.words):
         needs["ENGINE_WINDOW"] = "attends over a sliding window"
     expert_ops = (_ROUTE, d5005.OPCODES["d5005.expert_sum"])
-    if any(int(w[0]) in expert_ops or int(w[0]) == matvec and int(w[d5005.W_SLOT]) for w in stream.words):
+    add, attended = d5005.OPCODES["d5005.add"], d5005.ARRAY_IDS["attended"]
+    if any(
+        int(w[0]) in expert_ops
+        or int(w[0]) == matvec
+        and int(w[d5005.W_SLOT])
+        or int(w[0]) == add
+        and int(w[d5005.W_B]) >> d5005.OFFSET_BITS == attended
+        for w in stream.words
+    ):
         needs["ENGINE_EXPERTS"] = "routes a mixture of experts"
     return needs | gemma_features(stream.words) | stored_features(stream.words)
 

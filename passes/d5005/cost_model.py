@@ -259,6 +259,7 @@ def instruction_cost(engine: Engine, word: list[int], token: int, position: int,
         "compute_cycles": compute.cycles,
         "bursts": bursts,
         "read_bytes": sum(bursts) * burst + route_reads,
+        "route_bytes": route_reads,
         "written_bytes": written,
         "by_loop": compute.by_loop,
     }
@@ -290,7 +291,7 @@ def estimate_words(
     """The estimate of a stream's instruction words on `engine` at one corner."""
     position = position or ctx
     seconds = 0.0
-    read = written = weights = kv = 0
+    read = written = weights = kv = routes = 0
     by_opcode: dict[str, float] = {}
     by_loop: dict[str, float] = {}
     cache: dict[tuple[int, ...], dict[str, Any]] = {}
@@ -301,7 +302,10 @@ def estimate_words(
         seconds += cost["seconds"]
         read += cost["read_bytes"]
         written += cost["written_bytes"]
-        weights += cost["read_bytes"] if cost["opcode"] in ("matvec", "embed_row", "rms_norm") else 0
+        routes += cost["route_bytes"]  # an expert matvec's readers' loads of the chosen id: not weights
+        weights += (
+            cost["read_bytes"] - cost["route_bytes"] if cost["opcode"] in ("matvec", "embed_row", "rms_norm") else 0
+        )
         kv += cost["read_bytes"] if cost["opcode"] == "attention" else 0
         by_opcode[cost["opcode"]] = by_opcode.get(cost["opcode"], 0) + cost["seconds"]
         for name, value in cost["by_loop"].items():
@@ -324,6 +328,7 @@ def estimate_words(
         "bytes_read_per_token": read,
         "weight_bytes_per_token": weights,
         "kv_bytes_per_token": kv,
+        "route_bytes_per_token": routes,
         "bytes_written_per_token": written,
         "tokens_per_s": round(tokens, 3),
         "roofline_tokens_per_s": round(roofline, 3),

@@ -91,7 +91,11 @@ def engine_features(program: d5005.ProgramOp) -> frozenset[str]:
             found.add("columns")
         if isinstance(op, d5005.MatvecOp) and op.weight.stored or isinstance(op, d5005.EmbedRowOp) and op.table.stored:
             found.add("stored")
-        if isinstance(op, d5005.RouteOp):
+        if (
+            isinstance(op, (d5005.RouteOp, d5005.ExpertSumOp))
+            or isinstance(op, d5005.AddOp)
+            and _array(op.rhs) == "attended"
+        ):
             found.add("experts")
     return frozenset(found)
 
@@ -1167,7 +1171,7 @@ _EXPERTS = {
 #endif
             break;""",
     "route_arrays": """
-    __local float probs[EXPERTS_MAX];
+    __local float probs[EXPERTS_MAX] BANKED(OV);
 #if defined(INTELFPGA_CL)
     __local float route_weights[TOP_K_MAX];
 #else
@@ -1175,7 +1179,7 @@ _EXPERTS = {
 #endif""",
     "route_cases": """
         case OP_ROUTE: route(outputs, probs, route_weights, bank0, bank1, bank2, bank3, w); break;
-        case OP_EXPERT_SUM: expert_sum(outputs, route_weights, w); break;""",
+        case OP_EXPERT_SUM: expert_sum(attended, outputs, route_weights, w); break;""",
     "route_routines": r"""
 /* The route of a mixture of experts: the router's logits to probabilities by a softmax over every expert (float32),
    the top_k most probable chosen one at a time (the lowest index first on a tie: a later expert must be greater),
@@ -1187,29 +1191,54 @@ inline void route(ONCHIP float *restrict outputs, __local float *restrict probs,
                   __global bank_word_t *restrict bank2, __global bank_word_t *restrict bank3, const uint16 w) {
     uint experts = w.se, top_k = w.s5, src = (w.s2 & OFFSET_MASK) * OV, renormalize = w.s9;
     float most = -INFINITY;
+    /* the logits copied on chip, a bank word a cycle, and their maximum */
     /* loop route.most */
-    for (uint e = 0; e < experts; e++) most = fmax(most, outputs[src + e]);
+    for (uint c = 0; c < experts; c += OV) {
+        float word_most = -INFINITY;
+        UNROLL(OV)
+        for (uint e = 0; e < OV; e++) {
+            float v = SELECT(c + e < experts, outputs[src + c + e], -INFINITY);
+            probs[c + e] = v;
+            word_most = fmax(word_most, v);
+        }
+        most = fmax(most, word_most);
+    }
     float total = 0.0f;
     /* loop route.exp */
-    for (uint e = 0; e < experts; e++) {
-        float p = exp(outputs[src + e] - most);
-        probs[e] = p;
-        total += p;
+    for (uint c = 0; c < experts; c += OV) {
+        float part = 0.0f;
+        UNROLL(OV)
+        for (uint e = 0; e < OV; e++) {
+            float p = SELECT(c + e < experts, exp(probs[c + e] - most), 0.0f);
+            probs[c + e] = p;
+            part += p;
+        }
+        total += part;
     }
     uint ids[TOP_K_MAX];
     float chosen[TOP_K_MAX], sum = 0.0f;
     UNROLL(TOP_K_MAX)
     for (uint j = 0; j < TOP_K_MAX; j++) { ids[j] = 0u; chosen[j] = 0.0f; }
+    /* each choice one scan, a bank word of probabilities a cycle: the greatest not yet chosen, the lowest index
+       first on a tie (a later one must be greater, within the word and across words) */
     /* loop route.choose */
     for (uint j = 0; j < top_k; j++) {
         float best = -1.0f;
         uint at = 0;
         /* loop route.scan */
-        for (uint e = 0; e < experts; e++) {
-            float p = probs[e] / total;
-            if (p > best) { best = p; at = e; }
+        for (uint c = 0; c < experts; c += OV) {
+            float word_best = -1.0f;
+            uint word_at = 0;
+            UNROLL(OV)
+            for (uint e = 0; e < OV; e++) {
+                uint taken = 0;
+                UNROLL(TOP_K_MAX)
+                for (uint i = 0; i < TOP_K_MAX; i++) taken |= i < j && ids[i] == c + e;
+                float p = probs[c + e] / total;
+                if (c + e < experts && !taken && p > word_best) { word_best = p; word_at = c + e; }
+            }
+            if (word_best > best) { best = word_best; at = word_at; }
         }
-        probs[at] = -INFINITY; /* taken: the later scans pass it */
         ids[j] = at;
         chosen[j] = best;
         sum += best;
@@ -1247,7 +1276,8 @@ inline void route(ONCHIP float *restrict outputs, __local float *restrict probs,
 }
 
 /* routine expert_sum */
-inline void expert_sum(ONCHIP float *restrict outputs, ONCHIP float *restrict weights, const uint16 w) {
+inline void expert_sum(ONCHIP float *restrict attended, ONCHIP float *restrict outputs, ONCHIP float *restrict weights,
+                       const uint16 w) {
     uint n = w.s4, dst = (w.s1 & OFFSET_MASK) * OV, src = (w.s2 & OFFSET_MASK) * OV, slot = w.s9;
     float weight = weights[slot & (TOP_K_MAX - 1u)];
     uint first = slot == 0u;
@@ -1257,8 +1287,8 @@ inline void expert_sum(ONCHIP float *restrict outputs, ONCHIP float *restrict we
         UNROLL(OV)
         for (uint e = 0; e < OV; e++) {
             if (c + e < n) {
-                float held = SELECT(first, 0.0f, outputs[dst + c + e]);
-                outputs[dst + c + e] = held + weight * outputs[src + c + e];
+                float held = SELECT(first, 0.0f, attended[dst + c + e]);
+                attended[dst + c + e] = held + weight * outputs[src + c + e];
             }
         }
     }
@@ -1279,6 +1309,10 @@ def _body(features: frozenset[str]) -> str:
     optional |= {key: text if "experts" in features else "" for key, text in _EXPERTS.items()}
     if "experts" in features:  # an expert's rows: its stack's, from the chosen expert's first row
         optional["read_matvec_base"] += " + expert * w.sc"
+        optional["add_param"] += " ONCHIP float *restrict attended,"  # the experts' sum is in `attended`
+        optional["add_arg"] += "attended, "
+        optional["add_let"] = "\n    uint from = w.s3 >> ARRAY_SHIFT;"
+        optional["add_rhs"] = f"SELECT(from == ARRAY_ATTENDED, attended[rhs + c + e], {optional['add_rhs']})"
     optional["embed_lanes"] = optional["embed_lanes"].replace("${embed_scale}", optional["embed_scale"])
     optional["matvec_params"] = optional["matvec_bias_param"] + optional["matvec_prior_param"]
     if "plus_one" in features and "head_norm" in features:  # the head norm's weights taken as one plus each

@@ -255,10 +255,10 @@ def route(s: Step) -> list[Loop]:
     if not s.has("ENGINE_EXPERTS"):
         return []
     experts, top_k = s.field(d5005.W_ROUTE_EXPERTS), s.field(d5005.W_COLS)
-    scan = _counted("route.scan", "e", "experts", experts)
+    scan = _by_ov("route.scan", "experts", experts, s)
     return [
-        _counted("route.most", "e", "experts", experts),
-        _counted("route.exp", "e", "experts", experts),
+        _by_ov("route.most", "experts", experts, s),
+        _by_ov("route.exp", "experts", experts, s),
         _counted("route.choose", "j", "top_k", top_k, inner=(scan,)),
         _counted("route.ids", "c", "WORDS(top_k, 4)", s.words(top_k, 4)),
     ]

@@ -56,12 +56,13 @@ def table_turn(name: str, spec: ModelSpec) -> tuple[float, RopeScaling | None]:
 
 
 def streamed_as_stored(op: logos.WeightOp) -> str:
-    """The block format a weight streams in as stored (a matrix stored in one of `d5005.STORED_FORMATS` whose
-    rows fit the engine's copy of a matvec's input, so no matvec streams a part of them), or "": the image's
+    """The block format a weight streams in as stored (a matrix, or a stack of experts' matrices, stored in one of
+    `d5005.STORED_FORMATS` whose rows fit the engine's copy of a matvec's input, so no matvec streams a part of
+    them), or "": the image's
     floats, its dequantized values (vectors; a format the engine has no datapath for; a row over the copy)."""
     shape = op.full_shape
     fmt = op.storage.format_name.data if op.storage is not None else ""
-    if len(shape) != 2 or fmt not in STORED_FORMATS or shape[1] > VECTOR_WORDS:
+    if len(shape) not in (2, 3) or fmt not in STORED_FORMATS or shape[-1] > VECTOR_WORDS:  # 3: experts stacked
         return ""
     return fmt
 

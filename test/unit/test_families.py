@@ -138,12 +138,10 @@ def test_qwen2s_biases_on_the_cuda_lane_give_transformers_tokens(tp: int) -> Non
     ("family", "backend", "emulate", "refusal"),
     [
         ("mixtral", "cuda", True, "@main holds 'logos.experts', which the CUDA lane does not lower"),
-        ("mixtral", "d5005", False, "'logos.experts' %routed has no instruction on the D5005 engine"),
         ("mixtral", "spatial", False, "the spatial grid does not lower 'logos.experts'"),
     ],
     ids=[
         "cuda-mixtral",
-        "d5005-mixtral",
         "spatial-mixtral",
     ],
 )
