@@ -5,6 +5,7 @@ chosen experts' bytes, and the presets that fit the card's banks."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -66,6 +67,27 @@ def test_a_mixture_gives_transformers_tokens_on_the_engine(family: str) -> None:
 def test_olmoes_projection_norms_are_refused_by_name() -> None:
     with pytest.raises(LogosError, match="OLMoE's projection norms"):
         _lane("olmoe", "d5005", False).generate([1, 2, 3], 2)
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        ({"intermediate": 30}, "stacks experts of 30 rows of 64 in 'model.layers.0.mlp.experts.gate_proj.weight'"),
+        ({"experts": 300, "experts_per_token": 2}, "routes to 2 of 300 experts, over the engine's 16 of 256"),
+        ({"experts": 32, "experts_per_token": 17}, "routes to 17 of 32 experts, over the engine's 16 of 256"),
+    ],
+)
+def test_a_mixture_the_engine_does_not_take_is_refused_by_name(change: dict, refusal: str) -> None:
+    """Experts whose rows are not whole rows of four (each expert's rows must start in bank 0), more experts than
+    the route's on-chip copy, more chosen than its registers: refused naming the mixture, before anything runs."""
+    from logos_ir.errors import PassError
+
+    shape = {"intermediate": 32, "experts": 4, "experts_per_token": 2} | change
+    spec = ModelSpec(vocab=96, hidden=64, layers=1, heads=4, kv_heads=2, head_dim=16, rms_eps=1e-5,
+                     rope_theta=10000.0, tie_embeddings=False, **shape)  # fmt: skip
+    text, _ = written(spec, Cut.decode(32))
+    with pytest.raises(PassError, match=f"'logos.experts' %routed {re.escape(refusal)}"):
+        lower_program(parse_program(text.text, "<decode>"), "f32")
 
 
 def test_each_mixture_is_a_route_then_each_slots_expert_instructions() -> None:
