@@ -1160,7 +1160,8 @@ _EXPERTS = {
     uint expert = 0;
     if (w.s9 != 0u) {  /* an expert's matvec: the id the route chose for its slot, from this bank's copy */
         uint slot = (w.s9 - 1u) & (TOP_K_MAX - 1u);
-        uint chosen = bank[w.sa + slot / OV].u[slot % OV];
+        /* volatile: aoc gives the load no cache, so it sees what the route wrote during this launch */
+        uint chosen = ((__global volatile const uint *)bank)[(w.sa + slot / OV) * OV + slot % OV];
         expert = SELECT(chosen < w.sd, chosen, 0u);
     }""",
     "read_route_case": """
