@@ -223,7 +223,7 @@ def _stored_error(name: str, w: list[int], stream: Stream) -> str | None:
 
 def _shape_error(stream: Stream, name: str, w: list[int]) -> str | None:
     rows, cols, stride = w[d5005.W_ROWS], w[d5005.W_COLS], w[d5005.W_STRIDE]
-    element = 4 if name == "d5005.rope" else stream.element_bytes
+    element = 4 if name in ("d5005.rope", "d5005.route") else stream.element_bytes  # a table's, a route's ids
     stored = _stored_error(name, w, stream)
     if stored is not None:
         return stored

@@ -286,3 +286,21 @@ def test_a_mixture_preset_fits_the_card_in_q4_0_and_reads_only_its_active_weight
                if isinstance(op, d5005.MatvecOp) and op.slot is not None)  # fmt: skip
     assert read * spec.experts == resident * spec.experts_per_token  # k of E of every stack, each expert once
     assert set(cost["arbitrated"]) <= ({"outputs"} if spec.head_norms else set())
+
+
+def test_a_route_word_past_the_engines_registers_is_refused_by_the_reader() -> None:
+    """A route word choosing more experts than it routes among, or more ids (4 bytes each, whatever the weights'
+    precision) than its region's row holds, and an expert
+    matvec whose stack would run past the memory the program uses (their CRC made right, so the reader sees the
+    words themselves): refused before anything runs."""
+    from test_families_d5005 import _rewritten
+
+    program = _lowered("mixtral", weights="bf16")
+    stream = encode_stream(program, image_bytes(program))
+    read_stream(_rewritten(stream, d5005.OPCODES["d5005.route"], d5005.W_COLS, 3))  # 3 of 4: a route
+    refusals = {5: "chooses 5 of 4 experts", 17: "has rows of 17 elements in a stride of 64 bytes"}  # 17 ids: 68
+    for top_k, refusal in refusals.items():
+        with pytest.raises(StreamError, match=f"instruction 14 \\(d5005.route\\) {refusal}"):
+            read_stream(_rewritten(stream, d5005.OPCODES["d5005.route"], d5005.W_COLS, top_k))
+    with pytest.raises(StreamError, match="streams its experts or reads its route past the memory"):
+        read_stream(_rewritten(stream, d5005.OPCODES["d5005.matvec"], d5005.W_EXPERT_STRIDE, 1 << 24))
