@@ -1216,7 +1216,7 @@ OPERANDS: dict[str, dict[str, tuple[int, tuple[str, ...]]]] = {
     "d5005.embed_row": {"dst": (W_DST, ("residual",))},
     "d5005.matvec": {"dst": (W_DST, ("outputs",)), "src": (W_A, ("inputs", "attended"))},
     "d5005.rms_norm": {"dst": (W_DST, ("inputs",)), "src": (W_A, ("residual", "outputs"))},
-    "d5005.rope": {"dst": (W_DST, ("rotated",)), "src": (W_A, ("outputs",))},
+    "d5005.rope": {"dst": (W_DST, ("rotated",)), "src": (W_A, ("outputs", "inputs"))},
     "d5005.cache_write": {"src": (W_A, ("outputs", "rotated"))},
     "d5005.attention": {
         "dst": (W_DST, ("attended",)),

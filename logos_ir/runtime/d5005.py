@@ -814,6 +814,8 @@ def gemma_features(words: Any) -> dict[str, str]:
             needs["ENGINE_GELU_TANH"] = "gates by GELU's tanh approximation"
         if op == code["rms_norm"] and w[d5005.W_A] >> d5005.OFFSET_BITS == outputs:
             needs.setdefault("ENGINE_SANDWICH", "RMS-norms a buffer of 'outputs'")
+        if op == code["rope"] and w[d5005.W_A] >> d5005.OFFSET_BITS == d5005.ARRAY_IDS["inputs"]:
+            needs["ENGINE_PROJECTION_NORMS"] = "rotates a buffer of 'inputs' (a normed projection)"
         if op == code["add"] and w[d5005.W_B] >> d5005.OFFSET_BITS == d5005.ARRAY_IDS["inputs"]:
             needs.setdefault("ENGINE_SANDWICH", "adds a buffer of 'inputs'")
         if op == code["argmax"] and w[d5005.W_CAP]:

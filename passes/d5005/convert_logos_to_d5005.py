@@ -117,11 +117,6 @@ def _check_main(program: logos.ProgramOp) -> None:
     """Refuse, before anything is rewritten, a @main the engine does not run: calls, an op with no instruction."""
     main = program.function("main")
     assert main is not None  # the program op's verifier requires it
-    if program.spec.projection_norms:  # its norm reads a buffer the rotation rewrites: no engine schedule for it yet
-        raise PassError(
-            f"{NAME}: the model RMS-norms the whole query and the whole key (OLMoE's projection norms), which the"
-            " D5005 engine does not compute yet"
-        )
     call = next((op for op in main.body.block.ops if isinstance(op, func.CallOp)), None)
     if call is not None:
         raise PassError(
@@ -204,6 +199,12 @@ def _buffer(value: SSAValue, op: Operation) -> SSAValue:
     if not isinstance(value.owner, d5005.BufferOp):
         raise _refuse(op, "reads a value that is not an on-chip vector")
     return value
+
+
+def _array_of(value: SSAValue) -> str | None:
+    """Where a buffer's writer puts it, before the buffers are shared: `inputs` for an RMS norm's output."""
+    writer = next((use.operation for use in value.uses if isinstance(use.operation, d5005.RMSNormOp)), None)
+    return "inputs" if writer is not None and writer.dst == value else None
 
 
 def _input(value: SSAValue, kind: str) -> bool:
@@ -366,6 +367,8 @@ class RopeToInstruction(_Placed):
         if table.cols.data != d5005.rope_row_floats(rotary or head_dim, self.placement.burst):
             why = f"rotates {rotary or head_dim} of each head, but the program's rotary table has {table.cols}"
             raise _refuse(op, why)
+        if _array_of(src) == "inputs" and (normed is not None or rotary is not None):
+            raise _refuse(op, "rotates a normed projection in part or norms its heads: the engine does neither then")
         norm = None
         if normed is not None:
             if rotary is not None:

@@ -56,6 +56,7 @@ FEATURES = (
     "columns",
     "stored",
     "experts",
+    "projection_norms",
 )
 
 
@@ -81,6 +82,8 @@ def engine_features(program: d5005.ProgramOp) -> frozenset[str]:
             found.add("gelu_tanh")
         if isinstance(op, d5005.RMSNormOp) and _array(op.src) == "outputs":
             found.add("sandwich")
+        if isinstance(op, d5005.RopeOp) and _array(op.src) == "inputs":
+            found.add("projection_norms")
         if isinstance(op, d5005.AddOp) and _array(op.rhs) == "inputs":
             found.add("sandwich")
         if isinstance(op, d5005.ArgmaxOp) and op.cap is not None:
@@ -115,7 +118,9 @@ def _feature_constants(features: frozenset[str]) -> dict[str, int]:
         found["ENGINE_HEAD_NORM"] = 1
     if "partial_rotary" in features:
         found["ENGINE_PARTIAL_ROTARY"] = 1
-    for feature in ("embed_scale", "plus_one", "gelu_tanh", "sandwich", "logit_softcap", "softcap", "columns"):
+    for feature in (
+        "embed_scale", "plus_one", "gelu_tanh", "sandwich", "logit_softcap", "softcap", "columns", "projection_norms",
+    ):  # fmt: skip
         if feature in features:
             found[f"ENGINE_{feature.upper()}"] = 1
     if "columns" in features:
@@ -535,7 +540,7 @@ ${rms_norm_store}
 inline void rope(ONCHIP float *restrict rotated, ONCHIP float *restrict outputs, __local float *restrict cosines,
                  __local float *restrict sines,${rope_norm_param} channels_t *ch, const uint16 w, uint position) {
     uint head_dim = w.sb, ${rope_dims}, width = w.se;
-    uint dst = (w.s1 & OFFSET_MASK) * OV, src = (w.s2 & OFFSET_MASK) * OV;
+    uint dst = (w.s1 & OFFSET_MASK) * OV, src = (w.s2 & OFFSET_MASK) * OV;${rope_inputs_let}
     uint bank = (position - 1) % BANKS;
     uint half_words = WORDS(mid, 4);
     uint words = 2 * half_words;
@@ -569,9 +574,9 @@ ${rope_norm_at}            float firsts[OV], seconds[OV], turned_first[OV], turn
                 firsts[e] = 0.0f;
                 seconds[e] = 0.0f;
                 if (c + (e + OV - first_shift) % OV < mid)
-                    firsts[e] = outputs[(first_word + (e < first_shift)) * OV + e];
+                    firsts[e] = ${rope_first_load};
                 if (c + (e + OV - second_shift) % OV < mid)
-                    seconds[e] = outputs[(second_word + (e < second_shift)) * OV + e];${rope_norm_runs}
+                    seconds[e] = ${rope_second_load};${rope_norm_runs}
             }
             UNROLL(OV)
             for (uint l = 0; l < OV; l++) {
@@ -1298,6 +1303,21 @@ inline void expert_sum(ONCHIP float *restrict attended, ONCHIP float *restrict o
 }
 
 
+def _projection_norms(present: bool) -> dict[str, str]:
+    """`projection_norms`: a rope whose source is in `inputs` (w.s2's array id), where an RMS norm of the whole
+    query or key (OLMoE's, an RMS norm of a matvec's output: the `sandwich` part) wrote it; the two halves' loads
+    read the array the word names."""
+    first = "outputs[(first_word + (e < first_shift)) * OV + e]"
+    second = "outputs[(second_word + (e < second_shift)) * OV + e]"
+    if not present:
+        return {"rope_inputs_let": "", "rope_first_load": first, "rope_second_load": second}
+    return {
+        "rope_inputs_let": "\n    uint normed = (w.s2 >> ARRAY_SHIFT) == ARRAY_INPUTS;",
+        "rope_first_load": f"SELECT(normed, {first.replace('outputs', 'inputs')}, {first})",
+        "rope_second_load": f"SELECT(normed, {second.replace('outputs', 'inputs')}, {second})",
+    }
+
+
 @cache
 def _body(features: frozenset[str]) -> str:
     """The engine's text after its `#define`s, with the optional parts `features` (the others print nothing)."""
@@ -1308,6 +1328,10 @@ def _body(features: frozenset[str]) -> str:
     optional |= _gemma(features)
     optional |= _STORED if "stored" in features else _FLOATS
     optional |= {key: text if "experts" in features else "" for key, text in _EXPERTS.items()}
+    optional |= _projection_norms("projection_norms" in features)
+    if "projection_norms" in features:  # the rope reaches `inputs` too
+        optional["rope_norm_param"] += " ONCHIP float *restrict inputs,"
+        optional["rope_norm_arg"] += ", inputs"
     if "experts" in features:  # an expert's rows: its stack's, from the chosen expert's first row
         optional["read_matvec_base"] += " + expert * w.sc"
         optional["add_param"] += " ONCHIP float *restrict attended,"  # the experts' sum is in `attended`

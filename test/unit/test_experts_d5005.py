@@ -64,9 +64,33 @@ def test_a_mixture_gives_transformers_tokens_on_the_engine(family: str) -> None:
     assert _lane(family, "d5005", False).generate(run["prompt"], len(run["tokens"])) == run["tokens"]
 
 
-def test_olmoes_projection_norms_are_refused_by_name() -> None:
-    with pytest.raises(LogosError, match="OLMoE's projection norms"):
-        _lane("olmoe", "d5005", False).generate([1, 2, 3], 2)
+@pytest.mark.usefixtures("opencl_device")
+def test_olmoe_gives_transformers_tokens_on_the_engine() -> None:
+    """OLMoE: its norms of the whole query and key (an RMS norm of a matvec's output into `inputs`, the rope
+    rotating from there) and its mixture (unnormalized, 4 experts, top 2)."""
+    run = GOLDENS["olmoe"]["runs"][0]
+    assert _lane("olmoe", "d5005", False).generate(run["prompt"], len(run["tokens"])) == run["tokens"]
+    program = _lowered("olmoe")
+    ropes = [op for op in program.instructions() if isinstance(op, d5005.RopeOp)]
+    assert len(ropes) == 4 and all(op.src.owner.array_name == "inputs" for op in ropes)  # type: ignore[union-attr]
+    assert {"projection_norms", "sandwich", "experts"} <= engine_features(program)
+
+
+@pytest.mark.usefixtures("opencl_device")
+def test_projection_norms_are_the_ropes_own_part() -> None:
+    """The same OLMoE stream on an engine printed without `projection_norms` is refused by the host; the engine's
+    rope with the array it rotates from forced to `outputs` gives other tokens."""
+    run = GOLDENS["olmoe"]["runs"][0]
+    program = _lowered("olmoe")
+    store = open_model(str(FAMILIES / "olmoe"))
+    stream, image = encode_stream(program, image_bytes(program)), weight_image(program, store.spec, store)
+    without = engine_source(program.identity.data, program.params, engine_features(program) - {"projection_norms"})
+    with pytest.raises(StreamError, match="rotates a buffer of 'inputs'.*no ENGINE_PROJECTION_NORMS"):
+        Engine(without, stream, image)
+    source = engine_source(program.identity.data, program.params, engine_features(program))
+    blind = edited(source, ("uint normed = (w.s2 >> ARRAY_SHIFT) == ARRAY_INPUTS;", "uint normed = 0;"))
+    assert _greedy(Engine(source, stream, image), run["prompt"], 6) == run["tokens"][:6]
+    assert _greedy(Engine(blind, stream, image), run["prompt"], 6) != run["tokens"][:6]
 
 
 @pytest.mark.parametrize(
