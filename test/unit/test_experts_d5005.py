@@ -356,3 +356,16 @@ def test_the_experts_engine_prints_the_loops_it_costs(family: str) -> None:
     assert not any(engine.analysis.arbitrated.values())
     dividing = [name for name, report in engine.analysis.loops.items() if report.dividers]
     assert set(dividing) <= {"route.choose", "route.scan"}
+
+
+@pytest.mark.usefixtures("opencl_device")
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+def test_the_lanes_bf16_image_agrees_with_the_reference(family: str) -> None:
+    """The lane's usual image (bf16 weights and KV cache, the route in float32 over bf16-weighted logits):
+    teacher-forced, the engine predicts the f32 reference's next token at least 90% of 40 steps."""
+    from test_d5005_engine import _teacher_forced
+
+    from logos_ir.runtime.d5005 import D5005Generator
+
+    store = open_model(str(FAMILIES / family))
+    assert _teacher_forced(store, D5005Generator(store, weights="bf16"), [4, 9, 30], 40) >= 0.9
