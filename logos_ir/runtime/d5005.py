@@ -541,12 +541,6 @@ class Engine:
         self.context = (intel_fpga_context() if binary is not None else None) or cpu_context()
         device = self.context.devices[0]
         self.rings = rings and binary is None
-        if self.rings and any(int(w[0]) == _ROUTE for w in self.stream.words):
-            raise LogosError(
-                "the channel path (D5005_RINGS) does not hold a bank reader back until the route it streams experts"
-                " by is in board memory, and the stream routes a mixture of experts",
-                hint="run it on the ordered-buffer path (rings=False): the host ends a run at each route",
-            )
         if self.rings and device.max_compute_units < 1 + d5005.BANKS:
             on_pocl = cpu_runtime() == "pocl"
             raise LogosError(
@@ -582,7 +576,8 @@ class Engine:
             for _ in range(d5005.BANKS)
         ]
         self.sent = [cl.Buffer(self.context, flags.READ_WRITE, 4) for _ in range(d5005.BANKS)]
-        self.taken = [cl.Buffer(self.context, flags.READ_WRITE, 4) for _ in range(d5005.BANKS)]
+        # the words the compute kernel took from each ring, then (a mixture's) the pc + 1 of the last route it ran
+        self.taken = [cl.Buffer(self.context, flags.READ_WRITE, 8) for _ in range(d5005.BANKS)]
         self._image = image
         self.program = cl.Buffer(self.context, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=self.stream.words)
         self.scratch = cl.Buffer(self.context, flags.READ_WRITE, self.stream.onchip_words * 4)
@@ -681,8 +676,10 @@ class Engine:
         through rings of the channels' depth; the host then checks the words each reader sent."""
         import pyopencl as cl
 
-        for counter in [*self.sent, *self.taken]:
+        for counter in self.sent:
             cl.enqueue_fill_buffer(self.queue, counter, np.zeros(1, np.uint32), 0, 4)
+        for counter in self.taken:
+            cl.enqueue_fill_buffer(self.queue, counter, np.zeros(1, np.uint32), 0, 8)
         self.queue.finish()
         scalars = (np.uint32(token), np.uint32(position))
         head = (self.program, np.uint32(0), np.uint32(len(self.stream.words)))

@@ -1156,9 +1156,10 @@ _WHOLE = {"rope_dims": "mid = head_dim / 2", "read_rope_half": "w.sb / 2", "rope
 # expert's matvec (w.s9 its slot + 1) reads the chosen id from its own bank (w.sa) and streams that expert's rows,
 # w.sc bank words from one expert's to the next's (at most w.sd experts: an id past them streams expert 0). On the
 # card the compute kernel signals each reader through `routed` once the ids are in board memory, and a reader waits
-# for it at the route; on another device the host ends a run of instructions at each route, so the next run's
-# readers find the ids written. An expert_sum (its slot in w.s9) adds its slot's weight times the expert's output
-# into the result (slot 0 writes it).
+# for it at the route; with D5005_RINGS the compute kernel sets the second word of each ring's count of words taken
+# to the route's pc + 1, which each reader waits for at the route; with ordered buffers the host ends a run of
+# instructions at each route, so the next run's readers find the ids written. An expert_sum (its slot in w.s9) adds
+# its slot's weight times the expert's output into the result (slot 0 writes it).
 _EXPERTS = {
     "route_channel": "\nchannel uint routed[BANKS] __attribute__((depth(1)));",
     "read_matvec_expert": """
@@ -1174,6 +1175,8 @@ _EXPERTS = {
 #if defined(INTELFPGA_CL)
             (void)read_channel_intel(routed[b]); /* the route's ids are in board memory */
             mem_fence(CLK_GLOBAL_MEM_FENCE | CLK_CHANNEL_MEM_FENCE);
+#elif defined(D5005_RINGS)
+            while (atomic_add(s->taken + 1, 0u) <= pc) {} /* until the compute kernel has run this route */
 #endif
             break;""",
     "route_arrays": """
@@ -1184,7 +1187,13 @@ _EXPERTS = {
     __global float *restrict route_weights = scratch + ROUTE_AT; /* kept from one launch to the next */
 #endif""",
     "route_cases": """
-        case OP_ROUTE: route(outputs, probs, route_weights, bank0, bank1, bank2, bank3, w); break;
+        case OP_ROUTE:
+            route(outputs, probs, route_weights, bank0, bank1, bank2, bank3, w);
+#if defined(D5005_RINGS)
+            mem_fence(CLK_GLOBAL_MEM_FENCE);
+            for (uint b = 0; b < BANKS; b++) atomic_xchg(ch.taken_count[b] + 1, pc + 1); /* the readers may go on */
+#endif
+            break;
         case OP_EXPERT_SUM: expert_sum(attended, outputs, route_weights, w); break;""",
     "route_routines": r"""
 /* The route of a mixture of experts: the router's logits to probabilities by a softmax over every expert (float32),
