@@ -64,6 +64,10 @@ VECTOR_WORDS = 16384
 BIAS_WORDS = 16384
 # A matvec's part after the first adds to what its first wrote: the engine's on-chip copy of those rows.
 PRIOR_WORDS = 16384
+# A mixture of experts: the experts a route chooses among (its on-chip copy of their probabilities) and the most it
+# chooses (its route registers, and the lanes of the bank word that holds the chosen experts' ids).
+EXPERTS_MAX = 256
+TOP_K_MAX = 16
 
 
 # The engine's on-chip arrays (M20K), one a kind of buffer, each statically banked a float32 word a bank over a bank
@@ -502,8 +506,14 @@ class MatvecOp(InstructionOp):
     bias = opt_prop_def(RegionAttr)
     columns = opt_prop_def(IntegerAttr[I64])  # a part of the weight's columns (and of src) ...
     first = opt_prop_def(IntegerAttr[I64])  # ... from this one; a part after the first adds to what dst holds
+    slot = opt_prop_def(IntegerAttr[I64])  # an expert's matvec: the weight is `experts` stacked, and the rows ...
+    experts = opt_prop_def(IntegerAttr[I64])  # ... streamed are those of the expert the route chose in this slot,
+    routes = opt_prop_def(RegionAttr)  # ... its id read from this region by each bank's reader
 
-    assembly_format = "$dst `,` $src `,` $weight (`bias` $bias^)? (`columns` $columns^ `from` $first)? attr-dict"
+    assembly_format = (
+        "$dst `,` $src `,` $weight (`bias` $bias^)? (`columns` $columns^ `from` $first)?"
+        " (`expert` `slot` $slot^ `of` $experts `routes` $routes)? attr-dict"
+    )
 
     def __init__(
         self,
@@ -512,13 +522,31 @@ class MatvecOp(InstructionOp):
         weight: RegionAttr,
         bias: RegionAttr | None = None,
         part: tuple[int, int] | None = None,
+        expert: tuple[int, int, RegionAttr] | None = None,
     ):
         properties: dict[str, Attribute] = {"weight": weight}
         if bias is not None:
             properties["bias"] = bias
         if part is not None:
             properties |= {"first": IntegerAttr(part[0], i64), "columns": IntegerAttr(part[1], i64)}
+        if expert is not None:
+            slot, experts, routes = expert
+            properties |= {"slot": IntegerAttr(slot, i64), "experts": IntegerAttr(experts, i64), "routes": routes}
         super().__init__(operands=[dst, src], properties=properties)
+
+    @property
+    def expert_rows(self) -> int:
+        """The rows it streams: the weight's, or one expert's of a stacked weight."""
+        if self.experts is None:
+            return self.weight.rows.data
+        return self.weight.rows.data // _int(self.experts)
+
+    @property
+    def expert_stride(self) -> int:
+        """Bytes of each bank from one stacked expert's rows to the next's (0: not an expert's matvec)."""
+        if self.experts is None:
+            return 0
+        return self.expert_rows // BANKS * self.weight.stride.data
 
     @property
     def part(self) -> tuple[int, int]:
@@ -528,7 +556,7 @@ class MatvecOp(InstructionOp):
         return _int(self.first), _int(self.columns)
 
     def buffer_uses(self, burst: int = 64) -> list[tuple[SSAValue, int]]:
-        return [(self.dst, self.weight.rows.data), (self.src, sum(self.part))]
+        return [(self.dst, self.expert_rows), (self.src, sum(self.part))]
 
     def written(self) -> SSAValue | None:
         return self.dst
@@ -537,7 +565,8 @@ class MatvecOp(InstructionOp):
         return [self.src, self.dst] if self.part[0] else [self.src]
 
     def regions_read(self) -> list[RegionAttr]:
-        return [self.weight] if self.bias is None else [self.weight, self.bias]
+        extra = [r for r in (self.bias, self.routes) if r is not None]
+        return [self.weight, *extra]
 
     def verify_(self) -> None:
         if self.dst == self.src:
@@ -563,6 +592,37 @@ class MatvecOp(InstructionOp):
             raise _fail(
                 self, f"adds to {self.weight.rows.data} rows, over the engine's {PRIOR_WORDS}-word copy of them"
             )
+        if self.experts is not None:
+            self._verify_expert()
+
+    def _verify_expert(self) -> None:
+        """An expert's matvec streams whole rows (floats or as stored) of one of its stacked experts, each expert's rows
+        starting in bank 0 (a whole number of rows of four), its slot one of the route's."""
+        experts, rows = _int(self.experts), self.weight.rows.data
+        if self.slot is None or self.routes is None:
+            raise _fail(self, "is an expert's matvec without its slot and its route's region")
+        if experts < 1 or experts > EXPERTS_MAX or rows % experts or (rows // experts) % BANKS:
+            raise _fail(
+                self,
+                f"streams one of {experts} experts stacked in {rows} rows: each expert's rows a whole number of"
+                f" rows of {BANKS} (one a bank), at most {EXPERTS_MAX} experts",
+            )
+        if self.bias is not None or self.columns is not None:
+            raise _fail(self, "streams an expert's rows with a bias or in parts: the engine streams whole rows")
+        _check_routes(self, self.routes, _int(self.slot))
+
+
+def _check_routes(op: IRDLOperation, routes: RegionAttr, slot: int | None = None) -> None:
+    """A route's region holds, in each bank, one bank word of the chosen experts' ids: BANKS rows of top_k ids."""
+    top_k = routes.cols.data
+    if routes.rows.data != BANKS or routes.element_bytes.data != 4 or not 1 <= top_k <= TOP_K_MAX:
+        raise _fail(
+            op,
+            f"routes through region '{routes.tensor.data}' of {routes.rows.data} x {top_k}: not a row of at most"
+            f" {TOP_K_MAX} ids (4 bytes each) in each of the {BANKS} banks",
+        )
+    if slot is not None and not 0 <= slot < top_k:
+        raise _fail(op, f"takes slot {slot} of a route that chooses {top_k} experts")
 
 
 def _check_bias(op: IRDLOperation, bias: RegionAttr, rows: int) -> None:
@@ -966,6 +1026,104 @@ class ArgmaxOp(InstructionOp):
         return [self.src]
 
 
+@irdl_op_definition
+class RouteOp(InstructionOp):
+    """A mixture of experts' route: the router's logits (`experts` words, what its matvec wrote) to probabilities
+    by a softmax over every expert in float32, the `top_k` most probable chosen (the lowest index first on a tie,
+    as `torch.topk`), divided by their sum with `renormalize`; the chosen experts, in ascending index, go into
+    the engine's route registers (their weights, for `expert_sum`) and their ids into one bank word of each bank
+    at the `routes` region (row b in bank b), where each bank's reader reads them to stream the chosen experts'
+    rows (`matvec ... expert slot j`).
+
+    ```mlir
+    %logits = d5005.buffer "router_logits" words 4 at 0 in "outputs"
+    d5005.route %logits, <"routes" at 65536 stride 64 rows 4 cols 2 bytes 4> experts 4 top_k 2 renormalize
+    ```
+    """
+
+    name = "d5005.route"
+
+    src = operand_def(BufferType)
+    routes = prop_def(RegionAttr)
+    experts = prop_def(IntegerAttr[I64])
+    top_k = prop_def(IntegerAttr[I64])
+    renormalize = opt_prop_def(UnitAttr)
+
+    assembly_format = "$src `,` $routes `experts` $experts `top_k` $top_k (`renormalize` $renormalize^)? attr-dict"
+
+    def __init__(self, src: SSAValue, routes: RegionAttr, experts: int, top_k: int, renormalize: bool = False):
+        properties: dict[str, Attribute] = {
+            "routes": routes,
+            "experts": IntegerAttr(experts, i64),
+            "top_k": IntegerAttr(top_k, i64),
+        }
+        if renormalize:
+            properties["renormalize"] = UnitAttr()
+        super().__init__(operands=[src], properties=properties)
+
+    def buffer_uses(self, burst: int = 64) -> list[tuple[SSAValue, int]]:
+        return [(self.src, _int(self.experts))]
+
+    def read(self) -> list[SSAValue]:
+        return [self.src]
+
+    def regions_read(self) -> list[RegionAttr]:
+        return [self.routes]
+
+    def verify_(self) -> None:
+        experts, top_k = _int(self.experts), _int(self.top_k)
+        if not 1 <= experts <= EXPERTS_MAX:
+            raise _fail(self, f"routes among {experts} experts, not 1 to the engine's {EXPERTS_MAX}")
+        if not 1 <= top_k <= min(experts, TOP_K_MAX):
+            raise _fail(self, f"chooses {top_k} of {experts} experts, not 1 to {min(experts, TOP_K_MAX)}")
+        _check_routes(self, self.routes)
+        if self.routes.cols.data != top_k:
+            raise _fail(self, f"chooses {top_k} experts into a region of {self.routes.cols.data} ids")
+
+
+@irdl_op_definition
+class ExpertSumOp(InstructionOp):
+    """dst = (slot 0: 0, else dst) + weight * src: the weighted sum over the chosen experts, in ascending expert
+    index (the route's slots), of their down projections; `weight` is the route registers' for the slot.
+
+    ```mlir
+    %down = d5005.buffer "expert_down" words 64 at 0 in "outputs"
+    %routed = d5005.buffer "routed" words 64 at 64 in "attended"
+    d5005.expert_sum %routed, %down slot 1 size 64
+    ```
+    """
+
+    name = "d5005.expert_sum"
+
+    dst = operand_def(BufferType)
+    src = operand_def(BufferType)
+    slot = prop_def(IntegerAttr[I64])
+    size = prop_def(IntegerAttr[I64])
+
+    assembly_format = "$dst `,` $src `slot` $slot `size` $size attr-dict"
+
+    def __init__(self, dst: SSAValue, src: SSAValue, slot: int, size: int):
+        super().__init__(
+            operands=[dst, src], properties={"slot": IntegerAttr(slot, i64), "size": IntegerAttr(size, i64)}
+        )
+
+    def buffer_uses(self, burst: int = 64) -> list[tuple[SSAValue, int]]:
+        n = _int(self.size)
+        return [(self.dst, n), (self.src, n)]
+
+    def written(self) -> SSAValue | None:
+        return self.dst
+
+    def read(self) -> list[SSAValue]:
+        return [self.src, self.dst] if _int(self.slot) else [self.src]
+
+    def verify_(self) -> None:
+        if self.dst == self.src:
+            raise _fail(self, "adds into the buffer it reads")
+        if not 0 <= _int(self.slot) < TOP_K_MAX:
+            raise _fail(self, f"takes slot {_int(self.slot)}, not one of the engine's {TOP_K_MAX} route registers")
+
+
 D5005 = Dialect(
     "d5005",
     [
@@ -980,6 +1138,8 @@ D5005 = Dialect(
         SiluMulOp,
         AddOp,
         ArgmaxOp,
+        RouteOp,
+        ExpertSumOp,
     ],
     [RegionAttr, BufferType],
 )
@@ -1004,6 +1164,8 @@ OPCODES = {
     "d5005.silu_mul": 7,
     "d5005.add": 8,
     "d5005.argmax": 9,
+    "d5005.route": 10,
+    "d5005.expert_sum": 11,
 }
 # The fields of an instruction word, by index (docs/d5005.md has the table of what each opcode reads).
 W_OPCODE, W_DST, W_A, W_B, W_ROWS, W_COLS, W_OFFSET, W_STRIDE, W_OFFSET2, W_HEADS, W_KV_HEADS = range(11)
@@ -1031,6 +1193,12 @@ W_FIRST = W_HEAD_DIM
 # half in the high half of kv_heads (the head counts in the low halves: COUNT_MASK).
 W_SOFTCAP_HIGH, W_SOFTCAP_LOW = W_HEADS, W_KV_HEADS
 COUNT_MASK = 0xFFFF
+# An expert's matvec: its slot of the route plus one in the attention's heads (0: not an expert's), the routes
+# region's offset in kv_heads, the bank words from one stacked expert to the next in ctx, the experts stacked in
+# the float. A route: its routes region in rows (4), cols (top_k), offset and stride, its experts in RoPE's width,
+# renormalize (1) in heads; an expert_sum its slot in heads.
+W_SLOT, W_ROUTES, W_EXPERT_STRIDE, W_EXPERTS = W_HEADS, W_KV_HEADS, W_CTX, W_FLOAT
+W_RENORMALIZE, W_ROUTE_EXPERTS, W_SUM_SLOT = W_HEADS, W_WIDTH, W_HEADS
 
 
 def attention_counts(w: Sequence[int]) -> tuple[int, int, int]:
@@ -1048,7 +1216,7 @@ OPERANDS: dict[str, dict[str, tuple[int, tuple[str, ...]]]] = {
     "d5005.embed_row": {"dst": (W_DST, ("residual",))},
     "d5005.matvec": {"dst": (W_DST, ("outputs",)), "src": (W_A, ("inputs", "attended"))},
     "d5005.rms_norm": {"dst": (W_DST, ("inputs",)), "src": (W_A, ("residual", "outputs"))},
-    "d5005.rope": {"dst": (W_DST, ("rotated",)), "src": (W_A, ("outputs",))},
+    "d5005.rope": {"dst": (W_DST, ("rotated",)), "src": (W_A, ("outputs", "inputs"))},
     "d5005.cache_write": {"src": (W_A, ("outputs", "rotated"))},
     "d5005.attention": {
         "dst": (W_DST, ("attended",)),
@@ -1057,6 +1225,12 @@ OPERANDS: dict[str, dict[str, tuple[int, tuple[str, ...]]]] = {
         "value": (W_VALUE, ("outputs",)),
     },
     "d5005.silu_mul": {"dst": (W_DST, ("inputs",)), "lhs": (W_A, ("outputs",)), "rhs": (W_B, ("outputs",))},
-    "d5005.add": {"dst": (W_DST, ("residual",)), "lhs": (W_A, ("residual",)), "rhs": (W_B, ("outputs", "inputs"))},
+    "d5005.add": {
+        "dst": (W_DST, ("residual",)),
+        "lhs": (W_A, ("residual",)),
+        "rhs": (W_B, ("outputs", "inputs", "attended")),
+    },
     "d5005.argmax": {"src": (W_A, ("outputs",))},
+    "d5005.route": {"src": (W_A, ("outputs",))},
+    "d5005.expert_sum": {"dst": (W_DST, ("attended",)), "src": (W_A, ("outputs",))},
 }

@@ -223,7 +223,7 @@ def _stored_error(name: str, w: list[int], stream: Stream) -> str | None:
 
 def _shape_error(stream: Stream, name: str, w: list[int]) -> str | None:
     rows, cols, stride = w[d5005.W_ROWS], w[d5005.W_COLS], w[d5005.W_STRIDE]
-    element = 4 if name == "d5005.rope" else stream.element_bytes
+    element = 4 if name in ("d5005.rope", "d5005.route") else stream.element_bytes  # a table's, a route's ids
     stored = _stored_error(name, w, stream)
     if stored is not None:
         return stored
@@ -238,6 +238,9 @@ def _shape_error(stream: Stream, name: str, w: list[int]) -> str | None:
         return f"adds a part of its columns to {rows} rows, over the engine's {d5005.PRIOR_WORDS}-word copy of them"
     if first % d5005.VECTOR_WORDS or (first + cols) * element > stride or (first and w[d5005.W_BIAS]):
         return f"streams columns from {first}, {cols} of them, in a stride of {stride} bytes: not a part of its rows"
+    expert = _expert_error(stream, name, w)
+    if expert is not None:
+        return expert
     if name == "d5005.matvec" and w[d5005.W_BIAS]:
         bias = w[d5005.W_BIAS]
         end = w[d5005.W_BIAS_OFFSET] * stream.burst + d5005.bank_words(bias, element, stream.burst) * stream.burst
@@ -288,6 +291,31 @@ def _shape_error(stream: Stream, name: str, w: list[int]) -> str | None:
     return None
 
 
+def _expert_error(stream: Stream, name: str, w: list[int]) -> str | None:
+    """A route's and an expert's matvec's fields: every expert of the stack and the route's ids inside the memory
+    the program uses, the slot one of the route registers, the counts in the engine's range."""
+    if name == "d5005.route":
+        experts, top_k = w[d5005.W_ROUTE_EXPERTS], w[d5005.W_COLS]
+        if not 1 <= top_k <= min(experts, d5005.TOP_K_MAX) or experts > d5005.EXPERTS_MAX or w[d5005.W_ROWS] != 4:
+            return f"chooses {top_k} of {experts} experts into {w[d5005.W_ROWS]} rows: not a route of the engine"
+        if w[d5005.W_RENORMALIZE] > 1:
+            return f"has flag {w[d5005.W_RENORMALIZE]} in word {d5005.W_RENORMALIZE}, not 0 or 1"
+        return None
+    if name == "d5005.expert_sum":
+        return None if w[d5005.W_SUM_SLOT] < d5005.TOP_K_MAX else f"takes route register {w[d5005.W_SUM_SLOT]}"
+    if name != "d5005.matvec" or not w[d5005.W_SLOT]:
+        return None
+    slot, experts, apart = w[d5005.W_SLOT] - 1, w[d5005.W_EXPERTS], w[d5005.W_EXPERT_STRIDE] * stream.burst
+    per_bank = -(-w[d5005.W_ROWS] // d5005.BANKS) * w[d5005.W_STRIDE]
+    end = w[d5005.W_OFFSET] * stream.burst + (experts - 1) * apart + per_bank
+    routes = (w[d5005.W_ROUTES] + slot // (stream.burst // 4) + 1) * stream.burst
+    if slot >= d5005.TOP_K_MAX or not 1 <= experts <= d5005.EXPERTS_MAX or apart < per_bank:
+        return f"streams slot {slot} of {experts} experts {apart} bytes apart: not an expert's matvec of the engine"
+    if end > stream.bank_bytes or routes > stream.bank_bytes or w[d5005.W_BIAS] or w[d5005.W_FIRST]:
+        return "streams its experts or reads its route past the memory the program uses, or with a bias or in parts"
+    return None
+
+
 def _f32(bits: int) -> float:
     return float(np.array(bits, dtype=np.uint32).view(np.float32))
 
@@ -311,13 +339,17 @@ def _buffer_extents(name: str, w: list[int], stream: Stream) -> list[tuple[int, 
                 (d5005.W_KEY, current), (d5005.W_VALUE, current)]  # fmt: skip
     if name == "d5005.argmax":
         return [(d5005.W_A, rows)]
+    if name == "d5005.route":
+        return [(d5005.W_A, w[d5005.W_ROUTE_EXPERTS])]
+    if name == "d5005.expert_sum":
+        return [(d5005.W_DST, rows), (d5005.W_A, rows)]
     return [(d5005.W_DST, rows), (d5005.W_A, rows), (d5005.W_B, rows)]
 
 
 def _region_fields(name: str) -> list[int]:
     if name == "d5005.attention":
         return [d5005.W_OFFSET, d5005.W_OFFSET2]
-    if name in ("d5005.silu_mul", "d5005.add", "d5005.argmax"):
+    if name in ("d5005.silu_mul", "d5005.add", "d5005.argmax", "d5005.expert_sum"):
         return []
     return [d5005.W_OFFSET]
 
@@ -400,7 +432,18 @@ def _matvec(x: _Word) -> Any:
     weight = x.region()
     part = (x.w[d5005.W_FIRST], x.w[d5005.W_COLS])
     whole = part == (0, weight.cols.data)
-    return d5005.MatvecOp(x.buffer(d5005.W_DST), x.buffer(d5005.W_A), weight, bias, None if whole else part)
+    expert = (x.w[d5005.W_SLOT] - 1, x.w[d5005.W_EXPERTS], x.region(d5005.W_ROUTES)) if x.w[d5005.W_SLOT] else None
+    dst, src = x.buffer(d5005.W_DST), x.buffer(d5005.W_A)
+    return d5005.MatvecOp(dst, src, weight, bias, None if whole else part, expert)
+
+
+def _route(x: _Word) -> Any:
+    experts, top_k = x.w[d5005.W_ROUTE_EXPERTS], x.w[d5005.W_COLS]
+    return d5005.RouteOp(x.buffer(d5005.W_A), x.region(), experts, top_k, bool(x.w[d5005.W_RENORMALIZE]))
+
+
+def _expert_sum(x: _Word) -> Any:
+    return d5005.ExpertSumOp(x.buffer(d5005.W_DST), x.buffer(d5005.W_A), x.w[d5005.W_SUM_SLOT], x.w[d5005.W_ROWS])
 
 
 def _rms_norm(x: _Word) -> Any:
@@ -457,6 +500,8 @@ _OPS = {
     "d5005.silu_mul": _elementwise(d5005.SiluMulOp),
     "d5005.add": _elementwise(d5005.AddOp),
     "d5005.argmax": _argmax,
+    "d5005.route": _route,
+    "d5005.expert_sum": _expert_sum,
 }
 
 
@@ -531,7 +576,8 @@ class Engine:
             for _ in range(d5005.BANKS)
         ]
         self.sent = [cl.Buffer(self.context, flags.READ_WRITE, 4) for _ in range(d5005.BANKS)]
-        self.taken = [cl.Buffer(self.context, flags.READ_WRITE, 4) for _ in range(d5005.BANKS)]
+        # the words the compute kernel took from each ring, then (a mixture's) the pc + 1 of the last route it ran
+        self.taken = [cl.Buffer(self.context, flags.READ_WRITE, 8) for _ in range(d5005.BANKS)]
         self._image = image
         self.program = cl.Buffer(self.context, flags.READ_ONLY | flags.COPY_HOST_PTR, hostbuf=self.stream.words)
         self.scratch = cl.Buffer(self.context, flags.READ_WRITE, self.stream.onchip_words * 4)
@@ -630,8 +676,10 @@ class Engine:
         through rings of the channels' depth; the host then checks the words each reader sent."""
         import pyopencl as cl
 
-        for counter in [*self.sent, *self.taken]:
+        for counter in self.sent:
             cl.enqueue_fill_buffer(self.queue, counter, np.zeros(1, np.uint32), 0, 4)
+        for counter in self.taken:
+            cl.enqueue_fill_buffer(self.queue, counter, np.zeros(1, np.uint32), 0, 8)
         self.queue.finish()
         scalars = (np.uint32(token), np.uint32(position))
         head = (self.program, np.uint32(0), np.uint32(len(self.stream.words)))
@@ -667,12 +715,14 @@ class Engine:
 
     def _runs(self, token: int, position: int) -> list[tuple[int, int, list[int]]]:
         """The step as runs of whole instructions whose words fit each bank's ordered buffer: (first, count,
-        words sent by each bank)."""
+        words sent by each bank). A run ends at each route: its compute launch writes the chosen experts' ids
+        that the next run's readers stream the experts by."""
         runs: list[tuple[int, int, list[int]]] = []
         first, totals = 0, [0] * d5005.BANKS
         for pc, w in enumerate(self.stream.words):
             words = bank_words_sent([int(v) for v in w], token, position, self.stream)
-            if pc > first and any(t + n > self.fifo_words for t, n in zip(totals, words, strict=True)):
+            routed = pc > 0 and int(self.stream.words[pc - 1][0]) == _ROUTE
+            if pc > first and (routed or any(t + n > self.fifo_words for t, n in zip(totals, words, strict=True))):
                 runs.append((first, pc - first, totals))
                 first, totals = pc, [0] * d5005.BANKS
             totals = [t + n for t, n in zip(totals, words, strict=True)]
@@ -720,6 +770,17 @@ def stream_features(stream: Stream) -> dict[str, str]:
     attention = d5005.OPCODES["d5005.attention"]
     if any(int(w[d5005.W_OPCODE]) == attention and int(w[d5005.W_WINDOW]) for w in stream.words):
         needs["ENGINE_WINDOW"] = "attends over a sliding window"
+    expert_ops = (_ROUTE, d5005.OPCODES["d5005.expert_sum"])
+    add, attended = d5005.OPCODES["d5005.add"], d5005.ARRAY_IDS["attended"]
+    if any(
+        int(w[0]) in expert_ops
+        or int(w[0]) == matvec
+        and int(w[d5005.W_SLOT])
+        or int(w[0]) == add
+        and int(w[d5005.W_B]) >> d5005.OFFSET_BITS == attended
+        for w in stream.words
+    ):
+        needs["ENGINE_EXPERTS"] = "routes a mixture of experts"
     return needs | gemma_features(stream.words) | stored_features(stream.words)
 
 
@@ -750,6 +811,8 @@ def gemma_features(words: Any) -> dict[str, str]:
             needs["ENGINE_GELU_TANH"] = "gates by GELU's tanh approximation"
         if op == code["rms_norm"] and w[d5005.W_A] >> d5005.OFFSET_BITS == outputs:
             needs.setdefault("ENGINE_SANDWICH", "RMS-norms a buffer of 'outputs'")
+        if op == code["rope"] and w[d5005.W_A] >> d5005.OFFSET_BITS == d5005.ARRAY_IDS["inputs"]:
+            needs["ENGINE_PROJECTION_NORMS"] = "rotates a buffer of 'inputs' (a normed projection)"
         if op == code["add"] and w[d5005.W_B] >> d5005.OFFSET_BITS == d5005.ARRAY_IDS["inputs"]:
             needs.setdefault("ENGINE_SANDWICH", "adds a buffer of 'inputs'")
         if op == code["argmax"] and w[d5005.W_CAP]:
@@ -762,6 +825,7 @@ def gemma_features(words: Any) -> dict[str, str]:
 
 
 _ARGMAX = d5005.OPCODES["d5005.argmax"]
+_ROUTE = d5005.OPCODES["d5005.route"]
 _COMPUTE_ARGS_ON_CHANNELS = 12  # instructions, first, count, 4 banks, token, position, result, logits
 
 

@@ -42,7 +42,7 @@ from xdsl.utils.exceptions import VerifyException
 from logos_ir import identity
 from logos_ir.dialects import d5005, logos
 from logos_ir.errors import CutError, PassError
-from logos_ir.passes.d5005.placement import Placement, cache_name, fit_error, rope_table
+from logos_ir.passes.d5005.placement import ROUTES, Placement, cache_name, fit_error, rope_table
 from logos_ir.program import Cut
 
 NAME = "convert-logos-to-d5005"
@@ -93,6 +93,7 @@ def convert_program(program: Operation, weights: str, params: d5005.EngineParams
         AttentionToInstruction(placement),
         SiluIntoProduct(),
         MulToSiluMul(),
+        MixtureToExperts(placement),
         AddToInstruction(),
         SoftcapIntoArgmax(),
         ArgmaxToInstruction(),
@@ -116,11 +117,6 @@ def _check_main(program: logos.ProgramOp) -> None:
     """Refuse, before anything is rewritten, a @main the engine does not run: calls, an op with no instruction."""
     main = program.function("main")
     assert main is not None  # the program op's verifier requires it
-    if program.spec.projection_norms:  # its norm reads a buffer the rotation rewrites: no engine schedule for it yet
-        raise PassError(
-            f"{NAME}: the model RMS-norms the whole query and the whole key (OLMoE's projection norms), which the"
-            " D5005 engine does not compute yet"
-        )
     call = next((op for op in main.body.block.ops if isinstance(op, func.CallOp)), None)
     if call is not None:
         raise PassError(
@@ -163,6 +159,7 @@ _LOWERED = (
     logos.AddOp,
     logos.SoftcapOp,
     logos.ArgmaxOp,
+    logos.MixtureOp,
 )
 
 
@@ -202,6 +199,12 @@ def _buffer(value: SSAValue, op: Operation) -> SSAValue:
     if not isinstance(value.owner, d5005.BufferOp):
         raise _refuse(op, "reads a value that is not an on-chip vector")
     return value
+
+
+def _array_of(value: SSAValue) -> str | None:
+    """Where a buffer's writer puts it, before the buffers are shared: `inputs` for an RMS norm's output."""
+    writer = next((use.operation for use in value.uses if isinstance(use.operation, d5005.RMSNormOp)), None)
+    return "inputs" if writer is not None and writer.dst == value else None
 
 
 def _input(value: SSAValue, kind: str) -> bool:
@@ -364,6 +367,8 @@ class RopeToInstruction(_Placed):
         if table.cols.data != d5005.rope_row_floats(rotary or head_dim, self.placement.burst):
             why = f"rotates {rotary or head_dim} of each head, but the program's rotary table has {table.cols}"
             raise _refuse(op, why)
+        if _array_of(src) == "inputs" and (normed is not None or rotary is not None):
+            raise _refuse(op, "rotates a normed projection in part or norms its heads: the engine does neither then")
         norm = None
         if normed is not None:
             if rotary is not None:
@@ -441,6 +446,61 @@ class MulToSiluMul(RewritePattern):
         gelu = isinstance(silu, logos.GeluTanhOp)
         _lower(op, rewriter, d5005.SiluMulOp, gate, _buffer(up, op), _words(op.result), gelu)
         rewriter.erase(silu)
+
+
+class MixtureToExperts(_Placed):
+    """A mixture of experts becomes its route (over the router matvec's logits, the buffer the router's projection
+    wrote) and, for each of the route's `top_k` slots in turn (the chosen experts in ascending index), the chosen
+    expert's gate and up matvecs, their silu_mul, its down matvec and the expert_sum that adds its weighted output
+    into the result: each expert matvec streams only the rows of the expert the route chose for its slot, the bank
+    readers computing where from the stacked weight's region and the ids the route wrote."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: logos.MixtureOp, rewriter: PatternRewriter) -> None:
+        x, logits = _buffer(op.input, op), _buffer(op.logits, op)
+        experts, top_k = op.experts_routed(), op.top_k.value.data
+        gate, up, down = (self.region(w, op) for w in (op.gate, op.up, op.down))
+        _check_experts(op, experts, top_k, [gate, up, down])
+        routes = self.placement.region(ROUTES)
+        inter, hidden = gate.rows.data // experts, down.rows.data // experts
+        route = d5005.RouteOp(logits, routes, experts, top_k, op.renormalize is not None)
+        result = op.result
+        routed = d5005.BufferOp(result.name_hint or "routed", _words(result), 0)
+        made: list[Operation] = [route, routed]
+        for slot in range(top_k):
+            expert = (slot, experts, routes)
+            buffers = [d5005.BufferOp(f"expert_{n}", w, 0) for n, w in (("gate", inter), ("up", inter))]
+            product = d5005.BufferOp("expert_product", inter, 0)
+            output = d5005.BufferOp("expert_down", hidden, 0)
+            made += [
+                *buffers,
+                d5005.MatvecOp(buffers[0].buffer, x, gate, expert=expert),
+                d5005.MatvecOp(buffers[1].buffer, x, up, expert=expert),
+                product,
+                d5005.SiluMulOp(product.buffer, buffers[0].buffer, buffers[1].buffer, inter),
+                output,
+                d5005.MatvecOp(output.buffer, product.buffer, down, expert=expert),
+                d5005.ExpertSumOp(routed.buffer, output.buffer, slot, hidden),
+            ]
+        rewriter.replace(op, made, [routed.buffer])
+
+
+def _check_experts(op: logos.MixtureOp, experts: int, top_k: int, stacks: list[d5005.RegionAttr]) -> None:
+    """Refuse, by name, a mixture the engine's route and expert matvecs do not take."""
+    if experts > d5005.EXPERTS_MAX or top_k > d5005.TOP_K_MAX:
+        why = f"routes to {top_k} of {experts} experts, over the engine's {d5005.TOP_K_MAX} of {d5005.EXPERTS_MAX}"
+        raise _refuse(op, why)
+    if logos.tensor_shape(op.result)[0] != 1:
+        raise _refuse(op, "routes more than the decode step's one row")
+    for stack in stacks:
+        rows = stack.rows.data // experts
+        if rows % d5005.BANKS or stack.cols.data > d5005.VECTOR_WORDS:
+            raise _refuse(
+                op,
+                f"stacks experts of {rows} rows of {stack.cols.data} in '{stack.tensor.data}': the engine streams an"
+                f" expert's rows from bank 0 (a whole number of rows of {d5005.BANKS}) over at most"
+                f" {d5005.VECTOR_WORDS} columns",
+            )
 
 
 class AddToInstruction(RewritePattern):

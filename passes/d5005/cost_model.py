@@ -231,6 +231,9 @@ def instruction_cost(engine: Engine, word: list[int], token: int, position: int,
         raise aoc_report.ReportError(
             "an attention of the stream slides over a window, and the engine has no ENGINE_WINDOW"
         )
+    expert = opcode in ("route", "expert_sum") or opcode == "matvec" and word[d5005.W_SLOT]
+    if expert and engine.constants.get("ENGINE_EXPERTS") != 1:
+        raise aoc_report.ReportError("the stream routes a mixture of experts, and the engine has no ENGINE_EXPERTS")
     _check_parts(engine, [word])
     step = Step(engine.constants, word, token, position)
     compute = routine_cycles(engine, engine.compute[opcode](step), corner)
@@ -246,12 +249,17 @@ def instruction_cost(engine: Engine, word: list[int], token: int, position: int,
     streamed = max(max(bursts) / clock, max(bursts) * burst / bank_rate) + (LOOP_LATENCY / clock if any(bursts) else 0)
     written = compute.by_loop.get(f"{opcode}.words", 0) * burst if opcode == "cache_write" else 0
     written += word[d5005.W_ROWS] * 4 if opcode == "argmax" else 0
+    ids = d5005.bank_words(word[d5005.W_COLS], 4, burst) * burst  # the route's ids: a row of them in each bank
+    written += d5005.BANKS * ids if opcode == "route" else 0
+    routed = opcode == "matvec" and word[d5005.W_SLOT]
+    route_reads = d5005.BANKS * burst if routed else 0  # each reader's load of the chosen id, from its own bank
     return {
         "opcode": opcode,
         "seconds": max(compute.cycles / clock, streamed),
         "compute_cycles": compute.cycles,
         "bursts": bursts,
-        "read_bytes": sum(bursts) * burst,
+        "read_bytes": sum(bursts) * burst + route_reads,
+        "route_bytes": route_reads,
         "written_bytes": written,
         "by_loop": compute.by_loop,
     }
@@ -283,7 +291,7 @@ def estimate_words(
     """The estimate of a stream's instruction words on `engine` at one corner."""
     position = position or ctx
     seconds = 0.0
-    read = written = weights = kv = 0
+    read = written = weights = kv = routes = 0
     by_opcode: dict[str, float] = {}
     by_loop: dict[str, float] = {}
     cache: dict[tuple[int, ...], dict[str, Any]] = {}
@@ -294,7 +302,10 @@ def estimate_words(
         seconds += cost["seconds"]
         read += cost["read_bytes"]
         written += cost["written_bytes"]
-        weights += cost["read_bytes"] if cost["opcode"] in ("matvec", "embed_row", "rms_norm") else 0
+        routes += cost["route_bytes"]  # an expert matvec's readers' loads of the chosen id: not weights
+        weights += (
+            cost["read_bytes"] - cost["route_bytes"] if cost["opcode"] in ("matvec", "embed_row", "rms_norm") else 0
+        )
         kv += cost["read_bytes"] if cost["opcode"] == "attention" else 0
         by_opcode[cost["opcode"]] = by_opcode.get(cost["opcode"], 0) + cost["seconds"]
         for name, value in cost["by_loop"].items():
@@ -317,6 +328,7 @@ def estimate_words(
         "bytes_read_per_token": read,
         "weight_bytes_per_token": weights,
         "kv_bytes_per_token": kv,
+        "route_bytes_per_token": routes,
         "bytes_written_per_token": written,
         "tokens_per_s": round(tokens, 3),
         "roofline_tokens_per_s": round(roofline, 3),

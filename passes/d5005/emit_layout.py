@@ -24,7 +24,7 @@ from logos_ir.dialects import d5005
 from logos_ir.numerics import bf16_bits
 from logos_ir.passes.d5005.emit_opencl import the_d5005_program
 from logos_ir.passes.d5005.emit_stream import HEADER_FIELDS, header
-from logos_ir.passes.d5005.placement import TABLES, table_turn
+from logos_ir.passes.d5005.placement import ROUTES, TABLES, table_turn
 from logos_ir.spec import ModelSpec
 
 
@@ -37,12 +37,17 @@ def regions_of(program: d5005.ProgramOp) -> dict[str, d5005.RegionAttr]:
 
 
 def region_kind(name: str) -> str:
+    if name == ROUTES:
+        return "routes"
     return "table" if name in TABLES else "cache" if name.startswith("cache.") else "weight"
+
+
+ZEROED = ("cache", "routes")  # the kinds of region the host zeroes, never in the image
 
 
 def image_bytes(program: d5005.ProgramOp) -> int:
     """Bytes per bank the weight image fills: up to the end of the last weight or table region."""
-    return max((r.end for n, r in regions_of(program).items() if region_kind(n) != "cache"), default=0)
+    return max((r.end for n, r in regions_of(program).items() if region_kind(n) not in ZEROED), default=0)
 
 
 def layout(program: d5005.ProgramOp) -> str:
@@ -120,7 +125,7 @@ def weight_image(program: d5005.ProgramOp, spec: ModelSpec, store, progress=None
     """The image's bytes: header, then bank 0 to 3 (reads every weight the program streams from `store`)."""
     size = image_bytes(program)
     banks = np.zeros((d5005.BANKS, size), dtype=np.uint8)
-    regions = [(n, r) for n, r in regions_of(program).items() if region_kind(n) != "cache"]
+    regions = [(n, r) for n, r in regions_of(program).items() if region_kind(n) not in ZEROED]
     items = progress.over(regions, "weight image") if progress is not None else regions
     for name, region in items:
         if name in TABLES:

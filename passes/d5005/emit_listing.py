@@ -30,6 +30,9 @@ def _embed_row(op: d5005.EmbedRowOp) -> str:
 
 
 def _matvec(op: d5005.MatvecOp) -> str:
+    if op.slot is not None and op.routes is not None:
+        expert = f"expert[{_region(op.routes)}[{op.slot.value.data}]] of {_region(op.weight)}"
+        return f"{label(op.dst)} <- {expert} x {label(op.src)}"
     bias = f" + {_region(op.bias)}" if op.bias is not None else ""
     first, columns = op.part
     if (first, columns) == (0, op.weight.cols.data):
@@ -81,6 +84,19 @@ def _argmax(op: d5005.ArgmaxOp) -> str:
     return f"result <- argmax({label(op.src)} [{op.size.value.data}])"
 
 
+def _route(op: d5005.RouteOp) -> str:
+    normed = ", renormalized" if op.renormalize is not None else ""
+    return (
+        f"route <- top {op.top_k.value.data} of softmax({label(op.src)} [{op.experts.value.data}]){normed};"
+        f" ids into {_region(op.routes)}"
+    )
+
+
+def _expert_sum(op: d5005.ExpertSumOp) -> str:
+    into = "+=" if op.slot.value.data else "<-"
+    return f"{label(op.dst)} {into} route.weight[{op.slot.value.data}] * {label(op.src)} [{op.size.value.data}]"
+
+
 _LINES: dict[type[d5005.InstructionOp], Callable[..., str]] = {
     d5005.EmbedRowOp: _embed_row,
     d5005.MatvecOp: _matvec,
@@ -91,6 +107,8 @@ _LINES: dict[type[d5005.InstructionOp], Callable[..., str]] = {
     d5005.SiluMulOp: _silu_mul,
     d5005.AddOp: _add,
     d5005.ArgmaxOp: _argmax,
+    d5005.RouteOp: _route,
+    d5005.ExpertSumOp: _expert_sum,
 }
 
 

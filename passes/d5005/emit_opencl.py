@@ -55,6 +55,8 @@ FEATURES = (
     "softcap",
     "columns",
     "stored",
+    "experts",
+    "projection_norms",
 )
 
 
@@ -80,6 +82,8 @@ def engine_features(program: d5005.ProgramOp) -> frozenset[str]:
             found.add("gelu_tanh")
         if isinstance(op, d5005.RMSNormOp) and _array(op.src) == "outputs":
             found.add("sandwich")
+        if isinstance(op, d5005.RopeOp) and _array(op.src) == "inputs":
+            found.add("projection_norms")
         if isinstance(op, d5005.AddOp) and _array(op.rhs) == "inputs":
             found.add("sandwich")
         if isinstance(op, d5005.ArgmaxOp) and op.cap is not None:
@@ -90,6 +94,12 @@ def engine_features(program: d5005.ProgramOp) -> frozenset[str]:
             found.add("columns")
         if isinstance(op, d5005.MatvecOp) and op.weight.stored or isinstance(op, d5005.EmbedRowOp) and op.table.stored:
             found.add("stored")
+        if (
+            isinstance(op, (d5005.RouteOp, d5005.ExpertSumOp))
+            or isinstance(op, d5005.AddOp)
+            and _array(op.rhs) == "attended"
+        ):
+            found.add("experts")
     return frozenset(found)
 
 
@@ -108,11 +118,15 @@ def _feature_constants(features: frozenset[str]) -> dict[str, int]:
         found["ENGINE_HEAD_NORM"] = 1
     if "partial_rotary" in features:
         found["ENGINE_PARTIAL_ROTARY"] = 1
-    for feature in ("embed_scale", "plus_one", "gelu_tanh", "sandwich", "logit_softcap", "softcap", "columns"):
+    for feature in (
+        "embed_scale", "plus_one", "gelu_tanh", "sandwich", "logit_softcap", "softcap", "columns", "projection_norms",
+    ):  # fmt: skip
         if feature in features:
             found[f"ENGINE_{feature.upper()}"] = 1
     if "columns" in features:
         found["PRIOR_WORDS"] = d5005.PRIOR_WORDS
+    if "experts" in features:
+        found |= {"ENGINE_EXPERTS": 1, "EXPERTS_MAX": d5005.EXPERTS_MAX, "TOP_K_MAX": d5005.TOP_K_MAX}
     if "stored" in features:
         found |= {"ENGINE_STORED": 1, **{f"FORMAT_{f.upper()}": code for f, code in d5005.STORED_FORMATS.items()}}
         found |= {f"GROUP_WORDS_{f.upper()}": _group_words(f) for f in d5005.STORED_FORMATS}
@@ -145,9 +159,25 @@ def engine_constants(params: d5005.EngineParams, features: frozenset[str] = froz
         "ARRAY_SHIFT": d5005.OFFSET_BITS,
         "OFFSET_MASK": (1 << d5005.OFFSET_BITS) - 1,
         **_arrays(params.onchip_words),
-        **{f"OP_{name.split('.')[1].upper()}": code for name, code in d5005.OPCODES.items()},
+        **{
+            f"OP_{name.split('.')[1].upper()}": code
+            for name, code in d5005.OPCODES.items()
+            if name not in _EXPERT_OPCODES or "experts" in features
+        },
         **_feature_constants(features),
+        **(_route_at(params.onchip_words) if "experts" in features else {}),
     }
+
+
+_EXPERT_OPCODES = ("d5005.route", "d5005.expert_sum")  # an engine with `experts` has them
+
+
+def _route_at(onchip_words: int) -> dict[str, int]:
+    """Where, on a device without aoc, the route registers sit in the scratch: after the on-chip arrays (they are
+    kept from a run's launch to the next, as the arrays are)."""
+    at = sum(d5005.array_words(onchip_words, a) for a in d5005.ARRAYS)
+    assert at + d5005.TOP_K_MAX <= onchip_words, "the arrays leave no room for the route registers"
+    return {"ROUTE_AT": at}
 
 
 def _arrays(onchip_words: int) -> dict[str, int]:
@@ -216,7 +246,7 @@ typedef struct { uint u[BURST_BYTES / 4]; } bank_word_t; /* one 512-bit burst of
    the card's order through channels of the card's depth. Without it, each is an ordered buffer that a reader's
    launch fills and the compute launch after it drains, in the same order. */
 #if defined(INTELFPGA_CL)
-channel bank_word_t bank_words[BANKS] __attribute__((depth(CHANNEL_DEPTH)));
+channel bank_word_t bank_words[BANKS] __attribute__((depth(CHANNEL_DEPTH)));${route_channel}
 typedef struct { uint unused; } channels_t;
 typedef struct { uint unused; } stream_t;
 #define READ_BANK(ch, b) read_channel_intel(bank_words[b])
@@ -312,7 +342,7 @@ inline void read_embed_row(stream_t *s, __global const bank_word_t *bank, const 
 inline void read_matvec(stream_t *s, __global const bank_word_t *bank, const uint b, const uint16 w) {
     uint rows = w.s4, cols = w.s5, stride = w.s7 / BURST_BYTES;
     uint words = ${row_words};
-    uint mine = (rows + BANKS - 1 - b) / BANKS;${read_matvec_bias}${read_matvec_first}
+    uint mine = (rows + BANKS - 1 - b) / BANKS;${read_matvec_bias}${read_matvec_first}${read_matvec_expert}
     uint i = 0, c = 0;
     /* loop read_matvec.words */
     for (uint n = 0; n < mine * words; n++) {
@@ -370,7 +400,7 @@ inline void read_bank(stream_t *s, __global const bank_word_t *bank, const uint 
         case OP_MATVEC: read_matvec(s, bank, b, w); break;
         case OP_RMS_NORM: read_rms_norm(s, bank, b, w); break;
         case OP_ROPE: read_rope(s, bank, b, w, position); break;
-        case OP_ATTENTION: read_attention(s, bank, b, w, position); break;
+        case OP_ATTENTION: read_attention(s, bank, b, w, position); break;${read_route_case}
         default: break;
         }
     }
@@ -510,7 +540,7 @@ ${rms_norm_store}
 inline void rope(ONCHIP float *restrict rotated, ONCHIP float *restrict outputs, __local float *restrict cosines,
                  __local float *restrict sines,${rope_norm_param} channels_t *ch, const uint16 w, uint position) {
     uint head_dim = w.sb, ${rope_dims}, width = w.se;
-    uint dst = (w.s1 & OFFSET_MASK) * OV, src = (w.s2 & OFFSET_MASK) * OV;
+    uint dst = (w.s1 & OFFSET_MASK) * OV, src = (w.s2 & OFFSET_MASK) * OV;${rope_inputs_let}
     uint bank = (position - 1) % BANKS;
     uint half_words = WORDS(mid, 4);
     uint words = 2 * half_words;
@@ -544,9 +574,9 @@ ${rope_norm_at}            float firsts[OV], seconds[OV], turned_first[OV], turn
                 firsts[e] = 0.0f;
                 seconds[e] = 0.0f;
                 if (c + (e + OV - first_shift) % OV < mid)
-                    firsts[e] = outputs[(first_word + (e < first_shift)) * OV + e];
+                    firsts[e] = ${rope_first_load};
                 if (c + (e + OV - second_shift) % OV < mid)
-                    seconds[e] = outputs[(second_word + (e < second_shift)) * OV + e];${rope_norm_runs}
+                    seconds[e] = ${rope_second_load};${rope_norm_runs}
             }
             UNROLL(OV)
             for (uint l = 0; l < OV; l++) {
@@ -861,7 +891,7 @@ inline uint argmax(ONCHIP float *restrict outputs, __global float *restrict logi
     }
     return SELECT(at == 0xffffffffu, 0u, at) + 1;
 }
-
+${route_routines}
 /* Instructions first .. first + count - 1 of a decode step (token and position from 1); result[0] is the next
    token (from 1) once the step's arg-max has run, logits what it read. */
 TASK void d5005_compute(__global const uint16 *restrict program, const uint first, const uint count,
@@ -882,7 +912,7 @@ TASK void d5005_compute(__global const uint16 *restrict program, const uint firs
     __local float vector[VECTOR_WORDS${vector_pad}] BANKED(OV);${bias_array}${prior_array}
     __local float queries[ROW_WORDS_MAX * GROUP_MAX * CPW] BANKED(GROUP_MAX * CPW);
     __local float cosines[ROPE_WORDS / 2] BANKED(OV);
-    __local float sines[ROPE_WORDS / 2] BANKED(OV);${head_norm_array}
+    __local float sines[ROPE_WORDS / 2] BANKED(OV);${head_norm_array}${route_arrays}
     __local float acc[SHIFT_DEPTH * ROW_WORDS_MAX * GROUP_MAX * CPW] BANKED(GROUP_MAX * CPW);
     channels_t ch;
 #if !defined(INTELFPGA_CL)
@@ -901,7 +931,7 @@ TASK void d5005_compute(__global const uint16 *restrict program, const uint firs
         case OP_ATTENTION: attention(attended, rotated, outputs, queries, acc, &ch, w, position); break;
         case OP_SILU_MUL: silu_mul(inputs, outputs, w); break;
         case OP_ADD: add(residual, ${add_arg}outputs, w); break;
-        case OP_ARGMAX: result[0] = argmax(outputs, logits, w); break;
+        case OP_ARGMAX: result[0] = argmax(outputs, logits, w); break;${route_cases}
         default: break;
         }
     }
@@ -1120,6 +1150,183 @@ _PARTIAL = {
 _WHOLE = {"rope_dims": "mid = head_dim / 2", "read_rope_half": "w.sb / 2", "rope_pass": ""}
 
 
+# A mixture of experts (`experts`): a route (w.se experts, top_k in w.s5, renormalize in w.s9) turns the router's
+# logits into probabilities, chooses the top_k and keeps their weights in the route registers (`route_weights`, in
+# ascending expert index) and their ids in a bank word of every bank at its region (w.s6); each bank's reader of an
+# expert's matvec (w.s9 its slot + 1) reads the chosen id from its own bank (w.sa) and streams that expert's rows,
+# w.sc bank words from one expert's to the next's (at most w.sd experts: an id past them streams expert 0). On the
+# card the compute kernel signals each reader through `routed` once the ids are in board memory, and a reader waits
+# for it at the route; with D5005_RINGS the compute kernel sets the second word of each ring's count of words taken
+# to the route's pc + 1, which each reader waits for at the route; with ordered buffers the host ends a run of
+# instructions at each route, so the next run's readers find the ids written. An expert_sum (its slot in w.s9) adds
+# its slot's weight times the expert's output into the result (slot 0 writes it).
+_EXPERTS = {
+    "route_channel": "\nchannel uint routed[BANKS] __attribute__((depth(1)));",
+    "read_matvec_expert": """
+    uint expert = 0;
+    if (w.s9 != 0u) {  /* an expert's matvec: the id the route chose for its slot, from this bank's copy */
+        uint slot = (w.s9 - 1u) & (TOP_K_MAX - 1u);
+        /* volatile: aoc gives the load no cache, so it sees what the route wrote during this launch */
+        uint chosen = ((__global volatile const uint *)bank)[(w.sa + slot / OV) * OV + slot % OV];
+        expert = SELECT(chosen < w.sd, chosen, 0u);
+    }""",
+    "read_route_case": """
+        case OP_ROUTE:
+#if defined(INTELFPGA_CL)
+            (void)read_channel_intel(routed[b]); /* the route's ids are in board memory */
+            mem_fence(CLK_GLOBAL_MEM_FENCE | CLK_CHANNEL_MEM_FENCE);
+#elif defined(D5005_RINGS)
+            while (atomic_add(s->taken + 1, 0u) <= pc) {} /* until the compute kernel has run this route */
+#endif
+            break;""",
+    "route_arrays": """
+    __local float probs[EXPERTS_MAX] BANKED(OV);
+#if defined(INTELFPGA_CL)
+    __local float route_weights[TOP_K_MAX];
+#else
+    __global float *restrict route_weights = scratch + ROUTE_AT; /* kept from one launch to the next */
+#endif""",
+    "route_cases": """
+        case OP_ROUTE:
+            route(outputs, probs, route_weights, bank0, bank1, bank2, bank3, w);
+#if defined(D5005_RINGS)
+            mem_fence(CLK_GLOBAL_MEM_FENCE);
+            for (uint b = 0; b < BANKS; b++) atomic_xchg(ch.taken_count[b] + 1, pc + 1); /* the readers may go on */
+#endif
+            break;
+        case OP_EXPERT_SUM: expert_sum(attended, outputs, route_weights, w); break;""",
+    "route_routines": r"""
+/* The route of a mixture of experts: the router's logits to probabilities by a softmax over every expert (float32),
+   the top_k most probable chosen one at a time (the lowest index first on a tie: a later expert must be greater),
+   divided by their sum (in the order chosen) with renormalize. The chosen, ranked by expert index, give the route
+   registers their weights and a bank word of every bank their ids, where the bank readers take them. */
+/* routine route */
+inline void route(ONCHIP float *restrict outputs, __local float *restrict probs, ONCHIP float *restrict weights,
+                  __global bank_word_t *restrict bank0, __global bank_word_t *restrict bank1,
+                  __global bank_word_t *restrict bank2, __global bank_word_t *restrict bank3, const uint16 w) {
+    uint experts = w.se, top_k = w.s5, src = (w.s2 & OFFSET_MASK) * OV, renormalize = w.s9;
+    float most = -INFINITY;
+    /* the logits copied on chip, a bank word a cycle, and their maximum */
+    /* loop route.most */
+    for (uint c = 0; c < experts; c += OV) {
+        float word_most = -INFINITY;
+        UNROLL(OV)
+        for (uint e = 0; e < OV; e++) {
+            float v = SELECT(c + e < experts, outputs[src + c + e], -INFINITY);
+            probs[c + e] = v;
+            word_most = fmax(word_most, v);
+        }
+        most = fmax(most, word_most);
+    }
+    float total = 0.0f;
+    /* loop route.exp */
+    for (uint c = 0; c < experts; c += OV) {
+        float part = 0.0f;
+        UNROLL(OV)
+        for (uint e = 0; e < OV; e++) {
+            float p = SELECT(c + e < experts, exp(probs[c + e] - most), 0.0f);
+            probs[c + e] = p;
+            part += p;
+        }
+        total += part;
+    }
+    uint ids[TOP_K_MAX];
+    float chosen[TOP_K_MAX], sum = 0.0f;
+    UNROLL(TOP_K_MAX)
+    for (uint j = 0; j < TOP_K_MAX; j++) { ids[j] = 0u; chosen[j] = 0.0f; }
+    /* each choice one scan, a bank word of probabilities a cycle: the greatest not yet chosen, the lowest index
+       first on a tie (a later one must be greater, within the word and across words) */
+    /* loop route.choose */
+    for (uint j = 0; j < top_k; j++) {
+        float best = -1.0f;
+        uint at = 0;
+        /* loop route.scan */
+        for (uint c = 0; c < experts; c += OV) {
+            float word_best = -1.0f;
+            uint word_at = 0;
+            UNROLL(OV)
+            for (uint e = 0; e < OV; e++) {
+                uint taken = 0;
+                UNROLL(TOP_K_MAX)
+                for (uint i = 0; i < TOP_K_MAX; i++) taken |= i < j && ids[i] == c + e;
+                float p = probs[c + e] / total;
+                if (c + e < experts && !taken && p > word_best) { word_best = p; word_at = c + e; }
+            }
+            if (word_best > best) { best = word_best; at = word_at; }
+        }
+        ids[j] = at;
+        chosen[j] = best;
+        sum += best;
+    }
+    uint rank[TOP_K_MAX];
+    UNROLL(TOP_K_MAX)
+    for (uint j = 0; j < TOP_K_MAX; j++) {
+        uint r = 0;
+        UNROLL(TOP_K_MAX)
+        for (uint i = 0; i < TOP_K_MAX; i++) r += SELECT(i < top_k && ids[i] < ids[j], 1u, 0u);
+        rank[j] = r;
+        if (j < top_k) weights[r] = SELECT(renormalize != 0u, chosen[j] / sum, chosen[j]);
+    }
+    /* loop route.ids */
+    for (uint c = 0; c < WORDS(top_k, 4); c++) {
+        bank_word_t word;
+        UNROLL(OV)
+        for (uint e = 0; e < OV; e++) {
+            word.u[e] = 0u;
+            UNROLL(TOP_K_MAX)
+            for (uint j = 0; j < TOP_K_MAX; j++) {
+                if (j < top_k && rank[j] == c * OV + e) word.u[e] = ids[j];
+            }
+        }
+        bank0[w.s6 + c] = word;
+        bank1[w.s6 + c] = word;
+        bank2[w.s6 + c] = word;
+        bank3[w.s6 + c] = word;
+    }
+#if defined(INTELFPGA_CL)
+    mem_fence(CLK_GLOBAL_MEM_FENCE | CLK_CHANNEL_MEM_FENCE);
+    UNROLL(BANKS)
+    for (uint b = 0; b < BANKS; b++) write_channel_intel(routed[b], 1u);
+#endif
+}
+
+/* routine expert_sum */
+inline void expert_sum(ONCHIP float *restrict attended, ONCHIP float *restrict outputs, ONCHIP float *restrict weights,
+                       const uint16 w) {
+    uint n = w.s4, dst = (w.s1 & OFFSET_MASK) * OV, src = (w.s2 & OFFSET_MASK) * OV, slot = w.s9;
+    float weight = weights[slot & (TOP_K_MAX - 1u)];
+    uint first = slot == 0u;
+    IVDEP /* dst and src are different buffers */
+    /* loop expert_sum.words */
+    for (uint c = 0; c < n; c += OV) {
+        UNROLL(OV)
+        for (uint e = 0; e < OV; e++) {
+            if (c + e < n) {
+                float held = SELECT(first, 0.0f, attended[dst + c + e]);
+                attended[dst + c + e] = held + weight * outputs[src + c + e];
+            }
+        }
+    }
+}
+""",
+}
+
+
+def _projection_norms(present: bool) -> dict[str, str]:
+    """`projection_norms`: a rope whose source is in `inputs` (w.s2's array id), where an RMS norm of the whole
+    query or key (OLMoE's, an RMS norm of a matvec's output: the `sandwich` part) wrote it; the two halves' loads
+    read the array the word names."""
+    first = "outputs[(first_word + (e < first_shift)) * OV + e]"
+    second = "outputs[(second_word + (e < second_shift)) * OV + e]"
+    if not present:
+        return {"rope_inputs_let": "", "rope_first_load": first, "rope_second_load": second}
+    return {
+        "rope_inputs_let": "\n    uint normed = (w.s2 >> ARRAY_SHIFT) == ARRAY_INPUTS;",
+        "rope_first_load": f"SELECT(normed, {first.replace('outputs', 'inputs')}, {first})",
+        "rope_second_load": f"SELECT(normed, {second.replace('outputs', 'inputs')}, {second})",
+    }
+
+
 @cache
 def _body(features: frozenset[str]) -> str:
     """The engine's text after its `#define`s, with the optional parts `features` (the others print nothing)."""
@@ -1129,6 +1336,17 @@ def _body(features: frozenset[str]) -> str:
     optional |= _PARTIAL if "partial_rotary" in features else _WHOLE
     optional |= _gemma(features)
     optional |= _STORED if "stored" in features else _FLOATS
+    optional |= {key: text if "experts" in features else "" for key, text in _EXPERTS.items()}
+    optional |= _projection_norms("projection_norms" in features)
+    if "projection_norms" in features:  # the rope reaches `inputs` too
+        optional["rope_norm_param"] += " ONCHIP float *restrict inputs,"
+        optional["rope_norm_arg"] += ", inputs"
+    if "experts" in features:  # an expert's rows: its stack's, from the chosen expert's first row
+        optional["read_matvec_base"] += " + expert * w.sc"
+        optional["add_param"] += " ONCHIP float *restrict attended,"  # the experts' sum is in `attended`
+        optional["add_arg"] += "attended, "
+        optional["add_let"] = "\n    uint from = w.s3 >> ARRAY_SHIFT;"
+        optional["add_rhs"] = f"SELECT(from == ARRAY_ATTENDED, attended[rhs + c + e], {optional['add_rhs']})"
     optional["embed_lanes"] = optional["embed_lanes"].replace("${embed_scale}", optional["embed_scale"])
     optional["matvec_params"] = optional["matvec_bias_param"] + optional["matvec_prior_param"]
     if "plus_one" in features and "head_norm" in features:  # the head norm's weights taken as one plus each

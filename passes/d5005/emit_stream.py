@@ -70,6 +70,12 @@ def _matvec(op: d5005.MatvecOp, word: _Word) -> None:
     word.region(op.weight)
     word.w[d5005.W_FORMAT] = d5005.STORED_FORMATS.get(op.weight.stored, 0)  # the rows as stored (0: floats)
     word.w[d5005.W_FIRST], word.w[d5005.W_COLS] = op.part  # a part of the columns (the first, its count)
+    if op.slot is not None and op.experts is not None and op.routes is not None:  # one of the stacked experts
+        word.w[d5005.W_ROWS] = op.expert_rows
+        word.w[d5005.W_SLOT] = op.slot.value.data + 1
+        word.w[d5005.W_ROUTES] = _burst_offset(op.routes, word.burst)
+        word.w[d5005.W_EXPERT_STRIDE] = op.expert_stride // word.burst
+        word.w[d5005.W_EXPERTS] = op.experts.value.data
     if op.bias is not None:  # its length (0: none) and where it starts in bank 0
         word.w[d5005.W_BIAS] = op.bias.cols.data
         word.w[d5005.W_BIAS_OFFSET] = _burst_offset(op.bias, word.burst)
@@ -132,6 +138,19 @@ def _argmax(op: d5005.ArgmaxOp, word: _Word) -> None:
         word.w[d5005.W_CAP] = _f32_bits(op.cap.value.data)
 
 
+def _route(op: d5005.RouteOp, word: _Word) -> None:
+    word.buffers((d5005.W_A, op.src))
+    word.region(op.routes)  # rows: a row of ids in each bank; cols: top_k
+    word.w[d5005.W_ROUTE_EXPERTS] = op.experts.value.data
+    word.w[d5005.W_RENORMALIZE] = int(op.renormalize is not None)
+
+
+def _expert_sum(op: d5005.ExpertSumOp, word: _Word) -> None:
+    word.buffers((d5005.W_DST, op.dst), (d5005.W_A, op.src))
+    word.w[d5005.W_ROWS] = op.size.value.data
+    word.w[d5005.W_SUM_SLOT] = op.slot.value.data
+
+
 _FIELDS: dict[type[d5005.InstructionOp], Callable[..., None]] = {
     d5005.EmbedRowOp: _embed_row,
     d5005.MatvecOp: _matvec,
@@ -142,6 +161,8 @@ _FIELDS: dict[type[d5005.InstructionOp], Callable[..., None]] = {
     d5005.SiluMulOp: _elementwise,
     d5005.AddOp: _elementwise,
     d5005.ArgmaxOp: _argmax,
+    d5005.RouteOp: _route,
+    d5005.ExpertSumOp: _expert_sum,
 }
 
 

@@ -249,6 +249,27 @@ def argmax(s: Step) -> list[Loop]:
     return [_by_ov("argmax.words", "n", s.field(d5005.W_ROWS), s)]
 
 
+def route(s: Step) -> list[Loop]:
+    """The logits' maximum, their exponentials and sum, top_k scans over the experts, then the ids' bank words
+    (an engine without experts prints none of it)."""
+    if not s.has("ENGINE_EXPERTS"):
+        return []
+    experts, top_k = s.field(d5005.W_ROUTE_EXPERTS), s.field(d5005.W_COLS)
+    scan = _by_ov("route.scan", "experts", experts, s)
+    return [
+        _by_ov("route.most", "experts", experts, s),
+        _by_ov("route.exp", "experts", experts, s),
+        _counted("route.choose", "j", "top_k", top_k, inner=(scan,)),
+        _counted("route.ids", "c", "WORDS(top_k, 4)", s.words(top_k, 4)),
+    ]
+
+
+def expert_sum(s: Step) -> list[Loop]:
+    if not s.has("ENGINE_EXPERTS"):
+        return []
+    return [_by_ov("expert_sum.words", "n", s.field(d5005.W_ROWS), s)]
+
+
 # Each opcode's routine in the compute kernel and, for those that stream board memory, in the bank readers.
 COMPUTE: dict[str, Routine] = {
     "embed_row": embed_row,
@@ -260,6 +281,8 @@ COMPUTE: dict[str, Routine] = {
     "silu_mul": silu_mul,
     "add": add,
     "argmax": argmax,
+    "route": route,
+    "expert_sum": expert_sum,
 }
 READERS: dict[str, Routine] = {
     "embed_row": read_embed_row,

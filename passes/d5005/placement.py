@@ -13,6 +13,7 @@ model whose weights and caches do not fit the 32 GiB.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from math import prod
 
 from logos_ir.dialects import logos
 from logos_ir.dialects.d5005 import (
@@ -30,6 +31,7 @@ from logos_ir.errors import PassError
 from logos_ir.spec import ModelSpec, RopeScaling
 
 ROPE = "rope"
+ROUTES = "routes"  # the chosen experts' ids, a bank word in each bank, written by each route (zeroed, not in the image)
 LOCAL_ROPE = "rope.local"  # the windowed layers' own table, where the model rotates them by a base of their own
 TABLES = (ROPE, LOCAL_ROPE)
 
@@ -54,12 +56,13 @@ def table_turn(name: str, spec: ModelSpec) -> tuple[float, RopeScaling | None]:
 
 
 def streamed_as_stored(op: logos.WeightOp) -> str:
-    """The block format a weight streams in as stored (a matrix stored in one of `d5005.STORED_FORMATS` whose
-    rows fit the engine's copy of a matvec's input, so no matvec streams a part of them), or "": the image's
+    """The block format a weight streams in as stored (a matrix, or a stack of experts' matrices, stored in one of
+    `d5005.STORED_FORMATS` whose rows fit the engine's copy of a matvec's input, so no matvec streams a part of
+    them), or "": the image's
     floats, its dequantized values (vectors; a format the engine has no datapath for; a row over the copy)."""
     shape = op.full_shape
     fmt = op.storage.format_name.data if op.storage is not None else ""
-    if len(shape) != 2 or fmt not in STORED_FORMATS or shape[1] > VECTOR_WORDS:
+    if len(shape) not in (2, 3) or fmt not in STORED_FORMATS or shape[-1] > VECTOR_WORDS:  # 3: experts stacked
         return ""
     return fmt
 
@@ -125,15 +128,17 @@ class Placement:
         """Weights in program order, the rotary table, then the caches (one walk over the program)."""
         placement = cls(burst)
         caches: list[logos.CacheOp] = []
-        rotary, tables = 0, set()
+        rotary, tables, top_k = 0, set(), 0
         for op in program.walk():
             if isinstance(op, logos.WeightOp):
                 shape = op.full_shape
-                rows, cols = (1, shape[0]) if len(shape) == 1 else shape
+                rows, cols = (1, shape[0]) if len(shape) == 1 else (prod(shape[:-1]), shape[-1])  # experts stacked
                 storage = streamed_as_stored(op)
                 placement.place(op.tensor.data, "weight", rows, cols, WEIGHT_BYTES[weights], storage)
             elif isinstance(op, logos.CacheOp):
                 caches.append(op)
+            elif isinstance(op, logos.MixtureOp):
+                top_k = max(top_k, op.top_k.value.data)
             elif isinstance(op, logos.RopeOp):
                 rotary = op.rotary_dim.value.data if op.rotary_dim is not None else op.head_dim.value.data
                 tables.add(rope_table(op, program.model.spec) or ROPE)  # a rotation with no table is refused
@@ -144,6 +149,8 @@ class Placement:
             heads, positions, size = cache.full_shape
             name = cache_name(cache.layer.value.data, cache.kind.data)
             placement.place(name, "cache", heads * positions, size, WEIGHT_BYTES[weights])
+        if top_k:  # one row of ids in each bank: every route writes it, its layer's experts' readers read it
+            placement.place(ROUTES, "routes", BANKS, top_k, 4)
         return placement
 
     def bytes_of(self, kind: str) -> int:

@@ -32,8 +32,8 @@ def _runs() -> list[tuple[str, list[int], list[int]]]:
 
 
 # The mixtures of experts (logos.experts: Mixtral's, Qwen3-MoE's with and without norm_topk_prob): the reference
-# routes them as transformers does, on 1 chip and on 2 split by experts (test_experts.py runs them on 4); no lane
-# lowers the op yet, each refuses it by name.
+# routes them as transformers does, on 1 chip and on 2 split by experts (test_experts.py runs them on 4); the CUDA
+# lane (test_experts_cuda.py) and the D5005 engine (test_experts_d5005.py) run them, the wafer refuses the op by name.
 MIXTURES = {"mixtral", "qwen3_moe", "qwen3_moe-unnormed", "olmoe", "qwen3_moe-kv4"}
 
 
@@ -137,11 +137,9 @@ def test_qwen2s_biases_on_the_cuda_lane_give_transformers_tokens(tp: int) -> Non
 @pytest.mark.parametrize(
     ("family", "backend", "emulate", "refusal"),
     [
-        ("mixtral", "d5005", False, "'logos.experts' %routed has no instruction on the D5005 engine"),
         ("mixtral", "spatial", False, "the spatial grid does not lower 'logos.experts'"),
     ],
     ids=[
-        "d5005-mixtral",
         "spatial-mixtral",
     ],
 )

@@ -119,7 +119,6 @@ def test_the_cuda_lane_computes_the_whole_projection_norms() -> None:
 @pytest.mark.parametrize(
     ("backend", "named"),
     [
-        ("d5005", "convert-logos-to-d5005: the model RMS-norms the whole query and the whole key"),
         ("spatial", "convert-logos-to-csl: the model RMS-norms the whole query and the whole key"),
     ],
 )

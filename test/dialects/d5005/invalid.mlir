@@ -131,3 +131,30 @@ d5005.program identity "LOGOS program: decode step, ctx 64, sha256 36ba7865127a7
 d5005.program identity "x" weights "f32" ctx 64 clock_mhz 300 burst 8 onchip 4096 {
   %a = d5005.buffer "a" words 64 at 0 in "outputs"
 }
+// -----
+// CHECK: 'd5005.matvec' op streams one of 4 experts stacked in 120 rows: each expert's rows a whole number of rows of 4 (one a bank), at most 256 experts
+d5005.program identity "LOGOS program: decode step, ctx 64, sha256 36ba7865127a75ead80a68d1b38ee06a035b4d1b26eb1164653f00681a7913b5" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
+  %a = d5005.buffer "a" words 64 at 0 in "outputs"
+  %b = d5005.buffer "b" words 64 at 0 in "inputs"
+  d5005.matvec %a, %b, <"w" at 0 stride 128 rows 120 cols 64 bytes 2> expert slot 0 of 4 routes <"routes" at 8192 stride 64 rows 4 cols 2 bytes 4>
+}
+// -----
+// CHECK: 'd5005.route' op chooses 5 of 4 experts, not 1 to 4
+d5005.program identity "LOGOS program: decode step, ctx 64, sha256 36ba7865127a75ead80a68d1b38ee06a035b4d1b26eb1164653f00681a7913b5" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
+  %a = d5005.buffer "a" words 64 at 0 in "outputs"
+  d5005.route %a, <"routes" at 8192 stride 64 rows 4 cols 5 bytes 4> experts 4 top_k 5
+}
+// -----
+// CHECK: 'd5005.matvec' op takes slot 2 of a route that chooses 2 experts
+d5005.program identity "LOGOS program: decode step, ctx 64, sha256 36ba7865127a75ead80a68d1b38ee06a035b4d1b26eb1164653f00681a7913b5" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
+  %a = d5005.buffer "a" words 64 at 0 in "outputs"
+  %b = d5005.buffer "b" words 64 at 0 in "inputs"
+  d5005.matvec %a, %b, <"w" at 0 stride 128 rows 128 cols 64 bytes 2> expert slot 2 of 4 routes <"routes" at 8192 stride 64 rows 4 cols 2 bytes 4>
+}
+// -----
+// CHECK: 'd5005.expert_sum' op reaches its dst in array 'attended', and buffer 'a' is in 'outputs'
+d5005.program identity "LOGOS program: decode step, ctx 64, sha256 36ba7865127a75ead80a68d1b38ee06a035b4d1b26eb1164653f00681a7913b5" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
+  %a = d5005.buffer "a" words 64 at 0 in "outputs"
+  %b = d5005.buffer "b" words 64 at 64 in "outputs"
+  d5005.expert_sum %a, %b slot 0 size 64
+}

@@ -44,4 +44,30 @@ d5005.program identity "LOGOS program: decode step, ctx 64, sha256 36ba7865127a7
 // CHECK-NEXT:     d5005.matvec %logits, %attended, <"lm_head.weight" at 19584 stride 128 rows 256 cols 64 bytes 2>
 // CHECK-NEXT:     d5005.argmax %logits size 256
 // CHECK-NEXT:   }
+
+// A mixture of experts: the route, an expert's matvec over its stack, the weighted sum.
+
+d5005.program identity "LOGOS program: decode step, ctx 64, sha256 36ba7865127a75ead80a68d1b38ee06a035b4d1b26eb1164653f00681a7913b5" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
+  %mixed = d5005.buffer "mixed" words 64 at 0 in "inputs"
+  %router = d5005.buffer "router_logits" words 4 at 0 in "outputs"
+  %gate = d5005.buffer "expert_gate" words 32 at 16 in "outputs"
+  %down = d5005.buffer "expert_down" words 64 at 48 in "outputs"
+  %routed = d5005.buffer "routed" words 64 at 0 in "attended"
+  d5005.matvec %router, %mixed, <"router" at 0 stride 128 rows 4 cols 64 bytes 2>
+  d5005.route %router, <"routes" at 8192 stride 64 rows 4 cols 2 bytes 4> experts 4 top_k 2 renormalize
+  d5005.matvec %gate, %mixed, <"experts.gate" at 128 stride 128 rows 128 cols 64 bytes 2> expert slot 1 of 4 routes <"routes" at 8192 stride 64 rows 4 cols 2 bytes 4>
+  d5005.expert_sum %routed, %down slot 1 size 64
+}
+
+// CHECK-LABEL: d5005.program identity "LOGOS program: decode step, ctx 64, sha256 36ba7865127a75ead80a68d1b38ee06a035b4d1b26eb1164653f00681a7913b5" weights "bf16" ctx 64 clock_mhz 300 burst 64 onchip 4096 {
+// CHECK-NEXT:     %mixed = d5005.buffer "mixed" words 64 at 0 in "inputs"
+// CHECK-NEXT:     %router = d5005.buffer "router_logits" words 4 at 0 in "outputs"
+// CHECK-NEXT:     %gate = d5005.buffer "expert_gate" words 32 at 16 in "outputs"
+// CHECK-NEXT:     %down = d5005.buffer "expert_down" words 64 at 48 in "outputs"
+// CHECK-NEXT:     %routed = d5005.buffer "routed" words 64 at 0 in "attended"
+// CHECK-NEXT:     d5005.matvec %router, %mixed, <"router" at 0 stride 128 rows 4 cols 64 bytes 2>
+// CHECK-NEXT:     d5005.route %router, <"routes" at 8192 stride 64 rows 4 cols 2 bytes 4> experts 4 top_k 2 renormalize
+// CHECK-NEXT:     d5005.matvec %gate, %mixed, <"experts.gate" at 128 stride 128 rows 128 cols 64 bytes 2> expert slot 1 of 4 routes <"routes" at 8192 stride 64 rows 4 cols 2 bytes 4>
+// CHECK-NEXT:     d5005.expert_sum %routed, %down slot 1 size 64
+// CHECK-NEXT:   }
 // CHECK-NEXT: }
