@@ -265,6 +265,7 @@ def compile_targets() -> dict[str, CompileTarget]:
             ("decode",),
             ("f16", "f32"),
             _lazy("logos_ir.passes.spatial.build", "build_spatial"),
+            _lazy("logos_ir.passes.spatial.grid", "STORED"),
         ),
     }
 

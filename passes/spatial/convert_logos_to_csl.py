@@ -166,7 +166,8 @@ def lower_parts(
     for fn in [*program.reducers.values(), *functions]:
         t.op(fn)
     _tasks(program, plan.layers)
-    exports = [*plan.weights, *program.handles.get("rope_tables", {}), logits.array, *TIMESTAMPS]  # type: ignore[arg-type]
+    stored = [f"{n}_{part}" for n, w in plan.weights.items() if w.format for part in ("scales", "slots")]
+    exports = [*plan.weights, *stored, *program.handles.get("rope_tables", {}), logits.array, *TIMESTAMPS]  # type: ignore[arg-type]
     for name in exports:
         words, element = program.arrays[name]
         array = program.get(t, name)
@@ -184,10 +185,7 @@ def lower_parts(
         "kv_copies": plan.kv_copies,
         "ctx": plan.ctx,
         "image": plan.image,
-        "weights": {
-            name: {**w.__dict__, "tensors": list(w.tensors), "row_map": list(w.row_map)}
-            for name, w in plan.weights.items()
-        },
+        "weights": {name: w.fields() for name, w in plan.weights.items()},
         "rope_tables": dict(program.handles.get("rope_tables", {})),  # type: ignore[arg-type]
         "logits": {"array": logits.array, "chunk": logits.chunk, "column": plan.centre, "length": logits.length},
         "argmax": "host",

@@ -1,0 +1,140 @@
+"""The wafer reads Q8_0 and Q4_0 matrices as stored (docs/spatial.md, "Weights read as stored"): each element holds
+its tile of a layer's matrix as the file's codes (packed in u16 words) and the f16 scale of each block of 32 its
+slice of a row touches, and dequantizes each column in the printed element code (`@and16`, `@slr16`, `@xor16`,
+`@sub16`, `@xp162fs`, `@fh2s`, `@fmuls`) before its f32 `@fmacs`.
+
+- Tiny GGUF files in Q8_0 and Q4_0 give, on the fabric simulator running the printed module, the reference
+  interpreter's greedy tokens on the same file (f32 image: f32 activations everywhere).
+- A two-layer model stored by the project's quantizer on a 3 x 3 grid, whose elements' slices of a row cut blocks
+  of 32 (two scale slots a column), gives the reference's tokens; the printed dequantization is what runs: a
+  removed scale multiply changes the tokens.
+- The arrays each element holds fall, against the f16 image on the same grid, by the bytes worked out here from the
+  block format and the tile shapes (codes at 8 or 4 bits rounded up to 16-bit words a column, a 2-byte scale for
+  each (row, block) pair of the worst element, counted by enumerating the blocks each element's columns fall in).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from xdsl.dialects import csl
+
+from logos_ir import testing
+from logos_ir.generate import Generator
+from logos_ir.passes.spatial.convert_logos_to_csl import memory_use
+from logos_ir.runtime.spatial.generator import SpatialGenerator
+from logos_ir.runtime.spatial.host import GridMachine
+from logos_ir.spec import ModelSpec
+from logos_ir.weights import RandomWeights, open_model
+from logos_ir.weights.store import QuantizedWeights
+
+PROMPT = [5, 1, 3, 6]
+BITS = {"q8_0": 8, "q4_0": 4}
+
+
+def _gguf(tmp_path: Path, fmt: str) -> Path:
+    path = tmp_path / f"tiny-{fmt}.gguf"
+    path.write_bytes(testing.model_gguf(32, fmt.upper()))
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+def test_a_tiny_gguf_read_as_stored_gives_the_reference_tokens(tmp_path: Path, fmt: str) -> None:
+    store = open_model(_gguf(tmp_path, fmt))
+    expected = Generator(store, prefill_rows=4).generate(PROMPT, 6)
+    generator = SpatialGenerator(store, ctx=32, image="f32")
+    assert generator.generate(PROMPT, 6) == expected
+    host = generator.machine(32).host
+    formats = {name: w.get("format") for name, w in host["weights"].items()}
+    matrices = ("query", "key", "value", "output", "gate", "up", "down")
+    assert {formats[f"{m}_weight"] for m in matrices} == {fmt}
+    assert formats["table"] is None and formats["head_table"] is None  # the tables: the image
+
+
+def _spec() -> ModelSpec:
+    return ModelSpec(
+        vocab=40, hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=96,
+        rms_eps=1e-5, rope_theta=10000.0, tie_embeddings=False,
+    )  # fmt: skip
+
+
+def _run(module, host, store, steps: int) -> list[int]:  # type: ignore[no-untyped-def]
+    machine = GridMachine(module, host, store)
+    machine.reset()
+    tokens, out = list(PROMPT), []
+    for position in range(1, len(PROMPT) + steps):
+        token = tokens[position - 1] if position <= len(PROMPT) else out[-1]
+        predicted = machine.step(token + 1, position) - 1
+        if position >= len(PROMPT):
+            out.append(predicted)
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+def test_slices_that_cut_blocks_give_the_reference_tokens(fmt: str) -> None:
+    """On 3 x 3 the hidden 64 is cut 22, 22, 20: the middle column's slice of a row holds parts of two blocks, so
+    each column of the tile keeps two scale slots; two layers (each layer's codes and scales at its offset)."""
+    store = QuantizedWeights(RandomWeights(_spec(), seed=5), fmt)
+    expected = Generator(store).generate(PROMPT, 5)
+    lowered = testing.lower_decode(store.spec, 16, "f32", p=3)
+    weights = lowered.host["weights"]
+    assert weights["query_weight"]["scale_slots"] == 2 and weights["gate_weight"]["scale_slots"] == 2
+    assert _run(lowered.module, lowered.host, store, 5) == expected
+    # the printed dequantization is what runs: without the scales' multiply the tokens are others
+    program = next(op for op in lowered.module.ops if isinstance(op, csl.CslModuleOp))
+    removed = 0
+    for op in list(program.walk()):
+        block = op.parent_block()
+        if isinstance(op, csl.FmulsOp) and block is not None and any(isinstance(o, csl.Xp162fsOp) for o in block.ops):
+            op.detach()
+            op.erase()
+            removed += 1
+    assert removed == 7  # a stored product's loop each: q, k, v, o, gate, up, down
+    assert _run(lowered.module, lowered.host, store, 5) != expected
+
+
+def _blocks_touched(sources: np.ndarray) -> int:
+    """The most blocks of 32 any element's columns fall in (each element's source columns enumerated)."""
+    return max(len({int(s) // 32 for s in chunk if s >= 0}) for chunk in sources)
+
+
+def _saved_by_tiles(host: dict, fmt: str) -> tuple[int, int, int]:
+    """(f16 bytes, stored bytes, longest tile column) of the stored matrices' arrays on an element, worked out from
+    the tiles' shapes and the block format: the f16 tile 2 bytes a number; as stored, a column's codes at 8 or 4 bits
+    in whole 16-bit words, a 2-byte scale for each row and each block the worst element's columns touch (enumerated
+    from the column order), a 4-byte slot index a column."""
+    width, height = host["grid"]
+    f16 = stored = longest = 0
+    for w in host["weights"].values():
+        if not w.get("format"):
+            continue
+        assert w["format"] == fmt
+        tr, tc, layers = w["tile_rows"], w["tile_columns"], len(w["tensors"])
+        blocks = width if w["orient"] == "col" else height  # the elements a row of the matrix is cut over
+        order = list(w["column_map"] or range(w["columns"]))
+        sources = np.array((order + [-1] * (blocks * tc))[: blocks * tc]).reshape(blocks, tc)
+        sources[sources >= w["columns"]] = -1
+        codes = tc * 2 * -(-(tr * BITS[fmt]) // 16)
+        scales = 2 * tr * _blocks_touched(sources)
+        f16 += layers * 2 * tr * tc
+        stored += layers * (codes + scales) + 4 * tc
+        longest = max(longest, tr)
+    return f16, stored, longest
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+def test_each_element_holds_fewer_bytes_by_the_blocks_it_keeps(fmt: str) -> None:
+    spec = QuantizedWeights(RandomWeights(_spec(), seed=5), fmt).spec
+    stored = testing.lower_decode(spec, 16, "f16", p=3)
+    image = testing.lower_decode(replace(spec, storage=()), 16, "f16", p=3)
+    f16, held, longest = _saved_by_tiles(stored.host, fmt)
+    scratch = 2 * longest + 4 * longest + 4 * longest  # the unpacked codes (i16), the values and the scales (f32)
+    # the image's f16 copies of the products' inputs (its @fmachs reads f16): read as stored the codes' values
+    # multiply the f32 input, so those copies are gone where no product of the image reads them
+    halves = {n: words for n, (words, t) in image.host["arrays"].items() if t == "f16" and n.endswith("_f16")}
+    copies = sum(2 * words for n, words in halves.items() if n not in stored.host["arrays"])
+    assert f16 - held - scratch > 0 and copies > 0
+    assert memory_use(image)["arrays"] - memory_use(stored)["arrays"] == f16 - held - scratch + copies
