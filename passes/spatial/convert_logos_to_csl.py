@@ -363,6 +363,8 @@ def _search(
                 continue
             side = _smallest(lambda n, c=c, compact=compact: lowered_at((n, n), c, compact)[1] <= memory, largest)
             best = g.best_grid(spec, side, largest, c)
+            if lowered_at((best, best), c, compact)[1] > memory:  # weights read as stored: bytes not monotonic in P
+                best = side
             return lowered_at((best, best), c, compact)[0]
         for c in choices:  # no square holds it: the machine's full height, the narrowest width that holds it
             lowered, needed = lowered_at(target.usable, c, compact)
@@ -371,7 +373,10 @@ def _search(
             width = _smallest(
                 lambda n, c=c, compact=compact: lowered_at((n, usable_height), c, compact)[1] <= memory, usable_width
             )
-            return lowered_at(g.best_rectangle(spec, width, target.usable, c), c, compact)[0]
+            best_shape = g.best_rectangle(spec, width, target.usable, c)
+            if lowered_at(best_shape, c, compact)[1] > memory:  # weights read as stored: bytes not monotonic
+                best_shape = (width, usable_height)
+            return lowered_at(best_shape, c, compact)[0]
     raise PassError(
         f"{PASS}: the model does not fit a {usable_width} x {usable_height} grid of {memory}-byte elements "
         f"({needed} bytes per element at the high end of its memory band)"

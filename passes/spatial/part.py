@@ -133,7 +133,11 @@ class PartLowering(LineReductions):
             column_blocks = plan.width if orient == "col" else plan.height
             _, blocks = g.block_slots(weight, column_blocks)
             slots = max(1, max(len(b) for b in blocks))
-            weight = g.Weight(**{**weight.__dict__, "format": fmt, "scale_slots": slots})
+            fields = {**weight.__dict__, "format": fmt, "scale_slots": slots}
+            stored = g.Weight(**{**fields, "tensors": (tensor,) * plan.layers})
+            image = stored.tile_rows * stored.tile_columns * plan.layers * (2 if plan.image == "f16" else 4)
+            if 2 * stored.words + 2 * stored.scale_words + 4 * stored.tile_columns < image:  # else: the image
+                weight = g.Weight(**fields)
         return self.declare(weight, plan_layers=self.layer is not None)
 
     def spread_weight(self, op: logos.WeightOp, x: Vec, column_map: Sequence[int] | None = None) -> g.Weight:

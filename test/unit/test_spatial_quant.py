@@ -138,3 +138,31 @@ def test_each_element_holds_fewer_bytes_by_the_blocks_it_keeps(fmt: str) -> None
     copies = sum(2 * words for n, words in halves.items() if n not in stored.host["arrays"])
     assert f16 - held - scratch > 0 and copies > 0
     assert memory_use(image)["arrays"] - memory_use(stored)["arrays"] == f16 - held - scratch + copies
+
+
+def test_the_8b_at_q4_0_fits_a_wse2_on_fewer_elements_or_with_a_longer_context() -> None:
+    """llama-3.1-8b at ctx 8192 stored in Q4_0 (every matrix; the norms f32), with the f16 image for the rest: the
+    lane's own search finds a grid of a WSE-2 that holds it within 48 KiB at the band's high end with fewer elements
+    than its f16 build takes (683 x 994, `test_spatial_build.test_models_fit_a_wse2`), a grid the f16 image does not
+    fit; on 683 x 994 with the f16 build's layout (KV heads narrow) the stored matrices' tiles take the bytes worked
+    out from the block format, and the room saved holds a cache of 37 positions an element (25,271 in all) where
+    the f16 image holds 13 (8,879) and not 14; and not 38 as stored."""
+    from logos_ir.errors import LogosError
+    from logos_ir.models import ModelSource
+
+    spec = ModelSource.resolve("llama-3.1-8b", storage="q4_0").spec
+    image = replace(spec, storage=())
+    searched = testing.lower_decode(spec, 8192, "f16")
+    width, height = searched.plan.width, searched.plan.height
+    assert memory_use(searched)["band"]["high"] <= 49152 and width * height < 683 * 994
+    with pytest.raises(LogosError, match="does not fit"):
+        testing.lower_decode(image, 8192, "f16", p=(width, height))
+    stored = testing.lower_decode(spec, 8192, "f16", p=(683, 994), copies=1)
+    f16, held, _ = _saved_by_tiles(stored.host, "q4_0")
+    assert held < f16 and memory_use(stored)["band"]["high"] <= 49152
+    assert not stored.host["weights"]["output_weight"].get("format")  # its scattered columns: cheaper as f16
+    assert memory_use(testing.lower_decode(spec, 37 * 683, "f16", p=(683, 994), copies=1))["band"]["high"] <= 49152
+    with pytest.raises(LogosError, match="does not fit"):
+        testing.lower_decode(spec, 37 * 683 + 1, "f16", p=(683, 994), copies=1)
+    with pytest.raises(LogosError, match="does not fit"):
+        testing.lower_decode(image, 13 * 683 + 1, "f16", p=(683, 994), copies=1)
