@@ -265,7 +265,6 @@ def compile_targets() -> dict[str, CompileTarget]:
             ("decode",),
             ("f16", "f32"),
             _lazy("logos_ir.passes.spatial.build", "build_spatial"),
-            _lazy("logos_ir.passes.spatial.grid", "STORED"),
         ),
     }
 

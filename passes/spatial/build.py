@@ -467,7 +467,7 @@ def _stored_report(plan: g.GridPlan) -> dict[str, Any]:
         for name, w in stored.items()
     }
     image = sorted(name for name, w in plan.weights.items() if not w.format and w.kind != "vector")
-    return {"stored": {"arrays": arrays, "image": image}}
+    return {"read_as_stored": {"arrays": arrays, "image": image}}
 
 
 def _parts(lowered: GridProgram) -> list[str]:
@@ -509,7 +509,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
 
 
 def _stored_lines(report: dict[str, Any]) -> list[str]:
-    stored = report.get("stored")
+    stored = report.get("read_as_stored")
     if not stored:
         return []
     arrays = stored["arrays"]
