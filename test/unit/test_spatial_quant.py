@@ -8,9 +8,12 @@ slice of a row touches, and dequantizes each column in the printed element code 
 - A two-layer model stored by the project's quantizer on a 3 x 3 grid, whose elements' slices of a row cut blocks
   of 32 (two scale slots a column), gives the reference's tokens; the printed dequantization is what runs: a
   removed scale multiply changes the tokens.
-- The arrays each element holds fall, against the f16 image on the same grid, by the bytes worked out here from the
+- The unpacking is counted in the step's cycles (DSD ops, element by element).
+- The arrays each element holds (in the lowering's count and the simulator's memory model) fall, against the f16 image on the same grid, by the bytes worked out here from the
   block format and the tile shapes (codes at 8 or 4 bits rounded up to 16-bit words a column, a 2-byte scale for
   each (row, block) pair of the worst element, counted by enumerating the blocks each element's columns fall in).
+- llama-3.1-8b at Q4_0 fits a WSE-2 on fewer elements than its f16 build, and on the f16 build's grid caches 37
+  positions an element where the f16 image caches 13.
 """
 
 from __future__ import annotations
@@ -138,6 +141,14 @@ def test_each_element_holds_fewer_bytes_by_the_blocks_it_keeps(fmt: str) -> None
     copies = sum(2 * words for n, words in halves.items() if n not in stored.host["arrays"])
     assert f16 - held - scratch > 0 and copies > 0
     assert memory_use(image)["arrays"] - memory_use(stored)["arrays"] == f16 - held - scratch + copies
+    # the simulator's memory model (the arrays it allocates, at their element types' bytes) counts the same
+    store = QuantizedWeights(RandomWeights(_spec(), seed=5), fmt)
+    simulated = GridMachine(stored.module, stored.host, store).fabric.element_bytes()[0]
+    assert simulated == memory_use(stored)["arrays"]
+    assert (
+        GridMachine(image.module, image.host, store).fabric.element_bytes()[0] - simulated
+        == f16 - held - scratch + copies
+    )
 
 
 def test_the_8b_at_q4_0_fits_a_wse2_on_fewer_elements_or_with_a_longer_context() -> None:
@@ -166,3 +177,30 @@ def test_the_8b_at_q4_0_fits_a_wse2_on_fewer_elements_or_with_a_longer_context()
         testing.lower_decode(spec, 37 * 683 + 1, "f16", p=(683, 994), copies=1)
     with pytest.raises(LogosError, match="does not fit"):
         testing.lower_decode(image, 13 * 683 + 1, "f16", p=(683, 994), copies=1)
+
+
+def test_the_unpacking_is_counted_in_the_cycles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The unpacking is DSD ops the cycle model counts element by element (no scalar loop): a step of the stored
+    build costs more than the image's on the same grid, and a dearer DSD element adds to it more than to the
+    image's, by at least the stored columns' extra elements (each stored column's codes unpacked, widened, scaled:
+    at least 3 more ops of the column's rows each)."""
+    from logos_ir.runtime.spatial import CYCLES
+
+    store = QuantizedWeights(RandomWeights(_spec(), seed=5), "q4_0")
+    machines = []
+    for spec in (store.spec, replace(store.spec, storage=())):
+        lowered = testing.lower_decode(spec, 16, "f32", p=3)
+        machine = GridMachine(lowered.module, lowered.host, store)
+        machine.reset()
+        machine.step(2, 1)
+        machines.append((machine, lowered.host))
+    (stored, host), (image, _) = machines
+    assert stored.cycles[0] > image.cycles[0]
+    monkeypatch.setitem(CYCLES, "dsd_element", CYCLES["dsd_element"] + 1)
+    stored.step(3, 2)
+    image.step(3, 2)
+    extra = (
+        sum(3 * w["tile_rows"] * w["tile_columns"] for w in host["weights"].values() if w.get("format"))
+        * store.spec.layers
+    )
+    assert (stored.cycles[1] - stored.cycles[0]) - (image.cycles[1] - image.cycles[0]) >= extra
