@@ -9,9 +9,10 @@ slice of a row touches, and dequantizes each column in the printed element code 
   of 32 (two scale slots a column), gives the reference's tokens; the printed dequantization is what runs: a
   removed scale multiply changes the tokens.
 - The unpacking is counted in the step's cycles (DSD ops, element by element).
-- The arrays each element holds (in the lowering's count and the simulator's memory model) fall, against the f16 image on the same grid, by the bytes worked out here from the
-  block format and the tile shapes (codes at 8 or 4 bits rounded up to 16-bit words a column, a 2-byte scale for
-  each (row, block) pair of the worst element, counted by enumerating the blocks each element's columns fall in).
+- The arrays each element holds (in the lowering's count and the simulator's memory model) fall, against the f16
+  image on the same grid, by the bytes worked out here from the block format and the tile shapes (codes at 8 or 4
+  bits rounded up to 16-bit words a column, a 2-byte scale for each (row, block) pair of the worst element, counted
+  by enumerating the blocks each element's columns fall in).
 - llama-3.1-8b at Q4_0 fits a WSE-2 on fewer elements than its f16 build, and on the f16 build's grid caches 37
   positions an element where the f16 image caches 13.
 """
