@@ -97,14 +97,17 @@ def _request(args: argparse.Namespace, targets: dict[str, Any], progress: Any) -
     return BuildRequest(model, cut, args.tp, weights, args.with_weights, progress, dict(args.option))
 
 
-def storage_line(request: Any, target: Any) -> str:
+def storage_line(request: Any, target: Any, report: Any = None) -> str:
     """What the model's weights take as stored, and how the lane reads them: the formats its decode step reads as
-    stored (`CompileTarget.stored`), the others dequantized into its image."""
+    stored (`CompileTarget.stored`, or the build's own report where it says which it read so, `read_as_stored`: the
+    spatial lane's, which reads a format as stored in some tensors only), the others dequantized into its image."""
     from logos_ir.build import weight_bytes
 
     b = weight_bytes(request)
     formats = sorted(b["formats"])
-    as_stored = [f for f in formats if f in tuple(target.stored())]
+    read = (report or {}).get("read_as_stored") if isinstance(report, dict) else None
+    stored = {a["format"] for a in read["arrays"].values()} if read else tuple(target.stored())
+    as_stored = [f for f in formats if f in stored]
     line = f"logos-compile: weights stored in {b['stored_bytes']:,} bytes ({', '.join(formats)}); "
     if not as_stored:
         return line + f"the lane reads them dequantized as {b['image']}, {b['read_bytes']:,} bytes"
@@ -136,7 +139,7 @@ def build(args: argparse.Namespace, targets: dict[str, Any], destination: Path) 
     size = sum(len(a.data) for a in lane.artifacts)
     return [
         *lane.summary,
-        storage_line(request, targets[args.target]),
+        storage_line(request, targets[args.target], lane.report),
         f"logos-compile: wrote {destination} ({len(lane.artifacts)} files, {size} bytes)",
         f"logos-compile: run it with: {run_command(args, destination)}",
     ]

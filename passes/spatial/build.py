@@ -112,7 +112,7 @@ def lane_build(lowered: GridProgram, line: str, identity: Any, spec: Any) -> Lan
         Artifact.text("layout.csl", f"// {line}\n{texts['layout.csl']}", identity, "layout"),
         Artifact.text("pe_program.csl", f"// {line}\n{texts['pe_program.csl']}", identity, "program"),
         Artifact.text("commands.sh", commands(line, lowered.plan.grid, target), identity, "commands"),
-        Artifact.text("run.py", run_py(line, rope_tables(lowered, spec)), identity, "host"),
+        Artifact.text("run.py", _stored_guard(run_py(line, rope_tables(lowered, spec)), lowered), identity, "host"),
         Artifact.text(
             "compile_appliance.py", compile_appliance_py(line, lowered.plan.grid, target), identity, "commands"
         ),
@@ -121,6 +121,25 @@ def lane_build(lowered: GridProgram, line: str, identity: Any, spec: Any) -> Lan
         Artifact.text("host.json", json.dumps(host, indent=1) + "\n", identity, "host"),
     ]
     return LaneBuild(artifacts, report, summary_lines(report))
+
+
+_WEIGHTS_LOOP = """    for name, fields in host["weights"].items():
+"""
+
+
+def _stored_guard(text: str, lowered: GridProgram) -> str:
+    """run.py reads safetensors, which hold no GGUF blocks: where the build reads weights as stored, run.py refuses
+    them by name before tiling anything (the fabric simulator's host tiles the file's blocks, `grid.stored_tiles`);
+    a build of the image's run.py is as it was."""
+    if not any(w.format for w in lowered.plan.weights.values()):
+        return text
+    guard = (
+        '        if fields.get("format"):\n'
+        "            sys.exit(f\"run.py: {name} holds {fields['format']} blocks (codes and scales): run.py \"\n"
+        '                     "does not tile them from safetensors; the fabric simulator\'s host does (logos-run)")\n'
+    )
+    assert text.count(_WEIGHTS_LOOP) == 1
+    return text.replace(_WEIGHTS_LOOP, _WEIGHTS_LOOP + guard)
 
 
 def commands(line: str, grid: tuple[int, int], target: csl_ext.Target) -> str:
@@ -428,7 +447,27 @@ def spatial_report(lowered: GridProgram) -> dict[str, Any]:
         "element_programs": 3,  # the embedding's, the layer's (every layer's), the head's: functions of one program
         "regions": [{"region": part, "elements": plan.width * plan.height} for part in _parts(lowered)],
         "kv_slots_per_element": plan.slots,
+        **_stored_report(plan),
     }  # no cycles: a build runs nothing; the fabric simulator counts them (bench/spatial_agreement.py placement)
+
+
+def _stored_report(plan: g.GridPlan) -> dict[str, Any]:
+    """The weights read as stored (none: no entry, as the image's builds were): each array's format and its bytes
+    an element (codes, scales and slots) against the f16 image's tile of the same shape."""
+    stored = {name: w for name, w in plan.weights.items() if w.format}
+    if not stored:
+        return {}
+    arrays = {
+        name: {
+            "format": w.format,
+            "bytes": 2 * w.words + 2 * w.scale_words + 4 * w.tile_columns,
+            "f16_bytes": 2 * len(w.tensors) * w.tile_rows * w.tile_columns,
+            "scale_slots": w.scale_slots,
+        }
+        for name, w in stored.items()
+    }
+    image = sorted(name for name, w in plan.weights.items() if not w.format and w.kind != "vector")
+    return {"read_as_stored": {"arrays": arrays, "image": image}}
 
 
 def _parts(lowered: GridProgram) -> list[str]:
@@ -465,4 +504,22 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         f"share of the elements working on each layer: {100 * (report['working_share_per_layer'] or 0):.1f}%",
         f"{report['element_programs']} part programs (embedding, layer, head) in one element program",
         "cycles per token: counted by the fabric simulator as it runs the build (bench/spatial_agreement.py placement)",
+        *_stored_lines(report),
+    ]
+
+
+def _stored_lines(report: dict[str, Any]) -> list[str]:
+    stored = report.get("read_as_stored")
+    if not stored:
+        return []
+    arrays = stored["arrays"]
+    formats = sorted({a["format"] for a in arrays.values()})
+    held = sum(a["bytes"] for a in arrays.values())
+    image = sum(a["f16_bytes"] for a in arrays.values())
+    tables = ", ".join(stored["image"]) or "none"
+    return [
+        f"weights read as stored: {', '.join(formats)} ({len(arrays)} layer matrices: each element holds its tile's "
+        f"codes and the f16 scale of each block of 32 its slice of a row touches, {held} bytes an element against "
+        f"{image} as f16 tiles, and dequantizes them before its f32 multiply-accumulate); as the "
+        f"{report['weights']} image: {tables}, the norms, and every other format (q4_1, q5_*, the K-quants, fp8)"
     ]

@@ -166,7 +166,8 @@ def lower_parts(
     for fn in [*program.reducers.values(), *functions]:
         t.op(fn)
     _tasks(program, plan.layers)
-    exports = [*plan.weights, *program.handles.get("rope_tables", {}), logits.array, *TIMESTAMPS]  # type: ignore[arg-type]
+    stored = [f"{n}_{part}" for n, w in plan.weights.items() if w.format for part in ("scales", "slots")]
+    exports = [*plan.weights, *stored, *program.handles.get("rope_tables", {}), logits.array, *TIMESTAMPS]  # type: ignore[arg-type]
     for name in exports:
         words, element = program.arrays[name]
         array = program.get(t, name)
@@ -184,10 +185,7 @@ def lower_parts(
         "kv_copies": plan.kv_copies,
         "ctx": plan.ctx,
         "image": plan.image,
-        "weights": {
-            name: {**w.__dict__, "tensors": list(w.tensors), "row_map": list(w.row_map)}
-            for name, w in plan.weights.items()
-        },
+        "weights": {name: w.fields() for name, w in plan.weights.items()},
         "rope_tables": dict(program.handles.get("rope_tables", {})),  # type: ignore[arg-type]
         "logits": {"array": logits.array, "chunk": logits.chunk, "column": plan.centre, "length": logits.length},
         "argmax": "host",
@@ -365,6 +363,8 @@ def _search(
                 continue
             side = _smallest(lambda n, c=c, compact=compact: lowered_at((n, n), c, compact)[1] <= memory, largest)
             best = g.best_grid(spec, side, largest, c)
+            if lowered_at((best, best), c, compact)[1] > memory:  # weights read as stored: bytes not monotonic in P
+                best = side
             return lowered_at((best, best), c, compact)[0]
         for c in choices:  # no square holds it: the machine's full height, the narrowest width that holds it
             lowered, needed = lowered_at(target.usable, c, compact)
@@ -373,7 +373,10 @@ def _search(
             width = _smallest(
                 lambda n, c=c, compact=compact: lowered_at((n, usable_height), c, compact)[1] <= memory, usable_width
             )
-            return lowered_at(g.best_rectangle(spec, width, target.usable, c), c, compact)[0]
+            best_shape = g.best_rectangle(spec, width, target.usable, c)
+            if lowered_at(best_shape, c, compact)[1] > memory:  # weights read as stored: bytes not monotonic
+                best_shape = (width, usable_height)
+            return lowered_at(best_shape, c, compact)[0]
     raise PassError(
         f"{PASS}: the model does not fit a {usable_width} x {usable_height} grid of {memory}-byte elements "
         f"({needed} bytes per element at the high end of its memory band)"

@@ -68,10 +68,43 @@ class Weight:
     tile_columns: int = 0
     row_map: tuple[int, ...] = ()
     column_map: tuple[int, ...] = ()  # which source column each padded column takes (-1: zeros); () for in order
+    # read as stored (`STORED`): the file's block format ("" for the float image) and the scale slots a column of the
+    # tile's rows has (the most blocks of 32 an element's slice of a row touches; `block_slots`)
+    format: str = ""
+    scale_slots: int = 0
 
     @property
     def words(self) -> int:
+        """The words of the weight's array: the image's numbers, or (read as stored) the u16 words of its codes,
+        each column of the tile's rows packed `STORED[format]` codes a word."""
+        if self.format:
+            return len(self.tensors) * self.tile_columns * self.column_words
         return len(self.tensors) * self.tile_rows * self.tile_columns
+
+    @property
+    def column_words(self) -> int:
+        """A tile column's u16 words of codes (read as stored): its rows' codes packed, the last word padded."""
+        return ceil_div(self.tile_rows, STORED[self.format])
+
+    @property
+    def scale_words(self) -> int:
+        """The f16 scales of the weight's `<name>_scales` array: each layer's scale slots, a tile column's rows each."""
+        return len(self.tensors) * self.scale_slots * self.tile_rows
+
+    def fields(self) -> dict[str, Any]:
+        """The weight as the host plan (`host.json`) writes it: a weight read as its image without the fields of
+        one read as stored (so the builds of the image are as they were)."""
+        fields = {**self.__dict__, "tensors": list(self.tensors), "row_map": list(self.row_map)}
+        if not self.format:
+            del fields["format"], fields["scale_slots"]
+        return fields
+
+
+# The block formats the grid reads as stored (a matrix of a layer, every layer's the same format), with the codes a
+# u16 word of the element's memory holds: Q8_0 (8-bit codes, an f16 scale a block of 32) and Q4_0 (4-bit codes, the
+# same scales). Every other format, and the embedding and head tables, are read as the image.
+STORED = {"q8_0": 2, "q4_0": 4}
+BLOCK = 32  # numbers a block of each of them
 
 
 @dataclass
@@ -350,6 +383,93 @@ def _columns(matrix: np.ndarray, weight: Weight) -> np.ndarray:
     good = order >= 0
     out[:, good] = matrix[:, order[good]]
     return out
+
+
+def column_sources(weight: Weight, column_blocks: int) -> np.ndarray:
+    """The source column of each column of each element's tile, [column block, tile column] (-1: padding): the
+    weight's column map if it has one (attention's order for the output projection), else in order."""
+    tc = weight.tile_columns
+    padded = np.full(column_blocks * tc, -1, dtype=np.int64)
+    source = np.asarray(weight.column_map, dtype=np.int64) if weight.column_map else np.arange(weight.columns)
+    source = source[: padded.size]
+    padded[: source.size] = np.where((source >= 0) & (source < weight.columns), source, -1)
+    return padded.reshape(column_blocks, tc)
+
+
+def block_slots(weight: Weight, column_blocks: int) -> tuple[np.ndarray, list[list[int]]]:
+    """Read as stored, each element keeps the scales of the blocks of 32 its slice of a row touches, one slot a
+    block: for each column block, the blocks (in order) and each tile column's slot among them (0 for padding,
+    whose codes are 0). A slice of whole blocks keeps each block's scale once; a slice that cuts a block keeps the
+    block's scale on each element holding a part of it (the scale, 2 bytes a row, repeated, the codes not)."""
+    sources = column_sources(weight, column_blocks)
+    slots = np.zeros(sources.shape, dtype=np.int64)
+    blocks: list[list[int]] = []
+    for c in range(column_blocks):
+        real = sources[c] >= 0
+        touched = sorted({int(b) for b in sources[c][real] // BLOCK})
+        blocks.append(touched)
+        index = {b: i for i, b in enumerate(touched)}
+        slots[c, real] = [index[int(b)] for b in sources[c][real] // BLOCK]
+    return slots, blocks
+
+
+def stored_codes(raw: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray]:
+    """A matrix's stored bytes (rows of blocks, `WeightStore.blocks`) as its signed codes [rows, columns] (Q8_0's
+    int8; Q4_0's nibble less 8) and its f16 scales [rows, columns / 32], as the file holds them (quant.py's layout:
+    a block's f16 scale, then Q8_0's 32 int8 codes or Q4_0's 16 bytes, low nibbles the block's first 16 numbers)."""
+    rows = raw.shape[0]
+    size = 34 if fmt == "q8_0" else 18
+    b = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, -1, size)
+    scales = np.ascontiguousarray(b[:, :, :2]).view("<f2").reshape(rows, -1)
+    if fmt == "q8_0":
+        codes = b[:, :, 2:].view(np.int8).astype(np.int64)
+    else:
+        qs = b[:, :, 2:]
+        codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.int64) - 8
+    return codes.reshape(rows, -1), scales
+
+
+def stored_tiles(
+    raw: np.ndarray, weight: Weight, grid: int | tuple[int, int] | list[int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every element's tile of one tensor read as stored, [height, width, words] each: its codes (u16 words, a tile
+    column's rows packed `STORED[format]` codes a word, low bits the first row; padding codes 0), the scales of its
+    slots (f16, a slot's rows one after another; padding 0) and each tile column's slot (`block_slots`)."""
+    width, height = (grid, grid) if isinstance(grid, int) else grid
+    codes, scales = stored_codes(raw, weight.format)
+    tr, tc, per = weight.tile_rows, weight.tile_columns, STORED[weight.format]
+    row_blocks, column_blocks = (height, width) if weight.orient == "col" else (width, height)
+    rows = np.asarray(weight.row_map) if weight.row_map else np.arange(weight.rows)
+    take = np.full(row_blocks * tr, -1, dtype=np.int64)
+    take[: min(rows.size, take.size)] = rows[: take.size]
+    take[(take < 0) | (take >= codes.shape[0])] = -1
+    sources = column_sources(weight, column_blocks)
+    slots, blocks = block_slots(weight, column_blocks)
+    words = weight.column_words
+    out_codes = np.zeros((row_blocks, column_blocks, tc * words), dtype=np.int64)
+    out_scales = np.zeros((row_blocks, column_blocks, weight.scale_slots * tr), dtype=np.float16)
+    real_rows = take >= 0
+    for r in range(row_blocks):
+        mine = take[r * tr : (r + 1) * tr]
+        good = real_rows[r * tr : (r + 1) * tr]
+        for c in range(column_blocks):
+            tile = np.zeros((tc, words * per), dtype=np.int64)  # [column, row]: a column's rows, padded
+            real = sources[c] >= 0
+            if good.any() and real.any():
+                tile[np.ix_(np.flatnonzero(real), np.flatnonzero(good))] = codes[np.ix_(mine[good], sources[c][real])].T
+            bits = (tile & 0xFF) if per == 2 else (tile + 8) & 0x0F  # Q4_0's nibble: the code plus 8
+            shifts = np.arange(per, dtype=np.int64) * (16 // per)
+            packed = (bits.reshape(tc, words, per) << shifts).sum(axis=2)
+            out_codes[r, c] = packed.reshape(-1)
+            for s, block in enumerate(blocks[c]):
+                column = np.zeros(tr, dtype=np.float16)
+                column[good] = scales[mine[good], block]
+                out_scales[r, c, s * tr : (s + 1) * tr] = column
+    out_slots = np.broadcast_to(slots[None], (row_blocks, column_blocks, tc))
+    if weight.orient != "col":
+        out_codes, out_scales = out_codes.transpose(1, 0, 2), out_scales.transpose(1, 0, 2)
+        out_slots = out_slots.transpose(1, 0, 2)
+    return out_codes.copy(), out_scales.copy(), out_slots.copy()
 
 
 def inv_freq_rows(inv_freq: np.ndarray, plan: GridPlan, chunk: int) -> np.ndarray:

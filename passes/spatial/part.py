@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from xdsl.dialects import arith, csl, memref
-from xdsl.dialects.builtin import IntegerAttr, MemRefType, f16, f32, i32
+from xdsl.dialects.builtin import IntegerAttr, MemRefType, f16, f32, i16, i32
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.pattern_rewriter import PatternRewriter
 
@@ -23,9 +23,22 @@ from logos_ir.dialects import logos
 from logos_ir.errors import PassError
 from logos_ir.passes.spatial import grid as g
 from logos_ir.passes.spatial.element_program import PASS, Program, Vec
-from logos_ir.passes.spatial.emit import Emit
+from logos_ir.passes.spatial.emit import U16, Emit
 from logos_ir.passes.spatial.fuse_products import FUSED
 from logos_ir.passes.spatial.reductions import LineReductions
+
+
+def stored_rows(plan: g.GridPlan) -> int:
+    """The longest tile column a product read as stored can have (the scratch arrays it unpacks a column into are
+    declared once, this long): the chunk of the longest of a layer's products' results, in either layout."""
+    lengths = (
+        plan.hidden,
+        plan.intermediate,
+        plan.heads * plan.head_dim,
+        len(g.query_rows(plan)),
+        len(g.kv_rows(plan)),
+    )
+    return max(plan.chunk(n, layout, even=True) for n in lengths for layout in ("row", "col"))
 
 
 class PartLowering(LineReductions):
@@ -115,6 +128,16 @@ class PartLowering(LineReductions):
         tr = plan.chunk(padded_rows, out_layout, even=bool(row_map))
         tc = in_chunk or plan.chunk(columns, orient)  # a product's tile is as wide as its input's chunk
         weight = g.Weight(name, (tensor,), kind, orient, rows, columns, tr, tc, tuple(row_map), tuple(column_map))
+        fmt = op.storage.format_name.data if op.storage is not None else ""
+        if kind == "matrix" and fmt in g.STORED:  # read as stored: its codes and scales (`stored_product`)
+            column_blocks = plan.width if orient == "col" else plan.height
+            _, blocks = g.block_slots(weight, column_blocks)
+            slots = max(1, max(len(b) for b in blocks))
+            fields = {**weight.__dict__, "format": fmt, "scale_slots": slots}
+            stored = g.Weight(**{**fields, "tensors": (tensor,) * plan.layers})
+            image = stored.tile_rows * stored.tile_columns * plan.layers * (2 if plan.image == "f16" else 4)
+            if 2 * stored.words + 2 * stored.scale_words + 4 * stored.tile_columns < image:  # else: the image
+                weight = g.Weight(**fields)
         return self.declare(weight, plan_layers=self.layer is not None)
 
     def spread_weight(self, op: logos.WeightOp, x: Vec, column_map: Sequence[int] | None = None) -> g.Weight:
@@ -144,6 +167,11 @@ class PartLowering(LineReductions):
             weight = g.Weight(**{**weight.__dict__, "tensors": tensors})
             plan.weights[weight.name] = weight
             element = self.element_type if weight.kind != "vector" else f32
+            if weight.format:  # its codes (u16 words), each layer's scales (f16) and each tile column's slot
+                self.program.array(weight.name, weight.words, U16)
+                self.program.array(f"{weight.name}_scales", weight.scale_words, f16)
+                self.program.array(f"{weight.name}_slots", weight.tile_columns, i32)
+                return weight
             self.program.array(weight.name, weight.words, element)
             return weight
         # the same role (another layer) or the same tensor (a tied head): the same tile
@@ -187,6 +215,10 @@ class PartLowering(LineReductions):
         acc, source = (into, at) if into is not None else (self.arr(out.array), 0)
         e.dsd_op(csl.FmovsOp, e.dsd(acc, tile_rows, source), e.float(0.0))
         source_array = self.arr(x.array)
+        if weight.format:
+            self.stored_product(weight, x, acc, source)
+            self.values[op.result] = out
+            return out, acc
         base = self.weight_offset(weight)
         w = self.arr(weight.name)
         if plan.image == "f16":
@@ -201,6 +233,47 @@ class PartLowering(LineReductions):
             body.dsd_op(mac, body.dsd(acc, tile_rows, source), body.dsd(acc, tile_rows, source), column, scalar)
         self.values[op.result] = out
         return out, acc
+
+    def stored_product(self, weight: g.Weight, x: Vec, acc: SSAValue, at: int) -> None:
+        """The tile read as stored times the input chunk (f32), into acc[at:]: for each column j of the tile, its
+        codes unpacked from their u16 words with the SDK's 16-bit DSD ops into `stored_codes` (i16; Q8_0: the low
+        byte `@and16`, the high `@slr16`, each made signed by `@xor16` and `@sub16` with 0x80; Q4_0: each nibble
+        `@slr16` then `@and16` with 15, less 8 by `@sub16`), widened to f32 (`@xp162fs`), multiplied by their
+        block's f16 scales widened (`@fh2s`, `@fmuls`: f32(scale) * f32(code), the dequantizer's own arithmetic),
+        then `@fmacs` by x[j] into the sums, as an f32 tile is."""
+        e, tr, per = self.e, weight.tile_rows, g.STORED[weight.format]
+        words = weight.column_words
+        longest = stored_rows(self.plan)
+        self.program.array("stored_codes", -(-longest // per) * per, i16)
+        self.program.array("stored_values", longest, f32)
+        self.program.array("stored_scales", longest, f32)
+        codes, values, scales = self.arr("stored_codes"), self.arr("stored_values"), self.arr("stored_scales")
+        packed, slot_of = self.arr(weight.name), self.arr(f"{weight.name}_slots")
+        held = self.arr(f"{weight.name}_scales")
+        layer = self.layer is not None and len(weight.tensors) > 1
+        code_base = e.bin(arith.MuliOp, self.layer, e.int(weight.tile_columns * words)) if layer else e.int(0)
+        scale_base = e.bin(arith.MuliOp, self.layer, e.int(weight.scale_slots * tr)) if layer else e.int(0)
+        source = self.arr(x.array)
+        with e.loop(x.chunk) as (body, j, _, _y):
+            scalar = body.load(source, j)
+            column = body.moved(body.dsd(packed, words), body.bin(arith.AddiOp, code_base, body.bin(
+                arith.MuliOp, j, body.int(words))), U16)  # fmt: skip
+            every = body.dsd(codes, words * per)
+            if per == 2:  # Q8_0: two int8 codes a word, the first row's in the low byte
+                body.dsd_op(csl.And16Op, body.dsd(codes, words, 0, 2), column, body.int(0xFF, U16))
+                body.dsd_op(csl.Slr16Op, body.dsd(codes, words, 1, 2), column, body.int(8, U16))
+                body.dsd_op(csl.Xor16Op, every, every, body.int(0x80, U16))
+                body.dsd_op(csl.Sub16Op, every, every, body.int(0x80, U16))
+            else:  # Q4_0: four nibbles a word, the first row's in the low nibble
+                for i in range(per):
+                    body.dsd_op(csl.Slr16Op, body.dsd(codes, words, i, per), column, body.int(4 * i, U16))
+                body.dsd_op(csl.And16Op, every, every, body.int(0x0F, U16))
+                body.dsd_op(csl.Sub16Op, every, every, body.int(8, U16))
+            body.dsd_op(csl.Xp162fsOp, body.dsd(values, tr), body.dsd(codes, tr))
+            slot = body.bin(arith.AddiOp, scale_base, body.bin(arith.MuliOp, body.load(slot_of, j), body.int(tr)))
+            body.dsd_op(csl.Fh2sOp, body.dsd(scales, tr), body.moved(body.dsd(held, tr), slot, f16))
+            body.dsd_op(csl.FmulsOp, body.dsd(values, tr), body.dsd(values, tr), body.dsd(scales, tr))
+            body.dsd_op(csl.FmacsOp, body.dsd(acc, tr, at), body.dsd(acc, tr, at), body.dsd(values, tr), scalar)
 
     def declare_half(self, x: Vec) -> bool:
         self.program.array(f"{x.array}_f16", x.chunk, f16)

@@ -48,6 +48,10 @@ def _f32(a: np.ndarray) -> np.ndarray:
     return a if a.dtype == np.float32 else a.astype(np.float32)
 
 
+def _bits16(a: np.ndarray | int) -> np.ndarray:
+    return np.asarray(a, dtype=np.int64) & 0xFFFF
+
+
 # What each DSD op computes from its source operands' values, by op type.
 DSD_OPS: dict[type[csl.BuiltinDsdOp], Callable[..., np.ndarray]] = {
     csl.FmovsOp: lambda a: a,
@@ -63,6 +67,13 @@ DSD_OPS: dict[type[csl.BuiltinDsdOp], Callable[..., np.ndarray]] = {
     ),
     csl.Fs2hOp: lambda a: _f32(a).astype(np.float16),
     csl.Fh2sOp: lambda a: a.astype(np.float16).astype(np.float32),
+    # the SDK's 16-bit integer ops on 16-bit words (an array's i16 or u16 numbers, a scalar's bits), the result
+    # the low 16 bits; @xp162fs reads its source as a signed i16 (the lane converts i16 arrays only)
+    csl.And16Op: lambda a, b: _bits16(a) & _bits16(b),
+    csl.Xor16Op: lambda a, b: _bits16(a) ^ _bits16(b),
+    csl.Slr16Op: lambda a, b: _bits16(a) >> (_bits16(b) & 15),
+    csl.Sub16Op: lambda a, b: (_bits16(a) - _bits16(b)) & 0xFFFF,
+    csl.Xp162fsOp: lambda a: ((_bits16(a) ^ 0x8000) - 0x8000).astype(np.float32),
 }
 
 

@@ -58,6 +58,12 @@ class GridMachine:
         image = self.host["image"]
         for name, fields in self.host["weights"].items():
             weight = g.Weight(**{**fields, "tensors": tuple(fields["tensors"]), "row_map": tuple(fields["row_map"])})
+            if weight.format:  # read as stored: the file's codes and scales, tiled (`grid.stored_tiles`)
+                tiled = [g.stored_tiles(self.store.blocks(t), weight, grid) for t in weight.tensors]
+                self.fabric.memcpy_h2d(name, np.concatenate([t[0] for t in tiled], axis=2))
+                self.fabric.memcpy_h2d(f"{name}_scales", np.concatenate([t[1] for t in tiled], axis=2))
+                self.fabric.memcpy_h2d(f"{name}_slots", tiled[0][2])
+                continue
             parts = []
             for tensor in weight.tensors:
                 array = np.asarray(self.store.get(tensor), dtype=np.float32)
