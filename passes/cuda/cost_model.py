@@ -128,9 +128,8 @@ def launch_estimate(
     `gap`: the constant of the gap before it (`programmatic_gap_s` for a programmatic launch after a kernel)."""
     from logos_ir.passes.cuda.traffic import kernel_reads, launch_bytes
 
-    kernel = plan.kernels[launch.kernel]
     hbm = l2 = 0
-    for name, loaded in zip(launch.buffers, kernel_reads(kernel), strict=True):
+    for name, loaded in zip(launch.buffers, plan.fact(launch.kernel, kernel_reads), strict=True):
         if not loaded:
             continue
         if plan.buffers[name].kind == "scratch":
@@ -138,7 +137,7 @@ def launch_estimate(
         else:
             hbm += launch_bytes(plan, launch, name, live)
     active = max(_active_warps(plan, launch, live), 1)
-    per_warp = min(thread_flight(kernel) * WARP, math.ceil((hbm + l2) / active))
+    per_warp = min(plan.fact(launch.kernel, thread_flight) * WARP, math.ceil((hbm + l2) / active))
     resident = min(occupancy_warps, active / SMS)
     in_flight = per_warp * resident
     times = []

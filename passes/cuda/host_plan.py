@@ -14,12 +14,15 @@ tensor).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import numpy as np
 
 from logos_ir.errors import LogosError
+
+T = TypeVar("T")
 
 # -- the host plan: what step.mlir says to do ---------------------------------------------------------------
 
@@ -73,6 +76,16 @@ class HostPlan:
     buffers: dict[str, Buffer]
     steps: list[Launch | Reduce | Gather]
     kernels: dict[str, Any]
+    _facts: dict[tuple[str, str], Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def fact(self, kernel: str, of: Callable[[Any], T]) -> T:
+        """`of(the kernel's IR)`, computed once for this plan: what a kernel reads and loads are facts of its IR, which
+        the plan holds as it was read, and the byte figures and the latency model ask them of every launch of the
+        kernel at every live length."""
+        key = (kernel, of.__qualname__)
+        if key not in self._facts:
+            self._facts[key] = of(self.kernels[kernel])
+        return self._facts[key]
 
     @property
     def launches(self) -> list[Launch]:

@@ -45,8 +45,7 @@ def step_bytes(plan: Any, live: int | None = None) -> tuple[int, int]:
     once (the embedding's rows) and the live positions of every cache."""
     read = 0
     for launch in plan.launches:
-        kernel = plan.kernels[launch.kernel]
-        for name, loaded in zip(launch.buffers, kernel_reads(kernel), strict=True):
+        for name, loaded in zip(launch.buffers, plan.fact(launch.kernel, kernel_reads), strict=True):
             if loaded:
                 read += launch_bytes(plan, launch, name, live)
     minimum = 0

@@ -100,7 +100,19 @@ def _gguf(folder: Path, spec: ModelSpec, fmt: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+def _by_format(formats: tuple[str, ...]) -> list[Any]:
+    """Each format a case, its tests on one pytest-xdist worker (`--dist loadgroup`): a format's token test and
+    embedding test lower the same program, which the lane builds once in a process (`runtime.cuda.artifacts`)."""
+    return [pytest.param(fmt, marks=pytest.mark.xdist_group(f"cuda-quant-{fmt}")) for fmt in formats]
+
+
+def _k_quant_spec() -> ModelSpec:
+    """The tiny preset widened to rows of whole super-blocks, its head tied (the table read by the embedding and the
+    head's GEMV): each pure K-quant's model."""
+    return replace(super_block_spec(1), tie_embeddings=True)
+
+
+@pytest.mark.parametrize("fmt", _by_format(FORMATS))
 def test_a_tiny_gguf_read_as_stored_gives_the_reference_tokens(tmp_path: Path, fmt: str) -> None:
     store = open_model(_gguf(tmp_path, _spec(), fmt))
     assert store.spec.stored_as("model.layers.0.mlp.down_proj.weight") == fmt
@@ -132,7 +144,7 @@ def test_bf16_images_beside_stored_blocks_agree_teacher_forced() -> None:
     assert result.min_cosine >= 0.999
 
 
-@pytest.mark.parametrize("fmt", [*K_QUANTS, "q4_k_m"])
+@pytest.mark.parametrize("fmt", _by_format((*K_QUANTS, "q4_k_m")))
 def test_a_model_stored_in_the_k_quants_gives_the_reference_tokens(fmt: str) -> None:
     """The tiny preset widened to rows of whole super-blocks, stored by the project's quantizer pure in each K-quant
     (its head tied: the table's super-blocks read by the embedding and by the head's GEMV) or in Q4_K_M's mix (2
@@ -140,7 +152,7 @@ def test_a_model_stored_in_the_k_quants_gives_the_reference_tokens(fmt: str) -> 
     Q6_K, the embedding Q4_K): the emulated decode steps, every GEMV and the embedding on the super-blocks as
     stored, give exactly the reference's greedy tokens on the same weights (f32 activations)."""
     mix = fmt == "q4_k_m"
-    spec = super_block_spec(2) if mix else replace(super_block_spec(1), tie_embeddings=True)
+    spec = super_block_spec(2) if mix else _k_quant_spec()
     store = quantized_store(spec, fmt, seed=5)
     want = Generator(store, prefill_rows=4).generate(PROMPT, 6)
     plan, _, _ = build_program(store.spec, Cut.decode(64), 1, "f32")
@@ -175,18 +187,19 @@ def test_a_k_quant_gemv_takes_every_number_once_in_passes_that_fit() -> None:
             assert streams * units * 4 <= counts[fmt][streams - 1] * blocks.PASS_BYTES
 
 
-@pytest.mark.parametrize("fmt", FORMATS + K_QUANTS)
+@pytest.mark.parametrize("fmt", _by_format(FORMATS + K_QUANTS))
 def test_the_embedding_kernel_gives_gguf_pys_dequantized_rows_bit_for_bit(fmt: str) -> None:
     """Random blocks (scales of every sign and size f16 holds, finite; a K-quant's packed sub-block scales and
     minimums every pattern) through the emulated embedding kernel: each row is gguf-py's dequantization of it, bit
-    for bit (the GEMVs dequantize by the same thread code)."""
+    for bit (the GEMVs dequantize by the same thread code). The model is its format's token test's (the same
+    program), its table's blocks replaced by random bytes."""
     from logos_ir.passes.cuda.host_plan import stored_share
     from logos_ir.runtime.cuda.devices import Emulator
     from logos_ir.runtime.cuda.host import HostRuntime
     from logos_ir.runtime.cuda.ranks import LocalRanks
     from logos_ir.runtime.cuda.weights import EmulatedWeights
 
-    spec = _spec(hidden=256, layers=1)
+    spec = _k_quant_spec() if fmt in K_QUANTS else _spec(hidden=256, layers=1)
     store = QuantizedWeights(RandomWeights(spec, seed=4), fmt)
     table = "model.embed_tokens.weight"
     layout = quant.FORMATS[fmt]
@@ -206,7 +219,7 @@ def test_the_embedding_kernel_gives_gguf_pys_dequantized_rows_bit_for_bit(fmt: s
     want = gguf_dequantize(raw, QT[fmt.upper()]).reshape(spec.vocab, spec.hidden)
     assert np.array_equal(arrays[table], stored_share(store, table, plan.buffers[table].shape, fmt, 0, 1))
     device.load(plan.kernels, source)
-    for token in (1, 2, 150, 300):
+    for token in (1, 2, 150, spec.vocab):
         device.write("token", arrays["token"], np.array([token]))
         buffers = [arrays[name] for name in embed.buffers]
         device.launch(embed.kernel, embed.grid, embed.block, buffers)
