@@ -111,6 +111,11 @@ def storage_line(request: Any, target: Any, report: Any = None) -> str:
     line = f"logos-compile: weights stored in {b['stored_bytes']:,} bytes ({', '.join(formats)}); "
     if not as_stored:
         return line + f"the lane reads them dequantized as {b['image']}, {b['read_bytes']:,} bytes"
+    if read:  # the build read these formats as stored in the tensors its report names, not in every one of them
+        return line + (
+            f"the lane reads {', '.join(as_stored)} as stored in the tensors its build names above, every other "
+            f"tensor as {b['image']} (its report says the bytes)"
+        )
     rest = [f for f in formats if f not in as_stored and f != "f32"]
     image = (
         f", the others ({', '.join(rest)}) and the f32 tensors as {b['image']}"

@@ -131,11 +131,15 @@ def _reparsed(kernel: Any) -> Any:
 
 
 def _edited(stem: str, edit: Any) -> tuple[Any, Any]:
+    """The build's plan with the kernel of `stem` edited, in a copy of its module (the lane's build is shared by the
+    process's runs: `runtime.cuda.artifacts`), printed and read back."""
     plan = build_program(ModelSpec.preset("tiny"), Cut.prefill(ROWS, 128), 1, "bf16")[0]
-    kernel = _kernel(plan, stem)
+    name = _kernel(plan, stem).sym_name.data
+    copy = _kernel(plan, stem).parent_op().parent_op().clone()
+    kernel = next(op for op in copy.walk() if getattr(op, "sym_name", None) is not None and op.sym_name.data == name)
     edit(kernel)
     edited = _reparsed(kernel)
-    return edited, edited.kernels[kernel.sym_name.data]
+    return edited, edited.kernels[name]
 
 
 def _ops(kernel: Any, kind: type) -> list[Any]:

@@ -110,12 +110,13 @@ def test_compile_stores_a_preset_in_q4_k_m_and_records_it(tmp_path) -> None:
     [
         ("cuda", "the lane's decode step reads q5_0, q8_0 as stored, its f32 tensors as bf16"),
         ("d5005", "the lane's decode step reads q8_0 as stored, the others (q5_0) and the f32 tensors as bf16"),
-        ("spatial", "the lane reads them dequantized as f16"),
+        ("spatial", "the lane reads q8_0 as stored in the tensors its build names above, every other tensor as f16"),
     ],
 )
 def test_compile_says_which_formats_the_lane_reads_as_stored(tmp_path, capsys, target: str, says: str) -> None:  # type: ignore[no-untyped-def]
     """tiny at q4_k_m is Q5_0 and Q8_0 (its rows of 64 fall back): the CUDA lane's decode reads both as stored, the
-    D5005 engine Q8_0 only, the wafer neither; each build's storage line says so."""
+    D5005 engine Q8_0 only; the wafer, at q8_0 (its layers' matrices as stored, its tables as its image), says it
+    reads them so in the tensors its build names; each build's storage line says so."""
     from logos_ir.tools.logos_compile import main
 
     args = ["--model", "tiny", "--target", target, "--cut", "decode ctx=64", "--weights", "q4_k_m"]

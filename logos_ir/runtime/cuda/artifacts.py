@@ -34,7 +34,8 @@ class Build(NamedTuple):
 # shapes and each weight's storage), the chips and the weight image. The lowering is deterministic
 # (test_determinism.py), so the same text lowers to the same step.mlir, and the plan read back from that text is
 # the same plan; a run and a test asking for one program again (a decode step at one cache length, the same family
-# on two prompts) read it once. A handful are kept: a parsed step of a K-quant model holds about 10^5 ops.
+# on two prompts) read it once. A handful are kept: a parsed step of a K-quant model holds about 10^5 ops. The
+# build returned is shared: a caller that edits a kernel (a test showing what a fault does) edits a clone of it.
 _BUILDS: OrderedDict[tuple[str, int, str], Build] = OrderedDict()
 BUILDS_KEPT = 4
 
