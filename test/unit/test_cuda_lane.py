@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
@@ -175,6 +176,12 @@ def test_without_a_gpu_logos_run_says_so_in_one_line_and_suggests_emulate() -> N
 
 @pytest.mark.parametrize("tp", [1, 2])
 def test_a_batch_of_sequences_gives_the_reference_tokens(tp: int) -> None:
+    batch_gives_the_reference_tokens(RandomWeights(ModelSpec.preset("tiny"), seed=4), Cut.batch(3, 64), tp)
+
+
+def batch_gives_the_reference_tokens(store: Any, cut: Cut, tp: int) -> Any:
+    """A batch of 3 sequences (tokens 5, 90, 201) decoded 5 steps on the emulated lane over `tp` chips: each step's
+    tokens are the reference interpreter's on the same program, fed back as the next step's. The lane's plan."""
     from logos_ir.author import written, written_split
     from logos_ir.interpreter import Interpreter, KVState
     from logos_ir.parser import parse_program
@@ -182,9 +189,7 @@ def test_a_batch_of_sequences_gives_the_reference_tokens(tp: int) -> None:
     from logos_ir.runtime.cuda.host import EmulatedDevice
     from logos_ir.runtime.cuda.weights import EmulatedWeights
 
-    spec = ModelSpec.preset("tiny")
-    store = RandomWeights(spec, seed=4)
-    cut = Cut.batch(3, 64)
+    spec = store.spec
     authored, _ = written_split(spec, cut, "", tp) if tp > 1 else written(spec, cut)
     reference = Interpreter(parse_program(authored.text), store, KVState())
     plan, _, _ = build_program(spec, cut, tp, "f32")
@@ -199,6 +204,7 @@ def test_a_batch_of_sequences_gives_the_reference_tokens(tp: int) -> None:
         device.run(plan, chips)
         assert chips[0]["next"].tolist() == want.tolist()
         tokens = want
+    return plan
 
 
 def test_an_edit_after_the_identity_check_is_what_the_lane_lowers() -> None:

@@ -283,29 +283,9 @@ def test_the_router_kernel_chooses_as_torch_topk_on_ties(experts: int, top_k: in
 def test_a_batch_of_sequences_through_a_mixture_gives_the_reference_tokens(tp: int) -> None:
     """A batch of 3 sequences (the rows grouped by expert, as a chunk's) decoded 5 steps on the tiny Mixtral's
     weights gives the reference interpreter's tokens on the same program, on one chip and split by experts."""
-    from logos_ir.author import written, written_split
-    from logos_ir.interpreter import Interpreter, KVState
-    from logos_ir.parser import parse_program
-    from logos_ir.runtime.cuda.artifacts import build_program
-    from logos_ir.runtime.cuda.host import EmulatedDevice
-    from logos_ir.runtime.cuda.weights import EmulatedWeights
+    from test_cuda_lane import batch_gives_the_reference_tokens  # the suite's rootdir-relative imports
+
     from logos_ir.weights import open_model
 
-    store = open_model(str(FAMILIES / "mixtral"))
-    spec = store.spec
-    cut = Cut.batch(3, 32)
-    authored, _ = written_split(spec, cut, "", tp) if tp > 1 else written(spec, cut)
-    reference = Interpreter(parse_program(authored.text), store, KVState())
-    plan, _, _ = build_program(spec, cut, tp, "f32")
+    plan = batch_gives_the_reference_tokens(open_model(str(FAMILIES / "mixtral")), Cut.batch(3, 32), tp)
     assert any(kernel.startswith("experts_group_") for kernel in plan.kernels)
-    device = EmulatedDevice(spec, EmulatedWeights(store, "f32", tp))
-    chips = device.prepare(plan)
-    tokens = np.array([5, 90, 201])
-    for position in range(1, 6):
-        positions = np.full(3, position)
-        want = reference.run(tokens=tokens, positions=positions)
-        for arrays in chips:
-            arrays["tokens"][...], arrays["positions"][...] = tokens, positions
-        device.run(plan, chips)
-        assert chips[0]["next"].tolist() == want.tolist()
-        tokens = want

@@ -1,4 +1,4 @@
-"""Mixtures of experts on the D5005 engine (issue 28): the route on the engine, the expert matvecs whose bank readers
+"""Mixtures of experts on the D5005 engine: the route on the engine, the expert matvecs whose bank readers
 stream only the chosen experts' rows, the weighted sum in ascending expert index, the cost model counting only the
 chosen experts' bytes, and the presets that fit the card's banks."""
 
@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from test_d5005_cost_model import _sent, edited  # the suite's rootdir-relative imports, as test_d5005_engine's
 from test_families import FAMILIES, GOLDENS, _lane
+from test_families_d5005 import _lowered, printed_loops
 
 from logos_ir import quant
 from logos_ir.author import written
@@ -20,7 +21,6 @@ from logos_ir.passes.d5005 import cost_model
 from logos_ir.passes.d5005.emit_layout import image_bytes, weight_image
 from logos_ir.passes.d5005.emit_opencl import engine_features, engine_source
 from logos_ir.passes.d5005.emit_stream import encode_instruction, encode_stream
-from logos_ir.passes.d5005.engine_loops import Loop, Step
 from logos_ir.program import Cut
 from logos_ir.runtime.d5005 import Engine, StreamError, read_stream
 from logos_ir.spec import ModelSpec
@@ -29,12 +29,6 @@ from logos_ir.weights import RandomWeights, open_model
 from logos_ir.weights.store import QuantizedWeights, WeightStore
 
 MIXTURES = ("mixtral", "qwen3_moe", "qwen3_moe-unnormed", "qwen3_moe-kv4")
-
-
-def _lowered(family: str, ctx: int = 32, weights: str = "f32") -> d5005.ProgramOp:
-    store = open_model(str(FAMILIES / family))
-    text, _ = written(store.spec, Cut.decode(ctx))
-    return lower_program(parse_program(text.text, "<decode>"), weights)
 
 
 def _engine(family: str, source: str | None = None) -> tuple[Engine, d5005.ProgramOp]:
@@ -327,26 +321,13 @@ def test_a_route_word_past_the_engines_registers_is_refused_by_the_reader() -> N
         read_stream(_rewritten(stream, d5005.OPCODES["d5005.matvec"], d5005.W_EXPERT_STRIDE, 1 << 24))
 
 
-def _every(loops: list[Loop] | tuple[Loop, ...]) -> list[Loop]:
-    found = []
-    for loop in loops:
-        found += [loop, *_every(loop.inner if loop.inner_of is None else loop.inner_of(0))]
-    return found
-
-
 @pytest.mark.parametrize("family", ["mixtral", "olmoe"])
 def test_the_experts_engine_prints_the_loops_it_costs(family: str) -> None:
     """The loops the model costs for an engine with `experts` (OLMoE's: with `projection_norms` and `sandwich`)
     are the ones it prints under their marks, the route's among them; no on-chip array is arbitrated and no loop
     divides by a run-time value but the route's scan (its probabilities' sum)."""
     program = _lowered(family)
-    source = engine_source(program.identity.data, program.params, engine_features(program))
-    engine = cost_model.Engine.read(source)
-    step = Step(engine.constants, [1] * d5005.INSTRUCTION_WORDS, 1, 2)
-    stated = [loop for r in [*engine.compute.values(), *engine.readers.values()] for loop in _every(r(step))]
-    for loop in stated:
-        assert re.search(rf"/\* loop {re.escape(loop.name)} \*/\n\s*{re.escape(loop.header)}", source), loop.name
-    assert sorted(loop.name for loop in stated) == sorted(re.findall(r"/\* loop ([\w.]+) \*/", source))
+    source, engine, stated = printed_loops(program)
     routed = {"route.most", "route.exp", "route.choose", "route.scan", "route.ids", "expert_sum.words"}
     assert routed <= {loop.name for loop in stated}
     assert not any(engine.analysis.arbitrated.values())

@@ -47,6 +47,19 @@ def _every(loops: list[Loop] | tuple[Loop, ...]) -> list[Loop]:
     return found
 
 
+def printed_loops(program: d5005.ProgramOp) -> tuple[str, cost_model.Engine, list[Loop]]:
+    """The engine's source `program` prints, the cost model's reading of it, and the loops the model costs at a step:
+    each one printed under its mark (`/* loop NAME */` right above its header), every marked loop one it costs."""
+    source = engine_source(program.identity.data, program.params, engine_features(program))
+    engine = cost_model.Engine.read(source)
+    step = Step(engine.constants, [1] * d5005.INSTRUCTION_WORDS, 1, 2)
+    stated = [loop for r in [*engine.compute.values(), *engine.readers.values()] for loop in _every(r(step))]
+    for loop in stated:
+        assert re.search(rf"/\* loop {re.escape(loop.name)} \*/\n\s*{re.escape(loop.header)}", source), loop.name
+    assert sorted(loop.name for loop in stated) == sorted(re.findall(r"/\* loop ([\w.]+) \*/", source))
+    return source, engine, stated
+
+
 # -- biases: the matvec's epilogue ------------------------------------------------------------------------------
 
 BIASED = ("qwen2", "llama-biases")
@@ -79,13 +92,7 @@ def test_the_bias_engine_prints_the_loops_it_costs() -> None:
     ones it prints under their marks (with the bias loops of the matvec and of its bank reader), its on-chip copy of
     a bias is banked, not arbitrated, and no loop divides by a run-time value."""
     program = _lowered("qwen2-window")
-    source = engine_source(program.identity.data, program.params, engine_features(program))
-    engine = cost_model.Engine.read(source)
-    step = Step(engine.constants, [1] * d5005.INSTRUCTION_WORDS, 1, 2)
-    stated = [loop for r in [*engine.compute.values(), *engine.readers.values()] for loop in _every(r(step))]
-    for loop in stated:
-        assert re.search(rf"/\* loop {re.escape(loop.name)} \*/\n\s*{re.escape(loop.header)}", source), loop.name
-    assert sorted(loop.name for loop in stated) == sorted(re.findall(r"/\* loop ([\w.]+) \*/", source))
+    source, engine, stated = printed_loops(program)
     assert {"matvec.bias", "read_matvec.bias"} <= {loop.name for loop in stated}
     assert engine.analysis.banks["biases"] == 64 // 4
     assert not any(engine.analysis.arbitrated.values())
@@ -288,13 +295,7 @@ def test_each_head_norm_is_a_field_of_its_rope() -> None:
         assert word[d5005.W_NORM_OFFSET] * 64 == op.norm.offset.data
         assert np.uint32(word[d5005.W_FLOAT]).view(np.float32) == np.float32(1e-5)
     assert engine_features(program) == {"head_norm"}
-    source = engine_source(program.identity.data, program.params, engine_features(program))
-    engine = cost_model.Engine.read(source)
-    step = Step(engine.constants, [1] * d5005.INSTRUCTION_WORDS, 1, 2)
-    stated = [loop for r in [*engine.compute.values(), *engine.readers.values()] for loop in _every(r(step))]
-    for loop in stated:
-        assert re.search(rf"/\* loop {re.escape(loop.name)} \*/\n\s*{re.escape(loop.header)}", source), loop.name
-    assert sorted(loop.name for loop in stated) == sorted(re.findall(r"/\* loop ([\w.]+) \*/", source))
+    source, engine, stated = printed_loops(program)
     assert {"rope.norm", "rope.squares", "read_rope.norm"} <= {loop.name for loop in stated}
     assert not any(engine.analysis.arbitrated.values())
     assert [name for name, report in engine.analysis.loops.items() if report.dividers] == []
@@ -399,13 +400,7 @@ def test_a_partial_rope_is_a_field_of_its_word_and_costed_as_printed(weights: st
     assert ropes and all(op.rotary == 8 and encode_instruction(op, 64)[d5005.W_ROTARY] == 8 for op in ropes)
     assert all(op.table.cols.data == d5005.rope_row_floats(8, 64) for op in ropes)
     assert engine_features(program) == {"partial_rotary"}
-    source = engine_source(program.identity.data, program.params, engine_features(program))
-    engine = cost_model.Engine.read(source)
-    step = Step(engine.constants, [1] * d5005.INSTRUCTION_WORDS, 1, 2)
-    stated = [loop for r in [*engine.compute.values(), *engine.readers.values()] for loop in _every(r(step))]
-    for loop in stated:
-        assert re.search(rf"/\* loop {re.escape(loop.name)} \*/\n\s*{re.escape(loop.header)}", source), loop.name
-    assert sorted(loop.name for loop in stated) == sorted(re.findall(r"/\* loop ([\w.]+) \*/", source))
+    source, engine, stated = printed_loops(program)
     assert "rope.pass" in {loop.name for loop in stated}
     assert not any(engine.analysis.arbitrated.values())
     assert [name for name, report in engine.analysis.loops.items() if report.dividers] == []

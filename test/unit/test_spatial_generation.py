@@ -79,14 +79,15 @@ def _lowered(store: WeightStore, ctx: int = 16, image: str = "f32"):  # type: ig
     return lower_decode(store.spec, ctx, image)
 
 
-def _run(module, host, store: WeightStore, steps: int) -> list[int]:  # type: ignore[no-untyped-def]
+def _run(module, host, store: WeightStore, steps: int, prompt: list[int] = PROMPT) -> list[int]:  # type: ignore[no-untyped-def]
+    """The grid's greedy tokens (from 0) after `prompt`, fed one position a step."""
     machine = GridMachine(module, host, store)
     machine.reset()
-    tokens, out = list(PROMPT), []
-    for position in range(1, len(PROMPT) + steps):
-        token = tokens[position - 1] if position <= len(PROMPT) else out[-1]
+    tokens, out = list(prompt), []
+    for position in range(1, len(prompt) + steps):
+        token = tokens[position - 1] if position <= len(prompt) else out[-1]
         predicted = machine.step(token + 1, position) - 1
-        if position >= len(PROMPT):
+        if position >= len(prompt):
             out.append(predicted)
     return out
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_spatial_generation import _run as grid_tokens  # the suite's rootdir-relative imports
 from xdsl.dialects import csl
 
 from logos_ir import testing
@@ -66,15 +67,7 @@ def _spec() -> ModelSpec:
 
 
 def _run(module, host, store, steps: int) -> list[int]:  # type: ignore[no-untyped-def]
-    machine = GridMachine(module, host, store)
-    machine.reset()
-    tokens, out = list(PROMPT), []
-    for position in range(1, len(PROMPT) + steps):
-        token = tokens[position - 1] if position <= len(PROMPT) else out[-1]
-        predicted = machine.step(token + 1, position) - 1
-        if position >= len(PROMPT):
-            out.append(predicted)
-    return out
+    return grid_tokens(module, host, store, steps, PROMPT)
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
