@@ -76,13 +76,13 @@ class HostPlan:
     buffers: dict[str, Buffer]
     steps: list[Launch | Reduce | Gather]
     kernels: dict[str, Any]
-    _facts: dict[tuple[str, str], Any] = field(default_factory=dict, repr=False, compare=False)
+    _facts: dict[tuple[str, Callable[[Any], Any]], Any] = field(default_factory=dict, repr=False, compare=False)
 
     def fact(self, kernel: str, of: Callable[[Any], T]) -> T:
         """`of(the kernel's IR)`, computed once for this plan: what a kernel reads and loads are facts of its IR, which
         the plan holds as it was read, and the byte figures and the latency model ask them of every launch of the
         kernel at every live length."""
-        key = (kernel, of.__qualname__)
+        key = (kernel, of)
         if key not in self._facts:
             self._facts[key] = of(self.kernels[kernel])
         return self._facts[key]
